@@ -1,0 +1,5 @@
+"""Callbacks: the base class and the built-ins."""
+
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+
+__all__ = ["ReplaySupport", "Tier", "TrainingCallback"]

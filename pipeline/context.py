@@ -1,0 +1,276 @@
+"""Typed contexts handed to hooks, and typed slots through which callbacks share values.
+
+``RunContext`` lives for the whole run, ``EpochContext`` for one epoch, ``StepContext`` for one
+batch (reused, its flags reset each batch). Each hook receives exactly one of them (see
+``lifecycle.HOOKS``). A callback never reaches into the trainer: what it needs is on a context or in
+a slot it declared in ``reads``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+from pipeline.lifecycle import Phase, StopReason
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
+
+
+class SlotScope(str, Enum):
+    EPOCH = "epoch"  # cleared at every epoch begin
+    RUN = "run"  # kept for the whole run
+
+
+@dataclass(frozen=True)
+class Slot(Generic[T]):
+    """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``."""
+
+    name: str
+    scope: SlotScope = SlotScope.EPOCH
+    doc: str = ""
+
+    def __repr__(self) -> str:
+        return f"Slot({self.name!r}, {self.scope.value})"
+
+
+class EventSink(Protocol):
+    """Where contexts send structured events (``pipeline.logs.EventLog`` in a real run)."""
+
+    def emit(self, event: str, *, level: str = "info", **fields: Any) -> None: ...
+
+    def enabled_for(self, level: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    reason: StopReason
+    source: str
+    message: str
+    immediate: bool
+    epoch: int
+    global_step: int
+    phase: Phase
+
+
+@dataclass
+class EpochRecord:
+    """One finished epoch as the history keeps it."""
+
+    epoch: int
+    metrics: dict[str, float]
+    slots: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def train_loss(self) -> float:
+        return self.metrics.get("train_loss", math.nan)
+
+    @property
+    def val_loss(self) -> float:
+        return self.metrics.get("val_loss", math.nan)
+
+
+class RunContext:
+    """State of one run. ``epoch`` is the 0-based index of the current (or next) epoch, so it also
+    counts the epochs completed once an epoch's ``epoch_end`` handlers have run."""
+
+    def __init__(
+        self,
+        run_id: str,
+        max_epochs: int,
+        events: EventSink,
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        run_dir: Any = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.run_id = run_id
+        self.max_epochs = max_epochs
+        self.events = events
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.run_dir = run_dir
+        self.dry_run = dry_run  # True when replaying: no model, callbacks must not touch one
+        self.phase = Phase.CREATED
+        self.epoch = 0
+        self.global_step = 0
+        self.stop: StopRequest | None = None
+        self.history: list[EpochRecord] = []
+        self._slots: dict[str, Any] = {}
+        self._epoch_slots: set[str] = set()
+        self.extras: dict[str, Any] = {}  # e.g. the Optuna trial, the run config
+        # Set by the engine: the ordered callbacks of this run and a way to fire a hook on all of
+        # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
+        self.callbacks: tuple[Any, ...] = ()
+        self.dispatch: Callable[[str, Any], None] = _no_dispatch
+
+    # --- slots -----------------------------------------------------------------------------
+    def get(self, slot: Slot[T]) -> T | None:
+        return cast("T | None", self._slots.get(slot.name))
+
+    def set(self, slot: Slot[T], value: T) -> None:
+        self._slots[slot.name] = value
+        if slot.scope is SlotScope.EPOCH:
+            self._epoch_slots.add(slot.name)
+
+    def slot_values(self) -> dict[str, Any]:
+        return dict(self._slots)
+
+    def clear_epoch_slots(self) -> None:
+        for name in self._epoch_slots:
+            self._slots.pop(name, None)
+        self._epoch_slots.clear()
+
+    # --- stopping --------------------------------------------------------------------------
+    def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
+        """Ask the machine to stop. The first request wins; later ones are logged and ignored.
+
+        A normal request lets the current epoch finish (its epoch_end handlers run); an immediate
+        one routes to ``train_end`` at the next transition. Returns whether this request won.
+        """
+        accepted = self.stop is None
+        if accepted:
+            self.stop = StopRequest(reason, source, message, immediate, self.epoch, self.global_step, self.phase)
+        self.emit(
+            "stop_request",
+            reason=reason.value,
+            source=source,
+            message=message,
+            immediate=immediate,
+            accepted=accepted,
+        )
+        return accepted
+
+    def force_stop(self, reason: StopReason, source: str, message: str) -> None:
+        """A fault overrides any earlier request: the run now ends for ``reason``."""
+        self.stop = StopRequest(reason, source, message, True, self.epoch, self.global_step, self.phase)
+        self.emit("stop_request", reason=reason.value, source=source, message=message, immediate=True, accepted=True)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop is not None
+
+    # --- events ----------------------------------------------------------------------------
+    def emit(self, event: str, *, level: str = "info", **payload: Any) -> None:
+        self.events.emit(event, level=level, phase=self.phase.value, epoch=self.epoch,
+                         global_step=self.global_step, payload=payload)
+
+    def warn(self, source: str, message: str, **data: Any) -> None:
+        """A warning a person should see: logged as a ``warning`` event and on the console."""
+        self.emit("warning", level="warning", source=source, message=message, **data)
+
+    # --- history ---------------------------------------------------------------------------
+    def best(self, key: str = "val_loss", mode: str = "min") -> float:
+        values = [r.metrics[key] for r in self.history if key in r.metrics and math.isfinite(r.metrics[key])]
+        if not values:
+            return math.nan
+        return min(values) if mode == "min" else max(values)
+
+    def metric_series(self, key: str) -> list[float]:
+        return [r.metrics.get(key, math.nan) for r in self.history]
+
+
+def _no_dispatch(hook: str, ctx: Any) -> None:
+    return None
+
+
+class _Delegating:
+    """Shared conveniences of epoch and step contexts: everything run-wide goes to ``run``."""
+
+    run: RunContext
+
+    def get(self, slot: Slot[T]) -> T | None:
+        return self.run.get(slot)
+
+    def set(self, slot: Slot[T], value: T) -> None:
+        self.run.set(slot, value)
+
+    def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
+        return self.run.request_stop(reason, source, message, immediate)
+
+    def warn(self, source: str, message: str, **data: Any) -> None:
+        self.run.warn(source, message, **data)
+
+    def emit(self, event: str, *, level: str = "info", **payload: Any) -> None:
+        self.run.emit(event, level=level, **payload)
+
+
+class EpochContext(_Delegating):
+    """One epoch. ``metrics`` fills as the epoch runs: ``lr`` at begin, ``train_loss`` when the
+    train phase ends, ``val_loss`` and any validation metrics after validation."""
+
+    def __init__(self, run: RunContext, index: int) -> None:
+        self.run = run
+        self.index = index
+        self.metrics: dict[str, float] = {}
+        self.batches = 0
+
+    @property
+    def train_loss(self) -> float | None:
+        return self.metrics.get("train_loss")
+
+    @property
+    def val_loss(self) -> float | None:
+        return self.metrics.get("val_loss")
+
+    @property
+    def lr(self) -> float | None:
+        return self.metrics.get("lr")
+
+
+class StepContext(_Delegating):
+    """One training batch. The skip flags are reset before every batch; a callback sets them to
+    leave out backward, the optimizer step or zero_grad for this batch (gradient accumulation,
+    AMP overflow). ``loss`` is what backward runs on: a callback may rescale it after forward."""
+
+    __slots__ = ("run", "epoch", "batch_index", "batch", "output", "loss", "skip_backward",
+                 "skip_optimizer_step", "skip_zero_grad", "last_batch")
+
+    def __init__(self, run: RunContext, epoch: EpochContext) -> None:
+        self.run = run
+        self.epoch = epoch
+        self.batch_index = -1
+        self.batch: Any = None
+        self.output: Any = None
+        self.loss: torch.Tensor | None = None
+        self.skip_backward = False
+        self.skip_optimizer_step = False
+        self.skip_zero_grad = False
+        self.last_batch = False
+
+    def reset(self, batch_index: int, batch: Any, last_batch: bool) -> None:
+        self.batch_index = batch_index
+        self.batch = batch
+        self.output = None
+        self.loss = None
+        self.skip_backward = False
+        self.skip_optimizer_step = False
+        self.skip_zero_grad = False
+        self.last_batch = last_batch
+
+
+@dataclass
+class CheckpointContext:
+    """Handed to ``on_save_checkpoint`` (fill ``state``) and ``on_load_checkpoint`` (read it)."""
+
+    run: RunContext
+    state: dict[str, Any]
+    path: str | None = None
+
+
+@dataclass
+class FaultContext:
+    """Handed to ``on_exception``: the exception that ended the run and where it struck."""
+
+    run: RunContext
+    exception: BaseException
+    phase: Phase

@@ -1,0 +1,104 @@
+"""The callback base class.
+
+A callback overrides the hooks it cares about; every hook takes one typed context (see
+``lifecycle.HOOKS`` for where each fires and which context it gets). Keras' ``TerminateOnNaN``
+in fsmtrain::
+
+    class TerminateOnNaN(TrainingCallback):
+        priority = 5
+
+        def on_epoch_end(self, epoch: EpochContext) -> None:
+            if not math.isfinite(epoch.metrics["train_loss"]):
+                epoch.request_stop(StopReason.NAN, self.name, "train loss is not finite")
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, ClassVar
+
+from pipeline.context import CheckpointContext, EpochContext, FaultContext, RunContext, Slot, StepContext
+from pipeline.lifecycle import HOOK_NAMES
+from pipeline.registry import GlobalHandle, register_global_callback
+
+
+class Tier(int, Enum):
+    """Tie-break between equal priorities: built-ins first, then the user's, then global ones."""
+
+    CORE = 0
+    USER = 1
+    GLOBAL = 2
+
+
+class ReplaySupport(str, Enum):
+    """How a callback takes part in state replay (``pipeline.replay``)."""
+
+    FULL = "full"  # decides from contexts and slots alone: replays as it ran
+    DRY = "dry"  # needs a live model/optimizer: runs with ``run.dry_run`` set and only records intent
+    NONE = "none"  # cannot be replayed; replay refuses it by name
+
+
+class TrainingCallback:
+    priority: int = 50
+    tier: ClassVar[Tier] = Tier.USER
+    reads: ClassVar[tuple[Slot[Any], ...]] = ()
+    writes: ClassVar[tuple[Slot[Any], ...]] = ()
+    replay: ClassVar[ReplaySupport] = ReplaySupport.FULL
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def overridden_hooks(self) -> tuple[str, ...]:
+        """The hooks this callback's class overrides; only these are dispatched."""
+        cls = type(self)
+        return tuple(h for h in HOOK_NAMES if getattr(cls, h) is not getattr(TrainingCallback, h))
+
+    @property
+    def stateful(self) -> bool:
+        return type(self).state_dict is not TrainingCallback.state_dict
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    # Registering globally for a block: ``with MyCallback(): trainer.fit()``.
+    def __enter__(self) -> TrainingCallback:
+        self._global_handle: GlobalHandle | None = register_global_callback(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        handle = getattr(self, "_global_handle", None)
+        if handle is not None:
+            handle.remove()
+            self._global_handle = None
+
+    def __repr__(self) -> str:
+        return f"{self.name}(priority={self.priority})"
+
+    # --- hooks (no-ops) --------------------------------------------------------------------
+    def on_train_begin(self, run: RunContext) -> None: ...
+    def on_load_checkpoint(self, ckpt: CheckpointContext) -> None: ...
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None: ...
+    def on_batch_begin(self, step: StepContext) -> None: ...
+    def on_before_forward(self, step: StepContext) -> None: ...
+    def on_after_forward(self, step: StepContext) -> None: ...
+    def on_before_backward(self, step: StepContext) -> None: ...
+    def on_after_backward(self, step: StepContext) -> None: ...
+    def on_before_optimizer_step(self, step: StepContext) -> None: ...
+    def on_after_optimizer_step(self, step: StepContext) -> None: ...
+    def on_before_zero_grad(self, step: StepContext) -> None: ...
+    def on_train_step_end(self, step: StepContext) -> None: ...
+    def on_val_begin(self, epoch: EpochContext) -> None: ...
+    def on_val_end(self, epoch: EpochContext) -> None: ...
+    def on_before_scheduler_step(self, epoch: EpochContext) -> None: ...
+    def on_epoch_end(self, epoch: EpochContext) -> None: ...
+    def on_save_checkpoint(self, ckpt: CheckpointContext) -> None: ...
+    def on_exception(self, fault: FaultContext) -> None: ...
+    def on_train_end(self, run: RunContext) -> None: ...
+
+
+_missing = set(HOOK_NAMES) - set(vars(TrainingCallback))
+assert not _missing, f"TrainingCallback lacks hooks {_missing}"

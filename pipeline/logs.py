@@ -1,0 +1,181 @@
+"""Structured run logs: ``events.jsonl`` (one JSON object a line) and a readable console.
+
+Every line carries the same keys::
+
+    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload
+
+``seq`` counts from 0 without gaps (the audit treats a gap or repeat as a lost or altered line).
+``from``/``to``/``trigger`` are set on ``transition`` events and null elsewhere. Non-finite floats
+are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so every line is strict
+JSON; ``float()`` reads them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+import structlog
+
+LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+EVENT_KEYS: tuple[str, ...] = (
+    "seq", "ts", "run_id", "event", "level", "phase", "from", "to", "trigger", "epoch", "global_step", "payload",
+)
+EVENTS_FILE = "events.jsonl"
+
+
+def jsonable(value: Any) -> Any:
+    """Make ``value`` strict-JSON safe: non-finite floats to strings, tensors and paths to plain values."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), (str, int)):  # enums
+        return value.value
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return jsonable(value.item())
+        except (ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def as_float(value: Any) -> float:
+    """Read a number written by :func:`jsonable` (``"NaN"`` etc. included); None gives NaN."""
+    if value is None:
+        return math.nan
+    return float(value)
+
+
+def _level_name(method_name: str) -> str:
+    return "warning" if method_name == "warn" else method_name
+
+
+class EventLog:
+    """Writes a run's events through structlog to ``path`` (if given), to the console, and
+    optionally keeps them in memory (``records``)."""
+
+    def __init__(
+        self,
+        path: Path | str | None,
+        run_id: str,
+        *,
+        level: str = "info",
+        console: TextIO | None = sys.stderr,
+        console_level: str = "warning",
+        keep: bool = False,
+        start_seq: int = 0,
+    ) -> None:
+        for name, lvl in (("level", level), ("console_level", console_level)):
+            if lvl not in LEVELS:
+                raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+        self.run_id = run_id
+        self.path = Path(path) if path is not None else None
+        self.level = LEVELS[level]
+        self.console_level = LEVELS[console_level]
+        self.records: list[dict[str, Any]] | None = [] if keep else None
+        self._seq = start_seq
+        self._file: IO[str] | None = None
+        self._json: Any = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._json = structlog.wrap_logger(
+                structlog.WriteLogger(self._file),
+                processors=[self._to_record, structlog.processors.JSONRenderer(serializer=_dumps)],
+            )
+        self._console: Any = None
+        if console is not None:
+            self._console = structlog.wrap_logger(
+                structlog.PrintLogger(console),
+                processors=[self._to_console, structlog.dev.ConsoleRenderer(colors=console.isatty())],
+            )
+
+    def enabled_for(self, level: str) -> bool:
+        return LEVELS[level] >= min(self.level, self.console_level if self._console is not None else 99)
+
+    def emit(
+        self,
+        event: str,
+        *,
+        level: str = "info",
+        phase: str | None = None,
+        epoch: int | None = None,
+        global_step: int | None = None,
+        payload: Mapping[str, Any] | None = None,
+        **transition: Any,
+    ) -> None:
+        lvl = LEVELS[level]
+        to_file = lvl >= self.level and (self._json is not None or self.records is not None)
+        to_console = self._console is not None and lvl >= self.console_level
+        if not (to_file or to_console):
+            return
+        record: dict[str, Any] = {
+            "seq": self._seq,
+            "ts": time.time(),
+            "run_id": self.run_id,
+            "event": event,
+            "level": level,
+            "phase": phase,
+            "from": transition.get("from_phase"),
+            "to": transition.get("to_phase"),
+            "trigger": transition.get("trigger"),
+            "epoch": epoch,
+            "global_step": global_step,
+            "payload": jsonable(dict(payload or {})),
+        }
+        if to_file:
+            self._seq += 1
+            if self.records is not None:
+                self.records.append(record)
+            if self._json is not None:
+                getattr(self._json, "error" if level == "error" else level)(event, record=record)
+        if to_console:
+            getattr(self._console, level)(event, record=record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            self._file.close()
+            self._file = None
+            self._json = None
+
+    # structlog processors -------------------------------------------------------------------
+    @staticmethod
+    def _to_record(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        record: dict[str, Any] = event_dict["record"]
+        return record
+
+    @staticmethod
+    def _to_console(_: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        r = event_dict["record"]
+        out: dict[str, Any] = {"event": r["event"], "level": _level_name(method_name)}
+        if r["event"] == "transition":
+            out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
+        out["epoch"] = r["epoch"]
+        out.update(r["payload"])
+        return out
+
+
+def _dumps(obj: Any, **kw: Any) -> str:
+    return json.dumps(obj, allow_nan=False, separators=(",", ":"))
+
+
+def read_events(path: Path | str) -> list[dict[str, Any]]:
+    """All events of a log, in file order (a convenience for tests and small tools)."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

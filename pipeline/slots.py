@@ -1,0 +1,21 @@
+"""The well-known slots the built-in callbacks share. Built-ins import these (never each other)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.context import Slot
+
+
+@dataclass(frozen=True)
+class LossPrediction:
+    """The extrapolated final validation loss of ``LossPredictionCallback``."""
+
+    predicted_loss: float
+    neg_log10: float
+    fit_ok: bool
+
+
+MAX_GRAD_NORM: Slot[float] = Slot("max_grad_norm", doc="largest global L2 gradient norm of the epoch")
+OVERFIT_GAP_RATIO: Slot[float] = Slot("overfit_gap_ratio", doc="val_loss / train_loss while overfitting")
+LOSS_PREDICTION: Slot[LossPrediction] = Slot("loss_prediction", doc="extrapolated final val loss")

@@ -1,0 +1,265 @@
+"""The torch driver the engine calls for training batches and validation, and the ``Trainer`` facade.
+
+Per batch (hooks in brackets, each skipped at no cost when no callback overrides it)::
+
+    [on_batch_begin] [on_before_forward] forward, loss [on_after_forward]
+    [on_before_backward] backward [on_after_backward]             unless step.skip_backward
+    [on_before_optimizer_step] optimizer.step [on_after_optimizer_step]  unless step.skip_optimizer_step
+    [on_before_zero_grad] zero_grad                                unless step.skip_zero_grad
+    [on_train_step_end]
+
+Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.context import EpochContext, RunContext, StepContext
+from pipeline.engine import Engine, TrainResult
+from pipeline.hooks import TrainingCallback
+from pipeline.logs import EVENTS_FILE, EventLog
+from pipeline.runner import CallbackRunner, Handler
+
+__all__ = ["MetricFn", "TorchDriver", "TrainResult", "Trainer"]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor."""
+
+_STEP_HOOKS = (
+    "on_before_forward", "on_after_forward", "on_before_backward", "on_after_backward",
+    "on_before_optimizer_step", "on_after_optimizer_step", "on_before_zero_grad", "on_train_step_end",
+)
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
+        return batch["inputs"], batch["targets"]
+    raise TypeError(
+        "a batch must be (inputs, targets) or a mapping with 'inputs' and 'targets'; "
+        f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+    )
+
+
+def _count(targets: Any) -> int:
+    return int(targets.shape[0]) if isinstance(targets, torch.Tensor) and targets.dim() > 0 else 1
+
+
+class TorchDriver:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        train_loader: Iterable[Any],
+        val_loader: Iterable[Any] | None,
+        *,
+        scheduler: Any = None,
+        device: torch.device,
+        metrics: Mapping[str, MetricFn] | None = None,
+        scheduler_monitor: str = "val_loss",
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.scheduler = scheduler
+        self.device = device
+        self.metrics = dict(metrics or {})
+        self.scheduler_monitor = scheduler_monitor
+        self._move = device.type != "cpu"
+        self._runner: CallbackRunner | None = None
+        self._hooks: dict[str, tuple[tuple[int, Handler], ...]] = {}
+        self._loss_sum = torch.zeros((), device=device)
+        self._seen = 0
+
+    def attach(self, runner: CallbackRunner) -> None:
+        self._runner = runner
+        self._hooks = {h: runner.table(h) for h in _STEP_HOOKS}
+
+    def current_lr(self) -> float | None:
+        groups = self.optimizer.param_groups
+        return float(groups[0]["lr"]) if groups and "lr" in groups[0] else None
+
+    def _to_device(self, value: Any) -> Any:
+        if not self._move:
+            return value
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=True)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._to_device(v) for v in value)
+        if isinstance(value, Mapping):
+            return {k: self._to_device(v) for k, v in value.items()}
+        return value
+
+    def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
+        self.model.train()
+        set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch.index)
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._seen = 0
+        return iter(self.train_loader)
+
+    def train_batch(self, step: StepContext) -> None:
+        hooks = self._hooks
+        fire = self._fire
+        if hooks["on_before_forward"]:
+            fire("on_before_forward", step)
+        inputs, targets = _split(step.batch)
+        inputs, targets = self._to_device(inputs), self._to_device(targets)
+        output = self.model(inputs)
+        loss = self.loss_fn(output, targets)
+        step.output = output
+        step.loss = loss
+        n = _count(targets)
+        self._loss_sum += loss.detach() * n
+        self._seen += n
+        if hooks["on_after_forward"]:
+            fire("on_after_forward", step)
+        if not step.skip_backward:
+            if hooks["on_before_backward"]:
+                fire("on_before_backward", step)
+            assert step.loss is not None
+            step.loss.backward()
+            if hooks["on_after_backward"]:
+                fire("on_after_backward", step)
+        if not step.skip_optimizer_step:
+            if hooks["on_before_optimizer_step"]:
+                fire("on_before_optimizer_step", step)
+            self.optimizer.step()
+            if hooks["on_after_optimizer_step"]:
+                fire("on_after_optimizer_step", step)
+        if not step.skip_zero_grad:
+            if hooks["on_before_zero_grad"]:
+                fire("on_before_zero_grad", step)
+            self.optimizer.zero_grad(set_to_none=True)
+        if hooks["on_train_step_end"]:
+            fire("on_train_step_end", step)
+
+    def _fire(self, hook: str, ctx: Any) -> None:
+        assert self._runner is not None
+        self._runner.fire(hook, ctx)
+
+    def end_train(self, epoch: EpochContext) -> dict[str, float]:
+        if self._seen == 0:
+            return {}
+        return {"train_loss": float((self._loss_sum / self._seen).item())}
+
+    def validate(self, epoch: EpochContext) -> dict[str, float]:
+        if self.val_loader is None:
+            return {}
+        self.model.eval()
+        names = ["val_loss", *self.metrics]
+        sums = torch.zeros(len(names), device=self.device)
+        seen = 0
+        with torch.inference_mode():
+            for batch in self.val_loader:
+                inputs, targets = _split(batch)
+                inputs, targets = self._to_device(inputs), self._to_device(targets)
+                output = self.model(inputs)
+                n = _count(targets)
+                values = [self.loss_fn(output, targets)] + [fn(output, targets) for fn in self.metrics.values()]
+                sums += torch.stack([v.detach().reshape(()).float() for v in values]) * n
+                seen += n
+        if seen == 0:
+            return {}
+        return dict(zip(names, (sums / seen).tolist(), strict=True))
+
+    def step_scheduler(self, epoch: EpochContext) -> None:
+        if self.scheduler is None:
+            return
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            value = epoch.metrics.get(self.scheduler_monitor)
+            if value is not None:
+                self.scheduler.step(value)
+        else:
+            self.scheduler.step()
+
+    def end_run(self, run: RunContext) -> None:
+        return None
+
+
+class Trainer:
+    """Train ``model`` by walking the lifecycle machine.
+
+    ``callbacks`` join in their own tier (built-ins CORE, others USER); globally registered
+    callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there;
+    without, events are kept in memory (``trainer.events.records``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        train_loader: Iterable[Any],
+        val_loader: Iterable[Any] | None = None,
+        max_epochs: int = 1,
+        callbacks: Sequence[TrainingCallback] = (),
+        scheduler: Any = None,
+        device: str | torch.device = "cpu",
+        *,
+        metrics: Mapping[str, MetricFn] | None = None,
+        run_dir: str | Path | None = None,
+        run_id: str | None = None,
+        log_level: str = "info",
+        console_level: str = "warning",
+        strict: bool | None = None,
+        extras: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
+            raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if hasattr(train_loader, "__len__") and len(train_loader) == 0:  # type: ignore[arg-type]
+            raise ValueError("train_loader yields no batches (is the dataset smaller than one batch with drop_last?)")
+        for i, cb in enumerate(callbacks):
+            if not isinstance(cb, TrainingCallback):
+                raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.events = EventLog(
+            self.run_dir / EVENTS_FILE if self.run_dir is not None else None,
+            self.run_id,
+            level=log_level,
+            console_level=console_level,
+            keep=self.run_dir is None,
+        )
+        self.runner = CallbackRunner(callbacks)
+        self.run = RunContext(
+            self.run_id, max_epochs, self.events,
+            model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
+        )
+        self.run.extras.update(extras or {})
+        self.driver = TorchDriver(
+            self.model, optimizer, loss_fn, train_loader, val_loader,
+            scheduler=scheduler, device=self.device, metrics=metrics,
+        )
+        self.engine = Engine(self.driver, self.runner, self.run, strict=strict)
+
+    @property
+    def callbacks(self) -> tuple[TrainingCallback, ...]:
+        return self.runner.callbacks
+
+    def fit(self) -> TrainResult:
+        try:
+            return self.engine.execute()
+        finally:
+            self.events.close()
