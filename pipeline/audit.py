@@ -1,0 +1,11 @@
+"""Placeholder: being written (see the issue for `fsmtrain audit`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register_cli(subparsers: "argparse._SubParsersAction[Any]") -> None:
+    """Add the `audit` subcommand to the `fsmtrain` parser (nothing yet)."""
+    return None
