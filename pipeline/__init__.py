@@ -52,6 +52,7 @@ __all__ = [
     "Tier",
     "TrainResult",
     "Trainer",
+    "TrainingCallback",
     "Transition",
     "read_events",
     "register_global_callback",

@@ -113,6 +113,16 @@ class _MachineModel:
     trigger: Callable[..., bool]
 
 
+def compile_guard(
+    conditions: tuple[Callable[[], bool], ...], unless: tuple[Callable[[], bool], ...]
+) -> Callable[[], bool]:
+    """One callable for a transition's guards; the common one-and-one shape avoids generator cost."""
+    if len(conditions) == 1 and len(unless) == 1:
+        (c,), (u,) = conditions, unless
+        return lambda: c() and not u()
+    return lambda: all(g() for g in conditions) and not any(g() for g in unless)
+
+
 def strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -144,8 +154,9 @@ class Engine:
         self.machine = build_machine(self._model, guards)
         # The compiled fast path of the internal batch transition.
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
-        self._fast_if = tuple(guards[g] for g in self._batch_move.conditions)
-        self._fast_unless = tuple(guards[g] for g in self._batch_move.unless)
+        self._fast_guard = compile_guard(
+            tuple(guards[g] for g in self._batch_move.conditions), tuple(guards[g] for g in self._batch_move.unless)
+        )
         self._on_batch_begin: tuple[tuple[int, Handler], ...] = runner.table("on_batch_begin")
         self._debug = run.events.enabled_for("debug")
         run.callbacks = runner.callbacks
@@ -268,9 +279,9 @@ class Engine:
         self._one_batch()
         if self.strict:
             return
-        fast_if, fast_unless = self._fast_if, self._fast_unless
+        guard = self._fast_guard
         run, events, debug = self.run, self.run.events, self._debug
-        while all(g() for g in fast_if) and not any(g() for g in fast_unless):
+        while guard():
             if debug:
                 events.emit(
                     "transition", level="debug", phase=Phase.TRAIN_STEP.value, epoch=run.epoch,
@@ -290,13 +301,12 @@ class Engine:
         self.driver.train_batch(step)
         self._batch_index += 1
         self.run.global_step += 1
-        if self._epoch is not None:
-            self._epoch.batches = self._batch_index
         self._next = following
 
     def _val(self) -> None:
         epoch = self._epoch
         assert epoch is not None
+        epoch.batches = self._batch_index
         epoch.metrics.update(self.driver.end_train(epoch))
         self.runner.fire("on_val_begin", epoch)
         epoch.metrics.update(self.driver.validate(epoch))
@@ -366,6 +376,6 @@ class Engine:
         """Run teardown while handling a fault; its own failure is logged, never masks the original."""
         try:
             fn()
-        except Exception as err:  # noqa: BLE001 - the original exception is re-raised by the caller
+        except Exception as err:
             self.run.emit("exception", level="error", type=type(err).__name__, message=str(err),
                           source=f"{what} during fault handling")

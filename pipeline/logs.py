@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -44,7 +44,7 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), (str, int)):  # enums
+    if hasattr(value, "value") and isinstance(value.value, (str, int)):  # enums
         return value.value
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         try:
@@ -156,12 +156,12 @@ class EventLog:
 
     # structlog processors -------------------------------------------------------------------
     @staticmethod
-    def _to_record(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def _to_record(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         record: dict[str, Any] = event_dict["record"]
         return record
 
     @staticmethod
-    def _to_console(_: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         r = event_dict["record"]
         out: dict[str, Any] = {"event": r["event"], "level": _level_name(method_name)}
         if r["event"] == "transition":

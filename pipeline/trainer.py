@@ -40,6 +40,8 @@ _STEP_HOOKS = (
 
 
 def _split(batch: Any) -> tuple[Any, Any]:
+    if type(batch) is tuple and len(batch) == 2:
+        return batch
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
     if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
@@ -51,7 +53,7 @@ def _split(batch: Any) -> tuple[Any, Any]:
 
 
 def _count(targets: Any) -> int:
-    return int(targets.shape[0]) if isinstance(targets, torch.Tensor) and targets.dim() > 0 else 1
+    return targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
 
 
 class TorchDriver:
@@ -86,6 +88,8 @@ class TorchDriver:
     def attach(self, runner: CallbackRunner) -> None:
         self._runner = runner
         self._hooks = {h: runner.table(h) for h in _STEP_HOOKS}
+        hooked = any(self._hooks.values())
+        self.train_batch = self._hooked_batch if hooked else self._lean_batch  # type: ignore[method-assign]
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
@@ -112,12 +116,33 @@ class TorchDriver:
         return iter(self.train_loader)
 
     def train_batch(self, step: StepContext) -> None:
+        # Replaced in attach(): the lean body when no callback overrides a step hook.
+        self._hooked_batch(step)
+
+    def _lean_batch(self, step: StepContext) -> None:
+        """The batch body with no step hooks: nothing can set a skip flag, so none is checked."""
+        inputs, targets = _split(step.batch)
+        if self._move:
+            inputs, targets = self._to_device(inputs), self._to_device(targets)
+        output = self.model(inputs)
+        loss = self.loss_fn(output, targets)
+        step.output = output
+        step.loss = loss
+        n = _count(targets)
+        self._loss_sum += loss.detach() * n
+        self._seen += n
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _hooked_batch(self, step: StepContext) -> None:
         hooks = self._hooks
         fire = self._fire
         if hooks["on_before_forward"]:
             fire("on_before_forward", step)
         inputs, targets = _split(step.batch)
-        inputs, targets = self._to_device(inputs), self._to_device(targets)
+        if self._move:
+            inputs, targets = self._to_device(inputs), self._to_device(targets)
         output = self.model(inputs)
         loss = self.loss_fn(output, targets)
         step.output = output
@@ -131,7 +156,7 @@ class TorchDriver:
             if hooks["on_before_backward"]:
                 fire("on_before_backward", step)
             assert step.loss is not None
-            step.loss.backward()
+            step.loss.backward()  # type: ignore[no-untyped-call]
             if hooks["on_after_backward"]:
                 fire("on_after_backward", step)
         if not step.skip_optimizer_step:

@@ -1,0 +1,180 @@
+"""Overhead of the fsmtrain loop against a raw PyTorch loop, measured in one process, interleaved.
+
+Each round trains a fresh copy of the same tiny MLP (32->64->64->1, batch 64, AdamW, MSE,
+one thread) once with a hand-written loop and once through ``Trainer`` for every case, in
+alternating order, and the ratio per round is ``case time / raw time``. The figure printed is the
+median over rounds, so a burst of load on the machine moves one round, not the result.
+
+Both loops iterate the same pre-collated list of batches and do the same per-epoch work
+(validation under inference_mode, one host read of the train loss), so the ratio isolates the
+cost of the machine, the hook dispatch and the event log.
+
+    python benchmarks/overhead.py            # all cases
+    python benchmarks/overhead.py --json     # machine-readable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline import Trainer, TrainingCallback
+from pipeline.context import EpochContext, RunContext, StepContext
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class EveryHookNoop(TrainingCallback):
+    """Overrides every hook with a no-op: the worst case of pure dispatch cost."""
+
+    def on_train_begin(self, run: RunContext) -> None: ...
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None: ...
+    def on_batch_begin(self, step: StepContext) -> None: ...
+    def on_before_forward(self, step: StepContext) -> None: ...
+    def on_after_forward(self, step: StepContext) -> None: ...
+    def on_before_backward(self, step: StepContext) -> None: ...
+    def on_after_backward(self, step: StepContext) -> None: ...
+    def on_before_optimizer_step(self, step: StepContext) -> None: ...
+    def on_after_optimizer_step(self, step: StepContext) -> None: ...
+    def on_before_zero_grad(self, step: StepContext) -> None: ...
+    def on_train_step_end(self, step: StepContext) -> None: ...
+    def on_val_begin(self, epoch: EpochContext) -> None: ...
+    def on_val_end(self, epoch: EpochContext) -> None: ...
+    def on_before_scheduler_step(self, epoch: EpochContext) -> None: ...
+    def on_epoch_end(self, epoch: EpochContext) -> None: ...
+    def on_train_end(self, run: RunContext) -> None: ...
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[Path, int], list[TrainingCallback]]  # (scratch dir, epochs) -> callbacks
+    epochs: int | None = None  # defaults to --epochs
+    rounds: int | None = None  # defaults to --rounds
+
+
+CASES: dict[str, Case] = {
+    "no_callbacks": Case("no_callbacks", lambda _dir, _epochs: []),
+    "every_hook_noop": Case("every_hook_noop", lambda _dir, _epochs: [EveryHookNoop()]),
+}
+
+
+def make_data(n_train: int, n_val: int, batch: int, seed: int = 0) -> tuple[list[Batch], list[Batch]]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(32, 1, generator=g)
+    x = torch.randn(n_train + n_val, 32, generator=g)
+    y = torch.tanh(x @ w) + 0.1 * torch.randn(n_train + n_val, 1, generator=g)
+    train = [(x[i : i + batch], y[i : i + batch]) for i in range(0, n_train, batch)]
+    val = [(x[i : i + batch], y[i : i + batch]) for i in range(n_train, n_train + n_val, batch)]
+    return train, val
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def raw_loop(train: list[Batch], val: list[Batch], epochs: int) -> float:
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = nn.MSELoss()
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        model.train()
+        total = torch.zeros(())
+        seen = 0
+        for x, y in train:
+            out = model(x)
+            loss = loss_fn(out, y)
+            total += loss.detach() * y.shape[0]
+            seen += y.shape[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _ = (total / seen).item()
+        model.eval()
+        vsum = torch.zeros(1)
+        with torch.inference_mode():
+            for x, y in val:
+                vsum += torch.stack([loss_fn(model(x), y)]) * y.shape[0]
+        _ = vsum.tolist()
+    return time.perf_counter() - t0
+
+
+def trainer_loop(train: list[Batch], val: list[Batch], epochs: int, callbacks: list[TrainingCallback],
+                 run_dir: Path | None) -> float:
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainer = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
+                      run_dir=run_dir, console_level="error")
+    t0 = time.perf_counter()
+    trainer.fit()
+    return time.perf_counter() - t0
+
+
+def measure(case: Case, train: list[Batch], val: list[Batch], epochs: int, rounds: int) -> dict[str, Any]:
+    ratios: list[float] = []
+    raw_times: list[float] = []
+    case_times: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            run_dir = Path(tmp) / f"{case.name}-{r}"
+            callbacks = case.build(run_dir, epochs)
+            if r % 2 == 0:  # alternate who goes first, so warm caches favour neither
+                raw = raw_loop(train, val, epochs)
+                took = trainer_loop(train, val, epochs, callbacks, run_dir)
+            else:
+                took = trainer_loop(train, val, epochs, callbacks, run_dir)
+                raw = raw_loop(train, val, epochs)
+            raw_times.append(raw)
+            case_times.append(took)
+            ratios.append(took / raw)
+    steps = epochs * len(train)
+    return {
+        "case": case.name,
+        "epochs": epochs,
+        "rounds": rounds,
+        "raw_steps_per_s": steps / statistics.median(raw_times),
+        "steps_per_s": steps / statistics.median(case_times),
+        "ratio_median": statistics.median(ratios),
+        "overhead_pct": (statistics.median(ratios) - 1) * 100,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--batches", type=int, default=128, help="training batches per epoch")
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    train, val = make_data(64 * args.batches, 64 * 8, 64)
+    raw_loop(train, val, 1)  # warm-up: allocator, kernels
+    results = []
+    for name in args.case or list(CASES):
+        case = CASES[name]
+        results.append(measure(case, train, val, case.epochs or args.epochs, case.rounds or args.rounds))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{'case':<18} {'raw steps/s':>12} {'steps/s':>10} {'ratio':>7} {'overhead':>9}")
+        for r in results:
+            print(f"{r['case']:<18} {r['raw_steps_per_s']:>12.0f} {r['steps_per_s']:>10.0f} "
+                  f"{r['ratio_median']:>7.3f} {r['overhead_pct']:>8.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""The structured event log."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from core_helpers import events_of, make_trainer
+
+from pipeline.logs import EVENT_KEYS, EventLog, as_float, jsonable, read_events
+
+
+def test_every_line_is_strict_json_with_the_schema(tmp_path: Path) -> None:
+    make_trainer(tmp_path, epochs=2).fit()
+    with open(tmp_path / "events.jsonl", encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    for line in lines:
+        record = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+        assert tuple(record) == EVENT_KEYS
+    events = events_of(tmp_path)
+    assert {e["run_id"] for e in events} == {events[0]["run_id"]}
+    assert events[0]["event"] == "run_start"
+    epochs = [e for e in events if e["event"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    assert set(epochs[0]["payload"]["metrics"]) == {"lr", "train_loss", "val_loss"}
+
+
+def test_non_finite_values_round_trip(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "e.jsonl", "r", console=None)
+    log.emit("x", payload={"a": math.nan, "b": math.inf, "c": -math.inf, "d": [1.5, math.nan]})
+    log.close()
+    p = read_events(tmp_path / "e.jsonl")[0]["payload"]
+    assert math.isnan(as_float(p["a"])) and as_float(p["b"]) == math.inf and as_float(p["c"]) == -math.inf
+    assert p["d"][0] == 1.5
+
+
+def test_batch_events_only_at_debug_level(tmp_path: Path) -> None:
+    make_trainer(tmp_path / "info", epochs=1).fit()
+    make_trainer(tmp_path / "debug", epochs=1, log_level="debug").fit()
+    info = [e for e in events_of(tmp_path / "info") if e["from"] == "train_step" and e["to"] == "train_step"]
+    debug = [e for e in events_of(tmp_path / "debug") if e["from"] == "train_step" and e["to"] == "train_step"]
+    assert info == [] and len(debug) == 4  # 5 batches: the first enters train_step, 4 internal moves
+    assert all(e["level"] == "debug" for e in debug)
+
+
+def test_bad_level_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="level must be one of"):
+        EventLog(None, "r", level="verbose")
+
+
+def test_jsonable_handles_enums_dataclasses_tensors() -> None:
+    import torch
+
+    from pipeline.lifecycle import StopReason
+    from pipeline.slots import LossPrediction
+
+    assert jsonable(StopReason.NAN) == "nan"
+    assert jsonable(LossPrediction(0.5, 0.3, True)) == {"predicted_loss": 0.5, "neg_log10": 0.3, "fit_ok": True}
+    assert jsonable(torch.tensor(2.5)) == 2.5
