@@ -119,8 +119,7 @@ class TorchDriver:
         # Replaced in attach(): the lean body when no callback overrides a step hook.
         self._hooked_batch(step)
 
-    def _lean_batch(self, step: StepContext) -> None:
-        """The batch body with no step hooks: nothing can set a skip flag, so none is checked."""
+    def _forward(self, step: StepContext) -> torch.Tensor:
         inputs, targets = _split(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
@@ -131,7 +130,11 @@ class TorchDriver:
         n = _count(targets)
         self._loss_sum += loss.detach() * n
         self._seen += n
-        loss.backward()  # type: ignore[no-untyped-call]
+        return loss
+
+    def _lean_batch(self, step: StepContext) -> None:
+        """The batch body with no step hooks: nothing can set a skip flag, so none is checked."""
+        self._forward(step).backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -140,16 +143,7 @@ class TorchDriver:
         fire = self._fire
         if hooks["on_before_forward"]:
             fire("on_before_forward", step)
-        inputs, targets = _split(step.batch)
-        if self._move:
-            inputs, targets = self._to_device(inputs), self._to_device(targets)
-        output = self.model(inputs)
-        loss = self.loss_fn(output, targets)
-        step.output = output
-        step.loss = loss
-        n = _count(targets)
-        self._loss_sum += loss.detach() * n
-        self._seen += n
+        self._forward(step)
         if hooks["on_after_forward"]:
             fire("on_after_forward", step)
         if not step.skip_backward:
