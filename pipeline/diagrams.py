@@ -1,11 +1,516 @@
-"""Placeholder: being written (see the issue for `fsmtrain diagrams`)."""
+"""Lifecycle diagrams generated from the machine itself.
+
+Everything drawn here comes from :data:`pipeline.lifecycle.TRANSITIONS` and
+:data:`pipeline.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
+engines write the text: the Mermaid engine for ``.mmd`` and the graphviz engine for ``.dot``. SVG is
+Graphviz's ``dot -Tsvg`` of that DOT source. Three views:
+
+- the lifecycle: every phase and every transition with its trigger and guards; the edges into
+  ``train_end`` also name the stop reasons that can take them;
+- ``callbacks=...``: each phase and transition also lists the callbacks that run on it, in the
+  order a :class:`~pipeline.runner.CallbackRunner` really dispatches them (global callbacks included);
+- ``run``: the path one run took, from its ``events.jsonl``: each edge with how many times it was
+  taken, the edge into ``train_end`` with the stop reason and epoch.
+
+Output is deterministic (the table's order, no timestamps), so the committed ``diagrams/`` files
+can be compared byte for byte with a fresh generation. The SVG depends on the local Graphviz
+version, so it carries the sha256 of the DOT source it was drawn from; the staleness test compares
+that instead of the SVG's bytes. Regenerate with ``python -m pipeline.diagrams --write diagrams``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
 from typing import Any
 
+from transitions import State
+from transitions.extensions import GraphMachine
 
-def register_cli(subparsers: "argparse._SubParsersAction[Any]") -> None:
-    """Add the `diagrams` subcommand to the `fsmtrain` parser (nothing yet)."""
-    return None
+from pipeline.hooks import Tier, TrainingCallback
+from pipeline.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
+from pipeline.runner import CallbackRunner
+
+__all__ = [
+    "DiagramError",
+    "Format",
+    "GraphvizMissing",
+    "callback_diagram",
+    "dot_digest",
+    "lifecycle_diagram",
+    "register_cli",
+    "render_svg",
+    "run_diagram",
+    "stop_reasons_for",
+    "write_lifecycle_files",
+    "write_run_diagram",
+]
+
+TITLE = "fsmtrain lifecycle"
+SVG_DIGEST_MARK = "fsmtrain-dot-sha256:"
+GRAPHVIZ_HINT = (
+    "Graphviz's `dot` program is needed for SVG output and was not found on PATH; install it with "
+    "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz` (Homebrew), "
+    "or use --format mermaid|dot"
+)
+# Reasons the engine itself forces when a fault ends the run; every other non-COMPLETED reason is
+# one a callback requests with ``request_stop``.
+FAULT_REASONS: tuple[StopReason, ...] = (StopReason.INTERRUPTED, StopReason.ERROR)
+
+
+class Format(str, Enum):
+    MERMAID = "mermaid"
+    DOT = "dot"
+    SVG = "svg"
+
+
+SUFFIXES: dict[Format, str] = {Format.MERMAID: ".mmd", Format.DOT: ".dot", Format.SVG: ".svg"}
+
+
+class DiagramError(ValueError):
+    """Bad input to a diagram (an unreadable run log, a conflicting option)."""
+
+
+class GraphvizMissing(RuntimeError):
+    """SVG was asked for but Graphviz's ``dot`` is not installed."""
+
+
+# --- stop reasons on the edges into train_end -----------------------------------------------------
+def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
+    """Which stop reasons can take transition ``t`` into ``train_end``, read from its guards."""
+    if t.dest is not FINAL:
+        return ()
+    requested = tuple(r for r in StopReason if r is not StopReason.COMPLETED and r not in FAULT_REASONS)
+    if Guard.FAULTED in t.conditions:
+        return FAULT_REASONS
+    if Guard.IMMEDIATE_STOP in t.conditions:
+        return requested
+    if Guard.CAN_CONTINUE in t.unless:
+        return (StopReason.COMPLETED, *requested)
+    return tuple(StopReason)
+
+
+def _guard_strings(t: Transition) -> tuple[list[str], list[str]]:
+    return [g.value for g in t.conditions], [g.value for g in t.unless]
+
+
+def _clean(text: str) -> str:
+    # Mermaid ends a transition description at ':', ';' or '#'; keep labels free of them.
+    return text.replace(":", " ").replace(";", ",").replace("#", "no.")
+
+
+# --- building the GraphMachine ----------------------------------------------------------------------
+class _LabelledState(State):
+    """A ``transitions`` state with a ``label`` (MarkupMachine exports it; the graph engines draw it)."""
+
+    def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if label:
+            self.label = label
+
+
+class _LifecycleGraphMachine(GraphMachine):
+    state_cls = _LabelledState
+
+
+class _Model:
+    """The model object the graph machine binds ``get_graph`` to."""
+
+
+@dataclass
+class _Edge:
+    t: Transition
+    label: str
+
+
+@dataclass
+class _Spec:
+    """What to draw: node labels (phase -> lines) and the labelled edges, in table order."""
+
+    phases: list[Phase]
+    node_lines: dict[Phase, list[str]] = field(default_factory=dict)
+    edges: list[_Edge] = field(default_factory=list)
+    show_conditions: bool = True
+    active: Phase | None = None
+
+
+def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
+    """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
+    newline = "<br/>" if fmt is Format.MERMAID else "\\l"
+    states: list[dict[str, Any]] = []
+    for phase in spec.phases:
+        lines = spec.node_lines.get(phase, [])
+        state: dict[str, Any] = {"name": phase.value}
+        if lines:
+            state["label"] = newline.join([phase.value, *lines])
+        states.append(state)
+    transitions: list[dict[str, Any]] = []
+    for edge in spec.edges:
+        conditions, unless = _guard_strings(edge.t) if spec.show_conditions else ([], [])
+        transitions.append({
+            "trigger": edge.t.trigger,
+            "source": edge.t.source.value,
+            "dest": None if edge.t.internal else edge.t.dest.value,
+            # Guard names as strings: the machine is only drawn, never triggered, so they are never
+            # resolved; transitions' ``show_conditions`` renders them as "[a & !b]".
+            "conditions": conditions,
+            "unless": unless,
+            "label": edge.label,
+        })
+    if fmt is not Format.MERMAID:
+        _require_graphviz_package()
+    model = _Model()
+    machine = _LifecycleGraphMachine(
+        model=model,
+        states=states,
+        transitions=transitions,
+        initial=INITIAL.value if INITIAL in spec.phases else spec.phases[0].value,
+        auto_transitions=False,
+        title=title,
+        show_conditions=spec.show_conditions,
+        graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz",
+    )
+    graph_obj = machine.model_graphs[id(model)]
+    graph_obj.reset_styling()  # no "current state" highlight unless asked for
+    if spec.active is not None:
+        graph_obj.set_node_style(spec.active.value, "active")
+    source: str = model.get_graph().source  # type: ignore[attr-defined]
+    if fmt is Format.MERMAID:
+        # The flat Mermaid engine marks the initial state only; mark the final one too.
+        source = source.rstrip("\n") + f"\n  {FINAL.value} --> [*]\n" if FINAL in spec.phases else source
+        return source if source.endswith("\n") else source + "\n"
+    return source
+
+
+def _require_graphviz_package() -> None:
+    """transitions silently falls back to Mermaid text without the ``graphviz`` Python package."""
+    from transitions.extensions import diagrams_graphviz
+
+    if getattr(diagrams_graphviz, "pgv", None) is None:
+        raise DiagramError("DOT/SVG output needs the `graphviz` Python package (pip install graphviz), "
+                           "which transitions uses to write DOT source")
+
+
+def _lifecycle_edges(extra: dict[int, list[str]] | None = None) -> list[_Edge]:
+    edges: list[_Edge] = []
+    for i, t in enumerate(TRANSITIONS):
+        label = t.trigger
+        reasons = stop_reasons_for(t)
+        if reasons:
+            label += " {" + ", ".join(r.value for r in reasons) + "}"
+        for line in (extra or {}).get(i, []):
+            label += f" / {line}"
+        edges.append(_Edge(t, _clean(label)))
+    return edges
+
+
+def lifecycle_diagram(fmt: Format = Format.MERMAID) -> str:
+    """The lifecycle itself: every phase, every transition with trigger, guards and stop reasons."""
+    text = _graph_source(_Spec(list(Phase), edges=_lifecycle_edges()), _text_format(fmt), TITLE)
+    return render_svg(text) if fmt is Format.SVG else text
+
+
+def _text_format(fmt: Format) -> Format:
+    return Format.DOT if fmt is Format.SVG else fmt
+
+
+# --- callbacks on hooks ---------------------------------------------------------------------------
+def _callback_label(runner: CallbackRunner, index: int) -> str:
+    entry = runner.entries[index]
+    tier = "" if entry.tier is Tier.CORE else f" {entry.tier.name.lower()}"
+    return f"{entry.callback.name}({entry.callback.priority}{tier})"
+
+
+def hook_listing(runner: CallbackRunner) -> dict[str, list[str]]:
+    """For each hook some callback overrides: its callbacks in dispatch order, as ``Name(priority)``."""
+    out: dict[str, list[str]] = {}
+    for spec in HOOKS:
+        table = runner.table(spec.name)
+        if table:
+            out[spec.name] = [_callback_label(runner, i) for i, _ in table]
+    return out
+
+
+def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format.MERMAID,
+                     *, include_global: bool = True) -> str:
+    """The lifecycle with, on each phase and transition, the callbacks that run there in the order a
+    ``CallbackRunner`` over ``callbacks`` (plus registered global callbacks) really dispatches them."""
+    runner = CallbackRunner(callbacks, include_global=include_global)
+    listing = hook_listing(runner)
+    node_lines: dict[Phase, list[str]] = {}
+    edge_lines: dict[int, list[str]] = {}
+    for spec in HOOKS:
+        names = listing.get(spec.name)
+        if not names:
+            continue
+        line = _clean(f"{spec.name} = {', '.join(names)}")
+        if spec.trigger is None:
+            node_lines.setdefault(spec.phase, []).append(line)
+            continue
+        for i, t in enumerate(TRANSITIONS):
+            if t.trigger == spec.trigger and t.dest is spec.phase:
+                edge_lines.setdefault(i, []).append(line)
+    spec_ = _Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines))
+    text = _graph_source(spec_, _text_format(fmt), f"{TITLE} with callbacks")
+    return render_svg(text) if fmt is Format.SVG else text
+
+
+def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
+    """The callback list ``pipeline.config.build_callbacks`` gives a config (what ``fsmtrain train``
+    runs), for ``--config``. ``trial`` adds the ``PrunerCallback`` of an HPO trial (default: when the
+    config has an ``optimize`` section); the trial is an in-memory Optuna one, only to build it."""
+    from pipeline import config as config_mod
+
+    cfg = config_mod.load_config(config_path)
+    with_trial = cfg.optimize is not None if trial is None else trial
+    optuna_trial = None
+    if with_trial:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna_trial = optuna.create_study().ask()
+    # A run directory is needed for the checkpoint callback to be in the list; nothing is written.
+    with tempfile.TemporaryDirectory(prefix="fsmtrain-diagram-") as tmp:
+        callbacks: list[TrainingCallback] = config_mod.build_callbacks(
+            cfg, run_dir=Path(tmp) / "run", trial=optuna_trial)
+    return callbacks
+
+
+# --- one run's path -------------------------------------------------------------------------------
+@dataclass
+class RunPath:
+    """The moves one run took, counted, and how it ended."""
+
+    counts: Counter[tuple[str, str, str]]
+    final: tuple[str, str, str] | None = None
+    reason: str | None = None
+    stop_epoch: int | None = None
+    epochs_done: int = 0
+    last_phase: str | None = None
+
+
+def read_run_path(events_path: str | Path) -> RunPath:
+    """Count the moves of a run log. Per-batch internal ``batch`` moves are logged only at debug
+    level; without them, their count is ``global_step`` leaving ``train_step`` minus at entering,
+    minus the entering move itself."""
+    path = Path(events_path)
+    counts: Counter[tuple[str, str, str]] = Counter()
+    run = RunPath(counts)
+    internal_logged = 0
+    derived_internal = 0
+    entered_step: int | None = None
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise DiagramError(f"cannot read run log {path}: {exc.strerror or exc}") from exc
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError as exc:
+                raise DiagramError(f"{path}:{lineno}: not a JSON line ({exc}); run `fsmtrain audit` on it") from exc
+            if not isinstance(rec, dict):
+                raise DiagramError(f"{path}:{lineno}: expected a JSON object, found {type(rec).__name__}")
+            event = rec.get("event")
+            if event == "epoch":
+                run.epochs_done += 1
+            if event != "transition":
+                continue
+            src, dst, trig = rec.get("from"), rec.get("to"), rec.get("trigger")
+            if not (isinstance(src, str) and isinstance(dst, str) and isinstance(trig, str)):
+                raise DiagramError(f"{path}:{lineno}: transition without from/to/trigger strings")
+            key = (src, dst, trig)
+            counts[key] += 1
+            run.last_phase = dst
+            step = rec.get("global_step")
+            if src == dst:
+                internal_logged += 1
+            elif dst == Phase.TRAIN_STEP.value:
+                entered_step = step if isinstance(step, int) else None
+            elif src == Phase.TRAIN_STEP.value and entered_step is not None and isinstance(step, int):
+                derived_internal += max(step - entered_step - 1, 0)
+                entered_step = None
+            if dst == FINAL.value:
+                run.final = key
+                payload = rec.get("payload") or {}
+                run.reason = payload.get("reason") if isinstance(payload, dict) else None
+                epoch = rec.get("epoch")
+                if isinstance(epoch, int):
+                    # From epoch_end the epoch counter has moved past the finished epoch.
+                    run.stop_epoch = epoch - 1 if src == Phase.EPOCH_END.value else epoch
+    internal = (Phase.TRAIN_STEP.value, Phase.TRAIN_STEP.value, "batch")
+    if not internal_logged and derived_internal:
+        counts[internal] = derived_internal
+    return run
+
+
+def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
+    """The path one run took: visited phases, each taken edge with its count, the final edge with
+    the stop reason and the epoch it stopped in."""
+    run = read_run_path(events_path)
+    if not run.counts:
+        raise DiagramError(f"{events_path}: no transition events; is this an fsmtrain events.jsonl?")
+    by_key = {(t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS}
+    edges: list[_Edge] = []
+    visited: set[Phase] = {INITIAL}
+    for key, t in by_key.items():  # table order keeps the output deterministic
+        n = run.counts.get(key, 0)
+        if not n:
+            continue
+        visited.update((t.source, t.dest))
+        label = f"{t.trigger} x{n}"
+        if key == run.final:
+            label += f" / {run.reason or 'unknown'}"
+            if run.stop_epoch is not None and run.stop_epoch >= 0:
+                label += f" in epoch {run.stop_epoch}"
+            label += f" ({run.epochs_done} epochs done)"
+        edges.append(_Edge(t, _clean(label)))
+    unknown = sorted(k for k in run.counts if k not in by_key)
+    if unknown:
+        moves = ", ".join(f"{s}->{d} ({g})" for s, d, g in unknown)
+        raise DiagramError(f"{events_path}: moves not in the lifecycle table: {moves}; run `fsmtrain audit`")
+    phases = [p for p in Phase if p in visited]
+    last = Phase(run.last_phase) if run.last_phase in {p.value for p in Phase} else None
+    spec = _Spec(phases, edges=edges, show_conditions=False, active=last)
+    text = _graph_source(spec, _text_format(fmt), f"{TITLE}: run {Path(events_path).parent.name or 'run'}")
+    return render_svg(text) if fmt is Format.SVG else text
+
+
+def write_run_diagram(events_path: str | Path, out_path: str | Path | None = None) -> Path:
+    """Write the Mermaid diagram of a finished run (default: ``lifecycle.mmd`` next to the log)."""
+    events = Path(events_path)
+    out = Path(out_path) if out_path is not None else events.parent / "lifecycle.mmd"
+    out.write_text(run_diagram(events, Format.MERMAID), encoding="utf-8")
+    return out
+
+
+# --- SVG ------------------------------------------------------------------------------------------
+def dot_digest(dot_source: str) -> str:
+    return hashlib.sha256(dot_source.encode("utf-8")).hexdigest()
+
+
+def render_svg(dot_source: str, dot_program: str = "dot") -> str:
+    """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 recorded in a comment (the staleness
+    check compares that, since the SVG bytes depend on the local Graphviz version)."""
+    exe = shutil.which(dot_program)
+    if exe is None:
+        raise GraphvizMissing(GRAPHVIZ_HINT)
+    proc = subprocess.run([exe, "-Tsvg"], input=dot_source.encode("utf-8"), capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise DiagramError(f"`dot -Tsvg` failed: {proc.stderr.decode(errors='replace').strip()}")
+    svg = proc.stdout.decode("utf-8")
+    mark = f"<!-- {SVG_DIGEST_MARK} {dot_digest(dot_source)} -->\n"
+    head, sep, rest = svg.partition("<svg")
+    return head + mark + sep + rest if sep else mark + svg
+
+
+def svg_recorded_digest(svg_text: str) -> str | None:
+    marker = svg_text.find(SVG_DIGEST_MARK)
+    if marker < 0:
+        return None
+    return svg_text[marker + len(SVG_DIGEST_MARK):].split()[0]
+
+
+def write_lifecycle_files(directory: str | Path, *, svg: bool = True) -> list[Path]:
+    """Write ``lifecycle.mmd``, ``lifecycle.dot`` and (when ``dot`` is installed) ``lifecycle.svg``."""
+    out_dir = Path(directory)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    dot_text = lifecycle_diagram(Format.DOT)
+    for name, text in (("lifecycle.mmd", lifecycle_diagram(Format.MERMAID)), ("lifecycle.dot", dot_text)):
+        (out_dir / name).write_text(text, encoding="utf-8")
+        written.append(out_dir / name)
+    if svg:
+        (out_dir / "lifecycle.svg").write_text(render_svg(dot_text), encoding="utf-8")
+        written.append(out_dir / "lifecycle.svg")
+    return written
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+def _format_of(args: argparse.Namespace) -> Format:
+    if args.format is not None:
+        return Format(args.format)
+    if args.output is not None:
+        for fmt, suffix in SUFFIXES.items():
+            if str(args.output).endswith(suffix):
+                return fmt
+    return Format.MERMAID
+
+
+def _cmd_diagram(args: argparse.Namespace) -> int:
+    try:
+        if args.write is not None:
+            for path in write_lifecycle_files(args.write):
+                print(f"wrote {path}")
+            return 0
+        fmt = _format_of(args)
+        if args.run is not None:
+            text = run_diagram(args.run, fmt)
+        elif args.config is not None:
+            text = callback_diagram(config_callbacks(args.config, trial=args.hpo or None), fmt)
+        else:
+            text = lifecycle_diagram(fmt)
+    except GraphvizMissing as exc:
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    except (DiagramError, OSError) as exc:
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. pipeline.config.ConfigError, which lists every problem
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=[f.value for f in Format], default=None,
+                        help="output format (default: from -o's suffix .mmd/.dot/.svg, else mermaid)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--config", metavar="CONFIG", default=None,
+                        help="also list, per phase and transition, the callbacks this config runs, in order")
+    parser.add_argument("--hpo", action="store_true",
+                        help="with --config: draw it as an HPO trial runs it (adds PrunerCallback)")
+    source.add_argument("--run", metavar="EVENTS_JSONL", default=None,
+                        help="draw the path one run took (edge counts, stop reason and epoch)")
+    source.add_argument("--write", metavar="DIR", default=None,
+                        help="regenerate DIR/lifecycle.{mmd,dot,svg} (the committed diagrams)")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
+    parser.set_defaults(func=_cmd_diagram)
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain diagram`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "diagram", help="draw the lifecycle (Mermaid, DOT or SVG), with callbacks or one run's path",
+        description="Draw the training lifecycle from the machine's own table.",
+    )
+    add_arguments(parser)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.diagrams", description="Draw the fsmtrain lifecycle.")
+    add_arguments(parser)
+    args = parser.parse_args(None if argv is None else list(argv))
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

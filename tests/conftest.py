@@ -9,3 +9,15 @@ import torch
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 torch.set_num_threads(1)
+
+
+# --- real runs for the audit and diagram tests (built once per session; see tests/audit_runs.py) ---
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """Completed, early-stopped, NaN, pruned, errored and interrupted runs of the real Trainer."""
+    from audit_runs import make_real_runs
+
+    return make_real_runs(tmp_path_factory.mktemp("real_runs"))

@@ -1,0 +1,185 @@
+"""Real runs for the audit and diagram tests: each trains a tiny model with the real ``Trainer`` and
+real built-in callbacks, and leaves a run directory with its ``events.jsonl`` (and checkpoints).
+
+``make_real_runs(root)`` builds all of them once; ``tests/conftest.py`` exposes it as the
+session-scoped ``real_runs`` fixture. The interrupted run is a real SIGINT sent to a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
+from pipeline.context import EpochContext
+from pipeline.hooks import TrainingCallback
+from pipeline.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _loaders(seed: int = 0) -> tuple[DataLoader[Any], DataLoader[Any]]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(80, 4, generator=g)
+    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(80, 1, generator=g)
+    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)
+    val = DataLoader(TensorDataset(x[64:], y[64:]), batch_size=16)
+    return train, val
+
+
+def _trainer(run_dir: Path, callbacks: list[TrainingCallback], *, epochs: int, lr: float = 0.05,
+             log_level: str = "info") -> Trainer:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    train, val = _loaders()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
+                   run_dir=run_dir, run_id=run_dir.name, console_level="error", log_level=log_level)
+
+
+class _RaiseAt(TrainingCallback):
+    """Raises ``exc`` in ``on_val_end`` of epoch ``at`` (a callback that fails, or a Ctrl-C)."""
+
+    def __init__(self, at: int, exc: BaseException) -> None:
+        self.at = at
+        self.exc = exc
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        if epoch.index == self.at:
+            raise self.exc
+
+
+@dataclass(frozen=True)
+class RealRuns:
+    root: Path
+    completed: Path
+    early_stopped: Path
+    nan: Path
+    pruned: Path
+    errored: Path
+    interrupted_callback: Path
+    interrupted_sigint: Path
+    debug: Path
+
+    def events(self, name: str) -> Path:
+        path: Path = getattr(self, name) / "events.jsonl"
+        return path
+
+
+_SIGINT_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from audit_runs import _trainer
+    from callbacks import CheckpointCallback
+    from pipeline.hooks import TrainingCallback
+
+    class Slow(TrainingCallback):
+        def on_epoch_end(self, epoch):
+            time.sleep(0.02)
+
+    run_dir = Path(sys.argv[1])
+    trainer = _trainer(run_dir, [CheckpointCallback(run_dir / "checkpoints", keep_last_k=2), Slow()], epochs=100000)
+    trainer.fit()
+""")
+
+
+def _sigint_run(run_dir: Path) -> None:
+    """Train in a subprocess and interrupt it with a real SIGINT once two epochs are logged."""
+    script = run_dir.parent / "sigint_train.py"
+    script.write_text(_SIGINT_SCRIPT.format(tests=str(Path(__file__).resolve().parent)), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    events = run_dir / "events.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            if events.exists() and events.read_text(encoding="utf-8").count('"event":"epoch"') >= 2:
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"training subprocess ended early: {proc.communicate()[1].decode()[-2000:]}")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if b"KeyboardInterrupt" not in err:
+        raise RuntimeError(f"expected a KeyboardInterrupt traceback, got: {err.decode()[-2000:]}")
+
+
+def make_real_runs(root: Path) -> RealRuns:
+    root.mkdir(parents=True, exist_ok=True)
+    runs = RealRuns(root, *(root / n for n in (
+        "completed", "early_stopped", "nan", "pruned", "errored", "interrupted_callback", "interrupted_sigint",
+        "debug")))
+
+    d = runs.completed  # 4 epochs, periodic checkpoints with keep_last_k=2: two are removed again
+    _trainer(d, [NaNDetectionCallback(), CheckpointCallback(d / "checkpoints", keep_last_k=2)], epochs=4).fit()
+
+    d = runs.early_stopped  # lr 0: val loss never improves after epoch 0, patience 2 stops in epoch 2
+    _trainer(d, [NaNDetectionCallback(), EarlyStoppingCallback(patience=2),
+                 CheckpointCallback(d / "checkpoints")], epochs=20, lr=0.0).fit()
+
+    d = runs.nan  # a huge learning rate drives the weights, then the loss, to inf/NaN
+    _trainer(d, [NaNDetectionCallback(), CheckpointCallback(d / "checkpoints")], epochs=30, lr=1e6).fit()
+
+    d = runs.pruned  # a real study on SQLite whose pruner prunes any value above 1e-9
+    d.mkdir(parents=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{d / 'study.db'}", study_name="audit",
+                                pruner=optuna.pruners.ThresholdPruner(upper=1e-9))
+    trial = study.ask()
+    result = _trainer(d, [NaNDetectionCallback(), PrunerCallback(trial)], epochs=10).fit()
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    assert result.stop_reason.value == "pruned"
+
+    d = runs.errored
+    try:
+        _trainer(d, [NaNDetectionCallback(), _RaiseAt(1, RuntimeError("disk full"))], epochs=5).fit()
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the errored run did not raise")
+
+    d = runs.interrupted_callback
+    try:
+        _trainer(d, [NaNDetectionCallback(), _RaiseAt(1, KeyboardInterrupt())], epochs=5).fit()
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupted run did not raise")
+
+    _sigint_run(runs.interrupted_sigint)
+
+    d = runs.debug  # debug level: every per-batch internal move is logged too
+    _trainer(d, [NaNDetectionCallback()], epochs=3, log_level="debug").fit()
+    return runs
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+def line_of(lines: list[str], pred: Any) -> int:
+    """1-based number of the first line whose parsed record satisfies ``pred``."""
+    for i, line in enumerate(lines, 1):
+        if pred(json.loads(line)):
+            return i
+    raise LookupError("no such line")

@@ -1,0 +1,270 @@
+"""``pipeline.diagrams``: the committed lifecycle diagrams are fresh and complete, callbacks appear
+in the runner's real order, and a real run's path is drawn with its counts and stop edge."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from audit_runs import REPO, RealRuns, read_lines
+
+from callbacks import (
+    CheckpointCallback,
+    EarlyStoppingCallback,
+    GradientMonitorCallback,
+    LossPredictionCallback,
+    NaNDetectionCallback,
+    OptimizerModeCallback,
+    OverfitDetectionCallback,
+    PrunerCallback,
+    WandbLoggingCallback,
+)
+from pipeline.context import EpochContext, FaultContext
+from pipeline.diagrams import (
+    Format,
+    GraphvizMissing,
+    callback_diagram,
+    dot_digest,
+    lifecycle_diagram,
+    render_svg,
+    run_diagram,
+    svg_recorded_digest,
+    write_run_diagram,
+)
+from pipeline.diagrams import main as diagrams_main
+from pipeline.hooks import TrainingCallback
+from pipeline.lifecycle import FINAL, TRANSITIONS, Phase
+
+DIAGRAMS = REPO / "diagrams"
+REGENERATE = "python -m pipeline.diagrams --write diagrams"
+HAVE_DOT = shutil.which("dot") is not None
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "pipeline.diagrams", *args], capture_output=True, text=True,
+                          cwd=REPO, env=full, timeout=120, check=False)
+
+
+# --- Mermaid structure ------------------------------------------------------------------------------
+_STATE = re.compile(r'^state "(?P<label>[^"]*)" as (?P<name>\w+)$')
+_EDGE = re.compile(r"^(?P<src>\w+|\[\*\]) --> (?P<dst>\w+|\[\*\])(?:: (?P<label>[^:;#]+))?$")
+_OTHER = re.compile(r"^(stateDiagram-v2|direction (LR|TB)|classDef s_\w+ .*|Class \w+ s_\w+|)$")
+
+
+def parse_mermaid(text: str) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
+    """A strict reader of the stateDiagram-v2 subset the diagrams use: every line must be a
+    front-matter line, a state, an edge, a class line or blank, or this raises."""
+    lines = text.splitlines()
+    assert lines[0] == "---" and lines[2] == "---", "front matter with the title"
+    assert lines[3] == "stateDiagram-v2"
+    states: dict[str, str] = {}
+    edges: list[tuple[str, str, str]] = []
+    for raw in lines[3:]:
+        line = raw.strip()
+        if m := _STATE.match(line):
+            states[m["name"]] = m["label"]
+        elif m := _EDGE.match(line):
+            edges.append((m["src"], m["dst"], m["label"] or ""))
+        else:
+            assert _OTHER.match(line), f"not stateDiagram-v2 syntax: {raw!r}"
+    return states, edges
+
+
+def _edge_label(edges: list[tuple[str, str, str]], src: str, dst: str) -> str:
+    found = [label for s, d, label in edges if (s, d) == (src, dst)]
+    assert len(found) == 1, f"one edge {src} -> {dst}, found {found}"
+    return found[0]
+
+
+def test_committed_diagrams_are_fresh() -> None:
+    assert (DIAGRAMS / "lifecycle.mmd").read_text(encoding="utf-8") == lifecycle_diagram(Format.MERMAID), \
+        f"diagrams/lifecycle.mmd is stale: run `{REGENERATE}`"
+    dot = lifecycle_diagram(Format.DOT)
+    assert (DIAGRAMS / "lifecycle.dot").read_text(encoding="utf-8") == dot, \
+        f"diagrams/lifecycle.dot is stale: run `{REGENERATE}`"
+    # The SVG's bytes depend on the local Graphviz; it records the sha256 of the DOT it was drawn from.
+    assert svg_recorded_digest((DIAGRAMS / "lifecycle.svg").read_text(encoding="utf-8")) == dot_digest(dot), \
+        f"diagrams/lifecycle.svg is stale: run `{REGENERATE}`"
+
+
+def test_lifecycle_mermaid_has_every_phase_and_transition() -> None:
+    states, edges = parse_mermaid((DIAGRAMS / "lifecycle.mmd").read_text(encoding="utf-8"))
+    assert set(states) == {p.value for p in Phase}
+    assert ("[*]", Phase.CREATED.value, "") in edges and (FINAL.value, "[*]", "") in edges
+    for t in TRANSITIONS:
+        label = _edge_label(edges, t.source.value, t.dest.value)
+        parts = [p.strip() for p in label.split(" | ")]
+        mine = [p for p in parts if p.split()[0] == t.trigger]
+        assert len(mine) == 1, f"{t.trigger} on {t.source.value}->{t.dest.value}: {label}"
+        for g in t.conditions:
+            assert g.value in mine[0] and f"!{g.value}" not in mine[0]
+        for g in t.unless:
+            assert f"!{g.value}" in mine[0]
+        if t.internal:
+            assert "[internal]" in mine[0]
+
+
+def test_edges_into_train_end_name_the_stop_reasons() -> None:
+    _, edges = parse_mermaid(lifecycle_diagram(Format.MERMAID))
+    label = _edge_label(edges, "epoch_end", "train_end")
+    finish, abort = label.split(" | ")
+    assert "{completed, nan, early_stop, pruned}" in finish
+    assert "{interrupted, error}" in abort
+    stop_now = _edge_label(edges, "val", "train_end").split(" | ")[0]
+    assert stop_now.startswith("stop_now {") and "completed" not in stop_now
+
+
+@pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")
+def test_dot_accepts_the_committed_dot_file(tmp_path: Path) -> None:
+    out = subprocess.run(["dot", "-Tsvg", str(DIAGRAMS / "lifecycle.dot")], capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for p in Phase:
+        assert f"<title>{p.value}</title>" in out.stdout
+    svg = render_svg(lifecycle_diagram(Format.DOT))
+    assert svg_recorded_digest(svg) == dot_digest(lifecycle_diagram(Format.DOT)) and "<svg" in svg
+
+
+@pytest.mark.skipif(not os.environ.get("FSMTRAIN_MERMAID_CHECK"), reason="set FSMTRAIN_MERMAID_CHECK to a "
+                    "folder with node_modules/mermaid and jsdom and check.mjs to parse with Mermaid itself")
+def test_mermaid_itself_parses_the_diagrams(tmp_path: Path) -> None:
+    folder = Path(os.environ["FSMTRAIN_MERMAID_CHECK"])
+    for text in (lifecycle_diagram(Format.MERMAID), callback_diagram([NaNDetectionCallback()], Format.MERMAID)):
+        f = tmp_path / "d.mmd"
+        f.write_text(text, encoding="utf-8")
+        out = subprocess.run(["node", "check.mjs", str(f)], cwd=folder, capture_output=True, text=True, timeout=120,
+                             check=False)
+        assert out.returncode == 0 and "PARSE OK" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_svg_without_graphviz_names_the_package() -> None:
+    with pytest.raises(GraphvizMissing, match=r"apt-get install graphviz.*brew install graphviz"):
+        render_svg("digraph {}", dot_program="no-such-dot-program")
+    bindir = str(Path(sys.executable).parent)
+    res = _cli("--format", "svg", env={"PATH": bindir})
+    if shutil.which("dot", path=bindir) is None:
+        assert res.returncode == 2 and "graphviz" in res.stderr and "brew" in res.stderr
+
+
+# --- callbacks on hooks ---------------------------------------------------------------------------
+def _nine(tmp: Path) -> list[TrainingCallback]:
+    study = optuna.create_study(storage=f"sqlite:///{tmp / 'study.db'}")
+    return [
+        CheckpointCallback(tmp / "ckpt"), EarlyStoppingCallback(), PrunerCallback(study.ask()),
+        WandbLoggingCallback(mode="offline", directory=tmp), OverfitDetectionCallback(),
+        LossPredictionCallback(max_epochs=10), GradientMonitorCallback(), OptimizerModeCallback(),
+        NaNDetectionCallback(),
+    ]
+
+
+def _hook_lines(text: str) -> dict[str, str]:
+    states, _ = parse_mermaid(text)
+    out: dict[str, str] = {}
+    for label in states.values():
+        for part in label.split("<br/>")[1:]:
+            hook, _, names = part.partition(" = ")
+            out[hook] = names
+    return out
+
+
+def test_config_view_lists_the_nine_in_priority_order(tmp_path: Path) -> None:
+    hooks = _hook_lines(callback_diagram(_nine(tmp_path), Format.MERMAID, include_global=False))
+    # The order DESIGN.md section 5 fixes for the built-ins.
+    assert hooks["on_epoch_end"] == ("NaNDetectionCallback(5), GradientMonitorCallback(12), "
+                                     "OverfitDetectionCallback(75), WandbLoggingCallback(80), CheckpointCallback(95)")
+    assert hooks["on_val_end"] == "LossPredictionCallback(70), PrunerCallback(85), EarlyStoppingCallback(90)"
+    assert hooks["on_val_begin"].startswith("OptimizerModeCallback(10)")
+    assert hooks["on_train_epoch_begin"].startswith("OptimizerModeCallback(10)")
+
+
+class _Global(TrainingCallback):
+    priority = 50
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        return None
+
+    def on_exception(self, fault: FaultContext) -> None:
+        return None
+
+
+class _LateGlobal(_Global):
+    priority = 95
+
+
+def test_global_callbacks_appear_in_their_place(tmp_path: Path) -> None:
+    nine = _nine(tmp_path)
+    with _Global(), _LateGlobal():
+        text = callback_diagram(nine, Format.MERMAID)
+    hooks = _hook_lines(text)
+    assert hooks["on_epoch_end"] == (
+        "NaNDetectionCallback(5), GradientMonitorCallback(12), _Global(50 global), OverfitDetectionCallback(75), "
+        "WandbLoggingCallback(80), CheckpointCallback(95), _LateGlobal(95 global)")
+    # A hook bound to a transition is listed on that transition's edges (on_exception on abort).
+    _, edges = parse_mermaid(text)
+    abort = _edge_label(edges, "val", "train_end")
+    assert "on_exception = _Global(50 global), _LateGlobal(95 global)" in abort
+    # Without the with-block the globals are gone again.
+    assert "_Global" not in callback_diagram(nine, Format.MERMAID)
+
+
+@pytest.mark.slow
+def test_config_cli_uses_the_config_callbacks() -> None:
+    res = _cli("--config", str(REPO / "configs" / "quickstart.yaml"), "--hpo")
+    assert res.returncode == 0, res.stderr
+    hooks = _hook_lines(res.stdout)
+    assert hooks["on_val_end"].endswith("PrunerCallback(85), EarlyStoppingCallback(90)")
+    assert hooks["on_epoch_end"].endswith("CheckpointCallback(95)")
+    bad = _cli("--config", str(REPO / "configs" / "no-such.yaml"))
+    assert bad.returncode == 2 and "no-such.yaml" in bad.stderr
+
+
+# --- one run's path -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_run_view_of_an_early_stopped_run(real_runs: RealRuns, tmp_path: Path) -> None:
+    events_path = real_runs.events("early_stopped")
+    records = [json.loads(line) for line in read_lines(events_path)]
+    epochs = sum(r["event"] == "epoch" for r in records)
+    stop = next(r for r in records if r["event"] == "stop_request")
+    assert stop["payload"]["reason"] == "early_stop"
+    _states, edges = parse_mermaid(run_diagram(events_path, Format.MERMAID))
+    assert _edge_label(edges, "epoch_end", "epoch_begin") == f"next_epoch x{epochs - 1}"
+    assert _edge_label(edges, "val", "epoch_end") == f"end_epoch x{epochs}"
+    final = _edge_label(edges, "epoch_end", "train_end")
+    assert final == f"finish x1 / early_stop in epoch {stop['epoch']} ({epochs} epochs done)"
+    # info-level logs carry no per-batch moves: their count comes from global_step
+    batches = sum(r["payload"]["batches"] for r in records if r["event"] == "epoch")
+    assert _edge_label(edges, "train_step", "train_step") == f"batch x{batches - epochs} [internal]"
+    assert "stop_now" not in str(edges)
+
+    out = write_run_diagram(events_path, tmp_path / "lifecycle.mmd")
+    assert out.read_text(encoding="utf-8") == run_diagram(events_path)
+    res = _cli("--run", str(events_path), "-o", str(tmp_path / "run.dot"))
+    assert res.returncode == 0 and "digraph" in (tmp_path / "run.dot").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_run_view_of_debug_and_aborted_runs(real_runs: RealRuns) -> None:
+    debug = [json.loads(line) for line in read_lines(real_runs.events("debug"))]
+    internal = sum(r["event"] == "transition" and r["from"] == r["to"] for r in debug)
+    _, edges = parse_mermaid(run_diagram(real_runs.events("debug")))
+    assert _edge_label(edges, "train_step", "train_step") == f"batch x{internal} [internal]"
+    _, edges = parse_mermaid(run_diagram(real_runs.events("errored")))
+    assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 1")
+
+
+def test_run_view_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "events.jsonl"
+    bad.write_text("not json\n", encoding="utf-8")
+    assert diagrams_main(["--run", str(bad)]) == 2
+    assert "events.jsonl:1" in capsys.readouterr().err
+    assert diagrams_main(["--run", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
