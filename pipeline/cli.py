@@ -1,0 +1,324 @@
+"""The ``fsmtrain`` command line (also ``python -m pipeline``).
+
+``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.diagrams``,
+``pipeline.audit`` and ``pipeline.replay`` add their own subcommands through ``register_cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, TextIO
+
+from pipeline.config import ConfigError, RunConfig, build_callbacks, load_config
+from pipeline.job import SeedRun, build_parts, run_dir_for, train_seed
+from pipeline.lifecycle import StopReason
+
+__all__ = ["STARTER_CONFIG", "ExitCode", "build_parser", "exit_code_for", "main"]
+
+
+class ExitCode(IntEnum):
+    """Process exit status of ``fsmtrain`` (with several seeds: the most severe one)."""
+
+    OK = 0  # COMPLETED, EARLY_STOP or PRUNED; validate/preflight passed
+    ERROR = 1  # training raised an exception (details in events.jsonl)
+    CONFIG = 2  # invalid config or command line; nothing was trained or written
+    NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run
+    PREFLIGHT = 4  # preflight built everything but the step gave non-finite loss or gradients
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, the shell convention)
+
+
+_BY_REASON = {
+    StopReason.COMPLETED: ExitCode.OK,
+    StopReason.EARLY_STOP: ExitCode.OK,
+    StopReason.PRUNED: ExitCode.OK,
+    StopReason.NAN: ExitCode.NAN,
+    StopReason.ERROR: ExitCode.ERROR,
+    StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
+}
+_SEVERITY = (ExitCode.OK, ExitCode.NAN, ExitCode.ERROR, ExitCode.INTERRUPTED)
+
+
+def exit_code_for(reason: StopReason) -> ExitCode:
+    return _BY_REASON[reason]
+
+
+def _worst(codes: Sequence[ExitCode]) -> ExitCode:
+    return max(codes, key=_SEVERITY.index, default=ExitCode.OK)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}" if math.isfinite(x) else str(x)
+
+
+def _load(args: argparse.Namespace) -> RunConfig:
+    overrides = list(args.set or [])
+    if getattr(args, "device", None):
+        overrides.append(f"device={args.device}")
+    return load_config(args.config, overrides)
+
+
+def _print_warnings(cfg: RunConfig, out: TextIO) -> None:
+    for w in cfg.warnings:
+        print(f"warning: {w}", file=out)
+
+
+# --- train -----------------------------------------------------------------------------------
+def _display_callbacks() -> list[Any]:
+    from callbacks import EpochSummaryCallback, ProgressBarCallback
+    from callbacks.progress_bar import auto_enabled
+
+    return [ProgressBarCallback(enabled=True)] if auto_enabled() else [EpochSummaryCallback()]
+
+
+def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
+    result = run.result
+    if result is None:  # failed before the machine started (e.g. in Trainer construction)
+        print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
+        return ExitCode.ERROR
+    reason = result.stop_reason
+    stop = result.stop
+    why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
+    print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
+    best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
+    print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
+          file=out)
+    last = result.history[-1].metrics if result.history else {}
+    extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
+    if extra:
+        print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+    print(f"  run dir: {run.run_dir}", file=out)
+    return exit_code_for(reason)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _print_warnings(cfg, sys.stderr)
+    run_name = cfg.name or Path(args.config).stem
+    base = Path(args.run_dir) if args.run_dir else None
+    codes: list[ExitCode] = []
+    objectives: list[float] = []
+    out = sys.stdout
+    for seed in cfg.seeds:
+        run_dir = run_dir_for(cfg, seed, run_name, base)
+        print(f"== {cfg.project}/{run_name} seed {seed} -> {run_dir}", file=out, flush=True)
+        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks())
+        codes.append(_describe_seed(run, out))
+        if run.result is not None:
+            objectives.append(run.result.objective)
+        if isinstance(run.error, KeyboardInterrupt):
+            break  # the user asked to stop: do not start the next seed
+    if len(cfg.seeds) > 1 and objectives:
+        mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
+        spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
+        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
+    code = _worst(codes)
+    print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
+
+
+# --- validate / preflight --------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _print_warnings(cfg, sys.stdout)
+    print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs} epochs, net {cfg.net}, "
+          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s))")
+    return int(ExitCode.OK)
+
+
+def _shape(x: Any) -> str:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(_shape(v) for v in x) + ")"
+    return type(x).__name__
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    import torch
+
+    from pipeline.runner import CallbackRunner
+    from pipeline.trainer import _split
+
+    cfg = _load(args)
+    _print_warnings(cfg, sys.stdout)
+    seed = cfg.seeds[0]
+    parts = build_parts(cfg, seed)
+    runner = CallbackRunner(build_callbacks(cfg, run_dir=None))  # checks callback order / slot data flow
+    model, device = parts.model, torch.device(cfg.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    inputs, targets = _split(next(iter(parts.train_loader)))
+    inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+    targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
+    model.train()
+    output = model(inputs)
+    loss = parts.criterion(output, targets)
+    loss.backward()  # type: ignore[no-untyped-call]
+    grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n, g in grads if g is None]
+    bad = [n for n, g in grads if g is not None and not bool(torch.isfinite(g).all())]
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    after_ok = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    print(f"model      {cfg.net}: {n_params:,} parameters ({n_trainable:,} trainable) on {device}")
+    print(f"batches    train {len(parts.train_loader)}, val "
+          f"{len(parts.val_loader) if parts.val_loader is not None else 'none'} (batch_size {cfg.batch_size})")
+    print(f"input      {_shape(inputs)}   target {_shape(targets)}")
+    print(f"output     {_shape(output)}")
+    print(f"loss       {_fmt(float(loss.detach()))} ({cfg.criterion})")
+    print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
+          + (f"; non-finite: {', '.join(bad)}" if bad else "")
+          + (f"; no gradient: {', '.join(missing)}" if missing else ""))
+    print(f"optimizer  {cfg.optimizer} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}")
+    print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in runner.callbacks))
+    ok = math.isfinite(float(loss.detach())) and not bad and after_ok
+    print("preflight passed" if ok else "preflight FAILED: non-finite loss, gradients or parameters")
+    return int(ExitCode.OK if ok else ExitCode.PREFLIGHT)
+
+
+# --- init ------------------------------------------------------------------------------------
+STARTER_CONFIG = """\
+# fsmtrain run config. Check it with `fsmtrain validate fsmtrain.yaml`, train with
+# `fsmtrain train fsmtrain.yaml`. Classes and functions are named by dotted import path, with
+# their keyword arguments in the matching *_config mapping.
+project: my-project            # runs go to runs/<project>/<name>-seed<seed>/
+name: baseline                 # run name (default: the config file's name)
+device: cpu                    # cpu | cuda | cuda:N | mps
+seeds: [0]                     # one run per seed; the summary reports the mean objective
+
+data: pipeline.data.synthetic_regression   # builder(batch_size=, seed=, **data_config) -> (train, val)
+data_config:
+  n_samples: 2048
+  n_features: 8
+
+net: pipeline.models.MLP       # any torch.nn.Module subclass
+net_config:
+  in_features: 8
+  out_features: 1
+  hidden: [64, 64]
+
+optimizer: torch.optim.Adam    # torch.optim.* or pytorch_optimizer.* (e.g. pytorch_optimizer.SPlus)
+optimizer_config:
+  lr: 1e-3
+
+scheduler: null                # e.g. torch.optim.lr_scheduler.CosineAnnealingLR with T_max: <epochs>
+scheduler_config: {}
+
+criterion: torch.nn.MSELoss    # an nn.Module loss class or a function (output, target) -> tensor
+criterion_config: {}
+
+metrics: {}                    # extra validation metrics, e.g. val_accuracy: pipeline.models.accuracy
+
+epochs: 20
+batch_size: 64
+
+early_stopping:                # stop after `patience` epochs without a relative improvement of min_delta
+  enabled: true
+  patience: 5
+  mode: min
+  min_delta: 1e-4
+  monitor: val_loss
+
+checkpoint:                    # saved under <run dir>/checkpoints/
+  enabled: true
+  save_every_n_epochs: 1
+  keep_last_k: 3
+  save_best: true
+  monitor: val_loss
+  mode: min
+
+wandb:                         # offline runs land in <run dir>/wandb/
+  enabled: false
+  mode: offline
+  project: null                # default: project
+  tags: []
+
+callbacks:                     # options of the built-ins, and your own callbacks
+  gradient_monitor: {enabled: true, warn_threshold: 1e4}
+  overfit_detection: {enabled: true, warmup_epochs: 5, window_size: 5}
+  loss_prediction: {enabled: true}
+  extra: []                    # e.g. [{target: mypkg.MyCallback, kwargs: {every: 2}}]
+
+grad_clip: null                # e.g. {max_norm: 1.0}
+grad_accumulation: 1           # optimizer step every N batches
+log_level: info                # events.jsonl detail: debug adds per-batch lines
+num_threads: 1                 # torch CPU threads (null: torch's default); 1 is fastest for small models
+"""
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    target = directory / args.name
+    if target.exists() and not args.force:
+        print(f"fsmtrain init: {target} exists; use --force to overwrite", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    directory.mkdir(parents=True, exist_ok=True)
+    target.write_text(STARTER_CONFIG, encoding="utf-8")
+    print(f"wrote {target}; next: fsmtrain validate {target} && fsmtrain train {target}")
+    return int(ExitCode.OK)
+
+
+# --- parser ----------------------------------------------------------------------------------
+_PLUGINS = ("pipeline.diagrams", "pipeline.audit", "pipeline.replay")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="path to the YAML run config")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")
+    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsmtrain", description="Train PyTorch models from a YAML config on an explicit lifecycle machine.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train every seed of a config")
+    _config_args(p)
+    p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
+    _config_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("preflight", help="build everything and run one forward/backward/optimizer step")
+    _config_args(p)
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("init", help="write a commented starter config")
+    p.add_argument("dir", nargs="?", default=".", help="folder to write it to (default: .)")
+    p.add_argument("--name", default="fsmtrain.yaml", help="file name (default: fsmtrain.yaml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_init)
+
+    for module in _PLUGINS:
+        try:
+            importlib.import_module(module).register_cli(sub)
+        except Exception as exc:  # a broken plugin must not take `train` down with it
+            print(f"fsmtrain: commands of {module} unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except ConfigError as exc:
+        print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    except KeyboardInterrupt:
+        print("fsmtrain: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    return int(code)

@@ -1,0 +1,169 @@
+"""The real ``fsmtrain`` CLI in subprocesses (``python -m pipeline``), W&B offline, CI mode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.cli import ExitCode, main
+from pipeline.config import load_config
+from pipeline.logs import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+FAST = ["--set", "epochs=3", "--set", "scheduler_config.T_max=3", "--set", "early_stopping.patience=2"]
+
+
+def fsmtrain(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_quickstart_trains_to_completed_with_a_full_run_dir(tmp_path: Path) -> None:
+    proc = fsmtrain("train", QUICKSTART, *FAST, "--set", "optimizer_config.lr=0.01", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    run_dir = tmp_path / "runs" / "quickstart" / "mlp-regression-seed0"
+    assert {"config.yaml", "events.jsonl", "checkpoints", "model.pt", "wandb"} <= {p.name for p in run_dir.iterdir()}
+    assert list((run_dir / "checkpoints").glob("*.pt")) and list((run_dir / "wandb").glob("offline-run-*"))
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["optimizer_config"]["lr"] == 0.01
+    events = read_events(run_dir / "events.jsonl")
+    transitions = [e for e in events if e["event"] == "transition"]
+    assert transitions[-1]["to"] == "train_end" and events[-1]["event"] == "result"
+    assert events[0]["payload"]["config"]["optimizer_config"]["lr"] == 0.01 and events[0]["payload"]["seed"] == 0
+    val = [e["payload"]["metrics"]["val_loss"] for e in events if e["event"] == "epoch"]
+    assert len(val) == 3 and val[-1] < val[0]
+    assert "seed 0: COMPLETED after 3 epoch(s)" in proc.stdout
+    assert f"run dir: {Path('runs/quickstart/mlp-regression-seed0')}" in proc.stdout
+    assert "best val_loss" in proc.stdout and proc.stdout.count("epoch ") >= 3  # one summary line per epoch
+    state = torch.load(run_dir / "model.pt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_three_mistakes_one_error_and_nothing_on_disk(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "net: pipeline.models.MLP\nnet_config: {in_features: 8, out_features: 1}\n"
+        "data: pipeline.data.synthetic_regression\noptimizer: torch.optim.Adamm\n"
+        "epochs: -1\nbatch_size: 32\nearly_stoping: {patience: 3}\n"
+    )
+    proc = fsmtrain("train", config, cwd=tmp_path)
+    assert proc.returncode == ExitCode.CONFIG
+    assert "has 3 problems" in proc.stderr and "Traceback" not in proc.stderr
+    for needle in ("optimizer:", "did you mean torch.optim.Adam?", "epochs:", "found -1",
+                   "early_stoping:", "did you mean early_stopping?"):
+        assert needle in proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.yaml"]
+    proc = fsmtrain("validate", config, cwd=tmp_path)
+    assert proc.returncode == ExitCode.CONFIG and "has 3 problems" in proc.stderr
+
+
+@pytest.mark.slow
+def test_multi_seed_mean_and_same_seed_bit_identical(tmp_path: Path) -> None:
+    common = [*FAST, "--set", "epochs=2", "--set", "scheduler_config.T_max=2", "--set", "wandb.enabled=false"]
+    proc = fsmtrain("train", QUICKSTART, *common, "--set", "seeds=[1, 2, 3]", "--run-dir", "a", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [f"mlp-regression-seed{s}" for s in (1, 2, 3)]
+    assert "mean objective (best val_loss) over 3 seeds:" in proc.stdout
+    proc = fsmtrain("train", QUICKSTART, *common, "--set", "seeds=[1]", "--run-dir", "b", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+
+    def weights(path: Path) -> dict[str, torch.Tensor]:
+        return torch.load(path / "model.pt", weights_only=True)  # type: ignore[no-any-return]
+
+    first, again = weights(tmp_path / "a" / "mlp-regression-seed1"), weights(tmp_path / "b" / "mlp-regression-seed1")
+    other = weights(tmp_path / "a" / "mlp-regression-seed2")
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_validate_good_config_prints_warnings(tmp_path: Path) -> None:
+    proc = fsmtrain("validate", QUICKSTART, "--set", "epochs=5", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "valid" in proc.stdout and "warning: early_stopping.patience" in proc.stdout
+    assert "warning: scheduler_config.T_max" in proc.stdout
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_preflight_good_and_non_finite(tmp_path: Path) -> None:
+    proc = fsmtrain("preflight", QUICKSTART, cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "4,801 parameters" in proc.stdout and "input      (64, 8) float32" in proc.stdout
+    assert "output     (64, 1) float32" in proc.stdout and "6/6 tensors finite" in proc.stdout
+    assert "preflight passed" in proc.stdout
+    proc = fsmtrain("preflight", QUICKSTART, "--set", "data_config.noise=.nan", cwd=tmp_path)
+    assert proc.returncode == ExitCode.PREFLIGHT
+    assert "non-finite" in proc.stdout and "preflight FAILED" in proc.stdout
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_nan_run_exits_with_the_nan_code(tmp_path: Path) -> None:
+    proc = fsmtrain("train", QUICKSTART, *FAST, "--set", "data_config.noise=.nan", "--set", "wandb.enabled=false",
+                    cwd=tmp_path)
+    assert proc.returncode == ExitCode.NAN, proc.stderr
+    assert "seed 0: NAN after 1 epoch(s) (requested by NaNDetectionCallback" in proc.stdout
+
+
+def test_init_writes_a_starter_that_validates(tmp_path: Path) -> None:
+    proc = fsmtrain("init", "starter", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    path = tmp_path / "starter" / "fsmtrain.yaml"
+    text = path.read_text()
+    assert text.count("#") > 20  # commented
+    assert load_config(path).warnings == []
+    assert main(["init", str(tmp_path / "starter")]) == ExitCode.CONFIG  # no silent overwrite
+
+
+FAULTY = '''
+from pipeline.hooks import TrainingCallback
+
+
+class Fault(TrainingCallback):
+    def __init__(self, kind: str, at_epoch: int = 1) -> None:
+        self.kind, self.at_epoch = kind, at_epoch
+
+    def on_train_epoch_begin(self, epoch):
+        if epoch.index == self.at_epoch:
+            raise KeyboardInterrupt() if self.kind == "interrupt" else RuntimeError("boom")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "code", "reason"), [("error", ExitCode.ERROR, "ERROR"),
+                                                      ("interrupt", ExitCode.INTERRUPTED, "INTERRUPTED")])
+def test_error_and_interrupt_exit_codes(tmp_path: Path, kind: str, code: ExitCode, reason: str) -> None:
+    (tmp_path / "faulty_cb.py").write_text(FAULTY)
+    extra = f"callbacks.extra=[{{target: faulty_cb.Fault, kwargs: {{kind: {kind}}}}}]"
+    proc = fsmtrain("train", QUICKSTART, *FAST, "--set", "wandb.enabled=false", "--set", "seeds=[0, 1]",
+                    "--set", extra, cwd=tmp_path)
+    assert proc.returncode == code, proc.stderr
+    assert f"seed 0: {reason} after 1 epoch(s)" in proc.stdout
+    run_dir = tmp_path / "runs" / "quickstart" / "mlp-regression-seed0"
+    assert not (run_dir / "model.pt").exists()
+    events = read_events(run_dir / "events.jsonl")
+    assert [e for e in events if e["event"] == "transition"][-1]["to"] == "train_end"
+    # an interrupt stops the remaining seeds; an error moves on to the next one
+    assert ("seed 1:" in proc.stdout) == (kind == "error")
+
+
+def test_every_stop_reason_has_an_exit_code() -> None:
+    from pipeline.cli import exit_code_for
+    from pipeline.lifecycle import StopReason
+
+    codes = {reason: exit_code_for(reason) for reason in StopReason}
+    assert {r for r, c in codes.items() if c is ExitCode.OK} == {
+        StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.PRUNED}
+    failing = [codes[StopReason.NAN], codes[StopReason.ERROR], codes[StopReason.INTERRUPTED], ExitCode.CONFIG]
+    assert len(set(failing)) == 4 and ExitCode.OK not in failing
