@@ -30,6 +30,7 @@ from pipeline.config import (
     resolved_dict,
     seed_everything,
 )
+from pipeline.diagrams import write_run_diagram
 from pipeline.engine import TrainResult
 from pipeline.hooks import TrainingCallback
 from pipeline.trainer import Trainer
@@ -133,6 +134,14 @@ def train_seed(
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
+        _write_path_diagram(trainer)
         return SeedRun(seed, run_dir, trainer, exc)
     torch.save(trainer.model.state_dict(), run_dir / MODEL_FILE)
+    _write_path_diagram(trainer)
     return SeedRun(seed, run_dir, trainer)
+
+
+def _write_path_diagram(trainer: Trainer) -> None:
+    """``lifecycle.mmd``: the path this run took, drawn from its own log."""
+    if trainer.engine.result is not None and trainer.events.path is not None:
+        write_run_diagram(trainer.events.path)
