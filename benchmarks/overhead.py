@@ -56,6 +56,34 @@ CASES: dict[str, Case] = {
 }
 
 
+def all_nine(run_dir: Path, epochs: int) -> list[TrainingCallback]:
+    """The nine built-ins as a real run has them: W&B offline into the run directory, a checkpoint
+    every 10 epochs (plus best and latest), and a pruner on a real in-memory Optuna trial."""
+    import os
+
+    import optuna
+
+    import callbacks as cb
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trial = optuna.create_study(pruner=optuna.pruners.NopPruner()).ask()
+    return [
+        cb.NaNDetectionCallback(),
+        cb.OptimizerModeCallback(),
+        cb.GradientMonitorCallback(),
+        cb.LossPredictionCallback(max_epochs=epochs),
+        cb.OverfitDetectionCallback(),
+        cb.WandbLoggingCallback(mode="offline", directory=run_dir),
+        cb.PrunerCallback(trial),
+        cb.EarlyStoppingCallback(),
+        cb.CheckpointCallback(run_dir / "checkpoints", save_every_n_epochs=10),
+    ]
+
+
+CASES["all_nine"] = Case("all_nine", all_nine, epochs=20, rounds=5)
+
+
 def make_data(n_train: int, n_val: int, batch: int, seed: int = 0) -> tuple[list[Batch], list[Batch]]:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(32, 1, generator=g)

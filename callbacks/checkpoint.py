@@ -1,0 +1,71 @@
+"""Write periodic, best and latest checkpoints at the end of each fully evaluated epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.checkpoint import CheckpointManager, SavedCheckpoint
+from pipeline.context import EpochContext, RunContext
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+
+__all__ = ["CheckpointCallback"]
+
+
+def _shown(path: Path, run: RunContext) -> str:
+    """A path relative to the run directory when it is under it, else absolute."""
+    absolute = path.resolve()
+    if run.run_dir is not None:
+        try:
+            return str(absolute.relative_to(Path(run.run_dir).resolve()))
+        except ValueError:
+            pass
+    return str(absolute)
+
+
+class CheckpointCallback(TrainingCallback):
+    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy of
+    :class:`pipeline.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
+    (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per old periodic file deleted.
+    In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
+
+    priority = 95
+    tier = Tier.CORE
+    replay = ReplaySupport.DRY
+
+    def __init__(
+        self,
+        directory: str | Path,
+        save_every_n_epochs: int = 1,
+        keep_last_k: int = 3,
+        save_best: bool = True,
+        monitor: str = "val_loss",
+        mode: str = "min",
+    ) -> None:
+        self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode)
+        self.saved: list[SavedCheckpoint] = []
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        run = epoch.run
+        final = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        if run.dry_run:
+            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final)
+            if "best" in kinds:
+                self.manager.best_value = float(epoch.metrics[self.manager.monitor])
+                self.manager.best_epoch = epoch.index
+            for kind in kinds:
+                epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
+                           epoch=epoch.index, kind=kind)
+            return
+        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final)
+        for ck in written:
+            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind)
+        for path in self.manager.removed:
+            epoch.emit("checkpoint_removed", path=_shown(path, run))
+        self.saved.extend(written)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.manager.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.manager.load_state_dict(state)

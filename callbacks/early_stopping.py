@@ -1,0 +1,76 @@
+"""Stop when the monitored metric has not improved by a relative margin for ``patience`` epochs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipeline.context import EpochContext
+from pipeline.hooks import Tier, TrainingCallback
+from pipeline.lifecycle import StopReason
+
+__all__ = ["EarlyStoppingCallback", "improves"]
+
+
+def improves(value: float, best: float | None, mode: str, min_delta: float) -> bool:
+    """``min_delta`` is relative to ``|best|``: in min mode ``value < best - |best|·min_delta``
+    (max mode mirrored). Works for negative and zero values; a non-finite value never improves."""
+    if not math.isfinite(value):
+        return False
+    if best is None:
+        return True
+    margin = abs(best) * min_delta
+    return value < best - margin if mode == "min" else value > best + margin
+
+
+class EarlyStoppingCallback(TrainingCallback):
+    """On ``on_val_end``: after ``patience`` epochs in a row without improvement, request stop
+    EARLY_STOP (the epoch still finishes: logging and checkpoint run)."""
+
+    priority = 90
+    tier = Tier.CORE
+
+    def __init__(
+        self, patience: int = 20, mode: str = "min", min_delta: float = 1e-4, monitor: str = "val_loss"
+    ) -> None:
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
+            raise ValueError(f"min_delta must be a number >= 0 (relative to the best value), got {min_delta!r}")
+        self.patience = patience
+        self.mode = mode
+        self.min_delta = float(min_delta)
+        self.monitor = monitor
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.wait = 0
+        self._warned = False
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        value = epoch.metrics.get(self.monitor)
+        if value is None:
+            if not self._warned:
+                self._warned = True
+                epoch.warn(self.name, f"monitored metric {self.monitor!r} is missing; early stopping is inactive",
+                           available=sorted(epoch.metrics))
+            return
+        if improves(value, self.best, self.mode, self.min_delta):
+            self.best, self.best_epoch, self.wait = float(value), epoch.index, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            epoch.request_stop(
+                StopReason.EARLY_STOP, self.name,
+                f"{self.monitor} did not improve on {self.best} (epoch {self.best_epoch}) by more than "
+                f"{self.min_delta:g} relative for {self.wait} epochs",
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state.get("best")
+        self.best_epoch = state.get("best_epoch")
+        self.wait = int(state.get("wait", 0))

@@ -1,0 +1,111 @@
+"""Extrapolate the final validation loss from an exponential fit of the val losses so far."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.context import EpochContext
+from pipeline.hooks import Tier, TrainingCallback
+from pipeline.slots import LOSS_PREDICTION, LossPrediction
+
+__all__ = ["FIRST_EPOCH", "MIN_R2", "LossPredictionCallback", "fit_exponential", "predict_final_loss"]
+
+FIRST_EPOCH = 10
+"""First epoch index with a prediction: at epoch index 10 the fit sees 11 val losses (t = 0..10)."""
+MIN_R2 = 0.5
+"""A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
+
+
+def _exp(t: Any, a: float, k: float) -> Any:
+    return a * np.exp(k * t)
+
+
+def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
+    """Fit ``y = A·exp(K·t)``: a log-linear least-squares start refined by ``curve_fit``.
+
+    Returns ``(A, K)``, or None when the data cannot be fitted (too few points, non-positive or
+    non-finite values, no convergence, non-finite parameters, or R² below :data:`MIN_R2`). Never
+    raises and emits no warnings.
+    """
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", OptimizeWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            return _fit(np.asarray(t, dtype=np.float64), np.asarray(y, dtype=np.float64), curve_fit)
+        except Exception:  # any fitting failure means "no prediction"
+            return None
+
+
+def _fit(ts: Any, ys: Any, curve_fit: Any) -> tuple[float, float] | None:
+    if ts.size < 3 or ts.shape != ys.shape or not np.all(np.isfinite(ys)) or np.any(ys <= 0):
+        return None
+    if float(np.ptp(ys)) <= 1e-12 * float(np.max(ys)):
+        return None  # a flat curve has no trend to extrapolate (rounding noise is not a trend)
+    ss_tot = float(np.sum((ys - ys.mean()) ** 2))
+    k0, log_a0 = np.polyfit(ts, np.log(ys), 1)
+    params, _ = curve_fit(_exp, ts, ys, p0=(math.exp(log_a0), k0), maxfev=2000)
+    a, k = float(params[0]), float(params[1])
+    if not (math.isfinite(a) and math.isfinite(k) and math.isfinite(ss_tot) and ss_tot > 0):
+        return None
+    r2 = 1.0 - float(np.sum((ys - _exp(ts, a, k)) ** 2)) / ss_tot
+    if not math.isfinite(r2) or r2 < MIN_R2:
+        return None
+    return a, k
+
+
+def predict_final_loss(val_losses: Sequence[float], max_epochs: int) -> LossPrediction:
+    """Fit all ``val_losses`` (epoch ``t`` = position) and evaluate at the last epoch index
+    ``max_epochs - 1``. Falls back to the last val loss (``fit_ok=False``)."""
+    fallback = float(val_losses[-1]) if val_losses else math.nan
+    fit = fit_exponential(range(len(val_losses)), val_losses)
+    predicted = math.nan
+    if fit is not None:
+        a, k = fit
+        with np.errstate(all="ignore"):
+            predicted = float(_exp(np.float64(max_epochs - 1), a, k))
+    ok = fit is not None and math.isfinite(predicted)
+    value = predicted if ok else fallback
+    neg_log10 = -math.log10(value) if value > 0 and math.isfinite(value) else math.nan
+    return LossPrediction(predicted_loss=value, neg_log10=neg_log10, fit_ok=ok)
+
+
+class LossPredictionCallback(TrainingCallback):
+    """On ``on_val_end`` from epoch index 10 on: slot ``loss_prediction`` holds the predicted
+    final val loss (the fit of ``A·exp(K·t)`` over all val losses so far, at ``t = max_epochs - 1``),
+    or the last val loss when the fit fails. Before epoch 10 the slot stays ``None``."""
+
+    priority = 70
+    tier = Tier.CORE
+    writes = (LOSS_PREDICTION,)
+
+    def __init__(self, max_epochs: int) -> None:
+        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+            raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}")
+        self.max_epochs = max_epochs
+        self.val_losses: list[float] = []
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        value = epoch.metrics.get("val_loss")
+        if value is None:
+            return
+        self.val_losses.append(float(value))
+        if epoch.index < FIRST_EPOCH:
+            return
+        try:
+            prediction = predict_final_loss(self.val_losses, self.max_epochs)
+        except Exception:  # a prediction must never end a run
+            prediction = LossPrediction(float(value), math.nan, False)
+        epoch.set(LOSS_PREDICTION, prediction)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"val_losses": list(self.val_losses)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.val_losses = [float(v) for v in state.get("val_losses", [])]

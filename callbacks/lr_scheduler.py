@@ -1,0 +1,63 @@
+"""Step any torch or pytorch-optimizer LR scheduler per epoch or per optimizer step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.context import EpochContext, StepContext
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+
+__all__ = ["LRSchedulerCallback"]
+
+
+class LRSchedulerCallback(TrainingCallback):
+    """``interval="epoch"``: ``scheduler.step()`` in ``on_before_scheduler_step`` (``ReduceLROnPlateau``
+    gets the epoch's ``monitor`` value); ``interval="step"``: after every optimizer step that ran.
+    Do not also pass the same scheduler to ``Trainer(scheduler=...)``: it would step twice."""
+
+    priority = 30
+    tier = Tier.CORE
+    replay = ReplaySupport.DRY
+
+    def __init__(self, scheduler: Any, interval: str = "epoch", monitor: str = "val_loss") -> None:
+        if not callable(getattr(scheduler, "step", None)):
+            raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
+        if interval not in ("epoch", "step"):
+            raise ValueError(f"interval must be 'epoch' or 'step', got {interval!r}")
+        self.scheduler = scheduler
+        self.interval = interval
+        self.monitor = monitor
+        self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if self.plateau and interval == "step":
+            raise ValueError("ReduceLROnPlateau needs a monitored value per epoch; use interval='epoch'")
+        self._warned = False
+
+    def on_after_optimizer_step(self, step: StepContext) -> None:
+        if self.interval == "step" and not step.run.dry_run:
+            self.scheduler.step()
+
+    def on_before_scheduler_step(self, epoch: EpochContext) -> None:
+        if self.interval != "epoch" or epoch.run.dry_run:
+            return
+        if not self.plateau:
+            self.scheduler.step()
+            return
+        value = epoch.metrics.get(self.monitor)
+        if value is None:
+            if not self._warned:
+                self._warned = True
+                epoch.warn(self.name, f"ReduceLROnPlateau monitors {self.monitor!r}, which this run does not have",
+                           available=sorted(epoch.metrics))
+            return
+        self.scheduler.step(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        sd = getattr(self.scheduler, "state_dict", None)
+        return {"scheduler": sd() if callable(sd) else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        inner = state.get("scheduler")
+        if inner is not None and callable(getattr(self.scheduler, "load_state_dict", None)):
+            self.scheduler.load_state_dict(inner)

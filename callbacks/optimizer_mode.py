@@ -1,0 +1,36 @@
+"""Switch optimizers that keep separate train/eval weights (SPlus, ScheduleFree) between modes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.context import EpochContext
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+
+__all__ = ["OptimizerModeCallback", "has_modes"]
+
+
+def has_modes(optimizer: Any, model: Any) -> bool:
+    """True for an optimizer with callable ``train``/``eval`` that is not the model itself."""
+    if optimizer is None or optimizer is model:
+        return False
+    return callable(getattr(optimizer, "train", None)) and callable(getattr(optimizer, "eval", None))
+
+
+class OptimizerModeCallback(TrainingCallback):
+    """``optimizer.train()`` at epoch begin, ``optimizer.eval()`` at validation begin, so validation
+    and the checkpoint at epoch end see the evaluation weights. Other optimizers are untouched."""
+
+    priority = 10
+    tier = Tier.CORE
+    replay = ReplaySupport.DRY
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        run = epoch.run
+        if not run.dry_run and has_modes(run.optimizer, run.model):
+            run.optimizer.train()  # type: ignore[union-attr]
+
+    def on_val_begin(self, epoch: EpochContext) -> None:
+        run = epoch.run
+        if not run.dry_run and has_modes(run.optimizer, run.model):
+            run.optimizer.eval()  # type: ignore[union-attr]

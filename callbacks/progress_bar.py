@@ -1,0 +1,84 @@
+"""A live progress display (epochs, batches, loss) on a terminal; silent elsewhere."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from pipeline.context import EpochContext, RunContext, StepContext
+from pipeline.hooks import Tier, TrainingCallback
+
+__all__ = ["ProgressBarCallback", "auto_enabled"]
+
+
+def auto_enabled() -> bool:
+    """On only when stdout is a terminal and the ``CI`` variable is unset."""
+    return "CI" not in os.environ and bool(getattr(sys.stdout, "isatty", lambda: False)())
+
+
+class ProgressBarCallback(TrainingCallback):
+    """A ``rich`` progress display: one bar for the epochs, one for the batches of the current
+    epoch with the live loss (read from the device at most ten times a second, so the bar does not
+    sync the host every batch). ``enabled=None`` decides with :func:`auto_enabled`."""
+
+    priority = 98
+    tier = Tier.CORE
+    refresh_seconds = 0.1
+
+    def __init__(self, enabled: bool | None = None) -> None:
+        self.enabled = enabled
+        self.active = False
+        self._progress: Any = None
+        self._epochs: Any = None
+        self._batches: Any = None
+        self._batches_per_epoch: int | None = None
+        self._last_read = 0.0
+
+    def on_train_begin(self, run: RunContext) -> None:
+        self.active = auto_enabled() if self.enabled is None else bool(self.enabled)
+        if not self.active:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"), console=Console(file=sys.stdout), transient=False,
+        )
+        self._progress.start()
+        self._epochs = self._progress.add_task("epochs", total=run.max_epochs, completed=run.epoch, info="")
+        self._batches = self._progress.add_task("batches", total=None, info="")
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        if self.active:
+            self._progress.reset(self._batches, total=self._batches_per_epoch, description=f"epoch {epoch.index}",
+                                 info="")
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        if not self.active:
+            return
+        now = time.monotonic()
+        info: dict[str, Any] = {}
+        if step.loss is not None and now - self._last_read >= self.refresh_seconds:
+            self._last_read = now
+            info["info"] = f"loss {float(step.loss.detach()):.4g}"
+        self._progress.advance(self._batches)
+        if info:
+            self._progress.update(self._batches, **info)
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if not self.active:
+            return
+        self._batches_per_epoch = epoch.batches or None
+        parts = [f"{k} {v:.4g}" for k in ("train_loss", "val_loss") if (v := epoch.metrics.get(k)) is not None
+                 and not math.isnan(v)]
+        self._progress.update(self._epochs, advance=1, info="  ".join(parts))
+
+    def on_train_end(self, run: RunContext) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        self.active = False

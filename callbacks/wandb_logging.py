@@ -1,0 +1,111 @@
+"""Log every epoch to Weights & Biases (offline by default; no network needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.context import EpochContext, RunContext
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.lifecycle import StopReason
+from pipeline.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+
+__all__ = ["FAILED_REASONS", "WandbLoggingCallback", "epoch_log"]
+
+FAILED_REASONS = frozenset({StopReason.ERROR, StopReason.INTERRUPTED, StopReason.NAN})
+_MODES = ("offline", "online", "disabled", "shared")
+
+
+def epoch_log(epoch: EpochContext) -> dict[str, float]:
+    """The dict logged for one epoch: every epoch metric (``train_loss``, ``val_loss``, ``lr``
+    and validation metrics) plus ``max_grad_norm``, ``overfit_gap_ratio`` and
+    ``predicted_final_loss`` when their slots hold a value."""
+    data = {k: float(v) for k, v in epoch.metrics.items()}
+    grad = epoch.get(MAX_GRAD_NORM)
+    if grad is not None:
+        data["max_grad_norm"] = float(grad)
+    gap = epoch.get(OVERFIT_GAP_RATIO)
+    if gap is not None:
+        data["overfit_gap_ratio"] = float(gap)
+    prediction = epoch.get(LOSS_PREDICTION)
+    if prediction is not None:
+        data["predicted_final_loss"] = float(prediction.predicted_loss)
+    return data
+
+
+class WandbLoggingCallback(TrainingCallback):
+    """``wandb.init`` at train begin, exactly one ``run.log(..., step=epoch)`` per epoch, and
+    ``finish`` at train end (``exit_code=1`` for ERROR, INTERRUPTED and NAN, so W&B marks the run
+    failed). The offline run lands under ``<directory>/wandb/`` (default: the run directory).
+    In replay (``run.dry_run``) nothing is sent; the dicts are kept in ``self.logged``."""
+
+    priority = 80
+    tier = Tier.CORE
+    replay = ReplaySupport.DRY
+    reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
+
+    def __init__(
+        self,
+        project: str = "fsmtrain",
+        mode: str = "offline",
+        tags: Sequence[str] = (),
+        config: Mapping[str, Any] | None = None,
+        directory: str | Path | None = None,
+        name: str | None = None,
+    ) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if isinstance(tags, str):
+            raise TypeError(f"tags must be a sequence of strings, got the string {tags!r}")
+        self.project = project
+        self.mode = mode
+        self.tags = tuple(tags)
+        self.config = dict(config or {})
+        self.directory = None if directory is None else Path(directory)
+        self.run_name = name
+        self.wandb_run: Any = None
+        self.logged: list[dict[str, float]] = []
+
+    def on_train_begin(self, run: RunContext) -> None:
+        if run.dry_run:
+            return
+        import wandb
+
+        directory = self.directory if self.directory is not None else run.run_dir
+        kwargs: dict[str, Any] = {}
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            kwargs["dir"] = str(directory)
+        self.wandb_run = wandb.init(
+            project=self.project,
+            mode=self.mode,  # type: ignore[arg-type]
+            tags=list(self.tags),
+            config=self.config or run.extras.get("config") or {},
+            name=self.run_name or run.run_id,
+            reinit="create_new",
+            **kwargs,
+        )
+        run.emit("wandb_init", mode=self.mode, project=self.project,
+                 dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        data = epoch_log(epoch)
+        self.logged.append(data)
+        if self.wandb_run is not None:
+            self.wandb_run.log(data, step=epoch.index)
+
+    def on_train_end(self, run: RunContext) -> None:
+        wb = self.wandb_run
+        if wb is None:
+            return
+        self.wandb_run = None
+        reason = run.stop.reason if run.stop is not None else StopReason.COMPLETED
+        try:
+            wb.summary["stop_reason"] = reason.value
+            best = run.best()
+            if math.isfinite(best):
+                wb.summary["best_val_loss"] = best
+        finally:
+            wb.finish(exit_code=1 if reason in FAILED_REASONS else 0)

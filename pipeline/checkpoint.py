@@ -1,0 +1,332 @@
+"""The checkpoint store: what a checkpoint holds, how it is written safely and read back.
+
+A checkpoint is one ``torch.save`` of a plain dict that ``torch.load(weights_only=True)`` accepts:
+tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
+ints for that reason). It holds the model, optimizer and scheduler state, every stateful
+callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
+``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
+
+Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the 0-based epoch index, kept
+``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt``. Every write is atomic: a temp file
+in the same folder, fsync, ``os.replace``, fsync of the folder; an old periodic file is removed only
+after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import os
+import random
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.context import CheckpointContext, RunContext
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointManager",
+    "SavedCheckpoint",
+    "capture_rng_state",
+    "restore_rng_state",
+    "sha256_of",
+]
+
+FORMAT_VERSION = 1
+KINDS = ("periodic", "best", "latest")
+_PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or not an fsmtrain checkpoint."""
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: Path
+    sha256: str
+    epoch: int
+    kind: str
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- RNG states in a weights_only-safe form ---------------------------------------------------
+def capture_rng_state() -> dict[str, Any]:
+    """Python, numpy, torch (and CUDA when present) RNG states as tensors / lists of ints."""
+    version, internal, gauss_next = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": int(version), "state": [int(v) for v in internal], "gauss_next": gauss_next},
+        "numpy": {
+            "kind": str(np_kind),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (used by resume)."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    npst = state["numpy"]
+    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+# --- atomic file writes -----------------------------------------------------------------------
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _callback_states(run: RunContext) -> dict[str, Any]:
+    states: dict[str, Any] = {}
+    for i, cb in enumerate(run.callbacks):
+        if not getattr(cb, "stateful", False):
+            continue
+        key = cb.name if cb.name not in states else f"{cb.name}#{i}"
+        states[key] = cb.state_dict()
+    return states
+
+
+class CheckpointManager:
+    """Decides which checkpoints an epoch gets and writes them.
+
+    Per epoch (:meth:`on_epoch`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
+    ``best`` when the monitored value strictly improves (``mode`` "min" or "max"), and ``latest``
+    whenever a periodic file is written and on the run's last epoch. ``keep_last_k=0`` keeps every
+    periodic file.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        save_every_n_epochs: int = 1,
+        keep_last_k: int = 3,
+        save_best: bool = True,
+        monitor: str = "val_loss",
+        mode: str = "min",
+    ) -> None:
+        if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
+            raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
+        if isinstance(keep_last_k, bool) or not isinstance(keep_last_k, int) or keep_last_k < 0:
+            raise ValueError(f"keep_last_k must be an integer >= 0 (0 keeps all), got {keep_last_k!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.directory = Path(directory)
+        self.save_every_n_epochs = save_every_n_epochs
+        self.keep_last_k = keep_last_k
+        self.save_best = save_best
+        self.monitor = monitor
+        self.mode = mode
+        self.best_value: float | None = None
+        self.best_epoch: int | None = None
+        self.removed: list[Path] = []
+
+    # --- paths ---------------------------------------------------------------------------------
+    def periodic_path(self, epoch: int) -> Path:
+        return self.directory / f"epoch_{epoch}.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.directory / "best.pt"
+
+    @property
+    def latest_path(self) -> Path:
+        return self.directory / "latest.pt"
+
+    def path_for(self, kind: str, epoch: int) -> Path:
+        if kind == "periodic":
+            return self.periodic_path(epoch)
+        if kind == "best":
+            return self.best_path
+        if kind == "latest":
+            return self.latest_path
+        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+
+    def list_periodic(self) -> list[Path]:
+        """Periodic checkpoint files, oldest epoch first (by epoch number, not by name)."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    # --- policy --------------------------------------------------------------------------------
+    def improved(self, value: float | None) -> bool:
+        if value is None or not math.isfinite(value):
+            return False
+        if self.best_value is None:
+            return True
+        return value < self.best_value if self.mode == "min" else value > self.best_value
+
+    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool) -> list[str]:
+        kinds: list[str] = []
+        if (epoch + 1) % self.save_every_n_epochs == 0:
+            kinds.append("periodic")
+        if self.save_best and self.improved(metrics.get(self.monitor)):
+            kinds.append("best")
+        if "periodic" in kinds or final:
+            kinds.append("latest")
+        return kinds
+
+    def on_epoch(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool) -> list[SavedCheckpoint]:
+        """Write what this epoch's policy asks for; returns the files written."""
+        self.removed = []
+        kinds = self.kinds_for(epoch, metrics, final)
+        if "best" in kinds:
+            self.best_value = float(metrics[self.monitor])
+            self.best_epoch = epoch
+        if not kinds:
+            return []
+        return self.save(run, *kinds, epoch=epoch, metrics=metrics)
+
+    # --- writing -------------------------------------------------------------------------------
+    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+        model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
+        state: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "run_id": run.run_id,
+            "epoch": epoch,
+            "position": {
+                "phase": run.phase.value,
+                "epoch": epoch,
+                "next_epoch": epoch + 1,  # where a resume starts; data order restarts at batch 0
+                "batch": 0,
+                "global_step": run.global_step,
+                "max_epochs": run.max_epochs,
+            },
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            "model": model.state_dict() if model is not None else None,
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
+            "callbacks": _callback_states(run),
+            "rng": capture_rng_state(),
+            "config_fingerprint": run.extras.get("config_fingerprint"),
+            "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
+            "extra": {},
+        }
+        return state
+
+    def save(
+        self,
+        run: RunContext,
+        *kinds: str,
+        epoch: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> list[SavedCheckpoint]:
+        """Write one serialized state to each of ``kinds`` ("periodic", "best", "latest")."""
+        kinds = kinds or ("periodic",)
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+        at = run.epoch if epoch is None else epoch
+        self.directory.mkdir(parents=True, exist_ok=True)
+        state = self.build_state(run, at, metrics)
+        first = self.path_for(kinds[0], at)
+        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(first)))
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        saved: list[SavedCheckpoint] = []
+        for kind in kinds:
+            path = self.path_for(kind, at)
+            atomic_write_bytes(path, data)
+            saved.append(SavedCheckpoint(path, digest, at, kind))
+        if "periodic" in kinds:
+            self.removed = self._prune()
+        else:
+            self.removed = []
+        return saved
+
+    def _prune(self) -> list[Path]:
+        if self.keep_last_k == 0:
+            return []
+        periodic = self.list_periodic()
+        old = periodic[: max(0, len(periodic) - self.keep_last_k)]
+        for path in old:
+            path.unlink(missing_ok=True)
+        if old:
+            _fsync_dir(self.directory)
+        return old
+
+    # --- reading -------------------------------------------------------------------------------
+    def load(self, path: str | Path) -> dict[str, Any]:
+        return load_checkpoint(path)
+
+    # --- the manager's own state (best so far), for resume ---------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_value": self.best_value, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best_value = state.get("best_value")
+        self.best_epoch = state.get("best_epoch")
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``; any damage raises :class:`CheckpointError`
+    naming the file (not an unpickler traceback)."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as exc:  # every unpickler/zip failure means the same thing here
+        size = p.stat().st_size
+        raise CheckpointError(
+            f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
+    if state["format"] != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
+    return state

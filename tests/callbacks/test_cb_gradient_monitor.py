@@ -1,0 +1,155 @@
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import GradientAccumulationCallback, GradientMonitorCallback
+from pipeline import Trainer, TrainingCallback
+from pipeline.slots import MAX_GRAD_NORM
+
+
+class NormRecorder(TrainingCallback):
+    """Test-only: the reference norm per optimizer step, read on the host (it may sync)."""
+
+    priority = 13
+    reads = (MAX_GRAD_NORM,)
+
+    def __init__(self):
+        self.norms: dict[int, list[tuple[int, float]]] = {}
+        self.slot: dict[int, float | None] = {}
+
+    def on_after_backward(self, step):
+        if step.skip_optimizer_step:
+            return
+        grads = [p.grad.flatten() for p in step.run.model.parameters() if p.grad is not None]
+        norm = float(torch.cat(grads).norm())
+        self.norms.setdefault(step.epoch.index, []).append((step.batch_index, norm))
+
+    def on_epoch_end(self, epoch):
+        self.slot[epoch.index] = epoch.get(MAX_GRAD_NORM)
+
+
+def _spiky_loader(n=64, batch=16, spike_batch=2):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=g)
+    y = torch.randn(n, 1, generator=g)
+    y[spike_batch * batch : (spike_batch + 1) * batch] *= 10000.0
+    return DataLoader(TensorDataset(x, y), batch_size=batch)
+
+
+@pytest.mark.parametrize(("buffer_size", "spike"), [(256, 2), (3, 2), (3, 3), (1, 1)])
+def test_epoch_max_matches_reference_and_warning_names_epoch_and_batch(tiny, buffer_size, spike):
+    model = tiny.model()
+    rec = NormRecorder()
+    mon = GradientMonitorCallback(warn_threshold=500.0)
+    mon.buffer_size = buffer_size  # small buffers fold several times per epoch
+    loader = _spiky_loader(spike_batch=spike)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=1e-6), nn.MSELoss(), loader, max_epochs=2,
+                      callbacks=[mon, rec], console_level="error")
+    trainer.fit()
+    for epoch, norms in rec.norms.items():
+        assert len(norms) == 4
+        best_batch, best = max(norms, key=lambda bn: bn[1])
+        assert best_batch == spike
+        assert abs(rec.slot[epoch] - best) <= 1e-5 * best
+        assert best > 500 and all(n < 500 for b, n in norms if b != spike)
+    warnings = [e for e in trainer.events.records if e["event"] == "warning"]
+    assert len(warnings) == 2
+    for epoch, w in enumerate(warnings):
+        msg = w["payload"]["message"]
+        assert f"epoch {epoch}" in msg and f"first at batch {spike}" in msg and "1 of 4" in msg
+        assert f"at batch {spike}" in msg.split("max")[1]
+        assert w["payload"]["batch"] == spike and w["payload"]["epoch"] == epoch
+
+
+def test_no_warning_below_threshold(tiny):
+    model = tiny.model()
+    train, _ = tiny.loaders()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=2,
+                      callbacks=[GradientMonitorCallback()], console_level="error")
+    result = trainer.fit()
+    assert not [e for e in trainer.events.records if e["event"] == "warning"]
+    assert all(r.slots["max_grad_norm"] > 0 for r in result.history)
+
+
+def _count_host_reads(monkeypatch, tiny, batches):
+    calls = {"n": 0}
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *a, _orig=original, **k):
+            calls["n"] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    model = tiny.model()
+    train, val = tiny.loaders(n=16 * batches, batch=16)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, val,
+                      max_epochs=2, callbacks=[GradientMonitorCallback(warn_threshold=1e-9)], console_level="error")
+    trainer.fit()
+    monkeypatch.undo()
+    return calls["n"]
+
+
+def test_host_reads_do_not_grow_with_batches(monkeypatch, tiny):
+    # Every batch is over the (tiny) threshold, yet the number of device->host reads is the same for
+    # 2 and 12 batches per epoch: the monitor reads its tensors once per epoch.
+    assert _count_host_reads(monkeypatch, tiny, 2) == _count_host_reads(monkeypatch, tiny, 12)
+
+
+def test_state_tensors_are_preallocated(tiny):
+    model = tiny.model()
+    train, _ = tiny.loaders()
+    mon = GradientMonitorCallback()
+    ptrs = set()
+
+    class Spy(TrainingCallback):
+        priority = 13
+
+        def on_after_backward(self, step):
+            ptrs.add((mon._buf.data_ptr(), mon._max.data_ptr(), mon._argmax.data_ptr(), mon._over.data_ptr()))
+
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=3,
+            callbacks=[mon, Spy()], console_level="error").fit()
+    assert len(ptrs) == 1
+
+
+def test_one_norm_per_optimizer_step_with_accumulation(tiny):
+    model = tiny.model()
+    train, _ = tiny.loaders(n=64, batch=8)  # 8 micro-batches, 2 optimizer steps per epoch
+    mon = GradientMonitorCallback()
+    rec = NormRecorder()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=1,
+            callbacks=[GradientAccumulationCallback(4), mon, rec], console_level="error").fit()
+    assert mon._steps == 2
+    assert [b for b, _ in rec.norms[0]] == [3, 7]
+    assert abs(rec.slot[0] - max(n for _, n in rec.norms[0])) <= 1e-5 * rec.slot[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to detect device->host syncs")
+def test_no_cuda_sync_in_the_batch_path_or_the_fold():
+    model = nn.Linear(4, 1).cuda()
+    mon = GradientMonitorCallback(warn_threshold=1e-9)
+    mon.buffer_size = 3
+
+    class Run:  # the monitor only needs ``model`` at train begin
+        pass
+
+    run = Run()
+    run.model = model
+    mon.on_train_begin(run)
+
+    class Step:
+        skip_optimizer_step = False
+
+    step = Step()
+    model(torch.randn(8, 4, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(7):  # two folds inside the loop
+            step.batch_index = i
+            mon.on_after_backward(step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert mon._steps == 7

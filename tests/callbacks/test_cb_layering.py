@@ -1,0 +1,44 @@
+import ast
+import inspect
+from pathlib import Path
+
+import callbacks
+from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+
+PACKAGE = Path(callbacks.__file__).parent
+
+EXPECTED = {
+    "NaNDetectionCallback": 5, "OptimizerModeCallback": 10, "GradientMonitorCallback": 12,
+    "LossPredictionCallback": 70, "OverfitDetectionCallback": 75, "WandbLoggingCallback": 80, "PrunerCallback": 85,
+    "EarlyStoppingCallback": 90, "CheckpointCallback": 95,
+}
+
+
+def test_modules_import_only_the_core():
+    for path in PACKAGE.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("callbacks"), f"{path.name} imports {node.module}"
+                if node.module.startswith("pipeline."):
+                    assert node.module.split(".")[1] in {"checkpoint", "context", "hooks", "lifecycle", "slots"}, (
+                        f"{path.name} imports {node.module}, which is not part of the core it may use")
+
+
+def test_exports_priorities_and_tier():
+    for name, priority in EXPECTED.items():
+        cls = getattr(callbacks, name)
+        assert issubclass(cls, TrainingCallback) and cls.priority == priority and cls.tier is Tier.CORE
+    assert callbacks.TrainingCallback is TrainingCallback
+    exported = {n for n, v in vars(callbacks).items() if inspect.isclass(v) and issubclass(v, TrainingCallback)}
+    assert exported >= set(EXPECTED) | {"LRSchedulerCallback", "GradientClippingCallback",
+                                        "GradientAccumulationCallback", "ProgressBarCallback", "EpochSummaryCallback"}
+
+
+def test_replay_support_declared():
+    # model-bound callbacks only record intent in a replay (pipeline.replay feeds recorded slot values)
+    dry = {"OptimizerModeCallback", "GradientMonitorCallback", "WandbLoggingCallback", "CheckpointCallback"}
+    for name in EXPECTED:
+        expected = ReplaySupport.DRY if name in dry else ReplaySupport.FULL
+        assert getattr(callbacks, name).replay is expected, name

@@ -1,0 +1,84 @@
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from callbacks import LossPredictionCallback
+from callbacks.loss_prediction import FIRST_EPOCH, fit_exponential, predict_final_loss
+from pipeline.slots import LOSS_PREDICTION, LossPrediction
+
+
+def test_exact_exponential_recovers_a_and_k():
+    a, k = 2.5, -0.13
+    y = [a * math.exp(k * t) for t in range(15)]
+    fit = fit_exponential(range(15), y)
+    assert fit is not None
+    assert abs(fit[0] - a) / a < 1e-6
+    assert abs(fit[1] - k) / abs(k) < 1e-6
+    pred = predict_final_loss(y, max_epochs=100)
+    assert pred.fit_ok
+    expected = a * math.exp(k * 99)
+    assert abs(pred.predicted_loss - expected) / expected < 1e-5
+    assert pred.neg_log10 == pytest.approx(-math.log10(expected))
+
+
+def test_flat_curve_falls_back_to_last_val_loss():
+    pred = predict_final_loss([0.7] * 12, max_epochs=50)
+    assert pred == LossPrediction(0.7, -math.log10(0.7), False)
+
+
+def test_noisy_curve_falls_back():
+    rng = np.random.default_rng(0)
+    y = list(0.5 + 0.05 * rng.standard_normal(12))
+    pred = predict_final_loss(y, max_epochs=50)
+    assert not pred.fit_ok
+    assert pred.predicted_loss == y[-1]
+
+
+@pytest.mark.parametrize("bad", [[1.0] * 5 + [math.nan] + [0.5] * 6, [1.0] * 6 + [-0.5] * 6, [1e308] * 6 + [0.1] * 6])
+def test_degenerate_inputs_never_raise_or_warn(bad):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pred = predict_final_loss(bad, max_epochs=1000)
+    assert pred.predicted_loss == bad[-1] or pred.fit_ok
+
+
+def test_slot_is_none_before_epoch_10_and_set_from_10_on(scripted):
+    a, k = 1.0, -0.2
+    val = [a * math.exp(k * t) for t in range(14)]
+    seen: dict[int, LossPrediction | None] = {}
+
+    from pipeline import TrainingCallback
+
+    class Reader(TrainingCallback):
+        priority = 71
+        reads = (LOSS_PREDICTION,)
+
+        def on_val_end(self, epoch):
+            seen[epoch.index] = epoch.get(LOSS_PREDICTION)
+
+    out = scripted([LossPredictionCallback(max_epochs=30), Reader()], [1.0] * 14, val, max_epochs=14)
+    assert FIRST_EPOCH == 10
+    assert all(seen[i] is None for i in range(10))
+    for i in range(10, 14):
+        p = seen[i]
+        assert p is not None and p.fit_ok
+        assert p.predicted_loss == pytest.approx(math.exp(-0.2 * 29), rel=1e-6)
+    # the slot reaches the epoch log
+    epochs = out.named("epoch")
+    assert "loss_prediction" not in epochs[9]["payload"]["slots"]
+    assert epochs[10]["payload"]["slots"]["loss_prediction"]["fit_ok"] is True
+
+
+def test_state_dict_round_trip():
+    cb = LossPredictionCallback(max_epochs=20)
+    cb.val_losses = [1.0, 0.5]
+    fresh = LossPredictionCallback(max_epochs=20)
+    fresh.load_state_dict(cb.state_dict())
+    assert fresh.val_losses == [1.0, 0.5]
+
+
+def test_bad_max_epochs():
+    with pytest.raises(ValueError, match="max_epochs"):
+        LossPredictionCallback(max_epochs=0)

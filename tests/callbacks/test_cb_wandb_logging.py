@@ -1,0 +1,117 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+from wandb.sdk.wandb_run import Run
+
+from callbacks import (
+    GradientMonitorCallback,
+    LossPredictionCallback,
+    NaNDetectionCallback,
+    OverfitDetectionCallback,
+    WandbLoggingCallback,
+)
+from callbacks.wandb_logging import epoch_log
+from pipeline import StopReason, Trainer, TrainingCallback
+
+
+@pytest.fixture
+def wandb_calls(monkeypatch):
+    """Wrap the real ``Run.log`` / ``Run.finish``: record each call, then call through."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    calls = {"log": [], "finish": []}
+    real_log, real_finish = Run.log, Run.finish
+
+    def log(self, data, step=None, *args, **kwargs):
+        calls["log"].append((dict(data), step))
+        return real_log(self, data, step, *args, **kwargs)
+
+    def finish(self, exit_code=None, *args, **kwargs):
+        calls["finish"].append(exit_code)
+        return real_finish(self, exit_code, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "log", log)
+    monkeypatch.setattr(Run, "finish", finish)
+    return calls
+
+
+class Seen(TrainingCallback):
+    """Test-only: what the trainer handed out each epoch, to compare with what W&B got."""
+
+    priority = 79
+
+    def __init__(self):
+        self.epochs = []
+
+    def on_epoch_end(self, epoch):
+        self.epochs.append(epoch_log(epoch))
+
+
+def test_one_log_per_epoch_with_the_values_the_trainer_saw(wandb_calls, tiny, tmp_path):
+    train, val = tiny.loaders(n=32, batch=8)
+    model = tiny.model()
+    seen = Seen()
+    callbacks = [GradientMonitorCallback(), LossPredictionCallback(max_epochs=12), OverfitDetectionCallback(),
+                 WandbLoggingCallback(project="fsmtrain-test", tags=("t",)), seen]
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val,
+                      max_epochs=12, callbacks=callbacks, run_dir=tmp_path / "run", console_level="error")
+    result = trainer.fit()
+    logs = wandb_calls["log"]
+    assert [step for _, step in logs] == list(range(12))
+    for epoch, (data, _) in enumerate(logs):
+        assert {"train_loss", "val_loss", "lr", "max_grad_norm"} <= set(data)
+        assert ("predicted_final_loss" in data) == (epoch >= 10)
+        assert data == seen.epochs[epoch]
+        assert data["train_loss"] == result.history[epoch].metrics["train_loss"]
+        assert data["val_loss"] == result.history[epoch].metrics["val_loss"]
+        assert data["max_grad_norm"] == result.history[epoch].slots["max_grad_norm"]
+    assert wandb_calls["finish"] == [0]
+    offline = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    assert list(offline[0].glob("*.wandb"))  # the file `wandb sync` uploads
+
+
+def test_nan_run_is_finished_as_failed(wandb_calls, tiny, tmp_path):
+    train, _ = tiny.loaders(n=16, batch=8)
+    bad = [(torch.full((2, 4), math.nan), torch.zeros(2, 1))]
+    model = tiny.model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, bad,
+                      max_epochs=5, callbacks=[NaNDetectionCallback(), WandbLoggingCallback(directory=tmp_path)],
+                      console_level="error")
+    result = trainer.fit()
+    assert result.stop_reason is StopReason.NAN
+    assert len(wandb_calls["log"]) == 1
+    assert wandb_calls["finish"] == [1]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_error_run_is_finished_as_failed(wandb_calls, tiny, tmp_path):
+    class Explode(TrainingCallback):
+        def on_val_end(self, epoch):
+            if epoch.index == 1:
+                raise RuntimeError("boom")
+
+    train, val = tiny.loaders(n=16, batch=8)
+    model = tiny.model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val,
+                      max_epochs=5, callbacks=[WandbLoggingCallback(directory=tmp_path), Explode()],
+                      console_level="error")
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit()
+    assert len(wandb_calls["log"]) == 1
+    assert wandb_calls["finish"] == [1]
+
+
+def test_dry_run_sends_nothing(scripted, wandb_calls):
+    cb = WandbLoggingCallback()
+    scripted([cb], [1.0, 0.5], [1.0, 0.5], dry_run=True)
+    assert wandb_calls["log"] == [] and wandb_calls["finish"] == []
+    assert cb.logged == [{"lr": 0.1, "train_loss": 1.0, "val_loss": 1.0}, {"lr": 0.1, "train_loss": 0.5,
+                                                                         "val_loss": 0.5}]
+
+
+def test_bad_mode_is_named():
+    with pytest.raises(ValueError, match="mode"):
+        WandbLoggingCallback(mode="offlne")
