@@ -1,0 +1,92 @@
+"""Replay against runs of the core ``Trainer`` with user callbacks: immediate stops mid-epoch,
+a callback that raises, runs with no recorded config, and the strict (every batch a real trigger)
+engine mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from core_helpers import make_trainer
+
+from pipeline.context import EpochContext, StepContext
+from pipeline.hooks import TrainingCallback
+from pipeline.lifecycle import StopReason
+from pipeline.logs import read_events
+from pipeline.replay import ReplayError, load_recording, replay_run
+
+
+class HaltAtBatch(TrainingCallback):
+    """An immediate stop from a step hook: the epoch is left mid-way."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.at = (epoch, batch)
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        if (step.epoch.index, step.batch_index) == self.at:
+            step.request_stop(StopReason.INTERRUPTED, self.name, "halt", immediate=True)
+
+
+class FailAt(TrainingCallback):
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        if epoch.index == self.epoch:
+            raise RuntimeError(f"boom at {epoch.index}")
+
+
+def test_immediate_stop_mid_epoch_replays_batch_for_batch(tmp_path: Path) -> None:
+    make_trainer(tmp_path, [HaltAtBatch(1, 2)], epochs=4, log_level="debug").fit()
+    rec = load_recording(tmp_path / "events.jsonl")
+    assert rec.epochs[-1].partial and rec.epochs[-1].batches == 3 and rec.complete_epochs == 1
+    res = replay_run(tmp_path, callbacks=[HaltAtBatch(1, 2)])
+    assert res.divergence is None, res.divergence.describe()
+    assert (res.stop_reason, res.stop_epoch) == (StopReason.INTERRUPTED, 1)
+    later = replay_run(tmp_path, callbacks=[HaltAtBatch(1, 3)])  # would have run one batch more
+    assert later.divergence is not None and later.stop_reason is None  # losses of that epoch are unknown
+
+
+def test_a_callback_that_raised_replays_to_the_same_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom at 2"):
+        make_trainer(tmp_path, [FailAt(2)], epochs=5).fit()
+    res = replay_run(tmp_path / "events.jsonl", callbacks=[FailAt(2)])
+    assert res.divergence is None, res.divergence.describe()
+    assert res.stop_reason is StopReason.ERROR and isinstance(res.error, RuntimeError)
+
+
+def test_losses_a_failed_epoch_never_logged_are_unknown(tmp_path: Path) -> None:
+    class FailInVal(TrainingCallback):
+        def on_val_end(self, epoch: EpochContext) -> None:
+            if epoch.index == 1:
+                raise RuntimeError("boom in val")
+
+    with pytest.raises(RuntimeError):
+        make_trainer(tmp_path, [FailInVal()], epochs=3).fit()
+    res = replay_run(tmp_path, callbacks=[FailInVal()])
+    assert (res.stop_reason, res.exhausted_after) == (None, 1)  # epoch 1's losses were never written
+    assert res.divergence is not None and res.divergence.found is not None
+    assert res.divergence.found["payload"]["type"] == "RecordingExhausted"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_strict_and_fast_engine_modes_replay_the_same_trace(tmp_path: Path, strict: bool) -> None:
+    make_trainer(tmp_path, [], epochs=3, log_level="debug", strict=not strict).fit()
+    assert replay_run(tmp_path, callbacks=[], strict=strict).divergence is None
+
+
+def test_without_a_recorded_config_callbacks_must_be_given(tmp_path: Path) -> None:
+    make_trainer(tmp_path, [], epochs=2).fit()
+    assert not any("config" in e["payload"] for e in read_events(tmp_path / "events.jsonl"))
+    with pytest.raises(ReplayError, match="records no config"):
+        replay_run(tmp_path)
+    with pytest.raises(ReplayError, match="records no config"):
+        replay_run(tmp_path, callbacks=[], overrides=["epochs=5"])
+    assert replay_run(tmp_path, callbacks=[]).stop_reason is StopReason.COMPLETED
+
+
+def test_resumed_log_is_refused_with_the_reason(tmp_path: Path) -> None:
+    make_trainer(tmp_path, [], epochs=1).fit()
+    make_trainer(tmp_path, [], epochs=1).fit()  # appends a second run to the same events.jsonl
+    with pytest.raises(ReplayError, match="holds 2 runs"):
+        replay_run(tmp_path)
