@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,14 @@ __all__ = ["CheckpointCallback"]
 
 
 def _shown(path: Path, run: RunContext) -> str:
-    """A path relative to the run directory when it is under it, else absolute."""
-    absolute = path.resolve()
+    """A path relative to the run directory when it is under it, else absolute. Lexical (no
+    symlink resolution), so it costs no file-system calls on the per-epoch path."""
+    absolute = os.path.abspath(path)
     if run.run_dir is not None:
-        try:
-            return str(absolute.relative_to(Path(run.run_dir).resolve()))
-        except ValueError:
-            pass
-    return str(absolute)
+        relative = os.path.relpath(absolute, os.path.abspath(run.run_dir))
+        if not relative.startswith(os.pardir):
+            return relative
+    return absolute
 
 
 class CheckpointCallback(TrainingCallback):

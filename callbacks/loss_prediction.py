@@ -13,16 +13,31 @@ from pipeline.context import EpochContext
 from pipeline.hooks import Tier, TrainingCallback
 from pipeline.slots import LOSS_PREDICTION, LossPrediction
 
-__all__ = ["FIRST_EPOCH", "MIN_R2", "LossPredictionCallback", "fit_exponential", "predict_final_loss"]
+__all__ = [
+    "FIRST_EPOCH", "MIN_R2", "REFIT_GROWTH", "LossPredictionCallback", "fit_exponential", "predict_final_loss",
+    "prediction_from_fit",
+]
 
 FIRST_EPOCH = 10
 """First epoch index with a prediction: at epoch index 10 the fit sees 11 val losses (t = 0..10)."""
 MIN_R2 = 0.5
 """A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
+REFIT_GROWTH = 0.01
+"""Refit once the history has grown by this share since the last fit (every epoch up to 100).
+
+A fit costs O(n) and a refit every epoch made long runs and replays quadratic (10,000 epochs took
+17 s in this callback alone). One more point in a history of thousands barely moves the fit, so
+between refits the last fit's (A, K) is carried; a failed fit still falls back to the current last
+val loss every epoch."""
 
 
 def _exp(t: Any, a: float, k: float) -> Any:
     return a * np.exp(k * t)
+
+
+def _exp_jacobian(t: Any, a: float, k: float) -> Any:
+    e = np.exp(k * t)
+    return np.column_stack((e, a * t * e))
 
 
 def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
@@ -50,7 +65,7 @@ def _fit(ts: Any, ys: Any, curve_fit: Any) -> tuple[float, float] | None:
         return None  # a flat curve has no trend to extrapolate (rounding noise is not a trend)
     ss_tot = float(np.sum((ys - ys.mean()) ** 2))
     k0, log_a0 = np.polyfit(ts, np.log(ys), 1)
-    params, _ = curve_fit(_exp, ts, ys, p0=(math.exp(log_a0), k0), maxfev=2000)
+    params, _ = curve_fit(_exp, ts, ys, p0=(math.exp(log_a0), k0), jac=_exp_jacobian, maxfev=2000)
     a, k = float(params[0]), float(params[1])
     if not (math.isfinite(a) and math.isfinite(k) and math.isfinite(ss_tot) and ss_tot > 0):
         return None
@@ -63,8 +78,13 @@ def _fit(ts: Any, ys: Any, curve_fit: Any) -> tuple[float, float] | None:
 def predict_final_loss(val_losses: Sequence[float], max_epochs: int) -> LossPrediction:
     """Fit all ``val_losses`` (epoch ``t`` = position) and evaluate at the last epoch index
     ``max_epochs - 1``. Falls back to the last val loss (``fit_ok=False``)."""
+    return prediction_from_fit(fit_exponential(range(len(val_losses)), val_losses), val_losses, max_epochs)
+
+
+def prediction_from_fit(
+    fit: tuple[float, float] | None, val_losses: Sequence[float], max_epochs: int
+) -> LossPrediction:
     fallback = float(val_losses[-1]) if val_losses else math.nan
-    fit = fit_exponential(range(len(val_losses)), val_losses)
     predicted = math.nan
     if fit is not None:
         a, k = fit
@@ -90,6 +110,11 @@ class LossPredictionCallback(TrainingCallback):
             raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}")
         self.max_epochs = max_epochs
         self.val_losses: list[float] = []
+        self.fitted_at = 0  # history length at the last fit
+        self.fit: tuple[float, float] | None = None
+
+    def _due(self) -> bool:
+        return len(self.val_losses) - self.fitted_at >= max(1, math.ceil(REFIT_GROWTH * self.fitted_at))
 
     def on_val_end(self, epoch: EpochContext) -> None:
         value = epoch.metrics.get("val_loss")
@@ -99,13 +124,20 @@ class LossPredictionCallback(TrainingCallback):
         if epoch.index < FIRST_EPOCH:
             return
         try:
-            prediction = predict_final_loss(self.val_losses, self.max_epochs)
+            if self._due():
+                self.fit = fit_exponential(range(len(self.val_losses)), self.val_losses)
+                self.fitted_at = len(self.val_losses)
+            prediction = prediction_from_fit(self.fit, self.val_losses, self.max_epochs)
         except Exception:  # a prediction must never end a run
             prediction = LossPrediction(float(value), math.nan, False)
         epoch.set(LOSS_PREDICTION, prediction)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"val_losses": list(self.val_losses)}
+        return {"val_losses": list(self.val_losses), "fitted_at": self.fitted_at,
+                "fit": None if self.fit is None else list(self.fit)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_losses = [float(v) for v in state.get("val_losses", [])]
+        self.fitted_at = int(state.get("fitted_at", 0))
+        fit = state.get("fit")
+        self.fit = None if fit is None else (float(fit[0]), float(fit[1]))

@@ -18,6 +18,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
+from enum import Enum
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -32,20 +33,30 @@ EVENTS_FILE = "events.jsonl"
 
 def jsonable(value: Any) -> Any:
     """Make ``value`` strict-JSON safe: non-finite floats to strings, tensors and paths to plain values."""
-    if isinstance(value, float):
+    kind = type(value)
+    # Exact-type fast paths first: every event goes through here.
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
         if math.isfinite(value):
             return value
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return jsonable(float(value))
+    if isinstance(value, (str, int, bool)):
+        return value.value if isinstance(value, Enum) else value
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if hasattr(value, "value") and isinstance(value.value, (str, int)):  # enums
-        return value.value
+    if isinstance(value, Enum):
+        return jsonable(value.value)
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         try:
             return jsonable(value.item())

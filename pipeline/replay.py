@@ -25,15 +25,15 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter_ns
 from typing import Any, cast
 
+from pipeline.batch import BatchBody, StepActions
 from pipeline.context import EpochContext, EpochRecord, RunContext, Slot, StepContext
 from pipeline.engine import Engine, TrainResult
 from pipeline.hooks import ReplaySupport, TrainingCallback
 from pipeline.lifecycle import Phase, StopReason
 from pipeline.logs import EVENTS_FILE, EventLog, as_float, jsonable, read_events
-from pipeline.runner import CallbackRunner, Handler
+from pipeline.runner import CallbackRunner
 
 __all__ = [
     "Divergence",
@@ -53,11 +53,6 @@ __all__ = [
     "replay_run",
 ]
 
-# The per-batch body hooks, fired in the order ``TorchDriver`` fires them (skip flags honoured).
-_STEP_HOOKS = (
-    "on_before_forward", "on_after_forward", "on_before_backward", "on_after_backward",
-    "on_before_optimizer_step", "on_after_optimizer_step", "on_before_zero_grad", "on_train_step_end",
-)
 # Metrics the engine collects before validation; everything else in an epoch's metrics is validation's.
 _BEGIN_METRICS = ("lr",)
 _TRAIN_METRICS = ("train_loss",)
@@ -262,6 +257,10 @@ def _number_or_value(value: Any) -> Any:
 
 
 # --- the driver ---------------------------------------------------------------------------------
+def _no_forward(step: StepContext) -> None:
+    return None
+
+
 class ReplayDriver:
     """Feeds recorded epochs to the engine in place of training.
 
@@ -272,12 +271,11 @@ class ReplayDriver:
         self.run = run
         self.epochs = list(epochs)
         self.fed_slots = dict(fed_slots)
-        self._runner: CallbackRunner | None = None
-        self._hooks: dict[str, tuple[tuple[int, Handler], ...]] = {}
+        self._body: BatchBody | None = None
 
     def attach(self, runner: CallbackRunner) -> None:
-        self._runner = runner
-        self._hooks = {h: runner.table(h) for h in _STEP_HOOKS}
+        # The same batch body as training; forward has nothing to compute.
+        self._body = BatchBody(runner, StepActions(forward=_no_forward))
 
     def _recorded(self, index: int, *, need_losses: bool = False) -> RecordedEpoch:
         if index >= len(self.epochs) or (need_losses and self.epochs[index].partial):
@@ -293,26 +291,8 @@ class ReplayDriver:
         return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches))
 
     def train_batch(self, step: StepContext) -> None:
-        hooks, runner = self._hooks, self._runner
-        assert runner is not None
-        if hooks["on_before_forward"]:
-            runner.fire("on_before_forward", step)
-        if hooks["on_after_forward"]:
-            runner.fire("on_after_forward", step)
-        if not step.skip_backward:
-            if hooks["on_before_backward"]:
-                runner.fire("on_before_backward", step)
-            if hooks["on_after_backward"]:
-                runner.fire("on_after_backward", step)
-        if not step.skip_optimizer_step:
-            if hooks["on_before_optimizer_step"]:
-                runner.fire("on_before_optimizer_step", step)
-            if hooks["on_after_optimizer_step"]:
-                runner.fire("on_after_optimizer_step", step)
-        if not step.skip_zero_grad and hooks["on_before_zero_grad"]:
-            runner.fire("on_before_zero_grad", step)
-        if hooks["on_train_step_end"]:
-            runner.fire("on_train_step_end", step)
+        assert self._body is not None, "attach(runner) first"
+        self._body(step)
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need_losses=True)
@@ -335,30 +315,10 @@ class ReplayDriver:
         return None
 
 
-class _ReplayRunner(CallbackRunner):
-    """The ordinary runner, noting which callback is running so each event can be attributed."""
-
-    current: TrainingCallback | None = None
-
-    def fire(self, hook: str, ctx: Any) -> None:
-        ns = self.ns
-        for i, fn in self._tables[hook]:
-            self.current = self.callbacks[i]
-            t0 = perf_counter_ns()
-            try:
-                fn(ctx)
-            except BaseException:
-                self.failed_in = (self.callbacks[i].name, hook)
-                raise
-            finally:
-                self.current = None
-            ns[i] += perf_counter_ns() - t0
-
-
 class _AttributingSink:
     """Keeps every event in memory and, for each, the callback that emitted it (None: the engine)."""
 
-    def __init__(self, log: EventLog, runner_ref: list[_ReplayRunner]) -> None:
+    def __init__(self, log: EventLog, runner_ref: list[CallbackRunner]) -> None:
         self.log = log
         self.owners: list[TrainingCallback | None] = []
         self._runner_ref = runner_ref
@@ -559,10 +519,10 @@ class _Outcome:
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None) -> _Outcome:
-    ref: list[_ReplayRunner] = []
+    ref: list[CallbackRunner] = []
     log = EventLog(None, run_id, level=level, console=None, keep=True)
     sink = _AttributingSink(log, ref)
-    runner = _ReplayRunner(callbacks)
+    runner = CallbackRunner(callbacks)
     ref.append(runner)
     check_replayable(runner.callbacks)
     full = [cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.FULL]

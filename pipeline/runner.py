@@ -56,6 +56,7 @@ class CallbackRunner:
         # Nanoseconds spent in each callback (by position), for the per-epoch timing event.
         self.ns: list[int] = [0] * len(self.callbacks)
         self.failed_in: tuple[str, str] | None = None
+        self.current: TrainingCallback | None = None  # the callback whose hook is running, for attribution
         self._tables: dict[str, tuple[tuple[int, Handler], ...]] = {
             hook: tuple(
                 (i, getattr(cb, hook)) for i, cb in enumerate(self.callbacks) if hook in cb.overridden_hooks()
@@ -72,14 +73,18 @@ class CallbackRunner:
 
     def fire(self, hook: str, ctx: Any) -> None:
         ns = self.ns
+        callbacks = self.callbacks
         for i, fn in self._tables[hook]:
+            self.current = callbacks[i]
             t0 = perf_counter_ns()
             try:
                 fn(ctx)
             except BaseException:
-                self.failed_in = (self.callbacks[i].name, hook)
+                self.failed_in = (callbacks[i].name, hook)
+                self.current = None
                 raise
             ns[i] += perf_counter_ns() - t0
+        self.current = None
 
     def take_timings(self) -> dict[str, float]:
         """Seconds per callback since the last call (names made unique by position)."""

@@ -1,13 +1,7 @@
 """The torch driver the engine calls for training batches and validation, and the ``Trainer`` facade.
 
-Per batch (hooks in brackets, each skipped at no cost when no callback overrides it)::
-
-    [on_batch_begin] [on_before_forward] forward, loss [on_after_forward]
-    [on_before_backward] backward [on_after_backward]             unless step.skip_backward
-    [on_before_optimizer_step] optimizer.step [on_after_optimizer_step]  unless step.skip_optimizer_step
-    [on_before_zero_grad] zero_grad                                unless step.skip_zero_grad
-    [on_train_step_end]
-
+Per batch it runs ``pipeline.batch.BatchBody`` (the hook order around forward, backward, the
+optimizer step and zero_grad) with torch actions, or a lean body when no callback has step hooks.
 Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
 """
 
@@ -21,23 +15,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.batch import BatchBody, StepActions
 from pipeline.context import EpochContext, RunContext, StepContext
 from pipeline.engine import Engine, TrainResult
 from pipeline.hooks import TrainingCallback
 from pipeline.logs import EVENTS_FILE, EventLog
-from pipeline.runner import CallbackRunner, Handler
+from pipeline.runner import CallbackRunner
 
 __all__ = ["MetricFn", "TorchDriver", "TrainResult", "Trainer"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor."""
-
-_STEP_HOOKS = (
-    "on_before_forward", "on_after_forward", "on_before_backward", "on_after_backward",
-    "on_before_optimizer_step", "on_after_optimizer_step", "on_before_zero_grad", "on_train_step_end",
-)
-
 
 def _split(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
@@ -80,16 +69,13 @@ class TorchDriver:
         self.metrics = dict(metrics or {})
         self.scheduler_monitor = scheduler_monitor
         self._move = device.type != "cpu"
-        self._runner: CallbackRunner | None = None
-        self._hooks: dict[str, tuple[tuple[int, Handler], ...]] = {}
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
 
     def attach(self, runner: CallbackRunner) -> None:
-        self._runner = runner
-        self._hooks = {h: runner.table(h) for h in _STEP_HOOKS}
-        hooked = any(self._hooks.values())
-        self.train_batch = self._hooked_batch if hooked else self._lean_batch  # type: ignore[method-assign]
+        body = BatchBody(runner, StepActions(self._forward, self._backward, self._optimizer_step, self._zero_grad))
+        # With no step hooks nothing can set a skip flag: the lean body skips the dispatch checks.
+        self.train_batch = body if body.hooked else self._lean_batch  # type: ignore[method-assign]
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
@@ -116,10 +102,9 @@ class TorchDriver:
         return iter(self.train_loader)
 
     def train_batch(self, step: StepContext) -> None:
-        # Replaced in attach(): the lean body when no callback overrides a step hook.
-        self._hooked_batch(step)
+        raise RuntimeError("TorchDriver.attach(runner) must be called before training")
 
-    def _forward(self, step: StepContext) -> torch.Tensor:
+    def _forward(self, step: StepContext) -> None:
         inputs, targets = _split(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
@@ -130,45 +115,23 @@ class TorchDriver:
         n = _count(targets)
         self._loss_sum += loss.detach() * n
         self._seen += n
-        return loss
 
-    def _lean_batch(self, step: StepContext) -> None:
-        """The batch body with no step hooks: nothing can set a skip flag, so none is checked."""
-        self._forward(step).backward()  # type: ignore[no-untyped-call]
+    def _backward(self, step: StepContext) -> None:
+        assert step.loss is not None
+        step.loss.backward()  # type: ignore[no-untyped-call]
+
+    def _optimizer_step(self, step: StepContext) -> None:
         self.optimizer.step()
+
+    def _zero_grad(self, step: StepContext) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _hooked_batch(self, step: StepContext) -> None:
-        hooks = self._hooks
-        fire = self._fire
-        if hooks["on_before_forward"]:
-            fire("on_before_forward", step)
+    def _lean_batch(self, step: StepContext) -> None:
         self._forward(step)
-        if hooks["on_after_forward"]:
-            fire("on_after_forward", step)
-        if not step.skip_backward:
-            if hooks["on_before_backward"]:
-                fire("on_before_backward", step)
-            assert step.loss is not None
-            step.loss.backward()  # type: ignore[no-untyped-call]
-            if hooks["on_after_backward"]:
-                fire("on_after_backward", step)
-        if not step.skip_optimizer_step:
-            if hooks["on_before_optimizer_step"]:
-                fire("on_before_optimizer_step", step)
-            self.optimizer.step()
-            if hooks["on_after_optimizer_step"]:
-                fire("on_after_optimizer_step", step)
-        if not step.skip_zero_grad:
-            if hooks["on_before_zero_grad"]:
-                fire("on_before_zero_grad", step)
-            self.optimizer.zero_grad(set_to_none=True)
-        if hooks["on_train_step_end"]:
-            fire("on_train_step_end", step)
-
-    def _fire(self, hook: str, ctx: Any) -> None:
-        assert self._runner is not None
-        self._runner.fire(hook, ctx)
+        assert step.loss is not None
+        step.loss.backward()  # type: ignore[no-untyped-call]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         if self._seen == 0:
@@ -182,14 +145,20 @@ class TorchDriver:
         names = ["val_loss", *self.metrics]
         sums = torch.zeros(len(names), device=self.device)
         seen = 0
+        metric_fns = list(self.metrics.values())
         with torch.inference_mode():
             for batch in self.val_loader:
                 inputs, targets = _split(batch)
-                inputs, targets = self._to_device(inputs), self._to_device(targets)
+                if self._move:
+                    inputs, targets = self._to_device(inputs), self._to_device(targets)
                 output = self.model(inputs)
                 n = _count(targets)
-                values = [self.loss_fn(output, targets)] + [fn(output, targets) for fn in self.metrics.values()]
-                sums += torch.stack([v.detach().reshape(()).float() for v in values]) * n
+                loss = self.loss_fn(output, targets)
+                if metric_fns:  # one fused add for all values; without metrics, the loss alone
+                    values = [loss, *(fn(output, targets) for fn in metric_fns)]
+                    sums += torch.stack([v.reshape(()).float() for v in values]) * n
+                else:
+                    sums += loss * n
                 seen += n
         if seen == 0:
             return {}
