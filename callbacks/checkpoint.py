@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,21 @@ from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
 __all__ = ["CheckpointCallback"]
 
 
-def _shown(path: Path, run: RunContext) -> str:
-    """A path relative to the run directory when it is under it, else absolute. Lexical (no
-    symlink resolution), so it costs no file-system calls on the per-epoch path."""
-    absolute = os.path.abspath(path)
-    if run.run_dir is not None:
-        relative = os.path.relpath(absolute, os.path.abspath(run.run_dir))
+@functools.lru_cache(maxsize=64)
+def _shown_dir(directory: str, run_dir: str | None) -> str:
+    """A folder relative to the run directory when it is under it, else absolute. Lexical (no
+    symlink resolution), and cached: checkpoint folders do not move during a run."""
+    absolute = os.path.abspath(directory)
+    if run_dir is not None:
+        relative = os.path.relpath(absolute, os.path.abspath(run_dir))
         if not relative.startswith(os.pardir):
             return relative
     return absolute
+
+
+def _shown(path: Path, run: RunContext) -> str:
+    folder = _shown_dir(str(path.parent), None if run.run_dir is None else str(run.run_dir))
+    return path.name if folder == os.curdir else os.path.join(folder, path.name)
 
 
 class CheckpointCallback(TrainingCallback):

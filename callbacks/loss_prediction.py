@@ -22,8 +22,8 @@ FIRST_EPOCH = 10
 """First epoch index with a prediction: at epoch index 10 the fit sees 11 val losses (t = 0..10)."""
 MIN_R2 = 0.5
 """A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
-REFIT_GROWTH = 0.01
-"""Refit once the history has grown by this share since the last fit (every epoch up to 100).
+REFIT_GROWTH = 0.02
+"""Refit once the history has grown by this share since the last fit (every epoch up to 50).
 
 A fit costs O(n) and a refit every epoch made long runs and replays quadratic (10,000 epochs took
 17 s in this callback alone). One more point in a history of thousands barely moves the fit, so
@@ -53,7 +53,9 @@ def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, floa
         warnings.simplefilter("ignore", OptimizeWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
-            return _fit(np.asarray(t, dtype=np.float64), np.asarray(y, dtype=np.float64), curve_fit)
+            ts = np.arange(len(t), dtype=np.float64) if isinstance(t, range) and t.start == 0 and t.step == 1 \
+                else np.asarray(t, dtype=np.float64)
+            return _fit(ts, np.asarray(y, dtype=np.float64), curve_fit)
         except Exception:  # any fitting failure means "no prediction"
             return None
 
@@ -112,6 +114,8 @@ class LossPredictionCallback(TrainingCallback):
         self.val_losses: list[float] = []
         self.fitted_at = 0  # history length at the last fit
         self.fit: tuple[float, float] | None = None
+        self._values = np.empty(64)  # val_losses as a growing array, so a fit copies nothing
+        self._filled = 0
 
     def _due(self) -> bool:
         return len(self.val_losses) - self.fitted_at >= max(1, math.ceil(REFIT_GROWTH * self.fitted_at))
@@ -125,12 +129,23 @@ class LossPredictionCallback(TrainingCallback):
             return
         try:
             if self._due():
-                self.fit = fit_exponential(range(len(self.val_losses)), self.val_losses)
+                self.fit = fit_exponential(range(len(self.val_losses)), self._array())
                 self.fitted_at = len(self.val_losses)
             prediction = prediction_from_fit(self.fit, self.val_losses, self.max_epochs)
         except Exception:  # a prediction must never end a run
             prediction = LossPrediction(float(value), math.nan, False)
         epoch.set(LOSS_PREDICTION, prediction)
+
+    def _array(self) -> Any:
+        """``val_losses`` as an array view, copying only what was appended since the last call."""
+        n = len(self.val_losses)
+        if self._values.size < n:
+            grown = np.empty(max(n, 2 * self._values.size))
+            grown[: self._filled] = self._values[: self._filled]
+            self._values = grown
+        self._values[self._filled : n] = self.val_losses[self._filled :]
+        self._filled = n
+        return self._values[:n]
 
     def state_dict(self) -> dict[str, Any]:
         return {"val_losses": list(self.val_losses), "fitted_at": self.fitted_at,
@@ -138,6 +153,7 @@ class LossPredictionCallback(TrainingCallback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val_losses = [float(v) for v in state.get("val_losses", [])]
+        self._filled = 0
         self.fitted_at = int(state.get("fitted_at", 0))
         fit = state.get("fit")
         self.fit = None if fit is None else (float(fit[0]), float(fit[1]))

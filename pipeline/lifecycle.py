@@ -192,9 +192,14 @@ EPOCH_HOOK_ORDER: Mapping[str, int] = {
 }
 
 
+_FROM: Mapping[Phase, tuple[Transition, ...]] = {
+    phase: tuple(t for t in TRANSITIONS if t.source is phase and t.trigger != ABORT) for phase in Phase
+}
+
+
 def transitions_from(phase: Phase) -> tuple[Transition, ...]:
     """Ordinary (non-abort) transitions leaving ``phase``, in table order."""
-    return tuple(t for t in TRANSITIONS if t.source is phase and t.trigger != ABORT)
+    return _FROM[phase]
 
 
 def legal_moves() -> frozenset[tuple[Phase, Phase, str]]:

@@ -147,7 +147,7 @@ class EventLog:
             "trigger": transition.get("trigger"),
             "epoch": epoch,
             "global_step": global_step,
-            "payload": jsonable(dict(payload or {})),
+            "payload": jsonable(payload) if payload else {},
         }
         if to_file:
             self._seq += 1

@@ -55,6 +55,11 @@ class CallbackRunner:
             check_data_flow(self.entries)
         # Nanoseconds spent in each callback (by position), for the per-epoch timing event.
         self.ns: list[int] = [0] * len(self.callbacks)
+        seen: set[str] = set()
+        self._labels: list[str] = []
+        for i, cb in enumerate(self.callbacks):
+            self._labels.append(cb.name if cb.name not in seen else f"{cb.name}#{i}")
+            seen.add(cb.name)
         self.failed_in: tuple[str, str] | None = None
         self.current: TrainingCallback | None = None  # the callback whose hook is running, for attribution
         self._tables: dict[str, tuple[tuple[int, Handler], ...]] = {
@@ -88,11 +93,8 @@ class CallbackRunner:
 
     def take_timings(self) -> dict[str, float]:
         """Seconds per callback since the last call (names made unique by position)."""
-        out: dict[str, float] = {}
-        for i, cb in enumerate(self.callbacks):
-            label = cb.name if cb.name not in out else f"{cb.name}#{i}"
-            out[label] = self.ns[i] / 1e9
-            self.ns[i] = 0
+        out = {label: ns / 1e9 for label, ns in zip(self._labels, self.ns, strict=True)}
+        self.ns = [0] * len(self.ns)
         return out
 
     def describe(self) -> list[dict[str, Any]]:
