@@ -46,15 +46,10 @@ class EarlyStoppingCallback(TrainingCallback):
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.wait = 0
-        self._warned = False
 
     def on_val_end(self, epoch: EpochContext) -> None:
-        value = epoch.metrics.get(self.monitor)
+        value = self.monitored(epoch, self.monitor, "early stopping is inactive")
         if value is None:
-            if not self._warned:
-                self._warned = True
-                epoch.warn(self.name, f"monitored metric {self.monitor!r} is missing; early stopping is inactive",
-                           available=sorted(epoch.metrics))
             return
         if improves(value, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = float(value), epoch.index, 0

@@ -32,7 +32,6 @@ class LRSchedulerCallback(TrainingCallback):
         self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if self.plateau and interval == "step":
             raise ValueError("ReduceLROnPlateau needs a monitored value per epoch; use interval='epoch'")
-        self._warned = False
 
     def on_after_optimizer_step(self, step: StepContext) -> None:
         if self.interval == "step" and not step.run.dry_run:
@@ -44,12 +43,8 @@ class LRSchedulerCallback(TrainingCallback):
         if not self.plateau:
             self.scheduler.step()
             return
-        value = epoch.metrics.get(self.monitor)
+        value = self.monitored(epoch, self.monitor, "ReduceLROnPlateau is not stepped")
         if value is None:
-            if not self._warned:
-                self._warned = True
-                epoch.warn(self.name, f"ReduceLROnPlateau monitors {self.monitor!r}, which this run does not have",
-                           available=sorted(epoch.metrics))
             return
         self.scheduler.step(value)
 

@@ -30,15 +30,10 @@ class PrunerCallback(TrainingCallback):
             raise TypeError(f"trial must be an optuna.trial.Trial, got {type(trial).__name__}")
         self.trial = trial
         self.monitor = monitor
-        self._warned = False
 
     def on_val_end(self, epoch: EpochContext) -> None:
-        value = epoch.metrics.get(self.monitor)
+        value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
-            if not self._warned:
-                self._warned = True
-                epoch.warn(self.name, f"monitored metric {self.monitor!r} is missing; the trial gets no reports",
-                           available=sorted(epoch.metrics))
             return
         self.trial.report(float(value), epoch.index)
         should_prune = bool(self.trial.should_prune())

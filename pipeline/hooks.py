@@ -58,6 +58,15 @@ class TrainingCallback:
     def stateful(self) -> bool:
         return type(self).state_dict is not TrainingCallback.state_dict
 
+    def monitored(self, epoch: EpochContext, key: str, consequence: str) -> float | None:
+        """``epoch.metrics[key]``, or None with one warning per callback that the run lacks it."""
+        value = epoch.metrics.get(key)
+        if value is None and not getattr(self, "_missing_warned", False):
+            self._missing_warned = True
+            epoch.warn(self.name, f"monitored metric {key!r} is missing; {consequence}",
+                       available=sorted(epoch.metrics))
+        return value
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
