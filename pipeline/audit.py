@@ -241,7 +241,7 @@ def _explain_lines(ex: Explanation) -> list[str]:
         elif ex.stop_source:
             stop += f" {verb} {ex.stop_source}"
         if ex.stop_epoch is not None:
-            stop += f" in epoch {ex.stop_epoch}"
+            stop += f" in epoch index {ex.stop_epoch}"
         if ex.stop_request_line is not None:
             stop += f" (request at line {ex.stop_request_line})"
         if ex.stop_message:
@@ -252,7 +252,7 @@ def _explain_lines(ex: Explanation) -> list[str]:
     else:
         lines.append("stop: the run never reached train_end")
     if ex.best_epoch is not None:
-        lines.append(f"best epoch: {ex.best_epoch} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
+        lines.append(f"best epoch index: {ex.best_epoch} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
     total = ex.total_epoch_seconds
     if ex.phase_seconds:
         lines.append(f"time in epochs: {total:.3f} s; per phase: " + ", ".join(
