@@ -41,33 +41,33 @@ class BatchBody:
     """Runs one batch: ``actions`` in the fixed order, each hook only if a callback overrides it."""
 
     def __init__(self, runner: CallbackRunner, actions: StepActions) -> None:
-        self.runner = runner
         self.actions = actions
-        self.hooks = {h: bool(runner.table(h)) for h in STEP_HOOKS}
-        self.hooked = any(self.hooks.values())
+        self._hooks = tuple(runner.dispatcher(h) for h in STEP_HOOKS)
+        self.hooked = any(d is not None for d in self._hooks)
 
     def __call__(self, step: StepContext) -> None:
-        hooks, fire, act = self.hooks, self.runner.fire, self.actions
-        if hooks["on_before_forward"]:
-            fire("on_before_forward", step)
+        before_fwd, after_fwd, before_bwd, after_bwd, before_opt, after_opt, before_zero, step_end = self._hooks
+        act = self.actions
+        if before_fwd is not None:
+            before_fwd(step)
         act.forward(step)
-        if hooks["on_after_forward"]:
-            fire("on_after_forward", step)
+        if after_fwd is not None:
+            after_fwd(step)
         if not step.skip_backward:
-            if hooks["on_before_backward"]:
-                fire("on_before_backward", step)
+            if before_bwd is not None:
+                before_bwd(step)
             act.backward(step)
-            if hooks["on_after_backward"]:
-                fire("on_after_backward", step)
+            if after_bwd is not None:
+                after_bwd(step)
         if not step.skip_optimizer_step:
-            if hooks["on_before_optimizer_step"]:
-                fire("on_before_optimizer_step", step)
+            if before_opt is not None:
+                before_opt(step)
             act.optimizer_step(step)
-            if hooks["on_after_optimizer_step"]:
-                fire("on_after_optimizer_step", step)
+            if after_opt is not None:
+                after_opt(step)
         if not step.skip_zero_grad:
-            if hooks["on_before_zero_grad"]:
-                fire("on_before_zero_grad", step)
+            if before_zero is not None:
+                before_zero(step)
             act.zero_grad(step)
-        if hooks["on_train_step_end"]:
-            fire("on_train_step_end", step)
+        if step_end is not None:
+            step_end(step)

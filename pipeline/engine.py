@@ -158,7 +158,7 @@ class Engine:
         self._fast_guard = compile_guard(
             tuple(guards[g] for g in self._batch_move.conditions), tuple(guards[g] for g in self._batch_move.unless)
         )
-        self._on_batch_begin: tuple[tuple[int, Handler], ...] = runner.table("on_batch_begin")
+        self._on_batch_begin: Handler | None = runner.dispatcher("on_batch_begin")
         self._batch_hooked = any(runner.has(h) for h in PER_BATCH_HOOKS)
         self._debug = run.events.enabled_for("debug")
         run.callbacks = runner.callbacks
@@ -319,8 +319,8 @@ class Engine:
         batch = self._next
         following = next(self._iter, _END)
         step.reset(self._batch_index, batch, following is _END)
-        if self._on_batch_begin:
-            self.runner.fire("on_batch_begin", step)
+        if self._on_batch_begin is not None:
+            self._on_batch_begin(step)
         self.driver.train_batch(step)
         self._batch_index += 1
         self.run.global_step += 1

@@ -68,6 +68,7 @@ class CallbackRunner:
             )
             for hook in HOOK_NAMES
         }
+        self._dispatchers = {hook: self.dispatcher(hook) for hook in HOOK_NAMES}
 
     def table(self, hook: str) -> tuple[tuple[int, Handler], ...]:
         """``(callback position, bound hook)`` pairs in dispatch order."""
@@ -76,25 +77,38 @@ class CallbackRunner:
     def has(self, hook: str) -> bool:
         return bool(self._tables[hook])
 
+    def dispatcher(self, hook: str) -> Handler | None:
+        """The function that fires ``hook`` on its callbacks (timed, attributed to ``current``), or
+        None when no callback overrides it. Built once, so per-batch dispatch does no lookups."""
+        table = self._tables[hook]
+        if not table:
+            return None
+        ns, callbacks = self.ns, self.callbacks
+
+        def dispatch(ctx: Any) -> None:
+            for i, fn in table:
+                self.current = callbacks[i]
+                t0 = perf_counter_ns()
+                try:
+                    fn(ctx)
+                except BaseException:
+                    self.failed_in = (callbacks[i].name, hook)
+                    self.current = None
+                    raise
+                ns[i] += perf_counter_ns() - t0
+            self.current = None
+
+        return dispatch
+
     def fire(self, hook: str, ctx: Any) -> None:
-        ns = self.ns
-        callbacks = self.callbacks
-        for i, fn in self._tables[hook]:
-            self.current = callbacks[i]
-            t0 = perf_counter_ns()
-            try:
-                fn(ctx)
-            except BaseException:
-                self.failed_in = (callbacks[i].name, hook)
-                self.current = None
-                raise
-            ns[i] += perf_counter_ns() - t0
-        self.current = None
+        dispatch = self._dispatchers[hook]
+        if dispatch is not None:
+            dispatch(ctx)
 
     def take_timings(self) -> dict[str, float]:
         """Seconds per callback since the last call (names made unique by position)."""
         out = {label: ns / 1e9 for label, ns in zip(self._labels, self.ns, strict=True)}
-        self.ns = [0] * len(self.ns)
+        self.ns[:] = [0] * len(self.ns)  # in place: the dispatchers hold this list
         return out
 
     def describe(self) -> list[dict[str, Any]]:
