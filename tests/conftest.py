@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -12,8 +13,6 @@ torch.set_num_threads(1)
 
 
 # --- real runs for the audit and diagram tests (built once per session; see tests/audit_runs.py) ---
-import pytest  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def real_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
