@@ -147,6 +147,15 @@ def _duplicates(node: yaml.Node, path: tuple[str, ...] = ()) -> list[ConfigProbl
 ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
 
 
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """PyYAML's message without its source snippet: what it found, and where (1-based)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        return f"{what} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def _parse_yaml(text: str, source: str) -> Any:
     loader = ConfigLoader(text)
     try:
@@ -156,7 +165,7 @@ def _parse_yaml(text: str, source: str) -> Any:
             raise ConfigError(problems, source)
         return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem("", "valid YAML", str(exc).replace("\n", " "))], source) from None
+        raise ConfigError([ConfigProblem("", "valid YAML", _yaml_error(exc))], source) from None
     finally:
         loader.dispose()
 

@@ -186,3 +186,13 @@ def test_resolve_dotted_raises_config_error() -> None:
     assert resolve_dotted("torch.optim.Adam").__name__ == "Adam"
     with pytest.raises(ConfigError, match=r"did you mean torch\.optim\.Adam"):
         resolve_dotted("torch.optim.Adamm")
+
+
+def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
+    bad = tmp_path / "syntax.yaml"
+    bad.write_text("epochs: 3\nnet: a: b\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    message = str(info.value)
+    assert "expected valid YAML" in message and "at line 2, column 7" in message
+    assert "^" not in message  # PyYAML's source snippet is not pasted into the one-line problem
