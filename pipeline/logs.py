@@ -179,6 +179,9 @@ class EventLog:
             out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
         out["epoch"] = r["epoch"]
         out.update(r["payload"])
+        if "traceback" in out:  # the full traceback stays in events.jsonl; the console gets one line
+            del out["traceback"]
+            out["traceback_in"] = EVENTS_FILE
         return out
 
 

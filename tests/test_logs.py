@@ -59,3 +59,16 @@ def test_jsonable_handles_enums_dataclasses_tensors() -> None:
     assert jsonable(StopReason.NAN) == "nan"
     assert jsonable(LossPrediction(0.5, 0.3, True)) == {"predicted_loss": 0.5, "neg_log10": 0.3, "fit_ok": True}
     assert jsonable(torch.tensor(2.5)) == 2.5
+
+
+def test_console_gets_one_line_for_an_exception_and_the_file_the_traceback(tmp_path: Path) -> None:
+    import io
+
+    console = io.StringIO()
+    log = EventLog(tmp_path / "e.jsonl", "r", console=console, console_level="warning")
+    log.emit("exception", level="error", payload={"type": "ValueError", "message": "bad",
+                                                  "traceback": "Traceback (most recent call last):\n  ..."})
+    log.close()
+    shown = console.getvalue()
+    assert "bad" in shown and "Traceback" not in shown and len(shown.strip().splitlines()) == 1
+    assert read_events(tmp_path / "e.jsonl")[0]["payload"]["traceback"].startswith("Traceback")
