@@ -113,7 +113,6 @@ class _Segment:
     exception_line: int | None = None
     end_line: int | None = None
     end_reason: str | None = None
-    end_from: str | None = None
     result_seen: bool = False
     last_line: int = 0
     last_epoch_field: Any = None
@@ -486,7 +485,6 @@ class _Auditor:
 
     def _train_end(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
         seg.end_line = n
-        seg.end_from = rec["from"]
         payload = rec["payload"]
         reason = payload.get("reason")
         seg.end_reason = reason if isinstance(reason, str) else None
@@ -759,11 +757,10 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.audit", description="Audit an fsmtrain run log.")
-    add_arguments(parser)
-    args = parser.parse_args(None if argv is None else list(argv))
-    code: int = args.func(args)
-    return code
+    """``python -m pipeline.audit ARGS`` is ``fsmtrain audit ARGS``."""
+    from pipeline.cli import main as cli_main  # the CLI imports this module to register the command
+
+    return cli_main(["audit", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

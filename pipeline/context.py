@@ -155,10 +155,6 @@ class RunContext:
         self.stop = StopRequest(reason, source, message, True, self.epoch, self.global_step, self.phase)
         self.emit("stop_request", reason=reason.value, source=source, message=message, immediate=True, accepted=True)
 
-    @property
-    def stop_requested(self) -> bool:
-        return self.stop is not None
-
     # --- events ----------------------------------------------------------------------------
     def emit(self, event: str, *, level: str = "info", **payload: Any) -> None:
         self.events.emit(event, level=level, phase=self.phase.value, epoch=self.epoch,
@@ -174,9 +170,6 @@ class RunContext:
         if not values:
             return math.nan
         return min(values) if mode == "min" else max(values)
-
-    def metric_series(self, key: str) -> list[float]:
-        return [r.metrics.get(key, math.nan) for r in self.history]
 
 
 def _no_dispatch(hook: str, ctx: Any) -> None:

@@ -505,11 +505,10 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.diagrams", description="Draw the fsmtrain lifecycle.")
-    add_arguments(parser)
-    args = parser.parse_args(None if argv is None else list(argv))
-    code: int = args.func(args)
-    return code
+    """``python -m pipeline.diagrams ARGS`` is ``fsmtrain diagram ARGS``."""
+    from pipeline.cli import main as cli_main  # the CLI imports this module to register the command
+
+    return cli_main(["diagram", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -181,7 +181,6 @@ HOOKS: tuple[HookSpec, ...] = (
 )
 
 HOOK_NAMES: tuple[str, ...] = tuple(h.name for h in HOOKS)
-HOOK_BY_NAME: Mapping[str, HookSpec] = {h.name: h for h in HOOKS}
 PER_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch)
 
 _EPOCH_PHASES = (P.EPOCH_BEGIN, P.TRAIN_STEP, P.VAL, P.EPOCH_END)
