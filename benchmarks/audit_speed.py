@@ -22,8 +22,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import EarlyStoppingCallback, NaNDetectionCallback
-from pipeline.audit import audit_file
-from pipeline.trainer import Trainer
+from pipeline.app.trainer import Trainer
+from pipeline.tools.audit import audit_file
 
 BATCHES = 64
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from pipeline import Trainer, TrainingCallback
-from pipeline.lifecycle import HOOK_NAMES
+from pipeline.core.lifecycle import HOOK_NAMES
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

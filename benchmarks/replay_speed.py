@@ -31,8 +31,8 @@ from callbacks import (
     PrunerCallback,
     WandbLoggingCallback,
 )
-from pipeline.hooks import TrainingCallback
-from pipeline.replay import RecordedTrial, ReplayResult, TrialReport, replay_losses
+from pipeline.core.hooks import TrainingCallback
+from pipeline.tools.replay import RecordedTrial, ReplayResult, TrialReport, replay_losses
 
 
 def curve(epochs: int) -> tuple[list[float], list[float]]:

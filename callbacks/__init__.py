@@ -14,7 +14,7 @@ from callbacks.overfit_detection import OverfitDetectionCallback
 from callbacks.progress_bar import ProgressBarCallback
 from callbacks.pruner import PrunerCallback
 from callbacks.wandb_logging import WandbLoggingCallback
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = [
     "CheckpointCallback",

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.checkpoint import CheckpointManager, SavedCheckpoint
-from pipeline.context import EpochContext, RunContext
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.context import EpochContext, RunContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint
 
 __all__ = ["CheckpointCallback"]
 
@@ -33,7 +33,7 @@ def _shown(path: Path, run: RunContext) -> str:
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy of
-    :class:`pipeline.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
+    :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
     (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per old periodic file deleted.
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.context import EpochContext
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.lifecycle import StopReason
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.lifecycle import StopReason
 
 __all__ = ["EarlyStoppingCallback", "improves"]
 

@@ -6,9 +6,9 @@ import math
 import sys
 from typing import TextIO
 
-from pipeline.context import EpochContext
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.slots import LOSS_PREDICTION, MAX_GRAD_NORM
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM
 
 __all__ = ["EpochSummaryCallback", "summary_line"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.context import RunContext, StepContext
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.context import RunContext, StepContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = ["GradientClippingCallback"]
 

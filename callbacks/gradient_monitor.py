@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.slots import MAX_GRAD_NORM
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.slots import MAX_GRAD_NORM
 
 __all__ = ["GradientMonitorCallback"]
 
@@ -32,7 +32,7 @@ class GradientMonitorCallback(TrainingCallback):
 
     priority = 12
     tier = Tier.CORE
-    # Needs live gradients: a replay feeds the recorded max_grad_norm instead (pipeline.replay).
+    # Needs live gradients: a replay feeds the recorded max_grad_norm instead (pipeline.tools.replay).
     replay = ReplaySupport.DRY
     writes = (MAX_GRAD_NORM,)
     buffer_size = 256

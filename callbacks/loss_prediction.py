@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.context import EpochContext
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.slots import LOSS_PREDICTION, LossPrediction
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.slots import LOSS_PREDICTION, LossPrediction
 
 __all__ = [
     "FIRST_EPOCH", "MIN_R2", "REFIT_GROWTH", "LossPredictionCallback", "fit_exponential", "predict_final_loss",

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from pipeline.context import EpochContext, StepContext
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.context import EpochContext, StepContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = ["LRSchedulerCallback"]
 

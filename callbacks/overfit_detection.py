@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.context import EpochContext
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.slots import OVERFIT_GAP_RATIO
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.slots import OVERFIT_GAP_RATIO
 
 __all__ = ["OverfitDetectionCallback", "diverging"]
 

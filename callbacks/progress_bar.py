@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any
 
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.hooks import Tier, TrainingCallback
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.hooks import Tier, TrainingCallback
 
 __all__ = ["ProgressBarCallback", "auto_enabled"]
 

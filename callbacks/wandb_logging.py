@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.context import EpochContext, RunContext
-from pipeline.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.lifecycle import StopReason
-from pipeline.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from pipeline.core.context import EpochContext, RunContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.lifecycle import StopReason
+from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["FAILED_REASONS", "WandbLoggingCallback", "epoch_log"]
 

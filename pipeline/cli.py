@@ -1,7 +1,7 @@
 """The ``fsmtrain`` command line (also ``python -m pipeline``).
 
-``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.diagrams``,
-``pipeline.audit`` and ``pipeline.replay`` add their own subcommands through ``register_cli``.
+``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams``,
+``pipeline.tools.audit`` and ``pipeline.tools.replay`` add their own subcommands through ``register_cli``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.config import ConfigError, RunConfig, build_callbacks, load_config
-from pipeline.job import SeedRun, build_parts, run_dir_for, train_seed
-from pipeline.lifecycle import StopReason
+from pipeline.app.config import ConfigError, RunConfig, build_callbacks, load_config
+from pipeline.app.job import SeedRun, build_parts, run_dir_for, train_seed
+from pipeline.core.lifecycle import StopReason
 
 __all__ = ["STARTER_CONFIG", "ExitCode", "build_parser", "exit_code_for", "main"]
 
@@ -145,8 +145,8 @@ def _shape(x: Any) -> str:
 def cmd_preflight(args: argparse.Namespace) -> int:
     import torch
 
-    from pipeline.runner import CallbackRunner
-    from pipeline.trainer import _split
+    from pipeline.core.runner import CallbackRunner
+    from pipeline.training.driver import split_batch as _split
 
     cfg = _load(args)
     _print_warnings(cfg, sys.stdout)
@@ -195,12 +195,12 @@ name: baseline                 # run name (default: the config file's name)
 device: cpu                    # cpu | cuda | cuda:N | mps
 seeds: [0]                     # one run per seed; the summary reports the mean objective
 
-data: pipeline.data.synthetic_regression   # builder(batch_size=, seed=, **data_config) -> (train, val)
+data: pipeline.training.data.synthetic_regression   # builder(batch_size=, seed=, **data_config) -> (train, val)
 data_config:
   n_samples: 2048
   n_features: 8
 
-net: pipeline.models.MLP       # any torch.nn.Module subclass
+net: pipeline.training.models.MLP       # any torch.nn.Module subclass
 net_config:
   in_features: 8
   out_features: 1
@@ -216,7 +216,7 @@ scheduler_config: {}
 criterion: torch.nn.MSELoss    # an nn.Module loss class or a function (output, target) -> tensor
 criterion_config: {}
 
-metrics: {}                    # extra validation metrics, e.g. val_accuracy: pipeline.models.accuracy
+metrics: {}                    # extra validation metrics, e.g. val_accuracy: pipeline.training.models.accuracy
 
 epochs: 20
 batch_size: 64
@@ -268,7 +268,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.diagrams", "pipeline.audit", "pipeline.replay")
+_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:

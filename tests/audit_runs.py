@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
-from pipeline.context import EpochContext
-from pipeline.hooks import TrainingCallback
-from pipeline.trainer import Trainer
+from pipeline.app.trainer import Trainer
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import TrainingCallback
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ _SIGINT_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from audit_runs import _trainer
     from callbacks import CheckpointCallback
-    from pipeline.hooks import TrainingCallback
+    from pipeline.core.hooks import TrainingCallback
 
     class Slow(TrainingCallback):
         def on_epoch_end(self, epoch):

@@ -12,8 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline import Trainer, TrainingCallback
-from pipeline.context import EpochContext, FaultContext, RunContext, StepContext
-from pipeline.logs import read_events
+from pipeline.core.context import EpochContext, FaultContext, RunContext, StepContext
+from pipeline.core.events import read_events
 
 
 def tiny_task(seed: int = 0, n: int = 96, batch: int = 16) -> tuple[DataLoader[Any], DataLoader[Any]]:

@@ -1,4 +1,4 @@
-"""``pipeline.audit`` on real run logs (the session fixture ``real_runs``) and on tampered copies.
+"""``pipeline.tools.audit`` on real run logs (the session fixture ``real_runs``) and on tampered copies.
 
 Every tamper case edits a real log the way a lost, repeated or altered line would, and the audit
 must fail naming that line.
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from audit_runs import REPO, RealRuns, line_of, read_lines
 
-from pipeline.audit import AuditReport, Finding, Severity, audit_file
-from pipeline.audit import main as audit_main
+from pipeline.cli import main as cli_main
+from pipeline.tools.audit import AuditReport, Finding, Severity, audit_file
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 
@@ -50,7 +50,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def _audit_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pipeline.audit", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline", "audit", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=120, check=False)
 
 
@@ -280,18 +280,18 @@ def test_cli_exit_codes_and_json(real_runs: RealRuns, tmp_path: Path) -> None:
 
 
 def test_cli_unreadable_and_strict(real_runs: RealRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert audit_main([str(tmp_path / "nope.jsonl")]) == 2
+    assert cli_main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
-    assert audit_main([str(tmp_path)]) == 2  # a directory
-    assert audit_main([str(tmp_path / "nope.jsonl"), "--json"]) == 2
+    assert cli_main(["audit", str(tmp_path)]) == 2  # a directory
+    assert cli_main(["audit", str(tmp_path / "nope.jsonl"), "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["ok"] is False
 
     run = tmp_path / "run"
     shutil.copytree(real_runs.completed, run)
     shutil.rmtree(run / "checkpoints")
-    assert audit_main([str(run / "events.jsonl")]) == 0
+    assert cli_main(["audit", str(run / "events.jsonl")]) == 0
     assert "not present" in capsys.readouterr().out
-    assert audit_main([str(run / "events.jsonl"), "--strict"]) == 1
+    assert cli_main(["audit", str(run / "events.jsonl"), "--strict"]) == 1
     assert "under --strict" in capsys.readouterr().out
 
 

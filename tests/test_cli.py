@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
+from pipeline.app.config import load_config
 from pipeline.cli import ExitCode, main
-from pipeline.config import load_config
-from pipeline.logs import read_events
+from pipeline.core.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -53,8 +53,8 @@ def test_quickstart_trains_to_completed_with_a_full_run_dir(tmp_path: Path) -> N
 def test_three_mistakes_one_error_and_nothing_on_disk(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(
-        "net: pipeline.models.MLP\nnet_config: {in_features: 8, out_features: 1}\n"
-        "data: pipeline.data.synthetic_regression\noptimizer: torch.optim.Adamm\n"
+        "net: pipeline.training.models.MLP\nnet_config: {in_features: 8, out_features: 1}\n"
+        "data: pipeline.training.data.synthetic_regression\noptimizer: torch.optim.Adamm\n"
         "epochs: -1\nbatch_size: 32\nearly_stoping: {patience: 3}\n"
     )
     proc = fsmtrain("train", config, cwd=tmp_path)
@@ -127,7 +127,7 @@ def test_init_writes_a_starter_that_validates(tmp_path: Path) -> None:
 
 
 FAULTY = '''
-from pipeline.hooks import TrainingCallback
+from pipeline.core.hooks import TrainingCallback
 
 
 class Fault(TrainingCallback):
@@ -160,7 +160,7 @@ def test_error_and_interrupt_exit_codes(tmp_path: Path, kind: str, code: ExitCod
 
 def test_every_stop_reason_has_an_exit_code() -> None:
     from pipeline.cli import exit_code_for
-    from pipeline.lifecycle import StopReason
+    from pipeline.core.lifecycle import StopReason
 
     codes = {reason: exit_code_for(reason) for reason in StopReason}
     assert {r for r, c in codes.items() if c is ExitCode.OK} == {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.config import (
+from pipeline.app.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def minimal(**extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "net": "pipeline.models.MLP",
+        "net": "pipeline.training.models.MLP",
         "net_config": {"in_features": 8, "out_features": 1},
-        "data": "pipeline.data.synthetic_regression",
+        "data": "pipeline.training.data.synthetic_regression",
         "epochs": 5,
         "batch_size": 32,
     }
@@ -90,7 +90,7 @@ def test_nested_unknown_key_literal_and_kwarg_suggestions() -> None:
         ("net", "torch.optim.Adam", "nn.Module subclass"),
         ("optimizer", "torch.nn.Linear", "Optimizer subclass"),
         ("scheduler", "torch.optim.Adam", "LR scheduler"),
-        ("data", "pipeline.models.MLP", "data builder function"),
+        ("data", "pipeline.training.models.MLP", "data builder function"),
         ("criterion", "torch.optim.SGD", "a loss"),
     ],
 )
@@ -178,7 +178,7 @@ def test_default_callbacks_follow_the_config(tmp_path: Path) -> None:
     names = [cb.name for cb in build_callbacks(off, run_dir=tmp_path)]
     assert "EarlyStoppingCallback" not in names and "CheckpointCallback" not in names
     assert "LossPredictionCallback" not in names and "WandbLoggingCallback" not in names
-    bad = problems(minimal(callbacks={"extra": [{"target": "pipeline.models.MLP"}]}))
+    bad = problems(minimal(callbacks={"extra": [{"target": "pipeline.training.models.MLP"}]}))
     assert "TrainingCallback subclass" in bad["callbacks.extra.0.target"].expected
 
 

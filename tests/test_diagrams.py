@@ -1,4 +1,4 @@
-"""``pipeline.diagrams``: the committed lifecycle diagrams are fresh and complete, callbacks appear
+"""``pipeline.tools.diagrams``: the committed lifecycle diagrams are fresh and complete, callbacks appear
 in the runner's real order, and a real run's path is drawn with its counts and stop edge."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from callbacks import (
     PrunerCallback,
     WandbLoggingCallback,
 )
-from pipeline.context import EpochContext, FaultContext
-from pipeline.diagrams import (
+from pipeline.cli import main as cli_main
+from pipeline.core.context import EpochContext, FaultContext
+from pipeline.core.drawing import (
     Format,
     GraphvizMissing,
     callback_diagram,
@@ -38,18 +39,17 @@ from pipeline.diagrams import (
     svg_recorded_digest,
     write_run_diagram,
 )
-from pipeline.diagrams import main as diagrams_main
-from pipeline.hooks import TrainingCallback
-from pipeline.lifecycle import FINAL, TRANSITIONS, Phase
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
 
 DIAGRAMS = REPO / "diagrams"
-REGENERATE = "python -m pipeline.diagrams --write diagrams"
+REGENERATE = "fsmtrain diagram --write diagrams"
 HAVE_DOT = shutil.which("dot") is not None
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "pipeline.diagrams", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline", "diagram", *args], capture_output=True, text=True,
                           cwd=REPO, env=full, timeout=120, check=False)
 
 
@@ -264,7 +264,7 @@ def test_run_view_of_debug_and_aborted_runs(real_runs: RealRuns) -> None:
 def test_run_view_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "events.jsonl"
     bad.write_text("not json\n", encoding="utf-8")
-    assert diagrams_main(["--run", str(bad)]) == 2
+    assert cli_main(["diagram", "--run", str(bad)]) == 2
     assert "events.jsonl:1" in capsys.readouterr().err
-    assert diagrams_main(["--run", str(tmp_path / "missing.jsonl")]) == 2
+    assert cli_main(["diagram", "--run", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err

@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.engine import Engine
-from pipeline.hooks import TrainingCallback
-from pipeline.lifecycle import StopReason, legal_moves
-from pipeline.logs import EventLog
-from pipeline.runner import CallbackRunner
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.engine import Engine
+from pipeline.core.events import EventLog
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.lifecycle import StopReason, legal_moves
+from pipeline.core.runner import CallbackRunner
 
 LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
 HOOKS = ("on_train_epoch_begin", "on_train_step_end", "on_val_end", "on_epoch_end")

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from transitions import MachineError
 
-from pipeline.lifecycle import (
+from pipeline.core.lifecycle import (
     ABORT,
     FINAL,
     HOOK_NAMES,
@@ -128,7 +128,7 @@ def test_real_transitions_machine_refuses_illegal_and_guarded_moves() -> None:
 
 
 def test_hooks_cover_the_base_class() -> None:
-    from pipeline.hooks import TrainingCallback
+    from pipeline.core.hooks import TrainingCallback
 
     for name in HOOK_NAMES:
         assert callable(getattr(TrainingCallback, name))

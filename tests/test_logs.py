@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from core_helpers import events_of, make_trainer
 
-from pipeline.logs import EVENT_KEYS, EventLog, as_float, jsonable, read_events
+from pipeline.core.events import EVENT_KEYS, EventLog, as_float, jsonable, read_events
 
 
 def test_every_line_is_strict_json_with_the_schema(tmp_path: Path) -> None:
@@ -53,8 +53,8 @@ def test_bad_level_is_a_clear_error() -> None:
 def test_jsonable_handles_enums_dataclasses_tensors() -> None:
     import torch
 
-    from pipeline.lifecycle import StopReason
-    from pipeline.slots import LossPrediction
+    from pipeline.core.lifecycle import StopReason
+    from pipeline.core.slots import LossPrediction
 
     assert jsonable(StopReason.NAN) == "nan"
     assert jsonable(LossPrediction(0.5, 0.3, True)) == {"predicted_loss": 0.5, "neg_log10": 0.3, "fit_ok": True}

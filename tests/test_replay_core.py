@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from core_helpers import make_trainer
 
-from pipeline.context import EpochContext, StepContext
-from pipeline.hooks import TrainingCallback
-from pipeline.lifecycle import StopReason
-from pipeline.logs import read_events
-from pipeline.replay import ReplayError, load_recording, replay_run
+from pipeline.core.context import EpochContext, StepContext
+from pipeline.core.events import read_events
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.lifecycle import StopReason
+from pipeline.tools.replay import ReplayError, load_recording, replay_run
 
 
 class HaltAtBatch(TrainingCallback):

@@ -18,11 +18,11 @@ from callbacks import (
     TrainingCallback,
     WandbLoggingCallback,
 )
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.hooks import ReplaySupport
-from pipeline.lifecycle import StopReason
-from pipeline.replay import ReplayError, ReplayResult, compare_traces
-from pipeline.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.hooks import ReplaySupport
+from pipeline.core.lifecycle import StopReason
+from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from pipeline.tools.replay import ReplayError, ReplayResult, compare_traces
 
 Replay = Callable[..., ReplayResult]
 NAN, INF = math.nan, math.inf

@@ -16,11 +16,11 @@ from typing import Any
 import optuna
 import pytest
 
-from pipeline.config import load_config
-from pipeline.job import train_seed
-from pipeline.lifecycle import StopReason
-from pipeline.logs import read_events
-from pipeline.replay import ReplayError, load_recording, replay_run
+from pipeline.app.config import load_config
+from pipeline.app.job import train_seed
+from pipeline.core.events import read_events
+from pipeline.core.lifecycle import StopReason
+from pipeline.tools.replay import ReplayError, load_recording, replay_run
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

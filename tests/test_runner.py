@@ -8,7 +8,7 @@ import pytest
 from core_helpers import make_trainer
 
 from pipeline import CallbackOrderError, CallbackRunner, Slot, Tier, TrainingCallback, register_global_callback
-from pipeline.context import EpochContext, RunContext
+from pipeline.core.context import EpochContext, RunContext
 
 ORDER: list[str] = []
 

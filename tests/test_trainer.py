@@ -13,8 +13,8 @@ from core_helpers import Recorder, events_of, make_trainer, phases_visited, tiny
 from torch import nn
 
 from pipeline import StopReason, Trainer, TrainingCallback
-from pipeline.context import EpochContext, StepContext
-from pipeline.lifecycle import legal_moves
+from pipeline.core.context import EpochContext, StepContext
+from pipeline.core.lifecycle import legal_moves
 
 LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
 _VOLATILE = {"ts", "run_id"}

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.engine import Engine, TrainResult
-from pipeline.hooks import TrainingCallback
-from pipeline.logs import EventLog
-from pipeline.runner import CallbackRunner
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.events import EventLog
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.runner import CallbackRunner
 
 
 class ScriptedDriver:

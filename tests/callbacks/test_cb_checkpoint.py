@@ -7,7 +7,7 @@ from torch import nn
 
 from callbacks import CheckpointCallback, EarlyStoppingCallback
 from pipeline import Trainer, TrainingCallback, read_events
-from pipeline.checkpoint import (
+from pipeline.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
     capture_rng_state,
@@ -112,7 +112,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pipeline.checkpoint.os.replace", boom)
+    monkeypatch.setattr("pipeline.training.checkpoint.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):
         _train(tiny, tmp_path / "again", 1, [cb])
     monkeypatch.undo()

@@ -5,7 +5,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import GradientAccumulationCallback, GradientMonitorCallback
 from pipeline import Trainer, TrainingCallback
-from pipeline.slots import MAX_GRAD_NORM
+from pipeline.core.slots import MAX_GRAD_NORM
 
 
 class NormRecorder(TrainingCallback):

@@ -6,7 +6,7 @@ import pytest
 
 from callbacks import LossPredictionCallback
 from callbacks.loss_prediction import FIRST_EPOCH, fit_exponential, predict_final_loss
-from pipeline.slots import LOSS_PREDICTION, LossPrediction
+from pipeline.core.slots import LOSS_PREDICTION, LossPrediction
 
 
 def test_exact_exponential_recovers_a_and_k():

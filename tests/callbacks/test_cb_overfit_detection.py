@@ -3,7 +3,7 @@ import pytest
 from callbacks import OverfitDetectionCallback
 from callbacks.overfit_detection import diverging
 from pipeline import StopReason, TrainingCallback
-from pipeline.slots import OVERFIT_GAP_RATIO
+from pipeline.core.slots import OVERFIT_GAP_RATIO
 
 
 class SlotReader(TrainingCallback):

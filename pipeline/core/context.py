@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from pipeline.lifecycle import Phase, StopReason
+from pipeline.core.lifecycle import Phase, StopReason
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ class Slot(Generic[T]):
 
 
 class EventSink(Protocol):
-    """Where contexts send structured events (``pipeline.logs.EventLog`` in a real run)."""
+    """Where contexts send structured events (``pipeline.core.events.EventLog`` in a real run)."""
 
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> None: ...
 

@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from torch import nn
 
-from pipeline.hooks import TrainingCallback
+from pipeline.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
     import optuna
@@ -719,7 +719,7 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     """Call the data builder; wrap datasets it returns in seeded loaders. Returns (train, val)."""
     from torch.utils.data import DataLoader
 
-    from pipeline.data import make_loaders
+    from pipeline.training.data import make_loaders
 
     out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     if not isinstance(out, tuple) or len(out) != 2:

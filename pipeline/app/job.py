@@ -16,7 +16,7 @@ import torch
 import yaml
 from torch import nn
 
-from pipeline.config import (
+from pipeline.app.config import (
     ConfigError,
     ConfigProblem,
     RunConfig,
@@ -30,10 +30,10 @@ from pipeline.config import (
     resolved_dict,
     seed_everything,
 )
-from pipeline.diagrams import write_run_diagram
-from pipeline.engine import TrainResult
-from pipeline.hooks import TrainingCallback
-from pipeline.trainer import Trainer
+from pipeline.app.trainer import Trainer
+from pipeline.core.drawing import write_run_diagram
+from pipeline.core.engine import TrainResult
+from pipeline.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
     import optuna

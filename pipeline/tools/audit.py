@@ -3,9 +3,9 @@
 ``fsmtrain audit EVENTS.jsonl [--json] [--strict]`` streams the log line by line (a million lines
 take seconds) and checks:
 
-- every line is a JSON object with the fields of :data:`pipeline.logs.EVENT_KEYS`;
+- every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
-- every transition is a move of :data:`pipeline.lifecycle.TRANSITIONS` from the phase the previous
+- every transition is a move of :data:`pipeline.core.lifecycle.TRANSITIONS` from the phase the previous
   one reached, and its guards held given what the log says (stop requests, epochs, faults); every
   other event happens in the phase the machine is in;
 - the run starts in ``created`` and ends in ``train_end`` (else: an unfinished run, with its last
@@ -18,7 +18,7 @@ take seconds) and checks:
 - a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached.
 
 Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file cannot be
-read. Phases and moves come only from :mod:`pipeline.lifecycle`.
+read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pipeline.lifecycle import ABORT, FINAL, INITIAL, TRANSITIONS, Facts, Phase, StopReason, Transition
-from pipeline.logs import EVENT_KEYS
+from pipeline.core.events import EVENT_KEYS
+from pipeline.core.lifecycle import ABORT, FINAL, INITIAL, TRANSITIONS, Facts, Phase, StopReason, Transition
 
 __all__ = [
     "AuditReadError",
@@ -754,14 +754,3 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
                     "Exit 0: holds; 1: violations; 2: the file cannot be read.",
     )
     add_arguments(parser)
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m pipeline.audit ARGS`` is ``fsmtrain audit ARGS``."""
-    from pipeline.cli import main as cli_main  # the CLI imports this module to register the command
-
-    return cli_main(["audit", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,34 +1,31 @@
 """Lifecycle diagrams generated from the machine itself.
 
-Everything drawn here comes from :data:`pipeline.lifecycle.TRANSITIONS` and
-:data:`pipeline.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
+Everything drawn here comes from :data:`pipeline.core.lifecycle.TRANSITIONS` and
+:data:`pipeline.core.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
 engines write the text: the Mermaid engine for ``.mmd`` and the graphviz engine for ``.dot``. SVG is
 Graphviz's ``dot -Tsvg`` of that DOT source. Three views:
 
 - the lifecycle: every phase and every transition with its trigger and guards; the edges into
   ``train_end`` also name the stop reasons that can take them;
 - ``callbacks=...``: each phase and transition also lists the callbacks that run on it, in the
-  order a :class:`~pipeline.runner.CallbackRunner` really dispatches them (global callbacks included);
+  order a :class:`~pipeline.core.runner.CallbackRunner` really dispatches them (global callbacks included);
 - ``run``: the path one run took, from its ``events.jsonl``: each edge with how many times it was
   taken, the edge into ``train_end`` with the stop reason and epoch.
 
 Output is deterministic (the table's order, no timestamps), so the committed ``diagrams/`` files
 can be compared byte for byte with a fresh generation. The SVG depends on the local Graphviz
 version, so it carries the sha256 of the DOT source it was drawn from; the staleness test compares
-that instead of the SVG's bytes. Regenerate with ``python -m pipeline.diagrams --write diagrams``.
+that instead of the SVG's bytes. Regenerate with ``fsmtrain diagram --write diagrams``.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -37,9 +34,9 @@ from typing import Any
 from transitions import State
 from transitions.extensions import GraphMachine
 
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
-from pipeline.runner import CallbackRunner
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
+from pipeline.core.runner import CallbackRunner
 
 __all__ = [
     "DiagramError",
@@ -48,7 +45,6 @@ __all__ = [
     "callback_diagram",
     "dot_digest",
     "lifecycle_diagram",
-    "register_cli",
     "render_svg",
     "run_diagram",
     "stop_reasons_for",
@@ -265,27 +261,6 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
     return render_svg(text) if fmt is Format.SVG else text
 
 
-def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
-    """The callback list ``pipeline.config.build_callbacks`` gives a config (what ``fsmtrain train``
-    runs), for ``--config``. ``trial`` adds the ``PrunerCallback`` of an HPO trial (default: when the
-    config has an ``optimize`` section); the trial is an in-memory Optuna one, only to build it."""
-    from pipeline import config as config_mod
-
-    cfg = config_mod.load_config(config_path)
-    with_trial = cfg.optimize is not None if trial is None else trial
-    optuna_trial = None
-    if with_trial:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        optuna_trial = optuna.create_study().ask()
-    # A run directory is needed for the checkpoint callback to be in the list; nothing is written.
-    with tempfile.TemporaryDirectory(prefix="fsmtrain-diagram-") as tmp:
-        callbacks: list[TrainingCallback] = config_mod.build_callbacks(
-            cfg, run_dir=Path(tmp) / "run", trial=optuna_trial)
-    return callbacks
-
-
 # --- one run's path -------------------------------------------------------------------------------
 @dataclass
 class RunPath:
@@ -438,78 +413,3 @@ def write_lifecycle_files(directory: str | Path, *, svg: bool = True) -> list[Pa
     return written
 
 
-# --- CLI ------------------------------------------------------------------------------------------
-def _format_of(args: argparse.Namespace) -> Format:
-    if args.format is not None:
-        return Format(args.format)
-    if args.output is not None:
-        for fmt, suffix in SUFFIXES.items():
-            if str(args.output).endswith(suffix):
-                return fmt
-    return Format.MERMAID
-
-
-def _cmd_diagram(args: argparse.Namespace) -> int:
-    try:
-        if args.write is not None:
-            for path in write_lifecycle_files(args.write):
-                print(f"wrote {path}")
-            return 0
-        fmt = _format_of(args)
-        if args.run is not None:
-            text = run_diagram(args.run, fmt)
-        elif args.config is not None:
-            text = callback_diagram(config_callbacks(args.config, trial=args.hpo or None), fmt)
-        else:
-            text = lifecycle_diagram(fmt)
-    except GraphvizMissing as exc:
-        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
-        return 2
-    except (DiagramError, OSError) as exc:
-        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # e.g. pipeline.config.ConfigError, which lists every problem
-        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
-        return 2
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
-        print(f"wrote {args.output}", file=sys.stderr)
-    return 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=[f.value for f in Format], default=None,
-                        help="output format (default: from -o's suffix .mmd/.dot/.svg, else mermaid)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--config", metavar="CONFIG", default=None,
-                        help="also list, per phase and transition, the callbacks this config runs, in order")
-    parser.add_argument("--hpo", action="store_true",
-                        help="with --config: draw it as an HPO trial runs it (adds PrunerCallback)")
-    source.add_argument("--run", metavar="EVENTS_JSONL", default=None,
-                        help="draw the path one run took (edge counts, stop reason and epoch)")
-    source.add_argument("--write", metavar="DIR", default=None,
-                        help="regenerate DIR/lifecycle.{mmd,dot,svg} (the committed diagrams)")
-    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
-    parser.set_defaults(func=_cmd_diagram)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain diagram`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "diagram", help="draw the lifecycle (Mermaid, DOT or SVG), with callbacks or one run's path",
-        description="Draw the training lifecycle from the machine's own table.",
-    )
-    add_arguments(parser)
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``python -m pipeline.diagrams ARGS`` is ``fsmtrain diagram ARGS``."""
-    from pipeline.cli import main as cli_main  # the CLI imports this module to register the command
-
-    return cli_main(["diagram", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

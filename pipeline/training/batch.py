@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.context import StepContext
-from pipeline.runner import CallbackRunner
+from pipeline.core.context import StepContext
+from pipeline.core.runner import CallbackRunner
 
 STEP_HOOKS: tuple[str, ...] = (
     "on_before_forward", "on_after_forward", "on_before_backward", "on_after_backward",

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipeline.hooks import TrainingCallback
+# The registry holds callbacks without importing their class (``hooks`` imports this module).
+TrainingCallback = Any
 
 _registry: dict[int, TrainingCallback] = {}
 _ids = itertools.count()

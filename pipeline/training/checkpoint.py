@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.context import CheckpointContext, RunContext
+from pipeline.core.context import CheckpointContext, RunContext
 
 __all__ = [
     "FORMAT_VERSION",

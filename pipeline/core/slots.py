@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.context import Slot
+from pipeline.core.context import Slot
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,29 @@
-"""The torch driver the engine calls for training batches and validation, and the ``Trainer`` facade.
+"""The torch driver the engine calls for training batches and validation.
 
-Per batch it runs ``pipeline.batch.BatchBody`` (the hook order around forward, backward, the
+Per batch it runs ``pipeline.training.batch.BatchBody`` (the hook order around forward, backward, the
 optimizer step and zero_grad) with torch actions, or a lean body when no callback has step hooks.
 Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline.batch import BatchBody, StepActions
-from pipeline.context import EpochContext, RunContext, StepContext
-from pipeline.engine import Engine, TrainResult
-from pipeline.hooks import TrainingCallback
-from pipeline.logs import EVENTS_FILE, EventLog
-from pipeline.runner import CallbackRunner
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.runner import CallbackRunner
+from pipeline.training.batch import BatchBody, StepActions
 
-__all__ = ["MetricFn", "TorchDriver", "TrainResult", "Trainer"]
+__all__ = ["LossFn", "MetricFn", "TorchDriver", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor."""
 
-def _split(batch: Any) -> tuple[Any, Any]:
+def split_batch(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
         return batch
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -105,7 +100,7 @@ class TorchDriver:
         raise RuntimeError("TorchDriver.attach(runner) must be called before training")
 
     def _forward(self, step: StepContext) -> None:
-        inputs, targets = _split(step.batch)
+        inputs, targets = split_batch(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
         output = self.model(inputs)
@@ -148,7 +143,7 @@ class TorchDriver:
         metric_fns = list(self.metrics.values())
         with torch.inference_mode():
             for batch in self.val_loader:
-                inputs, targets = _split(batch)
+                inputs, targets = split_batch(batch)
                 if self._move:
                     inputs, targets = self._to_device(inputs), self._to_device(targets)
                 output = self.model(inputs)
@@ -176,78 +171,3 @@ class TorchDriver:
 
     def end_run(self, run: RunContext) -> None:
         return None
-
-
-class Trainer:
-    """Train ``model`` by walking the lifecycle machine.
-
-    ``callbacks`` join in their own tier (built-ins CORE, others USER); globally registered
-    callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there;
-    without, events are kept in memory (``trainer.events.records``).
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: LossFn,
-        train_loader: Iterable[Any],
-        val_loader: Iterable[Any] | None = None,
-        max_epochs: int = 1,
-        callbacks: Sequence[TrainingCallback] = (),
-        scheduler: Any = None,
-        device: str | torch.device = "cpu",
-        *,
-        metrics: Mapping[str, MetricFn] | None = None,
-        run_dir: str | Path | None = None,
-        run_id: str | None = None,
-        log_level: str = "info",
-        console_level: str = "warning",
-        strict: bool | None = None,
-        extras: Mapping[str, Any] | None = None,
-    ) -> None:
-        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
-            raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if hasattr(train_loader, "__len__") and len(train_loader) == 0:  # type: ignore[arg-type]
-            raise ValueError("train_loader yields no batches (is the dataset smaller than one batch with drop_last?)")
-        for i, cb in enumerate(callbacks):
-            if not isinstance(cb, TrainingCallback):
-                raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
-        self.device = torch.device(device)
-        self.model = model.to(self.device)
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.events = EventLog(
-            self.run_dir / EVENTS_FILE if self.run_dir is not None else None,
-            self.run_id,
-            level=log_level,
-            console_level=console_level,
-            keep=self.run_dir is None,
-        )
-        self.runner = CallbackRunner(callbacks)
-        self.run = RunContext(
-            self.run_id, max_epochs, self.events,
-            model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
-        )
-        self.run.extras.update(extras or {})
-        self.driver = TorchDriver(
-            self.model, optimizer, loss_fn, train_loader, val_loader,
-            scheduler=scheduler, device=self.device, metrics=metrics,
-        )
-        self.engine = Engine(self.driver, self.runner, self.run, strict=strict)
-
-    @property
-    def callbacks(self) -> tuple[TrainingCallback, ...]:
-        return self.runner.callbacks
-
-    def fit(self) -> TrainResult:
-        try:
-            return self.engine.execute()
-        finally:
-            self.events.close()

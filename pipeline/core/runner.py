@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
-from pipeline.hooks import Tier, TrainingCallback
-from pipeline.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
-from pipeline.registry import GlobalHandle, global_callbacks, register_global_callback
+from pipeline.core.hooks import Tier, TrainingCallback
+from pipeline.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
+from pipeline.core.registry import GlobalHandle, global_callbacks, register_global_callback
 
 __all__ = ["CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "register_global_callback"]
 

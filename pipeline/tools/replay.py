@@ -1,11 +1,11 @@
 """State replay: re-drive the lifecycle machine and the real callbacks from recorded or synthetic values.
 
-Replay is one more :class:`pipeline.engine.Driver`. It runs the same :class:`~pipeline.engine.Engine`,
+Replay is one more :class:`pipeline.core.engine.Driver`. It runs the same :class:`~pipeline.core.engine.Engine`,
 the same ``transitions`` machine and the same callbacks as training; only the numbers differ in
 origin: each epoch's learning rate, train loss, validation loss and metrics come from a run's
 ``events.jsonl`` (:func:`replay_run`) or from lists (:func:`replay_losses`), never from a model.
 
-How each callback takes part is its ``replay`` class attribute (:class:`pipeline.hooks.ReplaySupport`):
+How each callback takes part is its ``replay`` class attribute (:class:`pipeline.core.hooks.ReplaySupport`):
 ``FULL`` callbacks run as they ran, ``DRY`` ones run with ``run.dry_run`` set (no model, no optimizer)
 and whatever they emit is kept apart as what they *would* have done, ``NONE`` is refused by name.
 Slot values that only a dry callback computes (e.g. ``max_grad_norm`` from live gradients) are fed
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.batch import BatchBody, StepActions
-from pipeline.context import EpochContext, EpochRecord, RunContext, Slot, StepContext
-from pipeline.engine import Engine, TrainResult
-from pipeline.hooks import ReplaySupport, TrainingCallback
-from pipeline.lifecycle import Phase, StopReason
-from pipeline.logs import EVENTS_FILE, EventLog, as_float, jsonable, read_events
-from pipeline.runner import CallbackRunner
+from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext
+from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
+from pipeline.core.hooks import ReplaySupport, TrainingCallback
+from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.runner import CallbackRunner
+from pipeline.training.batch import BatchBody, StepActions
 
 __all__ = [
     "Divergence",
@@ -252,7 +252,7 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
 
 
 def _number_or_value(value: Any) -> Any:
-    """Undo :func:`pipeline.logs.jsonable`'s spelling of non-finite floats."""
+    """Undo :func:`pipeline.core.events.jsonable`'s spelling of non-finite floats."""
     return as_float(value) if value in ("NaN", "Infinity", "-Infinity") else value
 
 
@@ -597,7 +597,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                 f"{rec.path}: its run_start event records no config, so the run's callbacks and settings "
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
             )
-        from pipeline import config as config_mod
+        from pipeline.app import config as config_mod
 
         cfg = config_mod.config_from_dict(config_mod.apply_overrides(dict(cfg_data), overrides))
         if callbacks is None:

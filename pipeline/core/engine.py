@@ -1,8 +1,8 @@
 """The engine walks the lifecycle machine: it fires the one enabled transition from each phase,
 runs the phase's work through a :class:`Driver`, dispatches hooks and writes events.
 
-It knows nothing of torch. Training (``pipeline.trainer.TorchDriver``) and replay
-(``pipeline.replay``) are drivers; both take exactly this code path, so a replayed run differs from
+It knows nothing of torch. Training (``pipeline.training.driver.TorchDriver``) and replay
+(``pipeline.tools.replay``) are drivers; both take exactly this code path, so a replayed run differs from
 a trained one only in where the numbers come from.
 
 Per batch, the internal ``batch`` transition runs on a fast path compiled from the table entry:
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.context import EpochContext, EpochRecord, FaultContext, RunContext, StepContext, StopRequest
-from pipeline.lifecycle import (
+from pipeline.core.context import EpochContext, EpochRecord, FaultContext, RunContext, StepContext, StopRequest
+from pipeline.core.lifecycle import (
     ABORT,
     BATCH,
     PER_BATCH_HOOKS,
@@ -37,7 +37,7 @@ from pipeline.lifecycle import (
     enabled_transition,
     transition_for,
 )
-from pipeline.runner import CallbackRunner, Handler
+from pipeline.core.runner import CallbackRunner, Handler
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _END: Any = object()

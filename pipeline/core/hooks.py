@@ -17,9 +17,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, ClassVar
 
-from pipeline.context import CheckpointContext, EpochContext, FaultContext, RunContext, Slot, StepContext
-from pipeline.lifecycle import HOOK_NAMES
-from pipeline.registry import GlobalHandle, register_global_callback
+from pipeline.core.context import CheckpointContext, EpochContext, FaultContext, RunContext, Slot, StepContext
+from pipeline.core.lifecycle import HOOK_NAMES
+from pipeline.core.registry import GlobalHandle, register_global_callback
 
 
 class Tier(int, Enum):
@@ -31,7 +31,7 @@ class Tier(int, Enum):
 
 
 class ReplaySupport(str, Enum):
-    """How a callback takes part in state replay (``pipeline.replay``)."""
+    """How a callback takes part in state replay (``pipeline.tools.replay``)."""
 
     FULL = "full"  # decides from contexts and slots alone: replays as it ran
     DRY = "dry"  # needs a live model/optimizer: runs with ``run.dry_run`` set and only records intent

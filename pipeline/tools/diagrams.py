@@ -1,0 +1,111 @@
+"""``fsmtrain diagram``: the lifecycle drawings of :mod:`pipeline.core.drawing` on the command line,
+plus the callback view of a config (what ``fsmtrain train`` would run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.drawing import (
+    SUFFIXES,
+    DiagramError,
+    Format,
+    GraphvizMissing,
+    callback_diagram,
+    lifecycle_diagram,
+    run_diagram,
+    write_lifecycle_files,
+)
+from pipeline.core.hooks import TrainingCallback
+
+__all__ = ["add_arguments", "config_callbacks", "register_cli"]
+
+
+def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
+    """The callback list ``pipeline.app.config.build_callbacks`` gives a config (what ``fsmtrain train``
+    runs), for ``--config``. ``trial`` adds the ``PrunerCallback`` of an HPO trial (default: when the
+    config has an ``optimize`` section); the trial is an in-memory Optuna one, only to build it."""
+    from pipeline.app import config as config_mod
+
+    cfg = config_mod.load_config(config_path)
+    with_trial = cfg.optimize is not None if trial is None else trial
+    optuna_trial = None
+    if with_trial:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna_trial = optuna.create_study().ask()
+    # A run directory is needed for the checkpoint callback to be in the list; nothing is written.
+    with tempfile.TemporaryDirectory(prefix="fsmtrain-diagram-") as tmp:
+        callbacks: list[TrainingCallback] = config_mod.build_callbacks(
+            cfg, run_dir=Path(tmp) / "run", trial=optuna_trial)
+    return callbacks
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+def _format_of(args: argparse.Namespace) -> Format:
+    if args.format is not None:
+        return Format(args.format)
+    if args.output is not None:
+        for fmt, suffix in SUFFIXES.items():
+            if str(args.output).endswith(suffix):
+                return fmt
+    return Format.MERMAID
+
+
+def _cmd_diagram(args: argparse.Namespace) -> int:
+    try:
+        if args.write is not None:
+            for path in write_lifecycle_files(args.write):
+                print(f"wrote {path}")
+            return 0
+        fmt = _format_of(args)
+        if args.run is not None:
+            text = run_diagram(args.run, fmt)
+        elif args.config is not None:
+            text = callback_diagram(config_callbacks(args.config, trial=args.hpo or None), fmt)
+        else:
+            text = lifecycle_diagram(fmt)
+    except GraphvizMissing as exc:
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    except (DiagramError, OSError) as exc:
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. pipeline.app.config.ConfigError, which lists every problem
+        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=[f.value for f in Format], default=None,
+                        help="output format (default: from -o's suffix .mmd/.dot/.svg, else mermaid)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--config", metavar="CONFIG", default=None,
+                        help="also list, per phase and transition, the callbacks this config runs, in order")
+    parser.add_argument("--hpo", action="store_true",
+                        help="with --config: draw it as an HPO trial runs it (adds PrunerCallback)")
+    source.add_argument("--run", metavar="EVENTS_JSONL", default=None,
+                        help="draw the path one run took (edge counts, stop reason and epoch)")
+    source.add_argument("--write", metavar="DIR", default=None,
+                        help="regenerate DIR/lifecycle.{mmd,dot,svg} (the committed diagrams)")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
+    parser.set_defaults(func=_cmd_diagram)
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain diagram`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "diagram", help="draw the lifecycle (Mermaid, DOT or SVG), with callbacks or one run's path",
+        description="Draw the training lifecycle from the machine's own table.",
+    )
+    add_arguments(parser)
