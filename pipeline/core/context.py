@@ -100,7 +100,7 @@ class RunContext:
         self.scheduler = scheduler
         self.run_dir = run_dir
         self.dry_run = dry_run  # True when replaying: no model, callbacks must not touch one
-        self.phase = Phase.CREATED
+        self._phase_of: Callable[[], Phase] = _created
         self.epoch = 0
         self.global_step = 0
         self.stop: StopRequest | None = None
@@ -112,6 +112,15 @@ class RunContext:
         # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
         self.callbacks: tuple[Any, ...] = ()
         self.dispatch: Callable[[str, Any], None] = _no_dispatch
+
+    @property
+    def phase(self) -> Phase:
+        """The lifecycle machine's state (read from the machine; kept nowhere else)."""
+        return self._phase_of()
+
+    def bind_phase(self, phase_of: Callable[[], Phase]) -> None:
+        """Called by the engine: where the phase is read from."""
+        self._phase_of = phase_of
 
     # --- slots -----------------------------------------------------------------------------
     def get(self, slot: Slot[T]) -> T | None:
@@ -132,14 +141,19 @@ class RunContext:
 
     # --- stopping --------------------------------------------------------------------------
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
-        """Ask the machine to stop. The first request wins; later ones are logged and ignored.
+        """Ask the machine to stop. The first request wins and later ones are logged and ignored,
+        except that a request of higher precedence (NAN over an early stop or a prune) replaces
+        one that has not yet taken effect: ``overrides`` in the log names what it replaced.
 
         A normal request lets the current epoch finish (its epoch_end handlers run); an immediate
         one routes to ``train_end`` at the next transition. Returns whether this request won.
         """
-        accepted = self.stop is None
+        current = self.stop
+        accepted = current is None or (reason.outranks(current.reason) and self.phase is not Phase.TRAIN_END)
         if accepted:
-            self.stop = StopRequest(reason, source, message, immediate, self.epoch, self.global_step, self.phase)
+            self.stop = StopRequest(reason, source, message, immediate or bool(current and current.immediate),
+                                    self.epoch, self.global_step, self.phase)
+        extra = {"overrides": current.reason.value} if accepted and current is not None else {}
         self.emit(
             "stop_request",
             reason=reason.value,
@@ -147,6 +161,7 @@ class RunContext:
             message=message,
             immediate=immediate,
             accepted=accepted,
+            **extra,
         )
         return accepted
 
@@ -174,6 +189,10 @@ class RunContext:
 
 def _no_dispatch(hook: str, ctx: Any) -> None:
     return None
+
+
+def _created() -> Phase:
+    return Phase.CREATED
 
 
 class _Delegating:
@@ -259,6 +278,26 @@ class StepContext(_Delegating):
         self.skip_optimizer_step = False
         self.skip_zero_grad = False
         self.last_batch = last_batch
+
+
+class ValStepContext(_Delegating):
+    """One validation batch, for ``on_val_batch_begin`` / ``on_val_batch_end``: after the batch,
+    ``output`` and ``loss`` (detached) are set, so a callback can accumulate a metric over the whole
+    validation set that is not a mean of batch means (F1, AUC, a confusion matrix)."""
+
+    def __init__(self, run: RunContext, epoch: EpochContext) -> None:
+        self.run = run
+        self.epoch = epoch
+        self.batch_index = -1
+        self.batch: Any = None
+        self.output: Any = None
+        self.loss: Any = None
+
+    def reset(self, batch_index: int, batch: Any) -> None:
+        self.batch_index = batch_index
+        self.batch = batch
+        self.output = None
+        self.loss = None
 
 
 @dataclass

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext
-from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot
+from pipeline.core.engine import BaseDriver, Engine, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase, StopReason
 from pipeline.core.runner import CallbackRunner
-from pipeline.training.batch import BatchBody, StepActions
 
 __all__ = [
     "Divergence",
@@ -257,11 +256,7 @@ def _number_or_value(value: Any) -> Any:
 
 
 # --- the driver ---------------------------------------------------------------------------------
-def _no_forward(step: StepContext) -> None:
-    return None
-
-
-class ReplayDriver:
+class ReplayDriver(BaseDriver):
     """Feeds recorded epochs to the engine in place of training.
 
     ``fed_slots`` are the slots whose recorded values are put back each epoch because no callback
@@ -271,11 +266,6 @@ class ReplayDriver:
         self.run = run
         self.epochs = list(epochs)
         self.fed_slots = dict(fed_slots)
-        self._body: BatchBody | None = None
-
-    def attach(self, runner: CallbackRunner) -> None:
-        # The same batch body as training; forward has nothing to compute.
-        self._body = BatchBody(runner, StepActions(forward=_no_forward))
 
     def _recorded(self, index: int, *, need_losses: bool = False) -> RecordedEpoch:
         if index >= len(self.epochs) or (need_losses and self.epochs[index].partial):
@@ -290,15 +280,11 @@ class ReplayDriver:
         rec = self._recorded(epoch.index)
         return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches))
 
-    def train_batch(self, step: StepContext) -> None:
-        assert self._body is not None, "attach(runner) first"
-        self._body(step)
-
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need_losses=True)
         return {k: v for k, v in rec.metrics.items() if k in _TRAIN_METRICS}
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need_losses=True)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
@@ -311,8 +297,6 @@ class ReplayDriver:
             if name in slots:
                 self.run.set(slot, slots[name])
 
-    def end_run(self, run: RunContext) -> None:
-        return None
 
 
 class _AttributingSink:
