@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.lifecycle import StopReason
 from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint
 
 __all__ = ["CheckpointCallback"]
@@ -56,8 +57,10 @@ class CheckpointCallback(TrainingCallback):
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
         final = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
+        healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:
-            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final)
+            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final, healthy)
             if "best" in kinds:
                 self.manager.best_value = float(epoch.metrics[self.manager.monitor])
                 self.manager.best_epoch = epoch.index
@@ -65,7 +68,7 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
-        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final)
+        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final, healthy)
         for ck in written:
             epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind)
         for path in self.manager.removed:

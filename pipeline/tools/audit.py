@@ -572,8 +572,13 @@ class _Auditor:
             return
         if not p.get("accepted"):
             return
+        overrides = p.get("overrides")
         if seg.stop is not None and not seg.faulted:
-            self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line})", n)
+            if overrides != seg.stop.reason or not StopReason(p["reason"]).outranks(StopReason(seg.stop.reason)):
+                self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
+                         f"that does not outrank it", n)
+        elif overrides is not None:
+            self.bad("stop_request", f"claims to override a {overrides!r} request that was never accepted", n)
         epoch = rec["epoch"]
         seg.stop = StopInfo(str(p["reason"]), str(p.get("source", "")), str(p.get("message", "")),
                             bool(p.get("immediate")), epoch if type(epoch) is int else None, n)

@@ -208,20 +208,23 @@ class CheckpointManager:
             return True
         return value < self.best_value if self.mode == "min" else value > self.best_value
 
-    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool) -> list[str]:
+    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
+        """``healthy=False`` (a non-finite loss this epoch) never makes ``best``: its weights may not be finite."""
         kinds: list[str] = []
         if (epoch + 1) % self.save_every_n_epochs == 0:
             kinds.append("periodic")
-        if self.save_best and self.improved(metrics.get(self.monitor)):
+        if self.save_best and healthy and self.improved(metrics.get(self.monitor)):
             kinds.append("best")
         if "periodic" in kinds or final:
             kinds.append("latest")
         return kinds
 
-    def on_epoch(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool) -> list[SavedCheckpoint]:
+    def on_epoch(
+        self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True
+    ) -> list[SavedCheckpoint]:
         """Write what this epoch's policy asks for; returns the files written."""
         self.removed = []
-        kinds = self.kinds_for(epoch, metrics, final)
+        kinds = self.kinds_for(epoch, metrics, final, healthy)
         if "best" in kinds:
             self.best_value = float(metrics[self.monitor])
             self.best_epoch = epoch
