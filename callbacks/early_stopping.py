@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.core.context import EpochContext
+from pipeline.core.context import EpochContext, epoch_number
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import StopReason
 
@@ -52,13 +52,14 @@ class EarlyStoppingCallback(TrainingCallback):
         if value is None:
             return
         if improves(value, self.best, self.mode, self.min_delta):
-            self.best, self.best_epoch, self.wait = float(value), epoch.index, 0
+            self.best, self.best_epoch, self.wait = float(value), epoch.index, 0  # index; shown as a number
             return
         self.wait += 1
         if self.wait >= self.patience:
+            best_at = "?" if self.best_epoch is None else epoch_number(self.best_epoch)
             epoch.request_stop(
                 StopReason.EARLY_STOP, self.name,
-                f"{self.monitor} did not improve on {self.best} (epoch {self.best_epoch}) by more than "
+                f"{self.monitor} did not improve on {self.best} (epoch {best_at}) by more than "
                 f"{self.min_delta:g} relative for {self.wait} epochs",
             )
 

@@ -125,7 +125,7 @@ class GradientMonitorCallback(TrainingCallback):
             epoch.warn(
                 self.name,
                 f"gradient norm exceeded {self.warn_threshold:g} in {int(over)} of {self._steps} optimizer steps "
-                f"of epoch {epoch.index}, first at batch {int(first)}; max {max_norm:.4g} at batch {int(argmax)}",
+                f"of epoch {epoch.number}, first at batch {int(first)}; max {max_norm:.4g} at batch {int(argmax)}",
                 epoch=epoch.index, batch=int(first), max_batch=int(argmax), max_grad_norm=max_norm,
                 count=int(over), finite=math.isfinite(max_norm),
             )

@@ -54,7 +54,7 @@ class ProgressBarCallback(TrainingCallback):
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         if self.active:
-            self._progress.reset(self._batches, total=self._batches_per_epoch, description=f"epoch {epoch.index}",
+            self._progress.reset(self._batches, total=self._batches_per_epoch, description=f"epoch {epoch.number}",
                                  info="")
 
     def on_train_step_end(self, step: StepContext) -> None:

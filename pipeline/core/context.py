@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def epoch_number(index: int) -> int:
+    """The one numbering a person reads (console, file names, messages, audit, diagrams): the first
+    epoch is epoch 1. Machine-readable fields (the log's ``epoch``) keep the 0-based index."""
+    return index + 1
+
+
 class SlotScope(str, Enum):
     EPOCH = "epoch"  # cleared at every epoch begin
     RUN = "run"  # kept for the whole run
@@ -225,6 +231,11 @@ class EpochContext(_Delegating):
         self.index = index
         self.metrics: dict[str, float] = {}
         self.batches = 0
+
+    @property
+    def number(self) -> int:
+        """The epoch number people read: 1-based (``index`` is the 0-based one the log keeps)."""
+        return epoch_number(self.index)
 
     @property
     def train_loss(self) -> float | None:

@@ -34,6 +34,7 @@ from typing import Any
 from transitions import State
 from transitions.extensions import GraphMachine
 
+from pipeline.core.context import epoch_number
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
 from pipeline.core.runner import CallbackRunner
@@ -349,7 +350,7 @@ def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
         if key == run.final:
             label += f" / {run.reason or 'unknown'}"
             if run.stop_epoch is not None and run.stop_epoch >= 0:
-                label += f" in epoch {run.stop_epoch}"
+                label += f" in epoch {epoch_number(run.stop_epoch)}"
             label += f" ({run.epochs_done} epochs done)"
         edges.append(_Edge(t, _clean(label)))
     unknown = sorted(k for k in run.counts if k not in by_key)

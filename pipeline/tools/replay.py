@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot
+from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, epoch_number
 from pipeline.core.engine import BaseDriver, Engine, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
@@ -75,7 +75,7 @@ class RecordingExhausted(Exception):
     """The replay asked for an epoch the recording does not contain."""
 
     def __init__(self, epoch: int, recorded: int) -> None:
-        super().__init__(f"the recording has {recorded} epochs; epoch {epoch} (0-based) is unknown")
+        super().__init__(f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
         self.epoch = epoch
         self.recorded = recorded
 

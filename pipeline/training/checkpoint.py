@@ -6,7 +6,7 @@ ints for that reason). It holds the model, optimizer and scheduler state, every 
 callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
 ``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
 
-Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the 0-based epoch index, kept
+Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
 ``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt``. Every write is atomic: a temp file
 in the same folder, fsync, ``os.replace``, fsync of the folder; an old periodic file is removed only
 after the new one is in place.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.context import CheckpointContext, RunContext
+from pipeline.core.context import CheckpointContext, RunContext, epoch_number
 
 __all__ = [
     "FORMAT_VERSION",
@@ -174,7 +174,7 @@ class CheckpointManager:
 
     # --- paths ---------------------------------------------------------------------------------
     def periodic_path(self, epoch: int) -> Path:
-        return self.directory / f"epoch_{epoch}.pt"
+        return self.directory / f"epoch_{epoch_number(epoch)}.pt"
 
     @property
     def best_path(self) -> Path:

@@ -42,17 +42,17 @@ def test_keep_last_3_over_120_epochs_by_epoch_number(tiny, tmp_path):
     cb = CheckpointCallback(ck, save_every_n_epochs=1, keep_last_k=3)
     _trainer, result = _train(tiny, tmp_path, 120, [cb, EarlyStoppingCallback(patience=1000), AddsState()])
     assert result.epochs_completed == 120
-    assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_117.pt", "epoch_118.pt", "epoch_119.pt",
+    assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_118.pt", "epoch_119.pt", "epoch_120.pt",
                                                      "latest.pt"]
-    assert [p.name for p in cb.manager.list_periodic()] == ["epoch_117.pt", "epoch_118.pt", "epoch_119.pt"]
+    assert [p.name for p in cb.manager.list_periodic()] == ["epoch_118.pt", "epoch_119.pt", "epoch_120.pt"]
     events = read_events(tmp_path / "run" / "events.jsonl")
     written = [e["payload"] for e in events if e["event"] == "checkpoint"]
     removed = [e["payload"]["path"] for e in events if e["event"] == "checkpoint_removed"]
     assert [w["epoch"] for w in written if w["kind"] == "periodic"] == list(range(120))
-    assert removed == [f"checkpoints/epoch_{i}.pt" for i in range(117)]  # oldest first, by number
+    assert removed == [f"checkpoints/epoch_{i}.pt" for i in range(1, 118)]  # oldest first, by number
     # every recorded sha256 of a file still there matches the file
     last = {w["path"]: w["sha256"] for w in written}
-    for name in ("best.pt", "latest.pt", "epoch_119.pt"):
+    for name in ("best.pt", "latest.pt", "epoch_120.pt"):
         assert last[f"checkpoints/{name}"] == sha256_of(ck / name)
     latest = torch.load(ck / "latest.pt", weights_only=True)
     assert latest["epoch"] == 119 and latest["position"]["next_epoch"] == 120
@@ -117,7 +117,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
         _train(tiny, tmp_path / "again", 1, [cb])
     monkeypatch.undo()
     assert (ck / "latest.pt").read_bytes() == before
-    assert sorted(p.name for p in ck.iterdir()) == ["epoch_0.pt", "latest.pt"]  # no .tmp left behind
+    assert sorted(p.name for p in ck.iterdir()) == ["epoch_1.pt", "latest.pt"]  # no .tmp left behind
 
 
 def test_ordering_by_epoch_number_not_name(tmp_path):
