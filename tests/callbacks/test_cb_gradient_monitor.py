@@ -57,7 +57,7 @@ def test_epoch_max_matches_reference_and_warning_names_epoch_and_batch(tiny, buf
     assert len(warnings) == 2
     for epoch, w in enumerate(warnings):
         msg = w["payload"]["message"]
-        assert f"epoch {epoch}" in msg and f"first at batch {spike}" in msg and "1 of 4" in msg
+        assert f"epoch {epoch + 1}" in msg and f"first at batch {spike}" in msg and "1 of 4" in msg
         assert f"at batch {spike}" in msg.split("max")[1]
         assert w["payload"]["batch"] == spike and w["payload"]["epoch"] == epoch
 
