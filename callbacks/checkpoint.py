@@ -33,9 +33,9 @@ def _shown(path: Path, run: RunContext) -> str:
 
 
 class CheckpointCallback(TrainingCallback):
-    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy of
-    :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
-    (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per old periodic file deleted.
+    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
+    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event
+    per file committed (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per file removed.
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -50,8 +50,10 @@ class CheckpointCallback(TrainingCallback):
         save_best: bool = True,
         monitor: str = "val_loss",
         mode: str = "min",
+        save_latest: bool = True,
     ) -> None:
-        self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode)
+        self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
+                                         save_latest)
         self.saved: list[SavedCheckpoint] = []
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
@@ -68,11 +70,14 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
-        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final, healthy)
-        for ck in written:
+        def commit(ck: SavedCheckpoint) -> None:
             epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind)
-        for path in self.manager.removed:
+
+        def removed(path: Path) -> None:
             epoch.emit("checkpoint_removed", path=_shown(path, run))
+
+        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final, healthy,
+                                        on_commit=commit, on_remove=removed)
         self.saved.extend(written)
 
     def state_dict(self) -> dict[str, Any]:

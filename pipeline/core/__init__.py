@@ -12,7 +12,7 @@ from pipeline.core.context import (
     StepContext,
     StopRequest,
 )
-from pipeline.core.engine import Driver, Engine, TrainResult
+from pipeline.core.engine import BaseDriver, Driver, Engine, Interrupted, TrainResult
 from pipeline.core.events import EventLog, read_events
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
@@ -20,7 +20,8 @@ from pipeline.core.registry import GlobalHandle, register_global_callback
 from pipeline.core.runner import CallbackOrderError, CallbackRunner
 
 __all__ = [
-    "HOOKS", "TRANSITIONS", "CallbackOrderError", "CallbackRunner", "CheckpointContext", "Driver", "Engine",
+    "HOOKS", "TRANSITIONS", "BaseDriver", "CallbackOrderError", "CallbackRunner", "CheckpointContext", "Driver",
+    "Engine", "Interrupted",
     "EpochContext", "EpochRecord", "EventLog", "FaultContext", "GlobalHandle", "Guard", "LifecycleError", "Phase",
     "ReplaySupport", "RunContext", "Slot", "SlotScope", "StepContext", "StopReason", "StopRequest", "Tier",
     "TrainResult", "TrainingCallback", "Transition", "read_events", "register_global_callback",

@@ -110,6 +110,7 @@ class RunContext:
         self.epoch = 0
         self.global_step = 0
         self.stop: StopRequest | None = None
+        self.pending_signal: int | None = None  # set by a signal handler; the engine acts on it
         self.history: list[EpochRecord] = []
         self._slots: dict[str, Any] = {}
         self._epoch_slots: set[str] = set()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -68,6 +69,16 @@ _END: Any = object()
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 
 Work = Callable[[Any], None]
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
+    never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"signal {signal.Signals(signum).name} received")
 
 
 class Driver(Protocol):
@@ -293,7 +304,7 @@ class Engine:
 
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
-        return stop is not None and stop.immediate
+        return (stop is not None and stop.immediate) or self.run.pending_signal is not None
 
     def _is_faulted(self) -> bool:
         return self._faulted
@@ -302,7 +313,7 @@ class Engine:
         stop = self.run.stop
         return Facts(
             stop_requested=stop is not None,
-            immediate_stop=stop is not None and stop.immediate,
+            immediate_stop=(stop is not None and stop.immediate) or self.run.pending_signal is not None,
             epochs_remain=self.run.epoch < self.run.max_epochs,
             has_batch=self._next is not _END,
             faulted=self._faulted,
@@ -454,6 +465,8 @@ class Engine:
     def _advance(self) -> None:
         """Offer the machine the triggers that leave its state; check it moved as the table says."""
         source = _PHASES[self._model.state]
+        if self.run.pending_signal is not None:
+            raise Interrupted(self.run.pending_signal)  # the fault path routes it through abort
         facts = self.facts()
         for trigger in triggers_from(source):
             if self._model.trigger(trigger):
@@ -575,7 +588,9 @@ class Engine:
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)
-        source = f"{where[0]}.{where[1]}" if where else f"phase {phase.value}"
+        source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
+        if isinstance(exc, Interrupted):
+            source = f"signal {signal.Signals(exc.signum).name}"
         self._log_exception(exc, source)
         if phase is FINAL:
             return  # the fault came from the teardown itself, which has run every step
