@@ -239,8 +239,18 @@ def strict_from_env() -> bool:
 
 
 class Engine:
-    def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        runner: CallbackRunner,
+        run: RunContext,
+        *,
+        strict: bool | None = None,
+        restore: Callable[[RunContext], None] | None = None,
+    ) -> None:
+        """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint)."""
         self.driver = driver
+        self._restore = restore
         self.runner = runner
         self.run = run
         self.strict = strict_from_env() if strict is None else strict
@@ -323,6 +333,7 @@ class Engine:
     def _action_table(self) -> dict[Action, Work]:
         d = self.driver
         return {
+            Action.RESTORE: self._restore_run,
             Action.BEGIN_EPOCH: self._begin_epoch,
             Action.LOAD_EPOCH: self._load_epoch,
             Action.NEXT_BATCH: self._next_batch,
@@ -518,6 +529,10 @@ class Engine:
         }
 
     # --- actions ---------------------------------------------------------------------------
+    def _restore_run(self, run: RunContext) -> None:
+        if self._restore is not None:
+            self._restore(run)
+
     def _begin_epoch(self, _: Any) -> None:
         run = self.run
         run.clear_epoch_slots()

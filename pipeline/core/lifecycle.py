@@ -168,6 +168,7 @@ class HookScope(str, Enum):
 class Action(str, Enum):
     """Work the engine or its driver does at a fixed point of the lifecycle (not a callback hook)."""
 
+    RESTORE = "restore"  # a resumed run loads its checkpoint (and fires on_load_checkpoint)
     BEGIN_EPOCH = "begin_epoch"  # a fresh epoch context; epoch slots cleared; lr read
     LOAD_EPOCH = "load_epoch"  # the driver prepares the epoch's batches; the first one is fetched
     NEXT_BATCH = "next_batch"  # the step context takes the fetched batch; the one after is fetched
@@ -238,6 +239,7 @@ def _batch(step: str | Action, skip: str | None = None) -> Step:
 # handlers from this, the runner dispatches from it, and diagrams, replay and audit read it.
 PROGRAM: tuple[Step, ...] = (
     HookSpec("on_train_begin", P.TRAIN_BEGIN, _R),
+    ActionSpec(A.RESTORE, P.TRAIN_BEGIN, _R),
     HookSpec("on_load_checkpoint", P.TRAIN_BEGIN, HookScope.CHECKPOINT),
     ActionSpec(A.BEGIN_EPOCH, P.EPOCH_BEGIN, _E),
     HookSpec("on_train_epoch_begin", P.EPOCH_BEGIN, _E),

@@ -298,8 +298,10 @@ class CheckpointManager:
                 "max_epochs": run.max_epochs,
             },
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-            "history": [{"epoch": r.epoch, "metrics": {k: float(v) for k, v in r.metrics.items()}}
-                        for r in run.history],
+            # the epochs done, this one included (its record is appended after on_epoch_end)
+            "history": [*({"epoch": r.epoch, "metrics": {k: float(v) for k, v in r.metrics.items()}}
+                          for r in run.history if r.epoch < epoch),
+                        {"epoch": epoch, "metrics": {k: float(v) for k, v in (metrics or {}).items()}}],
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,

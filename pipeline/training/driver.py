@@ -7,6 +7,7 @@ Losses are summed on the device and read once per epoch; nothing in the batch pa
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from pipeline.core.context import EpochContext, RunContext, StepContext, ValStepContext
 
-__all__ = ["LossFn", "MetricFn", "TorchDriver", "split_batch"]
+__all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -36,6 +37,12 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 
 def _count(targets: Any) -> int:
     return targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: a hash of the run's data seed and the epoch index."""
+    digest = hashlib.sha256(f"fsmtrain-data-order:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class TorchDriver:
@@ -84,11 +91,26 @@ class TorchDriver:
             return {k: self._to_device(v) for k, v in value.items()}
         return value
 
+    @property
+    def shuffle_generator(self) -> torch.Generator | None:
+        """The train loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
+        for owner in (self.train_loader, getattr(self.train_loader, "sampler", None)):
+            gen = getattr(owner, "generator", None)
+            if isinstance(gen, torch.Generator):
+                return gen
+        return None
+
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         self.model.train()
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
+        gen, seed = self.shuffle_generator, epoch.run.extras.get("data_seed")
+        if gen is not None and seed is not None:
+            # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
+            # run draws the same batches as an uninterrupted one (a loader without its own generator
+            # draws from the global RNG, which checkpoints restore).
+            gen.manual_seed(epoch_seed(int(seed), epoch.index))
         self._loss_sum = torch.zeros((), device=self.device)
         self._seen = 0
         return iter(self.train_loader)
