@@ -163,6 +163,7 @@ class Engine:
         self._debug = run.events.enabled_for("debug")
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
+        run.slot_guard = runner.check_write
         driver.attach(runner)
 
     # --- guards ----------------------------------------------------------------------------
