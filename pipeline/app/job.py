@@ -31,9 +31,12 @@ from pipeline.app.config import (
     seed_everything,
 )
 from pipeline.app.trainer import Trainer
+from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import TrainResult
 from pipeline.core.hooks import TrainingCallback
+from pipeline.core.registry import GlobalRegistrationError
+from pipeline.core.runner import CallbackOrderError, CallbackRunner
 
 if TYPE_CHECKING:
     import optuna
@@ -122,6 +125,7 @@ def train_seed(
     before anything is written."""
     parts = build_parts(cfg, seed)
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra_callbacks]
+    _check_callbacks(callbacks)
     resolved = resolved_dict(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
@@ -139,6 +143,15 @@ def train_seed(
     torch.save(trainer.model.state_dict(), run_dir / MODEL_FILE)
     _write_path_diagram(trainer)
     return SeedRun(seed, run_dir, trainer)
+
+
+def _check_callbacks(callbacks: Sequence[TrainingCallback]) -> None:
+    """A callback mistake (misspelt hook, wrong signature, broken slot order) is a config error,
+    reported before the run directory is written."""
+    try:
+        CallbackRunner(callbacks)
+    except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
+        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
 
 
 def _write_path_diagram(trainer: Trainer) -> None:

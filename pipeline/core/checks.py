@@ -38,8 +38,8 @@ _SYNONYMS = (("_start", "_begin"), ("validation", "val"), ("validate", "val"), (
 def hook_hint(hook: str) -> str:
     """The typed signature a hook must have, from its scope in ``lifecycle.HOOKS``:
     ``on_val_end(self, epoch: EpochContext)``."""
-    scope = _SCOPE[hook]
-    return f"{hook}(self, {scope.value}: {scope.value.capitalize()}Context)"
+    scope = _SCOPE[hook].value  # "epoch" -> EpochContext, "val_step" -> ValStepContext
+    return f"{hook}(self, {scope}: {''.join(part.capitalize() for part in scope.split('_'))}Context)"
 
 
 def suggest_hook(name: str) -> str | None:
