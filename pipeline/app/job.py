@@ -36,10 +36,13 @@ from pipeline.app.config import (
 )
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.trainer import Trainer
+from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import TrainResult
 from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import TrainingCallback
+from pipeline.core.registry import GlobalRegistrationError
+from pipeline.core.runner import CallbackOrderError, CallbackRunner
 from pipeline.training.checkpoint import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -174,6 +177,7 @@ def train_seed(
     try:
         parts = build_parts(cfg, seed)
         callbacks = [*build_callbacks(cfg, run_dir=path, trial=trial), *extra_callbacks]
+        _check_callbacks(callbacks)
     except BaseException:
         if isinstance(run_dir, RunDirClaim):
             run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
@@ -221,6 +225,15 @@ def recorded_seed(run_dir: Path) -> int:
             if rec.get("event") == "run_start" and isinstance((rec.get("payload") or {}).get("seed"), int):
                 return int(rec["payload"]["seed"])
     raise ConfigError([ConfigProblem("resume", "a run_start event with the run's seed", f"none in {run_dir}")])
+
+
+def _check_callbacks(callbacks: Sequence[TrainingCallback]) -> None:
+    """A callback mistake (misspelt hook, wrong signature, broken slot order) is a config error,
+    reported before the run directory is written."""
+    try:
+        CallbackRunner(callbacks)
+    except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
+        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
 
 
 def _write_path_diagram(trainer: Trainer) -> None:

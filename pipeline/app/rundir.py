@@ -33,6 +33,7 @@ class RunDirClaim:
 
     path: Path
     fd: int | None = field(default=None, repr=False)
+    made: tuple[Path, ...] = ()  # parent folders this claim created, innermost first
 
     def release(self) -> None:
         if self.fd is not None:
@@ -48,6 +49,8 @@ class RunDirClaim:
             with contextlib.suppress(OSError):
                 (self.path / LOCK_FILE).unlink(missing_ok=True)
                 self.path.rmdir()
+                for parent in self.made:
+                    parent.rmdir()  # only while empty: OSError stops at the first folder in use
 
     @property
     def held(self) -> bool:
@@ -71,8 +74,10 @@ def _lock(path: Path) -> RunDirClaim:
     return RunDirClaim(path, fd)
 
 
-def _make_parent(path: Path) -> None:
+def _make_parent(path: Path) -> tuple[Path, ...]:
+    """Create ``path``'s parent folders; returns those it created, innermost first."""
     parent = path.parent
+    missing = [p for p in (parent, *parent.parents) if not p.exists()]
     if parent.exists() and not parent.is_dir():
         raise RunDirError(f"cannot create run directory {path}: {parent} is a file, not a folder")
     try:
@@ -81,6 +86,7 @@ def _make_parent(path: Path) -> None:
         raise RunDirError(f"cannot create run directory {path}: a part of {parent} is a file") from None
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {path}: {exc.strerror or exc} ({parent})") from None
+    return tuple(missing)
 
 
 def claim_new(path: str | Path) -> RunDirClaim:
@@ -90,7 +96,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
         raise RunDirError(f"run directory {path} is a dangling symbolic link (to {os.readlink(path)})")
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file, not a folder")
-    _make_parent(path)
+    made = _make_parent(path)
     try:
         os.mkdir(path)
     except FileExistsError:
@@ -102,6 +108,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
     claim = _lock(path)
+    claim.made = made
     if (path / EVENTS_FILE).exists():  # another process claimed the empty folder first and started
         claim.release()
         raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); choose a new folder")
@@ -111,7 +118,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
 def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
     """Claim ``root/name``, or ``name-2``, ``name-3``… when taken; atomic under concurrency."""
     root = Path(root)
-    _make_parent(root / name)
+    made = _make_parent(root / name)
     n = 1
     while True:
         candidate = root / (name if n == 1 else f"{name}-{n}")
@@ -122,7 +129,9 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
             continue
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {candidate}: {exc.strerror or exc}") from None
-        return _lock(candidate)
+        claim = _lock(candidate)
+        claim.made = made
+        return claim
 
 
 def claim_existing(path: str | Path) -> RunDirClaim:

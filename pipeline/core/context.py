@@ -119,6 +119,8 @@ class RunContext:
         # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
         self.callbacks: tuple[Any, ...] = ()
         self.dispatch: Callable[[str, Any], None] = _no_dispatch
+        # Set by the engine to the runner's check that the running callback declared the slot it writes.
+        self.slot_guard: Callable[[Slot[Any]], None] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -134,6 +136,9 @@ class RunContext:
         return cast("T | None", self._slots.get(slot.name))
 
     def set(self, slot: Slot[T], value: T) -> None:
+        guard = self.slot_guard
+        if guard is not None:
+            guard(slot)
         self._slots[slot.name] = value
         if slot.scope is SlotScope.EPOCH:
             self._epoch_slots.add(slot.name)

@@ -296,6 +296,7 @@ class Engine:
         )
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
+        run.slot_guard = runner.check_write
 
     def _machine_phase(self) -> Phase:
         return _PHASES[self._model.state]
@@ -594,6 +595,7 @@ class Engine:
         self._logged.add(id(exc))
         self.run.emit(
             "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+            interrupt=isinstance(exc, KeyboardInterrupt),
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)),
         )
 

@@ -52,6 +52,9 @@ class TrainingCallback:
     reads: ClassVar[tuple[Slot[Any], ...]] = ()
     writes: ClassVar[tuple[Slot[Any], ...]] = ()
     replay: ClassVar[ReplaySupport] = ReplaySupport.FULL
+    # A logger that shows every slot present (W&B, the console line) sets this: the runner then
+    # treats it as a reader of every slot the run's callbacks write, so no writer may run after it.
+    reads_every_slot: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -81,7 +84,8 @@ class TrainingCallback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
-    # Registering globally for a block: ``with MyCallback(): trainer.fit()``.
+    # Registering globally for a block: ``with MyCallback(): trainer.fit()``. The registry refuses a
+    # nested ``with`` of the same instance and a stateful instance (register a factory instead).
     def __enter__(self) -> TrainingCallback:
         self._global_handle: GlobalHandle | None = register_global_callback(self)
         return self

@@ -15,6 +15,10 @@ class LossPrediction:
     neg_log10: float
     fit_ok: bool
 
+    def scalars(self) -> dict[str, float]:
+        """What loggers show of it (``pipeline.core.scalars``): the predicted loss, by its logged name."""
+        return {"predicted_final_loss": self.predicted_loss}
+
 
 MAX_GRAD_NORM: Slot[float] = Slot("max_grad_norm", doc="largest global L2 gradient norm of the epoch")
 OVERFIT_GAP_RATIO: Slot[float] = Slot("overfit_gap_ratio", doc="val_loss / train_loss while overfitting")

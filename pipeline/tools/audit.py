@@ -516,7 +516,7 @@ class _Auditor:
             if exc is None or rec["trigger"] != ABORT:
                 self.bad("stop_reason", f"reason {reason}, but no exception event precedes this abort", n)
             else:
-                interrupted = exc.get("type") == "KeyboardInterrupt"
+                interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
                 if interrupted != (reason == StopReason.INTERRUPTED.value):
                     self.bad("stop_reason", f"reason {reason}, but the exception at line {seg.exception_line} "
                              f"is {exc.get('type')}", n)

@@ -130,7 +130,7 @@ def test_ordering_by_epoch_number_not_name(tmp_path):
 
 
 def test_pruning_never_touches_files_this_run_did_not_commit(tiny, tmp_path):
-    ck = tmp_path / "run" / "checkpoints"
+    ck = tmp_path / "shared-checkpoints"  # a folder that already holds someone else's files
     ck.mkdir(parents=True)
     for name in ("epoch_50.pt", "epoch_77.pt", "notes.txt"):
         (ck / name).write_bytes(b"someone else's")
