@@ -20,6 +20,7 @@ that instead of the SVG's bytes. Regenerate with ``fsmtrain diagram --write diag
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -115,8 +116,76 @@ class _LabelledState(State):
             self.label = label
 
 
+# One left-to-right row of seven phases drew a 6307 px wide SVG; top to bottom, with each edge's
+# transitions and guards on lines of their own and a smaller edge font, it fits a laptop screen.
+_MACHINE_ATTRIBUTES: dict[str, str] = {**GraphMachine.machine_attributes, "rankdir": "TB"}
+_STYLE_ATTRIBUTES = copy.deepcopy(GraphMachine.style_attributes)
+_STYLE_ATTRIBUTES["edge"]["default"]["fontsize"] = "12"  # type: ignore[index]
+CALLBACK_BULLET = "- "  # marks a callback line under its hook in the callback view
+DOT_NEWLINE = "\\l"  # Graphviz: end a left-aligned line
+MERMAID_NEWLINE = "<br/>"
+
+EdgeKey = tuple[str, str, str | None]  # (source, trigger, dest); dest None for an internal move
+
+
+def _notes(machine: Any, tran: dict[str, Any]) -> list[str]:
+    notes: list[str] = machine.edge_notes.get((tran["source"], tran["trigger"], tran.get("dest")), [])
+    return notes
+
+
+class _MermaidLabels:
+    """Mixin for ``transitions``' Mermaid engine: the lines in ``machine.edge_notes`` (the callbacks
+    of a hook bound to a transition) go under that transition's label, one per line."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        return MERMAID_NEWLINE.join([text, *_notes(self.machine, tran)])
+
+
+class _DotLabels:
+    """Mixin for ``transitions``' graphviz engine: guards on their own line under the trigger, the
+    notes under them, and one line per transition of a merged edge (``transitions`` joins them
+    with `` | `` on one line)."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        head = tran.get("label", tran["trigger"])
+        guards = text[len(head):].strip()  # transitions appends " [internal]" and " [a & !b]" to the label
+        lines = [head, *([f"  {guards}"] if guards else []), *_notes(self.machine, tran)]
+        return DOT_NEWLINE.join(lines) + DOT_NEWLINE
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        super()._add_edges(transitions, _OneLinePerTransition(container))  # type: ignore[misc]
+
+
+class _OneLinePerTransition:
+    """Passes edges on to the graphviz graph, with the `` | `` between merged transitions (each of
+    which already ends its own line) dropped."""
+
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph
+
+    def edge(self, src: str, dst: str, label: str = "", **attrs: Any) -> None:
+        self._graph.edge(src, dst, label=label.replace(DOT_NEWLINE + " | ", DOT_NEWLINE), **attrs)
+
+
 class _LifecycleGraphMachine(GraphMachine):
     state_cls = _LabelledState
+    machine_attributes = _MACHINE_ATTRIBUTES
+    style_attributes = _STYLE_ATTRIBUTES
+
+    def __init__(self, *args: Any, edge_notes: dict[EdgeKey, list[str]] | None = None, **kwargs: Any) -> None:
+        self.edge_notes = dict(edge_notes or {})
+        super().__init__(*args, **kwargs)
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type:
+        base: type = super()._init_graphviz_engine(graph_engine)
+        mixin = _DotLabels if graph_engine == "graphviz" else _MermaidLabels
+        return type(f"_Lifecycle{base.__name__}", (mixin, base), {})
 
 
 class _Model:
@@ -127,6 +196,7 @@ class _Model:
 class _Edge:
     t: Transition
     label: str
+    notes: list[str] = field(default_factory=list)  # lines under the label (callbacks on the move)
 
 
 @dataclass
@@ -142,7 +212,7 @@ class _Spec:
 
 def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
     """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
-    newline = "<br/>" if fmt is Format.MERMAID else "\\l"
+    newline = MERMAID_NEWLINE if fmt is Format.MERMAID else DOT_NEWLINE
     states: list[dict[str, Any]] = []
     for phase in spec.phases:
         lines = spec.node_lines.get(phase, [])
@@ -151,12 +221,16 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
             state["label"] = newline.join([phase.value, *lines])
         states.append(state)
     transitions: list[dict[str, Any]] = []
+    notes: dict[EdgeKey, list[str]] = {}
     for edge in spec.edges:
+        dest = None if edge.t.internal else edge.t.dest.value
+        if edge.notes:
+            notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
         conditions, unless = _guard_strings(edge.t) if spec.show_conditions else ([], [])
         transitions.append({
             "trigger": edge.t.trigger,
             "source": edge.t.source.value,
-            "dest": None if edge.t.internal else edge.t.dest.value,
+            "dest": dest,
             # Guard names as strings: the machine is only drawn, never triggered, so they are never
             # resolved; transitions' ``show_conditions`` renders them as "[a & !b]".
             "conditions": conditions,
@@ -175,6 +249,7 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         title=title,
         show_conditions=spec.show_conditions,
         graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz",
+        edge_notes=notes,
     )
     graph_obj = machine.model_graphs[id(model)]
     graph_obj.reset_styling()  # no "current state" highlight unless asked for
@@ -182,10 +257,18 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         graph_obj.set_node_style(spec.active.value, "active")
     source: str = model.get_graph().source  # type: ignore[attr-defined]
     if fmt is Format.MERMAID:
+        # transitions writes the title as a bare line of the front matter; Mermaid reads `title:`.
+        source = source.replace(f"---\n{title}\n---\n", f"---\ntitle: {_yaml_scalar(title)}\n---\n", 1)
         # The flat Mermaid engine marks the initial state only; mark the final one too.
         source = source.rstrip("\n") + f"\n  {FINAL.value} --> [*]\n" if FINAL in spec.phases else source
         return source if source.endswith("\n") else source + "\n"
     return source
+
+
+def _yaml_scalar(text: str) -> str:
+    """``text`` as a YAML value: plain when it can be, else double-quoted (JSON is valid YAML)."""
+    plain = text and not any(c in text for c in ":#'\"{}[],&*!|>%@`") and text == text.strip()
+    return text if plain else json.dumps(text)
 
 
 def _require_graphviz_package() -> None:
@@ -197,16 +280,14 @@ def _require_graphviz_package() -> None:
                            "which transitions uses to write DOT source")
 
 
-def _lifecycle_edges(extra: dict[int, list[str]] | None = None) -> list[_Edge]:
+def _lifecycle_edges(notes: dict[int, list[str]] | None = None) -> list[_Edge]:
     edges: list[_Edge] = []
     for i, t in enumerate(TRANSITIONS):
         label = t.trigger
         reasons = stop_reasons_for(t)
         if reasons:
             label += " {" + ", ".join(r.value for r in reasons) + "}"
-        for line in (extra or {}).get(i, []):
-            label += f" / {line}"
-        edges.append(_Edge(t, _clean(label)))
+        edges.append(_Edge(t, _clean(label), list((notes or {}).get(i, []))))
     return edges
 
 
@@ -249,13 +330,15 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
         names = listing.get(spec.name)
         if not names:
             continue
-        line = _clean(f"{spec.name} = {', '.join(names)}")
+        # The hook on a line of its own, then one callback per line: nine built-ins on one line
+        # made a label wider than the whole diagram.
+        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{name}") for name in names)]
         if spec.trigger is None:
-            node_lines.setdefault(spec.phase, []).append(line)
+            node_lines.setdefault(spec.phase, []).extend(lines)
             continue
         for i, t in enumerate(TRANSITIONS):
             if t.trigger == spec.trigger and t.dest is spec.phase:
-                edge_lines.setdefault(i, []).append(line)
+                edge_lines.setdefault(i, []).extend(lines)
     spec_ = _Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines))
     text = _graph_source(spec_, _text_format(fmt), f"{TITLE} with callbacks")
     return render_svg(text) if fmt is Format.SVG else text
