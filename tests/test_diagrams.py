@@ -301,7 +301,7 @@ def test_run_view_of_an_early_stopped_run(real_runs: RealRuns, tmp_path: Path) -
     assert _edge_label(edges, "epoch_end", "epoch_begin") == f"next_epoch x{epochs - 1}"
     assert _edge_label(edges, "val", "epoch_end") == f"end_epoch x{epochs}"
     final = _edge_label(edges, "epoch_end", "train_end")
-    assert final == f"finish x1 / early_stop in epoch {stop['epoch']} ({epochs} epochs done)"
+    assert final == f"finish x1 / early_stop in epoch {stop['epoch'] + 1} ({epochs} epochs done)"  # 1-based
     # info-level logs carry no per-batch moves: their count comes from global_step
     batches = sum(r["payload"]["batches"] for r in records if r["event"] == "epoch")
     assert _edge_label(edges, "train_step", "train_step") == f"batch x{batches - epochs} [internal]"
@@ -320,7 +320,7 @@ def test_run_view_of_debug_and_aborted_runs(real_runs: RealRuns) -> None:
     _, edges = parse_mermaid(run_diagram(real_runs.events("debug")))
     assert _edge_label(edges, "train_step", "train_step") == f"batch x{internal} [internal]"
     _, edges = parse_mermaid(run_diagram(real_runs.events("errored")))
-    assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 1")
+    assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 2")
 
 
 def test_run_view_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -432,7 +432,7 @@ def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
         if key == run.final:
             label += f" / {run.reason or 'unknown'}"
             if run.stop_epoch is not None and run.stop_epoch >= 0:
-                label += f" in epoch {run.stop_epoch}"
+                label += f" in epoch {run.stop_epoch + 1}"  # 1-based, as the console counts
             label += f" ({run.epochs_done} epochs done)"
         edges.append(_Edge(t, _clean(label)))
     unknown = sorted(k for k in run.counts if k not in by_key)
