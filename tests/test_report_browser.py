@@ -61,7 +61,7 @@ class Browser:
                 raise RuntimeError(f"chromium did not open its DevTools port: {err[-2000:]}")
             time.sleep(0.1)
         port = int(port_file.read_text().splitlines()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as resp:
             pages = [t for t in json.load(resp) if t["type"] == "page"]
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
         self.next_id = 0

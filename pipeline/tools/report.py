@@ -85,7 +85,7 @@ def _events_of(target: str) -> Path | None:
         events = path / "events.jsonl"
         if not events.is_file():
             raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
-                              "or a study storage (a SQLite file or URL) with --study NAME")
+                              "or a study storage (a SQLite file, an Optuna journal file or a URL)")
         return events
     if path.is_file():
         with open(path, "rb") as fh:
@@ -119,7 +119,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     events = _events_of(target) if study is None else None
     if events is not None:
         return write_run_report(events, out), []
-    from pipeline.tools.report_study import open_study, study_sections, storage_url
+    from pipeline.tools.report_study import open_study, storage_url, study_sections
 
     opened = open_study(target, study)
     dest = out if out is not None else default_output(target, opened.study_name)

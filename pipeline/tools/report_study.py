@@ -8,9 +8,12 @@ never pays for it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import sqlite3
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,6 @@ from pipeline.tools.svgplot import (
 __all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_url", "study_sections"]
 
 STUDY_PLOTS = ("plot-history", "plot-importances", "plot-parallel", "plot-intermediate", "trials")
-_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 
 def storage_url(target: str) -> tuple[Any, Path | None]:
@@ -46,11 +48,33 @@ def storage_url(target: str) -> tuple[Any, Path | None]:
         raise ReportError(f"{target}: no such run directory, events.jsonl or study storage file")
     with open(path, "rb") as fh:
         head = fh.read(16)
-    if head.startswith(b"SQLite format 3") or path.suffix in _SQLITE_SUFFIXES:
+        fh.seek(0)
+        first = fh.readline(1 << 16)
+    if head.startswith(b"SQLite format 3"):
+        _require_optuna_tables(path, target)
         return f"sqlite:///{path.resolve()}", path
+    try:
+        op = json.loads(first).get("op_code") if first.strip() else None
+    except (ValueError, AttributeError):
+        op = None
+    if op is None:
+        raise ReportError(f"{target}: neither a run's events.jsonl nor an Optuna storage (a SQLite file or an Optuna "
+                          "journal file)")
     import optuna
+    from optuna.storages.journal import JournalFileBackend
 
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path))), path
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path))), path
+
+
+def _require_optuna_tables(path: Path, target: str) -> None:
+    """Optuna would add its tables to any SQLite file it is pointed at: check, read-only, first."""
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as exc:
+        raise ReportError(f"{target}: cannot read this SQLite file: {exc}") from exc
+    if "studies" not in tables:
+        raise ReportError(f"{target}: a SQLite file without Optuna's tables, not a study storage")
 
 
 def open_study(target: str, name: str | None) -> Any:
@@ -142,6 +166,18 @@ def _importances(study: Any, complete: list[Any]) -> str:
     return chart
 
 
+def _category_getter(name: str, categories: list[str]) -> Callable[[Any], float | None]:
+    def get(trial: Any) -> float | None:
+        return float(categories.index(str(trial.params[name]))) if name in trial.params else None
+    return get
+
+
+def _number_getter(name: str) -> Callable[[Any], float | None]:
+    def get(trial: Any) -> float | None:
+        return as_float(trial.params.get(name))
+    return get
+
+
 def _parallel(study: Any, complete: list[Any]) -> str:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -153,11 +189,11 @@ def _parallel(study: Any, complete: list[Any]) -> str:
         if isinstance(dist, CategoricalDistribution):
             cats = [str(c) for c in dist.choices]
             axes.append(Axis(p, categories=cats))
-            getters.append(lambda t, p=p, cats=cats: float(cats.index(str(t.params[p]))) if p in t.params else None)
+            getters.append(_category_getter(p, cats))
         else:
             log = isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log
             axes.append(Axis(p, log=log))
-            getters.append(lambda t, p=p: as_float(t.params.get(p)))
+            getters.append(_number_getter(p))
     values = [_value(t) for t in complete]
     finite = [v for v in values if v is not None]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -181,13 +217,13 @@ def _intermediate(complete: list[Any], pruned: list[Any]) -> str:
                                      [as_float(t.intermediate_values[s]) for s in steps], color, points=False))
     if not series:
         return figure("plot-intermediate", "Intermediate values", "", "no trial reported intermediate values")
-    svg = line_chart("plot-intermediate", "Intermediate values: pruned (orange) vs complete (blue) trials", series,
-                     x_label="step (epoch)", y_label="reported value", log_y=_positive([v for s in series for v in s.y]),
-                     legend=[("complete trial", PALETTE[0], False), ("pruned trial", PALETTE[1], False)])
-    return svg
+    return line_chart("plot-intermediate", "Intermediate values: pruned (orange) vs complete (blue) trials", series,
+                      x_label="step (epoch)", y_label="reported value",
+                      log_y=_positive([v for s in series for v in s.y]),
+                      legend=[("complete trial", PALETTE[0], False), ("pruned trial", PALETTE[1], False)])
 
 
-def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], str | None]) -> str:
+def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> str:
     rows = []
     for t in study.get_trials(deepcopy=False):
         v = as_float(t.value) if t.values is not None and len(t.values) == 1 else None
@@ -208,7 +244,7 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], str | Non
             "<th>parameters</th><th>duration</th><th>run reports</th></tr>" + "".join(rows) + "</table></section>")
 
 
-def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], str | None]) -> tuple[str, str, list[str]]:
+def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> tuple[str, str, list[str]]:
     """Title, summary and sections of a study report. ``run_link(run_dir)`` gives the path of that
     run's report (making it if needed), or None when the run directory is not here."""
     complete, pruned = _states(study)

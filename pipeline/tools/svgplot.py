@@ -8,6 +8,7 @@ Each chart is a ``<figure class="plot" id=...>`` with its title as the caption.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -164,7 +165,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                    f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
     xt = ticks(x0, x1)
     if integer_x:
-        xt = sorted({int(round(t)) for t in xt if abs(t - round(t)) < 1e-9} | ({int(x0)} if x0 == x1 else set()))
+        xt = sorted({float(round(t)) for t in xt if abs(t - round(t)) < 1e-9} | ({x0} if x0 == x1 else set()))
     for t in xt:
         x = sx(t)
         out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#666"/>'
@@ -271,7 +272,7 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
     scales: list[_Scale] = []
     out = [_svg_open(width, height, title)]
     for i, ax in enumerate(axes):
-        vals = [ln.values[i] for ln in lines if _finite(ln.values[i], ax.log)]
+        vals = [v for v in (ln.values[i] for ln in lines) if v is not None and _finite(v, ax.log)]
         lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
         if ax.categories:
             lo, hi = -0.5, len(ax.categories) - 0.5
@@ -297,7 +298,7 @@ def colormap(t: float) -> str:
     """``t`` in [0, 1] to a colour from dark blue (0, best) to yellow (1)."""
     stops = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))
     t = min(max(t, 0.0), 1.0)
-    for (a, ca), (b, cb) in zip(stops, stops[1:], strict=False):
+    for (a, ca), (b, cb) in itertools.pairwise(stops):
         if t <= b:
             f = (t - a) / (b - a)
             r, g, bl = (round(ca[k] + f * (cb[k] - ca[k])) for k in range(3))
