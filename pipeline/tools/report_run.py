@@ -204,7 +204,8 @@ def _overfit(data: RunData) -> tuple[str, list[Band]]:
     """val/train loss of every epoch, with the epochs ``OverfitDetectionCallback`` flagged (slot
     ``overfit_gap_ratio`` set) marked and shaded."""
     flagged = [e.index + 1 for e in data.epochs if e.slots.get("overfit_gap_ratio") is not None]
-    bands = [Band(ep, ep, f"overfitting flagged in epoch {ep}") for ep in flagged]
+    bands = [Band(ep, ep, f"overfitting flagged in epoch {ep}", legend="epochs flagged as overfitting")
+             for ep in flagged]
     ratio: list[float | None] = []
     for e in data.epochs:
         train, val = e.metrics.get("train_loss"), e.metrics.get("val_loss")

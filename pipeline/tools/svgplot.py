@@ -53,8 +53,9 @@ class Band:
 
     x0: float
     x1: float
-    label: str
+    label: str  # the tooltip of this band
     color: str = "#F4B6B6"
+    legend: str = ""  # the legend entry of all bands (default: the first one's label)
 
 
 def _fmt(v: float) -> str:
@@ -187,7 +188,8 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
     for s in series:
         out += _draw_series(s, sx, sy, log_y, x1)
     if legend is None:
-        legend = [(s.name, s.color, s.dashed) for s in series] + [(b.label, b.color, False) for b in bands[:1]]
+        legend = [(s.name, s.color, s.dashed) for s in series]
+        legend += [(b.legend or b.label, b.color, False) for b in bands[:1]]
     out += _legend(legend, _PAD_L, height - 10)
     out.append("</svg>")
     note = f"{dropped} value(s) <= 0 or not finite are not drawn" if dropped else ""
