@@ -778,6 +778,8 @@ def build_callbacks(
     if es.enabled:
         out.append(cb.EarlyStoppingCallback(
             patience=es.patience, mode=es.mode, min_delta=es.min_delta, monitor=es.monitor))
+    if run_dir is not None:
+        out.append(cb.MetricsCsvCallback(run_dir / "metrics.csv"))
     ck = cfg.checkpoint
     if ck.enabled and run_dir is not None:
         out.append(cb.CheckpointCallback(

@@ -23,3 +23,5 @@ class LossPrediction:
 MAX_GRAD_NORM: Slot[float] = Slot("max_grad_norm", doc="largest global L2 gradient norm of the epoch")
 OVERFIT_GAP_RATIO: Slot[float] = Slot("overfit_gap_ratio", doc="val_loss / train_loss while overfitting")
 LOSS_PREDICTION: Slot[LossPrediction] = Slot("loss_prediction", doc="extrapolated final val loss")
+EARLY_STOPPING_WAIT: Slot[int] = Slot(
+    "early_stopping_wait", doc="epochs in a row without improvement of the early-stopping monitor (stops at patience)")

@@ -61,6 +61,7 @@ _TRAIN_METRICS = ("train_loss",)
 _VOLATILE_KEYS = ("seq", "ts", "run_id")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "run_start": ("callbacks", "config", "strict", "seed", "resumed_from"),
+    "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
     "epoch": ("seconds", "phase_seconds", "callback_seconds"),
     "exception": ("traceback",),
 }
