@@ -21,6 +21,9 @@ from pipeline.core.events import EVENTS_FILE
 __all__ = ["LOCK_FILE", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free"]
 
 LOCK_FILE = ".lock"
+# What a claimed run directory holds before its run writes its log: such a folder was claimed by a
+# run that ended (was killed) before it started, and may be claimed again.
+_CLAIM_FILES = frozenset({LOCK_FILE, "config.yaml"})
 
 
 class RunDirError(ValueError):
@@ -103,7 +106,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
         if (path / EVENTS_FILE).exists():
             raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
                               "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder") from None
-        if any(p.name != LOCK_FILE for p in path.iterdir()):
+        if any(p.name not in _CLAIM_FILES for p in path.iterdir()):
             raise RunDirError(f"run directory {path} exists and is not empty; choose a new folder") from None
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
