@@ -42,7 +42,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     ("nan", "nan", "NaNDetectionCallback"),
     ("pruned", "pruned", "PrunerCallback"),
     ("errored", "error", "disk full"),
-    ("interrupted_sigint", "interrupted", "KeyboardInterrupt"),
+    ("interrupted_sigint", "interrupted", "signal SIGINT"),
 ])
 def test_every_way_a_run_ends_gets_a_page(real_runs: RealRuns, tmp_path: Path, name: str, reason: str,
                                           why: str) -> None:
