@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,13 @@ def epoch_log(epoch: EpochContext) -> dict[str, float]:
     (``max_grad_norm``, ``overfit_gap_ratio``, ``predicted_final_loss``, a user's ``my_metric``;
     see ``pipeline.core.scalars``)."""
     return epoch_scalars(epoch)
+
+
+def wandb_run_id(run: RunContext) -> str:
+    """A W&B run id that is the same for every process of one run (its name and folder)."""
+    where = os.path.abspath(run.run_dir) if run.run_dir is not None else run.run_id
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", run.run_id)[:48]
+    return f"{name}-{hashlib.sha256(str(where).encode()).hexdigest()[:10]}"
 
 
 class WandbLoggingCallback(TrainingCallback):
@@ -82,6 +92,9 @@ class WandbLoggingCallback(TrainingCallback):
             tags=list(self.tags),
             config=self.config or run.extras.get("config") or {},
             name=self.run_name or run.run_id,
+            # One W&B run per fsmtrain run: a resumed run continues the same W&B run id.
+            id=wandb_run_id(run),
+            resume="allow" if run.extras.get("resumed_from") else None,
             reinit="create_new",
             # W&B's banner, run summary and sync hints go to its debug logs, never the console; and
             # it does not wrap sys.stdout/stderr (the console line and progress bar write there).

@@ -104,12 +104,16 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     logged = [e["epoch"] for e in events if e["event"] == "epoch"]
     from callbacks_wandb_history import wandb_history  # the offline run's own record file
 
+    files = sorted(str(f.relative_to(run)) for f in (run / "wandb").rglob("*"))
+    assert any(f.endswith(".wandb") for f in files), files
     assert [row["_step"] for row in wandb_history(run)] == logged  # every epoch logged before the signal
     proc = fsmtrain("resume", str(RUN), cwd=work)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert same_weights(run / "model.pt", expected)
     _audit_ok(run)
+    w_runs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(w_runs) == 2 and len({d.name.split("-", 3)[-1] for d in w_runs}) == 1, w_runs  # one W&B run id
     replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", str(RUN)], cwd=work, env=env(),
                             capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
