@@ -34,7 +34,8 @@ def _shown(path: Path, run: RunContext) -> str:
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy of
     :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
-    (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per old periodic file deleted.
+    (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file stores) and a
+    ``checkpoint_removed`` event per old periodic file deleted.
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -65,9 +66,11 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
+        head = getattr(run.events, "head", None)  # what build_state stores: nothing is logged in between
         written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final)
         for ck in written:
-            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind)
+            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                       chain_head=head)
         for path in self.manager.removed:
             epoch.emit("checkpoint_removed", path=_shown(path, run))
         self.saved.extend(written)

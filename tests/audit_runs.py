@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
 from pipeline.app.trainer import Trainer
+from pipeline.core.chain import Chain
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import TrainingCallback
 
@@ -171,6 +172,28 @@ def make_real_runs(root: Path) -> RealRuns:
     d = runs.debug  # debug level: every per-batch internal move is logged too
     _trainer(d, [NaNDetectionCallback()], epochs=3, log_level="debug").fit()
     return runs
+
+
+def rechain(lines: list[str], key: bytes | None = None) -> list[str]:
+    """The log with every ``prev`` recomputed, as someone with write access to the file can do:
+    plain sha256 (or HMAC with ``key``), and each checkpoint event's ``chain_head`` moved to the
+    new digest of the line it pinned. Lines are re-encoded the way ``EventLog`` writes them."""
+    chain = Chain(key)
+    new_for_old: dict[Any, str] = {}
+    prev: str | None = None
+    out = []
+    for line in lines:
+        rec = json.loads(line)
+        if prev is None:
+            prev = chain.genesis(rec["run_id"], rec["payload"].get("config"))
+        new_for_old[rec.get("prev")] = prev
+        rec["prev"] = prev
+        if rec["event"] == "checkpoint" and rec["payload"].get("chain_head") in new_for_old:
+            rec["payload"]["chain_head"] = new_for_old[rec["payload"]["chain_head"]]
+        text = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        out.append(text)
+        prev = chain.digest(text.encode("utf-8"))
+    return out
 
 
 def read_lines(path: Path) -> list[str]:

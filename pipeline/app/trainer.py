@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.core.chain import key_from_env
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog
@@ -26,7 +27,8 @@ class Trainer:
 
     ``callbacks`` join in their own tier (built-ins CORE, others USER); globally registered
     callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there;
-    without, events are kept in memory (``trainer.events.records``).
+    without, events are kept in memory (``trainer.events.records``). The log is hash-chained;
+    ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256 with that key.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class Trainer:
         console_level: str = "warning",
         strict: bool | None = None,
         extras: Mapping[str, Any] | None = None,
+        log_key: bytes | None = None,
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
             raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
@@ -72,6 +75,8 @@ class Trainer:
             level=log_level,
             console_level=console_level,
             keep=self.run_dir is None,
+            config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
+            key=log_key if log_key is not None else key_from_env(),
         )
         self.runner = CallbackRunner(callbacks)
         self.run = RunContext(
