@@ -126,7 +126,6 @@ class _Auditor(EndingChecks):
         self.seg: Segment | None = None
         self.segments: list[Segment] = []
         self.prev_seq: int | None = None
-        self.prev_raw: bytes = b""
         self.lines = 0
         self.first_ts: float | None = None
         self.last_ts = -math.inf
@@ -141,7 +140,6 @@ class _Auditor(EndingChecks):
 
     # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
-        self.lines = n
         try:
             rec = _loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -172,7 +170,6 @@ class _Auditor(EndingChecks):
             self.last_ts, self.last_ts_line = ts, n
         else:
             self._ts_back(n, ts)
-        self.prev_raw = raw
         if not in_order:
             return  # a repeated line is not replayed into the state
         if event == "run_start":
@@ -233,7 +230,7 @@ class _Auditor(EndingChecks):
             self.bad("seq", f"seq jumps from {prev} to {seq}: {lost} line(s) lost before this one", n)
             self.prev_seq = seq
             return True
-        if raw == self.prev_raw:
+        if raw == self.chain.prev_raw:  # the chain has not taken this line yet: that is line n - 1
             self.bad("seq", f"duplicate of line {n - 1} (seq {seq} again)", n)
         else:
             self.bad("seq", f"seq {seq} after {prev}: a repeated or reordered line (expected {prev + 1})", n)
@@ -558,8 +555,10 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
     with fh:
         try:
             feed = auditor.feed
+            n = 0
             for n, raw in enumerate(fh, 1):
                 feed(n, raw)
+            auditor.lines = n
         except OSError as exc:
             raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
     return auditor.finish()

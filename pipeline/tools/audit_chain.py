@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pickletools
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,16 +52,17 @@ class ChainCheck:
         self.plain = Chain()
         self.keyed = Chain(key) if key is not None else None
         self.active: Chain | None = self.plain
+        self._digest: Callable[[bytes], str] | None = self.plain.digest
         self.verdict = ChainVerdict(key_used=key is not None)
         self.findings: list[Finding] = []
         self.prev_raw: bytes | None = None
-        self._prev2_raw: bytes | None = None
+        self._before_prev: bytes | None = None
         self.prev_seq: Any = None
         self.unchained = False
         self._pending: _Break | None = None
         self._first: Finding | None = None
         self._told_key = False
-        self._verified_any = False
+        self.verified_links = 0
         self.pins: dict[str, int] = {}  # digest -> line, for this epoch and the one before
         self._pins_before: dict[str, int] = {}
         self.segments: list[SegmentChain] = []
@@ -80,33 +81,37 @@ class ChainCheck:
         if isinstance(scheme, str) and scheme not in self.verdict.schemes:
             self.verdict.schemes.append(scheme)
         if scheme == SCHEME_PLAIN:
-            self.active = self.plain
+            self._use(self.plain)
             if self.keyed is not None:
                 self._bad("key", "a key was given, but this run_start says its lines are chained without one "
                           f"({SCHEME_PLAIN}): they were written without the key, or rewritten by someone without it",
                           n)
         elif scheme == SCHEME_KEYED:
             if self.keyed is None:
-                self.active = None
+                self._use(None)
                 seg.verified = None
                 if not self._told_key:
                     self._told_key = True
                     self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
                               f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}", n)
             elif key_id is not None and key_id != self.keyed.key_id:
-                self.active = None
+                self._use(None)
                 seg.verified = None
                 self.verdict.key_matches = False
                 self._bad("key", f"the key does not match the one this log was written with (key id "
                           f"{self.keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
             else:
-                self.active = self.keyed
+                self._use(self.keyed)
                 if self.verdict.key_matches is None:
                     self.verdict.key_matches = True
         else:
-            self.active = self.plain if self.keyed is None else self.keyed
+            self._use(self.plain if self.keyed is None else self.keyed)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
+
+    def _use(self, chain: Chain | None) -> None:
+        self.active = chain
+        self._digest = None if chain is None or self.unchained else chain.digest
 
     def new_epoch(self) -> None:
         """An epoch began: pins older than the previous epoch are no longer looked up."""
@@ -116,25 +121,39 @@ class ChainCheck:
     # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it."""
-        prev_raw, prev2_raw = self.prev_raw, self._prev2_raw
-        self.prev_raw, self._prev2_raw = raw, prev_raw
-        seq_before, self.prev_seq = self.prev_seq, rec.get("seq")
-        chain = self.active
-        if chain is None or self.unchained:
-            self.verdict.unverified_lines += chain is None and not self.unchained
+        prev_raw, before = self.prev_raw, self._before_prev
+        self._before_prev = prev_raw
+        self.prev_raw = raw
+        seq_before = self.prev_seq
+        self.prev_seq = rec.get("seq")
+        digest = self._digest
+        if digest is None:
+            self.verdict.unverified_lines += not self.unchained
             return
+        if prev_raw is not None:  # every line but the first: kept short, it runs per line
+            expected = digest(prev_raw)
+            self.pins[expected] = n - 1
+            self.verified_links += 1
+            if rec.get("prev") == expected and self._pending is None:
+                return
+        self._link_slow(n, raw, rec, prev_raw, before, seq_before)
+
+    def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
+                   seq_before: Any) -> None:
+        chain = self.active
+        assert chain is not None
         carried = rec.get("prev")
         if prev_raw is None:
             if carried is None and "prev" not in rec:
                 self.unchained = True
+                self._digest = None
                 self._bad("chain", "the log is not hash-chained (its lines carry no prev digest): it cannot "
                           "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
                 return
+            self.verified_links += 1
             expected = chain.genesis(str(rec.get("run_id")), (rec.get("payload") or {}).get("config"))
         else:
             expected = chain.digest(prev_raw)
-            self.pins[expected] = n - 1
-        self._verified_any = True
         ok = carried == expected
         pending = self._pending
         if pending is not None:
@@ -149,12 +168,12 @@ class ChainCheck:
             else:
                 rebuilt = chain is self.keyed and carried == self.plain.digest(prev_raw)
                 dup = raw == prev_raw
-                skips = not dup and prev2_raw is not None and carried == chain.digest(prev2_raw)
+                skips = not dup and before is not None and carried == chain.digest(before)
                 self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup)
 
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
-        self.prev_raw, self._prev2_raw = raw, self.prev_raw
+        self.prev_raw, self._before_prev = raw, self.prev_raw
         self.prev_seq = None
 
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
@@ -233,7 +252,7 @@ class ChainCheck:
         if self.unchained or v.first_break is not None:
             v.ok = False
         else:
-            v.ok = True if self._verified_any else None  # None: keyed, and no matching key given
+            v.ok = True if self.verified_links else None  # None: keyed, and no matching key given
         return self.findings
 
 
