@@ -131,7 +131,7 @@ class EventLog:
             if tail is not None:
                 self._continue_from(tail)
             self._json = structlog.wrap_logger(
-                structlog.WriteLogger(self._file),
+                _ChainWriter(self, self._file),
                 processors=[self._to_record, structlog.processors.JSONRenderer(serializer=_dumps), self._seal],
             )
         self._console: Any = None
@@ -205,12 +205,12 @@ class EventLog:
             "prev": self._head if chained else None,
         }
         if to_file:
-            self._seq += 1
             if self.records is not None:
                 self.records.append(record)
-            if chained:
+            if chained:  # the writer moves seq and the chain head on once the line is written
                 getattr(self._json, "error" if level == "error" else level)(event, record=record)
-                self._head = self._sealed  # only once the line is written
+            else:
+                self._seq += 1
         if to_console:
             getattr(self._console, level)(event, record=record)
 
@@ -246,6 +246,25 @@ class EventLog:
             del out["traceback"]
             out["traceback_in"] = EVENTS_FILE
         return out
+
+
+class _ChainWriter:
+    """structlog's logger for the file: writes one rendered line, then at once counts it (seq) and
+    moves the chain head to it. Nothing runs between the write and that bookkeeping that could be
+    interrupted (a Ctrl-C between them would leave a line the chain or seq does not know)."""
+
+    def __init__(self, log: EventLog, file: IO[str]) -> None:
+        self._log = log
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        log = self._log
+        self._file.write(message + "\n")
+        log._head = log._sealed
+        log._seq += 1
+        self._file.flush()
+
+    debug = info = warning = error = msg
 
 
 def _dumps(obj: Any, **kw: Any) -> str:

@@ -190,7 +190,8 @@ class _Auditor(EndingChecks):
                 self.bad("global_step", f"global_step {step} after {seg.global_step}: steps never go back", n)
             seg.global_step = step
         if seg.min_level and LEVELS.get(rec["level"], 99) < seg.min_level:
-            self.bad("level", f"a {rec['level']} line in a log its config writes at a higher level", n)
+            self.bad("level", f"a {rec['level']} line, but the run's config (line {seg.first_line}) writes this log "
+                     f"at a higher level", n)
         if event == "transition":
             self._transition(n, rec, seg)
             return
@@ -479,7 +480,8 @@ class _Auditor(EndingChecks):
                          f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
                          f"without reaching {FINAL.value!r}", seg.last_line)
             elif seg.end_line is not None and not seg.result_seen:
-                self.bad("end", f"no result event after train_end (line {seg.end_line})", seg.last_line)
+                where = self.lines if last else seg.last_line  # where the result should have been
+                self.bad("end", f"no result event after train_end (line {seg.end_line})", where)
                 self._stop_said(seg, None)
             open_epochs = seg.epoch_starts - seg.epochs
             if open_epochs < 0 or open_epochs > 1:
@@ -489,7 +491,8 @@ class _Auditor(EndingChecks):
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
                                                 self.segments, self.lines, self.ex)
-        self.findings.sort(key=lambda f: 0 if f.line is None else f.line)
+        # By line; on one line the chain's finding first: it says whether the line is what was written.
+        self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
         return AuditReport(str(self.path), self.lines, self.findings, self.ex, self.chain.verdict,
                            self._segment_infos())

@@ -42,6 +42,7 @@ class _Break:
     rebuilt_without_key: bool
     skips_a_line: bool  # it carries the digest of the line two before: the line between was inserted
     duplicate: bool  # the same bytes as the line before
+    expected: str  # the digest of the line before: if the next line carries it, this line was inserted
 
 
 class ChainCheck:
@@ -158,7 +159,7 @@ class ChainCheck:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._resolve(pending, ok)
+            self._resolve(pending, ok, carried)
         if ok:
             return
         self.verdict.broken_links += 1
@@ -169,7 +170,7 @@ class ChainCheck:
                 rebuilt = chain is self.keyed and carried == self.plain.digest(prev_raw)
                 dup = raw == prev_raw
                 skips = not dup and before is not None and carried == chain.digest(before)
-                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup)
+                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected)
 
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
@@ -184,10 +185,13 @@ class ChainCheck:
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 
-    def _resolve(self, b: _Break, next_ok: bool) -> None:
+    def _resolve(self, b: _Break, next_ok: bool, next_carried: Any) -> None:
         n = b.line
         if b.duplicate:
             self._first_break(n, f"line {n} is a second copy of line {n - 1}")
+        elif next_carried == b.expected:
+            self._first_break(n, f"line {n} was inserted: line {n + 1} carries the digest of line {n - 1}, the "
+                              "line that came before it when it was written")
         elif b.skips_a_line:
             self._first_break(n - 1, f"line {n - 1} was inserted: line {n} carries the digest of line {n - 2}, the "
                               "line that came before it when it was written")
@@ -239,7 +243,7 @@ class ChainCheck:
     # --- the end -------------------------------------------------------------------------------
     def finish(self) -> list[Finding]:
         if self._pending is not None:
-            self._resolve(self._pending, True)
+            self._resolve(self._pending, True, None)
             self._pending = None
         v = self.verdict
         if self._first is not None:
