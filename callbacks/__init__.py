@@ -8,6 +8,7 @@ from callbacks.gradient_clipping import GradientClippingCallback
 from callbacks.gradient_monitor import GradientMonitorCallback
 from callbacks.loss_prediction import LossPredictionCallback
 from callbacks.lr_scheduler import LRSchedulerCallback
+from callbacks.metrics_csv import MetricsCsvCallback
 from callbacks.nan_detection import NaNDetectionCallback
 from callbacks.optimizer_mode import OptimizerModeCallback
 from callbacks.overfit_detection import OverfitDetectionCallback
@@ -25,6 +26,7 @@ __all__ = [
     "GradientMonitorCallback",
     "LRSchedulerCallback",
     "LossPredictionCallback",
+    "MetricsCsvCallback",
     "NaNDetectionCallback",
     "OptimizerModeCallback",
     "OverfitDetectionCallback",

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.lifecycle import StopReason
 from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint
 
 __all__ = ["CheckpointCallback"]
@@ -32,10 +33,10 @@ def _shown(path: Path, run: RunContext) -> str:
 
 
 class CheckpointCallback(TrainingCallback):
-    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy of
-    :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event per file written
-    (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file stores) and a
-    ``checkpoint_removed`` event per old periodic file deleted.
+    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
+    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event
+    per file committed (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
+    stores) and a ``checkpoint_removed`` event per file removed.
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -50,15 +51,19 @@ class CheckpointCallback(TrainingCallback):
         save_best: bool = True,
         monitor: str = "val_loss",
         mode: str = "min",
+        save_latest: bool = True,
     ) -> None:
-        self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode)
+        self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
+                                         save_latest)
         self.saved: list[SavedCheckpoint] = []
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
         final = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
+        healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:
-            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final)
+            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final, healthy)
             if "best" in kinds:
                 self.manager.best_value = float(epoch.metrics[self.manager.monitor])
                 self.manager.best_epoch = epoch.index
@@ -67,12 +72,16 @@ class CheckpointCallback(TrainingCallback):
                            epoch=epoch.index, kind=kind)
             return
         head = getattr(run.events, "head", None)  # what build_state stores: nothing is logged in between
-        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final)
-        for ck in written:
+
+        def commit(ck: SavedCheckpoint) -> None:
             epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                        chain_head=head)
-        for path in self.manager.removed:
+
+        def removed(path: Path) -> None:
             epoch.emit("checkpoint_removed", path=_shown(path, run))
+
+        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final, healthy,
+                                        on_commit=commit, on_remove=removed)
         self.saved.extend(written)
 
     def state_dict(self) -> dict[str, Any]:

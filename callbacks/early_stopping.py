@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.core.context import EpochContext
+from pipeline.core.context import EpochContext, RunContext, epoch_number
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import StopReason
+from pipeline.core.slots import EARLY_STOPPING_WAIT
 
 __all__ = ["EarlyStoppingCallback", "improves"]
 
@@ -25,10 +26,13 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 class EarlyStoppingCallback(TrainingCallback):
     """On ``on_val_end``: after ``patience`` epochs in a row without improvement, request stop
-    EARLY_STOP (the epoch still finishes: logging and checkpoint run)."""
+    EARLY_STOP (the epoch still finishes: logging and checkpoint run). The count of epochs without
+    improvement goes to slot ``early_stopping_wait`` each epoch, and the settings (patience, monitor,
+    mode, min_delta) into the log at train begin, so a report can draw the counter against the patience."""
 
     priority = 90
     tier = Tier.CORE
+    writes = (EARLY_STOPPING_WAIT,)
 
     def __init__(
         self, patience: int = 20, mode: str = "min", min_delta: float = 1e-4, monitor: str = "val_loss"
@@ -47,18 +51,25 @@ class EarlyStoppingCallback(TrainingCallback):
         self.best_epoch: int | None = None
         self.wait = 0
 
+    def on_train_begin(self, run: RunContext) -> None:
+        run.emit("callback_settings", source=self.name, settings={
+            "patience": self.patience, "monitor": self.monitor, "mode": self.mode, "min_delta": self.min_delta})
+
     def on_val_end(self, epoch: EpochContext) -> None:
         value = self.monitored(epoch, self.monitor, "early stopping is inactive")
         if value is None:
             return
         if improves(value, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = float(value), epoch.index, 0
+            epoch.set(EARLY_STOPPING_WAIT, 0)
             return
         self.wait += 1
+        epoch.set(EARLY_STOPPING_WAIT, self.wait)
         if self.wait >= self.patience:
+            best_at = "?" if self.best_epoch is None else epoch_number(self.best_epoch)
             epoch.request_stop(
                 StopReason.EARLY_STOP, self.name,
-                f"{self.monitor} did not improve on {self.best} (epoch {self.best_epoch}) by more than "
+                f"{self.monitor} did not improve on {self.best} (epoch {best_at}) by more than "
                 f"{self.min_delta:g} relative for {self.wait} epochs",
             )
 

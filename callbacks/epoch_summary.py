@@ -1,58 +1,116 @@
-"""A compact console line per epoch (or every N epochs), for runs without W&B or a terminal bar."""
+"""An aligned console table, one line per epoch (or every N epochs), for runs without a terminal bar.
+
+Every metric and every numeric slot gets a column (``pipeline.core.scalars``), so a user's
+``val_accuracy`` metric or ``my_metric`` slot shows without a change here::
+
+    columns: train = train loss, val = validation loss, lr = learning rate, grad = max gradient norm
+    epoch       train         val          lr        grad  val_accuracy
+    1/20       0.9621      0.8712    1.00e-02       2.345        0.5313
+
+The header, with a legend line for the abbreviated names it introduces, is printed before the first
+line and again whenever a new column appears (the loss prediction joins at epoch 11); a column
+stays once it has appeared and shows ``-`` when its value is absent.
+"""
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from typing import TextIO
 
-from pipeline.core.context import EpochContext
+from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM
+from pipeline.core.scalars import epoch_scalars
+from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
-__all__ = ["EpochSummaryCallback", "summary_line"]
+__all__ = ["ABBREVIATIONS", "EpochSummaryCallback", "SummaryTable"]
+
+# Short labels for the built-in columns (in this order, before any other), and what they mean.
+ABBREVIATIONS: Mapping[str, tuple[str, str]] = {
+    "train_loss": ("train", "train loss"),
+    "val_loss": ("val", "validation loss"),
+    "lr": ("lr", "learning rate"),
+    "max_grad_norm": ("grad", "max gradient norm"),
+    "predicted_final_loss": ("pred", "predicted final val loss"),
+    "overfit_gap_ratio": ("gap", "val/train loss ratio while overfitting"),
+}
+_RANK = {name: i for i, name in enumerate(ABBREVIATIONS)}
+_WIDTH = 10  # fits any ".4g" number ("-1.235e-05") and ".2e" learning rate
 
 
-def _num(value: float | None, fmt: str = ".4g") -> str:
+def _num(name: str, value: float | None) -> str:
     if value is None:
         return "-"
-    return format(value, fmt) if math.isfinite(value) else str(value)
+    if not math.isfinite(value):
+        return str(value)
+    return format(value, ".2e" if name == "lr" else ".4g")
 
 
-def summary_line(epoch: EpochContext) -> str:
-    m = epoch.metrics
-    prediction = epoch.get(LOSS_PREDICTION)
-    parts = [
-        f"epoch {epoch.index + 1}/{epoch.run.max_epochs}",
-        f"train {_num(m.get('train_loss'))}",
-        f"val {_num(m.get('val_loss'))}",
-        f"lr {_num(m.get('lr'), '.2e')}",
-        f"grad {_num(epoch.get(MAX_GRAD_NORM), '.3g')}",
-    ]
-    if prediction is not None:
-        parts.append(f"pred {_num(prediction.predicted_loss)}")
-    return "  ".join(parts)
+class SummaryTable:
+    """The growing set of columns and the lines that print them (header lines only when needed)."""
+
+    def __init__(self, max_epochs: int) -> None:
+        self.max_epochs = max_epochs
+        self.columns: list[str] = []
+        self._seen: dict[str, int] = {}  # name -> first-seen order, for columns without a rank
+        self._explained: set[str] = set()
+        self._epoch_width = max(len("epoch"), 2 * len(str(max_epochs)) + 1)
+
+    def label(self, name: str) -> str:
+        return ABBREVIATIONS[name][0] if name in ABBREVIATIONS else name
+
+    def _width(self, name: str) -> int:
+        return max(_WIDTH, len(self.label(name)))
+
+    def lines(self, index: int, values: Mapping[str, float]) -> list[str]:
+        """The lines to print for epoch ``index`` (0-based): legend and header first if the
+        columns changed, then the row."""
+        out: list[str] = []
+        new = [n for n in values if n not in self._seen]
+        if new or not self.columns:
+            for name in new:
+                self._seen[name] = len(self._seen)
+            self.columns = sorted(self._seen, key=lambda n: (_RANK.get(n, len(_RANK)), self._seen[n]))
+            legend = [n for n in self.columns if n in ABBREVIATIONS and n not in self._explained]
+            if legend:
+                self._explained.update(legend)
+                out.append("columns: " + ", ".join(f"{ABBREVIATIONS[n][0]} = {ABBREVIATIONS[n][1]}" for n in legend))
+            out.append("  ".join(["epoch".ljust(self._epoch_width),
+                                  *(self.label(n).rjust(self._width(n)) for n in self.columns)]))
+        row = [f"{index + 1}/{self.max_epochs}".ljust(self._epoch_width),
+               *(_num(n, values.get(n)).rjust(self._width(n)) for n in self.columns)]
+        out.append("  ".join(row))
+        return out
 
 
 class EpochSummaryCallback(TrainingCallback):
-    """On ``on_epoch_end`` every ``every_n_epochs`` epochs (and on the run's last epoch): one line
-    with epoch, losses, lr, max grad norm and the predicted final loss, to ``stream``
-    (default ``sys.stdout``, looked up when writing)."""
+    """On ``on_epoch_end`` every ``every_n_epochs`` epochs (and on the run's last epoch): one
+    aligned line with the epoch and every metric and numeric slot, under a header naming the
+    columns, to ``stream`` (default ``sys.stdout``, looked up when writing). It reads every slot,
+    so the runner refuses a slot writer ordered after it."""
 
     priority = 88
     tier = Tier.CORE
-    reads = (MAX_GRAD_NORM, LOSS_PREDICTION)
+    reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
+    reads_every_slot = True
 
     def __init__(self, every_n_epochs: int = 1, stream: TextIO | None = None) -> None:
         if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be an integer >= 1, got {every_n_epochs!r}")
         self.every_n_epochs = every_n_epochs
         self.stream = stream
+        self._table: SummaryTable | None = None
+
+    def on_train_begin(self, run: RunContext) -> None:
+        self._table = SummaryTable(run.max_epochs)  # each run prints its own header
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
         last = run.stop is not None or epoch.index + 1 >= run.max_epochs
         if (epoch.index + 1) % self.every_n_epochs and not last:
             return
+        if self._table is None:
+            self._table = SummaryTable(run.max_epochs)
         stream = self.stream if self.stream is not None else sys.stdout
-        print(summary_line(epoch), file=stream, flush=True)
+        print("\n".join(self._table.lines(epoch.index, epoch_scalars(epoch))), file=stream, flush=True)

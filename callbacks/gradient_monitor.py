@@ -53,6 +53,8 @@ class GradientMonitorCallback(TrainingCallback):
         self._steps = 0
 
     def on_train_begin(self, run: RunContext) -> None:
+        # The threshold goes into the log, so a report can draw the epoch maxima against it.
+        run.emit("callback_settings", source=self.name, settings={"warn_threshold": self.warn_threshold})
         model = run.model
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
 
@@ -125,7 +127,7 @@ class GradientMonitorCallback(TrainingCallback):
             epoch.warn(
                 self.name,
                 f"gradient norm exceeded {self.warn_threshold:g} in {int(over)} of {self._steps} optimizer steps "
-                f"of epoch {epoch.index}, first at batch {int(first)}; max {max_norm:.4g} at batch {int(argmax)}",
+                f"of epoch {epoch.number}, first at batch {int(first)}; max {max_norm:.4g} at batch {int(argmax)}",
                 epoch=epoch.index, batch=int(first), max_batch=int(argmax), max_grad_norm=max_norm,
                 count=int(over), finite=math.isfinite(max_norm),
             )

@@ -25,5 +25,5 @@ class NaNDetectionCallback(TrainingCallback):
         for key in ("train_loss", "val_loss"):
             value = epoch.metrics.get(key)
             if value is not None and not math.isfinite(value):
-                epoch.request_stop(StopReason.NAN, self.name, f"{key} is {value} at epoch {epoch.index}")
+                epoch.request_stop(StopReason.NAN, self.name, f"{key} is {value} in epoch {epoch.number}")
                 return

@@ -60,7 +60,7 @@ class OverfitDetectionCallback(TrainingCallback):
             self.first_detected = epoch.index
             epoch.warn(
                 self.name,
-                f"overfitting from epoch {epoch.index}: over the last {self.window_size} epochs train loss fell "
+                f"overfitting from epoch {epoch.number}: over the last {self.window_size} epochs train loss fell "
                 f"and val loss rose (val/train = {ratio:.4g})",
                 epoch=epoch.index, overfit_gap_ratio=ratio,
             )

@@ -20,9 +20,10 @@ def auto_enabled() -> bool:
 
 
 class ProgressBarCallback(TrainingCallback):
-    """A ``rich`` progress display: one bar for the epochs, one for the batches of the current
-    epoch with the live loss (read from the device at most ten times a second, so the bar does not
-    sync the host every batch). ``enabled=None`` decides with :func:`auto_enabled`."""
+    """A ``rich`` progress display: one bar for the epochs (with the last epoch's metrics), one for
+    the batches of the current epoch (``epoch 3/20``, counted from 1 like the console) with the
+    live loss (read from the device at most ten times a second, so the bar does not sync the host
+    every batch). ``enabled=None`` decides with :func:`auto_enabled`."""
 
     priority = 98
     tier = Tier.CORE
@@ -54,8 +55,8 @@ class ProgressBarCallback(TrainingCallback):
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         if self.active:
-            self._progress.reset(self._batches, total=self._batches_per_epoch, description=f"epoch {epoch.index}",
-                                 info="")
+            self._progress.reset(self._batches, total=self._batches_per_epoch,
+                                 description=f"epoch {epoch.number}/{epoch.run.max_epochs}", info="")
 
     def on_train_step_end(self, step: StepContext) -> None:
         if not self.active:
@@ -73,8 +74,8 @@ class ProgressBarCallback(TrainingCallback):
         if not self.active:
             return
         self._batches_per_epoch = epoch.batches or None
-        parts = [f"{k} {v:.4g}" for k in ("train_loss", "val_loss") if (v := epoch.metrics.get(k)) is not None
-                 and not math.isnan(v)]
+        # Every metric of the epoch (validation metrics included); the learning rate is not a result.
+        parts = [f"{k} {v:.4g}" for k, v in epoch.metrics.items() if k != "lr" and not math.isnan(v)]
         self._progress.update(self._epochs, advance=1, info="  ".join(parts))
 
     def on_train_end(self, run: RunContext) -> None:

@@ -42,4 +42,4 @@ class PrunerCallback(TrainingCallback):
         if should_prune:
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
-                               f"trial {number} pruned at epoch {epoch.index} ({self.monitor}={shown})")
+                               f"trial {number} pruned in epoch {epoch.number} ({self.monitor}={shown})")

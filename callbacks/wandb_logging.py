@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.lifecycle import StopReason
+from pipeline.core.scalars import epoch_scalars
 from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["FAILED_REASONS", "WandbLoggingCallback", "epoch_log"]
@@ -19,32 +20,29 @@ _MODES = ("offline", "online", "disabled", "shared")
 
 
 def epoch_log(epoch: EpochContext) -> dict[str, float]:
-    """The dict logged for one epoch: every epoch metric (``train_loss``, ``val_loss``, ``lr``
-    and validation metrics) plus ``max_grad_norm``, ``overfit_gap_ratio`` and
-    ``predicted_final_loss`` when their slots hold a value."""
-    data = {k: float(v) for k, v in epoch.metrics.items()}
-    grad = epoch.get(MAX_GRAD_NORM)
-    if grad is not None:
-        data["max_grad_norm"] = float(grad)
-    gap = epoch.get(OVERFIT_GAP_RATIO)
-    if gap is not None:
-        data["overfit_gap_ratio"] = float(gap)
-    prediction = epoch.get(LOSS_PREDICTION)
-    if prediction is not None:
-        data["predicted_final_loss"] = float(prediction.predicted_loss)
-    return data
+    """The dict logged for one epoch: every epoch metric (``train_loss``, ``val_loss``, ``lr`` and
+    validation metrics) and every numeric slot value present, under its slot name
+    (``max_grad_norm``, ``overfit_gap_ratio``, ``predicted_final_loss``, a user's ``my_metric``;
+    see ``pipeline.core.scalars``)."""
+    return epoch_scalars(epoch)
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, exactly one ``run.log(..., step=epoch)`` per epoch, and
-    ``finish`` at train end (``exit_code=1`` for ERROR, INTERRUPTED and NAN, so W&B marks the run
-    failed). The offline run lands under ``<directory>/wandb/`` (default: the run directory).
-    In replay (``run.dry_run``) nothing is sent; the dicts are kept in ``self.logged``."""
+    """``wandb.init`` at train begin, exactly one ``run.log(..., step=epoch)`` per epoch with every
+    metric and every numeric slot (:func:`epoch_log`), and ``finish`` at train end
+    (``exit_code=1`` for ERROR, INTERRUPTED and NAN, so W&B marks the run failed). The offline run
+    lands under ``<directory>/wandb/`` (default: the run directory). W&B's own messages stay in its
+    files (``silent``, ``console="off"``): nothing of it reaches the console. In replay
+    (``run.dry_run``) nothing is sent; the dicts are kept in ``self.logged``.
+
+    It reads every slot, so the runner refuses a slot writer ordered after it (priority > 80 on
+    ``on_epoch_end``) instead of letting that slot go unlogged."""
 
     priority = 80
     tier = Tier.CORE
     replay = ReplaySupport.DRY
     reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
+    reads_every_slot = True
 
     def __init__(
         self,
@@ -85,6 +83,9 @@ class WandbLoggingCallback(TrainingCallback):
             config=self.config or run.extras.get("config") or {},
             name=self.run_name or run.run_id,
             reinit="create_new",
+            # W&B's banner, run summary and sync hints go to its debug logs, never the console; and
+            # it does not wrap sys.stdout/stderr (the console line and progress bar write there).
+            settings=wandb.Settings(silent=True, console="off"),
             **kwargs,
         )
         run.emit("wandb_init", mode=self.mode, project=self.project,

@@ -47,13 +47,17 @@ _EXPORTS: dict[str, str] = {
     "EventLog": "pipeline.core.events",
     "read_events": "pipeline.core.events",
     "GlobalHandle": "pipeline.core.registry",
+    "GlobalRegistrationError": "pipeline.core.registry",
     "register_global_callback": "pipeline.core.registry",
+    "CallbackDefinitionError": "pipeline.core.checks",
+    "SlotWriteError": "pipeline.core.checks",
     "CallbackOrderError": "pipeline.core.runner",
     "CallbackRunner": "pipeline.core.runner",
     "Trainer": "pipeline.app.trainer",
 }
 
 __all__ = [
+    "CallbackDefinitionError",
     "CallbackOrderError",
     "CallbackRunner",
     "CheckpointContext",
@@ -64,6 +68,7 @@ __all__ = [
     "EventLog",
     "FaultContext",
     "GlobalHandle",
+    "GlobalRegistrationError",
     "Guard",
     "HOOKS",
     "LifecycleError",
@@ -72,6 +77,7 @@ __all__ = [
     "RunContext",
     "Slot",
     "SlotScope",
+    "SlotWriteError",
     "StepContext",
     "StopReason",
     "StopRequest",
@@ -101,6 +107,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from pipeline.app.trainer import Trainer
+    from pipeline.core.checks import CallbackDefinitionError, SlotWriteError
     from pipeline.core.context import (
         CheckpointContext,
         EpochContext,
@@ -116,5 +123,5 @@ if TYPE_CHECKING:
     from pipeline.core.events import EventLog, read_events
     from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
     from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
-    from pipeline.core.registry import GlobalHandle, register_global_callback
+    from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
     from pipeline.core.runner import CallbackOrderError, CallbackRunner

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pipeline.app.config import ConfigError, RunConfig, build_callbacks, load_config
-from pipeline.app.job import SeedRun, build_parts, run_dir_for, train_seed
+from pipeline.app.job import SeedRun, build_parts, recorded_seed, run_name_for, runs_root, train_seed
+from pipeline.app.rundir import RunDirError, claim_new, claim_next_free
+from pipeline.core.engine import Interrupted
 from pipeline.core.lifecycle import StopReason
+from pipeline.training.resume import ResumeError
 
 __all__ = ["STARTER_CONFIG", "ExitCode", "build_parser", "exit_code_for", "main"]
 
@@ -32,6 +35,7 @@ class ExitCode(IntEnum):
     NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run
     PREFLIGHT = 4  # preflight built everything but the step gave non-finite loss or gradients
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, the shell convention)
+    TERMINATED = 143  # SIGTERM (128 + 15), what schedulers send before they kill
 
 
 _BY_REASON = {
@@ -42,7 +46,7 @@ _BY_REASON = {
     StopReason.ERROR: ExitCode.ERROR,
     StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
 }
-_SEVERITY = (ExitCode.OK, ExitCode.NAN, ExitCode.ERROR, ExitCode.INTERRUPTED)
+_SEVERITY = (ExitCode.OK, ExitCode.NAN, ExitCode.ERROR, ExitCode.INTERRUPTED, ExitCode.TERMINATED)
 
 
 def exit_code_for(reason: StopReason) -> ExitCode:
@@ -94,6 +98,14 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     if extra:
         print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
     print(f"  run dir: {run.run_dir}", file=out)
+    resumption = run.trainer.resumption
+    if resumption is not None and resumption.next_epoch >= result.epochs_completed and not stop:
+        print(f"  nothing left to train: the run had finished its {resumption.next_epoch} epoch(s); "
+              f"extend it with: fsmtrain resume {run.run_dir} --set epochs=N", file=out)
+    if isinstance(run.error, Interrupted) or reason is StopReason.INTERRUPTED:
+        print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
+    if isinstance(run.error, Interrupted):
+        return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
     return exit_code_for(reason)
 
 
@@ -105,10 +117,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     codes: list[ExitCode] = []
     objectives: list[float] = []
     out = sys.stdout
+    root = runs_root(cfg, base)
     for seed in cfg.seeds:
-        run_dir = run_dir_for(cfg, seed, run_name, base)
-        print(f"== {cfg.project}/{run_name} seed {seed} -> {run_dir}", file=out, flush=True)
-        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks())
+        name = run_name_for(cfg, seed, run_name)
+        resume = bool(args.resume) and (root / name / "events.jsonl").is_file()
+        if resume:
+            target: Any = root / name
+        elif args.resume:
+            target = claim_new(root / name)
+        else:
+            target = claim_next_free(root, name)
+        path = target if isinstance(target, Path) else target.path
+        verb = "resuming" if resume else "->"
+        print(f"== {cfg.project}/{run_name} seed {seed} {verb} {path}", file=out, flush=True)
+        run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume)
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)
@@ -120,6 +142,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
     code = _worst(codes)
     print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
+    overrides = list(args.set or [])
+    if args.device:
+        overrides.append(f"device={args.device}")
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    seed = recorded_seed(run_dir)
+    print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=sys.stdout, flush=True)
+    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True)
+    code = _describe_seed(run, sys.stdout)
+    print(f"exit code {int(code)} ({code.name})", file=sys.stdout)
     return int(code)
 
 
@@ -268,7 +306,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay")
+_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay", "pipeline.tools.report")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -286,7 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train every seed of a config")
     _config_args(p)
     p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
+    p.add_argument("run_dir", help="the run directory (runs/<project>/<name>-seed<s>)")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="change what a resume may change, e.g. --set epochs=40 to extend a finished run")
+    p.add_argument("--device", help="shorthand for --set device=D")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
     _config_args(p)
@@ -313,6 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.func(args)
     except ConfigError as exc:
+        print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    except (RunDirError, ResumeError) as exc:
         print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
         return int(ExitCode.CONFIG)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
 
+from callbacks import CheckpointCallback
 from pipeline.cli import main as cli_main
 from pipeline.tools.audit import AuditReport, Finding, Severity, audit_file
 
@@ -302,8 +303,8 @@ def test_cli_unreadable_and_strict(real_runs: RealRuns, tmp_path: Path, capsys: 
 
 
 def test_legal_resume_appended_by_a_second_trainer(real_runs: RealRuns, tmp_path: Path) -> None:
-    """An interrupted run, then a second real Trainer appending to the same events.jsonl from the
-    epoch after the last checkpoint: a legal resume boundary."""
+    """An interrupted run, then a real resume (a second Trainer with ``resume_from="latest"``)
+    appending to the same events.jsonl from the epoch after the last committed checkpoint."""
     from audit_runs import _trainer
 
     run = tmp_path / "run"
@@ -312,9 +313,9 @@ def test_legal_resume_appended_by_a_second_trainer(real_runs: RealRuns, tmp_path
     latest = [r for r in records if r["event"] == "checkpoint" and r["payload"]["kind"] == "latest"][-1]
     start = latest["payload"]["epoch"] + 1
     first_len = len(records)
-    trainer = _trainer(run, [], epochs=start + 2)
-    trainer.run.epoch = start
-    trainer.run.extras["resumed_from"] = latest["payload"]["path"]
+    trainer = _trainer(run, [CheckpointCallback(run / "checkpoints", keep_last_k=2)], epochs=start + 2,
+                       resume_from="latest")
+    assert trainer.run.epoch == start
     trainer.fit()
     report = audit_file(run / "events.jsonl")
     assert report.violations == [], report.render()

@@ -170,8 +170,8 @@ def test_default_callbacks_follow_the_config(tmp_path: Path) -> None:
     names = [cb.name for cb in build_callbacks(cfg, run_dir=tmp_path)]
     assert names == [
         "NaNDetectionCallback", "OptimizerModeCallback", "GradientMonitorCallback", "LossPredictionCallback",
-        "OverfitDetectionCallback", "WandbLoggingCallback", "EarlyStoppingCallback", "CheckpointCallback",
-        "GradientClippingCallback", "GradientAccumulationCallback", "EpochSummaryCallback",
+        "OverfitDetectionCallback", "WandbLoggingCallback", "EarlyStoppingCallback", "MetricsCsvCallback",
+        "CheckpointCallback", "GradientClippingCallback", "GradientAccumulationCallback", "EpochSummaryCallback",
     ]
     off = config_from_dict(minimal(early_stopping={"enabled": False}, checkpoint={"enabled": False},
                                    callbacks={"loss_prediction": {"enabled": False}}))

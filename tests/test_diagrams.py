@@ -63,7 +63,7 @@ def parse_mermaid(text: str) -> tuple[dict[str, str], list[tuple[str, str, str]]
     """A strict reader of the stateDiagram-v2 subset the diagrams use: every line must be a
     front-matter line, a state, an edge, a class line or blank, or this raises."""
     lines = text.splitlines()
-    assert lines[0] == "---" and lines[2] == "---", "front matter with the title"
+    assert lines[0] == "---" and lines[1].startswith("title: ") and lines[2] == "---", "front matter with the title"
     assert lines[3] == "stateDiagram-v2"
     states: dict[str, str] = {}
     edges: list[tuple[str, str, str]] = []
@@ -133,6 +133,57 @@ def test_dot_accepts_the_committed_dot_file(tmp_path: Path) -> None:
     assert svg_recorded_digest(svg) == dot_digest(lifecycle_diagram(Format.DOT)) and "<svg" in svg
 
 
+# --- readable layout ------------------------------------------------------------------------------
+MAX_SVG_PX = 2000  # fits a laptop screen at 100%
+MAX_LABEL_LINE = 50  # characters on one label line
+
+
+def svg_width_px(svg: str) -> float:
+    """The root ``<svg width=...>`` in CSS pixels (Graphviz writes points: 1 pt = 4/3 px)."""
+    m = re.search(r"<svg\b[^>]*?\swidth=\"([0-9.]+)(pt|px)?\"", svg)
+    assert m, "an <svg> element with a width attribute"
+    return float(m[1]) * (4 / 3 if m[2] == "pt" else 1)
+
+
+def _dot_label_lines(dot: str) -> list[str]:
+    return [line for label in re.findall(r'label="([^"]*)"', dot) for line in label.split("\\l") if line]
+
+
+def test_committed_lifecycle_svg_fits_a_screen() -> None:
+    width = svg_width_px((DIAGRAMS / "lifecycle.svg").read_text(encoding="utf-8"))
+    assert width <= MAX_SVG_PX, f"diagrams/lifecycle.svg is {width:.0f} px wide"
+    # The layout is not one long row: the DOT asks for top to bottom.
+    assert "rankdir=TB" in (DIAGRAMS / "lifecycle.dot").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")
+def test_fresh_svgs_fit_a_screen(tmp_path: Path) -> None:
+    assert svg_width_px(lifecycle_diagram(Format.SVG)) <= MAX_SVG_PX
+    assert svg_width_px(callback_diagram(_nine(tmp_path), Format.SVG, include_global=False)) <= MAX_SVG_PX
+
+
+def test_callback_view_of_the_nine_has_short_lines(tmp_path: Path) -> None:
+    dot = callback_diagram(_nine(tmp_path), Format.DOT, include_global=False)
+    lines = _dot_label_lines(dot)
+    assert "- CheckpointCallback(95)" in lines and "on_epoch_end" in lines  # one callback per line
+    too_long = [line for line in lines if len(line) > MAX_LABEL_LINE]
+    assert not too_long, f"label lines longer than {MAX_LABEL_LINE} characters: {too_long}"
+    # Each transition of a merged edge and its guards get lines of their own.
+    assert "finish {completed, nan, early_stop, pruned}" in lines and "  [!can_continue]" in lines
+
+
+def test_mermaid_front_matter_names_the_title(tmp_path: Path) -> None:
+    assert lifecycle_diagram(Format.MERMAID).startswith("---\ntitle: fsmtrain lifecycle\n---\nstateDiagram-v2\n")
+    assert callback_diagram([NaNDetectionCallback()], Format.MERMAID).startswith(
+        "---\ntitle: fsmtrain lifecycle with callbacks\n---\n")
+    events = tmp_path / "run" / "events.jsonl"
+    events.parent.mkdir()
+    events.write_text(json.dumps({"event": "transition", "from": "created", "to": "train_begin",
+                                  "trigger": "begin", "global_step": 0}) + "\n", encoding="utf-8")
+    # A title with a colon is quoted, so the front matter stays valid YAML.
+    assert run_diagram(events).startswith('---\ntitle: "fsmtrain lifecycle: run run"\n---\n')
+
+
 @pytest.mark.skipif(not os.environ.get("FSMTRAIN_MERMAID_CHECK"), reason="set FSMTRAIN_MERMAID_CHECK to a "
                     "folder with node_modules/mermaid and jsdom and check.mjs to parse with Mermaid itself")
 def test_mermaid_itself_parses_the_diagrams(tmp_path: Path) -> None:
@@ -166,13 +217,24 @@ def _nine(tmp: Path) -> list[TrainingCallback]:
     ]
 
 
+def _hook_groups(lines: list[str]) -> dict[str, str]:
+    """``[hook, "- A(5)", "- B(12)", hook2, ...]`` -> ``{hook: "A(5), B(12)", ...}``."""
+    out: dict[str, list[str]] = {}
+    hook = ""
+    for line in lines:
+        if line.startswith("- "):
+            out[hook].append(line[2:])
+        else:
+            hook = line
+            out[hook] = []
+    return {k: ", ".join(v) for k, v in out.items()}
+
+
 def _hook_lines(text: str) -> dict[str, str]:
     states, _ = parse_mermaid(text)
     out: dict[str, str] = {}
     for label in states.values():
-        for part in label.split("<br/>")[1:]:
-            hook, _, names = part.partition(" = ")
-            out[hook] = names
+        out.update(_hook_groups(label.split("<br/>")[1:]))
     return out
 
 
@@ -211,7 +273,7 @@ def test_global_callbacks_appear_in_their_place(tmp_path: Path) -> None:
     # A hook bound to a transition is listed on that transition's edges (on_exception on abort).
     _, edges = parse_mermaid(text)
     abort = _edge_label(edges, "val", "train_end")
-    assert "on_exception = _Global(50 global), _LateGlobal(95 global)" in abort
+    assert abort.endswith("[faulted]<br/>on_exception<br/>- _Global(50 global)<br/>- _LateGlobal(95 global)")
     # Without the with-block the globals are gone again.
     assert "_Global" not in callback_diagram(nine, Format.MERMAID)
 
@@ -239,7 +301,7 @@ def test_run_view_of_an_early_stopped_run(real_runs: RealRuns, tmp_path: Path) -
     assert _edge_label(edges, "epoch_end", "epoch_begin") == f"next_epoch x{epochs - 1}"
     assert _edge_label(edges, "val", "epoch_end") == f"end_epoch x{epochs}"
     final = _edge_label(edges, "epoch_end", "train_end")
-    assert final == f"finish x1 / early_stop in epoch {stop['epoch']} ({epochs} epochs done)"
+    assert final == f"finish x1 / early_stop in epoch {stop['epoch'] + 1} ({epochs} epochs done)"  # 1-based
     # info-level logs carry no per-batch moves: their count comes from global_step
     batches = sum(r["payload"]["batches"] for r in records if r["event"] == "epoch")
     assert _edge_label(edges, "train_step", "train_step") == f"batch x{batches - epochs} [internal]"
@@ -258,7 +320,7 @@ def test_run_view_of_debug_and_aborted_runs(real_runs: RealRuns) -> None:
     _, edges = parse_mermaid(run_diagram(real_runs.events("debug")))
     assert _edge_label(edges, "train_step", "train_step") == f"batch x{internal} [internal]"
     _, edges = parse_mermaid(run_diagram(real_runs.events("errored")))
-    assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 1")
+    assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 2")
 
 
 def test_run_view_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.engine import Engine
+from pipeline.core.engine import BaseDriver, Engine
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.lifecycle import StopReason, legal_moves
@@ -20,14 +20,11 @@ LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
 HOOKS = ("on_train_epoch_begin", "on_train_step_end", "on_val_end", "on_epoch_end")
 
 
-class ListDriver:
+class ListDriver(BaseDriver):
     """Numbers from lists: no torch, the same engine."""
 
     def __init__(self, batches: int) -> None:
         self.batches = batches
-
-    def attach(self, runner: CallbackRunner) -> None:
-        self.runner = runner
 
     def current_lr(self) -> float | None:
         return 0.1
@@ -35,18 +32,12 @@ class ListDriver:
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         return iter(range(self.batches))
 
-    def train_batch(self, step: StepContext) -> None:
-        self.runner.fire("on_train_step_end", step)
-
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         return {"train_loss": 1.0 / (epoch.index + 1)}
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         return {"val_loss": 2.0 / (epoch.index + 1)}
 
-    def step_scheduler(self, epoch: EpochContext) -> None: ...
-
-    def end_run(self, run: RunContext) -> None: ...
 
 
 class Action(Exception):

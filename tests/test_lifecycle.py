@@ -13,6 +13,7 @@ from pipeline.core.lifecycle import (
     HOOK_NAMES,
     HOOKS,
     INITIAL,
+    PROGRAM,
     TRANSITIONS,
     Facts,
     Guard,
@@ -76,8 +77,8 @@ def test_a_table_that_can_only_end_by_abort_is_caught() -> None:
 
 
 def test_hook_naming_an_unknown_trigger_is_caught() -> None:
-    bad = (*HOOKS, dataclasses.replace(HOOKS[0], name="on_weird", trigger="no_such_trigger"))
-    with pytest.raises(LifecycleError, match="unknown trigger 'no_such_trigger'"):
+    bad = (*PROGRAM, dataclasses.replace(HOOKS[0], name="on_weird", trigger="no_such_trigger"))
+    with pytest.raises(LifecycleError, match="'on_weird' is bound to 'no_such_trigger'"):
         check_table(TRANSITIONS, bad)
 
 
@@ -110,7 +111,9 @@ def test_real_transitions_machine_refuses_illegal_and_guarded_moves() -> None:
         Guard.FAULTED: lambda: False,
     }
     m = Model()
-    build_machine(m, guards)
+    fired: list[str] = []
+    handlers = [lambda t=t: fired.append(f"{t.trigger}:{t.dest.value}") for t in TRANSITIONS]
+    build_machine(m, guards, handlers)
     assert m.state == INITIAL.value
     with pytest.raises(MachineError):
         m.trigger("validate")  # type: ignore[attr-defined]  # not legal from created
@@ -125,6 +128,9 @@ def test_real_transitions_machine_refuses_illegal_and_guarded_moves() -> None:
     facts["stop"] = True
     assert m.trigger("stop_now")  # type: ignore[attr-defined]
     assert m.state == "train_end"
+    # each fired transition ran its own handler, once; refused triggers ran none
+    assert fired == ["begin:train_begin", "start_epoch:epoch_begin", "batch:train_step", "batch:train_step",
+                     "stop_now:train_end"]
 
 
 def test_hooks_cover_the_base_class() -> None:

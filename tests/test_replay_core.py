@@ -5,6 +5,7 @@ engine mode."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from core_helpers import make_trainer
@@ -85,8 +86,22 @@ def test_without_a_recorded_config_callbacks_must_be_given(tmp_path: Path) -> No
     assert replay_run(tmp_path, callbacks=[]).stop_reason is StopReason.COMPLETED
 
 
-def test_resumed_log_is_refused_with_the_reason(tmp_path: Path) -> None:
+def test_a_resumed_log_replays_as_the_run_it_continues(tmp_path: Path) -> None:
+    from callbacks import CheckpointCallback, EarlyStoppingCallback
+
+    def cbs() -> list[Any]:
+        return [CheckpointCallback(tmp_path / "checkpoints"), EarlyStoppingCallback(patience=50)]
+
+    make_trainer(tmp_path, cbs(), epochs=2).fit()
+    make_trainer(tmp_path, cbs(), epochs=4, resume_from="latest").fit()  # a second segment
+    res = replay_run(tmp_path, callbacks=[EarlyStoppingCallback(patience=50)])
+    assert res.divergence is None, res.divergence.describe()
+    assert (res.stop_reason, res.stop_epoch) == (StopReason.COMPLETED, 4)
+
+
+def test_a_second_run_appended_without_resume_is_refused(tmp_path: Path) -> None:
     make_trainer(tmp_path, [], epochs=1).fit()
-    make_trainer(tmp_path, [], epochs=1).fit()  # appends a second run to the same events.jsonl
-    with pytest.raises(ReplayError, match="holds 2 runs"):
+    lines = (tmp_path / "events.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "events.jsonl").write_text("".join(lines + lines))  # two runs in one file
+    with pytest.raises(ReplayError, match="holds two runs"):
         replay_run(tmp_path)

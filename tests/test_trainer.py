@@ -141,7 +141,7 @@ def test_first_stop_request_wins(tmp_path: Path) -> None:
     class Two(TrainingCallback):
         def on_val_end(self, epoch: EpochContext) -> None:
             assert epoch.request_stop(StopReason.PRUNED, "first", "a")
-            assert not epoch.request_stop(StopReason.NAN, "second", "b", immediate=True)
+            assert not epoch.request_stop(StopReason.EARLY_STOP, "second", "b", immediate=True)
 
     result = make_trainer(tmp_path, [Two()], epochs=3).fit()
     assert result.stop_reason is StopReason.PRUNED

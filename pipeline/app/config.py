@@ -236,6 +236,7 @@ class CheckpointConfig(_Section):
     save_every_n_epochs: int = Field(default=1, ge=1)
     keep_last_k: int = Field(default=3, ge=1)
     save_best: bool = True
+    save_latest: bool = True  # latest.pt at every epoch end, so any kill leaves a recent resume point
     monitor: str = "val_loss"
     mode: Literal["min", "max"] = "min"
 
@@ -370,6 +371,14 @@ class RunConfig(_Section):
         dupes = sorted({s for s in v if v.count(s) > 1})
         if dupes:
             raise ValueError(f"unique seeds; {dupes} repeated")
+        return v
+
+    @field_validator("project", "name")
+    @classmethod
+    def _one_path_component(cls, v: str | None) -> str | None:
+        # Run directories are runs/<project>/<name>-seed<s>: neither may climb out of that folder.
+        if v is not None and (v in (".", "..") or "/" in v or "\\" in v or "\x00" in v):
+            raise ValueError(f"a single folder name (no '/', '\\', '.' or '..'), got {v!r}")
         return v
 
     @field_validator("device")
@@ -769,11 +778,13 @@ def build_callbacks(
     if es.enabled:
         out.append(cb.EarlyStoppingCallback(
             patience=es.patience, mode=es.mode, min_delta=es.min_delta, monitor=es.monitor))
+    if run_dir is not None:
+        out.append(cb.MetricsCsvCallback(run_dir / "metrics.csv"))
     ck = cfg.checkpoint
     if ck.enabled and run_dir is not None:
         out.append(cb.CheckpointCallback(
             run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
-            save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode,
+            save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
         ))
     if cfg.grad_clip is not None:
         gc = cfg.grad_clip

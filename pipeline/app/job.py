@@ -7,6 +7,9 @@ leaves nothing on disk.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,18 +30,28 @@ from pipeline.app.config import (
     build_model,
     build_optimizer,
     build_scheduler,
+    load_yaml,
     resolved_dict,
     seed_everything,
 )
+from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.trainer import Trainer
+from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import TrainResult
+from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import TrainingCallback
+from pipeline.core.registry import GlobalRegistrationError
+from pipeline.core.runner import CallbackOrderError, CallbackRunner
+from pipeline.training.checkpoint import atomic_write_bytes
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["CONFIG_FILE", "MODEL_FILE", "RunParts", "SeedRun", "build_parts", "run_dir_for", "train_seed"]
+__all__ = [
+    "CONFIG_FILE", "MODEL_FILE", "RunParts", "SeedRun", "build_parts", "config_differences", "config_fingerprint",
+    "recorded_seed", "run_name_for", "runs_root", "train_seed",
+]
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.pt"
@@ -81,16 +94,43 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
 
 
-def run_dir_for(cfg: RunConfig, seed: int, run_name: str, base: Path | None = None) -> Path:
-    """``<base or runs/<project>>/<run-name>-seed<seed>``, with ``-2``, ``-3``… when it is taken,
-    so a repeated command never mixes two runs' logs."""
-    root = base if base is not None else Path("runs") / cfg.project
-    candidate = root / f"{run_name}-seed{seed}"
-    n = 2
-    while candidate.exists() and any(candidate.iterdir()):
-        candidate = root / f"{run_name}-seed{seed}-{n}"
-        n += 1
-    return candidate
+def run_name_for(cfg: RunConfig, seed: int, run_name: str) -> str:
+    return f"{run_name}-seed{seed}"
+
+
+def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
+    return base if base is not None else Path("runs") / cfg.project
+
+
+# What a resume may change: how long to train and where, and how it is logged. Everything else
+# (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
+# must be what the checkpoint was trained with, or the result is not a continuation.
+RESUMABLE_FIELDS: frozenset[str] = frozenset(
+    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize"})
+FINGERPRINT_FIELDS: tuple[str, ...] = (
+    "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
+    "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation",
+)
+
+
+def config_fingerprint(resolved: dict[str, Any], seed: int) -> str:
+    """sha256 of what a resume must not change (the fields a resume may change are left out)."""
+    picked = {k: resolved.get(k) for k in FINGERPRINT_FIELDS}
+    picked["seed"] = seed
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def config_differences(before: Any, after: Any, path: str = "") -> list[str]:
+    """Leaf paths where two resolved configs differ, outside the fields a resume may change."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after)):
+            if not path and key in RESUMABLE_FIELDS:
+                continue
+            sub = f"{path}.{key}" if path else str(key)
+            out += config_differences(before.get(key), after.get(key), sub)
+        return out
+    return [] if before == after else [f"{path} ({before!r} -> {after!r})"]
 
 
 @dataclass
@@ -111,34 +151,89 @@ class SeedRun:
 def train_seed(
     cfg: RunConfig,
     seed: int,
-    run_dir: Path,
+    run_dir: Path | RunDirClaim,
     *,
     extra_callbacks: Sequence[TrainingCallback] = (),
     trial: optuna.trial.Trial | None = None,
+    resume: bool = False,
 ) -> SeedRun:
     """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
-    when ``fit()`` returns, ``model.pt``. An exception or Ctrl-C during ``fit()`` is caught after
+    when ``fit()`` returns, ``model.pt``. An exception or a signal during ``fit()`` is caught after
     the run reached train_end and returned in ``SeedRun.error``; build errors raise ``ConfigError``
-    before anything is written."""
-    parts = build_parts(cfg, seed)
-    callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra_callbacks]
+    (and a run directory that cannot be claimed ``RunDirError``) before anything is written.
+
+    ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
+    may differ from the run's ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
-    trainer = Trainer(
-        parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
-        max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
-        metrics=parts.metrics, run_dir=run_dir, run_id=run_dir.name, log_level=cfg.log_level,
-        extras={"config": resolved, "seed": seed},
-    )
+    path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
+    if resume:
+        before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
+        if before is not None:
+            changed = config_differences(before, resolved)
+            if changed:
+                raise ConfigError([ConfigProblem(
+                    "resume", "the model, optimizer, data and seed the run was trained with",
+                    "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
+    try:
+        parts = build_parts(cfg, seed)
+        callbacks = [*build_callbacks(cfg, run_dir=path, trial=trial), *extra_callbacks]
+        _check_callbacks(callbacks)
+    except BaseException:
+        if isinstance(run_dir, RunDirClaim):
+            run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
+        raise
+    claim = run_dir if isinstance(run_dir, RunDirClaim) else (claim_existing(path) if resume else claim_new(path))
+    try:
+        atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
+        trainer = Trainer(
+            parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
+            max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
+            metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
+            extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed)},
+            resume_from="latest" if resume else None,
+        )
+    except BaseException:
+        if resume:
+            claim.release()
+        else:
+            claim.abandon()
+        raise
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
         _write_path_diagram(trainer)
-        return SeedRun(seed, run_dir, trainer, exc)
-    torch.save(trainer.model.state_dict(), run_dir / MODEL_FILE)
+        return SeedRun(seed, path, trainer, exc)
+    atomic_write_bytes(path / MODEL_FILE, _model_bytes(trainer))
     _write_path_diagram(trainer)
-    return SeedRun(seed, run_dir, trainer)
+    return SeedRun(seed, path, trainer)
+
+
+def _model_bytes(trainer: Trainer) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(trainer.model.state_dict(), buffer)
+    return buffer.getvalue()
+
+
+def recorded_seed(run_dir: Path) -> int:
+    """The seed a run directory was trained with (its first ``run_start`` event)."""
+    with open(run_dir / EVENTS_FILE, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "run_start" and isinstance((rec.get("payload") or {}).get("seed"), int):
+                return int(rec["payload"]["seed"])
+    raise ConfigError([ConfigProblem("resume", "a run_start event with the run's seed", f"none in {run_dir}")])
+
+
+def _check_callbacks(callbacks: Sequence[TrainingCallback]) -> None:
+    """A callback mistake (misspelt hook, wrong signature, broken slot order) is a config error,
+    reported before the run directory is written."""
+    try:
+        CallbackRunner(callbacks)
+    except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
+        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
 
 
 def _write_path_diagram(trainer: Trainer) -> None:

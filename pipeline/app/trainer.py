@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine, TrainResult
@@ -18,6 +19,8 @@ from pipeline.core.events import EVENTS_FILE, EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.runner import CallbackRunner
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
+from pipeline.training.resume import Resumption, find_resumption
+from pipeline.training.signals import signals_set_flag
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -26,9 +29,12 @@ class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
     ``callbacks`` join in their own tier (built-ins CORE, others USER); globally registered
-    callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there;
-    without, events are kept in memory (``trainer.events.records``). The log is hash-chained;
-    ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256 with that key.
+    callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there
+    (the folder is claimed: a new, empty one, locked for the run's life); without, events are kept in
+    memory (``trainer.events.records``). ``resume_from="latest"`` (or a checkpoint path) continues
+    the run in ``run_dir`` from its newest committed checkpoint: model, optimizer, scheduler,
+    callback states, RNG states, data order and position are restored, and the log continues (and
+    its hash chain). ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256.
     """
 
     def __init__(
@@ -44,12 +50,13 @@ class Trainer:
         device: str | torch.device = "cpu",
         *,
         metrics: Mapping[str, MetricFn] | None = None,
-        run_dir: str | Path | None = None,
+        run_dir: str | Path | RunDirClaim | None = None,
         run_id: str | None = None,
         log_level: str = "info",
         console_level: str = "warning",
         strict: bool | None = None,
         extras: Mapping[str, Any] | None = None,
+        resume_from: str | Path | None = None,
         log_key: bytes | None = None,
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
@@ -63,11 +70,29 @@ class Trainer:
         for i, cb in enumerate(callbacks):
             if not isinstance(cb, TrainingCallback):
                 raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
+        if resume_from is not None and run_dir is None:
+            raise ValueError("resume_from needs the run_dir of the run to continue")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
+        self.claim: RunDirClaim | None = None
+        self.resumption: Resumption | None = None
+        if isinstance(run_dir, RunDirClaim):
+            self.claim = run_dir
+        elif run_dir is not None:
+            self.claim = claim_existing(run_dir) if resume_from is not None else claim_new(run_dir)
+        self.run_dir = self.claim.path if self.claim is not None else None
+        start_seq = 0
+        if resume_from is not None and self.run_dir is not None:
+            try:
+                self.resumption = find_resumption(self.run_dir, resume_from)
+            except BaseException:
+                self.close()
+                raise
+            start_seq = self.resumption.tail.next_seq
+            run_id = self.resumption.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
             self.run_dir / EVENTS_FILE if self.run_dir is not None else None,
@@ -75,10 +100,10 @@ class Trainer:
             level=log_level,
             console_level=console_level,
             keep=self.run_dir is None,
+            start_seq=start_seq,
             config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
             key=log_key if log_key is not None else key_from_env(),
         )
-        self.runner = CallbackRunner(callbacks)
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
             model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
@@ -88,14 +113,31 @@ class Trainer:
             self.model, optimizer, loss_fn, train_loader, val_loader,
             scheduler=scheduler, device=self.device, metrics=metrics,
         )
-        self.engine = Engine(self.driver, self.runner, self.run, strict=strict)
+        gen = self.driver.shuffle_generator
+        if gen is not None:
+            self.run.extras.setdefault("data_seed", gen.initial_seed())
+        if self.resumption is not None:
+            self.resumption.prepare(self.run)
+        self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
+                             restore=None if self.resumption is None else self.resumption.restore)
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:
         return self.runner.callbacks
 
     def fit(self) -> TrainResult:
+        """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED (teardown
+        runs, the ``result`` is written) and raise :class:`pipeline.core.engine.Interrupted`."""
         try:
-            return self.engine.execute()
+            with signals_set_flag(self.run):
+                return self.engine.execute()
         finally:
-            self.events.close()
+            self.close()
+
+    def close(self) -> None:
+        """Close the log and let the run directory go (``fit`` does this itself)."""
+        events = getattr(self, "events", None)
+        if events is not None:
+            events.close()
+        if self.claim is not None:
+            self.claim.release()

@@ -1,6 +1,7 @@
 """The machine, torch-free: the lifecycle table and the machine built from it, typed contexts and
 slots, ``TrainingCallback``, the global registry, the runner, the engine and the event log."""
 
+from pipeline.core.checks import CallbackDefinitionError, SlotWriteError
 from pipeline.core.context import (
     CheckpointContext,
     EpochContext,
@@ -12,16 +13,17 @@ from pipeline.core.context import (
     StepContext,
     StopRequest,
 )
-from pipeline.core.engine import Driver, Engine, TrainResult
+from pipeline.core.engine import BaseDriver, Driver, Engine, Interrupted, TrainResult
 from pipeline.core.events import EventLog, read_events
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
-from pipeline.core.registry import GlobalHandle, register_global_callback
+from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
 from pipeline.core.runner import CallbackOrderError, CallbackRunner
 
 __all__ = [
-    "HOOKS", "TRANSITIONS", "CallbackOrderError", "CallbackRunner", "CheckpointContext", "Driver", "Engine",
-    "EpochContext", "EpochRecord", "EventLog", "FaultContext", "GlobalHandle", "Guard", "LifecycleError", "Phase",
-    "ReplaySupport", "RunContext", "Slot", "SlotScope", "StepContext", "StopReason", "StopRequest", "Tier",
+    "HOOKS", "TRANSITIONS", "BaseDriver", "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner",
+    "CheckpointContext", "Driver", "Engine", "EpochContext", "Interrupted", "EpochRecord", "EventLog", "FaultContext",
+    "GlobalHandle", "GlobalRegistrationError", "Guard", "LifecycleError", "Phase", "ReplaySupport",
+    "RunContext", "Slot", "SlotScope", "SlotWriteError", "StepContext", "StopReason", "StopRequest", "Tier",
     "TrainResult", "TrainingCallback", "Transition", "read_events", "register_global_callback",
 ]

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def epoch_number(index: int) -> int:
+    """The one numbering a person reads (console, file names, messages, audit, diagrams): the first
+    epoch is epoch 1. Machine-readable fields (the log's ``epoch``) keep the 0-based index."""
+    return index + 1
+
+
 class SlotScope(str, Enum):
     EPOCH = "epoch"  # cleared at every epoch begin
     RUN = "run"  # kept for the whole run
@@ -100,10 +106,11 @@ class RunContext:
         self.scheduler = scheduler
         self.run_dir = run_dir
         self.dry_run = dry_run  # True when replaying: no model, callbacks must not touch one
-        self.phase = Phase.CREATED
+        self._phase_of: Callable[[], Phase] = _created
         self.epoch = 0
         self.global_step = 0
         self.stop: StopRequest | None = None
+        self.pending_signal: int | None = None  # set by a signal handler; the engine acts on it
         self.history: list[EpochRecord] = []
         self._slots: dict[str, Any] = {}
         self._epoch_slots: set[str] = set()
@@ -112,12 +119,26 @@ class RunContext:
         # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
         self.callbacks: tuple[Any, ...] = ()
         self.dispatch: Callable[[str, Any], None] = _no_dispatch
+        # Set by the engine to the runner's check that the running callback declared the slot it writes.
+        self.slot_guard: Callable[[Slot[Any]], None] | None = None
+
+    @property
+    def phase(self) -> Phase:
+        """The lifecycle machine's state (read from the machine; kept nowhere else)."""
+        return self._phase_of()
+
+    def bind_phase(self, phase_of: Callable[[], Phase]) -> None:
+        """Called by the engine: where the phase is read from."""
+        self._phase_of = phase_of
 
     # --- slots -----------------------------------------------------------------------------
     def get(self, slot: Slot[T]) -> T | None:
         return cast("T | None", self._slots.get(slot.name))
 
     def set(self, slot: Slot[T], value: T) -> None:
+        guard = self.slot_guard
+        if guard is not None:
+            guard(slot)
         self._slots[slot.name] = value
         if slot.scope is SlotScope.EPOCH:
             self._epoch_slots.add(slot.name)
@@ -132,14 +153,19 @@ class RunContext:
 
     # --- stopping --------------------------------------------------------------------------
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
-        """Ask the machine to stop. The first request wins; later ones are logged and ignored.
+        """Ask the machine to stop. The first request wins and later ones are logged and ignored,
+        except that a request of higher precedence (NAN over an early stop or a prune) replaces
+        one that has not yet taken effect: ``overrides`` in the log names what it replaced.
 
         A normal request lets the current epoch finish (its epoch_end handlers run); an immediate
         one routes to ``train_end`` at the next transition. Returns whether this request won.
         """
-        accepted = self.stop is None
+        current = self.stop
+        accepted = current is None or (reason.outranks(current.reason) and self.phase is not Phase.TRAIN_END)
         if accepted:
-            self.stop = StopRequest(reason, source, message, immediate, self.epoch, self.global_step, self.phase)
+            self.stop = StopRequest(reason, source, message, immediate or bool(current and current.immediate),
+                                    self.epoch, self.global_step, self.phase)
+        extra = {"overrides": current.reason.value} if accepted and current is not None else {}
         self.emit(
             "stop_request",
             reason=reason.value,
@@ -147,6 +173,7 @@ class RunContext:
             message=message,
             immediate=immediate,
             accepted=accepted,
+            **extra,
         )
         return accepted
 
@@ -174,6 +201,10 @@ class RunContext:
 
 def _no_dispatch(hook: str, ctx: Any) -> None:
     return None
+
+
+def _created() -> Phase:
+    return Phase.CREATED
 
 
 class _Delegating:
@@ -206,6 +237,11 @@ class EpochContext(_Delegating):
         self.index = index
         self.metrics: dict[str, float] = {}
         self.batches = 0
+
+    @property
+    def number(self) -> int:
+        """The epoch number people read: 1-based (``index`` is the 0-based one the log keeps)."""
+        return epoch_number(self.index)
 
     @property
     def train_loss(self) -> float | None:
@@ -259,6 +295,26 @@ class StepContext(_Delegating):
         self.skip_optimizer_step = False
         self.skip_zero_grad = False
         self.last_batch = last_batch
+
+
+class ValStepContext(_Delegating):
+    """One validation batch, for ``on_val_batch_begin`` / ``on_val_batch_end``: after the batch,
+    ``output`` and ``loss`` (detached) are set, so a callback can accumulate a metric over the whole
+    validation set that is not a mean of batch means (F1, AUC, a confusion matrix)."""
+
+    def __init__(self, run: RunContext, epoch: EpochContext) -> None:
+        self.run = run
+        self.epoch = epoch
+        self.batch_index = -1
+        self.batch: Any = None
+        self.output: Any = None
+        self.loss: Any = None
+
+    def reset(self, batch_index: int, batch: Any) -> None:
+        self.batch_index = batch_index
+        self.batch = batch
+        self.output = None
+        self.loss = None
 
 
 @dataclass

@@ -31,9 +31,15 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from transitions import State
-from transitions.extensions import GraphMachine
-
+from pipeline.core.context import epoch_number
+from pipeline.core.graph_machine import (
+    CALLBACK_BULLET,
+    DOT_NEWLINE,
+    MERMAID_NEWLINE,
+    DrawnModel,
+    EdgeKey,
+    LifecycleGraphMachine,
+)
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
 from pipeline.core.runner import CallbackRunner
@@ -105,28 +111,11 @@ def _clean(text: str) -> str:
     return text.replace(":", " ").replace(";", ",").replace("#", "no.")
 
 
-# --- building the GraphMachine ----------------------------------------------------------------------
-class _LabelledState(State):
-    """A ``transitions`` state with a ``label`` (MarkupMachine exports it; the graph engines draw it)."""
-
-    def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if label:
-            self.label = label
-
-
-class _LifecycleGraphMachine(GraphMachine):
-    state_cls = _LabelledState
-
-
-class _Model:
-    """The model object the graph machine binds ``get_graph`` to."""
-
-
 @dataclass
 class _Edge:
     t: Transition
     label: str
+    notes: list[str] = field(default_factory=list)  # lines under the label (callbacks on the move)
 
 
 @dataclass
@@ -142,7 +131,7 @@ class _Spec:
 
 def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
     """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
-    newline = "<br/>" if fmt is Format.MERMAID else "\\l"
+    newline = MERMAID_NEWLINE if fmt is Format.MERMAID else DOT_NEWLINE
     states: list[dict[str, Any]] = []
     for phase in spec.phases:
         lines = spec.node_lines.get(phase, [])
@@ -151,12 +140,16 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
             state["label"] = newline.join([phase.value, *lines])
         states.append(state)
     transitions: list[dict[str, Any]] = []
+    notes: dict[EdgeKey, list[str]] = {}
     for edge in spec.edges:
+        dest = None if edge.t.internal else edge.t.dest.value
+        if edge.notes:
+            notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
         conditions, unless = _guard_strings(edge.t) if spec.show_conditions else ([], [])
         transitions.append({
             "trigger": edge.t.trigger,
             "source": edge.t.source.value,
-            "dest": None if edge.t.internal else edge.t.dest.value,
+            "dest": dest,
             # Guard names as strings: the machine is only drawn, never triggered, so they are never
             # resolved; transitions' ``show_conditions`` renders them as "[a & !b]".
             "conditions": conditions,
@@ -165,8 +158,8 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         })
     if fmt is not Format.MERMAID:
         _require_graphviz_package()
-    model = _Model()
-    machine = _LifecycleGraphMachine(
+    model = DrawnModel()
+    machine = LifecycleGraphMachine(
         model=model,
         states=states,
         transitions=transitions,
@@ -175,6 +168,7 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         title=title,
         show_conditions=spec.show_conditions,
         graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz",
+        edge_notes=notes,
     )
     graph_obj = machine.model_graphs[id(model)]
     graph_obj.reset_styling()  # no "current state" highlight unless asked for
@@ -182,10 +176,18 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         graph_obj.set_node_style(spec.active.value, "active")
     source: str = model.get_graph().source  # type: ignore[attr-defined]
     if fmt is Format.MERMAID:
+        # transitions writes the title as a bare line of the front matter; Mermaid reads `title:`.
+        source = source.replace(f"---\n{title}\n---\n", f"---\ntitle: {_yaml_scalar(title)}\n---\n", 1)
         # The flat Mermaid engine marks the initial state only; mark the final one too.
         source = source.rstrip("\n") + f"\n  {FINAL.value} --> [*]\n" if FINAL in spec.phases else source
         return source if source.endswith("\n") else source + "\n"
     return source
+
+
+def _yaml_scalar(text: str) -> str:
+    """``text`` as a YAML value: plain when it can be, else double-quoted (JSON is valid YAML)."""
+    plain = text and not any(c in text for c in ":#'\"{}[],&*!|>%@`") and text == text.strip()
+    return text if plain else json.dumps(text)
 
 
 def _require_graphviz_package() -> None:
@@ -197,16 +199,14 @@ def _require_graphviz_package() -> None:
                            "which transitions uses to write DOT source")
 
 
-def _lifecycle_edges(extra: dict[int, list[str]] | None = None) -> list[_Edge]:
+def _lifecycle_edges(notes: dict[int, list[str]] | None = None) -> list[_Edge]:
     edges: list[_Edge] = []
     for i, t in enumerate(TRANSITIONS):
         label = t.trigger
         reasons = stop_reasons_for(t)
         if reasons:
             label += " {" + ", ".join(r.value for r in reasons) + "}"
-        for line in (extra or {}).get(i, []):
-            label += f" / {line}"
-        edges.append(_Edge(t, _clean(label)))
+        edges.append(_Edge(t, _clean(label), list((notes or {}).get(i, []))))
     return edges
 
 
@@ -249,13 +249,15 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
         names = listing.get(spec.name)
         if not names:
             continue
-        line = _clean(f"{spec.name} = {', '.join(names)}")
+        # The hook on a line of its own, then one callback per line: nine built-ins on one line
+        # made a label wider than the whole diagram.
+        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{name}") for name in names)]
         if spec.trigger is None:
-            node_lines.setdefault(spec.phase, []).append(line)
+            node_lines.setdefault(spec.phase, []).extend(lines)
             continue
         for i, t in enumerate(TRANSITIONS):
             if t.trigger == spec.trigger and t.dest is spec.phase:
-                edge_lines.setdefault(i, []).append(line)
+                edge_lines.setdefault(i, []).extend(lines)
     spec_ = _Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines))
     text = _graph_source(spec_, _text_format(fmt), f"{TITLE} with callbacks")
     return render_svg(text) if fmt is Format.SVG else text
@@ -349,7 +351,7 @@ def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
         if key == run.final:
             label += f" / {run.reason or 'unknown'}"
             if run.stop_epoch is not None and run.stop_epoch >= 0:
-                label += f" in epoch {run.stop_epoch}"
+                label += f" in epoch {epoch_number(run.stop_epoch)}"
             label += f" ({run.epochs_done} epochs done)"
         edges.append(_Edge(t, _clean(label)))
     unknown = sorted(k for k in run.counts if k not in by_key)

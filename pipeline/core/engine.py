@@ -1,71 +1,152 @@
-"""The engine walks the lifecycle machine: it fires the one enabled transition from each phase,
-runs the phase's work through a :class:`Driver`, dispatches hooks and writes events.
+"""The engine offers the lifecycle machine its triggers and gives the machine its handlers.
+
+The machine is the authority. At each phase the engine offers the ``transitions`` machine the
+triggers that leave its current state, in table order; the machine's own conditions (the live
+guards) decide which one fires, and the phase is read from the machine's state, nowhere else. What
+happens on a move is the machine's handler for that transition, compiled here from
+:func:`pipeline.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
+After a move the engine checks the machine moved where the table allows, so a broken machine
+(one that accepts every trigger, or never changes state) stops the run instead of faking it.
 
 It knows nothing of torch. Training (``pipeline.training.driver.TorchDriver``) and replay
-(``pipeline.tools.replay``) are drivers; both take exactly this code path, so a replayed run differs from
-a trained one only in where the numbers come from.
+(``pipeline.tools.replay``) are drivers; both take exactly this code path.
 
-Per batch, the internal ``batch`` transition runs on a fast path compiled from the table entry:
-its guards as bound predicates and its pre-sorted ``on_batch_begin`` handlers. When a guard stops
-the loop (loader exhausted, immediate stop), control falls back to the real ``transitions``
-trigger. Strict mode (``strict=True`` or ``FSMTRAIN_STRICT_FSM=1``) sends every batch through the
-real trigger; both modes write the same events.
+Per batch, the internal ``batch`` transition runs on a fast path: a compiled copy of that declared
+transition (its guards as bound predicates, its handler list) that loops for as long as the guard
+holds, then hands back to the real trigger. Strict mode (``strict=True`` or
+``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger; both write the same events.
+
+Teardown cannot be skipped: every step of ``train_end`` (``on_exception``, ``on_train_end`` per
+callback, the driver's ``end_run``, the ``result`` event) runs even when an earlier one raises or a
+second interrupt arrives; the first error is raised after all have run.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.core.context import EpochContext, EpochRecord, FaultContext, RunContext, StepContext, StopRequest
+from pipeline.core.context import (
+    EpochContext,
+    EpochRecord,
+    FaultContext,
+    RunContext,
+    StepContext,
+    StopRequest,
+    ValStepContext,
+)
 from pipeline.core.lifecycle import (
     ABORT,
     BATCH,
-    PER_BATCH_HOOKS,
+    FINAL,
+    TRANSITIONS,
+    Action,
+    ActionSpec,
     Facts,
     Guard,
+    HookScope,
+    HookSpec,
     LifecycleError,
     Phase,
+    Step,
     StopReason,
     Transition,
     build_machine,
-    enabled_transition,
+    program_for,
     transition_for,
+    triggers_from,
 )
-from pipeline.core.runner import CallbackRunner, Handler
+from pipeline.core.runner import CallbackRunner
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _END: Any = object()
+_PHASES: dict[str, Phase] = {p.value: p for p in Phase}
+
+Work = Callable[[Any], None]
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
+    never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"signal {signal.Signals(signum).name} received")
 
 
 class Driver(Protocol):
-    """Where the numbers come from. The engine calls these inside the matching phases."""
-
-    def attach(self, runner: CallbackRunner) -> None:
-        """Called once before the run; the driver fires the per-batch body hooks from ``runner``."""
+    """Where the numbers come from. Each method is an :class:`~pipeline.core.lifecycle.Action` of the
+    program, called by the machine's handlers at its place in the table."""
 
     def current_lr(self) -> float | None: ...
 
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         """Prepare an epoch (e.g. ``model.train()``) and return its training batches."""
 
-    def train_batch(self, step: StepContext) -> None:
-        """Run one batch body, firing ``on_before_forward`` … ``on_train_step_end``."""
+    def forward(self, step: StepContext) -> None: ...
+
+    def backward(self, step: StepContext) -> None: ...
+
+    def optimizer_step(self, step: StepContext) -> None: ...
+
+    def zero_grad(self, step: StepContext) -> None: ...
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         """Metrics of the epoch's training part (at least ``train_loss``), read once per epoch."""
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
+        """The validation batches (none when there is no validation)."""
+
+    def val_batch(self, step: ValStepContext) -> None:
+        """Evaluate one validation batch: set ``step.output`` and ``step.loss``, accumulate."""
+
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         """Validation metrics (``val_loss`` and any others); empty when there is no validation."""
 
     def step_scheduler(self, epoch: EpochContext) -> None: ...
 
     def end_run(self, run: RunContext) -> None: ...
+
+
+class BaseDriver:
+    """No-op defaults for the driver actions a driver has nothing to do in (replay, tests)."""
+
+    def current_lr(self) -> float | None:
+        return None
+
+    def forward(self, step: StepContext) -> None:
+        return None
+
+    def backward(self, step: StepContext) -> None:
+        return None
+
+    def optimizer_step(self, step: StepContext) -> None:
+        return None
+
+    def zero_grad(self, step: StepContext) -> None:
+        return None
+
+    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
+        return iter(())
+
+    def val_batch(self, step: ValStepContext) -> None:
+        return None
+
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
+        return {}
+
+    def step_scheduler(self, epoch: EpochContext) -> None:
+        return None
+
+    def end_run(self, run: RunContext) -> None:
+        return None
 
 
 @dataclass
@@ -124,46 +205,106 @@ def compile_guard(
     return lambda: all(g() for g in conditions) and not any(g() for g in unless)
 
 
+def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: bool) -> Work:
+    """One callable for a per-batch program: ``(work, skip flag)`` pairs in order, a run of pairs
+    sharing a flag left out when the step context has that flag set. With no per-batch hook nothing
+    can set a flag, and the body is a plain sequence of calls."""
+    if not flags_can_change:
+        plain = tuple(fn for fn, _ in items)
+
+        def body(ctx: Any) -> None:
+            for fn in plain:
+                fn(ctx)
+
+        return body
+    groups: list[tuple[str | None, list[Work]]] = []
+    for fn, flag in items:
+        if groups and groups[-1][0] == flag:
+            groups[-1][1].append(fn)
+        else:
+            groups.append((flag, [fn]))
+    frozen = tuple((flag, tuple(fns)) for flag, fns in groups)
+
+    def flagged(ctx: Any) -> None:
+        for flag, fns in frozen:
+            if flag is None or not getattr(ctx, flag):
+                for fn in fns:
+                    fn(ctx)
+
+    return flagged
+
+
 def strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 class Engine:
-    def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        runner: CallbackRunner,
+        run: RunContext,
+        *,
+        strict: bool | None = None,
+        restore: Callable[[RunContext], None] | None = None,
+    ) -> None:
+        """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint)."""
         self.driver = driver
+        self._restore = restore
         self.runner = runner
         self.run = run
         self.strict = strict_from_env() if strict is None else strict
         self.result: TrainResult | None = None
         self._faulted = False
-        self._ended = False
+        self._logged: set[int] = set()  # exceptions already written to the log
         self._iter: Iterator[Any] = iter(())
         self._next: Any = _END
+        self._following: Any = _END
         self._batch_index = 0
         self._epoch: EpochContext | None = None
         self._step: StepContext | None = None
+        self._val_step: ValStepContext | None = None
+        self._fault_ctx: FaultContext | None = None
         self._phase_started = 0.0
         self._phase_seconds: dict[str, float] = {}
         self._epoch_started = 0.0
+        self._debug = run.events.enabled_for("debug")
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: self._has_batch,
             Guard.IMMEDIATE_STOP: self._immediate_stop,
             Guard.FAULTED: self._is_faulted,
         }
-        self._model = _MachineModel()
-        self.machine = build_machine(self._model, guards)
-        # The compiled fast path of the internal batch transition.
+        self._actions: dict[Action, Work] = self._action_table()
+        self._contexts: dict[HookScope, Callable[[], Any]] = {
+            HookScope.RUN: lambda: self.run,
+            HookScope.EPOCH: lambda: self._epoch,
+            HookScope.STEP: lambda: self._step,
+            HookScope.VAL_STEP: lambda: self._val_step,
+            HookScope.FAULT: lambda: self._fault_ctx,
+        }
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
+        self._batch_body = self._compile_per_batch(program_for(self._batch_move))
+        handlers = [self._compile(t) for t in TRANSITIONS]
+        self._batch_handler = handlers[TRANSITIONS.index(self._batch_move)]
+        self._model = _MachineModel()
+        self.machine = build_machine(self._model, guards, handlers)
+        run.bind_phase(self._machine_phase)
+        # The compiled fast path of the internal batch transition: its guards, its handlers.
         self._fast_guard = compile_guard(
             tuple(guards[g] for g in self._batch_move.conditions), tuple(guards[g] for g in self._batch_move.unless)
         )
-        self._on_batch_begin: Handler | None = runner.dispatcher("on_batch_begin")
-        self._batch_hooked = any(runner.has(h) for h in PER_BATCH_HOOKS)
-        self._debug = run.events.enabled_for("debug")
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
-        driver.attach(runner)
+        run.slot_guard = runner.check_write
+
+    def _machine_phase(self) -> Phase:
+        return _PHASES[self._model.state]
+
+    @property
+    def phase(self) -> Phase:
+        """The machine's state."""
+        return _PHASES[self._model.state]
 
     # --- guards ----------------------------------------------------------------------------
     def _can_continue(self) -> bool:
@@ -174,7 +315,7 @@ class Engine:
 
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
-        return stop is not None and stop.immediate
+        return (stop is not None and stop.immediate) or self.run.pending_signal is not None
 
     def _is_faulted(self) -> bool:
         return self._faulted
@@ -183,11 +324,131 @@ class Engine:
         stop = self.run.stop
         return Facts(
             stop_requested=stop is not None,
-            immediate_stop=stop is not None and stop.immediate,
+            immediate_stop=(stop is not None and stop.immediate) or self.run.pending_signal is not None,
             epochs_remain=self.run.epoch < self.run.max_epochs,
             has_batch=self._next is not _END,
             faulted=self._faulted,
         )
+
+    # --- compiling the machine's handlers from the program ------------------------------------
+    def _action_table(self) -> dict[Action, Work]:
+        d = self.driver
+        return {
+            Action.RESTORE: self._restore_run,
+            Action.BEGIN_EPOCH: self._begin_epoch,
+            Action.LOAD_EPOCH: self._load_epoch,
+            Action.NEXT_BATCH: self._next_batch,
+            Action.FORWARD: d.forward,
+            Action.BACKWARD: d.backward,
+            Action.OPTIMIZER_STEP: d.optimizer_step,
+            Action.ZERO_GRAD: d.zero_grad,
+            Action.COUNT_BATCH: self._count_batch,
+            Action.END_TRAIN: self._end_train,
+            Action.VAL_BATCH: d.val_batch,
+            Action.END_VALIDATION: self._end_validation,
+            Action.SCHEDULER_STEP: d.step_scheduler,
+            Action.RECORD_EPOCH: self._record_epoch,
+            Action.END_RUN: d.end_run,
+            Action.RESULT: self._write_result,
+        }
+
+    def _work(self, step: Step) -> Work | None:
+        if isinstance(step, ActionSpec):
+            return self._actions[step.action]
+        return self.runner.dispatcher(step.name)
+
+    def _compile_per_batch(self, steps: Sequence[Step]) -> Work:
+        items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
+        hooked = any(isinstance(s, HookSpec) and self.runner.has(s.name) for s in steps)
+        return compile_body(items, flags_can_change=hooked)
+
+    def _compile(self, t: Transition) -> Callable[[], None]:
+        """The handler of transition ``t``: log the move, then run its program."""
+        steps = program_for(t)
+        if t.dest is FINAL:
+            return self._compile_teardown(t, steps)
+        if t.trigger == BATCH:
+            body = self._batch_body
+
+            def batch_handler() -> None:
+                self._log_move(t)
+                body(self._step)
+
+            return batch_handler
+        segments: list[Callable[[], None]] = []
+        i = 0
+        while i < len(steps):
+            s = steps[i]
+            if s.per_batch:  # a loop over validation batches inside the phase
+                j = i
+                while j < len(steps) and steps[j].per_batch:
+                    j += 1
+                segments.append(self._val_loop(self._compile_per_batch(steps[i:j])))
+                i = j
+                continue
+            work = self._work(s)
+            if work is not None:
+                segments.append(self._bind(work, self._contexts[s.scope]))
+            i += 1
+
+        def handler() -> None:
+            self._log_move(t)
+            for segment in segments:
+                segment()
+
+        return handler
+
+    @staticmethod
+    def _bind(work: Work, context: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:
+            work(context())
+
+        return call
+
+    def _val_loop(self, body: Work) -> Callable[[], None]:
+        def loop() -> None:
+            epoch = self._epoch
+            assert epoch is not None
+            vstep = self._val_step = ValStepContext(self.run, epoch)
+            batches = self.driver.val_batches(epoch)
+            try:
+                for index, batch in enumerate(batches):
+                    vstep.reset(index, batch)
+                    body(vstep)
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+
+        return loop
+
+    def _compile_teardown(self, t: Transition, steps: Sequence[Step]) -> Callable[[], None]:
+        """Every step runs, every callback of every hook runs; failures are logged as they happen
+        and the first is raised at the end (a second Ctrl-C included)."""
+        items: list[tuple[str, Work, HookScope]] = []
+        for s in steps:
+            if isinstance(s, ActionSpec):
+                items.append((s.name, self._actions[s.action], s.scope))
+                continue
+            for i, fn in self.runner.table(s.name):
+                items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
+
+        def teardown() -> None:
+            first: BaseException | None = None
+            try:
+                self._log_move(t)
+            except BaseException as exc:
+                first = exc
+            for where, fn, scope in items:
+                try:
+                    fn(self._contexts[scope]())
+                except BaseException as exc:
+                    self._log_exception(exc, where)
+                    first = first or exc
+            if first is not None:
+                raise first
+
+        return teardown
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
@@ -201,51 +462,63 @@ class Engine:
             callbacks=self.runner.describe(),
             **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from")},
         )
-        actions: dict[Phase, Callable[[], None]] = {
-            Phase.TRAIN_BEGIN: self._train_begin,
-            Phase.EPOCH_BEGIN: self._epoch_begin,
-            Phase.TRAIN_STEP: self._train_steps,
-            Phase.VAL: self._val,
-            Phase.EPOCH_END: self._epoch_end,
-        }
+        self._phase_started = time.perf_counter()
         try:
-            while True:
-                move = self._advance()
-                if move.dest is Phase.TRAIN_END:
-                    self._train_end()
-                    break
-                actions[move.dest]()
+            while self._model.state != FINAL.value:
+                if not self.strict and self._model.state == Phase.TRAIN_STEP.value:
+                    self._fast_batches()
+                self._advance()
         except BaseException as exc:
             self._fault(exc)
             raise
         assert self.result is not None
         return self.result
 
-    def _advance(self) -> Transition:
-        """Fire the single transition the table enables from the current phase."""
-        source = self.run.phase
-        move = enabled_transition(source, self.facts())
-        if not self._model.trigger(move.trigger):
-            raise LifecycleError(f"the machine refused {move.trigger!r} from {source.value!r}")
-        self._enter(move, source)
-        return move
+    def _advance(self) -> None:
+        """Offer the machine the triggers that leave its state; check it moved as the table says."""
+        source = _PHASES[self._model.state]
+        if self.run.pending_signal is not None:
+            raise Interrupted(self.run.pending_signal)  # the fault path routes it through abort
+        facts = self.facts()
+        for trigger in triggers_from(source):
+            if self._model.trigger(trigger):
+                move = transition_for(trigger, source)
+                dest = _PHASES.get(self._model.state)
+                if dest is not move.dest or not move.enabled(facts):
+                    raise LifecycleError(
+                        f"the machine fired {trigger!r} from {source.value!r} into {self._model.state!r}, "
+                        f"but the table allows {trigger!r} only into {move.dest.value!r} when its guards hold "
+                        f"({move.guard_label() or 'no guard'}; facts {facts})"
+                    )
+                return
+        raise LifecycleError(f"the machine fired none of {triggers_from(source)} from {source.value!r} ({facts})")
 
-    def _enter(self, move: Transition, source: Phase) -> None:
-        now = time.perf_counter()
-        if source is not move.dest or not move.internal:
+    def _fast_batches(self) -> None:
+        """The compiled copy of the internal ``batch`` transition, for as long as its guard holds."""
+        guard = self._fast_guard
+        if self._debug:
+            handler = self._batch_handler
+            while guard():
+                handler()
+            return
+        body, step = self._batch_body, self._step
+        while guard():
+            body(step)
+
+    def _log_move(self, move: Transition) -> None:
+        source = move.source
+        if not move.internal:
+            now = time.perf_counter()
             self._phase_seconds[source.value] = self._phase_seconds.get(source.value, 0.0) + now - self._phase_started
             self._phase_started = now
-        self.run.phase = move.dest
-        level = "debug" if move.internal else "info"
-        if level == "info" or self._debug:
-            payload: dict[str, Any] = {}
-            if move.dest is Phase.TRAIN_END:
-                payload = self._stop_payload()
-            self.run.events.emit(
-                "transition", level=level, phase=move.dest.value, epoch=self.run.epoch,
-                global_step=self.run.global_step, payload=payload,
-                from_phase=source.value, to_phase=move.dest.value, trigger=move.trigger,
-            )
+        elif not self._debug:
+            return
+        payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
+        self.run.events.emit(
+            "transition", level="debug" if move.internal else "info", phase=move.dest.value, epoch=self.run.epoch,
+            global_step=self.run.global_step, payload=payload,
+            from_phase=source.value, to_phase=move.dest.value, trigger=move.trigger,
+        )
 
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
@@ -256,11 +529,12 @@ class Engine:
             "message": stop.message if stop else f"reached max_epochs={self.run.max_epochs}",
         }
 
-    # --- phase work ------------------------------------------------------------------------
-    def _train_begin(self) -> None:
-        self.runner.fire("on_train_begin", self.run)
+    # --- actions ---------------------------------------------------------------------------
+    def _restore_run(self, run: RunContext) -> None:
+        if self._restore is not None:
+            self._restore(run)
 
-    def _epoch_begin(self) -> None:
+    def _begin_epoch(self, _: Any) -> None:
         run = self.run
         run.clear_epoch_slots()
         self._phase_seconds = {}
@@ -270,77 +544,29 @@ class Engine:
         lr = self.driver.current_lr()
         if lr is not None:
             epoch.metrics["lr"] = lr
-        self.runner.fire("on_train_epoch_begin", epoch)
+
+    def _load_epoch(self, epoch: EpochContext) -> None:
         self._iter = iter(self.driver.epoch_batches(epoch))
         self._batch_index = 0
         self._next = next(self._iter, _END)
 
-    def _train_steps(self) -> None:
-        """Entered by the real ``batch`` trigger; in fast mode it then runs the remaining batches
-        of the epoch itself for as long as the compiled guard of ``batch`` holds."""
-        self._one_batch()
-        if self.strict:
-            return
-        guard = self._fast_guard
-        if self._debug or self._batch_hooked:
-            while guard():
-                if self._debug:
-                    self._log_internal_batch()
-                self._one_batch()
-            return
-        # No callback handles a per-batch hook, so nothing can set a step flag: the step context
-        # needs no reset. Python run between heavy torch calls runs with cold caches, so this loop
-        # keeps to locals (measured: 3.7 us a batch through _one_batch, about 1 us here).
-        step, it, run, train_batch = self._step, self._iter, self.run, self.driver.train_batch
-        assert step is not None
-        index = self._batch_index
-        while guard():
-            following = next(it, _END)
-            step.batch_index = index
-            step.batch = self._next
-            step.last_batch = following is _END
-            train_batch(step)
-            index += 1
-            self._batch_index = index
-            run.global_step += 1
-            self._next = following
+    def _next_batch(self, step: StepContext) -> None:
+        following = self._following = next(self._iter, _END)
+        step.reset(self._batch_index, self._next, following is _END)
 
-    def _log_internal_batch(self) -> None:
-        run = self.run
-        run.events.emit(
-            "transition", level="debug", phase=Phase.TRAIN_STEP.value, epoch=run.epoch,
-            global_step=run.global_step, payload={},
-            from_phase=Phase.TRAIN_STEP.value, to_phase=Phase.TRAIN_STEP.value, trigger=BATCH,
-        )
-
-    def _one_batch(self) -> None:
-        step = self._step
-        assert step is not None
-        batch = self._next
-        following = next(self._iter, _END)
-        step.reset(self._batch_index, batch, following is _END)
-        if self._on_batch_begin is not None:
-            self._on_batch_begin(step)
-        self.driver.train_batch(step)
+    def _count_batch(self, step: StepContext) -> None:
         self._batch_index += 1
         self.run.global_step += 1
-        self._next = following
+        self._next = self._following
 
-    def _val(self) -> None:
-        epoch = self._epoch
-        assert epoch is not None
+    def _end_train(self, epoch: EpochContext) -> None:
         epoch.batches = self._batch_index
         epoch.metrics.update(self.driver.end_train(epoch))
-        self.runner.fire("on_val_begin", epoch)
-        epoch.metrics.update(self.driver.validate(epoch))
-        self.runner.fire("on_val_end", epoch)
 
-    def _epoch_end(self) -> None:
-        epoch = self._epoch
-        assert epoch is not None
-        self.runner.fire("on_before_scheduler_step", epoch)
-        self.driver.step_scheduler(epoch)
-        self.runner.fire("on_epoch_end", epoch)
+    def _end_validation(self, epoch: EpochContext) -> None:
+        epoch.metrics.update(self.driver.end_validation(epoch))
+
+    def _record_epoch(self, epoch: EpochContext) -> None:
         now = time.perf_counter()
         self._phase_seconds["epoch_end"] = self._phase_seconds.get("epoch_end", 0.0) + now - self._phase_started
         self._phase_started = now
@@ -357,48 +583,42 @@ class Engine:
         )
         self.run.epoch += 1
 
-    def _train_end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        stop = self.run.stop
-        reason = stop.reason if stop is not None else StopReason.COMPLETED
-        self.result = TrainResult.from_run(self.run, reason)
-        try:
-            self.runner.fire("on_train_end", self.run)
-        finally:
-            self.driver.end_run(self.run)
-        self.run.emit("result", **self.result.summary())
+    def _write_result(self, run: RunContext) -> None:
+        stop = run.stop
+        self.result = TrainResult.from_run(run, stop.reason if stop is not None else StopReason.COMPLETED)
+        run.emit("result", **self.result.summary())
 
     # --- faults ----------------------------------------------------------------------------
-    def _fault(self, exc: BaseException) -> None:
-        """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED), run
-        ``on_exception`` and ``on_train_end`` once, and let the caller re-raise ``exc``."""
-        run = self.run
-        where = self.runner.failed_in
-        source = f"{where[0]}.{where[1]}" if where else f"phase {run.phase.value}"
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        run.emit(
+    def _log_exception(self, exc: BaseException, source: str) -> None:
+        if id(exc) in self._logged:
+            return
+        self._logged.add(id(exc))
+        self.run.emit(
             "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+            interrupt=isinstance(exc, KeyboardInterrupt),
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)),
         )
-        if self._ended:
-            return  # the fault came from on_train_end itself, which has run (once)
-        phase = run.phase
-        if phase is not Phase.TRAIN_END:
-            self._faulted = True
-            reason = StopReason.INTERRUPTED if interrupted else StopReason.ERROR
-            run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
-            if not self._model.trigger(ABORT):
-                raise LifecycleError(f"the machine refused {ABORT!r} from {phase.value!r}") from exc
-            self._enter(transition_for(ABORT, phase), phase)
-            self._secondary("on_exception", lambda: self.runner.fire("on_exception", FaultContext(run, exc, phase)))
-        self._secondary("on_train_end", self._train_end)
 
-    def _secondary(self, what: str, fn: Callable[[], None]) -> None:
-        """Run teardown while handling a fault; its own failure is logged, never masks the original."""
+    def _fault(self, exc: BaseException) -> None:
+        """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
+        machine's ``abort``; its handler runs the whole teardown. The caller re-raises ``exc``."""
+        run = self.run
+        where = self.runner.failed_in
+        phase = _PHASES.get(self._model.state, Phase.CREATED)
+        source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
+        if isinstance(exc, Interrupted):
+            source = f"signal {signal.Signals(exc.signum).name}"
+        self._log_exception(exc, source)
+        if phase is FINAL:
+            return  # the fault came from the teardown itself, which has run every step
+        self._faulted = True
+        reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
+        run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
+        self._fault_ctx = FaultContext(run, exc, phase)
         try:
-            fn()
-        except Exception as err:
-            self.run.emit("exception", level="error", type=type(err).__name__, message=str(err),
-                          source=f"{what} during fault handling")
+            fired = self._model.trigger(ABORT)
+        except BaseException as err:  # a teardown step failed; it is logged, and exc stays the error
+            self._log_exception(err, "teardown")
+            return
+        if not fired or self._model.state != FINAL.value:
+            raise LifecycleError(f"the machine refused {ABORT!r} from {phase.value!r}") from exc

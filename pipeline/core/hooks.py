@@ -17,7 +17,15 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, ClassVar
 
-from pipeline.core.context import CheckpointContext, EpochContext, FaultContext, RunContext, Slot, StepContext
+from pipeline.core.context import (
+    CheckpointContext,
+    EpochContext,
+    FaultContext,
+    RunContext,
+    Slot,
+    StepContext,
+    ValStepContext,
+)
 from pipeline.core.lifecycle import HOOK_NAMES
 from pipeline.core.registry import GlobalHandle, register_global_callback
 
@@ -44,6 +52,9 @@ class TrainingCallback:
     reads: ClassVar[tuple[Slot[Any], ...]] = ()
     writes: ClassVar[tuple[Slot[Any], ...]] = ()
     replay: ClassVar[ReplaySupport] = ReplaySupport.FULL
+    # A logger that shows every slot present (W&B, the console line) sets this: the runner then
+    # treats it as a reader of every slot the run's callbacks write, so no writer may run after it.
+    reads_every_slot: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -73,7 +84,8 @@ class TrainingCallback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
-    # Registering globally for a block: ``with MyCallback(): trainer.fit()``.
+    # Registering globally for a block: ``with MyCallback(): trainer.fit()``. The registry refuses a
+    # nested ``with`` of the same instance and a stateful instance (register a factory instead).
     def __enter__(self) -> TrainingCallback:
         self._global_handle: GlobalHandle | None = register_global_callback(self)
         return self
@@ -101,6 +113,8 @@ class TrainingCallback:
     def on_before_zero_grad(self, step: StepContext) -> None: ...
     def on_train_step_end(self, step: StepContext) -> None: ...
     def on_val_begin(self, epoch: EpochContext) -> None: ...
+    def on_val_batch_begin(self, step: ValStepContext) -> None: ...
+    def on_val_batch_end(self, step: ValStepContext) -> None: ...
     def on_val_end(self, epoch: EpochContext) -> None: ...
     def on_before_scheduler_step(self, epoch: EpochContext) -> None: ...
     def on_epoch_end(self, epoch: EpochContext) -> None: ...

@@ -14,16 +14,19 @@ The loop every fsmtrain run walks (one line per transition of :data:`TRANSITIONS
     epoch_begin | train_step | val --stop_now [immediate_stop]--> train_end
     any non-final phase --abort [faulted]--> train_end
 
-The runtime machine (:func:`build_machine`), the per-batch fast path in the engine, the diagrams,
-the replay driver and the audit all read :data:`TRANSITIONS` and :data:`HOOKS`; nothing else lists
-phases or legal moves. :func:`check_table` proves at import time that from every phase exactly one
+:data:`PROGRAM` lists, in order, every hook and every piece of engine or driver work: a step bound to
+a trigger runs as that transition's handler, the others run on entering their phase
+(:func:`program_for`). The runtime machine (:func:`build_machine`) carries those handlers, the
+per-batch fast path is a compiled copy of the ``batch`` transition, and the diagrams, the replay
+driver and the audit read the same tables; nothing else lists phases, moves or the hook order.
+:func:`check_table` proves at import time that from every phase exactly one
 ordinary transition is enabled for every consistent combination of guard facts.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -55,6 +58,22 @@ class StopReason(str, Enum):
     PRUNED = "pruned"
     INTERRUPTED = "interrupted"
     ERROR = "error"
+
+    @property
+    def precedence(self) -> int:
+        """A later request replaces an earlier one that has not taken effect only if it ranks
+        higher: a non-finite loss explains a run better than the early stop or prune it caused."""
+        return _PRECEDENCE.get(self, 0)
+
+    def outranks(self, other: StopReason) -> bool:
+        return self.precedence > other.precedence
+
+
+_PRECEDENCE: Mapping[StopReason, int] = {
+    StopReason.NAN: 1,
+    StopReason.INTERRUPTED: 2,
+    StopReason.ERROR: 2,
+}
 
 
 class Guard(str, Enum):
@@ -136,52 +155,145 @@ TRANSITIONS: tuple[Transition, ...] = (
 
 
 class HookScope(str, Enum):
-    """What a hook's single context argument is."""
+    """What a hook's (or an action's) single context argument is."""
 
     RUN = "run"
     EPOCH = "epoch"
     STEP = "step"
+    VAL_STEP = "val_step"
     CHECKPOINT = "checkpoint"
     FAULT = "fault"
 
 
+class Action(str, Enum):
+    """Work the engine or its driver does at a fixed point of the lifecycle (not a callback hook)."""
+
+    RESTORE = "restore"  # a resumed run loads its checkpoint (and fires on_load_checkpoint)
+    BEGIN_EPOCH = "begin_epoch"  # a fresh epoch context; epoch slots cleared; lr read
+    LOAD_EPOCH = "load_epoch"  # the driver prepares the epoch's batches; the first one is fetched
+    NEXT_BATCH = "next_batch"  # the step context takes the fetched batch; the one after is fetched
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer_step"
+    ZERO_GRAD = "zero_grad"
+    COUNT_BATCH = "count_batch"  # batch index and global step move on
+    END_TRAIN = "end_train"  # the epoch's training metrics, read from the device once
+    VAL_BATCH = "val_batch"
+    END_VALIDATION = "end_validation"  # validation metrics, read once
+    SCHEDULER_STEP = "scheduler_step"
+    RECORD_EPOCH = "record_epoch"  # the ``epoch`` event; the epoch counter moves on
+    END_RUN = "end_run"  # the driver's teardown
+    RESULT = "result"  # the ``result`` event, always written, last
+
+
 @dataclass(frozen=True)
 class HookSpec:
-    """Where a hook fires: on a transition (by trigger) or inside a phase, in listed order."""
+    """A callback hook and where it fires.
+
+    ``trigger`` set: the hook is a handler of that transition (into ``phase``); unset: it runs on
+    entering ``phase``. ``per_batch``: once per batch (per train batch for a trigger-bound step,
+    per validation batch inside a phase). ``skip``: the ``StepContext`` flag that leaves it out for
+    one batch. CHECKPOINT hooks are fired by the checkpoint store when it saves or loads, inside
+    ``phase``, so they appear in no program.
+    """
 
     name: str
     phase: Phase
     scope: HookScope
-    trigger: str | None = None  # set when the hook fires as part of a transition
+    trigger: str | None = None
     per_batch: bool = False
+    skip: str | None = None
 
 
-_S, _E = HookScope.STEP, HookScope.EPOCH
+@dataclass(frozen=True)
+class ActionSpec:
+    """Engine or driver work in a program, placed exactly like a hook."""
 
-HOOKS: tuple[HookSpec, ...] = (
-    HookSpec("on_train_begin", P.TRAIN_BEGIN, HookScope.RUN),
+    action: Action
+    phase: Phase
+    scope: HookScope
+    trigger: str | None = None
+    per_batch: bool = False
+    skip: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.action.value
+
+
+Step = HookSpec | ActionSpec
+
+_S, _E, _V, _R = HookScope.STEP, HookScope.EPOCH, HookScope.VAL_STEP, HookScope.RUN
+_BWD, _OPT, _ZERO = "skip_backward", "skip_optimizer_step", "skip_zero_grad"
+A = Action
+
+
+def _batch(step: str | Action, skip: str | None = None) -> Step:
+    if isinstance(step, Action):
+        return ActionSpec(step, P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True, skip=skip)
+    return HookSpec(step, P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True, skip=skip)
+
+
+# Everything that happens, in the order it happens. Hooks and actions bound to a trigger run as that
+# transition's handlers; the others run on entering their phase. The engine compiles each transition's
+# handlers from this, the runner dispatches from it, and diagrams, replay and audit read it.
+PROGRAM: tuple[Step, ...] = (
+    HookSpec("on_train_begin", P.TRAIN_BEGIN, _R),
+    ActionSpec(A.RESTORE, P.TRAIN_BEGIN, _R),
     HookSpec("on_load_checkpoint", P.TRAIN_BEGIN, HookScope.CHECKPOINT),
+    ActionSpec(A.BEGIN_EPOCH, P.EPOCH_BEGIN, _E),
     HookSpec("on_train_epoch_begin", P.EPOCH_BEGIN, _E),
-    HookSpec("on_batch_begin", P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True),
-    HookSpec("on_before_forward", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_after_forward", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_before_backward", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_after_backward", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_before_optimizer_step", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_after_optimizer_step", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_before_zero_grad", P.TRAIN_STEP, _S, per_batch=True),
-    HookSpec("on_train_step_end", P.TRAIN_STEP, _S, per_batch=True),
+    ActionSpec(A.LOAD_EPOCH, P.EPOCH_BEGIN, _E),
+    _batch(A.NEXT_BATCH),
+    _batch("on_batch_begin"),
+    _batch("on_before_forward"),
+    _batch(A.FORWARD),
+    _batch("on_after_forward"),
+    _batch("on_before_backward", _BWD),
+    _batch(A.BACKWARD, _BWD),
+    _batch("on_after_backward", _BWD),
+    _batch("on_before_optimizer_step", _OPT),
+    _batch(A.OPTIMIZER_STEP, _OPT),
+    _batch("on_after_optimizer_step", _OPT),
+    _batch("on_before_zero_grad", _ZERO),
+    _batch(A.ZERO_GRAD, _ZERO),
+    _batch("on_train_step_end"),
+    _batch(A.COUNT_BATCH),
+    ActionSpec(A.END_TRAIN, P.VAL, _E),
     HookSpec("on_val_begin", P.VAL, _E),
+    HookSpec("on_val_batch_begin", P.VAL, _V, per_batch=True),
+    ActionSpec(A.VAL_BATCH, P.VAL, _V, per_batch=True),
+    HookSpec("on_val_batch_end", P.VAL, _V, per_batch=True),
+    ActionSpec(A.END_VALIDATION, P.VAL, _E),
     HookSpec("on_val_end", P.VAL, _E),
     HookSpec("on_before_scheduler_step", P.EPOCH_END, _E),
+    ActionSpec(A.SCHEDULER_STEP, P.EPOCH_END, _E),
     HookSpec("on_epoch_end", P.EPOCH_END, _E),
     HookSpec("on_save_checkpoint", P.EPOCH_END, HookScope.CHECKPOINT),
+    ActionSpec(A.RECORD_EPOCH, P.EPOCH_END, _E),
     HookSpec("on_exception", P.TRAIN_END, HookScope.FAULT, trigger=ABORT),
-    HookSpec("on_train_end", P.TRAIN_END, HookScope.RUN),
+    HookSpec("on_train_end", P.TRAIN_END, _R),
+    ActionSpec(A.END_RUN, P.TRAIN_END, _R),
+    ActionSpec(A.RESULT, P.TRAIN_END, _R),
 )
 
+HOOKS: tuple[HookSpec, ...] = tuple(s for s in PROGRAM if isinstance(s, HookSpec))
 HOOK_NAMES: tuple[str, ...] = tuple(h.name for h in HOOKS)
-PER_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch)
+PER_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch and h.trigger == BATCH)
+VAL_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch and h.phase is P.VAL)
+
+
+def program_for(t: Transition) -> tuple[Step, ...]:
+    """The handlers of transition ``t``, in order: the steps bound to its trigger (into its phase),
+    then, unless it is internal, the steps that run on entering its destination."""
+    bound = tuple(s for s in PROGRAM if s.trigger == t.trigger and s.phase is t.dest)
+    if t.internal:
+        return bound
+    entry = tuple(
+        s for s in PROGRAM if s.trigger is None and s.phase is t.dest and s.scope is not HookScope.CHECKPOINT
+    )
+    return bound + entry
+
 
 _EPOCH_PHASES = (P.EPOCH_BEGIN, P.TRAIN_STEP, P.VAL, P.EPOCH_END)
 # The order in which hooks fire within one epoch; data-flow validation compares positions in it.
@@ -231,7 +343,7 @@ def _consistent_facts() -> Iterator[Facts]:
         yield Facts(stop, immediate, remain, batch, faulted=False)
 
 
-def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, hooks: tuple[HookSpec, ...] = HOOKS) -> None:
+def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tuple[Step, ...] = PROGRAM) -> None:
     """Reject a broken table: unreachable phases, dead ends, ambiguous or missing moves, bad hooks."""
     problems: list[str] = []
     phases = set(Phase)
@@ -263,11 +375,18 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, hooks: tuple[
                 names = [f"{t.trigger}->{t.dest.value}" for t in enabled] or ["none"]
                 problems.append(f"from {phase.value!r} with {facts}: enabled {', '.join(names)}")
     triggers = {t.trigger for t in transitions}
-    for h in hooks:
-        if h.trigger is not None and h.trigger not in triggers:
-            problems.append(f"hook {h.name!r} names unknown trigger {h.trigger!r}")
-    if len(HOOK_NAMES) != len(set(HOOK_NAMES)):
-        problems.append("hook names repeat")
+    for step in program:
+        if step.trigger is not None and not any(
+            t.trigger == step.trigger and t.dest is step.phase for t in transitions
+        ):
+            problems.append(f"{step.name!r} is bound to {step.trigger!r}, which never enters {step.phase.value!r}")
+        if step.per_batch and step.trigger is None and step.phase is not P.VAL:
+            problems.append(f"{step.name!r} runs per batch inside {step.phase.value!r}, which has no batch loop")
+    names = [s.name for s in program]
+    if len(names) != len(set(names)):
+        problems.append("program steps repeat")
+    if not triggers >= {BATCH, ABORT}:
+        problems.append(f"the table lacks the {BATCH!r} or {ABORT!r} trigger")
     if problems:
         raise LifecycleError("invalid lifecycle table:\n  " + "\n  ".join(problems))
 
@@ -286,8 +405,16 @@ def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]
 check_table()
 
 
-def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]]) -> Machine:
-    """A plain ``transitions`` machine over ``model`` whose conditions are the live ``guards``."""
+def build_machine(
+    model: Any,
+    guards: Mapping[Guard, Callable[[], bool]],
+    handlers: Sequence[Callable[[], None]],
+) -> Machine:
+    """A plain ``transitions`` machine over ``model``: its conditions are the live ``guards`` and
+    ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
+    ``i`` fires, with the machine already in its destination."""
+    if len(handlers) != len(TRANSITIONS):
+        raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
     spec = [
         {
             "trigger": t.trigger,
@@ -295,8 +422,9 @@ def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]]) -> Mac
             "dest": None if t.internal else t.dest.value,
             "conditions": [guards[g] for g in t.conditions],
             "unless": [guards[g] for g in t.unless],
+            "after": [handler],
         }
-        for t in TRANSITIONS
+        for t, handler in zip(TRANSITIONS, handlers, strict=True)
     ]
     return Machine(
         model=model,
@@ -307,3 +435,9 @@ def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]]) -> Mac
         send_event=False,
         ignore_invalid_triggers=False,
     )
+
+
+def triggers_from(phase: Phase) -> tuple[str, ...]:
+    """The distinct triggers of the ordinary transitions leaving ``phase``, in table order: what the
+    engine offers the machine there."""
+    return tuple(dict.fromkeys(t.trigger for t in transitions_from(phase)))

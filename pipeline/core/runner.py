@@ -1,21 +1,32 @@
-"""Orders callbacks, builds the per-hook dispatch tables once, and checks the data flow.
+"""Orders callbacks, builds the per-hook dispatch tables once, and checks them.
 
 Order: ``(priority, tier, registration order)`` with tier CORE < USER < GLOBAL. A hook a callback
 does not override is not in its table, so it costs nothing at dispatch.
+
+Checked when the runner is built: each callback's definition (``pipeline.core.checks``: hook
+names and signatures) and the data flow between slot writers and readers. Checked while it runs:
+a callback writes only the slots it declared (:meth:`CallbackRunner.check_write`, installed as the
+run context's slot guard).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
+from pipeline.core.checks import CallbackDefinitionError, SlotWriteError, check_callback
+from pipeline.core.context import Slot
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
 from pipeline.core.registry import GlobalHandle, global_callbacks, register_global_callback
 
-__all__ = ["CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "register_global_callback"]
+__all__ = [
+    "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "SlotWriteError",
+    "register_global_callback",
+]
 
 Handler = Callable[[Any], None]
 
@@ -51,8 +62,14 @@ class CallbackRunner:
             ]
         self.entries: tuple[Entry, ...] = tuple(sorted(entries, key=lambda e: e.key))
         self.callbacks: tuple[TrainingCallback, ...] = tuple(e.callback for e in self.entries)
+        for cb in self.callbacks:
+            check_callback(cb, TrainingCallback)
         if validate:
             check_data_flow(self.entries)
+        # Slot names each callback may write, for the slot guard (by identity: callbacks need not hash).
+        self._writes: dict[int, frozenset[str]] = {
+            id(cb): frozenset(s.name for s in cb.writes) for cb in self.callbacks
+        }
         # Nanoseconds spent in each callback (by position), for the per-epoch timing event.
         self.ns: list[int] = [0] * len(self.callbacks)
         seen: set[str] = set()
@@ -86,6 +103,7 @@ class CallbackRunner:
         ns, callbacks = self.ns, self.callbacks
 
         def dispatch(ctx: Any) -> None:
+            outer = self.current  # a hook may dispatch another (checkpoint -> on_save_checkpoint)
             for i, fn in table:
                 self.current = callbacks[i]
                 t0 = perf_counter_ns()
@@ -93,10 +111,10 @@ class CallbackRunner:
                     fn(ctx)
                 except BaseException:
                     self.failed_in = (callbacks[i].name, hook)
-                    self.current = None
+                    self.current = outer
                     raise
                 ns[i] += perf_counter_ns() - t0
-            self.current = None
+            self.current = outer
 
         return dispatch
 
@@ -104,6 +122,22 @@ class CallbackRunner:
         dispatch = self._dispatchers[hook]
         if dispatch is not None:
             dispatch(ctx)
+
+    def check_write(self, slot: Slot[Any]) -> None:
+        """The slot guard: refuse a write by the running callback to a slot it did not declare.
+        Writes made outside any hook (a driver replaying recorded slots) are not checked."""
+        cb = self.current
+        if cb is None:
+            return
+        allowed = self._writes.get(id(cb))
+        if allowed is None or slot.name in allowed:
+            return
+        hook = _running_hook(cb)
+        declared = ", ".join(repr(n) for n in sorted(allowed)) or "none"
+        raise SlotWriteError(
+            f"{cb.name}.{hook} wrote slot {slot.name!r}, which {cb.name} does not declare in `writes` "
+            f"(declared: {declared}); add it, e.g. writes = (..., Slot({slot.name!r})), so the runner can "
+            f"order its readers after {cb.name}")
 
     def take_timings(self) -> dict[str, float]:
         """Seconds per callback since the last call (names made unique by position)."""
@@ -120,40 +154,64 @@ class CallbackRunner:
         ]
 
 
-def _last_epoch_hook(cb: TrainingCallback) -> str | None:
-    hooks = [h for h in cb.overridden_hooks() if h in EPOCH_HOOK_ORDER]
-    return max(hooks, key=EPOCH_HOOK_ORDER.__getitem__) if hooks else None
+def _running_hook(cb: TrainingCallback) -> str:
+    """Which of ``cb``'s hooks is on the stack (only looked up to word an error)."""
+    frame = sys._getframe(1)
+    hooks = cb.overridden_hooks()
+    while frame is not None:
+        if frame.f_code.co_name in hooks and frame.f_locals.get("self") is cb:
+            return frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<hook>"
+
+
+def _epoch_hooks(cb: TrainingCallback) -> list[str]:
+    """The per-epoch hooks ``cb`` overrides, in the order they fire within an epoch."""
+    return sorted((h for h in cb.overridden_hooks() if h in EPOCH_HOOK_ORDER), key=EPOCH_HOOK_ORDER.__getitem__)
 
 
 def check_data_flow(entries: Sequence[Entry]) -> None:
-    """Refuse an order in which a reader of a slot runs before its writer in the same epoch.
+    """Refuse an order in which a reader of a slot may run before its writer in the same epoch.
 
-    A callback reads its slots on, and has written them by, the last per-epoch hook it overrides.
-    The reader runs first when that hook comes earlier in the epoch, or it is the same hook and the
-    reader is ordered earlier. A reader with no writer at all is fine: it gets ``None``.
+    Every epoch hook a callback overrides counts as a place where it may read or write (a class
+    declares *which* slots, not *where*). So the conservative rule: a reader is safe only when its
+    earliest epoch hook runs after its writer's latest one. Positions compare ``(hook position in
+    the epoch, dispatch position)``: on the same hook the callback ordered first runs first. A
+    callback with ``reads_every_slot`` reads every slot a callback of the run writes. A reader with
+    no writer at all is fine: it gets ``None``.
     """
     position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []
     for reader in entries:
-        r_hook = _last_epoch_hook(reader.callback)
-        if r_hook is None:
+        r = reader.callback
+        r_hooks = _epoch_hooks(r)
+        if not r_hooks:
             continue
-        for slot in reader.callback.reads:
-            for writer in entries:
-                if writer is reader or slot not in writer.callback.writes:
-                    continue
-                w_hook = _last_epoch_hook(writer.callback)
-                if w_hook is None:
-                    continue
-                r_at = (EPOCH_HOOK_ORDER[r_hook], position[id(reader.callback)])
-                w_at = (EPOCH_HOOK_ORDER[w_hook], position[id(writer.callback)])
-                if r_at < w_at:
-                    r, w = reader.callback, writer.callback
-                    problems.append(
-                        f"{r.name} (priority {r.priority}) reads slot {slot.name!r} in {r_hook}, "
-                        f"but its writer {w.name} (priority {w.priority}) only writes it in {w_hook}, "
-                        f"after {r.name} has run; give {r.name} a priority above {w.priority} "
-                        f"or {w.name} one below {r.priority}"
-                    )
+        read_names = {s.name for s in r.reads}
+        for writer in entries:
+            w = writer.callback
+            w_hooks = _epoch_hooks(w)
+            if w is r or not w_hooks:
+                continue
+            first_read = (EPOCH_HOOK_ORDER[r_hooks[0]], position[id(r)])
+            last_write = (EPOCH_HOOK_ORDER[w_hooks[-1]], position[id(w)])
+            if first_read > last_write:
+                continue
+            for slot in w.writes:
+                if slot.name in read_names or r.reads_every_slot:
+                    problems.append(_order_problem(r, r_hooks[0], w, w_hooks[-1], slot.name))
     if problems:
         raise CallbackOrderError("callback order breaks the data flow:\n  " + "\n  ".join(problems))
+
+
+def _order_problem(r: TrainingCallback, r_hook: str, w: TrainingCallback, w_hook: str, slot: str) -> str:
+    every = " (it reads every slot)" if r.reads_every_slot and slot not in {s.name for s in r.reads} else ""
+    head = f"{r.name} (priority {r.priority}) reads slot {slot!r}{every} in {r_hook}"
+    if r_hook == w_hook:
+        return (f"{head}, but its writer {w.name} (priority {w.priority}) only writes it in {w_hook}, "
+                f"after {r.name} has run; give {r.name} a priority above {w.priority} "
+                f"or {w.name} one below {r.priority}")
+    return (f"{head}, which runs before its writer {w.name} (priority {w.priority}) may write it in {w_hook} "
+            f"(every epoch hook a callback overrides counts as a place where it may read or write); "
+            f"read it only in {w_hook} with a priority above {w.priority} (or a later hook), moving or "
+            f"splitting off {r.name}'s earlier epoch hooks, or have {w.name} write it before {r_hook}")

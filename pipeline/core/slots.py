@@ -15,7 +15,13 @@ class LossPrediction:
     neg_log10: float
     fit_ok: bool
 
+    def scalars(self) -> dict[str, float]:
+        """What loggers show of it (``pipeline.core.scalars``): the predicted loss, by its logged name."""
+        return {"predicted_final_loss": self.predicted_loss}
+
 
 MAX_GRAD_NORM: Slot[float] = Slot("max_grad_norm", doc="largest global L2 gradient norm of the epoch")
 OVERFIT_GAP_RATIO: Slot[float] = Slot("overfit_gap_ratio", doc="val_loss / train_loss while overfitting")
 LOSS_PREDICTION: Slot[LossPrediction] = Slot("loss_prediction", doc="extrapolated final val loss")
+EARLY_STOPPING_WAIT: Slot[int] = Slot(
+    "early_stopping_wait", doc="epochs in a row without improvement of the early-stopping monitor (stops at patience)")

@@ -117,7 +117,7 @@ class EndingChecks:
             if exc is None or rec["trigger"] != ABORT:
                 self.bad("stop_reason", f"reason {reason}, but no exception event precedes this abort", n)
             else:
-                interrupted = exc.get("type") == "KeyboardInterrupt"
+                interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
                 if interrupted != (reason == StopReason.INTERRUPTED.value):
                     self.bad("stop_reason", f"reason {reason}, but the exception at line {seg.exception_line} "
                              f"is {exc.get('type')}", n)
@@ -138,8 +138,13 @@ class EndingChecks:
             return
         if not p.get("accepted"):
             return
+        overrides = p.get("overrides")
         if seg.stop is not None and not seg.faulted:
-            self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line})", n)
+            if overrides != seg.stop.reason or not StopReason(reason).outranks(StopReason(seg.stop.reason)):
+                self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
+                         f"that does not outrank it", n)
+        elif overrides is not None:
+            self.bad("stop_request", f"claims to override a {overrides!r} request that was never accepted", n)
         epoch = rec["epoch"]
         source = str(p.get("source", ""))
         seg.stop = StopInfo(str(reason), source, str(p.get("message", "")), bool(p.get("immediate")),

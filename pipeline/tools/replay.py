@@ -21,19 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext
-from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext, epoch_number
+from pipeline.core.engine import BaseDriver, Engine, Interrupted, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase, StopReason
 from pipeline.core.runner import CallbackRunner
-from pipeline.training.batch import BatchBody, StepActions
 
 __all__ = [
     "Divergence",
@@ -61,6 +61,7 @@ _TRAIN_METRICS = ("train_loss",)
 _VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain"),
+    "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
     "epoch": ("seconds", "phase_seconds", "callback_seconds"),
     "exception": ("traceback",),
 }
@@ -76,7 +77,7 @@ class RecordingExhausted(Exception):
     """The replay asked for an epoch the recording does not contain."""
 
     def __init__(self, epoch: int, recorded: int) -> None:
-        super().__init__(f"the recording has {recorded} epochs; epoch {epoch} (0-based) is unknown")
+        super().__init__(f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
         self.epoch = epoch
         self.recorded = recorded
 
@@ -146,6 +147,16 @@ class RecordedTrial:
         self.user_attrs[key] = value
 
 
+@dataclass(frozen=True)
+class Interruption:
+    """Where a recorded signal ended the run: the phase the engine left, at which global step."""
+
+    signum: int
+    phase: str
+    epoch: int
+    global_step: int
+
+
 @dataclass
 class Recording:
     """A parsed ``events.jsonl``: the setup of the run and its per-epoch values."""
@@ -158,6 +169,8 @@ class Recording:
     events: list[dict[str, Any]]
     level: str
     result: Mapping[str, Any] | None
+    interrupt: Interruption | None = None
+    segments: int = 1
 
     @property
     def max_epochs(self) -> int:
@@ -204,12 +217,15 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
     if not starts:
         raise ReplayError(f"{where} has no run_start event: not an fsmtrain events log")
-    if len(starts) > 1:
-        raise ReplayError(
-            f"{where} holds {len(starts)} runs (a resumed run appends to its log); "
-            "replay needs the log of one uninterrupted run"
-        )
+    for i in starts[1:]:
+        if not (events[i].get("payload") or {}).get("resumed_from"):
+            raise ReplayError(f"{where} holds two runs (a second run_start at seq {events[i].get('seq')} that is "
+                              "not a resume); replay needs the log of one run")
     start = events[starts[0]]
+    segments = len(starts)
+    original = events
+    if segments > 1:
+        events = _stitched(events, starts)
     epochs: list[RecordedEpoch] = []
     reports: dict[int, TrialReport] = {}
     result: Mapping[str, Any] | None = None
@@ -243,12 +259,62 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             ended_mid_epoch = e.get("from") in (Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
         elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
             step_events.setdefault(gs, []).append(e)
+    if segments > 1:
+        last = [e for e in original[starts[-1]:]
+                if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
+        ended_mid_epoch = bool(last) and last[-1].get("from") in (
+            Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
     if ended_mid_epoch:
         # An immediate stop left this epoch mid-way: its batches are known, its losses are not.
         epochs.append(RecordedEpoch(len(epochs), {}, {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
-    return Recording(path, str(start.get("run_id") or "replay"), dict(start.get("payload") or {}), epochs,
-                     reports, events, level, result)
+    run_start = dict(start.get("payload") or {})
+    last_start = original[starts[-1]].get("payload") or {}
+    for key in ("max_epochs", "config"):  # a resume may extend the run: its own budget counts
+        if key in last_start:
+            run_start[key] = last_start[key]
+    return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
+                     result, _interruption(original[starts[-1]:]), segments)
+
+
+def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
+    """The signal that ended the (last segment of the) run, if one did."""
+    for e in events:
+        payload = e.get("payload") or {}
+        if e.get("event") == "exception" and payload.get("interrupt") and str(payload.get("source", "")).startswith(
+                "signal "):
+            try:
+                signum = int(signal.Signals[str(payload["source"]).split()[1]])
+            except (KeyError, IndexError):
+                return None
+            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+    return None
+
+
+_SEGMENT_ONLY = frozenset({"run_start", "resume", "transition"})
+
+
+def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
+    """A resumed run's log as the uninterrupted run it continues: from each segment, what happened
+    in the epochs the next segment did not redo; none of the per-process bookkeeping (run_start,
+    resume, transitions, the teardown of a segment that was cut short)."""
+    out: list[dict[str, Any]] = []
+    bounds = [*starts, len(events)]
+    for k in range(len(starts)):
+        seg = events[bounds[k]:bounds[k + 1]]
+        final = k == len(starts) - 1
+        redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
+        for e in seg:
+            if e.get("event") in _SEGMENT_ONLY:
+                continue
+            if k > 0 and e.get("phase") == Phase.TRAIN_BEGIN.value:
+                continue  # a resumed process sets itself up again
+            epoch = e.get("epoch")
+            if redo_from is not None and (not isinstance(epoch, int) or epoch >= redo_from
+                                          or e.get("phase") == Phase.TRAIN_END.value):
+                continue
+            out.append(e)
+    return out
 
 
 def _number_or_value(value: Any) -> Any:
@@ -257,25 +323,30 @@ def _number_or_value(value: Any) -> Any:
 
 
 # --- the driver ---------------------------------------------------------------------------------
-def _no_forward(step: StepContext) -> None:
-    return None
-
-
-class ReplayDriver:
+class ReplayDriver(BaseDriver):
     """Feeds recorded epochs to the engine in place of training.
 
     ``fed_slots`` are the slots whose recorded values are put back each epoch because no callback
     of the replay computes them (their writers need a live model, or are absent)."""
 
-    def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]]) -> None:
+    def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]],
+                 interrupt: Interruption | None = None) -> None:
         self.run = run
         self.epochs = list(epochs)
         self.fed_slots = dict(fed_slots)
-        self._body: BatchBody | None = None
+        self.interrupt = interrupt
 
-    def attach(self, runner: CallbackRunner) -> None:
-        # The same batch body as training; forward has nothing to compute.
-        self._body = BatchBody(runner, StepActions(forward=_no_forward))
+    def _signal_in(self, phase: Phase, epoch: int) -> None:
+        """Deliver a recorded signal where it arrived, so the guards end the replay at the same move."""
+        i = self.interrupt
+        if i is None or i.phase != phase.value or i.epoch != epoch:
+            return
+        if phase is Phase.TRAIN_STEP and self.run.global_step + 1 != i.global_step:
+            return
+        self.run.pending_signal = i.signum
+
+    def forward(self, step: StepContext) -> None:
+        self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
 
     def _recorded(self, index: int, *, need_losses: bool = False) -> RecordedEpoch:
         if index >= len(self.epochs) or (need_losses and self.epochs[index].partial):
@@ -287,23 +358,22 @@ class ReplayDriver:
         return self._recorded(self.run.epoch).metrics.get("lr")
 
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
+        self._signal_in(Phase.EPOCH_BEGIN, epoch.index)
         rec = self._recorded(epoch.index)
         return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches))
-
-    def train_batch(self, step: StepContext) -> None:
-        assert self._body is not None, "attach(runner) first"
-        self._body(step)
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need_losses=True)
         return {k: v for k, v in rec.metrics.items() if k in _TRAIN_METRICS}
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
+        self._signal_in(Phase.VAL, epoch.index)
         rec = self._recorded(epoch.index, need_losses=True)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         # Runs right before on_epoch_end, where the built-in writers of model-derived slots write.
+        self._signal_in(Phase.EPOCH_END, epoch.index)
         if not self.fed_slots:
             return
         slots = self._recorded(epoch.index).slots
@@ -311,8 +381,6 @@ class ReplayDriver:
             if name in slots:
                 self.run.set(slot, slots[name])
 
-    def end_run(self, run: RunContext) -> None:
-        return None
 
 
 class _AttributingSink:
@@ -518,7 +586,8 @@ class _Outcome:
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
-             run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None) -> _Outcome:
+             run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
+             interrupt: Interruption | None = None) -> _Outcome:
     ref: list[CallbackRunner] = []
     log = EventLog(None, run_id, level=level, console=None, keep=True)
     sink = _AttributingSink(log, ref)
@@ -536,7 +605,7 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
                 fed[name] = declared[0] if declared else Slot(name)
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True)
     run.extras.update(extras)
-    driver = ReplayDriver(run, epochs, fed)
+    driver = ReplayDriver(run, epochs, fed, interrupt)
     engine = Engine(driver, runner, run, strict=strict)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
@@ -544,6 +613,8 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
         engine.execute()
     except RecordingExhausted as exc:
         exhausted = exc
+    except Interrupted:
+        pass  # the recorded signal, delivered again: the run ended INTERRUPTED as it did
     except Exception as exc:  # a replayed callback failed: the engine logged it and ended the run (ERROR)
         if engine.result is None:
             raise
@@ -569,6 +640,8 @@ def _to_result(out: _Outcome, *, recorded: Recording | None, overrides: Sequence
         replay.recorded_stop_reason = recorded.stop_reason
         replay.recorded_best_val_loss = recorded.best_val_loss
         if compare:
+            if recorded.segments > 1:  # the recording was stitched: compare what is not per process
+                trace = [e for e in trace if e.get("event") not in _SEGMENT_ONLY]
             kinds = {str(e["event"]) for e in trace}
             replay.divergence = compare_traces(_comparable_recorded(recorded.events, out.dry, kinds), trace)
     return replay
@@ -608,7 +681,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if trial is not None:
         extras["trial"] = trial
     out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
-                   extras=extras, strict=strict)
+                   extras=extras, strict=strict, interrupt=rec.interrupt)
     return _to_result(out, recorded=rec, overrides=overrides, compare=True, trial=trial)
 
 

@@ -6,10 +6,11 @@ ints for that reason). It holds the model, optimizer and scheduler state, every 
 callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
 ``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
 
-Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the 0-based epoch index, kept
-``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt``. Every write is atomic: a temp file
-in the same folder, fsync, ``os.replace``, fsync of the folder; an old periodic file is removed only
-after the new one is in place.
+Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
+``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
+Every write is atomic: a temp file in the same folder, fsync, ``os.replace``, fsync of the folder;
+a file exists for the audit and for resume only once the log has committed it (see
+:class:`CheckpointManager`), and loads check the bytes against the committed sha256.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import math
 import os
+import pickle
 import random
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,14 +33,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.context import CheckpointContext, RunContext
+from pipeline.core.context import CheckpointContext, RunContext, epoch_number
+from pipeline.core.events import EVENTS_FILE
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
     "CheckpointManager",
     "SavedCheckpoint",
+    "atomic_link",
     "capture_rng_state",
+    "committed_sha256",
+    "load_checkpoint",
     "restore_rng_state",
     "sha256_of",
 ]
@@ -128,6 +135,30 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def atomic_link(source: Path, path: Path, data: bytes) -> None:
+    """Make ``path`` another name of ``source`` (whose bytes are ``data``), atomically: a hard link
+    under a temp name renamed over ``path``; a copy where the file system has no hard links."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(source, tmp)
+    except OSError:
+        atomic_write_bytes(path, data)
+        return
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _ignore(_: Any) -> None:
+    return None
+
+
 def _callback_states(run: RunContext) -> dict[str, Any]:
     states: dict[str, Any] = {}
     for i, cb in enumerate(run.callbacks):
@@ -139,12 +170,20 @@ def _callback_states(run: RunContext) -> dict[str, Any]:
 
 
 class CheckpointManager:
-    """Decides which checkpoints an epoch gets and writes them.
+    """Decides which checkpoints an epoch gets, writes them, and commits them to the run's log.
 
     Per epoch (:meth:`on_epoch`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
-    ``best`` when the monitored value strictly improves (``mode`` "min" or "max"), and ``latest``
-    whenever a periodic file is written and on the run's last epoch. ``keep_last_k=0`` keeps every
-    periodic file.
+    ``best`` when the monitored value strictly improves (``mode`` "min" or "max") on a healthy
+    epoch, and ``latest`` at every epoch end (``save_latest``; else with each periodic file and on
+    the run's last epoch). ``keep_last_k=0`` keeps every periodic file.
+
+    The commit protocol: the epoch's state is serialised once and written once, atomically, as
+    ``epoch_<n>.pt``; then ``on_commit`` logs it (path and sha256): from that moment it exists for the
+    audit and for resume. ``latest.pt`` and ``best.pt`` are then pointed at it (a hard link, or a copy
+    where links are not possible, swapped in atomically) and logged in turn. Only then are superseded
+    files removed: this epoch's file when it is not periodic, and periodic files past
+    ``keep_last_k``, taken only from the files this run committed, never from whatever else is in
+    the folder. A kill at any point leaves a committed, loadable checkpoint.
     """
 
     def __init__(
@@ -155,6 +194,7 @@ class CheckpointManager:
         save_best: bool = True,
         monitor: str = "val_loss",
         mode: str = "min",
+        save_latest: bool = True,
     ) -> None:
         if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
             raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
@@ -166,15 +206,17 @@ class CheckpointManager:
         self.save_every_n_epochs = save_every_n_epochs
         self.keep_last_k = keep_last_k
         self.save_best = save_best
+        self.save_latest = save_latest
         self.monitor = monitor
         self.mode = mode
         self.best_value: float | None = None
         self.best_epoch: int | None = None
+        self.periodic: list[int] = []  # epochs whose periodic file this run committed, oldest first
         self.removed: list[Path] = []
 
     # --- paths ---------------------------------------------------------------------------------
     def periodic_path(self, epoch: int) -> Path:
-        return self.directory / f"epoch_{epoch}.pt"
+        return self.directory / f"epoch_{epoch_number(epoch)}.pt"
 
     @property
     def best_path(self) -> Path:
@@ -194,7 +236,7 @@ class CheckpointManager:
         raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
 
     def list_periodic(self) -> list[Path]:
-        """Periodic checkpoint files, oldest epoch first (by epoch number, not by name)."""
+        """Periodic checkpoint files in the folder, oldest epoch first (by epoch number, not by name)."""
         if not self.directory.is_dir():
             return []
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
@@ -208,26 +250,37 @@ class CheckpointManager:
             return True
         return value < self.best_value if self.mode == "min" else value > self.best_value
 
-    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool) -> list[str]:
+    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
+        """``healthy=False`` (a non-finite loss this epoch) never makes ``best``: its weights may not be finite."""
         kinds: list[str] = []
         if (epoch + 1) % self.save_every_n_epochs == 0:
             kinds.append("periodic")
-        if self.save_best and self.improved(metrics.get(self.monitor)):
+        if self.save_best and healthy and self.improved(metrics.get(self.monitor)):
             kinds.append("best")
-        if "periodic" in kinds or final:
+        if self.save_latest or "periodic" in kinds or final:
             kinds.append("latest")
         return kinds
 
-    def on_epoch(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool) -> list[SavedCheckpoint]:
-        """Write what this epoch's policy asks for; returns the files written."""
+    def on_epoch(
+        self,
+        run: RunContext,
+        epoch: int,
+        metrics: Mapping[str, float],
+        final: bool,
+        healthy: bool = True,
+        *,
+        on_commit: Callable[[SavedCheckpoint], None] = _ignore,
+        on_remove: Callable[[Path], None] = _ignore,
+    ) -> list[SavedCheckpoint]:
+        """Write and commit what this epoch's policy asks for; returns the files committed."""
         self.removed = []
-        kinds = self.kinds_for(epoch, metrics, final)
+        kinds = self.kinds_for(epoch, metrics, final, healthy)
         if "best" in kinds:
             self.best_value = float(metrics[self.monitor])
             self.best_epoch = epoch
         if not kinds:
             return []
-        return self.save(run, *kinds, epoch=epoch, metrics=metrics)
+        return self.save(run, *kinds, epoch=epoch, metrics=metrics, on_commit=on_commit, on_remove=on_remove)
 
     # --- writing -------------------------------------------------------------------------------
     def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -246,11 +299,16 @@ class CheckpointManager:
                 "max_epochs": run.max_epochs,
             },
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            # the epochs done, this one included (its record is appended after on_epoch_end)
+            "history": [*({"epoch": r.epoch, "metrics": {k: float(v) for k, v in r.metrics.items()}}
+                          for r in run.history if r.epoch < epoch),
+                        {"epoch": epoch, "metrics": {k: float(v) for k, v in (metrics or {}).items()}}],
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
             "callbacks": _callback_states(run),
             "rng": capture_rng_state(),
+            "data_order": {"seed": run.extras.get("data_seed")},
             "config_fingerprint": run.extras.get("config_fingerprint"),
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
@@ -263,68 +321,123 @@ class CheckpointManager:
         *kinds: str,
         epoch: int | None = None,
         metrics: Mapping[str, float] | None = None,
+        on_commit: Callable[[SavedCheckpoint], None] = _ignore,
+        on_remove: Callable[[Path], None] = _ignore,
     ) -> list[SavedCheckpoint]:
-        """Write one serialized state to each of ``kinds`` ("periodic", "best", "latest")."""
+        """Serialise the state once, write it once as the epoch's file, commit it, then point each
+        role of ``kinds`` ("best", "latest") at it and commit those (see the class docstring)."""
         kinds = kinds or ("periodic",)
         for kind in kinds:
             if kind not in KINDS:
                 raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
         at = run.epoch if epoch is None else epoch
+        periodic = "periodic" in kinds
+        if periodic and at not in self.periodic:
+            self.periodic.append(at)  # before the state is built: the state's own list includes it
         self.directory.mkdir(parents=True, exist_ok=True)
         state = self.build_state(run, at, metrics)
-        first = self.path_for(kinds[0], at)
-        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(first)))
+        epoch_file = self.periodic_path(at)
+        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(epoch_file)))
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest()
-        saved: list[SavedCheckpoint] = []
-        for kind in kinds:
-            path = self.path_for(kind, at)
-            atomic_write_bytes(path, data)
-            saved.append(SavedCheckpoint(path, digest, at, kind))
-        if "periodic" in kinds:
-            self.removed = self._prune()
-        else:
-            self.removed = []
+        atomic_write_bytes(epoch_file, data)
+        saved = [SavedCheckpoint(epoch_file, digest, at, "periodic" if periodic else "epoch")]
+        on_commit(saved[0])
+        for role in ("latest", "best"):
+            if role in kinds:
+                path = self.path_for(role, at)
+                atomic_link(epoch_file, path, data)
+                saved.append(SavedCheckpoint(path, digest, at, role))
+                on_commit(saved[-1])
+        self.removed = [] if periodic else [epoch_file]
+        self.removed += self._superseded_periodic()
+        for path in self.removed:
+            path.unlink(missing_ok=True)
+        if self.removed:
+            _fsync_dir(self.directory)
+        for path in self.removed:
+            on_remove(path)
         return saved
 
-    def _prune(self) -> list[Path]:
-        if self.keep_last_k == 0:
+    def _superseded_periodic(self) -> list[Path]:
+        if self.keep_last_k == 0 or len(self.periodic) <= self.keep_last_k:
             return []
-        periodic = self.list_periodic()
-        old = periodic[: max(0, len(periodic) - self.keep_last_k)]
-        for path in old:
-            path.unlink(missing_ok=True)
-        if old:
-            _fsync_dir(self.directory)
-        return old
+        old, self.periodic = self.periodic[: -self.keep_last_k], self.periodic[-self.keep_last_k:]
+        return [self.periodic_path(e) for e in old]
 
     # --- reading -------------------------------------------------------------------------------
     def load(self, path: str | Path) -> dict[str, Any]:
         return load_checkpoint(path)
 
-    # --- the manager's own state (best so far), for resume ---------------------------------------
+    # --- the manager's own state (best so far, its periodic files), for resume --------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"best_value": self.best_value, "best_epoch": self.best_epoch}
+        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "periodic": list(self.periodic)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.best_value = state.get("best_value")
         self.best_epoch = state.get("best_epoch")
+        self.periodic = [int(e) for e in state.get("periodic", [])]
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; any damage raises :class:`CheckpointError`
-    naming the file (not an unpickler traceback)."""
+def committed_sha256(path: str | Path) -> str | None:
+    """The sha256 the run's log last committed for ``path`` (a file under ``<run>/checkpoints/``),
+    or None when there is no such log or record."""
+    p = Path(path)
+    log = p.parent.parent / EVENTS_FILE
+    if not log.is_file():
+        return None
+    digest: str | None = None
+    target = os.path.abspath(p)
+    with open(log, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if '"checkpoint"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a torn last line of a killed run
+            payload = rec.get("payload") if isinstance(rec, dict) else None
+            if rec.get("event") != "checkpoint" or not isinstance(payload, dict):
+                continue
+            shown = payload.get("path")
+            if isinstance(shown, str) and os.path.abspath(os.path.join(log.parent, shown)) == target:
+                digest = payload.get("sha256")
+    return digest
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
+    run's log committed for it (or ``expected_sha256``). Damage, a digest mismatch, or a pickle
+    payload with code in it raise :class:`CheckpointError` naming the file; nothing is loaded."""
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
+    expected = expected_sha256 if expected_sha256 is not None else committed_sha256(p)
+    data = p.read_bytes()
+    if expected is not None:
+        found = hashlib.sha256(data).hexdigest()
+        if found != expected:
+            raise CheckpointError(
+                f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
+                f"the file has {found} ({len(data)} bytes); it was changed or damaged after it was written"
+            )
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as exc:  # every unpickler/zip failure means the same thing here
-        size = p.stat().st_size
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
+            raise CheckpointError(
+                f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
+                "it was not loaded. fsmtrain never unpickles code from a checkpoint"
+            ) from None
+        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {str(exc)[:200]}") from None
+    except Exception as exc:  # every other reader failure means the same thing here
         raise CheckpointError(
-            f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}"
+            f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {type(exc).__name__}: {str(exc)[:200]}"
         ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")

@@ -1,23 +1,22 @@
 """The torch driver the engine calls for training batches and validation.
 
-Per batch it runs ``pipeline.training.batch.BatchBody`` (the hook order around forward, backward, the
-optimizer step and zero_grad) with torch actions, or a lean body when no callback has step hooks.
+Its methods are the driver actions of the lifecycle program (``forward``, ``backward``, …,
+``val_batch``); the machine's handlers call them in the table's order, between the hooks.
 Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.runner import CallbackRunner
-from pipeline.training.batch import BatchBody, StepActions
+from pipeline.core.context import EpochContext, RunContext, StepContext, ValStepContext
 
-__all__ = ["LossFn", "MetricFn", "TorchDriver", "split_batch"]
+__all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,6 +37,12 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 
 def _count(targets: Any) -> int:
     return targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: a hash of the run's data seed and the epoch index."""
+    digest = hashlib.sha256(f"fsmtrain-data-order:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class TorchDriver:
@@ -66,11 +71,10 @@ class TorchDriver:
         self._move = device.type != "cpu"
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
-
-    def attach(self, runner: CallbackRunner) -> None:
-        body = BatchBody(runner, StepActions(self._forward, self._backward, self._optimizer_step, self._zero_grad))
-        # With no step hooks nothing can set a skip flag: the lean body skips the dispatch checks.
-        self.train_batch = body if body.hooked else self._lean_batch  # type: ignore[method-assign]
+        self._val_names: list[str] = []
+        self._val_fns: list[MetricFn] = []
+        self._val_sums = torch.zeros(0, device=device)
+        self._val_seen = 0
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
@@ -87,19 +91,31 @@ class TorchDriver:
             return {k: self._to_device(v) for k, v in value.items()}
         return value
 
+    @property
+    def shuffle_generator(self) -> torch.Generator | None:
+        """The train loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
+        for owner in (self.train_loader, getattr(self.train_loader, "sampler", None)):
+            gen = getattr(owner, "generator", None)
+            if isinstance(gen, torch.Generator):
+                return gen
+        return None
+
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         self.model.train()
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
+        gen, seed = self.shuffle_generator, epoch.run.extras.get("data_seed")
+        if gen is not None and seed is not None:
+            # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
+            # run draws the same batches as an uninterrupted one (a loader without its own generator
+            # draws from the global RNG, which checkpoints restore).
+            gen.manual_seed(epoch_seed(int(seed), epoch.index))
         self._loss_sum = torch.zeros((), device=self.device)
         self._seen = 0
         return iter(self.train_loader)
 
-    def train_batch(self, step: StepContext) -> None:
-        raise RuntimeError("TorchDriver.attach(runner) must be called before training")
-
-    def _forward(self, step: StepContext) -> None:
+    def forward(self, step: StepContext) -> None:
         inputs, targets = split_batch(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
@@ -111,21 +127,14 @@ class TorchDriver:
         self._loss_sum += loss.detach() * n
         self._seen += n
 
-    def _backward(self, step: StepContext) -> None:
+    def backward(self, step: StepContext) -> None:
         assert step.loss is not None
         step.loss.backward()  # type: ignore[no-untyped-call]
 
-    def _optimizer_step(self, step: StepContext) -> None:
+    def optimizer_step(self, step: StepContext) -> None:
         self.optimizer.step()
 
-    def _zero_grad(self, step: StepContext) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _lean_batch(self, step: StepContext) -> None:
-        self._forward(step)
-        assert step.loss is not None
-        step.loss.backward()  # type: ignore[no-untyped-call]
-        self.optimizer.step()
+    def zero_grad(self, step: StepContext) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
@@ -133,31 +142,42 @@ class TorchDriver:
             return {}
         return {"train_loss": float((self._loss_sum / self._seen).item())}
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
         if self.val_loader is None:
-            return {}
+            return iter(())
         self.model.eval()
-        names = ["val_loss", *self.metrics]
-        sums = torch.zeros(len(names), device=self.device)
-        seen = 0
-        metric_fns = list(self.metrics.values())
+        self._val_names = ["val_loss", *self.metrics]
+        self._val_fns = list(self.metrics.values())
+        self._val_sums = torch.zeros(len(self._val_names), device=self.device)
+        self._val_seen = 0
+        return self._inference(self.val_loader)
+
+    @staticmethod
+    def _inference(loader: Iterable[Any]) -> Iterator[Any]:
+        # Inference mode is thread-local state: it holds while the engine runs each batch's hooks and
+        # val_batch between the yields, and ends when the loop ends or the engine closes this.
         with torch.inference_mode():
-            for batch in self.val_loader:
-                inputs, targets = split_batch(batch)
-                if self._move:
-                    inputs, targets = self._to_device(inputs), self._to_device(targets)
-                output = self.model(inputs)
-                n = _count(targets)
-                loss = self.loss_fn(output, targets)
-                if metric_fns:  # one fused add for all values; without metrics, the loss alone
-                    values = [loss, *(fn(output, targets) for fn in metric_fns)]
-                    sums += torch.stack([v.reshape(()).float() for v in values]) * n
-                else:
-                    sums += loss * n
-                seen += n
-        if seen == 0:
+            yield from loader
+
+    def val_batch(self, step: ValStepContext) -> None:
+        inputs, targets = split_batch(step.batch)
+        if self._move:
+            inputs, targets = self._to_device(inputs), self._to_device(targets)
+        output = self.model(inputs)
+        n = _count(targets)
+        loss = self.loss_fn(output, targets)
+        step.output, step.loss = output, loss
+        if self._val_fns:  # one fused add for all values; without metrics, the loss alone
+            values = [loss, *(fn(output, targets) for fn in self._val_fns)]
+            self._val_sums += torch.stack([v.reshape(()).float() for v in values]) * n
+        else:
+            self._val_sums += loss * n
+        self._val_seen += n
+
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
+        if self.val_loader is None or self._val_seen == 0:
             return {}
-        return dict(zip(names, (sums / seen).tolist(), strict=True))
+        return dict(zip(self._val_names, (self._val_sums / self._val_seen).tolist(), strict=True))
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         if self.scheduler is None:

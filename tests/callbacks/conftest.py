@@ -12,22 +12,19 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.context import EpochContext, RunContext
+from pipeline.core.engine import BaseDriver, Engine, TrainResult
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.runner import CallbackRunner
 
 
-class ScriptedDriver:
+class ScriptedDriver(BaseDriver):
     """Feeds given per-epoch losses (and extra metrics) to the engine; one no-op batch per epoch."""
 
     def __init__(self, train: Sequence[float], val: Sequence[float] | None,
                  extra: Sequence[dict[str, float]] | None = None, lr: float = 0.1) -> None:
         self.train, self.val, self.extra, self.lr = list(train), val, extra, lr
-
-    def attach(self, runner: CallbackRunner) -> None:
-        return None
 
     def current_lr(self) -> float | None:
         return self.lr
@@ -35,13 +32,10 @@ class ScriptedDriver:
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         return iter([None])
 
-    def train_batch(self, step: StepContext) -> None:
-        return None
-
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         return {"train_loss": self.train[epoch.index]}
 
-    def validate(self, epoch: EpochContext) -> dict[str, float]:
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.val is not None:
             out["val_loss"] = self.val[epoch.index]
@@ -49,11 +43,6 @@ class ScriptedDriver:
             out.update(self.extra[epoch.index])
         return out
 
-    def step_scheduler(self, epoch: EpochContext) -> None:
-        return None
-
-    def end_run(self, run: RunContext) -> None:
-        return None
 
 
 @dataclass

@@ -42,17 +42,17 @@ def test_keep_last_3_over_120_epochs_by_epoch_number(tiny, tmp_path):
     cb = CheckpointCallback(ck, save_every_n_epochs=1, keep_last_k=3)
     _trainer, result = _train(tiny, tmp_path, 120, [cb, EarlyStoppingCallback(patience=1000), AddsState()])
     assert result.epochs_completed == 120
-    assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_117.pt", "epoch_118.pt", "epoch_119.pt",
+    assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_118.pt", "epoch_119.pt", "epoch_120.pt",
                                                      "latest.pt"]
-    assert [p.name for p in cb.manager.list_periodic()] == ["epoch_117.pt", "epoch_118.pt", "epoch_119.pt"]
+    assert [p.name for p in cb.manager.list_periodic()] == ["epoch_118.pt", "epoch_119.pt", "epoch_120.pt"]
     events = read_events(tmp_path / "run" / "events.jsonl")
     written = [e["payload"] for e in events if e["event"] == "checkpoint"]
     removed = [e["payload"]["path"] for e in events if e["event"] == "checkpoint_removed"]
     assert [w["epoch"] for w in written if w["kind"] == "periodic"] == list(range(120))
-    assert removed == [f"checkpoints/epoch_{i}.pt" for i in range(117)]  # oldest first, by number
+    assert removed == [f"checkpoints/epoch_{i}.pt" for i in range(1, 118)]  # oldest first, by number
     # every recorded sha256 of a file still there matches the file
     last = {w["path"]: w["sha256"] for w in written}
-    for name in ("best.pt", "latest.pt", "epoch_119.pt"):
+    for name in ("best.pt", "latest.pt", "epoch_120.pt"):
         assert last[f"checkpoints/{name}"] == sha256_of(ck / name)
     latest = torch.load(ck / "latest.pt", weights_only=True)
     assert latest["epoch"] == 119 and latest["position"]["next_epoch"] == 120
@@ -117,7 +117,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
         _train(tiny, tmp_path / "again", 1, [cb])
     monkeypatch.undo()
     assert (ck / "latest.pt").read_bytes() == before
-    assert sorted(p.name for p in ck.iterdir()) == ["epoch_0.pt", "latest.pt"]  # no .tmp left behind
+    assert sorted(p.name for p in ck.iterdir()) == ["epoch_1.pt", "latest.pt"]  # no .tmp left behind
 
 
 def test_ordering_by_epoch_number_not_name(tmp_path):
@@ -125,7 +125,19 @@ def test_ordering_by_epoch_number_not_name(tmp_path):
     for e in (9, 10, 100, 99):
         (tmp_path / f"epoch_{e}.pt").write_bytes(b"x")
     assert [p.name for p in m.list_periodic()] == ["epoch_9.pt", "epoch_10.pt", "epoch_99.pt", "epoch_100.pt"]
-    assert [p.name for p in m._prune()] == ["epoch_9.pt", "epoch_10.pt"]
+    m.periodic = [8, 9, 98, 99]  # the epochs (0-based) whose files this run committed
+    assert [p.name for p in m._superseded_periodic()] == ["epoch_9.pt", "epoch_10.pt"]
+
+
+def test_pruning_never_touches_files_this_run_did_not_commit(tiny, tmp_path):
+    ck = tmp_path / "shared-checkpoints"  # a folder that already holds someone else's files
+    ck.mkdir(parents=True)
+    for name in ("epoch_50.pt", "epoch_77.pt", "notes.txt"):
+        (ck / name).write_bytes(b"someone else's")
+    _train(tiny, tmp_path, 4, [CheckpointCallback(ck, keep_last_k=1)])
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "best.pt", "epoch_4.pt", "epoch_50.pt", "epoch_77.pt", "latest.pt", "notes.txt"]
+    assert all((ck / n).read_bytes() == b"someone else's" for n in ("epoch_50.pt", "epoch_77.pt", "notes.txt"))
 
 
 def test_every_n_epochs_best_max_mode_and_paths(tiny, tmp_path):
@@ -146,8 +158,10 @@ def test_every_n_epochs_best_max_mode_and_paths(tiny, tmp_path):
     trainer.fit()
     events = [e["payload"] for e in read_events(tmp_path / "run" / "events.jsonl") if e["event"] == "checkpoint"]
     kinds = [(e["epoch"], e["kind"]) for e in events]
-    assert kinds == [(0, "best"), (1, "periodic"), (1, "best"), (1, "latest"), (3, "periodic"), (3, "best"),
-                     (3, "latest"), (4, "latest")]
+    assert kinds == [(0, "epoch"), (0, "latest"), (0, "best"), (1, "periodic"), (1, "latest"), (1, "best"),
+                     (2, "epoch"), (2, "latest"), (3, "periodic"), (3, "latest"), (3, "best"),
+                     (4, "epoch"), (4, "latest")]
+    assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_2.pt", "epoch_4.pt", "latest.pt"]
     assert all(not e["path"].startswith("/") for e in events)  # relative to the run dir
     assert load_checkpoint(ck / "best.pt")["epoch"] == 3
 

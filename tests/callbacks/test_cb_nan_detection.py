@@ -12,7 +12,7 @@ def test_nan_val_loss_stops_with_nan_and_inf_objective(scripted):
     assert out.result.stop_reason is StopReason.NAN
     assert out.result.epochs_completed == 3  # the NaN epoch finishes (epoch_end handlers run)
     assert out.result.objective == math.inf
-    assert "val_loss" in out.result.stop.message and "epoch 2" in out.result.stop.message
+    assert "val_loss" in out.result.stop.message and "epoch 3" in out.result.stop.message
 
 
 def test_inf_train_loss_stops_with_nan(scripted):

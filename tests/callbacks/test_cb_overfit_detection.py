@@ -29,7 +29,7 @@ def test_fires_at_first_qualifying_epoch(scripted):
     assert reader.seen[8] == pytest.approx(1.4 / 0.3)
     assert cb.overfitting and cb.first_detected == 8
     warnings = out.named("warning")
-    assert len(warnings) == 1 and "epoch 8" in warnings[0]["payload"]["message"]
+    assert len(warnings) == 1 and "epoch 9" in warnings[0]["payload"]["message"]
     assert out.result.stop_reason is StopReason.COMPLETED  # never stops
 
 

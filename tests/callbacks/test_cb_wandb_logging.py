@@ -1,4 +1,9 @@
+import io
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -6,6 +11,7 @@ from torch import nn
 from wandb.sdk.wandb_run import Run
 
 from callbacks import (
+    EpochSummaryCallback,
     GradientMonitorCallback,
     LossPredictionCallback,
     NaNDetectionCallback,
@@ -13,7 +19,7 @@ from callbacks import (
     WandbLoggingCallback,
 )
 from callbacks.wandb_logging import epoch_log
-from pipeline import StopReason, Trainer, TrainingCallback
+from pipeline import Slot, StopReason, Trainer, TrainingCallback
 
 
 @pytest.fixture
@@ -115,3 +121,112 @@ def test_dry_run_sends_nothing(scripted, wandb_calls):
 def test_bad_mode_is_named():
     with pytest.raises(ValueError, match="mode"):
         WandbLoggingCallback(mode="offlne")
+
+
+# --- every metric and every numeric slot, read back from the offline run's own file ----------------
+
+def wandb_history(run_root):
+    """The history rows of the one offline run under ``run_root/wandb``, read from its ``.wandb``
+    file: W&B's record log (a 7-byte ``:W&B`` header, then 32 KiB blocks of chunks with a 7-byte
+    header: crc32, length, type FULL/FIRST/MIDDLE/LAST), each record a protobuf ``Record``."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = list(run_root.glob("wandb/offline-run-*/*.wandb"))
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, pending, rows = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):
+            pending = chunk
+        elif kind in (3, 4):
+            pending += chunk
+        if kind not in (1, 4):
+            continue
+        record = pb.Record()
+        record.ParseFromString(pending)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+MY_METRIC = Slot("my_metric")
+
+
+class MyMetric(TrainingCallback):
+    """A user's own slot: declared in ``writes``, written every epoch."""
+
+    writes = (MY_METRIC,)
+
+    def on_val_end(self, epoch):
+        epoch.set(MY_METRIC, 100.0 + epoch.index)
+
+
+def _accuracy(output, target):
+    return ((output - target).abs() < 0.5).float().mean()
+
+
+def test_a_user_slot_and_metric_reach_wandb_history_and_the_console_every_epoch(tiny, tmp_path, capsys):
+    train, val = tiny.loaders(n=32, batch=8)
+    model = tiny.model()
+    console = io.StringIO()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val,
+                      max_epochs=3, metrics={"val_accuracy": _accuracy},
+                      callbacks=[GradientMonitorCallback(), MyMetric(), WandbLoggingCallback(),
+                                 EpochSummaryCallback(stream=console)],
+                      run_dir=tmp_path / "run", console_level="error")
+    result = trainer.fit()
+    rows = wandb_history(tmp_path / "run")
+    assert [row["_step"] for row in rows] == [0, 1, 2]  # one log per epoch
+    for epoch, row in enumerate(rows):
+        record = result.history[epoch]
+        assert row["my_metric"] == 100.0 + epoch == record.slots["my_metric"]
+        assert row["val_accuracy"] == pytest.approx(record.metrics["val_accuracy"])
+        assert row["max_grad_norm"] == pytest.approx(record.slots["max_grad_norm"])
+        assert row["train_loss"] == pytest.approx(record.metrics["train_loss"])
+    lines = console.getvalue().splitlines()
+    header = next(line for line in lines if line.startswith("epoch "))
+    assert header.split() == ["epoch", "train", "val", "lr", "grad", "val_accuracy", "my_metric"]
+    body = [line.split() for line in lines if line[0].isdigit()]
+    assert [cells[0] for cells in body] == ["1/3", "2/3", "3/3"]
+    for epoch, cells in enumerate(body):
+        assert cells[-2] == f"{result.history[epoch].metrics['val_accuracy']:.4g}"
+        assert cells[-1] == f"{100 + epoch}"
+    captured = capsys.readouterr()
+    assert "wandb" not in (captured.out + captured.err).lower()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_wandb_prints_nothing_to_the_console_of_a_real_run(tmp_path):
+    # A fresh process without the suite's WANDB_SILENT: only the callback's settings keep W&B quiet.
+    script = textwrap.dedent(f"""
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        from callbacks import WandbLoggingCallback
+        from pipeline import Trainer
+        torch.manual_seed(0)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        loader = DataLoader(TensorDataset(x, y), batch_size=8)
+        model = nn.Linear(4, 1)
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), loader, loader,
+                max_epochs=2, callbacks=[WandbLoggingCallback(directory={str(tmp_path)!r})],
+                console_level="error").fit()
+        print("trained")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["WANDB_MODE"] = "offline"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "trained\n"
+    assert "wandb" not in proc.stderr.lower(), proc.stderr
+    assert len(wandb_history(tmp_path)) == 2

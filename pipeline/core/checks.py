@@ -1,0 +1,108 @@
+"""Callback mistakes caught when the runner is built, each named with a suggestion.
+
+* a method named ``on_*`` that is not a hook (never called): ``did you mean on_val_end?``;
+* a hook that does not take exactly one context argument (``*args``/``**kwargs`` do not make it
+  fit): a one-line hint of the typed signature, ``on_val_end(self, epoch: EpochContext)``;
+* a hook assigned on the instance rather than defined on the class (never dispatched).
+
+A write to a slot a callback did not declare in ``writes`` is caught at the ``set`` call itself
+(:class:`SlotWriteError`, raised by the runner's slot guard), since only then is it known.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.core.lifecycle import HOOK_NAMES, HOOKS, HookScope
+
+__all__ = ["CallbackDefinitionError", "SlotWriteError", "check_callback", "hook_hint", "suggest_hook"]
+
+
+class CallbackDefinitionError(TypeError):
+    """A callback class is written in a way the runner cannot dispatch correctly."""
+
+
+class SlotWriteError(CallbackDefinitionError):
+    """A callback wrote a slot it does not declare in ``writes``."""
+
+
+_SCOPE: Mapping[str, HookScope] = {h.name: h.scope for h in HOOKS}
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+# Words other trainers use for the same hook parts (Keras/Lightning ``start``, ``validation``).
+_SYNONYMS = (("_start", "_begin"), ("validation", "val"), ("validate", "val"), ("_fit_", "_train_"))
+
+
+def hook_hint(hook: str) -> str:
+    """The typed signature a hook must have, from its scope in ``lifecycle.HOOKS``:
+    ``on_val_end(self, epoch: EpochContext)``."""
+    scope = _SCOPE[hook].value  # "epoch" -> EpochContext, "val_step" -> ValStepContext
+    return f"{hook}(self, {scope}: {''.join(part.capitalize() for part in scope.split('_'))}Context)"
+
+
+def suggest_hook(name: str) -> str | None:
+    """The hook a misspelt ``on_*`` name most likely meant, or None."""
+    normalised = name
+    for other, ours in _SYNONYMS:
+        normalised = normalised.replace(other, ours)
+    for candidate in (normalised, name):
+        close = difflib.get_close_matches(candidate, HOOK_NAMES, n=1, cutoff=0.6)
+        if close:
+            return close[0]
+    return None
+
+
+def check_callback(callback: Any, base: type) -> None:
+    """Raise :class:`CallbackDefinitionError` for the first mistake in ``callback`` (an instance
+    of a subclass of ``base``, the class whose hooks are the no-op defaults)."""
+    name = callback.name
+    for attr in _own_on_names(type(callback), base):
+        if attr in HOOK_NAMES or not callable(getattr(callback, attr, None)):
+            continue
+        guess = suggest_hook(attr)
+        hint = f"did you mean {guess}?" if guess else f"hooks are: {', '.join(HOOK_NAMES)}."
+        raise CallbackDefinitionError(
+            f"{name}.{attr} is not a hook and would never be called: {hint} "
+            f"(rename a helper so it does not start with 'on_', e.g. _{attr})")
+    for attr, value in getattr(callback, "__dict__", {}).items():
+        if attr in HOOK_NAMES and callable(value) and attr not in callback.overridden_hooks():
+            raise CallbackDefinitionError(
+                f"{name}.{attr} is assigned on the instance, so it is never dispatched: "
+                f"define it in the class as {hook_hint(attr)}")
+    for hook in callback.overridden_hooks():
+        _check_signature(callback, hook)
+
+
+def _own_on_names(cls: type, base: type) -> list[str]:
+    """``on_*`` attributes the callback's own classes define (the base's hooks are not checked)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if klass is base or klass is object or issubclass(base, klass):
+            continue
+        names += [n for n in vars(klass) if n.startswith("on_") and n not in names]
+    return names
+
+
+def _check_signature(callback: Any, hook: str) -> None:
+    bound = getattr(callback, hook)
+    try:
+        params = list(inspect.signature(bound).parameters.values())
+    except (TypeError, ValueError):
+        return  # no introspectable signature (a builtin); the call itself will tell
+    if len(params) == 1 and params[0].kind in _POSITIONAL:
+        return
+    raw = inspect.getattr_static(type(callback), hook, None)
+    shown = _signature_text(raw, bound)
+    raise CallbackDefinitionError(
+        f"{callback.name}.{hook}{shown} must take exactly one context argument: {hook_hint(hook)}")
+
+
+def _signature_text(raw: object, bound: Any) -> str:
+    fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    try:
+        sig = inspect.signature(fn if inspect.isfunction(fn) else bound)
+    except (TypeError, ValueError):
+        return "(...)"
+    return str(sig.replace(return_annotation=inspect.Signature.empty))

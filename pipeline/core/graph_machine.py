@@ -1,0 +1,100 @@
+"""The ``transitions`` ``GraphMachine`` that :mod:`pipeline.core.drawing` draws with: states with
+labels, a top-to-bottom layout, and label engines that put each transition, its guards and the
+callbacks on a move on lines of their own (one left-to-right row of seven phases with one-line
+labels drew a 6307 px wide SVG)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transitions import State
+from transitions.extensions import GraphMachine
+
+__all__ = ["CALLBACK_BULLET", "DOT_NEWLINE", "MERMAID_NEWLINE", "DrawnModel", "EdgeKey", "LabelledState",
+           "LifecycleGraphMachine"]
+
+
+class LabelledState(State):
+    """A ``transitions`` state with a ``label`` (MarkupMachine exports it; the graph engines draw it)."""
+
+    def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if label:
+            self.label = label
+
+
+# One left-to-right row of seven phases drew a 6307 px wide SVG; top to bottom, with each edge's
+# transitions and guards on lines of their own and a smaller edge font, it fits a laptop screen.
+_MACHINE_ATTRIBUTES: dict[str, str] = {**GraphMachine.machine_attributes, "rankdir": "TB"}
+_STYLE_ATTRIBUTES = copy.deepcopy(GraphMachine.style_attributes)
+_STYLE_ATTRIBUTES["edge"]["default"]["fontsize"] = "12"  # type: ignore[index]
+CALLBACK_BULLET = "- "  # marks a callback line under its hook in the callback view
+DOT_NEWLINE = "\\l"  # Graphviz: end a left-aligned line
+MERMAID_NEWLINE = "<br/>"
+
+EdgeKey = tuple[str, str, str | None]  # (source, trigger, dest); dest None for an internal move
+
+
+def _notes(machine: Any, tran: dict[str, Any]) -> list[str]:
+    notes: list[str] = machine.edge_notes.get((tran["source"], tran["trigger"], tran.get("dest")), [])
+    return notes
+
+
+class _MermaidLabels:
+    """Mixin for ``transitions``' Mermaid engine: the lines in ``machine.edge_notes`` (the callbacks
+    of a hook bound to a transition) go under that transition's label, one per line."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        return MERMAID_NEWLINE.join([text, *_notes(self.machine, tran)])
+
+
+class _DotLabels:
+    """Mixin for ``transitions``' graphviz engine: guards on their own line under the trigger, the
+    notes under them, and one line per transition of a merged edge (``transitions`` joins them
+    with `` | `` on one line)."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        head = tran.get("label", tran["trigger"])
+        guards = text[len(head):].strip()  # transitions appends " [internal]" and " [a & !b]" to the label
+        lines = [head, *([f"  {guards}"] if guards else []), *_notes(self.machine, tran)]
+        return DOT_NEWLINE.join(lines) + DOT_NEWLINE
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        super()._add_edges(transitions, _OneLinePerTransition(container))  # type: ignore[misc]
+
+
+class _OneLinePerTransition:
+    """Passes edges on to the graphviz graph, with the `` | `` between merged transitions (each of
+    which already ends its own line) dropped."""
+
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph
+
+    def edge(self, src: str, dst: str, label: str = "", **attrs: Any) -> None:
+        self._graph.edge(src, dst, label=label.replace(DOT_NEWLINE + " | ", DOT_NEWLINE), **attrs)
+
+
+class LifecycleGraphMachine(GraphMachine):
+    state_cls = LabelledState
+    machine_attributes = _MACHINE_ATTRIBUTES
+    style_attributes = _STYLE_ATTRIBUTES
+
+    def __init__(self, *args: Any, edge_notes: dict[EdgeKey, list[str]] | None = None, **kwargs: Any) -> None:
+        self.edge_notes = dict(edge_notes or {})
+        super().__init__(*args, **kwargs)
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type:
+        base: type = super()._init_graphviz_engine(graph_engine)
+        mixin = _DotLabels if graph_engine == "graphviz" else _MermaidLabels
+        return type(f"_Lifecycle{base.__name__}", (mixin, base), {})
+
+
+class DrawnModel:
+    """The model object the graph machine binds ``get_graph`` to."""

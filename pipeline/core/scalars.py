@@ -1,0 +1,64 @@
+"""The numbers of one epoch, flat and named: every metric and every numeric slot value.
+
+What the W&B logger sends and the console line shows, so a new metric or a new slot needs no
+change to either. A slot value becomes scalars by these rules, in order:
+
+* ``None`` and ``bool`` give nothing (absent, or a flag rather than a measurement);
+* a real number gives ``{slot name: value}``;
+* a value with a ``scalars()`` method gives the mapping it returns, names as given (the built-in
+  ``LossPrediction`` gives ``predicted_final_loss``);
+* a dataclass gives ``{"<slot>/<field>": value}`` for each numeric field, a mapping
+  ``{"<slot>/<key>": value}`` for each numeric value;
+* anything else convertible by ``float()`` (a one-element tensor) gives ``{slot name: float(value)}``;
+  other values (strings, lists, larger tensors) are not scalars and are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.core.context import EpochContext
+
+__all__ = ["epoch_scalars", "slot_scalars"]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def slot_scalars(name: str, value: Any) -> dict[str, float]:
+    """The named scalars one slot value contributes (see the module docstring)."""
+    if value is None or isinstance(value, bool):
+        return {}
+    number = _number(value)
+    if number is not None:
+        return {name: number}
+    scalars = getattr(value, "scalars", None)
+    if callable(scalars):
+        return {str(k): v for k, v in ((k, _number(v)) for k, v in scalars().items()) if v is not None}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items: Mapping[str, Any] = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif isinstance(value, Mapping):
+        items = value
+    else:
+        try:
+            return {name: float(value)}
+        except (TypeError, ValueError, RuntimeError):  # RuntimeError: torch, a tensor of many elements
+            return {}
+    return {f"{name}/{k}": v for k, v in ((k, _number(v)) for k, v in items.items()) if v is not None}
+
+
+def epoch_scalars(epoch: EpochContext) -> dict[str, float]:
+    """Every epoch metric (``train_loss``, ``val_loss``, ``lr``, validation metrics), then every
+    numeric slot value present now, in the order they were written. A metric keeps its name if a
+    slot scalar would take it."""
+    data = {k: float(v) for k, v in epoch.metrics.items()}
+    for name, value in epoch.run.slot_values().items():
+        for key, number in slot_scalars(name, value).items():
+            data.setdefault(key, number)
+    return data

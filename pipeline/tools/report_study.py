@@ -1,0 +1,256 @@
+"""The study half of ``fsmtrain report``: an Optuna study's page, made from its storage alone.
+
+Optimization history, parameter importances (Optuna's own evaluators), parallel coordinates,
+intermediate values of pruned vs completed trials, and a table of trials linking each trial's run
+reports (the trial's ``run_dirs`` user attribute). Optuna is imported here only, so a run report
+never pays for it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from pipeline.tools.report_run import ReportError, as_float
+from pipeline.tools.svgplot import (
+    GREY,
+    PALETTE,
+    Axis,
+    Line,
+    Series,
+    bar_chart,
+    colormap,
+    figure,
+    line_chart,
+    parallel_chart,
+)
+
+__all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_url", "study_sections"]
+
+STUDY_PLOTS = ("plot-history", "plot-importances", "plot-parallel", "plot-intermediate", "trials")
+
+
+def storage_url(target: str) -> tuple[Any, Path | None]:
+    """``target`` as an Optuna storage: a URL as given, a SQLite file as ``sqlite:///``, another
+    existing file as a journal file. Also returns the file, when there is one. A missing file is an
+    error (Optuna would create an empty database there)."""
+    if "://" in target:
+        return target, None
+    path = Path(target)
+    if not path.is_file():
+        raise ReportError(f"{target}: no such run directory, events.jsonl or study storage file")
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+        fh.seek(0)
+        first = fh.readline(1 << 16)
+    if head.startswith(b"SQLite format 3"):
+        _require_optuna_tables(path, target)
+        return f"sqlite:///{path.resolve()}", path
+    try:
+        op = json.loads(first).get("op_code") if first.strip() else None
+    except (ValueError, AttributeError):
+        op = None
+    if op is None:
+        raise ReportError(f"{target}: neither a run's events.jsonl nor an Optuna storage (a SQLite file or an Optuna "
+                          "journal file)")
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path))), path
+
+
+def _require_optuna_tables(path: Path, target: str) -> None:
+    """Optuna would add its tables to any SQLite file it is pointed at: check, read-only, first."""
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as exc:
+        raise ReportError(f"{target}: cannot read this SQLite file: {exc}") from exc
+    if "studies" not in tables:
+        raise ReportError(f"{target}: a SQLite file without Optuna's tables, not a study storage")
+
+
+def open_study(target: str, name: str | None) -> Any:
+    """Load study ``name`` (or the storage's only study) from ``target``."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage, _ = storage_url(target)
+    try:
+        names = optuna.get_all_study_names(storage=storage)
+    except Exception as exc:  # a file that is no Optuna storage, a bad URL, an unreachable server
+        raise ReportError(f"{target}: not an Optuna storage Optuna can read ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    if name is None:
+        if len(names) != 1:
+            listed = ", ".join(sorted(names)) or "none"
+            raise ReportError(f"{target}: pass --study NAME; the storage has {len(names)} studies ({listed})")
+        name = names[0]
+    elif name not in names:
+        raise ReportError(f"{target}: no study {name!r}; it has: {', '.join(sorted(names)) or 'none'}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def run_dirs_of(trial: Any) -> list[str]:
+    dirs = trial.user_attrs.get("run_dirs") or []
+    return [str(d) for d in dirs] if isinstance(dirs, (list, tuple)) else [str(dirs)]
+
+
+# --- plots ----------------------------------------------------------------------------------------
+def _states(study: Any) -> tuple[list[Any], list[Any]]:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and _value(t) is not None]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    return complete, pruned
+
+
+def _value(trial: Any) -> float | None:
+    v = as_float(trial.value) if trial.values is not None and len(trial.values) == 1 else None
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _positive(values: Sequence[float | None]) -> bool:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 10
+
+
+def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
+    minimize = study.direction.name == "MINIMIZE"
+    best: list[float | None] = []
+    current: float | None = None
+    for t in complete:
+        v = _value(t)
+        assert v is not None
+        current = v if current is None or (v < current if minimize else v > current) else current
+        best.append(current)
+    xs = [t.number for t in complete]
+    series = [Series("objective of a complete trial", xs, [_value(t) for t in complete], PALETTE[0], line=False),
+              Series("best so far", xs, best, PALETTE[1], points=False, step=True)]
+    last = [(t.number, as_float(t.intermediate_values[max(t.intermediate_values)])) for t in pruned
+            if t.intermediate_values]
+    if last:
+        series.append(Series("pruned trial (last reported value)", [n for n, _ in last], [v for _, v in last],
+                             GREY, line=False))
+    values = [v for s in series for v in s.y]
+    return line_chart("plot-history", f"Optimization history ({'minimize' if minimize else 'maximize'})",
+                      series, x_label="trial", y_label="objective", log_y=_positive(values))
+
+
+def _importances(study: Any, complete: list[Any]) -> str:
+    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator, get_param_importances
+
+    title = "Parameter importances"
+    if len(complete) < 2:
+        return figure("plot-importances", title, "", "needs at least two complete trials")
+    evaluator: Any = FanovaImportanceEvaluator(seed=0)
+    name = "fANOVA"
+    try:
+        import sklearn  # noqa: F401  - Optuna's fANOVA fits scikit-learn random forests
+    except ImportError:
+        evaluator, name = PedAnovaImportanceEvaluator(), "PED-ANOVA (scikit-learn is not installed for fANOVA)"
+    try:
+        scores = get_param_importances(study, evaluator=evaluator)
+    except (RuntimeError, ValueError) as exc:
+        return figure("plot-importances", title, "", f"Optuna could not rank the parameters: {exc}")
+    chart = bar_chart("plot-importances", f"{title} ({name}, Optuna)", list(scores.items()), unit="",
+                      color=PALETTE[2])
+    return chart
+
+
+def _category_getter(name: str, categories: list[str]) -> Callable[[Any], float | None]:
+    def get(trial: Any) -> float | None:
+        return float(categories.index(str(trial.params[name]))) if name in trial.params else None
+    return get
+
+
+def _number_getter(name: str) -> Callable[[Any], float | None]:
+    def get(trial: Any) -> float | None:
+        return as_float(trial.params.get(name))
+    return get
+
+
+def _parallel(study: Any, complete: list[Any]) -> str:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    names = sorted({p for t in complete for p in t.params})
+    axes = [Axis("objective")]
+    getters: list[Callable[[Any], float | None]] = [_value]
+    for p in names:
+        dist = next(t.distributions[p] for t in complete if p in t.distributions)
+        if isinstance(dist, CategoricalDistribution):
+            cats = [str(c) for c in dist.choices]
+            axes.append(Axis(p, categories=cats))
+            getters.append(_category_getter(p, cats))
+        else:
+            log = isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log
+            axes.append(Axis(p, log=log))
+            getters.append(_number_getter(p))
+    values = [_value(t) for t in complete]
+    finite = [v for v in values if v is not None]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    minimize = study.direction.name == "MINIMIZE"
+    lines = []
+    for t, v in zip(complete, values, strict=True):
+        share = 0.0 if hi == lo or v is None else (v - lo) / (hi - lo)
+        color = colormap(share if minimize else 1 - share)
+        tip = f"trial {t.number}: {v:.6g}; " + ", ".join(f"{k}={t.params[k]}" for k in names if k in t.params)
+        lines.append(Line([g(t) for g in getters], color, tip))
+    return parallel_chart("plot-parallel", "Parallel coordinates (complete trials; dark = best)", axes, lines)
+
+
+def _intermediate(complete: list[Any], pruned: list[Any]) -> str:
+    series: list[Series] = []
+    for trials, color, label in ((complete, PALETTE[0], "complete"), (pruned, PALETTE[1], "pruned")):
+        for t in trials:
+            steps = sorted(t.intermediate_values)
+            if steps:
+                series.append(Series(f"trial {t.number} ({label})", steps,
+                                     [as_float(t.intermediate_values[s]) for s in steps], color, points=False))
+    if not series:
+        return figure("plot-intermediate", "Intermediate values", "", "no trial reported intermediate values")
+    return line_chart("plot-intermediate", "Intermediate values: pruned (orange) vs complete (blue) trials", series,
+                      x_label="step (epoch)", y_label="reported value",
+                      log_y=_positive([v for s in series for v in s.y]),
+                      legend=[("complete trial", PALETTE[0], False), ("pruned trial", PALETTE[1], False)])
+
+
+def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> str:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        v = as_float(t.value) if t.values is not None and len(t.values) == 1 else None
+        links = []
+        for d in run_dirs_of(t):
+            target = run_link(Path(d))
+            if target is None:
+                links.append(f'<span class="missing">{escape(d)} (not found)</span>')
+            else:
+                links.append(f'<a href="{escape(os.path.relpath(target, out_dir))}">{escape(Path(d).name)}</a>')
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
+            t.datetime_start else None
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+        rows.append(f"<tr><td>{t.number}</td><td>{t.state.name.lower()}</td><td>{'-' if v is None else f'{v:.6g}'}</td>"
+                    f"<td>{escape(params)}</td><td>{'-' if seconds is None else f'{seconds:.1f} s'}</td>"
+                    f"<td>{' '.join(links) or '-'}</td></tr>")
+    return ('<section class="panel" id="trials"><h2>Trials</h2><table><tr><th>trial</th><th>state</th><th>value</th>'
+            "<th>parameters</th><th>duration</th><th>run reports</th></tr>" + "".join(rows) + "</table></section>")
+
+
+def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> tuple[str, str, list[str]]:
+    """Title, summary and sections of a study report. ``run_link(run_dir)`` gives the path of that
+    run's report (making it if needed), or None when the run directory is not here."""
+    complete, pruned = _states(study)
+    trials = study.get_trials(deepcopy=False)
+    best = f"; best {study.best_value:.6g} (trial {study.best_trial.number})" if complete else ""
+    summary = f"{len(trials)} trials: {len(complete)} complete, {len(pruned)} pruned{best}"
+    sections = [_history(study, complete, pruned), _importances(study, complete), _parallel(study, complete),
+                _intermediate(complete, pruned), _trial_table(study, out_dir, run_link)]
+    return f"fsmtrain study {study.study_name}", summary, sections

@@ -1,0 +1,308 @@
+"""Small charts as inline SVG, for ``fsmtrain report``: no JavaScript, no network, a few kB each.
+
+Line charts (linear or log y, gaps for missing or non-finite values, horizontal reference lines,
+shaded epoch bands), horizontal bar charts and parallel coordinates. Every point carries a
+``<title>``, which browsers show as a tooltip, so exact values stay readable without scripts.
+Each chart is a ``<figure class="plot" id=...>`` with its title as the caption.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+
+__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Line", "Series", "bar_chart", "colormap", "figure",
+           "line_chart", "parallel_chart", "ticks"]
+
+# Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+GREY = "#999999"
+_FONT = 'font-family="system-ui, sans-serif" font-size="11"'
+_PAD_L, _PAD_R, _PAD_T, _PAD_B = 64, 16, 12, 38
+
+
+@dataclass
+class Series:
+    """One line of a line chart; ``None`` or non-finite values leave a gap."""
+
+    name: str
+    x: Sequence[float]
+    y: Sequence[float | None]
+    color: str = PALETTE[0]
+    dashed: bool = False
+    line: bool = True
+    points: bool = True
+    step: bool = False  # a counter: hold each value until the next x
+
+
+@dataclass
+class HLine:
+    """A horizontal reference line (a threshold, a patience)."""
+
+    value: float
+    label: str
+    color: str = "#B00020"
+
+
+@dataclass
+class Band:
+    """A shaded stretch of x (epochs flagged as overfitting)."""
+
+    x0: float
+    x1: float
+    label: str  # the tooltip of this band
+    color: str = "#F4B6B6"
+    legend: str = ""  # the legend entry of all bands (default: the first one's label)
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e4 or a < 1e-3:
+        return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+    return f"{v:.4g}"
+
+
+def _finite(v: float | None, log: bool) -> bool:
+    return v is not None and math.isfinite(v) and (not log or v > 0)
+
+
+def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi]: 1-2-5 steps, or powers of ten (with 2 and 5 inside a
+    single decade) on a log axis."""
+    if log:
+        a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        if b - a <= 2:
+            out = [m * 10.0**e for e in range(a, b + 1) for m in (1, 2, 5)]
+            return [t for t in out if lo / 1.0001 <= t <= hi * 1.0001] or [lo, hi]
+        stride = max(1, math.ceil((b - a) / 8))
+        return [10.0**e for e in range(a, b + 1, stride)]
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    start = math.ceil(lo / step - 1e-9) * step
+    out, t = [], start
+    while t <= hi + step * 1e-9:
+        out.append(0.0 if abs(t) < step * 1e-9 else t)
+        t += step
+    return out
+
+
+class _Scale:
+    def __init__(self, lo: float, hi: float, a: float, b: float, log: bool = False) -> None:
+        if log:
+            lo, hi = math.log10(lo), math.log10(hi)
+        if hi == lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        self.lo, self.hi, self.a, self.b, self.log = lo, hi, a, b, log
+
+    def __call__(self, v: float) -> float:
+        if self.log:
+            v = math.log10(v)
+        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
+
+
+def figure(plot_id: str, title: str, svg: str, note: str = "") -> str:
+    extra = f'<p class="note">{escape(note)}</p>' if note else ""
+    return (f'<figure class="plot" id="{escape(plot_id)}"><figcaption>{escape(title)}</figcaption>'
+            f"{svg}{extra}</figure>")
+
+
+def _svg_open(width: int, height: int, label: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" {_FONT}>')
+
+
+def _legend(items: Sequence[tuple[str, str, bool]], x: float, y: float) -> list[str]:
+    out = []
+    for name, color, dashed in items:
+        dash = ' stroke-dasharray="5 3"' if dashed else ""
+        out.append(f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x + 18:.1f}" y2="{y:.1f}" stroke="{color}" '
+                   f'stroke-width="2"{dash}/><text x="{x + 22:.1f}" y="{y + 4:.1f}">{escape(name)}</text>')
+        x += 30 + 6.2 * len(name)
+    return out
+
+
+def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: str = "epoch", y_label: str = "",
+               log_y: bool = False, hlines: Sequence[HLine] = (), bands: Sequence[Band] = (),
+               width: int = 760, height: int = 300, integer_x: bool = True,
+               legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
+    """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart)."""
+    xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if _finite(y, log_y)]
+    ys = [float(y) for s in series for y in s.y if y is not None and _finite(y, log_y)]
+    ys += [h.value for h in hlines if _finite(h.value, log_y)]
+    xs += [v for b in bands for v in (b.x0, b.x1)]
+    if not xs or not ys:
+        return figure(plot_id, title, "", "no values to draw")
+    dropped = sum(1 for s in series for y in s.y if y is not None and not _finite(y, log_y))
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if not log_y:
+        pad = (y1 - y0) * 0.05 or abs(y1) * 0.05 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+    else:
+        y0, y1 = y0 / 1.15, y1 * 1.15
+    legend_h = 18
+    sx = _Scale(x0, x1, _PAD_L, width - _PAD_R)
+    sy = _Scale(y0, y1, height - _PAD_B - legend_h, _PAD_T, log=log_y)
+    out = [_svg_open(width, height, title)]
+    top, bottom = _PAD_T, height - _PAD_B - legend_h
+    for b in bands:
+        left, right = sx(b.x0 - 0.5 if integer_x else b.x0), sx(b.x1 + 0.5 if integer_x else b.x1)
+        left, right = max(left, _PAD_L), min(right, width - _PAD_R)
+        out.append(f'<rect class="band" x="{left:.1f}" y="{top}" width="{max(right - left, 1):.1f}" '
+                   f'height="{bottom - top}" fill="{b.color}" opacity="0.45"><title>{escape(b.label)}</title></rect>')
+    for t in ticks(min(ys) if log_y else y0, max(ys) if log_y else y1, log_y):
+        if not (y0 <= t <= y1):
+            continue
+        y = sy(t)
+        out.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{width - _PAD_R}" y2="{y:.1f}" stroke="#e3e3e3"/>'
+                   f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+    xt = ticks(x0, x1)
+    if integer_x:
+        xt = sorted({float(round(t)) for t in xt if abs(t - round(t)) < 1e-9} | ({x0} if x0 == x1 else set()))
+    for t in xt:
+        x = sx(t)
+        out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#666"/>'
+                   f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{_fmt(t)}</text>')
+    out.append(f'<rect x="{_PAD_L}" y="{top}" width="{width - _PAD_L - _PAD_R}" height="{bottom - top}" '
+               f'fill="none" stroke="#666"/>')
+    out.append(f'<text x="{(_PAD_L + width - _PAD_R) / 2:.1f}" y="{bottom + 30}" text-anchor="middle">'
+               f'{escape(x_label)}</text>')
+    if y_label:
+        out.append(f'<text transform="translate(12 {(top + bottom) / 2:.1f}) rotate(-90)" text-anchor="middle">'
+                   f'{escape(y_label + (" (log scale)" if log_y else ""))}</text>')
+    for h in hlines:
+        if _finite(h.value, log_y):
+            y = sy(h.value)
+            out.append(f'<line class="hline" x1="{_PAD_L}" y1="{y:.1f}" x2="{width - _PAD_R}" y2="{y:.1f}" '
+                       f'stroke="{h.color}" stroke-dasharray="6 4" stroke-width="1.5"><title>{escape(h.label)}'
+                       f'</title></line><text x="{width - _PAD_R - 4}" y="{y - 4:.1f}" text-anchor="end" '
+                       f'fill="{h.color}">{escape(h.label)}</text>')
+    for s in series:
+        out += _draw_series(s, sx, sy, log_y, x1)
+    if legend is None:
+        legend = [(s.name, s.color, s.dashed) for s in series]
+        legend += [(b.legend or b.label, b.color, False) for b in bands[:1]]
+    out += _legend(legend, _PAD_L, height - 10)
+    out.append("</svg>")
+    note = f"{dropped} value(s) <= 0 or not finite are not drawn" if dropped else ""
+    return figure(plot_id, title, "".join(out), note)
+
+
+def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -> list[str]:
+    out: list[str] = []
+    runs: list[list[tuple[float, float, float, float]]] = [[]]
+    for x, y in zip(s.x, s.y, strict=True):
+        if y is None or not _finite(y, log_y):
+            runs.append([])
+            continue
+        runs[-1].append((sx(x), sy(y), float(x), float(y)))
+    dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+    for run in runs:
+        if s.line and len(run) > 1:
+            pts: list[str] = []
+            for i, (px, py, _, _) in enumerate(run):
+                if s.step and i:
+                    pts.append(f"{px:.1f},{run[i - 1][1]:.1f}")
+                pts.append(f"{px:.1f},{py:.1f}")
+            out.append(f'<polyline class="series" points="{" ".join(pts)}" fill="none" stroke="{s.color}" '
+                       f'stroke-width="2"{dash}><title>{escape(s.name)}</title></polyline>')
+        if s.points or len(run) == 1:
+            for px, py, x, y in run:
+                out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.6" fill="{s.color}">'
+                           f'<title>{escape(s.name)} at {_fmt(x)}: {y:.6g}</title></circle>')
+    return out
+
+
+def bar_chart(plot_id: str, title: str, items: Sequence[tuple[str, float]], *, unit: str = "s",
+              width: int = 760, color: str = PALETTE[0]) -> str:
+    """Horizontal bars, largest first, with the value and its share of the total."""
+    items = sorted(((k, v) for k, v in items if math.isfinite(v)), key=lambda kv: -kv[1])
+    if not items:
+        return figure(plot_id, title, "", "no values to draw")
+    label_w = min(260, 12 + 6.6 * max(len(k) for k, _ in items))
+    row, top = 20, 6
+    height = top + row * len(items) + 8
+    total = sum(v for _, v in items) or 1.0
+    vmax = max(v for _, v in items) or 1.0
+    bar_w = width - label_w - 150
+    out = [_svg_open(width, height, title)]
+    for i, (name, v) in enumerate(items):
+        y = top + i * row
+        w = max(bar_w * v / vmax, 1.0)
+        out.append(f'<text x="{label_w - 6:.1f}" y="{y + 13}" text-anchor="end">{escape(name)}</text>'
+                   f'<rect class="bar" x="{label_w:.1f}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
+                   f'fill="{color}"><title>{escape(name)}: {v:.6g} {unit}</title></rect>'
+                   f'<text x="{label_w + w + 6:.1f}" y="{y + 13}">{v:.4g} {unit} '
+                   f'({100 * v / total:.1f}%)</text>')
+    out.append("</svg>")
+    return figure(plot_id, title, "".join(out))
+
+
+@dataclass
+class Axis:
+    """One vertical axis of a parallel-coordinates chart."""
+
+    name: str
+    log: bool = False
+    categories: list[str] = field(default_factory=list)  # a categorical axis: values are their indexes
+
+
+@dataclass
+class Line:
+    values: list[float | None]
+    color: str
+    tip: str
+
+
+def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[Line], *,
+                   width: int = 760, height: int = 320) -> str:
+    """Parallel coordinates: one vertical axis per entry of ``axes`` (the objective first, then the
+    parameters), one polyline per trial."""
+    if not axes or not lines:
+        return figure(plot_id, title, "", "no complete trials to draw")
+    top, bottom = 28, height - 22
+    left, right = 70, width - 70
+    step = (right - left) / max(len(axes) - 1, 1)
+    scales: list[_Scale] = []
+    out = [_svg_open(width, height, title)]
+    for i, ax in enumerate(axes):
+        vals = [v for v in (ln.values[i] for ln in lines) if v is not None and _finite(v, ax.log)]
+        lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
+        if ax.categories:
+            lo, hi = -0.5, len(ax.categories) - 0.5
+        scales.append(_Scale(lo, hi, bottom, top, log=ax.log and lo > 0))
+        x = left + i * step
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#444"/>'
+                   f'<text x="{x:.1f}" y="{top - 12}" text-anchor="middle" font-weight="bold">'
+                   f'{escape(ax.name + (" (log)" if ax.log else ""))}</text>')
+        labels = ([(float(k), c) for k, c in enumerate(ax.categories)] if ax.categories
+                  else [(lo, _fmt(lo)), (hi, _fmt(hi))])
+        for v, text in labels:
+            out.append(f'<text x="{x + 4:.1f}" y="{scales[i](v) + 4:.1f}" fill="#555">{escape(text)}</text>')
+    for ln in lines:
+        pts = [f"{left + i * step:.1f},{scales[i](v):.1f}" for i, v in enumerate(ln.values)
+               if v is not None and _finite(v, axes[i].log)]
+        out.append(f'<polyline class="trial" points="{" ".join(pts)}" fill="none" stroke="{ln.color}" '
+                   f'stroke-width="1.6" opacity="0.8"><title>{escape(ln.tip)}</title></polyline>')
+    out.append("</svg>")
+    return figure(plot_id, title, "".join(out))
+
+
+def colormap(t: float) -> str:
+    """``t`` in [0, 1] to a colour from dark blue (0, best) to yellow (1)."""
+    stops = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))
+    t = min(max(t, 0.0), 1.0)
+    for (a, ca), (b, cb) in itertools.pairwise(stops):
+        if t <= b:
+            f = (t - a) / (b - a)
+            r, g, bl = (round(ca[k] + f * (cb[k] - ca[k])) for k in range(3))
+            return f"#{r:02x}{g:02x}{bl:02x}"
+    return "#f0f921"

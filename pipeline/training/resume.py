@@ -1,0 +1,196 @@
+"""Continue a run in place from the newest checkpoint its log committed.
+
+:func:`find_resumption` reads the run's ``events.jsonl`` (a torn last line of a killed process is
+cut off first), walks the committed ``checkpoint`` events newest first and takes the first whose
+file is still there with the committed sha256. Files in the checkpoint folder that the log never
+committed (leftovers of a write cut short by a kill: temp files, a file renamed into place whose
+event never made it, a role link swapped before its event) are removed and named in the
+``resume`` event.
+
+The :class:`Resumption` then sets the run's position before ``run_start`` (so the log's new
+segment says where it starts) and, in ``train_begin``, restores model, optimizer, scheduler,
+every stateful callback, the RNG states and the data order, and fires ``on_load_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
+from pipeline.core.events import EVENTS_FILE
+from pipeline.training.checkpoint import CheckpointError, load_checkpoint, restore_rng_state, sha256_of
+
+__all__ = ["ResumeError", "Resumption", "find_resumption", "read_log_tail"]
+
+_OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
+
+
+class ResumeError(ValueError):
+    """The run cannot be continued: no log, no committed checkpoint left, or a mismatch."""
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """What a resume needs from the log it appends to."""
+
+    next_seq: int
+    run_id: str | None
+    committed: tuple[tuple[str, str, int], ...]  # (shown path, sha256, epoch), in log order
+    removed: frozenset[str]
+    torn_bytes: int  # bytes of a torn last line cut off
+
+
+def read_log_tail(run_dir: Path) -> LogTail:
+    """Read ``run_dir/events.jsonl``; cut off a torn last line (a process killed mid-write)."""
+    log = run_dir / EVENTS_FILE
+    if not log.is_file():
+        raise ResumeError(f"{run_dir} has no {EVENTS_FILE}: there is no run to resume there")
+    raw = log.read_bytes()
+    cut = raw.rfind(b"\n") + 1
+    torn = len(raw) - cut
+    if torn:
+        with open(log, "r+b") as fh:
+            fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
+    committed: list[tuple[str, str, int]] = []
+    removed: set[str] = set()
+    next_seq, run_id = 0, None
+    for line in raw[:cut].splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the audit reports it; resume only needs the committed checkpoints
+        if not isinstance(rec, dict):
+            continue
+        if isinstance(rec.get("seq"), int):
+            next_seq = rec["seq"] + 1
+        run_id = rec.get("run_id", run_id)
+        payload = rec.get("payload") or {}
+        if rec.get("event") == "checkpoint" and isinstance(payload.get("path"), str):
+            committed.append((payload["path"], str(payload.get("sha256")), int(payload.get("epoch", -1))))
+            removed.discard(payload["path"])
+        elif rec.get("event") == "checkpoint_removed" and isinstance(payload.get("path"), str):
+            removed.add(payload["path"])
+    return LogTail(next_seq, run_id, tuple(committed), frozenset(removed), torn)
+
+
+@dataclass
+class Resumption:
+    """A verified checkpoint to continue from, and what the resume cleaned up."""
+
+    run_dir: Path
+    path: Path
+    shown: str  # as the log names it
+    sha256: str
+    state: dict[str, Any]
+    tail: LogTail
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def next_epoch(self) -> int:
+        return int(self.state["position"]["next_epoch"])
+
+    @property
+    def global_step(self) -> int:
+        return int(self.state["position"]["global_step"])
+
+    def prepare(self, run: RunContext) -> None:
+        """Before ``run_start``: the position and the history of the epochs already done."""
+        run.epoch = self.next_epoch
+        run.global_step = self.global_step
+        run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
+                       for h in self.state.get("history", [])]
+        run.extras["resumed_from"] = self.shown
+
+    def restore(self, run: RunContext) -> None:
+        """In ``train_begin``: every piece of state, then ``on_load_checkpoint``, then the log's
+        ``resume`` event."""
+        state = self.state
+        if run.model is not None and state.get("model") is not None:
+            run.model.load_state_dict(state["model"])
+        if run.optimizer is not None and state.get("optimizer") is not None:
+            run.optimizer.load_state_dict(state["optimizer"])
+        scheduler = run.scheduler
+        if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
+            scheduler.load_state_dict(state["scheduler"])
+        _load_callback_states(run, state.get("callbacks") or {})
+        seed = (state.get("data_order") or {}).get("seed")
+        if seed is not None:
+            run.extras["data_seed"] = int(seed)
+        run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
+        run.emit(
+            "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=int(state["epoch"]),
+            next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
+            torn_line_bytes=self.tail.torn_bytes,
+        )
+        # Last, after every callback's own set-up: the random streams continue exactly where they were.
+        restore_rng_state(state["rng"])
+
+
+def _load_callback_states(run: RunContext, states: Mapping[str, Any]) -> None:
+    seen: set[str] = set()
+    for i, cb in enumerate(run.callbacks):
+        if not getattr(cb, "stateful", False):
+            continue
+        key = cb.name if cb.name not in seen else f"{cb.name}#{i}"
+        seen.add(cb.name)
+        if key in states:
+            cb.load_state_dict(states[key])
+
+
+def find_resumption(run_dir: str | Path, which: str | Path = "latest") -> Resumption:
+    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest committed one that is
+    intact) or a path (which must be one the log committed)."""
+    run_dir = Path(run_dir)
+    tail = read_log_tail(run_dir)
+    latest_sha: dict[str, str] = {}
+    for shown, sha, _ in tail.committed:
+        latest_sha[shown] = sha
+    live = [(shown, sha, epoch) for shown, sha, epoch in tail.committed
+            if shown not in tail.removed and latest_sha[shown] == sha]
+    if not live:
+        raise ResumeError(f"{run_dir}: the log committed no checkpoint that is still there; nothing to resume from "
+                          "(start the run again instead)")
+    if which != "latest":
+        wanted = os.path.abspath(which)
+        live = [c for c in live if os.path.abspath(run_dir / c[0]) == wanted]
+        if not live:
+            raise ResumeError(f"{which} is not a checkpoint the log of {run_dir} committed")
+    problems: list[str] = []
+    for shown, sha, _epoch in sorted(live, key=lambda c: c[2], reverse=True):
+        path = run_dir / shown
+        if not path.is_file():
+            problems.append(f"{shown}: missing")
+            continue
+        try:
+            state = load_checkpoint(path, expected_sha256=sha)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+            continue
+        res = Resumption(run_dir, path, shown, sha, state, tail)
+        res.removed = _remove_uncommitted(run_dir, path.parent, latest_sha, tail.removed)
+        return res
+    raise ResumeError(f"{run_dir}: no committed checkpoint could be loaded: " + "; ".join(problems))
+
+
+def _remove_uncommitted(
+    run_dir: Path, folder: Path, committed: Mapping[str, str], removed: frozenset[str]
+) -> list[str]:
+    """Delete the files of ours in ``folder`` whose current bytes the log never committed."""
+    out: list[str] = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if not path.is_file() or not _OURS.match(path.name):
+            continue
+        shown = os.path.relpath(path, run_dir)
+        if shown in committed and shown not in removed and committed[shown] == sha256_of(path):
+            continue
+        path.unlink()
+        out.append(shown)
+    return out
