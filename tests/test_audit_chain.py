@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -180,8 +184,8 @@ def test_a_log_cut_back_before_a_checkpoint_is_caught_by_its_pinned_head(quickst
 @pytest.mark.slow
 @pytest.mark.parametrize("key", [None, b"resume-key"])
 def test_the_chain_runs_across_a_resume(tmp_path: Path, key: bytes | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run interrupted in epoch 2 (a KeyboardInterrupt in a callback), then a second real Trainer
-    appending to the same log from the epoch after its latest checkpoint."""
+    """A run interrupted in epoch 2 (a KeyboardInterrupt in a callback), then a real resume
+    (``resume_from="latest"``) appending to the same log from the epoch after its latest checkpoint."""
     if key is not None:
         monkeypatch.setenv(KEY_ENV, key.decode())
     run = tmp_path / "run"
@@ -191,9 +195,8 @@ def test_the_chain_runs_across_a_resume(tmp_path: Path, key: bytes | None, monke
     records = [json.loads(x) for x in first]
     latest = [r for r in records if r["event"] == "checkpoint" and r["payload"]["kind"] == "latest"][-1]
     start = latest["payload"]["epoch"] + 1
-    trainer = _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=start + 2)
-    trainer.run.epoch = start
-    trainer.run.extras["resumed_from"] = latest["payload"]["path"]
+    trainer = _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=start + 2, resume_from="latest")
+    assert trainer.run.epoch == start
     trainer.fit()
     lines = read_lines(run / "events.jsonl")
     assert json.loads(lines[len(first)])["prev"] == Chain(key).digest(first[-1].encode())
@@ -208,6 +211,95 @@ def test_the_chain_runs_across_a_resume(tmp_path: Path, key: bytes | None, monke
     (run / "events.jsonl").write_text("".join(lines), encoding="utf-8")
     bad = audit_file(run / "events.jsonl", key=key, verify_checkpoints=False)
     assert (bad.violations[0].line, bad.violations[0].check) == (len(first) + 1, "chain"), bad.render()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_and_resumed_quickstart_chains_across_segments(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fsmtrain train`` killed with SIGKILL mid-run, then ``fsmtrain resume``, with a key: the
+    audit passes with the key, and the chain runs from the first segment into the second. Then the
+    log cut back to before its last epoch is caught by the checkpoints' pinned heads."""
+    from pipeline.cli import main as cli_main
+
+    key = "kill-and-resume-key"
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{KEY_ENV: key})
+    settings = ["--set", "epochs=40", "--set", "wandb.enabled=false", "--set", "early_stopping.enabled=false",
+                "--set", "scheduler_config.T_max=40"]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(REPO / "configs" / "quickstart.yaml"),
+                             "--run-dir", str(tmp_path), *settings], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "mlp-regression-seed0"
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = run / "events.jsonl"
+            if log.is_file() and log.read_bytes().count(b'"event":"epoch"') >= 3:
+                break
+            time.sleep(0.01)
+        time.sleep(random.uniform(0.0, 0.3))  # a moment anywhere in the next epochs: mid-write included
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    monkeypatch.setenv(KEY_ENV, key)
+    assert cli_main(["resume", str(run)]) == 0
+    lines = read_lines(run / "events.jsonl")
+    starts = [i for i, line in enumerate(lines) if '"event":"run_start"' in line]
+    assert len(starts) == 2
+    chain = Chain(key.encode())
+    assert json.loads(lines[starts[1]])["prev"] == chain.digest(lines[starts[1] - 1].encode())
+    report = audit_file(run / "events.jsonl", key=key.encode())
+    assert report.violations == [], report.render()
+    assert report.chain.ok and report.chain.key_matches and len(report.segments) == 2
+    assert report.explanation.epochs_completed == 40 and report.explanation.checkpoints_pinned >= 2
+
+    # Cut back to before the last epoch began: the files that epoch committed pin lines the log lost.
+    last_start = max(i for i, line in enumerate(lines) if '"trigger":"next_epoch"' in line)
+    (run / "events.jsonl").write_text("".join(lines[:last_start]), encoding="utf-8")
+    cut = audit_file(run / "events.jsonl", key=key.encode())
+    pins = [f for f in cut.violations if f.check == "checkpoint"]
+    assert pins and all("no line of this log" in f.message for f in pins), cut.render()
+
+
+_KILL_AFTER_COMMIT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from audit_runs import _trainer
+    from callbacks import CheckpointCallback
+    from pipeline.core.hooks import TrainingCallback
+
+    class KillAfterCommit(TrainingCallback):
+        priority = 99  # after CheckpointCallback (95) committed the epoch, before its epoch event
+        def on_epoch_end(self, epoch):
+            if epoch.index == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    run_dir = Path(sys.argv[1])
+    _trainer(run_dir, [CheckpointCallback(run_dir / "checkpoints"), KillAfterCommit()], epochs=5).fit()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_killed_between_the_commit_and_the_epoch_event(tmp_path: Path) -> None:
+    """The checkpoint of epoch 2 is committed, the epoch event never written: a resume from it is
+    legal, the epoch counts, and the audit says what the log lacks."""
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_AFTER_COMMIT.format(tests=str(Path(__file__).resolve().parent)), encoding="utf-8")
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop(KEY_ENV, None)
+    done = subprocess.run([sys.executable, str(script), str(run)], cwd=REPO, env=env, timeout=200, check=False)
+    assert done.returncode == -signal.SIGKILL
+    events = read_events(run / "events.jsonl")
+    assert events[-1]["event"] == "checkpoint" and events[-1]["epoch"] == 2
+    _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=5, resume_from="latest").fit()
+    report = audit_file(run / "events.jsonl")
+    assert report.violations == [], report.render()
+    assert report.explanation.epochs_completed == 5 and report.chain.ok
+    assert any("killed before it logged the epoch" in f.message for f in report.warnings)
 
 
 # --- CLI -------------------------------------------------------------------------------------------

@@ -282,10 +282,17 @@ class _Auditor(EndingChecks):
         if prev.end_line is None:
             self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
                       f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
-        if seg.start_epoch > prev.next_epoch:
+        ckpt = self._checkpoint_named(seg.resumed_from)
+        if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
+                and prev.end_line is None and ckpt.line > prev.first_line):
+            # Killed between committing the epoch's checkpoint and logging its epoch event: the
+            # epoch is done (the checkpoint holds it), but the log never got its figures.
+            seg.unlogged.add(ckpt.epoch)
+            self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
+                      "process was killed before it logged the epoch: its figures are not in the log", n)
+        elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
                      f"{prev.next_epoch}", n)
-        ckpt = self._checkpoint_named(seg.resumed_from)
         if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
             self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
                      f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
@@ -519,7 +526,7 @@ class _Auditor(EndingChecks):
             return
         seg = self.segments[-1]
         ex.max_epochs = seg.max_epochs
-        ex.epochs_completed = sum(s.epochs for s in self.segments)
+        ex.epochs_completed = sum(s.epochs + len(s.unlogged) for s in self.segments)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
         ex.train_end_line = seg.end_line

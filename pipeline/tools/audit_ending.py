@@ -63,6 +63,7 @@ class Segment:
     best: tuple[float, int, int] | None = None  # (val, epoch, line)
     last_val: float = math.nan
     last_trial_report: tuple[bool, int] | None = None
+    unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
     # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
     step_begin: int | None = None
     step_val: int | None = None
@@ -163,6 +164,12 @@ class EndingChecks:
         own = self._expected_result(seg, [seg])
         whole = self._expected_result(seg, self.segments[: self.segments.index(seg) + 1])
         wrong = result_mismatches(p, whole)
+        unlogged = set().union(*(s.unlogged for s in self.segments))
+        if unlogged and p.get("best_epoch") in unlogged:
+            # The best epoch is one whose figures never reached the log: its loss cannot be checked.
+            wrong = [w for w in wrong if w[0] not in ("best_val_loss", "best_epoch", "objective")]
+            self.warn("result", f"the best epoch {p.get('best_epoch')} is not in the log (its process was killed "
+                      "before logging it): best_val_loss and objective cannot be checked", n)
         if wrong and whole != own and not result_mismatches(p, own):
             self.warn("result", f"the result describes only this process's epochs (from line {seg.first_line}), "
                       "not the whole resumed run", n)
@@ -176,7 +183,7 @@ class EndingChecks:
         last = next((s.last_val for s in reversed(segs) if s.epochs), math.nan)
         best_val = best[0] if best is not None else math.inf
         out: dict[str, Any] = {
-            "epochs_completed": sum(s.epochs for s in segs),
+            "epochs_completed": sum(s.epochs + len(s.unlogged) for s in segs),
             "last_val_loss": last,
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,
