@@ -35,7 +35,8 @@ def _shown(path: Path, run: RunContext) -> str:
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
     commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event
-    per file committed (path, sha256, epoch, kind) and a ``checkpoint_removed`` event per file removed.
+    per file committed (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
+    stores) and a ``checkpoint_removed`` event per file removed.
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -70,8 +71,11 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
+        head = getattr(run.events, "head", None)  # what build_state stores: nothing is logged in between
+
         def commit(ck: SavedCheckpoint) -> None:
-            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind)
+            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                       chain_head=head)
 
         def removed(path: Path) -> None:
             epoch.emit("checkpoint_removed", path=_shown(path, run))

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
 from pipeline.app.trainer import Trainer
+from pipeline.core.chain import KEY_ENV, Chain
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import TrainingCallback
 
@@ -171,6 +172,72 @@ def make_real_runs(root: Path) -> RealRuns:
     d = runs.debug  # debug level: every per-batch internal move is logged too
     _trainer(d, [NaNDetectionCallback()], epochs=3, log_level="debug").fit()
     return runs
+
+
+QUICKSTART_KEY = b"quickstart-log-key"
+# The quickstart, shortened and stopped early so the log has a stop request, non-best epochs,
+# checkpoints and removed periodic files: 4 epochs, then EARLY_STOP. W&B off (time only).
+_QUICKSTART_SETTINGS = ("epochs=10", "early_stopping.patience=3", "early_stopping.min_delta=0.3",
+                        "wandb.enabled=false")
+
+
+@dataclass(frozen=True)
+class QuickstartRuns:
+    plain: Path  # a run directory written without a key
+    keyed: Path  # the same run written with FSMTRAIN_LOG_KEY=QUICKSTART_KEY
+
+    def events(self, keyed: bool = False) -> Path:
+        return (self.keyed if keyed else self.plain) / "events.jsonl"
+
+
+def make_quickstart_runs(root: Path) -> QuickstartRuns:
+    """Two real ``fsmtrain train configs/quickstart.yaml`` runs (in this process, through the CLI)."""
+    from pipeline.cli import main as cli_main
+
+    dirs = []
+    for keyed in (False, True):
+        parent = root / ("keyed" if keyed else "plain")
+        before = os.environ.pop(KEY_ENV, None)
+        if keyed:
+            os.environ[KEY_ENV] = QUICKSTART_KEY.decode()
+        try:
+            args = ["train", str(REPO / "configs" / "quickstart.yaml"), "--run-dir", str(parent)]
+            for setting in _QUICKSTART_SETTINGS:
+                args += ["--set", setting]
+            if cli_main(args) != 0:
+                raise RuntimeError("the quickstart run failed")
+        finally:
+            os.environ.pop(KEY_ENV, None)
+            if before is not None:
+                os.environ[KEY_ENV] = before
+        (run_dir,) = [d for d in parent.iterdir() if (d / "events.jsonl").is_file()]
+        dirs.append(run_dir)
+    return QuickstartRuns(*dirs)
+
+
+def rechain(lines: list[str], key: bytes | None = None, *, describe: bool = False) -> list[str]:
+    """The log with every ``prev`` recomputed, as someone with write access to the file can do:
+    plain sha256 (or HMAC with ``key``), and each checkpoint event's ``chain_head`` moved to the
+    new digest of the line it pinned. Lines are re-encoded the way ``EventLog`` writes them.
+    ``describe``: also make each ``run_start`` name the new scheme (as if written with ``key``)."""
+    chain = Chain(key)
+    new_for_old: dict[Any, str] = {}
+    prev: str | None = None
+    out = []
+    for line in lines:
+        rec = json.loads(line)
+        if prev is None:
+            prev = chain.genesis(rec["run_id"], rec["payload"].get("config"))
+        new_for_old[rec.get("prev")] = prev
+        rec["prev"] = prev
+        if describe and rec["event"] == "run_start":
+            rec["payload"]["chain"] = chain.describe()
+        if rec["event"] == "checkpoint" and rec["payload"].get("chain_head") in new_for_old:
+            rec["payload"]["chain_head"] = new_for_old[rec["payload"]["chain_head"]]
+        text = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
+        out.append(text)
+        prev = chain.digest(text.encode("utf-8"))
+    return out
 
 
 def read_lines(path: Path) -> list[str]:

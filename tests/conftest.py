@@ -20,3 +20,11 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
     from audit_runs import make_real_runs
 
     return make_real_runs(tmp_path_factory.mktemp("real_runs"))
+
+
+@pytest.fixture(scope="session")
+def quickstart_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The quickstart (shortened, early-stopped), once without and once with a log key."""
+    from audit_runs import make_quickstart_runs
+
+    return make_quickstart_runs(tmp_path_factory.mktemp("quickstart_runs"))

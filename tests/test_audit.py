@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_runs import REPO, RealRuns, line_of, read_lines
+from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
 
 from callbacks import CheckpointCallback
 from pipeline.cli import main as cli_main
@@ -114,6 +114,10 @@ def test_warnings_are_collected(real_runs: RealRuns, tmp_path: Path) -> None:
         rec = dict(rec, seq=rec["seq"] + 1)
         patched.append(json.dumps(rec) + "\n")
     report = audit_file(_write(tmp_path, patched), verify_checkpoints=False)
+    first = report.violations[0]  # the chain sees the insertion (and the checkpoints after it, their pins)
+    assert (first.line, first.check) == (k, "chain") and "inserted" in first.message
+    assert {f.check for f in report.violations} == {"chain", "checkpoint"}
+    report = audit_file(_write(tmp_path, rechain(patched)), verify_checkpoints=False)  # a consistent log
     assert report.violations == []
     assert report.explanation.warning_counts == {"GradientMonitorCallback": 1}
     assert "gradient norm 3e4" in report.render()
@@ -132,8 +136,9 @@ def test_duplicated_line(real_runs: RealRuns, tmp_path: Path) -> None:
     lines = read_lines(real_runs.events("early_stopped"))
     k = line_of(lines, lambda r: r["event"] == "transition" and r["to"] == "val")
     report = audit_file(_write(tmp_path, [*lines[:k], lines[k - 1], *lines[k:]]))
-    assert [(f.line, f.check) for f in report.violations] == [(k + 1, "seq")]
-    assert f"duplicate of line {k}" in report.violations[0].message
+    assert [(f.line, f.check) for f in report.violations] == [(k + 1, "chain"), (k + 1, "seq")]
+    assert f"second copy of line {k}" in report.violations[0].message
+    assert f"duplicate of line {k}" in report.violations[1].message
 
 
 def test_illegal_transition(real_runs: RealRuns, tmp_path: Path) -> None:
@@ -276,7 +281,8 @@ def test_cli_exit_codes_and_json(real_runs: RealRuns, tmp_path: Path) -> None:
     bad = _audit_cli(str(bad_path), "--json")
     assert bad.returncode == 1
     data = json.loads(bad.stdout)
-    assert data["ok"] is False and data["violations"][0]["line"] == 4 and data["violations"][0]["check"] == "seq"
+    assert data["ok"] is False and data["violations"][0]["line"] == 4
+    assert {v["check"] for v in data["violations"] if v["line"] == 4} >= {"chain", "seq"}
 
 
 

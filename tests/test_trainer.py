@@ -17,7 +17,7 @@ from pipeline.core.context import EpochContext, StepContext
 from pipeline.core.lifecycle import legal_moves
 
 LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
-_VOLATILE = {"ts", "run_id"}
+_VOLATILE = {"ts", "run_id", "prev"}  # prev: the hash chain digests the ts too
 _TIMINGS = {"seconds", "phase_seconds", "callback_seconds"}
 
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
+from pipeline.core.chain import key_from_env
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog
@@ -32,7 +33,8 @@ class Trainer:
     (the folder is claimed: a new, empty one, locked for the run's life); without, events are kept in
     memory (``trainer.events.records``). ``resume_from="latest"`` (or a checkpoint path) continues
     the run in ``run_dir`` from its newest committed checkpoint: model, optimizer, scheduler,
-    callback states, RNG states, data order and position are restored, and the log continues.
+    callback states, RNG states, data order and position are restored, and the log continues (and
+    its hash chain). ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Trainer:
         strict: bool | None = None,
         extras: Mapping[str, Any] | None = None,
         resume_from: str | Path | None = None,
+        log_key: bytes | None = None,
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
             raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
@@ -98,6 +101,8 @@ class Trainer:
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,
+            config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
+            key=log_key if log_key is not None else key_from_env(),
         )
         self.run = RunContext(
             self.run_id, max_epochs, self.events,

@@ -2,12 +2,20 @@
 
 Every line carries the same keys::
 
-    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload
+    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload, prev
 
 ``seq`` counts from 0 without gaps (the audit treats a gap or repeat as a lost or altered line).
+``ts`` never decreases within a log (a clock stepped back is held at the last time written).
 ``from``/``to``/``trigger`` are set on ``transition`` events and null elsewhere. Non-finite floats
 are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so every line is strict
 JSON; ``float()`` reads them back.
+
+``prev`` links the file into a hash chain (:mod:`pipeline.core.chain`): the digest of the line
+before, or for the first line the genesis digest of the run id and the resolved ``config``. A log
+appended to (a resumed run) continues the chain from its last line. ``run_start`` lines get a
+``chain`` entry in their payload: the scheme (``sha256`` or ``hmac-sha256``) and the key id.
+:attr:`EventLog.head` is the digest the next line will carry (checkpoints pin it). Records kept
+only in memory are not chained (``prev`` is null).
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from typing import IO, Any, TextIO
 
 import structlog
 
+from pipeline.core.chain import Chain, last_line
+
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_KEYS: tuple[str, ...] = (
     "seq", "ts", "run_id", "event", "level", "phase", "from", "to", "trigger", "epoch", "global_step", "payload",
+    "prev",
 )
 EVENTS_FILE = "events.jsonl"
 
@@ -78,7 +89,11 @@ def _level_name(method_name: str) -> str:
 
 class EventLog:
     """Writes a run's events through structlog to ``path`` (if given), to the console, and
-    optionally keeps them in memory (``records``)."""
+    optionally keeps them in memory (``records``).
+
+    The file is hash-chained (see the module docstring): ``config`` is the resolved run config the
+    first line chains to, ``key`` switches the chain to HMAC-SHA256. Opening a file that already
+    holds lines appends to it and continues its chain from the last line."""
 
     def __init__(
         self,
@@ -90,6 +105,8 @@ class EventLog:
         console_level: str = "warning",
         keep: bool = False,
         start_seq: int = 0,
+        config: Any = None,
+        key: bytes | None = None,
     ) -> None:
         for name, lvl in (("level", level), ("console_level", console_level)):
             if lvl not in LEVELS:
@@ -99,15 +116,23 @@ class EventLog:
         self.level = LEVELS[level]
         self.console_level = LEVELS[console_level]
         self.records: list[dict[str, Any]] | None = [] if keep else None
+        self.chain = Chain(key)
         self._seq = start_seq
+        self._last_ts = 0.0
+        self._head = self.chain.genesis(run_id, jsonable(config))
+        self._sealed = self._head
         self._file: IO[str] | None = None
         self._json: Any = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            tail = last_line(self.path)
+            # newline="": the bytes on disk are exactly the bytes hashed, on every platform.
+            self._file = open(self.path, "a", encoding="utf-8", newline="")  # noqa: SIM115 - closed in close()
+            if tail is not None:
+                self._continue_from(tail)
             self._json = structlog.wrap_logger(
-                structlog.WriteLogger(self._file),
-                processors=[self._to_record, structlog.processors.JSONRenderer(serializer=_dumps)],
+                _ChainWriter(self, self._file),
+                processors=[self._to_record, structlog.processors.JSONRenderer(serializer=_dumps), self._seal],
             )
         self._console: Any = None
         if console is not None:
@@ -115,6 +140,27 @@ class EventLog:
                 structlog.PrintLogger(console),
                 processors=[self._to_console, structlog.dev.ConsoleRenderer(colors=console.isatty())],
             )
+
+    def _continue_from(self, tail: bytes) -> None:
+        """Appending to a log: chain to its last line, and keep ``ts`` from going back before it."""
+        assert self._file is not None
+        if not tail.endswith(b"\n"):  # a line cut by a killed process: end it, it stays evidence
+            self._file.write("\n")
+            self._file.flush()
+            tail += b"\n"
+        self._head = self._sealed = self.chain.digest(tail)
+        try:
+            ts = json.loads(tail)["ts"]
+        except (ValueError, TypeError, KeyError):
+            return
+        if type(ts) is float or type(ts) is int:
+            self._last_ts = float(ts)
+
+    @property
+    def head(self) -> str:
+        """The chain head: the digest the next line will carry in ``prev`` (the genesis digest
+        before the first line). A checkpoint stores it to pin the log as it was at its commit."""
+        return self._head
 
     def enabled_for(self, level: str) -> bool:
         return LEVELS[level] >= min(self.level, self.console_level if self._console is not None else 99)
@@ -131,13 +177,21 @@ class EventLog:
         **transition: Any,
     ) -> None:
         lvl = LEVELS[level]
-        to_file = lvl >= self.level and (self._json is not None or self.records is not None)
+        chained = self._json is not None
+        to_file = lvl >= self.level and (chained or self.records is not None)
         to_console = self._console is not None and lvl >= self.console_level
         if not (to_file or to_console):
             return
+        now = time.time()
+        if now < self._last_ts:
+            now = self._last_ts
+        self._last_ts = now
+        body = jsonable(payload) if payload else {}
+        if event == "run_start" and chained:
+            body["chain"] = self.chain.describe()
         record: dict[str, Any] = {
             "seq": self._seq,
-            "ts": time.time(),
+            "ts": now,
             "run_id": self.run_id,
             "event": event,
             "level": level,
@@ -147,14 +201,16 @@ class EventLog:
             "trigger": transition.get("trigger"),
             "epoch": epoch,
             "global_step": global_step,
-            "payload": jsonable(payload) if payload else {},
+            "payload": body,
+            "prev": self._head if chained else None,
         }
         if to_file:
-            self._seq += 1
             if self.records is not None:
                 self.records.append(record)
-            if self._json is not None:
+            if chained:  # the writer moves seq and the chain head on once the line is written
                 getattr(self._json, "error" if level == "error" else level)(event, record=record)
+            else:
+                self._seq += 1
         if to_console:
             getattr(self._console, level)(event, record=record)
 
@@ -166,6 +222,13 @@ class EventLog:
             self._json = None
 
     # structlog processors -------------------------------------------------------------------
+    def _seal(self, _: Any, __: str, rendered: Any) -> str:
+        """After rendering (``rendered`` is the JSON text): the digest of the line exactly as
+        ``WriteLogger`` writes it."""
+        line: str = rendered
+        self._sealed = self.chain.digest(line.encode("utf-8") + b"\n")
+        return line
+
     @staticmethod
     def _to_record(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         record: dict[str, Any] = event_dict["record"]
@@ -183,6 +246,25 @@ class EventLog:
             del out["traceback"]
             out["traceback_in"] = EVENTS_FILE
         return out
+
+
+class _ChainWriter:
+    """structlog's logger for the file: writes one rendered line, then at once counts it (seq) and
+    moves the chain head to it. Nothing runs between the write and that bookkeeping that could be
+    interrupted (a Ctrl-C between them would leave a line the chain or seq does not know)."""
+
+    def __init__(self, log: EventLog, file: IO[str]) -> None:
+        self._log = log
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        log = self._log
+        self._file.write(message + "\n")
+        log._head = log._sealed
+        log._seq += 1
+        self._file.flush()
+
+    debug = info = warning = error = msg
 
 
 def _dumps(obj: Any, **kw: Any) -> str:

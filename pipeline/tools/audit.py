@@ -1,46 +1,68 @@
 """Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
 
-``fsmtrain audit EVENTS.jsonl [--json] [--strict]`` streams the log line by line (a million lines
-take seconds) and checks:
+``fsmtrain audit EVENTS.jsonl [--json] [--strict] [--key-file F]`` streams the log line by line (a
+million lines take seconds) and checks:
 
+- the hash chain: every line carries the digest of the line before it (the first, of the run id and
+  config); with a key (``--key-file``, or ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that
+  breaks it is named; a wrong key is told apart from tampering (see :mod:`pipeline.tools.audit_chain`);
 - every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
+  ``ts`` never goes back; ``global_step`` never goes back within a process;
 - every transition is a move of :data:`pipeline.core.lifecycle.TRANSITIONS` from the phase the previous
   one reached, and its guards held given what the log says (stop requests, epochs, faults); every
-  other event happens in the phase the machine is in;
+  other event happens in the phase the machine is in; no line is below the run's configured level;
 - the run starts in ``created`` and ends in ``train_end`` (else: an unfinished run, with its last
-  phase and epoch); epochs count up from the run's ``start_epoch`` without gaps;
+  phase and epoch); epochs count up from the run's ``start_epoch`` without gaps, as many as began;
+  each epoch's ``batches`` agrees with the global steps (and the per-batch lines at debug level);
+  ``max_epochs`` agrees with the recorded config; slot values have the types their slots declare;
 - the stop reason agrees with the events: the request in force, a non-finite loss for NAN, the
   matching request for EARLY_STOP / PRUNED, the last epoch for COMPLETED, an exception for ERROR /
-  INTERRUPTED, and the ``result`` summary;
-- each checkpoint the log names, when its file is present and this was the file's latest write, has
-  the logged sha256 (a periodic one deleted later is fine when a ``checkpoint_removed`` says so);
+  INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
+  ``stop_request``; the ``result`` figures are recomputed from the epoch events;
+- each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
+  and in the file): see :mod:`pipeline.tools.audit_files`;
 - a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached.
 
-Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file cannot be
-read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
+Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
+file) cannot be read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import datetime as _dt
 import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from collections.abc import Callable, Mapping
+from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from pipeline.core.events import EVENT_KEYS
-from pipeline.core.lifecycle import ABORT, FINAL, INITIAL, TRANSITIONS, Facts, Phase, StopReason, Transition
+from pipeline.core.chain import LogKeyError, key_from_env, read_key_file
+from pipeline.core.events import EVENT_KEYS, LEVELS
+from pipeline.core.lifecycle import BATCH, FINAL, INITIAL, TRANSITIONS, Facts, Phase, Transition
+from pipeline.tools.audit_chain import ChainCheck
+from pipeline.tools.audit_content import number, slot_checks
+from pipeline.tools.audit_ending import EndingChecks, Segment
+from pipeline.tools.audit_files import CheckpointWrite, verify_checkpoints
+from pipeline.tools.audit_report import (
+    EXIT_UNREADABLE,
+    AuditReadError,
+    AuditReport,
+    ChainVerdict,
+    Explanation,
+    Finding,
+    SegmentInfo,
+    Severity,
+)
 
 __all__ = [
     "AuditReadError",
     "AuditReport",
+    "ChainVerdict",
     "Explanation",
     "Finding",
     "Severity",
@@ -48,228 +70,28 @@ __all__ = [
     "register_cli",
 ]
 
-EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
-_REQUIRED = frozenset(EVENT_KEYS)
+_REQUIRED = frozenset(k for k in EVENT_KEYS if k != "prev")  # a missing prev is the chain's finding
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
 }
 _PHASES = frozenset(p.value for p in Phase)
-_REASONS = frozenset(r.value for r in StopReason)
 _LOSSES = ("train_loss", "val_loss")
-_NAN_DETECTOR = "NaNDetectionCallback"
-_FAULTS = (StopReason.INTERRUPTED.value, StopReason.ERROR.value)
-_MAX_TEXT_FINDINGS = 50
+_STEP, _VAL, _EPOCH_BEGIN = Phase.TRAIN_STEP.value, Phase.VAL.value, Phase.EPOCH_BEGIN.value
+_PER_BATCH = (_STEP, _STEP, BATCH)  # the internal move, one line per batch at debug level
+_SLOTS = slot_checks()
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
-class Severity(str, Enum):
-    VIOLATION = "violation"
-    WARNING = "warning"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem, with the 1-based line of the log it is about (None: the file as a whole)."""
-
-    check: str
-    message: str
-    line: int | None = None
-    severity: Severity = Severity.VIOLATION
-
-    def render(self) -> str:
-        where = f"line {self.line}" if self.line is not None else "file"
-        return f"{where} [{self.check}] {self.message}"
-
-
-class AuditReadError(OSError):
-    """The log cannot be read at all (exit code 2)."""
-
-
-@dataclass
-class StopInfo:
-    reason: str
-    source: str
-    message: str
-    immediate: bool
-    epoch: int | None
-    line: int
-
-
-@dataclass
-class _Segment:
-    """One process's run in the file; a resume appends another."""
-
-    first_line: int
-    run_id: str
-    max_epochs: int
-    start_epoch: int
-    resumed_from: str | None
-    callbacks: list[str]
-    phase: str = INITIAL.value
-    next_epoch: int = 0
-    epochs: int = 0
-    stop: StopInfo | None = None
-    faulted: bool = False
-    exception: dict[str, Any] | None = None
-    exception_line: int | None = None
-    end_line: int | None = None
-    end_reason: str | None = None
-    result_seen: bool = False
-    last_line: int = 0
-    last_epoch_field: Any = None
-    global_step: int = 0
-    epochs_seen: set[int] = field(default_factory=set)
-    nonfinite: dict[int, tuple[int, str]] = field(default_factory=dict)  # epoch -> (line, loss key)
-    best: tuple[float, int, int] | None = None  # (val, epoch, line)
-    last_trial_report: tuple[bool, int] | None = None
-
-
-@dataclass
-class Explanation:
-    """What the run did, for people: phases, epochs, why it stopped, where time went."""
-
-    run_id: str | None = None
-    segments: int = 0
-    max_epochs: int | None = None
-    epochs_completed: int = 0
-    last_epoch: int | None = None
-    moves: dict[str, int] = field(default_factory=dict)
-    stop_reason: str | None = None
-    stop_source: str | None = None
-    stop_message: str | None = None
-    stop_request_line: int | None = None
-    stop_epoch: int | None = None
-    train_end_line: int | None = None
-    best_epoch: int | None = None
-    best_val_loss: float | None = None
-    best_line: int | None = None
-    total_epoch_seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    callback_seconds: dict[str, float] = field(default_factory=dict)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
-    warning_counts: dict[str, int] = field(default_factory=dict)
-    checkpoints_verified: int = 0
-    checkpoints_removed: int = 0
-    checkpoints_missing: int = 0
-
-
-@dataclass
-class AuditReport:
-    path: str
-    lines: int
-    findings: list[Finding]
-    explanation: Explanation
-
-    @property
-    def violations(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.VIOLATION]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.WARNING]
-
-    def ok(self, strict: bool = False) -> bool:
-        return not self.violations and not (strict and self.warnings)
-
-    def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.ok(strict) else EXIT_VIOLATIONS
-
-    def to_dict(self, strict: bool = False) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "ok": self.ok(strict),
-            "strict": strict,
-            "lines": self.lines,
-            "violations": [_finding_dict(f) for f in self.violations],
-            "warnings": [_finding_dict(f) for f in self.warnings],
-            "explanation": _finite(asdict(self.explanation)),
-        }
-
-    def render(self, strict: bool = False) -> str:
-        ex = self.explanation
-        status = "OK" if self.ok(strict) else (
-            f"FAILED ({len(self.violations)} violation(s)" + (f", {len(self.warnings)} warning(s) under --strict)"
-                                                               if strict and self.warnings else ")"))
-        out = [f"audit {self.path}: {status}, {self.lines} lines, run {ex.run_id or '?'}"]
-        for title, items in (("violations", self.violations), ("warnings", self.warnings)):
-            if items:
-                out.append(f"{title}:")
-                out += [f"  {f.render()}" for f in items[:_MAX_TEXT_FINDINGS]]
-                if len(items) > _MAX_TEXT_FINDINGS:
-                    out.append(f"  ... and {len(items) - _MAX_TEXT_FINDINGS} more (see --json)")
-        out.append("explanation:")
-        out += [f"  {line}" for line in _explain_lines(ex)]
-        return "\n".join(out) + "\n"
-
-
-def _finding_dict(f: Finding) -> dict[str, Any]:
-    return {"line": f.line, "check": f.check, "message": f.message}
-
-
-def _finite(value: Any) -> Any:
-    """Strict-JSON copy: non-finite floats as strings, like the event log writes them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "-"
-
-
-def _explain_lines(ex: Explanation) -> list[str]:
-    lines: list[str] = []
-    epochs = f"{ex.epochs_completed} epoch(s) completed"
-    if ex.max_epochs is not None:
-        epochs += f" of max_epochs={ex.max_epochs}"
-    if ex.last_epoch is not None:
-        epochs += f" (last epoch index {ex.last_epoch})"
-    if ex.segments > 1:
-        epochs += f", in {ex.segments} process segments (resumed)"
-    lines.append(epochs)
-    if ex.moves:
-        lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
-    if ex.stop_reason is not None:
-        verb = "raised in" if ex.stop_reason in _FAULTS else "requested by"
-        stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason == StopReason.COMPLETED.value:
-            stop += " (no stop requested)"
-        elif ex.stop_source:
-            stop += f" {verb} {ex.stop_source}"
-        if ex.stop_epoch is not None:
-            stop += f" in epoch index {ex.stop_epoch}"
-        if ex.stop_request_line is not None:
-            stop += f" (request at line {ex.stop_request_line})"
-        if ex.stop_message:
-            stop += f": {ex.stop_message}"
-        if ex.train_end_line is not None:
-            stop += f"; train_end at line {ex.train_end_line}"
-        lines.append(stop)
-    else:
-        lines.append("stop: the run never reached train_end")
-    if ex.best_epoch is not None:
-        lines.append(f"best epoch index: {ex.best_epoch} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
-    total = ex.total_epoch_seconds
-    if ex.phase_seconds:
-        lines.append(f"time in epochs: {total:.3f} s; per phase: " + ", ".join(
-            f"{k} {v:.3f} s ({_pct(v, total)})" for k, v in ex.phase_seconds.items()))
-    if ex.callback_seconds:
-        ranked = sorted(ex.callback_seconds.items(), key=lambda kv: -kv[1])
-        lines.append("time per callback (share of epoch time): " + ", ".join(
-            f"{k} {v:.4f} s ({_pct(v, total)})" for k, v in ranked))
-    if ex.warning_counts:
-        lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
-        for w in ex.warnings[:10]:
-            lines.append(f"  line {w['line']} epoch {w['epoch']} {w['source']}: {w['message']}")
-    else:
-        lines.append("warnings raised: none")
-    if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
-        lines.append(f"checkpoints: {ex.checkpoints_verified} verified (sha256), {ex.checkpoints_removed} "
-                     f"removed by the run, {ex.checkpoints_missing} not present")
-    return lines
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` for one log line, without its per-call overhead (decode, then scan)."""
+    text = raw.decode("utf-8")
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
+    if end != len(text) and not text[end:].isspace():
+        return json.loads(text)
+    return obj
 
 
 def _is_nonfinite(value: Any) -> bool:
@@ -278,65 +100,78 @@ def _is_nonfinite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _when(ts: float) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return repr(ts)
 
 
-class _Auditor:
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.3f} s"
+
+
+class _Auditor(EndingChecks):
     """Checks a log one line at a time; ``finish()`` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
         self.path = path
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
         self.ex = Explanation()
-        self.seg: _Segment | None = None
-        self.segments: list[_Segment] = []
+        self.chain = ChainCheck(key)
+        self.seg: Segment | None = None
+        self.segments: list[Segment] = []
         self.prev_seq: int | None = None
-        self.prev_raw: bytes = b""
         self.lines = 0
+        self.first_ts: float | None = None
+        self.last_ts = -math.inf
+        self.last_ts_line = 0
+        self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
         self.phase_seconds: dict[str, float] = {}
         self.callback_seconds: dict[str, float] = {}
-        # checkpoint path -> (sha256, line) of its latest write; path -> line of a later removal
-        self.ckpt_writes: dict[str, tuple[str, int, int | None]] = {}
-        self.ckpt_removed: dict[str, int] = {}
+        self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
+        self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
         self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
-
-    # --- findings ----------------------------------------------------------------------------
-    def bad(self, check: str, message: str, line: int | None) -> None:
-        self.findings.append(Finding(check, message, line))
-
-    def warn(self, check: str, message: str, line: int | None) -> None:
-        self.findings.append(Finding(check, message, line, Severity.WARNING))
 
     # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
-        self.lines = n
         try:
-            rec = json.loads(raw)
+            rec = _loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
+            self.chain.link_unparsed(raw)
             cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
             self.bad("json", f"not valid JSON: {exc}{cut}", n)
             return
-        if not isinstance(rec, dict):
+        if type(rec) is not dict:
+            self.chain.link_unparsed(raw)
             self.bad("json", f"expected a JSON object, found {type(rec).__name__}", n)
             return
         if not rec.keys() >= _REQUIRED:
-            missing = ", ".join(k for k in EVENT_KEYS if k not in rec)
+            self.chain.link(n, raw, rec)
+            missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k != "prev")
             self.bad("fields", f"missing field(s) {missing}", n)
             return
         seq, event = rec["seq"], rec["event"]
-        if type(seq) is not int or not isinstance(event, str) or not isinstance(rec["payload"], dict):
+        if type(seq) is not int or type(event) is not str or type(rec["payload"]) is not dict:
+            self.chain.link(n, raw, rec)
             self.bad("fields", "seq must be an integer, event a string and payload an object", n)
             return
-        if not self._seq_ok(n, seq, event, raw):
-            return
-        self.prev_raw = raw
+        in_order = self._seq_ok(n, seq, event, raw)
+        if event == "run_start" and in_order:
+            self.chain.segment(n, rec["payload"])
+        self.chain.link(n, raw, rec)
+        ts = rec["ts"]
+        if (type(ts) is float or type(ts) is int) and ts >= self.last_ts:
+            self.last_ts, self.last_ts_line = ts, n
+        else:
+            self._ts_back(n, ts)
+        if not in_order:
+            return  # a repeated line is not replayed into the state
         if event == "run_start":
             self._run_start(n, rec)
             return
@@ -351,7 +186,12 @@ class _Auditor:
         seg.last_epoch_field = rec["epoch"]
         step = rec["global_step"]
         if type(step) is int:
+            if step < seg.global_step:
+                self.bad("global_step", f"global_step {step} after {seg.global_step}: steps never go back", n)
             seg.global_step = step
+        if seg.min_level and LEVELS.get(rec["level"], 99) < seg.min_level:
+            self.bad("level", f"a {rec['level']} line, but the run's config (line {seg.first_line}) writes this log "
+                     f"at a higher level", n)
         if event == "transition":
             self._transition(n, rec, seg)
             return
@@ -361,6 +201,17 @@ class _Auditor:
         handler = _HANDLERS.get(event)
         if handler is not None:
             handler(self, n, rec, seg)
+
+    def _ts_back(self, n: int, ts: Any) -> None:
+        if type(ts) is not float and type(ts) is not int:
+            self.bad("ts", f"ts must be a number (seconds since the epoch), found {ts!r}", n)
+            return
+        if self.first_ts is not None and ts < self.first_ts:
+            self.bad("ts", f"ts {_when(ts)} is {_span(self.first_ts - ts)} before the run started "
+                     f"({_when(self.first_ts)}, line 1)", n)
+        else:
+            self.bad("ts", f"ts {_when(ts)} is {_span(self.last_ts - ts)} earlier than line {self.last_ts_line}'s "
+                     f"({_when(self.last_ts)}): timestamps never go back in a log", n)
 
     def _seq_ok(self, n: int, seq: int, event: str, raw: bytes) -> bool:
         prev = self.prev_seq
@@ -380,13 +231,13 @@ class _Auditor:
             self.bad("seq", f"seq jumps from {prev} to {seq}: {lost} line(s) lost before this one", n)
             self.prev_seq = seq
             return True
-        if raw == self.prev_raw:
+        if raw == self.chain.prev_raw:  # the chain has not taken this line yet: that is line n - 1
             self.bad("seq", f"duplicate of line {n - 1} (seq {seq} again)", n)
         else:
             self.bad("seq", f"seq {seq} after {prev}: a repeated or reordered line (expected {prev + 1})", n)
-        return False  # a repeated line is not replayed into the state
+        return False
 
-    def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> _Segment:
+    def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
         max_epochs = payload.get("max_epochs")
         start_epoch = payload.get("start_epoch", 0)
         if type(max_epochs) is not int or type(start_epoch) is not int:
@@ -396,10 +247,19 @@ class _Auditor:
         callbacks = payload.get("callbacks")
         names = [c.get("name", "?") for c in callbacks if isinstance(c, dict)] if isinstance(callbacks, list) else []
         resumed = payload.get("resumed_from")
-        seg = _Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
-                       None if resumed is None else str(resumed), names)
+        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
+                      None if resumed is None else str(resumed), names)
+        config = payload.get("config")
+        if isinstance(config, dict):
+            level = config.get("log_level")
+            seg.min_level = LEVELS.get(level, 0) if isinstance(level, str) else 0
+            epochs = config.get("epochs")
+            if type(epochs) is int and epochs != max_epochs:
+                self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
         seg.next_epoch = start_epoch
         seg.last_line = n
+        step = rec.get("global_step")
+        seg.global_step = step if type(step) is int else 0
         self.segments.append(seg)
         self.seg = seg
         if self.ex.run_id is None:
@@ -408,6 +268,8 @@ class _Auditor:
 
     def _run_start(self, n: int, rec: Mapping[str, Any]) -> None:
         payload = rec["payload"]
+        if self.first_ts is None and isinstance(rec["ts"], (int, float)):
+            self.first_ts = float(rec["ts"])
         if rec["phase"] not in (None, INITIAL.value):
             self.bad("start", f"run_start in phase {rec['phase']!r}; a run starts in {INITIAL.value!r}", n)
         prev = self.seg
@@ -420,26 +282,45 @@ class _Auditor:
         if prev.end_line is None:
             self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
                       f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
-        if seg.start_epoch > prev.next_epoch:
+        ckpt = self._checkpoint_named(seg.resumed_from)
+        if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
+                and prev.end_line is None and ckpt.line > prev.first_line):
+            # Killed between committing the epoch's checkpoint and logging its epoch event: the
+            # epoch is done (the checkpoint holds it), but the log never got its figures.
+            seg.unlogged.add(ckpt.epoch)
+            self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
+                      "process was killed before it logged the epoch: its figures are not in the log", n)
+        elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
                      f"{prev.next_epoch}", n)
-        ckpt = self._checkpoint_named(seg.resumed_from)
-        if ckpt is not None and ckpt[2] is not None and seg.start_epoch != ckpt[2] + 1:
-            self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt[2]}, line {ckpt[1]}) must start at "
-                     f"epoch {ckpt[2] + 1}, starts at {seg.start_epoch}", n)
+        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
+            self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
+                     f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
 
-    def _checkpoint_named(self, resumed_from: str | None) -> tuple[str, int, int | None] | None:
+    def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
         if resumed_from is None:
             return None
         for path, info in self.ckpt_writes.items():
-            if resumed_from == path or (Path(resumed_from).name == Path(path).name and \
-                    Path(resumed_from).parent.name == Path(path).parent.name):
+            if resumed_from == path or (Path(resumed_from).name == Path(path).name and
+                                        Path(resumed_from).parent.name == Path(path).parent.name):
                 return info
         return None
 
-    def _transition(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         src, dst, trig = rec["from"], rec["to"], rec["trigger"]
         key = (src, dst, trig)
+        step = rec["global_step"]
+        if (key == _PER_BATCH and seg.phase == _STEP and rec["epoch"] == seg.next_epoch and rec["phase"] == _STEP
+                and (seg.stop is None or not seg.stop.immediate)):
+            # The common line of a debug log: one per batch. Its guard holds unless an immediate stop.
+            self.batch_moves += 1
+            seg.batch_lines += 1
+            if step != seg.step_prev + 1:
+                self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
+                         "the line before): a batch line inserted or removed", n)
+            if type(step) is int:
+                seg.step_prev = step
+            return
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)
@@ -457,15 +338,27 @@ class _Auditor:
         if rec["phase"] != dst:
             self.bad("phase", f"transition to {dst!r} says phase {rec['phase']!r}", n)
         seg.phase = dst
+        if type(step) is int:
+            if dst == _EPOCH_BEGIN:
+                seg.epoch_starts += 1
+                seg.step_begin = seg.step_prev = step
+                seg.step_val = None
+                seg.batch_lines = 0
+                self.chain.new_epoch()
+            elif dst == _VAL:
+                if seg.batch_lines and step != seg.step_prev + 1:
+                    self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
+                             "(one step after the last batch line)", n)
+                seg.step_val = step
         if dst == FINAL.value and src != dst:
             self._train_end(n, rec, seg)
 
-    def _facts(self, seg: _Segment, has_batch: bool) -> Facts:
+    def _facts(self, seg: Segment, has_batch: bool) -> Facts:
         stop = seg.stop
         return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
                      has_batch, seg.faulted)
 
-    def _guards_hold(self, key: tuple[str, str, str], move: Transition, seg: _Segment) -> bool:
+    def _guards_hold(self, key: tuple[str, str, str], move: Transition, seg: Segment) -> bool:
         stop = seg.stop
         ck = (key, stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
               seg.faulted)
@@ -475,7 +368,7 @@ class _Auditor:
             hit = self._guard_cache[ck] = any(move.enabled(self._facts(seg, hb)) for hb in (False, True))
         return hit
 
-    def _guard_message(self, move: Transition, seg: _Segment) -> str:
+    def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop
         state = (f"stop requested: {stop.reason} (line {stop.line}{', immediate' if stop.immediate else ''})"
                  if stop else "no stop requested")
@@ -483,55 +376,8 @@ class _Auditor:
                 f"which did not hold: {state}, epoch {seg.next_epoch} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")
 
-    def _train_end(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
-        seg.end_line = n
-        payload = rec["payload"]
-        reason = payload.get("reason")
-        seg.end_reason = reason if isinstance(reason, str) else None
-        if reason not in _REASONS:
-            self.bad("stop_reason", f"train_end reason {reason!r} is not one of {sorted(_REASONS)}", n)
-            return
-        stop = seg.stop
-        expected = stop.reason if stop is not None else StopReason.COMPLETED.value
-        if reason != expected:
-            why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
-                   else "no stop was requested, so the run completed")
-            self.bad("stop_reason", f"train_end gives reason {reason!r}, but {why}", n)
-        last_epoch = seg.next_epoch - 1
-        if reason == StopReason.COMPLETED.value and seg.next_epoch < seg.max_epochs:
-            self.bad("stop_reason", f"reason completed, but only epochs up to {last_epoch} ran of "
-                     f"max_epochs={seg.max_epochs}", n)
-        elif reason == StopReason.NAN.value:
-            stop_epoch = stop.epoch if stop is not None else last_epoch
-            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
-            if stop_epoch not in seg.nonfinite and not mid_epoch:
-                self.bad("stop_reason", f"reason nan, but the losses of epoch {stop_epoch} are finite", n)
-        elif reason == StopReason.PRUNED.value and seg.last_trial_report is not None:
-            should, line = seg.last_trial_report
-            if not should:
-                self.bad("stop_reason", f"reason pruned, but the last trial_report (line {line}) says "
-                         "should_prune=false", n)
-        elif reason in (StopReason.INTERRUPTED.value, StopReason.ERROR.value):
-            exc = seg.exception
-            if exc is None or rec["trigger"] != ABORT:
-                self.bad("stop_reason", f"reason {reason}, but no exception event precedes this abort", n)
-            else:
-                interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
-                if interrupted != (reason == StopReason.INTERRUPTED.value):
-                    self.bad("stop_reason", f"reason {reason}, but the exception at line {seg.exception_line} "
-                             f"is {exc.get('type')}", n)
-        if reason != StopReason.NAN.value and seg.nonfinite:
-            epoch, (line, key) = min(seg.nonfinite.items())
-            won_before = stop is not None and stop.epoch is not None and stop.epoch < epoch
-            if _NAN_DETECTOR in seg.callbacks and not won_before and reason not in (
-                    StopReason.INTERRUPTED.value, StopReason.ERROR.value):
-                self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch} (line {line}) is not "
-                         f"finite and {_NAN_DETECTOR} was running", n)
-            else:
-                self.warn("losses", f"{key} of epoch {epoch} (line {line}) is not finite", line)
-
     # --- other events ------------------------------------------------------------------------
-    def _epoch(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
         if seg.phase != Phase.EPOCH_END.value:
             return  # already reported as a phase mismatch
@@ -550,9 +396,17 @@ class _Auditor:
                 if _is_nonfinite(metrics.get(key)) and cur not in seg.nonfinite:
                     seg.nonfinite[cur] = (n, key)
             val = metrics.get("val_loss")
-            if isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val) and (
-                    seg.best is None or val < seg.best[0]):
-                seg.best = (float(val), cur, n)
+            x = number(val) if type(val) is not bool else None
+            seg.last_val = math.nan if x is None else x
+            if x is not None and math.isfinite(x) and (seg.best is None or x < seg.best[0]):
+                seg.best = (x, cur, n)
+        self._batches(n, rec, seg)
+        slots = p.get("slots")
+        if isinstance(slots, dict):
+            for name, value in slots.items():
+                check = _SLOTS.get(name)
+                if check is not None and not check[0](value):
+                    self.bad("slot", f"slot {name!r} is {value!r}; it is declared as {check[1]}", n)
         for source, target in ((p.get("phase_seconds"), self.phase_seconds),
                                (p.get("callback_seconds"), self.callback_seconds)):
             if isinstance(source, dict):
@@ -565,25 +419,22 @@ class _Auditor:
         seg.next_epoch = cur + 1
         seg.epochs += 1
 
-    def _stop_request(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
-        p = rec["payload"]
-        if p.get("reason") not in _REASONS:
-            self.bad("stop_request", f"stop reason {p.get('reason')!r} is not one of {sorted(_REASONS)}", n)
+    def _batches(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        """The epoch's ``batches`` against the global steps it took (and its per-batch lines)."""
+        batches, begin, val = rec["payload"].get("batches"), seg.step_begin, seg.step_val
+        if type(batches) is not int or begin is None or val is None:
             return
-        if not p.get("accepted"):
-            return
-        overrides = p.get("overrides")
-        if seg.stop is not None and not seg.faulted:
-            if overrides != seg.stop.reason or not StopReason(p["reason"]).outranks(StopReason(seg.stop.reason)):
-                self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
-                         f"that does not outrank it", n)
-        elif overrides is not None:
-            self.bad("stop_request", f"claims to override a {overrides!r} request that was never accepted", n)
-        epoch = rec["epoch"]
-        seg.stop = StopInfo(str(p["reason"]), str(p.get("source", "")), str(p.get("message", "")),
-                            bool(p.get("immediate")), epoch if type(epoch) is int else None, n)
+        if val - begin != batches:
+            self.bad("batches", f"the epoch says {batches} batches, but global_step went from {begin} to {val} in it",
+                     n)
+        elif seg.batch_lines and seg.batch_lines != batches - 1:
+            self.bad("batches", f"the epoch says {batches} batches, but {seg.batch_lines} per-batch lines were logged "
+                     f"(expected {batches - 1})", n)
+        elif rec["global_step"] != val:
+            self.bad("global_step", f"the epoch event says global_step {rec['global_step']}, validation began at {val}",
+                     n)
 
-    def _exception(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
         seg.faulted = True
@@ -591,7 +442,7 @@ class _Auditor:
             seg.exception = dict(rec["payload"])
             seg.exception_line = n
 
-    def _warning(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _warning(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         source = str(p.get("source", "?"))
         self.ex.warning_counts[source] = self.ex.warning_counts.get(source, 0) + 1
@@ -599,41 +450,31 @@ class _Auditor:
             self.ex.warnings.append({"line": n, "epoch": rec["epoch"], "source": source,
                                      "message": str(p.get("message", ""))})
 
-    def _checkpoint(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _checkpoint(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         path, sha = p.get("path"), p.get("sha256")
         if not isinstance(path, str) or not isinstance(sha, str):
             self.bad("checkpoint", "a checkpoint event needs string path and sha256", n)
             return
+        head = p.get("chain_head")
+        if head is not None and not isinstance(head, str):
+            self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
+            head = None
+        if head is not None and self.chain.verifying and self.chain.pinned_line(head) is None:
+            self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line "
+                     "logged since the previous epoch began: the lines before it were altered after the checkpoint "
+                     "was committed", n)
         epoch = p.get("epoch")
-        self.ckpt_writes[path] = (sha, n, epoch if type(epoch) is int else None)
+        self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
         self.ckpt_removed.pop(path, None)
 
-    def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpt_removed[path] = n
 
-    def _trial_report(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
+    def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)
-
-    def _result(self, n: int, rec: Mapping[str, Any], seg: _Segment) -> None:
-        p = rec["payload"]
-        if seg.end_line is None:
-            self.bad("result", "a result before train_end", n)
-            return
-        seg.result_seen = True
-        if p.get("stop_reason") != seg.end_reason:
-            self.bad("result", f"result says stop_reason {p.get('stop_reason')!r}, train_end (line {seg.end_line}) "
-                     f"says {seg.end_reason!r}", n)
-        if seg.resumed_from is None and seg.start_epoch == 0:
-            if p.get("epochs_completed") != seg.epochs:
-                self.bad("result", f"result says {p.get('epochs_completed')} epochs completed, the log has "
-                         f"{seg.epochs} epoch events", n)
-            best = seg.best[1] if seg.best is not None else None
-            if "best_epoch" in p and p.get("best_epoch") != best:
-                self.bad("result", f"result says best epoch {p.get('best_epoch')}, the logged val losses give {best}",
-                         n)
 
     # --- whole file --------------------------------------------------------------------------
     def finish(self) -> AuditReport:
@@ -646,33 +487,38 @@ class _Auditor:
                          f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
                          f"without reaching {FINAL.value!r}", seg.last_line)
             elif seg.end_line is not None and not seg.result_seen:
-                self.bad("end", f"no result event after train_end (line {seg.end_line})", seg.last_line)
+                where = self.lines if last else seg.last_line  # where the result should have been
+                self.bad("end", f"no result event after train_end (line {seg.end_line})", where)
+                self._stop_said(seg, None)
+            open_epochs = seg.epoch_starts - seg.epochs
+            if open_epochs < 0 or open_epochs > 1:
+                self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
+                         f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
+        self.findings += self.chain.finish()
         if self.verify_checkpoints:
-            self._verify_checkpoints()
+            self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
+                                                self.segments, self.lines, self.ex)
+        # By line; on one line the chain's finding first: it says whether the line is what was written.
+        self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
-        return AuditReport(str(self.path), self.lines, self.findings, self.ex)
+        return AuditReport(str(self.path), self.lines, self.findings, self.ex, self.chain.verdict,
+                           self._segment_infos())
 
-    def _verify_checkpoints(self) -> None:
-        base = self.path.parent
-        for rel, (sha, line, _) in self.ckpt_writes.items():
-            if rel in self.ckpt_removed:
-                self.ex.checkpoints_removed += 1
-                continue
-            file = Path(rel) if Path(rel).is_absolute() else base / rel
-            if not file.is_file():
-                self.ex.checkpoints_missing += 1
-                self.warn("checkpoint", f"checkpoint {rel} is not present; its sha256 was not verified", line)
-                continue
-            actual = _sha256(file)
-            if actual != sha:
-                self.bad("checkpoint", f"checkpoint {rel} changed after the run: sha256 {actual[:12]}... but the "
-                         f"log recorded {sha[:12]}...", line)
-            else:
-                self.ex.checkpoints_verified += 1
+    def _segment_infos(self) -> list[SegmentInfo]:
+        chains = {c.first_line: c for c in self.chain.segments}
+        out = []
+        for seg in self.segments:
+            c = chains.get(seg.first_line)
+            out.append(SegmentInfo(seg.first_line, seg.last_line, seg.start_epoch, seg.epochs, seg.resumed_from,
+                                   seg.end_reason, c.scheme if c else None, c.key_id if c else None,
+                                   c.verified if c else False))
+        return out
 
     def _fill_explanation(self) -> None:
         ex = self.ex
         ex.segments = len(self.segments)
+        if self.batch_moves:
+            self.moves[_PER_BATCH] += self.batch_moves
         ex.moves = {f"{s}->{d} ({t})": c for (s, d, t), c in self.moves.items()}
         ex.phase_seconds = dict(self.phase_seconds)
         ex.callback_seconds = dict(self.callback_seconds)
@@ -680,14 +526,14 @@ class _Auditor:
             return
         seg = self.segments[-1]
         ex.max_epochs = seg.max_epochs
-        ex.epochs_completed = sum(s.epochs for s in self.segments)
+        ex.epochs_completed = sum(s.epochs + len(s.unlogged) for s in self.segments)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
         ex.train_end_line = seg.end_line
         if seg.stop is not None:
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
-        elif seg.end_reason == StopReason.COMPLETED.value:
+        elif seg.end_reason == "completed":
             ex.stop_source, ex.stop_message = "max_epochs", f"reached max_epochs={seg.max_epochs}"
             ex.stop_epoch = seg.next_epoch - 1
         bests = [s.best for s in self.segments if s.best is not None]
@@ -707,10 +553,11 @@ _HANDLERS = {
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True) -> AuditReport:
-    """Audit ``path`` (an ``events.jsonl``). Raises :class:`AuditReadError` if it cannot be read."""
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
+    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
+    :class:`AuditReadError` if it cannot be read."""
     p = Path(path)
-    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints)
+    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints, key=key)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
@@ -718,8 +565,10 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True) -> AuditRep
     with fh:
         try:
             feed = auditor.feed
+            n = 0
             for n, raw in enumerate(fh, 1):
                 feed(n, raw)
+            auditor.lines = n
         except OSError as exc:
             raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
     return auditor.finish()
@@ -728,8 +577,9 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True) -> AuditRep
 # --- CLI ----------------------------------------------------------------------------------------
 def _cmd_audit(args: argparse.Namespace) -> int:
     try:
-        report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints)
-    except AuditReadError as exc:
+        key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
+        report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
+    except (AuditReadError, LogKeyError) as exc:
         if args.json:
             print(json.dumps({"path": str(args.events), "ok": False, "error": str(exc)}))
         else:
@@ -744,18 +594,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", metavar="EVENTS_JSONL", help="a run's events.jsonl")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print a machine-readable verdict (chain, key, segments, violations, story)")
     parser.add_argument("--strict", action="store_true",
                         help="warnings (e.g. checkpoint files not present, non-finite losses) fail the audit too")
     parser.add_argument("--no-checkpoints", action="store_true", help="do not hash the checkpoint files")
+    parser.add_argument("--key-file", metavar="FILE", default=None,
+                        help="the log key (HMAC-SHA256 chain); default: the FSMTRAIN_LOG_KEY environment variable")
     parser.set_defaults(func=_cmd_audit)
 
 
 def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``fsmtrain audit`` to the ``fsmtrain`` parser."""
     parser = subparsers.add_parser(
-        "audit", help="check a run's events.jsonl against the lifecycle and explain the run",
-        description="Check a run log against the lifecycle table and explain the run. "
-                    "Exit 0: holds; 1: violations; 2: the file cannot be read.",
+        "audit", help="check a run's events.jsonl (hash chain, lifecycle, content) and explain the run",
+        description="Check a run log's hash chain, its moves against the lifecycle table and its content "
+                    "(result, stop, timestamps, checkpoints), and explain the run. "
+                    "Exit 0: holds; 1: violations; 2: the file or the key file cannot be read.",
     )
     add_arguments(parser)
+

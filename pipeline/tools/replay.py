@@ -58,9 +58,9 @@ _BEGIN_METRICS = ("lr",)
 _TRAIN_METRICS = ("train_loss",)
 # What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
 # config, strictness), which is the replay's input rather than something that happened.
-_VOLATILE_KEYS = ("seq", "ts", "run_id")
+_VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
-    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from"),
+    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain"),
     "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
     "epoch": ("seconds", "phase_seconds", "callback_seconds"),
     "exception": ("traceback",),

@@ -289,6 +289,7 @@ class CheckpointManager:
             "format": FORMAT_VERSION,
             "run_id": run.run_id,
             "epoch": epoch,
+            "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
             "position": {
                 "phase": run.phase.value,
                 "epoch": epoch,

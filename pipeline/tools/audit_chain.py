@@ -1,0 +1,292 @@
+"""The audit's half of the hash chain (:mod:`pipeline.core.chain`): verify each line's ``prev``,
+name the first line that breaks it, tell a wrong or missing key from tampering, and check that
+checkpoints pin heads of this chain.
+
+A break between line n-1 and line n is named by what the lines around it show: a single broken link
+with ``seq`` running on means line n-1 was altered after it was written; a broken link followed by
+more means lines were inserted, removed or rewritten from line n on; with a key, a line carrying the
+plain sha256 of its predecessor means the chain was rebuilt by someone without the key.
+"""
+
+from __future__ import annotations
+
+import pickletools
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
+from pipeline.tools.audit_report import ChainVerdict, Finding
+
+__all__ = ["ChainCheck", "SegmentChain", "stored_head"]
+
+_MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
+_TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
+
+
+@dataclass
+class SegmentChain:
+    first_line: int
+    scheme: str | None
+    key_id: str | None
+    verified: bool | None = True  # None: keyed, and no matching key
+
+
+@dataclass(frozen=True)
+class _Break:
+    line: int  # the line whose ``prev`` does not match
+    seq_before: Any
+    seq: Any
+    rebuilt_without_key: bool
+    skips_a_line: bool  # it carries the digest of the line two before: the line between was inserted
+    duplicate: bool  # the same bytes as the line before
+    expected: str  # the digest of the line before: if the next line carries it, this line was inserted
+
+
+class ChainCheck:
+    """Fed every line in order (:meth:`link`), and each ``run_start`` payload first
+    (:meth:`segment`); :meth:`finish` gives the findings and the verdict."""
+
+    def __init__(self, key: bytes | None) -> None:
+        self.plain = Chain()
+        self.keyed = Chain(key) if key is not None else None
+        self.active: Chain | None = self.plain
+        self._digest: Callable[[bytes], str] | None = self.plain.digest
+        self.verdict = ChainVerdict(key_used=key is not None)
+        self.findings: list[Finding] = []
+        self.prev_raw: bytes | None = None
+        self._before_prev: bytes | None = None
+        self.prev_seq: Any = None
+        self.unchained = False
+        self._pending: _Break | None = None
+        self._first: Finding | None = None
+        self._told_key = False
+        self.verified_links = 0
+        self.pins: dict[str, int] = {}  # digest -> line, for this epoch and the one before
+        self._pins_before: dict[str, int] = {}
+        self.segments: list[SegmentChain] = []
+
+    # --- segments ------------------------------------------------------------------------------
+    def segment(self, n: int, payload: Mapping[str, Any]) -> None:
+        """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
+        self.pins, self._pins_before = {}, {}
+        if self.unchained:
+            return
+        desc = payload.get("chain")
+        scheme = desc.get("scheme") if isinstance(desc, dict) else None
+        key_id = Chain.key_id_of(desc) if isinstance(desc, dict) else None
+        seg = SegmentChain(n, scheme if isinstance(scheme, str) else None, key_id)
+        self.segments.append(seg)
+        if isinstance(scheme, str) and scheme not in self.verdict.schemes:
+            self.verdict.schemes.append(scheme)
+        if scheme == SCHEME_PLAIN:
+            self._use(self.plain)
+            if self.keyed is not None:
+                self._bad("key", "a key was given, but this run_start says its lines are chained without one "
+                          f"({SCHEME_PLAIN}): they were written without the key, or rewritten by someone without it",
+                          n)
+        elif scheme == SCHEME_KEYED:
+            if self.keyed is None:
+                self._use(None)
+                seg.verified = None
+                if not self._told_key:
+                    self._told_key = True
+                    self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
+                              f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}", n)
+            elif key_id is not None and key_id != self.keyed.key_id:
+                self._use(None)
+                seg.verified = None
+                self.verdict.key_matches = False
+                self._bad("key", f"the key does not match the one this log was written with (key id "
+                          f"{self.keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
+            else:
+                self._use(self.keyed)
+                if self.verdict.key_matches is None:
+                    self.verdict.key_matches = True
+        else:
+            self._use(self.plain if self.keyed is None else self.keyed)
+            self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
+                      f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
+
+    def _use(self, chain: Chain | None) -> None:
+        self.active = chain
+        self._digest = None if chain is None or self.unchained else chain.digest
+
+    def new_epoch(self) -> None:
+        """An epoch began: pins older than the previous epoch are no longer looked up."""
+        self._pins_before = self.pins
+        self.pins = {}
+
+    # --- lines ---------------------------------------------------------------------------------
+    def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
+        """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it."""
+        prev_raw, before = self.prev_raw, self._before_prev
+        self._before_prev = prev_raw
+        self.prev_raw = raw
+        seq_before = self.prev_seq
+        self.prev_seq = rec.get("seq")
+        digest = self._digest
+        if digest is None:
+            self.verdict.unverified_lines += not self.unchained
+            return
+        if prev_raw is not None:  # every line but the first: kept short, it runs per line
+            expected = digest(prev_raw)
+            self.pins[expected] = n - 1
+            self.verified_links += 1
+            if rec.get("prev") == expected and self._pending is None:
+                return
+        self._link_slow(n, raw, rec, prev_raw, before, seq_before)
+
+    def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
+                   seq_before: Any) -> None:
+        chain = self.active
+        assert chain is not None
+        carried = rec.get("prev")
+        if prev_raw is None:
+            if carried is None and "prev" not in rec:
+                self.unchained = True
+                self._digest = None
+                self._bad("chain", "the log is not hash-chained (its lines carry no prev digest): it cannot "
+                          "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
+                return
+            self.verified_links += 1
+            expected = chain.genesis(str(rec.get("run_id")), (rec.get("payload") or {}).get("config"))
+        else:
+            expected = chain.digest(prev_raw)
+        ok = carried == expected
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._resolve(pending, ok, carried)
+        if ok:
+            return
+        self.verdict.broken_links += 1
+        if self._first is None and self._pending is None:
+            if prev_raw is None:
+                self._first_break(n, self._genesis_message(rec, chain, carried))
+            else:
+                rebuilt = chain is self.keyed and carried == self.plain.digest(prev_raw)
+                dup = raw == prev_raw
+                skips = not dup and before is not None and carried == chain.digest(before)
+                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected)
+
+    def link_unparsed(self, raw: bytes) -> None:
+        """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
+        self.prev_raw, self._before_prev = raw, self.prev_raw
+        self.prev_seq = None
+
+    def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
+        msg = (f"line 1 does not chain to the genesis digest of run id {rec.get('run_id')!r} and the recorded "
+               "config: the first line or its config was altered, or lines before it were removed")
+        if chain is self.keyed and carried == self.plain.genesis(str(rec.get("run_id")),
+                                                                 (rec.get("payload") or {}).get("config")):
+            msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
+        return msg
+
+    def _resolve(self, b: _Break, next_ok: bool, next_carried: Any) -> None:
+        n = b.line
+        if b.duplicate:
+            self._first_break(n, f"line {n} is a second copy of line {n - 1}")
+        elif next_carried == b.expected:
+            self._first_break(n, f"line {n} was inserted: line {n + 1} carries the digest of line {n - 1}, the "
+                              "line that came before it when it was written")
+        elif b.skips_a_line:
+            self._first_break(n - 1, f"line {n - 1} was inserted: line {n} carries the digest of line {n - 2}, the "
+                              "line that came before it when it was written")
+        elif b.rebuilt_without_key:
+            self._first_break(n - 1, f"line {n - 1} was altered and the chain from line {n} on was rebuilt without "
+                              f"the key (line {n} carries the plain sha256 of line {n - 1}, not its HMAC)")
+        elif next_ok:
+            contiguous = type(b.seq) is int and type(b.seq_before) is int and b.seq == b.seq_before + 1
+            if contiguous:
+                self._first_break(n - 1, f"line {n - 1} was altered after it was written: line {n} carries a "
+                                  f"different digest for it")
+            else:
+                self._first_break(n, f"line {n} does not chain to line {n - 1}: lines between them were removed "
+                                  f"(or line {n - 1} was altered)")
+        else:
+            self._first_break(n, f"line {n} does not chain to line {n - 1}, nor do the lines after it: lines were "
+                              f"inserted or removed here and the rest renumbered, or the log was rewritten from "
+                              f"line {n} on")
+
+    def _first_break(self, line: int, message: str) -> None:
+        self.verdict.first_break = line
+        self._first = Finding("chain", message, line)
+        if self.segments:
+            self.segments[-1].verified = False
+
+    def _bad(self, check: str, message: str, line: int | None) -> None:
+        self.findings.append(Finding(check, message, line))
+
+    # --- checkpoint pins -----------------------------------------------------------------------
+    def pinned_line(self, head: str) -> int | None:
+        """The line whose digest ``head`` is, among those since the previous epoch began."""
+        line = self.pins.get(head)
+        return line if line is not None else self._pins_before.get(head)
+
+    @property
+    def verifying(self) -> bool:
+        return self.active is not None and not self.unchained
+
+    def locate(self, path: Path, head: str) -> int | None:
+        """The line of ``path`` whose digest (under any scheme this audit used) is ``head``; a second
+        pass over the file, made only for a checkpoint that does not match the log."""
+        chains = [c for c in (self.plain, self.keyed) if c is not None]
+        with open(path, "rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                if any(c.digest(raw) == head for c in chains):
+                    return n
+        return None
+
+    # --- the end -------------------------------------------------------------------------------
+    def finish(self) -> list[Finding]:
+        if self._pending is not None:
+            self._resolve(self._pending, True, None)
+            self._pending = None
+        v = self.verdict
+        if self._first is not None:
+            more = v.broken_links - 1
+            first = self._first
+            if more > 0:
+                first = Finding(first.check, f"{first.message} ({v.broken_links} broken links in all; the first is "
+                                "named)", first.line, first.severity)
+            self.findings.append(first)
+        if self.unchained or v.first_break is not None:
+            v.ok = False
+        else:
+            v.ok = True if self.verified_links else None  # None: keyed, and no matching key given
+        return self.findings
+
+
+def stored_head(path: Path) -> tuple[bool, str | None]:
+    """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
+    ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+            if name is None:
+                return False, None
+            data = zf.read(name)
+        return _head_in_pickle(pickletools.genops(data))
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return False, None
+
+
+def _head_in_pickle(ops: Iterator[tuple[Any, Any, Any]]) -> tuple[bool, str | None]:
+    # The state dict's keys are pushed as text right before their values: "chain_head" comes
+    # before any nested state, so its first occurrence is the top-level key.
+    after_key = False
+    for op, arg, _ in ops:
+        name: str = op.name
+        if after_key:
+            if name in _MEMO_OPS:
+                continue
+            if name in _TEXT_OPS and isinstance(arg, str):
+                return True, arg
+            return True, None
+        if name in _TEXT_OPS and arg == "chain_head":
+            after_key = True
+    return False, None
+

@@ -1,0 +1,236 @@
+"""How a run ended, as the audit checks it: the stop reason against the events, the stop source
+and message against the ``stop_request`` that carried them, and the ``result`` recomputed from the
+epoch events. Shared by :mod:`pipeline.tools.audit` through :class:`EndingChecks`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.lifecycle import ABORT, INITIAL, StopReason
+from pipeline.tools.audit_content import number, result_mismatches
+from pipeline.tools.audit_report import Finding, Severity
+
+__all__ = ["EndingChecks", "Segment", "StopInfo"]
+
+_REASONS = frozenset(r.value for r in StopReason)
+_NAN_DETECTOR = "NaNDetectionCallback"
+_FAULTS = (StopReason.INTERRUPTED.value, StopReason.ERROR.value)
+_CALLBACK_REASONS = (StopReason.EARLY_STOP.value, StopReason.NAN.value, StopReason.PRUNED.value)
+
+
+@dataclass
+class StopInfo:
+    reason: str
+    source: str
+    message: str
+    immediate: bool
+    epoch: int | None
+    line: int
+
+
+@dataclass
+class Segment:
+    """One process's run in the file; a resume appends another."""
+
+    first_line: int
+    run_id: str
+    max_epochs: int
+    start_epoch: int
+    resumed_from: str | None
+    callbacks: list[str]
+    min_level: int = 0  # the config's log_level, when recorded: lines below it do not belong here
+    phase: str = INITIAL.value
+    next_epoch: int = 0
+    epochs: int = 0
+    epoch_starts: int = 0
+    stop: StopInfo | None = None
+    faulted: bool = False
+    exception: dict[str, Any] | None = None
+    exception_line: int | None = None
+    end_line: int | None = None
+    end_reason: str | None = None
+    end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
+    end_global_step: Any = None
+    result_seen: bool = False
+    last_line: int = 0
+    last_epoch_field: Any = None
+    global_step: int = 0
+    epochs_seen: set[int] = field(default_factory=set)
+    nonfinite: dict[int, tuple[int, str]] = field(default_factory=dict)  # epoch -> (line, loss key)
+    best: tuple[float, int, int] | None = None  # (val, epoch, line)
+    last_val: float = math.nan
+    last_trial_report: tuple[bool, int] | None = None
+    unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
+    # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
+    step_begin: int | None = None
+    step_val: int | None = None
+    step_prev: int = 0
+    batch_lines: int = 0
+
+
+class EndingChecks:
+    """Mixed into the auditor, which provides ``findings``, ``segments`` and ``bad``/``warn``."""
+
+    findings: list[Finding]
+    segments: list[Segment]
+
+    def bad(self, check: str, message: str, line: int | None) -> None:
+        self.findings.append(Finding(check, message, line))
+
+    def warn(self, check: str, message: str, line: int | None) -> None:
+        self.findings.append(Finding(check, message, line, Severity.WARNING))
+
+    def _train_end(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        seg.end_line = n
+        payload = rec["payload"]
+        reason = payload.get("reason")
+        seg.end_reason = reason if isinstance(reason, str) else None
+        seg.end_said = (payload.get("source"), payload.get("message"))
+        seg.end_global_step = rec["global_step"]
+        if reason not in _REASONS:
+            self.bad("stop_reason", f"train_end reason {reason!r} is not one of {sorted(_REASONS)}", n)
+            return
+        stop = seg.stop
+        expected = stop.reason if stop is not None else StopReason.COMPLETED.value
+        if reason != expected:
+            why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
+                   else "no stop was requested, so the run completed")
+            self.bad("stop_reason", f"train_end gives reason {reason!r}, but {why}", n)
+        last_epoch = seg.next_epoch - 1
+        if reason == StopReason.COMPLETED.value and seg.next_epoch < seg.max_epochs:
+            self.bad("stop_reason", f"reason completed, but only epochs up to {last_epoch} ran of "
+                     f"max_epochs={seg.max_epochs}", n)
+        elif reason == StopReason.NAN.value:
+            stop_epoch = stop.epoch if stop is not None else last_epoch
+            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
+            if stop_epoch not in seg.nonfinite and not mid_epoch:
+                self.bad("stop_reason", f"reason nan, but the losses of epoch {stop_epoch} are finite", n)
+        elif reason == StopReason.PRUNED.value and seg.last_trial_report is not None:
+            should, line = seg.last_trial_report
+            if not should:
+                self.bad("stop_reason", f"reason pruned, but the last trial_report (line {line}) says "
+                         "should_prune=false", n)
+        elif reason in _FAULTS:
+            exc = seg.exception
+            if exc is None or rec["trigger"] != ABORT:
+                self.bad("stop_reason", f"reason {reason}, but no exception event precedes this abort", n)
+            else:
+                interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
+                if interrupted != (reason == StopReason.INTERRUPTED.value):
+                    self.bad("stop_reason", f"reason {reason}, but the exception at line {seg.exception_line} "
+                             f"is {exc.get('type')}", n)
+        if reason != StopReason.NAN.value and seg.nonfinite:
+            epoch, (line, key) = min(seg.nonfinite.items())
+            won_before = stop is not None and stop.epoch is not None and stop.epoch < epoch
+            if _NAN_DETECTOR in seg.callbacks and not won_before and reason not in _FAULTS:
+                self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch} (line {line}) is not "
+                         f"finite and {_NAN_DETECTOR} was running", n)
+            else:
+                self.warn("losses", f"{key} of epoch {epoch} (line {line}) is not finite", line)
+
+    def _stop_request(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        p = rec["payload"]
+        reason = p.get("reason")
+        if reason not in _REASONS:
+            self.bad("stop_request", f"stop reason {reason!r} is not one of {sorted(_REASONS)}", n)
+            return
+        if not p.get("accepted"):
+            return
+        overrides = p.get("overrides")
+        if seg.stop is not None and not seg.faulted:
+            if overrides != seg.stop.reason or not StopReason(reason).outranks(StopReason(seg.stop.reason)):
+                self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
+                         f"that does not outrank it", n)
+        elif overrides is not None:
+            self.bad("stop_request", f"claims to override a {overrides!r} request that was never accepted", n)
+        epoch = rec["epoch"]
+        source = str(p.get("source", ""))
+        seg.stop = StopInfo(str(reason), source, str(p.get("message", "")), bool(p.get("immediate")),
+                            epoch if type(epoch) is int else None, n)
+        if reason in _CALLBACK_REASONS and seg.callbacks and source not in seg.callbacks:
+            self.warn("stop_request", f"stop {reason} requested by {source!r}, which is not a callback of this run "
+                      f"(run_start line {seg.first_line} lists {', '.join(seg.callbacks)})", n)
+
+    def _result(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        p = rec["payload"]
+        if seg.end_line is None:
+            self.bad("result", "a result before train_end", n)
+            return
+        seg.result_seen = True
+        self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
+        own = self._expected_result(seg, [seg])
+        whole = self._expected_result(seg, self.segments[: self.segments.index(seg) + 1])
+        wrong = result_mismatches(p, whole)
+        unlogged = set().union(*(s.unlogged for s in self.segments))
+        if unlogged and p.get("best_epoch") in unlogged:
+            # The best epoch is one whose figures never reached the log: its loss cannot be checked.
+            wrong = [w for w in wrong if w[0] not in ("best_val_loss", "best_epoch", "objective")]
+            self.warn("result", f"the best epoch {p.get('best_epoch')} is not in the log (its process was killed "
+                      "before logging it): best_val_loss and objective cannot be checked", n)
+        if wrong and whole != own and not result_mismatches(p, own):
+            self.warn("result", f"the result describes only this process's epochs (from line {seg.first_line}), "
+                      "not the whole resumed run", n)
+        elif wrong:
+            said = ", ".join(f"{k} {_show(got)} (expected {_show(want)})" for k, got, want in wrong)
+            self.bad("result", f"the result disagrees with the epoch events: {said}", n)
+
+    def _expected_result(self, seg: Segment, segs: list[Segment]) -> dict[str, Any]:
+        bests = [s.best for s in segs if s.best is not None]
+        best = min(bests) if bests else None
+        last = next((s.last_val for s in reversed(segs) if s.epochs), math.nan)
+        best_val = best[0] if best is not None else math.inf
+        out: dict[str, Any] = {
+            "epochs_completed": sum(s.epochs + len(s.unlogged) for s in segs),
+            "last_val_loss": last,
+            "best_val_loss": best_val,
+            "best_epoch": best[1] if best is not None else None,
+            "objective": math.inf if seg.end_reason == StopReason.NAN.value else best_val,
+        }
+        if seg.end_reason is not None:
+            out["stop_reason"] = seg.end_reason
+        if type(seg.end_global_step) is int:
+            out["global_step"] = seg.end_global_step
+        return out
+
+    def _stop_said(self, seg: Segment, result: tuple[Any, Any, int] | None) -> None:
+        """The stop source and message as the request, train_end and the result each say them.
+        When train_end and the result agree against the request, the request is the line named."""
+        assert seg.end_line is not None
+        stop = seg.stop
+        if stop is None:
+            want: tuple[Any, Any] = ("max_epochs", f"reached max_epochs={seg.max_epochs}")
+            for what, got, expected in zip(("source", "message"), seg.end_said, want, strict=True):
+                if got != expected:
+                    self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "
+                             f"{expected!r}", seg.end_line)
+            if result is not None:
+                for what, got in zip(("stop_source", "stop_message"), result[:2], strict=True):
+                    if got is not None:
+                        self.bad("stop", f"the result gives {what} {got!r}, but no stop was requested", result[2])
+            return
+        for i, what in enumerate(("source", "message")):
+            asked = (stop.source, stop.message)[i]
+            told = seg.end_said[i]
+            res = result[i] if result is not None else told
+            if asked == told == res:
+                continue
+            if told == res and result is not None:
+                self.bad("stop", f"the stop_request says {what} {asked!r}, but train_end (line {seg.end_line}) and "
+                         f"the result (line {result[2]}) say {told!r}", stop.line)
+                continue
+            if told != asked:
+                self.bad("stop", f"train_end says the stop {what} was {told!r}; the stop_request that carried it "
+                         f"(line {stop.line}) says {asked!r}", seg.end_line)
+            if result is not None and res != asked:
+                self.bad("stop", f"the result gives stop_{what} {res!r}; the stop_request that carried it "
+                         f"(line {stop.line}) says {asked!r}", result[2])
+
+
+def _show(value: Any) -> str:
+    x = number(value) if not isinstance(value, bool) else None
+    if x is not None and isinstance(value, float | str):
+        return repr(x) if math.isfinite(x) else str(value)
+    return repr(value)

@@ -1,0 +1,237 @@
+"""What ``fsmtrain audit`` hands over: findings (each naming a line), the chain verdict, the run's
+story, as short text or as JSON (:meth:`AuditReport.to_dict`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from pipeline.core.lifecycle import StopReason
+
+__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity"]
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
+_FAULTS = (StopReason.INTERRUPTED.value, StopReason.ERROR.value)
+_MAX_TEXT_FINDINGS = 50
+
+
+class Severity(str, Enum):
+    VIOLATION = "violation"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem, with the 1-based line of the log it is about (None: the file as a whole)."""
+
+    check: str
+    message: str
+    line: int | None = None
+    severity: Severity = Severity.VIOLATION
+
+    def render(self) -> str:
+        where = f"line {self.line}" if self.line is not None else "file"
+        return f"{where} [{self.check}] {self.message}"
+
+
+class AuditReadError(OSError):
+    """The log cannot be read at all (exit code 2)."""
+
+
+@dataclass
+class SegmentInfo:
+    """One process's part of the log (a resume appends another)."""
+
+    first_line: int
+    last_line: int
+    start_epoch: int
+    epochs: int
+    resumed_from: str | None
+    end_reason: str | None
+    scheme: str | None
+    key_id: str | None
+    chain_verified: bool | None  # None: keyed and no (matching) key, so not verifiable
+
+
+@dataclass
+class ChainVerdict:
+    """``ok`` is None when no part of the chain could be verified (a keyed log and no key)."""
+
+    ok: bool | None = None
+    schemes: list[str] = field(default_factory=list)
+    key_used: bool = False
+    key_matches: bool | None = None
+    first_break: int | None = None
+    broken_links: int = 0
+    unverified_lines: int = 0
+
+
+@dataclass
+class Explanation:
+    """What the run did, for people: phases, epochs, why it stopped, where time went."""
+
+    run_id: str | None = None
+    segments: int = 0
+    max_epochs: int | None = None
+    epochs_completed: int = 0
+    last_epoch: int | None = None
+    moves: dict[str, int] = field(default_factory=dict)
+    stop_reason: str | None = None
+    stop_source: str | None = None
+    stop_message: str | None = None
+    stop_request_line: int | None = None
+    stop_epoch: int | None = None
+    train_end_line: int | None = None
+    best_epoch: int | None = None
+    best_val_loss: float | None = None
+    best_line: int | None = None
+    total_epoch_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    callback_seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    warning_counts: dict[str, int] = field(default_factory=dict)
+    checkpoints_verified: int = 0
+    checkpoints_pinned: int = 0
+    checkpoints_removed: int = 0
+    checkpoints_missing: int = 0
+
+
+@dataclass
+class AuditReport:
+    path: str
+    lines: int
+    findings: list[Finding]
+    explanation: Explanation
+    chain: ChainVerdict = field(default_factory=ChainVerdict)
+    segments: list[SegmentInfo] = field(default_factory=list)
+
+    @property
+    def violations(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.VIOLATION]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.WARNING]
+
+    def ok(self, strict: bool = False) -> bool:
+        return not self.violations and not (strict and self.warnings)
+
+    def exit_code(self, strict: bool = False) -> int:
+        return EXIT_OK if self.ok(strict) else EXIT_VIOLATIONS
+
+    def to_dict(self, strict: bool = False) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok(strict),
+            "strict": strict,
+            "lines": self.lines,
+            "chain": asdict(self.chain),
+            "segments": [asdict(s) for s in self.segments],
+            "violations": [_finding_dict(f) for f in self.violations],
+            "warnings": [_finding_dict(f) for f in self.warnings],
+            "story": explain_lines(self.explanation),
+            "explanation": _finite(asdict(self.explanation)),
+        }
+
+    def render(self, strict: bool = False) -> str:
+        ex = self.explanation
+        status = "OK" if self.ok(strict) else (
+            f"FAILED ({len(self.violations)} violation(s)" + (f", {len(self.warnings)} warning(s) under --strict)"
+                                                               if strict and self.warnings else ")"))
+        out = [f"audit {self.path}: {status}, {self.lines} lines, run {ex.run_id or '?'}",
+               f"chain: {_chain_line(self.chain)}"]
+        for title, items in (("violations", self.violations), ("warnings", self.warnings)):
+            if items:
+                out.append(f"{title}:")
+                out += [f"  {f.render()}" for f in items[:_MAX_TEXT_FINDINGS]]
+                if len(items) > _MAX_TEXT_FINDINGS:
+                    out.append(f"  ... and {len(items) - _MAX_TEXT_FINDINGS} more (see --json)")
+        out.append("explanation:")
+        out += [f"  {line}" for line in explain_lines(ex)]
+        return "\n".join(out) + "\n"
+
+
+def _chain_line(c: ChainVerdict) -> str:
+    scheme = "/".join(c.schemes) or "none"
+    if c.ok is None:
+        why = "the key does not match" if c.key_matches is False else "written with a key; none given"
+        return f"NOT VERIFIED ({scheme}: {why})"
+    if not c.ok:
+        return f"BROKEN ({scheme}; first break at line {c.first_break}, {c.broken_links} broken link(s))"
+    proves = "consistency and authorship (keyed)" if c.key_used and c.key_matches else "consistency only (no key)"
+    partial = f", {c.unverified_lines} line(s) not verifiable" if c.unverified_lines else ""
+    return f"intact ({scheme}): proves {proves}{partial}"
+
+
+def _finding_dict(f: Finding) -> dict[str, Any]:
+    return {"line": f.line, "check": f.check, "message": f.message}
+
+
+def _finite(value: Any) -> Any:
+    """Strict-JSON copy: non-finite floats as strings, like the event log writes them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def explain_lines(ex: Explanation) -> list[str]:
+    """The run's story, one sentence a line."""
+    lines: list[str] = []
+    epochs = f"{ex.epochs_completed} epoch(s) completed"
+    if ex.max_epochs is not None:
+        epochs += f" of max_epochs={ex.max_epochs}"
+    if ex.last_epoch is not None:
+        epochs += f" (last epoch index {ex.last_epoch})"
+    if ex.segments > 1:
+        epochs += f", in {ex.segments} process segments (resumed)"
+    lines.append(epochs)
+    if ex.moves:
+        lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
+    if ex.stop_reason is not None:
+        verb = "raised in" if ex.stop_reason in _FAULTS else "requested by"
+        stop = f"stop: {ex.stop_reason}"
+        if ex.stop_reason == StopReason.COMPLETED.value:
+            stop += " (no stop requested)"
+        elif ex.stop_source:
+            stop += f" {verb} {ex.stop_source}"
+        if ex.stop_epoch is not None:
+            stop += f" in epoch index {ex.stop_epoch}"
+        if ex.stop_request_line is not None:
+            stop += f" (request at line {ex.stop_request_line})"
+        if ex.stop_message:
+            stop += f": {ex.stop_message}"
+        if ex.train_end_line is not None:
+            stop += f"; train_end at line {ex.train_end_line}"
+        lines.append(stop)
+    else:
+        lines.append("stop: the run never reached train_end")
+    if ex.best_epoch is not None:
+        lines.append(f"best epoch index: {ex.best_epoch} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
+    total = ex.total_epoch_seconds
+    if ex.phase_seconds:
+        lines.append(f"time in epochs: {total:.3f} s; per phase: " + ", ".join(
+            f"{k} {v:.3f} s ({_pct(v, total)})" for k, v in ex.phase_seconds.items()))
+    if ex.callback_seconds:
+        ranked = sorted(ex.callback_seconds.items(), key=lambda kv: -kv[1])
+        lines.append("time per callback (share of epoch time): " + ", ".join(
+            f"{k} {v:.4f} s ({_pct(v, total)})" for k, v in ranked))
+    if ex.warning_counts:
+        lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
+        for w in ex.warnings[:10]:
+            lines.append(f"  line {w['line']} epoch {w['epoch']} {w['source']}: {w['message']}")
+    else:
+        lines.append("warnings raised: none")
+    if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
+        lines.append(f"checkpoints: {ex.checkpoints_verified} verified (sha256, {ex.checkpoints_pinned} pinning "
+                     f"the chain), {ex.checkpoints_removed} removed by the run, {ex.checkpoints_missing} not present")
+    return lines
