@@ -7,7 +7,7 @@ leaves nothing on disk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,11 +115,13 @@ def train_seed(
     *,
     extra_callbacks: Sequence[TrainingCallback] = (),
     trial: optuna.trial.Trial | None = None,
+    extras: Mapping[str, Any] | None = None,
 ) -> SeedRun:
     """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
     when ``fit()`` returns, ``model.pt``. An exception or Ctrl-C during ``fit()`` is caught after
     the run reached train_end and returned in ``SeedRun.error``; build errors raise ``ConfigError``
-    before anything is written."""
+    before anything is written. ``extras`` join the run context (``hpo``: study and trial, which
+    the ``run_start`` event records)."""
     parts = build_parts(cfg, seed)
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra_callbacks]
     resolved = resolved_dict(cfg)
@@ -129,7 +131,7 @@ def train_seed(
         parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
         max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
         metrics=parts.metrics, run_dir=run_dir, run_id=run_dir.name, log_level=cfg.log_level,
-        extras={"config": resolved, "seed": seed},
+        extras={"config": resolved, "seed": seed, **(extras or {})},
     )
     try:
         trainer.fit()

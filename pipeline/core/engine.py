@@ -199,7 +199,7 @@ class Engine:
             start_epoch=self.run.epoch,
             strict=self.strict,
             callbacks=self.runner.describe(),
-            **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from")},
+            **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from", "hpo")},
         )
         actions: dict[Phase, Callable[[], None]] = {
             Phase.TRAIN_BEGIN: self._train_begin,
