@@ -142,11 +142,13 @@ def new_database(pg: Postgres, name: str) -> str:
     return pg.url.rsplit("/", 1)[0] + "/" + name
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+def wait_for(predicate: Any, timeout: float, what: str, logs: tuple[Path, ...] = ()) -> Any:
+    """Poll ``predicate`` until it returns something true; on timeout fail with the ``logs``."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    shown = "".join(f"\n--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{shown}")

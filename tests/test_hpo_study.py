@@ -221,3 +221,36 @@ def test_every_pruner_runs_a_study(pruner: str, tmp_path: Path, monkeypatch: pyt
     for trial in study.trials:
         assert sorted(trial.intermediate_values)[0] == 0  # the first seed reported its epochs
     assert study.user_attrs["fsmtrain"]["pruner"] == pruner
+
+
+def test_live_display_on_a_terminal() -> None:
+    """Trial lines scroll; the status line (done of total, running, pruned, failed, best) is redrawn."""
+    import io
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from pipeline.app.hpo_monitor import Monitor
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study()
+    mine = {"worker": {"host": "h", "pid": 1, "launch": "L"}}
+    dist = {"optimizer_config.lr": FloatDistribution(1e-3, 1e-1, log=True)}
+    out = io.StringIO()
+    monitor = Monitor(study, "L", 5, out, live=True)
+    for state, value, attrs in ((TrialState.COMPLETE, 0.5, {}), (TrialState.COMPLETE, 0.25, {}),
+                                (TrialState.PRUNED, None, {"pruned": {"pruner": "MedianPruner"}}),
+                                (TrialState.FAIL, None, {"error": "ValueError: nope"})):
+        study.add_trial(create_trial(state=state, value=value, params={"optimizer_config.lr": 0.01},
+                                     distributions=dist, user_attrs={**mine, **attrs},
+                                     intermediate_values={0: 1.0}))
+    study.enqueue_trial({"optimizer_config.lr": 0.02}, user_attrs=mine)
+    study.ask()  # RUNNING
+    monitor.poll()
+    text = out.getvalue()
+    assert text.startswith("\r\x1b[K")
+    assert "trial 1 COMPLETE 0.25  optimizer_config.lr=0.01" in text
+    assert "trial 2 PRUNED at epoch 0 by MedianPruner" in text and "trial 3 FAIL ValueError: nope" in text
+    assert text.endswith("[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)")
+    monitor.poll()  # nothing new: only the status line again
+    assert out.getvalue()[len(text):] == "\r\x1b[K[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)"

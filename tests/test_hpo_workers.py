@@ -82,15 +82,24 @@ def test_two_processes_on_postgresql(pg: Postgres, tmp_path: Path) -> None:
     assert "heartbeats on" in (tmp_path / "w0.log").read_text()
 
 
-def _running_trial_of(storage: str | optuna.storages.BaseStorage, pid: int, epochs: int = 2) -> int | None:
-    try:
-        study = load(storage)
-    except KeyError:
+class _Watch:
+    """Polls one storage for a RUNNING trial of ``pid`` that reported a few epochs (one storage
+    object for all polls: opening one per poll is slow enough on a loaded machine to miss trials)."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        self.url, self.pid = url, pid
+        self.study: optuna.study.Study | None = None
+
+    def __call__(self) -> int | None:
+        try:
+            self.study = self.study or load(self.url)
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        except Exception:  # not created yet, or half created
+            return None
+        for t in trials:
+            if t.user_attrs.get("worker", {}).get("pid") == self.pid and len(t.intermediate_values) >= 2:
+                return t.number
         return None
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("worker", {}).get("pid") == pid and len(t.intermediate_values) >= epochs:
-            return t.number
-    return None
 
 
 @pytest.mark.slow
@@ -101,7 +110,8 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_retried(pg: Postgres, tmp_pa
                                   "heartbeat_interval": 1, "grace_period": 3}, **SLOW_TRIALS)
     victim = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "victim.log")
     survivor = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "survivor.log")
-    killed = wait_for(lambda: _running_trial_of(url, victim.pid), 120, "a trial of the victim to run")
+    killed = wait_for(_Watch(url, victim.pid), 120, "a trial of the victim to run",
+                      (tmp_path / "victim.log", tmp_path / "survivor.log"))
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=30)
     assert survivor.wait(timeout=200) == 0, (tmp_path / "survivor.log").read_text()
@@ -131,11 +141,11 @@ def test_a_killed_local_worker_is_failed_retried_and_replaced(tmp_path: Path) ->
         if not path.exists():
             return None
         for t in load(journal(path)).get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if len(t.intermediate_values) >= 2:
+            if len(t.intermediate_values) >= 2 and "worker" in t.user_attrs:
                 return t.number, t.user_attrs["worker"]["pid"]
         return None
 
-    number, pid = wait_for(running, 120, "a running trial")
+    number, pid = wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
     os.kill(pid, signal.SIGKILL)
     assert parent.wait(timeout=200) == 1  # the study finished, but a worker crashed: say so
     log = (tmp_path / "hpo.log").read_text()
@@ -158,12 +168,13 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
     storage = (lambda: journal(path)) if workers > 1 else (lambda: f"sqlite:///{path}")
 
     def running() -> bool:
-        if not path.exists():
+        try:  # the study may be half created yet
+            return any(len(t.intermediate_values) >= 2
+                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        except Exception:
             return False
-        return any(len(t.intermediate_values) >= 2
-                   for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
-    wait_for(running, 120, "a running trial")
+    wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
     parent.send_signal(signal.SIGINT)
     code = parent.wait(timeout=120)
     # 130, or death by SIGINT (what a shell also shows as 130): CPython re-raises SIGINT at exit when

@@ -54,7 +54,7 @@ def describe_trial(trial: FrozenTrial) -> str:
         pruned = trial.user_attrs.get("pruned") or {}
         what = f"at epoch {trial.last_step}" + (f" by {pruned['pruner']}" if pruned.get("pruner") else "")
     elif state == "FAIL":
-        what = str(trial.user_attrs.get(ERROR_ATTR, "failed"))
+        what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))
     else:
         what = ""
     took = ""
@@ -62,7 +62,9 @@ def describe_trial(trial: FrozenTrial) -> str:
         took = f" ({(trial.datetime_complete - trial.datetime_start).total_seconds():.1f} s)"
     run_dir = _first_run_dir(trial)
     tail = f" -> {run_dir}" if run_dir and state != "FAIL" else ""
-    return f"trial {trial.number} {state} {what}  {format_params(trial.params)}{took}{tail}".rstrip()
+    retry = trial.system_attrs.get("failed_trial")
+    again = f" (retry of trial {retry})" if retry is not None else ""
+    return f"trial {trial.number}{again} {state} {what}  {format_params(trial.params)}{took}{tail}".rstrip()
 
 
 class Monitor:

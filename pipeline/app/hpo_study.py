@@ -38,6 +38,7 @@ from pipeline.app.study_storage import (
     fail_orphaned_trials,
     open_storage,
     parse_storage,
+    release_dead_holders_lock,
 )
 
 if TYPE_CHECKING:
@@ -186,8 +187,11 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
         if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
     while not _past(plan.deadline) and not exhausted() and tickets.take():
         one()
-    beating = plan.heartbeat is not None
-    pause = 1.0 if plan.heartbeat is None else max(0.5, min(plan.heartbeat.interval / 2, 5.0))
+    beating, waited = plan.heartbeat is not None, False
+    pause, grace = 1.0, 0
+    if plan.heartbeat is not None:
+        pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
+        grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
     while not _past(plan.deadline):
         if beating:
             with warnings.catch_warnings():
@@ -195,8 +199,14 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
                 optuna.storages.fail_stale_trials(study)
         states = Counter(t.state for t in study.get_trials(deepcopy=False))
         if states[TrialState.WAITING]:
-            one()  # a retry Optuna enqueued for a trial whose worker died
+            # A retry Optuna enqueued for a trial whose worker died. (Should another worker take it
+            # first, this ask() creates one new trial instead: one trial more than asked, never less.)
+            one()
         elif beating and states[TrialState.RUNNING]:
+            if not waited:
+                print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
+                      f"(grace period {grace} s)", file=sys.stderr, flush=True)
+                waited = True
             time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
         else:
             return
@@ -241,6 +251,12 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
     print(f"runs:    {plan.trial.study_dir}/trial-<n>-seed<s>/", file=out, flush=True)
 
 
+_PRELOAD = [
+    "pipeline.app.hpo_study", "pipeline.app.job", "callbacks", "optuna",
+    "torch._dynamo",  # what the first torch.optim.Optimizer() imports: seconds, paid once here
+]
+
+
 @dataclass
 class _Workers:
     plan: StudyPlan
@@ -249,7 +265,11 @@ class _Workers:
     shared: Any = None
 
     def __post_init__(self) -> None:
-        self.ctx = mp.get_context("spawn")  # fork would copy torch's and SQLAlchemy's threads and locks
+        # Not fork: this process holds storage connections (and torch's state) a child must not
+        # share. A fork server imports torch and the trial code once and forks every worker from
+        # that clean process, so K workers start in about the time of one import, not K of them.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(_PRELOAD)
         self.shared = self.ctx.Value("i", self.plan.n_trials)
         self.procs: dict[int, Any] = {}
         self.crashed: list[str] = []
@@ -269,6 +289,8 @@ class _Workers:
                 continue
             del self.procs[index]
             how = f"signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0 else f"code {proc.exitcode}"
+            if release_dead_holders_lock(self.plan.storage):
+                print(f"warning: released the journal lock worker {index} held when it died", file=self.out)
             failed = fail_orphaned_trials(study, [proc.pid], self.plan.optimize.max_retry)
             left = f"; its trial(s) {failed} FAIL, retry enqueued" if failed else ""
             self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
@@ -292,6 +314,7 @@ class _Workers:
                 if proc.exitcode is None:
                     proc.terminate()
                     proc.join(timeout=10)
+                    release_dead_holders_lock(self.plan.storage)
             fail_orphaned_trials(study, [p.pid for p in self.procs.values()], self.plan.optimize.max_retry)
         finally:
             signal.signal(signal.SIGINT, previous)

@@ -117,8 +117,8 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
         cfg = trial_config(plan, params)
         hpo = {"study": plan.study, "trial": trial.number, "params": params, "retry_of": retry_of}
         for index, seed in enumerate(plan.seeds):
-            run_dir = trial_run_dir(plan, trial.number, seed)
-            _resume_dir(trial, previous, seed)
+            resume_from = _resume_dir(trial, previous, seed)  # None until resume is wired (see there)
+            run_dir = resume_from or trial_run_dir(plan, trial.number, seed)
             run_dirs[str(seed)] = str(run_dir.absolute())
             trial.set_user_attr(RUN_DIRS_ATTR, dict(run_dirs))  # before training: a killed trial still names it
             run = train_seed(cfg, seed, run_dir, trial=trial if index == 0 else None, extras={"hpo": hpo})

@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import sqlite3
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "open_storage",
     "parse_storage",
     "pick_study",
+    "release_dead_holders_lock",
     "previous_run_dirs",
     "retried_trial",
     "retry_callback",
@@ -144,8 +146,8 @@ def _is_sqlite_file(path: Path) -> bool:
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
     if workers > 1:
-        return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE))
-    return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}")
+        return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
+    return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,10 @@ def _sqlite_connector(path: str) -> Callable[[], Any]:
     return connect
 
 
-def _engine_kwargs(url: str) -> dict[str, Any]:
+def _engine_kwargs(url: str, *, create: bool = True) -> dict[str, Any]:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        if not create:  # reading only: leave the file's journal mode as it is
+            return {"connect_args": {"timeout": 60}}
         return {"creator": _sqlite_connector(url.removeprefix("sqlite:///"))}
     if url.startswith(("postgresql", "postgres")):
         return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
@@ -208,7 +212,10 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
         try:
             if path is not None and create:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(path)))
+            # An absolute path: the lock is a symlink to it, and Optuna finds a dead holder's stale
+            # lock (a worker killed while writing) by stat()ing through that link; a relative target
+            # dangles, and every other worker would then wait for the lock forever.
+            return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
         except Exception as exc:
             raise StorageError(spec.source, "a journal file that can be opened",
                                f"{spec.shown!r}: {_one_line(exc)}") from None
@@ -218,13 +225,22 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
     if heartbeat is not None:
         kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
                   "heartbeat_stale_trial_callback": retry_callback(heartbeat.max_retry)}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # heartbeat_interval is an ExperimentalWarning
-            return optuna.storages.RDBStorage(
-                spec.url, engine_kwargs=_engine_kwargs(spec.url), skip_table_creation=not create, **kwargs)
-    except Exception as exc:
-        raise StorageError(spec.source, "a database that can be opened", f"{spec.shown!r}: {_one_line(exc)}") from None
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # heartbeat_interval is an ExperimentalWarning
+                return optuna.storages.RDBStorage(
+                    spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
+                    **kwargs)
+        except Exception as exc:
+            # Workers on several machines start together: two may create the tables at once, and
+            # the loser's insert of the schema version fails; the tables exist then, so try again.
+            if attempt < 2 and create and type(exc).__name__ in ("IntegrityError", "ProgrammingError"):
+                time.sleep(0.5 + attempt)
+                continue
+            raise StorageError(spec.source, "a database that can be opened",
+                               f"{spec.shown!r}: {_one_line(exc)}") from None
+    raise AssertionError("unreachable")
 
 
 def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
@@ -248,9 +264,13 @@ def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
     storage = open_storage(spec, create=False)
     try:
         study_id = storage.get_study_id_from_name(study)
+        return [d.name.lower() for d in storage.get_study_directions(study_id)]
     except KeyError:
         return None
-    return [d.name.lower() for d in storage.get_study_directions(study_id)]
+    finally:
+        engine = getattr(storage, "engine", None)
+        if engine is not None:
+            engine.dispose()  # close the file: a SQLite file keeps no -wal/-shm files beside it
 
 
 def pick_study(storage: BaseStorage, name: str | None, shown: str) -> str:
@@ -292,6 +312,36 @@ def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path
 
 def worker_identity(launch: str) -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "launch": launch}
+
+
+def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
+    """After a worker of this host died: remove the journal's lock if the same lock stays held for
+    ``hold`` seconds. Optuna holds it only for one append (write and fsync: milliseconds), and
+    would otherwise break a dead holder's lock only after 30 s, stalling every worker meanwhile."""
+    if spec.kind is not StorageKind.JOURNAL:
+        return False
+    lock = Path(os.path.abspath(spec.url) + ".lock")  # Optuna's JournalFileSymlinkLock
+
+    def identity() -> tuple[int, int] | None:
+        try:
+            st = lock.lstat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    first = identity()
+    if first is None:
+        return False
+    end = time.monotonic() + hold
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        if identity() != first:
+            return False  # released (or taken anew): a live worker's
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], max_retry: int | None) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -96,10 +97,13 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         attr = t.user_attrs.get("pruned") or {}
         epoch = attr.get("epoch", t.last_step)
         prediction = t.user_attrs.get("predicted_final_loss")
+        others = sorted(v for o in trials if o.number != t.number and o.state.is_finished()
+                        and (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
         pruned.append({
             "number": t.number, "epoch": epoch, "value": _num(t.intermediate_values.get(epoch)) if epoch is not None
             else None, "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
+            "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None},
             "params": dict(t.params),
         })
     failed = [{"number": t.number, "error": t.user_attrs.get("error"), "params": dict(t.params),
@@ -143,7 +147,9 @@ def render(report: dict[str, Any]) -> str:
     if report["pruned"]:
         out.append("pruning decisions:")
         for p in report["pruned"]:
-            why = f": {p['reason']}" if p["reason"] else ""
+            others = p["others_at_epoch"]
+            why = f": {p['reason']}" if p["reason"] else \
+                f" (median of {others['n']} other trials there: {others['median']:.6g})" if others["n"] else ""
             out.append(f"  trial {p['number']} pruned at epoch {p['epoch']} (value {p['value']}) by {p['pruner']}{why}")
     if report["failed"]:
         out.append("failed trials:")
