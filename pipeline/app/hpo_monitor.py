@@ -52,7 +52,9 @@ def describe_trial(trial: FrozenTrial) -> str:
             what += f" (seed {bad[0]} diverged: NaN)"
     elif state == "PRUNED":
         pruned = trial.user_attrs.get("pruned") or {}
-        what = f"at epoch {trial.last_step}" + (f" by {pruned['pruner']}" if pruned.get("pruner") else "")
+        step = trial.last_step  # the epoch index; people read epochs from 1
+        what = (f"at epoch {step + 1}" if step is not None else "") + \
+            (f" by {pruned['pruner']}" if pruned.get("pruner") else "")
     elif state == "FAIL":
         what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))
     else:

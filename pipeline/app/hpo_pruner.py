@@ -76,7 +76,7 @@ class PredictedFinalLossPruner(BasePruner):
             limit = best + self.margin * abs(best)
             hopeless = predicted > limit
         if hopeless:
-            self.last_reason = (f"predicted final loss {predicted:.6g} at epoch {step} is worse than the best "
+            self.last_reason = (f"predicted final loss {predicted:.6g} at epoch {step + 1} is worse than the best "
                                 f"completed value {best:.6g} by more than {self.margin:g} (limit {limit:.6g})")
         return hopeless
 

@@ -268,9 +268,9 @@ def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
     except KeyError:
         return None
     finally:
-        engine = getattr(storage, "engine", None)
-        if engine is not None:
-            engine.dispose()  # close the file: a SQLite file keeps no -wal/-shm files beside it
+        opened = getattr(storage, "engine", None)
+        if opened is not None:
+            opened.dispose()  # close the file: a SQLite file keeps no -wal/-shm files beside it
 
 
 def pick_study(storage: BaseStorage, name: str | None, shown: str) -> str:

@@ -95,13 +95,14 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         if t.state is not TrialState.PRUNED:
             continue
         attr = t.user_attrs.get("pruned") or {}
-        epoch = attr.get("epoch", t.last_step)
+        epoch: int = attr.get("epoch", t.last_step if t.last_step is not None else -1)
         prediction = t.user_attrs.get("predicted_final_loss")
         others = sorted(v for o in trials if o.number != t.number and o.state.is_finished()
                         and (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
         pruned.append({
-            "number": t.number, "epoch": epoch, "value": _num(t.intermediate_values.get(epoch)) if epoch is not None
-            else None, "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
+            "number": t.number, "epoch_index": epoch, "value": _num(t.intermediate_values.get(epoch)),
+            "monitor": attr.get("monitor", "value"),
+            "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
             "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None},
             "params": dict(t.params),
@@ -120,6 +121,14 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
     }
 
 
+def _g(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_g(v)}" for k, v in params.items())
+
+
 def render(report: dict[str, Any]) -> str:
     out: list[str] = []
     counts = ", ".join(f"{n} {s.lower()}" for s, n in report["counts"].items() if n)
@@ -129,15 +138,13 @@ def render(report: dict[str, Any]) -> str:
     if best is None:
         out.append("best: none (no completed trial)")
     else:
-        params = " ".join(f"{k}={v}" for k, v in best["params"].items())
-        out.append(f"best: trial {best['number']}, value {best['value']}: {params}")
+        out.append(f"best: trial {best['number']}, value {_g(best['value'])}: {_params(best['params'])}")
         for seed, run_dir in best["run_dirs"].items():
             out.append(f"  seed {seed}: {run_dir}")
     if report["top"]:
         out.append(f"top {len(report['top'])}:")
         for t in report["top"]:
-            params = " ".join(f"{k}={v}" for k, v in t["params"].items())
-            out.append(f"  #{t['number']:<4} {t['value']!s:<12} {params}")
+            out.append(f"  #{t['number']:<4} {_g(t['value']):<12} {_params(t['params'])}")
     if report["importances"]:
         out.append("parameter importances:")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
@@ -149,8 +156,10 @@ def render(report: dict[str, Any]) -> str:
         for p in report["pruned"]:
             others = p["others_at_epoch"]
             why = f": {p['reason']}" if p["reason"] else \
-                f" (median of {others['n']} other trials there: {others['median']:.6g})" if others["n"] else ""
-            out.append(f"  trial {p['number']} pruned at epoch {p['epoch']} (value {p['value']}) by {p['pruner']}{why}")
+                f" (median there over the study's {others['n']} other trials: {others['median']:.6g})" \
+                if others["n"] else ""
+            at = f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_g(p['value'])})"
+            out.append(f"  trial {p['number']} pruned at {at} by {p['pruner']}{why}")
     if report["failed"]:
         out.append("failed trials:")
         for f in report["failed"]:
