@@ -2,14 +2,13 @@
 
 ``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
 for every mistake before a file, folder or table is created. ``run_study`` creates the study and
-runs its trials in this process (``workers=1``) or in K spawned worker processes; each worker
+runs its trials in this process (``workers=1``) or in K worker processes; each worker
 takes trials from a shared count until it is used up or the deadline passes, then runs any trial
 Optuna re-enqueued and, on a heartbeat storage, waits until no trial is left RUNNING.
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -66,8 +65,8 @@ def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
     return name or cfg.optimize.study_name or cfg.name or Path(config_path).stem
 
 
-def _problem(path: str, expected: str, found: str) -> ConfigError:
-    return ConfigError([ConfigProblem(path, expected, found)])
+def _problem(path: str, expected: str, found: str, source: str | None = None) -> ConfigError:
+    return ConfigError([ConfigProblem(path, expected, found)], source)
 
 
 def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, storage: str | None = None,
@@ -76,14 +75,14 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
     several workers, and a study of that name does not exist with another direction. Reads only."""
     opt = cfg.optimize
     if opt is None:
-        raise _problem("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none")
+        raise _problem("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none", config_path)
     name = study_name_for(cfg, config_path, study)
     if study is not None:
         try:
             OptimizeConfig(study_name=study)
         except ValueError:
             raise _problem("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
-                           repr(study)) from None
+                           repr(study), config_path) from None
     source = "--storage" if storage is not None else "optimize.storage"
     text = storage if storage is not None else opt.storage
     study_dir = Path("runs") / cfg.project / name
@@ -91,13 +90,13 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
         spec = default_storage(study_dir, workers) if text is None else parse_storage(text, source)
         if spec.kind is StorageKind.SQLITE and workers > 1:
             raise _problem("--workers", "1 with a SQLite storage, which is not safe for concurrent writers "
-                           "(leave out --storage for a journal file, or use a database URL)", str(workers))
+                           "(leave out --storage for a journal file, or use a database URL)", str(workers), config_path)
         directions = existing_directions(spec, name)
     except StorageError as exc:
-        raise _problem(exc.source, exc.expected, exc.found) from None
+        raise _problem(exc.source, exc.expected, exc.found, config_path) from None
     if directions is not None and directions != [opt.direction]:
         raise _problem("optimize.direction", f"{directions[0]}, the direction of the existing study {name!r} in "
-                       f"{spec.shown} (or another --study name)", opt.direction)
+                       f"{spec.shown} (or another --study name)", opt.direction, config_path)
     return name, spec
 
 
@@ -291,7 +290,7 @@ class _Workers:
             how = f"signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0 else f"code {proc.exitcode}"
             if release_dead_holders_lock(self.plan.storage):
                 print(f"warning: released the journal lock worker {index} held when it died", file=self.out)
-            failed = fail_orphaned_trials(study, [proc.pid], self.plan.optimize.max_retry)
+            failed = fail_orphaned_trials(study, [proc.pid], max_retry=self.plan.optimize.max_retry)
             left = f"; its trial(s) {failed} FAIL, retry enqueued" if failed else ""
             self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
             print(f"warning: {self.crashed[-1]}", file=self.out, flush=True)
@@ -315,7 +314,7 @@ class _Workers:
                     proc.terminate()
                     proc.join(timeout=10)
                     release_dead_holders_lock(self.plan.storage)
-            fail_orphaned_trials(study, [p.pid for p in self.procs.values()], self.plan.optimize.max_retry)
+            fail_orphaned_trials(study, [p.pid for p in self.procs.values()], retry=False)  # stopped, not lost
         finally:
             signal.signal(signal.SIGINT, previous)
 
@@ -367,8 +366,3 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
     failed_all = counts.get("FAIL", 0) > 0 and counts.get("FAIL", 0) == sum(counts.values())
     return 1 if crashed or failed_all else 0
 
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.6g}" if math.isfinite(x) else str(x)

@@ -344,15 +344,16 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
     return True
 
 
-def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], max_retry: int | None) -> list[int]:
-    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) and
-    enqueue their retries: the journal storage has no heartbeat, so nobody else would."""
+def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_retry: int | None = 3,
+                         retry: bool = True) -> list[int]:
+    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) and,
+    with ``retry``, enqueue their retries: the journal storage has no heartbeat, so nobody else would."""
     from optuna.trial import TrialState
 
     # Optuna has no public call to fail another process's trial; this is what fail_stale_trials does.
     dead, host = set(pids), socket.gethostname()
     failed: list[int] = []
-    retry = retry_callback(max_retry)
+    again = retry_callback(max_retry) if retry else None
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         who = trial.user_attrs.get(WORKER_ATTR)
         if not isinstance(who, dict) or who.get("host") != host or who.get("pid") not in dead:
@@ -360,5 +361,6 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], max_ret
         study._storage.set_trial_user_attr(trial._trial_id, "error", f"worker process {who.get('pid')} died")
         if study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
             failed.append(trial.number)
-            retry(study, study._storage.get_trial(trial._trial_id))
+            if again is not None:
+                again(study, study._storage.get_trial(trial._trial_id))
     return failed
