@@ -88,8 +88,11 @@ def _one_line(exc: BaseException) -> str:
 def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: int) -> Path | None:
     """The resume hook. A retried trial inherits the run dirs of the trial whose worker died; a
     seed with checkpoints there could continue from its ``latest``. ``Trainer(resume_from=...)`` is
-    not on this branch yet, so the seed starts over in its own dir and the trial says so; wiring
-    resume means returning this dir to ``train_seed`` instead."""
+    not on this branch yet, so the seed starts over in its own dir and the trial says so. Wiring
+    resume: return ``old`` here, have ``train_seed`` continue the run in it, and build the retry
+    callback (``study_storage.retry_callback``) with ``inherit_intermediate_values=True`` so the
+    retried trial keeps the epochs its pruner already saw (a fresh start must not inherit them:
+    Optuna ignores a second report of a step)."""
     old = previous.get(seed)
     if old is None or not (old / "checkpoints").is_dir():
         return None
