@@ -3,27 +3,42 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import StopReason
+from pipeline.core.slots import LOSS_PREDICTION
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PrunerCallback"]
+__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback"]
+
+PREDICTION_ATTR = "predicted_final_loss"
+"""Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction (what the run's
+``epoch`` event records in its ``loss_prediction`` slot), written before ``should_prune()``."""
+PRUNED_ATTR = "pruned"
+"""Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason}``."""
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # user attributes are JSON: no NaN there
 
 
 class PrunerCallback(TrainingCallback):
-    """On ``on_val_end``: ``trial.report(value, epoch)``, a ``trial_report`` event
-    ``{epoch, value, should_prune}``, and a stop request PRUNED when ``trial.should_prune()``.
+    """On ``on_val_end``: the latest loss prediction (when ``LossPredictionCallback`` made one) as
+    the trial's ``predicted_final_loss`` user attribute, then ``trial.report(value, epoch)``, a
+    ``trial_report`` event ``{epoch, value, should_prune}``, and a stop request PRUNED when
+    ``trial.should_prune()``; a pruned trial gets the ``pruned`` user attribute (epoch, value, the
+    pruner and, if it gives one, its ``last_reason``).
 
     The run still ends through ``train_end`` (``on_train_end`` runs, the checkpoint of the epoch
     is written); the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
 
     priority = 85
     tier = Tier.CORE
+    reads = (LOSS_PREDICTION,)
 
     def __init__(self, trial: optuna.trial.Trial, monitor: str = "val_loss") -> None:
         if not hasattr(trial, "report") or not hasattr(trial, "should_prune"):
@@ -31,15 +46,35 @@ class PrunerCallback(TrainingCallback):
         self.trial = trial
         self.monitor = monitor
 
+    def _set_attr(self, key: str, value: Any) -> None:
+        setter = getattr(self.trial, "set_user_attr", None)  # replay's recorded stand-in has one too
+        if setter is not None:
+            setter(key, value)
+
     def on_val_end(self, epoch: EpochContext) -> None:
         value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
             return
+        prediction = epoch.get(LOSS_PREDICTION)
+        if prediction is not None:
+            self._set_attr(PREDICTION_ATTR, {"epoch": epoch.index, "value": _finite_or_none(prediction.predicted_loss),
+                                             "fit_ok": prediction.fit_ok})
         self.trial.report(float(value), epoch.index)
         should_prune = bool(self.trial.should_prune())
         number = getattr(self.trial, "number", None)  # replay passes a recorded stand-in
         epoch.emit("trial_report", epoch=epoch.index, value=float(value), should_prune=should_prune, trial=number)
         if should_prune:
+            pruner = getattr(getattr(self.trial, "study", None), "pruner", None)
+            self._set_attr(PRUNED_ATTR, {
+                "epoch": epoch.index, "value": _finite_or_none(float(value)), "monitor": self.monitor,
+                "pruner": None if pruner is None else repr(pruner) if _own_repr(pruner) else type(pruner).__name__,
+                "reason": getattr(pruner, "last_reason", None),
+            })
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
                                f"trial {number} pruned in epoch {epoch.number} ({self.monitor}={shown})")
+
+
+def _own_repr(obj: object) -> bool:
+    """Whether ``obj`` has a ``__repr__`` of its own (Optuna's pruners only have object's)."""
+    return type(obj).__repr__ is not object.__repr__

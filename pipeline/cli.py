@@ -112,6 +112,9 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _print_warnings(cfg, sys.stderr)
+    if cfg.optimize is not None:  # train runs the config once, as written; the study is hpo's
+        print(f"note: {args.config} has an optimize: section; train runs it once with the values as written; "
+              f"`fsmtrain hpo {args.config}` runs the study", file=sys.stderr)
     run_name = cfg.name or Path(args.config).stem
     base = Path(args.run_dir) if args.run_dir else None
     codes: list[ExitCode] = []
@@ -164,6 +167,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 # --- validate / preflight --------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
+        from pipeline.app.hpo_study import check_study
+
+        check_study(cfg, args.config)
     _print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs} epochs, net {cfg.net}, "
           f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s))")
@@ -306,7 +313,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay", "pipeline.tools.report")
+_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay", "pipeline.tools.report",
+            "pipeline.app.hpo", "pipeline.tools.hpo_report")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:

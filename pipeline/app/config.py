@@ -22,6 +22,7 @@ import pkgutil
 import random
 import re
 import types
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -58,6 +59,8 @@ __all__ = [
     "build_criterion",
     "build_data",
     "build_metrics",
+    "build_pruner",
+    "build_sampler",
     "build_model",
     "build_optimizer",
     "build_scheduler",
@@ -67,6 +70,7 @@ __all__ = [
     "resolve_dotted",
     "resolved_dict",
     "seed_everything",
+    "trial_data",
 ]
 
 
@@ -289,28 +293,62 @@ class GradClipConfig(_Section):
         return self
 
 
+_SCALAR_CHOICE = (type(None), bool, int, float, str)
+_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
 class SearchParam(_Section):
-    """One hyper-parameter of a study, keyed in ``search_space`` by its config path."""
+    """One hyper-parameter of a study, keyed in ``search_space`` by the config path it sets
+    (``optimizer_config.lr``): ``float`` / ``int`` from ``low`` to ``high`` (``log`` or ``step``
+    optional), or ``categorical`` over ``choices``."""
 
     type: Literal["float", "int", "categorical"]
     low: float | None = None
     high: float | None = None
     log: bool = False
-    step: float | None = None
+    step: float | None = Field(default=None, gt=0)
     choices: list[Any] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> SearchParam:
+        # Each message is what was expected; the schema tier adds the path and what was found.
         if self.type == "categorical":
             if not self.choices:
-                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
-        elif self.low is None or self.high is None or self.low > self.high:
-            raise ValueError(f"a {self.type} parameter needs low <= high")
+                raise ValueError("a non-empty 'choices' list for a categorical parameter")
+            if any(not isinstance(c, _SCALAR_CHOICE) for c in self.choices):
+                raise ValueError("choices that are null, booleans, numbers or strings (Optuna stores them)")
+            if len({repr(c) for c in self.choices}) != len(self.choices):
+                raise ValueError("each choice once")
+            if self.low is not None or self.high is not None or self.step is not None or self.log:
+                raise ValueError("only 'choices' for a categorical parameter (no low, high, step or log)")
+            return self
+        if self.choices is not None:
+            raise ValueError(f"low and high for a {self.type} parameter, not 'choices'")
+        if self.low is None or self.high is None:
+            raise ValueError(f"both low and high for a {self.type} parameter")
+        if self.low > self.high:
+            raise ValueError("low <= high")
+        if self.log and self.step is not None:
+            raise ValueError("log or step, not both (Optuna samples a log range without steps)")
+        if self.type == "int":
+            if any(v is not None and float(v) != int(v) for v in (self.low, self.high, self.step)):
+                raise ValueError("whole numbers for low, high and step of an int parameter")
+            if self.log and self.low < 1:
+                raise ValueError("low >= 1 for a log-scale int parameter")
+        elif self.log and self.low <= 0:
+            raise ValueError("low > 0 for a log-scale float parameter")
         return self
+
+    def probe_values(self) -> list[Any]:
+        """Values that must all make a valid config: both ends of a range, or every choice."""
+        if self.type == "categorical":
+            return list(self.choices or [])
+        ends = [self.low, self.high]
+        return [int(v) for v in ends if v is not None] if self.type == "int" else ends
 
 
 class OptimizeConfig(_Section):
-    """The ``optimize:`` section read by ``fsmtrain hpo``."""
+    """The ``optimize:`` section read by ``fsmtrain hpo`` (``fsmtrain train`` trains the config once)."""
 
     study_name: str | None = None
     storage: str | None = None
@@ -322,6 +360,20 @@ class OptimizeConfig(_Section):
     pruner: str = "optuna.pruners.MedianPruner"
     pruner_config: dict[str, Any] = Field(default_factory=dict)
     search_space: dict[str, SearchParam] = Field(default_factory=dict)
+    # a trial averages the run objective over the first n_seeds of `seeds` (default: all of them)
+    n_seeds: int | None = Field(default=None, ge=1)
+    # RDB storages (PostgreSQL, SQLite): a trial whose worker stops beating for grace_period seconds
+    # is failed and re-enqueued, at most max_retry times
+    heartbeat_interval: int = Field(default=60, ge=1)
+    grace_period: int | None = Field(default=None, ge=1)
+    max_retry: int = Field(default=3, ge=0)
+
+    @field_validator("study_name")
+    @classmethod
+    def _study_name(cls, v: str | None) -> str | None:
+        if v is not None and not _STUDY_NAME_RE.match(v):
+            raise ValueError("a study name that is one folder name: letters, digits, '.', '_', '-'")
+        return v
 
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
@@ -633,6 +685,205 @@ def _resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     return problems
 
 
+# --- the optimize section: sampler, pruner, search space ------------------------------------------
+_PART_MODULES = {"sampler": "optuna.samplers", "pruner": "optuna.pruners"}
+_OWN_PARTS = {"PredictedFinalLossPruner": "pipeline.app.hpo_pruner.PredictedFinalLossPruner"}
+_PART_KIND = {
+    "sampler": "an Optuna sampler class (optuna.samplers.BaseSampler subclass, e.g. optuna.samplers.TPESampler)",
+    "pruner": "an Optuna pruner class (optuna.pruners.BasePruner subclass, e.g. optuna.pruners.MedianPruner)",
+}
+
+
+def _part_path(name: str, part: str) -> str:
+    """A bare class name (``TPESampler``, ``PredictedFinalLossPruner``) is looked up where it lives."""
+    if "." in name:
+        return name
+    return _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}")
+
+
+def _study_part_class(name: str, part: str) -> Any:
+    """The sampler or pruner class ``name`` names; raises ``_ResolveError``."""
+    import optuna
+
+    obj = _import_dotted(_part_path(name, part))
+    base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
+    if not (inspect.isclass(obj) and issubclass(obj, base)):
+        raise _ResolveError(f"{name} is {_describe(obj)}")
+    return obj
+
+
+def _nested(value: Any) -> Any:
+    """``{target: dotted.Class, kwargs: {...}}`` inside sampler/pruner kwargs builds that object
+    (``PatientPruner(wrapped_pruner=...)``); everything else passes through."""
+    if isinstance(value, Mapping) and "target" in value and set(value) <= {"target", "kwargs"}:
+        return resolve_dotted(str(value["target"]))(**{k: _nested(v) for k, v in dict(value.get("kwargs", {})).items()})
+    return value
+
+
+def _grid_space(opt: OptimizeConfig) -> dict[str, list[Any]]:
+    return {path: list(p.choices or []) for path, p in opt.search_space.items() if p.type == "categorical"}
+
+
+def _is_grid(cls: Any) -> bool:
+    import optuna
+
+    return inspect.isclass(cls) and issubclass(cls, optuna.samplers.GridSampler)
+
+
+def build_sampler(opt: OptimizeConfig, *, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
+    ``sampler_config.search_space`` is given; worker ``k`` of a study adds ``k`` to a ``seed`` so
+    parallel workers do not propose the same parameters."""
+    try:
+        cls = _study_part_class(opt.sampler, "sampler")
+    except _ResolveError as exc:
+        raise ConfigError([ConfigProblem("optimize.sampler", _PART_KIND["sampler"], exc.found,
+                                         exc.suggestion)]) from None
+    kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
+    if _is_grid(cls) and "search_space" not in kwargs:
+        kwargs["search_space"] = _grid_space(opt)
+    if seed_offset and isinstance(kwargs.get("seed"), int):
+        kwargs["seed"] += seed_offset
+    return cast("optuna.samplers.BaseSampler", cls(**kwargs))
+
+
+def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
+    try:
+        cls = _study_part_class(opt.pruner, "pruner")
+    except _ResolveError as exc:
+        raise ConfigError([ConfigProblem("optimize.pruner", _PART_KIND["pruner"], exc.found,
+                                         exc.suggestion)]) from None
+    return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
+
+
+def _related(problem_path: str, path: str) -> bool:
+    return problem_path == path or problem_path.startswith(path + ".") or path.startswith(problem_path + ".")
+
+
+def _with_value(data: Mapping[str, Any], parts: Sequence[str], value: Any) -> dict[str, Any] | str:
+    """A copy of ``data`` with ``value`` at the path ``parts``; a string says why it cannot be set."""
+    out = copy.deepcopy(dict(data))
+    node: Any = out
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            return f"{'.'.join(parts[: depth + 1])} is a {type(child).__name__}, not a mapping"
+        node = child
+    node[parts[-1]] = value
+    return out
+
+
+def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The config mapping of one trial: ``data`` without its ``optimize`` section, each
+    ``params`` value set at its path (``{"optimizer_config.lr": 0.01}``)."""
+    out: dict[str, Any] = {k: v for k, v in data.items() if k != "optimize"}
+    for path, value in params.items():
+        probe = _with_value(out, path.split("."), value)
+        if isinstance(probe, str):
+            raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", "a config path that can be set", probe)])
+        out = probe
+    return out
+
+
+def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) -> list[ConfigProblem]:
+    """Each search-space path, set to both ends of its range (or each choice), must give a config
+    that passes the schema and resolution tiers; what fails there is reported at the search path."""
+    base = {k: v for k, v in data.items() if k != "optimize"}
+    found: dict[str, ConfigProblem] = {}
+    for path, spec in space.items():
+        where = f"optimize.search_space.{path}"
+        parts = str(path).split(".")
+        if not all(parts) or parts[0] == "optimize":
+            found[where] = ConfigProblem(where, "a dotted config path such as optimizer_config.lr", repr(path))
+            continue
+        try:
+            param = SearchParam.model_validate(spec)
+        except ValidationError:
+            continue  # the schema tier reports it
+        for value in param.probe_values():
+            probe = _with_value(base, parts, value)
+            if isinstance(probe, str):
+                found[where] = ConfigProblem(where, "a config path that can be set", probe)
+                break
+            problems: list[ConfigProblem] = []
+            try:
+                RunConfig.model_validate(probe)
+            except ValidationError as exc:
+                problems += _schema_problems(exc)
+            problems += _resolution_problems(probe)
+            for p in problems:
+                if not _related(p.path, str(path)):
+                    continue
+                fix = p.suggestion
+                if fix and p.found.startswith(("unknown key", "unknown argument")):
+                    fix = ".".join([*p.path.split(".")[:-1], fix])
+                at = "" if p.path == path else f" at {p.path}"
+                found.setdefault(where, ConfigProblem(where, f"{p.expected}{at} (for {value!r})", p.found, fix))
+    return list(found.values())
+
+
+def _optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
+    opt = data.get("optimize")
+    if not isinstance(opt, Mapping):
+        return []
+    problems: list[ConfigProblem] = []
+    parts: dict[str, Any] = {}
+    for part, default in (("sampler", "optuna.samplers.TPESampler"), ("pruner", "optuna.pruners.MedianPruner")):
+        name, kwargs = opt.get(part, default), opt.get(f"{part}_config", {})
+        if not isinstance(name, str):
+            continue
+        try:
+            parts[part] = cls = _study_part_class(name, part)
+        except _ResolveError as exc:
+            problems.append(ConfigProblem(f"optimize.{part}", _PART_KIND[part], exc.found, exc.suggestion))
+            continue
+        if isinstance(kwargs, Mapping):
+            supplied = ("search_space",) if part == "sampler" and _is_grid(cls) else ()
+            problems += _kwarg_problems(cls, kwargs, f"optimize.{part}_config", 0, supplied)
+    space = opt.get("search_space", {})
+    if isinstance(space, Mapping):
+        if not space:
+            problems.append(ConfigProblem("optimize.search_space", "at least one parameter to search", "none"))
+        problems += _search_space_problems(data, space)
+        grid = parts.get("sampler")
+        sampler_config = opt.get("sampler_config", {})
+        if grid is not None and _is_grid(grid) and isinstance(sampler_config, Mapping) \
+                and "search_space" not in sampler_config:
+            for path, spec in space.items():
+                if isinstance(spec, Mapping) and spec.get("type") != "categorical":
+                    problems.append(ConfigProblem(
+                        f"optimize.search_space.{path}",
+                        "a categorical parameter (GridSampler builds its grid from the choices)",
+                        f"type {spec.get('type')!r}"))
+    seeds, n_seeds = data.get("seeds", [0]), opt.get("n_seeds")
+    if isinstance(seeds, list) and type(n_seeds) is int and n_seeds > len(seeds):
+        problems.append(ConfigProblem("optimize.n_seeds", f"at most the {len(seeds)} seed(s) listed in seeds",
+                                      str(n_seeds)))
+    return problems
+
+
+def _optimize_build_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Construct the sampler and pruner once: their constructors check more than a signature can."""
+    opt = cfg.optimize
+    if opt is None:
+        return []
+    problems: list[ConfigProblem] = []
+    for part, build in (("sampler", lambda: build_sampler(opt)), ("pruner", lambda: build_pruner(opt))):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna's ExperimentalWarning for GP, QMC, Wilcoxon...
+                build()
+        except ConfigError as exc:
+            problems += exc.problems
+        except Exception as exc:
+            name = getattr(opt, part)
+            problems.append(ConfigProblem(f"optimize.{part}_config", f"arguments {name} accepts",
+                                          f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+    return problems
+
+
 def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
     found: list[ConfigProblem] = []
     es = cfg.early_stopping
@@ -670,6 +921,9 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     except ValidationError as exc:
         problems += _schema_problems(exc)
     problems += _resolution_problems(data)
+    problems += _optimize_problems(data)
+    if not problems and cfg is not None:
+        problems += _optimize_build_problems(cfg)
     if problems or cfg is None:
         raise ConfigError(problems, source)
     cfg._warnings = _semantic_warnings(cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,11 +156,13 @@ def train_seed(
     extra_callbacks: Sequence[TrainingCallback] = (),
     trial: optuna.trial.Trial | None = None,
     resume: bool = False,
+    extras: Mapping[str, Any] | None = None,
 ) -> SeedRun:
     """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
     when ``fit()`` returns, ``model.pt``. An exception or a signal during ``fit()`` is caught after
     the run reached train_end and returned in ``SeedRun.error``; build errors raise ``ConfigError``
     (and a run directory that cannot be claimed ``RunDirError``) before anything is written.
+    ``extras`` join the run context (``hpo``: study and trial, which the ``run_start`` event records).
 
     ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
     may differ from the run's ``config.yaml`` only in the fields a resume may change."""
@@ -189,7 +191,8 @@ def train_seed(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
             max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
-            extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed)},
+            extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
+                    **(extras or {})},
             resume_from="latest" if resume else None,
         )
     except BaseException:

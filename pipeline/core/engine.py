@@ -460,7 +460,7 @@ class Engine:
             start_epoch=self.run.epoch,
             strict=self.strict,
             callbacks=self.runner.describe(),
-            **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from")},
+            **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from", "hpo")},
         )
         self._phase_started = time.perf_counter()
         try:

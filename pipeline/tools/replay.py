@@ -677,7 +677,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
         max_epochs = _config_max_epochs(cfg, max_epochs)
-    extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed") if k in rec.run_start}
+    extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
     out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,

@@ -1,0 +1,77 @@
+"""``fsmtrain hpo``: run the Optuna study a config's ``optimize:`` section describes.
+
+This module only adds the subcommand: it imports nothing heavy, so building the ``fsmtrain``
+parser stays cheap; the study machinery (``hpo_study``, ``hpo_trial``, ``study_storage``,
+``hpo_monitor``, ``hpo_pruner``) is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["cmd_hpo", "register_cli"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}")
+    return value
+
+
+def cmd_hpo(args: argparse.Namespace) -> int:
+    from pipeline.app.config import apply_overrides, config_from_dict, load_yaml
+    from pipeline.app.hpo_study import prepare, run_study
+
+    overrides = list(args.set or [])
+    if args.device:
+        overrides.append(f"device={args.device}")
+    data = load_yaml(args.config)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    cfg = config_from_dict(data, args.config)
+    for w in cfg.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    plan = prepare(cfg, data, args.config, study=args.study, storage=args.storage, n_trials=args.n_trials,
+                   timeout=args.timeout, workers=args.workers)
+    return run_study(plan, sys.stdout)
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain hpo`` to the ``fsmtrain`` parser."""
+    p = subparsers.add_parser(
+        "hpo", help="run the Optuna study of a config's optimize: section (one audited run per trial and seed)",
+        description="Run the hyper-parameter study a config's optimize: section describes. Storage: a SQLite "
+                    "file for one process, a journal file with --workers, or a database URL (PostgreSQL) "
+                    "for workers on many machines.")
+    p.add_argument("config", help="path to the YAML run config with an optimize: section")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="override a config value (YAML scalar), repeatable")
+    p.add_argument("--device", help="shorthand for --set device=D")
+    p.add_argument("--storage", metavar="URL_OR_FILE",
+                   help="sqlite:///f.db or f.db, a journal file, or a database URL such as "
+                        "postgresql://user:pass@host/db (default: runs/<project>/<study>/study.db, "
+                        "or study.journal with --workers)")
+    p.add_argument("--study", metavar="NAME", help="study name (default: optimize.study_name, the config's name)")
+    p.add_argument("--n-trials", type=_positive_int, metavar="N",
+                   help="trials this command runs, over all its workers (default: optimize.n_trials)")
+    p.add_argument("--timeout", type=_positive_float, metavar="S",
+                   help="start no trial after S seconds (default: optimize.timeout)")
+    p.add_argument("--workers", type=_positive_int, default=1, metavar="K",
+                   help="worker processes on this machine (default 1)")
+    p.set_defaults(func=cmd_hpo)

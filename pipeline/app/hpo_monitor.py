@@ -1,0 +1,147 @@
+"""What ``fsmtrain hpo`` shows while a study runs: one line per finished trial and, on a terminal,
+a status line (trials done of total, running, pruned, failed, best so far); a summary at the end.
+
+It reads the study's storage, not the workers, so it shows the same thing for one process,
+K local workers, or workers on other machines writing to the same database.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pipeline.app.hpo_trial import ERROR_ATTR, SEEDS_ATTR
+from pipeline.app.study_storage import RUN_DIRS_ATTR, WORKER_ATTR
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from pipeline.app.hpo_study import StudyPlan
+
+__all__ = ["Monitor", "describe_trial", "format_params"]
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.6g}" if math.isfinite(x) else str(x)
+
+
+def format_params(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in params.items())
+
+
+def _first_run_dir(trial: FrozenTrial) -> str | None:
+    dirs = trial.user_attrs.get(RUN_DIRS_ATTR)
+    return next(iter(dirs.values()), None) if isinstance(dirs, dict) and dirs else None
+
+
+def describe_trial(trial: FrozenTrial) -> str:
+    """``trial 3 COMPLETE 0.0123 lr=0.003 (4.1 s) -> runs/...``: one finished trial on one line."""
+    state = trial.state.name
+    if state == "COMPLETE":
+        what = _fmt(trial.value)
+        seeds = trial.user_attrs.get(SEEDS_ATTR)
+        if isinstance(seeds, dict) and "NaN" in seeds.values():
+            bad = [s for s, v in seeds.items() if v == "NaN"]
+            what += f" (seed {bad[0]} diverged: NaN)"
+    elif state == "PRUNED":
+        pruned = trial.user_attrs.get("pruned") or {}
+        step = trial.last_step  # the epoch index; people read epochs from 1
+        what = (f"at epoch {step + 1}" if step is not None else "") + \
+            (f" by {pruned['pruner']}" if pruned.get("pruner") else "")
+    elif state == "FAIL":
+        what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))
+    else:
+        what = ""
+    took = ""
+    if trial.datetime_start is not None and trial.datetime_complete is not None:
+        took = f" ({(trial.datetime_complete - trial.datetime_start).total_seconds():.1f} s)"
+    run_dir = _first_run_dir(trial)
+    tail = f" -> {run_dir}" if run_dir and state != "FAIL" else ""
+    retry = trial.system_attrs.get("failed_trial")
+    again = f" (retry of trial {retry})" if retry is not None else ""
+    return f"trial {trial.number}{again} {state} {what}  {format_params(trial.params)}{took}{tail}".rstrip()
+
+
+class Monitor:
+    """Polls the study; ``poll`` prints trials that finished since the last call."""
+
+    def __init__(self, study: optuna.study.Study, launch: str, total: int, out: TextIO, *, live: bool) -> None:
+        from optuna.trial import TrialState
+
+        self.study, self.launch, self.total, self.out, self.live = study, launch, total, out, live
+        self._finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        self.seen = {t.number for t in study.get_trials(deepcopy=False, states=self._finished)}
+        self._lock = threading.Lock()  # the in-process watcher thread and the final poll
+        self._status = ""
+
+    def _mine(self, trial: FrozenTrial) -> bool:
+        who = trial.user_attrs.get(WORKER_ATTR)
+        return isinstance(who, dict) and who.get("launch") == self.launch
+
+    def poll(self) -> None:
+        with self._lock:
+            try:
+                trials = self.study.get_trials(deepcopy=False)
+            except Exception:  # a busy database: the next poll shows it
+                return
+            lines = [describe_trial(t) for t in trials if t.state in self._finished and t.number not in self.seen]
+            self.seen.update(t.number for t in trials if t.state in self._finished)
+            status = self._status_line(trials)
+            if self.live:
+                self.out.write("\r\x1b[K")
+            for line in lines:
+                self.out.write(line + "\n")
+            if self.live:
+                self.out.write(status)
+            self.out.flush()
+            self._status = status
+
+    def _status_line(self, trials: list[FrozenTrial]) -> str:
+        mine = Counter(t.state.name for t in trials if self._mine(t))
+        done = mine["COMPLETE"] + mine["PRUNED"] + mine["FAIL"]
+        best = self._best(trials)
+        shown = f"best {_fmt(best.value)} (trial {best.number})" if best is not None else "best -"
+        return (f"[{done}/{self.total}] running {mine['RUNNING']}, pruned {mine['PRUNED']}, "
+                f"failed {mine['FAIL']} | {shown}")
+
+    def _best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
+        done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
+        if not done:
+            return None
+        maximize = self.study.direction.name == "MAXIMIZE"
+        return max(done, key=lambda t: t.value) if maximize else min(done, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+
+    def finish(self, plan: StudyPlan, *, interrupted: bool) -> Counter[str]:
+        """The summary; returns this command's trials by state."""
+        with self._lock:
+            if self.live:
+                self.out.write("\r\x1b[K")
+            trials = self.study.get_trials(deepcopy=False)
+            mine = Counter(t.state.name for t in trials if self._mine(t))
+            total = Counter(t.state.name for t in trials)
+            out = self.out
+            head = "interrupted: " if interrupted else ""
+            parts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(mine.items()))
+            print(f"{head}study {plan.trial.study}: this run {sum(mine.values())} trial(s) ({parts or 'none'}); "
+                  f"the study holds {sum(total.values())}", file=out)
+            if total["RUNNING"]:
+                print(f"  {total['RUNNING']} trial(s) still RUNNING on other workers", file=out)
+            best = self._best(trials)
+            if best is None:
+                print("  no completed trial yet", file=out)
+            else:
+                print(f"best: trial {best.number}, value {_fmt(best.value)}: {format_params(best.params)}", file=out)
+                run_dir = _first_run_dir(best)
+                if run_dir:
+                    print(f"  run dir: {run_dir}", file=out)
+                sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in best.params.items())
+                print(f"  train it: fsmtrain train {shlex.quote(plan.config)} {sets}", file=out)
+            print(f"report: {plan.storage.open_hints(plan.trial.study)[-1]}", file=out, flush=True)
+            return mine

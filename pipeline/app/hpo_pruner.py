@@ -1,0 +1,85 @@
+"""``PredictedFinalLossPruner``: stop a trial whose extrapolated final loss cannot beat the study.
+
+``LossPredictionCallback`` fits ``A·exp(K·t)`` to a run's validation losses and extrapolates to the
+last epoch; ``PrunerCallback`` copies that prediction into the trial's user attribute
+``predicted_final_loss`` before it asks ``trial.should_prune()``. This pruner reads the attribute,
+so it decides on exactly the number the run's log records in its ``epoch`` events.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from callbacks.pruner import PREDICTION_ATTR
+
+__all__ = ["PredictedFinalLossPruner"]
+
+
+class PredictedFinalLossPruner(BasePruner):
+    """Prune when the predicted final loss is worse than the best completed trial's value by more
+    than ``margin`` (relative: ``best + margin·|best|`` when minimizing, mirrored when maximizing).
+
+    Nothing is pruned before epoch ``n_warmup_steps``, before ``n_startup_trials`` trials completed
+    with a finite value, or on a prediction whose fit failed (``fit_ok`` false: it is only the last
+    val loss) unless ``use_failed_fits``. ``last_reason`` explains the latest decision (the HPO layer
+    stores it with a pruned trial)."""
+
+    def __init__(self, margin: float = 0.1, n_warmup_steps: int = 10, n_startup_trials: int = 1,
+                 use_failed_fits: bool = False) -> None:
+        if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
+        for name, value in (("n_warmup_steps", n_warmup_steps), ("n_startup_trials", n_startup_trials)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        self.margin = float(margin)
+        self.n_warmup_steps = n_warmup_steps
+        self.n_startup_trials = n_startup_trials
+        self.use_failed_fits = use_failed_fits
+        self.last_reason: str | None = None
+
+    def _prediction(self, trial: FrozenTrial) -> tuple[int, float] | None:
+        attr: Any = trial.user_attrs.get(PREDICTION_ATTR)
+        if not isinstance(attr, dict):
+            return None
+        epoch, value = attr.get("epoch"), attr.get("value")
+        if not isinstance(epoch, int) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        if not attr.get("fit_ok", False) and not self.use_failed_fits:
+            return None
+        return epoch, float(value)
+
+    def prune(self, study: optuna.study.Study, trial: FrozenTrial) -> bool:
+        self.last_reason = None
+        step = trial.last_step
+        if step is None or step < self.n_warmup_steps:
+            return False
+        found = self._prediction(trial)
+        if found is None or found[0] != step:  # only a prediction made at this epoch counts
+            return False
+        completed = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                     if t.value is not None and math.isfinite(t.value)]
+        if len(completed) < max(self.n_startup_trials, 1):
+            return False
+        predicted = found[1]
+        if study.direction == StudyDirection.MAXIMIZE:
+            best = max(completed)
+            limit = best - self.margin * abs(best)
+            hopeless = predicted < limit
+        else:
+            best = min(completed)
+            limit = best + self.margin * abs(best)
+            hopeless = predicted > limit
+        if hopeless:
+            self.last_reason = (f"predicted final loss {predicted:.6g} at epoch {step + 1} is worse than the best "
+                                f"completed value {best:.6g} by more than {self.margin:g} (limit {limit:.6g})")
+        return hopeless
+
+    def __repr__(self) -> str:
+        return (f"PredictedFinalLossPruner(margin={self.margin:g}, n_warmup_steps={self.n_warmup_steps}, "
+                f"n_startup_trials={self.n_startup_trials}, use_failed_fits={self.use_failed_fits})")

@@ -1,0 +1,368 @@
+"""Running a study: checks before anything exists, the study, its workers, and what they leave.
+
+``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
+for every mistake before a file, folder or table is created. ``run_study`` creates the study and
+runs its trials in this process (``workers=1``) or in K worker processes; each worker
+takes trials from a shared count until it is used up or the deadline passes, then runs any trial
+Optuna re-enqueued and, on a heartbeat storage, waits until no trial is left RUNNING.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig, build_pruner, build_sampler
+from pipeline.app.hpo_monitor import Monitor
+from pipeline.app.hpo_trial import TrialPlan, run_trial
+from pipeline.app.study_storage import (
+    Heartbeat,
+    StorageError,
+    StorageKind,
+    StorageSpec,
+    default_storage,
+    existing_directions,
+    fail_orphaned_trials,
+    open_storage,
+    parse_storage,
+    release_dead_holders_lock,
+)
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["StudyPlan", "check_study", "prepare", "run_study", "study_name_for", "work"]
+
+INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    trial: TrialPlan
+    storage: StorageSpec
+    heartbeat: Heartbeat | None
+    optimize: OptimizeConfig
+    n_trials: int
+    deadline: float | None  # time.time() after which no trial starts
+    workers: int
+    config: str  # the config file as given, for the printed commands
+
+
+def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
+    assert cfg.optimize is not None
+    return name or cfg.optimize.study_name or cfg.name or Path(config_path).stem
+
+
+def _problem(path: str, expected: str, found: str, source: str | None = None) -> ConfigError:
+    return ConfigError([ConfigProblem(path, expected, found)], source)
+
+
+def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, storage: str | None = None,
+                workers: int = 1) -> tuple[str, StorageSpec]:
+    """The checks that need the storage: it parses, it can be reached, a SQLite file is not shared by
+    several workers, and a study of that name does not exist with another direction. Reads only."""
+    opt = cfg.optimize
+    if opt is None:
+        raise _problem("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none", config_path)
+    name = study_name_for(cfg, config_path, study)
+    if study is not None:
+        try:
+            OptimizeConfig(study_name=study)
+        except ValueError:
+            raise _problem("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
+                           repr(study), config_path) from None
+    source = "--storage" if storage is not None else "optimize.storage"
+    text = storage if storage is not None else opt.storage
+    study_dir = Path("runs") / cfg.project / name
+    try:
+        spec = default_storage(study_dir, workers) if text is None else parse_storage(text, source)
+        if spec.kind is StorageKind.SQLITE and workers > 1:
+            raise _problem("--workers", "1 with a SQLite storage, which is not safe for concurrent writers "
+                           "(leave out --storage for a journal file, or use a database URL)", str(workers), config_path)
+        directions = existing_directions(spec, name)
+    except StorageError as exc:
+        raise _problem(exc.source, exc.expected, exc.found, config_path) from None
+    if directions is not None and directions != [opt.direction]:
+        raise _problem("optimize.direction", f"{directions[0]}, the direction of the existing study {name!r} in "
+                       f"{spec.shown} (or another --study name)", opt.direction, config_path)
+    return name, spec
+
+
+def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: str | None = None,
+            storage: str | None = None, n_trials: int | None = None, timeout: float | None = None,
+            workers: int = 1) -> StudyPlan:
+    """Everything checked, nothing created."""
+    name, spec = check_study(cfg, config_path, study=study, storage=storage, workers=workers)
+    opt = cfg.optimize
+    assert opt is not None
+    seeds = tuple(cfg.seeds[: opt.n_seeds] if opt.n_seeds else cfg.seeds)
+    launch = uuid.uuid4().hex[:12]
+    trial = TrialPlan(data, config_path, name, str(Path("runs") / cfg.project / name), seeds, opt.direction,
+                      launch, dict(opt.search_space))
+    heartbeat = None if spec.kind is StorageKind.JOURNAL else Heartbeat(opt.heartbeat_interval, opt.grace_period,
+                                                                        opt.max_retry)
+    limit = timeout if timeout is not None else opt.timeout
+    return StudyPlan(trial, spec, heartbeat, opt, n_trials or opt.n_trials,
+                     None if limit is None else time.time() + limit, workers, config_path)
+
+
+# --- trials for the workers --------------------------------------------------------------------
+class Tickets(Protocol):
+    def take(self) -> bool: ...
+
+
+class LocalTickets:
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+class SharedTickets:
+    """A count shared by the worker processes of one command (a ``multiprocessing.Value``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def take(self) -> bool:
+        with self.value.get_lock():
+            if self.value.value <= 0:
+                return False
+            self.value.value -= 1
+            return True
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+
+
+def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
+    import optuna
+
+    storage = open_storage(plan.storage, plan.heartbeat)
+    sampler = build_sampler(plan.optimize, seed_offset=index)
+    return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
+                             pruner=build_pruner(plan.optimize))
+
+
+def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
+    """One worker: trials until the tickets or the time run out, then the leftovers (see module doc)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    _quiet_optuna()
+    study = _load(plan, index)
+    objective = partial(run_trial, plan=plan.trial)
+
+    def one() -> None:
+        study.optimize(objective, n_trials=1, catch=(Exception,))
+
+    sampler = study.sampler
+    exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
+        if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
+    while not _past(plan.deadline) and not exhausted() and tickets.take():
+        one()
+    beating, waited = plan.heartbeat is not None, False
+    pause, grace = 1.0, 0
+    if plan.heartbeat is not None:
+        pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
+        grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
+    while not _past(plan.deadline):
+        if beating:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                optuna.storages.fail_stale_trials(study)
+        states = Counter(t.state for t in study.get_trials(deepcopy=False))
+        if states[TrialState.WAITING]:
+            # A retry Optuna enqueued for a trial whose worker died. (Should another worker take it
+            # first, this ask() creates one new trial instead: one trial more than asked, never less.)
+            one()
+        elif beating and states[TrialState.RUNNING]:
+            if not waited:
+                print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
+                      f"(grace period {grace} s)", file=sys.stderr, flush=True)
+                waited = True
+            time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
+        else:
+            return
+
+
+def _worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
+    try:
+        work(plan, SharedTickets(shared), index)
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)
+
+
+# --- the study ---------------------------------------------------------------------------------
+def _create(plan: StudyPlan) -> optuna.study.Study:
+    import optuna
+
+    _quiet_optuna()
+    storage = open_storage(plan.storage, None)
+    study = optuna.create_study(study_name=plan.trial.study, storage=storage, direction=plan.optimize.direction,
+                                load_if_exists=True)
+    if "fsmtrain" not in study.user_attrs:
+        opt = plan.optimize
+        study.set_user_attr("fsmtrain", {
+            "config": plan.config, "study_dir": plan.trial.study_dir, "seeds": list(plan.trial.seeds),
+            "sampler": opt.sampler, "sampler_config": opt.sampler_config,
+            "pruner": opt.pruner, "pruner_config": opt.pruner_config,
+            "search_space": {k: v.model_dump(exclude_defaults=True) for k, v in opt.search_space.items()},
+        })
+    return study
+
+
+def _header(plan: StudyPlan, out: TextIO) -> None:
+    opt, name = plan.optimize, plan.trial.study
+    workers = f"{plan.workers} worker processes" if plan.workers > 1 else "1 process"
+    print(f"study {name} ({opt.direction}): {plan.n_trials} trials, {workers}, "
+          f"{len(plan.trial.seeds)} seed(s) a trial, sampler {opt.sampler}, pruner {opt.pruner}", file=out)
+    print(f"storage: {plan.storage.describe()}", file=out)
+    hints = plan.storage.open_hints(name)
+    print(f"open it: {hints[0]}", file=out)
+    for hint in hints[1:]:
+        print(f"         {hint}", file=out)
+    print(f"runs:    {plan.trial.study_dir}/trial-<n>-seed<s>/", file=out, flush=True)
+
+
+_PRELOAD = [
+    "pipeline.app.hpo_study", "pipeline.app.job", "callbacks", "optuna",
+    "torch._dynamo",  # what the first torch.optim.Optimizer() imports: seconds, paid once here
+]
+
+
+@dataclass
+class _Workers:
+    plan: StudyPlan
+    out: TextIO
+    ctx: Any = None
+    shared: Any = None
+
+    def __post_init__(self) -> None:
+        # Not fork: this process holds storage connections (and torch's state) a child must not
+        # share. A fork server imports torch and the trial code once and forks every worker from
+        # that clean process, so K workers start in about the time of one import, not K of them.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(_PRELOAD)
+        self.shared = self.ctx.Value("i", self.plan.n_trials)
+        self.procs: dict[int, Any] = {}
+        self.crashed: list[str] = []
+        self.spawned = 0
+
+    def start(self, index: int) -> None:
+        proc = self.ctx.Process(target=_worker_main, args=(self.plan, self.shared, index), name=f"fsmtrain-hpo-{index}")
+        proc.start()
+        self.procs[index] = proc
+        self.spawned += 1
+
+    def reap(self, study: optuna.study.Study) -> None:
+        """Note workers that died; FAIL (and re-enqueue) the trials they left RUNNING; replace them
+        while trials remain."""
+        for index, proc in list(self.procs.items()):
+            if proc.exitcode is None or proc.exitcode in (0, INTERRUPTED):
+                continue
+            del self.procs[index]
+            how = f"signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0 else f"code {proc.exitcode}"
+            if release_dead_holders_lock(self.plan.storage):
+                print(f"warning: released the journal lock worker {index} held when it died", file=self.out)
+            failed = fail_orphaned_trials(study, [proc.pid], max_retry=self.plan.optimize.max_retry)
+            left = f"; its trial(s) {failed} FAIL, retry enqueued" if failed else ""
+            self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
+            print(f"warning: {self.crashed[-1]}", file=self.out, flush=True)
+            if self.spawned < 3 * self.plan.workers and (self.shared.value > 0 or failed):
+                self.start(index)
+
+    def alive(self) -> bool:
+        return any(p.exitcode is None for p in self.procs.values())
+
+    def interrupt(self, study: optuna.study.Study) -> None:
+        """Ctrl-C: every worker gets SIGINT (a terminal sends it to the group; a kill to this pid
+        only reaches us), ends its trial as FAIL and exits."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan them
+        try:
+            for proc in self.procs.values():
+                if proc.exitcode is None and proc.pid is not None:
+                    os.kill(proc.pid, signal.SIGINT)
+            for proc in self.procs.values():
+                proc.join(timeout=60)
+                if proc.exitcode is None:
+                    proc.terminate()
+                    proc.join(timeout=10)
+                    release_dead_holders_lock(self.plan.storage)
+            fail_orphaned_trials(study, [p.pid for p in self.procs.values()], retry=False)  # stopped, not lost
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
+    """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
+    every trial of this command failed, 130 when interrupted."""
+    Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
+    study = _create(plan)
+    _header(plan, out)
+    monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
+                      live=out.isatty() if live is None else live)
+    interrupted = False
+    crashed: list[str] = []
+    if plan.workers == 1:
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.5):
+                monitor.poll()
+
+        watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
+        watcher.start()
+        try:
+            work(plan, LocalTickets(plan.n_trials))
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            stop.set()
+            watcher.join()
+    else:
+        workers = _Workers(plan, out)
+        for index in range(plan.workers):
+            workers.start(index)
+        try:
+            while workers.alive():
+                monitor.poll()
+                workers.reap(study)
+                time.sleep(0.5)
+            workers.reap(study)
+        except KeyboardInterrupt:
+            interrupted = True
+            workers.interrupt(study)
+        crashed = workers.crashed
+    monitor.poll()
+    counts = monitor.finish(plan, interrupted=interrupted)
+    if interrupted:
+        return INTERRUPTED
+    failed_all = counts.get("FAIL", 0) > 0 and counts.get("FAIL", 0) == sum(counts.values())
+    return 1 if crashed or failed_all else 0
+

@@ -1,0 +1,158 @@
+"""One trial of a study: its parameters set in the config, each seed an ordinary, audited run.
+
+Semantics (DESIGN.md section 8):
+
+- the trial's value is the mean over its seeds of the run objective (best finite ``val_loss``);
+- a seed that diverges (NaN stop, or no finite objective) makes the value ``inf`` (``-inf`` when
+  maximizing: the worst), the trial COMPLETE with the NaN recorded in its ``seed_objectives`` user
+  attribute, and the remaining seeds do not run;
+- the first seed reports each epoch to the trial (pruning); a pruned run ends through
+  ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
+- an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
+  goes on); Ctrl-C FAILs it too and stops the study.
+
+Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
+``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
+from pipeline.app.study_storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial, worker_identity
+from pipeline.core.events import jsonable
+from pipeline.core.lifecycle import StopReason
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = [
+    "ERROR_ATTR", "RESUME_ATTR", "SEEDS_ATTR", "TRACEBACK_ATTR", "TrialPlan", "run_trial", "suggest",
+    "trial_config", "trial_run_dir",
+]
+
+SEEDS_ATTR = "seed_objectives"
+"""``{seed: objective}`` of the seeds that ran (``"NaN"`` for a diverged one)."""
+ERROR_ATTR = "error"
+TRACEBACK_ATTR = "traceback"
+RESUME_ATTR = "resume"
+"""On a retried trial: what happened to the run dirs of the trial it retries."""
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What a worker needs to run trials (picklable: it crosses into spawned workers)."""
+
+    data: Mapping[str, Any]  # the config mapping, --set overrides applied
+    source: str  # the config file, for messages
+    study: str
+    study_dir: str  # runs/<project>/<study>
+    seeds: tuple[int, ...]
+    direction: str
+    launch: str  # the id of the `fsmtrain hpo` command that runs it
+    space: Mapping[str, SearchParam] = field(default_factory=dict)
+
+
+def suggest(trial: optuna.trial.Trial, path: str, param: SearchParam) -> Any:
+    """Ask the trial for the value of ``path`` (the parameter's name is its config path)."""
+    if param.type == "categorical":
+        return trial.suggest_categorical(path, list(param.choices or []))
+    assert param.low is not None and param.high is not None  # checked by SearchParam
+    if param.type == "int":
+        step = int(param.step) if param.step is not None else 1
+        return trial.suggest_int(path, int(param.low), int(param.high), step=step, log=param.log)
+    return trial.suggest_float(path, float(param.low), float(param.high), step=param.step, log=param.log)
+
+
+def trial_config(plan: TrialPlan, params: Mapping[str, Any]) -> RunConfig:
+    """The run config of a trial: the study's config with ``params`` set, without ``optimize``,
+    so the trial's ``config.yaml`` is exactly what ``fsmtrain train`` reproduces it with."""
+    return config_from_dict(trial_data(plan.data, params), f"{plan.source} (trial parameters {dict(params)})")
+
+
+def trial_run_dir(plan: TrialPlan, number: int, seed: int) -> Path:
+    return Path(plan.study_dir) / f"trial-{number}-seed{seed}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+
+
+def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: int) -> Path | None:
+    """A retried trial inherits the run dirs of the trial whose worker died: a seed whose run there
+    committed a checkpoint continues from it in place (its log shows the ``resume``); otherwise the
+    seed starts over in the retry's own dir. Either way the trial's attributes say which."""
+    from pipeline.training.resume import ResumeError, find_resumption
+
+    old = previous.get(seed)
+    if old is None or not (old / "events.jsonl").is_file():
+        return None
+    try:
+        found = find_resumption(old)
+    except ResumeError as exc:
+        trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": False,
+                                          "why": str(exc)})
+        return None
+    trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": True,
+                                      "from_checkpoint": found.shown, "next_epoch": found.next_epoch})
+    return old
+
+
+def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
+    """The objective: train every seed of the trial (see the module docstring for the rules)."""
+    import optuna
+
+    from pipeline.app.job import train_seed
+
+    worst = -math.inf if plan.direction == "maximize" else math.inf
+    objectives: dict[str, float] = {}
+    run_dirs: dict[str, str] = {}
+    try:
+        trial.set_user_attr(WORKER_ATTR, worker_identity(plan.launch))
+        retry_of = retried_trial(trial)
+        previous = previous_run_dirs(trial)
+        params = {path: suggest(trial, path, p) for path, p in plan.space.items()}
+        cfg = trial_config(plan, params)
+        hpo = {"study": plan.study, "trial": trial.number, "params": params, "retry_of": retry_of}
+        for index, seed in enumerate(plan.seeds):
+            resume_from = _resume_dir(trial, previous, seed)
+            run_dir = resume_from or trial_run_dir(plan, trial.number, seed)
+            run_dirs[str(seed)] = str(run_dir.absolute())
+            trial.set_user_attr(RUN_DIRS_ATTR, dict(run_dirs))  # before training: a killed trial still names it
+            run = train_seed(cfg, seed, run_dir, trial=trial if index == 0 else None, extras={"hpo": hpo},
+                             resume=resume_from is not None)
+            result = run.result
+            if isinstance(run.error, KeyboardInterrupt) or (
+                    result is not None and result.stop_reason is StopReason.INTERRUPTED):
+                raise KeyboardInterrupt
+            if run.error is not None:
+                raise run.error
+            assert result is not None
+            if result.stop_reason is StopReason.PRUNED:
+                objectives[str(seed)] = result.objective
+                trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+                raise optuna.TrialPruned(result.stop.message if result.stop else "pruned")
+            if result.stop_reason is StopReason.NAN or not math.isfinite(result.objective):
+                objectives[str(seed)] = math.nan
+                trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+                return worst  # the remaining seeds are not run
+            objectives[str(seed)] = result.objective
+        trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+        return statistics.fmean(objectives.values())
+    except KeyboardInterrupt:
+        trial.set_user_attr(ERROR_ATTR, "interrupted (Ctrl-C)")
+        raise
+    except optuna.TrialPruned:
+        raise
+    except Exception as exc:
+        trial.set_user_attr(ERROR_ATTR, _one_line(exc) if not isinstance(exc, ConfigError) else
+                            " ".join(str(exc).split())[:500])
+        trial.set_user_attr(TRACEBACK_ATTR, "".join(traceback.format_exception(exc)))
+        raise

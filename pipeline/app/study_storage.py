@@ -1,0 +1,368 @@
+"""Where an Optuna study lives, by scale, and how to open it.
+
+- one process: a SQLite file, ``runs/<project>/<study>/study.db`` by default;
+- ``--workers K`` on one machine: Optuna's journal file storage, ``.../study.journal`` (SQLite is
+  not safe for concurrent writers; the journal's append-and-lock is);
+- many machines: any RDB URL (``postgresql://user:pass@host/db``), with heartbeats: a trial whose
+  worker stops beating for the grace period is failed and re-enqueued by Optuna's retry callback.
+
+Nothing here imports torch, so ``fsmtrain hpo-report`` stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sqlite3
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
+__all__ = [
+    "DB_FILE",
+    "JOURNAL_FILE",
+    "RUN_DIRS_ATTR",
+    "WORKER_ATTR",
+    "Heartbeat",
+    "StorageError",
+    "StorageKind",
+    "StorageSpec",
+    "default_storage",
+    "existing_directions",
+    "fail_orphaned_trials",
+    "open_storage",
+    "parse_storage",
+    "pick_study",
+    "release_dead_holders_lock",
+    "previous_run_dirs",
+    "retried_trial",
+    "retry_callback",
+    "system_attrs",
+    "worker_identity",
+]
+
+DB_FILE = "study.db"
+JOURNAL_FILE = "study.journal"
+RUN_DIRS_ATTR = "run_dirs"
+"""Trial user attribute ``{seed: run dir}``; a retry inherits its original's (Optuna copies them)."""
+WORKER_ATTR = "worker"
+"""Trial user attribute ``{host, pid, launch}``: which process runs the trial."""
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class StorageError(Exception):
+    """A storage cannot be used: where it was named, what was expected, what was found (one line)."""
+
+    def __init__(self, source: str, expected: str, found: str) -> None:
+        super().__init__(f"{source}: expected {expected}; found {found}")
+        self.source, self.expected, self.found = source, expected, found
+
+
+class StorageKind(str, Enum):
+    SQLITE = "sqlite"
+    JOURNAL = "journal"
+    RDB = "rdb"
+
+
+def _masked(url: str) -> str:
+    """The URL with its password replaced, for anything printed or logged."""
+    return re.sub(r"^([\w+.-]+://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """A storage: ``url`` is an SQLAlchemy URL, or the journal file's path."""
+
+    kind: StorageKind
+    url: str
+    source: str = "default"  # where it was named: "--storage", "optimize.storage" or "default"
+
+    @property
+    def shown(self) -> str:
+        return _masked(self.url)
+
+    @property
+    def path(self) -> Path | None:
+        """The file of a SQLite or journal storage."""
+        if self.kind is StorageKind.JOURNAL:
+            return Path(self.url)
+        if self.kind is StorageKind.SQLITE:
+            return Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
+        return None
+
+    def describe(self) -> str:
+        what = {StorageKind.SQLITE: "SQLite file (one process)",
+                StorageKind.JOURNAL: "Optuna journal file (several worker processes)",
+                StorageKind.RDB: "RDB database (workers on many machines, heartbeats on)"}[self.kind]
+        return f"{what}: {self.shown}"
+
+    def open_hints(self, study: str) -> list[str]:
+        """Commands that open the study (the password, if any, left for the reader to fill in)."""
+        arg = self.shown
+        api = (f"optuna.load_study(study_name={study!r}, storage=JournalStorage(JournalFileBackend({arg!r})))"
+               if self.kind is StorageKind.JOURNAL else f"optuna.load_study(study_name={study!r}, storage={arg!r})")
+        return [f"optuna-dashboard {arg}", api, f"fsmtrain hpo-report {arg} --study {study}"]
+
+
+def parse_storage(text: str, source: str) -> StorageSpec:
+    """``sqlite:///f.db`` and ``*.db`` files are SQLite; other ``scheme://`` URLs are RDB databases;
+    any other path is a journal file."""
+    text = text.strip()
+    if not text:
+        raise StorageError(source, "a storage URL or file", "an empty string")
+    if "://" in text:
+        scheme = text.split("://", 1)[0].split("+", 1)[0]
+        if scheme == "sqlite":
+            if not text.startswith("sqlite:///") or text == "sqlite:///":
+                raise StorageError(source, "sqlite:///PATH to a database file", repr(text))
+            return StorageSpec(StorageKind.SQLITE, text, source)
+        if scheme in ("redis", "rediss"):
+            raise StorageError(source, "an RDB URL, a .db file or a journal file (Redis journals are not supported)",
+                               repr(_masked(text)))
+        return StorageSpec(StorageKind.RDB, text, source)
+    path = Path(text)
+    if path.suffix in (".db", ".sqlite", ".sqlite3") or _is_sqlite_file(path):
+        return StorageSpec(StorageKind.SQLITE, f"sqlite:///{path}", source)
+    return StorageSpec(StorageKind.JOURNAL, str(path), source)
+
+
+def _is_sqlite_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:
+        return False
+
+
+def default_storage(study_dir: Path, workers: int) -> StorageSpec:
+    if workers > 1:
+        return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
+    return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """RDB heartbeats: ``interval`` seconds between beats, stale after ``grace_period`` (Optuna's
+    default: twice the interval), at most ``max_retry`` retries of one trial."""
+
+    interval: int = 60
+    grace_period: int | None = None
+    max_retry: int | None = 3
+
+
+def retry_callback(max_retry: int | None) -> Any:
+    """Optuna's retry of stale trials (``RetryFailedTrialCallback``, renamed in Optuna 4.9). The
+    retry keeps the epochs the pruner already saw: it resumes the killed trial's run from its last
+    checkpoint and reports only the epochs after it."""
+    from optuna import storages
+
+    cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExperimentalWarning
+        return cls(max_retry=max_retry, inherit_intermediate_values=True)
+
+
+def _sqlite_connector(path: str) -> Callable[[], Any]:
+    def connect() -> Any:
+        # WAL with synchronous=NORMAL: a commit is no longer an fsync (a trial commits a few times
+        # an epoch), and readers (the display, hpo-report, the dashboard) never block the writer.
+        # A process crash loses nothing committed; only a power cut may lose the last commits.
+        conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    return connect
+
+
+def _engine_kwargs(url: str, *, create: bool = True) -> dict[str, Any]:
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        if not create:  # reading only: leave the file's journal mode as it is
+            return {"connect_args": {"timeout": 60}}
+        return {"creator": _sqlite_connector(url.removeprefix("sqlite:///"))}
+    if url.startswith(("postgresql", "postgres")):
+        return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    return {"pool_pre_ping": True}
+
+
+def _one_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc.__cause__ or exc
+    return " ".join(f"{type(orig).__name__}: {orig}".split())
+
+
+def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
+    """Open ``spec``; with ``create=False`` a missing file or database is an error rather than
+    being made. RDB storages (SQLite included) beat with ``heartbeat`` when given."""
+    import optuna
+
+    path = spec.path
+    if not create and path is not None and not path.is_file():
+        raise StorageError(spec.source, "an existing study storage", f"no file at {str(path)!r}")
+    if spec.kind is StorageKind.JOURNAL:
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        try:
+            if path is not None and create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            # An absolute path: the lock is a symlink to it, and Optuna finds a dead holder's stale
+            # lock (a worker killed while writing) by stat()ing through that link; a relative target
+            # dangles, and every other worker would then wait for the lock forever.
+            return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
+        except Exception as exc:
+            raise StorageError(spec.source, "a journal file that can be opened",
+                               f"{spec.shown!r}: {_one_line(exc)}") from None
+    if path is not None and create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {}
+    if heartbeat is not None:
+        kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
+                  "heartbeat_stale_trial_callback": retry_callback(heartbeat.max_retry)}
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # heartbeat_interval is an ExperimentalWarning
+                return optuna.storages.RDBStorage(
+                    spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
+                    **kwargs)
+        except Exception as exc:
+            # Workers on several machines start together: two may create the tables at once, and
+            # the loser's insert of the schema version fails; the tables exist then, so try again.
+            if attempt < 2 and create and type(exc).__name__ in ("IntegrityError", "ProgrammingError"):
+                time.sleep(0.5 + attempt)
+                continue
+            raise StorageError(spec.source, "a database that can be opened",
+                               f"{spec.shown!r}: {_one_line(exc)}") from None
+    raise AssertionError("unreachable")
+
+
+def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
+    """The directions of study ``study`` if ``spec`` holds it, else None; creates nothing (no file,
+    no tables). Raises ``StorageError`` when the storage cannot be reached."""
+    path = spec.path
+    if path is not None and not path.is_file():
+        return None  # a new file: nothing to compare with
+    if spec.kind is StorageKind.RDB:
+        import sqlalchemy
+
+        try:
+            engine = sqlalchemy.create_engine(spec.url, **_engine_kwargs(spec.url))
+            with engine.connect():
+                has_tables = sqlalchemy.inspect(engine).has_table("studies")
+            engine.dispose()
+        except Exception as exc:
+            raise StorageError(spec.source, "a reachable database", f"{spec.shown!r}: {_one_line(exc)}") from None
+        if not has_tables:
+            return None
+    storage = open_storage(spec, create=False)
+    try:
+        study_id = storage.get_study_id_from_name(study)
+        return [d.name.lower() for d in storage.get_study_directions(study_id)]
+    except KeyError:
+        return None
+    finally:
+        opened = getattr(storage, "engine", None)
+        if opened is not None:
+            opened.dispose()  # close the file: a SQLite file keeps no -wal/-shm files beside it
+
+
+def pick_study(storage: BaseStorage, name: str | None, shown: str) -> str:
+    """``name``, checked to exist in ``storage``; without a name, the storage's only study."""
+    names = [s.study_name for s in storage.get_all_studies()]
+    if name is not None:
+        if name not in names:
+            raise StorageError("--study", f"one of the studies in {shown} ({', '.join(names) or 'none'})", repr(name))
+        return name
+    if len(names) != 1:
+        raise StorageError("--study", f"a study name: {shown} holds {len(names)} ({', '.join(names) or 'none'})",
+                           "none given")
+    return names[0]
+
+
+def system_attrs(trial: optuna.trial.Trial | FrozenTrial) -> dict[str, Any]:
+    """A trial's system attributes (a live ``Trial`` no longer exposes them since Optuna 4)."""
+    attrs = getattr(trial, "system_attrs", None)
+    if isinstance(attrs, dict):
+        return attrs
+    return dict(trial.storage.get_trial_system_attrs(trial._trial_id))  # type: ignore[union-attr]
+
+
+def retried_trial(trial: optuna.trial.Trial | FrozenTrial) -> int | None:
+    """The number of the trial this one retries (set by Optuna's retry callback), else None."""
+    number = system_attrs(trial).get("failed_trial")
+    return number if isinstance(number, int) else None
+
+
+def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path]:
+    """The resume hook: for a trial Optuna re-enqueued after its worker died, the run directories
+    of the trial it retries (``{seed: run dir}``, inherited in its user attributes); ``{}`` for a
+    fresh trial. A seed with a ``latest`` checkpoint there can continue instead of starting over."""
+    if retried_trial(trial) is None:
+        return {}
+    dirs = trial.user_attrs.get(RUN_DIRS_ATTR) or {}
+    return {int(seed): Path(path) for seed, path in dirs.items()} if isinstance(dirs, Mapping) else {}
+
+
+def worker_identity(launch: str) -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "launch": launch}
+
+
+def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
+    """After a worker of this host died: remove the journal's lock if the same lock stays held for
+    ``hold`` seconds. Optuna holds it only for one append (write and fsync: milliseconds), and
+    would otherwise break a dead holder's lock only after 30 s, stalling every worker meanwhile."""
+    if spec.kind is not StorageKind.JOURNAL:
+        return False
+    lock = Path(os.path.abspath(spec.url) + ".lock")  # Optuna's JournalFileSymlinkLock
+
+    def identity() -> tuple[int, int] | None:
+        try:
+            st = lock.lstat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    first = identity()
+    if first is None:
+        return False
+    end = time.monotonic() + hold
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        if identity() != first:
+            return False  # released (or taken anew): a live worker's
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_retry: int | None = 3,
+                         retry: bool = True) -> list[int]:
+    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) and,
+    with ``retry``, enqueue their retries: the journal storage has no heartbeat, so nobody else would."""
+    from optuna.trial import TrialState
+
+    # Optuna has no public call to fail another process's trial; this is what fail_stale_trials does.
+    dead, host = set(pids), socket.gethostname()
+    failed: list[int] = []
+    again = retry_callback(max_retry) if retry else None
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = trial.user_attrs.get(WORKER_ATTR)
+        if not isinstance(who, dict) or who.get("host") != host or who.get("pid") not in dead:
+            continue
+        study._storage.set_trial_user_attr(trial._trial_id, "error", f"worker process {who.get('pid')} died")
+        if study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+            failed.append(trial.number)
+            if again is not None:
+                again(study, study._storage.get_trial(trial._trial_id))
+    return failed

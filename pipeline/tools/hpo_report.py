@@ -1,0 +1,213 @@
+"""``fsmtrain hpo-report``: what a study found, from its storage alone.
+
+Counts by state, the best trial (value, parameters, run dirs), the top k, parameter importances,
+a warning for each best parameter at the edge of its search range (the optimum may lie outside),
+the pruning decisions (trial, epoch, value, pruner, its reason) and the failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+__all__ = ["EDGE_FRACTION", "register_cli", "study_report", "render"]
+
+EDGE_FRACTION = 0.05
+"""A best value within this share of its range (in log space for log ranges) is at the edge."""
+_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+
+
+def _num(x: float | None) -> float | str | None:
+    """JSON-safe: non-finite values as the strings the run logs use."""
+    if x is None or math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _trial(t: FrozenTrial) -> dict[str, Any]:
+    return {"number": t.number, "value": _num(t.value), "params": dict(t.params),
+            "run_dirs": t.user_attrs.get("run_dirs", {})}
+
+
+def _edge(name: str, value: Any, dist: Any) -> dict[str, Any] | None:
+    low, high = getattr(dist, "low", None), getattr(dist, "high", None)
+    if low is None or high is None or high <= low or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if type(dist).__name__ == "IntDistribution" and not dist.log:
+        side = "lower" if value <= low else "upper" if value >= high else None
+    else:
+        if dist.log:
+            pos = (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
+        else:
+            pos = (value - low) / (high - low)
+        side = "lower" if pos <= EDGE_FRACTION else "upper" if pos >= 1 - EDGE_FRACTION else None
+    if side is None:
+        return None
+    return {"param": name, "value": value, "low": low, "high": high, "edge": side,
+            "message": f"best {name}={value:g} is at the {side} edge of its range [{low:g}, {high:g}]: "
+                       f"widen the range{' downwards' if side == 'lower' else ' upwards'}"}
+
+
+def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tuple[dict[str, float] | None, str | None]:
+    import optuna
+
+    finite = [t for t in complete if t.value is not None and math.isfinite(t.value)]
+    if len(finite) < 2:
+        return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
+    copy = optuna.create_study(directions=study.directions)  # in memory: diverged (inf) trials left out
+    copy.add_trials(finite)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(copy).items()}, None
+    except ImportError as exc:  # fANOVA needs scikit-learn
+        return None, f"needs {exc.name or 'scikit-learn'} (pip install scikit-learn)"
+    except (RuntimeError, ValueError) as exc:
+        return None, " ".join(str(exc).split())
+
+
+def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) -> dict[str, Any]:
+    """The report as plain data (what ``--json`` prints)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    counts = {s: sum(1 for t in trials if t.state.name == s) for s in _STATES}
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.value is not None]
+    maximize = study.direction.name == "MAXIMIZE"
+    ranked = sorted(complete, key=lambda t: t.value if t.value is not None else math.nan, reverse=maximize)
+    best = ranked[0] if ranked else None
+    importances, why_none = _importances(study, complete)
+    edges = [] if best is None else [
+        e for name, value in best.params.items() if (e := _edge(name, value, best.distributions[name])) is not None]
+    settings = study.user_attrs.get("fsmtrain", {})
+    pruned = []
+    for t in trials:
+        if t.state is not TrialState.PRUNED:
+            continue
+        attr = t.user_attrs.get("pruned") or {}
+        epoch: int = attr.get("epoch", t.last_step if t.last_step is not None else -1)
+        prediction = t.user_attrs.get("predicted_final_loss")
+        others = sorted(v for o in trials if o.number != t.number and o.state.is_finished()
+                        and (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
+        pruned.append({
+            "number": t.number, "epoch_index": epoch, "value": _num(t.intermediate_values.get(epoch)),
+            "monitor": attr.get("monitor", "value"),
+            "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
+            "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
+            "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None},
+            "params": dict(t.params),
+        })
+    failed = [{"number": t.number, "error": t.user_attrs.get("error"), "params": dict(t.params),
+               "retried_by": [r.number for r in trials if r.system_attrs.get("failed_trial") == t.number]}
+              for t in trials if t.state is TrialState.FAIL]
+    return {
+        "study": study.study_name, "storage": storage_shown, "direction": study.direction.name.lower(),
+        "n_trials": len(trials), "counts": counts,
+        "best": None if best is None else _trial(best),
+        "top": [_trial(t) for t in ranked[:top]],
+        "importances": importances, "importances_note": why_none,
+        "edge_warnings": edges, "pruned": pruned, "failed": failed,
+        "settings": settings,
+    }
+
+
+def _g(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_g(v)}" for k, v in params.items())
+
+
+def render(report: dict[str, Any]) -> str:
+    out: list[str] = []
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in report["counts"].items() if n)
+    out.append(f"study {report['study']} ({report['direction']}) in {report['storage']}")
+    out.append(f"trials: {report['n_trials']} ({counts or 'none'})")
+    best = report["best"]
+    if best is None:
+        out.append("best: none (no completed trial)")
+    else:
+        out.append(f"best: trial {best['number']}, value {_g(best['value'])}: {_params(best['params'])}")
+        for seed, run_dir in best["run_dirs"].items():
+            out.append(f"  seed {seed}: {run_dir}")
+    if report["top"]:
+        out.append(f"top {len(report['top'])}:")
+        for t in report["top"]:
+            out.append(f"  #{t['number']:<4} {_g(t['value']):<12} {_params(t['params'])}")
+    if report["importances"]:
+        out.append("parameter importances:")
+        out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
+    else:
+        out.append(f"parameter importances: none ({report['importances_note']})")
+    out += [f"warning: {e['message']}" for e in report["edge_warnings"]]
+    if report["pruned"]:
+        out.append("pruning decisions:")
+        for p in report["pruned"]:
+            others = p["others_at_epoch"]
+            why = f": {p['reason']}" if p["reason"] else \
+                f" (median there over the study's {others['n']} other trials: {others['median']:.6g})" \
+                if others["n"] else ""
+            at = f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_g(p['value'])})"
+            out.append(f"  trial {p['number']} pruned at {at} by {p['pruner']}{why}")
+    if report["failed"]:
+        out.append("failed trials:")
+        for f in report["failed"]:
+            retried = f"; retried as {f['retried_by']}" if f["retried_by"] else ""
+            out.append(f"  trial {f['number']}: {f['error']}{retried}")
+    return "\n".join(out) + "\n"
+
+
+def _storage_arg(text: str) -> str:
+    """A study folder (``runs/<project>/<study>``) stands for the storage file in it."""
+    path = Path(text)
+    if "://" not in text and path.is_dir():
+        for name in ("study.db", "study.journal"):
+            if (path / name).is_file():
+                return str(path / name)
+    return text
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import optuna
+
+    from pipeline.app.study_storage import StorageError, open_storage, parse_storage, pick_study
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        spec = parse_storage(_storage_arg(args.storage), "STUDY_OR_STORAGE")
+        storage = open_storage(spec, create=False)
+        name = pick_study(storage, args.study, spec.shown)
+    except StorageError as exc:
+        print(f"fsmtrain hpo-report: {exc}", file=sys.stderr)
+        return 2
+    study = optuna.load_study(study_name=name, storage=storage)
+    report = study_report(study, spec.shown, top=args.top)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        sys.stdout.write(render(report))
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain hpo-report`` to the ``fsmtrain`` parser."""
+    p = subparsers.add_parser(
+        "hpo-report", help="what a study found: counts, best and top trials, importances, edges, pruning",
+        description="Report an Optuna study from its storage: a study folder, a .db or journal file, or a URL.")
+    p.add_argument("storage", metavar="STUDY_OR_STORAGE",
+                   help="runs/<project>/<study>, a study.db / study.journal file, or a database URL")
+    p.add_argument("--study", metavar="NAME", help="the study, when the storage holds several")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="list the K best trials (default 5)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_report)

@@ -1,0 +1,200 @@
+"""Studies across processes, for real: K worker processes on the journal file, two ``fsmtrain hpo``
+processes on one PostgreSQL database, a worker killed with SIGKILL, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from hpo_support import Postgres, fsmtrain, journal, load, new_database, popen, postgres_server, study_config, wait_for
+from optuna.trial import TrialState
+
+from pipeline.tools.audit import audit_file
+
+SLOW_TRIALS = {"epochs": 40, "early_stopping": {"enabled": False}}  # a trial long enough to be caught running
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Postgres]:
+    """A real PostgreSQL server for the session (skipped where none can start, failed in CI)."""
+    root = Path(tempfile.mkdtemp(prefix="fsmtrain-pg-"))  # not under pytest's 0700 tmp: postgres must enter
+    try:
+        with postgres_server(root) as server:
+            yield server
+    except RuntimeError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI needs a PostgreSQL server: {exc}")
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _check_all_finished(study: optuna.study.Study, n: int) -> None:
+    trials = study.trials
+    assert len(trials) == n, [(t.number, t.state.name) for t in trials]
+    assert sorted(t.number for t in trials) == list(range(n))
+    assert not [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def _check_audited(trial: optuna.trial.FrozenTrial) -> None:
+    for run_dir in trial.user_attrs["run_dirs"].values():
+        report = audit_file(Path(run_dir) / "events.jsonl")
+        assert report.ok, report.render()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_workers_on_the_journal_file(tmp_path: Path) -> None:
+    cfg = study_config(tmp_path, {"n_trials": 12, "sampler": "RandomSampler"})
+    proc = fsmtrain("hpo", cfg, "--workers", "2", cwd=tmp_path, timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = tmp_path / "runs" / "quickstart" / "s" / "study.journal"
+    assert "Optuna journal file" in proc.stdout and f"optuna-dashboard {path.relative_to(tmp_path)}" in proc.stdout
+    study = load(journal(path))
+    _check_all_finished(study, 12)
+    assert len({t.user_attrs["worker"]["pid"] for t in study.trials}) == 2  # both workers ran trials
+    for trial in study.trials:
+        _check_audited(trial)
+    from optuna_dashboard._storage_url import get_storage
+
+    assert get_storage(str(path)).get_all_studies()[0].study_name == "s"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_processes_on_postgresql(pg: Postgres, tmp_path: Path) -> None:
+    url = new_database(pg, "two_workers")
+    cfg = study_config(tmp_path, {"n_trials": 6, "storage": url, "sampler": "RandomSampler"})
+    procs = [popen("hpo", cfg, cwd=tmp_path, log=tmp_path / f"w{i}.log") for i in range(2)]
+    for i, proc in enumerate(procs):
+        assert proc.wait(timeout=200) == 0, (tmp_path / f"w{i}.log").read_text()
+    study = load(url)
+    _check_all_finished(study, 12)
+    assert len({t.user_attrs["worker"]["pid"] for t in study.trials}) == 2
+    for trial in study.trials:
+        _check_audited(trial)
+    assert "heartbeats on" in (tmp_path / "w0.log").read_text()
+
+
+class _Watch:
+    """Polls one storage for a RUNNING trial of ``pid`` that reported a few epochs (one storage
+    object for all polls: opening one per poll is slow enough on a loaded machine to miss trials)."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        self.url, self.pid = url, pid
+        self.study: optuna.study.Study | None = None
+
+    def __call__(self) -> int | None:
+        try:
+            self.study = self.study or load(self.url)
+            trials = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        except Exception:  # not created yet, or half created
+            return None
+        for t in trials:
+            if t.user_attrs.get("worker", {}).get("pid") == self.pid and len(t.intermediate_values) >= 2:
+                return t.number
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_worker_is_failed_by_heartbeat_and_retried(pg: Postgres, tmp_path: Path) -> None:
+    url = new_database(pg, "killed")
+    cfg = study_config(tmp_path, {"n_trials": 2, "storage": url, "sampler": "RandomSampler",
+                                  "heartbeat_interval": 1, "grace_period": 3}, **SLOW_TRIALS)
+    victim = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "victim.log")
+    survivor = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "survivor.log")
+    killed = wait_for(_Watch(url, victim.pid), 120, "a trial of the victim to run",
+                      (tmp_path / "victim.log", tmp_path / "survivor.log"))
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    assert survivor.wait(timeout=200) == 0, (tmp_path / "survivor.log").read_text()
+    study = load(url)
+    trials = {t.number: t for t in study.trials}
+    assert trials[killed].state is TrialState.FAIL
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
+    assert len(retries) == 1 and retries[0].state is TrialState.COMPLETE
+    retry = retries[0]
+    assert retry.params == trials[killed].params
+    # The retry continued the killed trial's run in place, from its last committed checkpoint.
+    old_dir = trials[killed].user_attrs["run_dirs"]["0"]
+    resume = retry.user_attrs["resume"]
+    assert resume["previous_run_dir"] == old_dir and resume["resumed"] is True, resume
+    assert retry.user_attrs["run_dirs"]["0"] == old_dir
+    events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
+    assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    _check_audited(retry)
+    assert f"trial {killed} FAIL" in (tmp_path / "survivor.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_killed_local_worker_is_failed_retried_and_replaced(tmp_path: Path) -> None:
+    cfg = study_config(tmp_path, {"n_trials": 3, "sampler": "RandomSampler"}, **SLOW_TRIALS)
+    path = tmp_path / "runs" / "quickstart" / "s" / "study.journal"
+    parent = popen("hpo", cfg, "--workers", "2", cwd=tmp_path, log=tmp_path / "hpo.log")
+
+    def running() -> tuple[int, int] | None:
+        if not path.exists():
+            return None
+        for t in load(journal(path)).get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if len(t.intermediate_values) >= 2 and "worker" in t.user_attrs:
+                return t.number, t.user_attrs["worker"]["pid"]
+        return None
+
+    number, pid = wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
+    os.kill(pid, signal.SIGKILL)
+    assert parent.wait(timeout=200) == 1  # the study finished, but a worker crashed: say so
+    log = (tmp_path / "hpo.log").read_text()
+    assert f"pid {pid}) ended with signal SIGKILL; its trial(s) [{number}] FAIL, retry enqueued" in log
+    study = load(journal(path))
+    assert study.trials[number].state is TrialState.FAIL
+    assert study.trials[number].user_attrs["error"] == f"worker process {pid} died"
+    assert [t.state for t in study.trials if t.system_attrs.get("failed_trial") == number] == [TrialState.COMPLETE]
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Path) -> None:
+    cfg = study_config(tmp_path, {"n_trials": 20, "sampler": "RandomSampler"}, **SLOW_TRIALS)
+    parent = popen("hpo", cfg, "--workers", str(workers), cwd=tmp_path, log=tmp_path / "hpo.log")
+    name = "study.journal" if workers > 1 else "study.db"
+    path = tmp_path / "runs" / "quickstart" / "s" / name
+    storage = (lambda: journal(path)) if workers > 1 else (lambda: f"sqlite:///{path}")
+
+    def running() -> bool:
+        try:  # the study may be half created yet
+            return any(len(t.intermediate_values) >= 2
+                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        except Exception:
+            return False
+
+    wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
+    parent.send_signal(signal.SIGINT)
+    code = parent.wait(timeout=120)
+    # 130, or death by SIGINT (what a shell also shows as 130): CPython re-raises SIGINT at exit when
+    # the interrupt struck inside code an extension module ran (seen during scipy's first import).
+    assert code in (130, -signal.SIGINT), f"exit {code}: " + (tmp_path / "hpo.log").read_text()
+    study = load(storage())
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    interrupted = [t for t in study.trials if t.state is TrialState.FAIL]
+    assert interrupted and all(t.user_attrs.get("error") == "interrupted (Ctrl-C)" for t in interrupted)
+    assert len(study.trials) < 20
+    # The interrupted runs still ended through train_end (a worker may have been between runs, or
+    # building one, when the signal came: then there is no log).
+    logs = [Path(t.user_attrs["run_dirs"]["0"]) / "events.jsonl" for t in interrupted]
+    assert any(log.exists() for log in logs)
+    for log in filter(Path.exists, logs):
+        report = audit_file(log)
+        assert report.ok and report.explanation.stop_reason == "interrupted", report.render()
+    assert "interrupted: study s" in (tmp_path / "hpo.log").read_text()
