@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import StopReason
 
 __all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity"]
@@ -191,7 +192,7 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.max_epochs is not None:
         epochs += f" of max_epochs={ex.max_epochs}"
     if ex.last_epoch is not None:
-        epochs += f" (last epoch index {ex.last_epoch})"
+        epochs += f" (the last is epoch {epoch_number(ex.last_epoch)})"
     if ex.segments > 1:
         epochs += f", in {ex.segments} process segments (resumed)"
     lines.append(epochs)
@@ -205,7 +206,7 @@ def explain_lines(ex: Explanation) -> list[str]:
         elif ex.stop_source:
             stop += f" {verb} {ex.stop_source}"
         if ex.stop_epoch is not None:
-            stop += f" in epoch index {ex.stop_epoch}"
+            stop += f" in epoch {epoch_number(ex.stop_epoch)}"
         if ex.stop_request_line is not None:
             stop += f" (request at line {ex.stop_request_line})"
         if ex.stop_message:
@@ -216,7 +217,8 @@ def explain_lines(ex: Explanation) -> list[str]:
     else:
         lines.append("stop: the run never reached train_end")
     if ex.best_epoch is not None:
-        lines.append(f"best epoch index: {ex.best_epoch} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
+        best = epoch_number(ex.best_epoch)
+        lines.append(f"best epoch: {best} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
     total = ex.total_epoch_seconds
     if ex.phase_seconds:
         lines.append(f"time in epochs: {total:.3f} s; per phase: " + ", ".join(
@@ -228,10 +230,15 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.warning_counts:
         lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
         for w in ex.warnings[:10]:
-            lines.append(f"  line {w['line']} epoch {w['epoch']} {w['source']}: {w['message']}")
+            lines.append(f"  line {w['line']} epoch {_shown_epoch(w['epoch'])} {w['source']}: {w['message']}")
     else:
         lines.append("warnings raised: none")
     if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
         lines.append(f"checkpoints: {ex.checkpoints_verified} verified (sha256, {ex.checkpoints_pinned} pinning "
                      f"the chain), {ex.checkpoints_removed} removed by the run, {ex.checkpoints_missing} not present")
     return lines
+
+
+def _shown_epoch(index: object) -> str:
+    """The log keeps the 0-based index; people read epoch numbers from 1."""
+    return str(epoch_number(index)) if isinstance(index, int) else "?"
