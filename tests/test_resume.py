@@ -107,6 +107,9 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     files = sorted(str(f.relative_to(run)) for f in (run / "wandb").rglob("*"))
     assert any(f.endswith(".wandb") for f in files), files
     assert [row["_step"] for row in wandb_history(run)] == logged  # every epoch logged before the signal
+    replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", str(RUN)], cwd=work, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr  # the interruption it recorded is no divergence
     proc = fsmtrain("resume", str(RUN), cwd=work)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err.decode()[-3000:]
