@@ -1,7 +1,11 @@
 """The ``fsmtrain`` command line (also ``python -m pipeline``).
 
 ``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams``,
-``pipeline.tools.audit`` and ``pipeline.tools.replay`` add their own subcommands through ``register_cli``.
+``pipeline.tools.audit`` and ``pipeline.tools.replay_cli`` add their own subcommands through ``register_cli``.
+
+Start-up is part of the interface: ``--help``, ``audit``, ``diagram`` and ``validate`` import no
+torch, W&B or Optuna (``import torch`` alone takes longer than an audit). So this module and every
+plugin's module import only light code at the top; each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import sys
 from collections.abc import Sequence
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.config import ConfigError, RunConfig, build_callbacks, load_config
-from pipeline.app.job import SeedRun, build_parts, run_dir_for, train_seed
 from pipeline.core.lifecycle import StopReason
+
+if TYPE_CHECKING:
+    from pipeline.app.config import RunConfig
+    from pipeline.app.job import SeedRun
 
 __all__ = ["STARTER_CONFIG", "ExitCode", "build_parser", "exit_code_for", "main"]
 
@@ -58,6 +64,8 @@ def _fmt(x: float) -> str:
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
+    from pipeline.app.config import load_config
+
     overrides = list(args.set or [])
     if getattr(args, "device", None):
         overrides.append(f"device={args.device}")
@@ -98,6 +106,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from pipeline.app.job import run_dir_for, train_seed
+
     cfg = _load(args)
     _print_warnings(cfg, sys.stderr)
     run_name = cfg.name or Path(args.config).stem
@@ -145,6 +155,8 @@ def _shape(x: Any) -> str:
 def cmd_preflight(args: argparse.Namespace) -> int:
     import torch
 
+    from pipeline.app.config import build_callbacks
+    from pipeline.app.job import build_parts
     from pipeline.core.runner import CallbackRunner
     from pipeline.training.driver import split_batch as _split
 
@@ -268,7 +280,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay")
+# Modules whose import must stay light: each registers its subcommand on every invocation.
+_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay_cli")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -307,12 +320,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_config_error(exc: BaseException) -> bool:
+    # Without importing the config module: if it was never imported, nothing raised its error.
+    config = sys.modules.get("pipeline.app.config")
+    return config is not None and isinstance(exc, config.ConfigError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except ConfigError as exc:
+    except ValueError as exc:
+        if not _is_config_error(exc):
+            raise
         print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
         return int(ExitCode.CONFIG)
     except KeyboardInterrupt:
