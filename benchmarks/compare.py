@@ -13,7 +13,7 @@ building the framework's objects to the end of training), the extra cost of the 
 steady one (``setup``), the framework's import time (beyond torch) and the peak RSS of the process.
 
     python benchmarks/compare.py                 # full: ~15-25 min on a 2-core machine
-    python benchmarks/compare.py --quick         # smaller workloads, fewer rounds: < 3 min
+    python benchmarks/compare.py --quick         # tiny and epochs, reduced, one round: < 3 min
     python benchmarks/compare.py --frameworks raw,fsm --workloads tiny --rounds 1 --scale 0.05 --output out.md
 
 Peers missing (``pip install -e '.[bench]'``) are skipped and named in the output.
@@ -62,24 +62,27 @@ class Workload:
     train_steps: int
     val_steps: int
 
+    def describe(self) -> str:
+        h1, h2 = self.hidden
+        return (f"{self.in_features}→{h1}→{h2}→1 MLP, batch {self.batch}, {self.epochs} epochs x "
+                f"({self.train_steps} train + {self.val_steps} val) steps; {self.what}")
+
     def scaled(self, factor: float) -> Workload:
         return replace(self, train_steps=max(1, round(self.train_steps * factor)),
                        val_steps=max(1, round(self.val_steps * factor)))
 
 
 WORKLOADS = {
-    "tiny": Workload("tiny", "32→64→64→1 MLP, batch 64, 4 epochs x (1000 train + 500 val) steps",
-                     32, (64, 64), 64, 4, 1000, 500),
-    "epochs": Workload("epochs", "the same MLP, 200 epochs x (20 train + 5 val) steps: per-epoch costs dominate",
-                       32, (64, 64), 64, 200, 20, 5),
-    "wide": Workload("wide", "256→1024→1024→1 MLP, batch 256, 4 epochs x (20 train + 5 val) steps: compute dominates",
-                     256, (1024, 1024), 256, 4, 20, 5),
+    "tiny": Workload("tiny", "per-step costs dominate", 32, (64, 64), 64, 4, 1000, 500),
+    "epochs": Workload("epochs", "per-epoch costs dominate, as in short HPO trials", 32, (64, 64), 64, 200, 20, 5),
+    "wide": Workload("wide", "compute dominates", 256, (1024, 1024), 256, 4, 20, 5),
 }
-# --quick: the same shapes, fewer steps and epochs (still >= 4 epochs, so there is a steady window)
+# --quick: the same shapes, fewer steps and epochs (still >= 4 epochs, so there is a steady window);
+# a run then costs little more than its process start (torch, the framework, W&B).
 QUICK = {
-    "tiny": replace(WORKLOADS["tiny"], train_steps=250, val_steps=125),
-    "epochs": replace(WORKLOADS["epochs"], epochs=50),
-    "wide": replace(WORKLOADS["wide"], train_steps=5, val_steps=2),
+    "tiny": replace(WORKLOADS["tiny"], train_steps=200, val_steps=100),
+    "epochs": replace(WORKLOADS["epochs"], epochs=40),
+    "wide": replace(WORKLOADS["wide"], train_steps=4, val_steps=1),
 }
 
 
@@ -298,7 +301,7 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
     for w in workloads:
         s = summary[w.name]
         ok = s["weights_match"]
-        lines += [f"## {w.name}: {w.what}", "",
+        lines += [f"## {w.name}: {w.describe()}", "",
                   "Final weights: " + ("identical in every framework and round (sha256 "
                                        f"`{next(iter(next(iter(s['hashes'].values()))))[:16]}`)" if ok and s["hashes"]
                                        else "**MISMATCH**: " + "; ".join(f"{fw} {[h[:12] for h in hs]}"
@@ -322,6 +325,14 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
                       "`callback_seconds` of each `epoch` event):", "",
                       "| callback | ms/epoch |", "|---|---|"]
             lines += [f"| {n} | {v:.3f} |" for n, v in sorted(fsm_all["callback_ms"].items(), key=lambda kv: -kv[1])]
+            in_callbacks = sum(fsm_all["callback_ms"].values())
+            lines.append(f"| **all nine** | **{in_callbacks:.3f}** |")
+            core = s["frameworks"].get("fsm", {})
+            if "epoch_ms" in core:
+                extra = fsm_all["epoch_ms"] - core["epoch_ms"]
+                lines += ["", f"fsmtrain + nine minus fsmtrain core: {extra:+.2f} ms/epoch, of which "
+                          f"{in_callbacks:.2f} ms inside the callbacks and {extra - in_callbacks:+.2f} ms around "
+                          "them (dispatch, slots, their events in the log, the step hooks' batch path)."]
         lines.append("")
     if cli is not None:
         lines += ["## Start-up of the tools", "",
@@ -341,7 +352,8 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               "(core rows) or `raw_all` (rows with callbacks); `total ratio` compares whole runs, start-up included. "
               "**µs/train step** is that steady epoch time (validation included) over its train steps.",
               "- **setup**: the first epoch's time beyond a steady epoch: building the framework's objects, W&B "
-              "start-up, warm-up. **import**: the framework's modules beyond torch (torch itself: "
+              "start-up, warm-up (slightly negative when it is within the noise). **import**: the framework's "
+              "modules beyond torch, imported before the clock starts (torch itself: "
               f"{meta.get('torch_import_s', float('nan')):.2f} s).",
               "- `raw_all` does by hand: the global gradient norm every step with a running max on the device, a "
               "NaN check, one W&B offline log, Optuna `report`/`should_prune`, early-stopping bookkeeping and one "
@@ -355,10 +367,12 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "WORKLOAD_JSON"), help=argparse.SUPPRESS)
-    ap.add_argument("--quick", action="store_true", help="smaller workloads, one round: under 3 minutes")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny and epochs at reduced sizes, one round, 3 runs per CLI command: under 3 minutes")
     ap.add_argument("--rounds", type=int, default=None, help="runs per framework and workload (default 5; quick 1)")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated, of: " + ", ".join(FRAMEWORKS))
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of: " + ", ".join(WORKLOADS))
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated, of: " + ", ".join(WORKLOADS) + " (default: all; quick: tiny,epochs)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the steps per epoch (e.g. 0.05 for a smoke run)")
     ap.add_argument("--cli-runs", type=int, default=None,
                     help="runs per CLI start-up command (default 5; quick 3; 0 skips)")
@@ -379,7 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 5)
     cli_runs = args.cli_runs if args.cli_runs is not None else (3 if args.quick else 5)
     unknown = [f for f in args.frameworks.split(",") if f not in FRAMEWORKS]
-    unknown += [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    names = (args.workloads or ("tiny,epochs" if args.quick else ",".join(WORKLOADS))).split(",")
+    unknown += [w for w in names if w not in WORKLOADS]
     if unknown:
         ap.error(f"unknown framework or workload: {', '.join(unknown)}")
     wanted = [f for f in FRAMEWORKS if f in args.frameworks.split(",")]
@@ -388,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in skipped:
         print(f"skipping {f}: {PEER_PACKAGE[f.removesuffix('_all')]} is not installed (pip install -e '.[bench]')",
               file=sys.stderr)
-    workloads = [catalog[w].scaled(args.scale) for w in args.workloads.split(",")]
+    workloads = [catalog[w].scaled(args.scale) for w in names]
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
     started = time.perf_counter()

@@ -44,3 +44,22 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     assert set(runs) == {"raw", "fsm"} and runs["raw"]["sha256"] == runs["fsm"]["sha256"]
     assert all(r["rss_mb"] > 0 and r["epoch_ms"] > 0 for r in runs.values())
     assert "skipping" not in proc.stderr  # only raw and fsmtrain were asked for: no peer to skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_peer_that_is_not_installed_is_skipped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import compare
+
+    monkeypatch.setitem(compare.PEER_PACKAGE, "ignite", "no_such_package_for_the_test")  # as if not installed
+    out = tmp_path / "RESULTS.md"
+    code = compare.main(["--quick", "--rounds", "1", "--scale", "0.02", "--frameworks", "raw,ignite,ignite_all",
+                         "--workloads", "tiny", "--cli-runs", "0", "--output", str(out)])
+    assert code == 0
+    assert "skipping ignite: no_such_package_for_the_test is not installed" in capsys.readouterr().err
+    report = out.read_text(encoding="utf-8")
+    assert "**Skipped (not installed):** ignite, ignite_all." in report
+    assert "| raw PyTorch loop | 1.000 |" in report and "| Ignite |" not in report
