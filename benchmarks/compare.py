@@ -172,6 +172,17 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def _pairs(results: list[dict[str, Any]], workload: str, fw: str, base: str
+           ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(run of ``fw``, run of ``base``) of the same workload and round, both successful."""
+    def by_round(name: str) -> dict[int, dict[str, Any]]:
+        return {r["round"]: r for r in results if r["workload"] == workload and r["framework"] == name
+                and "error" not in r}
+
+    mine, theirs = by_round(fw), by_round(base)
+    return [(mine[r], theirs[r]) for r in sorted(mine) if r in theirs]
+
+
 def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workloads: Sequence[Workload]
               ) -> dict[str, dict[str, Any]]:
     """workload -> {"frameworks": framework -> medians and ratios, "weights_match", "hashes"}."""
@@ -196,13 +207,15 @@ def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workload
                 entry["callback_ms"] = {n: statistics.median(r["callback_ms"].get(n, 0.0) for r in rows) for n in names}
             table[fw] = entry
         for fw, entry in table.items():
-            base = table.get(BASELINE[fw], {})
-            if "error" in entry or "error" in base or not base:
+            # Paired within a round (runs next to each other in time), then the median over rounds:
+            # a shared machine's load drifts between rounds, and this way it moves one pair, not the result.
+            pairs = _pairs(results, work.name, fw, BASELINE[fw])
+            if "error" in entry or not pairs:
                 continue
-            entry["ratio"] = entry["steady_s"] / base["steady_s"]
-            entry["total_ratio"] = entry["total_s"] / base["total_s"]
-            entry["delta_ms_epoch"] = entry["epoch_ms"] - base["epoch_ms"]
-            entry["rss_ratio"] = entry["rss_mb"] / base["rss_mb"]
+            entry["ratio"] = statistics.median(a["steady_s"] / b["steady_s"] for a, b in pairs)
+            entry["total_ratio"] = statistics.median(a["total_s"] / b["total_s"] for a, b in pairs)
+            entry["delta_ms_epoch"] = statistics.median(a["epoch_ms"] - b["epoch_ms"] for a, b in pairs)
+            entry["rss_ratio"] = statistics.median(a["rss_mb"] / b["rss_mb"] for a, b in pairs)
         hashes = {fw: e["sha256"] for fw, e in table.items() if "sha256" in e}
         distinct = {h for hs in hashes.values() for h in hs}
         out[work.name] = {"frameworks": table, "weights_match": len(distinct) <= 1, "hashes": hashes}
@@ -349,7 +362,8 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
             lines.append("")
     lines += ["## How to read it", "",
               "- **ratio**: steady-state time (start of epoch 2 to start of the last epoch) over the same for `raw` "
-              "(core rows) or `raw_all` (rows with callbacks); `total ratio` compares whole runs, start-up included. "
+              "(core rows) or `raw_all` (rows with callbacks), paired within each round, median over rounds; "
+              "`total ratio` compares whole runs, start-up included. The other columns are medians over rounds. "
               "**µs/train step** is that steady epoch time (validation included) over its train steps.",
               "- **setup**: the first epoch's time beyond a steady epoch: building the framework's objects, W&B "
               "start-up, warm-up (slightly negative when it is within the noise). **import**: the framework's "
@@ -412,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for work in workloads:
             order = frameworks[r % len(frameworks):] + frameworks[: r % len(frameworks)]  # rotate who goes first
             for fw in order:
-                res = _run_worker(fw, work, args.timeout)
+                res = {**_run_worker(fw, work, args.timeout), "round": r}
                 results.append(res)
                 state = res.get("error") or f"{res['epoch_ms']:.2f} ms/epoch, {res['step_us']:.1f} µs/step"
                 print(f"round {r + 1}/{rounds} {work.name:>6} {fw:<14} {state}", file=sys.stderr, flush=True)
