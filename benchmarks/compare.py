@@ -301,6 +301,11 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
               f"- {meta['rounds']} round(s); each run a fresh process, one torch thread, frameworks interleaved "
               "in a rotating order; figures are medians over rounds", ""]
+    if meta["quick"] or meta["rounds"] < 3:
+        lines += [f"**{'Quick mode' if meta['quick'] else 'Few rounds'}: reduced workloads and/or "
+                  f"{meta['rounds']} round(s).** A smoke check of the whole pipeline, not a measurement: one run "
+                  "per framework carries the machine's noise in full. `python benchmarks/compare.py` "
+                  "(5 rounds, full sizes) gives the figures to compare.", ""]
     if skipped:
         lines += [f"**Skipped (not installed):** {', '.join(skipped)}. Install with `pip install -e '.[bench]'`.", ""]
     lines += ["## Summary: ratio of steady-state time (same work)", "",
@@ -442,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_after": " ".join(f"{x:.2f}" for x in load_after),
         # others' load before we start, or more than our own one busy core at the end
         "loaded": load_before[0] > 0.25 * cores or load_after[0] > 0.25 * cores + 1,
-        "rounds": rounds, "cli_runs": cli_runs,
+        "rounds": rounds, "cli_runs": cli_runs, "quick": args.quick,
         "torch_import_s": statistics.median(torch_imports) if torch_imports else float("nan"),
     }
     sys.path.insert(0, str(HERE))
