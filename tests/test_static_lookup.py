@@ -137,6 +137,8 @@ def test_diamond_inheritance_takes_the_c3_order(pkg: Path) -> None:
     "def __getattr__(name): ...\n",  # computed on access
     "from .nowhere import *\n",  # a star import of something that does not exist
     "class T(make_base()): ...\n",  # computed base
+    "class T(T): ...\n",  # a cycle (the import would fail with a NameError)
+    "class T(:\n",  # a syntax error: the import words it
 ])
 def test_what_the_source_does_not_settle_is_undecided(pkg: Path, source: str) -> None:
     _write(pkg, "__init__.py", "")

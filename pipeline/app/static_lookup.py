@@ -169,13 +169,18 @@ def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:
 
 @cache
 def _module(name: str) -> _Module:
-    spec = _spec(name)
+    try:
+        spec = _spec(name)
+    except (ImportError, ValueError) as exc:
+        raise Undecided(f"cannot find module {name}: {exc}") from None
     origin = spec.origin if spec is not None else None
     if spec is None or origin is None or not spec.has_location or not origin.endswith(".py"):
         raise Undecided(f"no Python source for module {name}")
-    with open(origin, "rb") as fh:
-        source = importlib.util.decode_source(fh.read())
-    tree = ast.parse(source, origin)
+    try:
+        with open(origin, "rb") as fh:
+            tree = ast.parse(importlib.util.decode_source(fh.read()), origin)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as exc:
+        raise Undecided(f"cannot read {origin}: {exc}") from None  # the import reports it properly
     module = _Module(name, spec.submodule_search_locations is not None)
     exports = _collect(module, tree.body, True)
     all_bindings = module.bindings.get("__all__", [])
@@ -379,6 +384,13 @@ def _class_signature(mro: Sequence[_Ref]) -> inspect.Signature:
 
 def lookup(path: str) -> Found:
     """What ``path`` (``torch.optim.Adam``) names, read from source; :class:`Undecided` when unsure."""
+    try:
+        return _lookup(path)
+    except RecursionError:  # a cycle of bases or re-exports that the guards did not catch
+        raise Undecided(f"{path}: too deep to follow") from None
+
+
+def _lookup(path: str) -> Found:
     parts = path.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise Undecided(f"{path!r} is not a dotted path")
