@@ -12,8 +12,8 @@ train step, ms per epoch and the ratio to ``raw`` / ``raw_all`` come; the whole 
 building the framework's objects to the end of training), the extra cost of the first epoch over a
 steady one (``setup``), the framework's import time (beyond torch) and the peak RSS of the process.
 
-    python benchmarks/compare.py                 # full: ~15-25 min on a 2-core machine
-    python benchmarks/compare.py --quick         # tiny and epochs, reduced, one round: < 3 min
+    python benchmarks/compare.py                 # full, 5 rounds: 30 min on a shared 2-core machine (load ~4)
+    python benchmarks/compare.py --quick         # tiny and epochs, reduced, one round: 2.9 min there
     python benchmarks/compare.py --frameworks raw,fsm --workloads tiny --rounds 1 --scale 0.05 --output out.md
 
 Peers missing (``pip install -e '.[bench]'``) are skipped and named in the output.
