@@ -1,7 +1,11 @@
 """The ``fsmtrain`` command line (also ``python -m pipeline``).
 
 ``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams``,
-``pipeline.tools.audit`` and ``pipeline.tools.replay`` add their own subcommands through ``register_cli``.
+``pipeline.tools.audit`` and ``pipeline.tools.replay_cli`` add their own subcommands through ``register_cli``.
+
+Start-up is part of the interface: ``--help``, ``audit``, ``diagram`` and ``validate`` import no
+torch, W&B or Optuna (``import torch`` alone takes longer than an audit). So this module and every
+plugin's module import only light code at the top; each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -14,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.config import ConfigError, RunConfig, build_callbacks, load_config
-from pipeline.app.job import SeedRun, build_parts, recorded_seed, run_name_for, runs_root, train_seed
-from pipeline.app.rundir import RunDirError, claim_new, claim_next_free
-from pipeline.core.engine import Interrupted
 from pipeline.core.lifecycle import StopReason
 from pipeline.training.resume import ResumeError
+
+if TYPE_CHECKING:
+    from pipeline.app.config import RunConfig
+    from pipeline.app.job import SeedRun
 
 __all__ = ["STARTER_CONFIG", "ExitCode", "build_parser", "exit_code_for", "main"]
 
@@ -62,6 +66,8 @@ def _fmt(x: float) -> str:
 
 
 def _load(args: argparse.Namespace) -> RunConfig:
+    from pipeline.app.config import load_config
+
     overrides = list(args.set or [])
     if getattr(args, "device", None):
         overrides.append(f"device={args.device}")
@@ -82,6 +88,8 @@ def _display_callbacks() -> list[Any]:
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
+    from pipeline.core.engine import Interrupted
+
     result = run.result
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
@@ -110,6 +118,9 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from pipeline.app.job import run_name_for, runs_root, train_seed
+    from pipeline.app.rundir import claim_new, claim_next_free
+
     cfg = _load(args)
     _print_warnings(cfg, sys.stderr)
     if cfg.optimize is not None:  # train runs the config once, as written; the study is hpo's
@@ -149,6 +160,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from pipeline.app.config import load_config
+    from pipeline.app.job import recorded_seed, train_seed
+
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
@@ -190,6 +204,8 @@ def _shape(x: Any) -> str:
 def cmd_preflight(args: argparse.Namespace) -> int:
     import torch
 
+    from pipeline.app.config import build_callbacks
+    from pipeline.app.job import build_parts
     from pipeline.core.runner import CallbackRunner
     from pipeline.training.driver import split_batch as _split
 
@@ -313,8 +329,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay", "pipeline.tools.report",
-            "pipeline.app.hpo", "pipeline.tools.hpo_report")
+_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay_cli",
+            "pipeline.tools.report", "pipeline.app.hpo", "pipeline.tools.hpo_report")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -362,15 +378,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A user's mistake, reported in one line: (module, error class). Checked without importing the
+# modules: if one was never imported, nothing raised its error.
+_USER_ERRORS = (("pipeline.app.config", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
+                ("pipeline.training.resume", "ResumeError"))
+
+
+def _is_config_error(exc: BaseException) -> bool:
+    for module, name in _USER_ERRORS:
+        mod = sys.modules.get(module)
+        if mod is not None and isinstance(exc, getattr(mod, name)):
+            return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code = args.func(args)
-    except ConfigError as exc:
-        print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
-        return int(ExitCode.CONFIG)
-    except (RunDirError, ResumeError) as exc:
+    except ValueError as exc:
+        if not _is_config_error(exc):
+            raise
         print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
         return int(ExitCode.CONFIG)
     except KeyboardInterrupt:

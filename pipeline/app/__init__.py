@@ -15,6 +15,7 @@ def __getattr__(name: str) -> Any:
     if name == "Trainer":
         from pipeline.app.trainer import Trainer
 
+        globals()["Trainer"] = Trainer  # later lookups skip this function
         return Trainer
     raise AttributeError(f"module 'pipeline.app' has no attribute {name!r}")
 

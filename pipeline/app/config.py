@@ -5,7 +5,10 @@ Validation tiers, all run before anything is created on disk, with every problem
 1. **syntax**: YAML with duplicate keys rejected (with their lines); ``1e-3`` reads as a float.
 2. **schema** (pydantic): types, ranges, unknown keys (with the closest known key).
 3. **resolution**: every dotted path imports and is the right kind of object, its kwargs match
-   its signature, a requested accelerator exists.
+   its signature, a requested accelerator exists. Paths into fsmtrain's own dependencies (torch,
+   pytorch_optimizer) and into fsmtrain are read from source when that settles them, so
+   validating a config imports no torch; a user's module is imported, since that it imports is
+   part of the check. Any problem found is confirmed and worded by the real import.
 4. **semantic warnings** (never fatal): e.g. patience >= epochs, a cosine ``T_max`` != ``epochs``.
 
 Resolution runs on the raw mapping, independently of the schema tier, so one error lists a
@@ -30,16 +33,16 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union, cast, get_args, get_origin
 
-import numpy as np
-import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
-from torch import nn
 
+from pipeline.app import static_lookup
 from pipeline.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
     import optuna
+    import torch
+    from torch import nn
 
 __all__ = [
     "CallbacksConfig",
@@ -569,6 +572,9 @@ def resolve_dotted(path: str) -> Any:
 
 
 def _is_kind(obj: Any, kind: Kind) -> bool:
+    import torch
+    from torch import nn
+
     cls = obj if inspect.isclass(obj) else None
     if kind is Kind.MODEL:
         return cls is not None and issubclass(cls, nn.Module)
@@ -600,6 +606,13 @@ def _kwarg_problems(
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return []  # builtins without a signature: the call itself will tell
+    return _signature_problems(sig, _describe(obj), kwargs, cfg_path, positional, supplied)
+
+
+def _signature_problems(
+    sig: inspect.Signature, what: str, kwargs: Mapping[str, Any], cfg_path: str, positional: int,
+    supplied: Sequence[str] = (),
+) -> list[ConfigProblem]:
     params = list(sig.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     skip = 0
@@ -618,13 +631,13 @@ def _kwarg_problems(
                 f"{cfg_path}.{key}", f"no {key!r} here (it is set from the top-level {key!r})", repr(key)))
         elif key not in named and not open_kwargs:
             problems.append(ConfigProblem(
-                f"{cfg_path}.{key}", f"an argument of {_describe(obj)}: {', '.join(named) or 'none'}",
+                f"{cfg_path}.{key}", f"an argument of {what}: {', '.join(named) or 'none'}",
                 f"unknown argument {key!r}", _closest(str(key), list(named)),
             ))
     for name, p in named.items():
         if p.default is inspect.Parameter.empty and name not in kwargs and name not in supplied:
             problems.append(ConfigProblem(
-                f"{cfg_path}.{name}", f"a value for the required argument {name!r} of {_describe(obj)}", "nothing"))
+                f"{cfg_path}.{name}", f"a value for the required argument {name!r} of {what}", "nothing"))
     return problems
 
 
@@ -638,12 +651,48 @@ _TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = 
 )
 
 
+# fsmtrain's own dependencies and fsmtrain itself: `train` imports them anyway, so reading their
+# source is enough for validate. A user's module is imported for real (that it imports is checked).
+_READ_FROM_SOURCE = frozenset({"torch", "pytorch_optimizer", "pipeline", "callbacks"})
+# _is_kind's issubclass checks, as the qualified names static_lookup gives a class's bases.
+_KIND_BASES: dict[Kind, frozenset[str]] = {
+    Kind.MODEL: frozenset({"torch.nn.modules.module.Module"}),
+    Kind.OPTIMIZER: frozenset({"torch.optim.optimizer.Optimizer"}),
+    Kind.SCHEDULER: frozenset({"torch.optim.lr_scheduler.LRScheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"}),
+    Kind.LOSS: frozenset({"torch.nn.modules.module.Module"}),
+    Kind.CALLBACK: frozenset({"pipeline.core.hooks.TrainingCallback"}),
+}
+_FUNCTION_KINDS = frozenset({Kind.LOSS, Kind.DATA, Kind.METRIC})
+
+
+def _fine_from_source(
+    value: str, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int, supplied: Sequence[str],
+) -> bool:
+    """True when the source alone shows ``value`` is ``kind`` and ``kwargs`` fit its signature.
+    False means "import it": the import path then finds, and words, any problem."""
+    if value.partition(".")[0] not in _READ_FROM_SOURCE:
+        return False
+    try:
+        found = static_lookup.lookup(value)
+    except static_lookup.Undecided:
+        return False
+    is_kind = (not _KIND_BASES.get(kind, frozenset()).isdisjoint(found.lineage) if found.is_class
+               else kind in _FUNCTION_KINDS)
+    if not is_kind:
+        return False
+    if kwargs_path is None or not isinstance(kwargs, Mapping):
+        return True
+    return not _signature_problems(found.signature, found.qualname, kwargs, kwargs_path, positional, supplied)
+
+
 def _check_target(
     path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int,
     supplied: Sequence[str] = (),
 ) -> list[ConfigProblem]:
     if not isinstance(value, str):
         return []  # the schema tier reports the type
+    if _fine_from_source(value, kind, kwargs, kwargs_path, positional, supplied):
+        return []
     try:
         obj = _import_dotted(value)
     except _ResolveError as exc:
@@ -676,10 +725,14 @@ def _resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
                     f"callbacks.extra.{i}.target", item.get("target"), Kind.CALLBACK,
                     item.get("kwargs", {}), f"callbacks.extra.{i}.kwargs", 0)
     device = data.get("device", "cpu")
-    if isinstance(device, str) and device.startswith("cuda") and not torch.cuda.is_available():
+    if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
+        return problems  # the CPU is always there: no need to ask torch
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
         problems.append(ConfigProblem("device", "a device this machine has (no CUDA GPU is visible)", repr(device),
                                       "cpu"))
-    if isinstance(device, str) and device == "mps" and not torch.backends.mps.is_available():
+    if device == "mps" and not torch.backends.mps.is_available():
         problems.append(ConfigProblem("device", "a device this machine has (MPS is not available)", repr(device),
                                       "cpu"))
     return problems
@@ -946,12 +999,17 @@ def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
 # --- builders --------------------------------------------------------------------------------
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
 
 
 def build_model(cfg: RunConfig) -> nn.Module:
+    from torch import nn
+
     model = resolve_dotted(cfg.net)(**cfg.net_config)
     if not isinstance(model, nn.Module):
         raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
@@ -959,6 +1017,8 @@ def build_model(cfg: RunConfig) -> nn.Module:
 
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
+    import torch
+
     opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
     assert isinstance(opt, torch.optim.Optimizer)
     return opt
@@ -973,9 +1033,9 @@ def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> Any:
 def build_criterion(cfg: RunConfig) -> Callable[[Any, Any], torch.Tensor]:
     obj = resolve_dotted(cfg.criterion)
     if inspect.isclass(obj):
-        return cast(Callable[[Any, Any], torch.Tensor], obj(**cfg.criterion_config))
+        return cast("Callable[[Any, Any], torch.Tensor]", obj(**cfg.criterion_config))
     fn = partial(obj, **cfg.criterion_config) if cfg.criterion_config else obj
-    return cast(Callable[[Any, Any], torch.Tensor], fn)
+    return cast("Callable[[Any, Any], torch.Tensor]", fn)
 
 
 def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:

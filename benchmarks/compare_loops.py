@@ -1,0 +1,381 @@
+"""The training loops ``compare.py`` runs side by side: the same model, data, optimizer and order of
+floating-point work in every one, so all of them end with the same weights, bit for bit.
+
+Each loop takes a :class:`Job` and appends ``time.perf_counter()`` to ``job.marks`` at the start of
+every epoch (the steady-state window is measured between those marks, so imports, W&B start-up and
+teardown stay out of the per-epoch figures). A loop returns extra figures for the report, if any.
+
+``*_all`` loops do, besides training, what fsmtrain's nine built-in callbacks do each step and epoch,
+each in its framework's own way (``raw_all`` by hand; the peers with their closest equivalents):
+
+- global gradient L2 norm every step, running max kept on the device, read once per epoch;
+- NaN/inf check of the losses;
+- one W&B log per epoch (offline);
+- Optuna ``trial.report`` / ``should_prune`` each epoch (a real in-memory study; it never prunes);
+- early-stopping bookkeeping (patience longer than the run, so it never stops);
+- checkpoints of model and optimizer each epoch.
+
+Loss prediction (a ``curve_fit`` per epoch) and overfit detection have no peer equivalent and are
+not reproduced by hand: they are fsmtrain-only work inside ``fsm_all``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LR = 1e-3
+MIN_DELTA = 1e-4  # fsmtrain's relative early-stopping min_delta
+
+
+@dataclass
+class Job:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    train: list[Batch]
+    val: list[Batch]
+    epochs: int
+    scratch: Path
+    marks: list[float] = field(default_factory=list)
+
+    @property
+    def patience(self) -> int:
+        return self.epochs + 1  # bookkeeping every epoch, never a stop: every loop runs every epoch
+
+
+def _grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def _trial() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study().ask()  # MedianPruner: never prunes the first trial, but does the work
+
+
+# --- raw ------------------------------------------------------------------------------------------
+def _raw_epochs(job: Job, per_epoch: Callable[[int, float, float, torch.Tensor], bool] | None) -> None:
+    model, opt, loss_fn = job.model, job.optimizer, nn.MSELoss()
+    params = [p for p in model.parameters() if p.requires_grad]
+    gmax = torch.zeros(())
+    for epoch in range(job.epochs):
+        job.marks.append(time.perf_counter())
+        model.train()
+        total = torch.zeros(())
+        seen = 0
+        gmax.fill_(-1.0)
+        for x, y in job.train:
+            loss = loss_fn(model(x), y)
+            total += loss.detach() * y.shape[0]
+            seen += y.shape[0]
+            loss.backward()
+            if per_epoch is not None:
+                torch.maximum(gmax, _grad_norm(params), out=gmax)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        train_loss = (total / seen).item()
+        model.eval()
+        vsum = torch.zeros(())
+        vseen = 0
+        with torch.inference_mode():
+            for x, y in job.val:
+                vsum += loss_fn(model(x), y) * y.shape[0]
+                vseen += y.shape[0]
+        val_loss = (vsum / vseen).item()
+        if per_epoch is not None and per_epoch(epoch, train_loss, val_loss, gmax):
+            break
+
+
+def raw(job: Job) -> dict[str, Any]:
+    _raw_epochs(job, None)
+    return {}
+
+
+def raw_all(job: Job) -> dict[str, Any]:
+    import wandb
+
+    trial = _trial()
+    run = wandb.init(project="bench", mode="offline", dir=str(job.scratch))
+    best = math.inf
+    bad = 0
+    ckpt = job.scratch / "latest.pt"
+
+    def per_epoch(epoch: int, train_loss: float, val_loss: float, gmax: torch.Tensor) -> bool:
+        nonlocal best, bad
+        max_grad_norm = gmax.item()
+        if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
+            return True
+        trial.report(val_loss, epoch)
+        if trial.should_prune():
+            return True
+        if not math.isfinite(best) or val_loss < best - abs(best) * MIN_DELTA:  # relative, as fsmtrain's
+            best, bad = val_loss, 0
+        else:
+            bad += 1
+        run.log({"train_loss": train_loss, "val_loss": val_loss, "lr": job.optimizer.param_groups[0]["lr"],
+                 "max_grad_norm": max_grad_norm}, step=epoch)
+        torch.save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}, ckpt)
+        return bad >= job.patience
+
+    try:
+        _raw_epochs(job, per_epoch)
+    finally:
+        run.finish()
+    return {}
+
+
+# --- fsmtrain -------------------------------------------------------------------------------------
+def _fsm(job: Job, callbacks: list[Any], run_dir: Path) -> Any:
+    from pipeline import Trainer, TrainingCallback
+
+    class Mark(TrainingCallback):
+        priority = -1000  # first at epoch begin
+
+        def on_train_epoch_begin(self, epoch: Any) -> None:
+            job.marks.append(time.perf_counter())
+
+    trainer = Trainer(job.model, job.optimizer, nn.MSELoss(), job.train, job.val, max_epochs=job.epochs,
+                      callbacks=[Mark(), *callbacks], run_dir=run_dir, console_level="error")
+    return trainer.fit()
+
+
+def fsm(job: Job) -> dict[str, Any]:
+    _fsm(job, [], job.scratch / "run")
+    return {}
+
+
+def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
+    """The nine built-ins exactly as ``fsmtrain train`` builds them (config defaults, W&B offline,
+    a pruner on an Optuna trial), through ``pipeline.app.config.build_callbacks``."""
+    from pipeline.app.config import build_callbacks, config_from_dict
+
+    cfg = config_from_dict({
+        "net": "pipeline.training.models.MLP", "net_config": {"in_features": 1, "out_features": 1},
+        "data": "pipeline.training.data.synthetic_regression",  # not used: only the callbacks are built
+        "optimizer": "torch.optim.AdamW", "epochs": job.epochs, "batch_size": job.train[0][1].shape[0],
+        "early_stopping": {"patience": job.patience},
+        "wandb": {"enabled": True, "mode": "offline", "project": "bench"},
+    })
+    callbacks = build_callbacks(cfg, run_dir=run_dir, trial=_trial())
+    assert len(callbacks) == 9, [type(c).__name__ for c in callbacks]
+    return callbacks
+
+
+def fsm_all(job: Job) -> dict[str, Any]:
+    from pipeline.core.events import read_events
+
+    run_dir = job.scratch / "run"
+    _fsm(job, nine_builtins(job, run_dir), run_dir)
+    per_callback: dict[str, list[float]] = {}
+    epoch_seconds: list[float] = []
+    for event in read_events(run_dir / "events.jsonl"):
+        if event["event"] == "epoch":
+            payload = event["payload"]
+            epoch_seconds.append(payload["seconds"])
+            for name, seconds in payload.get("callback_seconds", {}).items():
+                per_callback.setdefault(name, []).append(seconds)
+    per_callback.pop("Mark", None)
+    return {"callback_ms": {k: 1e3 * sum(v[1:]) / max(1, len(v) - 1) for k, v in per_callback.items()}}
+
+
+# --- Ignite ---------------------------------------------------------------------------------------
+def _ignite(job: Job, full: bool) -> None:
+    from ignite.engine import Events, create_supervised_evaluator, create_supervised_trainer
+    from ignite.metrics import Average, Loss
+
+    loss_fn = nn.MSELoss()
+    trainer = create_supervised_trainer(job.model, job.optimizer, loss_fn)
+    evaluator = create_supervised_evaluator(job.model, metrics={"loss": Loss(loss_fn)})
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda _: job.marks.append(time.perf_counter()))
+    Average(output_transform=lambda out: out).attach(trainer, "train_loss")
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: evaluator.run(job.val))
+    if full:
+        _ignite_equivalents(job, trainer, evaluator)
+    trainer.run(job.train, max_epochs=job.epochs)
+
+
+def _ignite_equivalents(job: Job, trainer: Any, evaluator: Any) -> None:
+    from ignite.engine import Events
+    from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, TerminateOnNan
+    from ignite.handlers.wandb_logger import WandBLogger
+
+    params = [p for p in job.model.parameters() if p.requires_grad]
+    gmax = torch.zeros(())
+    trial = _trial()
+    wandb_logger = WandBLogger(project="bench", mode="offline", dir=str(job.scratch))
+
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda _: gmax.fill_(-1.0))
+
+    def grad_norm(_: Any) -> None:  # ignite zeroes the grads at the start of the next iteration
+        torch.maximum(gmax, _grad_norm(params), out=gmax)
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, grad_norm)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, TerminateOnNan())
+    evaluator.add_event_handler(
+        Events.COMPLETED, EarlyStopping(job.patience, lambda e: -e.state.metrics["loss"], trainer, min_delta=0.0))
+
+    def prune(_: Any) -> None:
+        trial.report(evaluator.state.metrics["loss"], trainer.state.epoch - 1)
+        if trial.should_prune():
+            trainer.terminate()
+
+    evaluator.add_event_handler(Events.COMPLETED, prune)
+
+    def log(_: Any) -> None:
+        wandb_logger.log({"train_loss": trainer.state.metrics["train_loss"],
+                          "val_loss": evaluator.state.metrics["loss"], "lr": job.optimizer.param_groups[0]["lr"],
+                          "max_grad_norm": gmax.item()}, step=trainer.state.epoch - 1)
+
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, log)
+    to_save = {"model": job.model, "optimizer": job.optimizer, "trainer": trainer}
+    saver = DiskSaver(job.scratch / "checkpoints", require_empty=False)
+    for handler in (
+        Checkpoint(to_save, saver, n_saved=3),  # periodic, keep the last 3
+        Checkpoint(to_save, saver, filename_prefix="best", n_saved=1,
+                   score_function=lambda _: -evaluator.state.metrics["loss"], score_name="neg_val_loss"),
+        Checkpoint(to_save, saver, filename_prefix="latest", n_saved=1),
+    ):
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, handler)
+    trainer.add_event_handler(Events.COMPLETED, lambda _: wandb_logger.close())
+
+
+def ignite(job: Job) -> dict[str, Any]:
+    _ignite(job, full=False)
+    return {}
+
+
+def ignite_all(job: Job) -> dict[str, Any]:
+    _ignite(job, full=True)
+    return {}
+
+
+# --- Lightning ------------------------------------------------------------------------------------
+class _Batches:
+    """The batch list as one iterable: Lightning reads a plain list as a list of data loaders."""
+
+    def __init__(self, batches: list[Batch]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _lightning(job: Job, full: bool) -> None:
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = job.model
+            self.loss_fn = nn.MSELoss()
+
+        def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = self.loss_fn(self.net(x), y)
+            self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0])
+            return loss
+
+        def validation_step(self, batch: Batch, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", self.loss_fn(self.net(x), y), on_epoch=True, batch_size=y.shape[0])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return job.optimizer
+
+    class Mark(pl.Callback):
+        def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            job.marks.append(time.perf_counter())
+
+    callbacks: list[pl.Callback] = [Mark()]
+    logger: Any = False
+    if full:
+        callbacks += _lightning_equivalents(job)
+        from lightning.pytorch.loggers import WandbLogger
+
+        logger = WandbLogger(project="bench", offline=True, save_dir=str(job.scratch))
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=job.epochs, logger=logger, callbacks=callbacks,
+        enable_checkpointing=full, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=str(job.scratch), log_every_n_steps=len(job.train),
+    )
+    trainer.fit(Module(), train_dataloaders=_Batches(job.train), val_dataloaders=_Batches(job.val))
+
+
+def _lightning_equivalents(job: Job) -> list[Any]:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    trial = _trial()
+
+    class GradNorm(pl.Callback):
+        def __init__(self) -> None:
+            self.params = [p for p in job.model.parameters() if p.requires_grad]
+            self.gmax = torch.zeros(())
+
+        def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            self.gmax.fill_(-1.0)
+
+        def on_before_optimizer_step(self, trainer: pl.Trainer, module: pl.LightningModule, opt: Any) -> None:
+            torch.maximum(self.gmax, _grad_norm(self.params), out=self.gmax)
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            module.log("max_grad_norm", self.gmax.item())
+
+    class Prune(pl.Callback):
+        def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            trial.report(float(trainer.callback_metrics["val_loss"]), trainer.current_epoch)
+            if trial.should_prune():
+                trainer.should_stop = True
+
+    checkpoints = job.scratch / "checkpoints"
+    return [
+        GradNorm(), Prune(),
+        EarlyStopping(monitor="val_loss", patience=job.patience, check_finite=True),  # also the NaN check
+        ModelCheckpoint(checkpoints, "periodic-{epoch}", monitor="epoch", mode="max", save_top_k=3),
+        ModelCheckpoint(checkpoints, "best-{epoch}", monitor="val_loss", mode="min", save_top_k=1, save_last=True),
+    ]
+
+
+def lightning(job: Job) -> dict[str, Any]:
+    _lightning(job, full=False)
+    return {}
+
+
+def lightning_all(job: Job) -> dict[str, Any]:
+    _lightning(job, full=True)
+    return {}
+
+
+# name -> (loop, what it is, the modules it needs beyond torch: imported before the clock starts)
+LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] = {
+    "raw": (raw, "raw PyTorch loop", ()),
+    "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
+    "fsm": (fsm, "fsmtrain core, no callbacks", ("pipeline.app.trainer",)),
+    "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+    "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),
+    "ignite_all": (ignite_all, "Ignite + equivalents",
+                   ("ignite.engine", "ignite.metrics", "ignite.handlers", "ignite.handlers.wandb_logger", "wandb",
+                    "optuna")),
+    "lightning": (lightning, "Lightning", ("lightning.pytorch",)),
+    "lightning_all": (lightning_all, "Lightning + equivalents", ("lightning.pytorch", "wandb", "optuna")),
+}

@@ -1,0 +1,65 @@
+"""Smoke test of ``benchmarks/compare.py``: a much reduced run (raw loop and fsmtrain core, one
+workload, one round, a few steps per epoch) through the real orchestrator and worker processes.
+It checks the report's structure and the weight check, never a timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
+    out, raw = tmp_path / "RESULTS.md", tmp_path / "results.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "compare.py"), "--quick", "--rounds", "1", "--scale", "0.02",
+         "--frameworks", "raw,fsm", "--workloads", "tiny", "--cli-runs", "0", "--output", str(out), "--json", str(raw)],
+        env=env, capture_output=True, text=True, timeout=380, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = out.read_text(encoding="utf-8")
+    assert report.startswith("# fsmtrain vs raw PyTorch, Ignite and Lightning")
+    for heading in ("## Machine", "## Summary: ratio of steady-state time", "## tiny: ", "## How to read it"):
+        assert heading in report
+    assert re.search(r"versions: torch \S+", report)
+    assert "Final weights: identical in every framework and round (sha256 `" in report
+    # summary: one row for the core ratio, with a number and the per-epoch difference
+    assert re.search(r"^\| fsmtrain core, no callbacks / raw \| \d+\.\d\d \([+-]\d+\.\d\d ms/epoch\) \|$", report, re.M)
+    rows = [line for line in report.splitlines() if line.startswith(("| raw PyTorch loop |", "| fsmtrain core"))]
+    detail = [r for r in rows if r.count("|") == 11]
+    assert len(detail) == 2, rows  # raw and fsm, ten columns each
+    assert detail[0].split("|")[2].strip() == "1.000"  # raw against itself
+    data = json.loads(raw.read_text())
+    runs = {r["framework"]: r for r in data["results"]}
+    assert set(runs) == {"raw", "fsm"} and runs["raw"]["sha256"] == runs["fsm"]["sha256"]
+    assert all(r["rss_mb"] > 0 and r["epoch_ms"] > 0 for r in runs.values())
+    assert "skipping" not in proc.stderr  # only raw and fsmtrain were asked for: no peer to skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_peer_that_is_not_installed_is_skipped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import compare
+
+    monkeypatch.setitem(compare.PEER_PACKAGE, "ignite", "no_such_package_for_the_test")  # as if not installed
+    out = tmp_path / "RESULTS.md"
+    code = compare.main(["--quick", "--rounds", "1", "--scale", "0.02", "--frameworks", "raw,ignite,ignite_all",
+                         "--workloads", "tiny", "--cli-runs", "0", "--output", str(out)])
+    assert code == 0
+    assert "skipping ignite: no_such_package_for_the_test is not installed" in capsys.readouterr().err
+    report = out.read_text(encoding="utf-8")
+    assert "**Skipped (not installed):** ignite, ignite_all." in report
+    assert "| raw PyTorch loop | 1.000 |" in report and "| Ignite |" not in report
