@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.core.lifecycle import StopReason
-from pipeline.training.resume import ResumeError
 
 if TYPE_CHECKING:
     from pipeline.app.config import RunConfig
@@ -162,6 +161,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_config
     from pipeline.app.job import recorded_seed, train_seed
+    from pipeline.training.resume import ResumeError
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
