@@ -372,7 +372,8 @@ class ReplayDriver(BaseDriver):
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         # Runs right before on_epoch_end, where the built-in writers of model-derived slots write.
-        self._signal_in(Phase.EPOCH_END, epoch.index)
+        # the engine acts on a signal after epoch_end's handlers, when the epoch counter has moved on
+        self._signal_in(Phase.EPOCH_END, epoch.index + 1)
         if not self.fed_slots:
             return
         slots = self._recorded(epoch.index).slots
