@@ -28,3 +28,11 @@ def quickstart_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
     from audit_runs import make_quickstart_runs
 
     return make_quickstart_runs(tmp_path_factory.mktemp("quickstart_runs"))
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process W&B run leaves ``WANDB_SERVICE`` in ``os.environ``; a training subprocess that
+    inherited it would attach to this test process's W&B service instead of its own, and its offline
+    files would depend on that service's life. Each test starts without it."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)

@@ -100,7 +100,10 @@ class ConfigError(ValueError):
         self.source = source
         where = f"config {source}" if source else "config"
         n = len(self.problems)
-        lines = [f"{where} has {n} problem{'s' if n != 1 else ''}:"]
+        if n == 1:  # one mistake, one line
+            super().__init__(f"{where}: {self.problems[0]}")
+            return
+        lines = [f"{where} has {n} problems:"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
 
