@@ -28,6 +28,6 @@ def test_a_misspelt_hook_in_an_extra_callback_is_a_config_error(tmp_path: Path) 
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert ("  - callbacks: expected callbacks the runner accepts; found Misspelt.on_validation_end is not a hook "
+    assert (": callbacks: expected callbacks the runner accepts; found Misspelt.on_validation_end is not a hook "
             "and would never be called: did you mean on_val_end?") in proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing half-written
