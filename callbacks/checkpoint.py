@@ -41,6 +41,7 @@ class CheckpointCallback(TrainingCallback):
 
     priority = 95
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY
 
     def __init__(

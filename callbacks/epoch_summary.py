@@ -92,6 +92,7 @@ class EpochSummaryCallback(TrainingCallback):
 
     priority = 88
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
     reads_every_slot = True
 

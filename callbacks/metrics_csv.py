@@ -89,6 +89,7 @@ class MetricsCsvCallback(TrainingCallback):
 
     priority = 85
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY  # writes a file: a replay only records intent
     reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION, EARLY_STOPPING_WAIT)
 

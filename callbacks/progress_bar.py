@@ -27,6 +27,7 @@ class ProgressBarCallback(TrainingCallback):
 
     priority = 98
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     refresh_seconds = 0.1
 
     def __init__(self, enabled: bool | None = None) -> None:

@@ -38,6 +38,7 @@ class PrunerCallback(TrainingCallback):
 
     priority = 85
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     reads = (LOSS_PREDICTION,)
 
     def __init__(self, trial: optuna.trial.Trial, monitor: str = "val_loss") -> None:

@@ -50,6 +50,7 @@ class WandbLoggingCallback(TrainingCallback):
 
     priority = 80
     tier = Tier.CORE
+    rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY
     reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
     reads_every_slot = True

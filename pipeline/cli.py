@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import math
 import statistics
 import sys
@@ -116,30 +117,72 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     return exit_code_for(reason)
 
 
+def _join_ranks(cfg: RunConfig) -> Any:
+    """Under torchrun (several ranks): join the process group; None in one process."""
+    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return None
+    import torch
+
+    return init_from_env(DistributedOptions(cfg.distributed.backend, cfg.distributed.timeout_s),
+                         torch.device(cfg.device))
+
+
+def _leave_ranks(collective: Any) -> None:
+    if collective is not None:
+        from pipeline.training.distributed import shutdown
+
+        shutdown()
+
+
+def _launched(args: argparse.Namespace, nproc: int) -> int | None:
+    """With ``nproc`` > 1 in a plain process: start the workers and return their exit status."""
+    from pipeline.app.launch import launch_workers, without_nproc
+    from pipeline.training.distributed import launched_by_torchrun
+
+    if nproc <= 1 or launched_by_torchrun():
+        return None
+    return launch_workers(nproc, without_nproc(args.argv))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _load(args)  # checked once here, so a config mistake is one line, not one per rank
+    code = _launched(args, args.nproc)
+    if code is not None:
+        return code
+    collective = _join_ranks(cfg)
+    try:
+        return _train_seeds(args, cfg, collective)
+    finally:
+        _leave_ranks(collective)
+
+
+def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
     from pipeline.app.job import run_name_for, runs_root, train_seed
     from pipeline.app.rundir import claim_new, claim_next_free
 
-    cfg = _load(args)
-    _print_warnings(cfg, sys.stderr)
-    if cfg.optimize is not None:  # train runs the config once, as written; the study is hpo's
+    lead = collective is None or collective.rank == 0  # the one console of a multi-process run
+    out: TextIO = sys.stdout if lead else io.StringIO()
+    if lead:
+        _print_warnings(cfg, sys.stderr)
+    if cfg.optimize is not None and lead:  # train runs the config once, as written; the study is hpo's
         print(f"note: {args.config} has an optimize: section; train runs it once with the values as written; "
               f"`fsmtrain hpo {args.config}` runs the study", file=sys.stderr)
     run_name = cfg.name or Path(args.config).stem
     base = Path(args.run_dir) if args.run_dir else None
     codes: list[ExitCode] = []
     objectives: list[float] = []
-    out = sys.stdout
     root = runs_root(cfg, base)
     for seed in cfg.seeds:
         name = run_name_for(cfg, seed, run_name)
-        resume = bool(args.resume) and (root / name / "events.jsonl").is_file()
-        if resume:
-            target: Any = root / name
-        elif args.resume:
-            target = claim_new(root / name)
-        else:
-            target = claim_next_free(root, name)
+
+        def pick(name: str = name) -> tuple[Any, bool]:
+            if bool(args.resume) and (root / name / "events.jsonl").is_file():
+                return root / name, True
+            return (claim_new(root / name) if args.resume else claim_next_free(root, name)), False
+
+        target, resume = pick() if collective is None else collective.on_rank_zero(pick, _shown)
         path = target if isinstance(target, Path) else target.path
         verb = "resuming" if resume else "->"
         print(f"== {cfg.project}/{run_name} seed {seed} {verb} {path}", file=out, flush=True)
@@ -158,9 +201,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     return int(code)
 
 
+def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
+    """What the other ranks learn of rank 0's pick: the run dir's path (rank 0 keeps its claim)."""
+    target, resume = picked
+    return (target if isinstance(target, Path) else target.path), resume
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_config
     from pipeline.app.job import recorded_seed, train_seed
+    from pipeline.app.launch import recorded_world_size
     from pipeline.training.resume import ResumeError
 
     run_dir = Path(args.run_dir)
@@ -170,12 +220,26 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.device:
         overrides.append(f"device={args.device}")
     cfg = load_config(run_dir / "config.yaml", overrides)
+    world = recorded_world_size(run_dir)
+    code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
+    if code is not None:
+        return code
     seed = recorded_seed(run_dir)
-    print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=sys.stdout, flush=True)
-    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True)
-    code = _describe_seed(run, sys.stdout)
-    print(f"exit code {int(code)} ({code.name})", file=sys.stdout)
-    return int(code)
+    collective = _join_ranks(cfg)
+    try:
+        ranks = collective.world_size if collective is not None else 1
+        if ranks != world:
+            raise ResumeError(f"{run_dir} was trained on {world} process(es), this resume has {ranks}; resume it "
+                              "with the same number (fsmtrain resume starts them itself)")
+        lead = collective is None or collective.rank == 0
+        out: TextIO = sys.stdout if lead else io.StringIO()
+        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
+        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True)
+        code = _describe_seed(run, out)
+        print(f"exit code {int(code)} ({code.name})", file=out)
+        return int(code)
+    finally:
+        _leave_ranks(collective)
 
 
 # --- validate / preflight --------------------------------------------------------------------
@@ -350,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
     p.add_argument("--resume", action="store_true",
                    help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
@@ -395,6 +461,7 @@ def _is_config_error(exc: BaseException) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         code = args.func(args)
     except ValueError as exc:

@@ -385,6 +385,13 @@ class OptimizeConfig(_Section):
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 
 
+class DistributedConfig(_Section):
+    """Multi-process runs (``torchrun`` or ``fsmtrain train --nproc N``); one process ignores it."""
+
+    backend: Literal["gloo", "nccl"] | None = None  # default: gloo on CPU, nccl on CUDA
+    timeout_s: float = Field(default=1800.0, gt=0)  # how long a collective waits for a slow rank
+
+
 class RunConfig(_Section):
     project: str = Field(default="fsmtrain", min_length=1)
     name: str | None = None
@@ -413,6 +420,7 @@ class RunConfig(_Section):
     # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
     num_threads: int | None = Field(default=None, ge=1)
     optimize: OptimizeConfig | None = None
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
 

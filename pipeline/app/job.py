@@ -35,10 +35,10 @@ from pipeline.app.config import (
     seed_everything,
 )
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
-from pipeline.app.trainer import Trainer
+from pipeline.app.trainer import Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
-from pipeline.core.engine import TrainResult
+from pipeline.core.engine import Interrupted, TrainResult
 from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.registry import GlobalRegistrationError
@@ -106,7 +106,7 @@ def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
 # (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
 # must be what the checkpoint was trained with, or the result is not a continuation.
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
-    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize"})
+    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed"})
 FINGERPRINT_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation",
@@ -184,9 +184,16 @@ def train_seed(
         if isinstance(run_dir, RunDirClaim):
             run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
         raise
-    claim = run_dir if isinstance(run_dir, RunDirClaim) else (claim_existing(path) if resume else claim_new(path))
+    collective = joined_collective(torch.device(cfg.device))
+    owner = collective is None or collective.rank == 0  # rank 0 owns the run dir and what is in it
+
+    def take() -> RunDirClaim:
+        return run_dir if isinstance(run_dir, RunDirClaim) else (claim_existing(path) if resume else claim_new(path))
+
+    claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
     try:
-        atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
+        if owner:
+            atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
         trainer = Trainer(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
             max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
@@ -196,19 +203,35 @@ def train_seed(
             resume_from="latest" if resume else None,
         )
     except BaseException:
-        if resume:
-            claim.release()
-        else:
-            claim.abandon()
+        if isinstance(claim, RunDirClaim):
+            if resume:
+                claim.release()
+            else:
+                claim.abandon()
         raise
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
-        _write_path_diagram(trainer)
+        if owner:
+            _write_path_diagram(trainer)
+        _all_ranks_done(trainer, exc)
         return SeedRun(seed, path, trainer, exc)
-    atomic_write_bytes(path / MODEL_FILE, _model_bytes(trainer))
-    _write_path_diagram(trainer)
+    if owner:
+        atomic_write_bytes(path / MODEL_FILE, _model_bytes(trainer))
+        _write_path_diagram(trainer)
+    _all_ranks_done(trainer, None)
     return SeedRun(seed, path, trainer)
+
+
+def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
+    """A run the ranks ended together (completed, an agreed stop or signal) ends with a barrier, so
+    no rank exits (and no launcher tears the others down) while rank 0 still writes its files. A
+    rank that failed on its own skips it: the others are not coming."""
+    collective = trainer.collective
+    if collective is None:
+        return
+    if error is None or isinstance(error, Interrupted):
+        collective.barrier()
 
 
 def _model_bytes(trainer: Trainer) -> bytes:

@@ -3,6 +3,7 @@ callbacks, put together for one run."""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -13,11 +14,18 @@ from torch import nn
 
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
+from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine, TrainResult
-from pipeline.core.events import EVENTS_FILE, EventLog
+from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.runner import CallbackRunner
+from pipeline.training.distributed import (
+    TorchCollective,
+    shard_train_loader,
+    shard_val_loader,
+    wrap_model,
+)
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
 from pipeline.training.resume import Resumption, find_resumption
 from pipeline.training.signals import signals_set_flag
@@ -35,6 +43,13 @@ class Trainer:
     the run in ``run_dir`` from its newest committed checkpoint: model, optimizer, scheduler,
     callback states, RNG states, data order and position are restored, and the log continues (and
     its hash chain). ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256.
+
+    Under ``torchrun`` (``torch.distributed`` initialised with several ranks, or ``collective``
+    given) the trainer is one rank of a multi-process run: the model trains in
+    DistributedDataParallel on this rank's shard of the data, metrics are global, the guards are
+    agreed between the ranks, and rank 0 owns the run directory (claim, checkpoints, console,
+    W&B: callbacks that declare ``rank_zero_only`` run there only); rank ``r`` writes its own
+    ``events-rank<r>.jsonl`` beside rank 0's ``events.jsonl``.
     """
 
     def __init__(
@@ -58,6 +73,7 @@ class Trainer:
         extras: Mapping[str, Any] | None = None,
         resume_from: str | Path | None = None,
         log_key: bytes | None = None,
+        collective: TorchCollective | None = None,
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
             raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
@@ -76,18 +92,18 @@ class Trainer:
         self.model = model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.collective = collective if collective is not None else joined_collective(self.device)
+        rank = self.collective.rank if self.collective is not None else 0
+        if rank > 0:
+            callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
-        if isinstance(run_dir, RunDirClaim):
-            self.claim = run_dir
-        elif run_dir is not None:
-            self.claim = claim_existing(run_dir) if resume_from is not None else claim_new(run_dir)
-        self.run_dir = self.claim.path if self.claim is not None else None
+        self.run_dir = self._claim(run_dir, resume_from is not None)
         start_seq = 0
         if resume_from is not None and self.run_dir is not None:
             try:
-                self.resumption = find_resumption(self.run_dir, resume_from)
+                self.resumption = self._find_resumption(self.run_dir, resume_from)
             except BaseException:
                 self.close()
                 raise
@@ -95,9 +111,10 @@ class Trainer:
             run_id = self.resumption.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
-            self.run_dir / EVENTS_FILE if self.run_dir is not None else None,
+            self.run_dir / log_name_for_rank(rank) if self.run_dir is not None else None,
             self.run_id,
             level=log_level,
+            console=sys.stderr if rank == 0 else None,  # one console: rank 0's
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,
@@ -109,17 +126,54 @@ class Trainer:
             model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
         )
         self.run.extras.update(extras or {})
-        self.driver = TorchDriver(
-            self.model, optimizer, loss_fn, train_loader, val_loader,
-            scheduler=scheduler, device=self.device, metrics=metrics,
-        )
-        gen = self.driver.shuffle_generator
+        gen = TorchDriver.loader_generator(train_loader)
         if gen is not None:
             self.run.extras.setdefault("data_seed", gen.initial_seed())
+        train_model: nn.Module | None = None
+        if self.collective is not None:
+            world = self.collective.world_size
+            self.run.extras.update(rank=rank, world_size=world)
+            train_loader = shard_train_loader(train_loader, rank, world, int(self.run.extras.get("data_seed", 0)))
+            val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
+            train_model = wrap_model(self.model, self.device)
+        self.driver = TorchDriver(
+            self.model, optimizer, loss_fn, train_loader, val_loader,
+            scheduler=scheduler, device=self.device, metrics=metrics, train_model=train_model,
+            all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
+        )
         if self.resumption is not None:
             self.resumption.prepare(self.run)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
-                             restore=None if self.resumption is None else self.resumption.restore)
+                             restore=None if self.resumption is None else self.resumption.restore,
+                             collective=self.collective)
+
+    def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
+        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error)."""
+        def claim() -> Path | None:
+            if isinstance(run_dir, RunDirClaim):
+                self.claim = run_dir
+            elif run_dir is not None:
+                self.claim = claim_existing(run_dir) if resume else claim_new(run_dir)
+            return self.claim.path if self.claim is not None else None
+
+        if self.collective is None:
+            return claim()
+        return self.collective.share(claim)
+
+    def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption:
+        """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one."""
+        if self.collective is None:
+            return find_resumption(run_dir, which)
+        found: list[Resumption] = []
+
+        def choose() -> str:
+            found.append(find_resumption(run_dir, which))
+            return str(found[0].path)
+
+        chosen = self.collective.share(choose)
+        if found:
+            return found[0]
+        return find_resumption(run_dir, chosen, own_log=log_name_for_rank(self.collective.rank))
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:
@@ -141,3 +195,12 @@ class Trainer:
             events.close()
         if self.claim is not None:
             self.claim.release()
+
+
+def joined_collective(device: torch.device) -> TorchCollective | None:
+    """This process's collective, when it is one of several ranks of an initialised process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return TorchCollective(device)
+    return None

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.core.consensus import Collective, decide, proposal_of
 from pipeline.core.context import (
     EpochContext,
     EpochRecord,
@@ -57,6 +58,7 @@ from pipeline.core.lifecycle import (
     Step,
     StopReason,
     Transition,
+    agreement_points,
     build_machine,
     program_for,
     transition_for,
@@ -69,16 +71,20 @@ _END: Any = object()
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 
 Work = Callable[[Any], None]
+# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
+_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size"})
 
 
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
     never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, rank: int | None = None) -> None:
         self.signum = signum
+        self.rank = rank  # in a multi-process run, the rank the signal was sent to
         self.exit_code = 128 + signum
-        super().__init__(f"signal {signal.Signals(signum).name} received")
+        where = "" if rank is None else f" on rank {rank}"
+        super().__init__(f"signal {signal.Signals(signum).name} received{where}")
 
 
 class Driver(Protocol):
@@ -247,8 +253,11 @@ class Engine:
         *,
         strict: bool | None = None,
         restore: Callable[[RunContext], None] | None = None,
+        collective: Collective | None = None,
     ) -> None:
-        """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint)."""
+        """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint).
+        ``collective``: this process is one rank of a multi-process run; the shared guards then read
+        the facts the ranks agree on (see :mod:`pipeline.core.consensus`)."""
         self.driver = driver
         self._restore = restore
         self.runner = runner
@@ -269,10 +278,17 @@ class Engine:
         self._phase_seconds: dict[str, float] = {}
         self._epoch_started = 0.0
         self._debug = run.events.enabled_for("debug")
+        self._collective = collective
+        shared = collective is not None and collective.world_size > 1
+        self._per_batch_agreement = shared and runner.may_stop_immediately
+        self._agree_at = agreement_points(self._per_batch_agreement) if shared else frozenset()
+        self._agreed_stop: StopRequest | None = None
+        self._agreed_signal: tuple[int, int] | None = None  # (signal, rank)
+        self._agreed_here = False  # the fast batch loop agreed just before handing back
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: self._has_batch,
-            Guard.IMMEDIATE_STOP: self._immediate_stop,
+            Guard.IMMEDIATE_STOP: self._agreed_immediate_stop if shared else self._immediate_stop,
             Guard.FAULTED: self._is_faulted,
         }
         self._actions: dict[Action, Work] = self._action_table()
@@ -317,6 +333,10 @@ class Engine:
         stop = self.run.stop
         return (stop is not None and stop.immediate) or self.run.pending_signal is not None
 
+    def _agreed_immediate_stop(self) -> bool:
+        stop = self._agreed_stop
+        return (stop is not None and stop.immediate) or self._agreed_signal is not None
+
     def _is_faulted(self) -> bool:
         return self._faulted
 
@@ -324,7 +344,7 @@ class Engine:
         stop = self.run.stop
         return Facts(
             stop_requested=stop is not None,
-            immediate_stop=(stop is not None and stop.immediate) or self.run.pending_signal is not None,
+            immediate_stop=self._guards_immediate(),
             epochs_remain=self.run.epoch < self.run.max_epochs,
             has_batch=self._next is not _END,
             faulted=self._faulted,
@@ -460,7 +480,7 @@ class Engine:
             start_epoch=self.run.epoch,
             strict=self.strict,
             callbacks=self.runner.describe(),
-            **{k: v for k, v in self.run.extras.items() if k in ("config", "seed", "resumed_from", "hpo")},
+            **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS},
         )
         self._phase_started = time.perf_counter()
         try:
@@ -477,8 +497,10 @@ class Engine:
     def _advance(self) -> None:
         """Offer the machine the triggers that leave its state; check it moved as the table says."""
         source = _PHASES[self._model.state]
-        if self.run.pending_signal is not None:
-            raise Interrupted(self.run.pending_signal)  # the fault path routes it through abort
+        if source in self._agree_at and not self._agreed_here:
+            self._agree()
+        self._agreed_here = False
+        self._raise_if_signalled()
         facts = self.facts()
         for trigger in triggers_from(source):
             if self._model.trigger(trigger):
@@ -496,6 +518,14 @@ class Engine:
     def _fast_batches(self) -> None:
         """The compiled copy of the internal ``batch`` transition, for as long as its guard holds."""
         guard = self._fast_guard
+        if self._per_batch_agreement:  # the ranks agree before every batch: one shared guard check
+            agree, handler = self._agree, self._batch_handler
+            while True:
+                agree()
+                self._agreed_here = True
+                if not guard():
+                    return
+                handler()
         if self._debug:
             handler = self._batch_handler
             while guard():
@@ -504,6 +534,50 @@ class Engine:
         body, step = self._batch_body, self._step
         while guard():
             body(step)
+
+    # --- agreement between ranks ----------------------------------------------------------
+    def _guards_immediate(self) -> bool:
+        if self._agree_at:
+            return self._agreed_immediate_stop()
+        return self._immediate_stop()
+
+    def _raise_if_signalled(self) -> None:
+        """At a boundary, a signal routes the run through abort (the fault path). In a
+        multi-process run only an agreed signal counts, so every rank raises it at the same point."""
+        if self._agree_at:
+            if self._agreed_signal is not None:
+                raise Interrupted(*self._agreed_signal)
+        elif self.run.pending_signal is not None:
+            raise Interrupted(self.run.pending_signal)
+
+    def _agree(self) -> None:
+        """One all-gather of every rank's new stop request and signal; every rank applies the same verdict."""
+        collective = self._collective
+        assert collective is not None
+        run = self.run
+        mine = run.stop if run.stop is not self._agreed_stop else None
+        signal_seen = run.pending_signal if self._agreed_signal is None else None
+        verdict = decide(collective.all_gather_ints(proposal_of(mine, signal_seen)))
+        if verdict.signal and self._agreed_signal is None:
+            self._agreed_signal = (verdict.signal, verdict.signal_rank)
+        if verdict.reason is None:
+            return
+        source, message = collective.broadcast_object(
+            (mine.source, mine.message) if mine is not None and collective.rank == verdict.stop_rank else None,
+            verdict.stop_rank,
+        )
+        if collective.rank != verdict.stop_rank or mine is None:
+            source = f"{source} on rank {verdict.stop_rank}"
+            replaced = run.stop
+            run.stop = StopRequest(verdict.reason, source, message, verdict.immediate, verdict.epoch,
+                                   run.global_step, verdict.phase)
+            extra = {"overrides": replaced.reason.value} if replaced is not None else {}
+            run.emit("stop_request", reason=verdict.reason.value, source=source, message=message,
+                     immediate=verdict.immediate, accepted=True, rank=verdict.stop_rank, **extra)
+        self._agreed_stop = run.stop
+        if verdict.immediate and not self._per_batch_agreement and verdict.phase not in self._agree_at:
+            run.warn("engine", f"an immediate stop from {source} is honoured at this epoch's end: no callback of "
+                     "this run declares may_stop_immediately, so the ranks agree once per epoch")
 
     def _log_move(self, move: Transition) -> None:
         source = move.source
@@ -607,7 +681,7 @@ class Engine:
         phase = _PHASES.get(self._model.state, Phase.CREATED)
         source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
         if isinstance(exc, Interrupted):
-            source = f"signal {signal.Signals(exc.signum).name}"
+            source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
         self._log_exception(exc, source)
         if phase is FINAL:
             return  # the fault came from the teardown itself, which has run every step

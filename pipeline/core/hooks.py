@@ -55,6 +55,12 @@ class TrainingCallback:
     # A logger that shows every slot present (W&B, the console line) sets this: the runner then
     # treats it as a reader of every slot the run's callbacks write, so no writer may run after it.
     reads_every_slot: ClassVar[bool] = False
+    # Declared capabilities a multi-process run plans by. A callback that may call
+    # ``request_stop(..., immediate=True)`` sets ``may_stop_immediately``: the ranks then agree per
+    # batch (without one, per epoch). ``rank_zero_only``: it writes what the run owns once (files,
+    # the console, W&B), so only rank 0 runs it.
+    may_stop_immediately: ClassVar[bool] = False
+    rank_zero_only: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

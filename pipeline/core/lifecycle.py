@@ -437,6 +437,22 @@ def build_machine(
     )
 
 
+# Guards whose facts can differ between the ranks of a multi-process run (a stop requested, a signal
+# received on one rank); they read the facts the ranks agreed (``pipeline.core.consensus``).
+# HAS_BATCH is equal on every rank by construction (equal shards); FAULTED is a rank's own.
+SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
+
+
+def agreement_points(per_batch: bool) -> frozenset[Phase]:
+    """Where the ranks of a multi-process run agree before the machine leaves a phase: the phases
+    whose moves are guarded by ``can_continue`` (twice per run and once per epoch), and, when some
+    callback may request an immediate stop (``per_batch``), every phase whose moves read a shared
+    guard, per batch included."""
+    wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
+    return frozenset(t.source for t in TRANSITIONS
+                     if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
+
+
 def triggers_from(phase: Phase) -> tuple[str, ...]:
     """The distinct triggers of the ordinary transitions leaving ``phase``, in table order: what the
     engine offers the machine there."""

@@ -87,6 +87,11 @@ class CallbackRunner:
         }
         self._dispatchers = {hook: self.dispatcher(hook) for hook in HOOK_NAMES}
 
+    @property
+    def may_stop_immediately(self) -> bool:
+        """Some callback declares it may request an immediate stop (multi-process runs then agree per batch)."""
+        return any(cb.may_stop_immediately for cb in self.callbacks)
+
     def table(self, hook: str) -> tuple[tuple[int, Handler], ...]:
         """``(callback position, bound hook)`` pairs in dispatch order."""
         return self._tables[hook]

@@ -58,8 +58,18 @@ class TorchDriver:
         device: torch.device,
         metrics: Mapping[str, MetricFn] | None = None,
         scheduler_monitor: str = "val_loss",
+        train_model: nn.Module | None = None,
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
     ) -> None:
+        """``train_model``: what the training forward runs (``model`` wrapped, e.g. in
+        DistributedDataParallel); ``all_reduce``: sums a tensor over the ranks in place, so each
+        epoch's metrics are global sums over global counts (one call per epoch each for train
+        and validation)."""
         self.model = model
+        self.train_model = model if train_model is None else train_model
+        self.all_reduce = all_reduce
+        no_sync = getattr(self.train_model, "no_sync", None)
+        self._no_sync: Callable[[], Any] | None = no_sync if callable(no_sync) else None
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.train_loader = train_loader
@@ -94,14 +104,18 @@ class TorchDriver:
     @property
     def shuffle_generator(self) -> torch.Generator | None:
         """The train loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
-        for owner in (self.train_loader, getattr(self.train_loader, "sampler", None)):
+        return self.loader_generator(self.train_loader)
+
+    @staticmethod
+    def loader_generator(loader: Any) -> torch.Generator | None:
+        for owner in (loader, getattr(loader, "sampler", None)):
             gen = getattr(owner, "generator", None)
             if isinstance(gen, torch.Generator):
                 return gen
         return None
 
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        self.model.train()
+        self.train_model.train()
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
@@ -119,7 +133,7 @@ class TorchDriver:
         inputs, targets = split_batch(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
-        output = self.model(inputs)
+        output = self.train_model(inputs)
         loss = self.loss_fn(output, targets)
         step.output = output
         step.loss = loss
@@ -129,6 +143,10 @@ class TorchDriver:
 
     def backward(self, step: StepContext) -> None:
         assert step.loss is not None
+        if self._no_sync is not None and step.skip_optimizer_step:
+            with self._no_sync():  # accumulating: gradients are averaged over the ranks once, on the stepping batch
+                step.loss.backward()  # type: ignore[no-untyped-call]
+            return
         step.loss.backward()  # type: ignore[no-untyped-call]
 
     def optimizer_step(self, step: StepContext) -> None:
@@ -137,10 +155,20 @@ class TorchDriver:
     def zero_grad(self, step: StepContext) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _global(self, sums: torch.Tensor, count: int) -> tuple[torch.Tensor, float]:
+        """Sums and count over every rank (this rank's alone in a one-process run)."""
+        if self.all_reduce is None:
+            return sums, float(count)
+        both = torch.cat([sums.reshape(-1).double(), torch.tensor([float(count)], dtype=torch.float64,
+                                                                   device=sums.device)])
+        self.all_reduce(both)
+        return both[:-1], float(both[-1].item())
+
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        if self._seen == 0:
+        total, seen = self._global(self._loss_sum, self._seen)
+        if seen == 0:
             return {}
-        return {"train_loss": float((self._loss_sum / self._seen).item())}
+        return {"train_loss": float((total / seen).item())}
 
     def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
         if self.val_loader is None:
@@ -175,9 +203,12 @@ class TorchDriver:
         self._val_seen += n
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
-        if self.val_loader is None or self._val_seen == 0:
+        if self.val_loader is None:
             return {}
-        return dict(zip(self._val_names, (self._val_sums / self._val_seen).tolist(), strict=True))
+        total, seen = self._global(self._val_sums, self._val_seen)
+        if seen == 0:
+            return {}
+        return dict(zip(self._val_names, (total / seen).tolist(), strict=True))
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         if self.scheduler is None:

@@ -46,15 +46,16 @@ class LogTail:
     torn_bytes: int  # bytes of a torn last line cut off
 
 
-def read_log_tail(run_dir: Path) -> LogTail:
-    """Read ``run_dir/events.jsonl``; cut off a torn last line (a process killed mid-write)."""
-    log = run_dir / EVENTS_FILE
+def read_log_tail(run_dir: Path, name: str = EVENTS_FILE, *, repair: bool = True) -> LogTail:
+    """Read ``run_dir/<name>``; cut off a torn last line (a process killed mid-write) when
+    ``repair`` (a rank other than 0 reads the run's log without touching it: rank 0 appends to it)."""
+    log = run_dir / name
     if not log.is_file():
-        raise ResumeError(f"{run_dir} has no {EVENTS_FILE}: there is no run to resume there")
+        raise ResumeError(f"{run_dir} has no {name}: there is no run to resume there")
     raw = log.read_bytes()
     cut = raw.rfind(b"\n") + 1
     torn = len(raw) - cut
-    if torn:
+    if torn and repair:
         with open(log, "r+b") as fh:
             fh.truncate(cut)
             fh.flush()
@@ -145,11 +146,14 @@ def _load_callback_states(run: RunContext, states: Mapping[str, Any]) -> None:
             cb.load_state_dict(states[key])
 
 
-def find_resumption(run_dir: str | Path, which: str | Path = "latest") -> Resumption:
+def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
     """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest committed one that is
-    intact) or a path (which must be one the log committed)."""
+    intact) or a path (which must be one the log committed).
+
+    ``own_log``: a rank other than 0 of a multi-process run, which continues its own log (that
+    name) from the checkpoint rank 0 chose; it reads the run's log and files and changes neither."""
     run_dir = Path(run_dir)
-    tail = read_log_tail(run_dir)
+    tail = read_log_tail(run_dir, repair=own_log is None)
     latest_sha: dict[str, str] = {}
     for shown, sha, _ in tail.committed:
         latest_sha[shown] = sha
@@ -174,10 +178,19 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest") -> Resump
         except CheckpointError as exc:
             problems.append(str(exc))
             continue
+        if own_log is not None:
+            return Resumption(run_dir, path, shown, sha, state, _own_tail(run_dir, own_log))
         res = Resumption(run_dir, path, shown, sha, state, tail)
         res.removed = _remove_uncommitted(run_dir, path.parent, latest_sha, tail.removed)
         return res
     raise ResumeError(f"{run_dir}: no committed checkpoint could be loaded: " + "; ".join(problems))
+
+
+def _own_tail(run_dir: Path, name: str) -> LogTail:
+    """A rank's own log, repaired; a rank killed before it wrote a line starts a fresh one."""
+    if not (run_dir / name).is_file():
+        return LogTail(0, None, (), frozenset(), 0)
+    return read_log_tail(run_dir, name)
 
 
 def _remove_uncommitted(

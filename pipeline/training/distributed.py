@@ -1,0 +1,183 @@
+"""Multi-process training with ``torch.distributed`` (one process per rank, started by ``torchrun``).
+
+What a rank needs beyond a one-process run, and nothing else:
+
+- :class:`TorchCollective`: the engine's :class:`pipeline.core.consensus.Collective` (the guard
+  agreement: one all-gather of six integers per epoch) plus the sums the driver reduces its
+  metrics with, a barrier, and :meth:`TorchCollective.share` (rank 0 decides, e.g. the run
+  directory; the others get its answer or its error, so no rank waits for a rank that failed);
+- the loaders of one rank: training data through a ``DistributedSampler`` (equal shards, padded,
+  so every rank has the same number of batches and takes the same ``batch``/``validate`` moves;
+  the order is a function of the run's data seed and the epoch, as in one process), validation
+  data in exact, unpadded shards (so the summed metrics are the true global mean);
+- the model wrapped in ``DistributedDataParallel`` for the training forward; checkpoints and
+  ``model.pt`` keep the plain module's weights.
+
+Backends: gloo on CPU, NCCL on CUDA (one device per local rank); ``distributed.backend`` and
+``distributed.timeout_s`` in the config override them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
+
+__all__ = [
+    "DistributedOptions", "ShardSampler", "TorchCollective", "init_from_env", "launched_by_torchrun",
+    "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistributedOptions:
+    """The config's ``distributed:`` section (defaults need none)."""
+
+    backend: str | None = None  # gloo on CPU, nccl on CUDA
+    timeout_s: float = 1800.0  # how long a collective waits for a rank before failing
+
+
+def launched_by_torchrun() -> bool:
+    """This process is one of several ranks started by ``torchrun`` (or its elastic agent)."""
+    return "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+class TorchCollective:
+    """The collectives of one rank, on the process group ``torch.distributed`` was set up with."""
+
+    def __init__(self, device: torch.device) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised (call init_from_env first)")
+        self._rank = dist.get_rank()
+        self._world = dist.get_world_size()
+        self.device = device  # where gathered tensors live: the rank's CUDA device under NCCL
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        rows = [torch.empty_like(mine) for _ in range(self._world)]
+        dist.all_gather(rows, mine)
+        return [[int(v) for v in row.tolist()] for row in rows]
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        """``tensor`` becomes the sum over the ranks (in place)."""
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def on_rank_zero(self, make: Callable[[], T], shown: Callable[[T], Any]) -> Any:
+        """``make()`` on rank 0, which keeps what it made (a claim, a lock); the other ranks get
+        ``shown(made)`` (its path), or the error rank 0 met."""
+        kept: list[T] = []
+
+        def decide() -> Any:
+            kept.append(make())
+            return shown(kept[0])
+
+        value = self.share(decide)
+        return kept[0] if kept else value
+
+    def share(self, decide: Callable[[], T]) -> T:
+        """Rank 0 runs ``decide``; every rank returns its result, or raises the error it raised."""
+        outcome: tuple[bool, Any] | None = None
+        if self._rank == 0:
+            try:
+                outcome = (True, decide())
+            except Exception as exc:  # every rank must hear of it; each raises it
+                outcome = (False, exc)
+        ok, value = self.broadcast_object(outcome, 0)
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+
+def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
+    """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
+    On CUDA each rank takes the device of its local rank."""
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=options.timeout_s))
+    return TorchCollective(device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` in DistributedDataParallel (its gradients averaged over the ranks in backward)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+class ShardSampler(Sampler[int]):
+    """Every ``world``-th index from ``rank``: exact shards, no padding (shard sizes may differ by one)."""
+
+    def __init__(self, size: int, rank: int, world: int) -> None:
+        self.indices = range(rank, size, world)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _like(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+    )
+
+
+def _check(loader: Any, what: str) -> DataLoader[Any]:
+    if not isinstance(loader, DataLoader) or loader.batch_size is None:
+        raise TypeError(f"a multi-process run shards its {what} loader by dataset index: it must be a "
+                        f"torch DataLoader with a batch_size, got {type(loader).__name__}")
+    return loader
+
+
+def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoader[Any]:
+    """This rank's share of the training data: equal, padded shards; shuffled (if the loader was)
+    by ``seed`` and the epoch the driver sets."""
+    loader = _check(loader, "training")
+    shuffle = isinstance(loader.sampler, RandomSampler)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
+    return _like(loader, sampler)
+
+
+def shard_val_loader(loader: Any, rank: int, world: int) -> DataLoader[Any]:
+    """This rank's share of the validation data, unpadded: summed over the ranks it is the whole set once."""
+    loader = _check(loader, "validation")
+    return _like(loader, ShardSampler(len(loader.dataset), rank, world))
