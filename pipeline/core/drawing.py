@@ -274,6 +274,7 @@ class RunPath:
     stop_epoch: int | None = None
     epochs_done: int = 0
     last_phase: str | None = None
+    world_size: int = 1  # ranks of a multi-process run (the path is drawn once: the ranks agree)
 
 
 def read_run_path(events_path: str | Path) -> RunPath:
@@ -281,6 +282,8 @@ def read_run_path(events_path: str | Path) -> RunPath:
     level; without them, their count is ``global_step`` leaving ``train_step`` minus at entering,
     minus the entering move itself."""
     path = Path(events_path)
+    if path.is_dir():  # a run directory: its log (rank 0's, in a multi-process run)
+        path = path / "events.jsonl"
     counts: Counter[tuple[str, str, str]] = Counter()
     run = RunPath(counts)
     internal_logged = 0
@@ -303,6 +306,9 @@ def read_run_path(events_path: str | Path) -> RunPath:
             event = rec.get("event")
             if event == "epoch":
                 run.epochs_done += 1
+            elif event == "run_start":
+                world = (rec.get("payload") or {}).get("world_size")
+                run.world_size = world if isinstance(world, int) and world > 0 else run.world_size
             if event != "transition":
                 continue
             src, dst, trig = rec.get("from"), rec.get("to"), rec.get("trigger")
@@ -361,7 +367,10 @@ def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
     phases = [p for p in Phase if p in visited]
     last = Phase(run.last_phase) if run.last_phase in {p.value for p in Phase} else None
     spec = _Spec(phases, edges=edges, show_conditions=False, active=last)
-    text = _graph_source(spec, _text_format(fmt), f"{TITLE}: run {Path(events_path).parent.name or 'run'}")
+    source = Path(events_path)
+    name = (source if source.is_dir() else source.parent).name or "run"
+    ranks = f" on {run.world_size} ranks" if run.world_size > 1 else ""
+    text = _graph_source(spec, _text_format(fmt), f"{TITLE}: run {name}{ranks}")
     return render_svg(text) if fmt is Format.SVG else text
 
 

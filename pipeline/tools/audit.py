@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from pipeline.core.chain import LogKeyError, key_from_env, read_key_file
 from pipeline.core.events import EVENT_KEYS, LEVELS
@@ -48,6 +48,9 @@ from pipeline.tools.audit_chain import ChainCheck
 from pipeline.tools.audit_content import number, slot_checks
 from pipeline.tools.audit_ending import EndingChecks, Segment
 from pipeline.tools.audit_files import CheckpointWrite, verify_checkpoints
+
+if TYPE_CHECKING:
+    from pipeline.tools.audit_ranks import RankedAudit
 from pipeline.tools.audit_report import (
     EXIT_UNREADABLE,
     AuditReadError,
@@ -578,7 +581,13 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 def _cmd_audit(args: argparse.Namespace) -> int:
     try:
         key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
-        report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
+        if Path(args.events).is_dir():  # a run directory: every rank's log, and their agreement
+            from pipeline.tools.audit_ranks import audit_run_dir
+
+            report: AuditReport | RankedAudit = audit_run_dir(args.events, verify_checkpoints=not args.no_checkpoints,
+                                                              key=key)
+        else:
+            report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
     except (AuditReadError, LogKeyError) as exc:
         if args.json:
             print(json.dumps({"path": str(args.events), "ok": False, "error": str(exc)}))
@@ -593,7 +602,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("events", metavar="EVENTS_JSONL", help="a run's events.jsonl")
+    parser.add_argument("events", metavar="RUN_DIR|EVENTS_JSONL",
+                        help="a run directory (every rank's log of a multi-process run, and that the ranks agreed) "
+                             "or one events.jsonl")
     parser.add_argument("--json", action="store_true",
                         help="print a machine-readable verdict (chain, key, segments, violations, story)")
     parser.add_argument("--strict", action="store_true",

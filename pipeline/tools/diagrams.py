@@ -94,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also list, per phase and transition, the callbacks this config runs, in order")
     parser.add_argument("--hpo", action="store_true",
                         help="with --config: draw it as an HPO trial runs it (adds PrunerCallback)")
-    source.add_argument("--run", metavar="EVENTS_JSONL", default=None,
-                        help="draw the path one run took (edge counts, stop reason and epoch)")
+    source.add_argument("--run", metavar="RUN_DIR|EVENTS_JSONL", default=None,
+                        help="draw the path one run took (edge counts, stop reason and epoch; a multi-process "
+                             "run's path once, with its number of ranks)")
     source.add_argument("--write", metavar="DIR", default=None,
                         help="regenerate DIR/lifecycle.{mmd,dot,svg} (the committed diagrams)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
