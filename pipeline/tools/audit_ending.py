@@ -29,6 +29,7 @@ class StopInfo:
     immediate: bool
     epoch: int | None
     line: int
+    rank: int | None = None  # a stop agreed from another rank of a multi-process run (its log holds the cause)
 
 
 @dataclass
@@ -106,7 +107,8 @@ class EndingChecks:
         elif reason == StopReason.NAN.value:
             stop_epoch = stop.epoch if stop is not None else last_epoch
             mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
-            if stop_epoch not in seg.nonfinite and not mid_epoch:
+            from_other_rank = stop is not None and stop.rank is not None
+            if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
                 self.bad("stop_reason", f"reason nan, but the losses of epoch {stop_epoch} are finite", n)
         elif reason == StopReason.PRUNED.value and seg.last_trial_report is not None:
             should, line = seg.last_trial_report
@@ -140,7 +142,8 @@ class EndingChecks:
         if not p.get("accepted"):
             return
         overrides = p.get("overrides")
-        if seg.stop is not None and not seg.faulted:
+        rank = p.get("rank")  # agreed with the other ranks: the winner by precedence, then (epoch, phase, rank)
+        if seg.stop is not None and not seg.faulted and rank is None:
             if overrides != seg.stop.reason or not StopReason(reason).outranks(StopReason(seg.stop.reason)):
                 self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
                          f"that does not outrank it", n)
@@ -149,8 +152,8 @@ class EndingChecks:
         epoch = rec["epoch"]
         source = str(p.get("source", ""))
         seg.stop = StopInfo(str(reason), source, str(p.get("message", "")), bool(p.get("immediate")),
-                            epoch if type(epoch) is int else None, n)
-        if reason in _CALLBACK_REASONS and seg.callbacks and source not in seg.callbacks:
+                            epoch if type(epoch) is int else None, n, rank if type(rank) is int else None)
+        if reason in _CALLBACK_REASONS and seg.callbacks and source not in seg.callbacks and seg.stop.rank is None:
             self.warn("stop_request", f"stop {reason} requested by {source!r}, which is not a callback of this run "
                       f"(run_start line {seg.first_line} lists {', '.join(seg.callbacks)})", n)
 

@@ -1,0 +1,95 @@
+"""Callbacks the multi-process tests put into real ``torchrun`` workers (through ``callbacks.extra``).
+
+Each acts on one rank only, to show that a decision taken on one rank moves every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.lifecycle import StopReason
+
+
+def _rank(run: RunContext) -> int:
+    return int(run.extras.get("rank", 0))
+
+
+class StopOnRank(TrainingCallback):
+    """At the end of epoch index ``epoch`` on ``rank``: request ``reason`` (only there)."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int, reason: str = "nan") -> None:
+        self.rank, self.epoch, self.reason = rank, epoch, StopReason(reason)
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if _rank(epoch.run) == self.rank and epoch.index == self.epoch:
+            epoch.request_stop(self.reason, self.name, f"injected on rank {self.rank}")
+
+
+class NaNLossOnRank(TrainingCallback):
+    """From epoch index ``epoch`` on: rank ``rank``'s reported training loss is NaN (its own
+    metric only, before the NaN detector looks), so only that rank's NaN detector fires."""
+
+    priority = 4
+
+    def __init__(self, rank: int, epoch: int) -> None:
+        self.rank, self.epoch = rank, epoch
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if _rank(epoch.run) == self.rank and epoch.index >= self.epoch:
+            epoch.metrics["train_loss"] = math.nan
+
+
+class ImmediateStopOnRank(TrainingCallback):
+    """An immediate stop requested inside batch ``batch`` of epoch index ``epoch`` on ``rank``."""
+
+    priority = 60
+    may_stop_immediately = True
+
+    def __init__(self, rank: int, epoch: int, batch: int) -> None:
+        self.rank, self.epoch, self.batch = rank, epoch, batch
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        if _rank(step.run) == self.rank and step.epoch.index == self.epoch and step.batch_index == self.batch:
+            step.run.request_stop(StopReason.EARLY_STOP, self.name, "immediate, on one rank", immediate=True)
+
+
+class SaveFinalWeights(TrainingCallback):
+    """At ``on_train_end`` every rank saves its model's weights to ``<folder>/weights-rank<r>.pt``
+    (outside the run directory, for the test to compare the ranks)."""
+
+    priority = 99
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_end(self, run: RunContext) -> None:
+        assert run.model is not None
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        torch.save(run.model.state_dict(), Path(self.folder) / f"weights-rank{_rank(run)}.pt")
+
+
+class SlowEpochs(TrainingCallback):
+    """Each epoch end sleeps ``seconds`` and writes ``<epoch index> <pid>`` to ``<marker>-rank<r>``,
+    so a test can send a signal or a kill to a chosen rank at a chosen epoch."""
+
+    priority = 97
+
+    def __init__(self, seconds: float, marker: str = "") -> None:
+        self.seconds, self.marker = seconds, marker
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        time.sleep(self.seconds)
+        if self.marker:
+            mark = f"{self.marker}-rank{_rank(epoch.run)}"
+            with open(f"{mark}.tmp", "w") as fh:
+                fh.write(f"{epoch.index} {os.getpid()}")
+            os.replace(f"{mark}.tmp", mark)

@@ -1,0 +1,280 @@
+"""Multi-process training on real ``torchrun`` (gloo, 2 CPU processes): one run, several ranks, the
+same transitions at the same time on every rank, and no hang when one rank alone decides to stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from pipeline.core.consensus import decide, proposal_of
+from pipeline.core.context import StopRequest
+from pipeline.core.lifecycle import Phase, StopReason, agreement_points
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env.update(WANDB_MODE="offline", OMP_NUM_THREADS="1", WANDB_SILENT="true")
+    env.pop("WANDB_SERVICE", None)
+    return env
+
+
+def _config(tmp: Path, *, extra: list[dict[str, Any]] = (), **changes: Any) -> Path:  # type: ignore[assignment]
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    cfg.update(epochs=6, wandb={"enabled": False})
+    cfg["data_config"]["n_samples"] = 512
+    cfg["scheduler_config"]["T_max"] = 6
+    cfg["callbacks"] = {"extra": list(extra)}
+    cfg.update(changes)
+    path = tmp / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fsmtrain(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def _torchrun(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pipeline", *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _run_dir(tmp: Path) -> Path:
+    (found,) = [p.parent for p in (tmp / "runs").rglob("events.jsonl")]
+    return found
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _ending(path: Path) -> tuple[str, str, int, int]:
+    """(from, reason, epoch, global_step) of the move into train_end."""
+    (end,) = [r for r in _log(path) if r["event"] == "transition" and r["to"] == "train_end"]
+    return end["from"], end["payload"]["reason"], end["epoch"], end["global_step"]
+
+
+def _moves(path: Path) -> list[tuple[str, str, str, int]]:
+    return [(r["trigger"], r["from"], r["to"], r["epoch"]) for r in _log(path)
+            if r["event"] == "transition" and r["from"] != r["to"]]
+
+
+def _audit_ok(run_dir: Path, cwd: Path) -> str:
+    done = _fsmtrain("audit", str(run_dir), cwd=cwd, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 ranks agree" in done.stdout
+    return done.stdout
+
+
+# --- the agreement rule, without processes ------------------------------------------------------
+def test_verdict_prefers_precedence_then_epoch_phase_rank() -> None:
+    early = StopRequest(StopReason.EARLY_STOP, "es", "", False, 3, 0, Phase.EPOCH_END)
+    nan = StopRequest(StopReason.NAN, "nan", "", False, 3, 0, Phase.EPOCH_END)
+    earlier = StopRequest(StopReason.EARLY_STOP, "es", "", False, 2, 0, Phase.EPOCH_END)
+    assert decide([proposal_of(early, None), proposal_of(nan, None)]).stop_rank == 1  # NaN outranks
+    assert decide([proposal_of(early, None), proposal_of(earlier, None)]).stop_rank == 1  # first by epoch
+    assert decide([proposal_of(early, None), proposal_of(early, None)]).stop_rank == 0  # then by rank
+    verdict = decide([proposal_of(None, None), proposal_of(None, signal.SIGTERM)])
+    assert (verdict.signal, verdict.signal_rank, verdict.reason) == (signal.SIGTERM, 1, None)
+
+
+def test_agreement_points_come_from_the_table() -> None:
+    assert agreement_points(False) == {Phase.TRAIN_BEGIN, Phase.EPOCH_END}
+    assert agreement_points(True) == {Phase.TRAIN_BEGIN, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP, Phase.VAL,
+                                      Phase.EPOCH_END}
+
+
+# --- real torchrun ------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_ranks_train_the_quickstart_as_one_run(tmp_path: Path) -> None:
+    weights = tmp_path / "weights"
+    cfg = yaml.safe_load(QUICKSTART.read_text())
+    cfg.update(epochs=4)
+    save = {"target": "tests.dist_support.SaveFinalWeights", "kwargs": {"folder": str(weights)}}
+    cfg["callbacks"] = {"extra": [save]}
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(cfg))
+    done = _torchrun("train", "q.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("seed 0: COMPLETED") == 1  # one console: rank 0's
+    run_dir = _run_dir(tmp_path)
+    rank0, rank1 = (torch.load(weights / f"weights-rank{r}.pt") for r in (0, 1))
+    final = torch.load(run_dir / "model.pt")
+    assert rank0.keys() == rank1.keys() == final.keys()
+    for k in rank0:
+        assert torch.equal(rank0[k], rank1[k]), k
+        assert torch.equal(rank0[k], final[k]), k
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_file()) == [
+        ".lock", "config.yaml", "events-rank1.jsonl", "events.jsonl", "lifecycle.mmd", "metrics.csv", "model.pt"]
+    assert len(list((tmp_path / "runs").rglob("config.yaml"))) == 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.pt", "epoch_3.pt", "epoch_4.pt",
+                                                                            "latest.pt"]
+    starts = [next(r for r in _log(run_dir / name) if r["event"] == "run_start")["payload"]
+              for name in ("events.jsonl", "events-rank1.jsonl")]
+    assert [(s["rank"], s["world_size"]) for s in starts] == [(0, 2), (1, 2)]
+    assert _moves(run_dir / "events.jsonl") == _moves(run_dir / "events-rank1.jsonl")
+    _audit_ok(run_dir, tmp_path)
+    diagram = _fsmtrain("diagram", "--run", str(run_dir), cwd=tmp_path, timeout=60)
+    assert "on 2 ranks" in diagram.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("callback", "kwargs", "reason", "code"), [
+    ("NaNLossOnRank", {"rank": 1, "epoch": 2}, "nan", 3),
+    ("StopOnRank", {"rank": 0, "epoch": 1, "reason": "early_stop"}, "early_stop", 0),
+])
+def test_a_stop_on_one_rank_moves_every_rank(tmp_path: Path, callback: str, kwargs: dict[str, Any], reason: str,
+                                             code: int) -> None:
+    config = _config(tmp_path, extra=[{"target": f"tests.dist_support.{callback}", "kwargs": kwargs}])
+    done = _fsmtrain("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=100)
+    assert done.returncode == code, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    ends = [_ending(run_dir / name) for name in ("events.jsonl", "events-rank1.jsonl")]
+    assert ends[0] == ends[1]
+    assert ends[0][:3] == ("epoch_end", reason, kwargs["epoch"] + 1)
+    other = 1 - kwargs["rank"]
+    told = [r for r in _log(run_dir / ("events.jsonl" if other == 0 else "events-rank1.jsonl"))
+            if r["event"] == "stop_request"]
+    assert [(r["payload"]["reason"], r["payload"]["rank"]) for r in told] == [(reason, kwargs["rank"])]
+    _audit_ok(run_dir, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_immediate_stop_on_one_rank_stops_every_rank_at_the_same_batch(tmp_path: Path) -> None:
+    config = _config(tmp_path, extra=[{"target": "tests.dist_support.ImmediateStopOnRank",
+                                       "kwargs": {"rank": 1, "epoch": 1, "batch": 2}}])
+    done = _fsmtrain("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=100)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    ends = [_ending(run_dir / name) for name in ("events.jsonl", "events-rank1.jsonl")]
+    batches = 512 * 8 // 10 // 2 // 64 + 1  # train rows per rank, in batches of 64
+    assert ends[0] == ends[1] == ("train_step", "early_stop", 1, batches + 3)
+    _audit_ok(run_dir, tmp_path)
+
+
+def _wait_for(path: Path, epoch: int, proc: subprocess.Popen[str], limit: float = 90) -> int:
+    """Wait until ``path`` says the run reached epoch index ``epoch``; the writer's pid."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            index, pid = path.read_text().split()
+        except (OSError, ValueError):
+            index, pid = "-1", "0"
+        if int(index) >= epoch:
+            return int(pid)
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached epoch {epoch}")
+
+
+def _start(tmp: Path, config: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(config), "--nproc", "2"], cwd=tmp,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_sigterm_to_one_worker_ends_every_rank_and_the_run_resumes(tmp_path: Path) -> None:
+    marker = tmp_path / "reached"
+    config = _config(tmp_path, extra=[{"target": "tests.dist_support.SlowEpochs",
+                                       "kwargs": {"seconds": 0.3, "marker": str(marker)}}])
+    proc = _start(tmp_path, config)
+    pid = _wait_for(Path(f"{marker}-rank1"), 1, proc)
+    os.kill(pid, signal.SIGTERM)  # rank 1 only
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 143, out[-3000:]
+    run_dir = _run_dir(tmp_path)
+    ends = [_ending(run_dir / name) for name in ("events.jsonl", "events-rank1.jsonl")]
+    assert ends[0] == ends[1] and ends[0][1] == "interrupted"
+    resumed = _fsmtrain("resume", str(run_dir), cwd=tmp_path, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "COMPLETED after 6 epoch(s)" in resumed.stdout
+    _audit_ok(run_dir, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -> None:
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for folder in (clean, killed):
+        folder.mkdir()
+    extra = [{"target": "tests.dist_support.SlowEpochs", "kwargs": {"seconds": 0.2, "marker": "reached"}}]
+    done = _fsmtrain("train", str(_config(clean, extra=extra)), "--nproc", "2", cwd=clean, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    proc = _start(killed, _config(killed, extra=extra))
+    _wait_for(killed / "reached-rank0", random.randint(0, 3), proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
+    proc.wait(timeout=30)
+    run_dir = _run_dir(killed)
+    assert not (run_dir / "model.pt").exists()
+    resumed = _fsmtrain("resume", str(run_dir), cwd=killed, timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    want, got = torch.load(_run_dir(clean) / "model.pt"), torch.load(run_dir / "model.pt")
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    _audit_ok(run_dir, killed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> None:
+    from pipeline.training.data import synthetic_regression
+    from pipeline.training.distributed import shard_train_loader
+
+    # 205 rows: 51 validation rows (shards of 26 and 25), 154 training rows; no learning (lr 0), so
+    # every figure is a function of the data and the initial weights alone.
+    changes = dict(data_config={"n_samples": 205, "n_features": 8, "val_fraction": 0.25}, epochs=1,
+                   optimizer="torch.optim.SGD", optimizer_config={"lr": 0.0}, scheduler=None, scheduler_config={},
+                   metrics={"val_mae": "torch.nn.functional.l1_loss"}, batch_size=16)
+    single, multi = tmp_path / "one", tmp_path / "two"
+    for folder, nproc in ((single, "1"), (multi, "2")):
+        folder.mkdir()
+        done = _fsmtrain("train", str(_config(folder, **changes)), "--nproc", nproc, cwd=folder, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    one, two = (next(r for r in _log(_run_dir(f) / "events.jsonl") if r["event"] == "epoch")["payload"]["metrics"]
+                for f in (single, multi))
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-6)
+    assert two["val_mae"] == pytest.approx(one["val_mae"], rel=1e-6)
+    # Training data: every rank's padded shard, the same rows the ranks trained on.
+    weights = torch.load(_run_dir(multi) / "model.pt")
+    from pipeline.training.models import MLP
+
+    model = MLP(in_features=8, out_features=1, hidden=[64, 64])
+    model.load_state_dict(weights)
+    loaders = synthetic_regression(batch_size=16, seed=0, n_samples=205, n_features=8, val_fraction=0.25)
+    rows = [i for r in (0, 1) for i in shard_train_loader(loaders.train, r, 2, 0).sampler]
+    data = loaders.train.dataset
+    with torch.no_grad():
+        losses = [torch.nn.functional.mse_loss(model(data[i][0][None]), data[i][1][None]).item() for i in rows]
+    assert len(rows) == 154
+    assert two["train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none here (CPU-only machine)")
+@pytest.mark.timeout(300)
+def test_cuda_ranks(tmp_path: Path) -> None:  # pragma: no cover - runs where a GPU is lent
+    nproc = "2" if torch.cuda.device_count() >= 2 else "1"
+    config = _config(tmp_path, device="cuda")
+    done = _fsmtrain("train", str(config), "--nproc", nproc, cwd=tmp_path, timeout=250)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
