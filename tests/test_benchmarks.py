@@ -63,3 +63,16 @@ def test_a_peer_that_is_not_installed_is_skipped_and_named(tmp_path: Path, monke
     report = out.read_text(encoding="utf-8")
     assert "**Skipped (not installed):** ignite, ignite_all." in report
     assert "| raw PyTorch loop | 1.000 |" in report and "| Ignite |" not in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_distributed_benchmark_smoke_run() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "distributed.py"), "--quick", "--rounds", "50"],
+                          env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = re.findall(r"^\| (.+?) \| ([\d,]+) \| (\d+\.\d\d)x \|$", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["1 process, 1 thread", "1 process, 2 threads", "2 processes, 1 thread each"]
+    assert all(int(r[1].replace(",", "")) > 0 for r in rows)
+    assert re.search(r"guard agreement \(2 ranks, gloo\): \d+ us per agreement", proc.stdout)
