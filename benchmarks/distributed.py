@@ -116,7 +116,8 @@ def main() -> None:
     if args.agreement_worker:
         _agreement_worker(args.rounds)
         return
-    rows, epochs, rounds = (4096, 2, 200) if args.quick else (32768, 4, 2000)
+    rows, epochs = (4096, 2) if args.quick else (32768, 4)
+    rounds = args.rounds
     results = {
         "1 process, 1 thread": throughput(1, 1, rows, epochs),
         "1 process, 2 threads": throughput(1, 2, rows, epochs),
