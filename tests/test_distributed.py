@@ -156,6 +156,14 @@ def test_a_stop_on_one_rank_moves_every_rank(tmp_path: Path, callback: str, kwar
             if r["event"] == "stop_request"]
     assert [(r["payload"]["reason"], r["payload"]["rank"]) for r in told] == [(reason, kwargs["rank"])]
     _audit_ok(run_dir, tmp_path)
+    _replays(run_dir, tmp_path)
+
+
+def _replays(run_dir: Path, cwd: Path) -> None:
+    """Each rank's log replays as it ran: the other ranks' part comes back through the agreement."""
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        done = _fsmtrain("replay", str(run_dir / name), cwd=cwd, timeout=60)
+        assert done.returncode == 0, name + "\n" + done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -170,6 +178,7 @@ def test_an_immediate_stop_on_one_rank_stops_every_rank_at_the_same_batch(tmp_pa
     batches = 512 * 8 // 10 // 2 // 64 + 1  # train rows per rank, in batches of 64
     assert ends[0] == ends[1] == ("train_step", "early_stop", 1, batches + 3)
     _audit_ok(run_dir, tmp_path)
+    _replays(run_dir, tmp_path)
 
 
 def _wait_for(path: Path, epoch: int, proc: subprocess.Popen[str], limit: float = 90) -> int:
@@ -207,6 +216,7 @@ def test_sigterm_to_one_worker_ends_every_rank_and_the_run_resumes(tmp_path: Pat
     run_dir = _run_dir(tmp_path)
     ends = [_ending(run_dir / name) for name in ("events.jsonl", "events-rank1.jsonl")]
     assert ends[0] == ends[1] and ends[0][1] == "interrupted"
+    _replays(run_dir, tmp_path)
     resumed = _fsmtrain("resume", str(run_dir), cwd=tmp_path, timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "COMPLETED after 6 epoch(s)" in resumed.stdout

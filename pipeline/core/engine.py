@@ -573,7 +573,8 @@ class Engine:
                                    run.global_step, verdict.phase)
             extra = {"overrides": replaced.reason.value} if replaced is not None else {}
             run.emit("stop_request", reason=verdict.reason.value, source=source, message=message,
-                     immediate=verdict.immediate, accepted=True, rank=verdict.stop_rank, **extra)
+                     immediate=verdict.immediate, accepted=True, rank=verdict.stop_rank,
+                     requested_epoch=verdict.epoch, requested_phase=verdict.phase.value, **extra)
         self._agreed_stop = run.stop
         if verdict.immediate and not self._per_batch_agreement and verdict.phase not in self._agree_at:
             run.warn("engine", f"an immediate stop from {source} is honoured at this epoch's end: no callback of "

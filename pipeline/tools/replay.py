@@ -33,6 +33,7 @@ from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase, StopReason
 from pipeline.core.runner import CallbackRunner
 from pipeline.tools.replay_cli import register_cli  # the CLI lives apart: registering it imports no torch
+from pipeline.tools.replay_ranks import RecordedRanks, recorded_ranks
 
 __all__ = [
     "Divergence",
@@ -154,6 +155,7 @@ class Interruption:
     phase: str
     epoch: int
     global_step: int
+    rank: int | None = None  # the rank it was sent to, in a multi-process run
 
 
 @dataclass
@@ -282,11 +284,14 @@ def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
         payload = e.get("payload") or {}
         if e.get("event") == "exception" and payload.get("interrupt") and str(payload.get("source", "")).startswith(
                 "signal "):
+            words = str(payload["source"]).split()
             try:
-                signum = int(signal.Signals[str(payload["source"]).split()[1]])
+                signum = int(signal.Signals[words[1]])
             except (KeyError, IndexError):
                 return None
-            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+            rank = int(words[-1]) if len(words) == 5 and words[2:4] == ["on", "rank"] and words[-1].isdigit() else None
+            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
+                                rank)
     return None
 
 
@@ -587,10 +592,12 @@ class _Outcome:
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
-             interrupt: Interruption | None = None) -> _Outcome:
+             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> _Outcome:
     ref: list[CallbackRunner] = []
     log = EventLog(None, run_id, level=level, console=None, keep=True)
     sink = _AttributingSink(log, ref)
+    if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
+        callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
     runner = CallbackRunner(callbacks)
     ref.append(runner)
     check_replayable(runner.callbacks)
@@ -605,8 +612,11 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
                 fed[name] = declared[0] if declared else Slot(name)
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True)
     run.extras.update(extras)
+    if ranks is not None:
+        ranks.run = run
+        run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
     driver = ReplayDriver(run, epochs, fed, interrupt)
-    engine = Engine(driver, runner, run, strict=strict)
+    engine = Engine(driver, runner, run, strict=strict, collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
     try:
@@ -680,8 +690,13 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
+    # One rank of a multi-process run: the other ranks' part in the agreements, as its log recorded it.
+    ranks = recorded_ranks(rec.run_start, rec.events)
+    interrupt = rec.interrupt
+    if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
+        interrupt = None  # sent to another rank: it comes back through the agreement
     out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
-                   extras=extras, strict=strict, interrupt=rec.interrupt)
+                   extras=extras, strict=strict, interrupt=interrupt, ranks=ranks)
     return _to_result(out, recorded=rec, overrides=overrides, compare=True, trial=trial)
 
 

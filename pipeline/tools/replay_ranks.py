@@ -1,0 +1,100 @@
+"""Replaying one rank of a multi-process run: the other ranks, as this rank's log recorded them.
+
+A rank's log records what the other ranks contributed to the guard agreement that changed the
+run: a stop request agreed from another rank (a ``stop_request`` naming that ``rank``, with the
+epoch and phase it was requested in) and a signal received there (the ``exception`` of an
+interrupt, ``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
+:class:`pipeline.core.consensus.Collective` that gives them back at the same agreement (the same
+phase, epoch and global step, per-batch agreements included), so the replay runs the live path:
+the engine agrees, and the recorded verdict comes out of the same rule.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.consensus import proposal_of
+from pipeline.core.context import RunContext, StopRequest
+from pipeline.core.lifecycle import Phase, StopReason
+
+__all__ = ["RecordedRanks", "recorded_ranks"]
+
+_ON_RANK = re.compile(r" on rank (\d+)$")
+
+
+@dataclass(frozen=True)
+class _Contribution:
+    phase: str  # where the ranks agreed (the log line's phase, epoch and global step)
+    epoch: int
+    global_step: int
+    rank: int
+    row: list[int]
+    said: tuple[str, str] | None  # the winner's source and message
+
+
+class RecordedRanks:
+    """The other ranks of a recorded multi-process run, for the replay of one of them."""
+
+    def __init__(self, rank: int, world_size: int, contributions: Sequence[_Contribution]) -> None:
+        self._rank, self._world = rank, world_size
+        self._todo = list(contributions)
+        self._said: dict[int, tuple[str, str]] = {}
+        self.run: RunContext | None = None  # set by the replay before it runs
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        assert self.run is not None
+        rows = [[0] * len(values) for _ in range(self._world)]
+        rows[self._rank] = list(values)
+        here = (self.run.phase.value, self.run.epoch, self.run.global_step)
+        for c in [c for c in self._todo if (c.phase, c.epoch, c.global_step) == here]:
+            self._todo.remove(c)
+            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
+                rows[c.rank]) else list(c.row)
+            if c.said is not None:
+                self._said[c.rank] = c.said
+        return rows
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return obj if src == self._rank else self._said.get(src)
+
+
+def _origin(source: str) -> tuple[str, int | None]:
+    m = _ON_RANK.search(source)
+    return (source[: m.start()], int(m.group(1))) if m else (source, None)
+
+
+def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> RecordedRanks | None:
+    """The other ranks of the run whose ``events`` these are; None for a one-process run."""
+    world, rank = run_start.get("world_size"), run_start.get("rank")
+    if not isinstance(world, int) or world < 2 or not isinstance(rank, int):
+        return None
+    out: list[_Contribution] = []
+    for e in events:
+        payload = e.get("payload") or {}
+        where = (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+        if e.get("event") == "stop_request" and isinstance(payload.get("rank"), int) and payload["rank"] != rank:
+            source, _ = _origin(str(payload.get("source", "")))
+            request = StopRequest(StopReason(payload["reason"]), source, str(payload.get("message", "")),
+                                  bool(payload.get("immediate")), int(payload.get("requested_epoch", where[1])), 0,
+                                  Phase(payload.get("requested_phase", where[0])))
+            out.append(_Contribution(*where, payload["rank"], proposal_of(request, None),
+                                     (source, request.message)))
+        elif e.get("event") == "exception" and payload.get("interrupt"):
+            source, origin = _origin(str(payload.get("source", "")))
+            parts = source.split()
+            if origin is None or origin == rank or len(parts) < 2 or parts[1] not in signal.Signals.__members__:
+                continue
+            out.append(_Contribution(*where, origin, proposal_of(None, int(signal.Signals[parts[1]])), None))
+    return RecordedRanks(rank, world, out)
