@@ -41,7 +41,8 @@ def real_run(run_dir: Path) -> list[dict[str, Any]]:
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, val, max_epochs=2,
                       callbacks=[NaNDetectionCallback(), EarlyStoppingCallback(patience=10**9)],
-                      run_dir=run_dir, run_id="bench", log_level="debug", console_level="error")
+                      run_dir=run_dir, run_id="bench", log_level="debug", console_level="error",
+                      default_callbacks=False)
     trainer.fit()
     with open(run_dir / "events.jsonl", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]

@@ -145,7 +145,7 @@ def _fsm(job: Job, callbacks: list[Any], run_dir: Path) -> Any:
             job.marks.append(time.perf_counter())
 
     trainer = Trainer(job.model, job.optimizer, nn.MSELoss(), job.train, job.val, max_epochs=job.epochs,
-                      callbacks=[Mark(), *callbacks], run_dir=run_dir, console_level="error")
+                      callbacks=[Mark(), *callbacks], run_dir=run_dir, console_level="error", default_callbacks=False)
     return trainer.fit()
 
 

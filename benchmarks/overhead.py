@@ -131,7 +131,7 @@ def trainer_loop(train: list[Batch], val: list[Batch], epochs: int, callbacks: l
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     trainer = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
-                      run_dir=run_dir, console_level="error")
+                      run_dir=run_dir, console_level="error", default_callbacks=False)
     t0 = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - t0

@@ -59,9 +59,10 @@ class GradientMonitorCallback(TrainingCallback):
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
 
     def _allocate(self, grad: torch.Tensor) -> None:
-        self._device, self._dtype = grad.device, grad.dtype
+        # Norms are taken in at least float32: an fp16 gradient of norm 1e5 (fp16 ends at 65504) is finite.
+        self._device, self._dtype = grad.device, torch.promote_types(grad.dtype, torch.float32)
         dev = grad.device
-        self._buf = torch.zeros(self.buffer_size, dtype=grad.dtype, device=dev)
+        self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._max = torch.zeros((), dtype=torch.float64, device=dev)
         self._argmax = torch.zeros((), dtype=torch.float64, device=dev)
         self._over = torch.zeros((), dtype=torch.float64, device=dev)
@@ -86,12 +87,13 @@ class GradientMonitorCallback(TrainingCallback):
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
             return
-        if self._device != grads[0].device or self._dtype != grads[0].dtype:
+        if self._device != grads[0].device or self._dtype != torch.promote_types(grads[0].dtype, torch.float32):
             if self._steps:
                 self._fold()
             self._allocate(grads[0])
         k = len(self._batches)
-        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0, out=self._buf[k])
+        norms = torch._foreach_norm(grads, 2.0, dtype=self._dtype)
+        torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._buf[k])
         self._batches.append(step.batch_index)
         self._steps += 1
         if k + 1 == self.buffer_size:

@@ -81,10 +81,9 @@ def _print_warnings(cfg: RunConfig, out: TextIO) -> None:
 
 # --- train -----------------------------------------------------------------------------------
 def _display_callbacks() -> list[Any]:
-    from callbacks import EpochSummaryCallback, ProgressBarCallback
-    from callbacks.progress_bar import auto_enabled
+    from pipeline.app.defaults import console_callbacks
 
-    return [ProgressBarCallback(enabled=True)] if auto_enabled() else [EpochSummaryCallback()]
+    return console_callbacks()
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:

@@ -50,7 +50,7 @@ def _trainer(run_dir: Path, callbacks: list[TrainingCallback], *, epochs: int, l
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
                    run_dir=run_dir, run_id=run_dir.name, console_level="error", log_level=log_level,
-                   resume_from=resume_from)
+                   resume_from=resume_from, default_callbacks=False)
 
 
 class _RaiseAt(TrainingCallback):

@@ -45,7 +45,7 @@ def make_trainer(
     train, val = tiny_task(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     return Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
-                   run_dir=tmp, console_level="error", **kw)
+                   run_dir=tmp, console_level="error", **kw, default_callbacks=False)
 
 
 def events_of(run_dir: Path) -> list[dict[str, Any]]:

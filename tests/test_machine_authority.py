@@ -354,7 +354,7 @@ def test_f1_through_validation_batch_hooks_matches_sklearn() -> None:
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     cb = MacroF1()
     trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), nn.CrossEntropyLoss(), train, val,
-                      max_epochs=3, callbacks=[cb], console_level="error")
+                      max_epochs=3, callbacks=[cb], console_level="error", default_callbacks=False)
     result = trainer.fit()
     with torch.no_grad():
         preds = model(x[200:]).argmax(dim=1)

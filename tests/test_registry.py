@@ -162,7 +162,7 @@ def _plateau_run(callbacks: list[TrainingCallback]) -> tuple[TrainResult, Traine
     model = tiny_model(0)
     train, val = tiny_task(0)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.MSELoss(), train, val,
-                      max_epochs=10, callbacks=callbacks, console_level="error")
+                      max_epochs=10, callbacks=callbacks, console_level="error", default_callbacks=False)
     return trainer.fit(), trainer
 
 

@@ -285,7 +285,7 @@ def test_skipping_zero_grad_accumulates_gradients() -> None:
 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     Trainer(model, opt, nn.MSELoss(), batches, None, max_epochs=1, callbacks=[Accumulate()],
-            console_level="error").fit()
+            console_level="error", default_callbacks=False).fit()
     got = [p.grad for p in model.parameters()]
     for g, e in zip(got, expected, strict=True):
         assert g is not None
@@ -315,7 +315,7 @@ def test_scheduler_steps_once_per_epoch_and_lr_is_recorded() -> None:
 
     train, val = tiny_task()
     result = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=3, scheduler=sched,
-                     console_level="error").fit()
+                     console_level="error", default_callbacks=False).fit()
     assert [r.metrics["lr"] for r in result.history] == [1.0, 0.5, 0.25]
 
 
@@ -323,10 +323,13 @@ def test_bad_arguments_get_clear_errors() -> None:
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="max_epochs must be an integer >= 0, got -1"):
-        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))], max_epochs=-1)
+        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))], max_epochs=-1,
+                default_callbacks=False)
     with pytest.raises(ValueError, match="train_loader yields no batches"):
-        Trainer(model, opt, nn.MSELoss(), [], max_epochs=1)
+        Trainer(model, opt, nn.MSELoss(), [], max_epochs=1, default_callbacks=False)
     with pytest.raises(TypeError, match=r"callbacks\[0\] must be a TrainingCallback, got str"):
-        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))], callbacks=["x"])  # type: ignore[list-item]
+        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))], callbacks=["x"],
+                default_callbacks=False)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="a batch must be"):
-        Trainer(model, opt, nn.MSELoss(), [torch.zeros(1, 8)], max_epochs=1, console_level="error").fit()
+        Trainer(model, opt, nn.MSELoss(), [torch.zeros(1, 8)], max_epochs=1, console_level="error",
+                default_callbacks=False).fit()

@@ -421,6 +421,8 @@ class RunConfig(_Section):
     num_threads: int | None = Field(default=None, ge=1)
     optimize: OptimizeConfig | None = None
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"  # autocast (and fp16 loss scaling)
+    compile: bool = False  # torch.compile the training forward
 
     _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
 

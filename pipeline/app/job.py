@@ -8,7 +8,6 @@ leaves nothing on disk.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from pipeline.app.config import (
     seed_everything,
 )
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
-from pipeline.app.trainer import Trainer, joined_collective
+from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import Interrupted, TrainResult
@@ -54,7 +53,6 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.yaml"
-MODEL_FILE = "model.pt"
 
 
 @dataclass
@@ -106,10 +104,10 @@ def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
 # (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
 # must be what the checkpoint was trained with, or the result is not a continuation.
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
-    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed"})
+    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed", "compile"})
 FINGERPRINT_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
-    "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation",
+    "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
 )
 
 
@@ -200,7 +198,8 @@ def train_seed(
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
                     **(extras or {})},
-            resume_from="latest" if resume else None,
+            resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
+            compile=cfg.compile,
         )
     except BaseException:
         if isinstance(claim, RunDirClaim):
@@ -217,7 +216,7 @@ def train_seed(
         _all_ranks_done(trainer, exc)
         return SeedRun(seed, path, trainer, exc)
     if owner:
-        atomic_write_bytes(path / MODEL_FILE, _model_bytes(trainer))
+        atomic_write_bytes(path / MODEL_FILE, trainer.model_bytes())
         _write_path_diagram(trainer)
     _all_ranks_done(trainer, None)
     return SeedRun(seed, path, trainer)
@@ -232,12 +231,6 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
         return
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
-
-
-def _model_bytes(trainer: Trainer) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(trainer.model.state_dict(), buffer)
-    return buffer.getvalue()
 
 
 def recorded_seed(run_dir: Path) -> int:

@@ -3,6 +3,7 @@ callbacks, put together for one run."""
 
 from __future__ import annotations
 
+import io
 import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.app.defaults import default_callbacks as with_defaults
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
@@ -20,6 +22,7 @@ from pipeline.core.engine import Engine, TrainResult
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.runner import CallbackRunner
+from pipeline.training.checkpoint import atomic_write_bytes
 from pipeline.training.distributed import (
     TorchCollective,
     shard_train_loader,
@@ -27,6 +30,7 @@ from pipeline.training.distributed import (
     wrap_model,
 )
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
+from pipeline.training.precision import PrecisionPolicy
 from pipeline.training.resume import Resumption, find_resumption
 from pipeline.training.signals import signals_set_flag
 
@@ -74,6 +78,9 @@ class Trainer:
         resume_from: str | Path | None = None,
         log_key: bytes | None = None,
         collective: TorchCollective | None = None,
+        default_callbacks: bool = True,
+        precision: str = "32",
+        compile: bool = False,
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
             raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
@@ -88,6 +95,11 @@ class Trainer:
                 raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
         if resume_from is not None and run_dir is None:
             raise ValueError("resume_from needs the run_dir of the run to continue")
+        self.precision = PrecisionPolicy(precision, torch.device(device))
+        self.default_callbacks = default_callbacks
+        if default_callbacks:
+            target = run_dir.path if isinstance(run_dir, RunDirClaim) else None if run_dir is None else Path(run_dir)
+            callbacks = with_defaults(callbacks, run_dir=target, max_epochs=max_epochs)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -138,9 +150,12 @@ class Trainer:
             train_model = wrap_model(self.model, self.device)
         self.driver = TorchDriver(
             self.model, optimizer, loss_fn, train_loader, val_loader,
-            scheduler=scheduler, device=self.device, metrics=metrics, train_model=train_model,
+            scheduler=scheduler, device=self.device, metrics=metrics,
+            train_model=_compiled(train_model or self.model) if compile else train_model,
             all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
+            precision=self.precision,
         )
+        self.run.scaler = self.precision.scaler
         if self.resumption is not None:
             self.resumption.prepare(self.run)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
@@ -184,9 +199,18 @@ class Trainer:
         runs, the ``result`` is written) and raise :class:`pipeline.core.engine.Interrupted`."""
         try:
             with signals_set_flag(self.run):
-                return self.engine.execute()
+                result = self.engine.execute()
+            if self.default_callbacks and self.run_dir is not None and self.run.extras.get("rank", 0) == 0:
+                atomic_write_bytes(self.run_dir / MODEL_FILE, self.model_bytes())
+            return result
         finally:
             self.close()
+
+    def model_bytes(self) -> bytes:
+        """The trained weights as ``model.pt`` holds them (the plain module's ``state_dict``)."""
+        buffer = io.BytesIO()
+        torch.save(self.model.state_dict(), buffer)
+        return buffer.getvalue()
 
     def close(self) -> None:
         """Close the log and let the run directory go (``fit`` does this itself)."""
@@ -204,3 +228,11 @@ def joined_collective(device: torch.device) -> TorchCollective | None:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return TorchCollective(device)
     return None
+
+
+MODEL_FILE = "model.pt"
+
+
+def _compiled(model: nn.Module) -> nn.Module:
+    """``torch.compile`` of the training forward; checkpoints keep the plain module's weights."""
+    return torch.compile(model)  # type: ignore[return-value]

@@ -104,6 +104,7 @@ class RunContext:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.scaler: Any = None  # mixed precision's loss scaler (16-mixed), checkpointed with the run
         self.run_dir = run_dir
         self.dry_run = dry_run  # True when replaying: no model, callbacks must not touch one
         self._phase_of: Callable[[], Phase] = _created

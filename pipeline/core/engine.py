@@ -380,7 +380,8 @@ class Engine:
     def _compile_per_batch(self, steps: Sequence[Step]) -> Work:
         items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
         hooked = any(isinstance(s, HookSpec) and self.runner.has(s.name) for s in steps)
-        return compile_body(items, flags_can_change=hooked)
+        # A driver may skip a batch's step itself (mixed precision's overflow): it says so.
+        return compile_body(items, flags_can_change=hooked or bool(getattr(self.driver, "sets_step_flags", False)))
 
     def _compile(self, t: Transition) -> Callable[[], None]:
         """The handler of transition ``t``: log the move, then run its program."""

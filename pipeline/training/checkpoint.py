@@ -306,6 +306,7 @@ class CheckpointManager:
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
+            "scaler": run.scaler.state_dict() if run.scaler is not None else None,
             "callbacks": _callback_states(run),
             "rng": capture_rng_state(),
             "data_order": {"seed": run.extras.get("data_seed")},

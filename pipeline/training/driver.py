@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pipeline.core.context import EpochContext, RunContext, StepContext, ValStepContext
+from pipeline.training.precision import PrecisionPolicy
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
@@ -60,12 +61,16 @@ class TorchDriver:
         scheduler_monitor: str = "val_loss",
         train_model: nn.Module | None = None,
         all_reduce: Callable[[torch.Tensor], None] | None = None,
+        precision: PrecisionPolicy | None = None,
     ) -> None:
         """``train_model``: what the training forward runs (``model`` wrapped, e.g. in
         DistributedDataParallel); ``all_reduce``: sums a tensor over the ranks in place, so each
         epoch's metrics are global sums over global counts (one call per epoch each for train
-        and validation)."""
+        and validation). ``precision``: mixed precision (autocast, and fp16's loss scaling)."""
         self.model = model
+        self.precision = precision if precision is not None and precision.enabled else None
+        # fp16 overflow skips a batch's optimizer step through the step context's flags
+        self.sets_step_flags = self.precision is not None and self.precision.scaler is not None
         self.train_model = model if train_model is None else train_model
         self.all_reduce = all_reduce
         no_sync = getattr(self.train_model, "no_sync", None)
@@ -133,8 +138,13 @@ class TorchDriver:
         inputs, targets = split_batch(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
-        output = self.train_model(inputs)
-        loss = self.loss_fn(output, targets)
+        if self.precision is not None:
+            with self.precision.autocast():
+                output = self.train_model(inputs)
+                loss = self.loss_fn(output, targets)
+        else:
+            output = self.train_model(inputs)
+            loss = self.loss_fn(output, targets)
         step.output = output
         step.loss = loss
         n = _count(targets)
@@ -145,11 +155,21 @@ class TorchDriver:
         assert step.loss is not None
         if self._no_sync is not None and step.skip_optimizer_step:
             with self._no_sync():  # accumulating: gradients are averaged over the ranks once, on the stepping batch
-                step.loss.backward()  # type: ignore[no-untyped-call]
+                self._backward(step)
             return
-        step.loss.backward()  # type: ignore[no-untyped-call]
+        self._backward(step)
+
+    def _backward(self, step: StepContext) -> None:
+        assert step.loss is not None
+        if self.precision is None:
+            step.loss.backward()  # type: ignore[no-untyped-call]
+        elif not self.precision.backward(step.loss, self.optimizer, stepping=not step.skip_optimizer_step):
+            step.skip_optimizer_step = True  # fp16 overflow: this batch's step (and its hooks) is left out
 
     def optimizer_step(self, step: StepContext) -> None:
+        if self.precision is not None:
+            self.precision.step(self.optimizer)
+            return
         self.optimizer.step()
 
     def zero_grad(self, step: StepContext) -> None:
@@ -191,9 +211,14 @@ class TorchDriver:
         inputs, targets = split_batch(step.batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
-        output = self.model(inputs)
+        if self.precision is not None:
+            with self.precision.autocast():
+                output = self.model(inputs)
+                loss = self.loss_fn(output, targets)
+        else:
+            output = self.model(inputs)
+            loss = self.loss_fn(output, targets)
         n = _count(targets)
-        loss = self.loss_fn(output, targets)
         step.output, step.loss = output, loss
         if self._val_fns:  # one fused add for all values; without metrics, the loss alone
             values = [loss, *(fn(output, targets) for fn in self._val_fns)]

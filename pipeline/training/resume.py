@@ -121,6 +121,8 @@ class Resumption:
         scheduler = run.scheduler
         if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
             scheduler.load_state_dict(state["scheduler"])
+        if run.scaler is not None and state.get("scaler"):
+            run.scaler.load_state_dict(state["scaler"])
         _load_callback_states(run, state.get("callbacks") or {})
         seed = (state.get("data_order") or {}).get("seed")
         if seed is not None:

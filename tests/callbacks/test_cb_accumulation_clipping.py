@@ -17,7 +17,7 @@ def _fit(tiny, loader, callbacks, epochs=2, opt=None):
     model = tiny.model()
     optimizer = (opt or (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)))(model.parameters())
     Trainer(model, optimizer, nn.MSELoss(), loader, max_epochs=epochs, callbacks=callbacks,
-            console_level="error").fit()
+            console_level="error", default_callbacks=False).fit()
     return model
 
 

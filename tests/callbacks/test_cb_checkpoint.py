@@ -33,7 +33,7 @@ def _train(tiny, tmp_path, epochs, callbacks, **kw):
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=50, gamma=0.5)
     trainer = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
                       scheduler=sched, run_dir=tmp_path / "run", extras={"config_fingerprint": "fp-123"},
-                      console_level="error", **kw)
+                      console_level="error", **kw, default_callbacks=False)
     return trainer, trainer.fit()
 
 
@@ -154,7 +154,8 @@ def test_every_n_epochs_best_max_mode_and_paths(tiny, tmp_path):
             epoch.metrics["neg"] = next(negs)
 
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, val,
-                      max_epochs=5, callbacks=[cb, Metric()], run_dir=tmp_path / "run", console_level="error")
+                      max_epochs=5, callbacks=[cb, Metric()], run_dir=tmp_path / "run", console_level="error",
+                      default_callbacks=False)
     trainer.fit()
     events = [e["payload"] for e in read_events(tmp_path / "run" / "events.jsonl") if e["event"] == "checkpoint"]
     kinds = [(e["epoch"], e["kind"]) for e in events]

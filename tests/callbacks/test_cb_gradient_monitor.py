@@ -42,7 +42,7 @@ def test_epoch_max_matches_reference_and_warning_names_epoch_and_batch(tiny, buf
     mon.buffer_size = buffer_size  # small buffers fold several times per epoch
     loader = _spiky_loader(spike_batch=spike)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=1e-6), nn.MSELoss(), loader, max_epochs=2,
-                      callbacks=[mon, rec], console_level="error")
+                      callbacks=[mon, rec], console_level="error", default_callbacks=False)
     slots = [r.slots[MAX_GRAD_NORM.name] for r in trainer.fit().history]
     for epoch, norms in rec.norms.items():
         assert len(norms) == 4
@@ -63,7 +63,7 @@ def test_no_warning_below_threshold(tiny):
     model = tiny.model()
     train, _ = tiny.loaders()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=2,
-                      callbacks=[GradientMonitorCallback()], console_level="error")
+                      callbacks=[GradientMonitorCallback()], console_level="error", default_callbacks=False)
     result = trainer.fit()
     assert not [e for e in trainer.events.records if e["event"] == "warning"]
     assert all(r.slots["max_grad_norm"] > 0 for r in result.history)
@@ -82,7 +82,8 @@ def _count_host_reads(monkeypatch, tiny, batches):
     model = tiny.model()
     train, val = tiny.loaders(n=16 * batches, batch=16)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, val,
-                      max_epochs=2, callbacks=[GradientMonitorCallback(warn_threshold=1e-9)], console_level="error")
+                      max_epochs=2, callbacks=[GradientMonitorCallback(warn_threshold=1e-9)], console_level="error",
+                      default_callbacks=False)
     trainer.fit()
     monkeypatch.undo()
     return calls["n"]
@@ -107,7 +108,7 @@ def test_state_tensors_are_preallocated(tiny):
             ptrs.add((mon._buf.data_ptr(), mon._max.data_ptr(), mon._argmax.data_ptr(), mon._over.data_ptr()))
 
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=3,
-            callbacks=[mon, Spy()], console_level="error").fit()
+            callbacks=[mon, Spy()], console_level="error", default_callbacks=False).fit()
     assert len(ptrs) == 1
 
 
@@ -117,7 +118,8 @@ def test_one_norm_per_optimizer_step_with_accumulation(tiny):
     mon = GradientMonitorCallback()
     rec = NormRecorder()
     result = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, max_epochs=1,
-                     callbacks=[GradientAccumulationCallback(4), mon, rec], console_level="error").fit()
+                     callbacks=[GradientAccumulationCallback(4), mon, rec], console_level="error",
+                     default_callbacks=False).fit()
     assert mon._steps == 2
     assert [b for b, _ in rec.norms[0]] == [3, 7]
     slot = result.history[0].slots[MAX_GRAD_NORM.name]

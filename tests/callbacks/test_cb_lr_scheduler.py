@@ -14,7 +14,7 @@ def _fit(tiny, make_sched, epochs=4, batch=8, **kw):
     sched = make_sched(opt)
     cb = LRSchedulerCallback(sched, **kw)
     result = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=[cb],
-                     console_level="error").fit()
+                     console_level="error", default_callbacks=False).fit()
     return result, opt, cb
 
 

@@ -45,7 +45,8 @@ def test_real_run_with_inf_inputs_stops_and_checkpoints_that_epoch(tiny, tmp_pat
 
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), train, bad,
                       max_epochs=5, callbacks=[NaNDetectionCallback(), Count(),
-                                               CheckpointCallback(tmp_path / "ck", save_every_n_epochs=100)])
+                                               CheckpointCallback(tmp_path / "ck", save_every_n_epochs=100)],
+                      default_callbacks=False)
     result = trainer.fit()
     assert result.stop_reason is StopReason.NAN
     assert result.objective == math.inf

@@ -33,7 +33,8 @@ def _fit(tiny, make_opt, callbacks):
     train, val = tiny.loaders(n=32, batch=8)
     model = tiny.model()
     opt = make_opt(model.parameters())
-    Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=2, callbacks=callbacks, console_level="error").fit()
+    Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=2, callbacks=callbacks, console_level="error",
+            default_callbacks=False).fit()
     return model, opt
 
 
@@ -55,7 +56,8 @@ def test_validation_sees_eval_weights(tiny):
     for cbs in ([OptimizerModeCallback()], []):
         model = tiny.model()
         opt = SPlus(model.parameters(), lr=0.01)
-        r = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=2, callbacks=cbs, console_level="error").fit()
+        r = Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=2, callbacks=cbs, console_level="error",
+                    default_callbacks=False).fit()
         out.append(r.history[-1].val_loss)
     assert out[0] != out[1]
 

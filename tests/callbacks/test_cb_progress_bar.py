@@ -18,7 +18,7 @@ def _fit(tiny, cb):
     train, val = tiny.loaders(n=32, batch=8)
     model = tiny.model()
     Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val, max_epochs=3,
-            callbacks=[cb], console_level="error").fit()
+            callbacks=[cb], console_level="error", default_callbacks=False).fit()
 
 
 def test_auto_is_off_when_not_a_terminal_or_in_ci(monkeypatch):

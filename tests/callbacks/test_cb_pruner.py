@@ -45,7 +45,7 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
         ends.append(end)
         trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.MSELoss(), train, far,
                           max_epochs=8, callbacks=[PrunerCallback(trial), end], run_dir=tmp_path / "bad",
-                          console_level="error")
+                          console_level="error", default_callbacks=False)
         result = trainer.fit()
         results.append(result)
         if result.stop_reason is StopReason.PRUNED:  # what the HPO layer does after fit() returns

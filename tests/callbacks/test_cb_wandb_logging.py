@@ -63,7 +63,8 @@ def test_one_log_per_epoch_with_the_values_the_trainer_saw(wandb_calls, tiny, tm
     callbacks = [GradientMonitorCallback(), LossPredictionCallback(max_epochs=12), OverfitDetectionCallback(),
                  WandbLoggingCallback(project="fsmtrain-test", tags=("t",)), seen]
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val,
-                      max_epochs=12, callbacks=callbacks, run_dir=tmp_path / "run", console_level="error")
+                      max_epochs=12, callbacks=callbacks, run_dir=tmp_path / "run", console_level="error",
+                      default_callbacks=False)
     result = trainer.fit()
     logs = wandb_calls["log"]
     assert [step for _, step in logs] == list(range(12))
@@ -86,7 +87,7 @@ def test_nan_run_is_finished_as_failed(wandb_calls, tiny, tmp_path):
     model = tiny.model()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, bad,
                       max_epochs=5, callbacks=[NaNDetectionCallback(), WandbLoggingCallback(directory=tmp_path)],
-                      console_level="error")
+                      console_level="error", default_callbacks=False)
     result = trainer.fit()
     assert result.stop_reason is StopReason.NAN
     assert len(wandb_calls["log"]) == 1
@@ -104,7 +105,7 @@ def test_error_run_is_finished_as_failed(wandb_calls, tiny, tmp_path):
     model = tiny.model()
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val,
                       max_epochs=5, callbacks=[WandbLoggingCallback(directory=tmp_path), Explode()],
-                      console_level="error")
+                      console_level="error", default_callbacks=False)
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit()
     assert len(wandb_calls["log"]) == 1
@@ -150,7 +151,7 @@ def test_a_user_slot_and_metric_reach_wandb_history_and_the_console_every_epoch(
                       max_epochs=3, metrics={"val_accuracy": _accuracy},
                       callbacks=[GradientMonitorCallback(), MyMetric(), WandbLoggingCallback(),
                                  EpochSummaryCallback(stream=console)],
-                      run_dir=tmp_path / "run", console_level="error")
+                      run_dir=tmp_path / "run", console_level="error", default_callbacks=False)
     result = trainer.fit()
     rows = wandb_history(tmp_path / "run")
     assert [row["_step"] for row in rows] == [0, 1, 2]  # one log per epoch
@@ -188,7 +189,7 @@ def test_wandb_prints_nothing_to_the_console_of_a_real_run(tmp_path):
         model = nn.Linear(4, 1)
         Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), loader, loader,
                 max_epochs=2, callbacks=[WandbLoggingCallback(directory={str(tmp_path)!r})],
-                console_level="error").fit()
+                console_level="error", default_callbacks=False).fit()
         print("trained")
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}

@@ -1,0 +1,82 @@
+"""Mixed precision: what the driver runs its forward under, and how it scales the loss.
+
+``precision``:
+
+- ``"32"``: plain float32 (the default; nothing changes).
+- ``"bf16-mixed"``: the forward (and the loss) under ``torch.autocast`` with bfloat16, on CPU or
+  CUDA. bfloat16 has float32's range, so no loss scaling.
+- ``"16-mixed"``: autocast with float16 and a ``torch.amp.GradScaler``: the loss is scaled before
+  backward, and the gradients are unscaled right after it (before ``on_after_backward``), so the
+  gradient monitor and clipping see true gradients. If they are not finite (an fp16 overflow),
+  the step context's ``skip_optimizer_step`` is set, so the optimizer step and its hooks are left
+  out for that batch, exactly as a callback would skip it, and the scale shrinks.
+
+The weights stay float32 in every mode; checkpoints carry the scaler's state.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["PRECISIONS", "Precision", "PrecisionPolicy"]
+
+Precision = Literal["32", "bf16-mixed", "16-mixed"]
+PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed")
+
+
+class PrecisionPolicy:
+    """The autocast context and the loss scaler of one run."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        self.precision = precision
+        self.device = device
+        self._dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+        self.scaler: torch.amp.GradScaler | None = None
+        if precision == "16-mixed":
+            self.scaler = torch.amp.GradScaler(device.type)
+
+    @property
+    def enabled(self) -> bool:
+        return self._dtype is not None
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self._dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self._dtype)
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, stepping: bool) -> bool:
+        """Backward of ``loss`` (scaled under fp16). On a stepping batch the gradients are then
+        unscaled; returns False when they overflowed (the step must be skipped)."""
+        scaler = self.scaler
+        if scaler is None:
+            loss.backward()  # type: ignore[no-untyped-call]
+            return True
+        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        if not stepping:
+            return True
+        scaler.unscale_(optimizer)
+        state = scaler._per_optimizer_states[id(optimizer)]  # what unscale_ found, per device
+        # GradScaler.step reads the same flags on the host; reading them here costs no extra sync.
+        finite = not any(bool(v.item()) for v in state["found_inf_per_device"].values())
+        if not finite:
+            scaler.update()  # shrink the scale; the step is skipped through the step context
+        return finite
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
