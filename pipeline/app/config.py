@@ -431,6 +431,11 @@ class RunConfig(_Section):
         """Semantic-tier findings: legal, but probably not what was meant."""
         return list(self._warnings)
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: Any) -> Any:
+        return "32" if v == 32 and type(v) is int else v  # `precision: 32` in YAML is a number
+
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v: list[int]) -> list[int]:
