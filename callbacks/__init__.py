@@ -14,6 +14,7 @@ from callbacks.optimizer_mode import OptimizerModeCallback
 from callbacks.overfit_detection import OverfitDetectionCallback
 from callbacks.progress_bar import ProgressBarCallback
 from callbacks.pruner import PrunerCallback
+from callbacks.tensorboard_logging import TensorBoardLoggingCallback
 from callbacks.wandb_logging import WandbLoggingCallback
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 
@@ -33,6 +34,7 @@ __all__ = [
     "PrunerCallback",
     "ProgressBarCallback",
     "ReplaySupport",
+    "TensorBoardLoggingCallback",
     "Tier",
     "TrainingCallback",
     "WandbLoggingCallback",

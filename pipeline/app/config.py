@@ -251,6 +251,10 @@ class CheckpointConfig(_Section):
     mode: Literal["min", "max"] = "min"
 
 
+class TensorBoardConfig(_Section):
+    enabled: bool = False  # event files in <run dir>/tensorboard (needs the tensorboard extra)
+
+
 class WandbConfig(_Section):
     enabled: bool = False
     mode: Literal["offline", "online", "disabled"] = "offline"
@@ -413,6 +417,7 @@ class RunConfig(_Section):
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)
@@ -1104,6 +1109,8 @@ def build_callbacks(
             config=resolved_dict(cfg), directory=run_dir,  # wandb adds its own wandb/ folder
             name=None if run_dir is None else run_dir.name,
         ))
+    if cfg.tensorboard.enabled and run_dir is not None:
+        out.append(cb.TensorBoardLoggingCallback(run_dir / "tensorboard"))
     if trial is not None:
         out.append(cb.PrunerCallback(trial))
     es = cfg.early_stopping

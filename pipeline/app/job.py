@@ -104,7 +104,8 @@ def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
 # (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
 # must be what the checkpoint was trained with, or the result is not a continuation.
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
-    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed", "compile"})
+    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed", "compile",
+     "tensorboard"})
 FINGERPRINT_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",

@@ -1,0 +1,57 @@
+"""Per-epoch scalars to TensorBoard (optional: ``pip install 'fsmtrain[tensorboard]'``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.context import EpochContext, RunContext
+from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.scalars import epoch_scalars
+
+__all__ = ["TensorBoardLoggingCallback"]
+
+
+class TensorBoardLoggingCallback(TrainingCallback):
+    """On ``on_epoch_end``: every epoch metric (losses, ``lr``, validation metrics) and every
+    numeric slot (``max_grad_norm``, ``early_stopping_wait``, ...) as a TensorBoard scalar, at
+    step = the epoch number (1-based, as the console counts), flushed at once. Event files go to
+    ``log_dir`` (``<run dir>/tensorboard`` from a config); ``tensorboard --logdir runs/`` shows every
+    run. A resumed run keeps appending there; TensorBoard shows the later value of a repeated step.
+
+    Priority 86: after the writers of epoch-end slots, like the other loggers; rank 0 only.
+    """
+
+    priority = 86
+    tier = Tier.CORE
+    rank_zero_only = True
+    reads_every_slot = True
+    replay = ReplaySupport.DRY  # writes files: a replay only records intent
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._writer: Any = None
+
+    def on_train_begin(self, run: RunContext) -> None:
+        if run.dry_run:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # tensorboard is an optional extra
+            raise RuntimeError("TensorBoardLoggingCallback needs the tensorboard package: "
+                               "pip install 'fsmtrain[tensorboard]'") from exc
+        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        step = epoch.number
+        for name, value in epoch_scalars(epoch).items():
+            writer.add_scalar(name, value, global_step=step)
+        writer.flush()
+
+    def on_train_end(self, run: RunContext) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
