@@ -248,64 +248,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from pipeline.app.hpo_study import check_study
 
         check_study(cfg, args.config)
+    from pipeline.app.build_check import check_builds
+
+    built = check_builds(cfg)  # what train would reject when it builds, found now
     _print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs} epochs, net {cfg.net}, "
-          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s))")
+          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s)); built {', '.join(built)} and checked "
+          f"the data builder's arguments; no batch was run: `fsmtrain preflight {args.config}` runs one step")
     return int(ExitCode.OK)
 
 
-def _shape(x: Any) -> str:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
-    if isinstance(x, (tuple, list)):
-        return "(" + ", ".join(_shape(v) for v in x) + ")"
-    return type(x).__name__
-
-
 def cmd_preflight(args: argparse.Namespace) -> int:
-    import torch
-
-    from pipeline.app.config import build_callbacks
-    from pipeline.app.job import build_parts
-    from pipeline.core.runner import CallbackRunner
-    from pipeline.training.driver import split_batch as _split
+    from pipeline.app.preflight import PreflightFailed, run_preflight
 
     cfg = _load(args)
     _print_warnings(cfg, sys.stdout)
-    seed = cfg.seeds[0]
-    parts = build_parts(cfg, seed)
-    runner = CallbackRunner(build_callbacks(cfg, run_dir=None))  # checks callback order / slot data flow
-    model, device = parts.model, torch.device(cfg.device)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    inputs, targets = _split(next(iter(parts.train_loader)))
-    inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
-    targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
-    model.train()
-    output = model(inputs)
-    loss = parts.criterion(output, targets)
-    loss.backward()  # type: ignore[no-untyped-call]
-    grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
-    missing = [n for n, g in grads if g is None]
-    bad = [n for n, g in grads if g is not None and not bool(torch.isfinite(g).all())]
-    parts.optimizer.step()
-    parts.optimizer.zero_grad(set_to_none=True)
-    after_ok = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    print(f"model      {cfg.net}: {n_params:,} parameters ({n_trainable:,} trainable) on {device}")
-    print(f"batches    train {len(parts.train_loader)}, val "
-          f"{len(parts.val_loader) if parts.val_loader is not None else 'none'} (batch_size {cfg.batch_size})")
-    print(f"input      {_shape(inputs)}   target {_shape(targets)}")
-    print(f"output     {_shape(output)}")
-    print(f"loss       {_fmt(float(loss.detach()))} ({cfg.criterion})")
-    print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
-          + (f"; non-finite: {', '.join(bad)}" if bad else "")
-          + (f"; no gradient: {', '.join(missing)}" if missing else ""))
-    print(f"optimizer  {cfg.optimizer} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}")
-    print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in runner.callbacks))
-    ok = math.isfinite(float(loss.detach())) and not bad and after_ok
-    print("preflight passed" if ok else "preflight FAILED: non-finite loss, gradients or parameters")
+    try:
+        ok = run_preflight(cfg, sys.stdout)
+    except PreflightFailed as exc:
+        print(exc, file=sys.stderr)
+        return int(ExitCode.PREFLIGHT)
     return int(ExitCode.OK if ok else ExitCode.PREFLIGHT)
 
 

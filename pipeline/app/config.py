@@ -24,6 +24,7 @@ import inspect
 import pkgutil
 import random
 import re
+import sys
 import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -98,7 +99,7 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[ConfigProblem], source: str | None = None) -> None:
         self.problems = list(problems)
         self.source = source
-        where = f"config {source}" if source else "config"
+        where = source if source and source.startswith("--set") else f"config {source}" if source else "config"
         n = len(self.problems)
         if n == 1:  # one mistake, one line
             super().__init__(f"{where}: {self.problems[0]}")
@@ -185,9 +186,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError([ConfigProblem("", "an existing YAML file", f"no file at {str(p)!r}")], str(p))
-    data = _parse_yaml(p.read_text(encoding="utf-8"), str(p))
+    raw = p.read_bytes()
+    try:
+        if b"\x00" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem("", "a YAML text file (UTF-8)", f"binary content ({exc.reason} at byte "
+                                                                            f"{exc.start})")], str(p)) from None
+    data = _parse_yaml(text, str(p))
     if data is None:
-        data = {}
+        raise ConfigError([ConfigProblem("", "a mapping of config keys", "an empty file (no keys at all)")], str(p))
     if not isinstance(data, dict):
         raise ConfigError([ConfigProblem("", "a mapping of config keys", type(data).__name__)], str(p))
     return data
@@ -430,6 +439,17 @@ class RunConfig(_Section):
     compile: bool = False  # torch.compile the training forward
 
     _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
+    _source: str | None = PrivateAttr(default=None)  # the file it was read from
+    _overrides: tuple[str, ...] = PrivateAttr(default=())  # the --set items applied to it
+
+    def source_of(self, path: str) -> str | None:
+        """Where the value at ``path`` came from: ``--set <item>`` if an override wrote it, else the file."""
+        item = _override_of(path, self._overrides)
+        return f"--set {item}" if item is not None else self._source
+
+    @property
+    def source(self) -> str | None:
+        return self._source
 
     @property
     def warnings(self) -> list[ConfigProblem]:
@@ -581,7 +601,9 @@ def _import_dotted(path: str) -> Any:
             fixed = ".".join([prefix, close, *parts[j + 1 :]]) if close else None
             raise _ResolveError(f"{prefix} has no attribute {attr!r}", fixed)
         return obj
-    top = sorted({m.name for m in pkgutil.iter_modules()})
+    # What the user could have meant: their own modules and installed packages, not the stdlib's.
+    top = sorted({m.name for m in pkgutil.iter_modules()
+                  if m.name not in sys.stdlib_module_names and not m.name.startswith("_")})
     close = _closest(parts[0], top)
     raise _ResolveError(f"no module named {parts[0]!r}", ".".join([close, *parts[1:]]) if close else None)
 
@@ -1003,15 +1025,48 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     if problems or cfg is None:
         raise ConfigError(problems, source)
     cfg._warnings = _semantic_warnings(cfg)
+    cfg._source = source
     return cfg
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Load ``path``, apply ``--set`` style overrides, validate through every tier."""
+    """Load ``path``, apply ``--set`` style overrides, validate through every tier. The working
+    folder and the config's folder become importable first (dotted paths such as ``mydata.build``).
+    A mistake that only an override made is blamed on that ``--set``, not on the file."""
+    add_user_folders(Path(path).parent)
     data = load_yaml(path)
     if overrides:
         data = apply_overrides(data, overrides)
-    return config_from_dict(data, str(path))
+    try:
+        cfg = config_from_dict(data, str(path))
+        cfg._overrides = tuple(overrides)
+        return cfg
+    except ConfigError as exc:
+        blamed = {_override_of(p.path, overrides) for p in exc.problems}
+        if len(blamed) == 1 and None not in blamed:
+            raise ConfigError(exc.problems, f"--set {blamed.pop()}") from None
+        raise
+
+
+def _override_of(path: str, overrides: Sequence[str]) -> str | None:
+    """The ``--set`` that wrote the value at ``path`` (or above it), if one did."""
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if key and (path == key or path.startswith(key + ".")):
+            return item
+    return None
+
+
+def add_user_folders(config_dir: Path | None = None) -> None:
+    """Make the working folder and the config's folder importable, as ``python -m`` makes the
+    working folder: a user's ``mydata.py`` beside the config resolves from every entry point."""
+    for folder in (Path.cwd(), config_dir):
+        if folder is None:
+            continue
+        text = str(folder.resolve())
+        if text not in sys.path:
+            sys.path.insert(0, text)
+        importlib.invalidate_caches()
 
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 import yaml
 from torch import nn
 
+from pipeline.app.build_check import blamed, check_data_arguments
 from pipeline.app.config import (
     ConfigError,
     ConfigProblem,
@@ -78,16 +79,47 @@ def _built(path: str, what: str, fn: Callable[[], Any]) -> Any:
         raise ConfigError([ConfigProblem(path, f"arguments {what} accepts", f"{type(exc).__name__}: {exc}")]) from exc
 
 
+class DataBuilderError(RuntimeError):
+    """The data builder raised (its own error is the ``__cause__``, traceback included)."""
+
+
+class DataBuildFailed:
+    """Stands in for the loaders when the data builder raised (not an argument problem): the run
+    starts, and its first epoch raises the builder's error inside the machine, so the run ends
+    ERROR with the traceback in ``events.jsonl`` (a missing CSV is a failed run, not a crash)."""
+
+    def __init__(self, builder: str, error: Exception) -> None:
+        self.builder, self.error = builder, error
+
+    def __iter__(self) -> Any:
+        raise DataBuilderError(f"the data builder {self.builder} raised {type(self.error).__name__}: "
+                               f"{self.error}") from self.error
+
+
 def build_parts(cfg: RunConfig, seed: int) -> RunParts:
-    """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics."""
+    """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
+    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.build_check)."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(seed)
-    model = _built("net_config", cfg.net, lambda: build_model(cfg)).to(torch.device(cfg.device))
-    optimizer = _built("optimizer_config", cfg.optimizer, lambda: build_optimizer(cfg, model.parameters()))
-    scheduler = _built("scheduler_config", str(cfg.scheduler), lambda: build_scheduler(cfg, optimizer))
-    criterion = _built("criterion_config", cfg.criterion, lambda: build_criterion(cfg))
-    train_loader, val_loader = _built("data_config", cfg.data, lambda: build_data(cfg, seed))
+    model = blamed(cfg, "net_config", cfg.net, lambda kw: build_model(cfg.model_copy(update={"net_config": dict(kw)})),
+                   cfg.net_config).to(torch.device(cfg.device))
+    optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
+                       lambda kw: build_optimizer(cfg.model_copy(update={"optimizer_config": dict(kw)}),
+                                                  model.parameters()), cfg.optimizer_config)
+    scheduler = blamed(cfg, "scheduler_config", str(cfg.scheduler),
+                       lambda kw: build_scheduler(cfg.model_copy(update={"scheduler_config": dict(kw)}), optimizer),
+                       cfg.scheduler_config)
+    criterion = blamed(cfg, "criterion_config", cfg.criterion,
+                       lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})),
+                       cfg.criterion_config)
+    check_data_arguments(cfg, seed)
+    try:
+        train_loader, val_loader = build_data(cfg, seed)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the builder ran and failed: a run that fails, with its record
+        train_loader, val_loader = DataBuildFailed(cfg.data, exc), None
     metrics = _built("metrics", "metric functions", lambda: build_metrics(cfg))
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
 

@@ -1,0 +1,114 @@
+"""Build what a config names and blame a failure on the leaf of the config that caused it.
+
+``train`` builds the model, optimizer, scheduler and loss before it claims a run directory;
+``validate`` builds the same cheaply (the optimizer and scheduler on one dummy parameter) and
+checks the data builder's arguments against its signature. Either way a constructor that rejects
+its arguments becomes one :class:`~pipeline.app.config.ConfigError` naming the leaf path
+(``optimizer_config.lr``), what was found there, the constructor's own words, and the file (or the
+``--set``) it came from. The leaf is found by building again without each key in turn: the key
+without which the constructor accepts the rest is the one it rejected.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipeline.app.config import ConfigError, ConfigProblem, RunConfig, resolve_dotted
+
+__all__ = ["blamed", "check_builds", "check_data_arguments"]
+
+_SIMPLE = (int, float, str, bool)
+
+
+def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
+           kwargs: Mapping[str, Any]) -> Any:
+    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``."""
+    try:
+        return build(kwargs)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a constructor's own check, whatever it raises
+        leaf = _culprit(kwargs, build, exc)
+        why = f"{type(exc).__name__}: {exc}".strip()
+        if leaf is None:
+            problem = ConfigProblem(section, f"arguments {what} accepts", why)
+        else:
+            problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")
+        raise ConfigError([problem], cfg.source_of(problem.path)) from exc
+
+
+def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any], exc: Exception) -> str | None:
+    for key in kwargs:
+        try:
+            build({k: v for k, v in kwargs.items() if k != key})
+        except Exception:
+            continue
+        return key
+    text = str(exc)
+    return next((key for key in kwargs if key in text), None)
+
+
+def check_data_arguments(cfg: RunConfig, seed: int) -> None:
+    """The data builder's signature accepts ``batch_size``, ``seed`` and ``data_config``, and each
+    value has the simple type its annotation names (``n_features: int`` is not ``'eight'``)."""
+    builder = resolve_dotted(cfg.data)
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):
+        return  # a builtin or extension: nothing to check before calling it
+    try:
+        bound = sig.bind(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
+    except TypeError as exc:
+        text = str(exc)
+        leaf = next((k for k in cfg.data_config if f"'{k}'" in text), None)
+        path = f"data_config.{leaf}" if leaf else "data_config"
+        raise ConfigError([ConfigProblem(path, f"arguments {cfg.data} accepts", text)], cfg.source_of(path)) from None
+    try:
+        hints = typing.get_type_hints(builder)
+    except Exception:
+        return
+    problems = []
+    for name, value in bound.arguments.items():
+        if name not in cfg.data_config:
+            continue
+        want = hints.get(name)
+        if want in _SIMPLE and not _fits(value, want):
+            problems.append(ConfigProblem(f"data_config.{name}", f"{want.__name__} ({cfg.data} says so)", repr(value)))
+    if problems:
+        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
+
+
+def _fits(value: Any, want: type) -> bool:
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, want)
+
+
+def check_builds(cfg: RunConfig) -> list[str]:
+    """What ``validate`` builds: the model, the loss, the optimizer and scheduler on one dummy
+    parameter, and the data builder's arguments. Returns what was built, for the summary line."""
+    import torch
+
+    from pipeline.app.config import build_criterion
+
+    model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "
+                                         f"{type(model).__name__}")], cfg.source)
+    blamed(cfg, "criterion_config", cfg.criterion,
+           lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})), cfg.criterion_config)
+    dummy = torch.nn.Parameter(torch.zeros(1))
+    optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
+                       lambda kw: resolve_dotted(cfg.optimizer)([dummy], **kw), cfg.optimizer_config)
+    built = ["model", "loss", "optimizer"]
+    if cfg.scheduler is not None:
+        scheduler_cls = resolve_dotted(cfg.scheduler)
+        blamed(cfg, "scheduler_config", cfg.scheduler, lambda kw: scheduler_cls(optimizer, **kw), cfg.scheduler_config)
+        built.append("scheduler")
+    check_data_arguments(cfg, cfg.seeds[0])
+    return built

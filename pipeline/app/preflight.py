@@ -1,0 +1,122 @@
+"""``fsmtrain preflight``: build everything a config names and run one training step on one batch.
+
+It reports shapes, parameter counts, whether the loss and every gradient are finite, and the
+callback order. When a stage fails (fetching the batch, the forward, the loss, the backward, the
+optimizer step) it says so in one message: the stage, for a forward the innermost module that
+failed and the shapes it was given, and torch's own words; exit 4, no traceback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO, TypeVar
+
+import torch
+from torch import nn
+
+from pipeline.app.config import RunConfig, build_callbacks
+from pipeline.app.job import build_parts
+from pipeline.core.runner import CallbackRunner
+from pipeline.training.driver import split_batch
+
+__all__ = ["PreflightFailed", "run_preflight", "shape_of"]
+
+T = TypeVar("T")
+
+
+class PreflightFailed(Exception):
+    """One stage of the step failed; ``str()`` is the one-line report."""
+
+
+def shape_of(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(shape_of(v) for v in x) + ")"
+    return type(x).__name__
+
+
+@contextmanager
+def _innermost_module(model: nn.Module, seen: list[tuple[str, nn.Module, str]]) -> Iterator[None]:
+    """While the block runs, ``seen`` is the stack of modules whose forward has begun and not ended
+    (name, module, the shapes of its inputs): after a failure, its top is where it failed."""
+    def enter(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            seen.append((name or type(model).__name__, module, ", ".join(shape_of(a) for a in args) or "no input"))
+        return hook
+
+    def leave(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if seen:
+            seen.pop()
+
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stage(name: str, fn: Callable[[], T], detail: Callable[[], str] = lambda: "") -> T:
+    try:
+        return fn()
+    except Exception as exc:  # torch's words, in one line, with where it happened
+        where = detail()
+        text = " ".join(str(exc).split())
+        raise PreflightFailed(f"preflight FAILED at the {name}{where}: {type(exc).__name__}: {text}") from None
+
+
+def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
+    """Print the preflight report; True when the step ran and everything is finite. A stage that
+    fails raises :class:`PreflightFailed`."""
+    parts = build_parts(cfg, cfg.seeds[0])
+    runner = CallbackRunner(build_callbacks(cfg, run_dir=None))  # checks callback order / slot data flow
+    model, device = parts.model, torch.device(cfg.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    batch = _stage("first training batch", lambda: next(iter(parts.train_loader)))
+    inputs, targets = _stage("first training batch", lambda: split_batch(batch))
+    inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
+    targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
+    model.train()
+    stack: list[tuple[str, nn.Module, str]] = []
+
+    def in_module() -> str:
+        if not stack:
+            return f" of {cfg.net} on input {shape_of(inputs)}"
+        name, module, shapes = stack[-1]
+        return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
+
+    with _innermost_module(model, stack):
+        output = _stage("forward", lambda: model(inputs), in_module)
+    loss = _stage("loss", lambda: parts.criterion(output, targets),
+                  lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
+    _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
+    grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n, g in grads if g is None]
+    bad = [n for n, g in grads if g is not None and not bool(torch.isfinite(g).all())]
+    _stage("optimizer step", parts.optimizer.step, lambda: f" ({cfg.optimizer})")
+    parts.optimizer.zero_grad(set_to_none=True)
+    after_ok = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    value = float(loss.detach())
+    print(f"model      {cfg.net}: {n_params:,} parameters ({n_trainable:,} trainable) on {device}", file=out)
+    val = parts.val_loader
+    print(f"batches    train {len(parts.train_loader)}, val {len(val) if val is not None else 'none'} "
+          f"(batch_size {cfg.batch_size})", file=out)
+    print(f"input      {shape_of(inputs)}   target {shape_of(targets)}", file=out)
+    print(f"output     {shape_of(output)}", file=out)
+    shown = f"{value:.6g}" if math.isfinite(value) else str(value)
+    print(f"loss       {shown} ({cfg.criterion})", file=out)
+    print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
+          + (f"; non-finite: {', '.join(bad)}" if bad else "")
+          + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)
+    print(f"optimizer  {cfg.optimizer} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}", file=out)
+    print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in runner.callbacks), file=out)
+    ok = math.isfinite(value) and not bad and after_ok
+    print("preflight passed" if ok else "preflight FAILED: non-finite loss, gradients or parameters", file=out)
+    return ok
