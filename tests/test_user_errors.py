@@ -1,0 +1,176 @@
+"""A user's mistake gets one clear line and the right exit code, never a traceback: each case of
+issue 15's "what was found", through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+pytestmark = pytest.mark.timeout(120)
+
+CSV_BUILDER = '''
+import csv
+
+def load_csv(*, batch_size, seed, path):
+    with open(path) as fh:
+        rows = list(csv.reader(fh))
+    raise AssertionError("not reached in these tests")
+'''
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)  # the project only: the working folder is not on it
+    env["WANDB_MODE"] = "offline"
+    env.pop("WANDB_SERVICE", None)
+    return env
+
+
+def _write(folder: Path, name: str, **changes: Any) -> Path:
+    cfg = json.loads(json.dumps(QUICKSTART))
+    cfg["wandb"] = {"enabled": False}
+    cfg["epochs"] = 2
+    cfg["scheduler_config"] = {"T_max": 2}
+    cfg["early_stopping"] = {"enabled": True, "patience": 1}
+    for key, value in changes.items():
+        node = cfg
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    path = folder / name
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def _cli(*args: str, cwd: Path, entry: str = "module") -> subprocess.CompletedProcess[str]:
+    if entry == "script":
+        exe = shutil.which("fsmtrain")
+        assert exe is not None, "the fsmtrain console script is not installed"
+        cmd = [exe, *args]
+    else:
+        cmd = [sys.executable, "-m", "pipeline", *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=110, check=False)
+
+
+def _one_line(done: subprocess.CompletedProcess[str], code: int, line: str) -> None:
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out
+    assert done.returncode == code, out
+    assert line in out.splitlines(), out
+
+
+def test_preflight_names_the_failing_forward_in_one_line(tmp_path: Path) -> None:
+    config = _write(tmp_path, "shape.yaml", net_config__in_features=5)
+    done = _cli("preflight", str(config), cwd=tmp_path)
+    _one_line(done, 4, "preflight FAILED at the forward of pipeline.training.models.MLP, in module net.0 "
+                       "(Linear(in_features=5, out_features=64, bias=True)) given (64, 8) float32: RuntimeError: "
+                       "mat1 and mat2 shapes cannot be multiplied (64x8 and 5x64)")
+
+
+@pytest.mark.slow
+def test_a_data_builder_that_raises_is_an_error_run_with_its_record(tmp_path: Path) -> None:
+    (tmp_path / "mydata.py").write_text(CSV_BUILDER)
+    config = _write(tmp_path, "csv.yaml", data="mydata.load_csv", data_config={"path": "missing.csv"})
+    done = _cli("train", str(config), "--run-dir", "runs", cwd=tmp_path, entry="script")
+    _one_line(done, 1, "seed 0: ERROR after 0 epoch(s) (requested by phase epoch_begin: DataBuilderError: the data "
+                       "builder mydata.load_csv raised FileNotFoundError: [Errno 2] No such file or directory: "
+                       "'missing.csv')")
+    (log,) = (tmp_path / "runs").rglob("events.jsonl")
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    (exc,) = [e for e in events if e["event"] == "exception"]
+    assert exc["payload"]["type"] == "DataBuilderError"
+    assert "FileNotFoundError" in exc["payload"]["traceback"] and "mydata.py" in exc["payload"]["traceback"]
+    assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "error"
+    audit = _cli("audit", str(log.parent), cwd=tmp_path)
+    assert audit.returncode == 0, audit.stdout
+
+
+def test_a_data_builder_argument_problem_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "mydata.py").write_text(CSV_BUILDER)
+    config = _write(tmp_path, "csv.yaml", data="mydata.load_csv", data_config={"paht": "data.csv"})
+    for command in ("validate", "train"):
+        done = _cli(command, str(config), "--run-dir", "runs", cwd=tmp_path) if command == "train" else _cli(
+            command, str(config), cwd=tmp_path)
+        _one_line(done, 2, "  - data_config.paht: expected an argument of function 'load_csv': batch_size, seed, "
+                           "path; found unknown argument 'paht' (did you mean path?)")
+        assert f"fsmtrain {command}: config {config} has 2 problems:" in done.stderr
+    assert not any((tmp_path / "runs").rglob("events.jsonl")) if (tmp_path / "runs").exists() else True
+
+
+def test_binary_and_empty_files_are_named_as_such(tmp_path: Path) -> None:
+    (tmp_path / "image.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n")
+    _one_line(_cli("validate", "image.yaml", cwd=tmp_path), 2,
+              "fsmtrain validate: config image.yaml: <root>: expected a YAML text file (UTF-8); found binary content "
+              "(NUL byte at byte 8)")
+    _one_line(_cli("train", "empty.yaml", cwd=tmp_path), 2,
+              "fsmtrain train: config empty.yaml: <root>: expected a mapping of config keys; found an empty file "
+              "(no keys at all)")
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    ({"optimizer_config__lr": -0.001}, "optimizer_config.lr: expected a value torch.optim.Adam accepts; found -0.001 "
+                                       "(ValueError: Invalid learning rate: -0.001)"),
+    ({"optimizer_config__lr": float("nan")}, "optimizer_config.lr: expected a value torch.optim.Adam accepts; found "
+                                             "nan (ValueError: Invalid learning rate: nan)"),
+    ({"optimizer_config__betas": 0.9}, "optimizer_config.betas: expected a value torch.optim.Adam accepts; found 0.9 "
+                                       "(TypeError: 'float' object is not subscriptable)"),
+    ({"net_config__hidden": "64,64"}, "net_config.hidden: expected a value pipeline.training.models.MLP accepts; "
+                                      "found '64,64' (TypeError: empty(): argument 'size' (position 1) must be tuple "
+                                      "of ints, but found element of type str at pos 0)"),
+    ({"data_config__n_features": "eight"}, "data_config.n_features: expected int "
+                                           "(pipeline.training.data.synthetic_regression says so); found 'eight'"),
+])
+def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(tmp_path: Path, change: dict[str, Any],
+                                                                          line: str) -> None:
+    config = _write(tmp_path, "bad.yaml", **change)
+    _one_line(_cli("validate", "bad.yaml", cwd=tmp_path), 2, f"fsmtrain validate: config bad.yaml: {line}")
+    if "optimizer_config__lr" in change and change["optimizer_config__lr"] == -0.001:
+        done = _cli("train", str(config), "--run-dir", "runs", cwd=tmp_path)
+        assert f"fsmtrain train: config {config}: {line}" in done.stderr.splitlines()
+        assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
+        assert not list((tmp_path / "runs").rglob("*")) if (tmp_path / "runs").exists() else True
+
+
+def test_validate_says_it_ran_no_batch(tmp_path: Path) -> None:
+    _write(tmp_path, "shape.yaml", net_config__in_features=5)  # its forward fails: only preflight runs one
+    done = _cli("validate", "shape.yaml", cwd=tmp_path)
+    _one_line(done, 0, "shape.yaml: valid (1 seed(s), 2 epochs, net pipeline.training.models.MLP, optimizer "
+                       "torch.optim.Adam, 0 warning(s)); built model, loss, optimizer, scheduler and checked the data "
+                       "builder's arguments; no batch was run: `fsmtrain preflight shape.yaml` runs one step")
+
+
+def test_a_set_mistake_blames_the_set(tmp_path: Path) -> None:
+    _write(tmp_path, "ok.yaml")
+    _one_line(_cli("validate", "ok.yaml", "--set", "epochs=abc", cwd=tmp_path), 2,
+              "fsmtrain validate: --set epochs=abc: epochs: expected a valid integer; found 'abc'")
+    _one_line(_cli("validate", "ok.yaml", "--set", "optimizer_config.lr=-1", cwd=tmp_path), 2,
+              "fsmtrain validate: --set optimizer_config.lr=-1: optimizer_config.lr: expected a value "
+              "torch.optim.Adam accepts; found -1 (ValueError: Invalid learning rate: -1)")
+
+
+@pytest.mark.parametrize("entry", ["script", "module"])
+def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path: Path, entry: str) -> None:
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    (project / "mydata.py").write_text("from pipeline.training.data import synthetic_regression as build\n")
+    (project / "configs" / "netlib.py").write_text("from pipeline.training.models import MLP\n")
+    _write(project / "configs", "run.yaml", data="mydata.build", net="netlib.MLP")
+    done = _cli("validate", "configs/run.yaml", cwd=project, entry=entry)  # mydata: working folder; netlib: beside
+    assert done.returncode == 0, done.stdout + done.stderr
+    _write(project / "configs", "typo.yaml", data="mydatx.build")
+    _one_line(_cli("validate", "configs/typo.yaml", cwd=project, entry=entry), 2,
+              "fsmtrain validate: config configs/typo.yaml: data: expected an importable dotted path to a data builder "
+              "function (batch_size=, seed=, **data_config) -> (train, val); found no module named 'mydatx' (did you "
+              "mean mydata.build?)")
