@@ -451,6 +451,12 @@ class RunConfig(_Section):
     def source(self) -> str | None:
         return self._source
 
+    def __eq__(self, other: object) -> bool:
+        """Equal settings (where they were read from is not part of a config's value)."""
+        return isinstance(other, RunConfig) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
+
     @property
     def warnings(self) -> list[ConfigProblem]:
         """Semantic-tier findings: legal, but probably not what was meant."""
