@@ -184,16 +184,28 @@ def test_mermaid_front_matter_names_the_title(tmp_path: Path) -> None:
     assert run_diagram(events).startswith('---\ntitle: "fsmtrain lifecycle: run run"\n---\n')
 
 
-@pytest.mark.skipif(not os.environ.get("FSMTRAIN_MERMAID_CHECK"), reason="set FSMTRAIN_MERMAID_CHECK to a "
-                    "folder with node_modules/mermaid and jsdom and check.mjs to parse with Mermaid itself")
-def test_mermaid_itself_parses_the_diagrams(tmp_path: Path) -> None:
+@pytest.mark.skipif(not os.environ.get("FSMTRAIN_MERMAID_CHECK"), reason="set FSMTRAIN_MERMAID_CHECK to tests/mermaid "
+                    "after `npm install` there (.ci/run does) to parse with Mermaid itself")
+@pytest.mark.timeout(300)
+def test_mermaid_itself_parses_the_diagrams_and_the_readme_block(tmp_path: Path) -> None:
     folder = Path(os.environ["FSMTRAIN_MERMAID_CHECK"])
-    for text in (lifecycle_diagram(Format.MERMAID), callback_diagram([NaNDetectionCallback()], Format.MERMAID)):
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    nine = _nine(tmp_path)  # built, never started: nothing runs
+    texts = {"README": block, "lifecycle": lifecycle_diagram(Format.MERMAID),
+             "nine built-ins": callback_diagram(nine, Format.MERMAID)}
+    for name, text in texts.items():
         f = tmp_path / "d.mmd"
         f.write_text(text, encoding="utf-8")
         out = subprocess.run(["node", "check.mjs", str(f)], cwd=folder, capture_output=True, text=True, timeout=120,
                              check=False)
-        assert out.returncode == 0 and "PARSE OK" in out.stdout, out.stdout + out.stderr
+        assert out.returncode == 0 and "PARSE OK stateDiagram" in out.stdout, name + ": " + out.stdout + out.stderr
+        assert "title=fsmtrain lifecycle" in out.stdout, name + ": " + out.stdout
+    broken = tmp_path / "broken.mmd"  # the check can fail: a diagram Mermaid rejects
+    broken.write_text(texts["lifecycle"].rstrip("\n") + "\n  --- a line Mermaid rejects\n", encoding="utf-8")
+    out = subprocess.run(["node", "check.mjs", str(broken)], cwd=folder, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 1 and "PARSE FAILED" in out.stdout
 
 
 @pytest.mark.slow
