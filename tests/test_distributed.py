@@ -36,9 +36,9 @@ def _env() -> dict[str, str]:
 
 def _config(tmp: Path, *, extra: list[dict[str, Any]] = (), **changes: Any) -> Path:  # type: ignore[assignment]
     cfg = yaml.safe_load(QUICKSTART.read_text())
-    cfg.update(epochs=6, wandb={"enabled": False})
+    cfg.update(epochs=5, wandb={"enabled": False})
     cfg["data_config"]["n_samples"] = 512
-    cfg["scheduler_config"]["T_max"] = 6
+    cfg["scheduler_config"]["T_max"] = 5
     cfg["callbacks"] = {"extra": list(extra)}
     cfg.update(changes)
     path = tmp / "run.yaml"
@@ -207,7 +207,7 @@ def _start(tmp: Path, config: Path) -> subprocess.Popen[str]:
 def test_sigterm_to_one_worker_ends_every_rank_and_the_run_resumes(tmp_path: Path) -> None:
     marker = tmp_path / "reached"
     config = _config(tmp_path, extra=[{"target": "tests.dist_support.SlowEpochs",
-                                       "kwargs": {"seconds": 0.3, "marker": str(marker)}}])
+                                       "kwargs": {"seconds": 0.2, "marker": str(marker)}}])
     proc = _start(tmp_path, config)
     pid = _wait_for(Path(f"{marker}-rank1"), 1, proc)
     os.kill(pid, signal.SIGTERM)  # rank 1 only
@@ -219,7 +219,7 @@ def test_sigterm_to_one_worker_ends_every_rank_and_the_run_resumes(tmp_path: Pat
     _replays(run_dir, tmp_path)
     resumed = _fsmtrain("resume", str(run_dir), cwd=tmp_path, timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "COMPLETED after 6 epoch(s)" in resumed.stdout
+    assert "COMPLETED after 5 epoch(s)" in resumed.stdout
     _audit_ok(run_dir, tmp_path)
 
 
@@ -229,7 +229,7 @@ def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     for folder in (clean, killed):
         folder.mkdir()
-    extra = [{"target": "tests.dist_support.SlowEpochs", "kwargs": {"seconds": 0.2, "marker": "reached"}}]
+    extra = [{"target": "tests.dist_support.SlowEpochs", "kwargs": {"seconds": 0.15, "marker": "reached"}}]
     done = _fsmtrain("train", str(_config(clean, extra=extra)), "--nproc", "2", cwd=clean, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     proc = _start(killed, _config(killed, extra=extra))

@@ -63,6 +63,19 @@ def _cli(*args: str, cwd: Path, entry: str = "module") -> subprocess.CompletedPr
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=110, check=False)
 
 
+def _main(*args: str, cwd: Path, capsys: pytest.CaptureFixture[str],
+          monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
+    """The same command through ``pipeline.cli.main`` in this process (the console script calls it),
+    for the cases whose point is the message, not the process."""
+    from pipeline.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+
+
 def _one_line(done: subprocess.CompletedProcess[str], code: int, line: str) -> None:
     out = done.stdout + done.stderr
     assert "Traceback" not in out, out
@@ -108,10 +121,11 @@ def test_a_data_builder_argument_problem_is_a_config_error(tmp_path: Path) -> No
     assert not any((tmp_path / "runs").rglob("events.jsonl")) if (tmp_path / "runs").exists() else True
 
 
-def test_binary_and_empty_files_are_named_as_such(tmp_path: Path) -> None:
+def test_binary_and_empty_files_are_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "image.yaml").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     (tmp_path / "empty.yaml").write_text("# nothing yet\n")
-    _one_line(_cli("validate", "image.yaml", cwd=tmp_path), 2,
+    _one_line(_main("validate", "image.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
               "fsmtrain validate: config image.yaml: <root>: expected a YAML text file (UTF-8); found binary content "
               "(NUL byte at byte 8)")
     _one_line(_cli("train", "empty.yaml", cwd=tmp_path), 2,
@@ -132,10 +146,12 @@ def test_binary_and_empty_files_are_named_as_such(tmp_path: Path) -> None:
     ({"data_config__n_features": "eight"}, "data_config.n_features: expected int "
                                            "(pipeline.training.data.synthetic_regression says so); found 'eight'"),
 ])
-def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(tmp_path: Path, change: dict[str, Any],
-                                                                          line: str) -> None:
+def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(
+        tmp_path: Path, change: dict[str, Any], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     config = _write(tmp_path, "bad.yaml", **change)
-    _one_line(_cli("validate", "bad.yaml", cwd=tmp_path), 2, f"fsmtrain validate: config bad.yaml: {line}")
+    _one_line(_main("validate", "bad.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
+              f"fsmtrain validate: config bad.yaml: {line}")
     if "optimizer_config__lr" in change and change["optimizer_config__lr"] == -0.001:
         done = _cli("train", str(config), "--run-dir", "runs", cwd=tmp_path)
         assert f"fsmtrain train: config {config}: {line}" in done.stderr.splitlines()
@@ -143,19 +159,23 @@ def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(tmp_pa
         assert not list((tmp_path / "runs").rglob("*")) if (tmp_path / "runs").exists() else True
 
 
-def test_validate_says_it_ran_no_batch(tmp_path: Path) -> None:
+def test_validate_says_it_ran_no_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, "shape.yaml", net_config__in_features=5)  # its forward fails: only preflight runs one
-    done = _cli("validate", "shape.yaml", cwd=tmp_path)
+    done = _main("validate", "shape.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     _one_line(done, 0, "shape.yaml: valid (1 seed(s), 2 epochs, net pipeline.training.models.MLP, optimizer "
                        "torch.optim.Adam, 0 warning(s)); built model, loss, optimizer, scheduler and checked the data "
                        "builder's arguments; no batch was run: `fsmtrain preflight shape.yaml` runs one step")
 
 
-def test_a_set_mistake_blames_the_set(tmp_path: Path) -> None:
+def test_a_set_mistake_blames_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, "ok.yaml")
-    _one_line(_cli("validate", "ok.yaml", "--set", "epochs=abc", cwd=tmp_path), 2,
+    _one_line(_main("validate", "ok.yaml", "--set", "epochs=abc", cwd=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch), 2,
               "fsmtrain validate: --set epochs=abc: epochs: expected a valid integer; found 'abc'")
-    _one_line(_cli("validate", "ok.yaml", "--set", "optimizer_config.lr=-1", cwd=tmp_path), 2,
+    _one_line(_main("validate", "ok.yaml", "--set", "optimizer_config.lr=-1", cwd=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch), 2,
               "fsmtrain validate: --set optimizer_config.lr=-1: optimizer_config.lr: expected a value "
               "torch.optim.Adam accepts; found -1 (ValueError: Invalid learning rate: -1)")
 
