@@ -48,6 +48,12 @@ class Trainer:
     callback states, RNG states, data order and position are restored, and the log continues (and
     its hash chain). ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256.
 
+    ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
+    :mod:`pipeline.app.defaults`): the console line or progress bar, the watching built-ins and,
+    with a ``run_dir``, ``metrics.csv``, checkpoints and ``model.pt`` after a finished ``fit()``.
+    ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`pipeline.training.precision`);
+    ``compile``: ``torch.compile`` the training forward.
+
     Under ``torchrun`` (``torch.distributed`` initialised with several ranks, or ``collective``
     given) the trainer is one rank of a multi-process run: the model trains in
     DistributedDataParallel on this rank's shard of the data, metrics are global, the guards are
