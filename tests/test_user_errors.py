@@ -85,7 +85,7 @@ def _one_line(done: subprocess.CompletedProcess[str], code: int, line: str) -> N
 
 def test_preflight_names_the_failing_forward_in_one_line(tmp_path: Path) -> None:
     config = _write(tmp_path, "shape.yaml", net_config__in_features=5)
-    done = _cli("preflight", str(config), cwd=tmp_path)
+    done = _cli("preflight", str(config), cwd=tmp_path, entry="script")
     _one_line(done, 4, "preflight FAILED at the forward of pipeline.training.models.MLP, in module net.0 "
                        "(Linear(in_features=5, out_features=64, bias=True)) given (64, 8) float32: RuntimeError: "
                        "mat1 and mat2 shapes cannot be multiplied (64x8 and 5x64)")
@@ -109,12 +109,13 @@ def test_a_data_builder_that_raises_is_an_error_run_with_its_record(tmp_path: Pa
     assert audit.returncode == 0, audit.stdout
 
 
-def test_a_data_builder_argument_problem_is_a_config_error(tmp_path: Path) -> None:
+def test_a_data_builder_argument_problem_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "mydata.py").write_text(CSV_BUILDER)
     config = _write(tmp_path, "csv.yaml", data="mydata.load_csv", data_config={"paht": "data.csv"})
     for command in ("validate", "train"):
-        done = _cli(command, str(config), "--run-dir", "runs", cwd=tmp_path) if command == "train" else _cli(
-            command, str(config), cwd=tmp_path)
+        extra = ("--run-dir", "runs") if command == "train" else ()
+        done = _main(command, str(config), *extra, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
         _one_line(done, 2, "  - data_config.paht: expected an argument of function 'load_csv': batch_size, seed, "
                            "path; found unknown argument 'paht' (did you mean path?)")
         assert f"fsmtrain {command}: config {config} has 2 problems:" in done.stderr
@@ -153,7 +154,7 @@ def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(
     _one_line(_main("validate", "bad.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
               f"fsmtrain validate: config bad.yaml: {line}")
     if "optimizer_config__lr" in change and change["optimizer_config__lr"] == -0.001:
-        done = _cli("train", str(config), "--run-dir", "runs", cwd=tmp_path)
+        done = _main("train", str(config), "--run-dir", "runs", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
         assert f"fsmtrain train: config {config}: {line}" in done.stderr.splitlines()
         assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
         assert not list((tmp_path / "runs").rglob("*")) if (tmp_path / "runs").exists() else True
