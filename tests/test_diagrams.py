@@ -194,18 +194,20 @@ def test_mermaid_itself_parses_the_diagrams_and_the_readme_block(tmp_path: Path)
     nine = _nine(tmp_path)  # built, never started: nothing runs
     texts = {"README": block, "lifecycle": lifecycle_diagram(Format.MERMAID),
              "nine built-ins": callback_diagram(nine, Format.MERMAID)}
-    for name, text in texts.items():
-        f = tmp_path / "d.mmd"
-        f.write_text(text, encoding="utf-8")
-        out = subprocess.run(["node", "check.mjs", str(f)], cwd=folder, capture_output=True, text=True, timeout=120,
-                             check=False)
-        assert out.returncode == 0 and "PARSE OK stateDiagram" in out.stdout, name + ": " + out.stdout + out.stderr
-        assert "title=fsmtrain lifecycle" in out.stdout, name + ": " + out.stdout
+    files = []
+    for i, text in enumerate(texts.values()):
+        files.append(tmp_path / f"d{i}.mmd")
+        files[-1].write_text(text, encoding="utf-8")
     broken = tmp_path / "broken.mmd"  # the check can fail: a diagram Mermaid rejects
     broken.write_text(texts["lifecycle"].rstrip("\n") + "\n  --- a line Mermaid rejects\n", encoding="utf-8")
-    out = subprocess.run(["node", "check.mjs", str(broken)], cwd=folder, capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert out.returncode == 1 and "PARSE FAILED" in out.stdout
+    out = subprocess.run(["node", "check.mjs", *map(str, files), str(broken)], cwd=folder, capture_output=True,
+                         text=True, timeout=180, check=False)
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": PARSE " in line)
+    titles = {"README": "fsmtrain lifecycle", "lifecycle": "fsmtrain lifecycle",
+              "nine built-ins": "fsmtrain lifecycle with callbacks"}
+    for name, f in zip(texts, files, strict=True):
+        assert lines.get(str(f)) == f"PARSE OK stateDiagram title={titles[name]}", name + ": " + out.stdout
+    assert lines[str(broken)].startswith("PARSE FAILED") and out.returncode == 1, out.stdout + out.stderr
 
 
 @pytest.mark.slow

@@ -12,14 +12,19 @@ for (const key of ["DOMParser", "Element", "HTMLElement", "Node", "navigator"]) 
 }
 const { default: mermaid } = await import("mermaid");
 mermaid.initialize({ startOnLoad: false });
-const text = readFileSync(process.argv[2], "utf8");
-try {
-  const result = await mermaid.parse(text);
-  // Mermaid has parsed the front matter (a YAML error fails the parse); its title, as YAML reads it:
-  const front = text.match(/^---\n([\s\S]*?)\n---\n/);
-  const title = front ? (yaml.load(front[1]) || {}).title : undefined;
-  console.log(`PARSE OK ${result.diagramType} title=${title ?? ""}`);
-} catch (err) {
-  console.log(`PARSE FAILED ${err.message ?? err}`);
-  process.exit(1);
+// Every file named on the command line, in one Node process (Mermaid takes seconds to load).
+let failed = false;
+for (const file of process.argv.slice(2)) {
+  const text = readFileSync(file, "utf8");
+  try {
+    const result = await mermaid.parse(text);
+    // Mermaid has parsed the front matter (a YAML error fails the parse); its title, as YAML reads it:
+    const front = text.match(/^---\n([\s\S]*?)\n---\n/);
+    const title = front ? (yaml.load(front[1]) || {}).title : undefined;
+    console.log(`${file}: PARSE OK ${result.diagramType} title=${title ?? ""}`);
+  } catch (err) {
+    console.log(`${file}: PARSE FAILED ${err.message ?? err}`);
+    failed = true;
+  }
 }
+process.exit(failed ? 1 : 0);
