@@ -4,12 +4,14 @@ processes on one PostgreSQL database, a worker killed with SIGKILL, and Ctrl-C."
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -198,3 +200,32 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
         report = audit_file(log)
         assert report.ok and report.explanation.stop_reason == "interrupted", report.render()
     assert "interrupted: study s" in (tmp_path / "hpo.log").read_text()
+
+
+def _open_at_once(url: str, barrier: Any, results: Any) -> None:
+    from pipeline.app.study_storage import StorageError, open_storage, parse_storage
+
+    barrier.wait()
+    try:
+        open_storage(parse_storage(url, "optimize.storage"))
+        results.put("")
+    except StorageError as exc:
+        results.put(str(exc))
+
+
+@pytest.mark.timeout(120)
+def test_workers_opening_a_fresh_sqlite_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """Found in CI: a watcher and the study opened a new SQLite file together, and the study died
+    with 'table trial_params already exists'. Each round is a fresh file opened by 4 processes
+    released together; before the fix about one round in three lost a process."""
+    ctx = multiprocessing.get_context("fork")  # the imports are done: each round costs milliseconds
+    for round_ in range(8):
+        url = f"sqlite:///{tmp_path / f'study{round_}.db'}"
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_open_at_once, args=(url, barrier, results)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        errors = [e for e in (results.get(timeout=60) for _ in procs) if e]
+        for proc in procs:
+            proc.join(timeout=30)
+        assert errors == [], f"round {round_}: {errors}"

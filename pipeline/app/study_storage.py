@@ -200,6 +200,16 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(orig).__name__}: {orig}".split())
 
 
+def _lost_creation_race(exc: BaseException) -> bool:
+    """Whether ``exc`` says another process created the tables first. Workers (or an Optuna
+    dashboard) opening a fresh storage together each check for the tables, then create them; the
+    loser's create or schema-version insert fails, and the tables exist by then, so a retry opens."""
+    name = type(exc).__name__
+    if name in ("IntegrityError", "ProgrammingError"):  # PostgreSQL
+        return True
+    return name == "OperationalError" and "already exists" in str(exc)  # SQLite
+
+
 def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
     """Open ``spec``; with ``create=False`` a missing file or database is an error rather than
     being made. RDB storages (SQLite included) beat with ``heartbeat`` when given."""
@@ -235,10 +245,8 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                     spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
                     **kwargs)
         except Exception as exc:
-            # Workers on several machines start together: two may create the tables at once, and
-            # the loser's insert of the schema version fails; the tables exist then, so try again.
-            if attempt < 2 and create and type(exc).__name__ in ("IntegrityError", "ProgrammingError"):
-                time.sleep(0.5 + attempt)
+            if attempt < 2 and create and _lost_creation_race(exc):
+                time.sleep(0.2 + 0.5 * attempt)
                 continue
             raise StorageError(spec.source, "a database that can be opened",
                                f"{spec.shown!r}: {_one_line(exc)}") from None
