@@ -34,9 +34,13 @@ def _shown(path: Path, run: RunContext) -> str:
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`, a ``checkpoint`` event
-    per file committed (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
-    stores) and a ``checkpoint_removed`` event per file removed.
+    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`. The state is captured
+    there; with ``background=True`` (the default) its bytes are written on a writer thread while the
+    next epoch trains, and logged at the next epoch's end or at ``train_end``, which waits for them:
+    a ``checkpoint`` event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain
+    head the file stores) and a ``checkpoint_removed`` event per file removed. ``background=False``
+    writes and logs the same files with the same bytes before the epoch ends. A failed write is raised
+    at the next phase boundary (an epoch's or validation's start, or the commit).
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -53,10 +57,17 @@ class CheckpointCallback(TrainingCallback):
         monitor: str = "val_loss",
         mode: str = "min",
         save_latest: bool = True,
+        background: bool = True,
     ) -> None:
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
-                                         save_latest)
+                                         save_latest, background)
         self.saved: list[SavedCheckpoint] = []
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        self.manager.pending.raise_failure()
+
+    def on_val_begin(self, epoch: EpochContext) -> None:
+        self.manager.pending.raise_failure()
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
@@ -72,18 +83,34 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
-        head = getattr(run.events, "head", None)  # what build_state stores: nothing is logged in between
+        self._commit(run)  # the previous epoch's write: it precedes this state in the log, as in the file
+        plan = self.manager.plan(run, epoch.index, epoch.metrics, final, healthy)
+        if plan is not None:
+            self.manager.submit(plan)
+            if not self.manager.pending.background:
+                self._commit(run)
 
-        def commit(ck: SavedCheckpoint) -> None:
-            epoch.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                       chain_head=head)
+    def on_train_end(self, run: RunContext) -> None:
+        if run.dry_run:
+            return
+        try:
+            self._commit(run)
+        finally:
+            self.manager.pending.close()
+        for path in self.manager.finish():
+            run.emit("checkpoint_removed", path=_shown(path, run))
 
-        def removed(path: Path) -> None:
-            epoch.emit("checkpoint_removed", path=_shown(path, run))
-
-        written = self.manager.on_epoch(run, epoch.index, epoch.metrics, final, healthy,
-                                        on_commit=commit, on_remove=removed)
-        self.saved.extend(written)
+    def _commit(self, run: RunContext) -> None:
+        """Wait for the pending write, then log what it made durable."""
+        written = self.manager.collect()
+        if written is None:
+            return
+        for ck in written.saved:
+            run.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                     chain_head=written.chain_head)
+        for path in written.removed:
+            run.emit("checkpoint_removed", path=_shown(path, run))
+        self.saved.extend(written.saved)
 
     def state_dict(self) -> dict[str, Any]:
         return self.manager.state_dict()

@@ -215,28 +215,34 @@ def make_quickstart_runs(root: Path) -> QuickstartRuns:
     return QuickstartRuns(*dirs)
 
 
-def rechain(lines: list[str], key: bytes | None = None, *, describe: bool = False) -> list[str]:
+def rechain(lines: list[str], key: bytes | None = None, *, describe: bool = False,
+            old_key: bytes | None = None) -> list[str]:
     """The log with every ``prev`` recomputed, as someone with write access to the file can do:
     plain sha256 (or HMAC with ``key``), and each checkpoint event's ``chain_head`` moved to the
-    new digest of the line it pinned. Lines are re-encoded the way ``EventLog`` writes them.
+    new digest of the line it pinned. That line is found by its digest under ``old_key`` (default
+    ``key``) wherever it now sits, or, when the forgery changed it (a new ``seq``), as the line the
+    old ``prev`` of its successor names. Lines are re-encoded the way ``EventLog`` writes them.
     ``describe``: also make each ``run_start`` name the new scheme (as if written with ``key``)."""
-    chain = Chain(key)
-    new_for_old: dict[Any, str] = {}
+    chain, old_chain = Chain(key), Chain(key if old_key is None else old_key)
+    by_content: dict[str, str] = {}
+    by_successor: dict[Any, str] = {}
     prev: str | None = None
     out = []
     for line in lines:
         rec = json.loads(line)
         if prev is None:
             prev = chain.genesis(rec["run_id"], rec["payload"].get("config"))
-        new_for_old[rec.get("prev")] = prev
+        by_successor[rec.get("prev")] = prev
         rec["prev"] = prev
         if describe and rec["event"] == "run_start":
             rec["payload"]["chain"] = chain.describe()
-        if rec["event"] == "checkpoint" and rec["payload"].get("chain_head") in new_for_old:
-            rec["payload"]["chain_head"] = new_for_old[rec["payload"]["chain_head"]]
+        head = rec["payload"].get("chain_head") if rec["event"] == "checkpoint" else None
+        if head is not None:
+            rec["payload"]["chain_head"] = by_content.get(head, by_successor.get(head, head))
         text = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
         out.append(text)
         prev = chain.digest(text.encode("utf-8"))
+        by_content[old_chain.digest(line.encode("utf-8"))] = prev
     return out
 
 

@@ -258,6 +258,7 @@ class CheckpointConfig(_Section):
     save_latest: bool = True  # latest.pt at every epoch end, so any kill leaves a recent resume point
     monitor: str = "val_loss"
     mode: Literal["min", "max"] = "min"
+    background: bool = True  # write on a writer thread while the next epoch trains; committed when durable
 
 
 class TensorBoardConfig(_Section):
@@ -1185,6 +1186,7 @@ def build_callbacks(
         out.append(cb.CheckpointCallback(
             run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
             save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
+            background=ck.background,
         ))
     if cfg.grad_clip is not None:
         gc = cfg.grad_clip

@@ -48,7 +48,7 @@ def default_callbacks(
             cb.MetricsCsvCallback(run_dir / "metrics.csv"),
             cb.CheckpointCallback(run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs,
                                   keep_last_k=ck.keep_last_k, save_best=ck.save_best, monitor=ck.monitor,
-                                  mode=ck.mode, save_latest=ck.save_latest),
+                                  mode=ck.mode, save_latest=ck.save_latest, background=ck.background),
         ]
     kinds = {type(c) for c in given}
     return [*given, *(d for d in defaults if type(d) not in kinds)]

@@ -46,7 +46,7 @@ from pipeline.core.events import EVENT_KEYS, LEVELS
 from pipeline.core.lifecycle import BATCH, FINAL, INITIAL, TRANSITIONS, Facts, Phase, Transition
 from pipeline.tools.audit_chain import ChainCheck
 from pipeline.tools.audit_content import number, slot_checks
-from pipeline.tools.audit_ending import EndingChecks, Segment
+from pipeline.tools.audit_ending import EndingChecks, Segment, best_epoch, completed_epochs
 from pipeline.tools.audit_files import CheckpointWrite, verify_checkpoints
 
 if TYPE_CHECKING:
@@ -400,9 +400,9 @@ class _Auditor(EndingChecks):
                     seg.nonfinite[cur] = (n, key)
             val = metrics.get("val_loss")
             x = number(val) if type(val) is not bool else None
-            seg.last_val = math.nan if x is None else x
-            if x is not None and math.isfinite(x) and (seg.best is None or x < seg.best[0]):
-                seg.best = (x, cur, n)
+            seg.vals.append((math.nan if x is None else x, n))
+        else:
+            seg.vals.append((math.nan, n))
         self._batches(n, rec, seg)
         slots = p.get("slots")
         if isinstance(slots, dict):
@@ -529,7 +529,7 @@ class _Auditor(EndingChecks):
             return
         seg = self.segments[-1]
         ex.max_epochs = seg.max_epochs
-        ex.epochs_completed = sum(s.epochs + len(s.unlogged) for s in self.segments)
+        ex.epochs_completed = completed_epochs(self.segments)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
         ex.train_end_line = seg.end_line
@@ -539,9 +539,9 @@ class _Auditor(EndingChecks):
         elif seg.end_reason == "completed":
             ex.stop_source, ex.stop_message = "max_epochs", f"reached max_epochs={seg.max_epochs}"
             ex.stop_epoch = seg.next_epoch - 1
-        bests = [s.best for s in self.segments if s.best is not None]
-        if bests:
-            ex.best_val_loss, ex.best_epoch, ex.best_line = min(bests)
+        best = best_epoch(self.segments)
+        if best is not None:
+            ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
 _HANDLERS = {

@@ -5,7 +5,7 @@ epoch events. Shared by :mod:`pipeline.tools.audit` through :class:`EndingChecks
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +61,7 @@ class Segment:
     global_step: int = 0
     epochs_seen: set[int] = field(default_factory=set)
     nonfinite: dict[int, tuple[int, str]] = field(default_factory=dict)  # epoch -> (line, loss key)
-    best: tuple[float, int, int] | None = None  # (val, epoch, line)
-    last_val: float = math.nan
+    vals: list[tuple[float, int]] = field(default_factory=list)  # per logged epoch: (val_loss or nan, line)
     last_trial_report: tuple[bool, int] | None = None
     unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
     # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
@@ -70,6 +69,30 @@ class Segment:
     step_val: int | None = None
     step_prev: int = 0
     batch_lines: int = 0
+
+
+def _standing(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
+    """Each segment with how many of its logged epochs stand: a resume from an older checkpoint
+    (one committed before the last logged epoch, as a background write leaves it) does the epochs
+    from its start epoch over, and only the later doing counts."""
+    for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
+        until = None if nxt is None else nxt.start_epoch
+        yield seg, seg.epochs if until is None else max(0, min(seg.epochs, until - seg.start_epoch))
+
+
+def completed_epochs(segs: list[Segment]) -> int:
+    return sum(kept + len(seg.unlogged) for seg, kept in _standing(segs))
+
+
+def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
+    """(val_loss, epoch, line) of the standing epoch with the lowest finite val_loss."""
+    found = [(x, seg.start_epoch + i, line) for seg, kept in _standing(segs)
+             for i, (x, line) in enumerate(seg.vals[:kept]) if math.isfinite(x)]
+    return min(found) if found else None
+
+
+def _last_val(segs: list[Segment]) -> float:
+    return next((seg.vals[kept - 1][0] for seg, kept in reversed(list(_standing(segs))) if kept), math.nan)
 
 
 class EndingChecks:
@@ -181,13 +204,11 @@ class EndingChecks:
             self.bad("result", f"the result disagrees with the epoch events: {said}", n)
 
     def _expected_result(self, seg: Segment, segs: list[Segment]) -> dict[str, Any]:
-        bests = [s.best for s in segs if s.best is not None]
-        best = min(bests) if bests else None
-        last = next((s.last_val for s in reversed(segs) if s.epochs), math.nan)
+        best = best_epoch(segs)
         best_val = best[0] if best is not None else math.inf
         out: dict[str, Any] = {
-            "epochs_completed": sum(s.epochs + len(s.unlogged) for s in segs),
-            "last_val_loss": last,
+            "epochs_completed": completed_epochs(segs),
+            "last_val_loss": _last_val(segs),
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,
             "objective": math.inf if seg.end_reason == StopReason.NAN.value else best_val,

@@ -41,9 +41,12 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
                        segments: list[Segment], lines: int, ex: Explanation) -> list[Finding]:
     out: list[Finding] = []
     base = log.parent
-    # The last line each process wrote before it was killed (no train_end): a checkpoint pinning
-    # one of these is a write that process never got to log.
-    killed_ends = {s.last_line for s in segments if s.end_line is None} | {lines}
+    # The lines of each process that was killed (no result: killed before or during teardown): a
+    # checkpoint pinning one of these is a write that process never got to log; a background write
+    # lands while later lines are logged.
+    killed = [(s.first_line, s.last_line) for s in segments if not s.result_seen]
+    if segments and not segments[-1].result_seen:
+        killed.append((segments[-1].first_line, lines))
     for rel, w in writes.items():
         if rel in removed:
             ex.checkpoints_removed += 1
@@ -77,12 +80,12 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
         elif at < w.line:
             out.append(Finding("checkpoint", f"checkpoint {rel} is an older write (it pins line {at}) than the one "
                                f"line {w.line} records: {changed}", w.line))
-        elif at in killed_ends:
-            out.append(Finding("checkpoint", f"checkpoint {rel} was written after line {at}, the last line its process "
-                               f"logged: an uncommitted write interrupted by the process's end ({changed})", at,
-                               Severity.WARNING))
+        elif any(first <= at <= last for first, last in killed):
+            out.append(Finding("checkpoint", f"checkpoint {rel} was written after line {at} by a process that ended "
+                               f"before its result: an uncommitted write interrupted by the process's end "
+                               f"({changed})", at, Severity.WARNING))
         else:
-            out.append(Finding("checkpoint", f"checkpoint {rel} was committed after line {at} (the chain head it "
+            out.append(Finding("checkpoint", f"checkpoint {rel} was written after line {at} (the chain head it "
                                f"pins), but the log goes on without recording it: lines after line {at} were "
                                f"removed or rewritten ({changed})", at + 1))
     return out

@@ -10,7 +10,8 @@ Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-ba
 ``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
 Every write is atomic: a temp file in the same folder, fsync, ``os.replace``, fsync of the folder;
 a file exists for the audit and for resume only once the log has committed it (see
-:class:`CheckpointManager`), and loads check the bytes against the committed sha256.
+:class:`CheckpointManager`), and loads check the bytes against the committed sha256. The write may
+run on a background thread (:mod:`pipeline.training.checkpoint_writer`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pickle
 import random
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,15 @@ import torch
 
 from pipeline.core.context import CheckpointContext, RunContext, epoch_number
 from pipeline.core.events import EVENTS_FILE
+from pipeline.training.checkpoint_writer import PendingWrite, snapshot
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
     "CheckpointManager",
     "SavedCheckpoint",
+    "WritePlan",
+    "Written",
     "atomic_link",
     "capture_rng_state",
     "committed_sha256",
@@ -119,8 +123,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a part."""
+def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a part.
+    ``sync_dir=False`` leaves the folder's fsync to the caller, who makes several renames durable at once."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -132,10 +137,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
-def atomic_link(source: Path, path: Path, data: bytes) -> None:
+def atomic_link(source: Path, path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Make ``path`` another name of ``source`` (whose bytes are ``data``), atomically: a hard link
     under a temp name renamed over ``path``; a copy where the file system has no hard links."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
@@ -144,7 +150,7 @@ def atomic_link(source: Path, path: Path, data: bytes) -> None:
     try:
         os.link(source, tmp)
     except OSError:
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, sync_dir=sync_dir)
         return
     try:
         os.replace(tmp, path)
@@ -152,11 +158,8 @@ def atomic_link(source: Path, path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)
-
-
-def _ignore(_: Any) -> None:
-    return None
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def _callback_states(run: RunContext) -> dict[str, Any]:
@@ -169,21 +172,46 @@ def _callback_states(run: RunContext) -> dict[str, Any]:
     return states
 
 
+@dataclass(frozen=True)
+class WritePlan:
+    """One epoch's checkpoint, decided and captured on the training thread: what
+    :meth:`CheckpointManager.write` puts on disk, on whichever thread runs it."""
+
+    epoch: int
+    periodic: bool
+    roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
+    state: dict[str, Any]
+    remove: tuple[Path, ...]  # files the newest committed checkpoint made redundant
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one write left on disk, durable, for the log to commit."""
+
+    saved: tuple[SavedCheckpoint, ...]
+    removed: tuple[Path, ...]
+    chain_head: str | None  # the log's head the files store
+
+
 class CheckpointManager:
-    """Decides which checkpoints an epoch gets, writes them, and commits them to the run's log.
+    """Decides which checkpoints an epoch gets, and writes them so that a kill at any moment leaves a
+    committed checkpoint that loads.
 
-    Per epoch (:meth:`on_epoch`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
-    ``best`` when the monitored value strictly improves (``mode`` "min" or "max") on a healthy
-    epoch, and ``latest`` at every epoch end (``save_latest``; else with each periodic file and on
-    the run's last epoch). ``keep_last_k=0`` keeps every periodic file.
+    Policy (:meth:`plan`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``, ``best``
+    when the monitored value strictly improves (``mode`` "min" or "max") on a healthy epoch, and
+    ``latest`` at every epoch end (``save_latest``; else with each periodic file and on the run's last
+    epoch). ``keep_last_k=0`` keeps every periodic file.
 
-    The commit protocol: the epoch's state is serialised once and written once, atomically, as
-    ``epoch_<n>.pt``; then ``on_commit`` logs it (path and sha256): from that moment it exists for the
-    audit and for resume. ``latest.pt`` and ``best.pt`` are then pointed at it (a hard link, or a copy
-    where links are not possible, swapped in atomically) and logged in turn. Only then are superseded
-    files removed: this epoch's file when it is not periodic, and periodic files past
-    ``keep_last_k``, taken only from the files this run committed, never from whatever else is in
-    the folder. A kill at any point leaves a committed, loadable checkpoint.
+    Protocol: :meth:`plan` captures the state on the training thread; :meth:`write` serialises it
+    once, writes it once, atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``,
+    ``best.pt``) at it (a hard link, or a copy where links are not possible, swapped in atomically),
+    removes the files the newest *committed* checkpoint made redundant, and fsyncs the folder once.
+    The caller then logs the result (:class:`Written`): from that moment the files exist for the audit
+    and for resume. The newest committed epoch's own file stays on disk until a newer one is committed,
+    so while a write rewrites ``latest.pt`` a kill still leaves that file to resume from; a periodic
+    file past ``keep_last_k`` goes the same way, one write late. :meth:`finish` removes what the last
+    commit made redundant. Removal only touches files this run committed, never whatever else is in the
+    folder.
     """
 
     def __init__(
@@ -195,6 +223,7 @@ class CheckpointManager:
         monitor: str = "val_loss",
         mode: str = "min",
         save_latest: bool = True,
+        background: bool = False,
     ) -> None:
         if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
             raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
@@ -211,8 +240,9 @@ class CheckpointManager:
         self.mode = mode
         self.best_value: float | None = None
         self.best_epoch: int | None = None
-        self.periodic: list[int] = []  # epochs whose periodic file this run committed, oldest first
-        self.removed: list[Path] = []
+        self.periodic: list[int] = []  # epochs whose periodic file this run wrote and still keeps, oldest first
+        self.transient: list[int] = []  # epochs whose non-periodic epoch file is still on disk
+        self.pending: PendingWrite[Written] = PendingWrite(background)
 
     # --- paths ---------------------------------------------------------------------------------
     def periodic_path(self, epoch: int) -> Path:
@@ -261,27 +291,6 @@ class CheckpointManager:
             kinds.append("latest")
         return kinds
 
-    def on_epoch(
-        self,
-        run: RunContext,
-        epoch: int,
-        metrics: Mapping[str, float],
-        final: bool,
-        healthy: bool = True,
-        *,
-        on_commit: Callable[[SavedCheckpoint], None] = _ignore,
-        on_remove: Callable[[Path], None] = _ignore,
-    ) -> list[SavedCheckpoint]:
-        """Write and commit what this epoch's policy asks for; returns the files committed."""
-        self.removed = []
-        kinds = self.kinds_for(epoch, metrics, final, healthy)
-        if "best" in kinds:
-            self.best_value = float(metrics[self.monitor])
-            self.best_epoch = epoch
-        if not kinds:
-            return []
-        return self.save(run, *kinds, epoch=epoch, metrics=metrics, on_commit=on_commit, on_remove=on_remove)
-
     # --- writing -------------------------------------------------------------------------------
     def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
@@ -316,57 +325,73 @@ class CheckpointManager:
         }
         return state
 
-    def save(
-        self,
-        run: RunContext,
-        *kinds: str,
-        epoch: int | None = None,
-        metrics: Mapping[str, float] | None = None,
-        on_commit: Callable[[SavedCheckpoint], None] = _ignore,
-        on_remove: Callable[[Path], None] = _ignore,
-    ) -> list[SavedCheckpoint]:
-        """Serialise the state once, write it once as the epoch's file, commit it, then point each
-        role of ``kinds`` ("best", "latest") at it and commit those (see the class docstring)."""
-        kinds = kinds or ("periodic",)
-        for kind in kinds:
-            if kind not in KINDS:
-                raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
-        at = run.epoch if epoch is None else epoch
+    def plan(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool,
+             healthy: bool = True) -> WritePlan | None:
+        """What this epoch's policy asks for, with the state captured (for a background write, a
+        snapshot that shares nothing with the live model); None when nothing is due. Call it once
+        every earlier plan's write is committed."""
+        kinds = self.kinds_for(epoch, metrics, final, healthy)
+        if "best" in kinds:
+            self.best_value = float(metrics[self.monitor])
+            self.best_epoch = epoch
+        if not kinds:
+            return None
+        remove = self._redundant(keep_newest=True)
         periodic = "periodic" in kinds
-        if periodic and at not in self.periodic:
-            self.periodic.append(at)  # before the state is built: the state's own list includes it
+        (self.periodic if periodic else self.transient).append(epoch)  # the state's own lists include it
         self.directory.mkdir(parents=True, exist_ok=True)
-        state = self.build_state(run, at, metrics)
-        epoch_file = self.periodic_path(at)
-        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(epoch_file)))
+        state = self.build_state(run, epoch, metrics)
+        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
+        if self.pending.background:
+            state = snapshot(state)
+        return WritePlan(epoch, periodic, tuple(r for r in ("latest", "best") if r in kinds), state, remove)
+
+    def write(self, plan: WritePlan) -> Written:
+        """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
         buffer = io.BytesIO()
-        torch.save(state, buffer)
+        torch.save(plan.state, buffer)
         data = buffer.getvalue()
         digest = hashlib.sha256(data).hexdigest()
-        atomic_write_bytes(epoch_file, data)
-        saved = [SavedCheckpoint(epoch_file, digest, at, "periodic" if periodic else "epoch")]
-        on_commit(saved[0])
-        for role in ("latest", "best"):
-            if role in kinds:
-                path = self.path_for(role, at)
-                atomic_link(epoch_file, path, data)
-                saved.append(SavedCheckpoint(path, digest, at, role))
-                on_commit(saved[-1])
-        self.removed = [] if periodic else [epoch_file]
-        self.removed += self._superseded_periodic()
-        for path in self.removed:
+        epoch_file = self.periodic_path(plan.epoch)
+        atomic_write_bytes(epoch_file, data, sync_dir=False)
+        saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
+        for role in plan.roles:
+            path = self.path_for(role, plan.epoch)
+            atomic_link(epoch_file, path, data, sync_dir=False)
+            saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
+        for path in plan.remove:
             path.unlink(missing_ok=True)
-        if self.removed:
-            _fsync_dir(self.directory)
-        for path in self.removed:
-            on_remove(path)
-        return saved
+        _fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
+        return Written(tuple(saved), plan.remove, plan.state.get("chain_head"))
 
-    def _superseded_periodic(self) -> list[Path]:
-        if self.keep_last_k == 0 or len(self.periodic) <= self.keep_last_k:
-            return []
-        old, self.periodic = self.periodic[: -self.keep_last_k], self.periodic[-self.keep_last_k:]
-        return [self.periodic_path(e) for e in old]
+    def submit(self, plan: WritePlan) -> None:
+        """Start writing ``plan``: on the writer thread when ``background``, else now."""
+        self.pending.submit(lambda: self.write(plan))
+
+    def collect(self) -> Written | None:
+        """The submitted write, durable, for the log to commit (None when there is none); waits for it."""
+        return self.pending.wait()
+
+    def finish(self) -> tuple[Path, ...]:
+        """Once the last write is committed: remove what it made redundant; returns the files removed."""
+        removed = self._redundant(keep_newest=False)
+        for path in removed:
+            path.unlink(missing_ok=True)
+        if removed:
+            _fsync_dir(self.directory)
+        return removed
+
+    def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
+        """Forget and return the files no committed role needs: non-periodic epoch files (a role
+        holds their bytes) and periodic files past ``keep_last_k``; ``keep_newest`` spares the newest
+        committed epoch's own file, the fallback while the next write rewrites ``latest.pt``."""
+        newest = max([*self.periodic, *self.transient], default=None) if keep_newest else None
+        transient = [e for e in self.transient if e != newest]
+        self.transient = [e for e in self.transient if e == newest]
+        periodic: list[int] = []
+        if self.keep_last_k and len(self.periodic) > self.keep_last_k:
+            periodic, self.periodic = self.periodic[: -self.keep_last_k], self.periodic[-self.keep_last_k:]
+        return tuple(self.periodic_path(e) for e in sorted(transient + periodic))
 
     # --- reading -------------------------------------------------------------------------------
     def load(self, path: str | Path) -> dict[str, Any]:
@@ -374,12 +399,14 @@ class CheckpointManager:
 
     # --- the manager's own state (best so far, its periodic files), for resume --------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "periodic": list(self.periodic)}
+        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "periodic": list(self.periodic),
+                "transient": list(self.transient)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.best_value = state.get("best_value")
         self.best_epoch = state.get("best_epoch")
         self.periodic = [int(e) for e in state.get("periodic", [])]
+        self.transient = [int(e) for e in state.get("transient", [])]
 
 
 def committed_sha256(path: str | Path) -> str | None:

@@ -126,7 +126,7 @@ def test_ordering_by_epoch_number_not_name(tmp_path):
         (tmp_path / f"epoch_{e}.pt").write_bytes(b"x")
     assert [p.name for p in m.list_periodic()] == ["epoch_9.pt", "epoch_10.pt", "epoch_99.pt", "epoch_100.pt"]
     m.periodic = [8, 9, 98, 99]  # the epochs (0-based) whose files this run committed
-    assert [p.name for p in m._superseded_periodic()] == ["epoch_9.pt", "epoch_10.pt"]
+    assert [p.name for p in m._redundant(keep_newest=False)] == ["epoch_9.pt", "epoch_10.pt"]
 
 
 def test_pruning_never_touches_files_this_run_did_not_commit(tiny, tmp_path):
