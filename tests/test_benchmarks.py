@@ -23,7 +23,7 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "compare.py"), "--quick", "--rounds", "1", "--scale", "0.02",
-         "--frameworks", "raw,fsm", "--workloads", "tiny", "--cli-runs", "0", "--output", str(out), "--json", str(raw)],
+         "--frameworks", "raw,fsm,raw_all,fsm_all", "--workloads", "tiny", "--cli-runs", "0", "--output", str(out), "--json", str(raw)],
         env=env, capture_output=True, text=True, timeout=380, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,7 +41,8 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     assert detail[0].split("|")[2].strip() == "1.000"  # raw against itself
     data = json.loads(raw.read_text())
     runs = {r["framework"]: r for r in data["results"]}
-    assert set(runs) == {"raw", "fsm"} and runs["raw"]["sha256"] == runs["fsm"]["sha256"]
+    assert set(runs) == {"raw", "fsm", "raw_all", "fsm_all"}, proc.stderr[-3000:]
+    assert len({r["sha256"] for r in runs.values()}) == 1  # the same final weights everywhere
     assert all(r["rss_mb"] > 0 and r["epoch_ms"] > 0 for r in runs.values())
     assert "skipping" not in proc.stderr  # only raw and fsmtrain were asked for: no peer to skip
 
