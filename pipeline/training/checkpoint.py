@@ -56,6 +56,9 @@ __all__ = [
 FORMAT_VERSION = 1
 KINDS = ("periodic", "best", "latest")
 _PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
+# The entries of a checkpoint's state that come from live objects (``state_dict()`` shares their
+# tensors, and may share lists); ``build_state`` makes every other entry afresh.
+_LIVE = ("model", "optimizer", "scheduler", "scaler", "callbacks", "extra")
 
 
 class CheckpointError(RuntimeError):
@@ -342,8 +345,8 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
-        if self.pending.background:
-            state = snapshot(state)
+        if self.pending.background:  # only these entries can share objects with live ones
+            state.update({key: snapshot(state[key]) for key in _LIVE})
         return WritePlan(epoch, periodic, tuple(r for r in ("latest", "best") if r in kinds), state, remove)
 
     def write(self, plan: WritePlan) -> Written:
