@@ -10,7 +10,7 @@ from typing import Any
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.lifecycle import StopReason
-from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint
+from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
 
 __all__ = ["CheckpointCallback"]
 
@@ -36,11 +36,12 @@ class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
     commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`. The state is captured
     there; with ``background=True`` (the default) its bytes are written on a writer thread while the
-    next epoch trains, and logged at the next epoch's end or at ``train_end``, which waits for them:
-    a ``checkpoint`` event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain
-    head the file stores) and a ``checkpoint_removed`` event per file removed. ``background=False``
-    writes and logs the same files with the same bytes before the epoch ends. A failed write is raised
-    at the next phase boundary (an epoch's or validation's start, or the commit).
+    next epoch trains, and the writer logs them the moment they are durable: a ``checkpoint`` event
+    per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file stores) and
+    a ``checkpoint_removed`` event per file removed. The next epoch's end and ``train_end`` wait for
+    a write still in flight. ``background=False`` writes and logs the same files before the epoch
+    ends. A failed write is raised at the next phase boundary (an epoch's or validation's start, the
+    next epoch's end, or ``train_end``).
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -83,28 +84,23 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
-        self._commit(run)  # the previous epoch's write: it precedes this state in the log, as in the file
+        self.manager.collect()  # the previous write is committed before this state pins the log
         plan = self.manager.plan(run, epoch.index, epoch.metrics, final, healthy)
         if plan is not None:
-            self.manager.submit(plan)
-            if not self.manager.pending.background:
-                self._commit(run)
+            self.manager.submit(plan, lambda written: self._log(run, written))
 
     def on_train_end(self, run: RunContext) -> None:
         if run.dry_run:
             return
         try:
-            self._commit(run)
+            self.manager.collect()
         finally:
             self.manager.pending.close()
         for path in self.manager.finish():
             run.emit("checkpoint_removed", path=_shown(path, run))
 
-    def _commit(self, run: RunContext) -> None:
-        """Wait for the pending write, then log what it made durable."""
-        written = self.manager.collect()
-        if written is None:
-            return
+    def _log(self, run: RunContext, written: Written) -> None:
+        """Commit what a write made durable (on the writer thread, for a background write)."""
         for ck in written.saved:
             run.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                      chain_head=written.chain_head)

@@ -23,7 +23,8 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "compare.py"), "--quick", "--rounds", "1", "--scale", "0.02",
-         "--frameworks", "raw,fsm,raw_all,fsm_all", "--workloads", "tiny", "--cli-runs", "0", "--output", str(out), "--json", str(raw)],
+         "--frameworks", "raw,fsm,raw_all,fsm_all", "--workloads", "tiny", "--cli-runs", "0",
+         "--output", str(out), "--json", str(raw)],
         env=env, capture_output=True, text=True, timeout=380, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

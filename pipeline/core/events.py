@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from enum import Enum
@@ -119,6 +120,9 @@ class EventLog:
         self.chain = Chain(key)
         self._seq = start_seq
         self._last_ts = 0.0
+        # A background checkpoint writer logs its commit from its own thread: lines stay whole,
+        # and seq, ts and the chain stay in order.
+        self._lock = threading.Lock()
         self._head = self.chain.genesis(run_id, jsonable(config))
         self._sealed = self._head
         self._file: IO[str] | None = None
@@ -176,6 +180,11 @@ class EventLog:
         payload: Mapping[str, Any] | None = None,
         **transition: Any,
     ) -> None:
+        with self._lock:
+            self._emit(event, level, phase, epoch, global_step, payload, transition)
+
+    def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
+              payload: Mapping[str, Any] | None, transition: Mapping[str, Any]) -> None:
         lvl = LEVELS[level]
         chained = self._json is not None
         to_file = lvl >= self.level and (chained or self.records is not None)

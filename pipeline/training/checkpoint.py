@@ -26,7 +26,7 @@ import pickle
 import random
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,16 +205,17 @@ class CheckpointManager:
     ``latest`` at every epoch end (``save_latest``; else with each periodic file and on the run's last
     epoch). ``keep_last_k=0`` keeps every periodic file.
 
-    Protocol: :meth:`plan` captures the state on the training thread; :meth:`write` serialises it
-    once, writes it once, atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``,
-    ``best.pt``) at it (a hard link, or a copy where links are not possible, swapped in atomically),
-    removes the files the newest *committed* checkpoint made redundant, and fsyncs the folder once.
-    The caller then logs the result (:class:`Written`): from that moment the files exist for the audit
-    and for resume. The newest committed epoch's own file stays on disk until a newer one is committed,
-    so while a write rewrites ``latest.pt`` a kill still leaves that file to resume from; a periodic
-    file past ``keep_last_k`` goes the same way, one write late. :meth:`finish` removes what the last
-    commit made redundant. Removal only touches files this run committed, never whatever else is in the
-    folder.
+    Protocol: :meth:`plan` captures the state on the training thread. :meth:`write` (run by
+    :meth:`submit`, on the writer thread when ``background``) serialises it once, writes it once,
+    atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link,
+    or a copy where links are not possible, swapped in atomically), removes the files the newest
+    *committed* checkpoint made redundant, and fsyncs the folder once. The ``commit`` given to
+    :meth:`submit` then logs the result (:class:`Written`) as soon as it is durable: from that moment
+    the files exist for the audit and for resume. The newest committed epoch's own file stays on disk
+    until a newer one is committed, so while a write rewrites ``latest.pt`` a kill still leaves that
+    file to resume from; a periodic file past ``keep_last_k`` goes the same way, one write late.
+    :meth:`finish` removes what the last commit made redundant. Removal only touches files this run
+    committed, never whatever else is in the folder.
     """
 
     def __init__(
@@ -367,12 +368,19 @@ class CheckpointManager:
         _fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
         return Written(tuple(saved), plan.remove, plan.state.get("chain_head"))
 
-    def submit(self, plan: WritePlan) -> None:
-        """Start writing ``plan``: on the writer thread when ``background``, else now."""
-        self.pending.submit(lambda: self.write(plan))
+    def submit(self, plan: WritePlan, commit: Callable[[Written], None]) -> None:
+        """Write ``plan``, then ``commit`` (log) what is durable: on the writer thread when
+        ``background``, else now. Collect it before the next plan."""
+
+        def job() -> Written:
+            written = self.write(plan)
+            commit(written)
+            return written
+
+        self.pending.submit(job)
 
     def collect(self) -> Written | None:
-        """The submitted write, durable, for the log to commit (None when there is none); waits for it."""
+        """Wait for the submitted write and its commit (None when there is none); its error is raised here."""
         return self.pending.wait()
 
     def finish(self) -> tuple[Path, ...]:

@@ -21,7 +21,7 @@ class SlowWriter(CheckpointManager):
     """A disk that takes 0.3 s per checkpoint, so the next epoch's batches run during the write."""
 
     def write(self, plan):  # type: ignore[no-untyped-def]
-        self.threads = getattr(self, "threads", []) + [threading.current_thread().name]
+        self.threads = [*getattr(self, "threads", []), threading.current_thread().name]
         time.sleep(0.3)
         return super().write(plan)
 
@@ -65,7 +65,7 @@ def _same(a, b):
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b or (a != a and b != b)  # NaN equals NaN here
 
 
