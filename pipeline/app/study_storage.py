@@ -201,13 +201,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _lost_creation_race(exc: BaseException) -> bool:
-    """Whether ``exc`` says another process created the tables first. Workers (or an Optuna
-    dashboard) opening a fresh storage together each check for the tables, then create them; the
-    loser's create or schema-version insert fails, and the tables exist by then, so a retry opens."""
+    """Whether ``exc`` says another process was creating the tables at the same time. Workers (or an
+    Optuna dashboard) opening a fresh storage together each check for the tables, then create them;
+    the loser's create or schema-version insert fails, and a retry a moment later opens."""
     name = type(exc).__name__
     if name in ("IntegrityError", "ProgrammingError"):  # PostgreSQL
         return True
-    return name == "OperationalError" and "already exists" in str(exc)  # SQLite
+    # SQLite: the tables appeared meanwhile, or the other opener held the lock while it made them
+    # (SQLite refuses at once, without waiting, when waiting could deadlock)
+    return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
 def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
@@ -237,7 +239,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
     if heartbeat is not None:
         kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
                   "heartbeat_stale_trial_callback": retry_callback(heartbeat.max_retry)}
-    for attempt in range(3):
+    for attempt in range(5):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # heartbeat_interval is an ExperimentalWarning
@@ -245,8 +247,8 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                     spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
                     **kwargs)
         except Exception as exc:
-            if attempt < 2 and create and _lost_creation_race(exc):
-                time.sleep(0.2 + 0.5 * attempt)
+            if attempt < 4 and create and _lost_creation_race(exc):
+                time.sleep(0.2 + 0.3 * attempt)
                 continue
             raise StorageError(spec.source, "a database that can be opened",
                                f"{spec.shown!r}: {_one_line(exc)}") from None
