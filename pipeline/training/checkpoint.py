@@ -34,14 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.context import CheckpointContext, RunContext, epoch_number
+from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from pipeline.core.events import EVENTS_FILE
-from pipeline.training.checkpoint_writer import PendingWrite, snapshot
+from pipeline.training.checkpoint_writer import PendingWrite
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
     "CheckpointManager",
+    "HistoryText",
     "SavedCheckpoint",
     "WritePlan",
     "Written",
@@ -49,6 +50,7 @@ __all__ = [
     "capture_rng_state",
     "committed_sha256",
     "load_checkpoint",
+    "read_history",
     "restore_rng_state",
     "sha256_of",
 ]
@@ -56,9 +58,6 @@ __all__ = [
 FORMAT_VERSION = 1
 KINDS = ("periodic", "best", "latest")
 _PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
-# The entries of a checkpoint's state that come from live objects (``state_dict()`` shares their
-# tensors, and may share lists); ``build_state`` makes every other entry afresh.
-_LIVE = ("model", "optimizer", "scheduler", "scaler", "callbacks", "extra")
 
 
 class CheckpointError(RuntimeError):
@@ -87,7 +86,9 @@ def capture_rng_state() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": {"version": int(version), "state": [int(v) for v in internal], "gauss_next": gauss_next},
+        # one tensor, not 625 ints: each pickled object costs torch.save a persistent_id call
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
         "numpy": {
             "kind": str(np_kind),
             "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
@@ -104,7 +105,8 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Inverse of :func:`capture_rng_state` (used by resume)."""
     py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    internal = py["state"].tolist() if isinstance(py["state"], torch.Tensor) else py["state"]
+    random.setstate((py["version"], tuple(int(v) for v in internal), py["gauss_next"]))
     npst = state["numpy"]
     np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
                          npst["has_gauss"], npst["cached_gaussian"]))
@@ -175,15 +177,51 @@ def _callback_states(run: RunContext) -> dict[str, Any]:
     return states
 
 
+def _history_entry(epoch: int, metrics: Mapping[str, float]) -> str:
+    # json.dumps writes floats as repr (exact) and non-finite ones as NaN/Infinity, which loads reads back
+    return json.dumps({"epoch": epoch, "metrics": {k: float(v) for k, v in metrics.items()}}, separators=(",", ":"))
+
+
+class HistoryText:
+    """A checkpoint's ``history``: the epochs done as one JSON text (``[{"epoch", "metrics"}, …]``).
+
+    One string pickles as one object (a list of dicts costs ``torch.save`` a call per number), and
+    each epoch's entry is encoded once and kept, so a checkpoint costs O(1) encoding, not O(epochs)."""
+
+    def __init__(self) -> None:
+        self._records: list[EpochRecord] = []
+        self._entries: list[str] = []
+
+    def text(self, history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
+        n = len(self._records)
+        if n > len(history) or (n and history[n - 1] is not self._records[-1]):
+            self._records, self._entries, n = [], [], 0  # a new or replaced history: encode it afresh
+        for record in history[n:]:
+            self._records.append(record)
+            self._entries.append(_history_entry(record.epoch, record.metrics))
+        done = len(self._records)
+        while done and self._records[done - 1].epoch >= epoch:  # only epochs before this one
+            done -= 1
+        return "[" + ",".join([*self._entries[:done], _history_entry(epoch, metrics)]) + "]"
+
+
+def read_history(value: Any) -> list[dict[str, Any]]:
+    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
+    older checkpoints hold)."""
+    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
+    return entries
+
+
 @dataclass(frozen=True)
 class WritePlan:
-    """One epoch's checkpoint, decided and captured on the training thread: what
+    """One epoch's checkpoint, decided and serialised on the training thread: what
     :meth:`CheckpointManager.write` puts on disk, on whichever thread runs it."""
 
     epoch: int
     periodic: bool
     roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
-    state: dict[str, Any]
+    data: bytes  # the state, serialised once for every role
+    chain_head: str | None  # the log's head the state stores
     remove: tuple[Path, ...]  # files the newest committed checkpoint made redundant
 
 
@@ -205,9 +243,9 @@ class CheckpointManager:
     ``latest`` at every epoch end (``save_latest``; else with each periodic file and on the run's last
     epoch). ``keep_last_k=0`` keeps every periodic file.
 
-    Protocol: :meth:`plan` captures the state on the training thread. :meth:`write` (run by
-    :meth:`submit`, on the writer thread when ``background``) serialises it once, writes it once,
-    atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link,
+    Protocol: :meth:`plan` captures the state and serialises it once, on the training thread.
+    :meth:`write` (run by :meth:`submit`, on the writer thread when ``background``) writes those
+    bytes once, atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link,
     or a copy where links are not possible, swapped in atomically), removes the files the newest
     *committed* checkpoint made redundant, and fsyncs the folder once. The ``commit`` given to
     :meth:`submit` then logs the result (:class:`Written`) as soon as it is durable: from that moment
@@ -247,6 +285,7 @@ class CheckpointManager:
         self.periodic: list[int] = []  # epochs whose periodic file this run wrote and still keeps, oldest first
         self.transient: list[int] = []  # epochs whose non-periodic epoch file is still on disk
         self.pending: PendingWrite[Written] = PendingWrite(background)
+        self._history = HistoryText()
 
     # --- paths ---------------------------------------------------------------------------------
     def periodic_path(self, epoch: int) -> Path:
@@ -313,9 +352,7 @@ class CheckpointManager:
             },
             "metrics": {k: float(v) for k, v in (metrics or {}).items()},
             # the epochs done, this one included (its record is appended after on_epoch_end)
-            "history": [*({"epoch": r.epoch, "metrics": {k: float(v) for k, v in r.metrics.items()}}
-                          for r in run.history if r.epoch < epoch),
-                        {"epoch": epoch, "metrics": {k: float(v) for k, v in (metrics or {}).items()}}],
+            "history": self._history.text(run.history, epoch, metrics or {}),
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
@@ -331,9 +368,13 @@ class CheckpointManager:
 
     def plan(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool,
              healthy: bool = True) -> WritePlan | None:
-        """What this epoch's policy asks for, with the state captured (for a background write, a
-        snapshot that shares nothing with the live model); None when nothing is due. Call it once
-        every earlier plan's write is committed."""
+        """What this epoch's policy asks for, with the state captured and serialised on this thread;
+        None when nothing is due. Call it once every earlier plan's write is committed.
+
+        Serialising here, not on the writer thread: ``torch.save`` is Python work that holds the GIL,
+        so on a writer thread it only contends with training (the training thread then waits out the
+        interpreter's switch interval for the GIL); the write, fsync and hashing release the GIL and
+        do overlap with training."""
         kinds = self.kinds_for(epoch, metrics, final, healthy)
         if "best" in kinds:
             self.best_value = float(metrics[self.monitor])
@@ -346,15 +387,14 @@ class CheckpointManager:
         self.directory.mkdir(parents=True, exist_ok=True)
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
-        if self.pending.background:  # only these entries can share objects with live ones
-            state.update({key: snapshot(state[key]) for key in _LIVE})
-        return WritePlan(epoch, periodic, tuple(r for r in ("latest", "best") if r in kinds), state, remove)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        return WritePlan(epoch, periodic, tuple(r for r in ("latest", "best") if r in kinds), buffer.getvalue(),
+                         state.get("chain_head"), remove)
 
     def write(self, plan: WritePlan) -> Written:
         """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
-        buffer = io.BytesIO()
-        torch.save(plan.state, buffer)
-        data = buffer.getvalue()
+        data = plan.data
         digest = hashlib.sha256(data).hexdigest()
         epoch_file = self.periodic_path(plan.epoch)
         atomic_write_bytes(epoch_file, data, sync_dir=False)
@@ -366,7 +406,7 @@ class CheckpointManager:
         for path in plan.remove:
             path.unlink(missing_ok=True)
         _fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
-        return Written(tuple(saved), plan.remove, plan.state.get("chain_head"))
+        return Written(tuple(saved), plan.remove, plan.chain_head)
 
     def submit(self, plan: WritePlan, commit: Callable[[Written], None]) -> None:
         """Write ``plan``, then ``commit`` (log) what is durable: on the writer thread when

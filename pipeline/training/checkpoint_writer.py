@@ -1,48 +1,22 @@
-"""Checkpoint writes off the training thread: the state is copied now, its bytes reach the disk later.
+"""Checkpoint writes off the training thread: the bytes are made now, they reach the disk later.
 
-:func:`snapshot` copies an epoch's checkpoint state on the training thread (tensors to host memory,
-containers copied), so training may change the live tensors at once. :class:`PendingWrite` holds the
-one write in flight: with ``background=True`` it runs on one writer thread, which serialises the
-snapshot and does the atomic, fsync'd file protocol while the next epoch trains. The training thread
-collects the result at the next commit point (the next epoch's end, or ``train_end``) and only then
-logs the files, so the log commits only what is durable, and where the commit lines fall in the log
-does not depend on how fast the disk is. A failed write is raised on the training thread at the next
-phase boundary that looks (:meth:`PendingWrite.raise_failure`) or at the commit point.
+The training thread serialises an epoch's state (so training may change the live tensors at once);
+:class:`PendingWrite` holds the one write in flight: with ``background=True`` it runs on one writer
+thread, which does the atomic, fsync'd file protocol, and logs the files once they are durable, while
+the next epoch trains. The training thread waits for it at the next commit point (the next epoch's
+end, or ``train_end``). A failed write is raised on the training thread at the next phase boundary
+that looks (:meth:`PendingWrite.raise_failure`) or at the commit point.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-import torch
-
-__all__ = ["PendingWrite", "snapshot"]
+__all__ = ["PendingWrite"]
 
 T = TypeVar("T")
-_IMMUTABLE = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
-
-
-def snapshot(obj: Any) -> Any:
-    """A copy of ``obj`` that shares no mutable part with it: tensors are copied to host memory
-    (one device-to-host copy per tensor, once per checkpoint), dicts (their subclass and attributes
-    kept, as ``state_dict()``'s ``_metadata``), lists and tuples are rebuilt, anything else deep-copied."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, _IMMUTABLE):
-        return obj
-    if isinstance(obj, dict):
-        out = copy.copy(obj)  # keeps an OrderedDict's class and instance attributes
-        for key, value in obj.items():
-            out[key] = snapshot(value)
-        return out
-    if type(obj) is list:
-        return [snapshot(v) for v in obj]
-    if type(obj) is tuple:
-        return tuple(snapshot(v) for v in obj)
-    return copy.deepcopy(obj)
 
 
 class PendingWrite(Generic[T]):

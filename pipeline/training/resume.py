@@ -24,7 +24,13 @@ from typing import Any
 
 from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
 from pipeline.core.events import EVENTS_FILE
-from pipeline.training.checkpoint import CheckpointError, load_checkpoint, restore_rng_state, sha256_of
+from pipeline.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_history,
+    restore_rng_state,
+    sha256_of,
+)
 
 __all__ = ["ResumeError", "Resumption", "find_resumption", "read_log_tail"]
 
@@ -107,7 +113,7 @@ class Resumption:
         run.epoch = self.next_epoch
         run.global_step = self.global_step
         run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
-                       for h in self.state.get("history", [])]
+                       for h in read_history(self.state.get("history"))]
         run.extras["resumed_from"] = self.shown
 
     def restore(self, run: RunContext) -> None:
