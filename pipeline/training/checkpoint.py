@@ -87,7 +87,7 @@ def capture_rng_state() -> dict[str, Any]:
     np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         # one tensor, not 625 ints: each pickled object costs torch.save a persistent_id call
-        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+        "python": {"version": int(version), "state": torch.from_numpy(np.array(internal, dtype=np.int64)),
                    "gauss_next": gauss_next},
         "numpy": {
             "kind": str(np_kind),
@@ -286,6 +286,7 @@ class CheckpointManager:
         self.transient: list[int] = []  # epochs whose non-periodic epoch file is still on disk
         self.pending: PendingWrite[Written] = PendingWrite(background)
         self._history = HistoryText()
+        self._made = False  # the folder exists (made once, not at every epoch's end)
 
     # --- paths ---------------------------------------------------------------------------------
     def periodic_path(self, epoch: int) -> Path:
@@ -384,7 +385,9 @@ class CheckpointManager:
         remove = self._redundant(keep_newest=True)
         periodic = "periodic" in kinds
         (self.periodic if periodic else self.transient).append(epoch)  # the state's own lists include it
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self._made:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._made = True
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
         buffer = io.BytesIO()
