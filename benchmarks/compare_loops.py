@@ -15,8 +15,8 @@ each in its framework's own way (``raw_all`` by hand; the peers with their close
 - early-stopping bookkeeping (patience longer than the run, so it never stops);
 - checkpoints of model and optimizer each epoch.
 
-Loss prediction (a ``curve_fit`` per epoch) and overfit detection have no peer equivalent and are
-not reproduced by hand: they are fsmtrain-only work inside ``fsm_all``.
+Loss prediction (an exponential least-squares fit per epoch) and overfit detection have no peer
+equivalent and are not reproduced by hand: they are fsmtrain-only work inside ``fsm_all``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ __all__ = ["epoch_scalars", "slot_scalars"]
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    kind = type(value)
+    if kind is float or kind is int:  # the common case, before the slower check against the ABC
+        return float(value)
+    if kind is bool or not isinstance(value, numbers.Real):
         return None
     return float(value)
 
