@@ -378,8 +378,8 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               "NaN check, one W&B offline log, Optuna `report`/`should_prune`, early-stopping bookkeeping and one "
               "`torch.save` of model and optimizer per epoch. The peers use their closest equivalents (see "
               "`benchmarks/compare_loops.py`). fsmtrain's nine also fit the loss curve (a least-squares "
-              "exponential) and check for overfitting each epoch, which no peer does, and write each checkpoint atomically with fsync "
-              "(periodic, best and latest).", ""]
+              "exponential) and check for overfitting each epoch, which no peer does, and write each "
+              "checkpoint atomically with fsync (periodic, best and latest).", ""]
     return "\n".join(lines)
 
 
