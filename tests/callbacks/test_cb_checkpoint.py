@@ -195,3 +195,27 @@ def test_rng_state_round_trip():
 def test_bad_arguments(kwargs, tmp_path):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         CheckpointCallback(tmp_path, **kwargs)
+
+
+def test_history_text_encodes_each_epoch_once_and_reads_back_exactly():
+    import math
+
+    from pipeline.core.context import EpochRecord
+    from pipeline.training.checkpoint import HistoryText, read_history
+
+    history: list[EpochRecord] = []
+    text = HistoryText()
+    for e in range(5):
+        metrics = {"train_loss": 1 / (e + 1), "val_loss": math.nan if e == 3 else 0.1 + e * 1e-17}
+        got = read_history(text.text(history, e, metrics))
+        assert [h["epoch"] for h in got] == list(range(e + 1))
+        assert got[-1]["metrics"]["train_loss"] == metrics["train_loss"]  # bit-exact floats
+        history.append(EpochRecord(e, metrics))
+    assert math.isnan(read_history(text.text(history, 5, {}))[3]["metrics"]["val_loss"])
+    assert len(text._entries) == 5  # encoded once each, not again per checkpoint
+    # a resumed run's history (new record objects) is encoded afresh, never mixed with the old one
+    resumed = [EpochRecord(r.epoch, {"train_loss": 9.0}) for r in history[:2]]
+    assert [h["metrics"] for h in read_history(text.text(resumed, 2, {"train_loss": 1.0}))] == [
+        {"train_loss": 9.0}, {"train_loss": 9.0}, {"train_loss": 1.0}]
+    # older checkpoints hold the list itself
+    assert read_history([{"epoch": 0, "metrics": {}}]) == [{"epoch": 0, "metrics": {}}]
