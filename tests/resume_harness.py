@@ -50,9 +50,18 @@ class KillReport:
     processes: int = 0
 
 
-def _checkpoint_tmp(run_dir: Path) -> bool:
+def _checkpoint_tmp(run_dir: Path, since: float) -> bool:
+    """A checkpoint temp file this process made (one a killed process left is not a write in progress)."""
     try:
-        return any(e.name.endswith(".tmp") for e in os.scandir(run_dir / "checkpoints"))
+        return any(e.name.endswith(".tmp") and e.stat().st_mtime >= since
+                   for e in os.scandir(run_dir / "checkpoints"))
+    except FileNotFoundError:
+        return False
+
+
+def _committed(run_dir: Path) -> bool:
+    try:
+        return b'"event":"checkpoint"' in (run_dir / "events.jsonl").read_bytes()
     except FileNotFoundError:
         return False
 
@@ -66,6 +75,7 @@ def _epochs_logged(run_dir: Path) -> int:
 
 def _run_until(proc: subprocess.Popen[bytes], kill: Kill, run_dir: Path, deadline: float) -> str | None:
     """Kill ``proc`` as ``kill`` says; None when it finished first."""
+    started = time.time()  # the process was just started: its writes come seconds later
     armed: float | None = None
     while proc.poll() is None:
         now = time.monotonic()
@@ -75,7 +85,7 @@ def _run_until(proc: subprocess.Popen[bytes], kill: Kill, run_dir: Path, deadlin
         if armed is None and _epochs_logged(run_dir) >= kill.epochs:
             armed = now
         if armed is not None and now - armed >= kill.delay:
-            writing = _checkpoint_tmp(run_dir)
+            writing = _checkpoint_tmp(run_dir, started)
             if not kill.mid_write or writing or now - armed > 30:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -110,10 +120,14 @@ def run_with_kills(config: Path, cwd: Path, run_dir: Path, kills: list[Kill], *o
                                      if proc.stderr else "process failed")
             return report
         report.kills.append(what)
-        if not (run_dir / "events.jsonl").exists():  # killed before the run wrote anything: start again
-            proc = fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
-        else:
+        if _committed(run_dir):
             proc = fsmtrain("resume", str(run_dir), *sets, cwd=cwd)
+            continue
+        # Killed before the run committed a checkpoint: nothing to resume from, so start again, as
+        # `fsmtrain resume` then says; the killed attempt's folder stays beside the new one.
+        if run_dir.exists():
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.killed-{report.processes}"))
+        proc = fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
 
 
 def random_kills(n: int, seed: int, epochs: int = 12, *, mid_write_every: int = 3) -> list[Kill]:

@@ -28,6 +28,10 @@ QUICK = REPO / "configs" / "quickstart.yaml"
 # The harness kills many processes: W&B's start-up (seconds per process) is left out here; the
 # SIGTERM test below runs with it.
 FAST = ("epochs=12", "wandb.enabled=false", "checkpoint.keep_last_k=1")
+# Kills aimed at a checkpoint write wait for its temp file: a wider MLP (3 MB checkpoints) keeps the
+# write (and its fsync) open long enough for the harness to see it on a loaded machine; with the
+# quickstart's 50 KB files a kill could wait many epochs for one and the run would end first.
+KILLED = (*FAST, "net_config.hidden=[512,512]")
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 
 
@@ -48,11 +52,11 @@ def _audit_ok(run_dir: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkill_at_random_moments_then_resume_ends_bit_identical(tmp_path: Path) -> None:
-    expected = _reference(tmp_path, *FAST)
+    expected = _reference(tmp_path, *KILLED)
     work = tmp_path / "killed"
     work.mkdir()
     kills = random_kills(8, seed=int(os.environ.get("FSMTRAIN_KILL_SEED", "7")))
-    report = run_with_kills(QUICK, work, work / RUN, kills, *FAST)
+    report = run_with_kills(QUICK, work, work / RUN, kills, *KILLED)
     assert len(report.kills) >= 6, report.kills  # most kills landed before the run could finish
     assert any("during a checkpoint write" in k for k in report.kills), report.kills
     assert same_weights(work / RUN / "model.pt", expected)
