@@ -102,10 +102,10 @@ class CheckpointCallback(TrainingCallback):
     def _log(self, run: RunContext, written: Written) -> None:
         """Commit what a write made durable (on the writer thread, for a background write)."""
         for ck in written.saved:
-            run.emit("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                     chain_head=written.chain_head)
+            run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                            chain_head=written.chain_head)
         for path in written.removed:
-            run.emit("checkpoint_removed", path=_shown(path, run))
+            run.emit_beside("checkpoint_removed", path=_shown(path, run))
         self.saved.extend(written.saved)
 
     def state_dict(self) -> dict[str, Any]:

@@ -72,3 +72,30 @@ def test_console_gets_one_line_for_an_exception_and_the_file_the_traceback(tmp_p
     shown = console.getvalue()
     assert "bad" in shown and "Traceback" not in shown and len(shown.strip().splitlines()) == 1
     assert read_events(tmp_path / "e.jsonl")[0]["payload"]["traceback"].startswith("Traceback")
+
+
+def test_a_line_written_beside_the_training_thread_takes_the_logs_position(tmp_path: Path) -> None:
+    """Found under load: the checkpoint writer's commit line carried the run's live phase
+    (train_step) while the log's last transition still said epoch_begin, a line the audit refused.
+    A line from beside the training thread sits where it is written: phase, epoch and step of the
+    line before it."""
+    from pipeline.core.context import RunContext
+    from pipeline.core.lifecycle import Phase
+    from pipeline.tools.audit import audit_file
+
+    log = EventLog(tmp_path / "events.jsonl", "r", console=None)
+    run = RunContext("r", 5, log)
+    phase = [Phase.CREATED]
+    run.bind_phase(lambda: phase[0])
+    run.emit("run_start", max_epochs=5)
+    log.emit("transition", phase="train_begin", epoch=0, global_step=0, payload={}, from_phase="created",
+             to_phase="train_begin", trigger="begin")
+    log.emit("transition", phase="epoch_begin", epoch=0, global_step=0, payload={}, from_phase="train_begin",
+             to_phase="epoch_begin", trigger="start_epoch")
+    phase[0], run.epoch, run.global_step = Phase.TRAIN_STEP, 0, 7  # the machine has moved; its line is not written
+    run.emit_beside("warning", level="warning", source="writer", message="from beside")
+    log.close()
+    last = read_events(tmp_path / "events.jsonl")[-1]
+    assert (last["event"], last["phase"], last["epoch"], last["global_step"]) == ("warning", "epoch_begin", 0, 0)
+    report = audit_file(tmp_path / "events.jsonl")
+    assert not [f for f in report.findings if f.check == "phase"], report.render(False)

@@ -4,6 +4,7 @@ engine mode."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,32 @@ def test_a_callback_that_raised_replays_to_the_same_error(tmp_path: Path) -> Non
     assert res.stop_reason is StopReason.ERROR and isinstance(res.error, RuntimeError)
 
 
-def test_losses_a_failed_epoch_never_logged_are_unknown(tmp_path: Path) -> None:
-    class FailInVal(TrainingCallback):
-        def on_val_end(self, epoch: EpochContext) -> None:
-            if epoch.index == 1:
-                raise RuntimeError("boom in val")
+class FailInVal(TrainingCallback):
+    def on_val_end(self, epoch: EpochContext) -> None:
+        if epoch.index == 1:
+            raise RuntimeError("boom in val")
 
+
+def test_an_epoch_cut_in_val_replays_to_its_failure_with_the_losses_its_exception_carries(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         make_trainer(tmp_path, [FailInVal()], epochs=3).fit()
+    cut = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "exception")
+    assert set(cut["payload"]["epoch_metrics"]) == {"lr", "train_loss", "val_loss"}  # the epoch line never came
+    res = replay_run(tmp_path, callbacks=[FailInVal()])
+    assert res.divergence is None, res.divergence.describe()
+    assert res.stop_reason is StopReason.ERROR and isinstance(res.error, RuntimeError)
+
+
+def test_losses_a_cut_epoch_never_logged_are_unknown(tmp_path: Path) -> None:
+    """A log whose exception carries no measurements (as a log written before it did): the replay
+    cannot run epoch 1's validation, and says so."""
+    with pytest.raises(RuntimeError):
+        make_trainer(tmp_path, [FailInVal()], epochs=3).fit()
+    log = tmp_path / "events.jsonl"
+    events = read_events(log)
+    for e in events:
+        e["payload"].pop("epoch_metrics", None)
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
     res = replay_run(tmp_path, callbacks=[FailInVal()])
     assert (res.stop_reason, res.exhausted_after) == (None, 1)  # epoch 1's losses were never written
     assert res.divergence is not None and res.divergence.found is not None
@@ -105,3 +124,25 @@ def test_a_second_run_appended_without_resume_is_refused(tmp_path: Path) -> None
     (tmp_path / "events.jsonl").write_text("".join(lines + lines))  # two runs in one file
     with pytest.raises(ReplayError, match="holds two runs"):
         replay_run(tmp_path)
+
+
+def test_a_signal_during_validation_replays_to_the_same_interruption(tmp_path: Path) -> None:
+    """Found under load: SIGTERM landing in validation. The run finishes the phase and stops at its
+    boundary, so the cut epoch has val losses but no `epoch` line; the replay ran out of recording
+    there ("epoch 3 is unknown") instead of reproducing the interruption."""
+    import os
+    import signal
+
+    class TermInVal(TrainingCallback):
+        def on_val_batch_end(self, step: Any) -> None:
+            if step.epoch.index == 1 and step.batch_index == 0:
+                os.kill(os.getpid(), signal.SIGTERM)  # a real signal: the trainer's handler sets the flag
+
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, [TermInVal()], epochs=3).fit()
+    events = read_events(tmp_path / "events.jsonl")
+    cut = next(e for e in events if e["event"] == "exception")
+    assert (cut["phase"], cut["payload"]["source"]) == ("val", "signal SIGTERM")
+    res = replay_run(tmp_path, callbacks=[TermInVal()])
+    assert res.divergence is None, res.divergence.describe()
+    assert res.stop_reason is StopReason.INTERRUPTED

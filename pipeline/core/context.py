@@ -188,6 +188,13 @@ class RunContext:
         self.events.emit(event, level=level, phase=self.phase.value, epoch=self.epoch,
                          global_step=self.global_step, payload=payload)
 
+    def emit_beside(self, event: str, *, level: str = "info", **payload: Any) -> None:
+        """``emit`` from a thread running beside the training thread (the checkpoint writer): the
+        line takes the phase, epoch and step of the log's line before it, not the run's live ones,
+        which the training thread may have moved past what the log shows."""
+        self.events.emit(event, level=level, phase=None, epoch=None, global_step=None, payload=payload,
+                         at_last_line=True)
+
     def warn(self, source: str, message: str, **data: Any) -> None:
         """A warning a person should see: logged as a ``warning`` event and on the console."""
         self.emit("warning", level="warning", source=source, message=message, **data)

@@ -69,6 +69,7 @@ from pipeline.core.runner import CallbackRunner
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _END: Any = object()
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
+_MID_EPOCH = frozenset({Phase.EPOCH_BEGIN, Phase.TRAIN_STEP, Phase.VAL})
 
 Work = Callable[[Any], None]
 # What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
@@ -665,14 +666,14 @@ class Engine:
         run.emit("result", **self.result.summary())
 
     # --- faults ----------------------------------------------------------------------------
-    def _log_exception(self, exc: BaseException, source: str) -> None:
+    def _log_exception(self, exc: BaseException, source: str, **extra: Any) -> None:
         if id(exc) in self._logged:
             return
         self._logged.add(id(exc))
         self.run.emit(
             "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
             interrupt=isinstance(exc, KeyboardInterrupt),
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
         )
 
     def _fault(self, exc: BaseException) -> None:
@@ -684,7 +685,11 @@ class Engine:
         source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
         if isinstance(exc, Interrupted):
             source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
-        self._log_exception(exc, source)
+        epoch = self._epoch
+        cut = epoch is not None and epoch.index == run.epoch and phase in _MID_EPOCH
+        # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
+        # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
+        self._log_exception(exc, source, **({"epoch_metrics": dict(epoch.metrics)} if cut and epoch else {}))
         if phase is FINAL:
             return  # the fault came from the teardown itself, which has run every step
         self._faulted = True

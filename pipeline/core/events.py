@@ -123,6 +123,7 @@ class EventLog:
         # A background checkpoint writer logs its commit from its own thread: lines stay whole,
         # and seq, ts and the chain stay in order.
         self._lock = threading.Lock()
+        self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
         self._sealed = self._head
         self._file: IO[str] | None = None
@@ -178,9 +179,15 @@ class EventLog:
         epoch: int | None = None,
         global_step: int | None = None,
         payload: Mapping[str, Any] | None = None,
+        at_last_line: bool = False,
         **transition: Any,
     ) -> None:
+        """``at_last_line``: for a line from a thread other than the training thread (the checkpoint
+        writer's commit), whose view of the run's phase, epoch and step may be ahead of the log: the
+        line takes those of the line written before it, so it sits in the log where it is written."""
         with self._lock:
+            if at_last_line:
+                phase, epoch, global_step = self._position
             self._emit(event, level, phase, epoch, global_step, payload, transition)
 
     def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
@@ -191,6 +198,7 @@ class EventLog:
         to_console = self._console is not None and lvl >= self.console_level
         if not (to_file or to_console):
             return
+        self._position = (phase, epoch, global_step)
         now = time.time()
         if now < self._last_ts:
             now = self._last_ts

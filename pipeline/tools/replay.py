@@ -56,6 +56,7 @@ __all__ = [
 # Metrics the engine collects before validation; everything else in an epoch's metrics is validation's.
 _BEGIN_METRICS = ("lr",)
 _TRAIN_METRICS = ("train_loss",)
+_VAL_METRICS = ("val_loss",)
 # What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
 # config, strictness), which is the replay's input rather than something that happened.
 _VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
@@ -265,9 +266,12 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
                 if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
         ended_mid_epoch = bool(last) and last[-1].get("from") in (
             Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
+    interruption = _interruption(original[starts[-1]:])
     if ended_mid_epoch:
-        # An immediate stop left this epoch mid-way: its batches are known, its losses are not.
-        epochs.append(RecordedEpoch(len(epochs), {}, {}, last_step - step_at_epoch_start, partial=True))
+        # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
+        # measured when it was cut (the exception carries it), not the rest.
+        cut = {str(k): as_float(v) for k, v in _cut_metrics(original[starts[-1]:]).items()}
+        epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
     last_start = original[starts[-1]].get("payload") or {}
@@ -275,7 +279,7 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
         if key in last_start:
             run_start[key] = last_start[key]
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, _interruption(original[starts[-1]:]), segments)
+                     result, interruption, segments)
 
 
 def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
@@ -293,6 +297,15 @@ def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
             return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
                                 rank)
     return None
+
+
+def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
+    for e in events:
+        metrics = (e.get("payload") or {}).get("epoch_metrics") if e.get("event") == "exception" else None
+        if isinstance(metrics, dict):
+            return metrics
+    return {}
 
 
 _SEGMENT_ONLY = frozenset({"run_start", "resume", "transition"})
@@ -352,13 +365,15 @@ class ReplayDriver(BaseDriver):
     def forward(self, step: StepContext) -> None:
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
 
-    def _recorded(self, index: int, *, need_losses: bool = False) -> RecordedEpoch:
-        if index >= len(self.epochs) or (need_losses and self.epochs[index].partial):
+    def _recorded(self, index: int, *, need: tuple[str, ...] = ()) -> RecordedEpoch:
+        """Epoch ``index``; ``need``: metrics it must hold if the recorded run cut it short."""
+        rec = self.epochs[index] if index < len(self.epochs) else None
+        if rec is None or (need and rec.partial and not any(k in rec.metrics for k in need)):
             raise RecordingExhausted(index, sum(1 for e in self.epochs if not e.partial))
-        return self.epochs[index]
+        return rec
 
     def current_lr(self) -> float | None:
-        # A partial epoch's lr was never logged (it is in the epoch event): None, as for no optimizer.
+        # A cut epoch's lr is known only if its exception carried it: else None, as for no optimizer.
         return self._recorded(self.run.epoch).metrics.get("lr")
 
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
@@ -367,12 +382,12 @@ class ReplayDriver(BaseDriver):
         return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        rec = self._recorded(epoch.index, need_losses=True)
+        rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
         return {k: v for k, v in rec.metrics.items() if k in _TRAIN_METRICS}
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._signal_in(Phase.VAL, epoch.index)
-        rec = self._recorded(epoch.index, need_losses=True)
+        rec = self._recorded(epoch.index, need=_VAL_METRICS)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
