@@ -28,8 +28,12 @@ def _shown_dir(directory: str, run_dir: str | None) -> str:
 
 
 def _shown(path: Path, run: RunContext) -> str:
-    folder = _shown_dir(str(path.parent), None if run.run_dir is None else str(run.run_dir))
-    return path.name if folder == os.curdir else os.path.join(folder, path.name)
+    return _shown_in(str(path.parent), path.name, run)
+
+
+def _shown_in(folder: str, name: str, run: RunContext) -> str:
+    shown = _shown_dir(folder, None if run.run_dir is None else str(run.run_dir))
+    return name if shown == os.curdir else os.path.join(shown, name)
 
 
 class CheckpointCallback(TrainingCallback):
@@ -80,8 +84,9 @@ class CheckpointCallback(TrainingCallback):
             if "best" in kinds:
                 self.manager.best_value = float(epoch.metrics[self.manager.monitor])
                 self.manager.best_epoch = epoch.index
+            folder = str(self.manager.directory)
             for kind in kinds:
-                epoch.emit("checkpoint_planned", path=_shown(self.manager.path_for(kind, epoch.index), run),
+                epoch.emit("checkpoint_planned", path=_shown_in(folder, self.manager.name_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
         self.manager.collect()  # the previous write is committed before this state pins the log

@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
+    GradientMonitorCallback,
     LossPredictionCallback,
     NaNDetectionCallback,
+    OptimizerModeCallback,
     OverfitDetectionCallback,
+    PrunerCallback,
     TrainingCallback,
     WandbLoggingCallback,
 )
@@ -22,7 +26,7 @@ from pipeline.core.context import EpochContext, RunContext, StepContext
 from pipeline.core.hooks import ReplaySupport
 from pipeline.core.lifecycle import StopReason
 from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
-from pipeline.tools.replay import ReplayError, ReplayResult, compare_traces
+from pipeline.tools.replay import RecordedTrial, ReplayError, ReplayResult, TrialReport, compare_traces
 
 Replay = Callable[..., ReplayResult]
 NAN, INF = math.nan, math.inf
@@ -253,3 +257,56 @@ def test_callbacks_that_need_a_live_model_say_so() -> None:
 
     for cls in (GradientMonitorCallback, OptimizerModeCallback, WandbLoggingCallback, CheckpointCallback):
         assert cls.replay is ReplaySupport.DRY, f"{cls.__name__} needs a live model: replay = ReplaySupport.DRY"
+
+
+# --- the collector pause ---------------------------------------------------------------------------
+class CollectAtEpochEnd(TrainingCallback):
+    """Last at each epoch's end: a full collection (``gc.collect`` runs even while the collector is
+    paused), counting the unreachable cyclic objects that epoch left behind."""
+
+    priority = 100
+
+    def __init__(self) -> None:
+        self.enabled: list[bool] = []
+        self.found: list[int] = []
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        self.enabled.append(gc.isenabled())
+        self.found.append(gc.collect())
+
+
+def test_an_epoch_with_the_replayable_built_ins_leaves_no_cyclic_garbage(replay_losses: Replay, tmp_path: Any) -> None:
+    """What lets a replay pause the cyclic collector: with every replayable built-in, an epoch makes no
+    garbage that only the collector could free, so the pause cannot grow memory epoch after epoch."""
+    n = 20
+    val = [1.0 / (i + 1) + 0.01 * math.sin(i) for i in range(n)]
+    trial = RecordedTrial({i: TrialReport(i, 0.0, False) for i in range(n)})
+    probe = CollectAtEpochEnd()
+    callbacks: list[TrainingCallback] = [
+        NaNDetectionCallback(), OptimizerModeCallback(), GradientMonitorCallback(),
+        LossPredictionCallback(max_epochs=n), OverfitDetectionCallback(), WandbLoggingCallback(),
+        PrunerCallback(cast(Any, trial)), EarlyStoppingCallback(patience=n), CheckpointCallback(tmp_path / "ckpt"),
+        probe,
+    ]
+    res = replay_losses(train=val, val=val, lrs=[1e-3] * n, slots={"max_grad_norm": [1.0] * n}, callbacks=callbacks)
+    assert res.stop_reason is StopReason.COMPLETED and len(probe.found) == n
+    assert probe.enabled == [False] * n  # paused for the walk
+    assert probe.found[2:] == [0] * (n - 2), probe.found  # the first epochs may free start-up cycles
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_replay_leaves_the_collector_as_it_found_it(replay_losses: Replay, enabled: bool) -> None:
+    class Fails(TrainingCallback):
+        def on_val_end(self, epoch: EpochContext) -> None:
+            raise RuntimeError("a replayed callback fails")
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        replay_losses(train=[1.0, 0.5], val=[1.0, 0.5], callbacks=[StopBelow(0.1)])
+        assert gc.isenabled() is enabled
+        res = replay_losses(train=[1.0, 0.5], val=[1.0, 0.5], callbacks=[Fails()])
+        assert res.stop_reason is StopReason.ERROR
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

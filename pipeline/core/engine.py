@@ -485,9 +485,10 @@ class Engine:
             **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS},
         )
         self._phase_started = time.perf_counter()
+        final, train_step = FINAL.value, Phase.TRAIN_STEP.value
         try:
-            while self._model.state != FINAL.value:
-                if not self.strict and self._model.state == Phase.TRAIN_STEP.value:
+            while self._model.state != final:
+                if not self.strict and self._model.state == train_step:
                     self._fast_batches()
                 self._advance()
         except BaseException as exc:
@@ -583,18 +584,18 @@ class Engine:
                      "this run declares may_stop_immediately, so the ranks agree once per epoch")
 
     def _log_move(self, move: Transition) -> None:
-        source = move.source
+        source = move.source.value
         if not move.internal:
             now = time.perf_counter()
-            self._phase_seconds[source.value] = self._phase_seconds.get(source.value, 0.0) + now - self._phase_started
+            self._phase_seconds[source] = self._phase_seconds.get(source, 0.0) + now - self._phase_started
             self._phase_started = now
         elif not self._debug:
             return
         payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
+        dest = move.dest.value
         self.run.events.emit(
-            "transition", level="debug" if move.internal else "info", phase=move.dest.value, epoch=self.run.epoch,
-            global_step=self.run.global_step, payload=payload,
-            from_phase=source.value, to_phase=move.dest.value, trigger=move.trigger,
+            "transition", level="debug" if move.internal else "info", phase=dest, epoch=self.run.epoch,
+            global_step=self.run.global_step, payload=payload, from_phase=source, to_phase=dest, trigger=move.trigger,
         )
 
     def _stop_payload(self) -> dict[str, Any]:

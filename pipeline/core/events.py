@@ -54,7 +54,15 @@ def jsonable(value: Any) -> Any:
             return value
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if kind is dict:
-        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            # Leaves inline: an epoch's payload is a few dozen plain numbers and names.
+            vk = type(v)
+            if vk is str or vk is int or v is None or (vk is float and math.isfinite(v)):
+                out[k if type(k) is str else str(k)] = v
+            else:
+                out[k if type(k) is str else str(k)] = jsonable(v)
+        return out
     if kind is list or kind is tuple:
         return [jsonable(v) for v in value]
     if isinstance(value, float):

@@ -289,25 +289,29 @@ class CheckpointManager:
         self._made = False  # the folder exists (made once, not at every epoch's end)
 
     # --- paths ---------------------------------------------------------------------------------
+    def name_for(self, kind: str, epoch: int) -> str:
+        """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``, in the folder."""
+        if kind == "periodic":
+            return f"epoch_{epoch_number(epoch)}.pt"
+        if kind == "best":
+            return "best.pt"
+        if kind == "latest":
+            return "latest.pt"
+        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+
+    def path_for(self, kind: str, epoch: int) -> Path:
+        return self.directory / self.name_for(kind, epoch)
+
     def periodic_path(self, epoch: int) -> Path:
-        return self.directory / f"epoch_{epoch_number(epoch)}.pt"
+        return self.path_for("periodic", epoch)
 
     @property
     def best_path(self) -> Path:
-        return self.directory / "best.pt"
+        return self.path_for("best", 0)
 
     @property
     def latest_path(self) -> Path:
-        return self.directory / "latest.pt"
-
-    def path_for(self, kind: str, epoch: int) -> Path:
-        if kind == "periodic":
-            return self.periodic_path(epoch)
-        if kind == "best":
-            return self.best_path
-        if kind == "latest":
-            return self.latest_path
-        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+        return self.path_for("latest", 0)
 
     def list_periodic(self) -> list[Path]:
         """Periodic checkpoint files in the folder, oldest epoch first (by epoch number, not by name)."""
