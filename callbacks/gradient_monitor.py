@@ -13,6 +13,27 @@ from pipeline.core.slots import MAX_GRAD_NORM
 __all__ = ["GradientMonitorCallback"]
 
 
+def _fold_on_host(
+    state: list[float], norms: list[float], batches: list[int], threshold: float
+) -> tuple[float, float, float, float]:
+    """:meth:`GradientMonitorCallback._fold` of one segment of ``norms`` into ``state`` (max,
+    its batch, count over, first over), in Python: a NaN is the segment's max (as ``max``
+    propagates it), the first maximal norm gives the batch, and ``not (x <= y)`` holds for NaN, so
+    a non-finite norm is never hidden."""
+    max_norm, argmax, over, first = state
+    if not norms:
+        return max_norm, argmax, over, first
+    nan_at = next((i for i, v in enumerate(norms) if v != v), None)
+    seg_arg = nan_at if nan_at is not None else max(range(len(norms)), key=norms.__getitem__)
+    seg_max = norms[seg_arg]
+    if not seg_max <= max_norm:
+        max_norm, argmax = seg_max, float(batches[seg_arg])
+    flagged = [b for b, v in zip(batches, norms, strict=True) if not v <= threshold]
+    if flagged and first < 0:
+        first = float(flagged[0])
+    return max_norm, argmax, over + len(flagged), first
+
+
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values[index]`` for a 0-d index tensor without the host read plain indexing would do."""
     return values.index_select(0, index.reshape(1)).reshape(())
@@ -25,9 +46,11 @@ class GradientMonitorCallback(TrainingCallback):
 
     No host sync per batch. Each step writes its norm (one fused ``_foreach_norm`` and a
     ``vector_norm`` with ``out=``) into a preallocated device buffer of ``buffer_size`` slots; when
-    the buffer is full, and at epoch end, it is folded into four preallocated 0-d device tensors:
-    the running max, its batch index, the number of over-threshold steps and the first such batch.
-    Those are read in one go at ``on_epoch_end``. Memory is fixed, whatever the epoch length.
+    the buffer is full it is folded, on the device, into four preallocated 0-d device tensors: the
+    running max, its batch index, the number of over-threshold steps and the first such batch. At
+    epoch end those four and the norms not yet folded are read in one go, and the last fold is done
+    on the host (the same rules as :meth:`_fold`: a dozen small device ops cost more than reading at
+    most ``buffer_size`` numbers once). Memory is fixed, whatever the epoch length.
     """
 
     priority = 12
@@ -44,7 +67,9 @@ class GradientMonitorCallback(TrainingCallback):
         self._params: list[torch.Tensor] = []
         self._device: torch.device | None = None
         self._dtype = torch.float32
+        self._grad_dtype: torch.dtype | None = None
         self._buf = torch.zeros(0)
+        self._slots: list[torch.Tensor] = []  # views of the buffer's slots, made once
         self._batches: list[int] = []  # host-side batch index of each filled buffer slot
         self._max = torch.zeros(())
         self._argmax = torch.zeros((), dtype=torch.float64)
@@ -61,8 +86,10 @@ class GradientMonitorCallback(TrainingCallback):
     def _allocate(self, grad: torch.Tensor) -> None:
         # Norms are taken in at least float32: an fp16 gradient of norm 1e5 (fp16 ends at 65504) is finite.
         self._device, self._dtype = grad.device, torch.promote_types(grad.dtype, torch.float32)
+        self._grad_dtype = grad.dtype
         dev = grad.device
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
+        self._slots = list(self._buf.unbind())
         self._max = torch.zeros((), dtype=torch.float64, device=dev)
         self._argmax = torch.zeros((), dtype=torch.float64, device=dev)
         self._over = torch.zeros((), dtype=torch.float64, device=dev)
@@ -87,13 +114,14 @@ class GradientMonitorCallback(TrainingCallback):
         grads = [p.grad for p in self._params if p.grad is not None]
         if not grads:
             return
-        if self._device != grads[0].device or self._dtype != torch.promote_types(grads[0].dtype, torch.float32):
+        first = grads[0]
+        if first.dtype is not self._grad_dtype or first.device != self._device:
             if self._steps:
                 self._fold()
-            self._allocate(grads[0])
+            self._allocate(first)
         k = len(self._batches)
         norms = torch._foreach_norm(grads, 2.0, dtype=self._dtype)
-        torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._buf[k])
+        torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._slots[k])
         self._batches.append(step.batch_index)
         self._steps += 1
         if k + 1 == self.buffer_size:
@@ -120,10 +148,11 @@ class GradientMonitorCallback(TrainingCallback):
     def on_epoch_end(self, epoch: EpochContext) -> None:
         if self._steps == 0:
             return
-        self._fold()
-        max_norm, argmax, over, first = torch.stack(
-            [self._max, self._argmax, self._over, self._first_over]
-        ).tolist()  # the one host read of the epoch
+        n = len(self._batches)
+        state = torch.cat([torch.stack([self._max, self._argmax, self._over, self._first_over]),
+                           self._buf[:n].double()]).tolist()  # the one host read of the epoch
+        max_norm, argmax, over, first = _fold_on_host(state[:4], state[4:], self._batches, self.warn_threshold)
+        self._batches.clear()
         epoch.set(MAX_GRAD_NORM, max_norm)
         if over > 0:
             epoch.warn(

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import json.encoder
 import math
 import sys
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -97,8 +98,12 @@ def _level_name(method_name: str) -> str:
 
 
 class EventLog:
-    """Writes a run's events through structlog to ``path`` (if given), to the console, and
+    """Writes a run's events to ``path`` (if given), to the console through structlog, and
     optionally keeps them in memory (``records``).
+
+    A file line is rendered here, not by a structlog processor chain: the line is encoded once,
+    hashed and written, which is most of what a line costs inside a training loop (half of it was
+    structlog's bound logger and processors, measured in ``benchmarks/compare.py``'s epochs workload).
 
     The file is hash-chained (see the module docstring): ``config`` is the resolved run config the
     first line chains to, ``key`` switches the chain to HMAC-SHA256. Opening a file that already
@@ -133,20 +138,14 @@ class EventLog:
         self._lock = threading.Lock()
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
-        self._sealed = self._head
-        self._file: IO[str] | None = None
-        self._json: Any = None
+        self._file: IO[bytes] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tail = last_line(self.path)
-            # newline="": the bytes on disk are exactly the bytes hashed, on every platform.
-            self._file = open(self.path, "a", encoding="utf-8", newline="")  # noqa: SIM115 - closed in close()
+            # Binary: the bytes written are exactly the bytes hashed, on every platform.
+            self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
             if tail is not None:
                 self._continue_from(tail)
-            self._json = structlog.wrap_logger(
-                _ChainWriter(self, self._file),
-                processors=[self._to_record, structlog.processors.JSONRenderer(serializer=_dumps), self._seal],
-            )
         self._console: Any = None
         if console is not None:
             self._console = structlog.wrap_logger(
@@ -158,10 +157,10 @@ class EventLog:
         """Appending to a log: chain to its last line, and keep ``ts`` from going back before it."""
         assert self._file is not None
         if not tail.endswith(b"\n"):  # a line cut by a killed process: end it, it stays evidence
-            self._file.write("\n")
+            self._file.write(b"\n")
             self._file.flush()
             tail += b"\n"
-        self._head = self._sealed = self.chain.digest(tail)
+        self._head = self.chain.digest(tail)
         try:
             ts = json.loads(tail)["ts"]
         except (ValueError, TypeError, KeyError):
@@ -201,7 +200,7 @@ class EventLog:
     def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
               payload: Mapping[str, Any] | None, transition: Mapping[str, Any]) -> None:
         lvl = LEVELS[level]
-        chained = self._json is not None
+        chained = self._file is not None
         to_file = lvl >= self.level and (chained or self.records is not None)
         to_console = self._console is not None and lvl >= self.console_level
         if not (to_file or to_console):
@@ -232,32 +231,34 @@ class EventLog:
         if to_file:
             if self.records is not None:
                 self.records.append(record)
-            if chained:  # the writer moves seq and the chain head on once the line is written
-                getattr(self._json, "error" if level == "error" else level)(event, record=record)
+            if chained:
+                self._write(record)
             else:
                 self._seq += 1
         if to_console:
             getattr(self._console, level)(event, record=record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """One line: encoded once, hashed, written, then at once counted (seq) and made the chain
+        head. Nothing runs between the write and that bookkeeping that could be interrupted (a Ctrl-C
+        between them would leave a line the chain or seq does not know). Flushed per line, so a
+        killed process loses at most the line it was writing."""
+        data = _ENCODE(record).encode("ascii") + b"\n"
+        digest = self.chain.digest(data)
+        file = self._file
+        assert file is not None
+        file.write(data)
+        self._head = digest
+        self._seq += 1
+        file.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.flush()
             self._file.close()
             self._file = None
-            self._json = None
 
-    # structlog processors -------------------------------------------------------------------
-    def _seal(self, _: Any, __: str, rendered: Any) -> str:
-        """After rendering (``rendered`` is the JSON text): the digest of the line exactly as
-        ``WriteLogger`` writes it."""
-        line: str = rendered
-        self._sealed = self.chain.digest(line.encode("utf-8") + b"\n")
-        return line
-
-    @staticmethod
-    def _to_record(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
-        record: dict[str, Any] = event_dict["record"]
-        return record
+    # structlog processor of the console --------------------------------------------------------
 
     @staticmethod
     def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
@@ -273,27 +274,27 @@ class EventLog:
         return out
 
 
-class _ChainWriter:
-    """structlog's logger for the file: writes one rendered line, then at once counts it (seq) and
-    moves the chain head to it. Nothing runs between the write and that bookkeeping that could be
-    interrupted (a Ctrl-C between them would leave a line the chain or seq does not know)."""
-
-    def __init__(self, log: EventLog, file: IO[str]) -> None:
-        self._log = log
-        self._file = file
-
-    def msg(self, message: str) -> None:
-        log = self._log
-        self._file.write(message + "\n")
-        log._head = log._sealed
-        log._seq += 1
-        self._file.flush()
-
-    debug = info = warning = error = msg
+def _unencodable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _dumps(obj: Any, **kw: Any) -> str:
-    return json.dumps(obj, allow_nan=False, separators=(",", ":"))
+def _line_encoder() -> Callable[[Any], str]:
+    """Compact, strict (no NaN), ASCII-only JSON, as ``json.dumps(allow_nan=False,
+    separators=(",", ":"))`` writes it. The C encoder is built once: ``json.dumps`` and
+    ``JSONEncoder.encode`` build a new one at every call, which cost a third of a line."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+    # markers=None: no circular-reference check (a record is a tree of plain values)
+    chunks = make(None, _unencodable, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
+
+    def encode(record: Any) -> str:
+        return "".join(chunks(record, 0))
+
+    return encode
+
+
+_ENCODE = _line_encoder()
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:

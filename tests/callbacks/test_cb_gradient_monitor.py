@@ -153,3 +153,28 @@ def test_no_cuda_sync_in_the_batch_path_or_the_fold():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert mon._steps == 7
+
+
+@pytest.mark.parametrize("norms", [
+    [1.0, 3.0, 2.0], [3.0, 3.0, 1.0], [1.0, float("nan"), 9.0], [float("inf"), 2.0], [0.5],
+    [600.0, 1.0, 700.0], [float("nan"), float("nan")], [2.0, 1e9, float("-inf")],
+])
+@pytest.mark.parametrize("running", [None, (5.0, 7.0, 1.0, 7.0), (float("nan"), 3.0, 2.0, 3.0)])
+def test_the_host_fold_at_epoch_end_is_the_device_fold(norms, running):
+    """The epoch end folds the last segment on the host; a full buffer folds on the device. Both
+    give the same max, batch, count and first batch over the threshold, NaN and ties included."""
+    from callbacks.gradient_monitor import _fold_on_host
+
+    mon = GradientMonitorCallback(warn_threshold=500.0)
+    mon._allocate(torch.zeros(1))
+    if running is not None:
+        for t, v in zip((mon._max, mon._argmax, mon._over, mon._first_over), running, strict=True):
+            t.fill_(v)
+    state = [float(t) for t in (mon._max, mon._argmax, mon._over, mon._first_over)]
+    batches = list(range(10, 10 + len(norms)))
+    mon._buf[: len(norms)] = torch.tensor(norms)
+    mon._batches[:] = batches
+    mon._fold()
+    device = [float(t) for t in (mon._max, mon._argmax, mon._over, mon._first_over)]
+    host = _fold_on_host(state, [float(v) for v in torch.tensor(norms, dtype=torch.float32).double()], batches, 500.0)
+    assert [repr(v) for v in host] == [repr(v) for v in device]
