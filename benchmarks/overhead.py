@@ -10,6 +10,8 @@ Both loops iterate the same pre-collated list of batches and do the same per-epo
 cost of the machine, the hook dispatch and the event log.
 
     python benchmarks/overhead.py            # all cases
+    python benchmarks/overhead.py --batches 20 --epochs 200 --case no_callbacks --case no_callbacks_in_memory
+                                             # compare.py's epochs shape: what the event log costs per epoch
     python benchmarks/overhead.py --json     # machine-readable
 """
 
@@ -48,10 +50,13 @@ class Case:
     build: Callable[[Path, int], list[TrainingCallback]]  # (scratch dir, epochs) -> callbacks
     epochs: int | None = None  # defaults to --epochs
     rounds: int | None = None  # defaults to --rounds
+    file_log: bool = True  # events.jsonl written (a run_dir); False keeps the events in memory
 
 
 CASES: dict[str, Case] = {
     "no_callbacks": Case("no_callbacks", lambda _dir, _epochs: []),
+    # the same without the hash-chained file: no_callbacks minus this is what the event log costs
+    "no_callbacks_in_memory": Case("no_callbacks_in_memory", lambda _dir, _epochs: [], file_log=False),
     "every_hook_noop": Case("every_hook_noop", lambda _dir, _epochs: [EveryHookNoop()]),
 }
 
@@ -143,8 +148,8 @@ def measure(case: Case, train: list[Batch], val: list[Batch], epochs: int, round
     case_times: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            run_dir = Path(tmp) / f"{case.name}-{r}"
-            callbacks = case.build(run_dir, epochs)
+            run_dir = Path(tmp) / f"{case.name}-{r}" if case.file_log else None
+            callbacks = case.build(run_dir or Path(tmp), epochs)
             if r % 2 == 0:  # alternate who goes first, so warm caches favour neither
                 raw = raw_loop(train, val, epochs)
                 took = trainer_loop(train, val, epochs, callbacks, run_dir)
@@ -156,6 +161,8 @@ def measure(case: Case, train: list[Batch], val: list[Batch], epochs: int, round
             ratios.append(took / raw)
     steps = epochs * len(train)
     return {
+        "raw_ms_per_epoch": 1e3 * statistics.median(raw_times) / epochs,
+        "ms_per_epoch": 1e3 * statistics.median(case_times) / epochs,
         "case": case.name,
         "epochs": epochs,
         "rounds": rounds,
@@ -184,10 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{'case':<18} {'raw steps/s':>12} {'steps/s':>10} {'ratio':>7} {'overhead':>9}")
+        print(f"{'case':<24} {'raw steps/s':>12} {'steps/s':>10} {'raw ms/epoch':>13} {'ms/epoch':>9} {'ratio':>7} "
+              f"{'overhead':>9}")
         for r in results:
-            print(f"{r['case']:<18} {r['raw_steps_per_s']:>12.0f} {r['steps_per_s']:>10.0f} "
-                  f"{r['ratio_median']:>7.3f} {r['overhead_pct']:>8.2f}%")
+            print(f"{r['case']:<24} {r['raw_steps_per_s']:>12.0f} {r['steps_per_s']:>10.0f} "
+                  f"{r['raw_ms_per_epoch']:>13.3f} {r['ms_per_epoch']:>9.3f} {r['ratio_median']:>7.3f} "
+                  f"{r['overhead_pct']:>8.2f}%")
     return 0
 
 
