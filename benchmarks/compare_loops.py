@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,10 @@ class Job:
         return self.epochs + 1  # bookkeeping every epoch, never a stop: every loop runs every epoch
 
 
-def _grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+def _grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return norm
 
 
 def _trial() -> Any:
@@ -293,7 +294,7 @@ def _lightning(job: Job, full: bool) -> None:
 
         def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
             x, y = batch
-            loss = self.loss_fn(self.net(x), y)
+            loss: torch.Tensor = self.loss_fn(self.net(x), y)
             self.log("train_loss", loss, on_step=False, on_epoch=True, batch_size=y.shape[0])
             return loss
 

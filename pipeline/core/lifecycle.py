@@ -317,11 +317,19 @@ def legal_moves() -> frozenset[tuple[Phase, Phase, str]]:
     return frozenset((t.source, t.dest, t.trigger) for t in TRANSITIONS)
 
 
+# Indexes of the table, built once: the engine looks a move up at every phase boundary.
+_BY_TRIGGER: Mapping[tuple[str, Phase], Transition] = {(t.trigger, t.source): t for t in reversed(TRANSITIONS)}
+_TRIGGERS_FROM: Mapping[Phase, tuple[str, ...]] = {
+    phase: tuple(dict.fromkeys(t.trigger for t in moves)) for phase, moves in _FROM.items()
+}
+
+
 def transition_for(trigger: str, source: Phase) -> Transition:
-    for t in TRANSITIONS:
-        if t.trigger == trigger and t.source is source:
-            return t
-    raise KeyError(f"no transition {trigger!r} from {source.value!r}")
+    """The first transition of the table that ``trigger`` fires from ``source``."""
+    try:
+        return _BY_TRIGGER[trigger, source]
+    except KeyError:
+        raise KeyError(f"no transition {trigger!r} from {source.value!r}") from None
 
 
 def enabled_transition(phase: Phase, facts: Facts) -> Transition:
@@ -456,4 +464,4 @@ def agreement_points(per_batch: bool) -> frozenset[Phase]:
 def triggers_from(phase: Phase) -> tuple[str, ...]:
     """The distinct triggers of the ordinary transitions leaving ``phase``, in table order: what the
     engine offers the machine there."""
-    return tuple(dict.fromkeys(t.trigger for t in transitions_from(phase)))
+    return _TRIGGERS_FROM[phase]
