@@ -390,7 +390,11 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               "there are two), paired and taken to the median like the ratio. Load from other processes only "
               "ever adds time to an epoch, so on a shared machine this follows the work itself where the "
               "whole-window ratio follows the load: in the epochs workload (198 steady epochs) it tells 1% apart, "
-              "which fresh processes' medians, moving 5 to 10% between runs, do not.",
+              "which fresh processes' medians, moving 5 to 10% between runs, do not. It fits work whose cost is the "
+              "same every epoch (the core rows). Rows with callbacks write a checkpoint file every epoch, whose cost "
+              "varies from epoch to epoch by its nature (page-cache writeback; `raw_all` writes synchronously, "
+              "fsmtrain in the background): there p10 leaves out slow epochs that belong to the work, and the "
+              "whole-window ratio is the one to read.",
               "- **setup**: the first epoch's time beyond a steady epoch: building the framework's objects, W&B "
               "start-up, warm-up (slightly negative when it is within the noise). **import**: the framework's "
               "modules beyond torch, imported before the clock starts (torch itself: "
