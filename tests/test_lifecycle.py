@@ -24,11 +24,27 @@ from pipeline.core.lifecycle import (
     check_table,
     enabled_transition,
     legal_moves,
+    transition_for,
+    transitions_from,
+    triggers_from,
 )
 
 
 def test_the_shipped_table_passes_its_checks() -> None:
     check_table()
+
+
+def test_the_indexes_the_engine_reads_are_the_table_itself() -> None:
+    """The engine looks moves up in indexes built once; they must answer as a walk of the table does."""
+    for phase in Phase:
+        walked = [t.trigger for t in TRANSITIONS if t.source is phase and t.trigger != ABORT]
+        assert triggers_from(phase) == tuple(dict.fromkeys(walked))
+        assert transitions_from(phase) == tuple(t for t in TRANSITIONS if t.source is phase and t.trigger != ABORT)
+    for t in TRANSITIONS:  # the first of the table's transitions that a trigger fires from a phase
+        assert transition_for(t.trigger, t.source) is next(
+            u for u in TRANSITIONS if u.trigger == t.trigger and u.source is t.source)
+    with pytest.raises(KeyError, match="no transition 'batch' from 'created'"):
+        transition_for("batch", Phase.CREATED)
 
 
 def test_every_phase_has_an_abort_route_and_train_end_is_final() -> None:
