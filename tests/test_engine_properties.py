@@ -3,17 +3,19 @@ once, moves only along the table, and reports the reason and epoch count the sch
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.engine import BaseDriver, Engine
+from pipeline.core.engine import BaseDriver, Engine, Interrupted
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import StopReason, legal_moves
+from pipeline.core.lifecycle import Phase, StopReason, legal_moves
 from pipeline.core.runner import CallbackRunner
 
 LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
@@ -126,3 +128,29 @@ def test_any_schedule_ends_once_along_the_table(
     # A normal request completes its epoch; an immediate one completes it only when made in on_epoch_end.
     completes = kind == "normal" or hook == "on_epoch_end"
     assert result.epochs_completed == at_epoch + (1 if completes else 0)
+
+
+def test_a_signal_between_the_facts_and_the_guards_waits_for_the_next_boundary() -> None:
+    """Found in CI (a SIGTERM in test_resume, a Ctrl-C in test_hpo_workers): the signal arrived after
+    the engine took the facts at epoch_begin and before the machine read its guards; the guard saw it
+    and fired ``stop_now``, the facts did not, and the run died of a LifecycleError instead of
+    ending INTERRUPTED. Here the signal lands in exactly that gap."""
+    log = EventLog(None, "s", console=None, keep=True)
+    run = RunContext("s", 3, log)
+    engine = Engine(ListDriver(2), CallbackRunner([]), run)
+    facts = engine.facts
+
+    def facts_then_a_signal() -> Any:
+        taken = facts()
+        if run.epoch == 1 and engine.phase is Phase.EPOCH_BEGIN:
+            run.pending_signal = signal.SIGTERM
+        return taken
+
+    engine.facts = facts_then_a_signal  # type: ignore[method-assign]
+    with pytest.raises(Interrupted):
+        engine.execute()
+    assert engine.result is not None and engine.result.stop_reason is StopReason.INTERRUPTED
+    assert log.records is not None
+    assert not [e for e in log.records if e["event"] == "exception" and e["payload"]["type"] == "LifecycleError"]
+    moves = [(e["from"], e["to"], e["trigger"]) for e in log.records if e["event"] == "transition"]
+    assert moves[-1][1] == "train_end" and moves[-1][2] == "abort"  # the fault path, at the next boundary

@@ -286,6 +286,9 @@ class Engine:
         self._agreed_stop: StopRequest | None = None
         self._agreed_signal: tuple[int, int] | None = None  # (signal, rank)
         self._agreed_here = False  # the fast batch loop agreed just before handing back
+        # run.pending_signal as it was at the last boundary: a signal handler sets the live one between
+        # any two bytecodes, and the facts the engine checks a move against must be the ones its guards read.
+        self._signal: int | None = None
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: self._has_batch,
@@ -332,7 +335,7 @@ class Engine:
 
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
-        return (stop is not None and stop.immediate) or self.run.pending_signal is not None
+        return (stop is not None and stop.immediate) or self._signal is not None
 
     def _agreed_immediate_stop(self) -> bool:
         stop = self._agreed_stop
@@ -500,6 +503,7 @@ class Engine:
     def _advance(self) -> None:
         """Offer the machine the triggers that leave its state; check it moved as the table says."""
         source = _PHASES[self._model.state]
+        self._signal = self.run.pending_signal
         if source in self._agree_at and not self._agreed_here:
             self._agree()
         self._agreed_here = False
@@ -529,13 +533,19 @@ class Engine:
                 if not guard():
                     return
                 handler()
+        run = self.run
         if self._debug:
             handler = self._batch_handler
-            while guard():
+            while True:
+                self._signal = run.pending_signal
+                if not guard():
+                    return
                 handler()
-            return
         body, step = self._batch_body, self._step
-        while guard():
+        while True:
+            self._signal = run.pending_signal
+            if not guard():
+                return
             body(step)
 
     # --- agreement between ranks ----------------------------------------------------------
@@ -550,8 +560,8 @@ class Engine:
         if self._agree_at:
             if self._agreed_signal is not None:
                 raise Interrupted(*self._agreed_signal)
-        elif self.run.pending_signal is not None:
-            raise Interrupted(self.run.pending_signal)
+        elif self._signal is not None:
+            raise Interrupted(self._signal)
 
     def _agree(self) -> None:
         """One all-gather of every rank's new stop request and signal; every rank applies the same verdict."""
