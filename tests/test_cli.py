@@ -160,6 +160,29 @@ def test_error_and_interrupt_exit_codes(tmp_path: Path, kind: str, code: ExitCod
     assert ("seed 1:" in proc.stdout) == (kind == "error")
 
 
+FAILING_END = '''
+from pipeline.core.hooks import TrainingCallback
+
+
+class FailingEnd(TrainingCallback):
+    def on_train_end(self, run):
+        raise RuntimeError("teardown boom")
+'''
+
+
+@pytest.mark.slow
+def test_an_error_raised_in_train_end_after_all_epochs_fails_the_command(tmp_path: Path) -> None:
+    """Found with the signal race: fit() raised after the run had reached train_end by a normal move
+    (its result says COMPLETED), and ``fsmtrain train`` exited 0. A failing ``on_train_end`` on a run
+    that trained every epoch is the same case, reachable by any user."""
+    (tmp_path / "failing_end.py").write_text(FAILING_END)
+    proc = fsmtrain("train", QUICKSTART, *FAST, "--set", "wandb.enabled=false",
+                    "--set", "callbacks.extra=[{target: failing_end.FailingEnd}]", cwd=tmp_path)
+    assert proc.returncode == ExitCode.ERROR, proc.stdout + proc.stderr
+    assert "seed 0: COMPLETED after" in proc.stdout
+    assert "ERROR after train_end: RuntimeError: teardown boom" in proc.stdout
+
+
 def test_every_stop_reason_has_an_exit_code() -> None:
     from pipeline.cli import exit_code_for
     from pipeline.core.lifecycle import StopReason
