@@ -113,7 +113,7 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
         print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
     if isinstance(run.error, Interrupted):
         return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
-    if run.error is not None and reason is not StopReason.ERROR:
+    if run.error is not None and reason is not StopReason.ERROR and not isinstance(run.error, KeyboardInterrupt):
         # fit() raised after the run had reached train_end by another route: the run failed all the same
         print(f"  ERROR after train_end: {type(run.error).__name__}: {run.error}", file=out)
         return ExitCode.ERROR
