@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.app.config import _KIND_BASES
+from pipeline.app.config_resolution import _KIND_BASES
 from pipeline.app.static_lookup import Found, Undecided, lookup
 
 LIBRARIES = ("torch.optim", "torch.optim.lr_scheduler", "torch.nn", "torch.nn.functional", "pytorch_optimizer",

@@ -1,0 +1,137 @@
+"""What a validated run config builds: the model, optimizer, scheduler, loss, data, metrics and
+the default callback list, each from its dotted path."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from pipeline.app.config_problems import ConfigError, ConfigProblem
+from pipeline.app.config_resolution import Kind, resolve_dotted
+from pipeline.app.config_schema import RunConfig, resolved_dict
+from pipeline.core.hooks import TrainingCallback
+
+if TYPE_CHECKING:
+    import optuna
+    import torch
+    from torch import nn
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: RunConfig) -> nn.Module:
+    from torch import nn
+
+    model = resolve_dotted(cfg.net)(**cfg.net_config)
+    if not isinstance(model, nn.Module):
+        raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
+    return model
+
+
+def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
+    import torch
+
+    opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
+    assert isinstance(opt, torch.optim.Optimizer)
+    return opt
+
+
+def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> Any:
+    if cfg.scheduler is None:
+        return None
+    return resolve_dotted(cfg.scheduler)(optimizer, **cfg.scheduler_config)
+
+
+def build_criterion(cfg: RunConfig) -> Callable[[Any, Any], torch.Tensor]:
+    obj = resolve_dotted(cfg.criterion)
+    if inspect.isclass(obj):
+        return cast("Callable[[Any, Any], torch.Tensor]", obj(**cfg.criterion_config))
+    fn = partial(obj, **cfg.criterion_config) if cfg.criterion_config else obj
+    return cast("Callable[[Any, Any], torch.Tensor]", fn)
+
+
+def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
+    """Call the data builder; wrap datasets it returns in seeded loaders. Returns (train, val)."""
+    from torch.utils.data import DataLoader
+
+    from pipeline.training.data import make_loaders
+
+    out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise ConfigError([ConfigProblem("data", "a builder returning (train, val)", type(out).__name__)])
+    train, val = out
+    if not isinstance(train, DataLoader) and hasattr(train, "__getitem__"):
+        return tuple(make_loaders(train, val, batch_size=cfg.batch_size, seed=seed))  # type: ignore[return-value]
+    return train, val
+
+
+def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    return {name: resolve_dotted(path) for name, path in cfg.metrics.items()}
+
+
+def build_callbacks(
+    cfg: RunConfig, *, run_dir: Path | None, trial: optuna.trial.Trial | Any | None = None
+) -> list[TrainingCallback]:
+    """The default callback list: the nine built-ins as configured, then clipping/accumulation, then
+    the user's extra callbacks (the runner orders them all by priority).
+
+    ``trial`` is an Optuna trial, or anything with its ``report``/``should_prune`` (replay passes a
+    recorded one); the pruner joins only when it is given."""
+    import callbacks as cb
+
+    c = cfg.callbacks
+    out: list[TrainingCallback] = []
+    if c.nan_detection.enabled:
+        out.append(cb.NaNDetectionCallback())
+    if c.optimizer_mode.enabled:
+        out.append(cb.OptimizerModeCallback())
+    if c.gradient_monitor.enabled:
+        out.append(cb.GradientMonitorCallback(warn_threshold=c.gradient_monitor.warn_threshold))
+    if c.loss_prediction.enabled:
+        out.append(cb.LossPredictionCallback(max_epochs=cfg.epochs))
+    if c.overfit_detection.enabled:
+        out.append(cb.OverfitDetectionCallback(
+            warmup_epochs=c.overfit_detection.warmup_epochs, window_size=c.overfit_detection.window_size))
+    if cfg.wandb.enabled:
+        out.append(cb.WandbLoggingCallback(
+            project=cfg.wandb.project or cfg.project, mode=cfg.wandb.mode, tags=tuple(cfg.wandb.tags),
+            config=resolved_dict(cfg), directory=run_dir,  # wandb adds its own wandb/ folder
+            name=None if run_dir is None else run_dir.name,
+        ))
+    if cfg.tensorboard.enabled and run_dir is not None:
+        out.append(cb.TensorBoardLoggingCallback(run_dir / "tensorboard"))
+    if trial is not None:
+        out.append(cb.PrunerCallback(trial))
+    es = cfg.early_stopping
+    if es.enabled:
+        out.append(cb.EarlyStoppingCallback(
+            patience=es.patience, mode=es.mode, min_delta=es.min_delta, monitor=es.monitor))
+    if run_dir is not None:
+        out.append(cb.MetricsCsvCallback(run_dir / "metrics.csv"))
+    ck = cfg.checkpoint
+    if ck.enabled and run_dir is not None:
+        out.append(cb.CheckpointCallback(
+            run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
+            save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
+            background=ck.background,
+        ))
+    if cfg.grad_clip is not None:
+        gc = cfg.grad_clip
+        out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
+    if cfg.grad_accumulation > 1:
+        out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
+    for extra in c.extra:
+        out.append(resolve_dotted(extra.target)(**extra.kwargs))
+    return out

@@ -1,0 +1,224 @@
+"""The ``optimize:`` section of a run config: the study's sampler and pruner (checked, then built)
+and its search space, each path of which must give a valid config at both ends of its range."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from pydantic import ValidationError
+
+from pipeline.app.config_problems import ConfigError, ConfigProblem
+from pipeline.app.config_resolution import (
+    ResolveError,
+    describe,
+    import_dotted,
+    kwarg_problems,
+    resolution_problems,
+    resolve_dotted,
+)
+from pipeline.app.config_schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
+
+if TYPE_CHECKING:
+    import optuna
+
+
+_PART_MODULES = {"sampler": "optuna.samplers", "pruner": "optuna.pruners"}
+_OWN_PARTS = {"PredictedFinalLossPruner": "pipeline.app.hpo_pruner.PredictedFinalLossPruner"}
+_PART_KIND = {
+    "sampler": "an Optuna sampler class (optuna.samplers.BaseSampler subclass, e.g. optuna.samplers.TPESampler)",
+    "pruner": "an Optuna pruner class (optuna.pruners.BasePruner subclass, e.g. optuna.pruners.MedianPruner)",
+}
+
+
+def _part_path(name: str, part: str) -> str:
+    """A bare class name (``TPESampler``, ``PredictedFinalLossPruner``) is looked up where it lives."""
+    if "." in name:
+        return name
+    return _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}")
+
+
+def _study_part_class(name: str, part: str) -> Any:
+    """The sampler or pruner class ``name`` names; raises ``ResolveError``."""
+    import optuna
+
+    obj = import_dotted(_part_path(name, part))
+    base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
+    if not (inspect.isclass(obj) and issubclass(obj, base)):
+        raise ResolveError(f"{name} is {describe(obj)}")
+    return obj
+
+
+def _nested(value: Any) -> Any:
+    """``{target: dotted.Class, kwargs: {...}}`` inside sampler/pruner kwargs builds that object
+    (``PatientPruner(wrapped_pruner=...)``); everything else passes through."""
+    if isinstance(value, Mapping) and "target" in value and set(value) <= {"target", "kwargs"}:
+        return resolve_dotted(str(value["target"]))(**{k: _nested(v) for k, v in dict(value.get("kwargs", {})).items()})
+    return value
+
+
+def _grid_space(opt: OptimizeConfig) -> dict[str, list[Any]]:
+    return {path: list(p.choices or []) for path, p in opt.search_space.items() if p.type == "categorical"}
+
+
+def _is_grid(cls: Any) -> bool:
+    import optuna
+
+    return inspect.isclass(cls) and issubclass(cls, optuna.samplers.GridSampler)
+
+
+def build_sampler(opt: OptimizeConfig, *, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
+    ``sampler_config.search_space`` is given; worker ``k`` of a study adds ``k`` to a ``seed`` so
+    parallel workers do not propose the same parameters."""
+    try:
+        cls = _study_part_class(opt.sampler, "sampler")
+    except ResolveError as exc:
+        raise ConfigError([ConfigProblem("optimize.sampler", _PART_KIND["sampler"], exc.found,
+                                         exc.suggestion)]) from None
+    kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
+    if _is_grid(cls) and "search_space" not in kwargs:
+        kwargs["search_space"] = _grid_space(opt)
+    if seed_offset and isinstance(kwargs.get("seed"), int):
+        kwargs["seed"] += seed_offset
+    return cast("optuna.samplers.BaseSampler", cls(**kwargs))
+
+
+def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
+    try:
+        cls = _study_part_class(opt.pruner, "pruner")
+    except ResolveError as exc:
+        raise ConfigError([ConfigProblem("optimize.pruner", _PART_KIND["pruner"], exc.found,
+                                         exc.suggestion)]) from None
+    return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
+
+
+def _related(problem_path: str, path: str) -> bool:
+    return problem_path == path or problem_path.startswith(path + ".") or path.startswith(problem_path + ".")
+
+
+def _with_value(data: Mapping[str, Any], parts: Sequence[str], value: Any) -> dict[str, Any] | str:
+    """A copy of ``data`` with ``value`` at the path ``parts``; a string says why it cannot be set."""
+    out = copy.deepcopy(dict(data))
+    node: Any = out
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            return f"{'.'.join(parts[: depth + 1])} is a {type(child).__name__}, not a mapping"
+        node = child
+    node[parts[-1]] = value
+    return out
+
+
+def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The config mapping of one trial: ``data`` without its ``optimize`` section, each
+    ``params`` value set at its path (``{"optimizer_config.lr": 0.01}``)."""
+    out: dict[str, Any] = {k: v for k, v in data.items() if k != "optimize"}
+    for path, value in params.items():
+        probe = _with_value(out, path.split("."), value)
+        if isinstance(probe, str):
+            raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", "a config path that can be set", probe)])
+        out = probe
+    return out
+
+
+def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) -> list[ConfigProblem]:
+    """Each search-space path, set to both ends of its range (or each choice), must give a config
+    that passes the schema and resolution tiers; what fails there is reported at the search path."""
+    base = {k: v for k, v in data.items() if k != "optimize"}
+    found: dict[str, ConfigProblem] = {}
+    for path, spec in space.items():
+        where = f"optimize.search_space.{path}"
+        parts = str(path).split(".")
+        if not all(parts) or parts[0] == "optimize":
+            found[where] = ConfigProblem(where, "a dotted config path such as optimizer_config.lr", repr(path))
+            continue
+        try:
+            param = SearchParam.model_validate(spec)
+        except ValidationError:
+            continue  # the schema tier reports it
+        for value in param.probe_values():
+            probe = _with_value(base, parts, value)
+            if isinstance(probe, str):
+                found[where] = ConfigProblem(where, "a config path that can be set", probe)
+                break
+            problems: list[ConfigProblem] = []
+            try:
+                RunConfig.model_validate(probe)
+            except ValidationError as exc:
+                problems += schema_problems(exc)
+            problems += resolution_problems(probe)
+            for p in problems:
+                if not _related(p.path, str(path)):
+                    continue
+                fix = p.suggestion
+                if fix and p.found.startswith(("unknown key", "unknown argument")):
+                    fix = ".".join([*p.path.split(".")[:-1], fix])
+                at = "" if p.path == path else f" at {p.path}"
+                found.setdefault(where, ConfigProblem(where, f"{p.expected}{at} (for {value!r})", p.found, fix))
+    return list(found.values())
+
+
+def optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
+    opt = data.get("optimize")
+    if not isinstance(opt, Mapping):
+        return []
+    problems: list[ConfigProblem] = []
+    parts: dict[str, Any] = {}
+    for part, default in (("sampler", "optuna.samplers.TPESampler"), ("pruner", "optuna.pruners.MedianPruner")):
+        name, kwargs = opt.get(part, default), opt.get(f"{part}_config", {})
+        if not isinstance(name, str):
+            continue
+        try:
+            parts[part] = cls = _study_part_class(name, part)
+        except ResolveError as exc:
+            problems.append(ConfigProblem(f"optimize.{part}", _PART_KIND[part], exc.found, exc.suggestion))
+            continue
+        if isinstance(kwargs, Mapping):
+            supplied = ("search_space",) if part == "sampler" and _is_grid(cls) else ()
+            problems += kwarg_problems(cls, kwargs, f"optimize.{part}_config", 0, supplied)
+    space = opt.get("search_space", {})
+    if isinstance(space, Mapping):
+        if not space:
+            problems.append(ConfigProblem("optimize.search_space", "at least one parameter to search", "none"))
+        problems += _search_space_problems(data, space)
+        grid = parts.get("sampler")
+        sampler_config = opt.get("sampler_config", {})
+        if grid is not None and _is_grid(grid) and isinstance(sampler_config, Mapping) \
+                and "search_space" not in sampler_config:
+            for path, spec in space.items():
+                if isinstance(spec, Mapping) and spec.get("type") != "categorical":
+                    problems.append(ConfigProblem(
+                        f"optimize.search_space.{path}",
+                        "a categorical parameter (GridSampler builds its grid from the choices)",
+                        f"type {spec.get('type')!r}"))
+    seeds, n_seeds = data.get("seeds", [0]), opt.get("n_seeds")
+    if isinstance(seeds, list) and type(n_seeds) is int and n_seeds > len(seeds):
+        problems.append(ConfigProblem("optimize.n_seeds", f"at most the {len(seeds)} seed(s) listed in seeds",
+                                      str(n_seeds)))
+    return problems
+
+
+def optimize_build_problems(cfg: RunConfig) -> list[ConfigProblem]:
+    """Construct the sampler and pruner once: their constructors check more than a signature can."""
+    opt = cfg.optimize
+    if opt is None:
+        return []
+    problems: list[ConfigProblem] = []
+    for part, build in (("sampler", lambda: build_sampler(opt)), ("pruner", lambda: build_pruner(opt))):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna's ExperimentalWarning for GP, QMC, Wilcoxon...
+                build()
+        except ConfigError as exc:
+            problems += exc.problems
+        except Exception as exc:
+            name = getattr(opt, part)
+            problems.append(ConfigProblem(f"optimize.{part}_config", f"arguments {name} accepts",
+                                          f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+    return problems

@@ -1,0 +1,256 @@
+"""The resolution tier of a run config: every dotted path imports and is the right kind of object,
+its kwargs match its signature, a requested accelerator exists. Paths into fsmtrain's own
+dependencies (torch, pytorch_optimizer) and into fsmtrain are read from source when that settles
+them, so validating a config imports no torch; a user's module is imported, since that it imports
+is part of the check. Any problem found is confirmed and worded by the real import."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+from pipeline.app import static_lookup
+from pipeline.app.config_problems import ConfigError, ConfigProblem, closest
+from pipeline.core.hooks import TrainingCallback
+
+
+class Kind(str, Enum):
+    MODEL = "a torch.nn.Module subclass"
+    OPTIMIZER = "a torch.optim.Optimizer subclass"
+    SCHEDULER = "an LR scheduler class (torch.optim.lr_scheduler.LRScheduler or ReduceLROnPlateau)"
+    LOSS = "a loss: an nn.Module subclass or a function (output, target) -> tensor"
+    DATA = "a data builder function (batch_size=, seed=, **data_config) -> (train, val)"
+    METRIC = "a metric function (output, target) -> 0-d tensor"
+    CALLBACK = "a TrainingCallback subclass"
+
+
+class ResolveError(Exception):
+    def __init__(self, found: str, suggestion: str | None = None) -> None:
+        super().__init__(found)
+        self.found = found
+        self.suggestion = suggestion
+
+
+def _names_in(obj: Any) -> list[str]:
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    if isinstance(obj, types.ModuleType) and hasattr(obj, "__path__"):
+        names += [m.name for m in pkgutil.iter_modules(obj.__path__)]
+    return names
+
+
+def import_dotted(path: str) -> Any:
+    parts = path.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise ResolveError(f"{path!r}, which is not a dotted import path like torch.optim.Adam")
+    for i in range(len(parts) - 1, 0, -1):
+        modname = ".".join(parts[:i])
+        try:
+            obj: Any = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name and (modname == exc.name or modname.startswith(exc.name + ".")):
+                continue  # this prefix is not a module; try a shorter one
+            raise ResolveError(f"importing {modname} failed: {exc}") from None
+        except Exception as exc:  # a broken user module is reported, not raised
+            raise ResolveError(f"importing {modname} failed: {type(exc).__name__}: {exc}") from None
+        for j in range(i, len(parts)):
+            attr = parts[j]
+            if hasattr(obj, attr):
+                obj = getattr(obj, attr)
+                continue
+            if isinstance(obj, types.ModuleType):
+                try:
+                    obj = importlib.import_module(".".join(parts[: j + 1]))
+                    continue
+                except ImportError:
+                    pass
+            prefix = ".".join(parts[:j])
+            close = closest(attr, _names_in(obj))
+            fixed = ".".join([prefix, close, *parts[j + 1 :]]) if close else None
+            raise ResolveError(f"{prefix} has no attribute {attr!r}", fixed)
+        return obj
+    # What the user could have meant: their own modules and installed packages, not the stdlib's.
+    top = sorted({m.name for m in pkgutil.iter_modules()
+                  if m.name not in sys.stdlib_module_names and not m.name.startswith("_")})
+    close = closest(parts[0], top)
+    raise ResolveError(f"no module named {parts[0]!r}", ".".join([close, *parts[1:]]) if close else None)
+
+
+def resolve_dotted(path: str) -> Any:
+    """Import ``package.module.Name``; raises ``ConfigError`` (with a close match) when it does not exist."""
+    try:
+        return import_dotted(path)
+    except ResolveError as exc:
+        raise ConfigError([ConfigProblem(path, "an importable dotted path", exc.found, exc.suggestion)]) from None
+
+
+def _is_kind(obj: Any, kind: Kind) -> bool:
+    import torch
+    from torch import nn
+
+    cls = obj if inspect.isclass(obj) else None
+    if kind is Kind.MODEL:
+        return cls is not None and issubclass(cls, nn.Module)
+    if kind is Kind.OPTIMIZER:
+        return cls is not None and issubclass(cls, torch.optim.Optimizer)
+    if kind is Kind.SCHEDULER:
+        sched = torch.optim.lr_scheduler
+        return cls is not None and issubclass(cls, (sched.LRScheduler, sched.ReduceLROnPlateau))
+    if kind is Kind.LOSS:
+        return (cls is not None and issubclass(cls, nn.Module)) or (cls is None and callable(obj))
+    if kind is Kind.CALLBACK:
+        return cls is not None and issubclass(cls, TrainingCallback)
+    return cls is None and callable(obj)  # DATA, METRIC: plain functions
+
+
+def describe(obj: Any) -> str:
+    if inspect.isclass(obj):
+        return f"class {obj.__module__}.{obj.__qualname__}"
+    if callable(obj):
+        return f"function {getattr(obj, '__qualname__', obj)!r}"
+    return f"a {type(obj).__name__} object"
+
+
+def kwarg_problems(
+    obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positional: int, supplied: Sequence[str] = ()
+) -> list[ConfigProblem]:
+    """Check ``kwargs`` against ``obj``'s signature (after ``positional`` leading arguments)."""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return []  # builtins without a signature: the call itself will tell
+    return _signature_problems(sig, describe(obj), kwargs, cfg_path, positional, supplied)
+
+
+def _signature_problems(
+    sig: inspect.Signature, what: str, kwargs: Mapping[str, Any], cfg_path: str, positional: int,
+    supplied: Sequence[str] = (),
+) -> list[ConfigProblem]:
+    params = list(sig.parameters.values())
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    skip = 0
+    rest = []
+    for p in params:
+        if skip < positional and p.kind in positional_kinds:
+            skip += 1
+            continue
+        rest.append(p)
+    named = {p.name: p for p in rest if p.kind in (*positional_kinds, inspect.Parameter.KEYWORD_ONLY)}
+    open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
+    problems: list[ConfigProblem] = []
+    for key in kwargs:
+        if key in supplied:
+            problems.append(ConfigProblem(
+                f"{cfg_path}.{key}", f"no {key!r} here (it is set from the top-level {key!r})", repr(key)))
+        elif key not in named and not open_kwargs:
+            problems.append(ConfigProblem(
+                f"{cfg_path}.{key}", f"an argument of {what}: {', '.join(named) or 'none'}",
+                f"unknown argument {key!r}", closest(str(key), list(named)),
+            ))
+    for name, p in named.items():
+        if p.default is inspect.Parameter.empty and name not in kwargs and name not in supplied:
+            problems.append(ConfigProblem(
+                f"{cfg_path}.{name}", f"a value for the required argument {name!r} of {what}", "nothing"))
+    return problems
+
+
+# (key, kwargs key, kind, default, leading positional args, names filled in by fsmtrain)
+_TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = (
+    ("net", "net_config", Kind.MODEL, None, 0, ()),
+    ("optimizer", "optimizer_config", Kind.OPTIMIZER, "torch.optim.Adam", 1, ()),
+    ("scheduler", "scheduler_config", Kind.SCHEDULER, None, 1, ()),
+    ("criterion", "criterion_config", Kind.LOSS, "torch.nn.MSELoss", 0, ()),
+    ("data", "data_config", Kind.DATA, None, 0, ("batch_size", "seed")),
+)
+
+
+# fsmtrain's own dependencies and fsmtrain itself: `train` imports them anyway, so reading their
+# source is enough for validate. A user's module is imported for real (that it imports is checked).
+_READ_FROM_SOURCE = frozenset({"torch", "pytorch_optimizer", "pipeline", "callbacks"})
+# _is_kind's issubclass checks, as the qualified names static_lookup gives a class's bases.
+_KIND_BASES: dict[Kind, frozenset[str]] = {
+    Kind.MODEL: frozenset({"torch.nn.modules.module.Module"}),
+    Kind.OPTIMIZER: frozenset({"torch.optim.optimizer.Optimizer"}),
+    Kind.SCHEDULER: frozenset({"torch.optim.lr_scheduler.LRScheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"}),
+    Kind.LOSS: frozenset({"torch.nn.modules.module.Module"}),
+    Kind.CALLBACK: frozenset({"pipeline.core.hooks.TrainingCallback"}),
+}
+_FUNCTION_KINDS = frozenset({Kind.LOSS, Kind.DATA, Kind.METRIC})
+
+
+def _fine_from_source(
+    value: str, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int, supplied: Sequence[str],
+) -> bool:
+    """True when the source alone shows ``value`` is ``kind`` and ``kwargs`` fit its signature.
+    False means "import it": the import path then finds, and words, any problem."""
+    if value.partition(".")[0] not in _READ_FROM_SOURCE:
+        return False
+    try:
+        found = static_lookup.lookup(value)
+    except static_lookup.Undecided:
+        return False
+    is_kind = (not _KIND_BASES.get(kind, frozenset()).isdisjoint(found.lineage) if found.is_class
+               else kind in _FUNCTION_KINDS)
+    if not is_kind:
+        return False
+    if kwargs_path is None or not isinstance(kwargs, Mapping):
+        return True
+    return not _signature_problems(found.signature, found.qualname, kwargs, kwargs_path, positional, supplied)
+
+
+def _check_target(
+    path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int,
+    supplied: Sequence[str] = (),
+) -> list[ConfigProblem]:
+    if not isinstance(value, str):
+        return []  # the schema tier reports the type
+    if _fine_from_source(value, kind, kwargs, kwargs_path, positional, supplied):
+        return []
+    try:
+        obj = import_dotted(value)
+    except ResolveError as exc:
+        return [ConfigProblem(path, f"an importable dotted path to {kind.value}", exc.found, exc.suggestion)]
+    if not _is_kind(obj, kind):
+        return [ConfigProblem(path, kind.value, f"{value} is {describe(obj)}")]
+    if kwargs_path is None or not isinstance(kwargs, Mapping):
+        return []
+    # signature(cls) is the constructor without self
+    return kwarg_problems(obj, kwargs, kwargs_path, positional, supplied)
+
+
+def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    for key, cfg_key, kind, default, positional, supplied in _TARGETS:
+        value = data.get(key, default)
+        if value is None:
+            continue
+        problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    metrics = data.get("metrics")
+    if isinstance(metrics, Mapping):
+        for name, target in metrics.items():
+            problems += _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0)
+    callbacks = data.get("callbacks")
+    extra = callbacks.get("extra") if isinstance(callbacks, Mapping) else None
+    if isinstance(extra, list):
+        for i, item in enumerate(extra):
+            if isinstance(item, Mapping):
+                problems += _check_target(
+                    f"callbacks.extra.{i}.target", item.get("target"), Kind.CALLBACK,
+                    item.get("kwargs", {}), f"callbacks.extra.{i}.kwargs", 0)
+    device = data.get("device", "cpu")
+    if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
+        return problems  # the CPU is always there: no need to ask torch
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        problems.append(ConfigProblem("device", "a device this machine has (no CUDA GPU is visible)", repr(device),
+                                      "cpu"))
+    if device == "mps" and not torch.backends.mps.is_available():
+        problems.append(ConfigProblem("device", "a device this machine has (MPS is not available)", repr(device),
+                                      "cpu"))
+    return problems

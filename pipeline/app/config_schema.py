@@ -1,0 +1,335 @@
+"""The schema tier of a run config: the pydantic models of every section (types, ranges, unknown
+keys refused), and pydantic's errors worded as config problems (with the closest known key)."""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from pipeline.app.config_problems import ConfigProblem, closest
+from pipeline.app.config_yaml import override_of
+
+
+class _Section(BaseModel):
+    # strict: "3" is not an int; extra keys are mistakes, not silently ignored settings
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EarlyStoppingConfig(_Section):
+    enabled: bool = True
+    patience: int = Field(default=20, ge=1)
+    mode: Literal["min", "max"] = "min"
+    min_delta: float = Field(default=1e-4, ge=0)
+    monitor: str = "val_loss"
+
+
+class CheckpointConfig(_Section):
+    enabled: bool = True
+    save_every_n_epochs: int = Field(default=1, ge=1)
+    keep_last_k: int = Field(default=3, ge=1)
+    save_best: bool = True
+    save_latest: bool = True  # latest.pt at every epoch end, so any kill leaves a recent resume point
+    monitor: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    background: bool = True  # write on a writer thread while the next epoch trains; committed when durable
+
+
+class TensorBoardConfig(_Section):
+    enabled: bool = False  # event files in <run dir>/tensorboard (needs the tensorboard extra)
+
+
+class WandbConfig(_Section):
+    enabled: bool = False
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
+class Toggle(_Section):
+    enabled: bool = True
+
+
+class GradientMonitorOptions(_Section):
+    enabled: bool = True
+    warn_threshold: float = Field(default=1e4, gt=0)
+
+
+class OverfitOptions(_Section):
+    enabled: bool = True
+    warmup_epochs: int = Field(default=5, ge=0)
+    window_size: int = Field(default=5, ge=1)
+
+
+class ExtraCallback(_Section):
+    target: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class CallbacksConfig(_Section):
+    nan_detection: Toggle = Field(default_factory=Toggle)
+    optimizer_mode: Toggle = Field(default_factory=Toggle)
+    gradient_monitor: GradientMonitorOptions = Field(default_factory=GradientMonitorOptions)
+    loss_prediction: Toggle = Field(default_factory=Toggle)
+    overfit_detection: OverfitOptions = Field(default_factory=OverfitOptions)
+    extra: list[ExtraCallback] = Field(default_factory=list)
+
+
+class GradClipConfig(_Section):
+    max_norm: float | None = Field(default=None, gt=0)
+    max_value: float | None = Field(default=None, gt=0)
+    norm_type: float = 2.0
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> GradClipConfig:
+        if self.max_norm is None and self.max_value is None:
+            raise ValueError("set max_norm or max_value (or grad_clip: null to disable clipping)")
+        return self
+
+
+_SCALAR_CHOICE = (type(None), bool, int, float, str)
+_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class SearchParam(_Section):
+    """One hyper-parameter of a study, keyed in ``search_space`` by the config path it sets
+    (``optimizer_config.lr``): ``float`` / ``int`` from ``low`` to ``high`` (``log`` or ``step``
+    optional), or ``categorical`` over ``choices``."""
+
+    type: Literal["float", "int", "categorical"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = Field(default=None, gt=0)
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> SearchParam:
+        # Each message is what was expected; the schema tier adds the path and what was found.
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a non-empty 'choices' list for a categorical parameter")
+            if any(not isinstance(c, _SCALAR_CHOICE) for c in self.choices):
+                raise ValueError("choices that are null, booleans, numbers or strings (Optuna stores them)")
+            if len({repr(c) for c in self.choices}) != len(self.choices):
+                raise ValueError("each choice once")
+            if self.low is not None or self.high is not None or self.step is not None or self.log:
+                raise ValueError("only 'choices' for a categorical parameter (no low, high, step or log)")
+            return self
+        if self.choices is not None:
+            raise ValueError(f"low and high for a {self.type} parameter, not 'choices'")
+        if self.low is None or self.high is None:
+            raise ValueError(f"both low and high for a {self.type} parameter")
+        if self.low > self.high:
+            raise ValueError("low <= high")
+        if self.log and self.step is not None:
+            raise ValueError("log or step, not both (Optuna samples a log range without steps)")
+        if self.type == "int":
+            if any(v is not None and float(v) != int(v) for v in (self.low, self.high, self.step)):
+                raise ValueError("whole numbers for low, high and step of an int parameter")
+            if self.log and self.low < 1:
+                raise ValueError("low >= 1 for a log-scale int parameter")
+        elif self.log and self.low <= 0:
+            raise ValueError("low > 0 for a log-scale float parameter")
+        return self
+
+    def probe_values(self) -> list[Any]:
+        """Values that must all make a valid config: both ends of a range, or every choice."""
+        if self.type == "categorical":
+            return list(self.choices or [])
+        ends = [self.low, self.high]
+        return [int(v) for v in ends if v is not None] if self.type == "int" else ends
+
+
+class OptimizeConfig(_Section):
+    """The ``optimize:`` section read by ``fsmtrain hpo`` (``fsmtrain train`` trains the config once)."""
+
+    study_name: str | None = None
+    storage: str | None = None
+    n_trials: int = Field(default=20, ge=1)
+    timeout: float | None = Field(default=None, gt=0)
+    direction: Literal["minimize", "maximize"] = "minimize"
+    sampler: str = "optuna.samplers.TPESampler"
+    sampler_config: dict[str, Any] = Field(default_factory=dict)
+    pruner: str = "optuna.pruners.MedianPruner"
+    pruner_config: dict[str, Any] = Field(default_factory=dict)
+    search_space: dict[str, SearchParam] = Field(default_factory=dict)
+    # a trial averages the run objective over the first n_seeds of `seeds` (default: all of them)
+    n_seeds: int | None = Field(default=None, ge=1)
+    # RDB storages (PostgreSQL, SQLite): a trial whose worker stops beating for grace_period seconds
+    # is failed and re-enqueued, at most max_retry times
+    heartbeat_interval: int = Field(default=60, ge=1)
+    grace_period: int | None = Field(default=None, ge=1)
+    max_retry: int = Field(default=3, ge=0)
+
+    @field_validator("study_name")
+    @classmethod
+    def _study_name(cls, v: str | None) -> str | None:
+        if v is not None and not _STUDY_NAME_RE.match(v):
+            raise ValueError("a study name that is one folder name: letters, digits, '.', '_', '-'")
+        return v
+
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+
+
+class DistributedConfig(_Section):
+    """Multi-process runs (``torchrun`` or ``fsmtrain train --nproc N``); one process ignores it."""
+
+    backend: Literal["gloo", "nccl"] | None = None  # default: gloo on CPU, nccl on CUDA
+    timeout_s: float = Field(default=1800.0, gt=0)  # how long a collective waits for a slow rank
+
+
+class RunConfig(_Section):
+    project: str = Field(default="fsmtrain", min_length=1)
+    name: str | None = None
+    device: str = "cpu"
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    net: str
+    net_config: dict[str, Any] = Field(default_factory=dict)
+    optimizer: str = "torch.optim.Adam"
+    optimizer_config: dict[str, Any] = Field(default_factory=dict)
+    scheduler: str | None = None
+    scheduler_config: dict[str, Any] = Field(default_factory=dict)
+    criterion: str = "torch.nn.MSELoss"
+    criterion_config: dict[str, Any] = Field(default_factory=dict)
+    data: str
+    data_config: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, str] = Field(default_factory=dict)
+    epochs: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
+    callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
+    grad_clip: GradClipConfig | None = None
+    grad_accumulation: int = Field(default=1, ge=1)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
+    num_threads: int | None = Field(default=None, ge=1)
+    optimize: OptimizeConfig | None = None
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = "32"  # autocast (and fp16 loss scaling)
+    compile: bool = False  # torch.compile the training forward
+
+    _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
+    _source: str | None = PrivateAttr(default=None)  # the file it was read from
+    _overrides: tuple[str, ...] = PrivateAttr(default=())  # the --set items applied to it
+
+    def source_of(self, path: str) -> str | None:
+        """Where the value at ``path`` came from: ``--set <item>`` if an override wrote it, else the file."""
+        item = override_of(path, self._overrides)
+        return f"--set {item}" if item is not None else self._source
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    def __eq__(self, other: object) -> bool:
+        """Equal settings (where they were read from is not part of a config's value)."""
+        return isinstance(other, RunConfig) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def warnings(self) -> list[ConfigProblem]:
+        """Semantic-tier findings: legal, but probably not what was meant."""
+        return list(self._warnings)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: Any) -> Any:
+        return "32" if v == 32 and type(v) is int else v  # `precision: 32` in YAML is a number
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("a non-empty list of seeds")
+        dupes = sorted({s for s in v if v.count(s) > 1})
+        if dupes:
+            raise ValueError(f"unique seeds; {dupes} repeated")
+        return v
+
+    @field_validator("project", "name")
+    @classmethod
+    def _one_path_component(cls, v: str | None) -> str | None:
+        # Run directories are runs/<project>/<name>-seed<s>: neither may climb out of that folder.
+        if v is not None and (v in (".", "..") or "/" in v or "\\" in v or "\x00" in v):
+            raise ValueError(f"a single folder name (no '/', '\\', '.' or '..'), got {v!r}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE_RE.match(v):
+            raise ValueError("one of cpu, cuda, cuda:N, mps")
+        return v
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _annotation_at(model: type[BaseModel], loc: Sequence[int | str]) -> tuple[type[BaseModel] | None, Any]:
+    """Walk ``loc`` through the schema: (the model that owns the last key, the annotation there)."""
+    owner: type[BaseModel] | None = model
+    ann: Any = model
+    for part in loc:
+        ann = _unwrap(ann)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            owner = ann
+            field = ann.model_fields.get(str(part))
+            if field is None:
+                return owner, None
+            ann = field.annotation
+        elif get_origin(ann) in (list, dict):
+            owner = None
+            ann = get_args(ann)[-1] if get_args(ann) else Any
+        else:
+            return None, None
+    return owner, _unwrap(ann)
+
+
+def schema_problems(err: ValidationError) -> list[ConfigProblem]:
+    problems: list[ConfigProblem] = []
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        path = ".".join(str(p) for p in loc)
+        kind = e["type"]
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+        found = repr(e["input"])
+        suggestion: str | None = None
+        if kind == "extra_forbidden":
+            _, section = _annotation_at(RunConfig, loc[:-1])
+            is_model = isinstance(section, type) and issubclass(section, BaseModel)
+            known = list(section.model_fields) if is_model else []
+            close = closest(str(loc[-1]), known)
+            problems.append(ConfigProblem(
+                path, f"a known key{' of ' + '.'.join(map(str, loc[:-1])) if loc[:-1] else ''}",
+                f"unknown key {str(loc[-1])!r}", close,
+            ))
+            continue
+        if kind == "missing":
+            problems.append(ConfigProblem(path, "a value (this key is required)", "nothing"))
+            continue
+        if kind == "literal_error":
+            _, ann = _annotation_at(RunConfig, loc)
+            options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
+            suggestion = closest(str(e["input"]), options)
+        problems.append(ConfigProblem(path, msg, found, suggestion))
+    return problems
+
+
+def resolved_dict(cfg: RunConfig) -> dict[str, Any]:
+    """Every field with defaults filled in, JSON/YAML-safe: what a run's ``config.yaml`` holds."""
+    return cfg.model_dump(mode="json")

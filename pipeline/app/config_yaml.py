@@ -1,0 +1,140 @@
+"""The syntax tier of a run config: YAML read with duplicate keys rejected (with their lines) and
+``1e-3`` read as a float, and ``--set key.path=value`` overrides."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.app.config_problems import ConfigError, ConfigProblem
+
+# YAML 1.1 wants a dot and a signed exponent for floats, so ``1e-3`` would read as a string and
+# reach an optimizer as "1e-3". This resolver accepts the forms Python's float() accepts.
+_FLOAT_RE = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)[eE][-+]?[0-9]+
+    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """The safe loader with floats as Python reads them; duplicate keys are found by ``_duplicates``."""
+
+
+def _duplicates(node: yaml.Node, path: tuple[str, ...] = ()) -> list[ConfigProblem]:
+    """Every repeated key in the composed tree, with its YAML path and both lines (PyYAML keeps the last)."""
+    found: list[ConfigProblem] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            line = key_node.start_mark.line + 1
+            if key in seen and key_node.tag != "tag:yaml.org,2002:merge":
+                found.append(ConfigProblem(
+                    ".".join((*path, key)), "each key once per mapping",
+                    f"duplicate key {key!r} at line {line} (first at line {seen[key]})",
+                ))
+            seen.setdefault(key, line)
+            found += _duplicates(value_node, (*path, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += _duplicates(item, (*path, str(i)))
+    return found
+
+
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    """PyYAML's message without its source snippet: what it found, and where (1-based)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        return f"{what} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    loader = ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        problems = _duplicates(node) if node is not None else []
+        if problems:
+            raise ConfigError(problems, source)
+        return None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem("", "valid YAML", _yaml_error(exc))], source) from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file into a plain dict (syntax tier only)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([ConfigProblem("", "an existing YAML file", f"no file at {str(p)!r}")], str(p))
+    raw = p.read_bytes()
+    try:
+        if b"\x00" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem("", "a YAML text file (UTF-8)", f"binary content ({exc.reason} at byte "
+                                                                            f"{exc.start})")], str(p)) from None
+    data = _parse_yaml(text, str(p))
+    if data is None:
+        raise ConfigError([ConfigProblem("", "a mapping of config keys", "an empty file (no keys at all)")], str(p))
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigProblem("", "a mapping of config keys", type(data).__name__)], str(p))
+    return data
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``"a.b=value"`` overrides to a copy of ``data``; ``value`` is parsed as a YAML scalar
+    (so ``lr=1e-3`` is a float, ``seeds=[1,2]`` a list, ``scheduler=null`` None)."""
+    out = copy.deepcopy(dict(data))
+    problems: list[ConfigProblem] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not sep or not key or any(not p for p in parts):
+            problems.append(ConfigProblem(key or item, "an override of the form key.path=value", repr(item)))
+            continue
+        try:
+            value = _parse_yaml(raw, f"--set {item}")
+        except ConfigError as exc:
+            problems.extend(ConfigProblem(key, p.expected, p.found) for p in exc.problems)
+            continue
+        node: Any = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                problems.append(ConfigProblem(key, f"{where} to be a mapping", type(child).__name__))
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems, "overrides")
+    return out
+
+
+def override_of(path: str, overrides: Sequence[str]) -> str | None:
+    """The ``--set`` that wrote the value at ``path`` (or above it), if one did."""
+    for item in reversed(overrides):
+        key = item.partition("=")[0].strip()
+        if key and (path == key or path.startswith(key + ".")):
+            return item
+    return None
