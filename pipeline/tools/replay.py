@@ -14,28 +14,42 @@ back from the recording, just before ``on_epoch_end`` where their writers produc
 A replay cannot invent epochs the recording does not have: when a what-if outlives the recording,
 the driver raises :class:`RecordingExhausted` at the next epoch, the engine takes its ordinary fault
 path, and the result says the stop is unknown beyond epoch N.
+
+What a recording holds is :mod:`pipeline.tools.replay_recording`; what a replay did, and how its trace
+compares with the recording's, is :mod:`pipeline.tools.replay_result`. Their public names are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
-import math
-import signal
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext, epoch_number
+from pipeline.core.context import EpochContext, RunContext, Slot, StepContext, epoch_number
 from pipeline.core.engine import BaseDriver, Engine, Interrupted, TrainResult
-from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
+from pipeline.core.events import EventLog
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
-from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.lifecycle import Phase
 from pipeline.core.runner import CallbackRunner
 from pipeline.tools.replay_cli import register_cli  # the CLI lives apart: registering it imports no torch
 from pipeline.tools.replay_ranks import RecordedRanks, recorded_ranks
+from pipeline.tools.replay_recording import (
+    _SEGMENT_ONLY,
+    Interruption,
+    RecordedEpoch,
+    RecordedTrial,
+    Recording,
+    ReplayBatch,
+    ReplayError,
+    load_recording,
+)
+from pipeline.tools.replay_recording import TrialReport as TrialReport  # importable from here, as before the split
+from pipeline.tools.replay_recording import recording_from_events as recording_from_events
+from pipeline.tools.replay_result import Divergence, ReplayResult, _comparable_recorded, compare_traces, normalize_event
 
 __all__ = [
     "Divergence",
@@ -59,21 +73,6 @@ __all__ = [
 _BEGIN_METRICS = ("lr",)
 _TRAIN_METRICS = ("train_loss",)
 _VAL_METRICS = ("val_loss",)
-# What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
-# config, strictness), which is the replay's input rather than something that happened.
-_VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
-_IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
-    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain"),
-    "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
-    "epoch": ("seconds", "phase_seconds", "callback_seconds"),
-    "exception": ("traceback",),
-}
-# Events the engine and the run context write themselves; other kinds come from callbacks.
-_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
-
-
-class ReplayError(ValueError):
-    """A recording or a callback set that cannot be replayed; the message says which and why."""
 
 
 class RecordingExhausted(Exception):
@@ -83,262 +82,6 @@ class RecordingExhausted(Exception):
         super().__init__(f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
         self.epoch = epoch
         self.recorded = recorded
-
-
-# --- what a recording holds ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class ReplayBatch:
-    """What a step-level callback sees as ``step.batch`` in a replay: the batch's position and the
-    non-transition events the recording logged during it (only present in debug-level logs)."""
-
-    epoch: int
-    index: int
-    events: tuple[Mapping[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class RecordedEpoch:
-    """One epoch's recorded values. ``partial`` marks an epoch the recorded run left mid-way
-    (an immediate stop): its batches are known, its losses are not."""
-
-    index: int
-    metrics: Mapping[str, float]
-    slots: Mapping[str, Any] = field(default_factory=dict)
-    batches: int = 1
-    batch_events: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
-    partial: bool = False
-
-
-@dataclass(frozen=True)
-class TrialReport:
-    epoch: int
-    value: float
-    should_prune: bool
-    trial: int | None = None  # the Optuna trial number
-
-
-class RecordedTrial:
-    """Stands in for an ``optuna.trial.Trial`` in a replay: ``report`` is noted and
-    ``should_prune`` answers with the decision the real pruner took at that epoch. Epochs the
-    recording has no decision for are answered ``False`` and listed in ``unknown_steps``."""
-
-    def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
-                 params: Mapping[str, Any] | None = None) -> None:
-        self.reports = dict(reports)
-        self.number = number if number is not None else -1
-        self.params: dict[str, Any] = dict(params or {})
-        self.user_attrs: dict[str, Any] = {}
-        self.reported: dict[int, float] = {}
-        self.unknown_steps: list[int] = []
-        self._last_step: int | None = None
-
-    def report(self, value: float, step: int) -> None:
-        self.reported[step] = value
-        self._last_step = step
-
-    def should_prune(self) -> bool:
-        step = self._last_step
-        if step is None:
-            return False
-        rec = self.reports.get(step)
-        if rec is None:
-            self.unknown_steps.append(step)
-            return False
-        return rec.should_prune
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        self.user_attrs[key] = value
-
-
-@dataclass(frozen=True)
-class Interruption:
-    """Where a recorded signal ended the run: the phase the engine left, at which global step."""
-
-    signum: int
-    phase: str
-    epoch: int
-    global_step: int
-    rank: int | None = None  # the rank it was sent to, in a multi-process run
-
-
-@dataclass
-class Recording:
-    """A parsed ``events.jsonl``: the setup of the run and its per-epoch values."""
-
-    path: Path | None
-    run_id: str
-    run_start: Mapping[str, Any]
-    epochs: list[RecordedEpoch]
-    trial_reports: dict[int, TrialReport]
-    events: list[dict[str, Any]]
-    level: str
-    result: Mapping[str, Any] | None
-    interrupt: Interruption | None = None
-    segments: int = 1
-
-    @property
-    def max_epochs(self) -> int:
-        return int(self.run_start.get("max_epochs", len(self.epochs)))
-
-    @property
-    def config(self) -> Mapping[str, Any] | None:
-        cfg = self.run_start.get("config")
-        return cfg if isinstance(cfg, Mapping) else None
-
-    @property
-    def complete_epochs(self) -> int:
-        return sum(1 for e in self.epochs if not e.partial)
-
-    @property
-    def stop_reason(self) -> StopReason | None:
-        if self.result is None or "stop_reason" not in self.result:
-            return None
-        return StopReason(self.result["stop_reason"])
-
-    @property
-    def best_val_loss(self) -> float:
-        vals = [e.metrics.get("val_loss", math.nan) for e in self.epochs if not e.partial]
-        finite = [v for v in vals if math.isfinite(v)]
-        return min(finite) if finite else math.inf
-
-
-def load_recording(path: str | Path) -> Recording:
-    """Parse a run's ``events.jsonl`` (or a run directory holding one) into a :class:`Recording`."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / EVENTS_FILE
-    if not p.is_file():
-        raise ReplayError(f"no events log at {p}: expected a run's {EVENTS_FILE} or the run directory holding it")
-    try:
-        events = read_events(p)
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{p} is not an events log: line {exc.lineno} is not JSON ({exc.msg})") from exc
-    return recording_from_events(events, path=p)
-
-
-def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = None) -> Recording:
-    where = str(path) if path is not None else "the events"
-    starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
-    if not starts:
-        raise ReplayError(f"{where} has no run_start event: not an fsmtrain events log")
-    for i in starts[1:]:
-        if not (events[i].get("payload") or {}).get("resumed_from"):
-            raise ReplayError(f"{where} holds two runs (a second run_start at seq {events[i].get('seq')} that is "
-                              "not a resume); replay needs the log of one run")
-    start = events[starts[0]]
-    segments = len(starts)
-    original = events
-    if segments > 1:
-        events = _stitched(events, starts)
-    epochs: list[RecordedEpoch] = []
-    reports: dict[int, TrialReport] = {}
-    result: Mapping[str, Any] | None = None
-    step_events: dict[int, list[Mapping[str, Any]]] = {}
-    step_at_epoch_start = 0
-    last_step = 0
-    ended_mid_epoch = False
-    for e in events[starts[0] + 1:]:
-        kind = e.get("event")
-        payload: Mapping[str, Any] = e.get("payload") or {}
-        gs = e.get("global_step")
-        if isinstance(gs, int):
-            last_step = gs
-        if kind == "epoch":
-            metrics = {str(k): as_float(v) for k, v in (payload.get("metrics") or {}).items()}
-            batches = int(payload.get("batches", 0))
-            first = step_at_epoch_start
-            batch_events = {i: tuple(step_events.pop(first + i + 1, ())) for i in range(batches)}
-            slots = {str(k): _number_or_value(v) for k, v in (payload.get("slots") or {}).items()}
-            epochs.append(RecordedEpoch(len(epochs), metrics, slots, batches,
-                                        {i: ev for i, ev in batch_events.items() if ev}))
-            step_at_epoch_start = int(e.get("global_step") or first + batches)
-            step_events.clear()
-        elif kind == "trial_report":
-            ep = int(payload["epoch"])
-            reports[ep] = TrialReport(ep, as_float(payload.get("value")), bool(payload.get("should_prune")),
-                                      payload.get("trial") if isinstance(payload.get("trial"), int) else None)
-        elif kind == "result":
-            result = payload
-        elif kind == "transition" and e.get("to") == Phase.TRAIN_END.value:
-            ended_mid_epoch = e.get("from") in (Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
-        elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
-            step_events.setdefault(gs, []).append(e)
-    if segments > 1:
-        last = [e for e in original[starts[-1]:]
-                if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-        ended_mid_epoch = bool(last) and last[-1].get("from") in (
-            Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
-    interruption = _interruption(original[starts[-1]:])
-    if ended_mid_epoch:
-        # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
-        # measured when it was cut (the exception carries it), not the rest.
-        cut = {str(k): as_float(v) for k, v in _cut_metrics(original[starts[-1]:]).items()}
-        epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
-    level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
-    run_start = dict(start.get("payload") or {})
-    last_start = original[starts[-1]].get("payload") or {}
-    for key in ("max_epochs", "config"):  # a resume may extend the run: its own budget counts
-        if key in last_start:
-            run_start[key] = last_start[key]
-    return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, interruption, segments)
-
-
-def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
-    """The signal that ended the (last segment of the) run, if one did."""
-    for e in events:
-        payload = e.get("payload") or {}
-        if e.get("event") == "exception" and payload.get("interrupt") and str(payload.get("source", "")).startswith(
-                "signal "):
-            words = str(payload["source"]).split()
-            try:
-                signum = int(signal.Signals[words[1]])
-            except (KeyError, IndexError):
-                return None
-            rank = int(words[-1]) if len(words) == 5 and words[2:4] == ["on", "rank"] and words[-1].isdigit() else None
-            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
-                                rank)
-    return None
-
-
-def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
-    for e in events:
-        metrics = (e.get("payload") or {}).get("epoch_metrics") if e.get("event") == "exception" else None
-        if isinstance(metrics, dict):
-            return metrics
-    return {}
-
-
-_SEGMENT_ONLY = frozenset({"run_start", "resume", "transition"})
-
-
-def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
-    """A resumed run's log as the uninterrupted run it continues: from each segment, what happened
-    in the epochs the next segment did not redo; none of the per-process bookkeeping (run_start,
-    resume, transitions, the teardown of a segment that was cut short)."""
-    out: list[dict[str, Any]] = []
-    bounds = [*starts, len(events)]
-    for k in range(len(starts)):
-        seg = events[bounds[k]:bounds[k + 1]]
-        final = k == len(starts) - 1
-        redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
-        for e in seg:
-            if e.get("event") in _SEGMENT_ONLY:
-                continue
-            if k > 0 and e.get("phase") == Phase.TRAIN_BEGIN.value:
-                continue  # a resumed process sets itself up again
-            epoch = e.get("epoch")
-            if redo_from is not None and (not isinstance(epoch, int) or epoch >= redo_from
-                                          or e.get("phase") == Phase.TRAIN_END.value):
-                continue
-            out.append(e)
-    return out
-
-
-def _number_or_value(value: Any) -> Any:
-    """Undo :func:`pipeline.core.events.jsonable`'s spelling of non-finite floats."""
-    return as_float(value) if value in ("NaN", "Infinity", "-Infinity") else value
 
 
 # --- the driver ---------------------------------------------------------------------------------
@@ -423,165 +166,6 @@ class _AttributingSink:
 
     def enabled_for(self, level: str) -> bool:
         return self.log.enabled_for(level)
-
-
-# --- results ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Divergence:
-    """The first event where two traces differ. ``expected``/``found`` are the normalized events
-    (``None`` when that trace has already ended); ``seq`` is the recorded line's own ``seq``."""
-
-    index: int
-    expected: Mapping[str, Any] | None
-    found: Mapping[str, Any] | None
-    seq: int | None = None
-
-    def describe(self) -> str:
-        def show(e: Mapping[str, Any] | None) -> str:
-            return "end of trace" if e is None else json.dumps(e, sort_keys=True)
-
-        at = f"event #{self.index}" + (f" (seq {self.seq})" if self.seq is not None else "")
-        return f"first difference at {at}:\n  expected: {show(self.expected)}\n  found:    {show(self.found)}"
-
-
-@dataclass
-class ReplayResult:
-    """What a replay did. ``stop_reason`` and ``stop_epoch`` are ``None`` when the replay outlived
-    its data (``exhausted_after`` epochs) without stopping: what it would have done is unknown."""
-
-    trace: list[dict[str, Any]]
-    stop_reason: StopReason | None
-    stop_epoch: int | None
-    history: list[EpochRecord]
-    result: TrainResult | None
-    exhausted_after: int | None = None
-    divergence: Divergence | None = None
-    dry_events: list[dict[str, Any]] = field(default_factory=list)
-    recorded_epochs: int | None = None
-    recorded_stop_reason: StopReason | None = None
-    recorded_best_val_loss: float | None = None
-    overrides: tuple[str, ...] = ()
-    unknown_prune_steps: tuple[int, ...] = ()
-    error: Exception | None = None  # what a replayed callback raised (the run then ends with ERROR)
-
-    @property
-    def slots(self) -> list[dict[str, Any]]:
-        """Slot values at the end of each replayed epoch."""
-        return [dict(r.slots) for r in self.history]
-
-    @property
-    def epochs_completed(self) -> int:
-        return len(self.history)
-
-    @property
-    def best_val_loss(self) -> float:
-        finite = [r.val_loss for r in self.history if math.isfinite(r.val_loss)]
-        return min(finite) if finite else math.inf
-
-    @property
-    def stopped_by(self) -> str | None:
-        return self.result.stop.source if self.result is not None and self.result.stop is not None else None
-
-    @property
-    def matches(self) -> bool:
-        return self.divergence is None
-
-    def events(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.trace if e["event"] == kind]
-
-    def warnings(self, source: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in self.events("warning") if source is None or e["payload"].get("source") == source]
-
-    def what_if(self) -> str:
-        """One sentence: what this replay says the run would have done."""
-        setting = _describe_overrides(self.overrides)
-        prefix = f"with {setting} this run" if setting else "this run"
-        if self.stop_reason is None:
-            return (f"{prefix} would not have stopped within the {self.exhausted_after} recorded epochs; "
-                    f"its stop reason is unknown beyond epoch {self.exhausted_after}, where the recording ends")
-        assert self.stop_epoch is not None
-        sentence = f"{prefix} would have stopped at epoch {self.stop_epoch} with {self.stop_reason.name}"
-        if self.recorded_epochs is not None:
-            delta = self.recorded_epochs - self.stop_epoch
-            if delta > 0:
-                sentence += f", saving {delta} epoch{'s' if delta != 1 else ''}"
-            elif delta < 0:
-                sentence += f", running {-delta} more epoch{'s' if delta != -1 else ''}"
-            else:
-                sentence += ", the same number of epochs as recorded"
-            if self.recorded_stop_reason is not None:
-                sentence += f" (recorded: {self.recorded_epochs} epochs, {self.recorded_stop_reason.name})"
-        return sentence
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "overrides": list(self.overrides),
-            "stop_reason": self.stop_reason.value if self.stop_reason else None,
-            "stop_epoch": self.stop_epoch,
-            "stopped_by": self.stopped_by,
-            "exhausted_after": self.exhausted_after,
-            "epochs_completed": self.epochs_completed,
-            "best_val_loss": self.best_val_loss,
-            "recorded_epochs": self.recorded_epochs,
-            "recorded_stop_reason": self.recorded_stop_reason.value if self.recorded_stop_reason else None,
-            "recorded_best_val_loss": self.recorded_best_val_loss,
-            "matches_recording": self.matches,
-            "divergence": None if self.divergence is None else {
-                "index": self.divergence.index, "seq": self.divergence.seq,
-                "expected": self.divergence.expected, "found": self.divergence.found,
-            },
-            "what_if": self.what_if(),
-            "slots": self.slots,
-            "unknown_prune_steps": list(self.unknown_prune_steps),
-        }
-        return dict(jsonable(out))
-
-
-def _describe_overrides(overrides: Sequence[str]) -> str:
-    parts = []
-    for ov in overrides:
-        key, _, value = ov.partition("=")
-        parts.append(f"{key.rsplit('.', 1)[-1].replace('_', ' ')} {value}")
-    return ", ".join(parts)
-
-
-# --- trace comparison ---------------------------------------------------------------------------
-def normalize_event(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event without what legitimately differs between two runs of the same decisions."""
-    out = {k: v for k, v in event.items() if k not in _VOLATILE_KEYS}
-    ignored = _IGNORED_PAYLOAD.get(str(event.get("event")), ())
-    payload = event.get("payload")
-    if ignored and isinstance(payload, Mapping):
-        out["payload"] = {k: v for k, v in payload.items() if k not in ignored}
-    return out
-
-
-def compare_traces(expected: Sequence[Mapping[str, Any]], found: Sequence[Mapping[str, Any]]) -> Divergence | None:
-    """The first index where the normalized traces differ, or ``None`` when they are the same."""
-    for i in range(max(len(expected), len(found))):
-        exp = normalize_event(expected[i]) if i < len(expected) else None
-        got = normalize_event(found[i]) if i < len(found) else None
-        if exp != got:
-            seq = expected[i].get("seq") if i < len(expected) else None
-            return Divergence(i, exp, got, seq if isinstance(seq, int) else None)
-    return None
-
-
-def _comparable_recorded(events: Sequence[Mapping[str, Any]], dry: Sequence[TrainingCallback],
-                         emitted_kinds: set[str]) -> list[Mapping[str, Any]]:
-    """The recorded events a replay can reproduce: the engine's, and the kinds the replayed
-    (non-dry) callbacks write; not those of dry callbacks (found by the source they name), nor
-    callback event kinds nothing in the replay writes (a dry callback's side effects)."""
-    dry_names = {cb.name for cb in dry}
-    keep = []
-    for e in events:
-        kind = str(e.get("event"))
-        payload = e.get("payload") or {}
-        if isinstance(payload, Mapping) and payload.get("source") in dry_names:
-            continue
-        if kind in _CORE_EVENTS or kind in emitted_kinds:
-            keep.append(e)
-    return keep
 
 
 # --- running a replay ---------------------------------------------------------------------------

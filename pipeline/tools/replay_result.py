@@ -1,0 +1,193 @@
+"""What a replay did (:class:`ReplayResult`), and how its trace compares with a recording's.
+
+Two traces are compared event by event once :func:`normalize_event` has dropped what legitimately
+differs between two runs of the same decisions; :func:`compare_traces` names the first
+:class:`Divergence`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.context import EpochRecord
+from pipeline.core.engine import TrainResult
+from pipeline.core.events import jsonable
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.lifecycle import StopReason
+
+__all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
+
+# What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
+# config, strictness), which is the replay's input rather than something that happened.
+_VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
+_IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
+    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain"),
+    "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
+    "epoch": ("seconds", "phase_seconds", "callback_seconds"),
+    "exception": ("traceback",),
+}
+# Events the engine and the run context write themselves; other kinds come from callbacks.
+_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
+
+
+# --- results ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Divergence:
+    """The first event where two traces differ. ``expected``/``found`` are the normalized events
+    (``None`` when that trace has already ended); ``seq`` is the recorded line's own ``seq``."""
+
+    index: int
+    expected: Mapping[str, Any] | None
+    found: Mapping[str, Any] | None
+    seq: int | None = None
+
+    def describe(self) -> str:
+        def show(e: Mapping[str, Any] | None) -> str:
+            return "end of trace" if e is None else json.dumps(e, sort_keys=True)
+
+        at = f"event #{self.index}" + (f" (seq {self.seq})" if self.seq is not None else "")
+        return f"first difference at {at}:\n  expected: {show(self.expected)}\n  found:    {show(self.found)}"
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did. ``stop_reason`` and ``stop_epoch`` are ``None`` when the replay outlived
+    its data (``exhausted_after`` epochs) without stopping: what it would have done is unknown."""
+
+    trace: list[dict[str, Any]]
+    stop_reason: StopReason | None
+    stop_epoch: int | None
+    history: list[EpochRecord]
+    result: TrainResult | None
+    exhausted_after: int | None = None
+    divergence: Divergence | None = None
+    dry_events: list[dict[str, Any]] = field(default_factory=list)
+    recorded_epochs: int | None = None
+    recorded_stop_reason: StopReason | None = None
+    recorded_best_val_loss: float | None = None
+    overrides: tuple[str, ...] = ()
+    unknown_prune_steps: tuple[int, ...] = ()
+    error: Exception | None = None  # what a replayed callback raised (the run then ends with ERROR)
+
+    @property
+    def slots(self) -> list[dict[str, Any]]:
+        """Slot values at the end of each replayed epoch."""
+        return [dict(r.slots) for r in self.history]
+
+    @property
+    def epochs_completed(self) -> int:
+        return len(self.history)
+
+    @property
+    def best_val_loss(self) -> float:
+        finite = [r.val_loss for r in self.history if math.isfinite(r.val_loss)]
+        return min(finite) if finite else math.inf
+
+    @property
+    def stopped_by(self) -> str | None:
+        return self.result.stop.source if self.result is not None and self.result.stop is not None else None
+
+    @property
+    def matches(self) -> bool:
+        return self.divergence is None
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.trace if e["event"] == kind]
+
+    def warnings(self, source: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.events("warning") if source is None or e["payload"].get("source") == source]
+
+    def what_if(self) -> str:
+        """One sentence: what this replay says the run would have done."""
+        setting = _describe_overrides(self.overrides)
+        prefix = f"with {setting} this run" if setting else "this run"
+        if self.stop_reason is None:
+            return (f"{prefix} would not have stopped within the {self.exhausted_after} recorded epochs; "
+                    f"its stop reason is unknown beyond epoch {self.exhausted_after}, where the recording ends")
+        assert self.stop_epoch is not None
+        sentence = f"{prefix} would have stopped at epoch {self.stop_epoch} with {self.stop_reason.name}"
+        if self.recorded_epochs is not None:
+            delta = self.recorded_epochs - self.stop_epoch
+            if delta > 0:
+                sentence += f", saving {delta} epoch{'s' if delta != 1 else ''}"
+            elif delta < 0:
+                sentence += f", running {-delta} more epoch{'s' if delta != -1 else ''}"
+            else:
+                sentence += ", the same number of epochs as recorded"
+            if self.recorded_stop_reason is not None:
+                sentence += f" (recorded: {self.recorded_epochs} epochs, {self.recorded_stop_reason.name})"
+        return sentence
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "overrides": list(self.overrides),
+            "stop_reason": self.stop_reason.value if self.stop_reason else None,
+            "stop_epoch": self.stop_epoch,
+            "stopped_by": self.stopped_by,
+            "exhausted_after": self.exhausted_after,
+            "epochs_completed": self.epochs_completed,
+            "best_val_loss": self.best_val_loss,
+            "recorded_epochs": self.recorded_epochs,
+            "recorded_stop_reason": self.recorded_stop_reason.value if self.recorded_stop_reason else None,
+            "recorded_best_val_loss": self.recorded_best_val_loss,
+            "matches_recording": self.matches,
+            "divergence": None if self.divergence is None else {
+                "index": self.divergence.index, "seq": self.divergence.seq,
+                "expected": self.divergence.expected, "found": self.divergence.found,
+            },
+            "what_if": self.what_if(),
+            "slots": self.slots,
+            "unknown_prune_steps": list(self.unknown_prune_steps),
+        }
+        return dict(jsonable(out))
+
+
+def _describe_overrides(overrides: Sequence[str]) -> str:
+    parts = []
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        parts.append(f"{key.rsplit('.', 1)[-1].replace('_', ' ')} {value}")
+    return ", ".join(parts)
+
+
+# --- trace comparison ---------------------------------------------------------------------------
+def normalize_event(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event without what legitimately differs between two runs of the same decisions."""
+    out = {k: v for k, v in event.items() if k not in _VOLATILE_KEYS}
+    ignored = _IGNORED_PAYLOAD.get(str(event.get("event")), ())
+    payload = event.get("payload")
+    if ignored and isinstance(payload, Mapping):
+        out["payload"] = {k: v for k, v in payload.items() if k not in ignored}
+    return out
+
+
+def compare_traces(expected: Sequence[Mapping[str, Any]], found: Sequence[Mapping[str, Any]]) -> Divergence | None:
+    """The first index where the normalized traces differ, or ``None`` when they are the same."""
+    for i in range(max(len(expected), len(found))):
+        exp = normalize_event(expected[i]) if i < len(expected) else None
+        got = normalize_event(found[i]) if i < len(found) else None
+        if exp != got:
+            seq = expected[i].get("seq") if i < len(expected) else None
+            return Divergence(i, exp, got, seq if isinstance(seq, int) else None)
+    return None
+
+
+def _comparable_recorded(events: Sequence[Mapping[str, Any]], dry: Sequence[TrainingCallback],
+                         emitted_kinds: set[str]) -> list[Mapping[str, Any]]:
+    """The recorded events a replay can reproduce: the engine's, and the kinds the replayed
+    (non-dry) callbacks write; not those of dry callbacks (found by the source they name), nor
+    callback event kinds nothing in the replay writes (a dry callback's side effects)."""
+    dry_names = {cb.name for cb in dry}
+    keep = []
+    for e in events:
+        kind = str(e.get("event"))
+        payload = e.get("payload") or {}
+        if isinstance(payload, Mapping) and payload.get("source") in dry_names:
+            continue
+        if kind in _CORE_EVENTS or kind in emitted_kinds:
+            keep.append(e)
+    return keep
