@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from pipeline.core import BaseDriver, Engine, Interrupted, TrainResult
 from pipeline.core.context import EpochContext, EpochRecord, RunContext, Slot, StepContext, epoch_number
-from pipeline.core.engine import BaseDriver, Engine, Interrupted, TrainResult
 from pipeline.core.events import EVENTS_FILE, EventLog, as_float, jsonable, read_events
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase, StopReason
