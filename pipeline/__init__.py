@@ -31,9 +31,9 @@ _EXPORTS: dict[str, str] = {
     "SlotScope": "pipeline.core.context",
     "StepContext": "pipeline.core.context",
     "StopRequest": "pipeline.core.context",
-    "Driver": "pipeline.core.engine",
+    "Driver": "pipeline.core.driver",
     "Engine": "pipeline.core.engine",
-    "TrainResult": "pipeline.core.engine",
+    "TrainResult": "pipeline.core.result",
     "ReplaySupport": "pipeline.core.hooks",
     "Tier": "pipeline.core.hooks",
     "TrainingCallback": "pipeline.core.hooks",
@@ -119,9 +119,11 @@ if TYPE_CHECKING:
         StepContext,
         StopRequest,
     )
-    from pipeline.core.engine import Driver, Engine, TrainResult
+    from pipeline.core.driver import Driver
+    from pipeline.core.engine import Engine
     from pipeline.core.events import EventLog, read_events
     from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
     from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
     from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
+    from pipeline.core.result import TrainResult
     from pipeline.core.runner import CallbackOrderError, CallbackRunner

@@ -23,7 +23,8 @@ from pipeline import (
 )
 from pipeline.core.checks import hook_hint, suggest_hook
 from pipeline.core.context import CheckpointContext, EpochContext, RunContext
-from pipeline.core.engine import BaseDriver, Engine
+from pipeline.core.driver import BaseDriver
+from pipeline.core.engine import Engine
 from pipeline.core.events import EventLog
 from pipeline.core.lifecycle import HOOKS
 

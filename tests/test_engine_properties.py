@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.engine import BaseDriver, Engine, Interrupted
+from pipeline.core.driver import BaseDriver
+from pipeline.core.engine import Engine, Interrupted
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.lifecycle import Phase, StopReason, legal_moves

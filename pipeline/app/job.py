@@ -38,12 +38,13 @@ from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
-from pipeline.core.engine import Interrupted, TrainResult
+from pipeline.core.engine import Interrupted
 from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.registry import GlobalRegistrationError
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackOrderError, CallbackRunner
-from pipeline.training.checkpoint import atomic_write_bytes
+from pipeline.training.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     import optuna

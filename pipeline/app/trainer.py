@@ -18,11 +18,12 @@ from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
-from pipeline.core.engine import Engine, TrainResult
+from pipeline.core.engine import Engine
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
-from pipeline.training.checkpoint import atomic_write_bytes
+from pipeline.training.atomic import atomic_write_bytes
 from pipeline.training.distributed import (
     TorchCollective,
     shard_train_loader,

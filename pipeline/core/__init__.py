@@ -1,5 +1,6 @@
 """The machine, torch-free: the lifecycle table and the machine built from it, typed contexts and
-slots, ``TrainingCallback``, the global registry, the runner, the engine and the event log."""
+slots, ``TrainingCallback``, the global registry, the runner, the engine (its driver contract, its
+result) and the event log."""
 
 from pipeline.core.checks import CallbackDefinitionError, SlotWriteError
 from pipeline.core.context import (
@@ -13,11 +14,13 @@ from pipeline.core.context import (
     StepContext,
     StopRequest,
 )
-from pipeline.core.engine import BaseDriver, Driver, Engine, Interrupted, TrainResult
+from pipeline.core.driver import BaseDriver, Driver
+from pipeline.core.engine import Engine, Interrupted
 from pipeline.core.events import EventLog, read_events
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
 from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackOrderError, CallbackRunner
 
 __all__ = [

@@ -8,8 +8,8 @@ happens on a move is the machine's handler for that transition, compiled here fr
 After a move the engine checks the machine moved where the table allows, so a broken machine
 (one that accepts every trigger, or never changes state) stops the run instead of faking it.
 
-It knows nothing of torch. Training (``pipeline.training.driver.TorchDriver``) and replay
-(``pipeline.tools.replay``) are drivers; both take exactly this code path.
+It knows nothing of torch: what it drives is a :class:`~pipeline.core.driver.Driver`. Training and
+replay are drivers; both take exactly this code path.
 
 Per batch, the internal ``batch`` transition runs on a fast path: a compiled copy of that declared
 transition (its guards as bound predicates, its handler list) that loops for as long as the guard
@@ -23,14 +23,12 @@ second interrupt arrives; the first error is raised after all have run.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pipeline.core.consensus import Collective, decide, proposal_of
 from pipeline.core.context import (
@@ -42,6 +40,7 @@ from pipeline.core.context import (
     StopRequest,
     ValStepContext,
 )
+from pipeline.core.driver import Driver
 from pipeline.core.lifecycle import (
     ABORT,
     BATCH,
@@ -64,6 +63,7 @@ from pipeline.core.lifecycle import (
     transition_for,
     triggers_from,
 )
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
@@ -86,113 +86,6 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum
         where = "" if rank is None else f" on rank {rank}"
         super().__init__(f"signal {signal.Signals(signum).name} received{where}")
-
-
-class Driver(Protocol):
-    """Where the numbers come from. Each method is an :class:`~pipeline.core.lifecycle.Action` of the
-    program, called by the machine's handlers at its place in the table."""
-
-    def current_lr(self) -> float | None: ...
-
-    def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        """Prepare an epoch (e.g. ``model.train()``) and return its training batches."""
-
-    def forward(self, step: StepContext) -> None: ...
-
-    def backward(self, step: StepContext) -> None: ...
-
-    def optimizer_step(self, step: StepContext) -> None: ...
-
-    def zero_grad(self, step: StepContext) -> None: ...
-
-    def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        """Metrics of the epoch's training part (at least ``train_loss``), read once per epoch."""
-
-    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        """The validation batches (none when there is no validation)."""
-
-    def val_batch(self, step: ValStepContext) -> None:
-        """Evaluate one validation batch: set ``step.output`` and ``step.loss``, accumulate."""
-
-    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
-        """Validation metrics (``val_loss`` and any others); empty when there is no validation."""
-
-    def step_scheduler(self, epoch: EpochContext) -> None: ...
-
-    def end_run(self, run: RunContext) -> None: ...
-
-
-class BaseDriver:
-    """No-op defaults for the driver actions a driver has nothing to do in (replay, tests)."""
-
-    def current_lr(self) -> float | None:
-        return None
-
-    def forward(self, step: StepContext) -> None:
-        return None
-
-    def backward(self, step: StepContext) -> None:
-        return None
-
-    def optimizer_step(self, step: StepContext) -> None:
-        return None
-
-    def zero_grad(self, step: StepContext) -> None:
-        return None
-
-    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        return iter(())
-
-    def val_batch(self, step: ValStepContext) -> None:
-        return None
-
-    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
-        return {}
-
-    def step_scheduler(self, epoch: EpochContext) -> None:
-        return None
-
-    def end_run(self, run: RunContext) -> None:
-        return None
-
-
-@dataclass
-class TrainResult:
-    """What ``fit()`` returns. ``objective`` is the best finite ``val_loss`` (``inf`` for NAN)."""
-
-    run_id: str
-    stop_reason: StopReason
-    stop: StopRequest | None
-    epochs_completed: int
-    last_val_loss: float
-    best_val_loss: float
-    best_epoch: int | None
-    objective: float
-    history: list[EpochRecord] = field(default_factory=list)
-    global_step: int = 0
-    run_dir: str | None = None
-
-    @classmethod
-    def from_run(cls, run: RunContext, reason: StopReason) -> TrainResult:
-        vals = [(r.val_loss, r.epoch) for r in run.history if math.isfinite(r.val_loss)]
-        best, best_epoch = min(vals) if vals else (math.inf, None)
-        last = run.history[-1].val_loss if run.history else math.nan
-        objective = math.inf if reason is StopReason.NAN else best
-        return cls(run.run_id, reason, run.stop, len(run.history), last, best, best_epoch, objective,
-                   list(run.history), run.global_step, None if run.run_dir is None else str(run.run_dir))
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "stop_reason": self.stop_reason.value,
-            "stop_source": self.stop.source if self.stop else None,
-            "stop_message": self.stop.message if self.stop else None,
-            "epochs_completed": self.epochs_completed,
-            "last_val_loss": self.last_val_loss,
-            "best_val_loss": self.best_val_loss,
-            "best_epoch": self.best_epoch,
-            "objective": self.objective,
-            "global_step": self.global_step,
-        }
 
 
 class _MachineModel:

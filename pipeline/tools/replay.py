@@ -1,6 +1,6 @@
 """State replay: re-drive the lifecycle machine and the real callbacks from recorded or synthetic values.
 
-Replay is one more :class:`pipeline.core.engine.Driver`. It runs the same :class:`~pipeline.core.engine.Engine`,
+Replay is one more :class:`pipeline.core.driver.Driver`. It runs the same :class:`~pipeline.core.engine.Engine`,
 the same ``transitions`` machine and the same callbacks as training; only the numbers differ in
 origin: each epoch's learning rate, train loss, validation loss and metrics come from a run's
 ``events.jsonl`` (:func:`replay_run`) or from lists (:func:`replay_losses`), never from a model.
@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipeline.core.context import EpochContext, RunContext, Slot, StepContext, epoch_number
-from pipeline.core.engine import BaseDriver, Engine, Interrupted, TrainResult
+from pipeline.core.driver import BaseDriver
+from pipeline.core.engine import Engine, Interrupted
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.tools.replay_cli import register_cli  # the CLI lives apart: registering it imports no torch
 from pipeline.tools.replay_ranks import RecordedRanks, recorded_ranks

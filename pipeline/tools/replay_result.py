@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.context import EpochRecord
-from pipeline.core.engine import TrainResult
 from pipeline.core.events import jsonable
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.lifecycle import StopReason
+from pipeline.core.result import TrainResult
 
 __all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
 

@@ -2,41 +2,39 @@
 
 A checkpoint is one ``torch.save`` of a plain dict that ``torch.load(weights_only=True)`` accepts:
 tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
-ints for that reason). It holds the model, optimizer and scheduler state, every stateful
-callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
+ints for that reason: :mod:`pipeline.training.rng`). It holds the model, optimizer and scheduler
+state, every stateful callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
 ``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
 
 Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
 ``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
-Every write is atomic: a temp file in the same folder, fsync, ``os.replace``, fsync of the folder;
-a file exists for the audit and for resume only once the log has committed it (see
-:class:`CheckpointManager`), and loads check the bytes against the committed sha256. The write may
-run on a background thread (:mod:`pipeline.training.checkpoint_writer`).
+Every write is atomic (:mod:`pipeline.training.atomic`); a file exists for the audit and for resume
+only once the log has committed it (see :class:`CheckpointManager`), and loads check the bytes
+against the committed sha256. The write may run on a background thread
+(:mod:`pipeline.training.checkpoint_writer`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import math
 import os
 import pickle
-import random
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from pipeline.core.events import EVENTS_FILE
+from pipeline.training.atomic import atomic_link, atomic_write_bytes, fsync_dir
 from pipeline.training.checkpoint_writer import PendingWrite
+from pipeline.training.rng import capture_rng_state
 
 __all__ = [
     "FORMAT_VERSION",
@@ -46,12 +44,9 @@ __all__ = [
     "SavedCheckpoint",
     "WritePlan",
     "Written",
-    "atomic_link",
-    "capture_rng_state",
     "committed_sha256",
     "load_checkpoint",
     "read_history",
-    "restore_rng_state",
     "sha256_of",
 ]
 
@@ -78,93 +73,6 @@ def sha256_of(path: str | Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-# --- RNG states in a weights_only-safe form ---------------------------------------------------
-def capture_rng_state() -> dict[str, Any]:
-    """Python, numpy, torch (and CUDA when present) RNG states as tensors / lists of ints."""
-    version, internal, gauss_next = random.getstate()
-    np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        # one tensor, not 625 ints: each pickled object costs torch.save a persistent_id call
-        "python": {"version": int(version), "state": torch.from_numpy(np.array(internal, dtype=np.int64)),
-                   "gauss_next": gauss_next},
-        "numpy": {
-            "kind": str(np_kind),
-            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_cached),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Inverse of :func:`capture_rng_state` (used by resume)."""
-    py = state["python"]
-    internal = py["state"].tolist() if isinstance(py["state"], torch.Tensor) else py["state"]
-    random.setstate((py["version"], tuple(int(v) for v in internal), py["gauss_next"]))
-    npst = state["numpy"]
-    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
-                         npst["has_gauss"], npst["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-
-
-# --- atomic file writes -----------------------------------------------------------------------
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a folder; the rename is still atomic there
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never a part.
-    ``sync_dir=False`` leaves the folder's fsync to the caller, who makes several renames durable at once."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
-
-
-def atomic_link(source: Path, path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Make ``path`` another name of ``source`` (whose bytes are ``data``), atomically: a hard link
-    under a temp name renamed over ``path``; a copy where the file system has no hard links."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        os.link(source, tmp)
-    except OSError:
-        atomic_write_bytes(path, data, sync_dir=sync_dir)
-        return
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
 
 
 def _callback_states(run: RunContext) -> dict[str, Any]:
@@ -412,7 +320,7 @@ class CheckpointManager:
             saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
         for path in plan.remove:
             path.unlink(missing_ok=True)
-        _fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
+        fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
         return Written(tuple(saved), plan.remove, plan.chain_head)
 
     def submit(self, plan: WritePlan, commit: Callable[[Written], None]) -> None:
@@ -436,7 +344,7 @@ class CheckpointManager:
         for path in removed:
             path.unlink(missing_ok=True)
         if removed:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return removed
 
     def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:

@@ -28,9 +28,9 @@ from pipeline.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     read_history,
-    restore_rng_state,
     sha256_of,
 )
+from pipeline.training.rng import restore_rng_state
 
 __all__ = ["ResumeError", "Resumption", "find_resumption", "read_log_tail"]
 

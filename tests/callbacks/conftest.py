@@ -13,9 +13,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.engine import BaseDriver, Engine, TrainResult
+from pipeline.core.driver import BaseDriver
+from pipeline.core.engine import Engine
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
+from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 
 

@@ -10,11 +10,10 @@ from pipeline import Trainer, TrainingCallback, read_events
 from pipeline.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
-    capture_rng_state,
     load_checkpoint,
-    restore_rng_state,
     sha256_of,
 )
+from pipeline.training.rng import capture_rng_state, restore_rng_state
 
 
 class AddsState(TrainingCallback):
@@ -112,7 +111,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pipeline.training.checkpoint.os.replace", boom)
+    monkeypatch.setattr("pipeline.training.atomic.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):
         _train(tiny, tmp_path / "again", 1, [cb])
     monkeypatch.undo()

@@ -1,0 +1,52 @@
+"""What a run ends with: :class:`TrainResult`, made by the engine from the run's context when the
+``result`` event is written at ``train_end``, and returned by ``fit()``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core.context import EpochRecord, RunContext, StopRequest
+from pipeline.core.lifecycle import StopReason
+
+__all__ = ["TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    """What ``fit()`` returns. ``objective`` is the best finite ``val_loss`` (``inf`` for NAN)."""
+
+    run_id: str
+    stop_reason: StopReason
+    stop: StopRequest | None
+    epochs_completed: int
+    last_val_loss: float
+    best_val_loss: float
+    best_epoch: int | None
+    objective: float
+    history: list[EpochRecord] = field(default_factory=list)
+    global_step: int = 0
+    run_dir: str | None = None
+
+    @classmethod
+    def from_run(cls, run: RunContext, reason: StopReason) -> TrainResult:
+        vals = [(r.val_loss, r.epoch) for r in run.history if math.isfinite(r.val_loss)]
+        best, best_epoch = min(vals) if vals else (math.inf, None)
+        last = run.history[-1].val_loss if run.history else math.nan
+        objective = math.inf if reason is StopReason.NAN else best
+        return cls(run.run_id, reason, run.stop, len(run.history), last, best, best_epoch, objective,
+                   list(run.history), run.global_step, None if run.run_dir is None else str(run.run_dir))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "stop_reason": self.stop_reason.value,
+            "stop_source": self.stop.source if self.stop else None,
+            "stop_message": self.stop.message if self.stop else None,
+            "epochs_completed": self.epochs_completed,
+            "last_val_loss": self.last_val_loss,
+            "best_val_loss": self.best_val_loss,
+            "best_epoch": self.best_epoch,
+            "objective": self.objective,
+            "global_step": self.global_step,
+        }
