@@ -285,3 +285,26 @@ def test_run_dir_pointing_at_a_file_and_an_unwritable_parent(tmp_path: Path) -> 
         locked.chmod(0o700)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "cannot create run directory" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.timeout(300)
+def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_yaml(tmp_path: Path) -> None:
+    """Found: `fsmtrain resume RUN --set seeds=[5]` trained seed 0 on and rewrote config.yaml with seeds [5]."""
+    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
+                    cwd=tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    config = (tmp_path / RUN / "config.yaml").read_bytes()
+    events = (tmp_path / RUN / "events.jsonl").read_bytes()
+    for change, named in (("seeds=[5]", "seeds ([5] leaves out seed 0"),
+                          ("optimizer_config.lr=0.5", "optimizer_config.lr (0.003 -> 0.5)")):
+        proc = fsmtrain("resume", str(RUN), "--set", "epochs=2", "--set", change, cwd=tmp_path)
+        out, err = proc.communicate(timeout=120)
+        text = out.decode() + err.decode()
+        assert proc.returncode == 2, text
+        assert named in text and "Traceback" not in text, text
+        assert (tmp_path / RUN / "config.yaml").read_bytes() == config
+        assert (tmp_path / RUN / "events.jsonl").read_bytes() == events
+    proc = fsmtrain("resume", str(RUN), "--set", "epochs=2", "--set", "seeds=[0,5]", cwd=tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]  # a seed added beside this run's own is no change to it

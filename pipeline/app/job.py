@@ -202,12 +202,16 @@ def train_seed(
     path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
     if resume:
         before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
-        if before is not None:
-            changed = config_differences(before, resolved)
-            if changed:
-                raise ConfigError([ConfigProblem(
-                    "resume", "the model, optimizer, data and seed the run was trained with",
-                    "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
+        changed = config_differences(before, resolved) if before is not None else []
+        # `seeds` may change between resumes of a job (a seed added to the list starts its own run),
+        # but the list must still hold this run's seed: else the config.yaml written below would
+        # name seeds that the run was never trained with.
+        if seed not in cfg.seeds:
+            changed.append(f"seeds ({cfg.seeds!r} leaves out seed {seed}, which the run was trained with)")
+        if changed:
+            raise ConfigError([ConfigProblem(
+                "resume", "the model, optimizer, data and seed the run was trained with",
+                "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
     try:
         parts = build_parts(cfg, seed)
         callbacks = [*build_callbacks(cfg, run_dir=path, trial=trial), *extra_callbacks]
