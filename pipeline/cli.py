@@ -212,9 +212,8 @@ def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_config
-    from pipeline.app.job import recorded_seed, train_seed
-    from pipeline.app.launch import recorded_world_size
-    from pipeline.training.resume import ResumeError
+    from pipeline.app.job import train_seed
+    from pipeline.training.resume import ResumeError, recorded_start
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -223,11 +222,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.device:
         overrides.append(f"device={args.device}")
     cfg = load_config(run_dir / "config.yaml", overrides)
-    world = recorded_world_size(run_dir)
+    recorded = recorded_start(run_dir)
+    world = recorded.world_size
     code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
     if code is not None:
         return code
-    seed = recorded_seed(run_dir)
+    seed = recorded.seed
     collective = _join_ranks(cfg)
     try:
         ranks = collective.world_size if collective is not None else 1
@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
-_USER_ERRORS = (("pipeline.app.config", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
+_USER_ERRORS = (("pipeline.app.config_problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
                 ("pipeline.training.resume", "ResumeError"))
 
 

@@ -308,3 +308,30 @@ def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_y
     proc = fsmtrain("resume", str(RUN), "--set", "epochs=2", "--set", "seeds=[0,5]", cwd=tmp_path)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]  # a seed added beside this run's own is no change to it
+
+
+@pytest.mark.timeout(300)
+def test_resume_of_a_run_dir_whose_log_is_gone_or_garbage_is_a_one_line_error(tmp_path: Path) -> None:
+    """Found: a missing events.jsonl gave a FileNotFoundError traceback, a binary one a UnicodeDecodeError."""
+    import shutil
+
+    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
+                    cwd=tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    cases = {"gone": None, "binary": bytes(range(256)) * 2, "no run_start": b'{"event": "epoch"}\n'}
+    for name, content in cases.items():
+        run = tmp_path / name
+        shutil.copytree(tmp_path / RUN, run)
+        log = run / "events.jsonl"
+        if content is None:
+            log.unlink()
+        else:
+            log.write_bytes(content)
+        before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
+        proc = fsmtrain("resume", str(run), "--set", "epochs=2", cwd=tmp_path)
+        out, err = proc.communicate(timeout=120)
+        text = out.decode() + err.decode()
+        assert proc.returncode == 2 and "Traceback" not in text, (name, text)
+        assert str(run) in text and ("no events.jsonl" in text if content is None else "no run_start" in text), text
+        assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before

@@ -39,7 +39,6 @@ from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import Interrupted
-from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.registry import GlobalRegistrationError
 from pipeline.core.result import TrainResult
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE", "MODEL_FILE", "RunParts", "SeedRun", "build_parts", "config_differences", "config_fingerprint",
-    "recorded_seed", "run_name_for", "runs_root", "train_seed",
+    "run_name_for", "runs_root", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -269,19 +268,6 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
         return
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
-
-
-def recorded_seed(run_dir: Path) -> int:
-    """The seed a run directory was trained with (its first ``run_start`` event)."""
-    with open(run_dir / EVENTS_FILE, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == "run_start" and isinstance((rec.get("payload") or {}).get("seed"), int):
-                return int(rec["payload"]["seed"])
-    raise ConfigError([ConfigProblem("resume", "a run_start event with the run's seed", f"none in {run_dir}")])
 
 
 def _check_callbacks(callbacks: Sequence[TrainingCallback]) -> None:

@@ -9,15 +9,11 @@ a signal that killed it as 128 + its number.
 
 from __future__ import annotations
 
-import json
 import sys
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
-from pipeline.core.events import EVENTS_FILE
-
-__all__ = ["launch_workers", "recorded_world_size", "without_nproc"]
+__all__ = ["launch_workers", "without_nproc"]
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:
@@ -56,20 +52,3 @@ def launch_workers(nproc: int, argv: Sequence[str], *, monitor_interval: float =
     except SignalException as exc:  # the launcher itself was signalled; its workers were told too
         return 128 + int(exc.sigval)
     return 0
-
-
-def recorded_world_size(run_dir: Path) -> int:
-    """How many ranks trained the run in ``run_dir`` (its first ``run_start``; 1 when it says none)."""
-    log = run_dir / EVENTS_FILE
-    if not log.is_file():
-        return 1
-    with open(log, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "run_start":
-                world = (rec.get("payload") or {}).get("world_size")
-                return world if isinstance(world, int) and world > 0 else 1
-    return 1

@@ -32,13 +32,45 @@ from pipeline.training.checkpoint import (
 )
 from pipeline.training.rng import restore_rng_state
 
-__all__ = ["ResumeError", "Resumption", "find_resumption", "read_log_tail"]
+__all__ = ["RecordedStart", "ResumeError", "Resumption", "find_resumption", "read_log_tail", "recorded_start"]
 
 _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
 
 
 class ResumeError(ValueError):
     """The run cannot be continued: no log, no committed checkpoint left, or a mismatch."""
+
+
+@dataclass(frozen=True)
+class RecordedStart:
+    """What a run directory's first ``run_start`` says of how the run was trained."""
+
+    seed: int
+    world_size: int  # how many ranks trained it (1 when the log names none)
+
+
+def recorded_start(run_dir: Path) -> RecordedStart:
+    """The seed and world size of the run in ``run_dir``, from its log's first ``run_start``."""
+    log = run_dir / EVENTS_FILE
+    if not log.is_file():
+        raise ResumeError(f"{run_dir} has no {EVENTS_FILE}: there is no run to resume there")
+    with open(log, "rb") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)  # bytes that are not UTF-8 raise a ValueError too
+            except ValueError:
+                continue
+            if not (isinstance(rec, dict) and rec.get("event") == "run_start"):
+                continue
+            payload = rec.get("payload")
+            if not isinstance(payload, dict):
+                break
+            seed, world = payload.get("seed"), payload.get("world_size")
+            if type(seed) is not int:
+                break
+            return RecordedStart(seed, world if type(world) is int and world > 0 else 1)
+    raise ResumeError(f"{log} holds no run_start event with the run's seed: it is not the log of an fsmtrain "
+                      "run, or it was damaged (fsmtrain audit tells which)")
 
 
 @dataclass(frozen=True)
