@@ -196,3 +196,14 @@ def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
     message = str(info.value)
     assert "expected valid YAML" in message and "at line 2, column 7" in message
     assert "^" not in message  # PyYAML's source snippet is not pasted into the one-line problem
+
+
+@pytest.mark.parametrize("name", ["val_loss", "train_loss", "lr"])
+def test_a_metric_named_like_a_builtin_one_is_refused(name: str) -> None:
+    """Found: `metrics: {val_loss: ...accuracy}` trained, and early stopping, best checkpoint and the
+    objective all ran on accuracy, minimised."""
+    accuracy = "pipeline.training.models.accuracy"
+    found = problems(minimal(metrics={name: accuracy, "acc": accuracy}))
+    assert set(found) == {"metrics"}
+    assert f"{name} would replace fsmtrain's own" in found["metrics"].expected
+    config_from_dict(minimal(metrics={"val_accuracy": accuracy}))  # any other name is fine

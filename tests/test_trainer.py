@@ -333,3 +333,9 @@ def test_bad_arguments_get_clear_errors() -> None:
     with pytest.raises(TypeError, match="a batch must be"):
         Trainer(model, opt, nn.MSELoss(), [torch.zeros(1, 8)], max_epochs=1, console_level="error",
                 default_callbacks=False).fit()
+
+
+def test_a_metric_named_like_a_builtin_one_is_refused_by_the_trainer(tmp_path: Path) -> None:
+    """The Python API refuses what the config schema refuses: a metric that would replace val_loss."""
+    with pytest.raises(ValueError, match="metrics named val_loss would replace"):
+        make_trainer(tmp_path, metrics={"val_loss": lambda out, y: (out - y).abs().mean()})

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from pipeline.app.config_problems import ConfigProblem, closest
 from pipeline.app.config_yaml import override_of
+from pipeline.core.context import BUILTIN_METRICS
 
 
 class _Section(BaseModel):
@@ -253,6 +254,15 @@ class RunConfig(_Section):
         dupes = sorted({s for s in v if v.count(s) > 1})
         if dupes:
             raise ValueError(f"unique seeds; {dupes} repeated")
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(BUILTIN_METRICS & set(v))
+        if taken:
+            raise ValueError(f"metric names other than {', '.join(sorted(BUILTIN_METRICS))} (fsmtrain computes "
+                             f"those itself); {', '.join(taken)} would replace fsmtrain's own")
         return v
 
     @field_validator("project", "name")

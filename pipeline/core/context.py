@@ -64,6 +64,11 @@ class StopRequest:
     phase: Phase
 
 
+# The epoch metrics the engine and the driver write themselves: a user's metric of one of these names
+# would replace the value that early stopping, checkpoints and the objective read.
+BUILTIN_METRICS: frozenset[str] = frozenset({"lr", "train_loss", "val_loss"})
+
+
 @dataclass
 class EpochRecord:
     """One finished epoch as the history keeps it."""

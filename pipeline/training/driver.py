@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.core.context import EpochContext, RunContext, StepContext, ValStepContext
+from pipeline.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from pipeline.training.precision import PrecisionPolicy
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
@@ -82,6 +82,10 @@ class TorchDriver:
         self.scheduler = scheduler
         self.device = device
         self.metrics = dict(metrics or {})
+        taken = sorted(BUILTIN_METRICS & set(self.metrics))
+        if taken:
+            raise ValueError(f"metrics named {', '.join(taken)} would replace the values fsmtrain computes under those "
+                             f"names; name them otherwise (reserved: {', '.join(sorted(BUILTIN_METRICS))})")
         self.scheduler_monitor = scheduler_monitor
         self._move = device.type != "cpu"
         self._loss_sum = torch.zeros((), device=device)
