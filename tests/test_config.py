@@ -207,3 +207,18 @@ def test_a_metric_named_like_a_builtin_one_is_refused(name: str) -> None:
     assert set(found) == {"metrics"}
     assert f"{name} would replace fsmtrain's own" in found["metrics"].expected
     config_from_dict(minimal(metrics={"val_accuracy": accuracy}))  # any other name is fine
+
+
+def test_a_loss_function_takes_output_and_target_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: `criterion: torch.nn.functional.mse_loss` (the README says "loss class or function") was
+    refused, asking criterion_config for `input` and `target`: the call's own two arguments."""
+    (tmp_path / "mylosses.py").write_text(
+        "def scaled(output, target, scale):\n    return scale * ((output - target) ** 2).mean()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # a user's function is imported, torch's read from source
+    config_from_dict(minimal(criterion="torch.nn.functional.mse_loss"))
+    config_from_dict(minimal(criterion="torch.nn.functional.huber_loss", criterion_config={"delta": 0.5}))
+    config_from_dict(minimal(criterion="mylosses.scaled", criterion_config={"scale": 2.0}))
+    found = problems(minimal(criterion="torch.nn.functional.huber_loss", criterion_config={"dlta": 0.5}))
+    assert found["criterion_config.dlta"].suggestion == "delta"
+    found = problems(minimal(criterion="mylosses.scaled"))
+    assert set(found) == {"criterion_config.scale"}  # output and target are fsmtrain's to pass

@@ -183,6 +183,12 @@ _KIND_BASES: dict[Kind, frozenset[str]] = {
 _FUNCTION_KINDS = frozenset({Kind.LOSS, Kind.DATA, Kind.METRIC})
 
 
+def _leading_args(kind: Kind, is_class: bool, positional: int) -> int:
+    """How many leading arguments fsmtrain passes before the ``*_config`` kwargs: a loss function is
+    called as ``fn(output, target, **criterion_config)``, a loss class built from the kwargs alone."""
+    return 2 if kind is Kind.LOSS and not is_class else positional
+
+
 def _fine_from_source(
     value: str, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int, supplied: Sequence[str],
 ) -> bool:
@@ -200,7 +206,8 @@ def _fine_from_source(
         return False
     if kwargs_path is None or not isinstance(kwargs, Mapping):
         return True
-    return not _signature_problems(found.signature, found.qualname, kwargs, kwargs_path, positional, supplied)
+    leading = _leading_args(kind, found.is_class, positional)
+    return not _signature_problems(found.signature, found.qualname, kwargs, kwargs_path, leading, supplied)
 
 
 def _check_target(
@@ -220,7 +227,7 @@ def _check_target(
     if kwargs_path is None or not isinstance(kwargs, Mapping):
         return []
     # signature(cls) is the constructor without self
-    return kwarg_problems(obj, kwargs, kwargs_path, positional, supplied)
+    return kwarg_problems(obj, kwargs, kwargs_path, _leading_args(kind, inspect.isclass(obj), positional), supplied)
 
 
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
