@@ -195,3 +195,22 @@ def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path
               "fsmtrain validate: config configs/typo.yaml: data: expected an importable dotted path to a data builder "
               "function (batch_size=, seed=, **data_config) -> (train, val); found no module named 'mydatx' (did you "
               "mean mydata.build?)")
+
+
+def test_an_extra_callback_that_rejects_its_kwargs_is_named_by_validate_and_train(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: validate passed `callbacks.extra: [{target: callbacks.EarlyStoppingCallback, kwargs:
+    {patience: -1}}]`, and train then died with a ValueError traceback."""
+    extra = "callbacks.extra=[{target: callbacks.EarlyStoppingCallback, kwargs: {patience: -1}}]"
+    _write(tmp_path, "c.yaml")
+    line = (f"--set {extra}: callbacks.extra.0.kwargs.patience: expected a value callbacks.EarlyStoppingCallback "
+            "accepts; found -1 (ValueError: patience must be an integer >= 1, got -1)")
+    _one_line(_main("validate", "c.yaml", "--set", extra, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
+              f"fsmtrain validate: {line}")
+    done = _main("train", "c.yaml", "--set", extra, "--run-dir", "runs", cwd=tmp_path, capsys=capsys,
+                 monkeypatch=monkeypatch)
+    assert done.returncode == 2 and f"fsmtrain train: {line}" in done.stderr.splitlines(), done.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*"))
+    ok = "callbacks.extra=[{target: callbacks.EarlyStoppingCallback, kwargs: {patience: 3}}]"
+    done = _main("validate", "c.yaml", "--set", ok, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert done.returncode == 0 and "built model, loss, optimizer, scheduler, extra callbacks" in done.stdout

@@ -16,7 +16,9 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.app.config import ConfigError, ConfigProblem, RunConfig, resolve_dotted
+from pipeline.app.config_problems import ConfigError, ConfigProblem
+from pipeline.app.config_resolution import resolve_dotted
+from pipeline.app.config_schema import RunConfig
 
 __all__ = ["blamed", "check_builds", "check_data_arguments"]
 
@@ -91,10 +93,11 @@ def _fits(value: Any, want: type) -> bool:
 
 def check_builds(cfg: RunConfig) -> list[str]:
     """What ``validate`` builds: the model, the loss, the optimizer and scheduler on one dummy
-    parameter, and the data builder's arguments. Returns what was built, for the summary line."""
+    parameter, the user's extra callbacks, and the data builder's arguments. Returns what was
+    built, for the summary line."""
     import torch
 
-    from pipeline.app.config import build_criterion
+    from pipeline.app.builders import build_criterion, build_extra_callbacks
 
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config)
     if not isinstance(model, torch.nn.Module):
@@ -110,5 +113,7 @@ def check_builds(cfg: RunConfig) -> list[str]:
         scheduler_cls = resolve_dotted(cfg.scheduler)
         blamed(cfg, "scheduler_config", cfg.scheduler, lambda kw: scheduler_cls(optimizer, **kw), cfg.scheduler_config)
         built.append("scheduler")
+    if build_extra_callbacks(cfg):
+        built.append("extra callbacks")
     check_data_arguments(cfg, cfg.seeds[0])
     return built

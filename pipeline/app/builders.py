@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from pipeline.app.build_check import blamed
 from pipeline.app.config_problems import ConfigError, ConfigProblem
 from pipeline.app.config_resolution import Kind, resolve_dotted
 from pipeline.app.config_schema import RunConfig, resolved_dict
@@ -132,6 +133,17 @@ def build_callbacks(
         out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
     if cfg.grad_accumulation > 1:
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
-    for extra in c.extra:
-        out.append(resolve_dotted(extra.target)(**extra.kwargs))
+    return [*out, *build_extra_callbacks(cfg)]
+
+
+def build_extra_callbacks(cfg: RunConfig) -> list[TrainingCallback]:
+    """The user's ``callbacks.extra``; a constructor that rejects its kwargs is a ConfigError at the leaf."""
+    out: list[TrainingCallback] = []
+    for i, extra in enumerate(cfg.callbacks.extra):
+        build = partial(_construct, resolve_dotted(extra.target))
+        out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs))
     return out
+
+
+def _construct(cls: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    return cls(**kwargs)
