@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,6 +135,26 @@ def test_two_ranks_train_the_quickstart_as_one_run(tmp_path: Path) -> None:
     _audit_ok(run_dir, tmp_path)
     diagram = _fsmtrain("diagram", "--run", str(run_dir), cwd=tmp_path, timeout=60)
     assert "on 2 ranks" in diagram.stdout
+    _audit_names_missing_and_stray_rank_logs(run_dir, tmp_path)
+
+
+def _audit_names_missing_and_stray_rank_logs(run_dir: Path, tmp: Path) -> None:
+    """A copy of the run without rank 1's log, or with a log of a rank beyond the world size, fails
+    the audit of the run directory; rank 0's log alone is audited as that log only."""
+    missing, stray = tmp / "missing", tmp / "stray"
+    for copy in (missing, stray):
+        shutil.copytree(run_dir, copy)
+    (missing / "events-rank1.jsonl").unlink()
+    shutil.copy(run_dir / "events-rank1.jsonl", stray / "events-rank5.jsonl")
+    done = _fsmtrain("audit", str(missing), "--strict", cwd=tmp, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "run_start says world_size 2; events-rank1.jsonl is missing" in done.stdout
+    done = _fsmtrain("audit", str(stray), cwd=tmp, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "run_start says world_size 2; events-rank5.jsonl is beyond it (no such rank)" in done.stdout
+    done = _fsmtrain("audit", str(missing / "events.jsonl"), "--strict", cwd=tmp, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 0 of 2: this log only" in done.stdout and "== ranks" not in done.stdout
 
 
 @pytest.mark.slow

@@ -267,6 +267,9 @@ class _Auditor(EndingChecks):
         self.seg = seg
         if self.ex.run_id is None:
             self.ex.run_id = seg.run_id
+            rank, world = payload.get("rank"), payload.get("world_size")
+            if type(rank) is int and type(world) is int:  # one rank of a multi-process run
+                self.ex.rank, self.ex.world_size = rank, world
         return seg
 
     def _run_start(self, n: int, rec: Mapping[str, Any]) -> None:

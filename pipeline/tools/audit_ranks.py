@@ -5,7 +5,10 @@ files, ``events-rank<r>.jsonl`` for the others). Each is audited like a one-proc
 lifecycle, content; checkpoint files only against rank 0's log, which committed them). Then the
 ranks are compared:
 
-- every log names its own rank and the same world size, and there is one log per rank;
+- there is one log per rank of the world size rank 0's ``run_start`` records (a one-process run:
+  1), no more and no fewer: a missing rank's log, or a log of a rank beyond the world size, is
+  named;
+- every log names its own rank and the same world size;
 - each segment (a resume starts another) took the same phase-level moves, in the same order, in
   the same epochs, on every rank; a segment that was killed may have got further on one rank than
   on another, so there one rank's moves need only be a prefix of the other's;
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ from pipeline.tools.audit_report import EXIT_OK, EXIT_VIOLATIONS, AuditReadError
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
 Move = tuple[str, str, str, int]  # trigger, from, to, epoch
+_NAMED = 8  # missing rank logs named one by one; the rest are counted
 
 
 def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -60,38 +65,77 @@ def _story(path: Path) -> _Story:
                 continue  # the rank's own audit reports it
             if not isinstance(rec, dict):
                 continue
-            event, payload = rec.get("event"), rec.get("payload") or {}
+            event, payload = rec.get("event"), rec.get("payload")
+            payload = payload if isinstance(payload, dict) else {}
             if event == "run_start":
                 story.segments.append([])
                 story.ended.append(False)
-                if story.rank is None:
-                    story.rank, story.world_size = payload.get("rank", 0), payload.get("world_size", 1)
+                if not story.segments[:-1]:  # the first run_start names the rank and the world size
+                    rank, world = payload.get("rank", 0), payload.get("world_size", 1)
+                    story.rank = rank if type(rank) is int else None
+                    story.world_size = world if type(world) is int else None
             elif event == "transition" and story.segments and rec.get("from") != rec.get("to"):
                 move = (str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to")), int(rec.get("epoch") or 0))
                 story.segments[-1].append(move)
                 story.ended[-1] = story.ended[-1] or move[2] == FINAL.value
-                if move[2] == FINAL.value and isinstance(payload, dict):
+                if move[2] == FINAL.value:
                     story.reason = payload.get("reason")
     return story
 
 
-def _compare(stories: dict[int, _Story]) -> list[Finding]:
+def _declared_world_size(path: Path) -> int | None:
+    """The world size the first ``run_start`` of ``path`` records (1 when it names none: one
+    process); None when the log has no readable ``run_start`` (its own audit reports that)."""
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == "run_start":
+                payload = rec.get("payload")
+                world = payload.get("world_size", 1) if isinstance(payload, dict) else None
+                return world if type(world) is int else None
+    return None
+
+
+def _files(ranks: list[int]) -> str:
+    return ", ".join(log_name_for_rank(r) for r in ranks)
+
+
+def _census(world: int | None, ranks: list[int]) -> list[Finding]:
+    """One log per rank of the world size rank 0 recorded: the missing ones and the strays, by name."""
+    if world is None:
+        return []
+    if world < 1:
+        return [Finding("ranks", f"run_start says world_size {world}: a run has at least one rank")]
     out: list[Finding] = []
+    have = set(ranks)
+    n_missing = world - len(have.intersection(range(world)))
+    if n_missing:
+        named = list(islice((r for r in range(world) if r not in have), _NAMED))  # a forged world size stays cheap
+        more = f" and {n_missing - len(named)} more" if n_missing > len(named) else ""
+        out.append(Finding("ranks", f"run_start says world_size {world}; {_files(named)}{more} "
+                                    f"{'is' if n_missing == 1 else 'are'} missing"))
+    beyond = [r for r in ranks if r >= world]
+    if beyond:
+        out.append(Finding("ranks", f"run_start says world_size {world}; {_files(beyond)} "
+                                    f"{'is' if len(beyond) == 1 else 'are'} beyond it (no such rank)"))
+    return out
+
+
+def _compare(stories: dict[int, _Story]) -> list[Finding]:
+    base = stories[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
+    out = _census(base.world_size, sorted(stories))
     worlds = {s.world_size for s in stories.values()}
     if len(worlds) != 1:
         out.append(Finding("ranks", f"the logs disagree on the world size: {sorted(map(str, worlds))}"))
-    world = next(iter(worlds)) if len(worlds) == 1 else None
-    if isinstance(world, int) and sorted(stories) != list(range(world)):
-        out.append(Finding("ranks", f"world size {world}, but logs for ranks {sorted(stories)}"))
     for rank, story in stories.items():
         if story.rank != rank:
             out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {story.rank}"))
-    base = stories.get(0)
-    if base is None:
-        return [*out, Finding("ranks", "no log of rank 0 (events.jsonl)")]
     for rank, story in sorted(stories.items()):
-        if rank == 0:
-            continue
+        if rank == 0 or (base.world_size is not None and rank >= base.world_size):
+            continue  # a stray log (named above) is no rank of this run to compare
         if len(story.segments) != len(base.segments):
             out.append(Finding("ranks", f"rank {rank} ran {len(story.segments)} segment(s), rank 0 "
                                         f"{len(base.segments)}: the ranks were not started and resumed together"))
@@ -122,6 +166,7 @@ class RankedAudit:
     reports: dict[int, AuditReport]
     findings: list[Finding]
     moves: int = 0
+    world_size: int | None = None  # what rank 0's run_start records (None: it records nothing readable)
 
     def ok(self, strict: bool = False) -> bool:
         return not self.findings and all(r.ok(strict) for r in self.reports.values())
@@ -131,21 +176,26 @@ class RankedAudit:
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
-            "run_dir": self.run_dir, "ok": self.ok(strict), "world_size": len(self.reports),
+            "run_dir": self.run_dir, "ok": self.ok(strict),
+            "world_size": self.world_size if self.world_size is not None else len(self.reports),
             "ranks": {str(r): rep.to_dict(strict) for r, rep in self.reports.items()},
             "agreement": [{"check": f.check, "message": f.message} for f in self.findings],
         }
 
     def render(self, strict: bool = False) -> str:
-        if len(self.reports) == 1:
+        if len(self.reports) == 1 and not self.findings:  # a one-process run: its log's audit
             return self.reports[0].render(strict)
         out = []
         for rank, report in self.reports.items():
             out.append(f"== rank {rank}")
             out.append(report.render(strict).rstrip("\n"))
-        verdict = "agree" if not self.findings else "DISAGREE"
-        out.append(f"== ranks: {len(self.reports)} ranks {verdict}"
-                   + (f" ({self.moves} phase-level moves each, same order, same stop)" if not self.findings else ""))
+        if not self.findings:
+            out.append(f"== ranks: {len(self.reports)} ranks agree "
+                       f"({self.moves} phase-level moves each, same order, same stop)")
+        else:
+            world = "?" if self.world_size is None else self.world_size
+            out.append(f"== ranks: FAILED (world size {world}; logs of rank(s) "
+                       f"{', '.join(map(str, self.reports))})")
         out += [f"  {f.render()}" for f in self.findings]
         out.append(f"audit {self.run_dir}: {'OK' if self.ok(strict) else 'FAILED'}")
         return "\n".join(out) + "\n"
@@ -159,8 +209,9 @@ def audit_run_dir(run_dir: str | Path, *, verify_checkpoints: bool = True, key: 
         raise AuditReadError(f"{root} holds no events.jsonl: is it a run directory?")
     reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
                for rank, path in logs}
-    if len(logs) == 1:
-        return RankedAudit(str(root), reports, [])
+    if len(logs) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
+        world = _declared_world_size(logs[0][1])
+        return RankedAudit(str(root), reports, _census(world, [0]), world_size=world)
     stories = {rank: _story(path) for rank, path in logs}
     moves = sum(len(seg) for seg in stories[0].segments)
-    return RankedAudit(str(root), reports, _compare(stories), moves)
+    return RankedAudit(str(root), reports, _compare(stories), moves, stories[0].world_size)

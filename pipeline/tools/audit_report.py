@@ -74,6 +74,8 @@ class Explanation:
     """What the run did, for people: phases, epochs, why it stopped, where time went."""
 
     run_id: str | None = None
+    rank: int | None = None  # one rank of a multi-process run (its run_start names them); None: one process
+    world_size: int | None = None
     segments: int = 0
     max_epochs: int | None = None
     epochs_completed: int = 0
@@ -196,6 +198,9 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.segments > 1:
         epochs += f", in {ex.segments} process segments (resumed)"
     lines.append(epochs)
+    if ex.world_size is not None and ex.world_size > 1:
+        lines.append(f"rank {ex.rank} of {ex.world_size}: this log only; the audit of the run directory checks "
+                     "every rank's log and that the ranks agreed")
     if ex.moves:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
     if ex.stop_reason is not None:
