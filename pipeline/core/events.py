@@ -303,3 +303,18 @@ def read_events(path: Path | str) -> list[dict[str, Any]]:
     """All events of a log, in file order (a convenience for tests and small tools)."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def first_run_start(path: Path | str) -> dict[str, Any] | None:
+    """The payload of a log's first ``run_start`` (how the run was started: seed, world size...);
+    None when no line is one. Unreadable lines are skipped: the audit is what reports them."""
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)  # bytes that are not UTF-8 raise a ValueError too
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == "run_start":
+                payload = rec.get("payload")
+                return payload if isinstance(payload, dict) else {}
+    return None

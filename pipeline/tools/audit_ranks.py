@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.consensus import log_name_for_rank
+from pipeline.core.events import first_run_start
 from pipeline.core.lifecycle import FINAL
 from pipeline.tools.audit import audit_file
 from pipeline.tools.audit_report import EXIT_OK, EXIT_VIOLATIONS, AuditReadError, AuditReport, Finding
@@ -86,17 +87,9 @@ def _story(path: Path) -> _Story:
 def _declared_world_size(path: Path) -> int | None:
     """The world size the first ``run_start`` of ``path`` records (1 when it names none: one
     process); None when the log has no readable ``run_start`` (its own audit reports that)."""
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "run_start":
-                payload = rec.get("payload")
-                world = payload.get("world_size", 1) if isinstance(payload, dict) else None
-                return world if type(world) is int else None
-    return None
+    payload = first_run_start(path)
+    world = None if payload is None else payload.get("world_size", 1)
+    return world if type(world) is int else None
 
 
 def _files(ranks: list[int]) -> str:

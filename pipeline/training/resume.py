@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
-from pipeline.core.events import EVENTS_FILE
+from pipeline.core.events import EVENTS_FILE, first_run_start
 from pipeline.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -54,21 +54,10 @@ def recorded_start(run_dir: Path) -> RecordedStart:
     log = run_dir / EVENTS_FILE
     if not log.is_file():
         raise ResumeError(f"{run_dir} has no {EVENTS_FILE}: there is no run to resume there")
-    with open(log, "rb") as fh:
-        for line in fh:
-            try:
-                rec = json.loads(line)  # bytes that are not UTF-8 raise a ValueError too
-            except ValueError:
-                continue
-            if not (isinstance(rec, dict) and rec.get("event") == "run_start"):
-                continue
-            payload = rec.get("payload")
-            if not isinstance(payload, dict):
-                break
-            seed, world = payload.get("seed"), payload.get("world_size")
-            if type(seed) is not int:
-                break
-            return RecordedStart(seed, world if type(world) is int and world > 0 else 1)
+    payload = first_run_start(log) or {}
+    seed, world = payload.get("seed"), payload.get("world_size")
+    if type(seed) is int:
+        return RecordedStart(seed, world if type(world) is int and world > 0 else 1)
     raise ResumeError(f"{log} holds no run_start event with the run's seed: it is not the log of an fsmtrain "
                       "run, or it was damaged (fsmtrain audit tells which)")
 
