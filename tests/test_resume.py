@@ -287,13 +287,17 @@ def test_run_dir_pointing_at_a_file_and_an_unwritable_parent(tmp_path: Path) -> 
     assert "cannot create run directory" in res.stderr and "Traceback" not in res.stderr
 
 
+def _train_one_epoch(work: Path) -> None:
+    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
+                    cwd=work)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+
+
 @pytest.mark.timeout(300)
 def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_yaml(tmp_path: Path) -> None:
     """Found: `fsmtrain resume RUN --set seeds=[5]` trained seed 0 on and rewrote config.yaml with seeds [5]."""
-    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
-                    cwd=tmp_path)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-3000:]
+    _train_one_epoch(tmp_path)
     config = (tmp_path / RUN / "config.yaml").read_bytes()
     events = (tmp_path / RUN / "events.jsonl").read_bytes()
     for change, named in (("seeds=[5]", "seeds ([5] leaves out seed 0"),
@@ -315,10 +319,7 @@ def test_resume_of_a_run_dir_whose_log_is_gone_or_garbage_is_a_one_line_error(tm
     """Found: a missing events.jsonl gave a FileNotFoundError traceback, a binary one a UnicodeDecodeError."""
     import shutil
 
-    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
-                    cwd=tmp_path)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-3000:]
+    _train_one_epoch(tmp_path)
     cases = {"gone": None, "binary": bytes(range(256)) * 2, "no run_start": b'{"event": "epoch"}\n'}
     for name, content in cases.items():
         run = tmp_path / name
