@@ -186,6 +186,33 @@ def test_a_log_cut_back_before_a_checkpoint_is_caught_by_its_pinned_head(quickst
 
 
 # --- resumed runs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("started", "resumed"), [(b"run-key", None), (b"run-key", b"other-key"), (None, b"run-key")])
+def test_a_resume_with_another_key_or_none_is_refused_before_it_touches_the_run(
+        tmp_path: Path, started: bytes | None, resumed: bytes | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: a keyed run resumed without its key (or with another) went on chaining with plain sha256
+    (or the other key), and no key could verify the log any more."""
+    from pipeline.training.resume import ResumeError
+
+    run = tmp_path / "run"
+    if started is not None:
+        monkeypatch.setenv(KEY_ENV, started.decode())
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(run, [CheckpointCallback(run / "checkpoints"), _RaiseAt(2, KeyboardInterrupt())], epochs=4).fit()
+    before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    if resumed is not None:
+        monkeypatch.setenv(KEY_ENV, resumed.decode())
+    with pytest.raises(ResumeError, match=f"{KEY_ENV}|key id") as info:
+        _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=4, resume_from="latest")
+    assert str(run / "events.jsonl") in str(info.value)
+    assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    if started is not None:
+        monkeypatch.setenv(KEY_ENV, started.decode())
+    _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=4, resume_from="latest").fit()
+    assert audit_file(run / "events.jsonl", key=started).ok
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", [None, b"resume-key"])
 def test_the_chain_runs_across_a_resume(tmp_path: Path, key: bytes | None, monkeypatch: pytest.MonkeyPatch) -> None:

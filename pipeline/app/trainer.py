@@ -32,7 +32,7 @@ from pipeline.training.distributed import (
 )
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
 from pipeline.training.precision import PrecisionPolicy
-from pipeline.training.resume import Resumption, find_resumption
+from pipeline.training.resume import Resumption, check_log_key, find_resumption
 from pipeline.training.signals import signals_set_flag
 
 __all__ = ["TrainResult", "Trainer"]
@@ -120,8 +120,10 @@ class Trainer:
         self.resumption: Resumption | None = None
         self.run_dir = self._claim(run_dir, resume_from is not None)
         start_seq = 0
+        key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
             try:
+                check_log_key(self.run_dir, key)
                 self.resumption = self._find_resumption(self.run_dir, resume_from)
             except BaseException:
                 self.close()
@@ -138,7 +140,7 @@ class Trainer:
             keep=self.run_dir is None,
             start_seq=start_seq,
             config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
-            key=log_key if log_key is not None else key_from_env(),
+            key=key,
         )
         self.run = RunContext(
             self.run_id, max_epochs, self.events,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.chain import KEY_ENV, Chain
 from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
 from pipeline.core.events import EVENTS_FILE, first_run_start
 from pipeline.training.checkpoint import (
@@ -32,7 +33,10 @@ from pipeline.training.checkpoint import (
 )
 from pipeline.training.rng import restore_rng_state
 
-__all__ = ["RecordedStart", "ResumeError", "Resumption", "find_resumption", "read_log_tail", "recorded_start"]
+__all__ = [
+    "RecordedStart", "ResumeError", "Resumption", "check_log_key", "find_resumption", "read_log_tail",
+    "recorded_start",
+]
 
 _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
 
@@ -60,6 +64,26 @@ def recorded_start(run_dir: Path) -> RecordedStart:
         return RecordedStart(seed, world if type(world) is int and world > 0 else 1)
     raise ResumeError(f"{log} holds no run_start event with the run's seed: it is not the log of an fsmtrain "
                       "run, or it was damaged (fsmtrain audit tells which)")
+
+
+def check_log_key(run_dir: Path, key: bytes | None) -> None:
+    """A resumed log goes on with the key its run was started with: lines chained with another key
+    (or none) would leave a log that no one key verifies. Checked before a resume touches anything."""
+    log = run_dir / EVENTS_FILE
+    payload = first_run_start(log) if log.is_file() else None
+    described = payload.get("chain") if payload is not None else None
+    if not isinstance(described, dict):
+        return  # no run_start to go on from: the resume itself says what is wrong
+    recorded, given = Chain.key_id_of(described), None if key is None else Chain(key).key_id
+    if recorded == given:
+        return
+    if recorded is None:
+        why = f"is chained without a key, and a key (key id {given}) is set: unset {KEY_ENV} to resume it"
+    elif given is None:
+        why = f"is keyed (key id {recorded}), and no key is set: set {KEY_ENV} to the run's key to resume it"
+    else:
+        why = f"is keyed with key id {recorded}, and the key set has key id {given}: resume it with the run's own key"
+    raise ResumeError(f"{log} {why}")
 
 
 @dataclass(frozen=True)
