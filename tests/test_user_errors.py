@@ -195,3 +195,15 @@ def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path
               "fsmtrain validate: config configs/typo.yaml: data: expected an importable dotted path to a data builder "
               "function (batch_size=, seed=, **data_config) -> (train, val); found no module named 'mydatx' (did you "
               "mean mydata.build?)")
+
+
+def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, "ok.yaml")
+    line = ("fsmtrain {}: --set seeds=[18446744073709551616]: seeds: expected seeds from -2**63 to 2**64-1 (what "
+            "torch.manual_seed accepts); 18446744073709551616 outside that range; found [18446744073709551616]")
+    for command, extra in (("validate", ()), ("train", ("--run-dir", "runs"))):
+        done = _main(command, "ok.yaml", "--set", "seeds=[18446744073709551616]", *extra, cwd=tmp_path,
+                     capsys=capsys, monkeypatch=monkeypatch)
+        _one_line(done, 2, line.format(command))
+    assert not (tmp_path / "runs").exists()
