@@ -21,6 +21,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipeline.app.arg_types import positive_int
 from pipeline.core.lifecycle import StopReason
 
 if TYPE_CHECKING:
@@ -379,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
     p.add_argument("--resume", action="store_true",
                    help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
     p.set_defaults(func=cmd_train)
 

@@ -207,3 +207,25 @@ def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(
                      capsys=capsys, monkeypatch=monkeypatch)
         _one_line(done, 2, line.format(command))
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    # --nproc 0 and -1 ran one process; --top -3 printed "top 1" and -1 "top 3" (negative slices)
+    (("train", "c.yaml", "--nproc", "0"), "fsmtrain train: error: argument --nproc: expected a whole number >= 1; "
+                                          "found '0'"),
+    (("train", "c.yaml", "--nproc", "-1"), "fsmtrain train: error: argument --nproc: expected a whole number >= 1; "
+                                           "found '-1'"),
+    (("hpo-report", "study.db", "--top", "-3"), "fsmtrain hpo-report: error: argument --top: expected a whole "
+                                                "number >= 1; found '-3'"),
+    (("hpo-report", "study.db", "--top", "0"), "fsmtrain hpo-report: error: argument --top: expected a whole "
+                                               "number >= 1; found '0'"),
+])
+def test_counts_on_the_command_line_are_positive_whole_numbers(
+        tmp_path: Path, args: tuple[str, ...], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit) as info:  # argparse's usage error, before anything is read or run
+        _main(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert line in err.splitlines() and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
