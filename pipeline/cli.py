@@ -21,6 +21,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipeline.app.arg_types import positive_int
 from pipeline.core.lifecycle import StopReason
 
 if TYPE_CHECKING:
@@ -345,14 +346,41 @@ num_threads: 1                 # torch CPU threads (null: torch's default); 1 is
 """
 
 
+def _init_problem(directory: Path, name: str, force: bool) -> str | None:
+    """Why ``fsmtrain init DIR --name NAME`` cannot write DIR/NAME (None: it can), checked before any write."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        found = "an empty name" if name == "" else "a folder" if name in (".", "..") else "a path"
+        hint = ""
+        if "/" in name and not name.startswith("/") and not name.endswith("/") and ".." not in Path(name).parts:
+            inner = Path(name)
+            hint = f"; to write {directory / inner}, run: fsmtrain init {directory / inner.parent} --name {inner.name}"
+        return f"--name: expected a plain file name (the config is written inside DIR, {directory}); found {name!r} " \
+               f"({found}){hint}"
+    target = directory / name
+    for parent in (directory, *directory.parents):
+        if parent.exists() and not parent.is_dir():
+            found = "a file" if parent == directory else f"{parent}, a file"
+            return f"DIR {directory}: expected a folder to write {name} into; found {found}"
+    if target.is_dir():
+        return f"--name: expected a file name; found {target}, a folder"
+    if target.exists() and not force:
+        return f"{target} exists; use --force to overwrite"
+    return None
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
-    target = directory / args.name
-    if target.exists() and not args.force:
-        print(f"fsmtrain init: {target} exists; use --force to overwrite", file=sys.stderr)
+    problem = _init_problem(directory, args.name, args.force)
+    if problem is not None:
+        print(f"fsmtrain init: {problem}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    directory.mkdir(parents=True, exist_ok=True)
-    target.write_text(STARTER_CONFIG, encoding="utf-8")
+    target = directory / args.name
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        target.write_text(STARTER_CONFIG, encoding="utf-8")
+    except OSError as exc:  # e.g. a folder that is not writable
+        print(f"fsmtrain init: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
     print(f"wrote {target}; next: fsmtrain validate {target} && fsmtrain train {target}")
     return int(ExitCode.OK)
 
@@ -379,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
     p.add_argument("--resume", action="store_true",
                    help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
     p.set_defaults(func=cmd_train)
 
@@ -400,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="write a commented starter config")
     p.add_argument("dir", nargs="?", default=".", help="folder to write it to (default: .)")
-    p.add_argument("--name", default="fsmtrain.yaml", help="file name (default: fsmtrain.yaml)")
+    p.add_argument("--name", default="fsmtrain.yaml", help="file name inside DIR, not a path (default: fsmtrain.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_init)
 

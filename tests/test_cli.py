@@ -128,6 +128,40 @@ def test_init_writes_a_starter_that_validates(tmp_path: Path) -> None:
     assert main(["init", str(tmp_path / "starter")]) == ExitCode.CONFIG  # no silent overwrite
 
 
+
+@pytest.mark.parametrize(("args", "line"), [
+    # each was a traceback (FileExistsError, FileNotFoundError, IsADirectoryError) or, for the
+    # climbing name, a file written outside DIR without a word
+    (("afile",), "fsmtrain init: DIR afile: expected a folder to write fsmtrain.yaml into; found a file"),
+    (("afile/deeper",), "fsmtrain init: DIR afile/deeper: expected a folder to write fsmtrain.yaml into; found "
+                        "afile, a file"),
+    (("ini", "--name", "sub/x.yaml"), "fsmtrain init: --name: expected a plain file name (the config is written "
+                                      "inside DIR, ini); found 'sub/x.yaml' (a path); to write ini/sub/x.yaml, run: "
+                                      "fsmtrain init ini/sub --name x.yaml"),
+    (("ini", "--name", "../../escape.yaml"), "fsmtrain init: --name: expected a plain file name (the config is "
+                                             "written inside DIR, ini); found '../../escape.yaml' (a path)"),
+    (("ini", "--name", "", "--force"), "fsmtrain init: --name: expected a plain file name (the config is written "
+                                       "inside DIR, ini); found '' (an empty name)"),
+    (("ini", "--name", ".."), "fsmtrain init: --name: expected a plain file name (the config is written inside DIR, "
+                              "ini); found '..' (a folder)"),
+    ((".", "--name", "somedir", "--force"), "fsmtrain init: --name: expected a file name; found somedir, a folder"),
+])
+def test_init_refuses_a_dir_or_name_it_cannot_write_in_one_line(
+        tmp_path: Path, args: tuple[str, ...], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    (work / "afile").write_text("mine\n")
+    (work / "somedir").mkdir()
+    monkeypatch.chdir(work)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert main(["init", *args]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.splitlines() == [line]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written or made
+    assert (work / "afile").read_text() == "mine\n"
+
 FAULTY = '''
 from pipeline.core.hooks import TrainingCallback
 

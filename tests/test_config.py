@@ -113,6 +113,14 @@ def test_schema_types_ranges_and_seeds() -> None:
     assert problems(minimal(seeds=[]))["seeds"].expected.startswith("a non-empty list")
 
 
+def test_seeds_are_bounded_to_what_torch_manual_seed_accepts() -> None:
+    """2**64 passed validate and then died in training with "Overflow when unpacking long long"."""
+    found = problems(minimal(seeds=[2**64, 3, -(2**63) - 1]))["seeds"]
+    assert found.expected == ("seeds from -2**63 to 2**64-1 (what torch.manual_seed accepts); "
+                              "18446744073709551616, -9223372036854775809 outside that range")
+    assert config_from_dict(minimal(seeds=[-(2**63), -1, 0, 2**64 - 1])).seeds == [-(2**63), -1, 0, 2**64 - 1]
+
+
 def test_cuda_without_gpu_is_a_resolution_error() -> None:
     import torch
 

@@ -337,6 +337,39 @@ def test_run_view_of_debug_and_aborted_runs(real_runs: RealRuns) -> None:
     assert _edge_label(edges, "val", "train_end").startswith("abort x1 / error in epoch 2")
 
 
+@pytest.mark.parametrize(("args", "line"), [
+    # a FileNotFoundError and an IsADirectoryError traceback; Mermaid text in a .png with exit 0
+    (("-o", "{tmp}/no/such/x.mmd"), "-o {tmp}/no/such/x.mmd: expected a file in an existing folder; found that "
+                                    "{tmp}/no/such does not exist"),
+    (("-o", "{tmp}/somedir"), "-o {tmp}/somedir: expected a file to write; found a folder"),
+    (("-o", "{tmp}/afile/x.mmd"), "-o {tmp}/afile/x.mmd: expected a file in a folder; found {tmp}/afile, a file"),
+    (("-o", "{tmp}/life.png"), "-o {tmp}/life.png: expected a file ending in .mmd (mermaid), .dot (dot) or .svg "
+                               "(svg, the image format it writes); found .png, a format fsmtrain diagram does not "
+                               "write"),
+    (("--format", "dot", "-o", "{tmp}/life.svg"), "-o {tmp}/life.svg: expected a .dot file for --format dot; found "
+                                                  ".svg, the suffix of --format svg"),
+    (("--format", "mermaid", "-o", "{tmp}/life.PNG"), "-o {tmp}/life.PNG: expected a .mmd file for --format mermaid; "
+                                                      "found .PNG, a format fsmtrain diagram does not write"),
+])
+def test_an_output_it_cannot_write_is_one_line_and_nothing_written(
+        tmp_path: Path, args: tuple[str, ...], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "somedir").mkdir()
+    (tmp_path / "afile").write_text("mine\n")
+    before = sorted(tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert cli_main(["diagram", *(a.format(tmp=tmp_path) for a in args)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"fsmtrain diagram: {line.format(tmp=tmp_path)}"]
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_an_output_suffix_that_agrees_or_names_no_format_is_written(tmp_path: Path) -> None:
+    assert cli_main(["diagram", "-o", str(tmp_path / "life.DOT")]) == 0  # the suffix picks dot, in any case
+    assert (tmp_path / "life.DOT").read_text().startswith("digraph")
+    assert cli_main(["diagram", "--format", "dot", "-o", str(tmp_path / "life.gv")]) == 0
+    assert cli_main(["diagram", "-o", str(tmp_path / "life.txt")]) == 0  # Mermaid, the default
+    assert "stateDiagram-v2" in (tmp_path / "life.txt").read_text()
+
+
 def test_run_view_rejects_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "events.jsonl"
     bad.write_text("not json\n", encoding="utf-8")

@@ -309,3 +309,30 @@ def test_cuda_ranks(tmp_path: Path) -> None:  # pragma: no cover - runs where a 
     config = _config(tmp_path, device="cuda")
     done = _fsmtrain("train", str(config), "--nproc", nproc, cwd=tmp_path, timeout=250)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
+    """Seed -1 (data seed 2**64 - 1) died at epoch 1 with "Overflow when unpacking long long" on
+    several ranks: DistributedSampler seeds with seed + epoch. It wraps now; in range, torch's order."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from pipeline.training.distributed import shard_train_loader
+
+    data = TensorDataset(torch.arange(20.0))
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    for seed in (2**64 - 1, 2**64 - 2, 0, 12345):
+        for rank in (0, 1):
+            sampler = shard_train_loader(loader, rank, 2, seed).sampler
+            assert isinstance(sampler, DistributedSampler)
+            for epoch in range(3):
+                sampler.set_epoch(epoch)
+                got = list(sampler)
+                if seed + epoch < 2**64:  # the range torch takes: exactly its order
+                    plain = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=seed)
+                    plain.set_epoch(epoch)
+                    assert got == list(plain)
+                else:
+                    twin = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
+                                              seed=(seed + epoch) % 2**64)
+                    assert got == list(twin)
+                assert sampler.seed == seed  # the wrap is local to the draw

@@ -165,6 +165,24 @@ def test_cli_errors_are_one_line(tmp_path: Path, args: list[str], message: str, 
         assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["t"]
 
 
+def test_an_output_that_is_a_folder_is_named_as_given(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """-o somedir failed naming a temp file ('.../.somedir.q1k4ij8s: Is a directory'), after the work."""
+    _study(optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}"), "s", n=2)
+    (tmp_path / "somedir").mkdir()
+    (tmp_path / "afile").write_text("mine\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    capsys.readouterr()
+    for out, message in (("somedir", "somedir: expected a file to write the HTML page to; found a folder"),
+                         ("afile/r.html", "afile/r.html: expected a file in a folder; found afile, a file")):
+        assert cli_main(["report", "study.db", "-o", out]) == 2
+        assert capsys.readouterr() == ("", f"fsmtrain report: {message}\n")
+        with pytest.raises(ValueError, match=re.escape(message)):  # the library call says the same
+            render_report("study.db", out=Path(out))
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "afile").read_text(encoding="utf-8") == "mine\n"
+
+
 @pytest.mark.slow
 def test_cli_writes_the_run_report(real_runs: RealRuns, tmp_path: Path) -> None:
     res = _cli(str(real_runs.events("completed")), "-o", str(tmp_path / "x.html"), cwd=tmp_path)

@@ -214,3 +214,37 @@ def test_an_extra_callback_that_rejects_its_kwargs_is_named_by_validate_and_trai
     ok = "callbacks.extra=[{target: callbacks.EarlyStoppingCallback, kwargs: {patience: 3}}]"
     done = _main("validate", "c.yaml", "--set", ok, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert done.returncode == 0 and "built model, loss, optimizer, scheduler, extra callbacks" in done.stdout
+
+
+def test_a_seed_torch_cannot_take_is_refused_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, "ok.yaml")
+    line = ("fsmtrain {}: --set seeds=[18446744073709551616]: seeds: expected seeds from -2**63 to 2**64-1 (what "
+            "torch.manual_seed accepts); 18446744073709551616 outside that range; found [18446744073709551616]")
+    for command, extra in (("validate", ()), ("train", ("--run-dir", "runs"))):
+        done = _main(command, "ok.yaml", "--set", "seeds=[18446744073709551616]", *extra, cwd=tmp_path,
+                     capsys=capsys, monkeypatch=monkeypatch)
+        _one_line(done, 2, line.format(command))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    # --nproc 0 and -1 ran one process; --top -3 printed "top 1" and -1 "top 3" (negative slices)
+    (("train", "c.yaml", "--nproc", "0"), "fsmtrain train: error: argument --nproc: expected a whole number >= 1; "
+                                          "found '0'"),
+    (("train", "c.yaml", "--nproc", "-1"), "fsmtrain train: error: argument --nproc: expected a whole number >= 1; "
+                                           "found '-1'"),
+    (("hpo-report", "study.db", "--top", "-3"), "fsmtrain hpo-report: error: argument --top: expected a whole "
+                                                "number >= 1; found '-3'"),
+    (("hpo-report", "study.db", "--top", "0"), "fsmtrain hpo-report: error: argument --top: expected a whole "
+                                               "number >= 1; found '0'"),
+])
+def test_counts_on_the_command_line_are_positive_whole_numbers(
+        tmp_path: Path, args: tuple[str, ...], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit) as info:  # argparse's usage error, before anything is read or run
+        _main(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert line in err.splitlines() and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []

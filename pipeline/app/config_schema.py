@@ -175,6 +175,9 @@ class OptimizeConfig(_Section):
 
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+# What torch.manual_seed (and a torch.Generator, which seeds the loaders' shuffle) accepts: a signed or an
+# unsigned 64-bit number. random.seed takes any int and numpy gets seed % 2**32, so this range is the bound.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class DistributedConfig(_Section):
@@ -251,6 +254,10 @@ class RunConfig(_Section):
     def _seeds(cls, v: list[int]) -> list[int]:
         if not v:
             raise ValueError("a non-empty list of seeds")
+        outside = [s for s in v if not SEED_MIN <= s <= SEED_MAX]
+        if outside:
+            raise ValueError(f"seeds from -2**63 to 2**64-1 (what torch.manual_seed accepts); "
+                             f"{', '.join(map(str, outside))} outside that range")
         dupes = sorted({s for s in v if v.count(s) > 1})
         if dupes:
             raise ValueError(f"unique seeds; {dupes} repeated")

@@ -11,27 +11,9 @@ import argparse
 import sys
 from typing import Any
 
+from pipeline.app.arg_types import positive_float, positive_int
+
 __all__ = ["cmd_hpo", "register_cli"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}")
-    return value
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
@@ -68,10 +50,10 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "postgresql://user:pass@host/db (default: runs/<project>/<study>/study.db, "
                         "or study.journal with --workers)")
     p.add_argument("--study", metavar="NAME", help="study name (default: optimize.study_name, the config's name)")
-    p.add_argument("--n-trials", type=_positive_int, metavar="N",
+    p.add_argument("--n-trials", type=positive_int, metavar="N",
                    help="trials this command runs, over all its workers (default: optimize.n_trials)")
-    p.add_argument("--timeout", type=_positive_float, metavar="S",
+    p.add_argument("--timeout", type=positive_float, metavar="S",
                    help="start no trial after S seconds (default: optimize.timeout)")
-    p.add_argument("--workers", type=_positive_int, default=1, metavar="K",
+    p.add_argument("--workers", type=positive_int, default=1, metavar="K",
                    help="worker processes on this machine (default 1)")
     p.set_defaults(func=cmd_hpo)

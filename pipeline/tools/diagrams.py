@@ -46,17 +46,49 @@ def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> l
 
 
 # --- CLI ------------------------------------------------------------------------------------------
+# Image and document files no format of fsmtrain diagram is: -o life.png would hold Mermaid text.
+_NOT_WRITTEN = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".pdf", ".eps", ".ps")
+
+
 def _format_of(args: argparse.Namespace) -> Format:
     if args.format is not None:
         return Format(args.format)
     if args.output is not None:
         for fmt, suffix in SUFFIXES.items():
-            if str(args.output).endswith(suffix):
+            if str(args.output).lower().endswith(suffix):
                 return fmt
     return Format.MERMAID
 
 
+def _output_problem(output: str, fmt: Format, explicit: bool) -> str | None:
+    """Why ``-o output`` cannot take the ``fmt`` drawing (None: it can), checked before anything is drawn."""
+    path = Path(output)
+    suffix = path.suffix.lower()
+    other = next((f for f, s in SUFFIXES.items() if s == suffix and f is not fmt), None)
+    if other is not None or suffix in _NOT_WRITTEN:
+        what = "a format fsmtrain diagram does not write" if other is None else f"the suffix of --format {other.value}"
+        if explicit:
+            expected = f"a {SUFFIXES[fmt]} file for --format {fmt.value}"
+        else:
+            expected = "a file ending in .mmd (mermaid), .dot (dot) or .svg (svg, the image format it writes)"
+        return f"-o {output}: expected {expected}; found {path.suffix}, {what}"
+    if path.is_dir():
+        return f"-o {output}: expected a file to write; found a folder"
+    parent = path.parent
+    for folder in (parent, *parent.parents):
+        if folder.exists() and not folder.is_dir():
+            return f"-o {output}: expected a file in a folder; found {folder}, a file"
+    if not parent.is_dir():
+        return f"-o {output}: expected a file in an existing folder; found that {parent} does not exist"
+    return None
+
+
 def _cmd_diagram(args: argparse.Namespace) -> int:
+    if args.output is not None and args.write is None:
+        problem = _output_problem(args.output, _format_of(args), args.format is not None)
+        if problem is not None:
+            print(f"fsmtrain diagram: {problem}", file=sys.stderr)
+            return 2
     try:
         if args.write is not None:
             for path in write_lifecycle_files(args.write):
@@ -80,9 +112,13 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
         return 2
     if args.output is None:
         sys.stdout.write(text)
-    else:
+        return 0
+    try:
         Path(args.output).write_text(text, encoding="utf-8")
-        print(f"wrote {args.output}", file=sys.stderr)
+    except OSError as exc:  # e.g. a folder that is not writable
+        print(f"fsmtrain diagram: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 

@@ -16,6 +16,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.app.arg_types import positive_int
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
@@ -208,6 +210,6 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("storage", metavar="STUDY_OR_STORAGE",
                    help="runs/<project>/<study>, a study.db / study.journal file, or a database URL")
     p.add_argument("--study", metavar="NAME", help="the study, when the storage holds several")
-    p.add_argument("--top", type=int, default=5, metavar="K", help="list the K best trials (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="list the K best trials (default 5)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_report)

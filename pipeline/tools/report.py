@@ -61,8 +61,18 @@ def _section_id(html: str) -> str | None:
     return html[start + 5:html.index('"', start + 5)] if start >= 0 else None
 
 
+def _check_output(path: Path) -> None:
+    """``path`` can be a page: not a folder, and no file where a folder of it should be (else ReportError)."""
+    if path.is_dir():
+        raise ReportError(f"{path}: expected a file to write the HTML page to; found a folder")
+    for folder in path.parents:
+        if folder.exists() and not folder.is_dir():
+            raise ReportError(f"{path}: expected a file in a folder; found {folder}, a file")
+
+
 def _atomic_write(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
+    _check_output(path)  # else the error would name the temp file, not the path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -147,6 +157,8 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
 # --- CLI ------------------------------------------------------------------------------------------
 def _cmd_report(args: argparse.Namespace) -> int:
     try:
+        if args.output is not None:
+            _check_output(Path(args.output))  # before the work, not after it
         out, made = render_report(args.target, study=args.study, out=None if args.output is None else Path(args.output),
                                   run_reports=not args.no_runs)
     except ReportError as exc:

@@ -151,6 +151,22 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+class _WrappingDistributedSampler(DistributedSampler[T]):
+    """A ``DistributedSampler`` whose shuffle seed ``seed + epoch`` wraps around 2**64.
+
+    torch seeds the epoch's generator with ``seed + epoch``, which it takes only below 2**64; a run's
+    data seed is any unsigned 64-bit number (a negative config seed -s gives 2**64 - s), so epoch 1
+    of seed -1 overflowed. Below 2**64 the order is exactly DistributedSampler's."""
+
+    def __iter__(self) -> Iterator[T]:
+        seed = self.seed
+        self.seed = (seed + self.epoch) % 2**64 - self.epoch
+        try:
+            return iter(list(super().__iter__()))  # drawn now, while the seed is the wrapped one
+        finally:
+            self.seed = seed
+
+
 def _like(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
@@ -172,7 +188,7 @@ def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoa
     by ``seed`` and the epoch the driver sets."""
     loader = _check(loader, "training")
     shuffle = isinstance(loader.sampler, RandomSampler)
-    sampler: DistributedSampler[Any] = DistributedSampler(
+    sampler: DistributedSampler[Any] = _WrappingDistributedSampler(
         loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
     return _like(loader, sampler)
 
