@@ -254,3 +254,21 @@ def test_live_display_on_a_terminal() -> None:
     assert text.endswith("[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)")
     monitor.poll()  # nothing new: only the status line again
     assert out.getvalue()[len(text):] == "\r\x1b[K[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)"
+
+
+def test_a_second_command_on_a_seeded_study_proposes_new_parameters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found: each `fsmtrain hpo` on an existing study seeded its sampler with the configured seed
+    again, so trials 0, 3 and 4 got the same parameters."""
+    cfg = study_config(tmp_path, {"n_trials": 2, "search_space": LR_SPACE, "sampler": "RandomSampler",
+                                  "sampler_config": {"seed": 3}})
+    for _ in range(3):
+        _hpo(tmp_path, monkeypatch, capsys, cfg)
+    lrs = [t.params["optimizer_config.lr"] for t in _study(tmp_path).trials]
+    assert len(lrs) == 6 and len(set(lrs)) == 6, lrs
+    # a fresh study's first command still draws what the configured seed draws in Optuna itself
+    first = optuna.samplers.RandomSampler(seed=3)
+    study = optuna.create_study(sampler=first)
+    space = optuna.distributions.FloatDistribution(LR_SPACE["optimizer_config.lr"]["low"],
+                                                   LR_SPACE["optimizer_config.lr"]["high"], log=True)
+    assert [study.ask({"optimizer_config.lr": space}).params["optimizer_config.lr"] for _ in range(2)] == lrs[:2]

@@ -4,6 +4,7 @@ and its search space, each path of which must give a valid config at both ends o
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
@@ -70,10 +71,21 @@ def _is_grid(cls: Any) -> bool:
     return inspect.isclass(cls) and issubclass(cls, optuna.samplers.GridSampler)
 
 
-def build_sampler(opt: OptimizeConfig, *, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
+    """The ``seed`` one worker's sampler gets: worker ``k`` of a new study adds ``k`` (parallel
+    workers must not propose the same parameters); on a study that already holds trials (an earlier
+    ``fsmtrain hpo`` on it) the seed is drawn from (seed, trials, worker), since the configured seed
+    again would propose again what its first run proposed."""
+    if prior_trials == 0:
+        return seed + worker
+    digest = hashlib.sha256(f"fsmtrain-sampler-seed:{seed}:{prior_trials}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")  # numpy's RandomState takes seeds below 2**32
+
+
+def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
-    ``sampler_config.search_space`` is given; worker ``k`` of a study adds ``k`` to a ``seed`` so
-    parallel workers do not propose the same parameters."""
+    ``sampler_config.search_space`` is given; an integer ``seed`` is made this worker's by
+    :func:`sampler_seed`."""
     try:
         cls = _study_part_class(opt.sampler, "sampler")
     except ResolveError as exc:
@@ -82,8 +94,9 @@ def build_sampler(opt: OptimizeConfig, *, seed_offset: int = 0) -> optuna.sample
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
         kwargs["search_space"] = _grid_space(opt)
-    if seed_offset and isinstance(kwargs.get("seed"), int):
-        kwargs["seed"] += seed_offset
+    seed = kwargs.get("seed")
+    if type(seed) is int:
+        kwargs["seed"] = sampler_seed(seed, worker=worker, prior_trials=prior_trials)
     return cast("optuna.samplers.BaseSampler", cls(**kwargs))
 
 

@@ -19,7 +19,7 @@ import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
@@ -58,6 +58,7 @@ class StudyPlan:
     deadline: float | None  # time.time() after which no trial starts
     workers: int
     config: str  # the config file as given, for the printed commands
+    prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
 
 
 def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
@@ -164,7 +165,7 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
     import optuna
 
     storage = open_storage(plan.storage, plan.heartbeat)
-    sampler = build_sampler(plan.optimize, seed_offset=index)
+    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials)
     return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
                              pruner=build_pruner(plan.optimize))
 
@@ -324,6 +325,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
     every trial of this command failed, 130 when interrupted."""
     Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
     study = _create(plan)
+    plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
     _header(plan, out)
     monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
                       live=out.isatty() if live is None else live)
