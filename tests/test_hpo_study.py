@@ -272,3 +272,22 @@ def test_a_second_command_on_a_seeded_study_proposes_new_parameters(
     space = optuna.distributions.FloatDistribution(LR_SPACE["optimizer_config.lr"]["low"],
                                                    LR_SPACE["optimizer_config.lr"]["high"], log=True)
     assert [study.ask({"optimizer_config.lr": space}).params["optimizer_config.lr"] for _ in range(2)] == lrs[:2]
+
+
+def test_a_study_folder_is_not_reused_by_a_storage_without_its_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found: `hpo` on SQLite, then `hpo --workers 2` (a journal) on the same study: a second study
+    in a new journal numbered its trials from 0 into the first one's run dirs, and every trial failed."""
+    cfg = study_config(tmp_path, {"n_trials": 1})
+    _hpo(tmp_path, monkeypatch, capsys, cfg)
+    folder = tmp_path / "runs" / "quickstart" / "s"
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    for args, blamed in ((("--workers", "2"), "--workers"), (("--storage", "sqlite:///other.db"), "--storage")):
+        monkeypatch.chdir(tmp_path)
+        assert main(["hpo", str(cfg), *args]) == 2
+        err = capsys.readouterr().err
+        assert (f"{blamed}: expected the storage that holds the trials already in runs/quickstart/s (study.db there), "
+                "or another --study name; found") in err and "which holds no study 's'" in err, err
+        assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+        assert not (tmp_path / "other.db").exists()
+    _hpo(tmp_path, monkeypatch, capsys, cfg, "--study", "s2", "--workers", "2")  # a new study is fine

@@ -28,6 +28,8 @@ from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunC
 from pipeline.app.hpo_monitor import Monitor
 from pipeline.app.hpo_trial import TrialPlan, run_trial
 from pipeline.app.study_storage import (
+    DB_FILE,
+    JOURNAL_FILE,
     Heartbeat,
     StorageError,
     StorageKind,
@@ -95,6 +97,14 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
         directions = existing_directions(spec, name)
     except StorageError as exc:
         raise _problem(exc.source, exc.expected, exc.found, config_path) from None
+    if directions is None and any(study_dir.glob("trial-*")):
+        # A new study in this storage would number its trials from 0 again, into run dirs that hold
+        # the trials of the study stored elsewhere: every trial would fail to claim its dir.
+        held = [f for f in (DB_FILE, JOURNAL_FILE) if (study_dir / f).is_file()]
+        where = f" ({', '.join(held)} there)" if held else ""
+        blamed = source if text is not None else "--workers"
+        raise _problem(blamed, f"the storage that holds the trials already in {study_dir}{where}, or another --study "
+                       "name", f"{spec.shown}, which holds no study {name!r}", config_path)
     if directions is not None and directions != [opt.direction]:
         raise _problem("optimize.direction", f"{directions[0]}, the direction of the existing study {name!r} in "
                        f"{spec.shown} (or another --study name)", opt.direction, config_path)
