@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,16 @@ def test_what_if_beyond_the_recording_says_unknown(runs: Runs) -> None:
     res = replay_run(runs.early_stop, overrides=["early_stopping.patience=25"])
     assert (res.stop_reason, res.exhausted_after) == (None, recorded)
     assert f"unknown beyond epoch {recorded}" in res.what_if()
+
+
+@pytest.mark.parametrize("item", ["optimizer_config.lr=0.1", "net_config.hidden=[8]", "batch_size=7", "data=x.y"])
+def test_a_what_if_that_changes_training_itself_is_refused(runs: Runs, item: str) -> None:
+    """Found: `replay --set optimizer_config.lr=0.1` answered "with lr 0.1 this run would have stopped at
+    epoch 4", from the losses recorded with the old learning rate."""
+    with pytest.raises(ReplayError, match=f"--set {re.escape(item)}: a replay re-runs the callbacks on the losses"):
+        replay_run(runs.completed, overrides=[item])
+    done = _cli("replay", str(runs.completed), "--set", item)
+    assert done.returncode == 2 and "not training itself" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_explicit_callbacks_and_errors(runs: Runs, tmp_path: Path) -> None:

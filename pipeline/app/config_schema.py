@@ -14,6 +14,14 @@ from pipeline.app.config_problems import ConfigProblem, closest
 from pipeline.app.config_yaml import override_of
 from pipeline.core.context import BUILTIN_METRICS
 
+# What is trained: the fields whose values shape the weights. A resume must keep them (the run's
+# config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
+# cannot model a change to them.
+TRAINING_FIELDS: tuple[str, ...] = (
+    "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
+    "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
+)
+
 
 class _Section(BaseModel):
     # strict: "3" is not an int; extra keys are mistakes, not silently ignored settings

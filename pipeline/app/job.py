@@ -34,6 +34,7 @@ from pipeline.app.config import (
     resolved_dict,
     seed_everything,
 )
+from pipeline.app.config_schema import TRAINING_FIELDS
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
@@ -138,15 +139,11 @@ def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
     {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed", "compile",
      "tensorboard"})
-FINGERPRINT_FIELDS: tuple[str, ...] = (
-    "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
-    "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
-)
 
 
 def config_fingerprint(resolved: dict[str, Any], seed: int) -> str:
     """sha256 of what a resume must not change (the fields a resume may change are left out)."""
-    picked = {k: resolved.get(k) for k in FINGERPRINT_FIELDS}
+    picked = {k: resolved.get(k) for k in TRAINING_FIELDS}
     picked["seed"] = seed
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -301,7 +301,15 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
             )
         from pipeline.app import config as config_mod
+        from pipeline.app.config_schema import TRAINING_FIELDS
 
+        for item in overrides:
+            key = item.partition("=")[0].strip()
+            if key.split(".")[0] in TRAINING_FIELDS:
+                raise ReplayError(
+                    f"--set {item}: a replay re-runs the callbacks on the losses this run recorded, so it cannot "
+                    f"tell what another {key} would have done to them; a what-if may change the callbacks' "
+                    "settings (early_stopping, checkpoint, callbacks, epochs...), not training itself")
         cfg = config_mod.config_from_dict(config_mod.apply_overrides(dict(cfg_data), overrides))
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
