@@ -73,6 +73,27 @@ def test_an_epoch_cut_in_val_replays_to_its_failure_with_the_losses_its_exceptio
     assert res.stop_reason is StopReason.ERROR and isinstance(res.error, RuntimeError)
 
 
+class FailAtEpochEnd(TrainingCallback):
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if epoch.index == 1:
+            raise RuntimeError("boom at epoch end")
+
+
+def test_an_epoch_cut_at_its_end_before_its_record_replays_to_the_same_failure(tmp_path: Path) -> None:
+    """Found: a callback raising in on_epoch_end: the epoch never got its line, its exception carried
+    no metrics (epoch_end was not counted as inside the epoch), and the replay of the unmodified run
+    diverged ("the recording has 1 epochs; epoch 2 is unknown")."""
+    with pytest.raises(RuntimeError):
+        make_trainer(tmp_path, [FailAtEpochEnd()], epochs=3).fit()
+    cut = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "exception")
+    assert set(cut["payload"]["epoch_metrics"]) == {"lr", "train_loss", "val_loss"}
+    rec = load_recording(tmp_path / "events.jsonl")
+    assert rec.complete_epochs == 1 and rec.epochs[-1].partial
+    res = replay_run(tmp_path, callbacks=[FailAtEpochEnd()])
+    assert res.divergence is None, res.divergence.describe()
+    assert res.stop_reason is StopReason.ERROR and isinstance(res.error, RuntimeError)
+
+
 def test_losses_a_cut_epoch_never_logged_are_unknown(tmp_path: Path) -> None:
     """A log whose exception carries no measurements (as a log written before it did): the replay
     cannot run epoch 1's validation, and says so."""

@@ -44,6 +44,7 @@ from pipeline.core.driver import Driver
 from pipeline.core.lifecycle import (
     ABORT,
     BATCH,
+    EPOCH_PHASES,
     FINAL,
     TRANSITIONS,
     Action,
@@ -69,7 +70,6 @@ from pipeline.core.runner import CallbackRunner
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _END: Any = object()
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
-_MID_EPOCH = frozenset({Phase.EPOCH_BEGIN, Phase.TRAIN_STEP, Phase.VAL})
 
 Work = Callable[[Any], None]
 # What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
@@ -590,7 +590,7 @@ class Engine:
         if isinstance(exc, Interrupted):
             source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
         epoch = self._epoch
-        cut = epoch is not None and epoch.index == run.epoch and phase in _MID_EPOCH
+        cut = epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES
         # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
         # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
         self._log_exception(exc, source, **({"epoch_metrics": dict(epoch.metrics)} if cut and epoch else {}))

@@ -295,11 +295,13 @@ def program_for(t: Transition) -> tuple[Step, ...]:
     return bound + entry
 
 
-_EPOCH_PHASES = (P.EPOCH_BEGIN, P.TRAIN_STEP, P.VAL, P.EPOCH_END)
+# The phases inside one epoch: a run that leaves one for train_end before the epoch's record is
+# written (RECORD_EPOCH, the last step of epoch_end) has cut that epoch short.
+EPOCH_PHASES: tuple[Phase, ...] = (P.EPOCH_BEGIN, P.TRAIN_STEP, P.VAL, P.EPOCH_END)
 # The order in which hooks fire within one epoch; data-flow validation compares positions in it.
 EPOCH_HOOK_ORDER: Mapping[str, int] = {
     h.name: i
-    for i, h in enumerate(h for h in HOOKS if h.phase in _EPOCH_PHASES and h.scope is not HookScope.CHECKPOINT)
+    for i, h in enumerate(h for h in HOOKS if h.phase in EPOCH_PHASES and h.scope is not HookScope.CHECKPOINT)
 }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.events import EVENTS_FILE, as_float, read_events
-from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.lifecycle import EPOCH_PHASES, Phase, StopReason
 
 __all__ = [
     "Interruption",
@@ -212,14 +212,13 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
         elif kind == "result":
             result = payload
         elif kind == "transition" and e.get("to") == Phase.TRAIN_END.value:
-            ended_mid_epoch = e.get("from") in (Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
+            ended_mid_epoch = _cut_short(e, events)
         elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
             step_events.setdefault(gs, []).append(e)
     if segments > 1:
         last = [e for e in original[starts[-1]:]
                 if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-        ended_mid_epoch = bool(last) and last[-1].get("from") in (
-            Phase.EPOCH_BEGIN.value, Phase.TRAIN_STEP.value, Phase.VAL.value)
+        ended_mid_epoch = bool(last) and _cut_short(last[-1], original[starts[-1]:])
     interruption = _interruption(original[starts[-1]:])
     if ended_mid_epoch:
         # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
@@ -251,6 +250,17 @@ def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
             return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
                                 rank)
     return None
+
+
+def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside an
+    epoch, except from epoch_end once the line is written (the engine then sends no ``epoch_metrics``
+    with the fault: a signal at the boundary after it)."""
+    source = move.get("from")
+    if source == Phase.EPOCH_END.value:
+        return any(isinstance((e.get("payload") or {}).get("epoch_metrics"), dict)
+                   for e in segment if e.get("event") == "exception")
+    return source in {p.value for p in EPOCH_PHASES}
 
 
 def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
