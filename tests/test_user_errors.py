@@ -146,6 +146,10 @@ def test_binary_and_empty_files_are_named_as_such(tmp_path: Path, capsys: pytest
                                       "of ints, but found element of type str at pos 0)"),
     ({"data_config__n_features": "eight"}, "data_config.n_features: expected int "
                                            "(pipeline.training.data.synthetic_regression says so); found 'eight'"),
+    # found: LBFGS passed validate, and the run ended ERROR at its first step (step() needs a closure)
+    ({"optimizer": "torch.optim.LBFGS"}, "optimizer: expected an optimizer whose step() needs no closure (fsmtrain "
+                                         "calls optimizer.step() once a batch); found torch.optim.LBFGS, whose step() "
+                                         "requires a closure"),
 ])
 def test_validate_rejects_what_train_rejects_naming_the_leaf_and_the_file(
         tmp_path: Path, change: dict[str, Any], line: str, capsys: pytest.CaptureFixture[str],

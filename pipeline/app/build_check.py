@@ -97,7 +97,7 @@ def check_builds(cfg: RunConfig) -> list[str]:
     built, for the summary line."""
     import torch
 
-    from pipeline.app.builders import build_criterion, build_extra_callbacks
+    from pipeline.app.builders import build_criterion, build_extra_callbacks, build_optimizer
 
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config)
     if not isinstance(model, torch.nn.Module):
@@ -107,7 +107,8 @@ def check_builds(cfg: RunConfig) -> list[str]:
            lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})), cfg.criterion_config)
     dummy = torch.nn.Parameter(torch.zeros(1))
     optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
-                       lambda kw: resolve_dotted(cfg.optimizer)([dummy], **kw), cfg.optimizer_config)
+                       lambda kw: build_optimizer(cfg.model_copy(update={"optimizer_config": dict(kw)}), [dummy]),
+                       cfg.optimizer_config)
     built = ["model", "loss", "optimizer"]
     if cfg.scheduler is not None:
         scheduler_cls = resolve_dotted(cfg.scheduler)

@@ -46,6 +46,11 @@ def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
 
     opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
     assert isinstance(opt, torch.optim.Optimizer)
+    closure = inspect.signature(opt.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS: re-evaluates the loss itself
+        raise ConfigError([ConfigProblem(
+            "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
+            f"{cfg.optimizer}, whose step() requires a closure")], cfg.source_of("optimizer"))
     return opt
 
 
