@@ -173,9 +173,12 @@ class MetricsCsvCallback(TrainingCallback):
                 for key, text in raw.items():
                     if key is None or text in (None, ""):
                         continue
-                    try:
-                        row[key] = int(text) if key == "epoch" else float(text)
+                    try:  # a whole-number cell (epoch, a count slot) stays an int, as _cell wrote it
+                        row[key] = int(text)
                     except ValueError:
-                        continue
+                        try:
+                            row[key] = float(text)
+                        except ValueError:
+                            continue
                 rows.append(row)
         return rows

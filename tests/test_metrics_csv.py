@@ -144,3 +144,26 @@ def test_default_callbacks_write_it_with_a_run_dir(tmp_path: Path, run_dir: bool
     found: list[Any] = [cb for cb in build_callbacks(cfg, run_dir=tmp_path if run_dir else None)
                         if isinstance(cb, MetricsCsvCallback)]
     assert [cb.path for cb in found] == ([tmp_path / "metrics.csv"] if run_dir else [])
+
+
+def test_a_resumed_file_reads_as_the_uninterrupted_one_cell_for_cell(tmp_path: Path) -> None:
+    """Found: after a resume, the rows kept from before were rewritten with whole-number slots as
+    floats (early_stopping_wait 0.0) while new rows wrote 0."""
+    from pipeline.core.slots import EARLY_STOPPING_WAIT
+
+    def run_epochs(path: Path, start: int, stop: int) -> None:
+        cb = MetricsCsvCallback(path)
+        run = _run_context(start)
+        cb.on_train_begin(run)
+        for i in range(start, stop):
+            epoch = _epoch(run, i, train_loss=1.0 / (i + 1), val_loss=2.0)
+            epoch.set(EARLY_STOPPING_WAIT, i)
+            cb.on_epoch_end(epoch)
+        cb.on_train_end(run)
+
+    whole, cut = tmp_path / "whole.csv", tmp_path / "cut.csv"
+    run_epochs(whole, 0, 4)
+    run_epochs(cut, 0, 3)  # killed after epoch 3; its checkpoint held two epochs
+    run_epochs(cut, 2, 4)
+    assert cut.read_text(encoding="utf-8") == whole.read_text(encoding="utf-8")
+    assert whole.read_text(encoding="utf-8").splitlines()[1].endswith(",0")
