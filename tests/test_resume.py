@@ -294,6 +294,7 @@ def _train_one_epoch(work: Path) -> None:
     assert proc.returncode == 0, err.decode()[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_yaml(tmp_path: Path) -> None:
     """Found: `fsmtrain resume RUN --set seeds=[5]` trained seed 0 on and rewrote config.yaml with seeds [5]."""
@@ -314,6 +315,7 @@ def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_y
     assert proc.returncode == 0, err.decode()[-3000:]  # a seed added beside this run's own is no change to it
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_of_a_run_dir_whose_log_is_gone_or_garbage_is_a_one_line_error(tmp_path: Path) -> None:
     """Found: a missing events.jsonl gave a FileNotFoundError traceback, a binary one a UnicodeDecodeError."""
