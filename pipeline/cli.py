@@ -1,7 +1,7 @@
 """The ``fsmtrain`` command line (also ``python -m pipeline``).
 
-``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams``,
-``pipeline.tools.audit`` and ``pipeline.tools.replay_cli`` add their own subcommands through ``register_cli``.
+``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams.cli``,
+``pipeline.tools.audit.cli`` and ``pipeline.tools.replay.cli`` add their own subcommands through ``register_cli``.
 
 Start-up is part of the interface: ``--help``, ``audit``, ``diagram`` and ``validate`` import no
 torch, W&B or Optuna (``import torch`` alone takes longer than an audit). So this module and every
@@ -250,10 +250,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
-        from pipeline.app.hpo_study import check_study
+        from pipeline.app.hpo.study import check_study
 
         check_study(cfg, args.config)
-    from pipeline.app.build_check import check_builds
+    from pipeline.app.config.checks import check_builds
 
     built = check_builds(cfg)  # what train would reject when it builds, found now
     _print_warnings(cfg, sys.stdout)
@@ -386,8 +386,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams", "pipeline.tools.audit", "pipeline.tools.replay_cli",
-            "pipeline.tools.report", "pipeline.app.hpo", "pipeline.tools.hpo_report")
+_PLUGINS = ("pipeline.tools.diagrams.cli", "pipeline.tools.audit.cli", "pipeline.tools.replay.cli",
+            "pipeline.tools.report.cli", "pipeline.app.hpo.cli", "pipeline.tools.report.hpo_report")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
-_USER_ERRORS = (("pipeline.app.config_problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
+_USER_ERRORS = (("pipeline.app.config.problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
                 ("pipeline.training.resume", "ResumeError"))
 
 

@@ -17,7 +17,7 @@ from audit_runs import RealRuns, read_lines, rechain
 from pipeline.cli import main as cli_main
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.tools.audit import audit_file
-from pipeline.tools.audit_ranks import audit_run_dir
+from pipeline.tools.audit.ranks import audit_run_dir
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 

@@ -1,4 +1,4 @@
-"""``pipeline.tools.diagrams``: the committed lifecycle diagrams are fresh and complete, callbacks appear
+"""``pipeline.tools.diagrams.cli``: the committed lifecycle diagrams are fresh and complete, callbacks appear
 in the runner's real order, and a real run's path is drawn with its counts and stop edge."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from optuna.trial import TrialState, create_trial
 from callbacks import LossPredictionCallback, PrunerCallback
 from callbacks.pruner import PREDICTION_ATTR, PRUNED_ATTR
 from pipeline import StopReason
-from pipeline.app.hpo_pruner import PredictedFinalLossPruner
+from pipeline.app.hpo.pruner import PredictedFinalLossPruner
 from pipeline.tools.replay import ReplayResult, replay_losses
 
 EPOCHS = 40

@@ -230,7 +230,7 @@ def test_live_display_on_a_terminal() -> None:
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from pipeline.app.hpo_monitor import Monitor
+    from pipeline.app.hpo.monitor import Monitor
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()

@@ -205,7 +205,7 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
 
 
 def _open_at_once(url: str, barrier: Any, results: Any) -> None:
-    from pipeline.app.study_storage import StorageError, open_storage, parse_storage
+    from pipeline.app.hpo.storage import StorageError, open_storage, parse_storage
 
     barrier.wait()
     try:

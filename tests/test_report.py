@@ -20,9 +20,9 @@ from audit_runs import REPO, RealRuns, read_lines
 
 from pipeline.cli import main as cli_main
 from pipeline.tools.report import render_report, write_run_report
-from pipeline.tools.report_run import RUN_PLOTS, read_run
-from pipeline.tools.report_study import STUDY_PLOTS
-from pipeline.tools.svgplot import ticks
+from pipeline.tools.report.run import RUN_PLOTS, read_run
+from pipeline.tools.report.study import STUDY_PLOTS
+from pipeline.tools.report.svgplot import ticks
 
 
 def _ids(html: str) -> set[str]:

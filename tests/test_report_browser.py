@@ -27,8 +27,8 @@ import pytest
 from PIL import Image, ImageStat
 
 from pipeline.tools.report import render_report
-from pipeline.tools.report_run import RUN_PLOTS
-from pipeline.tools.report_study import STUDY_PLOTS
+from pipeline.tools.report.run import RUN_PLOTS
+from pipeline.tools.report.study import STUDY_PLOTS
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)

@@ -1,4 +1,4 @@
-"""``pipeline.app.static_lookup`` reads from source what ``validate`` used to import torch for. Whatever
+"""``pipeline.app.config.static_lookup`` reads from source what ``validate`` used to import torch for. Whatever
 it decides must be what the import says (differential test over every public callable of the
 libraries a config names), and whatever the source does not settle must be left undecided."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.app.config_resolution import _KIND_BASES
-from pipeline.app.static_lookup import Found, Undecided, lookup
+from pipeline.app.config.resolution import _KIND_BASES
+from pipeline.app.config.static_lookup import Found, Undecided, lookup
 
 LIBRARIES = ("torch.optim", "torch.optim.lr_scheduler", "torch.nn", "torch.nn.functional", "pytorch_optimizer",
              "callbacks", "pipeline.training.models", "pipeline.training.data")

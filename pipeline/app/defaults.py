@@ -31,7 +31,7 @@ def default_callbacks(
 ) -> list[TrainingCallback]:
     """``given``, plus the defaults of the classes it lacks."""
     import callbacks as cb
-    from pipeline.app.config_schema import CheckpointConfig, GradientMonitorOptions, OverfitOptions
+    from pipeline.app.config.schema import CheckpointConfig, GradientMonitorOptions, OverfitOptions
 
     monitor, overfit, ck = GradientMonitorOptions(), OverfitOptions(), CheckpointConfig()
     defaults: list[TrainingCallback] = [

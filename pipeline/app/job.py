@@ -18,7 +18,6 @@ import torch
 import yaml
 from torch import nn
 
-from pipeline.app.build_check import blamed, check_data_arguments
 from pipeline.app.config import (
     ConfigError,
     ConfigProblem,
@@ -34,7 +33,9 @@ from pipeline.app.config import (
     resolved_dict,
     seed_everything,
 )
-from pipeline.app.config_schema import TRAINING_FIELDS
+from pipeline.app.config.blame import blamed
+from pipeline.app.config.checks import check_data_arguments
+from pipeline.app.config.schema import TRAINING_FIELDS
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
@@ -99,7 +100,7 @@ class DataBuildFailed:
 
 def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
-    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.build_check)."""
+    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.config.checks)."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(seed)

@@ -5,7 +5,7 @@ million lines take seconds) and checks:
 
 - the hash chain: every line carries the digest of the line before it (the first, of the run id and
   config); with a key (``--key-file``, or ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that
-  breaks it is named; a wrong key is told apart from tampering (see :mod:`pipeline.tools.audit_chain`);
+  breaks it is named; a wrong key is told apart from tampering (see :mod:`pipeline.tools.audit.chain`);
 - every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
   ``ts`` never goes back; ``global_step`` never goes back within a process;
@@ -21,7 +21,7 @@ million lines take seconds) and checks:
   INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
   ``stop_request``; the ``result`` figures are recomputed from the epoch events;
 - each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
-  and in the file): see :mod:`pipeline.tools.audit_files`;
+  and in the file): see :mod:`pipeline.tools.audit.files`;
 - a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached.
 
 Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
@@ -30,29 +30,22 @@ file) cannot be read. Phases and moves come only from :mod:`pipeline.core.lifecy
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from json.scanner import make_scanner
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from pipeline.core.chain import LogKeyError, key_from_env, read_key_file
 from pipeline.core.events import EVENT_KEYS, LEVELS
 from pipeline.core.lifecycle import BATCH, FINAL, INITIAL, TRANSITIONS, Facts, Phase, Transition
-from pipeline.tools.audit_chain import ChainCheck
-from pipeline.tools.audit_content import number, slot_checks
-from pipeline.tools.audit_ending import EndingChecks, Segment, best_epoch, completed_epochs
-from pipeline.tools.audit_files import CheckpointWrite, verify_checkpoints
-
-if TYPE_CHECKING:
-    from pipeline.tools.audit_ranks import RankedAudit
-from pipeline.tools.audit_report import (
-    EXIT_UNREADABLE,
+from pipeline.tools.audit.chain import ChainCheck
+from pipeline.tools.audit.content import number, slot_checks
+from pipeline.tools.audit.ending import EndingChecks, Segment, best_epoch, completed_epochs
+from pipeline.tools.audit.files import CheckpointWrite, verify_checkpoints
+from pipeline.tools.audit.verdict import (
     AuditReadError,
     AuditReport,
     ChainVerdict,
@@ -70,7 +63,6 @@ __all__ = [
     "Finding",
     "Severity",
     "audit_file",
-    "register_cli",
 ]
 
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k != "prev")  # a missing prev is the chain's finding
@@ -578,53 +570,3 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
         except OSError as exc:
             raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
     return auditor.finish()
-
-
-# --- CLI ----------------------------------------------------------------------------------------
-def _cmd_audit(args: argparse.Namespace) -> int:
-    try:
-        key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
-        if Path(args.events).is_dir():  # a run directory: every rank's log, and their agreement
-            from pipeline.tools.audit_ranks import audit_run_dir
-
-            report: AuditReport | RankedAudit = audit_run_dir(args.events, verify_checkpoints=not args.no_checkpoints,
-                                                              key=key)
-        else:
-            report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
-    except (AuditReadError, LogKeyError) as exc:
-        if args.json:
-            print(json.dumps({"path": str(args.events), "ok": False, "error": str(exc)}))
-        else:
-            print(f"fsmtrain audit: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    if args.json:
-        print(json.dumps(report.to_dict(args.strict), indent=2))
-    else:
-        sys.stdout.write(report.render(args.strict))
-    return report.exit_code(args.strict)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("events", metavar="RUN_DIR|EVENTS_JSONL",
-                        help="a run directory (every rank's log of a multi-process run, and that the ranks agreed) "
-                             "or one events.jsonl")
-    parser.add_argument("--json", action="store_true",
-                        help="print a machine-readable verdict (chain, key, segments, violations, story)")
-    parser.add_argument("--strict", action="store_true",
-                        help="warnings (e.g. checkpoint files not present, non-finite losses) fail the audit too")
-    parser.add_argument("--no-checkpoints", action="store_true", help="do not hash the checkpoint files")
-    parser.add_argument("--key-file", metavar="FILE", default=None,
-                        help="the log key (HMAC-SHA256 chain); default: the FSMTRAIN_LOG_KEY environment variable")
-    parser.set_defaults(func=_cmd_audit)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain audit`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "audit", help="check a run's events.jsonl (hash chain, lifecycle, content) and explain the run",
-        description="Check a run log's hash chain, its moves against the lifecycle table and its content "
-                    "(result, stop, timestamps, checkpoints), and explain the run. "
-                    "Exit 0: holds; 1: violations; 2: the file or the key file cannot be read.",
-    )
-    add_arguments(parser)
-

@@ -14,14 +14,14 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.hpo_trial import ERROR_ATTR, SEEDS_ATTR
-from pipeline.app.study_storage import RUN_DIRS_ATTR, WORKER_ATTR
+from pipeline.app.hpo.plan import StudyPlan
+from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
+from pipeline.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from pipeline.app.hpo_study import StudyPlan
 
 __all__ = ["Monitor", "describe_trial", "format_params"]
 

@@ -18,7 +18,7 @@ __all__ = ["cmd_hpo", "register_cli"]
 
 def cmd_hpo(args: argparse.Namespace) -> int:
     from pipeline.app.config import apply_overrides, config_from_dict, load_yaml
-    from pipeline.app.hpo_study import prepare, run_study
+    from pipeline.app.hpo.study import prepare, run_study
 
     overrides = list(args.set or [])
     if args.device:

@@ -18,8 +18,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pipeline.tools.report_run import ReportError, as_float
-from pipeline.tools.svgplot import (
+from pipeline.tools.report.run import ReportError, as_float
+from pipeline.tools.report.svgplot import (
     GREY,
     PALETTE,
     Axis,

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig, build_pruner, build_sampler
-from pipeline.app.hpo_monitor import Monitor
-from pipeline.app.hpo_trial import TrialPlan, run_trial
-from pipeline.app.study_storage import (
+from pipeline.app.hpo.monitor import Monitor
+from pipeline.app.hpo.plan import StudyPlan
+from pipeline.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
     Heartbeat,
@@ -41,6 +41,7 @@ from pipeline.app.study_storage import (
     parse_storage,
     release_dead_holders_lock,
 )
+from pipeline.app.hpo.trial import TrialPlan, run_trial
 
 if TYPE_CHECKING:
     import optuna
@@ -48,19 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["StudyPlan", "check_study", "prepare", "run_study", "study_name_for", "work"]
 
 INTERRUPTED = 130
-
-
-@dataclass(frozen=True)
-class StudyPlan:
-    trial: TrialPlan
-    storage: StorageSpec
-    heartbeat: Heartbeat | None
-    optimize: OptimizeConfig
-    n_trials: int
-    deadline: float | None  # time.time() after which no trial starts
-    workers: int
-    config: str  # the config file as given, for the printed commands
-    prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
 
 
 def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
@@ -262,7 +250,7 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
 
 
 _PRELOAD = [
-    "pipeline.app.hpo_study", "pipeline.app.job", "callbacks", "optuna",
+    "pipeline.app.hpo.study", "pipeline.app.job", "callbacks", "optuna",
     "torch._dynamo",  # what the first torch.optim.Optimizer() imports: seconds, paid once here
 ]
 

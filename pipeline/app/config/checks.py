@@ -1,56 +1,26 @@
-"""Build what a config names and blame a failure on the leaf of the config that caused it.
+"""What ``validate`` builds to reject what ``train`` would.
 
 ``train`` builds the model, optimizer, scheduler and loss before it claims a run directory;
 ``validate`` builds the same cheaply (the optimizer and scheduler on one dummy parameter) and
 checks the data builder's arguments against its signature. Either way a constructor that rejects
-its arguments becomes one :class:`~pipeline.app.config.ConfigError` naming the leaf path
-(``optimizer_config.lr``), what was found there, the constructor's own words, and the file (or the
-``--set``) it came from. The leaf is found by building again without each key in turn: the key
-without which the constructor accepts the rest is the one it rejected.
+its arguments is blamed on the leaf of the config that caused it (:mod:`pipeline.app.config.blame`).
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.app.config_problems import ConfigError, ConfigProblem
-from pipeline.app.config_resolution import resolve_dotted
-from pipeline.app.config_schema import RunConfig
+from pipeline.app.config.blame import blamed
+from pipeline.app.config.builders import build_criterion, build_extra_callbacks, build_optimizer
+from pipeline.app.config.problems import ConfigError, ConfigProblem
+from pipeline.app.config.resolution import resolve_dotted
+from pipeline.app.config.schema import RunConfig
 
-__all__ = ["blamed", "check_builds", "check_data_arguments"]
+__all__ = ["check_builds", "check_data_arguments"]
 
 _SIMPLE = (int, float, str, bool)
-
-
-def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
-           kwargs: Mapping[str, Any]) -> Any:
-    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``."""
-    try:
-        return build(kwargs)
-    except ConfigError:
-        raise
-    except Exception as exc:  # a constructor's own check, whatever it raises
-        leaf = _culprit(kwargs, build, exc)
-        why = f"{type(exc).__name__}: {exc}".strip()
-        if leaf is None:
-            problem = ConfigProblem(section, f"arguments {what} accepts", why)
-        else:
-            problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")
-        raise ConfigError([problem], cfg.source_of(problem.path)) from exc
-
-
-def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any], exc: Exception) -> str | None:
-    for key in kwargs:
-        try:
-            build({k: v for k, v in kwargs.items() if k != key})
-        except Exception:
-            continue
-        return key
-    text = str(exc)
-    return next((key for key in kwargs if key in text), None)
 
 
 def check_data_arguments(cfg: RunConfig, seed: int) -> None:
@@ -97,7 +67,6 @@ def check_builds(cfg: RunConfig) -> list[str]:
     built, for the summary line."""
     import torch
 
-    from pipeline.app.builders import build_criterion, build_extra_callbacks, build_optimizer
 
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config)
     if not isinstance(model, torch.nn.Module):

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.app.config_problems import ConfigError, ConfigProblem
+from pipeline.app.config.problems import ConfigError, ConfigProblem
 
 # YAML 1.1 wants a dot and a signed exponent for floats, so ``1e-3`` would read as a string and
 # reach an optimizer as "1e-3". This resolver accepts the forms Python's float() accepts.

@@ -2,7 +2,7 @@
 
 Reads the log (no torch), audits it with :func:`pipeline.tools.audit.audit_file`, draws the run's
 path with :func:`pipeline.core.drawing.run_diagram`, and lays out the charts of
-:mod:`pipeline.tools.svgplot`. Epochs are shown 1-based, as the console counts them.
+:mod:`pipeline.tools.report.svgplot`. Epochs are shown 1-based, as the console counts them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from pipeline.core.drawing import DiagramError, Format, read_run_path, run_diagram
 from pipeline.core.lifecycle import TRANSITIONS, Phase
 from pipeline.tools.audit import AuditReadError, AuditReport, audit_file
-from pipeline.tools.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
+from pipeline.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
 
 __all__ = ["RUN_PLOTS", "EpochRow", "ReportError", "RunData", "read_run", "run_sections"]
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from pipeline.app import static_lookup
-from pipeline.app.config_problems import ConfigError, ConfigProblem, closest
+import pipeline.app.config.static_lookup as static_lookup
+from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
 from pipeline.core.hooks import TrainingCallback
 
 

@@ -10,10 +10,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pipeline.app.build_check import blamed
-from pipeline.app.config_problems import ConfigError, ConfigProblem
-from pipeline.app.config_resolution import Kind, resolve_dotted
-from pipeline.app.config_schema import RunConfig, resolved_dict
+from pipeline.app.config.blame import blamed
+from pipeline.app.config.problems import ConfigError, ConfigProblem
+from pipeline.app.config.resolution import Kind, resolve_dotted
+from pipeline.app.config.schema import RunConfig, resolved_dict
 from pipeline.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:

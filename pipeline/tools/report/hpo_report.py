@@ -183,7 +183,7 @@ def _storage_arg(text: str) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
-    from pipeline.app.study_storage import StorageError, open_storage, parse_storage, pick_study
+    from pipeline.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

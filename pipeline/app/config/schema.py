@@ -10,8 +10,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from pipeline.app.config_problems import ConfigProblem, closest
-from pipeline.app.config_yaml import override_of
+from pipeline.app.config.loading import override_of
+from pipeline.app.config.problems import ConfigProblem, closest
 from pipeline.core.context import BUILTIN_METRICS
 
 # What is trained: the fields whose values shape the weights. A resume must keep them (the run's

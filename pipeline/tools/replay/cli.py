@@ -21,7 +21,7 @@ __all__ = ["register_cli"]
 
 
 def _events_files(target: Path) -> list[Path]:
-    from pipeline.tools.replay import ReplayError
+    from pipeline.tools.replay.recording import ReplayError
 
     if target.is_file():
         return [target]
@@ -36,7 +36,7 @@ def _events_files(target: Path) -> list[Path]:
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[str]]:
-    from pipeline.tools.replay import ReplayError
+    from pipeline.tools.replay.recording import ReplayError
 
     key, sep, values = spec.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
@@ -46,7 +46,7 @@ def _parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 
 def _parse_sets(sets: Sequence[str]) -> list[str]:
-    from pipeline.tools.replay import ReplayError
+    from pipeline.tools.replay.recording import ReplayError
 
     for s in sets:
         key, sep, _ = s.partition("=")
@@ -60,7 +60,8 @@ def _fmt_loss(v: float | None) -> str:
 
 
 def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequence[str], as_json: bool) -> int:
-    from pipeline.tools.replay import ReplayError, replay_run
+    from pipeline.tools.replay.recording import ReplayError
+    from pipeline.tools.replay.replayer import replay_run
 
     rows: list[dict[str, Any]] = []
     status = 0
@@ -95,7 +96,8 @@ def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequenc
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from pipeline.tools.replay import ReplayError, replay_run
+    from pipeline.tools.replay.recording import ReplayError
+    from pipeline.tools.replay.replayer import replay_run
 
     try:
         files = _events_files(Path(args.events))

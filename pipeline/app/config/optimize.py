@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
-from pipeline.app.config_problems import ConfigError, ConfigProblem
-from pipeline.app.config_resolution import (
+from pipeline.app.config.problems import ConfigError, ConfigProblem
+from pipeline.app.config.resolution import (
     ResolveError,
     describe,
     import_dotted,
@@ -21,14 +21,14 @@ from pipeline.app.config_resolution import (
     resolution_problems,
     resolve_dotted,
 )
-from pipeline.app.config_schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
+from pipeline.app.config.schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
 
 if TYPE_CHECKING:
     import optuna
 
 
 _PART_MODULES = {"sampler": "optuna.samplers", "pruner": "optuna.pruners"}
-_OWN_PARTS = {"PredictedFinalLossPruner": "pipeline.app.hpo_pruner.PredictedFinalLossPruner"}
+_OWN_PARTS = {"PredictedFinalLossPruner": "pipeline.app.hpo.pruner.PredictedFinalLossPruner"}
 _PART_KIND = {
     "sampler": "an Optuna sampler class (optuna.samplers.BaseSampler subclass, e.g. optuna.samplers.TPESampler)",
     "pruner": "an Optuna pruner class (optuna.pruners.BasePruner subclass, e.g. optuna.pruners.MedianPruner)",

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.lifecycle import ABORT, INITIAL, StopReason
-from pipeline.tools.audit_content import number, result_mismatches
-from pipeline.tools.audit_report import Finding, Severity
+from pipeline.tools.audit.content import number, result_mismatches
+from pipeline.tools.audit.verdict import Finding, Severity
 
 __all__ = ["EndingChecks", "Segment", "StopInfo"]
 

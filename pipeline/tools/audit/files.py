@@ -12,9 +12,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tools.audit_chain import ChainCheck, stored_head
-from pipeline.tools.audit_ending import Segment
-from pipeline.tools.audit_report import Explanation, Finding, Severity
+from pipeline.tools.audit.chain import ChainCheck, stored_head
+from pipeline.tools.audit.ending import Segment
+from pipeline.tools.audit.verdict import Explanation, Finding, Severity
 
 __all__ = ["CheckpointWrite", "verify_checkpoints"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
-from pipeline.app.study_storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial, worker_identity
+from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial, worker_identity
 from pipeline.core.events import jsonable
 from pipeline.core.lifecycle import StopReason
 

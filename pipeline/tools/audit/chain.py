@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
-from pipeline.tools.audit_report import ChainVerdict, Finding
+from pipeline.tools.audit.verdict import ChainVerdict, Finding
 
 __all__ = ["ChainCheck", "SegmentChain", "stored_head"]
 

@@ -15,9 +15,9 @@ A replay cannot invent epochs the recording does not have: when a what-if outliv
 the driver raises :class:`RecordingExhausted` at the next epoch, the engine takes its ordinary fault
 path, and the result says the stop is unknown beyond epoch N.
 
-What a recording holds is :mod:`pipeline.tools.replay_recording`; what a replay did, and how its trace
-compares with the recording's, is :mod:`pipeline.tools.replay_result`. Their public names are
-importable from here too.
+What a recording holds is :mod:`pipeline.tools.replay.recording`; what a replay did, and how its trace
+compares with the recording's, is :mod:`pipeline.tools.replay.result`; the package
+(:mod:`pipeline.tools.replay`) names the public face of all three.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from pipeline.core.hooks import ReplaySupport, TrainingCallback
 from pipeline.core.lifecycle import Phase
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
-from pipeline.tools.replay_cli import register_cli  # the CLI lives apart: registering it imports no torch
-from pipeline.tools.replay_ranks import RecordedRanks, recorded_ranks
-from pipeline.tools.replay_recording import (
+from pipeline.tools.replay.ranks import RecordedRanks, recorded_ranks
+from pipeline.tools.replay.recording import (
     _SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
@@ -49,27 +48,9 @@ from pipeline.tools.replay_recording import (
     ReplayError,
     load_recording,
 )
-from pipeline.tools.replay_recording import TrialReport as TrialReport  # importable from here, as before the split
-from pipeline.tools.replay_recording import recording_from_events as recording_from_events
-from pipeline.tools.replay_result import Divergence, ReplayResult, _comparable_recorded, compare_traces, normalize_event
+from pipeline.tools.replay.result import ReplayResult, _comparable_recorded, compare_traces
 
-__all__ = [
-    "Divergence",
-    "RecordedEpoch",
-    "RecordedTrial",
-    "Recording",
-    "RecordingExhausted",
-    "ReplayBatch",
-    "ReplayDriver",
-    "ReplayError",
-    "ReplayResult",
-    "compare_traces",
-    "load_recording",
-    "normalize_event",
-    "register_cli",
-    "replay_losses",
-    "replay_run",
-]
+__all__ = ["RecordingExhausted", "ReplayDriver", "check_replayable", "replay_losses", "replay_run"]
 
 # Metrics the engine collects before validation; everything else in an epoch's metrics is validation's.
 _BEGIN_METRICS = ("lr",)
@@ -301,7 +282,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
             )
         from pipeline.app import config as config_mod
-        from pipeline.app.config_schema import TRAINING_FIELDS
+        from pipeline.app.config.schema import TRAINING_FIELDS
 
         for item in overrides:
             key = item.partition("=")[0].strip()

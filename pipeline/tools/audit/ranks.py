@@ -26,8 +26,8 @@ from typing import Any
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.events import first_run_start
 from pipeline.core.lifecycle import FINAL
-from pipeline.tools.audit import audit_file
-from pipeline.tools.audit_report import EXIT_OK, EXIT_VIOLATIONS, AuditReadError, AuditReport, Finding
+from pipeline.tools.audit.auditor import audit_file
+from pipeline.tools.audit.verdict import EXIT_OK, EXIT_VIOLATIONS, AuditReadError, AuditReport, Finding
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 

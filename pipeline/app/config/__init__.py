@@ -1,16 +1,16 @@
 """Run configs: loading and validating one, in tiers; the public face of the ``config_*`` modules
-and of :mod:`pipeline.app.builders` (the dotted-path builders and the default callbacks).
+and of :mod:`pipeline.app.config.builders` (the dotted-path builders and the default callbacks).
 
 Validation tiers, all run before anything is created on disk, with every problem reported at once:
 
-1. **syntax** (:mod:`~pipeline.app.config_yaml`): YAML with duplicate keys rejected (with their
+1. **syntax** (:mod:`~pipeline.app.config.loading`): YAML with duplicate keys rejected (with their
    lines); ``1e-3`` reads as a float.
-2. **schema** (:mod:`~pipeline.app.config_schema`, pydantic): types, ranges, unknown keys (with the
+2. **schema** (:mod:`~pipeline.app.config.schema`, pydantic): types, ranges, unknown keys (with the
    closest known key).
-3. **resolution** (:mod:`~pipeline.app.config_resolution`): every dotted path imports and is the
+3. **resolution** (:mod:`~pipeline.app.config.resolution`): every dotted path imports and is the
    right kind of object, its kwargs match its signature, a requested accelerator exists, without
    importing torch where fsmtrain's own dependencies settle it from source; the ``optimize:``
-   section's sampler, pruner and search space (:mod:`~pipeline.app.config_optimize`).
+   section's sampler, pruner and search space (:mod:`~pipeline.app.config.optimize`).
 4. **semantic warnings** (here; never fatal): e.g. patience >= epochs, a cosine ``T_max`` != ``epochs``.
 
 Resolution runs on the raw mapping, independently of the schema tier, so one error lists a
@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.app.builders import (
+from pipeline.app.config.builders import (
     build_callbacks,
     build_criterion,
     build_data,
@@ -37,16 +37,17 @@ from pipeline.app.builders import (
     build_scheduler,
     seed_everything,
 )
-from pipeline.app.config_optimize import (
+from pipeline.app.config.loading import ConfigLoader, apply_overrides, load_yaml, override_of
+from pipeline.app.config.optimize import (
     build_pruner,
     build_sampler,
     optimize_build_problems,
     optimize_problems,
     trial_data,
 )
-from pipeline.app.config_problems import ConfigError, ConfigProblem, closest
-from pipeline.app.config_resolution import resolution_problems, resolve_dotted
-from pipeline.app.config_schema import (
+from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
+from pipeline.app.config.resolution import resolution_problems, resolve_dotted
+from pipeline.app.config.schema import (
     CallbacksConfig,
     CheckpointConfig,
     EarlyStoppingConfig,
@@ -59,7 +60,6 @@ from pipeline.app.config_schema import (
     resolved_dict,
     schema_problems,
 )
-from pipeline.app.config_yaml import ConfigLoader, apply_overrides, load_yaml, override_of
 
 __all__ = [
     "CallbacksConfig",

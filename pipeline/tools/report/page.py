@@ -1,27 +1,24 @@
 """``fsmtrain report RUN_DIR | EVENTS_JSONL | STUDY [--study NAME] [-o FILE]``: one self-contained HTML page.
 
-A run's page is made from its ``events.jsonl`` alone (:mod:`pipeline.tools.report_run`), a study's
-from its Optuna storage alone (:mod:`pipeline.tools.report_study`), which also makes the run report
+A run's page is made from its ``events.jsonl`` alone (:mod:`pipeline.tools.report.run`), a study's
+from its Optuna storage alone (:mod:`pipeline.tools.report.study`), which also makes the run report
 of every trial's run directory it finds, to link it. The charts are inline SVG drawn in Python
-(:mod:`pipeline.tools.svgplot`): no JavaScript, nothing fetched, a page of tens of kB that opens
+(:mod:`pipeline.tools.report.svgplot`): no JavaScript, nothing fetched, a page of tens of kB that opens
 anywhere, from disk or mail. A Content-Security-Policy forbids every request, so a page that tried
 one would fail loudly in the browser rather than leak it. No torch import; Optuna only for a study.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import tempfile
 from html import escape
 from pathlib import Path
-from typing import Any
 
-from pipeline.tools.report_run import ReportError, run_sections
+from pipeline.tools.report.run import ReportError, run_sections
 
-__all__ = ["ReportError", "default_output", "page", "register_cli", "render_report", "write_run_report"]
+__all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1000px;padding:1rem 1.5rem;color:#222}
@@ -61,7 +58,7 @@ def _section_id(html: str) -> str | None:
     return html[start + 5:html.index('"', start + 5)] if start >= 0 else None
 
 
-def _check_output(path: Path) -> None:
+def check_output(path: Path) -> None:
     """``path`` can be a page: not a folder, and no file where a folder of it should be (else ReportError)."""
     if path.is_dir():
         raise ReportError(f"{path}: expected a file to write the HTML page to; found a folder")
@@ -72,7 +69,7 @@ def _check_output(path: Path) -> None:
 
 def _atomic_write(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
-    _check_output(path)  # else the error would name the temp file, not the path
+    check_output(path)  # else the error would name the temp file, not the path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -129,7 +126,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     events = _events_of(target) if study is None else None
     if events is not None:
         return write_run_report(events, out), []
-    from pipeline.tools.report_study import open_study, storage_url, study_sections
+    from pipeline.tools.report.study import open_study, storage_url, study_sections
 
     opened = open_study(target, study)
     dest = out if out is not None else default_output(target, opened.study_name)
@@ -155,43 +152,3 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
 
 
 # --- CLI ------------------------------------------------------------------------------------------
-def _cmd_report(args: argparse.Namespace) -> int:
-    try:
-        if args.output is not None:
-            _check_output(Path(args.output))  # before the work, not after it
-        out, made = render_report(args.target, study=args.study, out=None if args.output is None else Path(args.output),
-                                  run_reports=not args.no_runs)
-    except ReportError as exc:
-        print(f"fsmtrain report: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"fsmtrain report: {exc.filename or args.target}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    for path in made:
-        print(f"wrote {path}")
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB)")
-    return 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="RUN_DIR|EVENTS_JSONL|STUDY",
-                        help="a run directory or its events.jsonl; or an Optuna storage (SQLite file, journal "
-                             "file or URL)")
-    parser.add_argument("--study", metavar="NAME", default=None,
-                        help="the study in the storage (needed when it holds more than one)")
-    parser.add_argument("-o", "--output", metavar="FILE", default=None,
-                        help="where to write the page (default: RUN_DIR/report.html, or NAME-report.html next "
-                             "to the study file)")
-    parser.add_argument("--no-runs", action="store_true",
-                        help="study: link only the run reports that exist; do not make missing ones")
-    parser.set_defaults(func=_cmd_report)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain report`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "report", help="a self-contained HTML page with the plots of a run or a study",
-        description="Write one self-contained HTML page (inline SVG charts, no network) for a run, from its "
-                    "events.jsonl, or for an Optuna study, from its storage.",
-    )
-    add_arguments(parser)

@@ -1,0 +1,45 @@
+"""Blame a constructor's rejection on the leaf of the config that caused it.
+
+A constructor that rejects its arguments becomes one :class:`~pipeline.app.config.ConfigError`
+naming the leaf path (``optimizer_config.lr``), what was found there, the constructor's own words,
+and the file (or the ``--set``) it came from. The leaf is found by building again without each key
+in turn: the key without which the constructor accepts the rest is the one it rejected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipeline.app.config.problems import ConfigError, ConfigProblem
+from pipeline.app.config.schema import RunConfig
+
+__all__ = ["blamed"]
+
+
+def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
+           kwargs: Mapping[str, Any]) -> Any:
+    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``."""
+    try:
+        return build(kwargs)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a constructor's own check, whatever it raises
+        leaf = _culprit(kwargs, build, exc)
+        why = f"{type(exc).__name__}: {exc}".strip()
+        if leaf is None:
+            problem = ConfigProblem(section, f"arguments {what} accepts", why)
+        else:
+            problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")
+        raise ConfigError([problem], cfg.source_of(problem.path)) from exc
+
+
+def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any], exc: Exception) -> str | None:
+    for key in kwargs:
+        try:
+            build({k: v for k, v in kwargs.items() if k != key})
+        except Exception:
+            continue
+        return key
+    text = str(exc)
+    return next((key for key in kwargs if key in text), None)

@@ -1,0 +1,35 @@
+"""Hyper-parameter search (``fsmtrain hpo``): the Optuna study a config's ``optimize:`` section
+describes, each trial one ordinary run per seed.
+
+Inside: ``study`` (a study and its workers), ``trial`` (one trial's seeds), ``monitor`` (the live
+line and the per-trial lines), ``pruner`` (:class:`PredictedFinalLossPruner`), ``storage`` (SQLite,
+journal file or a database URL) and ``cli`` (the subcommand). Names are imported when first asked
+for, so building the ``fsmtrain`` parser imports no Optuna.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.core.exports import lazy_exports
+
+_STUDY = "pipeline.app.hpo.study"
+_STORAGE = "pipeline.app.hpo.storage"
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "StudyPlan": "pipeline.app.hpo.plan", "check_study": _STUDY, "prepare": _STUDY, "run_study": _STUDY,
+    "PredictedFinalLossPruner": "pipeline.app.hpo.pruner",
+    "StorageError": _STORAGE, "StorageSpec": _STORAGE, "open_storage": _STORAGE, "parse_storage": _STORAGE,
+    "TrialPlan": "pipeline.app.hpo.trial", "run_trial": "pipeline.app.hpo.trial",
+})
+
+__all__ = [
+    "PredictedFinalLossPruner", "StorageError", "StorageSpec", "StudyPlan", "TrialPlan", "check_study",
+    "open_storage", "parse_storage", "prepare", "run_study", "run_trial",
+]
+
+if TYPE_CHECKING:
+    from pipeline.app.hpo.plan import StudyPlan
+    from pipeline.app.hpo.pruner import PredictedFinalLossPruner
+    from pipeline.app.hpo.storage import StorageError, StorageSpec, open_storage, parse_storage
+    from pipeline.app.hpo.study import check_study, prepare, run_study
+    from pipeline.app.hpo.trial import TrialPlan, run_trial

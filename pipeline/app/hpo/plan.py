@@ -1,0 +1,24 @@
+"""What one ``fsmtrain hpo`` command runs: the study, its storage, its budget and its workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.app.config import OptimizeConfig
+from pipeline.app.hpo.storage import Heartbeat, StorageSpec
+from pipeline.app.hpo.trial import TrialPlan
+
+__all__ = ["StudyPlan"]
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    trial: TrialPlan
+    storage: StorageSpec
+    heartbeat: Heartbeat | None
+    optimize: OptimizeConfig
+    n_trials: int
+    deadline: float | None  # time.time() after which no trial starts
+    workers: int
+    config: str  # the config file as given, for the printed commands
+    prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)

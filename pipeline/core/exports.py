@@ -1,0 +1,34 @@
+"""Lazy re-exports for a package's ``__init__``: its public face without the cost of importing it.
+
+``fsmtrain --help`` builds every subcommand's parser, which imports each tool package; a package
+that imported its implementation eagerly would make start-up pay for torch, Optuna or W&B. A
+package instead maps each public name to the module that defines it, and the module is imported
+the first time the name is asked for (``pipeline/__init__.py`` does the same for the top level).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["lazy_exports"]
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module-level ``__getattr__`` and ``__dir__`` of ``package``: ``exports`` maps each public
+    name to the module that defines it; a name, once looked up, is cached in the package."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)  # later lookups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *exports})
+
+    return __getattr__, __dir__

@@ -1,0 +1,26 @@
+"""Reports: one self-contained HTML page of a run (from its ``events.jsonl``) or of an Optuna study
+(from its storage), and the text summary of a study (``fsmtrain hpo-report``).
+
+Inside: ``page`` (the page and where it goes), ``run`` and ``study`` (their sections), ``svgplot``
+(the inline SVG charts), ``hpo_report`` (the text summary and its command) and ``cli``
+(``fsmtrain report``). Names are imported when first asked for: a study needs Optuna.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.core.exports import lazy_exports
+
+_PAGE = "pipeline.tools.report.page"
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "ReportError": "pipeline.tools.report.run", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
+    "write_run_report": _PAGE, "study_report": "pipeline.tools.report.hpo_report",
+})
+
+__all__ = ["ReportError", "default_output", "page", "render_report", "study_report", "write_run_report"]
+
+if TYPE_CHECKING:
+    from pipeline.tools.report.hpo_report import study_report
+    from pipeline.tools.report.page import default_output, page, render_report, write_run_report
+    from pipeline.tools.report.run import ReportError
