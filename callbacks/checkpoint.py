@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
 
 __all__ = ["CheckpointCallback"]

@@ -7,8 +7,8 @@ from typing import Any
 
 from pipeline.core.context import EpochContext, RunContext, epoch_number
 from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import StopReason
 from pipeline.core.slots import EARLY_STOPPING_WAIT
+from pipeline.core.stop import StopReason
 
 __all__ = ["EarlyStoppingCallback", "improves"]
 

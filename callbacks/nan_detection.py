@@ -6,7 +6,7 @@ import math
 
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 
 __all__ = ["NaNDetectionCallback"]
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import StopReason
 from pipeline.core.slots import LOSS_PREDICTION
+from pipeline.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna

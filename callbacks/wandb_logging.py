@@ -12,13 +12,12 @@ from typing import Any
 
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.lifecycle import StopReason
 from pipeline.core.scalars import epoch_scalars
 from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from pipeline.core.stop import StopReason
 
-__all__ = ["FAILED_REASONS", "WandbLoggingCallback", "epoch_log"]
+__all__ = ["WandbLoggingCallback", "epoch_log"]
 
-FAILED_REASONS = frozenset({StopReason.ERROR, StopReason.INTERRUPTED, StopReason.NAN})
 _MODES = ("offline", "online", "disabled", "shared")
 
 
@@ -123,4 +122,4 @@ class WandbLoggingCallback(TrainingCallback):
             if math.isfinite(best):
                 wb.summary["best_val_loss"] = best
         finally:
-            wb.finish(exit_code=1 if reason in FAILED_REASONS else 0)
+            wb.finish(exit_code=1 if reason.failed else 0)

@@ -28,7 +28,6 @@ _EXPORTS: dict[str, str] = {
     "FaultContext": "pipeline.core.context",
     "RunContext": "pipeline.core.context",
     "Slot": "pipeline.core.context",
-    "SlotScope": "pipeline.core.context",
     "StepContext": "pipeline.core.context",
     "StopRequest": "pipeline.core.context",
     "Driver": "pipeline.core.driver",
@@ -42,7 +41,7 @@ _EXPORTS: dict[str, str] = {
     "Guard": "pipeline.core.lifecycle",
     "LifecycleError": "pipeline.core.lifecycle",
     "Phase": "pipeline.core.lifecycle",
-    "StopReason": "pipeline.core.lifecycle",
+    "StopReason": "pipeline.core.stop",
     "Transition": "pipeline.core.lifecycle",
     "EventLog": "pipeline.core.events",
     "read_events": "pipeline.core.events",
@@ -76,7 +75,6 @@ __all__ = [
     "ReplaySupport",
     "RunContext",
     "Slot",
-    "SlotScope",
     "SlotWriteError",
     "StepContext",
     "StopReason",
@@ -115,7 +113,6 @@ if TYPE_CHECKING:
         FaultContext,
         RunContext,
         Slot,
-        SlotScope,
         StepContext,
         StopRequest,
     )
@@ -123,7 +120,8 @@ if TYPE_CHECKING:
     from pipeline.core.engine import Engine
     from pipeline.core.events import EventLog, read_events
     from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-    from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
+    from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
     from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
     from pipeline.core.result import TrainResult
     from pipeline.core.runner import CallbackOrderError, CallbackRunner
+    from pipeline.core.stop import StopReason

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.app.arg_types import positive_int
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 
 if TYPE_CHECKING:
     from pipeline.app.config import RunConfig
@@ -43,23 +43,21 @@ class ExitCode(IntEnum):
     TERMINATED = 143  # SIGTERM (128 + 15), what schedulers send before they kill
 
 
-_BY_REASON = {
-    StopReason.COMPLETED: ExitCode.OK,
-    StopReason.EARLY_STOP: ExitCode.OK,
-    StopReason.PRUNED: ExitCode.OK,
-    StopReason.NAN: ExitCode.NAN,
-    StopReason.ERROR: ExitCode.ERROR,
-    StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
-}
-_SEVERITY = (ExitCode.OK, ExitCode.NAN, ExitCode.ERROR, ExitCode.INTERRUPTED, ExitCode.TERMINATED)
-
-
 def exit_code_for(reason: StopReason) -> ExitCode:
-    return _BY_REASON[reason]
+    """A run's exit status is a fact of its stop reason (``pipeline.core.stop``)."""
+    return ExitCode(reason.exit_code)
+
+
+def _severity(code: ExitCode) -> int:
+    """Over several seeds the most severe status wins: the reasons' own severities, under SIGTERM's,
+    which is a signal rather than a reason and outranks them all."""
+    if code is ExitCode.TERMINATED:
+        return max(r.severity for r in StopReason) + 1
+    return max((r.severity for r in StopReason if r.exit_code == code), default=0)
 
 
 def _worst(codes: Sequence[ExitCode]) -> ExitCode:
-    return max(codes, key=_SEVERITY.index, default=ExitCode.OK)
+    return max(codes, key=_severity, default=ExitCode.OK)
 
 
 def _fmt(x: float) -> str:

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.core.context import EpochContext, RunContext, StepContext
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 
 
 def _rank(run: RunContext) -> int:

@@ -219,7 +219,7 @@ def test_an_error_raised_in_train_end_after_all_epochs_fails_the_command(tmp_pat
 
 def test_every_stop_reason_has_an_exit_code() -> None:
     from pipeline.cli import exit_code_for
-    from pipeline.core.lifecycle import StopReason
+    from pipeline.core.stop import StopReason
 
     codes = {reason: exit_code_for(reason) for reason in StopReason}
     assert {r for r, c in codes.items() if c is ExitCode.OK} == {

@@ -18,9 +18,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.core.consensus import decide, proposal_of
+from pipeline.core.consensus import agreement_points, decide, proposal_of
 from pipeline.core.context import StopRequest
-from pipeline.core.lifecycle import Phase, StopReason, agreement_points
+from pipeline.core.lifecycle import Phase
+from pipeline.core.stop import StopReason
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

@@ -16,10 +16,11 @@ from pipeline.core.driver import BaseDriver
 from pipeline.core.engine import Engine, Interrupted
 from pipeline.core.events import EventLog
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import Phase, StopReason, legal_moves
+from pipeline.core.lifecycle import TRANSITIONS, Phase
 from pipeline.core.runner import CallbackRunner
+from pipeline.core.stop import StopReason
 
-LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
+LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
 HOOKS = ("on_train_epoch_begin", "on_train_step_end", "on_val_end", "on_epoch_end")
 
 

@@ -23,7 +23,6 @@ from pipeline.core.lifecycle import (
     build_machine,
     check_table,
     enabled_transition,
-    legal_moves,
     transition_for,
     transitions_from,
     triggers_from,
@@ -54,7 +53,7 @@ def test_every_phase_has_an_abort_route_and_train_end_is_final() -> None:
 
 
 def test_design_moves_are_all_present() -> None:
-    moves = {(s.value, d.value, trig) for s, d, trig in legal_moves()}
+    moves = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
     expected = {
         ("created", "train_begin", "begin"),
         ("train_begin", "epoch_begin", "start_epoch"),

@@ -53,8 +53,8 @@ def test_bad_level_is_a_clear_error() -> None:
 def test_jsonable_handles_enums_dataclasses_tensors() -> None:
     import torch
 
-    from pipeline.core.lifecycle import StopReason
     from pipeline.core.slots import LossPrediction
+    from pipeline.core.stop import StopReason
 
     assert jsonable(StopReason.NAN) == "nan"
     assert jsonable(LossPrediction(0.5, 0.3, True)) == {"predicted_loss": 0.5, "neg_log10": 0.3, "fit_ok": True}

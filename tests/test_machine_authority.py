@@ -35,9 +35,9 @@ from pipeline.core.lifecycle import (
     HookScope,
     LifecycleError,
     Phase,
-    StopReason,
     build_machine,
 )
+from pipeline.core.stop import StopReason
 from pipeline.tools.audit import audit_file
 from pipeline.training.checkpoint import load_checkpoint
 

@@ -14,7 +14,7 @@ from core_helpers import make_trainer
 from pipeline.core.context import EpochContext, StepContext
 from pipeline.core.events import read_events
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 from pipeline.tools.replay import ReplayError, load_recording, replay_run
 
 

@@ -24,8 +24,8 @@ from callbacks import (
 )
 from pipeline.core.context import EpochContext, RunContext, StepContext
 from pipeline.core.hooks import ReplaySupport
-from pipeline.core.lifecycle import StopReason
 from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from pipeline.core.stop import StopReason
 from pipeline.tools.replay import RecordedTrial, ReplayError, ReplayResult, TrialReport, compare_traces
 
 Replay = Callable[..., ReplayResult]

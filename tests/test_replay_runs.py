@@ -20,7 +20,7 @@ import pytest
 from pipeline.app.config import load_config
 from pipeline.app.job import train_seed
 from pipeline.core.events import read_events
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 from pipeline.tools.replay import ReplayError, load_recording, replay_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from torch import nn
 
 from pipeline import StopReason, Trainer, TrainingCallback
 from pipeline.core.context import EpochContext, StepContext
-from pipeline.core.lifecycle import legal_moves
+from pipeline.core.lifecycle import TRANSITIONS
 
-LEGAL = {(s.value, d.value, t) for s, d, t in legal_moves()}
+LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
 _VOLATILE = {"ts", "run_id", "prev"}  # prev: the hash chain digests the ts too
 _TIMINGS = {"seconds", "phase_seconds", "callback_seconds"}
 

@@ -10,7 +10,6 @@ from pipeline.core.context import (
     FaultContext,
     RunContext,
     Slot,
-    SlotScope,
     StepContext,
     StopRequest,
 )
@@ -18,15 +17,16 @@ from pipeline.core.driver import BaseDriver, Driver
 from pipeline.core.engine import Engine, Interrupted
 from pipeline.core.events import EventLog, read_events
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, StopReason, Transition
+from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
 from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackOrderError, CallbackRunner
+from pipeline.core.stop import StopReason
 
 __all__ = [
     "HOOKS", "TRANSITIONS", "BaseDriver", "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner",
     "CheckpointContext", "Driver", "Engine", "EpochContext", "Interrupted", "EpochRecord", "EventLog", "FaultContext",
     "GlobalHandle", "GlobalRegistrationError", "Guard", "LifecycleError", "Phase", "ReplaySupport",
-    "RunContext", "Slot", "SlotScope", "SlotWriteError", "StepContext", "StopReason", "StopRequest", "Tier",
+    "RunContext", "Slot", "SlotWriteError", "StepContext", "StopReason", "StopRequest", "Tier",
     "TrainResult", "TrainingCallback", "Transition", "read_events", "register_global_callback",
 ]

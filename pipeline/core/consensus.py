@@ -3,8 +3,8 @@
 A stop can be decided on one rank only: a NaN it saw, a callback's request, a signal sent to that
 one process. If that rank alone moved to ``train_end``, the others would wait for it in their next
 collective for ever. So in a multi-process run the guards that read stop facts
-(:data:`pipeline.core.lifecycle.SHARED_GUARDS`) read the *agreed* facts: at the phases of
-:func:`pipeline.core.lifecycle.agreement_points` every rank contributes what it has seen since the
+(:data:`SHARED_GUARDS`) read the *agreed* facts: at the phases of :func:`agreement_points`, read
+from the lifecycle table, every rank contributes what it has seen since the
 last agreement (its own stop request, a signal) in one small all-gather, and every rank applies
 the same verdict:
 
@@ -15,7 +15,8 @@ the same verdict:
   names that rank.
 
 The collective itself is the training layer's (``pipeline.training.distributed``); this module
-is torch-free and only decides.
+is torch-free: :func:`decide` is the pure verdict, :class:`RankAgreement` what one rank's engine
+calls at the agreement points and what its guards then read.
 """
 
 from __future__ import annotations
@@ -24,13 +25,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.context import RunContext, StopRequest
+from pipeline.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
+from pipeline.core.stop import StopReason
 
-__all__ = ["Collective", "Verdict", "decide", "log_name_for_rank", "proposal_of"]
+__all__ = [
+    "SHARED_GUARDS", "Collective", "RankAgreement", "Verdict", "agreement_points", "decide", "log_name_for_rank",
+    "proposal_of",
+]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
 _PHASES: tuple[Phase, ...] = tuple(Phase)
 _WIDTH = 6  # has_request, reason, epoch, phase, immediate, signal
+
+
+# Guards whose facts can differ between the ranks of a multi-process run (a stop requested, a signal
+# received on one rank); they read the facts the ranks agreed (``pipeline.core.consensus``).
+# HAS_BATCH is equal on every rank by construction (equal shards); FAULTED is a rank's own.
+SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
+
+
+def agreement_points(per_batch: bool) -> frozenset[Phase]:
+    """Where the ranks of a multi-process run agree before the machine leaves a phase: the phases
+    whose moves are guarded by ``can_continue`` (twice per run and once per epoch), and, when some
+    callback may request an immediate stop (``per_batch``), every phase whose moves read a shared
+    guard, per batch included."""
+    wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
+    return frozenset(t.source for t in TRANSITIONS
+                     if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
 
 
 def log_name_for_rank(rank: int) -> str:
@@ -90,3 +112,51 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
         return Verdict(signal, signal_rank)
     rank, row = min(requests, key=lambda rr: (-_REASONS[rr[1][1]].precedence, rr[1][2], rr[1][3], rr[0]))
     return Verdict(signal, signal_rank, rank, _REASONS[row[1]], bool(row[4]), row[2], _PHASES[row[3]])
+
+
+class RankAgreement:
+    """One rank's side of the agreement: :meth:`agree` at each of :attr:`points` (one all-gather,
+    then the same verdict on every rank); the engine's shared guards read :attr:`stop` and
+    :attr:`signal`, what the ranks agreed, instead of this rank's own facts."""
+
+    def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
+        """``per_batch``: some callback may request an immediate stop, so the ranks agree before
+        every batch too (see :func:`agreement_points`)."""
+        self.collective = collective
+        self.run = run
+        self.per_batch = per_batch
+        self.points = agreement_points(per_batch)
+        self.stop: StopRequest | None = None
+        self.signal: tuple[int, int] | None = None  # (signal, rank)
+
+    def immediate_stop(self) -> bool:
+        stop = self.stop
+        return (stop is not None and stop.immediate) or self.signal is not None
+
+    def agree(self) -> None:
+        """One all-gather of every rank's new stop request and signal; every rank applies the same verdict."""
+        collective, run = self.collective, self.run
+        mine = run.stop if run.stop is not self.stop else None
+        signal_seen = run.pending_signal if self.signal is None else None
+        verdict = decide(collective.all_gather_ints(proposal_of(mine, signal_seen)))
+        if verdict.signal and self.signal is None:
+            self.signal = (verdict.signal, verdict.signal_rank)
+        if verdict.reason is None:
+            return
+        source, message = collective.broadcast_object(
+            (mine.source, mine.message) if mine is not None and collective.rank == verdict.stop_rank else None,
+            verdict.stop_rank,
+        )
+        if collective.rank != verdict.stop_rank or mine is None:
+            source = f"{source} on rank {verdict.stop_rank}"
+            replaced = run.stop
+            run.stop = StopRequest(verdict.reason, source, message, verdict.immediate, verdict.epoch,
+                                   run.global_step, verdict.phase)
+            extra = {"overrides": replaced.reason.value} if replaced is not None else {}
+            run.emit("stop_request", reason=verdict.reason.value, source=source, message=message,
+                     immediate=verdict.immediate, accepted=True, rank=verdict.stop_rank,
+                     requested_epoch=verdict.epoch, requested_phase=verdict.phase.value, **extra)
+        self.stop = run.stop
+        if verdict.immediate and not self.per_batch and verdict.phase not in self.points:
+            run.warn("engine", f"an immediate stop from {source} is honoured at this epoch's end: no callback of "
+                     "this run declares may_stop_immediately, so the ranks agree once per epoch")

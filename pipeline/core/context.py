@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.lifecycle import Phase
+from pipeline.core.stop import StopReason
 
 if TYPE_CHECKING:
     import torch
@@ -28,21 +28,18 @@ def epoch_number(index: int) -> int:
     return index + 1
 
 
-class SlotScope(str, Enum):
-    EPOCH = "epoch"  # cleared at every epoch begin
-    RUN = "run"  # kept for the whole run
-
-
 @dataclass(frozen=True)
 class Slot(Generic[T]):
-    """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``."""
+    """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``.
+
+    Every slot lives for one epoch: it is cleared when the next epoch begins. A value that must
+    outlive its epoch is the writing callback's own state (its ``state_dict``, which checkpoints keep)."""
 
     name: str
-    scope: SlotScope = SlotScope.EPOCH
     doc: str = ""
 
     def __repr__(self) -> str:
-        return f"Slot({self.name!r}, {self.scope.value})"
+        return f"Slot({self.name!r})"
 
 
 class EventSink(Protocol):
@@ -119,7 +116,6 @@ class RunContext:
         self.pending_signal: int | None = None  # set by a signal handler; the engine acts on it
         self.history: list[EpochRecord] = []
         self._slots: dict[str, Any] = {}
-        self._epoch_slots: set[str] = set()
         self.extras: dict[str, Any] = {}  # e.g. the Optuna trial, the run config
         # Set by the engine: the ordered callbacks of this run and a way to fire a hook on all of
         # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
@@ -146,16 +142,12 @@ class RunContext:
         if guard is not None:
             guard(slot)
         self._slots[slot.name] = value
-        if slot.scope is SlotScope.EPOCH:
-            self._epoch_slots.add(slot.name)
 
     def slot_values(self) -> dict[str, Any]:
         return dict(self._slots)
 
     def clear_epoch_slots(self) -> None:
-        for name in self._epoch_slots:
-            self._slots.pop(name, None)
-        self._epoch_slots.clear()
+        self._slots.clear()
 
     # --- stopping --------------------------------------------------------------------------
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:

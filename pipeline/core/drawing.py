@@ -41,8 +41,9 @@ from pipeline.core.graph_machine import (
     LifecycleGraphMachine,
 )
 from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, StopReason, Transition
+from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
 from pipeline.core.runner import CallbackRunner
+from pipeline.core.stop import Route, StopReason
 
 __all__ = [
     "DiagramError",
@@ -65,9 +66,6 @@ GRAPHVIZ_HINT = (
     "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz` (Homebrew), "
     "or use --format mermaid|dot"
 )
-# Reasons the engine itself forces when a fault ends the run; every other non-COMPLETED reason is
-# one a callback requests with ``request_stop``.
-FAULT_REASONS: tuple[StopReason, ...] = (StopReason.INTERRUPTED, StopReason.ERROR)
 
 
 class Format(str, Enum):
@@ -92,14 +90,15 @@ def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
     """Which stop reasons can take transition ``t`` into ``train_end``, read from its guards."""
     if t.dest is not FINAL:
         return ()
-    requested = tuple(r for r in StopReason if r is not StopReason.COMPLETED and r not in FAULT_REASONS)
     if Guard.FAULTED in t.conditions:
-        return FAULT_REASONS
-    if Guard.IMMEDIATE_STOP in t.conditions:
-        return requested
-    if Guard.CAN_CONTINUE in t.unless:
-        return (StopReason.COMPLETED, *requested)
-    return tuple(StopReason)
+        routes = {Route.FAULT}
+    elif Guard.IMMEDIATE_STOP in t.conditions:
+        routes = {Route.REQUEST}
+    elif Guard.CAN_CONTINUE in t.unless:
+        routes = {Route.EPOCHS, Route.REQUEST}
+    else:
+        routes = set(Route)
+    return tuple(r for r in StopReason if r.route in routes)
 
 
 def _guard_strings(t: Transition) -> tuple[list[str], list[str]]:

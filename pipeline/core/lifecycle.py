@@ -48,34 +48,6 @@ INITIAL = Phase.CREATED
 FINAL = Phase.TRAIN_END
 
 
-class StopReason(str, Enum):
-    """Why a run reached ``train_end``. Extend by subclassing is not possible for Enums, so new
-    reasons are added here; every consumer (audit, replay, CLI exit codes) switches on this."""
-
-    COMPLETED = "completed"
-    NAN = "nan"
-    EARLY_STOP = "early_stop"
-    PRUNED = "pruned"
-    INTERRUPTED = "interrupted"
-    ERROR = "error"
-
-    @property
-    def precedence(self) -> int:
-        """A later request replaces an earlier one that has not taken effect only if it ranks
-        higher: a non-finite loss explains a run better than the early stop or prune it caused."""
-        return _PRECEDENCE.get(self, 0)
-
-    def outranks(self, other: StopReason) -> bool:
-        return self.precedence > other.precedence
-
-
-_PRECEDENCE: Mapping[StopReason, int] = {
-    StopReason.NAN: 1,
-    StopReason.INTERRUPTED: 2,
-    StopReason.ERROR: 2,
-}
-
-
 class Guard(str, Enum):
     """Named guard predicates. Each is a pure function of the :class:`Facts` of a running machine."""
 
@@ -279,8 +251,6 @@ PROGRAM: tuple[Step, ...] = (
 
 HOOKS: tuple[HookSpec, ...] = tuple(s for s in PROGRAM if isinstance(s, HookSpec))
 HOOK_NAMES: tuple[str, ...] = tuple(h.name for h in HOOKS)
-PER_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch and h.trigger == BATCH)
-VAL_BATCH_HOOKS: tuple[str, ...] = tuple(h.name for h in HOOKS if h.per_batch and h.phase is P.VAL)
 
 
 def program_for(t: Transition) -> tuple[Step, ...]:
@@ -315,8 +285,13 @@ def transitions_from(phase: Phase) -> tuple[Transition, ...]:
     return _FROM[phase]
 
 
-def legal_moves() -> frozenset[tuple[Phase, Phase, str]]:
-    return frozenset((t.source, t.dest, t.trigger) for t in TRANSITIONS)
+def enabled_transition(phase: Phase, facts: Facts) -> Transition:
+    """The one ordinary transition the table allows from ``phase`` given ``facts`` (the audit asks
+    which move a logged state allowed)."""
+    for t in transitions_from(phase):
+        if t.enabled(facts):
+            return t
+    raise LifecycleError(f"no transition enabled from {phase.value!r} with {facts}")
 
 
 # Indexes of the table, built once: the engine looks a move up at every phase boundary.
@@ -332,14 +307,6 @@ def transition_for(trigger: str, source: Phase) -> Transition:
         return _BY_TRIGGER[trigger, source]
     except KeyError:
         raise KeyError(f"no transition {trigger!r} from {source.value!r}") from None
-
-
-def enabled_transition(phase: Phase, facts: Facts) -> Transition:
-    """The one ordinary transition the table allows from ``phase`` given ``facts``."""
-    for t in transitions_from(phase):
-        if t.enabled(facts):
-            return t
-    raise LifecycleError(f"no transition enabled from {phase.value!r} with {facts}")
 
 
 class LifecycleError(RuntimeError):
@@ -445,22 +412,6 @@ def build_machine(
         send_event=False,
         ignore_invalid_triggers=False,
     )
-
-
-# Guards whose facts can differ between the ranks of a multi-process run (a stop requested, a signal
-# received on one rank); they read the facts the ranks agreed (``pipeline.core.consensus``).
-# HAS_BATCH is equal on every rank by construction (equal shards); FAULTED is a rank's own.
-SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
-
-
-def agreement_points(per_batch: bool) -> frozenset[Phase]:
-    """Where the ranks of a multi-process run agree before the machine leaves a phase: the phases
-    whose moves are guarded by ``can_continue`` (twice per run and once per epoch), and, when some
-    callback may request an immediate stop (``per_batch``), every phase whose moves read a shared
-    guard, per batch included."""
-    wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
-    return frozenset(t.source for t in TRANSITIONS
-                     if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
 
 
 def triggers_from(phase: Phase) -> tuple[str, ...]:

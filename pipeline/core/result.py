@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.context import EpochRecord, RunContext, StopRequest
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 
 __all__ = ["TrainResult"]
 
@@ -34,7 +34,7 @@ class TrainResult:
         vals = [(r.val_loss, r.epoch) for r in run.history if math.isfinite(r.val_loss)]
         best, best_epoch = min(vals) if vals else (math.inf, None)
         last = run.history[-1].val_loss if run.history else math.nan
-        objective = math.inf if reason is StopReason.NAN else best
+        objective = reason.objective(best)
         return cls(run.run_id, reason, run.stop, len(run.history), last, best, best_epoch, objective,
                    list(run.history), run.global_step, None if run.run_dir is None else str(run.run_dir))
 

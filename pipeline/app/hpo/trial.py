@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
 from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial, worker_identity
 from pipeline.core.events import jsonable
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna
@@ -139,7 +139,7 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
                 objectives[str(seed)] = result.objective
                 trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
                 raise optuna.TrialPruned(result.stop.message if result.stop else "pruned")
-            if result.stop_reason is StopReason.NAN or not math.isfinite(result.objective):
+            if not math.isfinite(result.objective):  # a diverged seed (its reason's objective is inf)
                 objectives[str(seed)] = math.nan
                 trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
                 return worst  # the remaining seeds are not run

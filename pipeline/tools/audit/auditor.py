@@ -40,7 +40,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipeline.core.events import EVENT_KEYS, LEVELS
-from pipeline.core.lifecycle import BATCH, FINAL, INITIAL, TRANSITIONS, Facts, Phase, Transition
+from pipeline.core.lifecycle import (
+    ABORT,
+    BATCH,
+    FINAL,
+    INITIAL,
+    TRANSITIONS,
+    Facts,
+    Phase,
+    Transition,
+    enabled_transition,
+)
+from pipeline.core.stop import StopReason
 from pipeline.tools.audit.chain import ChainCheck
 from pipeline.tools.audit.content import number, slot_checks
 from pipeline.tools.audit.ending import EndingChecks, Segment, best_epoch, completed_epochs
@@ -362,9 +373,15 @@ class _Auditor(EndingChecks):
               seg.faulted)
         hit = self._guard_cache.get(ck)
         if hit is None:
-            # ``has_batch`` is not in the log: the move is fine if it holds for either value.
-            hit = self._guard_cache[ck] = any(move.enabled(self._facts(seg, hb)) for hb in (False, True))
+            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value.
+            hit = self._guard_cache[ck] = any(self._allowed(move, self._facts(seg, hb)) for hb in (False, True))
         return hit
+
+    @staticmethod
+    def _allowed(move: Transition, facts: Facts) -> bool:
+        if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
+            return move.enabled(facts)
+        return enabled_transition(move.source, facts) is move
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop
@@ -531,7 +548,7 @@ class _Auditor(EndingChecks):
         if seg.stop is not None:
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
-        elif seg.end_reason == "completed":
+        elif seg.end_reason == StopReason.COMPLETED.value:
             ex.stop_source, ex.stop_message = "max_epochs", f"reached max_epochs={seg.max_epochs}"
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)

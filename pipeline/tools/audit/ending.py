@@ -9,7 +9,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.lifecycle import ABORT, INITIAL, StopReason
+from pipeline.core.lifecycle import ABORT, INITIAL
+from pipeline.core.stop import Evidence, StopReason
 from pipeline.tools.audit.content import number, result_mismatches
 from pipeline.tools.audit.verdict import Finding, Severity
 
@@ -17,8 +18,6 @@ __all__ = ["EndingChecks", "Segment", "StopInfo"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _NAN_DETECTOR = "NaNDetectionCallback"
-_FAULTS = (StopReason.INTERRUPTED.value, StopReason.ERROR.value)
-_CALLBACK_REASONS = (StopReason.EARLY_STOP.value, StopReason.NAN.value, StopReason.PRUNED.value)
 
 
 @dataclass
@@ -123,38 +122,44 @@ class EndingChecks:
             why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
                    else "no stop was requested, so the run completed")
             self.bad("stop_reason", f"train_end gives reason {reason!r}, but {why}", n)
-        last_epoch = seg.next_epoch - 1
-        if reason == StopReason.COMPLETED.value and seg.next_epoch < seg.max_epochs:
-            self.bad("stop_reason", f"reason completed, but only epochs up to {last_epoch} ran of "
-                     f"max_epochs={seg.max_epochs}", n)
-        elif reason == StopReason.NAN.value:
-            stop_epoch = stop.epoch if stop is not None else last_epoch
-            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
-            from_other_rank = stop is not None and stop.rank is not None
-            if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
-                self.bad("stop_reason", f"reason nan, but the losses of epoch {stop_epoch} are finite", n)
-        elif reason == StopReason.PRUNED.value and seg.last_trial_report is not None:
-            should, line = seg.last_trial_report
-            if not should:
-                self.bad("stop_reason", f"reason pruned, but the last trial_report (line {line}) says "
-                         "should_prune=false", n)
-        elif reason in _FAULTS:
-            exc = seg.exception
-            if exc is None or rec["trigger"] != ABORT:
-                self.bad("stop_reason", f"reason {reason}, but no exception event precedes this abort", n)
-            else:
-                interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
-                if interrupted != (reason == StopReason.INTERRUPTED.value):
-                    self.bad("stop_reason", f"reason {reason}, but the exception at line {seg.exception_line} "
-                             f"is {exc.get('type')}", n)
-        if reason != StopReason.NAN.value and seg.nonfinite:
+        why_not = self._missing_evidence(StopReason(reason), rec, seg)
+        if why_not:
+            self.bad("stop_reason", f"reason {reason}, but {why_not}", n)
+        stops_on_nan = StopReason(reason).evidence is Evidence.NONFINITE_LOSS
+        if not stops_on_nan and seg.nonfinite:
             epoch, (line, key) = min(seg.nonfinite.items())
             won_before = stop is not None and stop.epoch is not None and stop.epoch < epoch
-            if _NAN_DETECTOR in seg.callbacks and not won_before and reason not in _FAULTS:
+            if _NAN_DETECTOR in seg.callbacks and not won_before and not StopReason(reason).fault:
                 self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch} (line {line}) is not "
                          f"finite and {_NAN_DETECTOR} was running", n)
             else:
                 self.warn("losses", f"{key} of epoch {epoch} (line {line}) is not finite", line)
+
+    @staticmethod
+    def _missing_evidence(reason: StopReason, rec: Mapping[str, Any], seg: Segment) -> str | None:
+        """What the log lacks to explain ``reason`` (its :class:`~pipeline.core.stop.Evidence`), or None."""
+        stop, evidence = seg.stop, reason.evidence
+        last_epoch = seg.next_epoch - 1
+        if evidence is Evidence.LAST_EPOCH and seg.next_epoch < seg.max_epochs:
+            return f"only epochs up to {last_epoch} ran of max_epochs={seg.max_epochs}"
+        if evidence is Evidence.NONFINITE_LOSS:
+            stop_epoch = stop.epoch if stop is not None else last_epoch
+            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
+            from_other_rank = stop is not None and stop.rank is not None
+            if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
+                return f"the losses of epoch {stop_epoch} are finite"
+        if evidence is Evidence.PRUNE_DECISION and seg.last_trial_report is not None:
+            should, line = seg.last_trial_report
+            if not should:
+                return f"the last trial_report (line {line}) says should_prune=false"
+        if evidence in (Evidence.EXCEPTION, Evidence.INTERRUPT):
+            exc = seg.exception
+            if exc is None or rec["trigger"] != ABORT:
+                return "no exception event precedes this abort"
+            interrupted = bool(exc.get("interrupt")) or exc.get("type") == "KeyboardInterrupt"
+            if interrupted != (evidence is Evidence.INTERRUPT):
+                return f"the exception at line {seg.exception_line} is {exc.get('type')}"
+        return None
 
     def _stop_request(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
@@ -176,7 +181,7 @@ class EndingChecks:
         source = str(p.get("source", ""))
         seg.stop = StopInfo(str(reason), source, str(p.get("message", "")), bool(p.get("immediate")),
                             epoch if type(epoch) is int else None, n, rank if type(rank) is int else None)
-        if reason in _CALLBACK_REASONS and seg.callbacks and source not in seg.callbacks and seg.stop.rank is None:
+        if StopReason(reason).requested and seg.callbacks and source not in seg.callbacks and seg.stop.rank is None:
             self.warn("stop_request", f"stop {reason} requested by {source!r}, which is not a callback of this run "
                       f"(run_start line {seg.first_line} lists {', '.join(seg.callbacks)})", n)
 
@@ -211,7 +216,7 @@ class EndingChecks:
             "last_val_loss": _last_val(segs),
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,
-            "objective": math.inf if seg.end_reason == StopReason.NAN.value else best_val,
+            "objective": StopReason(seg.end_reason).objective(best_val) if seg.end_reason in _REASONS else best_val,
         }
         if seg.end_reason is not None:
             out["stop_reason"] = seg.end_reason

@@ -9,12 +9,11 @@ from enum import Enum
 from typing import Any
 
 from pipeline.core.context import epoch_number
-from pipeline.core.lifecycle import StopReason
+from pipeline.core.stop import Route, StopReason
 
 __all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
-_FAULTS = (StopReason.INTERRUPTED.value, StopReason.ERROR.value)
 _MAX_TEXT_FINDINGS = 50
 
 
@@ -204,9 +203,10 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.moves:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
     if ex.stop_reason is not None:
-        verb = "raised in" if ex.stop_reason in _FAULTS else "requested by"
+        fault = ex.stop_reason in {r.value for r in StopReason if r.fault}
+        verb = "raised in" if fault else "requested by"
         stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason == StopReason.COMPLETED.value:
+        if ex.stop_reason in {r.value for r in StopReason if r.route is Route.EPOCHS}:
             stop += " (no stop requested)"
         elif ex.stop_source:
             stop += f" {verb} {ex.stop_source}"

@@ -19,7 +19,8 @@ from typing import Any
 
 from pipeline.core.consensus import proposal_of
 from pipeline.core.context import RunContext, StopRequest
-from pipeline.core.lifecycle import Phase, StopReason
+from pipeline.core.lifecycle import Phase
+from pipeline.core.stop import StopReason
 
 __all__ = ["RecordedRanks", "recorded_ranks"]
 

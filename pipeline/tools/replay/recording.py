@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.events import EVENTS_FILE, as_float, read_events
-from pipeline.core.lifecycle import EPOCH_PHASES, Phase, StopReason
+from pipeline.core.lifecycle import EPOCH_PHASES, Phase
+from pipeline.core.stop import StopReason
 
 __all__ = [
     "Interruption",

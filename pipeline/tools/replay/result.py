@@ -16,8 +16,8 @@ from typing import Any
 from pipeline.core.context import EpochRecord
 from pipeline.core.events import jsonable
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import StopReason
 from pipeline.core.result import TrainResult
+from pipeline.core.stop import StopReason
 
 __all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
 

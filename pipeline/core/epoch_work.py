@@ -1,0 +1,199 @@
+"""The engine's own work in the lifecycle program: where the run is, and what it records.
+
+The program (:data:`pipeline.core.lifecycle.PROGRAM`) interleaves the callbacks' hooks with
+*actions*. The driver's actions (forward, backward, the optimizer step, a validation batch...) are
+the driver's; the rest are here: a fresh epoch context, the batch cursor (the batch in hand and the
+one after it, fetched one ahead so ``has_batch`` and ``StepContext.is_last`` are known before the
+batch runs), the batch and global-step counters, the epoch's metrics read from the driver once,
+the ``epoch`` record with its timings, and the ``result``. The contexts the hooks receive live here
+too, so a hook of any scope gets the one its table row names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pipeline.core.context import (
+    EpochContext,
+    EpochRecord,
+    FaultContext,
+    RunContext,
+    StepContext,
+    ValStepContext,
+)
+from pipeline.core.driver import Driver
+from pipeline.core.lifecycle import FINAL, Action, HookScope, Transition
+from pipeline.core.result import TrainResult
+from pipeline.core.runner import CallbackRunner
+from pipeline.core.stop import StopReason
+
+__all__ = ["END", "EpochWork", "Work"]
+
+END: Any = object()  # the batch cursor is past the last batch
+Work = Callable[[Any], None]
+
+
+class EpochWork:
+    """The run's position (epoch, batch, the contexts) and records (phase times, epoch, result)."""
+
+    def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext,
+                 restore: Callable[[RunContext], None] | None) -> None:
+        self.driver = driver
+        self.runner = runner
+        self.run = run
+        self._restore = restore
+        self.result: TrainResult | None = None
+        self.next: Any = END  # the batch the next ``batch`` move takes
+        self._following: Any = END
+        self._iter: Iterator[Any] = iter(())
+        self._batch_index = 0
+        self.epoch: EpochContext | None = None
+        self.step: StepContext | None = None
+        self.val_step: ValStepContext | None = None
+        self.fault: FaultContext | None = None
+        self._debug = run.events.enabled_for("debug")
+        self._phase_started = 0.0
+        self._phase_seconds: dict[str, float] = {}
+        self._epoch_started = 0.0
+        self.contexts: dict[HookScope, Callable[[], Any]] = {
+            HookScope.RUN: lambda: self.run,
+            HookScope.EPOCH: lambda: self.epoch,
+            HookScope.STEP: lambda: self.step,
+            HookScope.VAL_STEP: lambda: self.val_step,
+            HookScope.FAULT: lambda: self.fault,
+        }
+
+    def actions(self) -> dict[Action, Work]:
+        """Every action of the program, the driver's included, by name."""
+        d = self.driver
+        return {
+            Action.RESTORE: self._restore_run,
+            Action.BEGIN_EPOCH: self._begin_epoch,
+            Action.LOAD_EPOCH: self._load_epoch,
+            Action.NEXT_BATCH: self._next_batch,
+            Action.FORWARD: d.forward,
+            Action.BACKWARD: d.backward,
+            Action.OPTIMIZER_STEP: d.optimizer_step,
+            Action.ZERO_GRAD: d.zero_grad,
+            Action.COUNT_BATCH: self._count_batch,
+            Action.END_TRAIN: self._end_train,
+            Action.VAL_BATCH: d.val_batch,
+            Action.END_VALIDATION: self._end_validation,
+            Action.SCHEDULER_STEP: d.step_scheduler,
+            Action.RECORD_EPOCH: self._record_epoch,
+            Action.END_RUN: d.end_run,
+            Action.RESULT: self._write_result,
+        }
+
+    def has_batch(self) -> bool:
+        return self.next is not END
+
+    def start_clock(self) -> None:
+        self._phase_started = time.perf_counter()
+
+    # --- the log of moves ----------------------------------------------------------------------
+    def log_move(self, move: Transition) -> None:
+        source = move.source.value
+        if not move.internal:
+            now = time.perf_counter()
+            self._phase_seconds[source] = self._phase_seconds.get(source, 0.0) + now - self._phase_started
+            self._phase_started = now
+        elif not self._debug:
+            return
+        payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
+        dest = move.dest.value
+        run = self.run
+        run.events.emit(
+            "transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
+            global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest, trigger=move.trigger,
+        )
+
+    def _stop_payload(self) -> dict[str, Any]:
+        stop = self.run.stop
+        reason = stop.reason if stop is not None else StopReason.COMPLETED
+        return {
+            "reason": reason.value,
+            "source": stop.source if stop else "max_epochs",
+            "message": stop.message if stop else f"reached max_epochs={self.run.max_epochs}",
+        }
+
+    # --- validation batches --------------------------------------------------------------------
+    def val_loop(self, body: Work) -> Callable[[], None]:
+        """A phase-entry segment running ``body`` over the driver's validation batches."""
+
+        def loop() -> None:
+            epoch = self.epoch
+            assert epoch is not None
+            vstep = self.val_step = ValStepContext(self.run, epoch)
+            batches = self.driver.val_batches(epoch)
+            try:
+                for index, batch in enumerate(batches):
+                    vstep.reset(index, batch)
+                    body(vstep)
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+
+        return loop
+
+    # --- actions ---------------------------------------------------------------------------
+    def _restore_run(self, run: RunContext) -> None:
+        if self._restore is not None:
+            self._restore(run)
+
+    def _begin_epoch(self, _: Any) -> None:
+        run = self.run
+        run.clear_epoch_slots()
+        self._phase_seconds = {}
+        self._epoch_started = time.perf_counter()
+        epoch = self.epoch = EpochContext(run, run.epoch)
+        self.step = StepContext(run, epoch)
+        lr = self.driver.current_lr()
+        if lr is not None:
+            epoch.metrics["lr"] = lr
+
+    def _load_epoch(self, epoch: EpochContext) -> None:
+        self._iter = iter(self.driver.epoch_batches(epoch))
+        self._batch_index = 0
+        self.next = next(self._iter, END)
+
+    def _next_batch(self, step: StepContext) -> None:
+        following = self._following = next(self._iter, END)
+        step.reset(self._batch_index, self.next, following is END)
+
+    def _count_batch(self, step: StepContext) -> None:
+        self._batch_index += 1
+        self.run.global_step += 1
+        self.next = self._following
+
+    def _end_train(self, epoch: EpochContext) -> None:
+        epoch.batches = self._batch_index
+        epoch.metrics.update(self.driver.end_train(epoch))
+
+    def _end_validation(self, epoch: EpochContext) -> None:
+        epoch.metrics.update(self.driver.end_validation(epoch))
+
+    def _record_epoch(self, epoch: EpochContext) -> None:
+        now = time.perf_counter()
+        self._phase_seconds["epoch_end"] = self._phase_seconds.get("epoch_end", 0.0) + now - self._phase_started
+        self._phase_started = now
+        record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
+        self.run.history.append(record)
+        self.run.emit(
+            "epoch",
+            metrics=record.metrics,
+            slots=record.slots,
+            batches=epoch.batches,
+            seconds=record.seconds,
+            phase_seconds=self._phase_seconds,
+            callback_seconds=self.runner.take_timings(),
+        )
+        self.run.epoch += 1
+
+    def _write_result(self, run: RunContext) -> None:
+        stop = run.stop
+        self.result = TrainResult.from_run(run, stop.reason if stop is not None else StopReason.COMPLETED)
+        run.emit("result", **self.result.summary())

@@ -1,0 +1,157 @@
+"""The machine's handlers, compiled from the lifecycle program.
+
+What happens on a move is the handler of its transition: the steps
+:func:`pipeline.core.lifecycle.program_for` lists, in order, each either an action
+(:class:`~pipeline.core.epoch_work.EpochWork`, the driver) or a hook dispatched to the callbacks
+that override it. Compiling once per run turns that list into a few plain calls: a hook no
+callback overrides costs nothing, the per-batch body is one callable (with the skip flags of the
+step context honoured only where something can set them), and the validation batches run as one
+loop inside the ``val`` phase.
+
+The teardown (a transition into ``train_end``) is compiled differently: every step and every
+callback of every hook runs even when an earlier one raises (a second Ctrl-C included); each
+failure is logged, and the first is raised after all have run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pipeline.core.epoch_work import EpochWork, Work
+from pipeline.core.lifecycle import BATCH, FINAL, Action, ActionSpec, HookScope, HookSpec, Step, Transition, program_for
+from pipeline.core.runner import CallbackRunner
+
+__all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
+
+
+def compile_guard(
+    conditions: tuple[Callable[[], bool], ...], unless: tuple[Callable[[], bool], ...]
+) -> Callable[[], bool]:
+    """One callable for a transition's guards; the common one-and-one shape avoids generator cost."""
+    if len(conditions) == 1 and len(unless) == 1:
+        (c,), (u,) = conditions, unless
+        return lambda: c() and not u()
+    return lambda: all(g() for g in conditions) and not any(g() for g in unless)
+
+
+def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: bool) -> Work:
+    """One callable for a per-batch program: ``(work, skip flag)`` pairs in order, a run of pairs
+    sharing a flag left out when the step context has that flag set. With no per-batch hook nothing
+    can set a flag, and the body is a plain sequence of calls."""
+    if not flags_can_change:
+        plain = tuple(fn for fn, _ in items)
+
+        def body(ctx: Any) -> None:
+            for fn in plain:
+                fn(ctx)
+
+        return body
+    groups: list[tuple[str | None, list[Work]]] = []
+    for fn, flag in items:
+        if groups and groups[-1][0] == flag:
+            groups[-1][1].append(fn)
+        else:
+            groups.append((flag, [fn]))
+    frozen = tuple((flag, tuple(fns)) for flag, fns in groups)
+
+    def flagged(ctx: Any) -> None:
+        for flag, fns in frozen:
+            if flag is None or not getattr(ctx, flag):
+                for fn in fns:
+                    fn(ctx)
+
+    return flagged
+
+
+def _bind(work: Work, context: Callable[[], Any]) -> Callable[[], None]:
+    def call() -> None:
+        work(context())
+
+    return call
+
+
+class HandlerCompiler:
+    """Compiles each transition's handler for one run."""
+
+    def __init__(self, work: EpochWork, runner: CallbackRunner, actions: Mapping[Action, Work],
+                 log_exception: Callable[[BaseException, str], None], *, driver_sets_flags: bool) -> None:
+        self.work = work
+        self.runner = runner
+        self.actions = actions
+        self.log_exception = log_exception
+        self.driver_sets_flags = driver_sets_flags  # a driver may skip a batch's step itself (fp16 overflow)
+
+    def _work(self, step: Step) -> Work | None:
+        if isinstance(step, ActionSpec):
+            return self.actions[step.action]
+        return self.runner.dispatcher(step.name)
+
+    def per_batch(self, steps: Sequence[Step]) -> Work:
+        """The body of a batch: its steps as one callable of the step (or validation step) context."""
+        items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
+        hooked = any(isinstance(s, HookSpec) and self.runner.has(s.name) for s in steps)
+        return compile_body(items, flags_can_change=hooked or self.driver_sets_flags)
+
+    def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
+        """The handler of transition ``t``: log the move, then run its program."""
+        steps = program_for(t)
+        log_move, work = self.work.log_move, self.work
+        if t.dest is FINAL:
+            return self._teardown(t, steps)
+        if t.trigger == BATCH:
+
+            def batch_handler() -> None:
+                log_move(t)
+                batch_body(work.step)
+
+            return batch_handler
+        segments: list[Callable[[], None]] = []
+        i = 0
+        while i < len(steps):
+            s = steps[i]
+            if s.per_batch:  # a loop over validation batches inside the phase
+                j = i
+                while j < len(steps) and steps[j].per_batch:
+                    j += 1
+                segments.append(self.work.val_loop(self.per_batch(steps[i:j])))
+                i = j
+                continue
+            fn = self._work(s)
+            if fn is not None:
+                segments.append(_bind(fn, self.work.contexts[s.scope]))
+            i += 1
+
+        def handler() -> None:
+            log_move(t)
+            for segment in segments:
+                segment()
+
+        return handler
+
+    def _teardown(self, t: Transition, steps: Sequence[Step]) -> Callable[[], None]:
+        items: list[tuple[str, Work, HookScope]] = []
+        for s in steps:
+            if isinstance(s, ActionSpec):
+                items.append((s.name, self.actions[s.action], s.scope))
+                continue
+            for i, fn in self.runner.table(s.name):
+                items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
+        contexts, log_move, log_exception = self.work.contexts, self.work.log_move, self.log_exception
+
+        def teardown() -> None:
+            first: BaseException | None = None
+            try:
+                log_move(t)
+            except BaseException as exc:
+                first = exc
+            for where, fn, scope in items:
+                try:
+                    fn(contexts[scope]())
+                except BaseException as exc:
+                    log_exception(exc, where)
+                    first = first or exc
+            if first is not None:
+                raise first
+
+        return teardown

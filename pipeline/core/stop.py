@@ -1,0 +1,139 @@
+"""Why a run reached ``train_end``: :class:`StopReason`, and every fact about each reason.
+
+One row per reason, read by every consumer and written nowhere else:
+
+============  ========  ==========  ====  ========  ======  =========  ===============
+reason        route     precedence  exit  severity  failed  objective  evidence
+============  ========  ==========  ====  ========  ======  =========  ===============
+completed     epochs    0           0     0         no      best       last_epoch
+nan           request   1           3     1         yes     inf        nonfinite_loss
+early_stop    request   0           0     0         no      best       request
+pruned        request   0           0     0         no      best       prune_decision
+interrupted   fault     2           130   3         yes     best       interrupt
+error         fault     2           1     2         yes     best       exception
+============  ========  ==========  ====  ========  ======  =========  ===============
+
+- **route**: how the reason reaches ``train_end``. ``epochs``: no stop was requested and the epochs
+  ran out (``finish``); ``request``: a callback's ``request_stop`` (``finish``, or ``stop_now`` when
+  immediate); ``fault``: the engine forces it when an exception or a signal ends the run (``abort``).
+  The diagrams label the edges into ``train_end`` from it.
+- **precedence**: a later request replaces one not yet in force only if it ranks higher (a
+  non-finite loss explains a run better than the early stop it caused); the ranks of a
+  multi-process run agree on the highest.
+- **exit** and **severity**: the ``fsmtrain train`` exit status, and which one wins over several
+  seeds (a SIGTERM, 143, outranks them all: it is a signal, not a reason).
+- **failed**: W&B marks the run failed. **objective**: what the run reports to a study (``inf``
+  for a diverged run, else the best finite ``val_loss``).
+- **evidence**: what the audit needs in the log before it believes the reason.
+
+Adding a reason is one member of :class:`StopReason` and its row in :data:`FACTS`, in this file
+only; a test checks that every member has a row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["FACTS", "Evidence", "Route", "StopFacts", "StopReason"]
+
+
+class Route(str, Enum):
+    EPOCHS = "epochs"
+    REQUEST = "request"
+    FAULT = "fault"
+
+
+class Evidence(str, Enum):
+    """What the audit must find in a log that ended for a reason."""
+
+    LAST_EPOCH = "last_epoch"  # every epoch up to max_epochs ran
+    NONFINITE_LOSS = "nonfinite_loss"  # a loss of the stopping epoch is not finite
+    REQUEST = "request"  # the stop_request in force names the reason
+    PRUNE_DECISION = "prune_decision"  # and the last trial_report said should_prune
+    EXCEPTION = "exception"  # an exception (not an interrupt) precedes the abort
+    INTERRUPT = "interrupt"  # an interrupt precedes the abort
+
+
+@dataclass(frozen=True)
+class StopFacts:
+    """One row of the module's table."""
+
+    route: Route
+    precedence: int
+    exit_code: int
+    severity: int
+    failed: bool
+    infinite_objective: bool
+    evidence: Evidence
+
+
+class StopReason(str, Enum):
+    """Why a run reached ``train_end``; its facts are :data:`FACTS` (the module's table), read
+    through the properties below."""
+
+    COMPLETED = "completed"
+    NAN = "nan"
+    EARLY_STOP = "early_stop"
+    PRUNED = "pruned"
+    INTERRUPTED = "interrupted"
+    ERROR = "error"
+
+    @property
+    def facts(self) -> StopFacts:
+        return FACTS[self]
+
+    @property
+    def route(self) -> Route:
+        return FACTS[self].route
+
+    @property
+    def precedence(self) -> int:
+        return FACTS[self].precedence
+
+    @property
+    def exit_code(self) -> int:
+        return FACTS[self].exit_code
+
+    @property
+    def severity(self) -> int:
+        return FACTS[self].severity
+
+    @property
+    def failed(self) -> bool:
+        return FACTS[self].failed
+
+    @property
+    def evidence(self) -> Evidence:
+        return FACTS[self].evidence
+
+    @property
+    def fault(self) -> bool:
+        """Forced by the engine on an exception or a signal, never requested."""
+        return FACTS[self].route is Route.FAULT
+
+    @property
+    def requested(self) -> bool:
+        """Only a callback's ``request_stop`` ends a run for this reason."""
+        return FACTS[self].route is Route.REQUEST
+
+    def outranks(self, other: StopReason) -> bool:
+        return self.precedence > other.precedence
+
+    def objective(self, best_val_loss: float) -> float:
+        """What a run that ended for this reason reports as its objective."""
+        return math.inf if FACTS[self].infinite_objective else best_val_loss
+
+
+_R, _E = Route, Evidence
+FACTS: Mapping[StopReason, StopFacts] = {
+    #                                route       prec exit sev  failed inf-objective evidence
+    StopReason.COMPLETED: StopFacts(_R.EPOCHS, 0, 0, 0, False, False, _E.LAST_EPOCH),
+    StopReason.NAN: StopFacts(_R.REQUEST, 1, 3, 1, True, True, _E.NONFINITE_LOSS),
+    StopReason.EARLY_STOP: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.REQUEST),
+    StopReason.PRUNED: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.PRUNE_DECISION),
+    StopReason.INTERRUPTED: StopFacts(_R.FAULT, 2, 130, 3, True, False, _E.INTERRUPT),
+    StopReason.ERROR: StopFacts(_R.FAULT, 2, 1, 2, True, False, _E.EXCEPTION),
+}
