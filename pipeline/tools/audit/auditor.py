@@ -34,28 +34,22 @@ import datetime as _dt
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
 from pipeline.core.events import EVENT_KEYS, LEVELS
 from pipeline.core.lifecycle import (
-    ABORT,
-    BATCH,
     FINAL,
-    INITIAL,
-    TRANSITIONS,
-    Facts,
-    Phase,
-    Transition,
-    enabled_transition,
 )
 from pipeline.core.stop import StopReason
 from pipeline.tools.audit.chain import ChainCheck
-from pipeline.tools.audit.content import number, slot_checks
-from pipeline.tools.audit.ending import EndingChecks, Segment, best_epoch, completed_epochs
+from pipeline.tools.audit.ending import Segment, best_epoch, completed_epochs
+from pipeline.tools.audit.epochs import EpochChecks
 from pipeline.tools.audit.files import CheckpointWrite, verify_checkpoints
+from pipeline.tools.audit.moves import PER_BATCH, MoveChecks
+from pipeline.tools.audit.segments import SegmentChecks
 from pipeline.tools.audit.verdict import (
     AuditReadError,
     AuditReport,
@@ -77,14 +71,6 @@ __all__ = [
 ]
 
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k != "prev")  # a missing prev is the chain's finding
-_MOVES: Mapping[tuple[str, str, str], Transition] = {
-    (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
-}
-_PHASES = frozenset(p.value for p in Phase)
-_LOSSES = ("train_loss", "val_loss")
-_STEP, _VAL, _EPOCH_BEGIN = Phase.TRAIN_STEP.value, Phase.VAL.value, Phase.EPOCH_BEGIN.value
-_PER_BATCH = (_STEP, _STEP, BATCH)  # the internal move, one line per batch at debug level
-_SLOTS = slot_checks()
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
@@ -98,12 +84,6 @@ def _loads(raw: bytes) -> Any:
     if end != len(text) and not text[end:].isspace():
         return json.loads(text)
     return obj
-
-
-def _is_nonfinite(value: Any) -> bool:
-    if isinstance(value, str):
-        return value in ("NaN", "Infinity", "-Infinity")
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _when(ts: float) -> str:
@@ -120,7 +100,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class _Auditor(EndingChecks):
+class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time; ``finish()`` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
@@ -243,254 +223,6 @@ class _Auditor(EndingChecks):
             self.bad("seq", f"seq {seq} after {prev}: a repeated or reordered line (expected {prev + 1})", n)
         return False
 
-    def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
-        max_epochs = payload.get("max_epochs")
-        start_epoch = payload.get("start_epoch", 0)
-        if type(max_epochs) is not int or type(start_epoch) is not int:
-            self.bad("run_start", "run_start needs integer max_epochs and start_epoch in its payload", n)
-            max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
-            start_epoch = start_epoch if type(start_epoch) is int else 0
-        callbacks = payload.get("callbacks")
-        names = [c.get("name", "?") for c in callbacks if isinstance(c, dict)] if isinstance(callbacks, list) else []
-        resumed = payload.get("resumed_from")
-        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
-                      None if resumed is None else str(resumed), names)
-        config = payload.get("config")
-        if isinstance(config, dict):
-            level = config.get("log_level")
-            seg.min_level = LEVELS.get(level, 0) if isinstance(level, str) else 0
-            epochs = config.get("epochs")
-            if type(epochs) is int and epochs != max_epochs:
-                self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
-        seg.next_epoch = start_epoch
-        seg.last_line = n
-        step = rec.get("global_step")
-        seg.global_step = step if type(step) is int else 0
-        self.segments.append(seg)
-        self.seg = seg
-        if self.ex.run_id is None:
-            self.ex.run_id = seg.run_id
-            rank, world = payload.get("rank"), payload.get("world_size")
-            if type(rank) is int and type(world) is int:  # one rank of a multi-process run
-                self.ex.rank, self.ex.world_size = rank, world
-        return seg
-
-    def _run_start(self, n: int, rec: Mapping[str, Any]) -> None:
-        payload = rec["payload"]
-        if self.first_ts is None and isinstance(rec["ts"], (int, float)):
-            self.first_ts = float(rec["ts"])
-        if rec["phase"] not in (None, INITIAL.value):
-            self.bad("start", f"run_start in phase {rec['phase']!r}; a run starts in {INITIAL.value!r}", n)
-        prev = self.seg
-        seg = self._open_segment(n, rec, payload)
-        if prev is None:
-            return
-        if seg.resumed_from is None:
-            self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
-            return
-        if prev.end_line is None:
-            self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
-                      f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
-        ckpt = self._checkpoint_named(seg.resumed_from)
-        if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
-                and prev.end_line is None and ckpt.line > prev.first_line):
-            # Killed between committing the epoch's checkpoint and logging its epoch event: the
-            # epoch is done (the checkpoint holds it), but the log never got its figures.
-            seg.unlogged.add(ckpt.epoch)
-            self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
-                      "process was killed before it logged the epoch: its figures are not in the log", n)
-        elif seg.start_epoch > prev.next_epoch:
-            self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
-                     f"{prev.next_epoch}", n)
-        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
-            self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
-                     f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
-
-    def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
-        if resumed_from is None:
-            return None
-        for path, info in self.ckpt_writes.items():
-            if resumed_from == path or (Path(resumed_from).name == Path(path).name and
-                                        Path(resumed_from).parent.name == Path(path).parent.name):
-                return info
-        return None
-
-    def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        src, dst, trig = rec["from"], rec["to"], rec["trigger"]
-        key = (src, dst, trig)
-        step = rec["global_step"]
-        if (key == _PER_BATCH and seg.phase == _STEP and rec["epoch"] == seg.next_epoch and rec["phase"] == _STEP
-                and (seg.stop is None or not seg.stop.immediate)):
-            # The common line of a debug log: one per batch. Its guard holds unless an immediate stop.
-            self.batch_moves += 1
-            seg.batch_lines += 1
-            if step != seg.step_prev + 1:
-                self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
-                         "the line before): a batch line inserted or removed", n)
-            if type(step) is int:
-                seg.step_prev = step
-            return
-        move = _MOVES.get(key)
-        if move is None:
-            self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)
-            if isinstance(dst, str) and dst in _PHASES:
-                seg.phase = dst
-            return
-        self.moves[key] += 1
-        if src != seg.phase:
-            self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not self._guards_hold(key, move, seg):
-            self.bad("guard", self._guard_message(move, seg), n)
-        epoch = rec["epoch"]
-        if epoch != seg.next_epoch:
-            self.bad("epoch", f"transition at epoch {epoch}, but the run is at epoch {seg.next_epoch}", n)
-        if rec["phase"] != dst:
-            self.bad("phase", f"transition to {dst!r} says phase {rec['phase']!r}", n)
-        seg.phase = dst
-        if type(step) is int:
-            if dst == _EPOCH_BEGIN:
-                seg.epoch_starts += 1
-                seg.step_begin = seg.step_prev = step
-                seg.step_val = None
-                seg.batch_lines = 0
-                self.chain.new_epoch()
-            elif dst == _VAL:
-                if seg.batch_lines and step != seg.step_prev + 1:
-                    self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
-                             "(one step after the last batch line)", n)
-                seg.step_val = step
-        if dst == FINAL.value and src != dst:
-            self._train_end(n, rec, seg)
-
-    def _facts(self, seg: Segment, has_batch: bool) -> Facts:
-        stop = seg.stop
-        return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-                     has_batch, seg.faulted)
-
-    def _guards_hold(self, key: tuple[str, str, str], move: Transition, seg: Segment) -> bool:
-        stop = seg.stop
-        ck = (key, stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-              seg.faulted)
-        hit = self._guard_cache.get(ck)
-        if hit is None:
-            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value.
-            hit = self._guard_cache[ck] = any(self._allowed(move, self._facts(seg, hb)) for hb in (False, True))
-        return hit
-
-    @staticmethod
-    def _allowed(move: Transition, facts: Facts) -> bool:
-        if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
-            return move.enabled(facts)
-        return enabled_transition(move.source, facts) is move
-
-    def _guard_message(self, move: Transition, seg: Segment) -> str:
-        stop = seg.stop
-        state = (f"stop requested: {stop.reason} (line {stop.line}{', immediate' if stop.immediate else ''})"
-                 if stop else "no stop requested")
-        return (f"{move.source.value} -> {move.dest.value} ({move.trigger}) needs [{move.guard_label()}], "
-                f"which did not hold: {state}, epoch {seg.next_epoch} of max_epochs={seg.max_epochs}"
-                f"{', faulted' if seg.faulted else ''}")
-
-    # --- other events ------------------------------------------------------------------------
-    def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        epoch = rec["epoch"]
-        if seg.phase != Phase.EPOCH_END.value:
-            return  # already reported as a phase mismatch
-        if epoch != seg.next_epoch:
-            if type(epoch) is int and epoch > seg.next_epoch:
-                missing = ", ".join(str(e) for e in range(seg.next_epoch, min(epoch, seg.next_epoch + 5)))
-                self.bad("epochs", f"epoch {epoch} follows epoch {seg.next_epoch - 1}: epoch(s) {missing} missing", n)
-            else:
-                self.bad("epochs", f"epoch {epoch} again or out of order (expected {seg.next_epoch})", n)
-        p = rec["payload"]
-        metrics = p.get("metrics") or {}
-        cur = seg.next_epoch
-        seg.epochs_seen.add(cur)
-        if isinstance(metrics, dict):
-            for key in _LOSSES:
-                if _is_nonfinite(metrics.get(key)) and cur not in seg.nonfinite:
-                    seg.nonfinite[cur] = (n, key)
-            val = metrics.get("val_loss")
-            x = number(val) if type(val) is not bool else None
-            seg.vals.append((math.nan if x is None else x, n))
-        else:
-            seg.vals.append((math.nan, n))
-        self._batches(n, rec, seg)
-        slots = p.get("slots")
-        if isinstance(slots, dict):
-            for name, value in slots.items():
-                check = _SLOTS.get(name)
-                if check is not None and not check[0](value):
-                    self.bad("slot", f"slot {name!r} is {value!r}; it is declared as {check[1]}", n)
-        for source, target in ((p.get("phase_seconds"), self.phase_seconds),
-                               (p.get("callback_seconds"), self.callback_seconds)):
-            if isinstance(source, dict):
-                for k, v in source.items():
-                    if isinstance(v, (int, float)):
-                        target[k] = target.get(k, 0.0) + v
-        seconds = p.get("seconds")
-        if isinstance(seconds, (int, float)):
-            self.ex.total_epoch_seconds += seconds
-        seg.next_epoch = cur + 1
-        seg.epochs += 1
-
-    def _batches(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        """The epoch's ``batches`` against the global steps it took (and its per-batch lines)."""
-        batches, begin, val = rec["payload"].get("batches"), seg.step_begin, seg.step_val
-        if type(batches) is not int or begin is None or val is None:
-            return
-        if val - begin != batches:
-            self.bad("batches", f"the epoch says {batches} batches, but global_step went from {begin} to {val} in it",
-                     n)
-        elif seg.batch_lines and seg.batch_lines != batches - 1:
-            self.bad("batches", f"the epoch says {batches} batches, but {seg.batch_lines} per-batch lines were logged "
-                     f"(expected {batches - 1})", n)
-        elif rec["global_step"] != val:
-            self.bad("global_step", f"the epoch event says global_step {rec['global_step']}, validation began at {val}",
-                     n)
-
-    def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        if seg.end_line is not None:
-            return  # a teardown failure after train_end, logged for people
-        seg.faulted = True
-        if seg.exception is None:
-            seg.exception = dict(rec["payload"])
-            seg.exception_line = n
-
-    def _warning(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        p = rec["payload"]
-        source = str(p.get("source", "?"))
-        self.ex.warning_counts[source] = self.ex.warning_counts.get(source, 0) + 1
-        if len(self.ex.warnings) < 100:
-            self.ex.warnings.append({"line": n, "epoch": rec["epoch"], "source": source,
-                                     "message": str(p.get("message", ""))})
-
-    def _checkpoint(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        p = rec["payload"]
-        path, sha = p.get("path"), p.get("sha256")
-        if not isinstance(path, str) or not isinstance(sha, str):
-            self.bad("checkpoint", "a checkpoint event needs string path and sha256", n)
-            return
-        head = p.get("chain_head")
-        if head is not None and not isinstance(head, str):
-            self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
-            head = None
-        if head is not None and self.chain.verifying and self.chain.pinned_line(head) is None:
-            self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line "
-                     "logged since the previous epoch began: the lines before it were altered after the checkpoint "
-                     "was committed", n)
-        epoch = p.get("epoch")
-        self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
-        self.ckpt_removed.pop(path, None)
-
-    def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        path = rec["payload"].get("path")
-        if isinstance(path, str):
-            self.ckpt_removed[path] = n
-
-    def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)
-
     # --- whole file --------------------------------------------------------------------------
     def finish(self) -> AuditReport:
         if self.lines == 0 or not self.segments:
@@ -533,7 +265,7 @@ class _Auditor(EndingChecks):
         ex = self.ex
         ex.segments = len(self.segments)
         if self.batch_moves:
-            self.moves[_PER_BATCH] += self.batch_moves
+            self.moves[PER_BATCH] += self.batch_moves
         ex.moves = {f"{s}->{d} ({t})": c for (s, d, t), c in self.moves.items()}
         ex.phase_seconds = dict(self.phase_seconds)
         ex.callback_seconds = dict(self.callback_seconds)

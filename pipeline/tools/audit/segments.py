@@ -1,0 +1,100 @@
+"""Where a process's run begins in a log: ``run_start`` opens a segment (its epochs, config,
+callbacks), and a later one must be a resume that starts where a committed checkpoint and the log
+allow. Mixed into the auditor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.events import LEVELS
+from pipeline.core.lifecycle import (
+    INITIAL,
+)
+from pipeline.tools.audit.ending import EndingChecks, Segment
+from pipeline.tools.audit.files import CheckpointWrite
+from pipeline.tools.audit.verdict import Explanation
+
+__all__ = ["SegmentChecks"]
+
+
+class SegmentChecks(EndingChecks):
+    """Needs the auditor's ``seg``, ``ex``, ``first_ts`` and ``ckpt_writes``."""
+
+    seg: Segment | None
+    ex: Explanation
+    first_ts: float | None
+    ckpt_writes: dict[str, CheckpointWrite]
+
+    def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
+        max_epochs = payload.get("max_epochs")
+        start_epoch = payload.get("start_epoch", 0)
+        if type(max_epochs) is not int or type(start_epoch) is not int:
+            self.bad("run_start", "run_start needs integer max_epochs and start_epoch in its payload", n)
+            max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
+            start_epoch = start_epoch if type(start_epoch) is int else 0
+        callbacks = payload.get("callbacks")
+        names = [c.get("name", "?") for c in callbacks if isinstance(c, dict)] if isinstance(callbacks, list) else []
+        resumed = payload.get("resumed_from")
+        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
+                      None if resumed is None else str(resumed), names)
+        config = payload.get("config")
+        if isinstance(config, dict):
+            level = config.get("log_level")
+            seg.min_level = LEVELS.get(level, 0) if isinstance(level, str) else 0
+            epochs = config.get("epochs")
+            if type(epochs) is int and epochs != max_epochs:
+                self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
+        seg.next_epoch = start_epoch
+        seg.last_line = n
+        step = rec.get("global_step")
+        seg.global_step = step if type(step) is int else 0
+        self.segments.append(seg)
+        self.seg = seg
+        if self.ex.run_id is None:
+            self.ex.run_id = seg.run_id
+            rank, world = payload.get("rank"), payload.get("world_size")
+            if type(rank) is int and type(world) is int:  # one rank of a multi-process run
+                self.ex.rank, self.ex.world_size = rank, world
+        return seg
+
+    def _run_start(self, n: int, rec: Mapping[str, Any]) -> None:
+        payload = rec["payload"]
+        if self.first_ts is None and isinstance(rec["ts"], (int, float)):
+            self.first_ts = float(rec["ts"])
+        if rec["phase"] not in (None, INITIAL.value):
+            self.bad("start", f"run_start in phase {rec['phase']!r}; a run starts in {INITIAL.value!r}", n)
+        prev = self.seg
+        seg = self._open_segment(n, rec, payload)
+        if prev is None:
+            return
+        if seg.resumed_from is None:
+            self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
+            return
+        if prev.end_line is None:
+            self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
+                      f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
+        ckpt = self._checkpoint_named(seg.resumed_from)
+        if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
+                and prev.end_line is None and ckpt.line > prev.first_line):
+            # Killed between committing the epoch's checkpoint and logging its epoch event: the
+            # epoch is done (the checkpoint holds it), but the log never got its figures.
+            seg.unlogged.add(ckpt.epoch)
+            self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
+                      "process was killed before it logged the epoch: its figures are not in the log", n)
+        elif seg.start_epoch > prev.next_epoch:
+            self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
+                     f"{prev.next_epoch}", n)
+        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
+            self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
+                     f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
+
+    def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
+        if resumed_from is None:
+            return None
+        for path, info in self.ckpt_writes.items():
+            if resumed_from == path or (Path(resumed_from).name == Path(path).name and
+                                        Path(resumed_from).parent.name == Path(path).parent.name):
+                return info
+        return None
