@@ -3,9 +3,10 @@
 ``train``, ``validate``, ``preflight`` and ``init`` live here; ``pipeline.tools.diagrams.cli``,
 ``pipeline.tools.audit.cli`` and ``pipeline.tools.replay.cli`` add their own subcommands through ``register_cli``.
 
-Start-up is part of the interface: ``--help``, ``audit``, ``diagram`` and ``validate`` import no
-torch, W&B or Optuna (``import torch`` alone takes longer than an audit). So this module and every
-plugin's module import only light code at the top; each command imports what it needs when it runs.
+Start-up is part of the interface: ``--help``, ``audit`` and ``diagram`` import no torch, W&B or
+Optuna (``import torch`` alone takes longer than an audit), and ``validate`` no W&B or Optuna. So
+this module and every plugin's module import only light code at the top; each command imports what
+it needs when it runs.
 """
 
 from __future__ import annotations

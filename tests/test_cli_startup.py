@@ -1,6 +1,7 @@
-"""The tools start at once: ``fsmtrain --help``, ``audit``, ``diagram`` and ``validate`` import no
-torch, W&B or Optuna. Checked on ``sys.modules`` after the real command ran in a fresh interpreter,
-never by timing; a command that does train (``preflight``) is the control that the probe sees torch."""
+"""The tools start at once: ``fsmtrain --help``, ``audit`` and ``diagram`` import no torch, W&B or
+Optuna, and ``validate`` (which builds the model, so it needs torch) no W&B or Optuna. Checked on
+``sys.modules`` after the real command ran in a fresh interpreter, never by timing; a command that
+does train (``preflight``) is the control that the probe sees torch."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ Validation tiers, all run before anything is created on disk, with every problem
 2. **schema** (:mod:`~pipeline.app.config.schema`, pydantic): types, ranges, unknown keys (with the
    closest known key).
 3. **resolution** (:mod:`~pipeline.app.config.resolution`): every dotted path imports and is the
-   right kind of object, its kwargs match its signature, a requested accelerator exists, without
-   importing torch where fsmtrain's own dependencies settle it from source; the ``optimize:``
+   right kind of object, its kwargs match its signature, a requested accelerator exists; the ``optimize:``
    section's sampler, pruner and search space (:mod:`~pipeline.app.config.optimize`).
 4. **semantic warnings** (here; never fatal): e.g. patience >= epochs, a cosine ``T_max`` != ``epochs``.
 

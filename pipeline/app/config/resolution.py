@@ -1,8 +1,7 @@
 """The resolution tier of a run config: every dotted path imports and is the right kind of object,
-its kwargs match its signature, a requested accelerator exists. Paths into fsmtrain's own
-dependencies (torch, pytorch_optimizer) and into fsmtrain are read from source when that settles
-them, so validating a config imports no torch; a user's module is imported, since that it imports
-is part of the check. Any problem found is confirmed and worded by the real import."""
+its kwargs match its signature, a requested accelerator exists. Every path is imported for real:
+``validate`` builds the model, loss and optimizer anyway (so it rejects what ``train`` would), which
+imports torch, and that a user's module imports is part of the check."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-import pipeline.app.config.static_lookup as static_lookup
 from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
 from pipeline.core.hooks import TrainingCallback
 
@@ -169,45 +167,10 @@ _TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = 
 )
 
 
-# fsmtrain's own dependencies and fsmtrain itself: `train` imports them anyway, so reading their
-# source is enough for validate. A user's module is imported for real (that it imports is checked).
-_READ_FROM_SOURCE = frozenset({"torch", "pytorch_optimizer", "pipeline", "callbacks"})
-# _is_kind's issubclass checks, as the qualified names static_lookup gives a class's bases.
-_KIND_BASES: dict[Kind, frozenset[str]] = {
-    Kind.MODEL: frozenset({"torch.nn.modules.module.Module"}),
-    Kind.OPTIMIZER: frozenset({"torch.optim.optimizer.Optimizer"}),
-    Kind.SCHEDULER: frozenset({"torch.optim.lr_scheduler.LRScheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"}),
-    Kind.LOSS: frozenset({"torch.nn.modules.module.Module"}),
-    Kind.CALLBACK: frozenset({"pipeline.core.hooks.TrainingCallback"}),
-}
-_FUNCTION_KINDS = frozenset({Kind.LOSS, Kind.DATA, Kind.METRIC})
-
-
 def _leading_args(kind: Kind, is_class: bool, positional: int) -> int:
     """How many leading arguments fsmtrain passes before the ``*_config`` kwargs: a loss function is
     called as ``fn(output, target, **criterion_config)``, a loss class built from the kwargs alone."""
     return 2 if kind is Kind.LOSS and not is_class else positional
-
-
-def _fine_from_source(
-    value: str, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int, supplied: Sequence[str],
-) -> bool:
-    """True when the source alone shows ``value`` is ``kind`` and ``kwargs`` fit its signature.
-    False means "import it": the import path then finds, and words, any problem."""
-    if value.partition(".")[0] not in _READ_FROM_SOURCE:
-        return False
-    try:
-        found = static_lookup.lookup(value)
-    except static_lookup.Undecided:
-        return False
-    is_kind = (not _KIND_BASES.get(kind, frozenset()).isdisjoint(found.lineage) if found.is_class
-               else kind in _FUNCTION_KINDS)
-    if not is_kind:
-        return False
-    if kwargs_path is None or not isinstance(kwargs, Mapping):
-        return True
-    leading = _leading_args(kind, found.is_class, positional)
-    return not _signature_problems(found.signature, found.qualname, kwargs, kwargs_path, leading, supplied)
 
 
 def _check_target(
@@ -216,8 +179,6 @@ def _check_target(
 ) -> list[ConfigProblem]:
     if not isinstance(value, str):
         return []  # the schema tier reports the type
-    if _fine_from_source(value, kind, kwargs, kwargs_path, positional, supplied):
-        return []
     try:
         obj = import_dotted(value)
     except ResolveError as exc:
