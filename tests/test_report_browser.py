@@ -8,10 +8,12 @@ Without Chromium the tests skip with the reason, except in CI (``CI=true``), whe
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +53,8 @@ class Browser:
 
         assert CHROMIUM is not None
         self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-                                      "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)  # its helpers share the group: close() ends them all
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
@@ -94,12 +97,17 @@ class Browser:
         ws = getattr(self, "ws", None)
         if ws is not None:
             ws.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=20)
+        # Chromium's helper processes outlive a terminated browser for a moment and keep writing into
+        # the profile, whose removal then fails ("Directory not empty"): end the whole group.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # helpers still alive after the browser itself exited
 
 
 @pytest.fixture
