@@ -78,6 +78,10 @@ else
   if [[ -n $index ]]; then python -m pip install "torch==$TORCH_VERSION" --index-url "$index"
   else python -m pip install "torch==$TORCH_VERSION"
   fi
+  have_torch=$(python -c 'from importlib import metadata; print(metadata.version("torch"))')
+  if [[ -n $index && ${index%/} != */"${have_torch#*+}" ]]; then  # e.g. a find-links folder in pip's config won
+    say "torch $have_torch is installed, not a build from ${index%/}: pip found it elsewhere (a find-links or extra index in pip config list)"
+  fi
 fi
 
 # --- 3. the project, editable, with its dev and examples extras -------------------------------------
