@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 import yaml
+from system_parts import POSTGRES, find_postgres_bin, missing_reason
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -82,15 +83,6 @@ class Postgres:
     port: int
 
 
-def _pg_bin() -> Path | None:
-    base = Path("/usr/lib/postgresql")
-    versions = sorted((p for p in base.glob("*/bin") if (p / "pg_ctl").exists()), key=lambda p: p.parent.name)
-    if versions:
-        return versions[-1]
-    found = shutil.which("pg_ctl")
-    return Path(found).parent if found else None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,9 +94,9 @@ def postgres_server(root: Path) -> Iterator[Postgres]:
     """initdb into ``root``, start on a free local port (socket dir in ``root``), yield, stop.
     As root it runs as the ``postgres`` user (the server refuses to run as root). Raises
     ``RuntimeError`` naming what is missing when it cannot start."""
-    bindir = _pg_bin()
+    bindir = find_postgres_bin()
     if bindir is None:
-        raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+        raise RuntimeError(missing_reason(POSTGRES))
     run_as: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("runuser") is None:

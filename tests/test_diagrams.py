@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
+from system_parts import GRAPHVIZ, MERMAID, require
 
 from callbacks import (
     CheckpointCallback,
@@ -44,7 +45,6 @@ from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
 
 DIAGRAMS = REPO / "diagrams"
 REGENERATE = "fsmtrain diagram --write diagrams"
-HAVE_DOT = shutil.which("dot") is not None
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -122,9 +122,9 @@ def test_edges_into_train_end_name_the_stop_reasons() -> None:
     assert stop_now.startswith("stop_now {") and "completed" not in stop_now
 
 
-@pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")
 def test_dot_accepts_the_committed_dot_file(tmp_path: Path) -> None:
-    out = subprocess.run(["dot", "-Tsvg", str(DIAGRAMS / "lifecycle.dot")], capture_output=True, text=True,
+    dot = require(GRAPHVIZ)
+    out = subprocess.run([dot, "-Tsvg", str(DIAGRAMS / "lifecycle.dot")], capture_output=True, text=True,
                          check=False, timeout=60)
     assert out.returncode == 0, out.stderr
     for p in Phase:
@@ -156,8 +156,8 @@ def test_committed_lifecycle_svg_fits_a_screen() -> None:
     assert "rankdir=TB" in (DIAGRAMS / "lifecycle.dot").read_text(encoding="utf-8")
 
 
-@pytest.mark.skipif(not HAVE_DOT, reason="Graphviz's dot is not installed")
 def test_fresh_svgs_fit_a_screen(tmp_path: Path) -> None:
+    require(GRAPHVIZ)
     assert svg_width_px(lifecycle_diagram(Format.SVG)) <= MAX_SVG_PX
     assert svg_width_px(callback_diagram(_nine(tmp_path), Format.SVG, include_global=False)) <= MAX_SVG_PX
 
@@ -184,11 +184,9 @@ def test_mermaid_front_matter_names_the_title(tmp_path: Path) -> None:
     assert run_diagram(events).startswith('---\ntitle: "fsmtrain lifecycle: run run"\n---\n')
 
 
-@pytest.mark.skipif(not os.environ.get("FSMTRAIN_MERMAID_CHECK"), reason="set FSMTRAIN_MERMAID_CHECK to tests/mermaid "
-                    "after `npm install` there (.ci/run does) to parse with Mermaid itself")
 @pytest.mark.timeout(300)
 def test_mermaid_itself_parses_the_diagrams_and_the_readme_block(tmp_path: Path) -> None:
-    folder = Path(os.environ["FSMTRAIN_MERMAID_CHECK"])
+    folder = require(MERMAID)  # tests/mermaid after `npm ci` there (./setup.sh runs it), and Node
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     block = readme.split("```mermaid\n", 1)[1].split("```", 1)[0]
     nine = _nine(tmp_path)  # built, never started: nothing runs

@@ -22,15 +22,61 @@ def test_readme_embeds_the_committed_lifecycle_diagram() -> None:
     assert "```mermaid\n" + mmd + "\n```" in README, "README's Mermaid diagram is stale: paste diagrams/lifecycle.mmd"
 
 
-def test_readme_test_command_is_what_ci_runs() -> None:
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end != -1 else None]
+
+
+def _bash_block_after(text: str, lead: str) -> list[str]:
+    """The lines of the first ```bash block after the sentence that starts with ``lead``."""
+    at = text.index("\n" + lead)
+    start = text.index("```bash\n", at) + len("```bash\n")
+    return text[start:text.index("```", start)].strip("\n").splitlines()
+
+
+SETUP_BLOCK = _bash_block_after(_section("Set up and run"), "The set-up command")
+TEST_BLOCK = _bash_block_after(_section("Set up and run"), "The test command")
+
+# What .ci/run may hold besides the README's commands: set options, the cd to the repo root, and
+# exports of plain values (no command substitution: that would run something).
+_CI_SETTINGS = re.compile(r'set( [-+][a-zA-Z]+( [a-z]+)?)+'
+                          r'|cd "\$\(dirname "\$0"\)/\.\."'
+                          r'|export [A-Za-z_]\w*=[\w./:,+-]*')
+
+
+def ci_commands(script: str) -> list[str]:
+    """The commands ``script`` runs: every line but the shebang, comments, blanks and ``_CI_SETTINGS``."""
+    lines = script.splitlines()
+    assert lines and lines[0].startswith("#!"), "the script starts with a shebang"
+    return [line.strip() for line in lines[1:]
+            if line.strip() and not line.strip().startswith("#") and not _CI_SETTINGS.fullmatch(line.strip())]
+
+
+def test_readme_names_one_setup_command_one_test_command_and_the_main_job() -> None:
+    assert SETUP_BLOCK == ["./setup.sh"]
+    assert TEST_BLOCK == ["python -m pytest -q"]
+    assert "\nfsmtrain train configs/quickstart.yaml\n" in _section("Set up and run")
+
+
+def test_ci_runs_exactly_the_readme_setup_and_test_commands() -> None:
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    setup = "pip install torch==2.13.0 && pip install -e '.[dev,examples]'"
-    test = "python -m pytest -q"
-    main_job = "fsmtrain train configs/quickstart.yaml"
-    for command in (setup, test, main_job):
-        assert f"\n{command}\n" in README
-    for command in (setup, test):
-        assert f"\n{command}\n" in ci
+    assert ci_commands(ci) == SETUP_BLOCK + TEST_BLOCK, ".ci/run must run the README's set-up and test commands " \
+        "verbatim and nothing else (environment exports, set options and the cd aside)"
+    assert "\nexport FSMTRAIN_REQUIRE_SYSTEM=1\n" in ci  # a skip for a missing system part fails CI
+
+
+@pytest.mark.parametrize("extra", [
+    "apt-get install -y graphviz",
+    "(cd tests/mermaid && npm ci)",
+    "export FSMTRAIN_MERMAID_CHECK=$(npm ci)",
+    "./setup.sh && pip install torch",
+    "cd tests && npm ci",
+])
+def test_the_ci_check_catches_a_command_beside_the_readme(extra: str) -> None:
+    script = "#!/usr/bin/env bash\nset -euo pipefail\nexport WANDB_MODE=offline\n" + extra + "\n" + \
+        "\n".join(SETUP_BLOCK + TEST_BLOCK) + "\n"
+    assert ci_commands(script) != SETUP_BLOCK + TEST_BLOCK
 
 
 @pytest.mark.slow
