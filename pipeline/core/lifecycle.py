@@ -33,6 +33,8 @@ from typing import Any
 
 from transitions import Machine
 
+from pipeline.core.machine import LifecycleMachine
+
 
 class Phase(str, Enum):
     CREATED = "created"
@@ -387,7 +389,8 @@ def build_machine(
     guards: Mapping[Guard, Callable[[], bool]],
     handlers: Sequence[Callable[[], None]],
 ) -> Machine:
-    """A plain ``transitions`` machine over ``model``: its conditions are the live ``guards`` and
+    """A ``transitions`` machine over ``model`` (:class:`~pipeline.core.machine.LifecycleMachine`: a
+    plain ``Machine`` with a lean trigger path): its conditions are the live ``guards`` and
     ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
     ``i`` fires, with the machine already in its destination."""
     if len(handlers) != len(TRANSITIONS):
@@ -403,7 +406,7 @@ def build_machine(
         }
         for t, handler in zip(TRANSITIONS, handlers, strict=True)
     ]
-    return Machine(
+    return LifecycleMachine(
         model=model,
         states=[p.value for p in Phase],
         transitions=spec,

@@ -1,0 +1,95 @@
+"""The lifecycle's ``transitions`` machine, with a lean trigger path through the library's own
+extension points.
+
+A trigger of a plain ``transitions.Machine`` builds a partial and an ``EventData``, resolves every
+callback by name, runs the (empty) prepare, before, finalize and state enter/exit callback lists,
+and makes about a dozen logger calls; at a few triggers per epoch that was most of the engine's
+own cost per epoch. The lifecycle machine configures none of those extras, so its classes skip
+them, and fall back to the library's own code the moment one is configured:
+
+- :class:`GuardCondition` calls the guard directly (guards take no arguments: ``send_event=False``);
+- :class:`LeanTransition` checks its conditions in order, sets the state, and calls its ``after``
+  handlers; the conditions still decide whether it fires;
+- :class:`LeanEvent` looks up the transitions of the model's state and tries them in order, as
+  ``Event._process`` does, with one ``EventData``;
+- :class:`LifecycleMachine` is a plain ``Machine`` that uses them.
+
+Nothing here decides a move: which transition fires is still the machine's, through its conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transitions import Machine
+from transitions.core import Condition, Event, EventData, Transition
+
+__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine"]
+
+
+class GuardCondition(Condition):
+    def check(self, event_data: EventData) -> bool:
+        func = self.func
+        if not callable(func) or event_data.machine.send_event or event_data.args or event_data.kwargs:
+            return bool(super().check(event_data))
+        return bool(func() == self.target)
+
+
+class LeanTransition(Transition):
+    condition_cls = GuardCondition
+
+    def _plain(self, machine: Machine) -> bool:
+        """No callback list but ``after`` and the conditions is in use (else: the library's own path)."""
+        return not (self.prepare or self.before or machine.before_state_change or machine.after_state_change
+                    or machine.on_final)
+
+    def execute(self, event_data: EventData) -> bool:
+        machine = event_data.machine
+        if not self._plain(machine):
+            return bool(super().execute(event_data))
+        for condition in self.conditions:
+            if not condition.check(event_data):
+                return False
+        if self.dest:  # None: an internal transition, no change of state
+            self._change_state(event_data)
+        args, kwargs = event_data.args, event_data.kwargs
+        for callback in self.after:
+            if callable(callback):
+                callback(*args, **kwargs)
+            else:
+                machine.callback(callback, event_data)
+        return True
+
+    def _change_state(self, event_data: EventData) -> None:
+        machine, dest_name = event_data.machine, self.dest
+        assert dest_name is not None  # only a transition that changes state gets here
+        source, dest = machine.states[self.source], machine.states[dest_name]
+        if source.on_exit or dest.on_enter or dest.final:
+            super()._change_state(event_data)
+            return
+        setattr(event_data.model, machine.model_attribute, dest.value)
+        event_data.state = dest
+
+
+class LeanEvent(Event):
+    def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
+        machine = self.machine
+        if (machine.has_queue or machine._transition_queue or machine.prepare_event or machine.finalize_event
+                or machine.on_exception):
+            return bool(super().trigger(model, *args, **kwargs))
+        state = machine.states.get(getattr(model, machine.model_attribute))
+        moves = None if state is None else self.transitions.get(state.name)
+        if not moves:  # not a trigger of this state: the library raises (or ignores) as configured
+            return bool(super().trigger(model, *args, **kwargs))
+        event_data = EventData(state, self, machine, model, args, kwargs)
+        for move in moves:
+            event_data.transition = move
+            if move.execute(event_data):
+                event_data.result = True
+                return True
+        return False
+
+
+class LifecycleMachine(Machine):
+    event_cls = LeanEvent
+    transition_cls = LeanTransition
