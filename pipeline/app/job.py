@@ -38,6 +38,7 @@ from pipeline.app.config.blame import blamed
 from pipeline.app.config.checks import check_data_arguments, checked_callbacks, data_failure
 from pipeline.app.config.schema import TRAINING_FIELDS
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
+from pipeline.app.schedule import Replan, replan_schedule, resume_schedule
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import Interrupted
@@ -199,9 +200,15 @@ def train_seed(
     may differ from the run's ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
     path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
+    replan: Replan | None = None
     if resume:
         before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
+        # an extension never runs a schedule past its horizon unnoticed: refused, or re-planned on purpose
+        if before is not None:
+            replan = resume_schedule(before, resolved, f"fsmtrain resume {path}", cfg.source_of("epochs"))
         changed = config_differences(before, resolved) if before is not None else []
+        if replan is not None:
+            changed = [c for c in changed if not c.startswith(f"{replan.path} (")]
         # `seeds` may change between resumes of a job (a seed added to the list starts its own run),
         # but the list must still hold this run's seed: else the config.yaml written below would
         # name seeds that the run was never trained with.
@@ -244,6 +251,8 @@ def train_seed(
             else:
                 claim.abandon()
         raise
+    if replan is not None and trainer.resumption is not None:
+        replan_schedule(cfg, trainer.resumption, replan)
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
