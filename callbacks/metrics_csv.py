@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import math
 import os
@@ -13,6 +12,7 @@ from typing import Any, TextIO
 
 from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.scalars import slot_scalars
 from pipeline.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
@@ -29,21 +29,17 @@ def _number(value: Any) -> float | int | None:
 
 
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
-    """Numeric slot values; a dataclass or mapping slot (``loss_prediction``) gives one column per
-    numeric field, named ``slot.field``. Anything else (strings, lists, ``None``) is left out."""
+    """Numeric slot values under the slot's name (an int stays an int); a structured value gives the
+    columns W&B, TensorBoard and the console show for it, by the same names (``pipeline.core.scalars``:
+    the loss prediction is ``predicted_final_loss``, a dataclass ``<slot>/<field>``). Anything else
+    (strings, lists, ``None``) is left out."""
     out: dict[str, float | int] = {}
     for name, value in slots.items():
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = dataclasses.asdict(value)
-        if isinstance(value, Mapping):
-            for key, inner in value.items():
-                number = _number(inner)
-                if number is not None:
-                    out[f"{name}.{key}"] = number
-            continue
         number = _number(value)
         if number is not None:
             out[name] = number
+        else:
+            out.update(slot_scalars(name, value))
     return out
 
 

@@ -97,9 +97,12 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     stop = result.stop
     why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
     print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
-    best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
-    print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
-          file=out)
+    if result.history:
+        best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
+        print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
+              file=out)
+    else:  # not "best inf, final nan": there is no loss at all
+        print("  no epoch completed: no val_loss to report", file=out)
     last = result.history[-1].metrics if result.history else {}
     extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
     if extra:
@@ -211,7 +214,7 @@ def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from pipeline.app.config import load_config
+    from pipeline.app.config import load_run_config
     from pipeline.app.job import train_seed
     from pipeline.training.resume import ResumeError, recorded_start
 
@@ -221,7 +224,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.device:
         overrides.append(f"device={args.device}")
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    cfg = load_run_config(run_dir, overrides)  # with the folders the run's own modules came from
     recorded = recorded_start(run_dir)
     world = recorded.world_size
     code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
@@ -254,11 +257,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_study(cfg, args.config)
     from pipeline.app.config.checks import check_builds
 
-    built = check_builds(cfg)  # what train would reject when it builds, found now
+    built, data = check_builds(cfg, data=args.data)  # what train would reject when it builds, found now
     _print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs} epochs, net {cfg.net}, "
-          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s)); built {', '.join(built)} and checked "
-          f"the data builder's arguments; no batch was run: `fsmtrain preflight {args.config}` runs one step")
+          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s)); built {', '.join(built)} and {data}; "
+          f"no batch was run: `fsmtrain preflight {args.config}` runs one step")
     return int(ExitCode.OK)
 
 
@@ -330,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
     _config_args(p)
+    p.add_argument("--data", action="store_true",
+                   help="also call the data builder once (a missing data file is then found here, exit 2)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("preflight", help="build everything and run one forward/backward/optimizer step")

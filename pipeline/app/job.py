@@ -19,10 +19,10 @@ import yaml
 from torch import nn
 
 from pipeline.app.config import (
+    RECORDED_FOLDERS,
     ConfigError,
     ConfigProblem,
     RunConfig,
-    build_callbacks,
     build_criterion,
     build_data,
     build_metrics,
@@ -32,19 +32,18 @@ from pipeline.app.config import (
     load_yaml,
     resolved_dict,
     seed_everything,
+    user_folders,
 )
 from pipeline.app.config.blame import blamed
-from pipeline.app.config.checks import check_data_arguments
+from pipeline.app.config.checks import check_data_arguments, checked_callbacks, data_failure
 from pipeline.app.config.schema import TRAINING_FIELDS
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
+from pipeline.app.schedule import Replan, replan_schedule, resume_schedule
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
-from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import Interrupted
 from pipeline.core.hooks import TrainingCallback
-from pipeline.core.registry import GlobalRegistrationError
 from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackOrderError, CallbackRunner
 from pipeline.training.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -98,14 +97,16 @@ class DataBuildFailed:
                                f"{self.error}") from self.error
 
 
-def build_parts(cfg: RunConfig, seed: int) -> RunParts:
+def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunParts:
     """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
-    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.config.checks)."""
+    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.config.checks).
+    A data builder that raises makes a run that fails in its first epoch, with the record; with
+    ``strict_data`` (preflight) it is a ConfigError naming the builder."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(seed)
     model = blamed(cfg, "net_config", cfg.net, lambda kw: build_model(cfg.model_copy(update={"net_config": dict(kw)})),
-                   cfg.net_config).to(torch.device(cfg.device))
+                   cfg.net_config, "net").to(torch.device(cfg.device))
     optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
                        lambda kw: build_optimizer(cfg.model_copy(update={"optimizer_config": dict(kw)}),
                                                   model.parameters()), cfg.optimizer_config)
@@ -121,6 +122,8 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     except ConfigError:
         raise
     except Exception as exc:  # the builder ran and failed: a run that fails, with its record
+        if strict_data:
+            raise data_failure(cfg, exc) from exc
         train_loader, val_loader = DataBuildFailed(cfg.data, exc), None
     metrics = _built("metrics", "metric functions", lambda: build_metrics(cfg))
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
@@ -197,9 +200,15 @@ def train_seed(
     may differ from the run's ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
     path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
+    replan: Replan | None = None
     if resume:
         before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
+        # an extension never runs a schedule past its horizon unnoticed: refused, or re-planned on purpose
+        if before is not None:
+            replan = resume_schedule(before, resolved, f"fsmtrain resume {path}", cfg.source_of("epochs"))
         changed = config_differences(before, resolved) if before is not None else []
+        if replan is not None:
+            changed = [c for c in changed if not c.startswith(f"{replan.path} (")]
         # `seeds` may change between resumes of a job (a seed added to the list starts its own run),
         # but the list must still hold this run's seed: else the config.yaml written below would
         # name seeds that the run was never trained with.
@@ -211,8 +220,7 @@ def train_seed(
                 "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
     try:
         parts = build_parts(cfg, seed)
-        callbacks = [*build_callbacks(cfg, run_dir=path, trial=trial), *extra_callbacks]
-        _check_callbacks(callbacks)
+        callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
     except BaseException:
         if isinstance(run_dir, RunDirClaim):
             run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
@@ -232,7 +240,7 @@ def train_seed(
             max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
-                    **(extras or {})},
+                    RECORDED_FOLDERS: user_folders(cfg), **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile,
         )
@@ -243,6 +251,8 @@ def train_seed(
             else:
                 claim.abandon()
         raise
+    if replan is not None and trainer.resumption is not None:
+        replan_schedule(cfg, trainer.resumption, replan)
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
@@ -266,15 +276,6 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
         return
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
-
-
-def _check_callbacks(callbacks: Sequence[TrainingCallback]) -> None:
-    """A callback mistake (misspelt hook, wrong signature, broken slot order) is a config error,
-    reported before the run directory is written."""
-    try:
-        CallbackRunner(callbacks)
-    except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
-        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
 
 
 def _write_path_diagram(trainer: Trainer) -> None:

@@ -16,7 +16,8 @@ from typing import Any, TextIO, TypeVar
 import torch
 from torch import nn
 
-from pipeline.app.config import RunConfig, build_callbacks
+from pipeline.app.config import RunConfig
+from pipeline.app.config.checks import batches, checked_callbacks
 from pipeline.app.job import build_parts
 from pipeline.core.runner import CallbackRunner
 from pipeline.training.driver import split_batch
@@ -74,8 +75,10 @@ def _stage(name: str, fn: Callable[[], T], detail: Callable[[], str] = lambda: "
 def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     """Print the preflight report; True when the step ran and everything is finite. A stage that
     fails raises :class:`PreflightFailed`."""
-    parts = build_parts(cfg, cfg.seeds[0])
-    runner = CallbackRunner(build_callbacks(cfg, run_dir=None))  # checks callback order / slot data flow
+    # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
+    # the data builder, called once, whose failure (a missing file) names it.
+    callbacks = checked_callbacks(cfg)
+    parts = build_parts(cfg, cfg.seeds[0], strict_data=True)
     model, device = parts.model, torch.device(cfg.device)
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -106,8 +109,8 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     value = float(loss.detach())
     print(f"model      {cfg.net}: {n_params:,} parameters ({n_trainable:,} trainable) on {device}", file=out)
     val = parts.val_loader
-    print(f"batches    train {len(parts.train_loader)}, val {len(val) if val is not None else 'none'} "
-          f"(batch_size {cfg.batch_size})", file=out)
+    print(f"batches    train {batches(parts.train_loader)}, val {batches(val)} (batch_size {cfg.batch_size})",
+          file=out)
     print(f"input      {shape_of(inputs)}   target {shape_of(targets)}", file=out)
     print(f"output     {shape_of(output)}", file=out)
     shown = f"{value:.6g}" if math.isfinite(value) else str(value)
@@ -116,7 +119,8 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
           + (f"; non-finite: {', '.join(bad)}" if bad else "")
           + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)
     print(f"optimizer  {cfg.optimizer} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}", file=out)
-    print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in runner.callbacks), file=out)
+    ordered = CallbackRunner(callbacks).callbacks  # the order train runs them in
+    print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in ordered), file=out)
     ok = math.isfinite(value) and not bad and after_ok
     print("preflight passed" if ok else "preflight FAILED: non-finite loss, gradients or parameters", file=out)
     return ok

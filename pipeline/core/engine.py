@@ -58,7 +58,7 @@ __all__ = ["STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 # What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
-_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size"})
+_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders"})
 
 
 class Interrupted(KeyboardInterrupt):

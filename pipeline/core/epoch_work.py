@@ -148,6 +148,10 @@ class EpochWork:
         run = self.run
         run.clear_epoch_slots()
         self._phase_seconds = {}
+        # An epoch's callback_seconds are the time its hooks took inside it, a part of its `seconds`:
+        # what callbacks spent before it (on_train_begin, a resume's on_load_checkpoint: W&B's start
+        # takes seconds) is no epoch's, and would make a callback take "208%" of the epoch time.
+        self.runner.take_timings()
         self._epoch_started = time.perf_counter()
         epoch = self.epoch = EpochContext(run, run.epoch)
         self.step = StepContext(run, epoch)

@@ -62,6 +62,14 @@ class TrainingCallback:
     may_stop_immediately: ClassVar[bool] = False
     rank_zero_only: ClassVar[bool] = False
 
+    def __init__(self, priority: int | None = None) -> None:
+        """``priority`` places this instance in the order (``super().__init__(priority=60)``); without
+        it the class's ``priority`` applies. A subclass need not call this at all."""
+        if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
+            self.priority = priority
+
     @property
     def name(self) -> str:
         return type(self).__name__

@@ -144,6 +144,9 @@ class Resumption:
     state: dict[str, Any]
     tail: LogTail
     removed: list[str] = field(default_factory=list)
+    # What the resume changed on purpose in ``state`` (a re-planned schedule): (event, payload) pairs,
+    # written as warnings (console and log) right after the ``resume`` event.
+    notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def next_epoch(self) -> int:
@@ -184,6 +187,8 @@ class Resumption:
             next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
             torn_line_bytes=self.tail.torn_bytes,
         )
+        for event, payload in self.notices:
+            run.emit(event, level="warning", **payload)
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
         restore_rng_state(state["rng"])
 

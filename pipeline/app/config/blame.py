@@ -18,8 +18,10 @@ __all__ = ["blamed"]
 
 
 def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
-           kwargs: Mapping[str, Any]) -> Any:
-    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``."""
+           kwargs: Mapping[str, Any], target: str | None = None) -> Any:
+    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``. With no kwargs
+    given, nothing in ``section`` can be at fault: the constructor itself is, at ``target`` (the
+    key naming it, e.g. ``callbacks.extra.0.target``)."""
     try:
         return build(kwargs)
     except ConfigError:
@@ -27,7 +29,10 @@ def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str
     except Exception as exc:  # a constructor's own check, whatever it raises
         leaf = _culprit(kwargs, build, exc)
         why = f"{type(exc).__name__}: {exc}".strip()
-        if leaf is None:
+        if not kwargs and target is not None:
+            problem = ConfigProblem(target, f"{what} to build with no arguments (the config gives it none in "
+                                    f"{section})", f"{what}() raised {why}")
+        elif leaf is None:
             problem = ConfigProblem(section, f"arguments {what} accepts", why)
         else:
             problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")

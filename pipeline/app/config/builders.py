@@ -146,7 +146,8 @@ def build_extra_callbacks(cfg: RunConfig) -> list[TrainingCallback]:
     out: list[TrainingCallback] = []
     for i, extra in enumerate(cfg.callbacks.extra):
         build = partial(_construct, resolve_dotted(extra.target))
-        out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs))
+        out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs,
+                          f"callbacks.extra.{i}.target"))
     return out
 
 

@@ -1,24 +1,85 @@
-"""What ``validate`` builds to reject what ``train`` would.
+"""The checks of the user's code that ``train``, ``validate`` and ``preflight`` share, so that what
+``train`` would refuse, the other two refuse in the same words.
 
 ``train`` builds the model, optimizer, scheduler and loss before it claims a run directory;
 ``validate`` builds the same cheaply (the optimizer and scheduler on one dummy parameter) and
 checks the data builder's arguments against its signature. Either way a constructor that rejects
 its arguments is blamed on the leaf of the config that caused it (:mod:`pipeline.app.config.blame`).
+All three build the run's callbacks and the runner over them (:func:`checked_callbacks`); ``validate
+--data`` and ``preflight`` call the data builder once, and a builder that raises is a config error
+naming it (:func:`check_data`).
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pipeline.app.config.blame import blamed
-from pipeline.app.config.builders import build_criterion, build_extra_callbacks, build_optimizer
+from pipeline.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer
 from pipeline.app.config.problems import ConfigError, ConfigProblem
 from pipeline.app.config.resolution import resolve_dotted
 from pipeline.app.config.schema import RunConfig
+from pipeline.core.checks import CallbackDefinitionError
+from pipeline.core.hooks import TrainingCallback
+from pipeline.core.registry import GlobalRegistrationError
+from pipeline.core.runner import CallbackOrderError, CallbackRunner
 
-__all__ = ["check_builds", "check_data_arguments"]
+__all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks",
+           "data_failure"]
+
+UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"
+"""The run directory the checks build the callbacks for: the callbacks that write files into a run
+(metrics.csv, checkpoints) are in the list, as in ``train``; none touches it before a run starts."""
+
+
+def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, trial: Any = None,
+                      extra: Sequence[TrainingCallback] = ()) -> list[TrainingCallback]:
+    """The run's callbacks as ``train`` builds them, ``extra`` added, and the runner over them: a
+    constructor that rejects its arguments, an ``on_*`` method that is not a hook, a hook with the
+    wrong signature, or a slot read before its writer is one ConfigError."""
+    callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
+    try:
+        CallbackRunner(callbacks)
+    except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
+        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))],
+                          cfg.source_of("callbacks")) from exc
+    return callbacks
+
+
+def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
+    """The data builder ran and raised: a config error naming the builder, what it raised, and the
+    ``data_config`` value its message names (a missing file's path), if one does."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    leaf = next((k for k, v in cfg.data_config.items() if isinstance(v, str) and v and v in text), None)
+    path = f"data_config.{leaf}" if leaf else "data"
+    return ConfigError([ConfigProblem(path, f"a data builder call that returns (train, val) ({cfg.data} with "
+                                            "batch_size, seed and data_config)", f"{cfg.data} raised {text}")],
+                       cfg.source_of(path))
+
+
+def check_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
+    """Call the data builder once, as ``train`` will: its (train, val) loaders, or a ConfigError."""
+    check_data_arguments(cfg, seed)
+    try:
+        return build_data(cfg, seed)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise data_failure(cfg, exc) from exc
+
+
+def batches(loader: Any) -> str:
+    """How many batches a loader has, for a person (an iterable one may not know)."""
+    if loader is None:
+        return "none"
+    try:
+        return str(len(loader))
+    except TypeError:
+        return "unknown (no len())"
 
 _SIMPLE = (int, float, str, bool)
 
@@ -61,14 +122,14 @@ def _fits(value: Any, want: type) -> bool:
     return isinstance(value, want)
 
 
-def check_builds(cfg: RunConfig) -> list[str]:
+def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]:
     """What ``validate`` builds: the model, the loss, the optimizer and scheduler on one dummy
-    parameter, the user's extra callbacks, and the data builder's arguments. Returns what was
-    built, for the summary line."""
+    parameter, the callbacks and their runner, and the data builder's arguments; with ``data``, it
+    calls the data builder once. Returns what was built and what was done with the data, for the
+    summary line."""
     import torch
 
-
-    model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config)
+    model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")
     if not isinstance(model, torch.nn.Module):
         raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "
                                          f"{type(model).__name__}")], cfg.source)
@@ -83,7 +144,11 @@ def check_builds(cfg: RunConfig) -> list[str]:
         scheduler_cls = resolve_dotted(cfg.scheduler)
         blamed(cfg, "scheduler_config", cfg.scheduler, lambda kw: scheduler_cls(optimizer, **kw), cfg.scheduler_config)
         built.append("scheduler")
-    if build_extra_callbacks(cfg):
+    checked_callbacks(cfg)
+    if cfg.callbacks.extra:
         built.append("extra callbacks")
-    check_data_arguments(cfg, cfg.seeds[0])
-    return built
+    if not data:
+        check_data_arguments(cfg, cfg.seeds[0])
+        return built, "checked the data builder's arguments"
+    train, val = check_data(cfg, cfg.seeds[0])
+    return built, f"called the data builder (batches: train {batches(train)}, val {batches(val)})"

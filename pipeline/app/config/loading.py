@@ -97,9 +97,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _index(part: str, items: list[Any]) -> int | None:
+    """``part`` as an index into ``items`` (``callbacks.extra.0``), or None when it is not one."""
+    if not part.isdigit():
+        return None
+    i = int(part)
+    return i if i < len(items) else None
+
+
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``"a.b=value"`` overrides to a copy of ``data``; ``value`` is parsed as a YAML scalar
-    (so ``lr=1e-3`` is a float, ``seeds=[1,2]`` a list, ``scheduler=null`` None)."""
+    (so ``lr=1e-3`` is a float, ``seeds=[1,2]`` a list, ``scheduler=null`` None). A number indexes a
+    list: ``callbacks.extra.0.kwargs.threshold=0.5``."""
     out = copy.deepcopy(dict(data))
     problems: list[ConfigProblem] = []
     for item in overrides:
@@ -115,17 +124,28 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
             problems.extend(ConfigProblem(key, p.expected, p.found) for p in exc.problems)
             continue
         node: Any = out
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                where = ".".join(parts[: depth + 1])
-                problems.append(ConfigProblem(key, f"{where} to be a mapping", type(child).__name__))
+        for depth, part in enumerate(parts):
+            where = ".".join(parts[:depth])
+            if isinstance(node, list):
+                i = _index(part, node)
+                if i is None:
+                    span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
+                    problems.append(ConfigProblem(key, f"an index of {where} {span}",
+                                                  repr(part) if not part.isdigit() else f"{part} ({len(node)} items)"))
+                    break
+                part_key: Any = i
+            elif isinstance(node, dict):
+                part_key = part
+            else:
+                problems.append(ConfigProblem(key, f"{where} to be a mapping or a list", type(node).__name__))
                 break
+            if depth == len(parts) - 1:
+                node[part_key] = value
+                break
+            child = node[part_key] if isinstance(node, list) else node.get(part_key)
+            if child is None:
+                child = node[part_key] = {}
             node = child
-        else:
-            node[parts[-1]] = value
     if problems:
         raise ConfigError(problems, "overrides")
     return out

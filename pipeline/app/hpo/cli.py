@@ -17,16 +17,15 @@ __all__ = ["cmd_hpo", "register_cli"]
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
-    from pipeline.app.config import apply_overrides, config_from_dict, load_yaml
+    from pipeline.app.config import load_config_and_data
     from pipeline.app.hpo.study import prepare, run_study
 
     overrides = list(args.set or [])
     if args.device:
         overrides.append(f"device={args.device}")
-    data = load_yaml(args.config)
-    if overrides:
-        data = apply_overrides(data, overrides)
-    cfg = config_from_dict(data, args.config)
+    # the loader every command uses: the config's folder and the working folder are importable (the
+    # workers inherit the import path), and a mistake an override made is blamed on its --set
+    cfg, data = load_config_and_data(args.config, overrides)
     for w in cfg.warnings:
         print(f"warning: {w}", file=sys.stderr)
     plan = prepare(cfg, data, args.config, study=args.study, storage=args.storage, n_trials=args.n_trials,

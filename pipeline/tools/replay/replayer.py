@@ -291,7 +291,9 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                     f"--set {item}: a replay re-runs the callbacks on the losses this run recorded, so it cannot "
                     f"tell what another {key} would have done to them; a what-if may change the callbacks' "
                     "settings (early_stopping, checkpoint, callbacks, epochs...), not training itself")
-        cfg = config_mod.config_from_dict(config_mod.apply_overrides(dict(cfg_data), overrides))
+        folders = rec.run_start.get(config_mod.RECORDED_FOLDERS)
+        cfg = config_mod.load_recorded_config(cfg_data, folders if isinstance(folders, list) else [], overrides,
+                                              f"recorded in {rec.path}")
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))

@@ -71,7 +71,10 @@ def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tupl
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return {k: float(v) for k, v in optuna.importance.get_param_importances(copy).items()}, None
+            # seeded, as the HTML report's: the same study gives the same importances every time
+            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+            found = optuna.importance.get_param_importances(copy, evaluator=evaluator)
+            return {k: float(v) for k, v in found.items()}, None
     except ImportError as exc:  # fANOVA needs scikit-learn
         return None, f"needs {exc.name or 'scikit-learn'} (pip install scikit-learn)"
     except (RuntimeError, ValueError) as exc:

@@ -160,7 +160,8 @@ def _loss_plot(data: RunData, bands: list[Band]) -> str:
               for i, k in enumerate(_LOSSES)]
     predicted = [e.slot("loss_prediction", "predicted_loss") for e in data.epochs]
     if any(p is not None for p in predicted):
-        series.append(Series("predicted final val loss (made at each epoch)", x, predicted, PALETTE[2],
+        series.append(Series("predicted_final_loss (the predicted final val loss, made at each epoch)", x, predicted,
+                             PALETTE[2],
                              dashed=True))
     last = next((p for p in reversed(predicted) if p is not None), None)
     hlines = [HLine(last, f"last prediction {last:.4g}", PALETTE[2])] if last is not None else []
@@ -317,9 +318,12 @@ def _time_plots(data: RunData) -> list[str]:
             phases[k] = phases.get(k, 0.0) + v
         for k, v in e.callback_seconds.items():
             callbacks[k] = callbacks.get(k, 0.0) + v
-    return [bar_chart("plot-phase-time", "Time per phase (all epochs)", list(phases.items()), color=PALETTE[0]),
-            bar_chart("plot-callback-time", "Time per callback (all epochs)", list(callbacks.items()),
-                      color=PALETTE[1])]
+    # shares of the epochs' time, as the audit gives them (a callback's hooks run inside its epoch)
+    total = sum(e.seconds for e in data.epochs)
+    return [bar_chart("plot-phase-time", "Time per phase (share of epoch time)", list(phases.items()),
+                      color=PALETTE[0], total=total),
+            bar_chart("plot-callback-time", "Time per callback (share of epoch time)", list(callbacks.items()),
+                      color=PALETTE[1], total=total)]
 
 
 def _audit_panel(report: AuditReport) -> str:

@@ -222,15 +222,16 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
 
 
 def bar_chart(plot_id: str, title: str, items: Sequence[tuple[str, float]], *, unit: str = "s",
-              width: int = 760, color: str = PALETTE[0]) -> str:
-    """Horizontal bars, largest first, with the value and its share of the total."""
+              width: int = 760, color: str = PALETTE[0], total: float | None = None) -> str:
+    """Horizontal bars, largest first, with the value and its share of ``total`` (default: the sum
+    of the bars)."""
     items = sorted(((k, v) for k, v in items if math.isfinite(v)), key=lambda kv: -kv[1])
     if not items:
         return figure(plot_id, title, "", "no values to draw")
     label_w = min(260, 12 + 6.6 * max(len(k) for k, _ in items))
     row, top = 20, 6
     height = top + row * len(items) + 8
-    total = sum(v for _, v in items) or 1.0
+    total = (total if total is not None and total > 0 else sum(v for _, v in items)) or 1.0
     vmax = max(v for _, v in items) or 1.0
     bar_w = width - label_w - 150
     out = [_svg_open(width, height, title)]

@@ -1,0 +1,171 @@
+"""One loader of the user's world, for every command that takes a config or a run directory.
+
+A config names the user's own code by dotted path (``mynets.SmallCNN``, ``mydata.build``,
+``mycbs.StopBelow``). Wherever a command runs from, those modules are found the same way: the
+import path gets, in this order of precedence,
+
+1. the config's folder (``fsmtrain train proj/cnn.yaml`` finds ``proj/mynets.py``),
+2. the folders the run recorded (its ``run_start`` names where its modules were imported from, so
+   ``replay``, ``resume`` and ``report`` of a run find them from any working folder),
+3. the working folder (as ``python -m`` would),
+
+and then the config is loaded, resolved and checked through every tier.
+"""
+
+from __future__ import annotations
+
+import importlib
+import site
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.app.config.loading import apply_overrides, load_yaml, override_of
+from pipeline.app.config.problems import ConfigError
+from pipeline.app.config.schema import RunConfig
+from pipeline.app.config.tiers import config_from_dict
+from pipeline.core.events import EVENTS_FILE, first_run_start
+
+__all__ = [
+    "RECORDED_FOLDERS", "enter_user_world", "load_config", "load_config_and_data", "load_recorded_config",
+    "load_run_config", "recorded_folders", "user_folders",
+]
+
+RECORDED_FOLDERS = "user_folders"
+"""The ``run_start`` key that lists the folders a run's own modules were imported from."""
+
+# fsmtrain's own top-level packages: never a user's folder, wherever they are installed from.
+_OWN = frozenset({"pipeline", "callbacks"})
+
+
+def _folders(config_dir: Path | None, recorded: Iterable[str]) -> list[Path]:
+    """The import folders in order of precedence, each once."""
+    out: list[Path] = []
+    for folder in (config_dir, *(Path(f) for f in recorded), Path.cwd()):
+        if folder is None:
+            continue
+        resolved = folder.resolve()
+        if resolved not in out:
+            out.append(resolved)
+    return out
+
+
+def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = ()) -> list[Path]:
+    """Put the config's folder, the recorded folders and the working folder at the front of the
+    import path (in that order of precedence); return them."""
+    folders = _folders(config_dir, recorded)
+    for folder in reversed(folders):
+        text = str(folder)
+        if text not in sys.path:
+            sys.path.insert(0, text)
+    importlib.invalidate_caches()
+    return folders
+
+
+def _validated(data: Mapping[str, Any], source: str, overrides: Sequence[str]) -> RunConfig:
+    """Every tier; a mistake that only an override made is blamed on that ``--set``, not on the file."""
+    try:
+        cfg = config_from_dict(data, source)
+    except ConfigError as exc:
+        blamed = {override_of(p.path, overrides) for p in exc.problems}
+        if overrides and len(blamed) == 1 and None not in blamed:
+            raise ConfigError(exc.problems, f"--set {blamed.pop()}") from None
+        raise
+    cfg._overrides = tuple(overrides)
+    return cfg
+
+
+def load_config_and_data(path: str | Path, overrides: Sequence[str] = (),
+                         recorded: Iterable[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
+    """The config at ``path`` with ``overrides`` applied, validated, and the mapping it was made from
+    (``fsmtrain hpo`` draws each trial's config from it)."""
+    enter_user_world(Path(path).parent, recorded)
+    data = load_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return _validated(data, str(path), overrides), data
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load ``path``, apply ``--set`` style overrides, validate through every tier, with the
+    config's folder and the working folder importable first."""
+    return load_config_and_data(path, overrides)[0]
+
+
+def recorded_folders(run_dir: Path) -> list[str]:
+    """The folders a run's ``run_start`` recorded for its own modules (none for a run without)."""
+    log = run_dir / EVENTS_FILE
+    payload = first_run_start(log) if log.is_file() else None
+    found = (payload or {}).get(RECORDED_FOLDERS)
+    return [str(f) for f in found] if isinstance(found, list) else []
+
+
+def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The resolved ``config.yaml`` of a run, with the run's recorded folders and the working folder
+    importable (the run directory itself is not one of the user's folders)."""
+    enter_user_world(None, recorded_folders(run_dir))
+    path = run_dir / "config.yaml"
+    data = load_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return _validated(data, str(path), overrides)
+
+
+def load_recorded_config(data: Mapping[str, Any], recorded: Iterable[str], overrides: Sequence[str] = (),
+                         source: str = "recorded by the run") -> RunConfig:
+    """A config a run's log recorded (replay rebuilds the run's callbacks from it)."""
+    enter_user_world(None, recorded)
+    changed = apply_overrides(data, overrides) if overrides else dict(data)
+    return _validated(changed, source, overrides)
+
+
+# --- what a run records -------------------------------------------------------------------------
+def _dotted_paths(cfg: RunConfig) -> list[str]:
+    paths = [cfg.net, cfg.optimizer, cfg.criterion, cfg.data, *cfg.metrics.values(),
+             *(extra.target for extra in cfg.callbacks.extra)]
+    if cfg.scheduler is not None:
+        paths.append(cfg.scheduler)
+    if cfg.optimize is not None:
+        paths += [cfg.optimize.sampler, cfg.optimize.pruner]
+    return paths
+
+
+def _installed_roots() -> list[Path]:
+    """Where the interpreter's own and installed packages live: never a user's folder."""
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    paths = sysconfig.get_paths()
+    roots += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    return [Path(r).resolve() for r in roots]
+
+
+def _import_root(module: Any) -> Path | None:
+    """The folder a top-level module was imported from (the one holding ``m.py`` or ``m/``)."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    locations = list(getattr(spec, "submodule_search_locations", None) or [])
+    if isinstance(origin, str) and origin not in ("built-in", "frozen"):
+        place = Path(origin).parent
+        return (place.parent if locations else place).resolve()
+    if locations:  # a namespace package
+        return Path(locations[0]).parent.resolve()
+    return None
+
+
+def user_folders(cfg: RunConfig) -> list[str]:
+    """The folders the config's own modules were imported from, outside fsmtrain and the installed
+    packages: what ``run_start`` records so that any command finds them again from anywhere."""
+    installed = _installed_roots()
+    out: list[str] = []
+    for path in _dotted_paths(cfg):
+        top = path.split(".", 1)[0]
+        module = sys.modules.get(top)
+        if top in _OWN or top in sys.stdlib_module_names or module is None:
+            continue
+        root = _import_root(module)
+        if root is None or any(root == r or r in root.parents for r in installed):
+            continue
+        if str(root) not in out:
+            out.append(str(root))
+    return out

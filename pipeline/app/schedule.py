@@ -1,0 +1,127 @@
+"""Resume keeps the schedule: an extending resume never silently runs a schedule past its end.
+
+Some schedulers are planned for a length up front (a cosine's ``T_max``, OneCycle's
+``total_steps``, the ``total_iters`` of a linear or polynomial decay). When that horizon is the
+run's epochs (fsmtrain steps the scheduler once an epoch), ``fsmtrain resume RUN --set epochs=30``
+on a run planned for 20 would train epoch 21 at the schedule's end (a cosine's lr 0) and then climb
+back up, since the schedule goes on past its horizon. So such a resume is refused, naming the fix:
+re-plan the horizon as well (``--set scheduler_config.T_max=30``). A re-planned resume continues
+on the schedule as it would have been had the run been planned for the new horizon from the start:
+the scheduler and the optimizer's lr are set to where that schedule is after the epochs already
+trained (those keep the lr they had), and the lr of every epoch still to come is shown on the
+console and written to the log (a ``schedule_replanned`` event, at warning level, after ``resume``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.app.config import ConfigError, ConfigProblem, RunConfig, build_optimizer, build_scheduler
+from pipeline.training.resume import Resumption
+
+__all__ = ["HORIZONS", "Replan", "replan_schedule", "resume_schedule"]
+
+# Schedulers with a horizon (torch.optim.lr_scheduler class name -> the scheduler_config keys that set it).
+HORIZONS: Mapping[str, tuple[str, ...]] = {
+    "CosineAnnealingLR": ("T_max",),
+    "OneCycleLR": ("total_steps", "epochs"),
+    "LinearLR": ("total_iters",),
+    "PolynomialLR": ("total_iters",),
+    "ConstantLR": ("total_iters",),
+}
+# What a scheduler changes in an optimizer's param group besides the lr (OneCycle cycles momentum).
+_SCHEDULED = ("lr", "initial_lr", "momentum", "betas", "max_lr", "min_lr", "max_momentum", "base_momentum")
+
+
+@dataclass(frozen=True)
+class Replan:
+    """A horizon the resume changes: ``scheduler_config.<key>`` from ``before`` to ``after``."""
+
+    key: str
+    before: Any
+    after: Any
+
+    @property
+    def path(self) -> str:
+        return f"scheduler_config.{self.key}"
+
+
+def _horizon_key(resolved: Mapping[str, Any]) -> str | None:
+    scheduler = resolved.get("scheduler")
+    if not isinstance(scheduler, str):
+        return None
+    keys = HORIZONS.get(scheduler.rsplit(".", 1)[-1], ())
+    config = resolved.get("scheduler_config") or {}
+    return next((k for k in keys if k in config), None)
+
+
+def resume_schedule(before: Mapping[str, Any], after: Mapping[str, Any], where: str,
+                    source: str | None = None) -> Replan | None:
+    """The schedule on a resume from the run config ``before`` to ``after`` (both resolved): a
+    horizon changed on purpose (returned, to re-plan), or a ConfigError for an extension that would
+    run past a horizon the run's epochs set. ``where`` is the command that resumes, for the fix;
+    ``source`` where the new ``epochs`` came from (a ``--set`` or a file)."""
+    if before.get("scheduler") != after.get("scheduler"):
+        return None  # another scheduler is a training change, refused with the others
+    key = _horizon_key(before)
+    if key is None:
+        return None
+    horizon, new = (before.get("scheduler_config") or {}).get(key), (after.get("scheduler_config") or {}).get(key)
+    if horizon != new:
+        return Replan(key, horizon, new)
+    planned, epochs = before.get("epochs"), after.get("epochs")
+    if isinstance(epochs, int) and isinstance(planned, int) and epochs > planned and horizon == planned:
+        raise ConfigError([ConfigProblem(
+            f"scheduler_config.{key}", f"a horizon that covers the {epochs} epochs, or no extension",
+            f"{horizon}, the {planned} epochs the run was planned for: epochs {planned + 1}-{epochs} would run "
+            f"{after['scheduler']} past its end (from the end of the schedule the lr goes back up); re-plan it: "
+            f"{where} --set epochs={epochs} --set scheduler_config.{key}={epochs} (the new lr of every epoch is "
+            f"shown), or keep epochs={planned}")], source)
+    return None
+
+
+def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, float]]]:
+    """The schedule of ``cfg`` run from the start on a stand-in parameter: the scheduler's state and
+    the optimizer's param groups after ``steps`` epochs, and the lr of each epoch after them."""
+    import torch
+
+    optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
+    scheduler = build_scheduler(cfg, optimizer)
+    curve: list[tuple[int, float]] = []
+    state: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
+    with warnings.catch_warnings():  # the stand-in's optimizer steps with no gradient: nothing to warn of
+        warnings.simplefilter("ignore")
+        for epoch in range(cfg.epochs):
+            if epoch == steps:
+                state = scheduler.state_dict()
+                groups = [{k: v for k, v in g.items() if k in _SCHEDULED} for g in optimizer.param_groups]
+            if epoch >= steps:
+                curve.append((epoch + 1, float(optimizer.param_groups[0]["lr"])))
+            optimizer.step()
+            scheduler.step()
+    return state, groups, curve
+
+
+def replan_schedule(cfg: RunConfig, resumption: Resumption, replan: Replan) -> list[tuple[int, float]]:
+    """Set the checkpoint's scheduler and lr to the re-planned schedule, and have the resume say so."""
+    state = resumption.state
+    recorded = state.get("scheduler") or {}
+    steps = int(recorded.get("last_epoch", resumption.next_epoch))
+    sched_state, groups, curve = _lr_curve(cfg, steps)
+    if not sched_state:  # resumed at or past the new horizon's last epoch: nothing left to plan
+        return []
+    state["scheduler"] = sched_state
+    for target, planned in zip((state.get("optimizer") or {}).get("param_groups", []), groups, strict=False):
+        target.update(planned)
+    shown = ", ".join(f"{epoch} {lr:.2e}" for epoch, lr in curve)
+    resumption.notices.append(("schedule_replanned", {
+        "message": f"{replan.path} re-planned from {replan.before} to {replan.after}: the schedule continues as if "
+                   f"the run had been planned for it from the start (the {steps} epoch(s) trained keep their lr); "
+                   f"lr by epoch: {shown}",
+        "key": replan.path, "before": replan.before, "after": replan.after,
+    }))  # the exact lr of every epoch is in its `epoch` event, as always
+    return curve
