@@ -317,3 +317,43 @@ def test_a_self_containing_or_too_deep_config_is_one_line(tmp_path: Path, text: 
     (tmp_path / "odd.yaml").write_text(text, encoding="utf-8")
     done = _main("validate", "odd.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert done.returncode == 2 and "Traceback" not in done.stderr and found in done.stderr, done.stderr
+
+
+_NOT_A_LOSS = ("criterion: expected a loss: an nn.Module subclass or a function (output, target) -> tensor; found "
+               "{} is a function of Python's standard library, not a loss")
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    # found: both passed validate, and train ended ERROR with "system() takes at most 1 argument"
+    ({"criterion": "os.system"}, _NOT_A_LOSS.format("os.system")),
+    ({"criterion": "builtins.eval"}, _NOT_A_LOSS.format("builtins.eval")),
+    # found: passed validate, and train ended NAN (exit 3)
+    ({"optimizer_config__lr": float("inf")}, "optimizer_config.lr: expected a finite number (torch.optim.Adam steps "
+                                             "with it); found inf"),
+    ({"optimizer": "torch.optim.SGD", "optimizer_config": {"lr": 0.01, "momentum": float("inf")}},
+     "optimizer_config.momentum: expected a finite number (torch.optim.SGD steps with it); found inf"),
+    ({"criterion": "torch.nn.functional.relu"}, "criterion: expected a loss: an nn.Module subclass or a function "
+                                                "(output, target) -> tensor; found torch.nn.functional.relu is a "
+                                                "function taking (input, inplace=False), not "
+                                                "(output, target, ...) with both required"),
+], ids=["os.system", "builtins.eval", "lr-inf", "momentum-inf", "relu"])
+def test_validate_and_train_refuse_what_cannot_be_a_loss_or_a_step(
+        tmp_path: Path, change: dict[str, Any], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _write(tmp_path, "bad.yaml", **change)
+    for command in ("validate", "train"):
+        done = _main(command, "bad.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+        _one_line(done, 2, f"fsmtrain {command}: config bad.yaml: {line}")
+    assert not (tmp_path / "runs").exists()
+    assert config.is_file()
+
+
+def test_loss_functions_of_torch_and_of_the_user_still_resolve(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "halved_losses.py").write_text("def halved(output, target, *, half=0.5):\n"
+                                          "    return half * ((output - target) ** 2).mean()\n")
+    for criterion in ("torch.nn.functional.mse_loss", "torch.nn.functional.smooth_l1_loss", "torch.nn.L1Loss",
+                      "halved_losses.halved"):
+        _write(tmp_path, "ok.yaml", criterion=criterion)
+        done = _main("validate", "ok.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+        assert done.returncode == 0, done.stderr
