@@ -18,6 +18,8 @@ from pipeline.core.lifecycle import FINAL, Phase
 
 __all__ = ["DiagramError", "PathCounter", "RunPath", "read_run_path"]
 
+_TRAIN_STEP, _EPOCH_END, _FINAL = Phase.TRAIN_STEP.value, Phase.EPOCH_END.value, FINAL.value  # once a line
+
 
 class DiagramError(ValueError):
     """Bad input to a diagram (an unreadable run log, a conflicting option)."""
@@ -62,17 +64,17 @@ class PathCounter:
         run.last_phase = dst
         if src == dst:
             self._internal_logged += 1
-        elif dst == Phase.TRAIN_STEP.value:
+        elif dst == _TRAIN_STEP:
             self._entered_step = step if isinstance(step, int) else None
-        elif src == Phase.TRAIN_STEP.value and self._entered_step is not None and isinstance(step, int):
+        elif src == _TRAIN_STEP and self._entered_step is not None and isinstance(step, int):
             self._derived_internal += max(step - self._entered_step - 1, 0)
             self._entered_step = None
-        if dst == FINAL.value:
+        if dst == _FINAL:
             run.final = key
             run.reason = payload.get("reason") if isinstance(payload, Mapping) else None
             if isinstance(epoch, int):
                 # From epoch_end the epoch counter has moved past the finished epoch.
-                run.stop_epoch = epoch - 1 if src == Phase.EPOCH_END.value else epoch
+                run.stop_epoch = epoch - 1 if src == _EPOCH_END else epoch
 
     def record(self, rec: Mapping[str, Any], where: str = "") -> None:
         """One parsed line of any kind."""
@@ -89,7 +91,7 @@ class PathCounter:
         self.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload") or {})
 
     def result(self) -> RunPath:
-        internal = (Phase.TRAIN_STEP.value, Phase.TRAIN_STEP.value, "batch")
+        internal = (_TRAIN_STEP, _TRAIN_STEP, "batch")
         if not self._internal_logged and self._derived_internal:
             self.run.counts[internal] = self._derived_internal
         return self.run

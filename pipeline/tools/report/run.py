@@ -13,11 +13,12 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from html import escape
+from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipeline.core.drawing import DiagramError, Format, path_diagram
 from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
@@ -92,6 +93,21 @@ _MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\
                    rb'"global_step":(-?\d+|null),')
 
 
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` of one line without its per-call overhead (decode, then scan)."""
+    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
+    if end != len(text) and not text[end:].isspace():
+        return json.loads(text)
+    return obj
+
+
 def _int(text: bytes) -> int | None:
     return None if text == b"null" else int(text)
 
@@ -119,7 +135,7 @@ def read_run(events_path: Path) -> RunData:
                 elif raw.startswith(_SKIPPED, at + 9):
                     continue
             try:
-                rec = json.loads(raw)
+                rec = _loads(raw)
             except ValueError as exc:  # the audit section names broken lines; the diagram is not drawn
                 data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
                 continue
@@ -160,38 +176,38 @@ def _take(data: RunData, rec: Mapping[str, Any]) -> None:
         data.result = dict(payload)
 
 
-def _put_all(table: EpochTable, kind: str, row: int, values: Mapping[str, Any], prefix: str = "") -> None:
+def _put_all(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
     columns = table.kind(kind)
     for name, value in values.items():
         cls = value.__class__
-        if cls is float or cls is int:
-            f = float(value)
-        elif (g := as_float(value)) is not None:
-            f = g
-        else:
-            continue
-        key = f"{prefix}{name}" if prefix else name
-        column = columns.get(key)
+        if cls is not float:
+            if cls is int:
+                value = float(value)
+            elif (value := as_float(value)) is None:
+                continue
+        column = columns.get(name)
         if column is None:
-            column = table.add(columns, str(key))
-        column.values[row] = f
+            column = table.add(columns, str(name))
+        column.values[row] = value
         column.present[row] = 1
 
 
 def _take_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
-    # the hot path of a long log: one call per epoch, a few dozen values each
+    # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
     row = table.row(epoch)
     for kind, key in (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds")):
         values = payload.get(key)
-        if isinstance(values, Mapping):
+        if isinstance(values, dict):
             _put_all(table, kind, row, values)
-    _put_all(table, "time", row, {"epoch": payload.get("seconds") or 0.0})
+    seconds = table.kind("time").get("epoch") or table.add(table.kind("time"), "epoch")
+    seconds.values[row] = as_float(payload.get("seconds")) or 0.0
+    seconds.present[row] = 1
     slots = payload.get("slots")
-    if isinstance(slots, Mapping):
+    if isinstance(slots, dict):
         _put_all(table, "slot", row, slots)
         for name, value in slots.items():
-            if isinstance(value, Mapping):
-                _put_all(table, "slot", row, value, f"{name}.")
+            if isinstance(value, dict):
+                _put_all(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
 
 
 # --- sections -------------------------------------------------------------------------------------

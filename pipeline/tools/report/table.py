@@ -34,8 +34,12 @@ class Column:
     def total(self, rows: int) -> float:
         return sum(v for v, p in zip(self.values[:rows], self.present[:rows], strict=True) if p)
 
-    def reorder(self, order: list[int]) -> None:
+    def reorder(self, order: list[int] | None, rows: int) -> None:
+        """Keep the first ``rows`` rows, in ``order`` when given."""
         values, present = self.values, self.present
+        if order is None:
+            self.values, self.present = values[:rows], present[:rows]
+            return
         self.values = array("d", (values[i] for i in order))
         self.present = bytearray(present[i] for i in order)
 
@@ -81,14 +85,13 @@ class EpochTable:
     def finish(self) -> None:
         """Rows in epoch order (a log writes them so, unless a resume re-ran some), no spare room."""
         rows = len(self.index)
-        order = sorted(range(rows), key=self.index.__getitem__)
-        if order != list(range(rows)):
+        order: list[int] | None = None
+        if any(a > b for a, b in zip(self.index, self.index[1:], strict=False)):
+            order = sorted(range(rows), key=self.index.__getitem__)
             self.index = [self.index[i] for i in order]
             self._row_of = {e: r for r, e in enumerate(self.index)}
-        else:
-            order = list(range(rows))
         for column in self._all:
-            column.reorder(order)
+            column.reorder(order, rows)
         self._capacity = rows
 
     def values(self, kind: str, name: str) -> list[float | None]:
