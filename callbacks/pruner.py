@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.context import EpochContext
@@ -19,7 +20,9 @@ PREDICTION_ATTR = "predicted_final_loss"
 """Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction (what the run's
 ``epoch`` event records in its ``loss_prediction`` slot), written before ``should_prune()``."""
 PRUNED_ATTR = "pruned"
-"""Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason}``."""
+"""Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason, decided_at}``
+(``decided_at``: the decision's wall-clock time, so a report can tell which trials the pruner saw
+complete then from those that finished later)."""
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -61,6 +64,7 @@ class PrunerCallback(TrainingCallback):
             self._set_attr(PREDICTION_ATTR, {"epoch": epoch.index, "value": _finite_or_none(prediction.predicted_loss),
                                              "fit_ok": prediction.fit_ok})
         self.trial.report(float(value), epoch.index)
+        asked = time.time()
         should_prune = bool(self.trial.should_prune())
         number = getattr(self.trial, "number", None)  # replay passes a recorded stand-in
         epoch.emit("trial_report", epoch=epoch.index, value=float(value), should_prune=should_prune, trial=number)
@@ -69,7 +73,7 @@ class PrunerCallback(TrainingCallback):
             self._set_attr(PRUNED_ATTR, {
                 "epoch": epoch.index, "value": _finite_or_none(float(value)), "monitor": self.monitor,
                 "pruner": None if pruner is None else repr(pruner) if _own_repr(pruner) else type(pruner).__name__,
-                "reason": getattr(pruner, "last_reason", None),
+                "reason": getattr(pruner, "last_reason", None), "decided_at": asked,
             })
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import io
 import math
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ class ExitCode(IntEnum):
     NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run
     PREFLIGHT = 4  # preflight built everything but the step gave non-finite loss or gradients
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, the shell convention)
+    BROKEN_PIPE = 141  # stdout's reader went away (`| head`): 128 + SIGPIPE, as a C tool ends there
     TERMINATED = 143  # SIGTERM (128 + 15), what schedulers send before they kill
 
 
@@ -366,7 +368,7 @@ def _is_config_error(exc: BaseException) -> bool:
     return False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
@@ -381,3 +383,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("fsmtrain: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     return int(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe shows at this flush, not at exit
+    except BrokenPipeError:
+        # The reader of stdout is gone (`fsmtrain audit --json | head`): what it wanted it has.
+        # Point stdout at /dev/null so the interpreter's last flush at exit cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return int(ExitCode.BROKEN_PIPE)
+    return code

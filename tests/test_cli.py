@@ -226,3 +226,28 @@ def test_every_stop_reason_has_an_exit_code() -> None:
         StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.PRUNED}
     failing = [codes[StopReason.NAN], codes[StopReason.ERROR], codes[StopReason.INTERRUPTED], ExitCode.CONFIG]
     assert len(set(failing)) == 4 and ExitCode.OK not in failing
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["audit", "validate"])
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    """Found: `fsmtrain audit --json | head` ended in a BrokenPipeError traceback. The reader of
+    stdout here is gone before the command writes its first byte, as `head` is once it has its lines."""
+    if command == "audit":
+        from audit_runs import _trainer
+
+        _trainer(tmp_path / "run", [], epochs=2).fit()
+        args = ["audit", "--json", str(tmp_path / "run")]
+    else:
+        args = ["validate", str(QUICKSTART)]
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=tmp_path, env=env, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=100)
+    finally:
+        os.close(write_end)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == ExitCode.BROKEN_PIPE == 141

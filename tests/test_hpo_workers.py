@@ -113,7 +113,8 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_retried(pg: Postgres, tmp_pa
     cfg = study_config(tmp_path, {"n_trials": 2, "storage": url, "sampler": "RandomSampler",
                                   "heartbeat_interval": 1, "grace_period": 3}, **SLOW_TRIALS)
     victim = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "victim.log")
-    survivor = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "survivor.log")
+    # --n-trials counts the retries a command runs (issue 27): one more for the victim's retry
+    survivor = popen("hpo", cfg, "--n-trials", "3", cwd=tmp_path, log=tmp_path / "survivor.log")
     killed = wait_for(_Watch(url, victim.pid), 120, "a trial of the victim to run",
                       (tmp_path / "victim.log", tmp_path / "survivor.log"))
     victim.send_signal(signal.SIGKILL)

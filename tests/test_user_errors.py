@@ -252,3 +252,108 @@ def test_counts_on_the_command_line_are_positive_whole_numbers(
     err = capsys.readouterr().err
     assert line in err.splitlines() and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def _alias_bomb(path: Path) -> Path:
+    """The "billion laughs": nine levels of ``&b [*a, *a, ...]``, under 1 kB of text, 9**9 leaves
+    once expanded."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _huge(path: Path, size: int = 50 * 2**20) -> Path:
+    """A valid-looking config of ``size`` bytes: the quickstart, then a long list of data options."""
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(yaml.safe_dump(QUICKSTART) + "net_config_extra:\n")
+        row = "  - [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]\n"
+        fh.write(row * (size // len(row) + 1))
+    return path
+
+
+@pytest.mark.timeout(60)  # before the fix the bomb ran for minutes, the 50 MB file for 21 s
+@pytest.mark.parametrize("command", ["validate", "train"])
+@pytest.mark.parametrize("kind", ["bomb", "huge"])
+def test_an_alias_bomb_and_a_huge_file_are_refused_unexpanded(tmp_path: Path, command: str, kind: str) -> None:
+    """Found: an 878-byte YAML alias bomb hung validate and train for more than 150 s; a 50 MB
+    config took 21 s and 617 MB before its error."""
+    if kind == "bomb":
+        config = _alias_bomb(tmp_path / "bomb.yaml")
+        line = ("<root>: expected at most 100,000 nodes with its aliases expanded; found config expands to more "
+                "than 100,000 nodes (YAML aliases)")
+    else:
+        config = _huge(tmp_path / "huge.yaml")
+        line = (f"<root>: expected a config file of at most 1,000,000 bytes (FSMTRAIN_MAX_CONFIG_BYTES sets the "
+                f"limit); found {config.stat().st_size:,} bytes")
+    done = _cli(command, config.name, cwd=tmp_path)
+    _one_line(done, 2, f"fsmtrain {command}: config {config.name}: {line}")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_size_limit_is_set_by_the_environment(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _write(tmp_path, "ok.yaml")
+    size = config.stat().st_size
+    monkeypatch.setenv("FSMTRAIN_MAX_CONFIG_BYTES", str(size - 1))
+    _one_line(_main("validate", "ok.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
+              f"fsmtrain validate: config ok.yaml: <root>: expected a config file of at most {size - 1:,} bytes "
+              f"(FSMTRAIN_MAX_CONFIG_BYTES sets the limit); found {size:,} bytes")
+    monkeypatch.setenv("FSMTRAIN_MAX_CONFIG_BYTES", str(size))
+    assert _main("validate", "ok.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch).returncode == 0
+    monkeypatch.setenv("FSMTRAIN_MAX_CONFIG_BYTES", "1MB")
+    _one_line(_main("validate", "ok.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
+              "fsmtrain validate: config ok.yaml: $FSMTRAIN_MAX_CONFIG_BYTES (environment): expected a positive whole "
+              "number of bytes; found '1MB'")
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("a: &x [*x]\n", "config contains itself (a recursive YAML alias)"),
+    ("a: " + "[" * 50_000 + "\n", "collections nested too deeply to read"),
+], ids=["recursive", "deep"])
+def test_a_self_containing_or_too_deep_config_is_one_line(tmp_path: Path, text: str, found: str,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "odd.yaml").write_text(text, encoding="utf-8")
+    done = _main("validate", "odd.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and found in done.stderr, done.stderr
+
+
+_NOT_A_LOSS = ("criterion: expected a loss: an nn.Module subclass or a function (output, target) -> tensor; found "
+               "{} is a function of Python's standard library, not a loss")
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    # found: both passed validate, and train ended ERROR with "system() takes at most 1 argument"
+    ({"criterion": "os.system"}, _NOT_A_LOSS.format("os.system")),
+    ({"criterion": "builtins.eval"}, _NOT_A_LOSS.format("builtins.eval")),
+    # found: passed validate, and train ended NAN (exit 3)
+    ({"optimizer_config__lr": float("inf")}, "optimizer_config.lr: expected a finite number (torch.optim.Adam steps "
+                                             "with it); found inf"),
+    ({"optimizer": "torch.optim.SGD", "optimizer_config": {"lr": 0.01, "momentum": float("inf")}},
+     "optimizer_config.momentum: expected a finite number (torch.optim.SGD steps with it); found inf"),
+    ({"criterion": "torch.nn.functional.relu"}, "criterion: expected a loss: an nn.Module subclass or a function "
+                                                "(output, target) -> tensor; found torch.nn.functional.relu is a "
+                                                "function taking (input, inplace=False), not "
+                                                "(output, target, ...) with both required"),
+], ids=["os.system", "builtins.eval", "lr-inf", "momentum-inf", "relu"])
+def test_validate_and_train_refuse_what_cannot_be_a_loss_or_a_step(
+        tmp_path: Path, change: dict[str, Any], line: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _write(tmp_path, "bad.yaml", **change)
+    for command in ("validate", "train"):
+        done = _main(command, "bad.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+        _one_line(done, 2, f"fsmtrain {command}: config bad.yaml: {line}")
+    assert not (tmp_path / "runs").exists()
+    assert config.is_file()
+
+
+def test_loss_functions_of_torch_and_of_the_user_still_resolve(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "halved_losses.py").write_text("def halved(output, target, *, half=0.5):\n"
+                                          "    return half * ((output - target) ** 2).mean()\n")
+    for criterion in ("torch.nn.functional.mse_loss", "torch.nn.functional.smooth_l1_loss", "torch.nn.L1Loss",
+                      "halved_losses.halved"):
+        _write(tmp_path, "ok.yaml", criterion=criterion)
+        done = _main("validate", "ok.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+        assert done.returncode == 0, done.stderr

@@ -24,7 +24,6 @@ import hashlib
 import json
 import shutil
 import subprocess
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -42,6 +41,7 @@ from pipeline.core.graph_machine import (
 )
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
+from pipeline.core.run_path import DiagramError, RunPath, read_run_path
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import Route, StopReason
 
@@ -52,6 +52,8 @@ __all__ = [
     "callback_diagram",
     "dot_digest",
     "lifecycle_diagram",
+    "path_diagram",
+    "read_run_path",
     "render_svg",
     "run_diagram",
     "stop_reasons_for",
@@ -75,10 +77,6 @@ class Format(str, Enum):
 
 
 SUFFIXES: dict[Format, str] = {Format.MERMAID: ".mmd", Format.DOT: ".dot", Format.SVG: ".svg"}
-
-
-class DiagramError(ValueError):
-    """Bad input to a diagram (an unreadable run log, a conflicting option)."""
 
 
 class GraphvizMissing(RuntimeError):
@@ -263,85 +261,14 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
 
 
 # --- one run's path -------------------------------------------------------------------------------
-@dataclass
-class RunPath:
-    """The moves one run took, counted, and how it ended."""
-
-    counts: Counter[tuple[str, str, str]]
-    final: tuple[str, str, str] | None = None
-    reason: str | None = None
-    stop_epoch: int | None = None
-    epochs_done: int = 0
-    last_phase: str | None = None
-    world_size: int = 1  # ranks of a multi-process run (the path is drawn once: the ranks agree)
-
-
-def read_run_path(events_path: str | Path) -> RunPath:
-    """Count the moves of a run log. Per-batch internal ``batch`` moves are logged only at debug
-    level; without them, their count is ``global_step`` leaving ``train_step`` minus at entering,
-    minus the entering move itself."""
-    path = Path(events_path)
-    if path.is_dir():  # a run directory: its log (rank 0's, in a multi-process run)
-        path = path / "events.jsonl"
-    counts: Counter[tuple[str, str, str]] = Counter()
-    run = RunPath(counts)
-    internal_logged = 0
-    derived_internal = 0
-    entered_step: int | None = None
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise DiagramError(f"cannot read run log {path}: {exc.strerror or exc}") from exc
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except ValueError as exc:
-                raise DiagramError(f"{path}:{lineno}: not a JSON line ({exc}); run `fsmtrain audit` on it") from exc
-            if not isinstance(rec, dict):
-                raise DiagramError(f"{path}:{lineno}: expected a JSON object, found {type(rec).__name__}")
-            event = rec.get("event")
-            if event == "epoch":
-                run.epochs_done += 1
-            elif event == "run_start":
-                world = (rec.get("payload") or {}).get("world_size")
-                run.world_size = world if isinstance(world, int) and world > 0 else run.world_size
-            if event != "transition":
-                continue
-            src, dst, trig = rec.get("from"), rec.get("to"), rec.get("trigger")
-            if not (isinstance(src, str) and isinstance(dst, str) and isinstance(trig, str)):
-                raise DiagramError(f"{path}:{lineno}: transition without from/to/trigger strings")
-            key = (src, dst, trig)
-            counts[key] += 1
-            run.last_phase = dst
-            step = rec.get("global_step")
-            if src == dst:
-                internal_logged += 1
-            elif dst == Phase.TRAIN_STEP.value:
-                entered_step = step if isinstance(step, int) else None
-            elif src == Phase.TRAIN_STEP.value and entered_step is not None and isinstance(step, int):
-                derived_internal += max(step - entered_step - 1, 0)
-                entered_step = None
-            if dst == FINAL.value:
-                run.final = key
-                payload = rec.get("payload") or {}
-                run.reason = payload.get("reason") if isinstance(payload, dict) else None
-                epoch = rec.get("epoch")
-                if isinstance(epoch, int):
-                    # From epoch_end the epoch counter has moved past the finished epoch.
-                    run.stop_epoch = epoch - 1 if src == Phase.EPOCH_END.value else epoch
-    internal = (Phase.TRAIN_STEP.value, Phase.TRAIN_STEP.value, "batch")
-    if not internal_logged and derived_internal:
-        counts[internal] = derived_internal
-    return run
-
-
 def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
     """The path one run took: visited phases, each taken edge with its count, the final edge with
     the stop reason and the epoch it stopped in."""
-    run = read_run_path(events_path)
+    return path_diagram(read_run_path(events_path), events_path, fmt)
+
+
+def path_diagram(run: RunPath, events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
+    """:func:`run_diagram` of a path already counted (a reader that went through the log anyway)."""
     if not run.counts:
         raise DiagramError(f"{events_path}: no transition events; is this an fsmtrain events.jsonl?")
     by_key = {(t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS}

@@ -4,6 +4,7 @@ the default callback list, each from its dotted path."""
 from __future__ import annotations
 
 import inspect
+import math
 import random
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -51,7 +52,24 @@ def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
         raise ConfigError([ConfigProblem(
             "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
             f"{cfg.optimizer}, whose step() requires a closure")], cfg.source_of("optimizer"))
+    # After the optimizer's own checks, which word what they refuse (a negative or NaN lr); torch
+    # takes lr=inf and trains to NaN at the first step, so every number it steps with must be finite.
+    bad = [ConfigProblem(path, f"a finite number ({cfg.optimizer} steps with it)", repr(value))
+           for path, value in _non_finite(cfg.optimizer_config, "optimizer_config")]
+    if bad:
+        raise ConfigError(bad, cfg.source_of(bad[0].path) if len(bad) == 1 else cfg.source)
     return opt
+
+
+def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
+    """The non-finite floats in a config value (``lr``, ``betas: [0.9, .inf]``), with their paths."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(path, value)]
+    if isinstance(value, Mapping):
+        return [found for k, v in value.items() for found in _non_finite(v, f"{path}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _non_finite(v, f"{path}.{i}")]
+    return []
 
 
 def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> Any:

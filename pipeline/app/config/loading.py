@@ -1,9 +1,15 @@
 """The syntax tier of a run config: YAML read with duplicate keys rejected (with their lines) and
-``1e-3`` read as a float, and ``--set key.path=value`` overrides."""
+``1e-3`` read as a float, and ``--set key.path=value`` overrides.
+
+Input is bounded before it can cost anything: a file over ``FSMTRAIN_MAX_CONFIG_BYTES`` (1 MB by
+default) is refused unread, and a document whose aliases expand to more than ``MAX_CONFIG_NODES``
+nodes (an 878-byte "billion laughs" expands to 9**9) is refused before anything walks it.
+"""
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,6 +18,10 @@ from typing import Any
 import yaml
 
 from pipeline.app.config.problems import ConfigError, ConfigProblem
+
+MAX_CONFIG_BYTES_ENV = "FSMTRAIN_MAX_CONFIG_BYTES"
+DEFAULT_MAX_CONFIG_BYTES = 1_000_000
+MAX_CONFIG_NODES = 100_000
 
 # YAML 1.1 wants a dot and a signed exponent for floats, so ``1e-3`` would read as a string and
 # reach an optimizer as "1e-3". This resolver accepts the forms Python's float() accepts.
@@ -62,18 +72,85 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
+def _expanded_size(root: yaml.Node, budget: int) -> int | None:
+    """How many nodes ``root`` is once every alias is expanded, counted without expanding (each
+    node's size once, from its children's); ``None`` for a document that contains itself. Sizes
+    past ``budget`` are capped there, so the numbers stay small."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = min(budget + 1, 1 + sum(sizes[id(c)] for c in children))
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            return None
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                return None  # an alias to a node that holds it: endless
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes[id(root)]
+
+
+def _bounded(node: yaml.Node) -> None:
+    size = _expanded_size(node, MAX_CONFIG_NODES)
+    if size is None:
+        raise ConfigError([ConfigProblem("", "a config that does not contain itself",
+                                         "config contains itself (a recursive YAML alias)")])
+    if size > MAX_CONFIG_NODES:
+        raise ConfigError([ConfigProblem("", f"at most {MAX_CONFIG_NODES:,} nodes with its aliases expanded",
+                                         f"config expands to more than {MAX_CONFIG_NODES:,} nodes (YAML aliases)")])
+
+
 def _parse_yaml(text: str, source: str) -> Any:
     loader = ConfigLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            try:
+                _bounded(node)
+            except ConfigError as exc:
+                raise ConfigError(exc.problems, source) from None
         problems = _duplicates(node) if node is not None else []
         if problems:
             raise ConfigError(problems, source)
         return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigProblem("", "valid YAML", _yaml_error(exc))], source) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError([ConfigProblem("", "YAML nested less deeply",
+                                         "collections nested too deeply to read")], source) from None
     finally:
         loader.dispose()
+
+
+def max_config_bytes(source: str | None = None) -> int:
+    """The size limit of a config file: ``FSMTRAIN_MAX_CONFIG_BYTES`` if set, else 1 MB. A value
+    that is not a positive whole number is a ConfigError (blamed on ``source``, the file it guards)."""
+    raw = os.environ.get(MAX_CONFIG_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_CONFIG_BYTES
+    try:
+        limit = int(raw.replace("_", ""))
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise ConfigError([ConfigProblem(f"${MAX_CONFIG_BYTES_ENV} (environment)", "a positive whole number of "
+                                         "bytes", repr(raw))], source)
+    return limit
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -81,6 +158,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError([ConfigProblem("", "an existing YAML file", f"no file at {str(p)!r}")], str(p))
+    limit, size = max_config_bytes(str(p)), p.stat().st_size
+    if size > limit:  # refused unread: a 50 MB file cost 21 s and 617 MB before its error
+        raise ConfigError([ConfigProblem("", f"a config file of at most {limit:,} bytes ({MAX_CONFIG_BYTES_ENV} "
+                                             "sets the limit)", f"{size:,} bytes")], str(p))
     raw = p.read_bytes()
     try:
         if b"\x00" in raw:

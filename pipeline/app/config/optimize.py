@@ -82,9 +82,11 @@ def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
     return int.from_bytes(digest[:4], "little")  # numpy's RandomState takes seeds below 2**32
 
 
-def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0) -> optuna.samplers.BaseSampler:
+def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0,
+                  seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
-    ``sampler_config.search_space`` is given; an integer ``seed`` is made this worker's by
+    ``sampler_config.search_space`` is given; an integer ``seed`` is made this worker's: ``seed``
+    when given (the one the worker claimed in the study, :mod:`pipeline.app.hpo.seeds`), else by
     :func:`sampler_seed`."""
     try:
         cls = _study_part_class(opt.sampler, "sampler")
@@ -94,9 +96,10 @@ def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
         kwargs["search_space"] = _grid_space(opt)
-    seed = kwargs.get("seed")
-    if type(seed) is int:
-        kwargs["seed"] = sampler_seed(seed, worker=worker, prior_trials=prior_trials)
+    configured = kwargs.get("seed")
+    if type(configured) is int:
+        kwargs["seed"] = seed if seed is not None else sampler_seed(configured, worker=worker,
+                                                                    prior_trials=prior_trials)
     return cast("optuna.samplers.BaseSampler", cls(**kwargs))
 
 

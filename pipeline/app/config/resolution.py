@@ -106,6 +106,36 @@ def _is_kind(obj: Any, kind: Kind) -> bool:
     return cls is None and callable(obj)  # DATA, METRIC: plain functions
 
 
+def _takes_output_and_target(sig: inspect.Signature) -> bool:
+    """Whether the first two arguments are positional and required, as a loss's output and target
+    are (``relu(input, inplace=False)`` takes two, but its second is no target)."""
+    slots: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return all(q.default is inspect.Parameter.empty for q in slots)
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            slots.append(p)
+    return len(slots) >= 2 and all(q.default is inspect.Parameter.empty for q in slots[:2])
+
+
+def not_a_loss(obj: Any) -> str | None:
+    """Why a callable that is not an ``nn.Module`` class cannot be a loss function, or None. A loss
+    is called as ``fn(output, target, **criterion_config)``: it takes two positional arguments, and
+    it is not one of Python's own functions (``os.system`` and ``builtins.eval`` are callables too)."""
+    top = str(getattr(obj, "__module__", None) or "").partition(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        return "a function of Python's standard library, not a loss"
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None  # an extension function without a signature: the call itself will tell
+    if not _takes_output_and_target(sig):
+        shown = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                          for p in sig.parameters.values())
+        return f"a function taking ({shown}), not (output, target, ...) with both required"
+    return None
+
+
 def describe(obj: Any) -> str:
     if inspect.isclass(obj):
         return f"class {obj.__module__}.{obj.__qualname__}"
@@ -185,6 +215,9 @@ def _check_target(
         return [ConfigProblem(path, f"an importable dotted path to {kind.value}", exc.found, exc.suggestion)]
     if not _is_kind(obj, kind):
         return [ConfigProblem(path, kind.value, f"{value} is {describe(obj)}")]
+    why = not_a_loss(obj) if kind is Kind.LOSS and not inspect.isclass(obj) else None
+    if why is not None:
+        return [ConfigProblem(path, kind.value, f"{value} is {why}")]
     if kwargs_path is None or not isinstance(kwargs, Mapping):
         return []
     # signature(cls) is the constructor without self

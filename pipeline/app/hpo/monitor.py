@@ -133,6 +133,9 @@ class Monitor:
                   f"the study holds {sum(total.values())}", file=out)
             if total["RUNNING"]:
                 print(f"  {total['RUNNING']} trial(s) still RUNNING on other workers", file=out)
+            if total["WAITING"]:
+                print(f"  {total['WAITING']} trial(s) WAITING (retries, with their parameters): the next "
+                      f"`fsmtrain hpo` on this study runs them first, resuming their runs", file=out)
             best = self._best(trials)
             if best is None:
                 print("  no completed trial yet", file=out)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sqlite3
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -39,7 +38,6 @@ __all__ = [
     "StorageSpec",
     "default_storage",
     "existing_directions",
-    "fail_orphaned_trials",
     "open_storage",
     "parse_storage",
     "pick_study",
@@ -48,7 +46,6 @@ __all__ = [
     "retried_trial",
     "retry_callback",
     "system_attrs",
-    "worker_identity",
 ]
 
 DB_FILE = "study.db"
@@ -56,7 +53,7 @@ JOURNAL_FILE = "study.journal"
 RUN_DIRS_ATTR = "run_dirs"
 """Trial user attribute ``{seed: run dir}``; a retry inherits its original's (Optuna copies them)."""
 WORKER_ATTR = "worker"
-"""Trial user attribute ``{host, pid, launch}``: which process runs the trial."""
+"""Trial user attribute: which process runs the trial (:func:`pipeline.app.hpo.recovery.worker_identity`)."""
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -322,10 +319,6 @@ def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path
     return {int(seed): Path(path) for seed, path in dirs.items()} if isinstance(dirs, Mapping) else {}
 
 
-def worker_identity(launch: str) -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "launch": launch}
-
-
 def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
     """After a worker of this host died: remove the journal's lock if the same lock stays held for
     ``hold`` seconds. Optuna holds it only for one append (write and fsync: milliseconds), and
@@ -354,25 +347,3 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_retry: int | None = 3,
-                         retry: bool = True) -> list[int]:
-    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) and,
-    with ``retry``, enqueue their retries: the journal storage has no heartbeat, so nobody else would."""
-    from optuna.trial import TrialState
-
-    # Optuna has no public call to fail another process's trial; this is what fail_stale_trials does.
-    dead, host = set(pids), socket.gethostname()
-    failed: list[int] = []
-    again = retry_callback(max_retry) if retry else None
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        who = trial.user_attrs.get(WORKER_ATTR)
-        if not isinstance(who, dict) or who.get("host") != host or who.get("pid") not in dead:
-            continue
-        study._storage.set_trial_user_attr(trial._trial_id, "error", f"worker process {who.get('pid')} died")
-        if study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
-            failed.append(trial.number)
-            if again is not None:
-                again(study, study._storage.get_trial(trial._trial_id))
-    return failed

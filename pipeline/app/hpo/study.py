@@ -1,10 +1,12 @@
 """Running a study: checks before anything exists, the study, its workers, and what they leave.
 
 ``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
-for every mistake before a file, folder or table is created. ``run_study`` creates the study and
-runs its trials in this process (``workers=1``) or in K worker processes; each worker
-takes trials from a shared count until it is used up or the deadline passes, then runs any trial
-Optuna re-enqueued and, on a heartbeat storage, waits until no trial is left RUNNING.
+for every mistake before a file, folder or table is created. ``run_study`` creates the study,
+retries what earlier runs lost (:mod:`pipeline.app.hpo.recovery`), and runs its trials in this
+process (``workers=1``) or in K worker processes. Every trial a worker runs, a retry included,
+takes one of the command's ``n_trials`` from a shared count: the command runs that many trials,
+no more. A retry left over when the count is used up stays WAITING, and the summary says so; the
+next ``fsmtrain hpo`` on the study runs it first.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig, build_pruner, build_sampler
 from pipeline.app.hpo.monitor import Monitor
 from pipeline.app.hpo.plan import StudyPlan
+from pipeline.app.hpo.recovery import fail_orphaned_trials, reclaim, worker_identity
+from pipeline.app.hpo.seeds import claim_sampler_seed
 from pipeline.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
@@ -36,7 +40,6 @@ from pipeline.app.hpo.storage import (
     StorageSpec,
     default_storage,
     existing_directions,
-    fail_orphaned_trials,
     open_storage,
     parse_storage,
     release_dead_holders_lock,
@@ -157,57 +160,65 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    # A retry resumes its run from the last checkpoint: an epoch the lost run had reported after
+    # that checkpoint is reported again, and Optuna keeps the value it has. Nothing to warn about.
+    warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
 
 
 def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
     import optuna
 
     storage = open_storage(plan.storage, plan.heartbeat)
-    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials)
+    seed = None
+    configured = plan.optimize.sampler_config.get("seed")
+    if type(configured) is int:  # a seed no earlier worker of the study took (a replacement gets a new one)
+        seed = claim_sampler_seed(storage, plan.trial.study, configured, worker=index, launch=plan.trial.launch,
+                                  prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch),
+                                  say=lambda line: print(line, file=sys.stderr, flush=True))
+    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials, seed=seed)
     return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
                              pruner=build_pruner(plan.optimize))
 
 
 def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
-    """One worker: trials until the tickets or the time run out, then the leftovers (see module doc)."""
+    """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
+    the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
+    trials running elsewhere, whose retries it may still have to run."""
     import optuna
     from optuna.trial import TrialState
 
     _quiet_optuna()
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
-
-    def one() -> None:
-        study.optimize(objective, n_trials=1, catch=(Exception,))
-
     sampler = study.sampler
     exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
         if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
-    while not _past(plan.deadline) and not exhausted() and tickets.take():
-        one()
     beating, waited = plan.heartbeat is not None, False
     pause, grace = 1.0, 0
     if plan.heartbeat is not None:
         pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
         grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
     while not _past(plan.deadline):
-        if beating:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                optuna.storages.fail_stale_trials(study)
-        states = Counter(t.state for t in study.get_trials(deepcopy=False))
-        if states[TrialState.WAITING]:
-            # A retry Optuna enqueued for a trial whose worker died. (Should another worker take it
-            # first, this ask() creates one new trial instead: one trial more than asked, never less.)
-            one()
-        elif beating and states[TrialState.RUNNING]:
-            if not waited:
-                print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
-                      f"(grace period {grace} s)", file=sys.stderr, flush=True)
-                waited = True
-            time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
-        else:
+        if exhausted():
+            if beating:
+                for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
+                    print(line, file=sys.stderr, flush=True)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optuna.storages.fail_stale_trials(study)
+            states = Counter(t.state for t in study.get_trials(deepcopy=False))
+            if not states[TrialState.WAITING]:
+                if not (beating and states[TrialState.RUNNING]):
+                    return
+                if not waited:
+                    print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
+                          f"(grace period {grace} s)", file=sys.stderr, flush=True)
+                    waited = True
+                time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
+                continue
+        if not tickets.take():
             return
+        study.optimize(objective, n_trials=1, catch=(Exception,))
 
 
 def _worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
@@ -293,8 +304,8 @@ class _Workers:
             left = f"; its trial(s) {failed} FAIL, retry enqueued" if failed else ""
             self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
             print(f"warning: {self.crashed[-1]}", file=self.out, flush=True)
-            if self.spawned < 3 * self.plan.workers and (self.shared.value > 0 or failed):
-                self.start(index)
+            if self.spawned < 3 * self.plan.workers and self.shared.value > 0:  # a retry takes a trial too
+                self.start(index)  # with a sampler seed of its own (pipeline.app.hpo.seeds)
 
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())
@@ -325,6 +336,8 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
     study = _create(plan)
     plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
     _header(plan, out)
+    for line in reclaim(study, plan.optimize.max_retry):
+        print(line, file=out, flush=True)
     monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
                       live=out.isatty() if live is None else live)
     interrupted = False

@@ -9,7 +9,9 @@ Semantics (DESIGN.md section 8):
 - the first seed reports each epoch to the trial (pruning); a pruned run ends through
   ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
 - an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
-  goes on); Ctrl-C FAILs it too and stops the study.
+  goes on); Ctrl-C FAILs it too, as lost, and stops the study: the next ``fsmtrain hpo`` on the
+  study retries it with its parameters, each seed resuming from its checkpoint
+  (:mod:`pipeline.app.hpo.recovery`).
 
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
 ``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
@@ -26,7 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
-from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial, worker_identity
+from pipeline.app.hpo.recovery import LOST_ATTR, worker_identity
+from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
 from pipeline.core.events import jsonable
 from pipeline.core.stop import StopReason
 
@@ -148,6 +151,7 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
         return statistics.fmean(objectives.values())
     except KeyboardInterrupt:
         trial.set_user_attr(ERROR_ATTR, "interrupted (Ctrl-C)")
+        trial.set_user_attr(LOST_ATTR, {"trial": trial.number, "why": "interrupted (Ctrl-C)"})  # retried next run
         raise
     except optuna.TrialPruned:
         raise

@@ -81,6 +81,33 @@ def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tupl
         return None, " ".join(str(exc).split())
 
 
+def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
+                    attr: dict[str, Any]) -> tuple[list[FrozenTrial], str]:
+    """The trials a pruner compared ``pruned`` with: those COMPLETE when it decided, as Optuna's
+    MedianPruner takes them (a trial that finished later was not there to compare with). The time
+    of the decision is the ``pruned`` attribute's ``decided_at``; a trial pruned before it was
+    recorded is bounded by its own end. Returns the trials and the words for that basis."""
+    from optuna.trial import TrialState
+
+    at = attr.get("decided_at")
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        bound, basis = float(at), "complete at the decision"
+    elif pruned.datetime_complete is not None:
+        bound, basis = pruned.datetime_complete.timestamp(), "complete when it ended"
+    else:
+        bound, basis = math.inf, "complete now"
+    return [o for o in trials if o.number != pruned.number and o.state is TrialState.COMPLETE
+            and o.datetime_complete is not None and o.datetime_complete.timestamp() <= bound], basis
+
+
+def _best_so_far(trial: FrozenTrial, epoch: int, maximize: bool) -> float | None:
+    """The trial's best reported value up to ``epoch``: what Optuna's MedianPruner compares."""
+    values = [v for s, v in trial.intermediate_values.items() if s <= epoch and math.isfinite(v)]
+    if not values:
+        return None
+    return max(values) if maximize else min(values)
+
+
 def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) -> dict[str, Any]:
     """The report as plain data (what ``--json`` prints)."""
     from optuna.trial import TrialState
@@ -102,14 +129,16 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         attr = t.user_attrs.get("pruned") or {}
         epoch: int = attr.get("epoch", t.last_step if t.last_step is not None else -1)
         prediction = t.user_attrs.get("predicted_final_loss")
-        others = sorted(v for o in trials if o.number != t.number and o.state.is_finished()
-                        and (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
+        seen, basis = _seen_by_pruner(trials, t, attr)
+        others = sorted(v for o in seen if (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
         pruned.append({
             "number": t.number, "epoch_index": epoch, "value": _num(t.intermediate_values.get(epoch)),
+            "best_so_far": _num(_best_so_far(t, epoch, maximize)),
             "monitor": attr.get("monitor", "value"),
             "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
-            "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None},
+            "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None,
+                                "basis": basis},
             "params": dict(t.params),
         })
     failed = [{"number": t.number, "error": t.user_attrs.get("error"), "params": dict(t.params),
@@ -159,18 +188,29 @@ def render(report: dict[str, Any]) -> str:
     if report["pruned"]:
         out.append("pruning decisions:")
         for p in report["pruned"]:
-            others = p["others_at_epoch"]
-            why = f": {p['reason']}" if p["reason"] else \
-                f" (median there over the study's {others['n']} other trials: {others['median']:.6g})" \
-                if others["n"] else ""
-            at = f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_g(p['value'])})"
-            out.append(f"  trial {p['number']} pruned at {at} by {p['pruner']}{why}")
+            out.append(f"  trial {p['number']} pruned at {_decision(p)}")
     if report["failed"]:
         out.append("failed trials:")
         for f in report["failed"]:
             retried = f"; retried as {f['retried_by']}" if f["retried_by"] else ""
             out.append(f"  trial {f['number']}: {f['error']}{retried}")
     return "\n".join(out) + "\n"
+
+
+def _decision(p: dict[str, Any]) -> str:
+    """``epoch 3 (val_loss 0.2; best so far 0.19) by MedianPruner (median at that epoch over the 4
+    trials complete at the decision: 0.18)``: the pruner's own reason when it gives one."""
+    others = p["others_at_epoch"]
+    if p["reason"]:
+        why = f": {p['reason']}"
+    elif others["n"]:
+        trials = "trial" if others["n"] == 1 else "trials"
+        why = f" (median at that epoch over the {others['n']} {trials} {others['basis']}: {others['median']:.6g})"
+    else:
+        why = f" (no trial {others['basis']} had reached that epoch)"
+    best = p.get("best_so_far")
+    best_shown = f"; best so far {_g(best)}" if best is not None and best != p["value"] else ""
+    return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_g(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
 def _storage_arg(text: str) -> str:

@@ -1,27 +1,34 @@
 """The run half of ``fsmtrain report``: one run's page, made from its ``events.jsonl`` alone.
 
-Reads the log (no torch), audits it with :func:`pipeline.tools.audit.audit_file`, draws the run's
-path with :func:`pipeline.core.drawing.run_diagram`, and lays out the charts of
-:mod:`pipeline.tools.report.svgplot`. Epochs are shown 1-based, as the console counts them.
+Reads the log once (no torch) into a table by column (:mod:`pipeline.tools.report.table`) and the
+run's path (:class:`pipeline.core.run_path.PathCounter`), audits it with
+:func:`pipeline.tools.audit.audit_file`, draws the path with :func:`pipeline.core.drawing.path_diagram`,
+and lays out the charts of :mod:`pipeline.tools.report.svgplot`, long curves reduced
+(:mod:`pipeline.tools.report.reduce`). Epochs are shown 1-based, as the console counts them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from html import escape
+from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from pipeline.core.drawing import DiagramError, Format, read_run_path, run_diagram
-from pipeline.core.lifecycle import TRANSITIONS, Phase
+from pipeline.core.drawing import DiagramError, Format, path_diagram
+from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
+from pipeline.core.run_path import PathCounter, RunPath
 from pipeline.tools.audit import AuditReadError, AuditReport, audit_file
+from pipeline.tools.report.reduce import spans
 from pipeline.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
+from pipeline.tools.report.table import EpochTable
 
-__all__ = ["RUN_PLOTS", "EpochRow", "ReportError", "RunData", "read_run", "run_sections"]
+__all__ = ["RUN_PLOTS", "ReportError", "RunData", "read_run", "run_sections"]
 
 # The ids of the plots and panels every run report has (the Chromium test checks each one).
 RUN_PLOTS = ("plot-loss", "plot-lr", "plot-grad-norm", "plot-overfit", "plot-early-stopping",
@@ -46,32 +53,18 @@ def as_float(value: Any) -> float | None:
 
 
 @dataclass
-class EpochRow:
-    index: int  # 0-based, as the log has it
-    metrics: dict[str, float]
-    slots: dict[str, Any]
-    seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    callback_seconds: dict[str, float] = field(default_factory=dict)
-
-    def slot(self, name: str, key: str | None = None) -> float | None:
-        value = self.slots.get(name)
-        if key is not None:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        return as_float(value)
-
-
-@dataclass
 class RunData:
     events_path: Path
     run_id: str = "?"
     max_epochs: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
-    epochs: list[EpochRow] = field(default_factory=list)
+    table: EpochTable = field(default_factory=EpochTable)
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] | None = None
     lines: int = 0
+    path: PathCounter = field(default_factory=PathCounter)
+    path_problem: str | None = None  # why the path diagram cannot be drawn
 
     def setting(self, source: str, key: str, *config_path: str) -> float | None:
         """A callback's setting from its ``callback_settings`` event, else from the run's config."""
@@ -83,32 +76,83 @@ class RunData:
             value = node
         return as_float(value)
 
+    def metric(self, name: str) -> list[float | None]:
+        return self.table.values("metric", name)
+
+    def slot(self, name: str, key: str | None = None) -> list[float | None]:
+        """A numeric slot per epoch; ``key`` picks one value of a mapping slot (``loss_prediction``)."""
+        return self.table.values("slot", name if key is None else f"{name}.{key}")
+
+
+# The log is read once, for the charts and the path diagram. Lines are parsed only when the page
+# draws from them: the writer puts ``event`` before ``payload``, so the first ``"event":"`` of a
+# line is its own; a transition's move is cut from its bytes (4 in 5 lines of an info-level log).
+_SKIPPED = (b"trial_report", b"stop_request")
+FINAL_PHASE = FINAL.value.encode()
+_MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\d+|null),'
+                   rb'"global_step":(-?\d+|null),')
+
+
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` of one line without its per-call overhead (decode, then scan)."""
+    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
+    if end != len(text) and not text[end:].isspace():
+        return json.loads(text)
+    return obj
+
+
+def _int(text: bytes) -> int | None:
+    return None if text == b"null" else int(text)
+
 
 def read_run(events_path: Path) -> RunData:
     """Everything the page draws, from the log. A resumed run's re-run epochs count once (the last)."""
     data = RunData(events_path)
-    by_epoch: dict[int, EpochRow] = {}
     try:
         fh = open(events_path, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ReportError(f"cannot read {events_path}: {exc.strerror or exc}") from exc
+    n = 0
+    path = data.path
     with fh:
-        for n, raw in enumerate(fh, 1):
-            data.lines = n
+        for raw in fh:
+            n += 1
+            at = raw.find(b'"event":"')
+            if at >= 0:
+                if raw.startswith(b'transition"', at + 9):
+                    move = _MOVE.search(raw, at)
+                    if move is not None and move[2] != FINAL_PHASE:
+                        src, dst, trigger, epoch, step = move.groups()
+                        path.transition(src.decode(), dst.decode(), trigger.decode(), _int(step), _int(epoch), None)
+                        continue
+                elif raw.startswith(_SKIPPED, at + 9):
+                    continue
             try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue  # the audit section names broken lines
-            if not isinstance(rec, dict):
+                rec = _loads(raw)
+            except ValueError as exc:  # the audit section names broken lines; the diagram is not drawn
+                data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
                 continue
-            _take(data, by_epoch, rec)
-    if data.lines == 0 or (not by_epoch and data.run_id == "?"):
+            if isinstance(rec, dict):
+                try:
+                    path.record(rec, f"line {n}")
+                except DiagramError as exc:
+                    data.path_problem = data.path_problem or str(exc)
+                _take(data, rec)
+    data.lines = n
+    if n == 0 or (not len(data.table) and data.run_id == "?"):
         raise ReportError(f"{events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
-    data.epochs = [by_epoch[k] for k in sorted(by_epoch)]
+    data.table.finish()
     return data
 
 
-def _take(data: RunData, by_epoch: dict[int, EpochRow], rec: Mapping[str, Any]) -> None:
+def _take(data: RunData, rec: Mapping[str, Any]) -> None:
     event = rec.get("event")
     payload = rec.get("payload")
     payload = payload if isinstance(payload, Mapping) else {}
@@ -119,13 +163,7 @@ def _take(data: RunData, by_epoch: dict[int, EpochRow], rec: Mapping[str, Any]) 
         if isinstance(payload.get("config"), Mapping):
             data.config = dict(payload["config"])
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
-        metrics = {str(k): v for k, v in ((k, as_float(v)) for k, v in (payload.get("metrics") or {}).items())
-                   if v is not None}
-        slots = payload.get("slots")
-        by_epoch[rec["epoch"]] = EpochRow(
-            rec["epoch"], metrics, dict(slots) if isinstance(slots, Mapping) else {},
-            as_float(payload.get("seconds")) or 0.0, _numbers(payload.get("phase_seconds")),
-            _numbers(payload.get("callback_seconds")))
+        _take_epoch(data.table, rec["epoch"], payload)
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
         data.settings[str(payload.get("source"))] = dict(payload["settings"])
     elif event == "checkpoint":
@@ -138,15 +176,43 @@ def _take(data: RunData, by_epoch: dict[int, EpochRow], rec: Mapping[str, Any]) 
         data.result = dict(payload)
 
 
-def _numbers(value: Any) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(k): f for k, f in ((k, as_float(v)) for k, v in value.items()) if f is not None}
+def _put_all(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
+    columns = table.kind(kind)
+    for name, value in values.items():
+        cls = value.__class__
+        if cls is not float:
+            if cls is int:
+                value = float(value)
+            elif (value := as_float(value)) is None:
+                continue
+        column = columns.get(name)
+        if column is None:
+            column = table.add(columns, str(name))
+        column.values[row] = value
+        column.present[row] = 1
+
+
+def _take_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
+    # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
+    row = table.row(epoch)
+    for kind, key in (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds")):
+        values = payload.get(key)
+        if isinstance(values, dict):
+            _put_all(table, kind, row, values)
+    seconds = table.kind("time").get("epoch") or table.add(table.kind("time"), "epoch")
+    seconds.values[row] = as_float(payload.get("seconds")) or 0.0
+    seconds.present[row] = 1
+    slots = payload.get("slots")
+    if isinstance(slots, dict):
+        _put_all(table, "slot", row, slots)
+        for name, value in slots.items():
+            if isinstance(value, dict):
+                _put_all(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
 
 
 # --- sections -------------------------------------------------------------------------------------
 def _x(data: RunData) -> list[int]:
-    return [e.index + 1 for e in data.epochs]
+    return [e + 1 for e in data.table.index]
 
 
 def _positive_span(values: list[float | None]) -> bool:
@@ -156,34 +222,32 @@ def _positive_span(values: list[float | None]) -> bool:
 
 def _loss_plot(data: RunData, bands: list[Band]) -> str:
     x = _x(data)
-    series = [Series(k.replace("_", " "), x, [e.metrics.get(k) for e in data.epochs], PALETTE[i])
-              for i, k in enumerate(_LOSSES)]
-    predicted = [e.slot("loss_prediction", "predicted_loss") for e in data.epochs]
+    losses = {k: data.metric(k) for k in _LOSSES}
+    series = [Series(k.replace("_", " "), x, losses[k], PALETTE[i]) for i, k in enumerate(_LOSSES)]
+    predicted = data.slot("loss_prediction", "predicted_loss")
     if any(p is not None for p in predicted):
         series.append(Series("predicted_final_loss (the predicted final val loss, made at each epoch)", x, predicted,
                              PALETTE[2],
                              dashed=True))
     last = next((p for p in reversed(predicted) if p is not None), None)
     hlines = [HLine(last, f"last prediction {last:.4g}", PALETTE[2])] if last is not None else []
-    log = all(_positive_span([e.metrics.get(k) for e in data.epochs]) for k in _LOSSES)
+    log = all(_positive_span(v) for v in losses.values())
     return line_chart("plot-loss", "Train and val loss per epoch", series, y_label="loss", log_y=log,
                       hlines=hlines, bands=bands)
 
 
 def _metric_plots(data: RunData) -> list[str]:
-    names: list[str] = []
-    for e in data.epochs:
-        names += [k for k in e.metrics if k not in (*_LOSSES, "lr") and k not in names]
+    names = [k for k in data.table.names("metric") if k not in (*_LOSSES, "lr")]
     out = []
     for i, name in enumerate(names):
-        ys = [e.metrics.get(name) for e in data.epochs]
         out.append(line_chart(f"plot-metric-{name}", f"{name} per epoch",
-                              [Series(name, _x(data), ys, PALETTE[(i + 3) % len(PALETTE)])], y_label=name))
+                              [Series(name, _x(data), data.metric(name), PALETTE[(i + 3) % len(PALETTE)])],
+                              y_label=name))
     return out
 
 
 def _lr_plot(data: RunData) -> str:
-    ys = [e.metrics.get("lr") for e in data.epochs]
+    ys = data.metric("lr")
     vals = [v for v in ys if v is not None and v > 0]
     log = bool(vals) and len(vals) == len(ys) and max(vals) / min(vals) > 10
     return line_chart("plot-lr", "Learning rate per epoch", [Series("lr", _x(data), ys, PALETTE[4])],
@@ -191,7 +255,7 @@ def _lr_plot(data: RunData) -> str:
 
 
 def _grad_plot(data: RunData) -> str:
-    ys = [e.slot("max_grad_norm") for e in data.epochs]
+    ys = data.slot("max_grad_norm")
     threshold = data.setting("GradientMonitorCallback", "warn_threshold", "callbacks", "gradient_monitor",
                              "warn_threshold")
     hlines = [HLine(threshold, f"warning threshold {threshold:g}")] if threshold is not None else []
@@ -201,27 +265,36 @@ def _grad_plot(data: RunData) -> str:
                       log_y=_positive_span(ys), hlines=hlines)
 
 
+def _shown_epochs(runs: list[tuple[float, float]], limit: int = 30) -> str:
+    parts = [f"{a:g}" if a == b else f"{a:g}-{b:g}" for a, b in runs[:limit]]
+    more = f" and {len(runs) - limit:,} more stretches" if len(runs) > limit else ""
+    return ", ".join(parts) + more
+
+
 def _overfit(data: RunData) -> tuple[str, list[Band]]:
     """val/train loss of every epoch, with the epochs ``OverfitDetectionCallback`` flagged (slot
-    ``overfit_gap_ratio`` set) marked and shaded."""
-    flagged = [e.index + 1 for e in data.epochs if e.slots.get("overfit_gap_ratio") is not None]
-    bands = [Band(ep, ep, f"overfitting flagged in epoch {ep}", legend="epochs flagged as overfitting")
-             for ep in flagged]
+    ``overfit_gap_ratio`` set) marked and shaded, one band a stretch of flagged epochs."""
+    x = _x(data)
+    gap = data.slot("overfit_gap_ratio")
+    flagged = [float(ep) for ep, g in zip(x, gap, strict=True) if g is not None]
+    stretches = spans(flagged)
+    bands = [Band(a, b, f"overfitting flagged in epoch {a:g}" if a == b else
+                  f"overfitting flagged in epochs {a:g}-{b:g}", legend="epochs flagged as overfitting")
+             for a, b in stretches]
     ratio: list[float | None] = []
-    for e in data.epochs:
-        train, val = e.metrics.get("train_loss"), e.metrics.get("val_loss")
+    for train, val in zip(data.metric("train_loss"), data.metric("val_loss"), strict=True):
         ratio.append(val / train if train and val is not None and math.isfinite(train) else None)
-    series = [Series("val loss / train loss", _x(data), ratio, GREY, points=False),
-              Series("flagged as overfitting", _x(data), [e.slot("overfit_gap_ratio") for e in data.epochs],
-                     "#B00020", line=False)]
-    note = (f"flagged epochs: {', '.join(map(str, flagged))}" if flagged else "no epoch was flagged as overfitting")
+    series = [Series("val loss / train loss", x, ratio, GREY, points=False),
+              Series("flagged as overfitting", x, gap, "#B00020", line=False)]
+    exact = spans(flagged, max_spans=len(flagged) or 1)
+    note = (f"flagged epochs: {_shown_epochs(exact)}" if flagged else "no epoch was flagged as overfitting")
     svg = line_chart("plot-overfit", "Overfitting: val/train loss ratio and the epochs flagged", series,
                      y_label="val / train", bands=bands)
-    return svg.replace("</figure>", f'<p class="note">{note}</p></figure>'), bands
+    return svg.replace("</figure>", f'<p class="note">{escape(note)}</p></figure>'), bands
 
 
 def _early_stopping_plot(data: RunData) -> str:
-    ys = [e.slot("early_stopping_wait") for e in data.epochs]
+    ys = data.slot("early_stopping_wait")
     patience = data.setting("EarlyStoppingCallback", "patience", "early_stopping", "patience")
     title = "Early stopping: epochs without improvement against the patience"
     if all(v is None for v in ys):
@@ -232,21 +305,23 @@ def _early_stopping_plot(data: RunData) -> str:
                                                             step=True)], y_label="epochs", hlines=hlines)
 
 
-def _diagram(events_path: Path) -> str:
+def _diagram(data: RunData) -> str:
     title = "Lifecycle path of this run"
     try:
+        if data.path_problem is not None:
+            raise DiagramError(f"{data.events_path}: {data.path_problem}")
+        run = data.path.result()
         if shutil.which("dot") is not None:
-            svg = run_diagram(events_path, Format.SVG)
+            svg = path_diagram(run, data.events_path, Format.SVG)
             svg = svg[svg.index("<svg"):]  # drop the XML prolog and doctype: inline in HTML
             return f'<figure class="plot diagram" id="diagram-lifecycle"><figcaption>{title}</figcaption>{svg}</figure>'
-        return _path_drawing(events_path, title)
+        return _path_drawing(run, title)
     except DiagramError as exc:
         return figure("diagram-lifecycle", title, "", f"no diagram: {exc}")
 
 
-def _path_drawing(events_path: Path, title: str) -> str:
+def _path_drawing(run: RunPath, title: str) -> str:
     """Without Graphviz: the visited phases top to bottom, and each move taken with its count."""
-    run = read_run_path(events_path)
     visited = [p.value for p in Phase if any(p.value in (s, d) for s, d, _ in run.counts)]
     w, box, gap = 760, 26, 14
     h = len(visited) * (box + gap) + 10
@@ -311,15 +386,9 @@ def _checkpoint_panel(data: RunData) -> str:
 
 
 def _time_plots(data: RunData) -> list[str]:
-    phases: dict[str, float] = {}
-    callbacks: dict[str, float] = {}
-    for e in data.epochs:
-        for k, v in e.phase_seconds.items():
-            phases[k] = phases.get(k, 0.0) + v
-        for k, v in e.callback_seconds.items():
-            callbacks[k] = callbacks.get(k, 0.0) + v
+    phases, callbacks = data.table.totals("phase"), data.table.totals("callback")
     # shares of the epochs' time, as the audit gives them (a callback's hooks run inside its epoch)
-    total = sum(e.seconds for e in data.epochs)
+    total = data.table.totals("time").get("epoch", 0.0)
     return [bar_chart("plot-phase-time", "Time per phase (share of epoch time)", list(phases.items()),
                       color=PALETTE[0], total=total),
             bar_chart("plot-callback-time", "Time per callback (share of epoch time)", list(callbacks.items()),
@@ -344,7 +413,7 @@ def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
         raise ReportError(str(exc)) from exc
     overfit, bands = _overfit(data)
     sections = [_loss_plot(data, bands), *_metric_plots(data), _lr_plot(data), _grad_plot(data), overfit,
-                _early_stopping_plot(data), _diagram(events_path), _stop_panel(report, data),
+                _early_stopping_plot(data), _diagram(data), _stop_panel(report, data),
                 _checkpoint_panel(data), *_time_plots(data), _audit_panel(report)]
     ex = report.explanation
     summary = (f"{ex.stop_reason or 'unfinished'} after {ex.epochs_completed} epoch(s); audit "

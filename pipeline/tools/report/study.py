@@ -12,7 +12,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from html import escape
 from pathlib import Path
@@ -99,8 +99,17 @@ def open_study(target: str, name: str | None) -> Any:
 
 
 def run_dirs_of(trial: Any) -> list[str]:
+    """A trial's run directories: ``fsmtrain hpo`` stores ``{seed: run dir}``; a list or a single
+    path (a study made by other code) is taken as it is."""
     dirs = trial.user_attrs.get("run_dirs") or []
+    if isinstance(dirs, Mapping):
+        return [str(d) for _, d in sorted(dirs.items(), key=lambda kv: _seed_order(kv[0]))]
     return [str(d) for d in dirs] if isinstance(dirs, (list, tuple)) else [str(dirs)]
+
+
+def _seed_order(seed: Any) -> tuple[int, str]:
+    text = str(seed)
+    return (int(text), "") if text.lstrip("-").isdigit() else (0, text)
 
 
 # --- plots ----------------------------------------------------------------------------------------

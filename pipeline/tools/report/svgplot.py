@@ -11,8 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html import escape
+
+from pipeline.tools.report.reduce import Reduced, reduce_curve
 
 __all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Line", "Series", "bar_chart", "colormap", "figure",
            "line_chart", "parallel_chart", "ticks"]
@@ -62,9 +64,16 @@ def _fmt(v: float) -> str:
     if v == 0:
         return "0"
     a = abs(v)
-    if a >= 1e4 or a < 1e-3:
-        return f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+    if a < 1e-3:
+        return f"{v:.0e}".replace("e-0", "e-")
+    if a >= 1e4:  # 150000 is 1.5e5, not 2e5
+        return f"{v:.3g}".replace("e+0", "e").replace("e+", "e")
     return f"{v:.4g}"
+
+
+def _at(x: float) -> str:
+    """An x in a tooltip: a whole number (an epoch, a step) exactly, whatever its size."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else _fmt(x)
 
 
 def _finite(v: float | None, log: bool) -> bool:
@@ -133,14 +142,18 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                log_y: bool = False, hlines: Sequence[HLine] = (), bands: Sequence[Band] = (),
                width: int = 760, height: int = 300, integer_x: bool = True,
                legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
-    """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart)."""
+    """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart). A series
+    of more than ``MAX_POINTS`` points is drawn reduced (:mod:`pipeline.tools.report.reduce`), and
+    the note under the chart says so."""
+    dropped = sum(1 for s in series for y in s.y if y is not None and not _finite(y, log_y))
+    cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
+    series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
     xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if _finite(y, log_y)]
     ys = [float(y) for s in series for y in s.y if y is not None and _finite(y, log_y)]
     ys += [h.value for h in hlines if _finite(h.value, log_y)]
     xs += [v for b in bands for v in (b.x0, b.x1)]
     if not xs or not ys:
         return figure(plot_id, title, "", "no values to draw")
-    dropped = sum(1 for s in series for y in s.y if y is not None and not _finite(y, log_y))
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
     if not log_y:
@@ -192,8 +205,19 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
         legend += [(b.legend or b.label, b.color, False) for b in bands[:1]]
     out += _legend(legend, _PAD_L, height - 10)
     out.append("</svg>")
-    note = f"{dropped} value(s) <= 0 or not finite are not drawn" if dropped else ""
-    return figure(plot_id, title, "".join(out), note)
+    notes = [f"{dropped} value(s) <= 0 or not finite are not drawn"] if dropped else []
+    notes += _reduced_note(cuts)
+    return figure(plot_id, title, "".join(out), "; ".join(notes))
+
+
+def _reduced_note(cuts: Sequence[Reduced]) -> list[str]:
+    done = [r for r in cuts if r.buckets]
+    if not done:
+        return []
+    big = max(done, key=lambda r: r.points)
+    drawn = sum(len(r.y) for r in done)
+    return [f"reduced: {sum(r.points for r in done):,} points drawn as {drawn:,}, the smallest and largest value of "
+            f"each run of {big.per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
 
 
 def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -> list[str]:
@@ -217,7 +241,7 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
         if s.points or len(run) == 1:
             for px, py, x, y in run:
                 out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.6" fill="{s.color}">'
-                           f'<title>{escape(s.name)} at {_fmt(x)}: {y:.6g}</title></circle>')
+                           f'<title>{escape(s.name)} at {_at(x)}: {y:.6g}</title></circle>')
     return out
 
 

@@ -1,0 +1,183 @@
+"""Trials whose process stopped under them: found, failed, and run again from where they were.
+
+A trial is *lost* when its code did not fail but its process stopped: Ctrl-C, a killed worker, a
+killed ``fsmtrain hpo``. A lost trial is FAILed with the ``lost`` user attribute, and a retry with
+its parameters is enqueued (Optuna's retry callback: the retry inherits the trial's run dirs and
+resumes each seed from its last checkpoint, see :mod:`pipeline.app.hpo.trial`).
+
+- a local worker that dies is failed and retried at once by the command that started it;
+- Ctrl-C fails the running trials as lost but enqueues nothing (the user stopped the study);
+- when a study is run again, :func:`reclaim` retries every lost trial that has no retry yet, and
+  fails at once a RUNNING trial whose process is provably gone: recorded on this host (same name,
+  same boot, same pid namespace), and that pid is absent, a zombie, or another process since. Any
+  doubt leaves it to the heartbeat's grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.app.hpo.storage import WORKER_ATTR, retry_callback
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "worker_identity"]
+
+LOST_ATTR = "lost"
+"""Trial user attribute ``{trial, why}`` of a trial failed because its process stopped. ``trial``
+is the trial's own number: a retry inherits its user attributes, and is not lost itself."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _boot_id() -> str | None:
+    return _read("/proc/sys/kernel/random/boot_id")
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks after boot) of ``pid``, from ``/proc``; None without it."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None or ")" not in text:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def worker_identity(launch: str) -> dict[str, Any]:
+    """Which process runs a trial: enough to tell later, on this host, that it is gone."""
+    pid = os.getpid()
+    stat = _proc_stat(pid)
+    return {"host": socket.gethostname(), "pid": pid, "launch": launch, "boot": _boot_id(),
+            "pidns": _pid_namespace(), "started": None if stat is None else stat[1]}
+
+
+def process_gone(who: Mapping[str, Any]) -> bool:
+    """Whether the process ``who`` names (a :func:`worker_identity`) is provably gone. False
+    whenever it cannot be told from here: another host, boot or pid namespace, or a record
+    without them."""
+    pid = who.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    if who.get("host") != socket.gethostname():
+        return False
+    if who.get("boot") is None or who.get("boot") != _boot_id():
+        return False
+    if who.get("pidns") is None or who.get("pidns") != _pid_namespace():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it exists, as another user's
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False
+    state, started = stat
+    # a zombie ran its last instruction; another start time is another process under that pid
+    return state == "Z" or (isinstance(who.get("started"), int) and started != who["started"])
+
+
+def lost_why(trial: FrozenTrial) -> str | None:
+    """Why ``trial`` was lost, if it was (its own ``lost`` attribute, not one a retry inherited)."""
+    lost = trial.user_attrs.get(LOST_ATTR)
+    if isinstance(lost, Mapping) and lost.get("trial") == trial.number:
+        return str(lost.get("why") or "lost")
+    return None
+
+
+def _fail_lost(study: optuna.study.Study, trial: FrozenTrial, why: str) -> bool:
+    """FAIL a RUNNING trial as lost; False when another process ended it first. Optuna has no public
+    call to fail another process's trial: this is what its ``fail_stale_trials`` does."""
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    with contextlib.suppress(Exception):  # ended meanwhile: the state change below says so
+        storage.set_trial_user_attr(trial._trial_id, "error", why)
+        storage.set_trial_user_attr(trial._trial_id, LOST_ATTR, {"trial": trial.number, "why": why})
+    try:
+        return bool(storage.set_trial_state_values(trial._trial_id, TrialState.FAIL))
+    except Exception:  # already finished (UpdateFinishedTrialError): not ours to fail
+        return False
+
+
+def _retry(study: optuna.study.Study, trial: FrozenTrial, max_retry: int | None) -> bool:
+    """Enqueue a retry of ``trial`` with its parameters; False when ``max_retry`` forbids it."""
+    history = trial.system_attrs.get("retry_history") or []
+    if max_retry is not None and len(history) + 1 > max_retry:
+        return False
+    retry_callback(max_retry)(study, study._storage.get_trial(trial._trial_id))
+    return True
+
+
+def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_retry: int | None = 3,
+                         retry: bool = True) -> list[int]:
+    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) as lost
+    and, with ``retry``, enqueue their retries: the journal storage has no heartbeat, so nobody
+    else would."""
+    from optuna.trial import TrialState
+
+    dead, host = set(pids), socket.gethostname()
+    failed: list[int] = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = trial.user_attrs.get(WORKER_ATTR)
+        if not isinstance(who, dict) or who.get("host") != host or who.get("pid") not in dead:
+            continue
+        if _fail_lost(study, trial, f"worker process {who.get('pid')} died"):
+            failed.append(trial.number)
+            if retry:
+                _retry(study, trial, max_retry)
+    return failed
+
+
+def reclaim(study: optuna.study.Study, max_retry: int | None) -> list[str]:
+    """Before a study runs again: fail the RUNNING trials whose process is provably gone, and
+    enqueue a retry of every lost trial that has none. Returns one line per trial it touched."""
+    from optuna.trial import TrialState
+
+    lines: list[str] = []
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
+    for trial in trials:
+        if trial.state is TrialState.RUNNING:
+            who = trial.user_attrs.get(WORKER_ATTR)
+            if not (isinstance(who, Mapping) and process_gone(who)):
+                continue
+            why = f"its worker process {who['pid']} on this host is gone"
+            if not _fail_lost(study, trial, why):
+                continue
+            what = f"trial {trial.number} was RUNNING, but {why}: FAIL"
+        elif trial.state is TrialState.FAIL and trial.number not in retried:
+            lost = lost_why(trial)
+            if lost is None:
+                continue
+            what = f"trial {trial.number} was lost ({lost})"
+        else:
+            continue
+        if _retry(study, trial, max_retry):
+            lines.append(f"{what}; re-enqueued with its parameters, to resume from its checkpoint")
+        else:
+            lines.append(f"{what}; not retried: it was retried max_retry={max_retry} times already")
+    return lines

@@ -1,0 +1,88 @@
+"""Fewer points for long curves: a chart never draws more than ``MAX_POINTS`` points of one series.
+
+A curve past the limit is cut into equal buckets of consecutive points and each bucket drawn by
+its smallest and its largest value, in the order they came: a one-epoch spike is a bucket's
+maximum, so it survives (an average would smooth it away, a stride would skip it). A bucket with
+no drawable value keeps a gap. The page says what was reduced and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["MAX_POINTS", "Reduced", "reduce_curve", "spans"]
+
+MAX_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class Reduced:
+    x: list[float]
+    y: list[float | None]
+    points: int  # how many the curve had
+    buckets: int  # 0: not reduced
+
+    @property
+    def per_bucket(self) -> int:
+        return math.ceil(self.points / self.buckets) if self.buckets else 1
+
+
+def _drawable(v: float | None, log: bool) -> bool:
+    return v is not None and math.isfinite(v) and (not log or v > 0)
+
+
+def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
+                 max_points: int = MAX_POINTS) -> Reduced:
+    """``(x, y)`` as it is when it has at most ``max_points`` points; else the min and max of each
+    of ``max_points // 2`` buckets (see the module doc)."""
+    n = len(y)
+    if n <= max_points:
+        return Reduced(list(x), list(y), n, 0)
+    buckets = max(1, max_points // 2)
+    out_x: list[float] = []
+    out_y: list[float | None] = []
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        i_min = i_max = -1
+        v_min = v_max = 0.0
+        for i in range(lo, hi):
+            v = y[i]
+            if not _drawable(v, log):
+                continue
+            assert v is not None
+            if i_min < 0 or v < v_min:
+                i_min, v_min = i, v
+            if i_max < 0 or v > v_max:
+                i_max, v_max = i, v
+        if i_min < 0:  # nothing to draw here: a gap, as the full curve has one
+            out_x.append(float(x[(lo + hi - 1) // 2]))
+            out_y.append(None)
+            continue
+        for i in sorted({i_min, i_max}):
+            out_x.append(float(x[i]))
+            out_y.append(y[i])
+    return Reduced(out_x, out_y, n, buckets)
+
+
+def spans(xs: Sequence[float], *, step: float = 1.0, max_spans: int = MAX_POINTS // 4) -> list[tuple[float, float]]:
+    """Sorted x values (flagged epochs) as ``(first, last)`` runs of consecutive values; more than
+    ``max_spans`` runs are merged across the smallest gaps until that many are left."""
+    runs: list[tuple[float, float]] = []
+    for v in xs:
+        if runs and v - runs[-1][1] <= step:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    if len(runs) <= max_spans:
+        return runs
+    gaps = sorted(range(len(runs) - 1), key=lambda i: runs[i + 1][0] - runs[i][1])
+    joined = set(gaps[: len(runs) - max_spans])  # close the smallest gaps first
+    merged: list[tuple[float, float]] = []
+    for i, run in enumerate(runs):
+        if merged and i - 1 in joined:
+            merged[-1] = (merged[-1][0], run[1])
+        else:
+            merged.append(run)
+    return merged

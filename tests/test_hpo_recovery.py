@@ -1,0 +1,216 @@
+"""HPO never repeats and never forgets (issue 27, items 3 and 4): real studies on real storage, real
+processes killed with real signals.
+
+- a replacement worker gets a sampler seed no earlier worker of the study took;
+- a trial lost to Ctrl-C or a killed process is retried with its parameters when the study runs
+  again, and its run resumes from its checkpoint;
+- on SQLite a trial whose process is provably gone is failed at once, not after the grace period;
+- ``--n-trials N`` is N trials run by the command, retries included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from hpo_support import journal, load, popen, study_config, wait_for
+from optuna.trial import TrialState
+
+from pipeline.app.hpo.recovery import process_gone, worker_identity
+from pipeline.app.hpo.seeds import claim_sampler_seed, seeds_used
+from pipeline.tools.audit import audit_file
+
+MID_TRIALS = {"epochs": 20, "early_stopping": {"enabled": False}}  # long enough to be caught running
+SEEDED = {"sampler": "RandomSampler", "sampler_config": {"seed": 0}, "pruner": "NopPruner"}  # a retry runs to its end
+
+
+# --- the parts, fast -------------------------------------------------------------------------------
+def test_a_process_is_gone_only_when_this_host_can_prove_it() -> None:
+    me = worker_identity("launch")
+    assert not process_gone(me)  # this very process
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    gone = {**me, "pid": done.pid, "started": None}
+    assert process_gone(gone)  # exited and reaped: no such pid
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                 "the child to exit (unreaped)")
+        assert process_gone({**me, "pid": zombie.pid})  # exited, not yet reaped by its parent
+    finally:
+        zombie.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = Path(f"/proc/{alive.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        assert not process_gone({**me, "pid": alive.pid, "started": int(started)})
+        assert process_gone({**me, "pid": alive.pid, "started": int(started) + 1})  # the pid was reused
+        # what cannot be told from here is never "gone"
+        assert not process_gone({**gone, "host": socket.gethostname() + "-elsewhere"})
+        assert not process_gone({**gone, "boot": "another-boot"})
+        assert not process_gone({**gone, "pidns": "pid:[1]"})
+        assert not process_gone({"host": me["host"], "pid": done.pid, "launch": "old"})  # an older record
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_worker_never_takes_a_sampler_seed_an_earlier_worker_took() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(study_name="s", storage=storage)
+    said: list[str] = []
+
+    def claim(worker: int, launch: str, prior: int = 0) -> int:
+        return claim_sampler_seed(storage, "s", 7, worker=worker, launch=launch, prior_trials=prior,
+                                  who={"pid": 100 + worker}, say=said.append)
+
+    assert [claim(0, "a"), claim(1, "a")] == [7, 8]  # a fresh study: the configured seed, worker k adds k
+    assert said == []
+    again = claim(0, "a")  # the replacement of worker 0 in the same command
+    assert again not in (7, 8) and said == [f"worker 0: sampler seed {again}, since seed 7 was taken by an earlier "
+                                            "worker of the study (by process 100): a seed proposes what it proposed "
+                                            "before"]
+    third = claim(0, "a")
+    later = [claim(0, "b", prior=5), claim(1, "b", prior=5), claim(0, "b", prior=5)]
+    taken = [7, 8, again, third, *later]
+    assert len(set(taken)) == len(taken)
+    study_id = storage.get_study_id_from_name("s")
+    assert sorted(seeds_used(storage.get_study_system_attrs(study_id))) == sorted(taken)
+
+
+# --- the found cases, for real ---------------------------------------------------------------------
+def _running(storage: Any, exclude: frozenset[int] = frozenset(), epochs: int = 2) -> Any:
+    """A poll for a RUNNING trial (not in ``exclude``) that reported ``epochs`` epochs: (number, pid)."""
+    def poll() -> tuple[int, int] | None:
+        try:
+            trials = load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        except Exception:  # not created yet, or half created
+            return None
+        for t in trials:
+            if t.number not in exclude and len(t.intermediate_values) >= epochs and "worker" in t.user_attrs:
+                return t.number, int(t.user_attrs["worker"]["pid"])
+        return None
+    return poll
+
+
+def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial:
+    """The one retry of trial ``number``: COMPLETE, its parameters, its run resumed in place."""
+    lost = study.trials[number]
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == number]
+    assert len(retries) == 1, [(t.number, t.state.name) for t in retries]
+    retry = retries[0]
+    assert retry.state is TrialState.COMPLETE, (retry.number, retry.state, retry.user_attrs.get("error"))
+    assert retry.params == lost.params
+    old_dir = lost.user_attrs["run_dirs"]["0"]
+    resume = retry.user_attrs["resume"]
+    assert resume["previous_run_dir"] == old_dir and resume["resumed"] is True, resume
+    assert retry.user_attrs["run_dirs"]["0"] == old_dir
+    events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
+    assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
+    report = audit_file(Path(old_dir) / "events.jsonl")
+    assert report.ok(), report.render()
+    return retry
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)  # the grace period alone is 120 s
+def test_a_killed_sqlite_study_is_retried_at_once_and_counts_the_retry(tmp_path: Path) -> None:
+    """Found: after `kill -9` on SQLite a re-run waited the whole 120 s grace period on the dead
+    trial; and `--n-trials 3` then ran 4 trials."""
+    cfg = study_config(tmp_path, {"n_trials": 3, **SEEDED}, **MID_TRIALS)
+    db = tmp_path / "runs" / "quickstart" / "s" / "study.db"
+    url = f"sqlite:///{db}"
+    first = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "first.log")
+    number, pid = wait_for(_running(lambda: url), 120, "a running trial", (tmp_path / "first.log",))
+    assert pid == first.pid
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    again = popen("hpo", cfg, "--n-trials", "2", cwd=tmp_path, log=tmp_path / "again.log")
+    assert again.wait(timeout=150) == 0, (tmp_path / "again.log").read_text()
+    log = (tmp_path / "again.log").read_text()
+    assert (f"trial {number} was RUNNING, but its worker process {pid} on this host is gone: FAIL; re-enqueued with "
+            "its parameters, to resume from its checkpoint") in log
+    assert "waiting for" not in log
+    study = load(url)
+    assert study.trials[number].state is TrialState.FAIL
+    assert study.trials[number].user_attrs["lost"] == {
+        "trial": number, "why": f"its worker process {pid} on this host is gone"}
+    retry = _resumed(study, number)
+    launches = Counter(t.user_attrs["worker"]["launch"] for t in study.trials)
+    second = retry.user_attrs["worker"]["launch"]
+    assert launches[second] == 2, launches  # --n-trials 2: the retry and one new trial
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_trials_stopped_by_ctrl_c_are_retried_and_resume_when_the_study_runs_again(workers: int,
+                                                                                   tmp_path: Path) -> None:
+    """Found: Ctrl-C marked the running trials FAIL, and a later `hpo` never retried them."""
+    cfg = study_config(tmp_path, {"n_trials": 10, **SEEDED}, **MID_TRIALS)
+    folder = tmp_path / "runs" / "quickstart" / "s"
+    path = folder / ("study.journal" if workers > 1 else "study.db")
+    storage = (lambda: journal(path)) if workers > 1 else (lambda: f"sqlite:///{path}")
+    parent = popen("hpo", cfg, "--workers", str(workers), cwd=tmp_path, log=tmp_path / "hpo.log")
+    wait_for(_running(storage), 120, "a running trial", (tmp_path / "hpo.log",))
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=120) in (130, -signal.SIGINT), (tmp_path / "hpo.log").read_text()
+    trials = load(storage()).trials
+    lost = [t.number for t in trials if t.state is TrialState.FAIL and t.user_attrs["lost"]["trial"] == t.number]
+    stopped = [t for t in trials if t.number in lost and "run_dirs" in t.user_attrs
+               and (Path(t.user_attrs["run_dirs"]["0"]) / "checkpoints").is_dir()]
+    assert stopped and all(t.user_attrs["error"] == "interrupted (Ctrl-C)" for t in stopped)
+    assert [t.number for t in trials if t.state is TrialState.FAIL] == lost  # every trial Ctrl-C stopped
+    again = popen("hpo", cfg, "--workers", str(workers), "--n-trials", str(len(lost)), cwd=tmp_path,
+                  log=tmp_path / "again.log")
+    assert again.wait(timeout=240) == 0, (tmp_path / "again.log").read_text()
+    log = (tmp_path / "again.log").read_text()
+    study = load(storage())
+    for number in lost:
+        assert f"trial {number} was lost (interrupted (Ctrl-C)); re-enqueued with its parameters" in log, log
+    retries = [_resumed(study, t.number) for t in stopped]
+    second = retries[0].user_attrs["worker"]["launch"]
+    ran = [t for t in study.trials if t.user_attrs["worker"]["launch"] == second]
+    assert len(ran) == len(lost) and all(t.system_attrs["failed_trial"] in lost for t in ran)  # nothing new
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_killing_one_of_two_journal_workers_five_times_repeats_nothing_and_loses_nothing(tmp_path: Path) -> None:
+    """Found: after `kill -9` of one of `--workers 2` (journal), the replacement worker proposed the
+    dead worker's first parameters again (trial 4 = trial 0). Five commands on one study, each with
+    one of its two workers killed mid-trial."""
+    cfg = study_config(tmp_path, {"n_trials": 6, **SEEDED}, **MID_TRIALS)
+    path = tmp_path / "runs" / "quickstart" / "s" / "study.journal"
+    killed: list[int] = []
+    seen: frozenset[int] = frozenset()
+    for round_ in range(5):
+        log = tmp_path / f"hpo{round_}.log"
+        parent = popen("hpo", cfg, "--workers", "2", cwd=tmp_path, log=log)
+        number, pid = wait_for(_running(lambda: journal(path), exclude=seen), 180, "a running trial", (log,))
+        assert pid != parent.pid
+        os.kill(pid, signal.SIGKILL)
+        assert parent.wait(timeout=400) == 1, log.read_text()  # finished, and says a worker crashed
+        text = log.read_text()
+        assert f"(pid {pid}) ended with signal SIGKILL; its trial(s) [{number}] FAIL, retry enqueued" in text, text
+        killed.append(number)
+        seen = frozenset(t.number for t in load(journal(path)).trials)
+    study = load(journal(path))
+    proposed = Counter(tuple(sorted(t.params.items())) for t in study.trials if "failed_trial" not in t.system_attrs)
+    assert max(proposed.values()) == 1, [p for p, n in proposed.items() if n > 1]  # no parameter set twice
+    by_command = Counter(t.user_attrs["worker"]["launch"] for t in study.trials)
+    assert sorted(by_command.values()) == [6] * 5, by_command  # --n-trials 6, retries included
+    for number in killed:  # every killed trial completed by resume
+        _resumed(study, number)
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]

@@ -1,0 +1,91 @@
+"""Long curves are drawn reduced: the min and max of each bucket, so a spike survives, and the page
+says so (issue 27, item 7). No timings here: ``benchmarks/report_speed.py`` measures a
+200,000-epoch report."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.tools.report import write_run_report
+from pipeline.tools.report.reduce import MAX_POINTS, reduce_curve, spans
+from pipeline.tools.report.svgplot import Series, line_chart
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _curve(n: int, spike: int) -> tuple[list[float], list[float | None]]:
+    x = [float(i + 1) for i in range(n)]
+    y: list[float | None] = [1.0 + math.exp(-i / (n / 5)) + 0.01 * math.sin(i) for i in range(n)]
+    y[spike] = 50.0
+    return x, y
+
+
+def test_a_reduced_curve_keeps_its_spike_its_floor_and_its_gaps() -> None:
+    x, y = _curve(200_000, spike=123_457)
+    for i in range(150_000, 151_000):  # a stretch of missing values (five buckets wide)
+        y[i] = None
+    y[10] = math.nan
+    cut = reduce_curve(x, y)
+    assert cut.points == 200_000 and cut.buckets == MAX_POINTS // 2 and len(cut.y) <= MAX_POINTS
+    assert 50.0 in cut.y and x[123_457] in cut.x  # the spike, at its own epoch
+    finite = [v for v in y if v is not None and math.isfinite(v)]
+    drawn = [v for v in cut.y if v is not None]
+    assert min(drawn) == min(finite) and max(drawn) == max(finite)
+    assert all(math.isfinite(v) for v in drawn)
+    gaps = [cut.x[i] for i, v in enumerate(cut.y) if v is None]
+    assert gaps and all(150_000 <= g <= 151_001 for g in gaps)
+    assert cut.x == sorted(cut.x)
+    short = reduce_curve(x[:MAX_POINTS], y[:MAX_POINTS])
+    assert short.buckets == 0 and short.y == y[:MAX_POINTS]  # short curves are drawn as they are
+
+
+def test_a_long_curve_is_a_small_chart_that_says_it_was_reduced() -> None:
+    x, y = _curve(200_000, spike=77_777)
+    svg = line_chart("plot-loss", "loss", [Series("val loss", x, y)], log_y=True)
+    assert len(svg) < 400_000, len(svg)
+    assert "<title>val loss at 77778: 50</title>" in svg  # the spike's point and tooltip, at its epoch
+    note = re.search(r'<p class="note">([^<]*)</p>', svg)
+    assert note is not None
+    assert note.group(1) == ("reduced: 200,000 points drawn as 2,000, the smallest and largest value of each run of "
+                             "200 consecutive points (1,000 runs a curve), so spikes stay"), note.group(1)
+
+
+def test_flagged_epochs_become_few_bands() -> None:
+    assert spans([1, 2, 3, 7, 8, 20]) == [(1, 3), (7, 8), (20, 20)]
+    many = [float(e) for e in range(0, 200_000, 3)]  # every third epoch: 66,667 one-epoch stretches
+    merged = spans(many, max_spans=100)
+    assert len(merged) == 100 and merged[0][0] == 0 and merged[-1][1] == many[-1]
+    assert all(a <= b for a, b in merged) and all(b < c for (_, b), (c, _) in itertools.pairwise(merged))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_long_run_report_is_small_says_it_reduced_and_keeps_the_spike() -> None:
+    """A 6,000-epoch log of the benchmark's kind (a real run's epoch block repeated, audit-clean)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import report_speed
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    epochs = 6000
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "long"
+        run.mkdir()
+        report_speed.build_log(report_speed.real_run(Path(tmp) / "real"), epochs, run / "events.jsonl")
+        page = write_run_report(run / "events.jsonl").read_text(encoding="utf-8")
+    assert len(page.encode()) < 2_000_000
+    spike = report_speed.spike_epoch(epochs) + 1
+    assert f"<title>val loss at {spike}: {report_speed.SPIKE:.6g}</title>" in page
+    loss = page[page.index('id="plot-loss"'):page.index('id="plot-lr"')]
+    assert "reduced: " in loss and "so spikes stay" in loss
+    overfit = page[page.index('id="plot-overfit"'):page.index('id="plot-early-stopping"')]
+    assert overfit.count('<rect class="band"') <= MAX_POINTS // 4
+    assert "flagged epochs: 1, 998, 1995, 2992, 3989, 4201-4320, 4986, 5983<" in overfit  # as stretches
+    assert 'Audit: <span class="ok">OK' in page
