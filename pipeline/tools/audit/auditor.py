@@ -4,8 +4,9 @@
 million lines take seconds) and checks:
 
 - the hash chain: every line carries the digest of the line before it (the first, of the run id and
-  config); with a key (``--key-file``, or ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that
-  breaks it is named; a wrong key is told apart from tampering (see :mod:`pipeline.tools.audit.chain`);
+  config), and seals itself (the last line included); with a key (``--key-file``, or
+  ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that breaks it is named; a wrong key is told
+  apart from tampering (see :mod:`pipeline.tools.audit.chain` and :mod:`pipeline.tools.audit.seals`);
 - every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
   ``ts`` never goes back; ``global_step`` never goes back within a process;
@@ -70,7 +71,8 @@ __all__ = [
     "audit_file",
 ]
 
-_REQUIRED = frozenset(k for k in EVENT_KEYS if k != "prev")  # a missing prev is the chain's finding
+_CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
+_REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
@@ -139,7 +141,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             return
         if not rec.keys() >= _REQUIRED:
             self.chain.link(n, raw, rec)
-            missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k != "prev")
+            missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k not in _CHAIN_KEYS)
             self.bad("fields", f"missing field(s) {missing}", n)
             return
         seq, event = rec["seq"], rec["event"]
@@ -149,7 +151,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             return
         in_order = self._seq_ok(n, seq, event, raw)
         if event == "run_start" and in_order:
-            self.chain.segment(n, rec["payload"])
+            self.chain.segment(n, rec)
         self.chain.link(n, raw, rec)
         ts = rec["ts"]
         if (type(ts) is float or type(ts) is int) and ts >= self.last_ts:
