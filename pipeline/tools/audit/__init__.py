@@ -17,9 +17,10 @@ from pipeline.tools.audit.verdict import (
     Finding,
     SegmentInfo,
     Severity,
+    Verdict,
 )
 
 __all__ = [
     "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "RankedAudit", "SegmentInfo",
-    "Severity", "audit_file", "audit_run_dir",
+    "Severity", "Verdict", "audit_file", "audit_run_dir",
 ]

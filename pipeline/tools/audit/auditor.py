@@ -22,8 +22,10 @@ million lines take seconds) and checks:
   INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
   ``stop_request``; the ``result`` figures are recomputed from the epoch events;
 - each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
-  and in the file): see :mod:`pipeline.tools.audit.files`;
-- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached.
+  and in the file); one that differs is named damaged, an older write, ...: see
+  :mod:`pipeline.tools.audit.files`;
+- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached; the
+  process before it was killed, or left a torn line the resume cut off (its ``resume`` event says).
 
 Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
 file) cannot be read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
@@ -35,7 +37,7 @@ import datetime as _dt
 import json
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
@@ -231,6 +233,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
+            self.said_unfinished(seg, None)  # a resume that never logged its resume event
             if seg.end_line is None and last:
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} at epoch "
                          f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
@@ -290,7 +293,8 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
-_HANDLERS = {
+_Handler = Callable[[_Auditor, int, Mapping[str, Any], Segment], None]
+_HANDLERS: dict[str, _Handler] = {
     "epoch": _Auditor._epoch,
     "stop_request": _Auditor._stop_request,
     "exception": _Auditor._exception,
@@ -298,6 +302,7 @@ _HANDLERS = {
     "checkpoint": _Auditor._checkpoint,
     "checkpoint_removed": _Auditor._checkpoint_removed,
     "trial_report": _Auditor._trial_report,
+    "resume": _Auditor._resume,
     "result": _Auditor._result,
 }
 

@@ -11,7 +11,9 @@ from typing import Any
 from pipeline.core.context import epoch_number
 from pipeline.core.stop import Route, StopReason
 
-__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity"]
+__all__ = [
+    "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",
+]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
@@ -22,6 +24,19 @@ class Severity(str, Enum):
     WARNING = "warning"
 
 
+class Verdict(str, Enum):
+    """What a finding concludes, where one check can conclude different things: a checkpoint file
+    that differs from the log, or a process that ended without its ``result``."""
+
+    DAMAGED = "damaged"  # a checkpoint whose bytes are no write the log committed (not a whole one, or changed)
+    OLDER_WRITE = "older_write"  # a checkpoint holding a write the log committed before the one it records last
+    OTHER_WRITE = "other_write"  # a checkpoint holding a later write the log committed for another file
+    UNCOMMITTED_WRITE = "uncommitted_write"  # written by a process that ended before it logged the commit
+    LOG_REWRITTEN = "log_rewritten"  # a checkpoint pinning a point the log no longer has as it was
+    KILLED = "killed"  # a process ended without its result, between two lines of its log
+    TORN_LINE_REPAIRED = "torn_line_repaired"  # ... in the middle of a line, which a resume cut off
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem, with the 1-based line of the log it is about (None: the file as a whole)."""
@@ -30,6 +45,7 @@ class Finding:
     message: str
     line: int | None = None
     severity: Severity = Severity.VIOLATION
+    verdict: Verdict | None = None
 
     def render(self) -> str:
         where = f"line {self.line}" if self.line is not None else "file"
@@ -172,7 +188,10 @@ def _chain_line(c: ChainVerdict) -> str:
 
 
 def _finding_dict(f: Finding) -> dict[str, Any]:
-    return {"line": f.line, "check": f.check, "message": f.message}
+    out: dict[str, Any] = {"line": f.line, "check": f.check, "message": f.message}
+    if f.verdict is not None:
+        out["verdict"] = f.verdict.value
+    return out
 
 
 def _finite(value: Any) -> Any:
