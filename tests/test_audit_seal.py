@@ -225,3 +225,17 @@ def test_every_field_of_every_event_kind_in_turn(keyed_lines: list[str], tmp_pat
                 assert _chain_names(report, index + 1), (kind, path, report.render())
                 cases += 1
     assert cases > 200
+
+
+@pytest.mark.parametrize(("where", "path", "value"), [
+    ("first", ("payload",), True),  # found by the property test: the audit raised AttributeError
+    ("last_run_start", ("payload", "callbacks", 2, "name"), None),  # ... and TypeError (EarlyStopping)
+])
+def test_an_edit_the_audit_once_crashed_on_is_named(keyed_lines: list[str], by_kind: dict[str, list[int]],
+                                                    tmp_path: Path, where: str, path: Path_, value: Any) -> None:
+    index = 0 if where == "first" else by_kind["run_start"][-1]
+    rec = json.loads(keyed_lines[index])
+    _get(rec, path[:-1])[path[-1]] = value
+    edited = [*keyed_lines[:index], _dump(rec), *keyed_lines[index + 1:]]
+    report = audit_file(_write(tmp_path, edited), key=KEYED_RUN_KEY, verify_checkpoints=False)
+    assert _chain_names(report, index + 1), report.render()

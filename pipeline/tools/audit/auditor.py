@@ -153,7 +153,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             return
         in_order = self._seq_ok(n, seq, event, raw)
         if event == "run_start" and in_order:
-            self.chain.segment(n, rec)
+            self.chain.segment(n, raw, rec)
         self.chain.link(n, raw, rec)
         ts = rec["ts"]
         if (type(ts) is float or type(ts) is int) and ts >= self.last_ts:

@@ -81,6 +81,12 @@ class _Break:
                    "altered)")
 
 
+def _config_of(rec: Mapping[str, Any]) -> Any:
+    """The config a first line records (what the genesis digest covers); None when it has none."""
+    payload = rec.get("payload")
+    return payload.get("config") if isinstance(payload, dict) else None
+
+
 class ChainCheck:
     """Fed every line in order (:meth:`link`), and each ``run_start`` payload first
     (:meth:`segment`); :meth:`finish` gives the findings and the verdict."""
@@ -94,11 +100,9 @@ class ChainCheck:
         self.findings: list[Finding] = []
         self.prev_raw: bytes | None = None
         self._before_prev: bytes | None = None
-        self._prev_digest: str | None = None  # the digest of the line before ...
-        self._prev_by: Chain | None = None  # ... under this chain (None: not computed)
-        self._prev_sealed: bool | None = None
-        self.seals = SealCheck(self.plain)
-        self._last_verified: int | None = None
+        self.seals = SealCheck()
+        self._last_verified = 0  # the last line linked under a chain ...
+        self._tail: Chain | None = None  # ... and that chain, while no line has followed it
         self.prev_seq: Any = None
         self.unchained = False
         self._pending: _Break | None = None
@@ -110,7 +114,7 @@ class ChainCheck:
         self.segments: list[SegmentChain] = []
 
     # --- segments ------------------------------------------------------------------------------
-    def segment(self, n: int, rec: Mapping[str, Any]) -> None:
+    def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
         self.pins, self._pins_before = {}, {}
         if self.unchained:
@@ -159,13 +163,15 @@ class ChainCheck:
             self._use(self.plain if self.keyed is None else self.keyed)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
+        if self.active is not None:  # a sealed run_start: every line its process writes is sealed
+            self.seals.status(n, raw, self.active)
 
     def _keyed_link(self, rec: Mapping[str, Any]) -> bool:
         """Whether line ``rec`` carries the digest, under the key given, of what comes before it."""
         keyed = self.keyed
         assert keyed is not None
         if self.prev_raw is None:
-            expected = keyed.genesis(str(rec.get("run_id")), (rec.get("payload") or {}).get("config"))
+            expected = keyed.genesis(str(rec.get("run_id")), _config_of(rec))
         else:
             expected = keyed.digest(self.prev_raw)
         return rec.get("prev") == expected
@@ -181,56 +187,52 @@ class ChainCheck:
 
     # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
-        """Check that line ``n`` (parsed as ``rec``) holds its seal and carries the digest of the
-        line before it."""
+        """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it. Its
+        own seal is checked only where no link covers it: at the end, before a line that cannot be
+        checked, and around a break (to name the altered line)."""
         prev_raw, before = self.prev_raw, self._before_prev
         self._before_prev = prev_raw
         self.prev_raw = raw
         seq_before = self.prev_seq
         self.prev_seq = rec.get("seq")
-        chain = self.active
-        if self._digest is None or chain is None:
+        digest = self._digest
+        if digest is None:
+            if self._tail is not None:
+                self._uncovered(prev_raw)
             self.verdict.unverified_lines += not self.unchained
-            self._prev_by = None
             return
-        # One pass over the line's bytes gives its seal and its digest (the next line's prev).
-        sealed, own = chain.check_seal(raw)
-        if sealed:
-            self.seals.seen = True
-        else:
-            sealed = self.seals.unsealed(n, raw, rec, chain, sealed)
-        prev_sealed, self._prev_sealed = self._prev_sealed, sealed
-        expected = self._prev_digest if self._prev_by is chain else None
-        self._prev_digest, self._prev_by = own, chain
-        self._last_verified = n
+        self._tail, self._last_verified = self.active, n
         if prev_raw is not None:  # every line but the first: kept short, it runs per line
-            if expected is None:  # the line before was not linked under this chain
-                expected = chain.digest(prev_raw)
+            expected = digest(prev_raw)
             self.pins[expected] = n - 1
             self.verified_links += 1
             if rec.get("prev") == expected and self._pending is None:
                 return
-        self._link_slow(n, raw, rec, prev_raw, before, seq_before, expected, (prev_sealed, sealed))
+        self._link_slow(n, raw, rec, prev_raw, before, seq_before)
 
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
-                   seq_before: Any, expected: str | None, sealed: tuple[bool | None, bool | None]) -> None:
+                   seq_before: Any) -> None:
         chain = self.active
         assert chain is not None
         carried = rec.get("prev")
-        if expected is None:  # the first line: nothing before it
+        if prev_raw is None:
             if carried is None and "prev" not in rec:
                 self.unchained = True
                 self._digest = None
+                self._tail = None
                 self._bad("chain", "the log is not hash-chained (its lines carry no prev digest): it cannot "
                           "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
                 return
             self.verified_links += 1
-            expected = chain.genesis(str(rec.get("run_id")), (rec.get("payload") or {}).get("config"))
+            self.seals.status(n, raw, chain)  # whether this log seals its lines
+            expected = chain.genesis(str(rec.get("run_id")), _config_of(rec))
+        else:
+            expected = chain.digest(prev_raw)
         ok = carried == expected
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._resolve(pending, ok, carried, sealed[1])
+            self._resolve(pending, ok, carried, self.seals.status(n, raw, chain))
         if ok:
             return
         self.verdict.broken_links += 1
@@ -241,19 +243,26 @@ class ChainCheck:
                 rebuilt = chain is self.keyed and carried == self.plain.digest(prev_raw)
                 dup = raw == prev_raw
                 skips = not dup and before is not None and carried == chain.digest(before)
-                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected, *sealed)
+                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected,
+                                       self.seals.status(n - 1, prev_raw, chain), self.seals.status(n, raw, chain))
 
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
+        self._uncovered(self.prev_raw)
         self.prev_raw, self._before_prev = raw, self.prev_raw
         self.prev_seq = None
-        self._prev_by = self._prev_sealed = None
+
+    def _uncovered(self, last: bytes | None) -> None:
+        """The line before (``last``) gets no successor whose link covers it: its seal must."""
+        if self._tail is not None and last is not None:
+            self.seals.status(self._last_verified, last, self._tail)
+        self._tail = None
 
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
         msg = (f"line 1 does not chain to the genesis digest of run id {rec.get('run_id')!r} and the recorded "
                "config: the first line or its config was altered, or lines before it were removed")
         if chain is self.keyed and carried == self.plain.genesis(str(rec.get("run_id")),
-                                                                 (rec.get("payload") or {}).get("config")):
+                                                                 _config_of(rec)):
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 
@@ -299,14 +308,14 @@ class ChainCheck:
         if first is not None and v.broken_links > 1:
             first = Finding(first.check, f"{first.message} ({v.broken_links} broken links in all; the first is "
                             "named)", first.line, first.severity)
-        seal = self.seals.finding()
-        v.broken_seals = self.seals.broken
+        self._uncovered(self.prev_raw)  # the last line
+        seal = self.seals.first
         if seal is not None and (first is None or (seal.line or 0) < (first.line or 0)):
             first = seal  # a line that fails its seal with every link holding: the last line, or resealed
             v.first_break = seal.line
         if first is not None:
             self.findings.append(first)
-        if self._last_verified is not None and not self.unchained:
+        if self._last_verified and not self.unchained:
             v.sealed = self.seals.seen
             if not self.seals.seen:
                 self.findings.append(self.seals.older_format(self._last_verified))

@@ -81,7 +81,6 @@ class ChainVerdict:
     key_matches: bool | None = None
     first_break: int | None = None
     broken_links: int = 0
-    broken_seals: int = 0  # lines whose own seal fails (or is missing where the log seals its lines)
     sealed: bool | None = None  # whether the lines seal themselves (False: the older format); None: not verified
     unverified_lines: int = 0
 
@@ -179,8 +178,7 @@ def _chain_line(c: ChainVerdict) -> str:
         why = "the key does not match" if c.key_matches is False else "written with a key; none given"
         return f"NOT VERIFIED ({scheme}: {why}): it cannot prove authorship, nor consistency"
     if not c.ok:
-        seals = f", {c.broken_seals} line(s) failing their seal" if c.broken_seals else ""
-        return f"BROKEN ({scheme}; first break at line {c.first_break}, {c.broken_links} broken link(s){seals})"
+        return f"BROKEN ({scheme}; first break at line {c.first_break}, {c.broken_links} broken link(s))"
     proves = "consistency and authorship (keyed)" if c.key_used and c.key_matches else "consistency only (no key)"
     partial = f", {c.unverified_lines} line(s) not verifiable" if c.unverified_lines else ""
     older = "; last line not sealed (older log format)" if c.sealed is False else ""
