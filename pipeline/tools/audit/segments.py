@@ -37,7 +37,8 @@ class SegmentChecks(EndingChecks):
             max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
             start_epoch = start_epoch if type(start_epoch) is int else 0
         callbacks = payload.get("callbacks")
-        names = [str(c.get("name", "?")) for c in callbacks if isinstance(c, dict)] if isinstance(callbacks, list) else []
+        listed = callbacks if isinstance(callbacks, list) else []
+        names = [str(c.get("name", "?")) for c in listed if isinstance(c, dict)]
         resumed = payload.get("resumed_from")
         seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
                       None if resumed is None else str(resumed), names)

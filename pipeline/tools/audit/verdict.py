@@ -178,6 +178,8 @@ def _chain_line(c: ChainVerdict) -> str:
         why = "the key does not match" if c.key_matches is False else "written with a key; none given"
         return f"NOT VERIFIED ({scheme}: {why}): it cannot prove authorship, nor consistency"
     if not c.ok:
+        if not c.broken_links:  # every link holds: a line no link covers (the last) fails its seal
+            return f"BROKEN ({scheme}; line {c.first_break} fails its own seal)"
         return f"BROKEN ({scheme}; first break at line {c.first_break}, {c.broken_links} broken link(s))"
     proves = "consistency and authorship (keyed)" if c.key_used and c.key_matches else "consistency only (no key)"
     partial = f", {c.unverified_lines} line(s) not verifiable" if c.unverified_lines else ""
