@@ -2,8 +2,8 @@
 
 The log is made from a real debug-level run (every per-batch move logged): its epoch block is
 repeated with ``seq``, ``ts``, ``epoch``, ``global_step``, ``max_epochs`` and the ``result``
-renumbered so the log stays legal, and hash-chained as ``EventLog`` chains it (``--key`` for an
-HMAC chain), then audited once, streaming, and the wall time printed.
+renumbered so the log stays legal, and hash-chained and sealed as ``EventLog`` writes it (``--key``
+for an HMAC chain), then audited once, streaming, and the wall time printed.
 
     python benchmarks/audit_speed.py [--lines 1000000] [--keep PATH] [--key KEY]
 """
@@ -70,12 +70,13 @@ def build_log(records: list[dict[str, Any]], target_lines: int, out: Path, key: 
 
         def put(rec: dict[str, Any], epoch: int, step: int | None) -> None:
             nonlocal seq, prev
-            rec = dict(rec, seq=seq, epoch=epoch, ts=t0 + seq * 1e-5, prev=prev)
+            rec = dict(rec, seq=seq, epoch=epoch, ts=t0 + seq * 1e-5)
+            rec.pop("seal", None)
+            rec["prev"] = prev
             if step is not None:
                 rec["global_step"] = step
-            line = (json.dumps(rec, separators=(",", ":")) + "\n").encode("utf-8")
+            line, _, prev = chain.seal(json.dumps(rec, separators=(",", ":")).encode("utf-8"))
             fh.write(line)
-            prev = chain.digest(line)
             seq += 1
 
         for rec in head:

@@ -42,7 +42,7 @@ def _loaders(seed: int = 0) -> tuple[DataLoader[Any], DataLoader[Any]]:
 
 
 def _trainer(run_dir: Path, callbacks: list[TrainingCallback], *, epochs: int, lr: float = 0.05,
-             log_level: str = "info", resume_from: str | None = None) -> Trainer:
+             log_level: str = "info", resume_from: str | None = None, log_key: bytes | None = None) -> Trainer:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -50,7 +50,7 @@ def _trainer(run_dir: Path, callbacks: list[TrainingCallback], *, epochs: int, l
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return Trainer(model, opt, nn.MSELoss(), train, val, max_epochs=epochs, callbacks=callbacks,
                    run_dir=run_dir, run_id=run_dir.name, console_level="error", log_level=log_level,
-                   resume_from=resume_from, default_callbacks=False)
+                   resume_from=resume_from, log_key=log_key, default_callbacks=False)
 
 
 class _RaiseAt(TrainingCallback):
@@ -63,6 +63,17 @@ class _RaiseAt(TrainingCallback):
     def on_val_end(self, epoch: EpochContext) -> None:
         if epoch.index == self.at:
             raise self.exc
+
+
+class _WarnAt(TrainingCallback):
+    """Logs a warning at the end of epoch ``at`` (a callback that has something to say)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if epoch.index == self.at:
+            epoch.warn(type(self).__name__, "a warning a person should see")
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,32 @@ def make_real_runs(root: Path) -> RealRuns:
     return runs
 
 
+KEYED_RUN_KEY = b"keyed-run-log-key"
+
+
+def make_keyed_run(root: Path) -> Path:
+    """A small keyed run of two segments, with as many kinds of event as a tiny run can have: run
+    1 checkpoints (``keep_last_k=1``: files removed again), warns, and is interrupted in epoch 3 by a
+    KeyboardInterrupt (exception, result INTERRUPTED); run 2 resumes from its latest checkpoint,
+    appending after that result, and stops early (stop request, result EARLY_STOP). Its run dir."""
+    run = root / "keyed"
+    root.mkdir(parents=True, exist_ok=True)
+    ckpt = run / "checkpoints"
+    try:
+        _trainer(run, [NaNDetectionCallback(), CheckpointCallback(ckpt, keep_last_k=1), _WarnAt(1),
+                       _RaiseAt(2, KeyboardInterrupt())], epochs=8, log_key=KEYED_RUN_KEY).fit()
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the first segment of the keyed run was not interrupted")
+    # min_delta 10: no epoch improves by 1000%, so patience 1 stops the resumed run one epoch in
+    result = _trainer(run, [NaNDetectionCallback(), EarlyStoppingCallback(patience=1, min_delta=10.0),
+                            CheckpointCallback(ckpt, keep_last_k=1), _WarnAt(3)], epochs=8,
+                      resume_from="latest", log_key=KEYED_RUN_KEY).fit()
+    assert result.stop_reason.value == "early_stop", result.stop_reason
+    return run
+
+
 QUICKSTART_KEY = b"quickstart-log-key"
 # The quickstart, shortened and stopped early so the log has a stop request, non-best epochs,
 # checkpoints and removed periodic files: 4 epochs, then EARLY_STOP. W&B off (time only).
@@ -216,13 +253,14 @@ def make_quickstart_runs(root: Path) -> QuickstartRuns:
 
 
 def rechain(lines: list[str], key: bytes | None = None, *, describe: bool = False,
-            old_key: bytes | None = None) -> list[str]:
+            old_key: bytes | None = None, sealed: bool = True) -> list[str]:
     """The log with every ``prev`` recomputed, as someone with write access to the file can do:
     plain sha256 (or HMAC with ``key``), and each checkpoint event's ``chain_head`` moved to the
     new digest of the line it pinned. That line is found by its digest under ``old_key`` (default
     ``key``) wherever it now sits, or, when the forgery changed it (a new ``seq``), as the line the
-    old ``prev`` of its successor names. Lines are re-encoded the way ``EventLog`` writes them.
-    ``describe``: also make each ``run_start`` name the new scheme (as if written with ``key``)."""
+    old ``prev`` of its successor names. Lines are re-encoded and sealed the way ``EventLog`` writes
+    them. ``describe``: also make each ``run_start`` name the new scheme (as if written with ``key``).
+    ``sealed=False``: the lines without seals, chained as fsmtrain wrote logs before lines were sealed."""
     chain, old_chain = Chain(key), Chain(key if old_key is None else old_key)
     by_content: dict[str, str] = {}
     by_successor: dict[Any, str] = {}
@@ -239,9 +277,10 @@ def rechain(lines: list[str], key: bytes | None = None, *, describe: bool = Fals
         head = rec["payload"].get("chain_head") if rec["event"] == "checkpoint" else None
         if head is not None:
             rec["payload"]["chain_head"] = by_content.get(head, by_successor.get(head, head))
-        text = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
-        out.append(text)
-        prev = chain.digest(text.encode("utf-8"))
+        rec.pop("seal", None)
+        body = json.dumps(rec, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        text, prev = (chain.seal(body)[::2] if sealed else (body + b"\n", chain.digest(body + b"\n")))
+        out.append(text.decode("utf-8"))
         by_content[old_chain.digest(line.encode("utf-8"))] = prev
     return out
 

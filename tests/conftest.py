@@ -30,6 +30,14 @@ def quickstart_runs(tmp_path_factory: pytest.TempPathFactory) -> object:
     return make_quickstart_runs(tmp_path_factory.mktemp("quickstart_runs"))
 
 
+@pytest.fixture(scope="session")
+def keyed_run(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A small keyed run of two segments (interrupted, then resumed and stopped early): its run dir."""
+    from audit_runs import make_keyed_run
+
+    return make_keyed_run(tmp_path_factory.mktemp("keyed_run"))
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_wandb_service(monkeypatch: pytest.MonkeyPatch) -> None:
     """An in-process W&B run leaves ``WANDB_SERVICE`` in ``os.environ``; a training subprocess that

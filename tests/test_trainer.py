@@ -17,7 +17,7 @@ from pipeline.core.context import EpochContext, StepContext
 from pipeline.core.lifecycle import TRANSITIONS
 
 LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
-_VOLATILE = {"ts", "run_id", "prev"}  # prev: the hash chain digests the ts too
+_VOLATILE = {"ts", "run_id", "prev", "seal"}  # prev, seal: the hash chain digests the ts too
 _TIMINGS = {"seconds", "phase_seconds", "callback_seconds"}
 
 

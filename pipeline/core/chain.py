@@ -5,6 +5,13 @@ that line's exact bytes (its newline included), or HMAC-SHA256 of them when the 
 first line chains to the *genesis*: the digest of the run id and the resolved config. A line edited,
 removed or inserted afterwards no longer matches the digest its successor carries.
 
+The last line has no successor, so every line also *seals itself*: its last field, ``seal``, is the
+digest of the line as it reads without that field (``{..., "prev": P}`` and its newline). The seal
+covers every byte of the line but the seal itself, ``prev`` included, so it is chained too; and the
+next line's ``prev`` covers the seal. Nothing in a line can change unnoticed, the last line's
+``ts``, ``level`` or payload included. Logs written before seals (no ``seal`` field) still chain:
+only their last line is outside the chain.
+
 A plain chain proves consistency only: anyone can recompute sha256 over an edited file. With a key
 (``FSMTRAIN_LOG_KEY``) nobody without it can rebuild a chain the audit accepts, so the chain also
 proves authorship. The log records which scheme it used and a *key id* (the HMAC of a fixed label:
@@ -25,6 +32,7 @@ __all__ = [
     "KEY_ENV",
     "SCHEME_KEYED",
     "SCHEME_PLAIN",
+    "SEAL_FIELD",
     "Chain",
     "LogKeyError",
     "key_from_env",
@@ -38,6 +46,14 @@ SCHEME_KEYED = "hmac-sha256"
 _GENESIS_LABEL = b"fsmtrain-chain-v1\n"
 _KEY_ID_LABEL = b"fsmtrain-key-id-v1"
 _BLOCK = 64  # sha256's block size
+SEAL_FIELD = "seal"
+# A sealed line ends with ``,"seal":"<64 hex>"}`` and its newline; without them it reads ``}\n``.
+_SEAL_OPEN = b',"seal":"'
+_SEAL_CLOSE = b'"}\n'
+_UNSEALED_END = b"}\n"
+_HEX = 64
+_SEAL_TAIL = len(_SEAL_OPEN) + _HEX + len(_SEAL_CLOSE)
+_SEAL_AT, _SEAL_END = len(_SEAL_OPEN), len(_SEAL_OPEN) + _HEX  # the seal's digits within that tail
 
 
 class LogKeyError(ValueError):
@@ -59,7 +75,7 @@ class Chain:
         self.key = key
         self.scheme = SCHEME_PLAIN if key is None else SCHEME_KEYED
         self.key_id = None if key is None else hmac.digest(key, _KEY_ID_LABEL, "sha256").hex()[:16]
-        self._inner: Any = None
+        self._inner: Any = hashlib.sha256()  # the state every digest starts from
         self._outer: Any = None
         # ``digest(line_bytes)``: the digest of one line's exact bytes (newline included), as the
         # next line's ``prev``. A plain function, not a method with a branch: the audit calls it per line.
@@ -79,6 +95,52 @@ class Chain:
         outer.update(inner.digest())
         hexed: str = outer.hexdigest()
         return hexed
+
+    def _close(self, state: Any) -> str:
+        """The hex digest of a hash state begun as a copy of ``self._inner``."""
+        if self._outer is None:
+            plain: str = state.hexdigest()
+            return plain
+        outer = self._outer.copy()
+        outer.update(state.digest())
+        hexed: str = outer.hexdigest()
+        return hexed
+
+    def seal(self, body: bytes) -> tuple[bytes, str, str]:
+        """The line to write for ``body`` (one record encoded as a JSON object, ``prev`` its last
+        field, no newline): ``body`` with ``seal`` appended as its last field, the seal, and the
+        line's digest (what the next line carries in ``prev``). Both digests share the hashing of
+        ``body``."""
+        prefix = body[:-1]  # without its closing brace
+        state = self._inner.copy()
+        state.update(prefix)
+        unsealed = state.copy()
+        unsealed.update(_UNSEALED_END)
+        seal = self._close(unsealed)
+        tail = _SEAL_OPEN + seal.encode("ascii") + _SEAL_CLOSE
+        state.update(tail)
+        return prefix + tail, seal, self._close(state)
+
+    def check_seal(self, raw: bytes) -> tuple[bool | None, str]:
+        """For a line read back (its newline included): whether its seal is the digest of its bytes
+        without the seal (None: it does not end with one), and the digest of the whole line. One
+        pass over the bytes gives both; the audit calls it per line, so ``_close`` is inlined."""
+        tail = raw[-_SEAL_TAIL:]
+        if not (tail.startswith(_SEAL_OPEN) and tail.endswith(_SEAL_CLOSE)):
+            return None, self.digest(raw)
+        state = self._inner.copy()
+        state.update(raw[:-_SEAL_TAIL])
+        unsealed = state.copy()
+        unsealed.update(_UNSEALED_END)
+        state.update(tail)
+        carried = tail[_SEAL_AT:_SEAL_END]
+        outer = self._outer
+        if outer is None:
+            return unsealed.hexdigest().encode("ascii") == carried, state.hexdigest()
+        seal, line = outer.copy(), outer.copy()
+        seal.update(unsealed.digest())
+        line.update(state.digest())
+        return seal.hexdigest().encode("ascii") == carried, line.hexdigest()
 
     def genesis(self, run_id: str, config: Any) -> str:
         """What the first line chains to: the run id and the resolved config (``None`` when the run

@@ -2,7 +2,7 @@
 
 Every line carries the same keys::
 
-    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload, prev
+    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload, prev, seal
 
 ``seq`` counts from 0 without gaps (the audit treats a gap or repeat as a lost or altered line).
 ``ts`` never decreases within a log (a clock stepped back is held at the last time written).
@@ -11,11 +11,12 @@ are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so ever
 JSON; ``float()`` reads them back.
 
 ``prev`` links the file into a hash chain (:mod:`pipeline.core.chain`): the digest of the line
-before, or for the first line the genesis digest of the run id and the resolved ``config``. A log
+before, or for the first line the genesis digest of the run id and the resolved ``config``;
+``seal`` is the digest of the line itself without its seal, so the last line is chained too. A log
 appended to (a resumed run) continues the chain from its last line. ``run_start`` lines get a
 ``chain`` entry in their payload: the scheme (``sha256`` or ``hmac-sha256``) and the key id.
 :attr:`EventLog.head` is the digest the next line will carry (checkpoints pin it). Records kept
-only in memory are not chained (``prev`` is null).
+only in memory are not chained (``prev`` and ``seal`` are null).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pipeline.core.chain import Chain, last_line
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_KEYS: tuple[str, ...] = (
     "seq", "ts", "run_id", "event", "level", "phase", "from", "to", "trigger", "epoch", "global_step", "payload",
-    "prev",
+    "prev", "seal",
 )
 EVENTS_FILE = "events.jsonl"
 
@@ -235,22 +236,23 @@ class EventLog:
             if chained:
                 self._write(record)
             else:
+                record["seal"] = None
                 self._seq += 1
         if to_console:
             getattr(self._console, level)(event, record=record)
 
     def _write(self, record: dict[str, Any]) -> None:
-        """One line: encoded once, hashed, written, then at once counted (seq) and made the chain
-        head. Nothing runs between the write and that bookkeeping that could be interrupted (a Ctrl-C
-        between them would leave a line the chain or seq does not know). Flushed per line, so a
-        killed process loses at most the line it was writing."""
-        data = _ENCODE(record).encode("ascii") + b"\n"
-        digest = self.chain.digest(data)
+        """One line: encoded once, sealed and hashed, written, then at once counted (seq) and made
+        the chain head. Nothing runs between the write and that bookkeeping that could be interrupted
+        (a Ctrl-C between them would leave a line the chain or seq does not know). Flushed per line,
+        so a killed process loses at most the line it was writing."""
+        data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None
         file.write(data)
         self._head = digest
         self._seq += 1
+        record["seal"] = seal
         file.flush()
 
     def close(self) -> None:

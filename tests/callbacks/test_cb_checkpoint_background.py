@@ -13,7 +13,7 @@ from callbacks import CheckpointCallback
 from pipeline import Trainer, TrainingCallback, read_events
 from pipeline.training.checkpoint import CheckpointManager, Written, load_checkpoint
 
-VOLATILE = ("ts", "prev", "run_id")  # differ between any two runs
+VOLATILE = ("ts", "prev", "seal", "run_id")  # differ between any two runs
 TIMINGS = ("seconds", "phase_seconds", "callback_seconds")
 
 

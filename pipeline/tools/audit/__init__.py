@@ -2,8 +2,8 @@
 against the lifecycle, content, checkpoint files) and explains the run; :func:`audit_run_dir`
 audits every rank's log of a run directory and that the ranks agreed.
 
-Inside: ``auditor`` (the line-by-line walk), ``chain``, ``content``, ``ending``, ``files`` (the
-checks it runs), ``ranks`` (a run directory), ``verdict`` (what an audit finds and says) and
+Inside: ``auditor`` (the line-by-line walk), ``chain``, ``seals``, ``content``, ``ending``, ``files``
+(the checks it runs), ``ranks`` (a run directory), ``verdict`` (what an audit finds and says) and
 ``cli`` (``fsmtrain audit``). Torch-free, like everything it reads.
 """
 
@@ -17,9 +17,10 @@ from pipeline.tools.audit.verdict import (
     Finding,
     SegmentInfo,
     Severity,
+    Verdict,
 )
 
 __all__ = [
     "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "RankedAudit", "SegmentInfo",
-    "Severity", "audit_file", "audit_run_dir",
+    "Severity", "Verdict", "audit_file", "audit_run_dir",
 ]

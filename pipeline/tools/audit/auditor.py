@@ -4,8 +4,9 @@
 million lines take seconds) and checks:
 
 - the hash chain: every line carries the digest of the line before it (the first, of the run id and
-  config); with a key (``--key-file``, or ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that
-  breaks it is named; a wrong key is told apart from tampering (see :mod:`pipeline.tools.audit.chain`);
+  config), and seals itself (the last line included); with a key (``--key-file``, or
+  ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that breaks it is named; a wrong key is told
+  apart from tampering (see :mod:`pipeline.tools.audit.chain` and :mod:`pipeline.tools.audit.seals`);
 - every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
   ``ts`` never goes back; ``global_step`` never goes back within a process;
@@ -21,8 +22,10 @@ million lines take seconds) and checks:
   INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
   ``stop_request``; the ``result`` figures are recomputed from the epoch events;
 - each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
-  and in the file): see :mod:`pipeline.tools.audit.files`;
-- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached.
+  and in the file); one that differs is named damaged, an older write, ...: see
+  :mod:`pipeline.tools.audit.files`;
+- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached; the
+  process before it was killed, or left a torn line the resume cut off (its ``resume`` event says).
 
 Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
 file) cannot be read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
@@ -34,7 +37,7 @@ import datetime as _dt
 import json
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
@@ -70,7 +73,8 @@ __all__ = [
     "audit_file",
 ]
 
-_REQUIRED = frozenset(k for k in EVENT_KEYS if k != "prev")  # a missing prev is the chain's finding
+_CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
+_REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
@@ -139,7 +143,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             return
         if not rec.keys() >= _REQUIRED:
             self.chain.link(n, raw, rec)
-            missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k != "prev")
+            missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k not in _CHAIN_KEYS)
             self.bad("fields", f"missing field(s) {missing}", n)
             return
         seq, event = rec["seq"], rec["event"]
@@ -149,7 +153,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             return
         in_order = self._seq_ok(n, seq, event, raw)
         if event == "run_start" and in_order:
-            self.chain.segment(n, rec["payload"])
+            self.chain.segment(n, raw, rec)
         self.chain.link(n, raw, rec)
         ts = rec["ts"]
         if (type(ts) is float or type(ts) is int) and ts >= self.last_ts:
@@ -229,6 +233,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
+            self.said_unfinished(seg, None)  # a resume that never logged its resume event
             if seg.end_line is None and last:
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} at epoch "
                          f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
@@ -288,7 +293,8 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
-_HANDLERS = {
+_Handler = Callable[[_Auditor, int, Mapping[str, Any], Segment], None]
+_HANDLERS: dict[str, _Handler] = {
     "epoch": _Auditor._epoch,
     "stop_request": _Auditor._stop_request,
     "exception": _Auditor._exception,
@@ -296,6 +302,7 @@ _HANDLERS = {
     "checkpoint": _Auditor._checkpoint,
     "checkpoint_removed": _Auditor._checkpoint_removed,
     "trial_report": _Auditor._trial_report,
+    "resume": _Auditor._resume,
     "result": _Auditor._result,
 }
 

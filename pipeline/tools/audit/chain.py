@@ -5,7 +5,9 @@ checkpoints pin heads of this chain.
 A break between line n-1 and line n is named by what the lines around it show: a single broken link
 with ``seq`` running on means line n-1 was altered after it was written; a broken link followed by
 more means lines were inserted, removed or rewritten from line n on; with a key, a line carrying the
-plain sha256 of its predecessor means the chain was rebuilt by someone without the key.
+plain sha256 of its predecessor means the chain was rebuilt by someone without the key. Each line's
+own seal (:mod:`pipeline.tools.audit.seals`) says which of two lines around a break was altered, and
+is the only witness for the last line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
+from pipeline.tools.audit.seals import SealCheck
 from pipeline.tools.audit.verdict import ChainVerdict, Finding
 
 __all__ = ["ChainCheck", "SegmentChain", "stored_head"]
@@ -43,6 +46,45 @@ class _Break:
     skips_a_line: bool  # it carries the digest of the line two before: the line between was inserted
     duplicate: bool  # the same bytes as the line before
     expected: str  # the digest of the line before: if the next line carries it, this line was inserted
+    prev_sealed: bool | None  # whether the line before holds its seal (None: it has none, an older format)
+    sealed: bool | None  # whether this line holds its seal
+
+    def named(self, next_ok: bool, next_carried: Any, next_sealed: bool | None) -> tuple[int, str]:
+        """The line to name for this break, and what happened there, once the line after it is
+        known (``next_*``; ``next_ok`` True and ``next_sealed`` None at the end of the log)."""
+        n = self.line
+        if self.duplicate:
+            return n, f"line {n} is a second copy of line {n - 1}"
+        if next_carried == self.expected:
+            return n, (f"line {n} was inserted: line {n + 1} carries the digest of line {n - 1}, the line that came "
+                       "before it when it was written")
+        if self.skips_a_line:
+            return n - 1, (f"line {n - 1} was inserted: line {n} carries the digest of line {n - 2}, the line that "
+                           "came before it when it was written")
+        if self.rebuilt_without_key:
+            return n - 1, (f"line {n - 1} was altered and the chain from line {n} on was rebuilt without the key "
+                           f"(line {n} carries the plain sha256 of line {n - 1}, not its HMAC)")
+        if self.prev_sealed is False:
+            return n - 1, (f"line {n - 1} was altered after it was written: its seal does not match its bytes, and "
+                           f"line {n} carries a different digest for it")
+        if self.sealed is False and self.prev_sealed and (next_sealed or next_carried is None):
+            # Line n alone fails its seal, between lines that hold theirs: only it was changed (its
+            # prev among what changed), and the line after it (if any) pins it as it was.
+            after = "" if next_carried is None else f", and line {n + 1} carries a different digest for it"
+            return n, f"line {n} was altered after it was written: its seal does not match its bytes{after}"
+        if not next_ok:
+            return n, (f"line {n} does not chain to line {n - 1}, nor do the lines after it: lines were inserted or "
+                       f"removed here and the rest renumbered, or the log was rewritten from line {n} on")
+        if type(self.seq) is int and type(self.seq_before) is int and self.seq == self.seq_before + 1:
+            return n - 1, f"line {n - 1} was altered after it was written: line {n} carries a different digest for it"
+        return n, (f"line {n} does not chain to line {n - 1}: lines between them were removed (or line {n - 1} was "
+                   "altered)")
+
+
+def _config_of(rec: Mapping[str, Any]) -> Any:
+    """The config a first line records (what the genesis digest covers); None when it has none."""
+    payload = rec.get("payload")
+    return payload.get("config") if isinstance(payload, dict) else None
 
 
 class ChainCheck:
@@ -52,12 +94,15 @@ class ChainCheck:
     def __init__(self, key: bytes | None) -> None:
         self.plain = Chain()
         self.keyed = Chain(key) if key is not None else None
-        self.active: Chain | None = self.plain
-        self._digest: Callable[[bytes], str] | None = self.plain.digest
+        self.active: Chain | None = self.keyed or self.plain
+        self._digest: Callable[[bytes], str] | None = self.active.digest
         self.verdict = ChainVerdict(key_used=key is not None)
         self.findings: list[Finding] = []
         self.prev_raw: bytes | None = None
         self._before_prev: bytes | None = None
+        self.seals = SealCheck()
+        self._last_verified = 0  # the last line linked under a chain ...
+        self._tail: Chain | None = None  # ... and that chain, while no line has followed it
         self.prev_seq: Any = None
         self.unchained = False
         self._pending: _Break | None = None
@@ -69,11 +114,12 @@ class ChainCheck:
         self.segments: list[SegmentChain] = []
 
     # --- segments ------------------------------------------------------------------------------
-    def segment(self, n: int, payload: Mapping[str, Any]) -> None:
+    def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
         self.pins, self._pins_before = {}, {}
         if self.unchained:
             return
+        payload = rec["payload"]
         desc = payload.get("chain")
         scheme = desc.get("scheme") if isinstance(desc, dict) else None
         key_id = Chain.key_id_of(desc) if isinstance(desc, dict) else None
@@ -81,7 +127,14 @@ class ChainCheck:
         self.segments.append(seg)
         if isinstance(scheme, str) and scheme not in self.verdict.schemes:
             self.verdict.schemes.append(scheme)
-        if scheme == SCHEME_PLAIN:
+        if (self.keyed is not None and (scheme != SCHEME_KEYED or key_id != self.keyed.key_id)
+                and self._keyed_link(rec)):
+            # The line's own link holds under the key given: the key is this log's, and what its
+            # payload says of the chain was altered (the line's seal and the next link name it).
+            self._use(self.keyed)
+            if self.verdict.key_matches is None:
+                self.verdict.key_matches = True
+        elif scheme == SCHEME_PLAIN:
             self._use(self.plain)
             if self.keyed is not None:
                 self._bad("key", "a key was given, but this run_start says its lines are chained without one "
@@ -94,7 +147,8 @@ class ChainCheck:
                 if not self._told_key:
                     self._told_key = True
                     self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
-                              f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}", n)
+                              f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
+                              "Without it the log cannot prove authorship, nor that it is what was written", n)
             elif key_id is not None and key_id != self.keyed.key_id:
                 self._use(None)
                 seg.verified = None
@@ -109,6 +163,18 @@ class ChainCheck:
             self._use(self.plain if self.keyed is None else self.keyed)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
+        if self.active is not None:  # a sealed run_start: every line its process writes is sealed
+            self.seals.status(n, raw, self.active)
+
+    def _keyed_link(self, rec: Mapping[str, Any]) -> bool:
+        """Whether line ``rec`` carries the digest, under the key given, of what comes before it."""
+        keyed = self.keyed
+        assert keyed is not None
+        if self.prev_raw is None:
+            expected = keyed.genesis(str(rec.get("run_id")), _config_of(rec))
+        else:
+            expected = keyed.digest(self.prev_raw)
+        return rec.get("prev") == expected
 
     def _use(self, chain: Chain | None) -> None:
         self.active = chain
@@ -121,7 +187,9 @@ class ChainCheck:
 
     # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
-        """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it."""
+        """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it. Its
+        own seal is checked only where no link covers it: at the end, before a line that cannot be
+        checked, and around a break (to name the altered line)."""
         prev_raw, before = self.prev_raw, self._before_prev
         self._before_prev = prev_raw
         self.prev_raw = raw
@@ -129,8 +197,11 @@ class ChainCheck:
         self.prev_seq = rec.get("seq")
         digest = self._digest
         if digest is None:
+            if self._tail is not None:
+                self._uncovered(prev_raw)
             self.verdict.unverified_lines += not self.unchained
             return
+        self._tail, self._last_verified = self.active, n
         if prev_raw is not None:  # every line but the first: kept short, it runs per line
             expected = digest(prev_raw)
             self.pins[expected] = n - 1
@@ -148,18 +219,20 @@ class ChainCheck:
             if carried is None and "prev" not in rec:
                 self.unchained = True
                 self._digest = None
+                self._tail = None
                 self._bad("chain", "the log is not hash-chained (its lines carry no prev digest): it cannot "
                           "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
                 return
             self.verified_links += 1
-            expected = chain.genesis(str(rec.get("run_id")), (rec.get("payload") or {}).get("config"))
+            self.seals.status(n, raw, chain)  # whether this log seals its lines
+            expected = chain.genesis(str(rec.get("run_id")), _config_of(rec))
         else:
             expected = chain.digest(prev_raw)
         ok = carried == expected
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._resolve(pending, ok, carried)
+            self._resolve(pending, ok, carried, self.seals.status(n, raw, chain))
         if ok:
             return
         self.verdict.broken_links += 1
@@ -170,46 +243,31 @@ class ChainCheck:
                 rebuilt = chain is self.keyed and carried == self.plain.digest(prev_raw)
                 dup = raw == prev_raw
                 skips = not dup and before is not None and carried == chain.digest(before)
-                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected)
+                self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected,
+                                       self.seals.status(n - 1, prev_raw, chain), self.seals.status(n, raw, chain))
 
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
+        self._uncovered(self.prev_raw)
         self.prev_raw, self._before_prev = raw, self.prev_raw
         self.prev_seq = None
+
+    def _uncovered(self, last: bytes | None) -> None:
+        """The line before (``last``) gets no successor whose link covers it: its seal must."""
+        if self._tail is not None and last is not None:
+            self.seals.status(self._last_verified, last, self._tail)
+        self._tail = None
 
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
         msg = (f"line 1 does not chain to the genesis digest of run id {rec.get('run_id')!r} and the recorded "
                "config: the first line or its config was altered, or lines before it were removed")
         if chain is self.keyed and carried == self.plain.genesis(str(rec.get("run_id")),
-                                                                 (rec.get("payload") or {}).get("config")):
+                                                                 _config_of(rec)):
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 
-    def _resolve(self, b: _Break, next_ok: bool, next_carried: Any) -> None:
-        n = b.line
-        if b.duplicate:
-            self._first_break(n, f"line {n} is a second copy of line {n - 1}")
-        elif next_carried == b.expected:
-            self._first_break(n, f"line {n} was inserted: line {n + 1} carries the digest of line {n - 1}, the "
-                              "line that came before it when it was written")
-        elif b.skips_a_line:
-            self._first_break(n - 1, f"line {n - 1} was inserted: line {n} carries the digest of line {n - 2}, the "
-                              "line that came before it when it was written")
-        elif b.rebuilt_without_key:
-            self._first_break(n - 1, f"line {n - 1} was altered and the chain from line {n} on was rebuilt without "
-                              f"the key (line {n} carries the plain sha256 of line {n - 1}, not its HMAC)")
-        elif next_ok:
-            contiguous = type(b.seq) is int and type(b.seq_before) is int and b.seq == b.seq_before + 1
-            if contiguous:
-                self._first_break(n - 1, f"line {n - 1} was altered after it was written: line {n} carries a "
-                                  f"different digest for it")
-            else:
-                self._first_break(n, f"line {n} does not chain to line {n - 1}: lines between them were removed "
-                                  f"(or line {n - 1} was altered)")
-        else:
-            self._first_break(n, f"line {n} does not chain to line {n - 1}, nor do the lines after it: lines were "
-                              f"inserted or removed here and the rest renumbered, or the log was rewritten from "
-                              f"line {n} on")
+    def _resolve(self, b: _Break, next_ok: bool, next_carried: Any, next_sealed: bool | None) -> None:
+        self._first_break(*b.named(next_ok, next_carried, next_sealed))
 
     def _first_break(self, line: int, message: str) -> None:
         self.verdict.first_break = line
@@ -243,16 +301,24 @@ class ChainCheck:
     # --- the end -------------------------------------------------------------------------------
     def finish(self) -> list[Finding]:
         if self._pending is not None:
-            self._resolve(self._pending, True, None)
+            self._resolve(self._pending, True, None, None)
             self._pending = None
         v = self.verdict
-        if self._first is not None:
-            more = v.broken_links - 1
-            first = self._first
-            if more > 0:
-                first = Finding(first.check, f"{first.message} ({v.broken_links} broken links in all; the first is "
-                                "named)", first.line, first.severity)
+        first = self._first
+        if first is not None and v.broken_links > 1:
+            first = Finding(first.check, f"{first.message} ({v.broken_links} broken links in all; the first is "
+                            "named)", first.line, first.severity)
+        self._uncovered(self.prev_raw)  # the last line
+        seal = self.seals.first
+        if seal is not None and (first is None or (seal.line or 0) < (first.line or 0)):
+            first = seal  # a line that fails its seal with every link holding: the last line, or resealed
+            v.first_break = seal.line
+        if first is not None:
             self.findings.append(first)
+        if self._last_verified and not self.unchained:
+            v.sealed = self.seals.seen
+            if not self.seals.seen:
+                self.findings.append(self.seals.older_format(self._last_verified))
         if self.unchained or v.first_break is not None:
             v.ok = False
         else:

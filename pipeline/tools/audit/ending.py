@@ -12,9 +12,9 @@ from typing import Any
 from pipeline.core.lifecycle import ABORT, INITIAL
 from pipeline.core.stop import Evidence, StopReason
 from pipeline.tools.audit.content import number, result_mismatches
-from pipeline.tools.audit.verdict import Finding, Severity
+from pipeline.tools.audit.verdict import Finding, Severity, Verdict
 
-__all__ = ["EndingChecks", "Segment", "StopInfo"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _NAN_DETECTOR = "NaNDetectionCallback"
@@ -29,6 +29,17 @@ class StopInfo:
     epoch: int | None
     line: int
     rank: int | None = None  # a stop agreed from another rank of a multi-process run (its log holds the cause)
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A process that ended without its ``result``, as the resume after it found the log."""
+
+    resume_line: int  # the resume's run_start
+    last_line: int  # the process's last whole line
+    phase: str
+    next_epoch: int
+    unlogged: tuple[int, int] | None  # (epoch, line of its checkpoint): committed, never logged
 
 
 @dataclass
@@ -63,6 +74,7 @@ class Segment:
     vals: list[tuple[float, int]] = field(default_factory=list)  # per logged epoch: (val_loss or nan, line)
     last_trial_report: tuple[bool, int] | None = None
     unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
+    after: Unfinished | None = None  # the process before this resume, until the resume says how it ended
     # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
     step_begin: int | None = None
     step_val: int | None = None
@@ -103,8 +115,8 @@ class EndingChecks:
     def bad(self, check: str, message: str, line: int | None) -> None:
         self.findings.append(Finding(check, message, line))
 
-    def warn(self, check: str, message: str, line: int | None) -> None:
-        self.findings.append(Finding(check, message, line, Severity.WARNING))
+    def warn(self, check: str, message: str, line: int | None, verdict: Verdict | None = None) -> None:
+        self.findings.append(Finding(check, message, line, Severity.WARNING, verdict))
 
     def _train_end(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.end_line = n

@@ -1,20 +1,27 @@
 """The checkpoint files a log names, checked against it: each file's sha256 against the log's last
 record of it, and the chain head the file stores against the chain.
 
-A file whose sha256 differs from the log is classified by the head it pins: a write the process
-never got to log (it pins the last line a killed process wrote: a note), an older file than the log
-records, or a file committed at a point the log no longer has (the log was cut back or rewritten).
+A file whose sha256 differs from the log's last record of it is named by what it holds (each a
+:class:`Verdict`): a write the log committed earlier (an *older write*; or a later one of another
+file); bytes that are no write the log committed (*damaged*: the zip's own CRCs fail, or the file
+pins the very line its committed write pins); a write the process never got to log (it pins the last
+lines a killed process wrote: a note); or a file committed at a point the log no longer has (the log
+was cut back or rewritten).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.context import epoch_number
 from pipeline.tools.audit.chain import ChainCheck, stored_head
 from pipeline.tools.audit.ending import Segment
-from pipeline.tools.audit.verdict import Explanation, Finding, Severity
+from pipeline.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
 __all__ = ["CheckpointWrite", "verify_checkpoints"]
 
@@ -69,26 +76,77 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
                     ex.checkpoints_pinned += 1
             continue
         changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
-        if not found or head is None:
-            out.append(Finding("checkpoint", f"checkpoint {rel} changed after the run: {changed}", w.line))
-            continue
-        at = chain.locate(log, head)
-        if at is None:
-            out.append(Finding("checkpoint", f"checkpoint {rel} pins chain head {_short(head)}, which is no line of "
-                               f"this log: the log was cut back or rewritten after that checkpoint was committed "
-                               f"({changed})", w.line))
-        elif at < w.line:
-            out.append(Finding("checkpoint", f"checkpoint {rel} is an older write (it pins line {at}) than the one "
-                               f"line {w.line} records: {changed}", w.line))
-        elif any(first <= at <= last for first, last in killed):
-            out.append(Finding("checkpoint", f"checkpoint {rel} was written after line {at} by a process that ended "
-                               f"before its result: an uncommitted write interrupted by the process's end "
-                               f"({changed})", at, Severity.WARNING))
-        else:
-            out.append(Finding("checkpoint", f"checkpoint {rel} was written after line {at} (the chain head it "
-                               f"pins), but the log goes on without recording it: lines after line {at} were "
-                               f"removed or rewritten ({changed})", at + 1))
+        out.append(_differs(log, rel, w, actual, file, chain, killed, changed))
     return out
+
+
+def _differs(log: Path, rel: str, w: CheckpointWrite, actual: str, file: Path, chain: ChainCheck,
+             killed: list[tuple[int, int]], changed: str) -> Finding:
+    """What a file whose sha256 is not the one the log last recorded for it holds."""
+    committed = _committed_as(log, actual)
+    if committed is not None:
+        line, path, epoch = committed
+        what = f"the one line {line} committed" + (f" for {path}" if path != rel else "") + f" (epoch {epoch})"
+        if line < w.line:
+            return Finding("checkpoint", f"checkpoint {rel} is an older write: {what}, not the one line {w.line} "
+                           f"records ({changed})", w.line, verdict=Verdict.OLDER_WRITE)
+        return Finding("checkpoint", f"checkpoint {rel} holds another write: {what}, not the one line {w.line} "
+                       f"records ({changed})", w.line, verdict=Verdict.OTHER_WRITE)
+    no_write = f"its sha256 matches no write the log committed ({changed})"
+    broken = _zip_damage(file)
+    found, head = stored_head(file)
+    if broken is not None or not found or head is None:
+        why = broken or "it stores no chain head"
+        return Finding("checkpoint", f"checkpoint {rel} is damaged: {no_write}; {why}", w.line,
+                       verdict=Verdict.DAMAGED)
+    at = chain.locate(log, head)
+    if at is None:
+        return Finding("checkpoint", f"checkpoint {rel} pins chain head {_short(head)}, which is no line of this "
+                       f"log: the log was cut back or rewritten after that checkpoint was committed ({changed})",
+                       w.line, verdict=Verdict.LOG_REWRITTEN)
+    if at < w.line:
+        # It pins a line before the write the log records, yet it is none of the writes the log
+        # committed: the recorded write with its bytes changed where the zip keeps no CRC.
+        return Finding("checkpoint", f"checkpoint {rel} is damaged: {no_write}; it pins line {at}, as the write "
+                       f"line {w.line} records does, and its zip entries hold their CRCs", w.line,
+                       verdict=Verdict.DAMAGED)
+    if any(first <= at <= last for first, last in killed):
+        return Finding("checkpoint", f"checkpoint {rel} was written after line {at} by a process that ended "
+                       f"before its result: an uncommitted write interrupted by the process's end ({changed})", at,
+                       Severity.WARNING, Verdict.UNCOMMITTED_WRITE)
+    return Finding("checkpoint", f"checkpoint {rel} was written after line {at} (the chain head it pins), but the "
+                   f"log goes on without recording it: lines after line {at} were removed or rewritten ({changed})",
+                   at + 1, verdict=Verdict.LOG_REWRITTEN)
+
+
+def _committed_as(log: Path, sha: str) -> tuple[int, str, str] | None:
+    """The first ``checkpoint`` event of ``log`` that committed ``sha``: (line, path, epoch number).
+    A second pass over the log, made only for a file that differs from it."""
+    needle = sha.encode("ascii")
+    with open(log, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if needle not in raw:
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            payload = rec.get("payload") if isinstance(rec, dict) else None
+            if rec.get("event") == "checkpoint" and isinstance(payload, dict) and payload.get("sha256") == sha:
+                epoch = payload.get("epoch")
+                return n, str(payload.get("path")), str(epoch_number(epoch)) if type(epoch) is int else "?"
+    return None
+
+
+def _zip_damage(file: Path) -> str | None:
+    """Why ``file`` is not a whole checkpoint by its own evidence (a torch file is a zip whose
+    entries carry CRC-32s), or None when every entry holds its CRC."""
+    try:
+        with zipfile.ZipFile(file) as zf:
+            bad = zf.testzip()
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, zlib.error) as exc:
+        return f"it is not a readable zip ({exc})"
+    return None if bad is None else f"its zip entry {bad} fails its CRC: bytes changed on disk"
 
 
 def _short(head: str | None) -> str:

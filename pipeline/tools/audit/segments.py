@@ -1,6 +1,8 @@
 """Where a process's run begins in a log: ``run_start`` opens a segment (its epochs, config,
 callbacks), and a later one must be a resume that starts where a committed checkpoint and the log
-allow. Mixed into the auditor."""
+allow. A resume after a process that never reached its ``result`` says how that process ended once
+its ``resume`` event is read: killed between two lines, or in the middle of one, whose torn bytes
+the resume cut off (``torn_line_bytes``). Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from pipeline.core.events import LEVELS
 from pipeline.core.lifecycle import (
     INITIAL,
 )
-from pipeline.tools.audit.ending import EndingChecks, Segment
+from pipeline.tools.audit.ending import EndingChecks, Segment, Unfinished
 from pipeline.tools.audit.files import CheckpointWrite
-from pipeline.tools.audit.verdict import Explanation
+from pipeline.tools.audit.verdict import Explanation, Verdict
 
 __all__ = ["SegmentChecks"]
 
@@ -35,7 +37,8 @@ class SegmentChecks(EndingChecks):
             max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
             start_epoch = start_epoch if type(start_epoch) is int else 0
         callbacks = payload.get("callbacks")
-        names = [c.get("name", "?") for c in callbacks if isinstance(c, dict)] if isinstance(callbacks, list) else []
+        listed = callbacks if isinstance(callbacks, list) else []
+        names = [str(c.get("name", "?")) for c in listed if isinstance(c, dict)]
         resumed = payload.get("resumed_from")
         seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
                       None if resumed is None else str(resumed), names)
@@ -72,23 +75,50 @@ class SegmentChecks(EndingChecks):
         if seg.resumed_from is None:
             self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
             return
-        if prev.end_line is None:
-            self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
-                      f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
         ckpt = self._checkpoint_named(seg.resumed_from)
+        unlogged = None
         if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
                 and prev.end_line is None and ckpt.line > prev.first_line):
             # Killed between committing the epoch's checkpoint and logging its epoch event: the
             # epoch is done (the checkpoint holds it), but the log never got its figures.
             seg.unlogged.add(ckpt.epoch)
-            self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
-                      "process was killed before it logged the epoch: its figures are not in the log", n)
+            unlogged = (ckpt.epoch, ckpt.line)
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
                      f"{prev.next_epoch}", n)
         if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
             self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
                      f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
+        if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
+            seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
+
+    def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        torn = rec["payload"].get("torn_line_bytes")
+        self.said_unfinished(seg, (torn, n) if type(torn) is int else None)
+
+    def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:
+        """How the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
+        the resume cut off, the line of its ``resume`` event); None when no resume event says."""
+        u, seg.after = seg.after, None
+        if u is None:
+            return
+        where = f"phase {u.phase!r}, epoch {u.next_epoch}"
+        if torn is not None and torn[0] > 0:
+            self.warn("resume", f"the run before this resume ended in the middle of writing a line (a kill, or a full "
+                      f"disk), and the resume repaired the log: it cut off its torn line ({torn[0]} bytes), as line "
+                      f"{torn[1]} records; the log goes on from line {u.last_line}, the last whole line ({where})",
+                      u.resume_line, Verdict.TORN_LINE_REPAIRED)
+            ended = "ended while it was writing the log (the torn line the resume cut off)"
+        else:
+            how = "killed" if torn is None else (f"killed between two lines (the resume at line {torn[1]} found no "
+                                                 "torn line)")
+            self.warn("resume", f"the run before this resume never reached train_end (last line {u.last_line}, "
+                      f"{where}): the process was {how}", u.resume_line, Verdict.KILLED)
+            ended = "was killed before it logged the epoch"
+        if u.unlogged is not None:
+            epoch, line = u.unlogged
+            self.warn("resume", f"epoch {epoch} was committed by its checkpoint (line {line}), but the process "
+                      f"{ended}: its figures are not in the log", u.resume_line)
 
     def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
         if resumed_from is None:

@@ -11,7 +11,9 @@ from typing import Any
 from pipeline.core.context import epoch_number
 from pipeline.core.stop import Route, StopReason
 
-__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity"]
+__all__ = [
+    "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",
+]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
@@ -22,6 +24,19 @@ class Severity(str, Enum):
     WARNING = "warning"
 
 
+class Verdict(str, Enum):
+    """What a finding concludes, where one check can conclude different things: a checkpoint file
+    that differs from the log, or a process that ended without its ``result``."""
+
+    DAMAGED = "damaged"  # a checkpoint whose bytes are no write the log committed (not a whole one, or changed)
+    OLDER_WRITE = "older_write"  # a checkpoint holding a write the log committed before the one it records last
+    OTHER_WRITE = "other_write"  # a checkpoint holding a later write the log committed for another file
+    UNCOMMITTED_WRITE = "uncommitted_write"  # written by a process that ended before it logged the commit
+    LOG_REWRITTEN = "log_rewritten"  # a checkpoint pinning a point the log no longer has as it was
+    KILLED = "killed"  # a process ended without its result, between two lines of its log
+    TORN_LINE_REPAIRED = "torn_line_repaired"  # ... in the middle of a line, which a resume cut off
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem, with the 1-based line of the log it is about (None: the file as a whole)."""
@@ -30,6 +45,7 @@ class Finding:
     message: str
     line: int | None = None
     severity: Severity = Severity.VIOLATION
+    verdict: Verdict | None = None
 
     def render(self) -> str:
         where = f"line {self.line}" if self.line is not None else "file"
@@ -65,6 +81,7 @@ class ChainVerdict:
     key_matches: bool | None = None
     first_break: int | None = None
     broken_links: int = 0
+    sealed: bool | None = None  # whether the lines seal themselves (False: the older format); None: not verified
     unverified_lines: int = 0
 
 
@@ -159,16 +176,22 @@ def _chain_line(c: ChainVerdict) -> str:
     scheme = "/".join(c.schemes) or "none"
     if c.ok is None:
         why = "the key does not match" if c.key_matches is False else "written with a key; none given"
-        return f"NOT VERIFIED ({scheme}: {why})"
+        return f"NOT VERIFIED ({scheme}: {why}): it cannot prove authorship, nor consistency"
     if not c.ok:
+        if not c.broken_links:  # every link holds: a line no link covers (the last) fails its seal
+            return f"BROKEN ({scheme}; line {c.first_break} fails its own seal)"
         return f"BROKEN ({scheme}; first break at line {c.first_break}, {c.broken_links} broken link(s))"
     proves = "consistency and authorship (keyed)" if c.key_used and c.key_matches else "consistency only (no key)"
     partial = f", {c.unverified_lines} line(s) not verifiable" if c.unverified_lines else ""
-    return f"intact ({scheme}): proves {proves}{partial}"
+    older = "; last line not sealed (older log format)" if c.sealed is False else ""
+    return f"intact ({scheme}): proves {proves}{partial}{older}"
 
 
 def _finding_dict(f: Finding) -> dict[str, Any]:
-    return {"line": f.line, "check": f.check, "message": f.message}
+    out: dict[str, Any] = {"line": f.line, "check": f.check, "message": f.message}
+    if f.verdict is not None:
+        out["verdict"] = f.verdict.value
+    return out
 
 
 def _finite(value: Any) -> Any:

@@ -23,7 +23,7 @@ __all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
 
 # What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
 # config, strictness), which is the replay's input rather than something that happened.
-_VOLATILE_KEYS = ("seq", "ts", "run_id", "prev")
+_VOLATILE_KEYS = ("seq", "ts", "run_id", "prev", "seal")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain", "user_folders"),
     "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
