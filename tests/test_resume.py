@@ -46,7 +46,7 @@ def _reference(tmp: Path, *overrides: str, config: Path = QUICK) -> Path:
 
 def _audit_ok(run_dir: Path) -> None:
     report = audit_file(run_dir / "events.jsonl")
-    assert report.ok, report.render(False)
+    assert report.ok(), report.render(False)
 
 
 @pytest.mark.slow
