@@ -210,7 +210,7 @@ def test_a_resume_with_another_key_or_none_is_refused_before_it_touches_the_run(
     if started is not None:
         monkeypatch.setenv(KEY_ENV, started.decode())
     _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=4, resume_from="latest").fit()
-    assert audit_file(run / "events.jsonl", key=started).ok
+    assert audit_file(run / "events.jsonl", key=started).ok()
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def _check_all_finished(study: optuna.study.Study, n: int) -> None:
 def _check_audited(trial: optuna.trial.FrozenTrial) -> None:
     for run_dir in trial.user_attrs["run_dirs"].values():
         report = audit_file(Path(run_dir) / "events.jsonl")
-        assert report.ok, report.render()
+        assert report.ok(), report.render()
 
 
 @pytest.mark.slow
@@ -202,7 +202,7 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
     assert any(log.exists() for log in logs)
     for log in filter(Path.exists, logs):
         report = audit_file(log)
-        assert report.ok and report.explanation.stop_reason == "interrupted", report.render()
+        assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
     assert "interrupted: study s" in (tmp_path / "hpo.log").read_text()
 
 

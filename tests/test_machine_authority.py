@@ -222,7 +222,7 @@ def _assert_best_finite_and_audit_passes(run_dir: Path) -> None:
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     assert all(torch.isfinite(t).all() for t in best["model"].values())
     report = audit_file(run_dir / "events.jsonl")
-    assert report.ok, report.render(False)
+    assert report.ok(), report.render(False)
 
 
 # --- 4. teardown cannot be skipped ---------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_a_failing_on_train_end_skips_no_other_handler(tmp_path: Path) -> None:
         "b.on_train_end", "c.on_train_end"]
     assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "completed"
     report = audit_file(tmp_path / "events.jsonl")
-    assert report.ok, report.render(False)
+    assert report.ok(), report.render(False)
 
 
 class FailsIn(TrainingCallback):
@@ -273,7 +273,7 @@ def test_a_failing_on_exception_skips_no_other_handler(tmp_path: Path) -> None:
     events = events_of(tmp_path)
     assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "error"
     report = audit_file(tmp_path / "events.jsonl")
-    assert report.ok, report.render(False)
+    assert report.ok(), report.render(False)
 
 
 _TWO_SIGINTS = textwrap.dedent("""
@@ -316,7 +316,7 @@ def test_two_sigints_20ms_apart_still_write_the_result(tmp_path: Path) -> None:
     result = [e for e in events if e["event"] == "result"]
     assert len(result) == 1 and result[0]["payload"]["stop_reason"] == "interrupted"
     report = audit_file(run / "events.jsonl")
-    assert report.ok, report.render(False)
+    assert report.ok(), report.render(False)
 
 
 # --- 8. validation batch hooks: a metric over the whole validation set -----------------------------------
