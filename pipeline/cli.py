@@ -14,6 +14,7 @@ import argparse
 import importlib
 import io
 import math
+import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -214,7 +215,7 @@ def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_config
     from pipeline.app.job import train_seed
-    from pipeline.training.resume import ResumeError, recorded_start
+    from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -223,7 +224,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.device:
         overrides.append(f"device={args.device}")
     cfg = load_config(run_dir / "config.yaml", overrides)
-    recorded = recorded_start(run_dir)
+    try:
+        recorded = recorded_start(run_dir)
+    except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
+        recorded = RecordedStart(_seed_of_unstarted(cfg, run_dir), 1)
     world = recorded.world_size
     code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
     if code is not None:
@@ -244,6 +248,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return int(code)
     finally:
         _leave_ranks(collective)
+
+
+def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
+    """The seed of a run dir whose log never got its run_start: the config's only seed, or the
+    ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
+    from pipeline.training.resume import ResumeError
+
+    if len(cfg.seeds) == 1:
+        return cfg.seeds[0]
+    m = re.search(r"-seed(-?\d+)(?:-\d+)?$", run_dir.name)
+    if m is not None and int(m.group(1)) in cfg.seeds:
+        return int(m.group(1))
+    raise ResumeError(f"{run_dir}: its log never recorded the run's seed, and neither its config.yaml (seeds "
+                      f"{cfg.seeds}) nor its folder name tells which one it ran; train it again with "
+                      "`fsmtrain train CONFIG --resume`")
 
 
 # --- validate / preflight --------------------------------------------------------------------
@@ -342,6 +361,8 @@ callbacks:                     # options of the built-ins, and your own callback
 grad_clip: null                # e.g. {max_norm: 1.0}
 grad_accumulation: 1           # optimizer step every N batches
 log_level: info                # events.jsonl detail: debug adds per-batch lines
+log:
+  fsync: commits               # fsync events.jsonl at each checkpoint commit and the result (every | never)
 num_threads: 1                 # torch CPU threads (null: torch's default); 1 is fastest for small models
 """
 

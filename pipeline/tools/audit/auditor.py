@@ -43,6 +43,7 @@ from pipeline.core.events import EVENT_KEYS, LEVELS
 from pipeline.core.lifecycle import BATCH, FINAL, INITIAL, TRANSITIONS, Facts, Phase, Transition
 from pipeline.tools.audit.chain import ChainCheck
 from pipeline.tools.audit.content import number, slot_checks
+from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import EndingChecks, Segment, best_epoch, completed_epochs
 from pipeline.tools.audit.files import CheckpointWrite, verify_checkpoints
 from pipeline.tools.audit.verdict import (
@@ -131,6 +132,8 @@ class _Auditor(EndingChecks):
         self.callback_seconds: dict[str, float] = {}
         self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
         self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
+        self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
+        self.account = CheckpointAccount(self.ex)
         self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
 
     # --- per line ----------------------------------------------------------------------------
@@ -274,12 +277,15 @@ class _Auditor(EndingChecks):
         seg = self._open_segment(n, rec, payload)
         if prev is None:
             return
-        if seg.resumed_from is None:
-            self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
-            return
+        restart = seg.resumed_from is None
+        if restart:
+            self.account.second_start(n, seg)  # a restart, if its restart event follows; else two runs
         if prev.end_line is None:
-            self.warn("resume", f"the run before this resume never reached train_end (last line {prev.last_line}, "
-                      f"phase {prev.phase!r}, epoch {prev.next_epoch}): the process was killed", n)
+            self.warn("resume", f"the run before this {'restart' if restart else 'resume'} never reached train_end "
+                      f"(last line {prev.last_line}, phase {prev.phase!r}, epoch {prev.next_epoch}): the process was "
+                      "killed", n)
+        if restart:
+            return
         ckpt = self._checkpoint_named(seg.resumed_from)
         if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
                 and prev.end_line is None and ckpt.line > prev.first_line):
@@ -458,18 +464,37 @@ class _Auditor(EndingChecks):
         if head is not None and not isinstance(head, str):
             self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
             head = None
-        if head is not None and self.chain.verifying and self.chain.pinned_line(head) is None:
-            self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line "
-                     "logged since the previous epoch began: the lines before it were altered after the checkpoint "
-                     "was committed", n)
+        if head is not None and self.chain.verifying:
+            pinned = self.chain.pinned_line(head)
+            if pinned is None:
+                self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no "
+                         "line logged since the previous epoch began (nor of an epoch's end since the last commit): "
+                         "the lines before it were altered after the checkpoint was committed", n)
+            else:
+                self.chain.pinned(pinned)
         epoch = p.get("epoch")
         self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
         self.ckpt_removed.pop(path, None)
+        self.ckpt_damaged.pop(path, None)
+        self.account.committed(n, epoch if type(epoch) is int else None, path, seg)
 
     def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpt_removed[path] = n
+
+    def _checkpoint_skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.skipped(n, rec, seg)
+
+    def _checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.damaged(n, rec, self.ckpt_writes, self.ckpt_damaged)
+
+    def _callback_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.settings(rec, seg)
+
+    def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        standing = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
+        self.account.restart(n, rec, seg, standing)
 
     def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)
@@ -493,9 +518,10 @@ class _Auditor(EndingChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
+        self.findings += self.account.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
-                                                self.segments, self.lines, self.ex)
+                                                self.segments, self.lines, self.ex, self.ckpt_damaged)
         # By line; on one line the chain's finding first: it says whether the line is what was written.
         self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
@@ -546,6 +572,10 @@ _HANDLERS = {
     "warning": _Auditor._warning,
     "checkpoint": _Auditor._checkpoint,
     "checkpoint_removed": _Auditor._checkpoint_removed,
+    "checkpoint_skipped": _Auditor._checkpoint_skipped,
+    "checkpoint_damaged": _Auditor._checkpoint_damaged,
+    "callback_settings": _Auditor._callback_settings,
+    "restart": _Auditor._restart,
     "trial_report": _Auditor._trial_report,
     "result": _Auditor._result,
 }

@@ -9,10 +9,12 @@ records, or a file committed at a point the log no longer has (the log was cut b
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.tools.audit.chain import ChainCheck, stored_head
+from pipeline.tools.audit.coverage import Damaged
 from pipeline.tools.audit.ending import Segment
 from pipeline.tools.audit.verdict import Explanation, Finding, Severity
 
@@ -38,7 +40,8 @@ def _sha256(path: Path) -> str:
 
 
 def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: dict[str, int], chain: ChainCheck,
-                       segments: list[Segment], lines: int, ex: Explanation) -> list[Finding]:
+                       segments: list[Segment], lines: int, ex: Explanation,
+                       damaged: Mapping[str, Damaged] | None = None) -> list[Finding]:
     out: list[Finding] = []
     base = log.parent
     # The lines of each process that was killed (no result: killed before or during teardown): a
@@ -50,6 +53,9 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
     for rel, w in writes.items():
         if rel in removed:
             ex.checkpoints_removed += 1
+            continue
+        if damaged is not None and rel in damaged:
+            out += _quarantined(base, rel, damaged[rel])
             continue
         file = Path(rel) if Path(rel).is_absolute() else base / rel
         if not file.is_file():
@@ -89,6 +95,20 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
                                f"pins), but the log goes on without recording it: lines after line {at} were "
                                f"removed or rewritten ({changed})", at + 1))
     return out
+
+
+def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
+    """A file a resume moved to ``damaged/``: the evidence is kept as the log says it found it."""
+    if d.moved_to is None:
+        return []
+    kept = Path(d.moved_to) if Path(d.moved_to).is_absolute() else base / d.moved_to
+    if not kept.is_file():
+        return [Finding("checkpoint", f"damaged checkpoint {rel} was moved to {d.moved_to} (line {d.line}), which "
+                        "is not there", d.line, Severity.WARNING)]
+    if d.found_sha256 is not None and _sha256(kept) != d.found_sha256:
+        return [Finding("checkpoint", f"{d.moved_to} (damaged {rel}, line {d.line}) changed after it was moved "
+                        "aside", d.line, Severity.WARNING)]
+    return []
 
 
 def _short(head: str | None) -> str:
