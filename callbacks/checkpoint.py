@@ -49,7 +49,7 @@ class CheckpointCallback(TrainingCallback):
     (``checkpoint_skipped``: the epoch, and why). ``train_end`` waits for what is pending.
     ``background=False`` writes and logs the same files before the epoch ends. A failed write is
     raised at the next phase boundary (an epoch's or validation's start, the next epoch's end, or
-    ``train_end``). The policy is logged at ``train_begin`` (``callback_settings``).
+    ``train_end``). The policy is logged at ``train_begin`` (``checkpoint_settings``).
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -74,12 +74,12 @@ class CheckpointCallback(TrainingCallback):
         self._log: _RunLog | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
+        if run.dry_run:
+            return
         settings = self.manager.settings()
         run_dir = None if run.run_dir is None else str(run.run_dir)
         settings["directory"] = _shown_dir(str(self.manager.directory), run_dir)
-        run.emit("callback_settings", source=self.name, settings=settings)
-        if run.dry_run:
-            return
+        run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run, self.saved)
         self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
 

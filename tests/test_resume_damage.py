@@ -165,6 +165,8 @@ def test_fsmtrain_resume_of_a_flipped_latest_with_keep_last_k_1_resumes_and_the_
     audit = _cli("audit", str(RUN), cwd=tmp_path)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "1 damaged state(s) moved to damaged/" in audit.stdout
+    replay = _cli("replay", str(RUN), cwd=tmp_path)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
 def _kill_before_the_first_checkpoint(tmp_path: Path, config: Path) -> Path:
@@ -214,6 +216,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_in_its_own_run_dir
     audit = _cli("audit", str(RUN), cwd=work)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "1 restart(s) from epoch 0" in audit.stdout
+    replay = _cli("replay", str(RUN), cwd=work)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
 @pytest.mark.slow

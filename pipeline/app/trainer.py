@@ -19,7 +19,7 @@ from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine
-from pipeline.core.events import EventLog
+from pipeline.core.events import FSYNC_POLICIES, EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
@@ -114,6 +114,8 @@ class Trainer:
                 raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
         if resume_from is not None and run_dir is None:
             raise ValueError("resume_from needs the run_dir of the run to continue")
+        if log_fsync not in FSYNC_POLICIES:  # before the run dir is claimed
+            raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
         self.precision = PrecisionPolicy(precision, torch.device(device))
         self.default_callbacks = default_callbacks
         if default_callbacks:

@@ -489,7 +489,7 @@ class _Auditor(EndingChecks):
     def _checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         self.account.damaged(n, rec, self.ckpt_writes, self.ckpt_damaged)
 
-    def _callback_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _checkpoint_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         self.account.settings(rec, seg)
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
@@ -574,7 +574,7 @@ _HANDLERS = {
     "checkpoint_removed": _Auditor._checkpoint_removed,
     "checkpoint_skipped": _Auditor._checkpoint_skipped,
     "checkpoint_damaged": _Auditor._checkpoint_damaged,
-    "callback_settings": _Auditor._callback_settings,
+    "checkpoint_settings": _Auditor._checkpoint_settings,
     "restart": _Auditor._restart,
     "trial_report": _Auditor._trial_report,
     "result": _Auditor._result,

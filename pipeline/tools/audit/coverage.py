@@ -6,7 +6,7 @@ committed nothing restarts in place (a second ``run_start`` without ``resumed_fr
 ``restart`` event in ``train_begin``). :class:`CheckpointAccount` follows these lines per process
 segment and checks that they hold together:
 
-- with the checkpoint policy logged (the ``callback_settings`` of ``CheckpointCallback``), every
+- with the checkpoint policy logged (``CheckpointCallback``'s ``checkpoint_settings``), every
   logged epoch that the policy checkpoints has a ``checkpoint`` or a ``checkpoint_skipped``: all of
   them in a segment that ended with its ``result`` (``train_end`` waits for the writer), and up to
   the last committed epoch in one that was killed or failed (states are written in order);
