@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
-from pipeline.core.events import CommittedFile
+from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
 from pipeline.training.atomic import atomic_link, fsync_dir
 from pipeline.training.checkpoint_files import (
     FORMAT_VERSION,
@@ -38,6 +36,7 @@ from pipeline.training.checkpoint_files import (
     save_state,
     sha256_of,
 )
+from pipeline.training.checkpoint_folder import CheckpointFolder
 from pipeline.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
 from pipeline.training.rng import capture_rng_state
 from pipeline.training.staging import BufferSet, Staged, stage
@@ -56,10 +55,6 @@ __all__ = [
     "read_history",
     "sha256_of",
 ]
-
-KINDS = ("periodic", "best", "latest")
-_PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
-
 
 def _callback_states(run: RunContext) -> dict[str, Any]:
     states: dict[str, Any] = {}
@@ -141,7 +136,7 @@ class CheckpointLog(Protocol):
     def skipped(self, epoch: int, why: str, beside: bool) -> None: ...  # a state that is never written
 
 
-class CheckpointManager:
+class CheckpointManager(CheckpointFolder):
     """Decides which checkpoints an epoch gets, and writes them so that a kill at any moment leaves a
     committed checkpoint that loads, while training goes on.
 
@@ -160,12 +155,7 @@ class CheckpointManager:
     commit are older files removed, so the newest committed state's file never goes before a newer
     one is committed.
 
-    Retention: the periodic files of the last ``keep_last_k`` periodic epochs, the newest epoch's
-    own file, and always the newest older state besides (:meth:`_redundant`): ``latest.pt``,
-    ``best.pt`` and ``epoch_<n>.pt`` of one epoch are one file under several names, so a single
-    damaged file takes every name of its epoch with it, and the older state is what a resume falls
-    back to. With ``keep_last_k=1`` that is two epoch files. Removal only touches files this run
-    committed, never whatever else is in the folder.
+    What is kept on disk: :class:`pipeline.training.checkpoint_folder.CheckpointFolder`.
     """
 
     def __init__(
@@ -185,9 +175,8 @@ class CheckpointManager:
             raise ValueError(f"keep_last_k must be an integer >= 0 (0 keeps all), got {keep_last_k!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.directory = Path(directory)
+        super().__init__(directory, keep_last_k)
         self.save_every_n_epochs = save_every_n_epochs
-        self.keep_last_k = keep_last_k
         self.save_best = save_best
         self.save_latest = save_latest
         self.monitor = monitor
@@ -195,48 +184,10 @@ class CheckpointManager:
         self.background = background
         self.best_value: float | None = None
         self.best_epoch: int | None = None
-        # What is on disk (the writer thread keeps these; the training thread reads them only when
-        # no write is pending): epochs whose periodic / non-periodic epoch file this run committed
-        # and still keeps, oldest first, and the newest epoch committed.
-        self.periodic: list[int] = []
-        self.transient: list[int] = []
-        self.newest: int | None = None
         self.writer = CheckpointWriter(background)
         self.buffers = [BufferSet() for _ in range(SLOTS)]
         self._history = HistoryText()
         self._made = False  # the folder exists (made once, not at every epoch's end)
-
-    # --- paths ---------------------------------------------------------------------------------
-    def name_for(self, kind: str, epoch: int) -> str:
-        """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``, in the folder."""
-        if kind == "periodic":
-            return f"epoch_{epoch_number(epoch)}.pt"
-        if kind == "best":
-            return "best.pt"
-        if kind == "latest":
-            return "latest.pt"
-        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
-
-    def path_for(self, kind: str, epoch: int) -> Path:
-        return self.directory / self.name_for(kind, epoch)
-
-    def periodic_path(self, epoch: int) -> Path:
-        return self.path_for("periodic", epoch)
-
-    @property
-    def best_path(self) -> Path:
-        return self.path_for("best", 0)
-
-    @property
-    def latest_path(self) -> Path:
-        return self.path_for("latest", 0)
-
-    def list_periodic(self) -> list[Path]:
-        """Periodic checkpoint files in the folder, oldest epoch first (by epoch number, not by name)."""
-        if not self.directory.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
-        return [p for _, p in sorted(found)]
 
     # --- policy --------------------------------------------------------------------------------
     def improved(self, value: float | None) -> bool:
@@ -354,13 +305,7 @@ class CheckpointManager:
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
         written = self.write(plan)
         log.committed(written)
-        self.newest = plan.epoch
-        kept = self.periodic if plan.periodic else self.transient
-        for books in (self.periodic, self.transient):
-            if plan.epoch in books:
-                books.remove(plan.epoch)
-        kept.append(plan.epoch)
-        kept.sort()
+        self.committed(plan.epoch, plan.periodic)
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 
     def _remove(self, paths: tuple[Path, ...], log: CheckpointLog, beside: bool) -> None:
@@ -378,41 +323,6 @@ class CheckpointManager:
         removed = self._redundant(keep_newest=False)
         self._remove(removed, log, beside=False)
         return removed
-
-    def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
-        """Forget and return the epoch files no longer kept (see the class docstring);
-        ``keep_newest`` spares the newest epoch's own file as well."""
-        on_disk = sorted({*self.periodic, *self.transient})
-        if not on_disk:
-            return ()
-        newest = self.newest if self.newest is not None else on_disk[-1]
-        keep = set(self.periodic[-self.keep_last_k:] if self.keep_last_k else self.periodic)
-        if keep_newest:
-            keep.add(newest)
-        older = [e for e in on_disk if e < newest]
-        if older:
-            keep.add(older[-1])  # the state a resume falls back to when the newest one is damaged
-        self.periodic = [e for e in self.periodic if e in keep]
-        self.transient = [e for e in self.transient if e in keep]
-        return tuple(self.periodic_path(e) for e in on_disk if e not in keep)
-
-    def adopt(self, committed: Mapping[str, CommittedFile], run_dir: Path | None) -> None:
-        """A resumed run: what is on disk, from the files its log commits (not from the checkpoint,
-        which cannot know of the writes that came after it was staged)."""
-        self.periodic, self.transient, newest = [], [], None
-        folder = self.directory.resolve()
-        for shown, done in committed.items():
-            path = Path(shown) if Path(shown).is_absolute() or run_dir is None else run_dir / shown
-            m = _PERIODIC.match(path.name)
-            if done.epoch is None:
-                continue
-            newest = done.epoch if newest is None else max(newest, done.epoch)
-            if m is None or path.parent.resolve() != folder or not path.is_file():
-                continue
-            (self.periodic if done.kind == "periodic" else self.transient).append(done.epoch)
-        self.periodic.sort()
-        self.transient.sort()
-        self.newest = newest
 
     # --- reading -------------------------------------------------------------------------------
     def load(self, path: str | Path) -> dict[str, Any]:
