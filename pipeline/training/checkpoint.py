@@ -268,8 +268,10 @@ class CheckpointManager(CheckpointFolder):
             self._made = True
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
-        plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds),
-                         stage(state, self.buffers[room.slot]), state.get("chain_head"))
+        # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
+        staged = stage(state, self.buffers[room.slot]) if self.background else Staged(state)
+        plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
+                         state.get("chain_head"))
         self.writer.submit(Job(epoch, room.slot, plan.best, lambda: self._commit(plan, log)))
         return plan
 
