@@ -119,7 +119,8 @@ class CheckpointCallback(TrainingCallback):
             self.manager.drain()
         finally:
             self.manager.close()
-        self.manager.finish(self._sink())
+        if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
+            self.manager.finish(self._log)
 
     def _sink(self) -> _RunLog:
         if self._log is None:

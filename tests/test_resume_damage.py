@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,16 +66,45 @@ def _damage(path: Path, way: str, other: Path) -> None:
             fh.write(data)
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, torch.Tensor], dict[int, Path]]:
+    """Once for the module: the weights of an undamaged 4-epoch run, and a 3-epoch run per keep_last_k."""
+    root = tmp_path_factory.mktemp("damage")
+    full = _trainer(root / "full", 4, 1)
+    full.fit()
+    parts = {}
+    for keep in (1, 3):
+        parts[keep] = root / f"part-{keep}"
+        _trainer(parts[keep], 3, keep).fit()
+    return {k: v.clone() for k, v in full.model.state_dict().items()}, parts
+
+
+def _copy_run(source: Path, target: Path) -> None:
+    """A copy of a run dir that keeps its hard links (latest.pt, best.pt and epoch_<n>.pt: one file)."""
+    inodes: dict[int, Path] = {}
+    for path in sorted(source.rglob("*")):
+        dest = target / path.relative_to(source)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        first = inodes.setdefault(path.stat().st_ino, dest)
+        if first == dest:
+            shutil.copy2(path, dest)
+        else:
+            os.link(first, dest)
+
+
 @pytest.mark.parametrize("keep", [1, 3])
 @pytest.mark.parametrize("way", ["truncate", "flip", "replace"])
 def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_run_resumes_from_the_older_one(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str], way: str, keep: int) -> None:
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]],
+        way: str, keep: int) -> None:
     """Found: a damaged latest.pt was deleted silently (named only under the resume event's removed),
     and with keep_last_k: 1 one flipped byte left nothing to resume from."""
-    full = _trainer(tmp_path / "full", 4, keep)
-    full.fit()
+    undamaged, parts = trained
     run = tmp_path / "part"
-    _trainer(run, 3, keep).fit()
+    _copy_run(parts[keep], run)
     ck = run / "checkpoints"
     latest = ck / "latest.pt"
     committed = sha256_of(latest)
@@ -102,8 +132,8 @@ def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_run_resumes_from_the_
     assert all(sha256_of(ck / "damaged" / n) == found for n in names)
     resume = next(e["payload"] for e in events if e["event"] == "resume")
     assert resume["checkpoint"] == "checkpoints/epoch_2.pt" and resume["removed"] == []
-    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
-        assert torch.equal(a, b)  # the epoch redone from the older state ends where the undamaged run did
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(undamaged[name], value)  # the epoch redone from the older state ends where it did
     report = audit_file(run / "events.jsonl")
     assert report.ok and not report.warnings, report.render()
     assert report.explanation.checkpoints_damaged == 1
