@@ -56,6 +56,7 @@ __all__ = [
     "sha256_of",
 ]
 
+
 def _callback_states(run: RunContext) -> dict[str, Any]:
     states: dict[str, Any] = {}
     for i, cb in enumerate(run.callbacks):
@@ -122,7 +123,6 @@ class Written:
     """What one write left on disk, durable, for the log to commit."""
 
     saved: tuple[SavedCheckpoint, ...]
-    removed: tuple[Path, ...]
     chain_head: str | None  # the log's head the files store
 
 
@@ -302,7 +302,7 @@ class CheckpointManager(CheckpointFolder):
             atomic_link(epoch_file, path, sync_dir=False)
             saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
         fsync_dir(self.directory)  # one fsync makes the renames above durable together
-        return Written(tuple(saved), (), plan.chain_head)
+        return Written(tuple(saved), plan.chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
         written = self.write(plan)
