@@ -15,6 +15,14 @@ steady one (``setup``), the framework's import time (beyond torch) and the peak 
     python benchmarks/compare.py                 # full, 5 rounds: 30 min on a shared 2-core machine (load ~4)
     python benchmarks/compare.py --quick         # tiny and epochs, reduced, one round: 2.9 min there
     python benchmarks/compare.py --frameworks raw,fsm --workloads tiny --rounds 1 --scale 0.05 --output out.md
+    python benchmarks/compare.py --workloads large --frameworks raw_all,fsm_all --rounds 1   # checkpoint cost
+    python benchmarks/compare.py --device cuda   # gpu_mlp and epochs on the GPU, where one exists
+
+Rows with checkpoints report the stall each checkpoint puts on the training thread (``raw_all``: its
+synchronous ``torch.save``; fsmtrain: ``CheckpointCallback``'s time, the staging copy) beside the time
+of one plain copy of the same state (a clone of every tensor on CPU; on CUDA a copy into pinned host
+memory). Where ``fsm_all`` runs the ``epochs`` workload, it also runs with ``log.fsync`` ``never`` and
+``every`` (the default is ``commits``), paired with it, for the cost of the log's fsyncs.
 
 Peers missing (``pip install -e '.[bench]'``) are skipped and named in the output.
 """
@@ -26,6 +34,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import platform
 import resource
@@ -62,11 +71,14 @@ class Workload:
     epochs: int
     train_steps: int
     val_steps: int
+    out_features: int = 1
+    device: str = "cpu"
 
     def describe(self) -> str:
         h1, h2 = self.hidden
-        return (f"{self.in_features}→{h1}→{h2}→1 MLP, batch {self.batch}, {self.epochs} epochs x "
-                f"({self.train_steps} train + {self.val_steps} val) steps; {self.what}")
+        where = "" if self.device == "cpu" else f", on {self.device}"
+        return (f"{self.in_features}→{h1}→{h2}→{self.out_features} MLP, batch {self.batch}, {self.epochs} epochs x "
+                f"({self.train_steps} train + {self.val_steps} val) steps{where}; {self.what}")
 
     def scaled(self, factor: float) -> Workload:
         return replace(self, train_steps=max(1, round(self.train_steps * factor)),
@@ -77,13 +89,23 @@ WORKLOADS = {
     "tiny": Workload("tiny", "per-step costs dominate", 32, (64, 64), 64, 4, 1000, 500),
     "epochs": Workload("epochs", "per-epoch costs dominate, as in short HPO trials", 32, (64, 64), 64, 200, 20, 5),
     "wide": Workload("wide", "compute dominates", 256, (1024, 1024), 256, 4, 20, 5),
+    "large": Workload("large", "a 76 MB state (6.3M parameters and AdamW's moments): the checkpoint dominates", 1024,
+                      (2048, 2048), 32, 10, 20, 5, out_features=16),
 }
+# --device cuda: the state of issue 22's H100 measurement (252 MB with AdamW), and the epochs workload
+GPU_WORKLOADS = {
+    "gpu_mlp": Workload("gpu_mlp", "a 252 MB state on the GPU, data already on the device", 1024, (4096, 4096), 512, 8,
+                        100, 20, out_features=16, device="cuda"),
+    "epochs": replace(WORKLOADS["epochs"], device="cuda"),
+}
+FSYNC_VARIANTS = ("fsm_all_fsync_never", "fsm_all_fsync_every")  # paired with fsm_all (log.fsync: commits)
 # --quick: the same shapes, fewer steps and epochs (still >= 4 epochs, so there is a steady window);
 # a run then costs little more than its process start (torch, the framework, W&B).
 QUICK = {
     "tiny": replace(WORKLOADS["tiny"], train_steps=200, val_steps=100),
     "epochs": replace(WORKLOADS["epochs"], epochs=40),
     "wide": replace(WORKLOADS["wide"], train_steps=4, val_steps=1),
+    "large": WORKLOADS["large"],
 }
 
 
@@ -112,21 +134,31 @@ def worker(framework: str, work: Workload) -> dict[str, Any]:
         __import__(module)
     import_s = time.perf_counter() - t_import
 
+    device = torch.device(work.device)
     g = torch.Generator().manual_seed(0)
     n_train, n_val = work.train_steps * work.batch, work.val_steps * work.batch
-    w = torch.randn(work.in_features, 1, generator=g)
+    w = torch.randn(work.in_features, work.out_features, generator=g)
     x = torch.randn(n_train + n_val, work.in_features, generator=g)
-    y = torch.tanh(x @ w / work.in_features**0.5) + 0.1 * torch.randn(n_train + n_val, 1, generator=g)
-    batches = [(x[i : i + work.batch], y[i : i + work.batch]) for i in range(0, n_train + n_val, work.batch)]
+    y = torch.tanh(x @ w / work.in_features**0.5) + 0.1 * torch.randn(n_train + n_val, work.out_features, generator=g)
+    batches = [(x[i : i + work.batch].to(device), y[i : i + work.batch].to(device))
+               for i in range(0, n_train + n_val, work.batch)]
     torch.manual_seed(0)
     h1, h2 = work.hidden
-    model = nn.Sequential(nn.Linear(work.in_features, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(), nn.Linear(h2, 1))
+    model = nn.Sequential(nn.Linear(work.in_features, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(),
+                          nn.Linear(h2, work.out_features)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with tempfile.TemporaryDirectory(prefix=f"bench-{framework}-") as tmp:
-        job = Job(model, optimizer, batches[: work.train_steps], batches[work.train_steps :], work.epochs, Path(tmp))
+        job = Job(model, optimizer, batches[: work.train_steps], batches[work.train_steps :], work.epochs, Path(tmp),
+                  device)
+        syncs = _SyncCounter(device, job.marks)
         t0 = time.perf_counter()
-        extra = loop(job)
+        with syncs:
+            extra = loop(job)
         t_end = time.perf_counter()
+    if framework in ("raw_all", "fsm_all"):
+        extra.update(_copy_of_the_state_ms(model, optimizer, device))
+    if device.type == "cuda":
+        extra["syncs_per_epoch"] = syncs.per_epoch()
     marks = job.marks
     if len(marks) != work.epochs:
         raise RuntimeError(f"{framework} ran {len(marks)} of {work.epochs} epochs")
@@ -147,10 +179,101 @@ def worker(framework: str, work: Workload) -> dict[str, Any]:
     }
 
 
+def _state_tensors(model: Any, optimizer: Any) -> list[Any]:
+    import torch
+
+    tensors = list(model.state_dict().values())
+    for per_param in optimizer.state_dict()["state"].values():
+        tensors += [v for v in per_param.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def _copy_of_the_state_ms(model: Any, optimizer: Any, device: Any) -> dict[str, float]:
+    """One plain copy of the checkpointed state (model and optimizer tensors), the median of 5: a clone
+    of every tensor on CPU; on CUDA a copy into pinned host memory, waited for."""
+    import torch
+
+    tensors = _state_tensors(model, optimizer)
+    times = []
+    if device.type == "cuda":
+        pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for buf, t in zip(pinned, tensors, strict=True):
+                buf.copy_(t, non_blocking=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    else:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            copies = [t.clone() for t in tensors]
+            times.append(time.perf_counter() - t0)
+            del copies
+    return {"copy_ms": 1e3 * statistics.median(times),
+            "state_mb": sum(t.numel() * t.element_size() for t in tensors) / 2**20}
+
+
+class _SyncCounter:
+    """On CUDA, the host syncs torch reports per epoch (``set_sync_debug_mode("warn")``), counted from
+    each warning's time against the epoch marks; nothing on CPU."""
+
+    def __init__(self, device: Any, marks: list[float]) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks = marks
+        self.times: list[float] = []
+        self._catch: Any = None
+
+    def __enter__(self) -> _SyncCounter:
+        if self.cuda:
+            import warnings
+
+            import torch
+
+            self._catch = warnings.catch_warnings()
+            self._catch.__enter__()
+            warnings.simplefilter("always")
+            real = warnings.showwarning
+
+            def record(message: Any, *args: Any, **kw: Any) -> None:
+                if "synchroniz" in str(message):
+                    self.times.append(time.perf_counter())
+                else:
+                    real(message, *args, **kw)
+
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.set_sync_debug_mode("default")
+            self._catch.__exit__(*exc)
+
+    def per_epoch(self) -> list[int]:
+        """Syncs in each epoch from the second on (the first sets things up)."""
+        bounds = [*self.marks[1:], math.inf]
+        return [sum(a <= t < b for t in self.times) for a, b in itertools.pairwise(bounds)]
+
+
 # --- parent: schedule, collect, report ------------------------------------------------------------
 def _available(framework: str) -> bool:
     package = PEER_PACKAGE.get(framework.removesuffix("_all"))
     return package is None or importlib.util.find_spec(package) is not None
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return str(torch.cuda.get_device_name(0))
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _pythonpath() -> str:
@@ -210,6 +333,11 @@ def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workload
             if "callback_ms" in rows[0]:
                 names = rows[0]["callback_ms"]
                 entry["callback_ms"] = {n: statistics.median(r["callback_ms"].get(n, 0.0) for r in rows) for n in names}
+            for key in ("stall_ms", "copy_ms", "state_mb"):
+                if all(key in r for r in rows):
+                    entry[key] = _median(rows, key)
+            if all("syncs_per_epoch" in r for r in rows):
+                entry["max_syncs_per_epoch"] = max(max(r["syncs_per_epoch"], default=0) for r in rows)
             table[fw] = entry
         for fw, entry in table.items():
             # Paired within a round (runs next to each other in time), then the median over rounds:
@@ -223,9 +351,16 @@ def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workload
             entry["rss_ratio"] = statistics.median(a["rss_mb"] / b["rss_mb"] for a, b in pairs)
             entry["p10_ratio"] = statistics.median(a["epoch_p10_ms"] / b["epoch_p10_ms"] for a, b in pairs)
             entry["p10_delta_ms"] = statistics.median(a["epoch_p10_ms"] - b["epoch_p10_ms"] for a, b in pairs)
+        fsync: dict[str, dict[str, float]] = {}
+        for fw in FSYNC_VARIANTS:  # the log's fsync policy, paired with fsm_all (commits) in each round
+            pairs = _pairs(results, work.name, fw, "fsm_all")
+            if pairs:
+                fsync[fw] = {"ratio": statistics.median(a["steady_s"] / b["steady_s"] for a, b in pairs),
+                             "delta_ms_epoch": statistics.median(a["epoch_ms"] - b["epoch_ms"] for a, b in pairs),
+                             "epoch_ms": statistics.median(a["epoch_ms"] for a, _ in pairs), "runs": len(pairs)}
         hashes = {fw: e["sha256"] for fw, e in table.items() if "sha256" in e}
         distinct = {h for hs in hashes.values() for h in hs}
-        out[work.name] = {"frameworks": table, "weights_match": len(distinct) <= 1, "hashes": hashes}
+        out[work.name] = {"frameworks": table, "weights_match": len(distinct) <= 1, "hashes": hashes, "fsync": fsync}
     return out
 
 
@@ -293,6 +428,32 @@ def _fmt_ratio(entry: dict[str, Any], key: str = "ratio", delta: str = "delta_ms
     return f"{entry[key]:.2f} ({entry[delta]:+.2f} ms/epoch)"
 
 
+def _stall_lines(work: Workload, s: dict[str, Any]) -> list[str]:
+    """The checkpoint's stall on the training thread beside one plain copy of the state; the log's fsync cost."""
+    from compare_loops import LOOPS
+
+    rows = [(fw, e) for fw, e in s["frameworks"].items() if "stall_ms" in e]
+    out: list[str] = []
+    if rows:
+        copy = "a copy into pinned host memory" if work.device == "cuda" else "a clone of every tensor"
+        out += ["", f"Checkpoint stall on the training thread, median per checkpoint (epochs 2 on), beside one plain "
+                f"copy of the same state ({copy}, median of 5):", "",
+                "| framework | stall ms/checkpoint | one copy of the state ms | stall / copy | state MB | "
+                "host syncs per epoch (max, epochs 2 on) |", "|---|---|---|---|---|---|"]
+        for fw, e in rows:
+            copy_ms = e.get("copy_ms")
+            ratio = f"{e['stall_ms'] / copy_ms:.2f}" if copy_ms else "-"
+            syncs = e.get("max_syncs_per_epoch", "-")
+            out.append(f"| {LOOPS[fw][1]} | {e['stall_ms']:.2f} | {copy_ms if copy_ms is None else f'{copy_ms:.2f}'} "
+                       f"| {ratio} | {e.get('state_mb', float('nan')):.1f} | {syncs} |")
+    if s.get("fsync"):
+        out += ["", "The log's fsync (`log.fsync`; fsmtrain + nine runs with `commits`, the default), paired with it "
+                "per round:", "", "| log.fsync | ratio to commits | ms/epoch difference | runs |", "|---|---|---|---|"]
+        for fw, f in s["fsync"].items():
+            out.append(f"| {fw.rsplit('_', 1)[-1]} | {f['ratio']:.3f} | {f['delta_ms_epoch']:+.2f} | {f['runs']} |")
+    return out
+
+
 def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], frameworks: Sequence[str],
            skipped: Sequence[str], meta: dict[str, Any], cli: dict[str, Any] | None) -> str:
     from compare_loops import LOOPS
@@ -306,6 +467,9 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               + (" (**the machine was shared and loaded during the measurement**: absolute figures are noisy; "
                  "ratios of interleaved runs less so)" if meta["loaded"] else ""),
               "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+              (f"- GPU: {meta['gpu']} (`--device cuda`: the workloads train on it, data already on the device)"
+               if meta.get("gpu") else "- no GPU used: CPU figures (`--device cuda` runs gpu_mlp and epochs where a "
+               "GPU exists)"),
               f"- {meta['rounds']} round(s); each run a fresh process, one torch thread, frameworks interleaved "
               "in a rotating order; figures are medians over rounds", ""]
     if meta["quick"] or meta["rounds"] < 3:
@@ -367,6 +531,7 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
                 lines += ["", f"fsmtrain + nine minus fsmtrain core: {extra:+.2f} ms/epoch, of which "
                           f"{in_callbacks:.2f} ms inside the callbacks and {extra - in_callbacks:+.2f} ms around "
                           "them (dispatch, slots, their events in the log, the step hooks' batch path)."]
+        lines += _stall_lines(w, s)
         lines.append("")
     if cli is not None:
         lines += ["## Start-up of the tools", "",
@@ -424,6 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--output", type=Path, default=HERE / "RESULTS.md",
                     help="markdown report (default benchmarks/RESULTS.md)")
     ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the gpu_mlp and epochs workloads on the GPU (needs one)")
     args = ap.parse_args(argv)
 
     if args.worker:
@@ -433,12 +600,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("RESULT " + json.dumps(result))
         return 0
 
-    catalog = QUICK if args.quick else WORKLOADS
+    if args.device == "cuda" and not _has_cuda():
+        print("compare.py --device cuda: no CUDA device on this machine (torch.cuda.is_available() is False); "
+              "nothing was run. The CPU figures (python benchmarks/compare.py) stand alone.", file=sys.stderr)
+        return 2
+    catalog = GPU_WORKLOADS if args.device == "cuda" else QUICK if args.quick else WORKLOADS
     rounds = args.rounds or (1 if args.quick else 5)
     cli_runs = args.cli_runs if args.cli_runs is not None else (3 if args.quick else 5)
     unknown = [f for f in args.frameworks.split(",") if f not in FRAMEWORKS]
-    names = (args.workloads or ("tiny,epochs" if args.quick else ",".join(WORKLOADS))).split(",")
-    unknown += [w for w in names if w not in WORKLOADS]
+    default = ",".join(GPU_WORKLOADS) if args.device == "cuda" else "tiny,epochs" if args.quick else ",".join(WORKLOADS)
+    names = (args.workloads or default).split(",")
+    unknown += [w for w in names if w not in catalog]
     if unknown:
         ap.error(f"unknown framework or workload: {', '.join(unknown)}")
     wanted = [f for f in FRAMEWORKS if f in args.frameworks.split(",")]
@@ -455,6 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in range(rounds):
         for work in workloads:
             order = frameworks[r % len(frameworks):] + frameworks[: r % len(frameworks)]  # rotate who goes first
+            if work.name == "epochs" and "fsm_all" in order and args.device == "cpu":
+                order += list(FSYNC_VARIANTS)  # the log's fsync cost, next to fsm_all in the same round
             for fw in order:
                 res = {**_run_worker(fw, work, args.timeout), "round": r}
                 results.append(res)
@@ -472,7 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_after": " ".join(f"{x:.2f}" for x in load_after),
         # others' load before we start, or more than our own one busy core at the end
         "loaded": load_before[0] > 0.25 * cores or load_after[0] > 0.25 * cores + 1,
-        "rounds": rounds, "cli_runs": cli_runs, "quick": args.quick,
+        "rounds": rounds, "cli_runs": cli_runs, "quick": args.quick, "device": args.device,
+        "gpu": _gpu_name() if args.device == "cuda" else None,
         "torch_import_s": statistics.median(torch_imports) if torch_imports else float("nan"),
     }
     sys.path.insert(0, str(HERE))

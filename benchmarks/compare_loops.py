@@ -22,6 +22,7 @@ equivalent and are not reproduced by hand: they are fsmtrain-only work inside ``
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class Job:
     val: list[Batch]
     epochs: int
     scratch: Path
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     marks: list[float] = field(default_factory=list)
 
     @property
@@ -68,11 +70,11 @@ def _trial() -> Any:
 def _raw_epochs(job: Job, per_epoch: Callable[[int, float, float, torch.Tensor], bool] | None) -> None:
     model, opt, loss_fn = job.model, job.optimizer, nn.MSELoss()
     params = [p for p in model.parameters() if p.requires_grad]
-    gmax = torch.zeros(())
+    gmax = torch.zeros((), device=job.device)
     for epoch in range(job.epochs):
         job.marks.append(time.perf_counter())
         model.train()
-        total = torch.zeros(())
+        total = torch.zeros((), device=job.device)
         seen = 0
         gmax.fill_(-1.0)
         for x, y in job.train:
@@ -86,7 +88,7 @@ def _raw_epochs(job: Job, per_epoch: Callable[[int, float, float, torch.Tensor],
             opt.zero_grad(set_to_none=True)
         train_loss = (total / seen).item()
         model.eval()
-        vsum = torch.zeros(())
+        vsum = torch.zeros((), device=job.device)
         vseen = 0
         with torch.inference_mode():
             for x, y in job.val:
@@ -110,6 +112,7 @@ def raw_all(job: Job) -> dict[str, Any]:
     best = math.inf
     bad = 0
     ckpt = job.scratch / "latest.pt"
+    saves: list[float] = []  # the training thread's stall per checkpoint: the whole synchronous save
 
     def per_epoch(epoch: int, train_loss: float, val_loss: float, gmax: torch.Tensor) -> bool:
         nonlocal best, bad
@@ -125,18 +128,20 @@ def raw_all(job: Job) -> dict[str, Any]:
             bad += 1
         run.log({"train_loss": train_loss, "val_loss": val_loss, "lr": job.optimizer.param_groups[0]["lr"],
                  "max_grad_norm": max_grad_norm}, step=epoch)
+        t0 = time.perf_counter()
         torch.save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}, ckpt)
+        saves.append(time.perf_counter() - t0)
         return bad >= job.patience
 
     try:
         _raw_epochs(job, per_epoch)
     finally:
         run.finish()
-    return {}
+    return {"stall_ms": 1e3 * statistics.median(saves[1:] or saves)}
 
 
 # --- fsmtrain -------------------------------------------------------------------------------------
-def _fsm(job: Job, callbacks: list[Any], run_dir: Path) -> Any:
+def _fsm(job: Job, callbacks: list[Any], run_dir: Path, log_fsync: str = "commits") -> Any:
     from pipeline import Trainer, TrainingCallback
 
     class Mark(TrainingCallback):
@@ -146,7 +151,8 @@ def _fsm(job: Job, callbacks: list[Any], run_dir: Path) -> Any:
             job.marks.append(time.perf_counter())
 
     trainer = Trainer(job.model, job.optimizer, nn.MSELoss(), job.train, job.val, max_epochs=job.epochs,
-                      callbacks=[Mark(), *callbacks], run_dir=run_dir, console_level="error", default_callbacks=False)
+                      callbacks=[Mark(), *callbacks], run_dir=run_dir, console_level="error", default_callbacks=False,
+                      device=job.device, log_fsync=log_fsync)
     return trainer.fit()
 
 
@@ -174,11 +180,11 @@ def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
     return callbacks
 
 
-def fsm_all(job: Job) -> dict[str, Any]:
+def fsm_all(job: Job, log_fsync: str = "commits") -> dict[str, Any]:
     from pipeline.core.events import read_events
 
     run_dir = job.scratch / "run"
-    _fsm(job, nine_builtins(job, run_dir), run_dir)
+    _fsm(job, nine_builtins(job, run_dir), run_dir, log_fsync)
     per_callback: dict[str, list[float]] = {}
     epoch_seconds: list[float] = []
     for event in read_events(run_dir / "events.jsonl"):
@@ -188,7 +194,17 @@ def fsm_all(job: Job) -> dict[str, Any]:
             for name, seconds in payload.get("callback_seconds", {}).items():
                 per_callback.setdefault(name, []).append(seconds)
     per_callback.pop("Mark", None)
-    return {"callback_ms": {k: 1e3 * sum(v[1:]) / max(1, len(v) - 1) for k, v in per_callback.items()}}
+    stall = per_callback.get("CheckpointCallback", [0.0])  # the checkpoint's time on the training thread
+    return {"callback_ms": {k: 1e3 * sum(v[1:]) / max(1, len(v) - 1) for k, v in per_callback.items()},
+            "stall_ms": 1e3 * statistics.median(stall[1:] or stall)}
+
+
+def fsm_all_fsync_never(job: Job) -> dict[str, Any]:
+    return fsm_all(job, "never")
+
+
+def fsm_all_fsync_every(job: Job) -> dict[str, Any]:
+    return fsm_all(job, "every")
 
 
 # --- Ignite ---------------------------------------------------------------------------------------
@@ -197,8 +213,8 @@ def _ignite(job: Job, full: bool) -> None:
     from ignite.metrics import Average, Loss
 
     loss_fn = nn.MSELoss()
-    trainer = create_supervised_trainer(job.model, job.optimizer, loss_fn)
-    evaluator = create_supervised_evaluator(job.model, metrics={"loss": Loss(loss_fn)})
+    trainer = create_supervised_trainer(job.model, job.optimizer, loss_fn, device=job.device)
+    evaluator = create_supervised_evaluator(job.model, metrics={"loss": Loss(loss_fn)}, device=job.device)
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda _: job.marks.append(time.perf_counter()))
     Average(output_transform=lambda out: out).attach(trainer, "train_loss")
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: evaluator.run(job.val))
@@ -213,7 +229,7 @@ def _ignite_equivalents(job: Job, trainer: Any, evaluator: Any) -> None:
     from ignite.handlers.wandb_logger import WandBLogger
 
     params = [p for p in job.model.parameters() if p.requires_grad]
-    gmax = torch.zeros(())
+    gmax = torch.zeros((), device=job.device)
     trial = _trial()
     wandb_logger = WandBLogger(project="bench", mode="offline", dir=str(job.scratch))
 
@@ -317,9 +333,9 @@ def _lightning(job: Job, full: bool) -> None:
 
         logger = WandbLogger(project="bench", offline=True, save_dir=str(job.scratch))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=job.epochs, logger=logger, callbacks=callbacks,
-        enable_checkpointing=full, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        default_root_dir=str(job.scratch), log_every_n_steps=len(job.train),
+        accelerator="gpu" if job.device.type == "cuda" else "cpu", devices=1, max_epochs=job.epochs, logger=logger,
+        callbacks=callbacks, enable_checkpointing=full, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, default_root_dir=str(job.scratch), log_every_n_steps=len(job.train),
     )
     trainer.fit(Module(), train_dataloaders=_Batches(job.train), val_dataloaders=_Batches(job.val))
 
@@ -333,7 +349,7 @@ def _lightning_equivalents(job: Job) -> list[Any]:
     class GradNorm(pl.Callback):
         def __init__(self) -> None:
             self.params = [p for p in job.model.parameters() if p.requires_grad]
-            self.gmax = torch.zeros(())
+            self.gmax = torch.zeros((), device=job.device)
 
         def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             self.gmax.fill_(-1.0)
@@ -375,6 +391,11 @@ LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] =
     "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
     "fsm": (fsm, "fsmtrain core, no callbacks", ("pipeline.app.trainer",)),
     "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+    # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
+    "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never",
+                            ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+    "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every",
+                            ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
     "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),
     "ignite_all": (ignite_all, "Ignite + equivalents",
                    ("ignite.engine", "ignite.metrics", "ignite.handlers", "ignite.handlers.wandb_logger", "wandb",

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import EpochContext, RunContext
+from pipeline.core.context import CheckpointContext, EpochContext, RunContext
+from pipeline.core.events import EVENTS_FILE, committed_checkpoints
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
 from pipeline.core.stop import StopReason
 from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
@@ -38,14 +39,17 @@ def _shown_in(folder: str, name: str, run: RunContext) -> str:
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`. The state is captured
-    there; with ``background=True`` (the default) its bytes are written on a writer thread while the
-    next epoch trains, and the writer logs them the moment they are durable: a ``checkpoint`` event
-    per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file stores) and
-    a ``checkpoint_removed`` event per file removed. The next epoch's end and ``train_end`` wait for
-    a write still in flight. ``background=False`` writes and logs the same files before the epoch
-    ends. A failed write is raised at the next phase boundary (an epoch's or validation's start, the
-    next epoch's end, or ``train_end``).
+    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`. The state is staged
+    there (copied into reused host buffers); with ``background=True`` (the default) a writer thread
+    writes it while the next epoch trains, and logs it the moment it is durable: a ``checkpoint``
+    event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
+    stores) and a ``checkpoint_removed`` event per file removed. The training thread never waits
+    for the disk: with a write in flight and a newer state staged behind it, a state still waiting
+    is dropped for the newest (a ``best`` one only for a newer best) and the log says so
+    (``checkpoint_skipped``: the epoch, and why). ``train_end`` waits for what is pending.
+    ``background=False`` writes and logs the same files before the epoch ends. A failed write is
+    raised at the next phase boundary (an epoch's or validation's start, the next epoch's end, or
+    ``train_end``). The policy is logged at ``train_begin`` (``checkpoint_settings``).
     In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
 
     priority = 95
@@ -67,12 +71,23 @@ class CheckpointCallback(TrainingCallback):
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
         self.saved: list[SavedCheckpoint] = []
+        self._log: _RunLog | None = None
+
+    def on_train_begin(self, run: RunContext) -> None:
+        if run.dry_run:
+            return
+        settings = self.manager.settings()
+        run_dir = None if run.run_dir is None else str(run.run_dir)
+        settings["directory"] = _shown_dir(str(self.manager.directory), run_dir)
+        run.emit("checkpoint_settings", source=self.name, settings=settings)
+        self._log = _RunLog(run, self.saved)
+        self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
-        self.manager.pending.raise_failure()
+        self.manager.writer.raise_failure()
 
     def on_val_begin(self, epoch: EpochContext) -> None:
-        self.manager.pending.raise_failure()
+        self.manager.writer.raise_failure()
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
@@ -89,32 +104,62 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=_shown_in(folder, self.manager.name_for(kind, epoch.index), run),
                            epoch=epoch.index, kind=kind)
             return
-        self.manager.collect()  # the previous write is committed before this state pins the log
-        plan = self.manager.plan(run, epoch.index, epoch.metrics, final, healthy)
-        if plan is not None:
-            self.manager.submit(plan, lambda written: self._log(run, written))
+        self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
+
+    def on_load_checkpoint(self, ckpt: CheckpointContext) -> None:
+        """A resumed run: the files on disk are the ones its log commits."""
+        run_dir = ckpt.run.run_dir
+        if run_dir is not None and (Path(run_dir) / EVENTS_FILE).is_file():
+            self.manager.adopt(committed_checkpoints(Path(run_dir) / EVENTS_FILE), Path(run_dir))
 
     def on_train_end(self, run: RunContext) -> None:
         if run.dry_run:
             return
         try:
-            self.manager.collect()
+            self.manager.drain()
         finally:
-            self.manager.pending.close()
-        for path in self.manager.finish():
-            run.emit("checkpoint_removed", path=_shown(path, run))
+            self.manager.close()
+        if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
+            self.manager.finish(self._log)
 
-    def _log(self, run: RunContext, written: Written) -> None:
-        """Commit what a write made durable (on the writer thread, for a background write)."""
-        for ck in written.saved:
-            run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                            chain_head=written.chain_head)
-        for path in written.removed:
-            run.emit_beside("checkpoint_removed", path=_shown(path, run))
-        self.saved.extend(written.saved)
+    def _sink(self) -> _RunLog:
+        if self._log is None:
+            raise RuntimeError("CheckpointCallback: on_train_begin has not run for this run")
+        return self._log
 
     def state_dict(self) -> dict[str, Any]:
         return self.manager.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.manager.load_state_dict(state)
+
+
+class _RunLog:
+    """What the store did, in the run's log: from the writer thread beside the training thread
+    (``beside``), or from the training thread itself."""
+
+    def __init__(self, run: RunContext, saved: list[SavedCheckpoint]) -> None:
+        self.run = run
+        self.saved = saved
+        self.skips = 0
+
+    def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
+        (self.run.emit_beside if beside else self.run.emit)(event, level=level, **payload)
+
+    def committed(self, written: Written) -> None:
+        run = self.run
+        for ck in written.saved:
+            run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                            chain_head=written.chain_head)
+        self.saved.extend(written.saved)
+
+    def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
+        for path in paths:
+            self._emit(beside, "checkpoint_removed", path=_shown(path, self.run))
+
+    def skipped(self, epoch: int, why: str, beside: bool) -> None:
+        # The first on the console too; a disk that stays slow would repeat it every epoch.
+        self.skips += 1
+        first = self.skips == 1
+        self._emit(beside, "checkpoint_skipped", level="warning" if first else "info", epoch=epoch, reason=why,
+                   **({"note": "later skips are in events.jsonl only"} if first else {}))

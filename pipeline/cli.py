@@ -16,6 +16,7 @@ import importlib
 import io
 import math
 import os
+import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -218,7 +219,7 @@ def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_run_config
     from pipeline.app.job import train_seed
-    from pipeline.training.resume import ResumeError, recorded_start
+    from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -227,7 +228,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.device:
         overrides.append(f"device={args.device}")
     cfg = load_run_config(run_dir, overrides)  # with the folders the run's own modules came from
-    recorded = recorded_start(run_dir)
+    try:
+        recorded = recorded_start(run_dir)
+    except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
+        recorded = RecordedStart(_seed_of_unstarted(cfg, run_dir), 1)
     world = recorded.world_size
     code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
     if code is not None:
@@ -248,6 +252,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return int(code)
     finally:
         _leave_ranks(collective)
+
+
+def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
+    """The seed of a run dir whose log never got its run_start: the config's only seed, or the
+    ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
+    from pipeline.training.resume import ResumeError
+
+    if len(cfg.seeds) == 1:
+        return cfg.seeds[0]
+    m = re.search(r"-seed(-?\d+)(?:-\d+)?$", run_dir.name)
+    if m is not None and int(m.group(1)) in cfg.seeds:
+        return int(m.group(1))
+    raise ResumeError(f"{run_dir}: its log never recorded the run's seed, and neither its config.yaml (seeds "
+                      f"{cfg.seeds}) nor its folder name tells which one it ran; train it again with "
+                      "`fsmtrain train CONFIG --resume`")
 
 
 # --- validate / preflight --------------------------------------------------------------------

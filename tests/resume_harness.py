@@ -123,10 +123,8 @@ def run_with_kills(config: Path, cwd: Path, run_dir: Path, kills: list[Kill], *o
         if _committed(run_dir):
             proc = fsmtrain("resume", str(run_dir), *sets, cwd=cwd)
             continue
-        # Killed before the run committed a checkpoint: nothing to resume from, so start again, as
-        # `fsmtrain resume` then says; the killed attempt's folder stays beside the new one.
-        if run_dir.exists():
-            run_dir.rename(run_dir.with_name(f"{run_dir.name}.killed-{report.processes}"))
+        # Killed before the run committed a checkpoint: `train --resume` starts it over in its own
+        # folder (a `restart` in its log), or starts it when the kill came before its log did.
         proc = fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
 
 

@@ -82,3 +82,15 @@ def test_distributed_benchmark_smoke_run() -> None:
     assert [r[0] for r in rows] == ["1 process, 1 thread", "2 processes, 1 thread each"]
     assert all(int(r[1].replace(",", "")) > 0 for r in rows)
     assert re.search(r"guard agreement \(2 ranks, gloo\): \d+ us per agreement", proc.stdout)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: --device cuda would run in full")
+@pytest.mark.timeout(120)
+def test_compare_on_cuda_without_a_gpu_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = tmp_path / "RESULTS.md"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "compare.py"), "--device", "cuda",
+                           "--output", str(out)], env=env, capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "no CUDA device on this machine" in proc.stderr and "nothing was run" in proc.stderr
+    assert not out.exists()

@@ -141,8 +141,8 @@ def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
 # (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
 # must be what the checkpoint was trained with, or the result is not a continuation.
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
-    {"epochs", "device", "log_level", "wandb", "num_threads", "seeds", "name", "optimize", "distributed", "compile",
-     "tensorboard"})
+    {"epochs", "device", "log_level", "log", "wandb", "num_threads", "seeds", "name", "optimize", "distributed",
+     "compile", "tensorboard"})
 
 
 def config_fingerprint(resolved: dict[str, Any], seed: int) -> str:
@@ -242,7 +242,7 @@ def train_seed(
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
                     RECORDED_FOLDERS: user_folders(cfg), **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
-            compile=cfg.compile,
+            compile=cfg.compile, log_fsync=cfg.log.fsync,
         )
     except BaseException:
         if isinstance(claim, RunDirClaim):

@@ -19,7 +19,7 @@ from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine
-from pipeline.core.events import EventLog
+from pipeline.core.events import FSYNC_POLICIES, EventLog
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
@@ -32,7 +32,14 @@ from pipeline.training.distributed import (
 )
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
 from pipeline.training.precision import PrecisionPolicy
-from pipeline.training.resume import Resumption, check_log_key, find_resumption
+from pipeline.training.resume import (
+    NothingCommitted,
+    Restart,
+    Resumption,
+    check_log_key,
+    find_resumption,
+    prepare_restart,
+)
 from pipeline.training.signals import signals_set_flag
 
 __all__ = ["TrainResult", "Trainer"]
@@ -47,7 +54,11 @@ class Trainer:
     memory (``trainer.events.records``). ``resume_from="latest"`` (or a checkpoint path) continues
     the run in ``run_dir`` from its newest committed checkpoint: model, optimizer, scheduler,
     callback states, RNG states, data order and position are restored, and the log continues (and
-    its hash chain). ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256.
+    its hash chain). A run whose log committed no checkpoint is started over in place from epoch 0
+    instead (``resume_from="latest"``; its log records a ``restart``: ``trainer.restart``).
+    ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256. ``log_fsync``:
+    ``"commits"`` (fsync the log after each checkpoint commit and the result), ``"every"`` line,
+    or ``"never"``.
 
     ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
     :mod:`pipeline.app.defaults`): the console line or progress bar, the watching built-ins and,
@@ -88,6 +99,7 @@ class Trainer:
         default_callbacks: bool = True,
         precision: str = "32",
         compile: bool = False,
+        log_fsync: str = "commits",
     ) -> None:
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
             raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
@@ -102,6 +114,8 @@ class Trainer:
                 raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
         if resume_from is not None and run_dir is None:
             raise ValueError("resume_from needs the run_dir of the run to continue")
+        if log_fsync not in FSYNC_POLICIES:  # before the run dir is claimed
+            raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
         self.precision = PrecisionPolicy(precision, torch.device(device))
         self.default_callbacks = default_callbacks
         if default_callbacks:
@@ -118,18 +132,23 @@ class Trainer:
         self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
+        self.restart: Restart | None = None
         self.run_dir = self._claim(run_dir, resume_from is not None)
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
             try:
                 check_log_key(self.run_dir, key)
-                self.resumption = self._find_resumption(self.run_dir, resume_from)
+                found = self._find_resumption(self.run_dir, resume_from)
             except BaseException:
                 self.close()
                 raise
-            start_seq = self.resumption.tail.next_seq
-            run_id = self.resumption.tail.run_id or run_id
+            if isinstance(found, Restart):
+                self.restart = found
+            else:
+                self.resumption = found
+            start_seq = found.tail.next_seq
+            run_id = found.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
             self.run_dir / log_name_for_rank(rank) if self.run_dir is not None else None,
@@ -141,6 +160,7 @@ class Trainer:
             start_seq=start_seq,
             config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
             key=key,
+            fsync=log_fsync,
         )
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
@@ -167,8 +187,10 @@ class Trainer:
         self.run.scaler = self.precision.scaler
         if self.resumption is not None:
             self.resumption.prepare(self.run)
-        self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
-                             restore=None if self.resumption is None else self.resumption.restore,
+        restore = self.resumption.restore if self.resumption is not None else None
+        if self.restart is not None:
+            restore = self.restart.restore
+        self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
@@ -184,20 +206,29 @@ class Trainer:
             return claim()
         return self.collective.share(claim)
 
-    def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption:
-        """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one."""
-        if self.collective is None:
-            return find_resumption(run_dir, which)
-        found: list[Resumption] = []
+    def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption | Restart:
+        """Rank 0 chooses the checkpoint (and cleans up), or to start over when the log committed
+        none; every other rank does the same."""
+        found: list[Resumption | Restart] = []
 
         def choose() -> str:
-            found.append(find_resumption(run_dir, which))
-            return str(found[0].path)
+            try:
+                found.append(find_resumption(run_dir, which))
+            except NothingCommitted:
+                if which != "latest":
+                    raise
+                found.append(prepare_restart(run_dir))
+            chosen = found[0]
+            return "" if isinstance(chosen, Restart) else str(chosen.path)
 
-        chosen = self.collective.share(choose)
+        if self.collective is None:
+            choose()
+            return found[0]
+        picked = self.collective.share(choose)
         if found:
             return found[0]
-        return find_resumption(run_dir, chosen, own_log=log_name_for_rank(self.collective.rank))
+        own = log_name_for_rank(self.collective.rank)
+        return prepare_restart(run_dir, own_log=own) if picked == "" else find_resumption(run_dir, picked, own_log=own)
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:

@@ -17,6 +17,14 @@ appended to (a resumed run) continues the chain from its last line. ``run_start`
 ``chain`` entry in their payload: the scheme (``sha256`` or ``hmac-sha256``) and the key id.
 :attr:`EventLog.head` is the digest the next line will carry (checkpoints pin it). Records kept
 only in memory are not chained (``prev`` and ``seal`` are null).
+
+Durability (``fsync``): every line is flushed; ``"commits"`` (the default) also fsyncs the file
+after each ``checkpoint`` line and after ``result``, so a checkpoint that is on disk never loses
+the line that commits it; ``"every"`` fsyncs every line, ``"never"`` none.
+
+The log also says which checkpoint files a run committed: :func:`committed_checkpoints` reads
+``checkpoint``, ``checkpoint_removed`` and ``checkpoint_damaged`` lines (the store and resume ask
+it; neither parses the log itself).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import dataclasses
 import json
 import json.encoder
 import math
+import os
 import sys
 import threading
 import time
@@ -43,6 +52,11 @@ EVENT_KEYS: tuple[str, ...] = (
     "prev", "seal",
 )
 EVENTS_FILE = "events.jsonl"
+# Events whose ``message`` is all the console shows of them (a person reads it; the log keeps the rest).
+_MESSAGE_ON_CONSOLE: frozenset[str] = frozenset({"checkpoint_damaged", "restart"})
+FSYNC_POLICIES: tuple[str, ...] = ("commits", "every", "never")
+# The lines "commits" makes durable: a checkpoint's commit, and the run's last word.
+DURABLE_EVENTS: frozenset[str] = frozenset({"checkpoint", "result"})
 
 
 def jsonable(value: Any) -> Any:
@@ -123,10 +137,14 @@ class EventLog:
         start_seq: int = 0,
         config: Any = None,
         key: bytes | None = None,
+        fsync: str = "commits",
     ) -> None:
         for name, lvl in (("level", level), ("console_level", console_level)):
             if lvl not in LEVELS:
                 raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
+        self.fsync = fsync
         self.run_id = run_id
         self.path = Path(path) if path is not None else None
         self.level = LEVELS[level]
@@ -197,16 +215,29 @@ class EventLog:
         with self._lock:
             if at_last_line:
                 phase, epoch, global_step = self._position
-            self._emit(event, level, phase, epoch, global_step, payload, transition)
+            written = self._emit(event, level, phase, epoch, global_step, payload, transition)
+        if written and (self.fsync == "every" or (self.fsync == "commits" and event in DURABLE_EVENTS)):
+            self.sync()  # outside the lock: a line from the other thread never waits for the disk
+
+    def sync(self) -> None:
+        """Make every line written so far durable (fsync). A closed log has nothing left to sync."""
+        file = self._file
+        if file is None:
+            return
+        try:
+            os.fsync(file.fileno())
+        except ValueError:  # closed by the other thread meanwhile: close() flushed it
+            return
 
     def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
-              payload: Mapping[str, Any] | None, transition: Mapping[str, Any]) -> None:
+              payload: Mapping[str, Any] | None, transition: Mapping[str, Any]) -> bool:
+        """Returns whether a line went to the file."""
         lvl = LEVELS[level]
         chained = self._file is not None
         to_file = lvl >= self.level and (chained or self.records is not None)
         to_console = self._console is not None and lvl >= self.console_level
         if not (to_file or to_console):
-            return
+            return False
         self._position = (phase, epoch, global_step)
         now = time.time()
         if now < self._last_ts:
@@ -240,6 +271,7 @@ class EventLog:
                 self._seq += 1
         if to_console:
             getattr(self._console, level)(event, record=record)
+        return to_file and chained
 
     def _write(self, record: dict[str, Any]) -> None:
         """One line: encoded once, sealed and hashed, written, then at once counted (seq) and made
@@ -270,7 +302,11 @@ class EventLog:
         if r["event"] == "transition":
             out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
         out["epoch"] = r["epoch"]
-        out.update(r["payload"])
+        payload = r["payload"]
+        if r["event"] in _MESSAGE_ON_CONSOLE and "message" in payload:
+            out["message"] = payload["message"]  # it says it all; the details stay in events.jsonl
+            return out
+        out.update(payload)
         if "traceback" in out:  # the full traceback stays in events.jsonl; the console gets one line
             del out["traceback"]
             out["traceback_in"] = EVENTS_FILE
@@ -319,4 +355,87 @@ def first_run_start(path: Path | str) -> dict[str, Any] | None:
             if isinstance(rec, dict) and rec.get("event") == "run_start":
                 payload = rec.get("payload")
                 return payload if isinstance(payload, dict) else {}
+    return None
+
+
+# --- the checkpoint files a log committed ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CommittedFile:
+    """A checkpoint file as the log last committed it."""
+
+    path: str  # as the log shows it: relative to the run directory, or absolute
+    sha256: str
+    epoch: int | None
+    kind: str | None  # "periodic", "epoch", "latest", "best"
+    seq: int | None  # the committing line's seq
+
+
+class CheckpointLedger:
+    """The checkpoint files a log committed and still stands by, fed one parsed line at a time
+    (:meth:`feed`): a ``checkpoint`` line commits a path (a later one replaces it), a
+    ``checkpoint_removed`` line withdraws it, and a ``checkpoint_damaged`` line withdraws every path
+    it moved to ``damaged/``."""
+
+    def __init__(self) -> None:
+        self.order: list[CommittedFile] = []  # every commit, in log order
+        self.last: dict[str, CommittedFile] = {}  # path -> its last commit, withdrawn or not
+        self.live: dict[str, CommittedFile] = {}  # path -> its last commit, while it stands
+
+    def feed(self, rec: Mapping[str, Any]) -> None:
+        event = rec.get("event")
+        if event not in ("checkpoint", "checkpoint_removed", "checkpoint_damaged"):
+            return
+        payload = rec.get("payload")
+        if not isinstance(payload, dict):
+            return
+        if event == "checkpoint_damaged":
+            for path in payload.get("paths") or ():
+                if isinstance(path, str):
+                    self.live.pop(path, None)
+            return
+        path = payload.get("path")
+        if not isinstance(path, str):
+            return
+        if event == "checkpoint_removed":
+            self.live.pop(path, None)
+            return
+        epoch, kind, seq = payload.get("epoch"), payload.get("kind"), rec.get("seq")
+        done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
+                             kind if isinstance(kind, str) else None, seq if type(seq) is int else None)
+        self.order.append(done)
+        self.last[path] = done
+        self.live[path] = done
+
+
+def read_ledger(path: Path | str) -> CheckpointLedger:
+    """The :class:`CheckpointLedger` of the log at ``path`` (unreadable lines, a killed process's
+    torn last line among them, are skipped: the audit is what reports them)."""
+    ledger = CheckpointLedger()
+    with open(path, "rb") as fh:
+        for line in fh:
+            if b'"checkpoint' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                ledger.feed(rec)
+    return ledger
+
+
+def committed_checkpoints(path: Path | str) -> dict[str, CommittedFile]:
+    """The checkpoint files the log at ``path`` committed and has not removed or quarantined since,
+    by the path the log shows."""
+    return read_ledger(path).live
+
+
+def committed_sha256(log: Path | str, target: Path | str) -> str | None:
+    """The sha256 the log at ``log`` last committed for the checkpoint file ``target`` (the log's
+    paths are relative to the log's folder, or absolute); None when it never committed that file."""
+    log = Path(log)
+    wanted = os.path.abspath(target)
+    for shown, done in read_ledger(log).last.items():
+        if os.path.abspath(os.path.join(log.parent, shown)) == wanted:
+            return done.sha256
     return None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_link", "atomic_write_bytes", "fsync_dir"]
+__all__ = ["atomic_copy", "atomic_link", "atomic_write_bytes", "fsync_dir"]
 
 
 def fsync_dir(directory: Path) -> None:
@@ -46,16 +47,33 @@ def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True) -> Non
         fsync_dir(path.parent)
 
 
-def atomic_link(source: Path, path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Make ``path`` another name of ``source`` (whose bytes are ``data``), atomically: a hard link
-    under a temp name renamed over ``path``; a copy where the file system has no hard links."""
+def atomic_copy(source: Path, path: Path, *, sync_dir: bool = True) -> None:
+    """Copy ``source`` to ``path`` so a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh, open(source, "rb") as src:
+            shutil.copyfileobj(src, fh, 1 << 20)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
+    """Make ``path`` another name of ``source``, atomically: a hard link under a temp name renamed
+    over ``path``; a copy where the file system has no hard links."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.link.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     try:
         os.link(source, tmp)
     except OSError:
-        atomic_write_bytes(path, data, sync_dir=sync_dir)
+        atomic_copy(source, path, sync_dir=sync_dir)
         return
     try:
         os.replace(tmp, path)

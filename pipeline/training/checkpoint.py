@@ -1,4 +1,5 @@
-"""The checkpoint store: what a checkpoint holds, how it is written safely and read back.
+"""The checkpoint store: what a checkpoint holds, which files an epoch gets, and how they reach the
+disk without holding training up.
 
 A checkpoint is one ``torch.save`` of a plain dict that ``torch.load(weights_only=True)`` accepts:
 tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
@@ -8,37 +9,42 @@ state, every stateful callback's ``state_dict`` (keyed by callback name), whatev
 
 Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
 ``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
-Every write is atomic (:mod:`pipeline.training.atomic`); a file exists for the audit and for resume
-only once the log has committed it (see :class:`CheckpointManager`), and loads check the bytes
-against the committed sha256. The write may run on a background thread
-(:mod:`pipeline.training.checkpoint_writer`).
+A file exists for the audit and for resume only once the log has committed it (see
+:class:`CheckpointManager`); one file is :mod:`pipeline.training.checkpoint_files`' business
+(written hashed and atomically, loaded against its committed sha256). On the training thread an
+epoch's state is only staged (:mod:`pipeline.training.staging`); the writer thread
+(:mod:`pipeline.training.checkpoint_writer`) does the rest.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
-import os
-import pickle
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import torch
-
-from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
-from pipeline.core.events import EVENTS_FILE
-from pipeline.training.atomic import atomic_link, atomic_write_bytes, fsync_dir
-from pipeline.training.checkpoint_writer import PendingWrite
+from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
+from pipeline.training.atomic import atomic_link, fsync_dir
+from pipeline.training.checkpoint_files import (
+    FORMAT_VERSION,
+    CheckpointError,
+    SavedCheckpoint,
+    committed_sha256,
+    load_checkpoint,
+    save_state,
+    sha256_of,
+)
+from pipeline.training.checkpoint_folder import CheckpointFolder
+from pipeline.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
 from pipeline.training.rng import capture_rng_state
+from pipeline.training.staging import BufferSet, Staged, stage
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
+    "CheckpointLog",
     "CheckpointManager",
     "HistoryText",
     "SavedCheckpoint",
@@ -49,30 +55,6 @@ __all__ = [
     "read_history",
     "sha256_of",
 ]
-
-FORMAT_VERSION = 1
-KINDS = ("periodic", "best", "latest")
-_PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt or not an fsmtrain checkpoint."""
-
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    path: Path
-    sha256: str
-    epoch: int
-    kind: str
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _callback_states(run: RunContext) -> dict[str, Any]:
@@ -122,15 +104,18 @@ def read_history(value: Any) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class WritePlan:
-    """One epoch's checkpoint, decided and serialised on the training thread: what
+    """One epoch's checkpoint, decided and staged on the training thread: what
     :meth:`CheckpointManager.write` puts on disk, on whichever thread runs it."""
 
     epoch: int
     periodic: bool
     roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
-    data: bytes  # the state, serialised once for every role
+    staged: Staged  # the state, in host buffers no one else writes while it is pending
     chain_head: str | None  # the log's head the state stores
-    remove: tuple[Path, ...]  # files the newest committed checkpoint made redundant
+
+    @property
+    def best(self) -> bool:
+        return "best" in self.roles
 
 
 @dataclass(frozen=True)
@@ -138,30 +123,39 @@ class Written:
     """What one write left on disk, durable, for the log to commit."""
 
     saved: tuple[SavedCheckpoint, ...]
-    removed: tuple[Path, ...]
     chain_head: str | None  # the log's head the files store
 
 
-class CheckpointManager:
+class CheckpointLog(Protocol):
+    """Where the store reports what it did (the callback logs it)."""
+
+    def committed(self, written: Written) -> None: ...  # on the writer thread, once durable
+
+    def removed(self, paths: tuple[Path, ...], beside: bool) -> None: ...  # before the files go
+
+    def skipped(self, epoch: int, why: str, beside: bool) -> None: ...  # a state that is never written
+
+
+class CheckpointManager(CheckpointFolder):
     """Decides which checkpoints an epoch gets, and writes them so that a kill at any moment leaves a
-    committed checkpoint that loads.
+    committed checkpoint that loads, while training goes on.
 
-    Policy (:meth:`plan`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``, ``best``
-    when the monitored value strictly improves (``mode`` "min" or "max") on a healthy epoch, and
-    ``latest`` at every epoch end (``save_latest``; else with each periodic file and on the run's last
-    epoch). ``keep_last_k=0`` keeps every periodic file.
+    Policy (:meth:`kinds_for`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
+    ``best`` when the monitored value strictly improves (``mode`` "min" or "max") on a healthy
+    epoch, and ``latest`` at every epoch end (``save_latest``; else with each periodic file and on
+    the run's last epoch). ``keep_last_k=0`` keeps every periodic file.
 
-    Protocol: :meth:`plan` captures the state and serialises it once, on the training thread.
-    :meth:`write` (run by :meth:`submit`, on the writer thread when ``background``) writes those
-    bytes once, atomically, as ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link,
-    or a copy where links are not possible, swapped in atomically), removes the files the newest
-    *committed* checkpoint made redundant, and fsyncs the folder once. The ``commit`` given to
-    :meth:`submit` then logs the result (:class:`Written`) as soon as it is durable: from that moment
-    the files exist for the audit and for resume. The newest committed epoch's own file stays on disk
-    until a newer one is committed, so while a write rewrites ``latest.pt`` a kill still leaves that
-    file to resume from; a periodic file past ``keep_last_k`` goes the same way, one write late.
-    :meth:`finish` removes what the last commit made redundant. Removal only touches files this run
-    committed, never whatever else is in the folder.
+    Protocol: :meth:`save` (the training thread) decides, asks the writer for a slot (a slow disk
+    drops a waiting state rather than make training wait: :mod:`pipeline.training.checkpoint_writer`),
+    builds the state and stages it into that slot's host buffers. :meth:`write` (the writer thread)
+    waits for the staged copies, ``torch.save``\\ s the state once, hashed as it is written, as
+    ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link, or a copy
+    where links are not possible, swapped in atomically) and fsyncs the folder. The log then
+    commits the files: from that moment they exist for the audit and for resume. Only after the
+    commit are older files removed, so the newest committed state's file never goes before a newer
+    one is committed.
+
+    What is kept on disk: :class:`pipeline.training.checkpoint_folder.CheckpointFolder`.
     """
 
     def __init__(
@@ -181,52 +175,19 @@ class CheckpointManager:
             raise ValueError(f"keep_last_k must be an integer >= 0 (0 keeps all), got {keep_last_k!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.directory = Path(directory)
+        super().__init__(directory, keep_last_k)
         self.save_every_n_epochs = save_every_n_epochs
-        self.keep_last_k = keep_last_k
         self.save_best = save_best
         self.save_latest = save_latest
         self.monitor = monitor
         self.mode = mode
+        self.background = background
         self.best_value: float | None = None
         self.best_epoch: int | None = None
-        self.periodic: list[int] = []  # epochs whose periodic file this run wrote and still keeps, oldest first
-        self.transient: list[int] = []  # epochs whose non-periodic epoch file is still on disk
-        self.pending: PendingWrite[Written] = PendingWrite(background)
+        self.writer = CheckpointWriter(background)
+        self.buffers = [BufferSet() for _ in range(SLOTS)]
         self._history = HistoryText()
         self._made = False  # the folder exists (made once, not at every epoch's end)
-
-    # --- paths ---------------------------------------------------------------------------------
-    def name_for(self, kind: str, epoch: int) -> str:
-        """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``, in the folder."""
-        if kind == "periodic":
-            return f"epoch_{epoch_number(epoch)}.pt"
-        if kind == "best":
-            return "best.pt"
-        if kind == "latest":
-            return "latest.pt"
-        raise ValueError(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
-
-    def path_for(self, kind: str, epoch: int) -> Path:
-        return self.directory / self.name_for(kind, epoch)
-
-    def periodic_path(self, epoch: int) -> Path:
-        return self.path_for("periodic", epoch)
-
-    @property
-    def best_path(self) -> Path:
-        return self.path_for("best", 0)
-
-    @property
-    def latest_path(self) -> Path:
-        return self.path_for("latest", 0)
-
-    def list_periodic(self) -> list[Path]:
-        """Periodic checkpoint files in the folder, oldest epoch first (by epoch number, not by name)."""
-        if not self.directory.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
-        return [p for _, p in sorted(found)]
 
     # --- policy --------------------------------------------------------------------------------
     def improved(self, value: float | None) -> bool:
@@ -247,7 +208,13 @@ class CheckpointManager:
             kinds.append("latest")
         return kinds
 
-    # --- writing -------------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        """The policy, as the log records it (the audit reads which epochs expect a checkpoint)."""
+        return {"directory": str(self.directory), "save_every_n_epochs": self.save_every_n_epochs,
+                "keep_last_k": self.keep_last_k, "save_best": self.save_best, "save_latest": self.save_latest,
+                "monitor": self.monitor, "mode": self.mode}
+
+    # --- the training thread -------------------------------------------------------------------
     def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
         state: dict[str, Any] = {
@@ -279,162 +246,94 @@ class CheckpointManager:
         }
         return state
 
-    def plan(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool,
+    def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,
              healthy: bool = True) -> WritePlan | None:
-        """What this epoch's policy asks for, with the state captured and serialised on this thread;
-        None when nothing is due. Call it once every earlier plan's write is committed.
-
-        Serialising here, not on the writer thread: ``torch.save`` is Python work that holds the GIL,
-        so on a writer thread it only contends with training (the training thread then waits out the
-        interpreter's switch interval for the GIL); the write, fsync and hashing release the GIL and
-        do overlap with training."""
+        """This epoch's checkpoint: decided, staged and handed to the writer (written now, when not
+        ``background``). Returns the plan, or None when nothing is due or the state is left out (a
+        slow disk; ``log.skipped`` says so)."""
         kinds = self.kinds_for(epoch, metrics, final, healthy)
         if "best" in kinds:
             self.best_value = float(metrics[self.monitor])
             self.best_epoch = epoch
         if not kinds:
             return None
-        remove = self._redundant(keep_newest=True)
-        periodic = "periodic" in kinds
-        (self.periodic if periodic else self.transient).append(epoch)  # the state's own lists include it
+        room = self.writer.make_room(epoch, "best" in kinds, final)
+        if room.dropped is not None:
+            log.skipped(room.dropped, room.dropped_why, False)
+        if room.slot is None:
+            log.skipped(epoch, room.skipped, False)
+            return None
         if not self._made:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._made = True
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        return WritePlan(epoch, periodic, tuple(r for r in ("latest", "best") if r in kinds), buffer.getvalue(),
-                         state.get("chain_head"), remove)
+        # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
+        staged = stage(state, self.buffers[room.slot]) if self.background else Staged(state)
+        plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
+                         state.get("chain_head"))
+        self.writer.submit(Job(epoch, room.slot, plan.best, lambda: self._commit(plan, log)))
+        return plan
 
+    def drain(self) -> None:
+        """Wait for every pending write and its commit; a failed write's error is raised here."""
+        self.writer.drain()
+
+    def close(self) -> None:
+        """Stop the writer thread and free the staging buffers (``train_end``, after :meth:`drain`)."""
+        self.writer.close()
+        for buffers in self.buffers:
+            buffers.release()
+
+    def reset(self, on_dropped: Callable[[int, str], None] | None = None) -> None:
+        """A fresh writer for a new run (``train_begin``): an earlier run's failure does not carry over."""
+        self.writer.close()
+        self.writer = CheckpointWriter(self.background, on_dropped)
+
+    # --- the writer thread ---------------------------------------------------------------------
     def write(self, plan: WritePlan) -> Written:
         """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
-        data = plan.data
-        digest = hashlib.sha256(data).hexdigest()
+        plan.staged.wait()
         epoch_file = self.periodic_path(plan.epoch)
-        atomic_write_bytes(epoch_file, data, sync_dir=False)
+        digest = save_state(epoch_file, plan.staged.state)
         saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
         for role in plan.roles:
             path = self.path_for(role, plan.epoch)
-            atomic_link(epoch_file, path, data, sync_dir=False)
+            atomic_link(epoch_file, path, sync_dir=False)
             saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
-        for path in plan.remove:
+        fsync_dir(self.directory)  # one fsync makes the renames above durable together
+        return Written(tuple(saved), plan.chain_head)
+
+    def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
+        written = self.write(plan)
+        log.committed(written)
+        self.committed(plan.epoch, plan.periodic)
+        self._remove(self._redundant(keep_newest=True), log, beside=True)
+
+    def _remove(self, paths: tuple[Path, ...], log: CheckpointLog, beside: bool) -> None:
+        if not paths:
+            return
+        log.removed(paths, beside)  # first: a file the log still commits is never missing
+        for path in paths:
             path.unlink(missing_ok=True)
-        fsync_dir(self.directory)  # one fsync makes the renames and removals above durable together
-        return Written(tuple(saved), plan.remove, plan.chain_head)
+        fsync_dir(self.directory)
 
-    def submit(self, plan: WritePlan, commit: Callable[[Written], None]) -> None:
-        """Write ``plan``, then ``commit`` (log) what is durable: on the writer thread when
-        ``background``, else now. Collect it before the next plan."""
-
-        def job() -> Written:
-            written = self.write(plan)
-            commit(written)
-            return written
-
-        self.pending.submit(job)
-
-    def collect(self) -> Written | None:
-        """Wait for the submitted write and its commit (None when there is none); its error is raised here."""
-        return self.pending.wait()
-
-    def finish(self) -> tuple[Path, ...]:
-        """Once the last write is committed: remove what it made redundant; returns the files removed."""
+    # --- retention -------------------------------------------------------------------------------
+    def finish(self, log: CheckpointLog) -> tuple[Path, ...]:
+        """Once every write is committed: remove what the last commit made redundant (the newest
+        epoch's own file when it is not periodic: ``latest.pt`` holds its bytes)."""
         removed = self._redundant(keep_newest=False)
-        for path in removed:
-            path.unlink(missing_ok=True)
-        if removed:
-            fsync_dir(self.directory)
+        self._remove(removed, log, beside=False)
         return removed
-
-    def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
-        """Forget and return the files no committed role needs: non-periodic epoch files (a role
-        holds their bytes) and periodic files past ``keep_last_k``; ``keep_newest`` spares the newest
-        committed epoch's own file, the fallback while the next write rewrites ``latest.pt``."""
-        newest = max([*self.periodic, *self.transient], default=None) if keep_newest else None
-        transient = [e for e in self.transient if e != newest]
-        self.transient = [e for e in self.transient if e == newest]
-        periodic: list[int] = []
-        if self.keep_last_k and len(self.periodic) > self.keep_last_k:
-            periodic, self.periodic = self.periodic[: -self.keep_last_k], self.periodic[-self.keep_last_k:]
-        return tuple(self.periodic_path(e) for e in sorted(transient + periodic))
 
     # --- reading -------------------------------------------------------------------------------
     def load(self, path: str | Path) -> dict[str, Any]:
         return load_checkpoint(path)
 
-    # --- the manager's own state (best so far, its periodic files), for resume --------------------
+    # --- the manager's own state (best so far), for resume ----------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "periodic": list(self.periodic),
-                "transient": list(self.transient)}
+        return {"best_value": self.best_value, "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.best_value = state.get("best_value")
         self.best_epoch = state.get("best_epoch")
-        self.periodic = [int(e) for e in state.get("periodic", [])]
-        self.transient = [int(e) for e in state.get("transient", [])]
-
-
-def committed_sha256(path: str | Path) -> str | None:
-    """The sha256 the run's log last committed for ``path`` (a file under ``<run>/checkpoints/``),
-    or None when there is no such log or record."""
-    p = Path(path)
-    log = p.parent.parent / EVENTS_FILE
-    if not log.is_file():
-        return None
-    digest: str | None = None
-    target = os.path.abspath(p)
-    with open(log, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if '"checkpoint"' not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a killed run
-            payload = rec.get("payload") if isinstance(rec, dict) else None
-            if rec.get("event") != "checkpoint" or not isinstance(payload, dict):
-                continue
-            shown = payload.get("path")
-            if isinstance(shown, str) and os.path.abspath(os.path.join(log.parent, shown)) == target:
-                digest = payload.get("sha256")
-    return digest
-
-
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
-) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
-    run's log committed for it (or ``expected_sha256``). Damage, a digest mismatch, or a pickle
-    payload with code in it raise :class:`CheckpointError` naming the file; nothing is loaded."""
-    p = Path(path)
-    if not p.is_file():
-        raise CheckpointError(f"checkpoint {p} does not exist")
-    expected = expected_sha256 if expected_sha256 is not None else committed_sha256(p)
-    data = p.read_bytes()
-    if expected is not None:
-        found = hashlib.sha256(data).hexdigest()
-        if found != expected:
-            raise CheckpointError(
-                f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
-                f"the file has {found} ({len(data)} bytes); it was changed or damaged after it was written"
-            )
-    try:
-        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "Weights only load failed" in str(exc):
-            what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
-            raise CheckpointError(
-                f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
-                "it was not loaded. fsmtrain never unpickles code from a checkpoint"
-            ) from None
-        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {str(exc)[:200]}") from None
-    except Exception as exc:  # every other reader failure means the same thing here
-        raise CheckpointError(
-            f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {type(exc).__name__}: {str(exc)[:200]}"
-        ) from None
-    if not isinstance(state, dict) or "format" not in state:
-        raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
-    if state["format"] != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
-    return state

@@ -1,15 +1,22 @@
-"""Continue a run in place from the newest checkpoint its log committed.
+"""Continue a run in place from the newest checkpoint its log committed, or start it over in place.
 
 :func:`find_resumption` reads the run's ``events.jsonl`` (a torn last line of a killed process is
-cut off first), walks the committed ``checkpoint`` events newest first and takes the first whose
-file is still there with the committed sha256. Files in the checkpoint folder that the log never
-committed (leftovers of a write cut short by a kill: temp files, a file renamed into place whose
-event never made it, a role link swapped before its event) are removed and named in the
-``resume`` event.
+cut off first), hashes every checkpoint file the log still commits, and takes the newest one whose
+bytes are the committed ones and that loads. Resume verifies before it trusts: a committed file
+whose bytes changed (truncated, a flipped byte, another file put in its place) is not deleted but
+moved to ``checkpoints/damaged/``, announced with one warning per damaged state (the file, both
+digests, the checkpoint the run continues from) and logged as ``checkpoint_damaged``. Files in the
+checkpoint folder that the log never committed (leftovers of a write cut short by a kill: temp
+files, a file renamed into place whose event never made it, a role link swapped before its event)
+are removed and named in the ``resume`` event.
 
 The :class:`Resumption` then sets the run's position before ``run_start`` (so the log's new
 segment says where it starts) and, in ``train_begin``, restores model, optimizer, scheduler,
 every stateful callback, the RNG states and the data order, and fires ``on_load_checkpoint``.
+
+A run whose log committed no checkpoint (killed before its first one) cannot be continued, so it
+is started over in the same run directory: :func:`prepare_restart` gives a :class:`Restart`, whose
+``restart`` event (from epoch 0, and why) opens the new segment's ``train_begin``.
 """
 
 from __future__ import annotations
@@ -23,19 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.chain import KEY_ENV, Chain
-from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
-from pipeline.core.events import EVENTS_FILE, first_run_start
+from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
+from pipeline.core.events import EVENTS_FILE, CheckpointLedger, first_run_start
 from pipeline.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     read_history,
-    sha256_of,
 )
+from pipeline.training.quarantine import DamagedState, find_damaged, quarantine
 from pipeline.training.rng import restore_rng_state
 
 __all__ = [
-    "RecordedStart", "ResumeError", "Resumption", "check_log_key", "find_resumption", "read_log_tail",
-    "recorded_start",
+    "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",
+    "find_resumption", "prepare_restart", "read_log_tail", "recorded_start",
 ]
 
 _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
@@ -43,6 +50,14 @@ _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
 
 class ResumeError(ValueError):
     """The run cannot be continued: no log, no committed checkpoint left, or a mismatch."""
+
+
+class NeverStarted(ResumeError):
+    """The run's log holds no whole line: its process was stopped before the run started."""
+
+
+class NothingCommitted(ResumeError):
+    """The run's log commits no checkpoint (still there) to continue from: start it over in place."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,10 @@ def recorded_start(run_dir: Path) -> RecordedStart:
     log = run_dir / EVENTS_FILE
     if not log.is_file():
         raise ResumeError(f"{run_dir} has no {EVENTS_FILE}: there is no run to resume there")
-    payload = first_run_start(log) or {}
+    found = first_run_start(log)
+    if found is None and b"\n" not in log.read_bytes():
+        raise NeverStarted(f"{log} holds no event yet: the run was stopped before it started")
+    payload = found or {}
     seed, world = payload.get("seed"), payload.get("world_size")
     if type(seed) is int:
         return RecordedStart(seed, world if type(world) is int and world > 0 else 1)
@@ -92,8 +110,7 @@ class LogTail:
 
     next_seq: int
     run_id: str | None
-    committed: tuple[tuple[str, str, int], ...]  # (shown path, sha256, epoch), in log order
-    removed: frozenset[str]
+    ledger: CheckpointLedger  # the checkpoint files the log committed (the log's own reader)
     torn_bytes: int  # bytes of a torn last line cut off
 
 
@@ -111,8 +128,7 @@ def read_log_tail(run_dir: Path, name: str = EVENTS_FILE, *, repair: bool = True
             fh.truncate(cut)
             fh.flush()
             os.fsync(fh.fileno())
-    committed: list[tuple[str, str, int]] = []
-    removed: set[str] = set()
+    ledger = CheckpointLedger()
     next_seq, run_id = 0, None
     for line in raw[:cut].splitlines():
         try:
@@ -124,13 +140,8 @@ def read_log_tail(run_dir: Path, name: str = EVENTS_FILE, *, repair: bool = True
         if isinstance(rec.get("seq"), int):
             next_seq = rec["seq"] + 1
         run_id = rec.get("run_id", run_id)
-        payload = rec.get("payload") or {}
-        if rec.get("event") == "checkpoint" and isinstance(payload.get("path"), str):
-            committed.append((payload["path"], str(payload.get("sha256")), int(payload.get("epoch", -1))))
-            removed.discard(payload["path"])
-        elif rec.get("event") == "checkpoint_removed" and isinstance(payload.get("path"), str):
-            removed.add(payload["path"])
-    return LogTail(next_seq, run_id, tuple(committed), frozenset(removed), torn)
+        ledger.feed(rec)
+    return LogTail(next_seq, run_id, ledger, torn)
 
 
 @dataclass
@@ -147,6 +158,7 @@ class Resumption:
     # What the resume changed on purpose in ``state`` (a re-planned schedule): (event, payload) pairs,
     # written as warnings (console and log) right after the ``resume`` event.
     notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    damaged: list[DamagedState] = field(default_factory=list)  # moved aside and announced in train_begin
 
     @property
     def next_epoch(self) -> int:
@@ -165,8 +177,10 @@ class Resumption:
         run.extras["resumed_from"] = self.shown
 
     def restore(self, run: RunContext) -> None:
-        """In ``train_begin``: every piece of state, then ``on_load_checkpoint``, then the log's
-        ``resume`` event."""
+        """In ``train_begin``: damaged files moved aside (each state announced), every piece of
+        state, then ``on_load_checkpoint``, then the log's ``resume`` event."""
+        for damaged in self.damaged:
+            self._quarantine(run, damaged)
         state = self.state
         if run.model is not None and state.get("model") is not None:
             run.model.load_state_dict(state["model"])
@@ -192,6 +206,18 @@ class Resumption:
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
         restore_rng_state(state["rng"])
 
+    def _quarantine(self, run: RunContext, d: DamagedState) -> None:
+        moved = quarantine(self.run_dir, d)
+        first, others = d.paths[0], d.paths[1:]
+        also = f" (and {', '.join(others)}: the same file)" if others else ""
+        digests = ", ".join(dict.fromkeys(d.found_sha256))
+        run.emit("checkpoint_damaged", level="warning", paths=list(d.paths), moved_to=list(moved), epoch=d.epoch,
+                 committed_sha256=d.committed_sha256, found_sha256=list(d.found_sha256),
+                 falls_back_to=self.shown, falls_back_to_epoch=int(self.state["epoch"]),
+                 message=f"checkpoint {first}{also} is damaged: the log committed sha256 {d.committed_sha256}, the "
+                         f"file has {digests}; moved to {os.path.dirname(moved[0])}/; the run continues from "
+                         f"{self.shown} (epoch {epoch_number(int(self.state['epoch']))})")
+
 
 def _load_callback_states(run: RunContext, states: Mapping[str, Any]) -> None:
     seen: set[str] = set()
@@ -206,62 +232,83 @@ def _load_callback_states(run: RunContext, states: Mapping[str, Any]) -> None:
 
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
     """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest committed one that is
-    intact) or a path (which must be one the log committed).
+    intact) or a path (which must be one the log committed). Raises :class:`NothingCommitted` when
+    the log commits no checkpoint that is still there.
 
     ``own_log``: a rank other than 0 of a multi-process run, which continues its own log (that
     name) from the checkpoint rank 0 chose; it reads the run's log and files and changes neither."""
     run_dir = Path(run_dir)
     tail = read_log_tail(run_dir, repair=own_log is None)
-    latest_sha: dict[str, str] = {}
-    for shown, sha, _ in tail.committed:
-        latest_sha[shown] = sha
-    live = [(shown, sha, epoch) for shown, sha, epoch in tail.committed
-            if shown not in tail.removed and latest_sha[shown] == sha]
+    live = dict(tail.ledger.live)
     if not live:
-        raise ResumeError(f"{run_dir}: the log committed no checkpoint that is still there; nothing to resume from "
-                          "(start the run again instead)")
+        raise NothingCommitted(f"{run_dir}: the log committed no checkpoint that is still there; nothing to resume "
+                               "from")
     if which != "latest":
         wanted = os.path.abspath(which)
-        live = [c for c in live if os.path.abspath(run_dir / c[0]) == wanted]
+        live = {s: c for s, c in live.items() if os.path.abspath(run_dir / s) == wanted}
         if not live:
             raise ResumeError(f"{which} is not a checkpoint the log of {run_dir} committed")
+    intact, damaged = find_damaged(run_dir, live)
     problems: list[str] = []
-    for shown, sha, _epoch in sorted(live, key=lambda c: c[2], reverse=True):
-        path = run_dir / shown
-        if not path.is_file():
-            problems.append(f"{shown}: missing")
-            continue
+    for done in sorted((live[s] for s in intact), key=lambda c: -1 if c.epoch is None else c.epoch, reverse=True):
+        path = run_dir / done.path
         try:
-            state = load_checkpoint(path, expected_sha256=sha)
-        except CheckpointError as exc:
+            state = load_checkpoint(path, expected_sha256=done.sha256)
+        except CheckpointError as exc:  # the committed bytes themselves do not load
             problems.append(str(exc))
             continue
         if own_log is not None:
-            return Resumption(run_dir, path, shown, sha, state, _own_tail(run_dir, own_log))
-        res = Resumption(run_dir, path, shown, sha, state, tail)
-        res.removed = _remove_uncommitted(run_dir, path.parent, latest_sha, tail.removed)
+            return Resumption(run_dir, path, done.path, done.sha256, state, _own_tail(run_dir, own_log))
+        res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged)
+        keep = intact | {p for d in damaged for p in d.paths}  # damaged files are moved aside, not deleted
+        res.removed = _remove_uncommitted(run_dir, path.parent, keep)
         return res
+    problems += [f"{', '.join(d.paths)}: the log committed sha256 {d.committed_sha256}, the file has "
+                 f"{', '.join(dict.fromkeys(d.found_sha256))}" for d in damaged]
+    problems += [f"{s}: missing" for s in live if s not in intact and not any(s in d.paths for d in damaged)]
     raise ResumeError(f"{run_dir}: no committed checkpoint could be loaded: " + "; ".join(problems))
+
+
+@dataclass
+class Restart:
+    """A run whose log committed no checkpoint, started over in place from epoch 0."""
+
+    run_dir: Path
+    tail: LogTail
+    removed: list[str] = field(default_factory=list)
+
+    def restore(self, run: RunContext) -> None:
+        """In ``train_begin``, where a resume restores: the log says the run starts over, and why."""
+        run.emit("restart", level="warning", from_epoch=0, removed=self.removed, torn_line_bytes=self.tail.torn_bytes,
+                 message=f"{self.run_dir}: its log committed no checkpoint to continue from (the run was stopped "
+                         "before its first checkpoint): it starts over from epoch 0, in the same run directory")
+
+
+def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Restart:
+    """Start ``run_dir`` over: its log is repaired and continued; the leftovers of a checkpoint write
+    cut short in ``checkpoints/`` are removed (the log committed none of them)."""
+    run_dir = Path(run_dir)
+    if own_log is not None:
+        return Restart(run_dir, _own_tail(run_dir, own_log))
+    tail = read_log_tail(run_dir)
+    return Restart(run_dir, tail, _remove_uncommitted(run_dir, run_dir / "checkpoints", set()))
 
 
 def _own_tail(run_dir: Path, name: str) -> LogTail:
     """A rank's own log, repaired; a rank killed before it wrote a line starts a fresh one."""
     if not (run_dir / name).is_file():
-        return LogTail(0, None, (), frozenset(), 0)
+        return LogTail(0, None, CheckpointLedger(), 0)
     return read_log_tail(run_dir, name)
 
 
-def _remove_uncommitted(
-    run_dir: Path, folder: Path, committed: Mapping[str, str], removed: frozenset[str]
-) -> list[str]:
-    """Delete the files of ours in ``folder`` whose current bytes the log never committed."""
+def _remove_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> list[str]:
+    """Delete the files of ours in ``folder`` but those in ``keep`` (the committed files, as the log
+    shows them): the rest the log never committed, or no longer does."""
+    kept = {os.path.abspath(run_dir / s) for s in keep}
     out: list[str] = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not path.is_file() or not _OURS.match(path.name):
-            continue
-        shown = os.path.relpath(path, run_dir)
-        if shown in committed and shown not in removed and committed[shown] == sha256_of(path):
+        if not path.is_file() or not _OURS.match(path.name) or os.path.abspath(path) in kept:
             continue
         path.unlink()
-        out.append(shown)
+        out.append(os.path.relpath(path, run_dir))
     return out

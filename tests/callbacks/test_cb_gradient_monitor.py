@@ -1,3 +1,6 @@
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 from torch import nn
@@ -5,6 +8,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import GradientAccumulationCallback, GradientMonitorCallback
 from pipeline import Trainer, TrainingCallback
+from pipeline.core.context import EpochContext, RunContext, StepContext
+from pipeline.core.events import EventLog
 from pipeline.core.slots import MAX_GRAD_NORM
 
 
@@ -126,33 +131,45 @@ def test_one_norm_per_optimizer_step_with_accumulation(tiny):
     assert abs(slot - max(n for _, n in rec.norms[0])) <= 1e-5 * slot
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to detect device->host syncs")
-def test_no_cuda_sync_in_the_batch_path_or_the_fold():
-    model = nn.Linear(4, 1).cuda()
-    mon = GradientMonitorCallback(warn_threshold=1e-9)
-    mon.buffer_size = 3
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="needs CUDA to detect device->host syncs"))]
 
-    class Run:  # the monitor only needs ``model`` at train begin
-        pass
 
-    run = Run()
-    run.model = model
-    mon.on_train_begin(run)
-
-    class Step:
-        skip_optimizer_step = False
-
-    step = Step()
-    model(torch.randn(8, 4, device="cuda")).sum().backward()
+@contextmanager
+def _syncs_are_errors(device: str) -> Iterator[None]:
+    """On CUDA, any device->host sync inside raises; on CPU there is nothing to sync (the calls run)."""
+    if device != "cuda":
+        yield
+        return
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for i in range(7):  # two folds inside the loop
-            step.batch_index = i
-            mon.on_after_backward(step)
+        yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_cuda_sync_in_the_batch_path_or_the_fold(device):
+    """Built on the real run, epoch and step contexts (a hand-made stub fell behind on_train_begin and
+    failed on the GPU with "'Run' object has no attribute 'emit'"); on CPU the same calls run."""
+    model = nn.Linear(4, 1).to(device)
+    mon = GradientMonitorCallback(warn_threshold=1e-9)
+    mon.buffer_size = 3
+    run = RunContext("sync", 1, EventLog(None, "sync", keep=True, console=None), model=model)
+    epoch = EpochContext(run, 0)
+    step = StepContext(run, epoch)
+    mon.on_train_begin(run)
+    mon.on_train_epoch_begin(epoch)
+    model(torch.randn(8, 4, device=device)).sum().backward()
+    norm = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
+    with _syncs_are_errors(device):
+        for i in range(7):  # two folds inside the loop
+            step.reset(i, None, i == 6)
+            mon.on_after_backward(step)
     assert mon._steps == 7
+    mon.on_epoch_end(epoch)  # the one host read of the epoch, outside the window
+    assert run.get(MAX_GRAD_NORM) == pytest.approx(norm, rel=1e-5)
 
 
 @pytest.mark.parametrize("norms", [

@@ -47,6 +47,11 @@ class CheckpointConfig(_Section):
     background: bool = True  # write on a writer thread while the next epoch trains; committed when durable
 
 
+class LogConfig(_Section):
+    # fsync events.jsonl after each checkpoint commit and the result ("commits"), every line, or never
+    fsync: Literal["commits", "every", "never"] = "commits"
+
+
 class TensorBoardConfig(_Section):
     enabled: bool = False  # event files in <run dir>/tensorboard (needs the tensorboard extra)
 
@@ -221,6 +226,7 @@ class RunConfig(_Section):
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log: LogConfig = Field(default_factory=LogConfig)
     # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
     num_threads: int | None = Field(default=None, ge=1)
     optimize: OptimizeConfig | None = None

@@ -71,6 +71,8 @@ callbacks:                     # options of the built-ins, and your own callback
 grad_clip: null                # e.g. {max_norm: 1.0}
 grad_accumulation: 1           # optimizer step every N batches
 log_level: info                # events.jsonl detail: debug adds per-batch lines
+log:
+  fsync: commits               # fsync events.jsonl at each checkpoint commit and the result (every | never)
 num_threads: 1                 # torch CPU threads (null: torch's default); 1 is fastest for small models
 """
 

@@ -48,6 +48,7 @@ from pipeline.core.lifecycle import (
 )
 from pipeline.core.stop import StopReason
 from pipeline.tools.audit.chain import ChainCheck
+from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import Segment, best_epoch, completed_epochs
 from pipeline.tools.audit.epochs import EpochChecks
 from pipeline.tools.audit.files import CheckpointWrite, verify_checkpoints
@@ -126,6 +127,8 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         self.callback_seconds: dict[str, float] = {}
         self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
         self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
+        self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
+        self.account = CheckpointAccount(self.ex)
         self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
 
     # --- per line ----------------------------------------------------------------------------
@@ -247,9 +250,10 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
+        self.findings += self.account.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
-                                                self.segments, self.lines, self.ex)
+                                                self.segments, self.lines, self.ex, self.ckpt_damaged)
         # By line; on one line the chain's finding first: it says whether the line is what was written.
         self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
@@ -301,6 +305,10 @@ _HANDLERS: dict[str, _Handler] = {
     "warning": _Auditor._warning,
     "checkpoint": _Auditor._checkpoint,
     "checkpoint_removed": _Auditor._checkpoint_removed,
+    "checkpoint_skipped": _Auditor._checkpoint_skipped,
+    "checkpoint_damaged": _Auditor._checkpoint_damaged,
+    "checkpoint_settings": _Auditor._checkpoint_settings,
+    "restart": _Auditor._restart,
     "trial_report": _Auditor._trial_report,
     "resume": _Auditor._resume,
     "result": _Auditor._result,

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
+from pipeline.core.lifecycle import Phase
 from pipeline.tools.audit.seals import SealCheck
 from pipeline.tools.audit.verdict import ChainVerdict, Finding
 
 __all__ = ["ChainCheck", "SegmentChain", "stored_head"]
 
+_EPOCH_END = Phase.EPOCH_END.value
 _MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
 _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
@@ -111,12 +113,16 @@ class ChainCheck:
         self.verified_links = 0
         self.pins: dict[str, int] = {}  # digest -> line, for this epoch and the one before
         self._pins_before: dict[str, int] = {}
+        # digest -> line of each epoch_end line since the last pinned one: a checkpoint is staged at an
+        # epoch's end, and a slow disk may commit it epochs later
+        self._end_pins: dict[str, int] = {}
+        self._prev_end = False
         self.segments: list[SegmentChain] = []
 
     # --- segments ------------------------------------------------------------------------------
     def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
-        self.pins, self._pins_before = {}, {}
+        self.pins, self._pins_before, self._end_pins = {}, {}, {}
         if self.unchained:
             return
         payload = rec["payload"]
@@ -195,6 +201,7 @@ class ChainCheck:
         self.prev_raw = raw
         seq_before = self.prev_seq
         self.prev_seq = rec.get("seq")
+        prev_end, self._prev_end = self._prev_end, rec.get("phase") == _EPOCH_END
         digest = self._digest
         if digest is None:
             if self._tail is not None:
@@ -204,7 +211,7 @@ class ChainCheck:
         self._tail, self._last_verified = self.active, n
         if prev_raw is not None:  # every line but the first: kept short, it runs per line
             expected = digest(prev_raw)
-            self.pins[expected] = n - 1
+            (self._end_pins if prev_end else self.pins)[expected] = n - 1
             self.verified_links += 1
             if rec.get("prev") == expected and self._pending is None:
                 return
@@ -280,9 +287,17 @@ class ChainCheck:
 
     # --- checkpoint pins -----------------------------------------------------------------------
     def pinned_line(self, head: str) -> int | None:
-        """The line whose digest ``head`` is, among those since the previous epoch began."""
+        """The line whose digest ``head`` is, among those since the previous epoch began and the
+        epoch_end lines since the last pinned one."""
         line = self.pins.get(head)
-        return line if line is not None else self._pins_before.get(head)
+        if line is None:
+            line = self._pins_before.get(head)
+        return line if line is not None else self._end_pins.get(head)
+
+    def pinned(self, line: int) -> None:
+        """A checkpoint pinned ``line``: the writer commits states in order, so no later checkpoint
+        pins an epoch_end line before it."""
+        self._end_pins = {d: n for d, n in self._end_pins.items() if n >= line}
 
     @property
     def verifying(self) -> bool:

@@ -1,5 +1,5 @@
 """The events inside a run: each epoch (its losses, batches, slots and timings), exceptions,
-warnings, checkpoint commits and removals, and the pruner's reports. Mixed into the auditor."""
+warnings, checkpoint commits, removals, skips, damage and policy, and the pruner's reports. Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pipeline.core.lifecycle import (
 )
 from pipeline.tools.audit.chain import ChainCheck
 from pipeline.tools.audit.content import number, slot_checks
+from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import EndingChecks, Segment
 from pipeline.tools.audit.files import CheckpointWrite
 from pipeline.tools.audit.verdict import Explanation
@@ -37,6 +38,8 @@ class EpochChecks(EndingChecks):
     callback_seconds: dict[str, float]
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
+    ckpt_damaged: dict[str, Damaged]
+    account: CheckpointAccount
 
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
@@ -121,18 +124,33 @@ class EpochChecks(EndingChecks):
         if head is not None and not isinstance(head, str):
             self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
             head = None
-        if head is not None and self.chain.verifying and self.chain.pinned_line(head) is None:
-            self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line "
-                     "logged since the previous epoch began: the lines before it were altered after the checkpoint "
-                     "was committed", n)
+        if head is not None and self.chain.verifying:
+            pinned = self.chain.pinned_line(head)
+            if pinned is None:
+                self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no "
+                         "line logged since the previous epoch began (nor of an epoch's end since the last commit): "
+                         "the lines before it were altered after the checkpoint was committed", n)
+            else:
+                self.chain.pinned(pinned)
         epoch = p.get("epoch")
         self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
         self.ckpt_removed.pop(path, None)
+        self.ckpt_damaged.pop(path, None)
+        self.account.committed(n, epoch if type(epoch) is int else None, path, seg)
 
     def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpt_removed[path] = n
+
+    def _checkpoint_skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.skipped(n, rec, seg)
+
+    def _checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.damaged(n, rec, self.ckpt_writes, self.ckpt_damaged)
+
+    def _checkpoint_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self.account.settings(rec, seg)
 
     def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -15,11 +15,13 @@ import hashlib
 import json
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.context import epoch_number
 from pipeline.tools.audit.chain import ChainCheck, stored_head
+from pipeline.tools.audit.coverage import Damaged
 from pipeline.tools.audit.ending import Segment
 from pipeline.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
@@ -45,7 +47,8 @@ def _sha256(path: Path) -> str:
 
 
 def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: dict[str, int], chain: ChainCheck,
-                       segments: list[Segment], lines: int, ex: Explanation) -> list[Finding]:
+                       segments: list[Segment], lines: int, ex: Explanation,
+                       damaged: Mapping[str, Damaged] | None = None) -> list[Finding]:
     out: list[Finding] = []
     base = log.parent
     # The lines of each process that was killed (no result: killed before or during teardown): a
@@ -57,6 +60,9 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
     for rel, w in writes.items():
         if rel in removed:
             ex.checkpoints_removed += 1
+            continue
+        if damaged is not None and rel in damaged:
+            out += _quarantined(base, rel, damaged[rel])
             continue
         file = Path(rel) if Path(rel).is_absolute() else base / rel
         if not file.is_file():
@@ -147,6 +153,20 @@ def _zip_damage(file: Path) -> str | None:
     except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, zlib.error) as exc:
         return f"it is not a readable zip ({exc})"
     return None if bad is None else f"its zip entry {bad} fails its CRC: bytes changed on disk"
+
+
+def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
+    """A file a resume moved to ``damaged/``: the evidence is kept as the log says it found it."""
+    if d.moved_to is None:
+        return []
+    kept = Path(d.moved_to) if Path(d.moved_to).is_absolute() else base / d.moved_to
+    if not kept.is_file():
+        return [Finding("checkpoint", f"damaged checkpoint {rel} was moved to {d.moved_to} (line {d.line}), which "
+                        "is not there", d.line, Severity.WARNING)]
+    if d.found_sha256 is not None and _sha256(kept) != d.found_sha256:
+        return [Finding("checkpoint", f"{d.moved_to} (damaged {rel}, line {d.line}) changed after it was moved "
+                        "aside", d.line, Severity.WARNING)]
+    return []
 
 
 def _short(head: str | None) -> str:

@@ -14,6 +14,7 @@ from pipeline.core.events import LEVELS
 from pipeline.core.lifecycle import (
     INITIAL,
 )
+from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import EndingChecks, Segment, Unfinished
 from pipeline.tools.audit.files import CheckpointWrite
 from pipeline.tools.audit.verdict import Explanation, Verdict
@@ -22,12 +23,15 @@ __all__ = ["SegmentChecks"]
 
 
 class SegmentChecks(EndingChecks):
-    """Needs the auditor's ``seg``, ``ex``, ``first_ts`` and ``ckpt_writes``."""
+    """Needs the auditor's ``seg``, ``ex``, ``first_ts``, checkpoint maps and ``account``."""
 
     seg: Segment | None
     ex: Explanation
     first_ts: float | None
     ckpt_writes: dict[str, CheckpointWrite]
+    ckpt_removed: dict[str, int]
+    ckpt_damaged: dict[str, Damaged]
+    account: CheckpointAccount
 
     def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
         max_epochs = payload.get("max_epochs")
@@ -72,8 +76,10 @@ class SegmentChecks(EndingChecks):
         seg = self._open_segment(n, rec, payload)
         if prev is None:
             return
-        if seg.resumed_from is None:
-            self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
+        if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
+            self.account.second_start(n, seg)
+            if prev.end_line is None:
+                seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
             return
         ckpt = self._checkpoint_named(seg.resumed_from)
         unlogged = None
@@ -96,15 +102,22 @@ class SegmentChecks(EndingChecks):
         torn = rec["payload"].get("torn_line_bytes")
         self.said_unfinished(seg, (torn, n) if type(torn) is int else None)
 
+    def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        """A run that had committed nothing started over in place (from epoch 0)."""
+        standing = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
+        self.account.restart(n, rec, seg, standing)
+        self._resume(n, rec, seg)
+
     def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:
         """How the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
         the resume cut off, the line of its ``resume`` event); None when no resume event says."""
         u, seg.after = seg.after, None
         if u is None:
             return
+        again = "resume" if seg.resumed_from is not None else "restart"
         where = f"phase {u.phase!r}, epoch {u.next_epoch}"
         if torn is not None and torn[0] > 0:
-            self.warn("resume", f"the run before this resume ended in the middle of writing a line (a kill, or a full "
+            self.warn("resume", f"the run before this {again} ended in the middle of writing a line (a kill, or a full "
                       f"disk), and the resume repaired the log: it cut off its torn line ({torn[0]} bytes), as line "
                       f"{torn[1]} records; the log goes on from line {u.last_line}, the last whole line ({where})",
                       u.resume_line, Verdict.TORN_LINE_REPAIRED)
@@ -112,7 +125,7 @@ class SegmentChecks(EndingChecks):
         else:
             how = "killed" if torn is None else (f"killed between two lines (the resume at line {torn[1]} found no "
                                                  "torn line)")
-            self.warn("resume", f"the run before this resume never reached train_end (last line {u.last_line}, "
+            self.warn("resume", f"the run before this {again} never reached train_end (last line {u.last_line}, "
                       f"{where}): the process was {how}", u.resume_line, Verdict.KILLED)
             ended = "was killed before it logged the epoch"
         if u.unlogged is not None:

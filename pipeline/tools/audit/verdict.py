@@ -115,6 +115,9 @@ class Explanation:
     checkpoints_pinned: int = 0
     checkpoints_removed: int = 0
     checkpoints_missing: int = 0
+    checkpoints_skipped: int = 0  # states a slow disk left out (checkpoint_skipped)
+    checkpoints_damaged: int = 0  # damaged states a resume moved to checkpoints/damaged/
+    restarts: int = 0  # segments that started the run over (nothing was committed to resume from)
 
 
 @dataclass
@@ -264,6 +267,10 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
         lines.append(f"checkpoints: {ex.checkpoints_verified} verified (sha256, {ex.checkpoints_pinned} pinning "
                      f"the chain), {ex.checkpoints_removed} removed by the run, {ex.checkpoints_missing} not present")
+    if ex.checkpoints_skipped or ex.checkpoints_damaged or ex.restarts:
+        lines.append(f"checkpoints left out: {ex.checkpoints_skipped} state(s) skipped by the writer (a slow disk; "
+                     f"each named in the log), {ex.checkpoints_damaged} damaged state(s) moved to damaged/ by a "
+                     f"resume, {ex.restarts} restart(s) from epoch 0 (nothing committed to resume from)")
     return lines
 
 

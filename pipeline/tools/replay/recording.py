@@ -174,8 +174,10 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
     if not starts:
         raise ReplayError(f"{where} has no run_start event: not an fsmtrain events log")
-    for i in starts[1:]:
-        if not (events[i].get("payload") or {}).get("resumed_from"):
+    for k, i in enumerate(starts[1:], 1):
+        end = starts[k + 1] if k + 1 < len(starts) else len(events)
+        restarted = any(e.get("event") == "restart" for e in events[i:end])  # started over in place: from epoch 0
+        if not (events[i].get("payload") or {}).get("resumed_from") and not restarted:
             raise ReplayError(f"{where} holds two runs (a second run_start at seq {events[i].get('seq')} that is "
                               "not a resume); replay needs the log of one run")
     start = events[starts[0]]
@@ -273,7 +275,7 @@ def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return {}
 
 
-_SEGMENT_ONLY = frozenset({"run_start", "resume", "transition"})
+_SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
@@ -286,10 +288,11 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
         seg = events[bounds[k]:bounds[k + 1]]
         final = k == len(starts) - 1
         redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
+        starts_over = int((seg[0].get("payload") or {}).get("start_epoch", 0)) == 0  # the first, or a restart
         for e in seg:
             if e.get("event") in _SEGMENT_ONLY:
                 continue
-            if k > 0 and e.get("phase") == Phase.TRAIN_BEGIN.value:
+            if not starts_over and e.get("phase") == Phase.TRAIN_BEGIN.value:
                 continue  # a resumed process sets itself up again
             epoch = e.get("epoch")
             if redo_from is not None and (not isinstance(epoch, int) or epoch >= redo_from

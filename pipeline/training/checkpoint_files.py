@@ -1,0 +1,139 @@
+"""One checkpoint file: written once, atomically, hashed as it is written; read back only as the
+run's log committed it.
+
+:func:`save_state` ``torch.save``\\ s a state straight into a temp file beside the target while
+hashing the bytes as they go out (one pass: no serialised copy of the whole state in memory),
+fsyncs it and renames it into place. :func:`load_checkpoint` checks a file's bytes against the
+sha256 the run's log committed for it (read by :func:`pipeline.core.events.committed_sha256`, the
+log's own reader) and loads it with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+
+from pipeline.core.events import EVENTS_FILE
+from pipeline.core.events import committed_sha256 as logged_sha256
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "SavedCheckpoint",
+    "committed_sha256",
+    "load_checkpoint",
+    "save_state",
+    "sha256_of",
+]
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or not an fsmtrain checkpoint."""
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: Path
+    sha256: str
+    epoch: int
+    kind: str
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _Hashing:
+    """A write-only file that hashes what passes through it (``torch.save`` writes each tensor's
+    bytes in one call: hashing and writing both release the GIL for it)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.digest = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        self.out.write(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def save_state(path: Path, state: Any) -> str:
+    """Write ``state`` to ``path`` atomically and durably; returns the sha256 of the bytes written."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            hashing = _Hashing(fh)
+            torch.save(state, cast(IO[bytes], hashing))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return hashing.digest.hexdigest()
+
+
+def committed_sha256(path: str | Path) -> str | None:
+    """The sha256 the run's log last committed for ``path`` (a file under ``<run>/checkpoints/``),
+    or None when there is no such log or record."""
+    p = Path(path)
+    log = p.parent.parent / EVENTS_FILE
+    return logged_sha256(log, p) if log.is_file() else None
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
+    run's log committed for it (or ``expected_sha256``). Damage, a digest mismatch, or a pickle
+    payload with code in it raise :class:`CheckpointError` naming the file; nothing is loaded."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    expected = expected_sha256 if expected_sha256 is not None else committed_sha256(p)
+    data = p.read_bytes()
+    if expected is not None:
+        found = hashlib.sha256(data).hexdigest()
+        if found != expected:
+            raise CheckpointError(
+                f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
+                f"the file has {found} ({len(data)} bytes); it was changed or damaged after it was written"
+            )
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
+            raise CheckpointError(
+                f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
+                "it was not loaded. fsmtrain never unpickles code from a checkpoint"
+            ) from None
+        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {str(exc)[:200]}") from None
+    except Exception as exc:  # every other reader failure means the same thing here
+        raise CheckpointError(
+            f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
+    if state["format"] != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
+    return state

@@ -1,0 +1,65 @@
+"""Durable commits (issue 24.5): the log is fsync'd after every ``checkpoint`` line and after
+``result`` (``log.fsync: commits``, the default), after every line (``every``) or never (``never``).
+
+The real ``os.fsync`` runs; a wrapper around it counts the calls made on the log's own file
+descriptor (which no other file can hold while the log is open)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from core_helpers import make_trainer
+
+from callbacks import CheckpointCallback
+from pipeline.app.config import ConfigError, config_from_dict
+from pipeline.core.events import read_events
+
+
+def _fsyncs_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[int, list[dict[str, Any]]]:
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    run = tmp_path / "run"
+    trainer = make_trainer(run, [CheckpointCallback(run / "checkpoints", keep_last_k=1)], epochs=3, **kw)
+    assert trainer.events._file is not None
+    log_fd = trainer.events._file.fileno()
+    trainer.fit()
+    monkeypatch.undo()
+    return calls.count(log_fd), read_events(run / "events.jsonl")
+
+
+def test_the_log_is_fsynced_at_each_checkpoint_commit_and_at_the_result_by_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: events.jsonl was flushed but never fsync'd, at a checkpoint commit and at result too: after
+    a power loss a durable checkpoint could lose its commit line, and resume would delete it."""
+    synced, events = _fsyncs_of_the_log(tmp_path, monkeypatch)
+    commits = sum(e["event"] == "checkpoint" for e in events)
+    assert commits >= 2 and events[-1]["event"] == "result"
+    assert synced == commits + 1
+
+
+@pytest.mark.parametrize("policy", ["every", "never"])
+def test_log_fsync_every_line_or_never(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+    synced, events = _fsyncs_of_the_log(tmp_path, monkeypatch, log_fsync=policy)
+    assert synced == (len(events) if policy == "every" else 0)
+
+
+def test_log_fsync_is_a_config_option_checked_like_any_other() -> None:
+    base = {"net": "pipeline.training.models.MLP", "net_config": {"in_features": 8, "out_features": 1},
+            "data": "pipeline.training.data.synthetic_regression", "epochs": 5, "batch_size": 32}
+    assert config_from_dict(base).log.fsync == "commits"
+    assert config_from_dict({**base, "log": {"fsync": "every"}}).log.fsync == "every"
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({**base, "log": {"fsync": "sometimes"}})
+    found = {p.path: p for p in info.value.problems}
+    assert "log.fsync" in found and "commits" in found["log.fsync"].expected
+    with pytest.raises(ValueError, match="fsync must be one of commits, every, never"):
+        make_trainer(None, [], log_fsync="always")
