@@ -5,8 +5,12 @@ triggers that leave its current state, in table order; the machine's own conditi
 guards) decide which one fires, and the phase is read from the machine's state, nowhere else. What
 happens on a move is the machine's handler for that transition, compiled here from
 :func:`pipeline.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
-After a move the engine checks the machine moved where the table allows, so a broken machine
-(one that accepts every trigger, or never changes state) stops the run instead of faking it.
+Before a move's handlers run, its ``before`` callback checks the table allows it (the machine's
+conditions passed, so the engine's guards must hold too); after it, the engine checks the machine
+moved where the table says. So a broken machine (one that accepts every trigger, or never changes
+state) stops the run instead of faking it, and no handler runs for a move the table forbids. A
+machine that refuses ``abort`` does not skip the teardown: the engine runs it itself and the run
+ends ERROR, naming the refusal.
 
 It knows nothing of torch: what it drives is a :class:`~pipeline.core.driver.Driver`. Training and
 replay are drivers; both take exactly this code path.
@@ -43,7 +47,9 @@ from pipeline.core.lifecycle import (
     Facts,
     Guard,
     LifecycleError,
+    MoveHandler,
     Phase,
+    Transition,
     build_machine,
     program_for,
     transition_for,
@@ -114,6 +120,8 @@ class Engine:
         # run.pending_signal as it was at the last boundary: a signal handler sets the live one between
         # any two bytecodes, and the facts the engine checks a move against must be the ones its guards read.
         self._signal: int | None = None
+        self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
+        self._cleared: Transition | None = None  # the move whose check passed and whose handlers may run
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: work.has_batch,
@@ -125,9 +133,12 @@ class Engine:
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
         self._batch_body = compiler.per_batch(program_for(self._batch_move))
         handlers = [compiler.compile(t, self._batch_body) for t in TRANSITIONS]
-        self._batch_handler = handlers[TRANSITIONS.index(self._batch_move)]
+        # The programs as compiled, unchecked: the fast path runs the batch one after checking its guard.
+        self._programs: dict[Transition, Callable[[], None]] = dict(zip(TRANSITIONS, handlers, strict=True))
+        self._batch_handler = self._programs[self._batch_move]
         self._model = _MachineModel()
-        self.machine = build_machine(self._model, guards, handlers)
+        self.machine = build_machine(self._model, guards, [
+            MoveHandler(self._check(t, guards), self._after_check(t, h)) for t, h in self._programs.items()])
         run.bind_phase(self._machine_phase)
         # The compiled fast path of the internal batch transition: its guards, its handlers.
         self._fast_guard = compile_guard(
@@ -136,6 +147,33 @@ class Engine:
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
+
+    def _check(self, t: Transition, guards: dict[Guard, Callable[[], bool]]) -> Callable[[], None]:
+        """The ``before`` callback of ``t``: the machine's conditions passed; the table's must too."""
+        allowed = compile_guard(tuple(guards[g] for g in t.conditions), tuple(guards[g] for g in t.unless))
+        source = t.source.value
+
+        def check() -> None:
+            if self._model.state != source or not allowed():
+                raise LifecycleError(
+                    f"the machine fired {t.trigger!r} from {self._model.state!r}, but the table allows it from "
+                    f"{source!r} only when its guards hold ({t.guard_label() or 'no guard'}; facts {self.facts()}); "
+                    "its handlers did not run")
+            self._cleared = t
+
+        return check
+
+    def _after_check(self, t: Transition, program: Callable[[], None]) -> Callable[[], None]:
+        """The ``after`` callback of ``t``: its program, only once its check has passed."""
+
+        def run() -> None:
+            if self._cleared is not t:
+                raise LifecycleError(f"the machine ran the handlers of {t.trigger!r} ({t.source.value} -> "
+                                     f"{t.dest.value}) without checking the move first; they did not run")
+            self._cleared = None
+            program()
+
+        return run
 
     def _machine_phase(self) -> Phase:
         return _PHASES[self._model.state]
@@ -200,7 +238,7 @@ class Engine:
 
     def _advance(self) -> None:
         """Offer the machine the triggers that leave its state; check it moved as the table says."""
-        source = _PHASES[self._model.state]
+        source = self._source = _PHASES[self._model.state]
         self._signal = self.run.pending_signal
         if source in self._agree_at and not self._agreed_here:
             assert self._agreement is not None
@@ -275,6 +313,8 @@ class Engine:
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)
+        if phase is FINAL and not self._work.tearing_down:
+            phase = self._source  # a move into train_end whose handlers were refused: the run is still here
         source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
         if isinstance(exc, Interrupted):
             source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
@@ -283,16 +323,38 @@ class Engine:
         # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
         # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
         self._log_exception(exc, source, **({"epoch_metrics": dict(epoch.metrics)} if cut and epoch else {}))
-        if phase is FINAL:
+        if self._work.tearing_down:
             return  # the fault came from the teardown itself, which has run every step
         self._faulted = True
         reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
         run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
         self._work.fault = FaultContext(run, exc, phase)
+        self._source = phase
         try:
             fired = self._model.trigger(ABORT)
-        except BaseException as err:  # a teardown step failed; it is logged, and exc stays the error
+        except BaseException as err:
+            if self._work.tearing_down:  # a teardown step failed; it is logged, and exc stays the error
+                self._log_exception(err, "teardown")
+                return
+            refusal = f"{type(err).__name__}: {err}"
+        else:
+            if self._work.tearing_down and self._model.state == FINAL.value:
+                return
+            refusal = "it did not fire" if not fired else f"it moved into {self._model.state!r}"
+        self._teardown_refused(phase, refusal, exc)
+
+    def _teardown_refused(self, phase: Phase, refusal: str, exc: BaseException) -> None:
+        """The machine refused ``abort``: the engine runs the teardown itself (every step, and the
+        ``result``, reason ERROR), then raises the refusal, caused by the fault."""
+        run = self.run
+        message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
+                   f"itself. The fault was {type(exc).__name__}: {exc}")
+        refused = LifecycleError(message)
+        self._log_exception(refused, "engine")
+        run.force_stop(StopReason.ERROR, "engine", message)
+        run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
+        try:
+            self._programs[transition_for(ABORT, phase)]()
+        except BaseException as err:
             self._log_exception(err, "teardown")
-            return
-        if not fired or self._model.state != FINAL.value:
-            raise LifecycleError(f"the machine refused {ABORT!r} from {phase.value!r}") from exc
+        raise refused from exc

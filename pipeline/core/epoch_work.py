@@ -53,6 +53,7 @@ class EpochWork:
         self.step: StepContext | None = None
         self.val_step: ValStepContext | None = None
         self.fault: FaultContext | None = None
+        self.tearing_down = False  # set when the teardown starts: a fault from then on is the teardown's
         self._debug = run.events.enabled_for("debug")
         self._phase_started = 0.0
         self._phase_seconds: dict[str, float] = {}

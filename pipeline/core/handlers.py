@@ -137,9 +137,10 @@ class HandlerCompiler:
                 continue
             for i, fn in self.runner.table(s.name):
                 items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
-        contexts, log_move, log_exception = self.work.contexts, self.work.log_move, self.log_exception
+        work, contexts, log_move, log_exception = self.work, self.work.contexts, self.work.log_move, self.log_exception
 
         def teardown() -> None:
+            work.tearing_down = True
             first: BaseException | None = None
             try:
                 log_move(t)

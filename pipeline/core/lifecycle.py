@@ -382,14 +382,26 @@ def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]
 check_table()
 
 
+@dataclass(frozen=True)
+class MoveHandler:
+    """What the machine runs when one of its transitions fires. ``check`` is the transition's
+    ``before`` callback: it runs once the machine's own conditions have passed and before its state
+    changes, and raises when the table does not allow the move (the state then stays, and ``run``
+    never starts). ``run``, the ``after`` callback, is the move's compiled program."""
+
+    check: Callable[[], None]
+    run: Callable[[], None]
+
+
 def build_machine(
     model: Any,
     guards: Mapping[Guard, Callable[[], bool]],
-    handlers: Sequence[Callable[[], None]],
+    handlers: Sequence[Callable[[], None] | MoveHandler],
 ) -> Machine:
     """A plain ``transitions`` machine over ``model``: its conditions are the live ``guards`` and
     ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
-    ``i`` fires, with the machine already in its destination."""
+    ``i`` fires, with the machine already in its destination; a :class:`MoveHandler`'s check runs
+    before the state changes."""
     if len(handlers) != len(TRANSITIONS):
         raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
     spec = [
@@ -399,7 +411,8 @@ def build_machine(
             "dest": None if t.internal else t.dest.value,
             "conditions": [guards[g] for g in t.conditions],
             "unless": [guards[g] for g in t.unless],
-            "after": [handler],
+            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
+            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
         }
         for t, handler in zip(TRANSITIONS, handlers, strict=True)
     ]
