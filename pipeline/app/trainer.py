@@ -20,7 +20,7 @@ from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Engine
 from pipeline.core.events import EventLog
-from pipeline.core.hooks import TrainingCallback
+from pipeline.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.training.atomic import atomic_write_bytes
@@ -115,7 +115,12 @@ class Trainer:
         rank = self.collective.rank if self.collective is not None else 0
         if rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
-        self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
+        binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
+        try:
+            self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
+        except BaseException:
+            unbind_callbacks(callbacks, binding)
+            raise
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
         self.run_dir = self._claim(run_dir, resume_from is not None)
