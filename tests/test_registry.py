@@ -205,6 +205,17 @@ def test_one_local_instance_given_to_a_second_trainer_is_refused_naming_the_fix(
     assert second.epochs_completed == 4
 
 
+def test_a_trainer_whose_constructor_failed_leaves_its_callbacks_free() -> None:
+    mine = EarlyStoppingCallback(patience=3)
+    model = tiny_model(0)
+    train, val = tiny_task(0)
+    with pytest.raises(ValueError, match="metrics named val_loss"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.MSELoss(), train, val, max_epochs=2,
+                callbacks=[mine], metrics={"val_loss": lambda p, t: p.sum()}, default_callbacks=False)
+    result, _ = _plateau_run([mine])  # not refused: the failed Trainer never ran it
+    assert result.epochs_completed == 4
+
+
 BEST = Slot[float]("best_val_loss")
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from pipeline.core.consensus import Collective, RankAgreement
 from pipeline.core.context import FaultContext, RunContext
 from pipeline.core.driver import Driver
-from pipeline.core.epoch_work import EpochWork
+from pipeline.core.epoch_work import EpochWork, Outputs
 from pipeline.core.handlers import HandlerCompiler, compile_guard
 from pipeline.core.lifecycle import (
     ABORT,
@@ -63,8 +63,9 @@ __all__ = ["STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
-# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
-_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size"})
+# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run;
+# reused_run_dir: the files a run that never started had left in the folder this one reused).
+_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "reused_run_dir"})
 
 
 class Interrupted(KeyboardInterrupt):
@@ -100,8 +101,10 @@ class Engine:
         strict: bool | None = None,
         restore: Callable[[RunContext], None] | None = None,
         collective: Collective | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint).
+        ``outputs``: writes the run's files in the teardown, before its ``result``.
         ``collective``: this process is one rank of a multi-process run; the shared guards then read
         the facts the ranks agree on (:class:`~pipeline.core.consensus.RankAgreement`)."""
         self.driver = driver
@@ -111,7 +114,7 @@ class Engine:
         self._faulted = False
         self._logged: set[int] = set()  # exceptions already written to the log
         self._debug = run.events.enabled_for("debug")
-        work = self._work = EpochWork(driver, runner, run, restore)
+        work = self._work = EpochWork(driver, runner, run, restore, outputs)
         shared = collective is not None and collective.world_size > 1
         self._agreement = (RankAgreement(collective, run, per_batch=runner.may_stop_immediately)
                            if shared and collective is not None else None)

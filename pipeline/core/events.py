@@ -93,6 +93,13 @@ def as_float(value: Any) -> float:
     return float(value)
 
 
+def check_levels(**levels: str) -> None:
+    """Each named level is one of :data:`LEVELS` (checked before a log is opened)."""
+    for name, lvl in levels.items():
+        if lvl not in LEVELS:
+            raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+
+
 def _level_name(method_name: str) -> str:
     return "warning" if method_name == "warn" else method_name
 
@@ -123,9 +130,7 @@ class EventLog:
         config: Any = None,
         key: bytes | None = None,
     ) -> None:
-        for name, lvl in (("level", level), ("console_level", console_level)):
-            if lvl not in LEVELS:
-                raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+        check_levels(level=level, console_level=console_level)
         self.run_id = run_id
         self.path = Path(path) if path is not None else None
         self.level = LEVELS[level]

@@ -145,11 +145,13 @@ class HandlerCompiler:
             try:
                 log_move(t)
             except BaseException as exc:
+                work.teardown_failed = True
                 first = exc
             for where, fn, scope in items:
                 try:
                     fn(contexts[scope]())
                 except BaseException as exc:
+                    work.teardown_failed = True
                     log_exception(exc, where)
                     first = first or exc
             if first is not None:

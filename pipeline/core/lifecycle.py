@@ -155,6 +155,7 @@ class Action(str, Enum):
     SCHEDULER_STEP = "scheduler_step"
     RECORD_EPOCH = "record_epoch"  # the ``epoch`` event; the epoch counter moves on
     END_RUN = "end_run"  # the driver's teardown
+    OUTPUTS = "outputs"  # the run's own files (model.pt, lifecycle.mmd): written before the result says it is over
     RESULT = "result"  # the ``result`` event, always written, last
 
 
@@ -246,6 +247,7 @@ PROGRAM: tuple[Step, ...] = (
     HookSpec("on_exception", P.TRAIN_END, HookScope.FAULT, trigger=ABORT),
     HookSpec("on_train_end", P.TRAIN_END, _R),
     ActionSpec(A.END_RUN, P.TRAIN_END, _R),
+    ActionSpec(A.OUTPUTS, P.TRAIN_END, _R),
     ActionSpec(A.RESULT, P.TRAIN_END, _R),
 )
 

@@ -34,6 +34,7 @@ from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, ep
 from pipeline.core.events import EVENTS_FILE
 from pipeline.training.atomic import atomic_link, atomic_write_bytes, fsync_dir
 from pipeline.training.checkpoint_writer import PendingWrite
+from pipeline.training.resume_match import object_classes
 from pipeline.training.rng import capture_rng_state
 
 __all__ = [
@@ -274,6 +275,7 @@ class CheckpointManager:
             "rng": capture_rng_state(),
             "data_order": {"seed": run.extras.get("data_seed")},
             "config_fingerprint": run.extras.get("config_fingerprint"),
+            "classes": object_classes(model, optimizer, scheduler),  # what a Trainer resuming it must hold
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }
