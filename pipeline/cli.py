@@ -93,10 +93,15 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
+    from pipeline.core.log_file import LogWriteError
+
     reason = result.stop_reason
     stop = result.stop
     why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
-    print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
+    if isinstance(run.error, LogWriteError) and stop is not None:  # the log itself failed: name it, and where
+        print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {run.error.strerror}", file=out)
+    else:
+        print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
     best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
     print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
           file=out)

@@ -27,6 +27,7 @@ second interrupt arrives; the first error is raised after all have run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
@@ -55,6 +56,7 @@ from pipeline.core.lifecycle import (
     transition_for,
     triggers_from,
 )
+from pipeline.core.log_file import LogWriteError
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
@@ -304,11 +306,14 @@ class Engine:
         if id(exc) in self._logged:
             return
         self._logged.add(id(exc))
-        self.run.emit(
-            "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
-            interrupt=isinstance(exc, KeyboardInterrupt),
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
-        )
+        # A log that cannot be written any more (its error is raised once, where it happened) must
+        # not stop the fault path: the teardown runs whatever the log can still take.
+        with contextlib.suppress(LogWriteError):
+            self.run.emit(
+                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+                interrupt=isinstance(exc, KeyboardInterrupt),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
+            )
 
     def _fault(self, exc: BaseException) -> None:
         """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
@@ -330,7 +335,8 @@ class Engine:
             return  # the fault came from the teardown itself, which has run every step
         self._faulted = True
         reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
-        run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(LogWriteError):  # the stop is set before its line is written
+            run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
         self._work.fault = FaultContext(run, exc, phase)
         self._source = phase
         try:
@@ -354,7 +360,8 @@ class Engine:
                    f"itself. The fault was {type(exc).__name__}: {exc}")
         refused = LifecycleError(message)
         self._log_exception(refused, "engine")
-        run.force_stop(StopReason.ERROR, "engine", message)
+        with contextlib.suppress(LogWriteError):
+            run.force_stop(StopReason.ERROR, "engine", message)
         run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
         try:
             self._programs[transition_for(ABORT, phase)]()

@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any, TextIO
 
 import structlog
 
 from pipeline.core.chain import Chain, last_line
+from pipeline.core.log_file import LogFile, LogWriteError
 
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_KEYS: tuple[str, ...] = (
@@ -144,12 +145,17 @@ class EventLog:
         self._lock = threading.Lock()
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
-        self._file: IO[bytes] | None = None
+        self._file: LogFile | None = None
+        # A log that can no longer be written fails once, where it happened (the run ends there);
+        # the lines after that which do not fit either are counted, and the console says so at close.
+        self._failed: LogWriteError | None = None
+        self._dropped = 0
+        self._stream = console
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tail = last_line(self.path)
             # Binary: the bytes written are exactly the bytes hashed, on every platform.
-            self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+            self._file = LogFile(self.path)
             if tail is not None:
                 self._continue_from(tail)
         self._console: Any = None
@@ -164,7 +170,6 @@ class EventLog:
         assert self._file is not None
         if not tail.endswith(b"\n"):  # a line cut by a killed process: end it, it stays evidence
             self._file.write(b"\n")
-            self._file.flush()
             tail += b"\n"
         self._head = self.chain.digest(tail)
         try:
@@ -247,22 +252,41 @@ class EventLog:
     def _write(self, record: dict[str, Any]) -> None:
         """One line: encoded once, hashed, written, then at once counted (seq) and made the chain
         head. Nothing runs between the write and that bookkeeping that could be interrupted (a Ctrl-C
-        between them would leave a line the chain or seq does not know). Flushed per line, so a
-        killed process loses at most the line it was writing."""
+        between them would leave a line the chain or seq does not know). Unbuffered, so a killed
+        process loses at most the line it was writing; a write that fails is cut back to the last
+        whole line (:class:`~pipeline.core.log_file.LogFile`), and the line is not counted. A line
+        that found the disk full is written into the room the file keeps, then the error raised."""
         data = _ENCODE(record).encode("ascii") + b"\n"
         digest = self.chain.digest(data)
         file = self._file
         assert file is not None
-        file.write(data)
+        try:
+            full = file.write(data)
+        except LogWriteError as exc:
+            if self._failed is None:
+                self._failed = exc
+                raise
+            self._dropped += 1  # the run is already ending for this; the console shows the line
+            return
         self._head = digest
         self._seq += 1
-        file.flush()
+        if full is not None and self._failed is None:  # written into the room kept for the end
+            self._failed = full
+            raise full
+
+    @property
+    def failed(self) -> LogWriteError | None:
+        """Why the log could not be written, once it could not."""
+        return self._failed
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.flush()
             self._file.close()
             self._file = None
+            if self._dropped and self._stream is not None:
+                print(f"error: {self._failed}; {self._dropped} later line(s) did not fit either: "
+                      f"{EVENTS_FILE if self.path is None else self.path.name} ends at seq {self._seq - 1}, "
+                      "its last whole line", file=self._stream, flush=True)
 
     # structlog processor of the console --------------------------------------------------------
 
