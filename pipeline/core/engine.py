@@ -6,11 +6,11 @@ guards) decide which one fires, and the phase is read from the machine's state, 
 happens on a move is the machine's handler for that transition, compiled here from
 :func:`pipeline.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
 Before a move's handlers run, its ``before`` callback checks the table allows it (the machine's
-conditions passed, so the engine's guards must hold too); after it, the engine checks the machine
-moved where the table says. So a broken machine (one that accepts every trigger, or never changes
-state) stops the run instead of faking it, and no handler runs for a move the table forbids. A
-machine that refuses ``abort`` does not skip the teardown: the engine runs it itself and the run
-ends ERROR, naming the refusal.
+conditions passed, so the engine's guards must hold too: :mod:`pipeline.core.move_check`); after
+it, the engine checks the machine moved where the table says. So a broken machine (one that
+accepts every trigger, or never changes state) stops the run instead of faking it, and no handler
+runs for a move the table forbids. A machine that refuses ``abort`` does not skip the teardown:
+the engine runs it itself and the run ends ERROR, naming the refusal.
 
 It knows nothing of torch: what it drives is a :class:`~pipeline.core.driver.Driver`. Training and
 replay are drivers; both take exactly this code path.
@@ -21,8 +21,8 @@ holds, then hands back to the real trigger. Strict mode (``strict=True`` or
 ``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger; both write the same events.
 
 Teardown cannot be skipped: every step of ``train_end`` (``on_exception``, ``on_train_end`` per
-callback, the driver's ``end_run``, the ``result`` event) runs even when an earlier one raises or a
-second interrupt arrives; the first error is raised after all have run.
+callback, the driver's ``end_run``, the outputs, the ``result`` event) runs even when an earlier
+one raises or a second interrupt arrives; the first error is raised after all have run.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from pipeline.core.lifecycle import (
     Facts,
     Guard,
     LifecycleError,
-    MoveHandler,
     Phase,
     Transition,
     build_machine,
@@ -57,6 +56,7 @@ from pipeline.core.lifecycle import (
     triggers_from,
 )
 from pipeline.core.log_file import LogWriteError
+from pipeline.core.move_check import MoveChecks
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
@@ -126,7 +126,6 @@ class Engine:
         # any two bytecodes, and the facts the engine checks a move against must be the ones its guards read.
         self._signal: int | None = None
         self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
-        self._cleared: Transition | None = None  # the move whose check passed and whose handlers may run
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: work.has_batch,
@@ -142,8 +141,8 @@ class Engine:
         self._programs: dict[Transition, Callable[[], None]] = dict(zip(TRANSITIONS, handlers, strict=True))
         self._batch_handler = self._programs[self._batch_move]
         self._model = _MachineModel()
-        self.machine = build_machine(self._model, guards, [
-            MoveHandler(self._check(t, guards), self._after_check(t, h)) for t, h in self._programs.items()])
+        checks = MoveChecks(lambda: self._model.state, guards, self.facts)
+        self.machine = build_machine(self._model, guards, [checks.handler(t, h) for t, h in self._programs.items()])
         run.bind_phase(self._machine_phase)
         # The compiled fast path of the internal batch transition: its guards, its handlers.
         self._fast_guard = compile_guard(
@@ -152,33 +151,6 @@ class Engine:
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
-
-    def _check(self, t: Transition, guards: dict[Guard, Callable[[], bool]]) -> Callable[[], None]:
-        """The ``before`` callback of ``t``: the machine's conditions passed; the table's must too."""
-        allowed = compile_guard(tuple(guards[g] for g in t.conditions), tuple(guards[g] for g in t.unless))
-        source = t.source.value
-
-        def check() -> None:
-            if self._model.state != source or not allowed():
-                raise LifecycleError(
-                    f"the machine fired {t.trigger!r} from {self._model.state!r}, but the table allows it from "
-                    f"{source!r} only when its guards hold ({t.guard_label() or 'no guard'}; facts {self.facts()}); "
-                    "its handlers did not run")
-            self._cleared = t
-
-        return check
-
-    def _after_check(self, t: Transition, program: Callable[[], None]) -> Callable[[], None]:
-        """The ``after`` callback of ``t``: its program, only once its check has passed."""
-
-        def run() -> None:
-            if self._cleared is not t:
-                raise LifecycleError(f"the machine ran the handlers of {t.trigger!r} ({t.source.value} -> "
-                                     f"{t.dest.value}) without checking the move first; they did not run")
-            self._cleared = None
-            program()
-
-        return run
 
     def _machine_phase(self) -> Phase:
         return _PHASES[self._model.state]
