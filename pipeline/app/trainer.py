@@ -54,7 +54,11 @@ class Trainer:
 
     ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
     :mod:`pipeline.app.defaults`): the console line or progress bar, the watching built-ins and,
-    with a ``run_dir``, ``metrics.csv``, checkpoints and ``model.pt`` after a finished ``fit()``.
+    with a ``run_dir``, ``metrics.csv`` and checkpoints. ``write_outputs`` (default: as
+    ``default_callbacks``): with a ``run_dir``, the teardown writes ``model.pt`` (after a run that
+    ended for its own reason) and ``lifecycle.mmd``, before the ``result``. A callback instance
+    serves one Trainer: one already given to another is refused. A constructor that fails lets go
+    of the run directory it claimed, with whatever it wrote there.
     ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`pipeline.training.precision`);
     ``compile``: ``torch.compile`` the training forward.
 
