@@ -189,6 +189,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
 
     from pipeline.app.job import run_name_for, runs_root, train_seed
     from pipeline.app.rundir import claim_new, claim_next_free, run_started
+    from pipeline.core.engine import Interrupted
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
     out: TextIO = sys.stdout if lead else io.StringIO()
@@ -220,7 +221,13 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
             print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{note}",
                   file=out, flush=True)
 
-        run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume, announce=announce)
+        try:
+            run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume,
+                             announce=announce)
+        except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
+            print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
+            codes.append(ExitCode(exc.exit_code))
+            break
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)

@@ -34,4 +34,8 @@ class FillDisk(TrainingCallback):
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         if epoch.index == self.at_epoch and not self.marker.exists():
-            self.marker.write_text(str(fill(self.path)))
+            written = fill(self.path)
+            self.marker.write_text(str(written))
+            # The log learns of a full disk when it next needs a block (4 KB): this line is longer
+            # than one, so it is the line that finds the disk full, here, in this phase.
+            epoch.emit("disk_filled", path=str(self.path), bytes=written, padding="." * 5000)

@@ -47,17 +47,23 @@ def test_a_full_disk_ends_the_run_named_in_its_epoch_and_resume_needs_no_repair(
     runs = small_disk / "runs"
     filler = {"target": "disk_support.FillDisk",
               "kwargs": {"path": str(small_disk / "filler"), "marker": str(tmp_path / "filled"), "at_epoch": 2}}
-    sets = ["--set", "epochs=4", "--set", f"callbacks.extra=[{filler}]"]  # W&B on (offline), as found
+    # W&B on (offline), as found; checkpoints written before the epoch ends, so none is in flight
+    # when the disk fills at the third epoch's begin.
+    sets = ["--set", "epochs=4", "--set", "checkpoint.background=false", "--set", f"callbacks.extra=[{filler}]"]
     proc = fsmtrain("train", str(QUICK), "--run-dir", str(runs), *sets, cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 1, out + err
     run = runs / "mlp-regression-seed0"
+    events = read_events(run / "events.jsonl")
     assert (f"seed 0: ERROR in epoch 3: no space left writing events.jsonl (device tmpfs (tmpfs) mounted at "
             f"{small_disk}, 0 of 20971520 bytes free)") in out, out
+    failed = next(e for e in events if e["event"] == "exception")
+    assert failed["payload"]["type"] == "LogWriteError" and failed["payload"]["source"] == \
+        "FillDisk.on_train_epoch_begin"
+    assert [e["event"] for e in events].count("disk_filled") == 1  # the line that found the disk full is whole
     assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
     raw = (run / "events.jsonl").read_bytes()
     assert raw.endswith(b"\n")  # every line whole
-    events = read_events(run / "events.jsonl")
     assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "error"
     assert "LogWriteError" in events[-1]["payload"]["stop_message"]
     report = audit_file(run / "events.jsonl")

@@ -153,8 +153,9 @@ def test_claim_next_free_reuses_a_folder_whose_run_never_started_and_skips_a_liv
     (left / LOCK_FILE).write_text(dead.stdout)  # locked once by a process that is gone
     (left / "config.yaml").write_text("epochs: 1\n")
     (left / "events.jsonl").write_bytes(b"")
+    (left / ".config.yaml.k1ll3d.tmp").write_text("epo")  # its atomic write of the config, cut short
     claim = claim_next_free(tmp_path, "run")
-    assert claim.path == left and claim.cleared == ("config.yaml", "events.jsonl")
+    assert claim.path == left and claim.cleared == (".config.yaml.k1ll3d.tmp", "config.yaml", "events.jsonl")
     assert _files(left) == [LOCK_FILE]
     other = claim_next_free(tmp_path, "run")  # the first is held now: the next name
     assert other.path == tmp_path / "run-2"

@@ -132,8 +132,9 @@ def test_a_signal_during_start_up_stops_before_anything_is_claimed(tmp_path: Pat
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, (proc.returncode, err.decode()[-2000:])
-    assert f"signal {sig.name} received before the run started; nothing was trained" in err.decode()
-    assert b"==" not in out and not (tmp_path / "runs").exists()
+    assert f"seed 0: signal {sig.name} received before its run started; nothing was trained" in out.decode()
+    assert f"exit code {128 + sig}" in out.decode() and "==" not in out.decode()
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -38,9 +38,10 @@ __all__ = [
 
 LOCK_FILE = ".lock"
 # What a claimed run directory can hold before its run writes ``run_start``: the lock, the config
-# the job writes, and the logs the Trainer opens (rank 0's, and the other ranks').
+# the job writes (and the temp file of its atomic write, which a kill can leave), and the logs the
+# Trainer opens (rank 0's, and the other ranks').
 PRESTART_FILES = frozenset({LOCK_FILE, "config.yaml", EVENTS_FILE})
-_RANK_LOG = re.compile(r"^events-rank\d+\.jsonl$")
+_PRESTART_PATTERN = re.compile(r"^(events-rank\d+\.jsonl|\.config\.yaml\..+\.tmp)$")
 
 
 class RunDirError(ValueError):
@@ -57,7 +58,7 @@ def run_started(path: Path) -> bool:
 
 
 def _prestart(entry: Path) -> bool:
-    return entry.is_file() and (entry.name in PRESTART_FILES or _RANK_LOG.match(entry.name) is not None)
+    return entry.is_file() and (entry.name in PRESTART_FILES or _PRESTART_PATTERN.match(entry.name) is not None)
 
 
 def _never_started(path: Path) -> bool:

@@ -10,12 +10,14 @@ Room for the end. A run whose log cannot grow any more still has to write why it
 ``exception``, the move to ``train_end``, the ``result``), or its log reads as a killed process. So
 the file keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with
 ``FALLOC_FL_KEEP_SIZE``: blocks that belong to the file without changing its size or content;
-writes into them need no free space). Before each line the allocation is extended past it (one
-system call, about a microsecond, on a few lines per epoch); when it cannot be (the disk is full)
-the line still goes into the room kept, and then the error is raised: the run ends there, in the
-phase it was in, with a log that says so, and the lines that end the run go into the room too.
-``close`` gives the room back. On a file system without ``fallocate`` nothing is kept: a full disk then ends
-the log at its last whole line.
+writes into them need no free space). Before a line that would eat into that room the allocation
+is extended, in whole blocks as the file system allocates them (one system call per block of log,
+so a line costs what a plain write does); when it cannot be (the disk is full) the line still goes
+into the room, and then the error is raised: the run ends there, in the phase it was in, with a log
+that says so, and the lines that end the run go into the room too. The log learns of a full disk
+when it needs its next block, within a block (4 KB) of log after the disk filled. ``close`` gives
+the room back. On a file system without ``fallocate`` nothing is kept: a full disk then ends the
+log at its last whole line.
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ class LogFile:
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size  # the end of the last whole line
         self._room_end = self.size  # allocated up to here
+        try:
+            self._block = max(os.fstatvfs(self._fd).f_frsize, 512)
+        except OSError:
+            self._block = 4096
         self._reserving = _FALLOCATE is not None
         self.full: LogWriteError | None = None  # the file can no longer grow: lines go into the room kept
         self._keep_room(0)
@@ -110,9 +116,14 @@ class LogFile:
         fd = self._fd
         if not self._reserving or _FALLOCATE is None or fd is None:
             return None
-        length = need + ROOM
-        if _FALLOCATE(fd, _KEEP_SIZE, self.size, length) == 0:
-            self._room_end = self.size + length
+        end = self.size + need + ROOM
+        if end <= self._room_end:
+            return None
+        # Whole blocks, as the file system allocates them: one call per block of log, not per line
+        # (a call within an allocated block allocates nothing, so it could not fail sooner either).
+        end = -(-end // self._block) * self._block
+        if _FALLOCATE(fd, _KEEP_SIZE, self._room_end, end - self._room_end) == 0:
+            self._room_end = end
             return None
         err = ctypes.get_errno()
         if err in _FULL:
