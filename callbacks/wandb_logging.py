@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 import re
@@ -75,6 +76,7 @@ class WandbLoggingCallback(TrainingCallback):
         self.run_name = name
         self.wandb_run: Any = None
         self.logged: list[dict[str, float]] = []
+        self.log_errors: list[str] = []  # W&B's own log could not be written (a full disk): what it said
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
@@ -101,8 +103,21 @@ class WandbLoggingCallback(TrainingCallback):
             settings=wandb.Settings(silent=True, console="off"),
             **kwargs,
         )
+        self._quiet_handlers()
         run.emit("wandb_init", mode=self.mode, project=self.project,
                  dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))
+
+    def _quiet_handlers(self) -> None:
+        """W&B logs to its own file (``debug.log``); when that write fails (a full disk), Python's
+        logging prints the failure and W&B's traceback on stderr, some sixty lines in the middle of
+        the console. Here the failure is kept instead, and said once in one line at train end."""
+
+        def kept(record: logging.LogRecord) -> None:
+            if len(self.log_errors) < 100:
+                self.log_errors.append(f"{record.getMessage()[:200]}")
+
+        for handler in logging.getLogger("wandb").handlers:
+            handler.handleError = kept  # type: ignore[method-assign]
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         data = epoch_log(epoch)
@@ -122,4 +137,9 @@ class WandbLoggingCallback(TrainingCallback):
             if math.isfinite(best):
                 wb.summary["best_val_loss"] = best
         finally:
-            wb.finish(exit_code=1 if reason.failed else 0)
+            try:
+                wb.finish(exit_code=1 if reason.failed else 0)
+            finally:
+                if self.log_errors:
+                    run.warn(self.name, f"W&B could not write its own log {len(self.log_errors)} time(s) (first: "
+                             f"{self.log_errors[0]!r}); those messages are lost")

@@ -96,10 +96,15 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
+    from pipeline.core.log_file import LogWriteError
+
     reason = result.stop_reason
     stop = result.stop
     why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
-    print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
+    if isinstance(run.error, LogWriteError) and stop is not None:  # the log itself failed: name it, and where
+        print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {run.error.strerror}", file=out)
+    else:
+        print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
     if result.history:
         best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
         print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
@@ -115,7 +120,11 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     if resumption is not None and resumption.next_epoch >= result.epochs_completed and not stop:
         print(f"  nothing left to train: the run had finished its {resumption.next_epoch} epoch(s); "
               f"extend it with: fsmtrain resume {run.run_dir} --set epochs=N", file=out)
-    if isinstance(run.error, Interrupted) or reason is StopReason.INTERRUPTED:
+    late = isinstance(run.error, Interrupted) and reason is not StopReason.INTERRUPTED
+    if late:  # it landed during the teardown, which finished first: the run keeps its reason and its files
+        print(f"  {run.error}: it arrived during the teardown, after the run had ended {reason.name}; the run's "
+              "files are written", file=out)
+    elif isinstance(run.error, Interrupted) or reason is StopReason.INTERRUPTED:
         print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
     if isinstance(run.error, Interrupted):
         return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
@@ -146,16 +155,30 @@ def _leave_ranks(collective: Any) -> None:
 
 
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:
-    """With ``nproc`` > 1 in a plain process: start the workers and return their exit status."""
+    """With ``nproc`` > 1 in a plain process: start the workers and return their exit status. The
+    launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
     from pipeline.app.launch import launch_workers, without_nproc
+    from pipeline.core import signal_latch
     from pipeline.training.distributed import launched_by_torchrun
 
     if nproc <= 1 or launched_by_torchrun():
         return None
+    latch = signal_latch.installed()
+    signal_latch.uninstall()
+    if latch is not None and latch.signum is not None:  # it came during start-up: start nothing
+        return latch.exit_status(0)
     return launch_workers(nproc, without_nproc(args.argv))
 
 
+def _latch_signals() -> None:
+    """A command that trains latches SIGINT and SIGTERM first thing (``pipeline.core.signal_latch``)."""
+    from pipeline.core import signal_latch
+
+    signal_latch.install()
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    _latch_signals()
     cfg = _load(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
     if code is not None:
@@ -168,8 +191,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
+    from functools import partial
+
     from pipeline.app.job import run_name_for, runs_root, train_seed
-    from pipeline.app.rundir import claim_new, claim_next_free
+    from pipeline.app.rundir import claim_new, claim_next_free, run_started
+    from pipeline.core.engine import Interrupted
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
     out: TextIO = sys.stdout if lead else io.StringIO()
@@ -186,16 +212,28 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     for seed in cfg.seeds:
         name = run_name_for(cfg, seed, run_name)
 
-        def pick(name: str = name) -> tuple[Any, bool]:
-            if bool(args.resume) and (root / name / "events.jsonl").is_file():
-                return root / name, True
-            return (claim_new(root / name) if args.resume else claim_next_free(root, name)), False
+        def started(path: Path = root / name) -> bool:
+            return bool(args.resume) and run_started(path)
 
-        target, resume = pick() if collective is None else collective.on_rank_zero(pick, _shown)
-        path = target if isinstance(target, Path) else target.path
-        verb = "resuming" if resume else "->"
-        print(f"== {cfg.project}/{run_name} seed {seed} {verb} {path}", file=out, flush=True)
-        run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume)
+        resume = started() if collective is None else bool(collective.share(started))
+        # Claimed only once the run is built (train_seed): a config it cannot build claims nothing.
+        target: Any = root / name if resume else (
+            partial(claim_new, root / name) if args.resume else partial(claim_next_free, root, name))
+
+        def announce(claim: Any, resume: bool, seed: int = seed) -> None:
+            path = getattr(claim, "path", claim)
+            reused = getattr(claim, "cleared", ())
+            note = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
+            print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{note}",
+                  file=out, flush=True)
+
+        try:
+            run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume,
+                             announce=announce)
+        except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
+            print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
+            codes.append(ExitCode(exc.exit_code))
+            break
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)
@@ -210,17 +248,12 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     return int(code)
 
 
-def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
-    """What the other ranks learn of rank 0's pick: the run dir's path (rank 0 keeps its claim)."""
-    target, resume = picked
-    return (target if isinstance(target, Path) else target.path), resume
-
-
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_run_config
     from pipeline.app.job import train_seed
     from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
+    _latch_signals()
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
@@ -245,8 +278,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
                               "with the same number (fsmtrain resume starts them itself)")
         lead = collective is None or collective.rank == 0
         out: TextIO = sys.stdout if lead else io.StringIO()
-        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
-        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True)
+
+        def announce(claim: Any, resume: bool) -> None:
+            print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
+
+        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, announce=announce)
         code = _describe_seed(run, out)
         print(f"exit code {int(code)} ({code.name})", file=out)
         return int(code)
@@ -387,26 +423,14 @@ def _is_config_error(exc: BaseException) -> bool:
     return False
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m pipeline``)
+    it owns the process: a command that latched its signals keeps them latched until it exits."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
-        code = args.func(args)
-    except ValueError as exc:
-        if not _is_config_error(exc):
-            raise
-        print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
-        return int(ExitCode.CONFIG)
-    except KeyboardInterrupt:
-        print("fsmtrain: interrupted", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
-    return int(code)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        code = _run(argv)
+        code = _run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows at this flush, not at exit
     except BrokenPipeError:
         # The reader of stdout is gone (`fsmtrain audit --json | head`): what it wanted it has.
@@ -414,5 +438,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-        return int(ExitCode.BROKEN_PIPE)
-    return code
+        code = int(ExitCode.BROKEN_PIPE)
+    except BaseException:
+        _settle_signals(argv is None, None)
+        raise
+    return _settle_signals(argv is None, code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.core.engine import Interrupted
+
+    try:
+        return int(args.func(args))
+    except ValueError as exc:
+        if not _is_config_error(exc):
+            raise
+        print(f"fsmtrain {args.command}: {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    except Interrupted as exc:  # honoured during start-up, before a run started
+        print(f"fsmtrain {args.command}: {exc} before the run started; nothing was trained", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("fsmtrain: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+
+
+def _settle_signals(owns_process: bool, code: int | None) -> int:
+    """The exit status with a command's latched signals honoured (128 + the first one). A process
+    the command owns keeps ignoring, and reporting, later signals until it exits; in-process, the
+    handlers the latch replaced come back. ``code`` None: the command raised."""
+    from pipeline.core import signal_latch
+
+    latch = signal_latch.installed()
+    final = int(ExitCode.ERROR) if code is None else code
+    if latch is None:
+        return final
+    if code is not None:
+        final = latch.exit_status(code)
+        if final != code:
+            print(f"fsmtrain: {latch.name} received; exit code {final}", file=sys.stderr, flush=True)
+    if owns_process and code is not None:
+        latch.settle(final)
+    else:
+        signal_latch.uninstall()
+    return final

@@ -27,6 +27,7 @@ import pipeline.core.engine as engine_mod
 from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
 from pipeline import Trainer, TrainingCallback
 from pipeline.core.context import EpochContext, FaultContext, RunContext, Slot, StepContext, ValStepContext
+from pipeline.core.epoch_work import END
 from pipeline.core.lifecycle import (
     BATCH,
     HOOKS,
@@ -84,6 +85,56 @@ def test_a_stubbed_machine_cannot_run_a_training(monkeypatch: pytest.MonkeyPatch
     with pytest.raises((LifecycleError, TypeError, ValueError)):
         make_trainer(None, [rec], epochs=2).fit()
     assert rec.calls.count("on_epoch_end") < 2  # it did not train as if nothing were wrong
+
+
+def _permissive(model: Any, guards: Mapping[Guard, Callable[[], bool]], handlers: Any) -> Any:
+    """A real ``transitions`` machine that believes there is always another batch and never a stop."""
+    facts = {Guard.HAS_BATCH: True, Guard.IMMEDIATE_STOP: False, Guard.CAN_CONTINUE: True, Guard.FAULTED: True}
+    return build_machine(model, {g: (lambda v=facts[g]: v) for g in guards}, handlers)
+
+
+class SeesBatches(TrainingCallback):
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def on_batch_begin(self, step: StepContext) -> None:
+        self.batches.append(step.batch)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_permissive_machine_runs_no_handler_of_a_move_the_table_forbids(
+        monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
+    """Found: under a machine whose conditions always pass, the `batch` handler ran on the
+    end-of-data sentinel before anything noticed. The move's legality is checked before its handlers."""
+    monkeypatch.setattr(engine_mod, "build_machine", _permissive)
+    seen = SeesBatches()
+    with pytest.raises(LifecycleError, match=r"fired 'batch' from 'train_step'.*has_batch.*its handlers did not run"):
+        make_trainer(None, [seen], epochs=2, strict=strict).fit()
+    assert seen.batches and not any(b is END for b in seen.batches)
+    assert len(seen.batches) == 5  # every real batch of the first epoch, and nothing after them
+
+
+def _refuses_abort(model: Any, guards: Mapping[Guard, Callable[[], bool]], handlers: Any) -> Any:
+    """A real ``transitions`` machine whose ``abort`` condition never holds."""
+    return build_machine(model, {**guards, Guard.FAULTED: lambda: False}, handlers)
+
+
+@pytest.mark.timeout(60)
+def test_a_machine_that_refuses_abort_still_tears_down_and_writes_an_error_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found: a refused `abort` skipped the teardown and the `result` (engine._fault)."""
+    monkeypatch.setattr(engine_mod, "build_machine", _refuses_abort)
+    log: list[str] = []
+    with pytest.raises(LifecycleError, match=r"refused 'abort' from 'val'") as info:
+        make_trainer(tmp_path, [FailsIn(), Ends("a", 10, log)], epochs=2).fit()
+    assert isinstance(info.value.__cause__, ValueError)  # the fault the abort was for
+    assert log == ["a.on_exception", "a.on_train_end"]
+    events = events_of(tmp_path)
+    assert events[-1]["event"] == "result"
+    result = events[-1]["payload"]
+    assert result["stop_reason"] == "error"
+    assert "refused 'abort' from 'val'" in result["stop_message"] and "the original fault" in result["stop_message"]
 
 
 # --- 2. hooks fire in the order lifecycle.HOOKS lists, on both paths ----------------------------------

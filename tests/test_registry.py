@@ -1,10 +1,13 @@
 """The global registry: locked, no re-entry, and no state carried from one run into the next
-(stateful callbacks are registered as factories, called once per run)."""
+(every run gets its own copy of a registered instance, or a factory's fresh product), and a
+local callback instance serves one Trainer only (issue 24)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +25,8 @@ from pipeline import (
     TrainResult,
     register_global_callback,
 )
-from pipeline.core.context import EpochContext
+from pipeline.core.context import EpochContext, Slot
+from pipeline.core.hooks import CallbackBoundError
 from pipeline.core.registry import global_callbacks
 
 
@@ -113,23 +117,28 @@ def test_registering_one_instance_twice_is_refused_until_it_is_removed() -> None
     again.remove()
 
 
-def test_a_stateful_instance_is_refused_with_the_factory_form_in_the_message() -> None:
+def test_a_registered_instance_with_state_is_a_prototype_every_run_copies() -> None:
+    """The rule "stateful means overrides state_dict" is gone: any instance may be registered, and
+    each run gets a deep copy of it, so the registered instance itself is never run."""
+    prototype = EarlyStoppingCallback(patience=3)
+    with register_global_callback(prototype):
+        first, second = CallbackRunner([]), CallbackRunner([])
+    (a,), (b,) = first.callbacks, second.callbacks
+    assert isinstance(a, EarlyStoppingCallback) and a.patience == 3
+    assert len({id(prototype), id(a), id(b)}) == 3
+    assert first.describe()[0]["tier"] == "global"
+
+
+def test_an_instance_that_cannot_be_copied_is_refused_with_the_factory_form_in_the_message() -> None:
+    class HoldsALock(Plain):
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
     with pytest.raises(GlobalRegistrationError) as info:
-        register_global_callback(EarlyStoppingCallback(patience=3))
+        register_global_callback(HoldsALock())
     msg = str(info.value)
-    assert "EarlyStoppingCallback keeps state (state_dict)" in msg
-    assert "register_global_callback(EarlyStoppingCallback, <its arguments>)" in msg
-    with pytest.raises(GlobalRegistrationError, match="register a factory"), EarlyStoppingCallback(patience=3):
-        pass
-
-    class NonEmptyState(Plain):  # claims to be stateless, but its state_dict() is not empty
-        stateful = False
-
-        def state_dict(self) -> dict[str, Any]:
-            return {"seen": 1}
-
-    with pytest.raises(GlobalRegistrationError, match="NonEmptyState keeps state"):
-        register_global_callback(NonEmptyState())
+    assert msg.startswith("HoldsALock cannot be copied for each run (TypeError:")
+    assert "register_global_callback(HoldsALock, <its arguments>)" in msg
 
 
 def test_factory_arguments_are_checked_at_registration() -> None:
@@ -180,11 +189,96 @@ def test_a_global_early_stopping_behaves_identically_in_two_consecutive_runs() -
     assert stoppers[0] is not stoppers[1]
 
 
-def test_control_one_shared_instance_does_carry_its_state_into_the_next_run() -> None:
-    # What the registry's factory rule prevents: the same instance in two runs stops the second
-    # after one epoch (the defect reported in issue 9).
+def test_one_local_instance_given_to_a_second_trainer_is_refused_naming_the_fix() -> None:
+    """Found: one local instance passed to two Trainers carried run A's state into run B (an early
+    stop after one epoch). The second Trainer now refuses it."""
     shared = EarlyStoppingCallback(patience=3)
     first, _ = _plateau_run([shared])
-    second, _ = _plateau_run([shared])
     assert first.epochs_completed == 4
-    assert second.epochs_completed == 1
+    assert shared.wait == 3  # the state a second run would have started from
+    with pytest.raises(CallbackBoundError) as info:
+        _plateau_run([shared])
+    msg = str(info.value)
+    assert msg.startswith("EarlyStoppingCallback: this callback instance already belongs to another Trainer")
+    assert "give each Trainer its own instance (Trainer(..., callbacks=[EarlyStoppingCallback(...)]))" in msg
+    second, _ = _plateau_run([EarlyStoppingCallback(patience=3)])  # the fix the message names
+    assert second.epochs_completed == 4
+
+
+def test_a_trainer_whose_constructor_failed_leaves_its_callbacks_free() -> None:
+    mine = EarlyStoppingCallback(patience=3)
+    model = tiny_model(0)
+    train, val = tiny_task(0)
+    with pytest.raises(ValueError, match="metrics named val_loss"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.MSELoss(), train, val, max_epochs=2,
+                callbacks=[mine], metrics={"val_loss": lambda p, t: p.sum()}, default_callbacks=False)
+    result, _ = _plateau_run([mine])  # not refused: the failed Trainer never ran it
+    assert result.epochs_completed == 4
+
+
+BEST = Slot[float]("best_val_loss")
+
+
+class BestLossTracker(TrainingCallback):
+    """The seed's callback: the best val loss so far in a plain attribute (no state_dict), reported
+    every epoch."""
+
+    writes = (BEST,)
+
+    def __init__(self) -> None:
+        self.best = math.inf
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        self.best = min(self.best, epoch.metrics["val_loss"])
+        epoch.set(BEST, self.best)
+
+
+def _run_at(lr: float) -> TrainResult:
+    torch.set_num_threads(1)
+    model = tiny_model(0)
+    train, val = tiny_task(0)
+    return Trainer(model, torch.optim.SGD(model.parameters(), lr=lr), nn.MSELoss(), train, val, max_epochs=3,
+                   console_level="error", default_callbacks=False).fit()
+
+
+def test_a_registered_callback_with_plain_attributes_carries_nothing_into_the_next_run() -> None:
+    """Found: the seed's BestLossTracker registered globally reported run A's best (0.1505) in run
+    B (whose own best was 1.127)."""
+    prototype = BestLossTracker()
+    with register_global_callback(prototype):
+        a = _run_at(0.05)  # learns: a low best
+        b = _run_at(0.0)  # lr 0: stays where it started, well above run A's best
+    best_a = min(r.metrics["val_loss"] for r in a.history)
+    best_b = min(r.metrics["val_loss"] for r in b.history)
+    assert best_a < best_b
+    assert a.history[-1].slots["best_val_loss"] == best_a
+    assert b.history[-1].slots["best_val_loss"] == best_b  # its own best, not run A's
+    assert prototype.best == math.inf  # the registered instance was never run
+
+
+def _snapshot(cb: TrainingCallback) -> dict[str, str]:
+    return {k: repr(v) for k, v in vars(cb).items()}
+
+
+@pytest.mark.timeout(120)
+def test_built_ins_holding_per_run_state_are_copied_for_every_run(tmp_path: Path) -> None:
+    """Found: GradientMonitor, W&B, ProgressBar and EpochSummary instances were accepted globally
+    while they hold per-run state; the registered instance is now never touched by a run."""
+    from callbacks import EpochSummaryCallback, GradientMonitorCallback, ProgressBarCallback, WandbLoggingCallback
+
+    prototypes: list[TrainingCallback] = [
+        GradientMonitorCallback(), WandbLoggingCallback(mode="disabled", directory=tmp_path),
+        ProgressBarCallback(enabled=True), EpochSummaryCallback()]
+    before = [_snapshot(cb) for cb in prototypes]
+    handles = [register_global_callback(cb) for cb in prototypes]
+    try:
+        runs = [_plateau_run([]) for _ in range(2)]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [_snapshot(cb) for cb in prototypes] == before
+    for cb in prototypes:
+        copies = [next(c for c in t.callbacks if type(c) is type(cb)) for _, t in runs]
+        assert copies[0] is not copies[1] and cb not in copies
+    grads = [next(c for c in t.callbacks if isinstance(c, GradientMonitorCallback)) for _, t in runs]
+    assert all(g._params for g in grads)  # each copy did run

@@ -1,8 +1,8 @@
 """The main job: build everything a config names and train one seed into its run directory.
 
 Used by ``fsmtrain train`` and ``fsmtrain preflight`` (and reusable by the HPO layer). Everything
-is built and checked before the run directory is created, so a config that cannot be built
-leaves nothing on disk.
+is built and checked before the run directory is claimed, and a claim whose run never started is
+let go with what it wrote, so a config that cannot be built leaves nothing on disk.
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ from pipeline.app.config.schema import TRAINING_FIELDS
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.app.schedule import Replan, replan_schedule, resume_schedule
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
-from pipeline.core.drawing import write_run_diagram
 from pipeline.core.engine import Interrupted
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.result import TrainResult
+from pipeline.core.signal_latch import installed
 from pipeline.training.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "CONFIG_FILE", "MODEL_FILE", "RunParts", "SeedRun", "build_parts", "config_differences", "config_fingerprint",
-    "run_name_for", "runs_root", "train_seed",
+    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunTarget", "SeedRun", "build_parts", "config_differences",
+    "config_fingerprint", "run_name_for", "runs_root", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -180,28 +180,42 @@ class SeedRun:
         return self.trainer.engine.result
 
 
+# Where a seed's run goes: a folder to claim (new, or the run in it when resuming), a claim already
+# made, or a claimer called once the run is built (``fsmtrain train``: the next free name).
+RunTarget = Path | RunDirClaim | Callable[[], RunDirClaim]
+
+
 def train_seed(
     cfg: RunConfig,
     seed: int,
-    run_dir: Path | RunDirClaim,
+    run_dir: RunTarget,
     *,
     extra_callbacks: Sequence[TrainingCallback] = (),
     trial: optuna.trial.Trial | None = None,
     resume: bool = False,
     extras: Mapping[str, Any] | None = None,
+    announce: Callable[[RunDirClaim | Path, bool], None] | None = None,
 ) -> SeedRun:
     """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
-    when ``fit()`` returns, ``model.pt``. An exception or a signal during ``fit()`` is caught after
-    the run reached train_end and returned in ``SeedRun.error``; build errors raise ``ConfigError``
-    (and a run directory that cannot be claimed ``RunDirError``) before anything is written.
-    ``extras`` join the run context (``hpo``: study and trial, which the ``run_start`` event records).
+    in the teardown before the ``result``, ``model.pt`` and ``lifecycle.mmd``. An exception or a
+    signal during ``fit()`` is caught after the run reached train_end and returned in
+    ``SeedRun.error``; build errors raise ``ConfigError`` (and a run directory that cannot be
+    claimed ``RunDirError``) and leave nothing behind. ``extras`` join the run context (``hpo``:
+    study and trial, which the ``run_start`` event records).
+
+    The run directory is claimed once the model, optimizer, data and callbacks are built, so a
+    config that cannot be built claims none; ``announce(claim, resume)`` is called once it is
+    claimed and the run can start. A signal latched during start-up (``pipeline.core.signal_latch``)
+    is honoured before the run starts: the claim is let go and
+    :class:`~pipeline.core.engine.Interrupted` raised.
 
     ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
     may differ from the run's ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
-    path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
     replan: Replan | None = None
     if resume:
+        assert not callable(run_dir), "a resumed run is named by its folder"
+        path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
         before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
         # an extension never runs a schedule past its horizon unnoticed: refused, or re-planned on purpose
         if before is not None:
@@ -218,21 +232,34 @@ def train_seed(
             raise ConfigError([ConfigProblem(
                 "resume", "the model, optimizer, data and seed the run was trained with",
                 "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
+    latch = installed()
+    collective = joined_collective(torch.device(cfg.device))
+    # One process honours a start-up signal before its run starts; the ranks of a multi-process
+    # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
+    startup = latch if collective is None else None
     try:
         parts = build_parts(cfg, seed)
-        callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
+        if startup is not None:
+            startup.raise_if_signalled()
     except BaseException:
         if isinstance(run_dir, RunDirClaim):
-            run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
+            run_dir.let_go()  # claimed for a run that could not be built: leave nothing behind
         raise
-    collective = joined_collective(torch.device(cfg.device))
     owner = collective is None or collective.rank == 0  # rank 0 owns the run dir and what is in it
 
     def take() -> RunDirClaim:
-        return run_dir if isinstance(run_dir, RunDirClaim) else (claim_existing(path) if resume else claim_new(path))
+        if isinstance(run_dir, RunDirClaim):
+            return run_dir
+        if callable(run_dir):
+            return run_dir()
+        return claim_existing(run_dir) if resume else claim_new(run_dir)
 
     claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
+    path = claim.path if isinstance(claim, RunDirClaim) else claim
     try:
+        callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
+        if announce is not None:
+            announce(claim, resume)
         if owner:
             atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
         trainer = Trainer(
@@ -240,29 +267,27 @@ def train_seed(
             max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
-                    RECORDED_FOLDERS: user_folders(cfg), **(extras or {})},
+                    RECORDED_FOLDERS: user_folders(cfg),
+                    **({"reused_run_dir": list(claim.cleared)} if isinstance(claim, RunDirClaim) and claim.cleared
+                       else {}),
+                    **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
-            compile=cfg.compile, log_fsync=cfg.log.fsync,
+            compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True,
         )
+        if startup is not None and startup.signum is not None:
+            trainer.close()
+            startup.raise_if_signalled()
     except BaseException:
         if isinstance(claim, RunDirClaim):
-            if resume:
-                claim.release()
-            else:
-                claim.abandon()
+            claim.let_go()  # a resumed run's folder is only released; a new one that never started goes
         raise
     if replan is not None and trainer.resumption is not None:
         replan_schedule(cfg, trainer.resumption, replan)
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
-        if owner:
-            _write_path_diagram(trainer)
         _all_ranks_done(trainer, exc)
         return SeedRun(seed, path, trainer, exc)
-    if owner:
-        atomic_write_bytes(path / MODEL_FILE, trainer.model_bytes())
-        _write_path_diagram(trainer)
     _all_ranks_done(trainer, None)
     return SeedRun(seed, path, trainer)
 
@@ -277,8 +302,3 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
 
-
-def _write_path_diagram(trainer: Trainer) -> None:
-    """``lifecycle.mmd``: the path this run took, drawn from its own log."""
-    if trainer.engine.result is not None and trainer.events.path is not None:
-        write_run_diagram(trainer.events.path)

@@ -5,6 +5,18 @@ four identical ``fsmtrain train`` commands started together get ``name``, ``name
 and ``name-4`` without a race. Every claim, new or resumed, then holds an exclusive ``flock`` on
 ``<run>/.lock`` until the run ends, so a second process cannot append to a run that is still
 going. Errors say which folder and why, never with a traceback.
+
+The lock file lives only as long as its claim: a claim removes ``.lock`` as it lets go (while it
+still holds the lock), so a finished run keeps no ``.lock``. A process that locks a ``.lock``
+checks, once it holds it, that the file is still the one in the folder (a claim letting go may
+have removed it in between); if not, it locks the new one, so two claims never hold one folder.
+
+A run that never started is not left behind. Until its log holds a ``run_start`` a run directory
+holds only what a claim writes before the run starts (:data:`PRESTART_FILES`: the lock, the
+config, an empty log). Letting go of such a claim (:meth:`RunDirClaim.let_go`: a build that failed,
+a signal during start-up) removes those files, and the folder if the claim made it. A process
+killed before it could do so (``kill -9``) leaves such a folder; the next claim of that name
+reuses it (``cleared`` names what it removed) instead of moving on to ``name-2``.
 """
 
 from __future__ import annotations
@@ -13,65 +25,124 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.events import EVENTS_FILE
+from pipeline.core.events import EVENTS_FILE, first_run_start
 
-__all__ = ["LOCK_FILE", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free"]
+__all__ = [
+    "LOCK_FILE", "PRESTART_FILES", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free",
+    "run_started",
+]
 
 LOCK_FILE = ".lock"
-# What a claimed run directory holds before its run writes its log: such a folder was claimed by a
-# run that ended (was killed) before it started, and may be claimed again.
-_CLAIM_FILES = frozenset({LOCK_FILE, "config.yaml"})
+# What a claimed run directory can hold before its run writes ``run_start``: the lock, the config
+# the job writes (and the temp file of its atomic write, which a kill can leave), and the logs the
+# Trainer opens (rank 0's, and the other ranks').
+PRESTART_FILES = frozenset({LOCK_FILE, "config.yaml", EVENTS_FILE})
+_PRESTART_PATTERN = re.compile(r"^(events-rank\d+\.jsonl|\.config\.yaml\..+\.tmp)$")
 
 
 class RunDirError(ValueError):
     """A run directory cannot be used: taken, locked, not a folder, or not writable."""
 
 
+def run_started(path: Path) -> bool:
+    """The run directory's log holds a ``run_start``: a run began there (and its files are evidence)."""
+    log = path / EVENTS_FILE
+    try:
+        return log.is_file() and first_run_start(log) is not None
+    except OSError:
+        return True  # unreadable: not ours to judge, so never reused or removed
+
+
+def _prestart(entry: Path) -> bool:
+    return entry.is_file() and (entry.name in PRESTART_FILES or _PRESTART_PATTERN.match(entry.name) is not None)
+
+
+def _never_started(path: Path) -> bool:
+    """A folder a claim made for a run that never wrote ``run_start``: only pre-start files in it."""
+    try:
+        return all(_prestart(p) for p in path.iterdir()) and not run_started(path)
+    except OSError:
+        return False
+
+
 @dataclass
 class RunDirClaim:
-    """A claimed run directory; ``release()`` (or the end of the process) lets it go."""
+    """A claimed run directory; ``let_go()`` (or the end of the process) lets it go.
+
+    ``created``: the folder is this claim's (made by it, or reused from a run that never started),
+    so letting go of a run that never started removes it. ``resumed``: the claim continues a run."""
 
     path: Path
     fd: int | None = field(default=None, repr=False)
     made: tuple[Path, ...] = ()  # parent folders this claim created, innermost first
+    created: bool = False
+    resumed: bool = False
+    cleared: tuple[str, ...] = ()  # files a run that never started had left, removed to reuse its folder
 
     def release(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-                os.close(self.fd)
-            self.fd = None
+        """Let the folder go: ``.lock`` is removed while the lock is still held, then unlocked."""
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _same_file(self.path / LOCK_FILE, self.fd):
+                (self.path / LOCK_FILE).unlink()
+        with contextlib.suppress(OSError):
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = None
 
-    def abandon(self) -> None:
-        """Release, and remove the folder again if the run never wrote anything into it."""
+    def let_go(self) -> None:
+        """Release the folder; if its run never started, remove what the claim left in it."""
+        if self.resumed or not self.path.is_dir() or not _never_started(self.path):
+            self.release()
+            return
+        with contextlib.suppress(OSError):
+            for entry in self.path.iterdir():
+                if entry.name != LOCK_FILE and _prestart(entry):
+                    entry.unlink()
         self.release()
-        if self.path.is_dir() and all(p.name == LOCK_FILE for p in self.path.iterdir()):
+        if self.created:
             with contextlib.suppress(OSError):
-                (self.path / LOCK_FILE).unlink(missing_ok=True)
-                self.path.rmdir()
+                self.path.rmdir()  # only while empty
                 for parent in self.made:
                     parent.rmdir()  # only while empty: OSError stops at the first folder in use
+
+    abandon = let_go  # the name the job used for a claim whose run could not be built
 
     @property
     def held(self) -> bool:
         return self.fd is not None
 
 
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _lock(path: Path) -> RunDirClaim:
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise RunDirError(f"run directory {path} is not writable: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise RunDirError(f"run directory {path} is in use by another running process") from None
-        raise RunDirError(f"cannot lock run directory {path}: {exc.strerror or exc}") from None
+    while True:
+        try:
+            fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"run directory {path} is not writable: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirError(f"run directory {path} is in use by another running process") from None
+            raise RunDirError(f"cannot lock run directory {path}: {exc.strerror or exc}") from None
+        if _same_file(path / LOCK_FILE, fd):
+            break
+        os.close(fd)  # the claim that held it removed it as it let go: lock the folder's new one
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return RunDirClaim(path, fd)
@@ -92,34 +163,77 @@ def _make_parent(path: Path) -> tuple[Path, ...]:
     return tuple(missing)
 
 
+def _left_by_a_claim(path: Path) -> bool:
+    """``path/.lock`` names the process that held it: the claim got as far as locking it. (A folder
+    another process has just made and not yet locked has none, and is that process's.)"""
+    try:
+        return (path / LOCK_FILE).read_bytes().strip().isdigit()
+    except OSError:
+        return False
+
+
+def _reuse(path: Path, *, only_locked_before: bool = False) -> RunDirClaim | None:
+    """Claim ``path``, a folder left by a run that never started; None when it is not one (or a
+    live process holds it). ``only_locked_before``: only a folder whose claim had locked it."""
+    if not _never_started(path) or (only_locked_before and not _left_by_a_claim(path)):
+        return None
+    try:
+        claim = _lock(path)
+    except RunDirError:
+        return None
+    if not _never_started(path):  # it started while this process took the lock
+        claim.release()
+        return None
+    cleared = []
+    for entry in sorted(path.iterdir()):
+        if entry.name != LOCK_FILE:
+            entry.unlink()
+            cleared.append(entry.name)
+    claim.created, claim.cleared = True, tuple(cleared)
+    return claim
+
+
 def claim_new(path: str | Path) -> RunDirClaim:
-    """Claim ``path`` for a new run: it must not exist yet, or be an empty folder."""
+    """Claim ``path`` for a new run: it must not exist yet, be an empty folder, or be the folder of
+    a run that never started (which is reused)."""
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise RunDirError(f"run directory {path} is a dangling symbolic link (to {os.readlink(path)})")
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file, not a folder")
     made = _make_parent(path)
+    created = True
     try:
         os.mkdir(path)
     except FileExistsError:
-        if (path / EVENTS_FILE).exists():
+        created = False
+        if run_started(path):
             raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
                               "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder") from None
-        if any(p.name not in _CLAIM_FILES for p in path.iterdir()):
+        if any(not _prestart(p) for p in path.iterdir()):
             raise RunDirError(f"run directory {path} exists and is not empty; choose a new folder") from None
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
+    if not created and any(True for _ in path.iterdir()):
+        reused = _reuse(path)
+        if reused is None:  # a live claim holds it (a Trainer built on it, a run starting)
+            if (path / EVENTS_FILE).exists():
+                raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
+                                  "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder")
+            raise RunDirError(f"run directory {path} is in use by another running process")
+        reused.made = made
+        return reused
     claim = _lock(path)
-    claim.made = made
-    if (path / EVENTS_FILE).exists():  # another process claimed the empty folder first and started
+    claim.made, claim.created = made, created
+    if run_started(path):  # another process claimed the empty folder first and started
         claim.release()
         raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); choose a new folder")
     return claim
 
 
 def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
-    """Claim ``root/name``, or ``name-2``, ``name-3``… when taken; atomic under concurrency."""
+    """Claim ``root/name``, or ``name-2``, ``name-3``… when taken; atomic under concurrency. A
+    folder left by a run that never started is not taken: it is reused."""
     root = Path(root)
     made = _make_parent(root / name)
     n = 1
@@ -128,12 +242,16 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
         try:
             os.mkdir(candidate)
         except FileExistsError:
+            reused = _reuse(candidate, only_locked_before=True) if candidate.is_dir() else None
+            if reused is not None:
+                reused.made = made
+                return reused
             n += 1
             continue
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {candidate}: {exc.strerror or exc}") from None
         claim = _lock(candidate)
-        claim.made = made
+        claim.made, claim.created = made, True
         return claim
 
 
@@ -144,4 +262,6 @@ def claim_existing(path: str | Path) -> RunDirClaim:
         raise RunDirError(f"run directory {path} does not exist or is not a folder")
     if not (path / EVENTS_FILE).is_file():
         raise RunDirError(f"{path} holds no {EVENTS_FILE}: it is not a run directory")
-    return _lock(path)
+    claim = _lock(path)
+    claim.resumed = True
+    return claim

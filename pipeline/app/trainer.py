@@ -18,11 +18,13 @@ from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
 from pipeline.core.context import RunContext
-from pipeline.core.engine import Engine
-from pipeline.core.events import FSYNC_POLICIES, EventLog
-from pipeline.core.hooks import TrainingCallback
+from pipeline.core.drawing import run_diagram
+from pipeline.core.engine import Engine, Interrupted
+from pipeline.core.events import FSYNC_POLICIES, EventLog, check_levels
+from pipeline.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
+from pipeline.core.stop import StopReason
 from pipeline.training.atomic import atomic_write_bytes
 from pipeline.training.distributed import (
     TorchCollective,
@@ -35,11 +37,13 @@ from pipeline.training.precision import PrecisionPolicy
 from pipeline.training.resume import (
     NothingCommitted,
     Restart,
+    ResumeError,
     Resumption,
     check_log_key,
     find_resumption,
     prepare_restart,
 )
+from pipeline.training.resume_match import mismatches
 from pipeline.training.signals import signals_set_flag
 
 __all__ = ["TrainResult", "Trainer"]
@@ -62,7 +66,11 @@ class Trainer:
 
     ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
     :mod:`pipeline.app.defaults`): the console line or progress bar, the watching built-ins and,
-    with a ``run_dir``, ``metrics.csv``, checkpoints and ``model.pt`` after a finished ``fit()``.
+    with a ``run_dir``, ``metrics.csv`` and checkpoints. ``write_outputs`` (default: as
+    ``default_callbacks``): with a ``run_dir``, the teardown writes ``model.pt`` (after a run that
+    ended for its own reason) and ``lifecycle.mmd``, before the ``result``. A callback instance
+    serves one Trainer: one already given to another is refused. A constructor that fails lets go
+    of the run directory it claimed, with whatever it wrote there.
     ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`pipeline.training.precision`);
     ``compile``: ``torch.compile`` the training forward.
 
@@ -100,24 +108,14 @@ class Trainer:
         precision: str = "32",
         compile: bool = False,
         log_fsync: str = "commits",
+        write_outputs: bool | None = None,
     ) -> None:
-        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
-            raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if hasattr(train_loader, "__len__") and len(train_loader) == 0:  # type: ignore[arg-type]
-            raise ValueError("train_loader yields no batches (is the dataset smaller than one batch with drop_last?)")
-        for i, cb in enumerate(callbacks):
-            if not isinstance(cb, TrainingCallback):
-                raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
-        if resume_from is not None and run_dir is None:
-            raise ValueError("resume_from needs the run_dir of the run to continue")
-        if log_fsync not in FSYNC_POLICIES:  # before the run dir is claimed
-            raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
+        _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
+                         log_level, console_level, log_fsync)
         self.precision = PrecisionPolicy(precision, torch.device(device))
         self.default_callbacks = default_callbacks
+        # model.pt and lifecycle.mmd, written in the teardown before the result (rank 0, with a run_dir)
+        self.write_outputs = default_callbacks if write_outputs is None else write_outputs
         if default_callbacks:
             target = run_dir.path if isinstance(run_dir, RunDirClaim) else None if run_dir is None else Path(run_dir)
             callbacks = with_defaults(callbacks, run_dir=target, max_epochs=max_epochs)
@@ -129,24 +127,67 @@ class Trainer:
         rank = self.collective.rank if self.collective is not None else 0
         if rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
-        self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
         self.restart: Restart | None = None
-        self.run_dir = self._claim(run_dir, resume_from is not None)
+        self.events: EventLog | None = None
+        binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
+        try:
+            # Everything that can fail without the run directory is built before it is claimed.
+            self.runner = CallbackRunner(callbacks)
+            run_extras = self._run_extras(extras, train_loader, rank)
+            self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile)
+            self.run_dir = self._claim(run_dir, resume_from is not None)
+            self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict, rank,
+                        log_fsync)
+        except BaseException:
+            self.close()  # a claim this constructor made is let go: a retry finds the folder free
+            unbind_callbacks(callbacks, binding)
+            raise
+
+    def _run_extras(self, extras: Mapping[str, Any] | None, train_loader: Iterable[Any], rank: int) -> dict[str, Any]:
+        run_extras = dict(extras or {})
+        gen = TorchDriver.loader_generator(train_loader)
+        if gen is not None:
+            run_extras.setdefault("data_seed", gen.initial_seed())
+        if self.collective is not None:
+            run_extras.update(rank=rank, world_size=self.collective.world_size)
+        return run_extras
+
+    def _driver(self, loss_fn: LossFn, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
+                metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool) -> TorchDriver:
+        train_model: nn.Module | None = None
+        if self.collective is not None:
+            rank, world = self.collective.rank, self.collective.world_size
+            train_loader = shard_train_loader(train_loader, rank, world, int(run_extras.get("data_seed", 0)))
+            val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
+            train_model = wrap_model(self.model, self.device)
+        return TorchDriver(
+            self.model, self.optimizer, loss_fn, train_loader, val_loader,
+            scheduler=self.scheduler, device=self.device, metrics=metrics,
+            train_model=_compiled(train_model or self.model) if compile else train_model,
+            all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
+            precision=self.precision,
+        )
+
+    def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
+               log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, rank: int,
+               log_fsync: str) -> None:
+        """The claimed run: what it resumes from, its log, its context and its engine."""
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
-            try:
-                check_log_key(self.run_dir, key)
-                found = self._find_resumption(self.run_dir, resume_from)
-            except BaseException:
-                self.close()
-                raise
+            check_log_key(self.run_dir, key)
+            found = self._find_resumption(self.run_dir, resume_from)
             if isinstance(found, Restart):
                 self.restart = found
             else:
                 self.resumption = found
+                problems = mismatches(found.state, self.model, self.optimizer, self.scheduler)
+                if problems:
+                    raise ResumeError(f"{self.run_dir}: cannot resume from {found.shown}: {'; '.join(problems)}; "
+                                      "build the Trainer with the model, optimizer and scheduler the run was trained "
+                                      "with")
             start_seq = found.tail.next_seq
             run_id = found.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
@@ -158,40 +199,24 @@ class Trainer:
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,
-            config=(extras or {}).get("config"),  # the chain's genesis: run id and resolved config
+            config=run_extras.get("config"),  # the chain's genesis: run id and resolved config
             key=key,
             fsync=log_fsync,
         )
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
-            model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
-        self.run.extras.update(extras or {})
-        gen = TorchDriver.loader_generator(train_loader)
-        if gen is not None:
-            self.run.extras.setdefault("data_seed", gen.initial_seed())
-        train_model: nn.Module | None = None
-        if self.collective is not None:
-            world = self.collective.world_size
-            self.run.extras.update(rank=rank, world_size=world)
-            train_loader = shard_train_loader(train_loader, rank, world, int(self.run.extras.get("data_seed", 0)))
-            val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
-            train_model = wrap_model(self.model, self.device)
-        self.driver = TorchDriver(
-            self.model, optimizer, loss_fn, train_loader, val_loader,
-            scheduler=scheduler, device=self.device, metrics=metrics,
-            train_model=_compiled(train_model or self.model) if compile else train_model,
-            all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
-            precision=self.precision,
-        )
+        self.run.extras.update(run_extras)
         self.run.scaler = self.precision.scaler
         if self.resumption is not None:
             self.resumption.prepare(self.run)
         restore = self.resumption.restore if self.resumption is not None else None
         if self.restart is not None:
             restore = self.restart.restore
+        outputs = self.write_outputs and self.run_dir is not None and rank == 0
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
-                             collective=self.collective)
+                             collective=self.collective, outputs=self._write_outputs if outputs else None)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error)."""
@@ -236,15 +261,26 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED (teardown
-        runs, the ``result`` is written) and raise :class:`pipeline.core.engine.Interrupted`."""
+        runs, the ``result`` is written) and raise :class:`pipeline.core.engine.Interrupted`; one that
+        lands during the teardown is honoured after it: the run keeps its reason and its files, and
+        ``Interrupted`` is raised once the teardown is done."""
         try:
             with signals_set_flag(self.run):
                 result = self.engine.execute()
-            if self.default_callbacks and self.run_dir is not None and self.run.extras.get("rank", 0) == 0:
-                atomic_write_bytes(self.run_dir / MODEL_FILE, self.model_bytes())
+            late = self.run.pending_signal
+            if late is not None and result.stop_reason is not StopReason.INTERRUPTED:
+                raise Interrupted(late)
             return result
         finally:
             self.close()
+
+    def _write_outputs(self, run: RunContext, finished: bool) -> None:
+        """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the
+        run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
+        assert self.run_dir is not None and self.events is not None and self.events.path is not None
+        if finished:
+            atomic_write_bytes(self.run_dir / MODEL_FILE, self.model_bytes())
+        atomic_write_bytes(self.run_dir / DIAGRAM_FILE, run_diagram(self.events.path).encode("utf-8"))
 
     def model_bytes(self) -> bytes:
         """The trained weights as ``model.pt`` holds them (the plain module's ``state_dict``)."""
@@ -253,12 +289,13 @@ class Trainer:
         return buffer.getvalue()
 
     def close(self) -> None:
-        """Close the log and let the run directory go (``fit`` does this itself)."""
+        """Close the log and let the run directory go (``fit`` does this itself): a run that never
+        started leaves nothing in it (see :mod:`pipeline.app.rundir`)."""
         events = getattr(self, "events", None)
         if events is not None:
             events.close()
         if self.claim is not None:
-            self.claim.release()
+            self.claim.let_go()
 
 
 def joined_collective(device: torch.device) -> TorchCollective | None:
@@ -271,6 +308,29 @@ def joined_collective(device: torch.device) -> TorchCollective | None:
 
 
 MODEL_FILE = "model.pt"
+DIAGRAM_FILE = "lifecycle.mmd"
+
+
+def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], max_epochs: Any,
+                     callbacks: Sequence[Any], run_dir: Any, resume_from: Any, log_level: str,
+                     console_level: str, log_fsync: str) -> None:
+    """The constructor's arguments, checked before anything is built or claimed."""
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
+        raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if hasattr(train_loader, "__len__") and len(train_loader) == 0:  # type: ignore[arg-type]
+        raise ValueError("train_loader yields no batches (is the dataset smaller than one batch with drop_last?)")
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, TrainingCallback):
+            raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
+    if resume_from is not None and run_dir is None:
+        raise ValueError("resume_from needs the run_dir of the run to continue")
+    check_levels(level=log_level, console_level=console_level)
+    if log_fsync not in FSYNC_POLICIES:
+        raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
 
 
 def _compiled(model: nn.Module) -> nn.Module:

@@ -5,8 +5,12 @@ triggers that leave its current state, in table order; the machine's own conditi
 guards) decide which one fires, and the phase is read from the machine's state, nowhere else. What
 happens on a move is the machine's handler for that transition, compiled here from
 :func:`pipeline.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
-After a move the engine checks the machine moved where the table allows, so a broken machine
-(one that accepts every trigger, or never changes state) stops the run instead of faking it.
+Before a move's handlers run, its ``before`` callback checks the table allows it (the machine's
+conditions passed, so the engine's guards must hold too: :mod:`pipeline.core.move_check`); after
+it, the engine checks the machine moved where the table says. So a broken machine (one that
+accepts every trigger, or never changes state) stops the run instead of faking it, and no handler
+runs for a move the table forbids. A machine that refuses ``abort`` does not skip the teardown:
+the engine runs it itself and the run ends ERROR, naming the refusal.
 
 It knows nothing of torch: what it drives is a :class:`~pipeline.core.driver.Driver`. Training and
 replay are drivers; both take exactly this code path.
@@ -17,12 +21,13 @@ holds, then hands back to the real trigger. Strict mode (``strict=True`` or
 ``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger; both write the same events.
 
 Teardown cannot be skipped: every step of ``train_end`` (``on_exception``, ``on_train_end`` per
-callback, the driver's ``end_run``, the ``result`` event) runs even when an earlier one raises or a
-second interrupt arrives; the first error is raised after all have run.
+callback, the driver's ``end_run``, the outputs, the ``result`` event) runs even when an earlier
+one raises or a second interrupt arrives; the first error is raised after all have run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
@@ -32,7 +37,7 @@ from typing import Any
 from pipeline.core.consensus import Collective, RankAgreement
 from pipeline.core.context import FaultContext, RunContext
 from pipeline.core.driver import Driver
-from pipeline.core.epoch_work import EpochWork
+from pipeline.core.epoch_work import EpochWork, Outputs
 from pipeline.core.handlers import HandlerCompiler, compile_guard
 from pipeline.core.lifecycle import (
     ABORT,
@@ -44,11 +49,14 @@ from pipeline.core.lifecycle import (
     Guard,
     LifecycleError,
     Phase,
+    Transition,
     build_machine,
     program_for,
     transition_for,
     triggers_from,
 )
+from pipeline.core.log_file import LogWriteError
+from pipeline.core.move_check import MoveChecks
 from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
@@ -57,8 +65,11 @@ __all__ = ["STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
-# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
-_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders"})
+# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run;
+# user_folders: where the run's own modules came from; reused_run_dir: the files a run that never
+# started had left in the folder this one reused).
+_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders",
+                               "reused_run_dir"})
 
 
 class Interrupted(KeyboardInterrupt):
@@ -94,8 +105,10 @@ class Engine:
         strict: bool | None = None,
         restore: Callable[[RunContext], None] | None = None,
         collective: Collective | None = None,
+        outputs: Outputs | None = None,
     ) -> None:
         """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint).
+        ``outputs``: writes the run's files in the teardown, before its ``result``.
         ``collective``: this process is one rank of a multi-process run; the shared guards then read
         the facts the ranks agree on (:class:`~pipeline.core.consensus.RankAgreement`)."""
         self.driver = driver
@@ -105,7 +118,7 @@ class Engine:
         self._faulted = False
         self._logged: set[int] = set()  # exceptions already written to the log
         self._debug = run.events.enabled_for("debug")
-        work = self._work = EpochWork(driver, runner, run, restore)
+        work = self._work = EpochWork(driver, runner, run, restore, outputs)
         shared = collective is not None and collective.world_size > 1
         self._agreement = (RankAgreement(collective, run, per_batch=runner.may_stop_immediately)
                            if shared and collective is not None else None)
@@ -114,6 +127,7 @@ class Engine:
         # run.pending_signal as it was at the last boundary: a signal handler sets the live one between
         # any two bytecodes, and the facts the engine checks a move against must be the ones its guards read.
         self._signal: int | None = None
+        self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
             Guard.HAS_BATCH: work.has_batch,
@@ -125,9 +139,12 @@ class Engine:
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
         self._batch_body = compiler.per_batch(program_for(self._batch_move))
         handlers = [compiler.compile(t, self._batch_body) for t in TRANSITIONS]
-        self._batch_handler = handlers[TRANSITIONS.index(self._batch_move)]
+        # The programs as compiled, unchecked: the fast path runs the batch one after checking its guard.
+        self._programs: dict[Transition, Callable[[], None]] = dict(zip(TRANSITIONS, handlers, strict=True))
+        self._batch_handler = self._programs[self._batch_move]
         self._model = _MachineModel()
-        self.machine = build_machine(self._model, guards, handlers)
+        checks = MoveChecks(lambda: self._model.state, guards, self.facts)
+        self.machine = build_machine(self._model, guards, [checks.handler(t, h) for t, h in self._programs.items()])
         run.bind_phase(self._machine_phase)
         # The compiled fast path of the internal batch transition: its guards, its handlers.
         self._fast_guard = compile_guard(
@@ -200,7 +217,7 @@ class Engine:
 
     def _advance(self) -> None:
         """Offer the machine the triggers that leave its state; check it moved as the table says."""
-        source = _PHASES[self._model.state]
+        source = self._source = _PHASES[self._model.state]
         self._signal = self.run.pending_signal
         if source in self._agree_at and not self._agreed_here:
             assert self._agreement is not None
@@ -263,11 +280,14 @@ class Engine:
         if id(exc) in self._logged:
             return
         self._logged.add(id(exc))
-        self.run.emit(
-            "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
-            interrupt=isinstance(exc, KeyboardInterrupt),
-            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
-        )
+        # A log that cannot be written any more (its error is raised once, where it happened) must
+        # not stop the fault path: the teardown runs whatever the log can still take.
+        with contextlib.suppress(LogWriteError):
+            self.run.emit(
+                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+                interrupt=isinstance(exc, KeyboardInterrupt),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
+            )
 
     def _fault(self, exc: BaseException) -> None:
         """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
@@ -275,6 +295,8 @@ class Engine:
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)
+        if phase is FINAL and not self._work.tearing_down:
+            phase = self._source  # a move into train_end whose handlers were refused: the run is still here
         source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
         if isinstance(exc, Interrupted):
             source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
@@ -283,16 +305,40 @@ class Engine:
         # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
         # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
         self._log_exception(exc, source, **({"epoch_metrics": dict(epoch.metrics)} if cut and epoch else {}))
-        if phase is FINAL:
+        if self._work.tearing_down:
             return  # the fault came from the teardown itself, which has run every step
         self._faulted = True
         reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
-        run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(LogWriteError):  # the stop is set before its line is written
+            run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
         self._work.fault = FaultContext(run, exc, phase)
+        self._source = phase
         try:
             fired = self._model.trigger(ABORT)
-        except BaseException as err:  # a teardown step failed; it is logged, and exc stays the error
+        except BaseException as err:
+            if self._work.tearing_down:  # a teardown step failed; it is logged, and exc stays the error
+                self._log_exception(err, "teardown")
+                return
+            refusal = f"{type(err).__name__}: {err}"
+        else:
+            if self._work.tearing_down and self._model.state == FINAL.value:
+                return
+            refusal = "it did not fire" if not fired else f"it moved into {self._model.state!r}"
+        self._teardown_refused(phase, refusal, exc)
+
+    def _teardown_refused(self, phase: Phase, refusal: str, exc: BaseException) -> None:
+        """The machine refused ``abort``: the engine runs the teardown itself (every step, and the
+        ``result``, reason ERROR), then raises the refusal, caused by the fault."""
+        run = self.run
+        message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
+                   f"itself. The fault was {type(exc).__name__}: {exc}")
+        refused = LifecycleError(message)
+        self._log_exception(refused, "engine")
+        with contextlib.suppress(LogWriteError):
+            run.force_stop(StopReason.ERROR, "engine", message)
+        run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
+        try:
+            self._programs[transition_for(ABORT, phase)]()
+        except BaseException as err:
             self._log_exception(err, "teardown")
-            return
-        if not fired or self._model.state != FINAL.value:
-            raise LifecycleError(f"the machine refused {ABORT!r} from {phase.value!r}") from exc
+        raise refused from exc

@@ -7,6 +7,10 @@ one after it, fetched one ahead so ``has_batch`` and ``StepContext.is_last`` are
 batch runs), the batch and global-step counters, the epoch's metrics read from the driver once,
 the ``epoch`` record with its timings, and the ``result``. The contexts the hooks receive live here
 too, so a hook of any scope gets the one its table row names.
+
+The teardown's last two actions are the run's outputs (the application's files: ``model.pt``,
+``lifecycle.mmd``), then the ``result``: so a log whose last line is the ``result`` belongs to a
+run whose files are all on disk, and a process killed before it left a run that resume finishes.
 """
 
 from __future__ import annotations
@@ -29,21 +33,25 @@ from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
 
-__all__ = ["END", "EpochWork", "Work"]
+__all__ = ["END", "EpochWork", "Outputs", "Work"]
 
 END: Any = object()  # the batch cursor is past the last batch
 Work = Callable[[Any], None]
+# Writes the run's files at its end; ``finished``: the run ended for its own reason (not a fault)
+# and no step of the teardown failed, so its weights are the trained ones.
+Outputs = Callable[[RunContext, bool], None]
 
 
 class EpochWork:
     """The run's position (epoch, batch, the contexts) and records (phase times, epoch, result)."""
 
     def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext,
-                 restore: Callable[[RunContext], None] | None) -> None:
+                 restore: Callable[[RunContext], None] | None, outputs: Outputs | None = None) -> None:
         self.driver = driver
         self.runner = runner
         self.run = run
         self._restore = restore
+        self._outputs = outputs
         self.result: TrainResult | None = None
         self.next: Any = END  # the batch the next ``batch`` move takes
         self._following: Any = END
@@ -53,6 +61,8 @@ class EpochWork:
         self.step: StepContext | None = None
         self.val_step: ValStepContext | None = None
         self.fault: FaultContext | None = None
+        self.tearing_down = False  # set when the teardown starts: a fault from then on is the teardown's
+        self.teardown_failed = False  # a step of the teardown raised
         self._debug = run.events.enabled_for("debug")
         self._phase_started = 0.0
         self._phase_seconds: dict[str, float] = {}
@@ -84,6 +94,7 @@ class EpochWork:
             Action.SCHEDULER_STEP: d.step_scheduler,
             Action.RECORD_EPOCH: self._record_epoch,
             Action.END_RUN: d.end_run,
+            Action.OUTPUTS: self._write_outputs,
             Action.RESULT: self._write_result,
         }
 
@@ -196,6 +207,11 @@ class EpochWork:
             callback_seconds=self.runner.take_timings(),
         )
         self.run.epoch += 1
+
+    def _write_outputs(self, run: RunContext) -> None:
+        if self._outputs is not None:
+            stop = run.stop
+            self._outputs(run, not self.teardown_failed and (stop is None or not stop.reason.fault))
 
     def _write_result(self, run: RunContext) -> None:
         stop = run.stop

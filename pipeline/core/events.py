@@ -40,11 +40,12 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any, TextIO
 
 import structlog
 
 from pipeline.core.chain import Chain, last_line
+from pipeline.core.log_file import LogFile, LogWriteError
 
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_KEYS: tuple[str, ...] = (
@@ -108,6 +109,13 @@ def as_float(value: Any) -> float:
     return float(value)
 
 
+def check_levels(**levels: str) -> None:
+    """Each named level is one of :data:`LEVELS` (checked before a log is opened)."""
+    for name, lvl in levels.items():
+        if lvl not in LEVELS:
+            raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+
+
 def _level_name(method_name: str) -> str:
     return "warning" if method_name == "warn" else method_name
 
@@ -139,9 +147,7 @@ class EventLog:
         key: bytes | None = None,
         fsync: str = "commits",
     ) -> None:
-        for name, lvl in (("level", level), ("console_level", console_level)):
-            if lvl not in LEVELS:
-                raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
+        check_levels(level=level, console_level=console_level)
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
         self.fsync = fsync
@@ -158,12 +164,17 @@ class EventLog:
         self._lock = threading.Lock()
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
-        self._file: IO[bytes] | None = None
+        self._file: LogFile | None = None
+        # A log that can no longer be written fails once, where it happened (the run ends there);
+        # the lines after that which do not fit either are counted, and the console says so at close.
+        self._failed: LogWriteError | None = None
+        self._dropped = 0
+        self._stream = console
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tail = last_line(self.path)
             # Binary: the bytes written are exactly the bytes hashed, on every platform.
-            self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+            self._file = LogFile(self.path)
             if tail is not None:
                 self._continue_from(tail)
         self._console: Any = None
@@ -178,7 +189,6 @@ class EventLog:
         assert self._file is not None
         if not tail.endswith(b"\n"):  # a line cut by a killed process: end it, it stays evidence
             self._file.write(b"\n")
-            self._file.flush()
             tail += b"\n"
         self._head = self.chain.digest(tail)
         try:
@@ -226,7 +236,7 @@ class EventLog:
             return
         try:
             os.fsync(file.fileno())
-        except ValueError:  # closed by the other thread meanwhile: close() flushed it
+        except ValueError:  # closed by the other thread meanwhile (a write is never buffered)
             return
 
     def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
@@ -276,22 +286,41 @@ class EventLog:
     def _write(self, record: dict[str, Any]) -> None:
         """One line: encoded once, sealed and hashed, written, then at once counted (seq) and made
         the chain head. Nothing runs between the write and that bookkeeping that could be interrupted
-        (a Ctrl-C between them would leave a line the chain or seq does not know). Flushed per line,
-        so a killed process loses at most the line it was writing."""
+        (a Ctrl-C between them would leave a line the chain or seq does not know). Unbuffered, so a
+        killed process loses at most the line it was writing; a write that fails is cut back to the
+        last whole line (:class:`~pipeline.core.log_file.LogFile`), and the line is not counted. A
+        line that found the disk full is written into the room the file keeps, then the error raised."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None
-        file.write(data)
+        try:
+            full = file.write(data)
+        except LogWriteError as exc:
+            if self._failed is None:
+                self._failed = exc
+                raise
+            self._dropped += 1  # the run is already ending for this; the console shows the line
+            return
         self._head = digest
         self._seq += 1
         record["seal"] = seal
-        file.flush()
+        if full is not None and self._failed is None:  # written into the room kept for the end
+            self._failed = full
+            raise full
+
+    @property
+    def failed(self) -> LogWriteError | None:
+        """Why the log could not be written, once it could not."""
+        return self._failed
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.flush()
             self._file.close()
             self._file = None
+            if self._dropped and self._stream is not None:
+                print(f"error: {self._failed}; {self._dropped} later line(s) did not fit either: "
+                      f"{EVENTS_FILE if self.path is None else self.path.name} ends at seq {self._seq - 1}, "
+                      "its last whole line", file=self._stream, flush=True)
 
     # structlog processor of the console --------------------------------------------------------
 

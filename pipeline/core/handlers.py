@@ -137,18 +137,21 @@ class HandlerCompiler:
                 continue
             for i, fn in self.runner.table(s.name):
                 items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
-        contexts, log_move, log_exception = self.work.contexts, self.work.log_move, self.log_exception
+        work, contexts, log_move, log_exception = self.work, self.work.contexts, self.work.log_move, self.log_exception
 
         def teardown() -> None:
+            work.tearing_down = True
             first: BaseException | None = None
             try:
                 log_move(t)
             except BaseException as exc:
+                work.teardown_failed = True
                 first = exc
             for where, fn, scope in items:
                 try:
                     fn(contexts[scope]())
                 except BaseException as exc:
+                    work.teardown_failed = True
                     log_exception(exc, where)
                     first = first or exc
             if first is not None:

@@ -14,6 +14,9 @@ in fsmtrain::
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -99,7 +102,7 @@ class TrainingCallback:
         return None
 
     # Registering globally for a block: ``with MyCallback(): trainer.fit()``. The registry refuses a
-    # nested ``with`` of the same instance and a stateful instance (register a factory instead).
+    # nested ``with`` of the same instance; each run gets its own copy of the registered one.
     def __enter__(self) -> TrainingCallback:
         self._global_handle: GlobalHandle | None = register_global_callback(self)
         return self
@@ -135,6 +138,41 @@ class TrainingCallback:
     def on_save_checkpoint(self, ckpt: CheckpointContext) -> None: ...
     def on_exception(self, fault: FaultContext) -> None: ...
     def on_train_end(self, run: RunContext) -> None: ...
+
+
+_BOUND = "_fsmtrain_bound_to"  # the instance attribute naming the Trainer a callback serves
+_trainers = itertools.count(1)
+
+
+class CallbackBoundError(ValueError):
+    """A callback instance that already served another Trainer was given to a new one."""
+
+
+def bind_callbacks(callbacks: Sequence[TrainingCallback]) -> int:
+    """Bind the callback instances a Trainer was given to it; returns the binding's number (for
+    :func:`unbind_callbacks`). No state crosses runs: an instance's attributes hold its run's state
+    (a best value, a counter, a W&B run), so one already bound to another Trainer (built, running
+    or finished) is refused, naming the fix."""
+    taken = [cb for cb in callbacks if getattr(cb, _BOUND, None) is not None]
+    if taken:
+        names = ", ".join(dict.fromkeys(str(cb.name) for cb in taken))
+        cls = type(taken[0]).__name__
+        raise CallbackBoundError(
+            f"{names}: this callback instance already belongs to another Trainer, and its attributes hold that "
+            f"run's state; give each Trainer its own instance (Trainer(..., callbacks=[{cls}(...)])), or register "
+            f"it once with register_global_callback, which gives every run a fresh copy")
+    number = next(_trainers)
+    for cb in callbacks:
+        with contextlib.suppress(AttributeError):  # __slots__ without a __dict__: nothing to mark it with
+            object.__setattr__(cb, _BOUND, number)
+    return number
+
+
+def unbind_callbacks(callbacks: Sequence[TrainingCallback], number: int) -> None:
+    """Undo :func:`bind_callbacks` (a Trainer whose construction failed never ran them)."""
+    for cb in callbacks:
+        if getattr(cb, _BOUND, None) == number:
+            object.__delattr__(cb, _BOUND)
 
 
 _missing = set(HOOK_NAMES) - set(vars(TrainingCallback))

@@ -157,6 +157,7 @@ class Action(str, Enum):
     SCHEDULER_STEP = "scheduler_step"
     RECORD_EPOCH = "record_epoch"  # the ``epoch`` event; the epoch counter moves on
     END_RUN = "end_run"  # the driver's teardown
+    OUTPUTS = "outputs"  # the run's own files (model.pt, lifecycle.mmd): written before the result says it is over
     RESULT = "result"  # the ``result`` event, always written, last
 
 
@@ -248,6 +249,7 @@ PROGRAM: tuple[Step, ...] = (
     HookSpec("on_exception", P.TRAIN_END, HookScope.FAULT, trigger=ABORT),
     HookSpec("on_train_end", P.TRAIN_END, _R),
     ActionSpec(A.END_RUN, P.TRAIN_END, _R),
+    ActionSpec(A.OUTPUTS, P.TRAIN_END, _R),
     ActionSpec(A.RESULT, P.TRAIN_END, _R),
 )
 
@@ -384,15 +386,27 @@ def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]
 check_table()
 
 
+@dataclass(frozen=True)
+class MoveHandler:
+    """What the machine runs when one of its transitions fires. ``check`` is the transition's
+    ``before`` callback: it runs once the machine's own conditions have passed and before its state
+    changes, and raises when the table does not allow the move (the state then stays, and ``run``
+    never starts). ``run``, the ``after`` callback, is the move's compiled program."""
+
+    check: Callable[[], None]
+    run: Callable[[], None]
+
+
 def build_machine(
     model: Any,
     guards: Mapping[Guard, Callable[[], bool]],
-    handlers: Sequence[Callable[[], None]],
+    handlers: Sequence[Callable[[], None] | MoveHandler],
 ) -> Machine:
     """A ``transitions`` machine over ``model`` (:class:`~pipeline.core.machine.LifecycleMachine`: a
     plain ``Machine`` with a lean trigger path): its conditions are the live ``guards`` and
     ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
-    ``i`` fires, with the machine already in its destination."""
+    ``i`` fires, with the machine already in its destination; a :class:`MoveHandler`'s check runs
+    before the state changes."""
     if len(handlers) != len(TRANSITIONS):
         raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
     spec = [
@@ -402,7 +416,8 @@ def build_machine(
             "dest": None if t.internal else t.dest.value,
             "conditions": [guards[g] for g in t.conditions],
             "unless": [guards[g] for g in t.unless],
-            "after": [handler],
+            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
+            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
         }
         for t, handler in zip(TRANSITIONS, handlers, strict=True)
     ]

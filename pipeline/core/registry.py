@@ -7,22 +7,21 @@ GLOBAL tier. Three rules keep that safe:
   callbacks while others build runners (listing takes a snapshot under the lock).
 * **No re-entry.** A callback instance is registered at most once at a time: registering it again,
   or a nested ``with cb:`` of the same instance, raises :class:`GlobalRegistrationError`.
-* **No state carried between runs: stateful callbacks are registered as factories.** A registered
-  *instance* is shared by every run started while it is registered, so only stateless instances are
-  accepted. An instance whose class overrides ``state_dict`` (or whose ``state_dict()`` is not
-  empty) is refused with a message that says to register a factory instead: a callback class with
-  its arguments, ``register_global_callback(EarlyStoppingCallback, patience=3)``, or any zero-argument
-  callable returning a callback, ``register_global_callback(lambda: EarlyStoppingCallback(patience=3))``.
-  A factory is called once per run, when that run's runner is built, so every run starts fresh.
-  (Copying a registered instance instead was rejected: a deep copy would silently duplicate whatever
-  the callback holds, such as a model it averages or an open file.)
+* **No state carried between runs.** Every run gets its own fresh callback, whatever the
+  callback keeps its state in (``state_dict``, plain attributes, a device tensor): a registered
+  *instance* is a prototype, and each run's runner gets a ``copy.deepcopy`` of it, so no run ever
+  mutates the registered instance; a *factory* (a callback class with its arguments,
+  ``register_global_callback(EarlyStoppingCallback, patience=3)``, or any zero-argument callable
+  returning a callback) is called once per run. An instance that cannot be deep-copied (it holds an
+  open file, a lock) is refused at registration with a message to register a factory instead.
 
-Only the callbacks' duck type is used here (``stateful``, ``state_dict``, ``overridden_hooks``):
+Only the callbacks' duck type is used here (``overridden_hooks``, ``name``):
 ``pipeline.core.hooks`` imports this module, not the other way round.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import threading
@@ -30,7 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GlobalHandle", "GlobalRegistrationError", "global_callbacks", "register_global_callback"]
+__all__ = [
+    "GlobalHandle", "GlobalRegistrationError", "callbacks_for_run", "global_callbacks", "register_global_callback",
+]
 
 # The registry holds callbacks without importing their class (``hooks`` imports this module).
 TrainingCallback = Any
@@ -42,14 +43,14 @@ class GlobalRegistrationError(ValueError):
 
 @dataclass(frozen=True)
 class _Registration:
-    instance: TrainingCallback | None  # a stateless instance shared by all runs, or
+    instance: TrainingCallback | None  # a prototype, deep-copied for every run, or
     factory: Callable[..., TrainingCallback] | None  # a factory called once per run
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def make(self) -> TrainingCallback:
         if self.instance is not None:
-            return self.instance
+            return _copy_of(self.instance)
         assert self.factory is not None
         made = self.factory(*self.args, **self.kwargs)
         if not _is_callback(made):
@@ -97,15 +98,16 @@ def register_global_callback(
 ) -> GlobalHandle:
     """Add a callback to every run built from now until the handle's ``remove()``.
 
-    ``callback`` is a stateless callback instance, or a factory (a callback class or a zero-argument
-    callable) with the arguments to call it with once per run. A stateful instance, or an instance
-    already registered, is refused with :class:`GlobalRegistrationError`.
+    ``callback`` is a callback instance (each run gets a deep copy of it; the instance itself is
+    never run), or a factory (a callback class or a zero-argument callable) with the arguments to
+    call it with once per run. An instance already registered, or one that cannot be copied, is
+    refused with :class:`GlobalRegistrationError`.
     """
     if _is_callback(callback):
         if args or kwargs:
             raise TypeError(f"{_name(callback)} is already an instance; arguments go with a factory: "
                             f"register_global_callback({type(callback).__name__}, ...)")
-        _refuse_stateful(callback)
+        _copy_of(callback)  # one that cannot be copied is refused now, not when a run starts
         with _lock:
             key = _by_instance.get(id(callback))
             if key is not None:
@@ -135,26 +137,37 @@ def register_global_callback(
 
 
 def global_callbacks() -> list[TrainingCallback]:
-    """The registered callbacks in registration order, factories called once each (a fresh
-    instance per call: call this once per run)."""
+    """The registered callbacks in registration order: the registered instances themselves, and
+    for each factory a fresh product (what is registered, for listing; a run gets
+    :func:`callbacks_for_run`)."""
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     # Factories run outside the lock: user code may itself register or list.
-    return [reg.make() for reg in snapshot]
+    return [reg.instance if reg.instance is not None else reg.make() for reg in snapshot]
+
+
+def callbacks_for_run(local: frozenset[int] = frozenset()) -> list[TrainingCallback]:
+    """What one run gets of the registry, in registration order: a deep copy of every registered
+    instance, a fresh product of every factory. A registered instance that the run also got as a
+    local callback (``local``: their ids) runs once, as the local one."""
+    with _lock:
+        snapshot = [_registry[k] for k in sorted(_registry)]
+    return [reg.make() for reg in snapshot if reg.instance is None or id(reg.instance) not in local]
 
 
 def _is_callback(obj: object) -> bool:
     return not isinstance(obj, type) and callable(getattr(obj, "overridden_hooks", None))
 
 
-def _refuse_stateful(callback: TrainingCallback) -> None:
-    if getattr(callback, "stateful", False) or callback.state_dict():
+def _copy_of(callback: TrainingCallback) -> TrainingCallback:
+    try:
+        return copy.deepcopy(callback)
+    except Exception as exc:
         cls = type(callback).__name__
         raise GlobalRegistrationError(
-            f"{_name(callback)} keeps state (state_dict) that a registered instance would carry from one run "
-            f"into the next; register a factory instead, called once per run: "
-            f"register_global_callback({cls}, <its arguments>) or "
-            f"register_global_callback(lambda: {cls}(...))")
+            f"{_name(callback)} cannot be copied for each run ({type(exc).__name__}: {exc}); register a factory "
+            f"instead, called once per run: register_global_callback({cls}, <its arguments>) or "
+            f"register_global_callback(lambda: {cls}(...))") from None
 
 
 def _name(callback: TrainingCallback) -> str:

@@ -21,7 +21,7 @@ from pipeline.core.checks import CallbackDefinitionError, SlotWriteError, check_
 from pipeline.core.context import Slot
 from pipeline.core.hooks import Tier, TrainingCallback
 from pipeline.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
-from pipeline.core.registry import GlobalHandle, global_callbacks, register_global_callback
+from pipeline.core.registry import GlobalHandle, callbacks_for_run, register_global_callback
 
 __all__ = [
     "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "SlotWriteError",
@@ -55,11 +55,9 @@ class CallbackRunner:
         validate: bool = True,
     ) -> None:
         entries = [Entry(cb, cb.tier, i) for i, cb in enumerate(callbacks)]
-        if include_global:
-            local = {id(cb) for cb in callbacks}
-            entries += [
-                Entry(cb, Tier.GLOBAL, i) for i, cb in enumerate(global_callbacks()) if id(cb) not in local
-            ]
+        if include_global:  # each run its own copies (pipeline.core.registry)
+            local = frozenset(id(cb) for cb in callbacks)
+            entries += [Entry(cb, Tier.GLOBAL, i) for i, cb in enumerate(callbacks_for_run(local))]
         self.entries: tuple[Entry, ...] = tuple(sorted(entries, key=lambda e: e.key))
         self.callbacks: tuple[TrainingCallback, ...] = tuple(e.callback for e in self.entries)
         for cb in self.callbacks:

@@ -38,6 +38,7 @@ from pipeline.training.checkpoint_files import (
 )
 from pipeline.training.checkpoint_folder import CheckpointFolder
 from pipeline.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
+from pipeline.training.resume_match import object_classes
 from pipeline.training.rng import capture_rng_state
 from pipeline.training.staging import BufferSet, Staged, stage
 
@@ -241,6 +242,7 @@ class CheckpointManager(CheckpointFolder):
             "rng": capture_rng_state(),
             "data_order": {"seed": run.extras.get("data_seed")},
             "config_fingerprint": run.extras.get("config_fingerprint"),
+            "classes": object_classes(model, optimizer, scheduler),  # what a Trainer resuming it must hold
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }

@@ -7,6 +7,9 @@ stops the batch loop, and at the next phase boundary the engine raises :class:`I
 takes the ordinary fault path (``abort``, reason INTERRUPTED, the whole teardown, the ``result``).
 A second signal during teardown only sets the flag again. Exit code: 128 + the signal number
 (130 for SIGINT, 143 for SIGTERM).
+
+In a command that latched its signals (:mod:`pipeline.core.signal_latch`) the latch keeps its
+handlers: the run listens to it, and starts with a signal the latch received before it began.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from pipeline.core.context import RunContext
 from pipeline.core.engine import Interrupted
+from pipeline.core.signal_latch import installed
 
 __all__ = ["HANDLED", "Interrupted", "signals_set_flag"]
 
@@ -32,6 +36,17 @@ def signals_set_flag(run: RunContext) -> Iterator[None]:
     Python delivers signals there; elsewhere the process keeps its handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
+        return
+    latch = installed()
+    if latch is not None:
+        def flag(signum: int) -> None:
+            if run.pending_signal is None:
+                run.pending_signal = signum
+
+        if latch.signum is not None:
+            flag(latch.signum)
+        with latch.listening(flag):
+            yield
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:

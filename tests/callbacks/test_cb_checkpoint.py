@@ -114,8 +114,8 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("pipeline.training.atomic.os.replace", boom)
-    with pytest.raises(OSError, match="disk full"):
-        _train(tiny, tmp_path / "again", 1, [cb])
+    with pytest.raises(OSError, match="disk full"):  # a callback instance serves one Trainer (issue 24): a new one
+        _train(tiny, tmp_path / "again", 1, [CheckpointCallback(ck, save_best=False)])
     monkeypatch.undo()
     assert (ck / "latest.pt").read_bytes() == before
     assert sorted(p.name for p in ck.iterdir()) == ["epoch_1.pt", "latest.pt"]  # no .tmp left behind

@@ -1,0 +1,159 @@
+"""The append-only file under a run log: whole lines or nothing, and room kept for the last lines.
+
+A line goes to the file in one unbuffered ``write`` (looped over partial writes). If it fails (a
+full disk, a quota, an I/O error) the file is cut back to the end of the last whole line, so a log
+never ends in a torn line that a resume would have to repair, and the failure is raised as a
+:class:`LogWriteError` naming what, which file and which device: ``no space left writing
+events.jsonl (device tmpfs (tmpfs) mounted at /mnt/runs, 0 of 20971520 bytes free)``.
+
+Room for the end. A run whose log cannot grow any more still has to write why it ended (the
+``exception``, the move to ``train_end``, the ``result``), or its log reads as a killed process. So
+the file keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with
+``FALLOC_FL_KEEP_SIZE``: blocks that belong to the file without changing its size or content;
+writes into them need no free space). Before a line that would eat into that room the allocation
+is extended, in whole blocks as the file system allocates them (one system call per block of log,
+so a line costs what a plain write does); when it cannot be (the disk is full) the line still goes
+into the room, and then the error is raised: the run ends there, in the phase it was in, with a log
+that says so, and the lines that end the run go into the room too. The log learns of a full disk
+when it needs its next block, within a block (4 KB) of log after the disk filled. ``close`` gives
+the room back. On a file system without ``fallocate`` nothing is kept: a full disk then ends the
+log at its last whole line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["ROOM", "LogFile", "LogWriteError", "describe_device"]
+
+ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
+_KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_WHAT = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large"}
+
+
+class LogWriteError(OSError):
+    """A line of a run log could not be written; the file still ends at its last whole line."""
+
+
+def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):  # not Linux (or no libc symbol): nothing is reserved
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+
+
+def describe_device(path: Path) -> str:
+    """The file system ``path`` is on: its source, type, mount point and free space."""
+    try:
+        here = path.parent.resolve()
+        dev = os.stat(here).st_dev
+        mount = here
+        while mount != mount.parent and os.stat(mount.parent).st_dev == dev:
+            mount = mount.parent
+        source, kind = "?", "?"
+        with contextlib.suppress(OSError), open("/proc/self/mounts", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 3 and fields[1].encode().decode("unicode_escape") == str(mount):
+                    source, kind = fields[0], fields[2]
+        vfs = os.statvfs(mount)
+        return (f"device {source} ({kind}) mounted at {mount}, {vfs.f_bavail * vfs.f_frsize} of "
+                f"{vfs.f_blocks * vfs.f_frsize} bytes free")
+    except OSError as exc:
+        return f"device unknown: {exc.strerror or exc}"
+
+
+class LogFile:
+    """``path`` opened for appending whole lines (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.size = os.fstat(self._fd).st_size  # the end of the last whole line
+        self._room_end = self.size  # allocated up to here
+        try:
+            self._block = max(os.fstatvfs(self._fd).f_frsize, 512)
+        except OSError:
+            self._block = 4096
+        self._reserving = _FALLOCATE is not None
+        self.full: LogWriteError | None = None  # the file can no longer grow: lines go into the room kept
+        self._keep_room(0)
+
+    def write(self, line: bytes) -> LogWriteError | None:
+        """Append ``line`` whole, or raise :class:`LogWriteError` with the file as it was. Returns
+        the error when this line found the disk full: it was written into the room kept, and the
+        caller raises the error once its bookkeeping of the line is done."""
+        fd = self._fd
+        assert fd is not None, "the log file is closed"
+        found_full = None
+        if self.full is None:
+            found_full = self._keep_room(len(line))
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException as exc:
+            self._cut_back()
+            if isinstance(exc, OSError):
+                raise self._error(exc) from exc
+            raise
+        self.size += len(line)
+        return found_full
+
+    def _keep_room(self, need: int) -> LogWriteError | None:
+        fd = self._fd
+        if not self._reserving or _FALLOCATE is None or fd is None:
+            return None
+        end = self.size + need + ROOM
+        if end <= self._room_end:
+            return None
+        # Whole blocks, as the file system allocates them: one call per block of log, not per line
+        # (a call within an allocated block allocates nothing, so it could not fail sooner either).
+        end = -(-end // self._block) * self._block
+        if _FALLOCATE(fd, _KEEP_SIZE, self._room_end, end - self._room_end) == 0:
+            self._room_end = end
+            return None
+        err = ctypes.get_errno()
+        if err in _FULL:
+            self.full = self._error(OSError(err, os.strerror(err)))
+            return self.full
+        self._reserving = False  # EOPNOTSUPP, ENOSYS...: this file system keeps no room
+        return None
+
+    def _cut_back(self) -> None:
+        """Back to the last whole line (a write cut short by a full disk leaves part of a line)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size)
+            self._room_end = self.size  # the truncation may have given the room back
+
+    def _error(self, exc: OSError) -> LogWriteError:
+        what = _WHAT.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
+        return LogWriteError(exc.errno, f"{what} writing {self.path.name} ({describe_device(self.path)})")
+
+    def fileno(self) -> int:
+        if self._fd is None:  # as a closed io file says it (a sync from another thread may race close)
+            raise ValueError(f"{self.path.name} is closed")
+        return self._fd
+
+    def close(self) -> None:
+        """Give back the room kept past the end, and close."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._room_end > self.size:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self.size)
+        os.close(fd)

@@ -1,0 +1,58 @@
+"""No handler runs for a move the table forbids: each transition's handlers are checked first.
+
+The machine decides which trigger fires (its conditions are the live guards); what it runs then is
+a :class:`~pipeline.core.lifecycle.MoveHandler` built here. Its ``check`` is the transition's
+``before`` callback (``transitions`` calls it once the conditions passed, before the state
+changes): the machine must be in the move's source and the table's guards must hold, or it raises
+and the state stays. Its ``run`` (the ``after`` callback) starts the move's program only once that
+check passed for this very move, so a machine that calls handlers some other way runs none either.
+The per-batch fast path runs the batch program itself, after its own guard: it pays nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from pipeline.core.handlers import compile_guard
+from pipeline.core.lifecycle import Facts, Guard, LifecycleError, MoveHandler, Transition
+
+__all__ = ["MoveChecks"]
+
+
+class MoveChecks:
+    """The checked handlers of one run's machine. ``state()`` reads the machine's state, ``facts()``
+    the guard facts (for the message)."""
+
+    def __init__(self, state: Callable[[], str], guards: Mapping[Guard, Callable[[], bool]],
+                 facts: Callable[[], Facts]) -> None:
+        self._state = state
+        self._guards = guards
+        self._facts = facts
+        self._cleared: Transition | None = None  # the move whose check passed and whose program may run
+
+    def handler(self, t: Transition, program: Callable[[], None]) -> MoveHandler:
+        return MoveHandler(self._check(t), self._after_check(t, program))
+
+    def _check(self, t: Transition) -> Callable[[], None]:
+        allowed = compile_guard(tuple(self._guards[g] for g in t.conditions), tuple(self._guards[g] for g in t.unless))
+        source = t.source.value
+
+        def check() -> None:
+            if self._state() != source or not allowed():
+                raise LifecycleError(
+                    f"the machine fired {t.trigger!r} from {self._state()!r}, but the table allows it from "
+                    f"{source!r} only when its guards hold ({t.guard_label() or 'no guard'}; facts {self._facts()}); "
+                    "its handlers did not run")
+            self._cleared = t
+
+        return check
+
+    def _after_check(self, t: Transition, program: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            if self._cleared is not t:
+                raise LifecycleError(f"the machine ran the handlers of {t.trigger!r} ({t.source.value} -> "
+                                     f"{t.dest.value}) without checking the move first; they did not run")
+            self._cleared = None
+            program()
+
+        return run

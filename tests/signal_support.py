@@ -1,0 +1,66 @@
+"""User callbacks and helpers for the tests that signal real ``fsmtrain`` processes
+(tests/test_teardown_signals.py): named in a config's ``callbacks.extra``, found through PYTHONPATH."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from pipeline import TrainingCallback
+from pipeline.core.context import RunContext
+
+
+class SlowTeardown(TrainingCallback):
+    """Holds the teardown open for ``seconds`` (in ``on_train_end``), so a signal can land inside it."""
+
+    def __init__(self, seconds: float = 1.5) -> None:
+        self.seconds = seconds
+
+    def on_train_end(self, run: RunContext) -> None:
+        time.sleep(self.seconds)
+
+
+def latch_installed(pid: int) -> bool:
+    """The process catches SIGTERM (its default kills): a command latched its signals. Read from
+    /proc, so the test waits for the real handler, not for a time that depends on the load."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def wait_for(predicate: object, proc: object, timeout: float = 240.0, poll: float = 0.001) -> None:
+    """Poll ``predicate()`` until it holds; fail when the process ended first or time ran out."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if proc.poll() is not None:  # type: ignore[attr-defined]
+            raise AssertionError(f"the process ended first ({proc.returncode})")  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise TimeoutError("waited too long")
+        time.sleep(poll)
+
+
+def log_has(run_dir: Path, needle: bytes) -> bool:
+    try:
+        return needle in (run_dir / "events.jsonl").read_bytes()
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class SlowStart(TrainingCallback):
+    """Takes ``seconds`` to build: a start-up that holds its run directory before the run starts."""
+
+    def __init__(self, seconds: float = 5.0) -> None:
+        time.sleep(seconds)

@@ -1,0 +1,114 @@
+"""A full disk is a named error in the phase it happened, with a log of whole lines that ends the
+run properly (issue 24, item 4): no third-party traceback on the console, no torn line for a
+resume to repair, and an audit that does not take it for a killed process."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from resume_harness import REPO, env, fsmtrain
+
+from pipeline.core.events import read_events
+from pipeline.tools.audit import audit_file
+
+QUICK = REPO / "configs" / "quickstart.yaml"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 20 MB tmpfs (mounting needs root: the test is skipped, saying so, where it cannot)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here: a real small file system cannot be made")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a 20 MB tmpfs here (mount needs root): {made.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_full_disk_ends_the_run_named_in_its_epoch_and_resume_needs_no_repair(small_disk: Path,
+                                                                                tmp_path: Path) -> None:
+    """Found on a 20 MB tmpfs: "ERROR before training: OSError(28…)" after 3 trained epochs, some 60
+    lines of W&B traceback, a torn last log line; resume repaired it, and the audit then said "the
+    process was killed"."""
+    runs = small_disk / "runs"
+    filler = {"target": "disk_support.FillDisk",
+              "kwargs": {"path": str(small_disk / "filler"), "marker": str(tmp_path / "filled"), "at_epoch": 2}}
+    # W&B on (offline), as found; checkpoints written before the epoch ends, so none is in flight
+    # when the disk fills at the third epoch's begin.
+    sets = ["--set", "epochs=4", "--set", "checkpoint.background=false", "--set", f"callbacks.extra=[{filler}]"]
+    proc = fsmtrain("train", str(QUICK), "--run-dir", str(runs), *sets, cwd=tmp_path)
+    out, err = (b.decode() for b in proc.communicate(timeout=400))
+    assert proc.returncode == 1, out + err
+    run = runs / "mlp-regression-seed0"
+    events = read_events(run / "events.jsonl")
+    assert (f"seed 0: ERROR in epoch 3: no space left writing events.jsonl (device tmpfs (tmpfs) mounted at "
+            f"{small_disk}, 0 of 20971520 bytes free)") in out, out
+    failed = next(e for e in events if e["event"] == "exception")
+    assert failed["payload"]["type"] == "LogWriteError" and failed["payload"]["source"] == \
+        "FillDisk.on_train_epoch_begin"
+    assert [e["event"] for e in events].count("disk_filled") == 1  # the line that found the disk full is whole
+    assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
+    raw = (run / "events.jsonl").read_bytes()
+    assert raw.endswith(b"\n")  # every line whole
+    assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "error"
+    assert "LogWriteError" in events[-1]["payload"]["stop_message"]
+    report = audit_file(run / "events.jsonl")
+    assert report.ok, report.render(False)
+
+    (small_disk / "filler").unlink()  # space again
+    proc = fsmtrain("resume", str(run), cwd=tmp_path)
+    out, err = (b.decode() for b in proc.communicate(timeout=400))
+    assert proc.returncode == 0, out + err
+    resumed = [e for e in read_events(run / "events.jsonl") if e["event"] == "resume"]
+    assert resumed and resumed[-1]["payload"]["torn_line_bytes"] == 0  # nothing to repair
+    report = audit_file(run / "events.jsonl")
+    assert report.ok, report.render(False)
+    assert "killed" not in report.render(False)
+
+
+_FILE_LIMIT = textwrap.dedent("""
+    import resource, signal, sys
+    from pathlib import Path
+    from pipeline.core.log_file import LogFile, LogWriteError
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
+    log = LogFile(Path(sys.argv[1]))
+    n = 0
+    try:
+        while True:
+            log.write(b'{"seq":%d,"line":"%s"}\\n' % (n, b"x" * 150))
+            n += 1
+    except LogWriteError as exc:
+        print(n, exc.strerror)
+    log.close()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_line_that_cannot_be_written_is_cut_back_to_the_last_whole_line(tmp_path: Path) -> None:
+    """The file-size limit of a process (RLIMIT_FSIZE) stands in for a disk that fills mid-line: it
+    needs no mount, and it refuses the bytes past the limit exactly where a full disk would."""
+    log = tmp_path / "events.jsonl"
+    done = subprocess.run([sys.executable, "-c", _FILE_LIMIT, str(log)], env=env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines, message = done.stdout.split(" ", 1)
+    raw = log.read_bytes()
+    assert raw.endswith(b"\n") and raw.count(b"\n") == int(lines) and len(raw) < 5000
+    assert message.startswith("file too large writing events.jsonl (device ")
+
+
