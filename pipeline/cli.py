@@ -136,7 +136,10 @@ def _leave_ranks(collective: Any) -> None:
     if collective is not None:
         from pipeline.training.distributed import shutdown
 
-        shutdown()
+        left = shutdown()
+        if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
+            print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
+                  f"{', '.join(left)}", file=sys.stderr)
 
 
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:

@@ -19,10 +19,12 @@ Backends: gloo on CPU, NCCL on CUDA (one device per local rank); ``distributed.b
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -31,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 __all__ = [
-    "DistributedOptions", "ShardSampler", "TorchCollective", "init_from_env", "launched_by_torchrun",
+    "DistributedOptions", "ShardSampler", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
     "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model",
 ]
 
@@ -116,6 +118,13 @@ class TorchCollective:
 def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
     """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
     On CUDA each rank takes the device of its local rank."""
+    # torch.distributed.nn.functional binds ``group.WORLD`` as the default argument of its functions
+    # when it is first imported, and DDP imports it. Imported after the group exists, those defaults
+    # hold the group until the interpreter's own teardown, which then joins gloo's threads while
+    # Python is half gone: "terminate called without an active exception", exit 134, after a run
+    # that ended well. Imported first, the defaults are None and :func:`shutdown` ends the group.
+    import torch.distributed.nn.functional
+
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -125,9 +134,32 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
     return TorchCollective(device)
 
 
-def shutdown() -> None:
+# The names Linux gives the native threads of a gloo process group (its device loop and workers).
+_GROUP_THREADS = frozenset({"gloo_tcp_loop", "pt_gloo_runloop"})
+
+
+def group_threads() -> list[str]:
+    """The native threads of a process group still running in this process (Linux; elsewhere [])."""
+    tasks = Path("/proc/self/task")
+    names: list[str] = []
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended while we looked
+        if name in _GROUP_THREADS:
+            names.append(name)
+    return sorted(names)
+
+
+def shutdown() -> list[str]:
+    """End the process group and its threads now, in teardown, not in the interpreter's exit.
+    The run's objects form reference cycles that hold the DDP model and through it the group, so
+    they are collected first. Returns the group threads still running after that (none expected)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
+    return group_threads()
 
 
 def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
