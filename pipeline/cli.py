@@ -104,6 +104,10 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
     if extra:
         print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+    failed = getattr(run.error, "failure", None)  # another rank failed first (consensus.RankFailed)
+    if failed is not None:
+        print(f"  rank {failed.rank} failed: {failed.message} (in {failed.source}); every other rank stopped with it",
+              file=out)
     print(f"  run dir: {run.run_dir}", file=out)
     resumption = run.trainer.resumption
     if resumption is not None and resumption.next_epoch >= result.epochs_completed and not stop:
@@ -128,7 +132,8 @@ def _join_ranks(cfg: RunConfig) -> Any:
         return None
     import torch
 
-    return init_from_env(DistributedOptions(cfg.distributed.backend, cfg.distributed.timeout_s),
+    section = cfg.distributed
+    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
                          torch.device(cfg.device))
 
 
@@ -196,8 +201,8 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)
-        if isinstance(run.error, KeyboardInterrupt):
-            break  # the user asked to stop: do not start the next seed
+        if isinstance(run.error, KeyboardInterrupt) or (collective is not None and run.error is not None):
+            break  # the user asked to stop, or a rank failed (the others are not coming): no next seed
     if len(cfg.seeds) > 1 and objectives:
         mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
         spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""

@@ -93,3 +93,34 @@ class SlowEpochs(TrainingCallback):
             with open(f"{mark}.tmp", "w") as fh:
                 fh.write(f"{epoch.index} {os.getpid()}")
             os.replace(f"{mark}.tmp", mark)
+
+
+class NaNWeightsOnRank(TrainingCallback):
+    """At the start of epoch index ``epoch``, rank ``rank``'s weights become NaN (only there): its
+    loss is NaN, and through DDP's gradient average and the summed metrics, every rank's is."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int) -> None:
+        self.rank, self.epoch = rank, epoch
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        model = epoch.run.model
+        if _rank(epoch.run) == self.rank and epoch.index == self.epoch and model is not None:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(math.nan)
+
+
+class RaiseOnRank(TrainingCallback):
+    """Raises ``ValueError`` after batch ``batch`` of epoch index ``epoch`` on rank ``rank`` only,
+    while the other ranks go on into the next batch's gradient all-reduce."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int, batch: int = 1) -> None:
+        self.rank, self.epoch, self.batch = rank, epoch, batch
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        if _rank(step.run) == self.rank and step.epoch.index == self.epoch and step.batch_index == self.batch:
+            raise ValueError(f"injected on rank {self.rank} at epoch {self.epoch}, batch {self.batch}")

@@ -217,7 +217,7 @@ def train_seed(
         if isinstance(run_dir, RunDirClaim):
             run_dir.abandon()  # claimed for a run that could not be built: leave nothing behind
         raise
-    collective = joined_collective(torch.device(cfg.device))
+    collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
     owner = collective is None or collective.rank == 0  # rank 0 owns the run dir and what is in it
 
     def take() -> RunDirClaim:
@@ -234,7 +234,7 @@ def train_seed(
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
                     **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
-            compile=cfg.compile,
+            compile=cfg.compile, collective=collective,
         )
     except BaseException:
         if isinstance(claim, RunDirClaim):

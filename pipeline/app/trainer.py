@@ -118,6 +118,7 @@ class Trainer:
         self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
+        self._launch = ""
         self.run_dir = self._claim(run_dir, resume_from is not None)
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
@@ -147,6 +148,8 @@ class Trainer:
             model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
         )
         self.run.extras.update(extras or {})
+        if self.collective is not None:
+            self.run.extras["launch"] = self._launch  # the segment's name, the same in every rank's run_start
         gen = TorchDriver.loader_generator(train_loader)
         if gen is not None:
             self.run.extras.setdefault("data_seed", gen.initial_seed())
@@ -172,7 +175,8 @@ class Trainer:
                              collective=self.collective)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
-        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error)."""
+        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error).
+        Rank 0 also names the run for the ranks' failure board (the same on every rank)."""
         def claim() -> Path | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
@@ -182,7 +186,9 @@ class Trainer:
 
         if self.collective is None:
             return claim()
-        return self.collective.share(claim)
+        path, self._launch = self.collective.share(lambda: (claim(), uuid.uuid4().hex))
+        self.collective.bind(self._launch)
+        return path
 
     def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption:
         """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one."""
@@ -230,12 +236,12 @@ class Trainer:
             self.claim.release()
 
 
-def joined_collective(device: torch.device) -> TorchCollective | None:
+def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:
     """This process's collective, when it is one of several ranks of an initialised process group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return TorchCollective(device)
+        return TorchCollective(device, agreement_timeout_s)
     return None
 
 

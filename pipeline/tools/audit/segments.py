@@ -46,6 +46,8 @@ class SegmentChecks(EndingChecks):
             epochs = config.get("epochs")
             if type(epochs) is int and epochs != max_epochs:
                 self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
+        rank = payload.get("rank")
+        seg.rank = rank if type(rank) is int else 0
         seg.next_epoch = start_epoch
         seg.last_line = n
         step = rec.get("global_step")
