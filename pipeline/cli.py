@@ -29,7 +29,11 @@ if TYPE_CHECKING:
     from pipeline.app.config import RunConfig
     from pipeline.app.job import SeedRun
 
-__all__ = ["ExitCode", "build_parser", "exit_code_for", "main"]
+__all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
+
+
+class UsageError(ValueError):
+    """Options that do not go together (one line, exit 2)."""
 
 
 class ExitCode(IntEnum):
@@ -147,14 +151,29 @@ def _leave_ranks(collective: Any) -> None:
                   f"{', '.join(left)}", file=sys.stderr)
 
 
+def _nodes(args: argparse.Namespace) -> Any:
+    """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
+    from pipeline.app.launch import Nodes
+
+    count = getattr(args, "nnodes", 1)
+    if count <= 1:
+        return None
+    if not args.rdzv or ":" not in args.rdzv:
+        raise UsageError(f"--nnodes {count} needs --rdzv HOST:PORT, the rendezvous of node 0; found {args.rdzv!r}")
+    if not 0 <= args.node_rank < count:
+        raise UsageError(f"--node-rank: expected 0 to {count - 1} (--nnodes {count}); found {args.node_rank}")
+    return Nodes(count, args.node_rank, args.rdzv, args.rdzv_id)
+
+
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:
-    """With ``nproc`` > 1 in a plain process: start the workers and return their exit status."""
-    from pipeline.app.launch import launch_workers, without_nproc
+    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit status."""
+    from pipeline.app.launch import launch_workers, without_launch_options
     from pipeline.training.distributed import launched_by_torchrun
 
-    if nproc <= 1 or launched_by_torchrun():
+    nodes = _nodes(args)
+    if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
-    return launch_workers(nproc, without_nproc(args.argv))
+    return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -171,7 +190,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
     from pipeline.app.job import run_name_for, runs_root, train_seed
-    from pipeline.app.rundir import claim_new, claim_next_free
+    from pipeline.app.launch import elastic_attempt, worker_place
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
     out: TextIO = sys.stdout if lead else io.StringIO()
@@ -185,19 +204,24 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     codes: list[ExitCode] = []
     objectives: list[float] = []
     root = runs_root(cfg, base)
+    attempt = elastic_attempt()
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
     for seed in cfg.seeds:
         name = run_name_for(cfg, seed, run_name)
 
-        def pick(name: str = name) -> tuple[Any, bool]:
-            if bool(args.resume) and (root / name / "events.jsonl").is_file():
-                return root / name, True
-            return (claim_new(root / name) if args.resume else claim_next_free(root, name)), False
+        def pick(name: str = name) -> tuple[Any, bool, str | None]:
+            return _pick_run_dir(root, name, bool(args.resume), attempt)
 
-        target, resume = pick() if collective is None else collective.on_rank_zero(pick, _shown)
+        target, resume, note = pick() if collective is None else collective.on_rank_zero(pick, _shown)
         path = target if isinstance(target, Path) else target.path
         verb = "resuming" if resume else "->"
         print(f"== {cfg.project}/{run_name} seed {seed} {verb} {path}", file=out, flush=True)
-        run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume)
+        if note is not None:
+            print(f"  {note}", file=out, flush=True)
+        seed_extras = {**extras, "elastic": {**extras["elastic"], "note": note}} if note is not None else extras
+        run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume, extras=seed_extras)
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)
@@ -212,15 +236,39 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     return int(code)
 
 
-def _shown(picked: tuple[Any, bool]) -> tuple[Path, bool]:
+def _pick_run_dir(root: Path, name: str, resume: bool, attempt: Any) -> tuple[Any, bool, str | None]:
+    """The run directory of one seed (rank 0 picks): ``(claim or path, resume it?, a note to show)``.
+
+    An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
+    its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
+    attempt committed none, it starts from the beginning, and says so."""
+    from pipeline.app.launch import elastic_run_dir, has_committed_checkpoint
+    from pipeline.app.rundir import claim_new, claim_next_free
+
+    if attempt is not None and attempt.restart > 0:
+        earlier = elastic_run_dir(root, name, attempt)
+        if earlier is not None and has_committed_checkpoint(earlier):
+            return earlier, True, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: continuing "
+                                   f"{earlier} from its newest committed checkpoint")
+        if earlier is not None:
+            claim = claim_next_free(root, name)
+            return claim, False, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before "
+                                  f"committed no checkpoint in {earlier}; this run starts from the beginning in "
+                                  f"{claim.path}")
+    if resume and (root / name / "events.jsonl").is_file():
+        return root / name, True, None
+    return (claim_new(root / name) if resume else claim_next_free(root, name)), False, None
+
+
+def _shown(picked: tuple[Any, bool, str | None]) -> tuple[Path, bool, str | None]:
     """What the other ranks learn of rank 0's pick: the run dir's path (rank 0 keeps its claim)."""
-    target, resume = picked
-    return (target if isinstance(target, Path) else target.path), resume
+    target, resume, note = picked
+    return (target if isinstance(target, Path) else target.path), resume, note
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_config
-    from pipeline.app.job import train_seed
+    from pipeline.app.launch import recorded_world_size
     from pipeline.training.resume import ResumeError, recorded_start
 
     run_dir = Path(args.run_dir)
@@ -231,26 +279,37 @@ def cmd_resume(args: argparse.Namespace) -> int:
         overrides.append(f"device={args.device}")
     cfg = load_config(run_dir / "config.yaml", overrides)
     recorded = recorded_start(run_dir)
-    world = recorded.world_size
-    code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
+    before = recorded_world_size(run_dir)  # the newest segment's; a run may have changed size before
+    code = _launched(args, args.nproc or before)  # as many ranks as it had, unless --nproc says otherwise
     if code is not None:
         return code
-    seed = recorded.seed
     collective = _join_ranks(cfg)
     try:
-        ranks = collective.world_size if collective is not None else 1
-        if ranks != world:
-            raise ResumeError(f"{run_dir} was trained on {world} process(es), this resume has {ranks}; resume it "
-                              "with the same number (fsmtrain resume starts them itself)")
-        lead = collective is None or collective.rank == 0
-        out: TextIO = sys.stdout if lead else io.StringIO()
-        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
-        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True)
-        code = _describe_seed(run, out)
-        print(f"exit code {int(code)} ({code.name})", file=out)
-        return int(code)
+        return _resume_seed(run_dir, cfg, recorded.seed, before, collective)
     finally:
-        _leave_ranks(collective)
+        _leave_ranks(collective)  # after the run's objects are gone: they hold the process group
+
+
+def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
+    from pipeline.app.job import train_seed
+    from pipeline.app.launch import elastic_attempt, worker_place
+
+    ranks = collective.world_size if collective is not None else 1
+    lead = collective is None or collective.rank == 0
+    out: TextIO = sys.stdout if lead else io.StringIO()
+    print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
+    if ranks != before:
+        print(f"  on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
+              f"committed checkpoint, and from there its data order is that of a {ranks}-process run",
+              file=out, flush=True)
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    attempt = elastic_attempt()
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, extras=extras)
+    code = _describe_seed(run, out)
+    print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
 
 
 # --- validate / preflight --------------------------------------------------------------------
@@ -315,6 +374,15 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
 
 
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=positive_int, default=1, metavar="N",
+                   help="the run spans N nodes; run the same command on each (like torchrun --nnodes)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this node's rank, 0 to N-1 (node 0 hosts the rendezvous store)")
+    p.add_argument("--rdzv", metavar="HOST:PORT", help="the c10d rendezvous endpoint, on node 0 (with --nnodes)")
+    p.add_argument("--rdzv-id", default="fsmtrain", metavar="ID", help="the job's id, the same on every node")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsmtrain", description="Train PyTorch models from a YAML config on an explicit lifecycle machine.")
@@ -327,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
     p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
+    _node_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
@@ -334,6 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
                    help="change what a resume may change, e.g. --set epochs=40 to extend a finished run")
     p.add_argument("--device", help="shorthand for --set device=D")
+    p.add_argument("--nproc", type=positive_int, default=None, metavar="M",
+                   help="continue on M processes per node (default: as many as the run's newest segment had); "
+                        "another number continues from the epoch boundary of the newest committed checkpoint")
+    _node_args(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
@@ -358,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
 _USER_ERRORS = (("pipeline.app.config.problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
-                ("pipeline.training.resume", "ResumeError"))
+                ("pipeline.training.resume", "ResumeError"), ("pipeline.cli", "UsageError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:

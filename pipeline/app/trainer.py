@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from pipeline.app.defaults import default_callbacks as with_defaults
+from pipeline.app.launch import recorded_world_size
+from pipeline.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
@@ -118,7 +120,7 @@ class Trainer:
         self.runner = CallbackRunner(callbacks)  # before any claim: a callback mistake leaves nothing behind
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
-        self._launch = ""
+        self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.run_dir = self._claim(run_dir, resume_from is not None)
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
@@ -148,12 +150,20 @@ class Trainer:
             model=self.model, optimizer=optimizer, scheduler=scheduler, run_dir=self.run_dir,
         )
         self.run.extras.update(extras or {})
-        if self.collective is not None:
-            self.run.extras["launch"] = self._launch  # the segment's name, the same in every rank's run_start
+        if self.settled is not None:
+            self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
+        if self.resumption is not None:
+            self.run.extras["world_size_before"] = self.resumption.notes.get("world_size_before")
+            if isinstance(self.run.extras.get("elastic"), dict):
+                self.resumption.notes["restart"] = self.run.extras["elastic"]["restart"]
         gen = TorchDriver.loader_generator(train_loader)
         if gen is not None:
             self.run.extras.setdefault("data_seed", gen.initial_seed())
         train_model: nn.Module | None = None
+        batch = global_batch(train_loader, 1 if self.collective is None else self.collective.world_size,
+                             self.runner.callbacks)
+        if batch is not None:
+            self.run.extras["global_batch"] = batch
         if self.collective is not None:
             world = self.collective.world_size
             self.run.extras.update(rank=rank, world_size=world)
@@ -175,35 +185,29 @@ class Trainer:
                              collective=self.collective)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
-        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error).
-        Rank 0 also names the run for the ranks' failure board (the same on every rank)."""
-        def claim() -> Path | None:
+        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
+        error, and learn the layout: :mod:`pipeline.app.ranks`)."""
+        def claim() -> RunDirClaim | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
             elif run_dir is not None:
                 self.claim = claim_existing(run_dir) if resume else claim_new(run_dir)
-            return self.claim.path if self.claim is not None else None
+            return self.claim
 
         if self.collective is None:
-            return claim()
-        path, self._launch = self.collective.share(lambda: (claim(), uuid.uuid4().hex))
-        self.collective.bind(self._launch)
-        return path
+            made = claim()
+            return made.path if made is not None else None
+        self.settled = settle_claim(self.collective, claim, uuid.uuid4().hex)
+        self.collective.bind(self.settled.launch)  # the run's failure board
+        return self.settled.path
 
     def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption:
         """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one."""
-        if self.collective is None:
-            return find_resumption(run_dir, which)
-        found: list[Resumption] = []
-
-        def choose() -> str:
-            found.append(find_resumption(run_dir, which))
-            return str(found[0].path)
-
-        chosen = self.collective.share(choose)
-        if found:
-            return found[0]
-        return find_resumption(run_dir, chosen, own_log=log_name_for_rank(self.collective.rank))
+        if self.collective is None or self.settled is None:
+            found = find_resumption(run_dir, which)
+            found.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
+            return found
+        return share_resumption(self.collective, run_dir, which, self.settled, recorded_world_size)
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:

@@ -60,7 +60,7 @@ _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 # What of the run's extras its run_start records (rank, world size, node, local rank and the launch
 # that started this segment on every rank: one rank of a multi-process run).
 _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "node", "local_rank",
-                               "launch", "global_batch"})
+                               "launch", "layout", "elastic", "global_batch", "world_size_before"})
 
 
 class Interrupted(KeyboardInterrupt):

@@ -144,6 +144,7 @@ class Resumption:
     state: dict[str, Any]
     tail: LogTail
     removed: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)  # what the resume event says besides (world sizes...)
 
     @property
     def next_epoch(self) -> int:
@@ -182,7 +183,7 @@ class Resumption:
         run.emit(
             "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=int(state["epoch"]),
             next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
-            torn_line_bytes=self.tail.torn_bytes,
+            torn_line_bytes=self.tail.torn_bytes, **self.notes,
         )
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
         restore_rng_state(state["rng"])

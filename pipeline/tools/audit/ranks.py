@@ -203,13 +203,14 @@ def _aligned(base: _Story, story: _Story, rank: int) -> tuple[list[tuple[int, _S
     does not line up. Segments are matched by their ``launch`` (logs before it: by position)."""
     out: list[Finding] = []
     pairs: list[tuple[int, _Segment, _Segment]] = []
-    launched = all(s.launch is not None for s in [*base.segments, *story.segments])
+    # A segment on one process (world size 1: rank 0 alone) names no launch; every other does.
+    launched = all(s.launch is not None for s in [*base.segments, *story.segments] if s.world != 1)
     if not launched:
         if len(story.segments) != len(base.segments):
             out.append(Finding("ranks", f"rank {rank} ran {len(story.segments)} segment(s), rank 0 "
                                         f"{len(base.segments)}: the ranks were not started and resumed together"))
         return [(i, a, b) for i, (a, b) in enumerate(zip(base.segments, story.segments, strict=False))], out
-    theirs = {s.launch: s for s in story.segments}
+    theirs = {s.launch: s for s in story.segments if s.launch is not None}
     ours = {s.launch for s in base.segments}
     for i, seg in enumerate(base.segments):
         expected = seg.world is not None and rank < seg.world

@@ -85,12 +85,21 @@ class SegmentChecks(EndingChecks):
             seg.unlogged.add(ckpt.epoch)
             self.warn("resume", f"epoch {ckpt.epoch} was committed by its checkpoint (line {ckpt.line}), but the "
                       "process was killed before it logged the epoch: its figures are not in the log", n)
+        elif seg.start_epoch > prev.next_epoch and self._sat_out(seg, payload.get("world_size_before")):
+            # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
+            # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
+            seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
                      f"{prev.next_epoch}", n)
         if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
             self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
                      f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
+
+    @staticmethod
+    def _sat_out(seg: Segment, before: object) -> bool:
+        """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
+        return type(before) is int and seg.rank >= before
 
     def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
         if resumed_from is None:
