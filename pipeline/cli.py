@@ -15,6 +15,7 @@ import argparse
 import importlib
 import io
 import math
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -121,6 +122,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
         print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
     if isinstance(run.error, Interrupted):
         return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
+    if failed is not None:  # the run failed on another rank: its status is that rank's
+        return ExitCode.ERROR
     if run.error is not None and reason is not StopReason.ERROR and not isinstance(run.error, KeyboardInterrupt):
         # fit() raised after the run had reached train_end by another route: the run failed all the same
         print(f"  ERROR after train_end: {type(run.error).__name__}: {run.error}", file=out)
@@ -136,6 +139,9 @@ def _join_ranks(cfg: RunConfig) -> Any:
         return None
     import torch
 
+    from pipeline.app.rank_output import tag_rank_output
+
+    tag_rank_output(int(os.environ.get("RANK", "0")))  # whole lines; the other ranks' tagged with their rank
     section = cfg.distributed
     return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
                          torch.device(cfg.device))
@@ -220,6 +226,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         print(f"== {cfg.project}/{run_name} seed {seed} {verb} {path}", file=out, flush=True)
         if note is not None:
             print(f"  {note}", file=out, flush=True)
+        _say_global_batch(cfg, collective.world_size if collective is not None else 1, out)
         seed_extras = {**extras, "elastic": {**extras["elastic"], "note": note}} if note is not None else extras
         run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume, extras=seed_extras)
         codes.append(_describe_seed(run, out))
@@ -234,6 +241,18 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     code = _worst(codes)
     print(f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
+
+
+def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
+    """``batch_size`` is per rank: with several ranks or accumulation, say what one optimizer step sees."""
+    if ranks == 1 and cfg.grad_accumulation == 1:
+        return
+    from pipeline.tools.report.run import describe_global_batch
+
+    steps = cfg.grad_accumulation
+    said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
+                                  "global": cfg.batch_size * ranks * steps})
+    print(f"  global batch {said}; batch_size is per rank", file=out, flush=True)
 
 
 def _pick_run_dir(root: Path, name: str, resume: bool, attempt: Any) -> tuple[Any, bool, str | None]:

@@ -53,14 +53,15 @@ from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
 
-__all__ = ["STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
-# What of the run's extras its run_start records (rank, world size, node, local rank and the launch
-# that started this segment on every rank: one rank of a multi-process run).
-_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "node", "local_rank",
-                               "launch", "layout", "elastic", "global_batch", "world_size_before"})
+# How a process of a multi-process run was started (where, by which launch and agent, on which
+# layout, how large a batch one step sees): facts of the launch, not of the run's behaviour.
+LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before"})
+# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run).
+_RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", *LAUNCH_FACTS})
 
 
 class Interrupted(KeyboardInterrupt):

@@ -255,6 +255,21 @@ def _compare(stories: dict[int, _Story]) -> list[Finding]:
     return out
 
 
+def _went_on_without(base: _Story, story: _Story, rank: int) -> str | None:
+    """How the run went on without rank ``rank`` after its log's last segment (rank 0's later
+    segments ran on fewer ranks), or None when it did not."""
+    if rank == 0 or not story.segments or story.segments[-1].launch is None:
+        return None
+    launches = [s.launch for s in base.segments]
+    if story.segments[-1].launch not in launches:
+        return None
+    later = base.segments[launches.index(story.segments[-1].launch) + 1:]
+    if not later or any(s.world is None or rank < s.world for s in later):
+        return None
+    return (f"the run went on without rank {rank}: rank 0's log continues with "
+            f"{len(later)} segment(s) on {', '.join(str(s.world) for s in later)} rank(s)")
+
+
 def _how_it_ended(base: _Story) -> str:
     """The last segment's stop, and the rank that caused it, for the summary."""
     if not base.segments or not base.segments[-1].ended:
@@ -340,10 +355,11 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
             findings.append(Finding("ranks", f"rank {rank}'s log is in two places: {seen[rank]} and {path}"))
         else:
             seen[rank] = path
-    reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
-               for rank, path in seen.items()}
     stories = {rank: _story(path) for rank, path in seen.items()}
     base = stories[0]
+    reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key,
+                                went_on=_went_on_without(base, stories[rank], rank))
+               for rank, path in seen.items()}
     world, worlds = _largest_world(base), [s.world for s in base.segments]
     if not base.segments:  # no readable run_start: the log's own audit says so
         world = None

@@ -70,6 +70,8 @@ class SegmentChecks(EndingChecks):
         prev = self.seg
         seg = self._open_segment(n, rec, payload)
         if prev is None:
+            if seg.resumed_from is not None and self._sat_out(seg, payload.get("world_size_before")):
+                seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:
             self.bad("resume", "a second run_start without resumed_from: two runs written into one file", n)
