@@ -71,7 +71,8 @@ class _Runs:
             cfg, port = _config(folder), free_port()
             args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                     f"localhost:{port}", "--rdzv-id", "shared", "-m", "pipeline", "train", str(cfg)]
-            return run_dir(folder), _finish([torchrun(*args, cwd=folder), torchrun(*args, cwd=folder)])
+            outs = _finish([torchrun(*args, cwd=folder), torchrun(*args, cwd=folder)])
+            return run_dir(folder), outs
         made: tuple[Path, list[str]] = self.once("two_nodes_shared", make)
         return made
 

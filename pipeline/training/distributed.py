@@ -193,7 +193,21 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=options.timeout_s))
+        timeout = timedelta(seconds=options.timeout_s)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            # A restarted agent gives its workers the same store as before: the keys the ranks
+            # publish their addresses under would still hold the dead attempt's, and a rank that
+            # reads one first fails to connect ("Connection refused") and costs another restart.
+            # Each attempt gets keys of its own.
+            from torch.distributed.distributed_c10d import PrefixStore
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, world = next(rendezvous("env://", timeout=timeout))
+            dist.init_process_group(backend=backend, store=PrefixStore(f"fsmtrain/attempt/{attempt}", store),
+                                    rank=rank, world_size=world, timeout=timeout)
     return TorchCollective(device, options.agreement_timeout_s)
 
 
