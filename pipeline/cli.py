@@ -15,7 +15,6 @@ import argparse
 import importlib
 import io
 import math
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -133,28 +132,15 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 def _join_ranks(cfg: RunConfig) -> Any:
     """Under torchrun (several ranks): join the process group; None in one process."""
-    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+    from pipeline.app.launch import join_ranks
 
-    if not launched_by_torchrun():
-        return None
-    import torch
-
-    from pipeline.app.rank_output import tag_rank_output
-
-    tag_rank_output(int(os.environ.get("RANK", "0")))  # whole lines; the other ranks' tagged with their rank
-    section = cfg.distributed
-    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
-                         torch.device(cfg.device))
+    return join_ranks(cfg.distributed, cfg.device)
 
 
 def _leave_ranks(collective: Any) -> None:
-    if collective is not None:
-        from pipeline.training.distributed import shutdown
+    from pipeline.app.launch import leave_ranks
 
-        left = shutdown()
-        if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
-            print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
-                  f"{', '.join(left)}", file=sys.stderr)
+    leave_ranks(collective)
 
 
 def _nodes(args: argparse.Namespace) -> Any:
@@ -195,7 +181,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
-    from pipeline.app.job import run_name_for, runs_root, train_seed
+    from pipeline.app.job import pick_run_dir, run_name_for, runs_root, train_seed
     from pipeline.app.launch import elastic_attempt, worker_place
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
@@ -218,7 +204,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         name = run_name_for(cfg, seed, run_name)
 
         def pick(name: str = name) -> tuple[Any, bool, str | None]:
-            return _pick_run_dir(root, name, bool(args.resume), attempt)
+            return pick_run_dir(root, name, bool(args.resume), attempt)
 
         target, resume, note = pick() if collective is None else collective.on_rank_zero(pick, _shown)
         path = target if isinstance(target, Path) else target.path
@@ -253,30 +239,6 @@ def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
     said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
                                   "global": cfg.batch_size * ranks * steps})
     print(f"  global batch {said}; batch_size is per rank", file=out, flush=True)
-
-
-def _pick_run_dir(root: Path, name: str, resume: bool, attempt: Any) -> tuple[Any, bool, str | None]:
-    """The run directory of one seed (rank 0 picks): ``(claim or path, resume it?, a note to show)``.
-
-    An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
-    its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
-    attempt committed none, it starts from the beginning, and says so."""
-    from pipeline.app.launch import elastic_run_dir, has_committed_checkpoint
-    from pipeline.app.rundir import claim_new, claim_next_free
-
-    if attempt is not None and attempt.restart > 0:
-        earlier = elastic_run_dir(root, name, attempt)
-        if earlier is not None and has_committed_checkpoint(earlier):
-            return earlier, True, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: continuing "
-                                   f"{earlier} from its newest committed checkpoint")
-        if earlier is not None:
-            claim = claim_next_free(root, name)
-            return claim, False, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before "
-                                  f"committed no checkpoint in {earlier}; this run starts from the beginning in "
-                                  f"{claim.path}")
-    if resume and (root / name / "events.jsonl").is_file():
-        return root / name, True, None
-    return (claim_new(root / name) if resume else claim_next_free(root, name)), False, None
 
 
 def _shown(picked: tuple[Any, bool, str | None]) -> tuple[Path, bool, str | None]:

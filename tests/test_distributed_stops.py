@@ -61,6 +61,13 @@ def _last(path: Path) -> dict[str, Any]:
     return log(path)[-1]
 
 
+def _replays(run: Path) -> None:
+    """Each rank's log replays as it ran: the other rank's part comes back through the agreement."""
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        done = fsmtrain("replay", str(run / name), cwd=run, timeout=120)
+        assert done.returncode == 0, name + "\n" + done.stdout[-3000:] + done.stderr[-3000:]
+
+
 @pytest.mark.timeout(400)
 def test_an_agreed_early_stop_passes_the_audit(runs: _Runs) -> None:
     done, _, run = runs.get("early_stop")
@@ -74,6 +81,7 @@ def test_an_agreed_early_stop_passes_the_audit(runs: _Runs) -> None:
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "2 ranks agree" in audit.stdout
     assert "ended: early_stop from rank 0 (EarlyStoppingCallback: val_loss did not improve" in audit.stdout
+    _replays(run)
 
 
 @pytest.mark.timeout(400)
@@ -86,6 +94,7 @@ def test_nan_on_one_rank_passes_the_audit(runs: _Runs) -> None:
     audit = _audit(run)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "ended: nan from rank 0 (NaNDetectionCallback" in audit.stdout
+    _replays(run)
 
 
 @pytest.mark.timeout(400)
@@ -112,3 +121,7 @@ def test_an_error_on_one_rank_ends_every_rank_promptly_and_names_it(runs: _Runs)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert ("ended: rank 1 failed (ValueError: injected on rank 1 at epoch 1, batch 1, in "
             "RaiseOnRank.on_train_step_end on rank 1); every other rank was interrupted") in audit.stdout
+    # Rank 0's log replays as it ran: the failure comes back from the board, the broken collective
+    # at the same step. (Rank 1's own exception, raised inside a batch, is a replay limit of any run.)
+    replay = fsmtrain("replay", str(run / "events.jsonl"), cwd=run, timeout=120)
+    assert replay.returncode == 0 and "replay reproduces the recorded trace" in replay.stdout, replay.stdout[-3000:]

@@ -36,7 +36,8 @@ from pipeline.app.config import (
 from pipeline.app.config.blame import blamed
 from pipeline.app.config.checks import check_data_arguments
 from pipeline.app.config.schema import TRAINING_FIELDS
-from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
+from pipeline.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
+from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.checks import CallbackDefinitionError
 from pipeline.core.drawing import write_run_diagram
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE", "MODEL_FILE", "RunParts", "SeedRun", "build_parts", "config_differences", "config_fingerprint",
-    "run_name_for", "runs_root", "train_seed",
+    "pick_run_dir", "run_name_for", "runs_root", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -281,3 +282,24 @@ def _write_path_diagram(trainer: Trainer) -> None:
     """``lifecycle.mmd``: the path this run took, drawn from its own log."""
     if trainer.engine.result is not None and trainer.events.path is not None:
         write_run_diagram(trainer.events.path)
+
+
+def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> tuple[Any, bool, str | None]:
+    """The run directory of one seed (rank 0 picks): ``(claim or path, resume it?, a note to show)``.
+
+    An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
+    its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
+    attempt committed none, it starts from the beginning in a new run directory, and says so."""
+    if attempt is not None and attempt.restart > 0:
+        earlier = elastic_run_dir(root, name, attempt)
+        if earlier is not None and has_committed_checkpoint(earlier):
+            return earlier, True, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: continuing "
+                                   f"{earlier} from its newest committed checkpoint")
+        if earlier is not None:
+            claim = claim_next_free(root, name)
+            return claim, False, (f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before "
+                                  f"committed no checkpoint in {earlier}; this run starts from the beginning in "
+                                  f"{claim.path}")
+    if resume and (root / name / "events.jsonl").is_file():
+        return root / name, True, None
+    return (claim_new(root / name) if resume else claim_next_free(root, name)), False, None

@@ -24,11 +24,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.app.config.schema import DistributedConfig
+    from pipeline.training.distributed import TorchCollective
 
 __all__ = [
-    "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_run_dir", "has_committed_checkpoint", "launch_workers",
-    "recorded_world_size", "worker_place", "without_launch_options",
+    "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_run_dir", "has_committed_checkpoint", "join_ranks",
+    "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
 ]
 
 # The options that start workers: the workers' own command line has none of them.
@@ -174,3 +178,32 @@ def recorded_world_size(run_dir: Path) -> int:
         value = payload.get("world_size", 1)
         world = value if type(value) is int and value > 0 else 1
     return world
+
+
+def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
+    """Under an agent (several ranks): join the process group; None in one process. The rank's
+    output is made whole lines, tagged with the rank on every rank but 0 (:mod:`pipeline.app.rank_output`)."""
+    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return None
+    import torch
+
+    from pipeline.app.rank_output import tag_rank_output
+
+    tag_rank_output(int(os.environ.get("RANK", "0")))
+    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
+                         torch.device(device))
+
+
+def leave_ranks(collective: TorchCollective | None) -> None:
+    """End the process group and its threads, after the run's objects are gone (they hold it)."""
+    if collective is None:
+        return
+    from pipeline.training.distributed import shutdown
+
+    left = shutdown()
+    if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
+        print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
+              f"{', '.join(left)}", file=sys.stderr)
+

@@ -29,7 +29,7 @@ _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain", *sorted(LAUNCH_FACTS)),
     "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
     "epoch": ("seconds", "phase_seconds", "callback_seconds"),
-    "exception": ("traceback",),
+    "exception": ("traceback", "symptom"),  # where and how a collective broke is the machine's, not the run's
 }
 # Events the engine and the run context write themselves; other kinds come from callbacks.
 _CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
