@@ -50,8 +50,27 @@ def config(folder: Path, *, extra: Sequence[dict[str, Any]] = (), epochs: int = 
 
 
 def fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(**extra_env),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(**extra_env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = finish(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """Wait for ``proc``; past ``timeout``, stop it with SIGTERM first (an elastic agent then ends the
+    workers it started, each in a session of its own, which a SIGKILL of the agent would orphan),
+    then SIGKILL, and raise the timeout."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return out or "", err or ""
 
 
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:

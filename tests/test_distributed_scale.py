@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_runs import clean, config, env, events, free_port, fsmtrain, log, run_dir, same_weights, torchrun
+from dist_runs import clean, config, env, events, finish, free_port, fsmtrain, log, run_dir, same_weights, torchrun
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
@@ -39,12 +39,18 @@ def _config(folder: Path, *extra: dict[str, Any]) -> Path:
     return config(folder, extra=[_PRINT, *extra], epochs=EPOCHS, early_stopping={"enabled": False})
 
 
-def _finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[str]:
+def _finish(procs: list[subprocess.Popen[str]], timeout: float = 400) -> list[str]:
     outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        assert p.returncode == 0, out[-4000:]
-        outs.append(out)
+    try:
+        for p in procs:
+            out, _ = finish(p, timeout)
+            assert p.returncode == 0, out[-4000:]
+            outs.append(out)
+    finally:
+        for p in procs:  # a node left waiting for one that failed: stopped, with its workers
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=60)
     return outs
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_runs import clean, config, env, events, fsmtrain, run_dir, same_weights
+from dist_runs import clean, config, env, events, finish, fsmtrain, run_dir, same_weights
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
@@ -123,13 +123,14 @@ class _Runs:
             drawn = _batches(folder)
             shutil.rmtree(folder / "batches")  # the reference's config records into the same folder
             if after == 1:
-                ref = subprocess.run([sys.executable, "-c", _RESUME_IN_PROCESS, str(copy)], cwd=self.root, env=env(),
-                                     capture_output=True, text=True, timeout=300, check=False)
+                cmd = [sys.executable, "-c", _RESUME_IN_PROCESS, str(copy)]
             else:
-                ref = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                      "--nproc-per-node", str(after), "-m", "pipeline", "resume", str(copy)],
-                                     cwd=self.root, env=env(), capture_output=True, text=True, timeout=300, check=False)
-            assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(after),
+                       "-m", "pipeline", "resume", str(copy)]
+            ref = subprocess.Popen(cmd, cwd=self.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+            out, err = finish(ref, 300)
+            assert ref.returncode == 0, out[-3000:] + err[-3000:]
             self.made[key] = (killed, copy, done, drawn)
         made: tuple[Path, Path, subprocess.CompletedProcess[str], Any] = self.made[key]
         return made

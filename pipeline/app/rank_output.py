@@ -45,12 +45,18 @@ class RankLines(io.TextIOBase):
     def fileno(self) -> int:
         return self.target.fileno()
 
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.target, "encoding", "utf-8")
 
 
 def tag_rank_output(rank: int) -> None:
-    """This process is rank ``rank``: its standard output writes whole lines, tagged unless rank 0."""
-    if not isinstance(sys.stdout, RankLines):
-        sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")
+    """This process is rank ``rank``: its standard output writes whole lines, tagged unless rank 0.
+    Rank 0 on a terminal keeps its stream as it is: a terminal's stream is line-buffered already,
+    and its progress bar redraws a line in place."""
+    if isinstance(sys.stdout, RankLines) or (rank == 0 and sys.stdout.isatty()):
+        return
+    sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")
