@@ -31,7 +31,11 @@ if TYPE_CHECKING:
     from pipeline.app.config import RunConfig
     from pipeline.app.job import SeedRun
 
-__all__ = ["ExitCode", "build_parser", "exit_code_for", "main"]
+__all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
+
+
+class UsageError(ValueError):
+    """Options that do not go together (one line, exit 2)."""
 
 
 class ExitCode(IntEnum):
@@ -115,6 +119,10 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
     if extra:
         print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+    failed = getattr(run.error, "failure", None)  # another rank failed first (consensus.RankFailed)
+    if failed is not None:
+        print(f"  rank {failed.rank} failed: {failed.message} (in {failed.source}); every other rank stopped with it",
+              file=out)
     print(f"  run dir: {run.run_dir}", file=out)
     resumption = run.trainer.resumption
     if resumption is not None and resumption.next_epoch >= result.epochs_completed and not stop:
@@ -128,6 +136,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
         print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
     if isinstance(run.error, Interrupted):
         return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
+    if failed is not None:  # the run failed on another rank: its status is that rank's
+        return ExitCode.ERROR
     if run.error is not None and reason is not StopReason.ERROR and not isinstance(run.error, KeyboardInterrupt):
         # fit() raised after the run had reached train_end by another route: the run failed all the same
         print(f"  ERROR after train_end: {type(run.error).__name__}: {run.error}", file=out)
@@ -137,37 +147,46 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 def _join_ranks(cfg: RunConfig) -> Any:
     """Under torchrun (several ranks): join the process group; None in one process."""
-    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+    from pipeline.app.launch import join_ranks
 
-    if not launched_by_torchrun():
-        return None
-    import torch
-
-    return init_from_env(DistributedOptions(cfg.distributed.backend, cfg.distributed.timeout_s),
-                         torch.device(cfg.device))
+    return join_ranks(cfg.distributed, cfg.device)
 
 
 def _leave_ranks(collective: Any) -> None:
-    if collective is not None:
-        from pipeline.training.distributed import shutdown
+    from pipeline.app.launch import leave_ranks
 
-        shutdown()
+    leave_ranks(collective)
+
+
+def _nodes(args: argparse.Namespace) -> Any:
+    """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
+    from pipeline.app.launch import Nodes
+
+    count = getattr(args, "nnodes", 1)
+    if count <= 1:
+        return None
+    if not args.rdzv or ":" not in args.rdzv:
+        raise UsageError(f"--nnodes {count} needs --rdzv HOST:PORT, the rendezvous of node 0; found {args.rdzv!r}")
+    if not 0 <= args.node_rank < count:
+        raise UsageError(f"--node-rank: expected 0 to {count - 1} (--nnodes {count}); found {args.node_rank}")
+    return Nodes(count, args.node_rank, args.rdzv, args.rdzv_id)
 
 
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:
-    """With ``nproc`` > 1 in a plain process: start the workers and return their exit status. The
-    launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
-    from pipeline.app.launch import launch_workers, without_nproc
+    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
+    status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
+    from pipeline.app.launch import launch_workers, without_launch_options
     from pipeline.core import signal_latch
     from pipeline.training.distributed import launched_by_torchrun
 
-    if nproc <= 1 or launched_by_torchrun():
+    nodes = _nodes(args)
+    if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
     latch = signal_latch.installed()
     signal_latch.uninstall()
     if latch is not None and latch.signum is not None:  # it came during start-up: start nothing
         return latch.exit_status(0)
-    return launch_workers(nproc, without_nproc(args.argv))
+    return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
 
 
 def _latch_signals() -> None:
@@ -191,10 +210,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
-    from functools import partial
-
-    from pipeline.app.job import run_name_for, runs_root, train_seed
-    from pipeline.app.rundir import claim_new, claim_next_free, run_started
+    from pipeline.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
+    from pipeline.app.launch import elastic_attempt, worker_place
     from pipeline.core.engine import Interrupted
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
@@ -209,27 +226,35 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     codes: list[ExitCode] = []
     objectives: list[float] = []
     root = runs_root(cfg, base)
+    attempt = elastic_attempt()
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    ranks = collective.world_size if collective is not None else 1
     for seed in cfg.seeds:
         name = run_name_for(cfg, seed, run_name)
 
-        def started(path: Path = root / name) -> bool:
-            return bool(args.resume) and run_started(path)
+        def pick(name: str = name) -> RunPick:
+            return pick_run_dir(root, name, bool(args.resume), attempt)
 
-        resume = started() if collective is None else bool(collective.share(started))
-        # Claimed only once the run is built (train_seed): a config it cannot build claims nothing.
-        target: Any = root / name if resume else (
-            partial(claim_new, root / name) if args.resume else partial(claim_next_free, root, name))
+        picked = pick() if collective is None else collective.share(pick)
 
-        def announce(claim: Any, resume: bool, seed: int = seed) -> None:
+        def announce(claim: Any, resume: bool, seed: int = seed, note: str | None = picked.note) -> None:
             path = getattr(claim, "path", claim)
             reused = getattr(claim, "cleared", ())
-            note = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
-            print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{note}",
+            also = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
+            print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{also}",
                   file=out, flush=True)
+            if note is not None:
+                print(f"  {note}", file=out, flush=True)
+            _say_global_batch(cfg, ranks, out)
 
+        seed_extras = extras
+        if picked.note is not None:
+            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
         try:
-            run = train_seed(cfg, seed, target, extra_callbacks=_display_callbacks(), resume=resume,
-                             announce=announce)
+            run = train_seed(cfg, seed, picked.target(), extra_callbacks=_display_callbacks(), resume=picked.resume,
+                             extras=seed_extras, announce=announce)
         except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
             codes.append(ExitCode(exc.exit_code))
@@ -237,8 +262,8 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         codes.append(_describe_seed(run, out))
         if run.result is not None:
             objectives.append(run.result.objective)
-        if isinstance(run.error, KeyboardInterrupt):
-            break  # the user asked to stop: do not start the next seed
+        if isinstance(run.error, KeyboardInterrupt) or (collective is not None and run.error is not None):
+            break  # the user asked to stop, or a rank failed (the others are not coming): no next seed
     if len(cfg.seeds) > 1 and objectives:
         mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
         spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
@@ -248,9 +273,21 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
     return int(code)
 
 
+def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
+    """``batch_size`` is per rank: with several ranks or accumulation, say what one optimizer step sees."""
+    if ranks == 1 and cfg.grad_accumulation == 1:
+        return
+    from pipeline.tools.report.run import describe_global_batch
+
+    steps = cfg.grad_accumulation
+    said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
+                                  "global": cfg.batch_size * ranks * steps})
+    print(f"  global batch {said}; batch_size is per rank", file=out, flush=True)
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from pipeline.app.config import load_run_config
-    from pipeline.app.job import train_seed
+    from pipeline.app.launch import recorded_world_size
     from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
     _latch_signals()
@@ -265,29 +302,41 @@ def cmd_resume(args: argparse.Namespace) -> int:
         recorded = recorded_start(run_dir)
     except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
         recorded = RecordedStart(_seed_of_unstarted(cfg, run_dir), 1)
-    world = recorded.world_size
-    code = _launched(args, world)  # a multi-process run continues on as many ranks as it had
+    before = recorded_world_size(run_dir)  # the newest segment's; a run may have changed size before
+    code = _launched(args, args.nproc or before)  # as many ranks as it had, unless --nproc says otherwise
     if code is not None:
         return code
-    seed = recorded.seed
     collective = _join_ranks(cfg)
     try:
-        ranks = collective.world_size if collective is not None else 1
-        if ranks != world:
-            raise ResumeError(f"{run_dir} was trained on {world} process(es), this resume has {ranks}; resume it "
-                              "with the same number (fsmtrain resume starts them itself)")
-        lead = collective is None or collective.rank == 0
-        out: TextIO = sys.stdout if lead else io.StringIO()
-
-        def announce(claim: Any, resume: bool) -> None:
-            print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
-
-        run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, announce=announce)
-        code = _describe_seed(run, out)
-        print(f"exit code {int(code)} ({code.name})", file=out)
-        return int(code)
+        return _resume_seed(run_dir, cfg, recorded.seed, before, collective)
     finally:
-        _leave_ranks(collective)
+        _leave_ranks(collective)  # after the run's objects are gone: they hold the process group
+
+
+def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
+    from pipeline.app.job import train_seed
+    from pipeline.app.launch import elastic_attempt, worker_place
+
+    ranks = collective.world_size if collective is not None else 1
+    lead = collective is None or collective.rank == 0
+    out: TextIO = sys.stdout if lead else io.StringIO()
+
+    def announce(claim: Any, resume: bool) -> None:
+        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
+        if ranks != before:
+            print(f"  on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
+                  f"committed checkpoint, and from there its data order is that of a {ranks}-process run",
+                  file=out, flush=True)
+
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    attempt = elastic_attempt()
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, extras=extras,
+                     announce=announce)
+    code = _describe_seed(run, out)
+    print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
 
 
 def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
@@ -367,6 +416,15 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
 
 
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=positive_int, default=1, metavar="N",
+                   help="the run spans N nodes; run the same command on each (like torchrun --nnodes)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this node's rank, 0 to N-1 (node 0 hosts the rendezvous store)")
+    p.add_argument("--rdzv", metavar="HOST:PORT", help="the c10d rendezvous endpoint, on node 0 (with --nnodes)")
+    p.add_argument("--rdzv-id", default="fsmtrain", metavar="ID", help="the job's id, the same on every node")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsmtrain", description="Train PyTorch models from a YAML config on an explicit lifecycle machine.")
@@ -379,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
     p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
+    _node_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
@@ -386,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
                    help="change what a resume may change, e.g. --set epochs=40 to extend a finished run")
     p.add_argument("--device", help="shorthand for --set device=D")
+    p.add_argument("--nproc", type=positive_int, default=None, metavar="M",
+                   help="continue on M processes per node (default: as many as the run's newest segment had); "
+                        "another number continues from the epoch boundary of the newest committed checkpoint")
+    _node_args(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
@@ -412,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
 _USER_ERRORS = (("pipeline.app.config.problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
-                ("pipeline.training.resume", "ResumeError"))
+                ("pipeline.training.resume", "ResumeError"), ("pipeline.cli", "UsageError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:

@@ -5,6 +5,7 @@ Each acts on one rank only, to show that a decision taken on one rank moves ever
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -93,3 +94,75 @@ class SlowEpochs(TrainingCallback):
             with open(f"{mark}.tmp", "w") as fh:
                 fh.write(f"{epoch.index} {os.getpid()}")
             os.replace(f"{mark}.tmp", mark)
+
+
+class NaNWeightsOnRank(TrainingCallback):
+    """At the start of epoch index ``epoch``, rank ``rank``'s weights become NaN (only there): its
+    loss is NaN, and through DDP's gradient average and the summed metrics, every rank's is."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int) -> None:
+        self.rank, self.epoch = rank, epoch
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        model = epoch.run.model
+        if _rank(epoch.run) == self.rank and epoch.index == self.epoch and model is not None:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(math.nan)
+
+
+class RaiseOnRank(TrainingCallback):
+    """Raises ``ValueError`` after batch ``batch`` of epoch index ``epoch`` on rank ``rank`` only,
+    while the other ranks go on into the next batch's gradient all-reduce."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int, batch: int = 1) -> None:
+        self.rank, self.epoch, self.batch = rank, epoch, batch
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        if _rank(step.run) == self.rank and step.epoch.index == self.epoch and step.batch_index == self.batch:
+            raise ValueError(f"injected on rank {self.rank} at epoch {self.epoch}, batch {self.batch}")
+
+
+class ExitOnceOnRank(TrainingCallback):
+    """At the start of epoch index ``epoch`` on rank ``rank``: the process exits at once
+    (``os._exit(1)``: no teardown, as a crash), the first time only (``marker`` remembers it)."""
+
+    priority = 60
+
+    def __init__(self, rank: int, epoch: int, marker: str) -> None:
+        self.rank, self.epoch, self.marker = rank, epoch, Path(marker)
+
+    def on_train_epoch_begin(self, epoch: EpochContext) -> None:
+        if _rank(epoch.run) == self.rank and epoch.index == self.epoch and not self.marker.exists():
+            self.marker.write_text(str(os.getpid()))
+            os._exit(1)
+
+
+class RecordBatches(TrainingCallback):
+    """Appends ``<epoch index> <sha256 of the batch's inputs>`` for every training batch to
+    ``<folder>/batches-rank<r>.txt``: the data order each rank saw."""
+
+    priority = 61
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_batch_begin(self, step: StepContext) -> None:
+        inputs = step.batch[0]
+        digest = hashlib.sha256(inputs.numpy().tobytes()).hexdigest()[:16]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"batches-rank{_rank(step.run)}.txt", "a") as fh:
+            fh.write(f"{step.epoch.index} {digest}\n")
+
+
+class PrintEachEpoch(TrainingCallback):
+    """A user callback that prints, as users' callbacks do, at every epoch end."""
+
+    priority = 62
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        print(f"epoch {epoch.index} ended, said a callback")

@@ -27,7 +27,9 @@ from pipeline.tools.audit import AuditReport, Finding, Verdict, audit_file
 def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run with three periodic checkpoints and latest.pt (committed after each epoch)."""
     run = tmp_path_factory.mktemp("verdicts") / "run"
-    _trainer(run, [CheckpointCallback(run / "checkpoints", keep_last_k=3)], epochs=3).fit()
+    # Written in the foreground: a writer thread on a busy disk may skip a state (latest wins), and
+    # these cases need each epoch's file.
+    _trainer(run, [CheckpointCallback(run / "checkpoints", keep_last_k=3, background=False)], epochs=3).fit()
     return run
 
 

@@ -256,7 +256,12 @@ def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     proc = _start(killed, _config(killed, extra=extra))
     _wait_for(killed / "reached-rank0", random.randint(0, 3), proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
+    # The agent starts each worker in a session of its own, so the launcher's group holds neither:
+    # each worker is killed by the pid its marker holds, then the launcher.
+    pids = [_wait_for(killed / f"reached-rank{rank}", 0, proc) for rank in (0, 1)]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     run_dir = _run_dir(killed)
     assert not (run_dir / "model.pt").exists()

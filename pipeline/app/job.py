@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,8 @@ from pipeline.app.config import (
 from pipeline.app.config.blame import blamed
 from pipeline.app.config.checks import check_data_arguments, checked_callbacks, data_failure
 from pipeline.app.config.schema import TRAINING_FIELDS
-from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
+from pipeline.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
+from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free, run_started
 from pipeline.app.schedule import Replan, replan_schedule, resume_schedule
 from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
 from pipeline.core.engine import Interrupted
@@ -50,8 +52,8 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunTarget", "SeedRun", "build_parts", "config_differences",
-    "config_fingerprint", "run_name_for", "runs_root", "train_seed",
+    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunPick", "RunTarget", "SeedRun", "build_parts", "config_differences",
+    "config_fingerprint", "pick_run_dir", "run_name_for", "runs_root", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -233,7 +235,7 @@ def train_seed(
                 "resume", "the model, optimizer, data and seed the run was trained with",
                 "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
     latch = installed()
-    collective = joined_collective(torch.device(cfg.device))
+    collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
     # One process honours a start-up signal before its run starts; the ranks of a multi-process
     # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
     startup = latch if collective is None else None
@@ -272,7 +274,7 @@ def train_seed(
                        else {}),
                     **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
-            compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True,
+            compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
         )
         if startup is not None and startup.signum is not None:
             trainer.close()
@@ -302,3 +304,41 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
 
+
+
+@dataclass(frozen=True)
+class RunPick:
+    """Where one seed's run goes, as rank 0 decided it (the same on every rank)."""
+
+    path: Path  # the run to resume, or the folder name a new claim starts from
+    resume: bool
+    next_free: bool  # a new run takes the next free name (name, name-2, ...); else exactly ``path``
+    note: str | None = None  # what to say of the choice (an elastic restart)
+
+    def target(self) -> RunTarget:
+        """For :func:`train_seed`: a new run is claimed only once it is built."""
+        if self.resume:
+            return self.path
+        if self.next_free:
+            return partial(claim_next_free, self.path.parent, self.path.name)
+        return partial(claim_new, self.path)
+
+
+def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> RunPick:
+    """The run directory of one seed under ``root`` (rank 0 picks).
+
+    An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
+    its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
+    attempt committed none, it starts from the beginning in a new run directory, and says so."""
+    if attempt is not None and attempt.restart > 0:
+        earlier = elastic_run_dir(root, name, attempt)
+        if earlier is not None and has_committed_checkpoint(earlier):
+            return RunPick(earlier, True, False, f"elastic restart {attempt.restart} of {attempt.max_restarts}: "
+                                                 f"continuing {earlier} from its newest committed checkpoint")
+        if earlier is not None:
+            return RunPick(root / name, False, True,
+                           f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before committed "
+                           f"no checkpoint in {earlier}; this run starts from the beginning in a new run directory")
+    if resume and run_started(root / name):
+        return RunPick(root / name, True, False)
+    return RunPick(root / name, False, not resume)

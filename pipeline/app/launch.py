@@ -1,48 +1,91 @@
-"""Start a command on several local processes, as ``torchrun --standalone --nproc-per-node N`` would.
+"""Start a command on several processes, as ``torchrun`` would; and what a worker learns from the
+agent that started it.
 
-``fsmtrain train CONFIG --nproc N`` (and ``fsmtrain resume`` of a multi-process run) run torch's
-elastic agent in this process; it starts N workers (``python -m pipeline <same command>``), each
-with RANK, WORLD_SIZE, LOCAL_RANK and a free rendezvous port in its environment. The exit status
-is the status of the first worker that failed (the ranks of one run end together, so they agree),
-a signal that killed it as 128 + its number.
+``fsmtrain train CONFIG --nproc N`` (and ``fsmtrain resume RUN --nproc M``) run torch's elastic
+agent in this process, as ``torchrun --standalone --nproc-per-node N`` does; with ``--nnodes 2
+--node-rank R --rdzv HOST:PORT`` the agent joins a c10d rendezvous of several nodes, as
+``torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` does (node rank 0 hosts the
+rendezvous store). The workers run ``python -m pipeline <same command>`` with RANK, WORLD_SIZE,
+LOCAL_RANK and GROUP_RANK (the node) in their environment. The exit status is the status of the
+first worker that failed (the ranks of one run end together, so they agree), a signal that killed
+it as 128 + its number.
+
+Under ``torchrun --max-restarts N`` the agent restarts every worker when one fails;
+:func:`elastic_attempt` tells a worker which attempt it is, and the run continues from its newest
+committed checkpoint (see ``pipeline.cli``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["launch_workers", "without_nproc"]
+if TYPE_CHECKING:
+    from pipeline.app.config.schema import DistributedConfig
+    from pipeline.training.distributed import TorchCollective
+
+__all__ = [
+    "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_run_dir", "has_committed_checkpoint", "join_ranks",
+    "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
+]
+
+# The options that start workers: the workers' own command line has none of them.
+_LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--rdzv-id"})
 
 
-def without_nproc(argv: Sequence[str]) -> list[str]:
-    """The command line a worker runs: this one without ``--nproc N`` (or ``--nproc=N``)."""
+def without_launch_options(argv: Sequence[str]) -> list[str]:
+    """The command line a worker runs: this one without ``--nproc N``, ``--nnodes``, ``--node-rank``,
+    ``--rdzv`` and ``--rdzv-id`` (each also as ``--option=value``)."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg == "--nproc":
+        if arg in _LAUNCH_OPTIONS:
             skip = True
             continue
-        if arg.startswith("--nproc="):
+        if arg.split("=", 1)[0] in _LAUNCH_OPTIONS and "=" in arg:
             continue
         out.append(arg)
     return out
 
 
-def launch_workers(nproc: int, argv: Sequence[str], *, monitor_interval: float = 0.1) -> int:
-    """Run ``python -m pipeline *argv`` on ``nproc`` local ranks; the first failure's exit status."""
+@dataclass(frozen=True)
+class Nodes:
+    """Several nodes meeting at a c10d rendezvous (``--nnodes``, ``--node-rank``, ``--rdzv``)."""
+
+    count: int
+    rank: int
+    endpoint: str
+    run_id: str = "fsmtrain"  # the same on every node (``--rdzv-id``)
+
+
+def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None,
+                   monitor_interval: float = 0.1) -> int:
+    """Run ``python -m pipeline *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
+    first failure's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=monitor_interval,
-    )
+    if nodes is None:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=monitor_interval,
+        )
+    else:
+        config = LaunchConfig(
+            min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id,
+            rdzv_backend="c10d", rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0},
+            max_restarts=0, monitor_interval=monitor_interval,
+        )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "pipeline", *argv)
     except ChildFailedError as err:
@@ -52,3 +95,115 @@ def launch_workers(nproc: int, argv: Sequence[str], *, monitor_interval: float =
     except SignalException as exc:  # the launcher itself was signalled; its workers were told too
         return 128 + int(exc.sigval)
     return 0
+
+
+def worker_place() -> dict[str, int]:
+    """Where this worker runs: its node (the agent's group rank) and local rank, from the environment
+    the agent gave it; empty outside an agent."""
+    place: dict[str, int] = {}
+    for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK")):
+        value = os.environ.get(env, "")
+        if value.isdigit():
+            place[key] = int(value)
+    return place
+
+
+@dataclass(frozen=True)
+class ElasticAttempt:
+    """Which start of the workers this is, under an elastic agent (``torchrun --max-restarts``)."""
+
+    run_id: str
+    restart: int  # 0: the first start; n: the n-th restart after a failure
+    max_restarts: int
+
+    def record(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "restart": self.restart, "max_restarts": self.max_restarts}
+
+
+def elastic_attempt() -> ElasticAttempt | None:
+    """This worker's attempt, from the agent's environment; None outside an agent."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    if run_id is None or not restart.isdigit():
+        return None
+    most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return ElasticAttempt(run_id, int(restart), int(most) if most.isdigit() else 0)
+
+
+def _payloads(log: Path, event: str) -> Iterator[dict[str, Any]]:
+    """The payloads of a log's ``event`` lines (unreadable lines skipped: the audit reports them)."""
+    marker = f'"{event}"'.encode()
+    with open(log, "rb") as fh:
+        for line in fh:
+            if marker not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == event and isinstance(rec.get("payload"), dict):
+                yield rec["payload"]
+
+
+def _run_starts(log: Path) -> Iterator[dict[str, Any]]:
+    return _payloads(log, "run_start")
+
+
+def has_committed_checkpoint(run_dir: Path) -> bool:
+    """Whether the run's log committed a checkpoint (a resume can continue it)."""
+    log = run_dir / "events.jsonl"
+    return log.is_file() and next(_payloads(log, "checkpoint"), None) is not None
+
+
+def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | None:
+    """The run directory an earlier attempt of this elastic run claimed under ``root`` (``name``,
+    ``name-2``, ...: the last whose log was started by the same agent run), or None."""
+    found = None
+    candidates = [root / name, *sorted(root.glob(f"{name}-*"), key=lambda p: p.name)] if root.is_dir() else []
+    for path in candidates:
+        log = path / "events.jsonl"
+        if not log.is_file():
+            continue
+        first = next(_run_starts(log), None)
+        elastic = first.get("elastic") if first is not None else None
+        if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
+            found = path
+    return found
+
+
+def recorded_world_size(run_dir: Path) -> int:
+    """How many ranks the newest segment of the run in ``run_dir`` ran on (1 when its log names none)."""
+    world = 1
+    for payload in _run_starts(run_dir / "events.jsonl"):
+        value = payload.get("world_size", 1)
+        world = value if type(value) is int and value > 0 else 1
+    return world
+
+
+def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
+    """Under an agent (several ranks): join the process group; None in one process. The rank's
+    output is made whole lines, tagged with the rank on every rank but 0 (:mod:`pipeline.app.rank_output`)."""
+    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return None
+    import torch
+
+    from pipeline.app.rank_output import tag_rank_output
+
+    tag_rank_output(int(os.environ.get("RANK", "0")))
+    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
+                         torch.device(device))
+
+
+def leave_ranks(collective: TorchCollective | None) -> None:
+    """End the process group and its threads, after the run's objects are gone (they hold it)."""
+    if collective is None:
+        return
+    from pipeline.training.distributed import shutdown
+
+    left = shutdown()
+    if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
+        print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
+              f"{', '.join(left)}", file=sys.stderr)
+

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from pipeline.app.defaults import default_callbacks as with_defaults
+from pipeline.app.launch import recorded_world_size
+from pipeline.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
 from pipeline.core.chain import key_from_env
 from pipeline.core.consensus import log_name_for_rank
@@ -34,15 +36,7 @@ from pipeline.training.distributed import (
 )
 from pipeline.training.driver import LossFn, MetricFn, TorchDriver
 from pipeline.training.precision import PrecisionPolicy
-from pipeline.training.resume import (
-    NothingCommitted,
-    Restart,
-    ResumeError,
-    Resumption,
-    check_log_key,
-    find_resumption,
-    prepare_restart,
-)
+from pipeline.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from pipeline.training.resume_match import mismatches
 from pipeline.training.signals import signals_set_flag
 
@@ -130,6 +124,7 @@ class Trainer:
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
         self.restart: Restart | None = None
+        self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
@@ -150,6 +145,10 @@ class Trainer:
         gen = TorchDriver.loader_generator(train_loader)
         if gen is not None:
             run_extras.setdefault("data_seed", gen.initial_seed())
+        batch = global_batch(train_loader, 1 if self.collective is None else self.collective.world_size,
+                             self.runner.callbacks)
+        if batch is not None:
+            run_extras["global_batch"] = batch
         if self.collective is not None:
             run_extras.update(rank=rank, world_size=self.collective.world_size)
         return run_extras
@@ -208,6 +207,12 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
         self.run.extras.update(run_extras)
+        if self.settled is not None:
+            self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
+        if self.resumption is not None:
+            self.run.extras["world_size_before"] = self.resumption.notes.get("world_size_before")
+            if isinstance(self.run.extras.get("elastic"), dict):
+                self.resumption.notes["restart"] = self.run.extras["elastic"]["restart"]
         self.run.scaler = self.precision.scaler
         if self.resumption is not None:
             self.resumption.prepare(self.run)
@@ -219,41 +224,31 @@ class Trainer:
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
-        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its error)."""
-        def claim() -> Path | None:
+        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
+        error, and learn the layout: :mod:`pipeline.app.ranks`)."""
+        def claim() -> RunDirClaim | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
             elif run_dir is not None:
                 self.claim = claim_existing(run_dir) if resume else claim_new(run_dir)
-            return self.claim.path if self.claim is not None else None
+            return self.claim
 
         if self.collective is None:
-            return claim()
-        return self.collective.share(claim)
+            made = claim()
+            return made.path if made is not None else None
+        self.settled = settle_claim(self.collective, claim, uuid.uuid4().hex)
+        self.collective.bind(self.settled.launch)  # the run's failure board
+        return self.settled.path
 
     def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption | Restart:
-        """Rank 0 chooses the checkpoint (and cleans up), or to start over when the log committed
-        none; every other rank does the same."""
-        found: list[Resumption | Restart] = []
-
-        def choose() -> str:
-            try:
-                found.append(find_resumption(run_dir, which))
-            except NothingCommitted:
-                if which != "latest":
-                    raise
-                found.append(prepare_restart(run_dir))
-            chosen = found[0]
-            return "" if isinstance(chosen, Restart) else str(chosen.path)
-
-        if self.collective is None:
-            choose()
-            return found[0]
-        picked = self.collective.share(choose)
-        if found:
-            return found[0]
-        own = log_name_for_rank(self.collective.rank)
-        return prepare_restart(run_dir, own_log=own) if picked == "" else find_resumption(run_dir, picked, own_log=own)
+        """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
+        committed none; every other rank continues from the same one (:mod:`pipeline.app.ranks`)."""
+        if self.collective is None or self.settled is None:
+            found = resumption_or_restart(run_dir, which)
+            if isinstance(found, Resumption):
+                found.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
+            return found
+        return share_resumption(self.collective, run_dir, which, self.settled, recorded_world_size)
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:
@@ -298,12 +293,12 @@ class Trainer:
             self.claim.let_go()
 
 
-def joined_collective(device: torch.device) -> TorchCollective | None:
+def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:
     """This process's collective, when it is one of several ranks of an initialised process group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return TorchCollective(device)
+        return TorchCollective(device, agreement_timeout_s)
     return None
 
 

@@ -14,6 +14,14 @@ the same verdict:
   from the rank that made it, and every other rank logs it as an accepted ``stop_request`` that
   names that rank.
 
+An exception on one rank is no request: that rank alone faults. It posts the failure on the run's
+board (:class:`FailureBoard`, the rendezvous store) before its teardown; the first post wins. A
+rank that faults after another rank posted (its collective broke because that rank left, or it
+saw the post while it waited at an agreement point) ends INTERRUPTED with :class:`RankFailed`,
+naming the failing rank, its source and its exception; what it met itself is kept as the
+symptom. So every rank's log ends with a ``result`` naming the one rank that failed (ERROR there,
+INTERRUPTED elsewhere), and no rank waits for a rank that is not coming.
+
 The collective itself is the training layer's (``pipeline.training.distributed``); this module
 is torch-free: :func:`decide` is the pure verdict, :class:`RankAgreement` what one rank's engine
 calls at the agreement points and what its guards then read.
@@ -23,15 +31,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pipeline.core.context import RunContext, StopRequest
 from pipeline.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
 from pipeline.core.stop import StopReason
 
 __all__ = [
-    "SHARED_GUARDS", "Collective", "RankAgreement", "Verdict", "agreement_points", "decide", "log_name_for_rank",
-    "proposal_of",
+    "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
+    "Verdict", "agreement_points", "decide", "log_name_for_rank", "on_rank", "proposal_of", "replaces", "standing",
 ]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
@@ -58,6 +66,54 @@ def agreement_points(per_batch: bool) -> frozenset[Phase]:
 def log_name_for_rank(rank: int) -> str:
     """Each rank's event log: ``events.jsonl`` for rank 0 (the run's log), ``events-rank<r>.jsonl``."""
     return "events.jsonl" if rank == 0 else f"events-rank{rank}.jsonl"
+
+
+def on_rank(source: str, rank: int) -> str:
+    """How every rank's log names where a stop or a fault of another rank came from."""
+    return f"{source} on rank {rank}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception that ended one rank: where (``source``) and what (``message``, type: text)."""
+
+    rank: int
+    source: str
+    message: str
+
+    def encode(self) -> str:
+        return f"{self.rank}\n{self.source}\n{self.message}"
+
+    @classmethod
+    def decode(cls, text: str) -> Failure | None:
+        rank, _, rest = text.partition("\n")
+        source, _, message = rest.partition("\n")
+        return cls(int(rank), source, message) if rank.isdigit() else None
+
+
+class RankFailed(KeyboardInterrupt):
+    """Another rank of this run failed first; this rank stops (INTERRUPTED) and names it.
+    ``symptom``: what this rank met itself (a collective's error when the failed rank left), or None."""
+
+    def __init__(self, failure: Failure, symptom: str | None = None) -> None:
+        self.failure = failure
+        self.symptom = symptom
+        super().__init__(f"rank {failure.rank} failed in {failure.source}: {failure.message}")
+
+
+class AgreementTimeout(TimeoutError):
+    """No answer from every rank at an agreement point within the bound (``distributed.agreement_timeout_s``)."""
+
+
+@runtime_checkable
+class FailureBoard(Protocol):
+    """Where the ranks of a run post the exception that ended one of them (the first post wins)."""
+
+    def post_failure(self, failure: Failure) -> Failure:
+        """Post ``failure`` unless another is there; the first one posted."""
+
+    def posted_failure(self) -> Failure | None:
+        """The first failure posted, if any."""
 
 
 class Collective(Protocol):
@@ -98,6 +154,21 @@ def proposal_of(stop: Any, signal: int | None) -> list[int]:
             int(signal or 0)]
 
 
+def standing(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
+    """Where a stop request stands in the verdict: the lowest wins (highest precedence, then the
+    first by epoch, phase and rank)."""
+    return -reason.precedence, epoch, _PHASES.index(phase), rank
+
+
+def replaces(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason, int, Phase, int]) -> bool:
+    """Whether the ranks' verdict may put the request ``agreed`` (reason, epoch, phase, rank) in
+    place of the request ``held`` that a rank had in force: it must stand before it. Either the
+    held request was this rank's own, a candidate of the same verdict that lost, or an earlier
+    verdict's winner, which every later request must outrank to be made at all. The audit checks
+    every agreed override of a log with this rule."""
+    return standing(*agreed) < standing(*held)
+
+
 def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     """The verdict every rank computes from the same gathered rows (a pure function of them)."""
     if any(len(r) != _WIDTH for r in rows):
@@ -110,7 +181,7 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     requests = [(rank, row) for rank, row in enumerate(rows) if row[0]]
     if not requests:
         return Verdict(signal, signal_rank)
-    rank, row = min(requests, key=lambda rr: (-_REASONS[rr[1][1]].precedence, rr[1][2], rr[1][3], rr[0]))
+    rank, row = min(requests, key=lambda rr: standing(_REASONS[rr[1][1]], rr[1][2], _PHASES[rr[1][3]], rr[0]))
     return Verdict(signal, signal_rank, rank, _REASONS[row[1]], bool(row[4]), row[2], _PHASES[row[3]])
 
 
@@ -128,6 +199,28 @@ class RankAgreement:
         self.points = agreement_points(per_batch)
         self.stop: StopRequest | None = None
         self.signal: tuple[int, int] | None = None  # (signal, rank)
+
+    def account(self, exc: BaseException, source: str) -> BaseException:
+        """The exception this rank ends with: ``exc``, posted as this rank's failure; or, when
+        another rank's failure came first, :class:`RankFailed` naming it (``exc`` as its symptom).
+        A signal agreed by the ranks is no failure and is not posted."""
+        board = self.collective
+        if isinstance(exc, RankFailed) or not isinstance(board, FailureBoard):
+            return exc
+        rank = self.collective.rank
+        try:
+            if isinstance(exc, KeyboardInterrupt):
+                first = board.posted_failure()
+            else:
+                first = board.post_failure(Failure(rank, source, f"{type(exc).__name__}: {exc}"))
+        except Exception as err:  # the board is gone too: this rank's own exception stands, and says so
+            self.run.warn("engine", f"could not read or post the run's failure board: {type(err).__name__}: {err}")
+            return exc
+        if first is None or first.rank == rank:
+            return exc
+        failed = RankFailed(first, f"{type(exc).__name__}: {exc}")
+        failed.__cause__ = exc
+        return failed
 
     def immediate_stop(self) -> bool:
         stop = self.stop
@@ -148,7 +241,7 @@ class RankAgreement:
             verdict.stop_rank,
         )
         if collective.rank != verdict.stop_rank or mine is None:
-            source = f"{source} on rank {verdict.stop_rank}"
+            source = on_rank(source, verdict.stop_rank)
             replaced = run.stop
             run.stop = StopRequest(verdict.reason, source, message, verdict.immediate, verdict.epoch,
                                    run.global_step, verdict.phase)

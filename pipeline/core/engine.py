@@ -32,9 +32,9 @@ import os
 import signal
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
-from pipeline.core.consensus import Collective, RankAgreement
+from pipeline.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from pipeline.core.context import FaultContext, RunContext
 from pipeline.core.driver import Driver
 from pipeline.core.epoch_work import EpochWork, Outputs
@@ -61,15 +61,18 @@ from pipeline.core.result import TrainResult
 from pipeline.core.runner import CallbackRunner
 from pipeline.core.stop import StopReason
 
-__all__ = ["STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
+# How a process of a multi-process run was started (where, by which launch and agent, on which
+# layout, how large a batch one step sees): facts of the launch, not of the run's behaviour.
+LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before"})
 # What of the run's extras its run_start records (rank and world size: one rank of a multi-process run;
 # user_folders: where the run's own modules came from; reused_run_dir: the files a run that never
 # started had left in the folder this one reused).
 _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders",
-                               "reused_run_dir"})
+                               "reused_run_dir", *LAUNCH_FACTS})
 
 
 class Interrupted(KeyboardInterrupt):
@@ -209,8 +212,10 @@ class Engine:
                     self._fast_batches()
                 self._advance()
         except BaseException as exc:
-            self._fault(exc)
-            raise
+            ended = self._fault(exc)
+            if ended is exc:
+                raise
+            raise ended from exc
         result = self._work.result
         assert result is not None
         return result
@@ -289,9 +294,11 @@ class Engine:
                 traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
             )
 
-    def _fault(self, exc: BaseException) -> None:
+    def _fault(self, exc: BaseException) -> BaseException:
         """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
-        machine's ``abort``; its handler runs the whole teardown. The caller re-raises ``exc``."""
+        machine's ``abort``; its handler runs the whole teardown. Returns what the run ends with:
+        ``exc``, or in a multi-process run where another rank failed first, the
+        :class:`~pipeline.core.consensus.RankFailed` that names it (the caller raises it)."""
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)
@@ -300,17 +307,31 @@ class Engine:
         source = f"{where[0]}.{where[1]}" if where and not isinstance(exc, Interrupted) else f"phase {phase.value}"
         if isinstance(exc, Interrupted):
             source = f"signal {signal.Signals(exc.signum).name}" + ("" if exc.rank is None else f" on rank {exc.rank}")
+        message = f"{type(exc).__name__}: {exc}"
+        extra: dict[str, Any] = {}
+        agreement = self._agreement
+        if agreement is not None and not self._work.tearing_down:
+            ended = agreement.account(exc, source)
+            if isinstance(ended, RankFailed):
+                failure = ended.failure
+                source, message = on_rank(failure.source, failure.rank), failure.message
+                extra = {"failed_rank": failure.rank, "symptom": ended.symptom}
+            elif not isinstance(exc, Interrupted):
+                source = on_rank(source, agreement.collective.rank)
+            exc = ended
         epoch = self._work.epoch
         cut = epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES
         # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
         # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
-        self._log_exception(exc, source, **({"epoch_metrics": dict(epoch.metrics)} if cut and epoch else {}))
+        if cut and epoch:
+            extra["epoch_metrics"] = dict(epoch.metrics)
+        self._log_exception(exc, source, **extra)
         if self._work.tearing_down:
-            return  # the fault came from the teardown itself, which has run every step
+            return exc  # the fault came from the teardown itself, which has run every step
         self._faulted = True
         reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
         with contextlib.suppress(LogWriteError):  # the stop is set before its line is written
-            run.force_stop(reason, source, f"{type(exc).__name__}: {exc}")
+            run.force_stop(reason, source, message)
         self._work.fault = FaultContext(run, exc, phase)
         self._source = phase
         try:
@@ -318,15 +339,15 @@ class Engine:
         except BaseException as err:
             if self._work.tearing_down:  # a teardown step failed; it is logged, and exc stays the error
                 self._log_exception(err, "teardown")
-                return
+                return exc
             refusal = f"{type(err).__name__}: {err}"
         else:
             if self._work.tearing_down and self._model.state == FINAL.value:
-                return
+                return exc
             refusal = "it did not fire" if not fired else f"it moved into {self._model.state!r}"
         self._teardown_refused(phase, refusal, exc)
 
-    def _teardown_refused(self, phase: Phase, refusal: str, exc: BaseException) -> None:
+    def _teardown_refused(self, phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
         """The machine refused ``abort``: the engine runs the teardown itself (every step, and the
         ``result``, reason ERROR), then raises the refusal, caused by the fault."""
         run = self.run

@@ -339,6 +339,9 @@ class EventLog:
         if "traceback" in out:  # the full traceback stays in events.jsonl; the console gets one line
             del out["traceback"]
             out["traceback_in"] = EVENTS_FILE
+        # What a rank met when another rank's failure broke its collective: evidence for the log, and
+        # on the console it would blame the symptom instead of the failing rank's own exception.
+        out.pop("symptom", None)
         return out
 
 

@@ -19,10 +19,13 @@ Backends: gloo on CPU, NCCL on CUDA (one device per local rank); ``distributed.b
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -30,12 +33,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
+from pipeline.core.consensus import AgreementTimeout, Failure, RankFailed
+
 __all__ = [
-    "DistributedOptions", "ShardSampler", "TorchCollective", "init_from_env", "launched_by_torchrun",
+    "DistributedOptions", "ShardSampler", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
     "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model",
 ]
 
 T = TypeVar("T")
+_SLICE_S = 0.25  # how often a rank waiting at an agreement point reads the failure board
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class DistributedOptions:
 
     backend: str | None = None  # gloo on CPU, nccl on CUDA
     timeout_s: float = 1800.0  # how long a collective waits for a rank before failing
+    agreement_timeout_s: float = 600.0  # how long a rank waits at an agreement point for the others
 
 
 def launched_by_torchrun() -> bool:
@@ -52,14 +59,42 @@ def launched_by_torchrun() -> bool:
 
 
 class TorchCollective:
-    """The collectives of one rank, on the process group ``torch.distributed`` was set up with."""
+    """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
 
-    def __init__(self, device: torch.device) -> None:
+    It is also the run's :class:`~pipeline.core.consensus.FailureBoard`: a key in the rendezvous
+    store (the agent's under torchrun, else the one the group was made with), which outlives a
+    rank that failed. The wait at an agreement point is bounded: it ends as soon as another
+    rank's failure is posted (:class:`~pipeline.core.consensus.RankFailed`), or after
+    ``agreement_timeout_s`` (:class:`~pipeline.core.consensus.AgreementTimeout`), instead of the
+    collective's own timeout; so a ``Trainer`` in a process group of the user's own, without an
+    agent to end the others, does not hang on a rank that failed."""
+
+    def __init__(self, device: torch.device, agreement_timeout_s: float = 600.0) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised (call init_from_env first)")
         self._rank = dist.get_rank()
         self._world = dist.get_world_size()
         self.device = device  # where gathered tensors live: the rank's CUDA device under NCCL
+        self.agreement_timeout_s = agreement_timeout_s
+        self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._topic = "unbound"
+
+    def bind(self, topic: str) -> None:
+        """Name the run whose failures this collective posts and reads (the same on every rank)."""
+        self._topic = topic
+
+    def _store(self) -> Any:
+        return dist.distributed_c10d._get_default_store()
+
+    def post_failure(self, failure: Failure) -> Failure:
+        first = self._store().compare_set(self._board + self._topic, "", failure.encode())
+        return Failure.decode(bytes(first).decode("utf-8", "replace")) or failure
+
+    def posted_failure(self) -> Failure | None:
+        store, key = self._store(), self._board + self._topic
+        if not store.check([key]):
+            return None
+        return Failure.decode(bytes(store.get(key)).decode("utf-8", "replace"))
 
     @property
     def rank(self) -> int:
@@ -72,8 +107,38 @@ class TorchCollective:
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         rows = [torch.empty_like(mine) for _ in range(self._world)]
-        dist.all_gather(rows, mine)
+        self._bounded_wait(dist.all_gather(rows, mine, async_op=True))
         return [[int(v) for v in row.tolist()] for row in rows]
+
+    def _bounded_wait(self, work: Any) -> None:
+        """Wait for ``work`` in slices; between them, read the failure board and the clock."""
+        deadline = time.monotonic() + self.agreement_timeout_s
+        gloo = dist.get_backend() == "gloo"
+        pause = 1e-4
+        while True:
+            if gloo:  # gloo's wait takes a timeout and leaves the work intact when it runs out
+                try:
+                    work.wait(timeout=timedelta(seconds=_SLICE_S))
+                    return
+                except RuntimeError:
+                    if work.is_completed():
+                        raise  # the collective itself failed (a rank left): the caller's fault path
+            elif work.is_completed():
+                work.wait()
+                return
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2, _SLICE_S)
+                if pause < _SLICE_S:
+                    continue
+            failure = self.posted_failure()
+            if failure is not None and failure.rank != self._rank:
+                raise RankFailed(failure)
+            if time.monotonic() > deadline:
+                raise AgreementTimeout(
+                    f"rank {self._rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
+                    f"rank of {self._world} came, and none posted a failure: a rank hangs or died silently "
+                    "(the bound is distributed.agreement_timeout_s)")
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
         box = [obj]
@@ -116,18 +181,62 @@ class TorchCollective:
 def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
     """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
     On CUDA each rank takes the device of its local rank."""
+    # torch.distributed.nn.functional binds ``group.WORLD`` as the default argument of its functions
+    # when it is first imported, and DDP imports it. Imported after the group exists, those defaults
+    # hold the group until the interpreter's own teardown, which then joins gloo's threads while
+    # Python is half gone: "terminate called without an active exception", exit 134, after a run
+    # that ended well. Imported first, the defaults are None and :func:`shutdown` ends the group.
+    import torch.distributed.nn.functional
+
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=options.timeout_s))
-    return TorchCollective(device)
+        timeout = timedelta(seconds=options.timeout_s)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            # A restarted agent gives its workers the same store as before: the keys the ranks
+            # publish their addresses under would still hold the dead attempt's, and a rank that
+            # reads one first fails to connect ("Connection refused") and costs another restart.
+            # Each attempt gets keys of its own.
+            from torch.distributed.distributed_c10d import PrefixStore
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, world = next(rendezvous("env://", timeout=timeout))
+            dist.init_process_group(backend=backend, store=PrefixStore(f"fsmtrain/attempt/{attempt}", store),
+                                    rank=rank, world_size=world, timeout=timeout)
+    return TorchCollective(device, options.agreement_timeout_s)
 
 
-def shutdown() -> None:
+# The names Linux gives the native threads of a gloo process group (its device loop and workers).
+_GROUP_THREADS = frozenset({"gloo_tcp_loop", "pt_gloo_runloop"})
+
+
+def group_threads() -> list[str]:
+    """The native threads of a process group still running in this process (Linux; elsewhere [])."""
+    tasks = Path("/proc/self/task")
+    names: list[str] = []
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended while we looked
+        if name in _GROUP_THREADS:
+            names.append(name)
+    return sorted(names)
+
+
+def shutdown() -> list[str]:
+    """End the process group and its threads now, in teardown, not in the interpreter's exit.
+    The run's objects form reference cycles that hold the DDP model and through it the group, so
+    they are collected first. Returns the group threads still running after that (none expected)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
+    return group_threads()
 
 
 def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:

@@ -42,7 +42,7 @@ from pipeline.training.rng import restore_rng_state
 
 __all__ = [
     "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",
-    "find_resumption", "prepare_restart", "read_log_tail", "recorded_start",
+    "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start", "resumption_or_restart",
 ]
 
 _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
@@ -159,6 +159,7 @@ class Resumption:
     # written as warnings (console and log) right after the ``resume`` event.
     notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     damaged: list[DamagedState] = field(default_factory=list)  # moved aside and announced in train_begin
+    notes: dict[str, Any] = field(default_factory=dict)  # what the resume event says besides (world sizes...)
 
     @property
     def next_epoch(self) -> int:
@@ -199,7 +200,7 @@ class Resumption:
         run.emit(
             "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=int(state["epoch"]),
             next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
-            torn_line_bytes=self.tail.torn_bytes,
+            torn_line_bytes=self.tail.torn_bytes, **self.notes,
         )
         for event, payload in self.notices:
             run.emit(event, level="warning", **payload)
@@ -258,7 +259,7 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
             problems.append(str(exc))
             continue
         if own_log is not None:
-            return Resumption(run_dir, path, done.path, done.sha256, state, _own_tail(run_dir, own_log))
+            return Resumption(run_dir, path, done.path, done.sha256, state, rank_log_tail(run_dir, own_log))
         res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged)
         keep = intact | {p for d in damaged for p in d.paths}  # damaged files are moved aside, not deleted
         res.removed = _remove_uncommitted(run_dir, path.parent, keep)
@@ -284,17 +285,28 @@ class Restart:
                          "before its first checkpoint): it starts over from epoch 0, in the same run directory")
 
 
+def resumption_or_restart(run_dir: str | Path, which: str | Path) -> Resumption | Restart:
+    """What continues ``run_dir``: the newest intact committed checkpoint (``which="latest"``) or
+    the one named; a run whose log committed none is started over in place (``"latest"`` only)."""
+    try:
+        return find_resumption(run_dir, which)
+    except NothingCommitted:
+        if which != "latest":
+            raise
+        return prepare_restart(run_dir)
+
+
 def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Restart:
     """Start ``run_dir`` over: its log is repaired and continued; the leftovers of a checkpoint write
     cut short in ``checkpoints/`` are removed (the log committed none of them)."""
     run_dir = Path(run_dir)
     if own_log is not None:
-        return Restart(run_dir, _own_tail(run_dir, own_log))
+        return Restart(run_dir, rank_log_tail(run_dir, own_log))
     tail = read_log_tail(run_dir)
     return Restart(run_dir, tail, _remove_uncommitted(run_dir, run_dir / "checkpoints", set()))
 
 
-def _own_tail(run_dir: Path, name: str) -> LogTail:
+def rank_log_tail(run_dir: Path, name: str) -> LogTail:
     """A rank's own log, repaired; a rank killed before it wrote a line starts a fresh one."""
     if not (run_dir / name).is_file():
         return LogTail(0, None, CheckpointLedger(), 0)

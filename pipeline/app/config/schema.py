@@ -198,6 +198,8 @@ class DistributedConfig(_Section):
 
     backend: Literal["gloo", "nccl"] | None = None  # default: gloo on CPU, nccl on CUDA
     timeout_s: float = Field(default=1800.0, gt=0)  # how long a collective waits for a slow rank
+    # How long a rank waits at an agreement point for the others; a rank that failed is noticed at once.
+    agreement_timeout_s: float = Field(default=600.0, gt=0)
 
 
 class RunConfig(_Section):

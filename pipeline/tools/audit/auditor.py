@@ -108,8 +108,10 @@ def _span(seconds: float) -> str:
 class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time; ``finish()`` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+                 went_on: str | None = None) -> None:
         self.path = path
+        self.went_on = went_on  # the run went on without this log's process (a rank left out of later segments)
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
         self.ex = Explanation()
@@ -237,7 +239,11 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
             self.said_unfinished(seg, None)  # a resume that never logged its resume event
-            if seg.end_line is None and last:
+            if seg.end_line is None and last and self.went_on is not None:
+                self.warn("end", f"the log ends in phase {seg.phase!r} at epoch {seg.last_epoch_field} (line "
+                          f"{seg.last_line}) without reaching {FINAL.value!r}: the process was killed, and "
+                          f"{self.went_on}", seg.last_line)
+            elif seg.end_line is None and last:
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} at epoch "
                          f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
                          f"without reaching {FINAL.value!r}", seg.last_line)
@@ -315,11 +321,14 @@ _HANDLERS: dict[str, _Handler] = {
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+               went_on: str | None = None) -> AuditReport:
     """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
-    :class:`AuditReadError` if it cannot be read."""
+    :class:`AuditReadError` if it cannot be read. ``went_on``: the audit of a run directory found
+    that the run went on without this log's rank (it says how): a last segment cut by a kill is
+    then a warning, not an unfinished run."""
     p = Path(path)
-    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints, key=key)
+    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints, key=key, went_on=went_on)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:

@@ -1,4 +1,5 @@
-"""``fsmtrain audit RUN_DIR|EVENTS``: the command (a run directory audits every rank's log)."""
+"""``fsmtrain audit RUN_DIR [RUN_DIR...]|EVENTS``: the command (a run directory audits every rank's
+log; the run directories of every node of a run on node-local disks audit as one run)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ __all__ = ["add_arguments", "register_cli"]
 def _cmd_audit(args: argparse.Namespace) -> int:
     try:
         key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
-        if Path(args.events).is_dir():  # a run directory: every rank's log, and their agreement
-            report: AuditReport | RankedAudit = audit_run_dir(args.events, verify_checkpoints=not args.no_checkpoints,
+        paths = [args.events, *args.more]
+        if len(paths) > 1 or Path(args.events).is_dir():  # run directories: every rank's log, and their agreement
+            report: AuditReport | RankedAudit = audit_run_dir(*paths, verify_checkpoints=not args.no_checkpoints,
                                                               key=key)
         else:
             report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
     except (AuditReadError, LogKeyError) as exc:
         if args.json:
-            print(json.dumps({"path": str(args.events), "ok": False, "error": str(exc)}))
+            print(json.dumps({"path": " ".join(map(str, [args.events, *args.more])), "ok": False, "error": str(exc)}))
         else:
             print(f"fsmtrain audit: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -41,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", metavar="RUN_DIR|EVENTS_JSONL",
                         help="a run directory (every rank's log of a multi-process run, and that the ranks agreed) "
                              "or one events.jsonl")
+    parser.add_argument("more", nargs="*", metavar="RUN_DIR",
+                        help="the run directories of the other nodes of a run on node-local disks (audited as one run)")
     parser.add_argument("--json", action="store_true",
                         help="print a machine-readable verdict (chain, key, segments, violations, story)")
     parser.add_argument("--strict", action="store_true",

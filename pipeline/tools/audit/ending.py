@@ -9,7 +9,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.lifecycle import ABORT, INITIAL
+from pipeline.core.consensus import replaces
+from pipeline.core.lifecycle import ABORT, INITIAL, Phase
 from pipeline.core.stop import Evidence, StopReason
 from pipeline.tools.audit.content import number, result_mismatches
 from pipeline.tools.audit.verdict import Finding, Severity, Verdict
@@ -17,6 +18,7 @@ from pipeline.tools.audit.verdict import Finding, Severity, Verdict
 __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished"]
 
 _REASONS = frozenset(r.value for r in StopReason)
+_PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
 
 
@@ -29,6 +31,7 @@ class StopInfo:
     epoch: int | None
     line: int
     rank: int | None = None  # a stop agreed from another rank of a multi-process run (its log holds the cause)
+    phase: str | None = None  # where the request was made (on its rank)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Segment:
     resumed_from: str | None
     callbacks: list[str]
     min_level: int = 0  # the config's log_level, when recorded: lines below it do not belong here
+    rank: int = 0  # the rank whose log this is (run_start's rank; 0 for one process)
     phase: str = INITIAL.value
     next_epoch: int = 0
     epochs: int = 0
@@ -183,19 +187,42 @@ class EndingChecks:
             return
         overrides = p.get("overrides")
         rank = p.get("rank")  # agreed with the other ranks: the winner by precedence, then (epoch, phase, rank)
-        if seg.stop is not None and not seg.faulted and rank is None:
-            if overrides != seg.stop.reason or not StopReason(reason).outranks(StopReason(seg.stop.reason)):
+        agreed = type(rank) is int
+        epoch, phase = (p.get("requested_epoch"), p.get("requested_phase")) if agreed else (rec["epoch"], rec["phase"])
+        if seg.stop is not None and not seg.faulted:
+            if agreed:
+                self._agreed_override(n, StopReason(reason), (epoch, phase, rank), overrides, seg.stop, seg.rank)
+            elif overrides != seg.stop.reason or not StopReason(reason).outranks(StopReason(seg.stop.reason)):
                 self.bad("stop_request", f"a second accepted stop request (the first won at line {seg.stop.line}) "
                          f"that does not outrank it", n)
         elif overrides is not None:
             self.bad("stop_request", f"claims to override a {overrides!r} request that was never accepted", n)
-        epoch = rec["epoch"]
         source = str(p.get("source", ""))
         seg.stop = StopInfo(str(reason), source, str(p.get("message", "")), bool(p.get("immediate")),
-                            epoch if type(epoch) is int else None, n, rank if type(rank) is int else None)
+                            epoch if type(epoch) is int else None, n, rank if agreed else None,
+                            phase if isinstance(phase, str) else None)
         if StopReason(reason).requested and seg.callbacks and source not in seg.callbacks and seg.stop.rank is None:
             self.warn("stop_request", f"stop {reason} requested by {source!r}, which is not a callback of this run "
                       f"(run_start line {seg.first_line} lists {', '.join(seg.callbacks)})", n)
+
+    def _agreed_override(self, n: int, reason: StopReason, where: tuple[Any, Any, int], overrides: Any,
+                         held: StopInfo, own_rank: int) -> None:
+        """An agreed request that replaced the one in force: legal by the engine's own rule
+        (:func:`pipeline.core.consensus.replaces`), and it names what it replaced."""
+        epoch, phase, rank = where
+        if type(epoch) is not int or phase not in _PHASES:
+            self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "
+                     f"{epoch!r} and {phase!r}", n)
+            return
+        if overrides != held.reason:
+            self.bad("stop_request", f"an agreed stop request from rank {rank} replaces the {held.reason!r} request "
+                     f"in force (line {held.line}) but says it overrides {overrides!r}", n)
+            return
+        held_at = (StopReason(held.reason), held.epoch if held.epoch is not None else -1,
+                   _PHASES.get(held.phase or "", INITIAL), held.rank if held.rank is not None else own_rank)
+        if not replaces((reason, epoch, _PHASES[phase], rank), held_at):
+            self.bad("stop_request", f"an agreed {reason.value} request from rank {rank} replaces the "
+                     f"{held.reason!r} request in force (line {held.line}), which the ranks' verdict ranks first", n)
 
     def _result(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]

@@ -1,31 +1,39 @@
-"""Audit a run directory: every rank's log on its own, then that the ranks agreed.
+"""Audit a run: every rank's log on its own, then that the ranks agreed.
 
 A multi-process run leaves one log per rank (``events.jsonl`` for rank 0, which owns the run's
-files, ``events-rank<r>.jsonl`` for the others). Each is audited like a one-process log (chain,
-lifecycle, content; checkpoint files only against rank 0's log, which committed them). Then the
-ranks are compared:
+files, ``events-rank<r>.jsonl`` for the others), in one run directory (a shared filesystem) or
+spread over the run directories of its nodes (node-local disks: ``fsmtrain audit DIR0 DIR1``).
+Each is audited like a one-process log (chain, lifecycle, content; checkpoint files only against
+rank 0's log, which committed them). Then the ranks are compared:
 
-- there is one log per rank of the world size rank 0's ``run_start`` records (a one-process run:
-  1), no more and no fewer: a missing rank's log, or a log of a rank beyond the world size, is
-  named;
-- every log names its own rank and the same world size;
-- each segment (a resume starts another) took the same phase-level moves, in the same order, in
-  the same epochs, on every rank; a segment that was killed may have got further on one rank than
-  on another, so there one rank's moves need only be a prefix of the other's;
-- every rank ended for the same stop reason.
+- there is one log per rank of the largest world size rank 0's ``run_start`` lines record (a
+  one-process run: 1), no more and no fewer: a missing rank's log, or a log of a rank beyond the
+  world size, is named; a rank's log found in two directories is named too;
+- every log names its own rank;
+- each segment (a resume, or a restart by the agent, starts another) ran on the ranks its world
+  size says, each of them once: rank 0's ``run_start`` and every other rank's of that segment
+  carry the same ``launch`` (a segment resumed on another world size has other ranks than the one
+  before it); every rank of a segment took the same phase-level moves, in the same order, in the
+  same epochs; a segment that was killed, or ended by one rank's failure, may have got further on
+  one rank than on another, so there one rank's moves need only be a prefix of the other's;
+- every rank ended each segment for the same stop reason, with the same source and message, or,
+  when one rank failed, as the engine ends such a run (:mod:`pipeline.core.consensus`): ERROR on
+  the failing rank, INTERRUPTED on every other, and each names the failing rank.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.consensus import log_name_for_rank
-from pipeline.core.events import first_run_start
-from pipeline.core.lifecycle import FINAL
+from pipeline.core.lifecycle import ABORT, FINAL
+from pipeline.core.stop import StopReason
 from pipeline.tools.audit.auditor import audit_file
 from pipeline.tools.audit.verdict import EXIT_OK, EXIT_VIOLATIONS, AuditReadError, AuditReport, Finding
 
@@ -33,16 +41,34 @@ __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
 Move = tuple[str, str, str, int]  # trigger, from, to, epoch
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
+_ON_RANK = re.compile(r" on rank (\d+)$")  # how consensus.on_rank names another rank's stop or failure
 
 
-def rank_logs(run_dir: Path) -> list[tuple[int, Path]]:
-    """The run's logs by rank: rank 0's ``events.jsonl``, then ``events-rank<r>.jsonl`` in rank order."""
-    found = [(0, run_dir / log_name_for_rank(0))]
-    for path in run_dir.glob("events-rank*.jsonl"):
-        digits = path.stem.removeprefix("events-rank")
-        if digits.isdigit():
-            found.append((int(digits), path))
+def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
+    """Every rank's log in the run directories: ``events.jsonl`` (rank 0) and ``events-rank<r>.jsonl``,
+    in rank order (a rank found in two directories is listed twice)."""
+    found: list[tuple[int, Path]] = []
+    for run_dir in run_dirs:
+        if (run_dir / log_name_for_rank(0)).is_file():
+            found.append((0, run_dir / log_name_for_rank(0)))
+        for path in run_dir.glob("events-rank*.jsonl"):
+            digits = path.stem.removeprefix("events-rank")
+            if digits.isdigit():
+                found.append((int(digits), path))
     return sorted(found)
+
+
+@dataclass
+class _Segment:
+    """One process's run in a rank's log (a resume or a restart appends another)."""
+
+    world: int | None
+    launch: str | None
+    moves: list[Move] = field(default_factory=list)
+    ended: bool = False
+    reason: str | None = None
+    said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
+    failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
 
 
 @dataclass
@@ -50,10 +76,11 @@ class _Story:
     """What the comparison needs from one rank's log."""
 
     rank: int | None = None
-    world_size: int | None = None
-    segments: list[list[Move]] = field(default_factory=list)
-    ended: list[bool] = field(default_factory=list)
-    reason: str | None = None
+    segments: list[_Segment] = field(default_factory=list)
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def _story(path: Path) -> _Story:
@@ -69,30 +96,28 @@ def _story(path: Path) -> _Story:
             event, payload = rec.get("event"), rec.get("payload")
             payload = payload if isinstance(payload, dict) else {}
             if event == "run_start":
-                story.segments.append([])
-                story.ended.append(False)
-                if not story.segments[:-1]:  # the first run_start names the rank and the world size
-                    rank, world = payload.get("rank", 0), payload.get("world_size", 1)
-                    story.rank = rank if type(rank) is int else None
-                    story.world_size = world if type(world) is int else None
-            elif event == "transition" and story.segments and rec.get("from") != rec.get("to"):
+                if not story.segments:  # the first run_start names the rank
+                    story.rank = _int(payload.get("rank", 0))
+                launch = payload.get("launch")
+                story.segments.append(_Segment(_int(payload.get("world_size", 1)),
+                                               launch if isinstance(launch, str) else None))
+            elif not story.segments:
+                continue
+            elif event == "transition" and rec.get("from") != rec.get("to"):
+                seg = story.segments[-1]
                 move = (str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to")), int(rec.get("epoch") or 0))
-                story.segments[-1].append(move)
-                story.ended[-1] = story.ended[-1] or move[2] == FINAL.value
+                seg.moves.append(move)
                 if move[2] == FINAL.value:
-                    story.reason = payload.get("reason")
+                    seg.ended = True
+                    reason = payload.get("reason")
+                    seg.reason = reason if isinstance(reason, str) else None
+                    seg.said = (payload.get("source"), payload.get("message"))
+            elif event == "exception":
+                story.segments[-1].failed_rank = _int(payload.get("failed_rank"))
     return story
 
 
-def _declared_world_size(path: Path) -> int | None:
-    """The world size the first ``run_start`` of ``path`` records (1 when it names none: one
-    process); None when the log has no readable ``run_start`` (its own audit reports that)."""
-    payload = first_run_start(path)
-    world = None if payload is None else payload.get("world_size", 1)
-    return world if type(world) is int else None
-
-
-def _files(ranks: list[int]) -> str:
+def _files(ranks: Sequence[int]) -> str:
     return ", ".join(log_name_for_rank(r) for r in ranks)
 
 
@@ -117,31 +142,11 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
     return out
 
 
-def _compare(stories: dict[int, _Story]) -> list[Finding]:
-    base = stories[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
-    out = _census(base.world_size, sorted(stories))
-    worlds = {s.world_size for s in stories.values()}
-    if len(worlds) != 1:
-        out.append(Finding("ranks", f"the logs disagree on the world size: {sorted(map(str, worlds))}"))
-    for rank, story in stories.items():
-        if story.rank != rank:
-            out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {story.rank}"))
-    for rank, story in sorted(stories.items()):
-        if rank == 0 or (base.world_size is not None and rank >= base.world_size):
-            continue  # a stray log (named above) is no rank of this run to compare
-        if len(story.segments) != len(base.segments):
-            out.append(Finding("ranks", f"rank {rank} ran {len(story.segments)} segment(s), rank 0 "
-                                        f"{len(base.segments)}: the ranks were not started and resumed together"))
-        for i, (a, b) in enumerate(zip(base.segments, story.segments, strict=False)):
-            both_ended = base.ended[i] and story.ended[i]
-            n = len(a) if both_ended else min(len(a), len(b))
-            if (len(a) != len(b) and both_ended) or a[:n] != b[:n]:
-                at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), n)
-                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(b, at)} where rank 0 took "
-                                            f"{_move(a, at)} (move {at + 1})"))
-        if story.reason != base.reason:
-            out.append(Finding("ranks", f"rank {rank} ended with {story.reason}, rank 0 with {base.reason}"))
-    return out
+def _largest_world(story: _Story) -> int | None:
+    worlds = [s.world for s in story.segments]
+    if not worlds or any(w is None for w in worlds):
+        return None
+    return max(w for w in worlds if w is not None)
 
 
 def _move(moves: list[Move], i: int) -> str:
@@ -149,6 +154,136 @@ def _move(moves: list[Move], i: int) -> str:
         return "no move"
     trigger, src, dst, epoch = moves[i]
     return f"{src}->{dst} ({trigger}) at epoch index {epoch}"
+
+
+def _failed_rank(seg: _Segment) -> int | None:
+    """The rank named as the one that failed, when a rank's failure ended this segment."""
+    if seg.reason not in (StopReason.ERROR.value, StopReason.INTERRUPTED.value):
+        return None
+    found = _ON_RANK.search(str(seg.said[0])) if seg.said[0] is not None else None
+    named = int(found.group(1)) if found else None
+    if seg.reason == StopReason.INTERRUPTED.value:
+        return seg.failed_rank if seg.failed_rank is not None and seg.failed_rank == named else None
+    return named
+
+
+def _ended_alike(base: _Segment, other: _Segment, rank: int) -> str | None:
+    """Why rank ``rank``'s end of a segment disagrees with rank 0's (None: it agrees)."""
+    failed = _failed_rank(base)
+    if failed is not None and (base.failed_rank is not None or other.failed_rank is not None):
+        # one rank failed: ERROR there, INTERRUPTED on every other, all naming it with its exception
+        want = StopReason.ERROR.value if rank == failed else StopReason.INTERRUPTED.value
+        if other.reason != want:
+            return f"rank {failed} failed, so rank {rank} ends {want}; it ended {other.reason}"
+        if other.said != base.said:
+            return (f"rank {rank} names the failure {other.said[0]!r}: {other.said[1]!r}, rank 0 "
+                    f"{base.said[0]!r}: {base.said[1]!r}")
+        return None
+    if other.reason != base.reason:
+        return f"rank {rank} ended with {other.reason}, rank 0 with {base.reason}"
+    return None
+
+
+def _moves_agree(base: _Segment, other: _Segment) -> int | None:
+    """The index of the first move where two ranks' segments part, or None when they agree. A
+    segment killed on a rank, or ended by one rank's failure, may have got further on one rank."""
+    a, b = base.moves, other.moves
+    cut_short = not (base.ended and other.ended) or _failed_rank(base) is not None
+    if cut_short:  # each rank aborted where it was when the run broke off
+        a = [m for m in a if m[0] != ABORT]
+        b = [m for m in b if m[0] != ABORT]
+    n = min(len(a), len(b)) if cut_short else max(len(a), len(b))
+    if a[:n] == b[:n] and (cut_short or len(a) == len(b)):
+        return None
+    return next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+
+
+def _aligned(base: _Story, story: _Story, rank: int) -> tuple[list[tuple[int, _Segment, _Segment]], list[Finding]]:
+    """Rank 0's segments that ran on rank ``rank``, each with that rank's segment of it; and what
+    does not line up. Segments are matched by their ``launch`` (logs before it: by position)."""
+    out: list[Finding] = []
+    pairs: list[tuple[int, _Segment, _Segment]] = []
+    # A segment on one process (world size 1: rank 0 alone) names no launch; every other does.
+    launched = all(s.launch is not None for s in [*base.segments, *story.segments] if s.world != 1)
+    if not launched:
+        if len(story.segments) != len(base.segments):
+            out.append(Finding("ranks", f"rank {rank} ran {len(story.segments)} segment(s), rank 0 "
+                                        f"{len(base.segments)}: the ranks were not started and resumed together"))
+        return [(i, a, b) for i, (a, b) in enumerate(zip(base.segments, story.segments, strict=False))], out
+    theirs = {s.launch: s for s in story.segments if s.launch is not None}
+    ours = {s.launch for s in base.segments}
+    for i, seg in enumerate(base.segments):
+        expected = seg.world is not None and rank < seg.world
+        if seg.launch in theirs and expected:
+            pairs.append((i, seg, theirs[seg.launch]))
+        elif expected:
+            out.append(Finding("ranks", f"segment {i + 1} ran on {seg.world} ranks, but {log_name_for_rank(rank)} "
+                                        "has no segment of it"))
+        elif seg.launch in theirs:
+            out.append(Finding("ranks", f"segment {i + 1} ran on {seg.world} rank(s), but rank {rank} has a segment "
+                                        "of it"))
+    strays = [s for s in story.segments if s.launch not in ours]
+    if strays:
+        out.append(Finding("ranks", f"rank {rank} ran {len(strays)} segment(s) that rank 0 did not"))
+    return pairs, out
+
+
+def _compare(stories: dict[int, _Story]) -> list[Finding]:
+    base = stories[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
+    world = _largest_world(base)
+    out = _census(world, sorted(stories))
+    for rank, story in stories.items():
+        if story.rank != rank:
+            out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {story.rank}"))
+    for rank, story in sorted(stories.items()):
+        if rank == 0 or (world is not None and rank >= world):
+            continue  # a stray log (named above) is no rank of this run to compare
+        pairs, misaligned = _aligned(base, story, rank)
+        out += misaligned
+        for i, a, b in pairs:
+            if a.world != b.world:
+                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} says world_size {b.world}, "
+                                            f"rank 0 {a.world}"))
+            at = _moves_agree(a, b)
+            if at is not None:
+                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(b.moves, at)} where rank 0 "
+                                            f"took {_move(a.moves, at)} (move {at + 1})"))
+            if a.ended and b.ended:
+                why = _ended_alike(a, b, rank)
+                if why is not None:
+                    out.append(Finding("ranks", f"segment {i + 1}: {why}"))
+    return out
+
+
+def _went_on_without(base: _Story, story: _Story, rank: int) -> str | None:
+    """How the run went on without rank ``rank`` after its log's last segment (rank 0's later
+    segments ran on fewer ranks), or None when it did not."""
+    if rank == 0 or not story.segments or story.segments[-1].launch is None:
+        return None
+    launches = [s.launch for s in base.segments]
+    if story.segments[-1].launch not in launches:
+        return None
+    later = base.segments[launches.index(story.segments[-1].launch) + 1:]
+    if not later or any(s.world is None or rank < s.world for s in later):
+        return None
+    return (f"the run went on without rank {rank}: rank 0's log continues with "
+            f"{len(later)} segment(s) on {', '.join(str(s.world) for s in later)} rank(s)")
+
+
+def _how_it_ended(base: _Story) -> str:
+    """The last segment's stop, and the rank that caused it, for the summary."""
+    if not base.segments or not base.segments[-1].ended:
+        return "unfinished"
+    seg = base.segments[-1]
+    failed = _failed_rank(seg)
+    source, message = seg.said
+    if failed is not None:
+        return f"rank {failed} failed ({message}, in {source}); every other rank was interrupted"
+    found = _ON_RANK.search(str(source)) if source is not None else None
+    rank = int(found.group(1)) if found else 0
+    if seg.reason == StopReason.COMPLETED.value:
+        return "completed"
+    return f"{seg.reason} from rank {rank} ({source}: {message})"
 
 
 @dataclass
@@ -159,7 +294,9 @@ class RankedAudit:
     reports: dict[int, AuditReport]
     findings: list[Finding]
     moves: int = 0
-    world_size: int | None = None  # what rank 0's run_start records (None: it records nothing readable)
+    world_size: int | None = None  # the largest rank 0's run_start lines record (None: nothing readable)
+    worlds: list[int | None] = field(default_factory=list)  # each segment's, as rank 0's log records them
+    ending: str = ""
 
     def ok(self, strict: bool = False) -> bool:
         return not self.findings and all(r.ok(strict) for r in self.reports.values())
@@ -171,6 +308,7 @@ class RankedAudit:
         return {
             "run_dir": self.run_dir, "ok": self.ok(strict),
             "world_size": self.world_size if self.world_size is not None else len(self.reports),
+            "segment_world_sizes": self.worlds, "ending": self.ending,
             "ranks": {str(r): rep.to_dict(strict) for r, rep in self.reports.items()},
             "agreement": [{"check": f.check, "message": f.message} for f in self.findings],
         }
@@ -183,8 +321,11 @@ class RankedAudit:
             out.append(f"== rank {rank}")
             out.append(report.render(strict).rstrip("\n"))
         if not self.findings:
+            sizes = "" if len(set(self.worlds)) < 2 else (
+                "; segments on " + ", ".join("?" if w is None else str(w) for w in self.worlds) + " ranks")
             out.append(f"== ranks: {len(self.reports)} ranks agree "
-                       f"({self.moves} phase-level moves each, same order, same stop)")
+                       f"({self.moves} phase-level moves on rank 0, same order, same stop{sizes})")
+            out.append(f"  ended: {self.ending}")
         else:
             world = "?" if self.world_size is None else self.world_size
             out.append(f"== ranks: FAILED (world size {world}; logs of rank(s) "
@@ -194,17 +335,37 @@ class RankedAudit:
         return "\n".join(out) + "\n"
 
 
-def audit_run_dir(run_dir: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> RankedAudit:
-    """Audit every rank's log in ``run_dir`` and their agreement."""
-    root = Path(run_dir)
-    logs = rank_logs(root)
-    if not logs[0][1].is_file():
-        raise AuditReadError(f"{root} holds no events.jsonl: is it a run directory?")
-    reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
-               for rank, path in logs}
-    if len(logs) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
-        world = _declared_world_size(logs[0][1])
-        return RankedAudit(str(root), reports, _census(world, [0]), world_size=world)
-    stories = {rank: _story(path) for rank, path in logs}
-    moves = sum(len(seg) for seg in stories[0].segments)
-    return RankedAudit(str(root), reports, _compare(stories), moves, stories[0].world_size)
+def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bool = True,
+                  key: bytes | None = None) -> RankedAudit:
+    """Audit every rank's log in ``run_dir`` (and in ``more``: the run directories of the other
+    nodes of a run on node-local disks) and their agreement."""
+    roots = [Path(run_dir), *map(Path, more)]
+    for root in roots:
+        if not root.is_dir():
+            raise AuditReadError(f"{root} is not a run directory")
+    logs = rank_logs(*roots)
+    shown = " ".join(map(str, roots))
+    if not logs or logs[0][0] != 0:
+        where = "none of them holds" if len(roots) > 1 else "it holds no"
+        raise AuditReadError(f"{shown}: {where} events.jsonl (rank 0's log): is it a run directory?")
+    findings: list[Finding] = []
+    seen: dict[int, Path] = {}
+    for rank, path in logs:
+        if rank in seen:
+            findings.append(Finding("ranks", f"rank {rank}'s log is in two places: {seen[rank]} and {path}"))
+        else:
+            seen[rank] = path
+    stories = {rank: _story(path) for rank, path in seen.items()}
+    base = stories[0]
+    reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key,
+                                went_on=_went_on_without(base, stories[rank], rank))
+               for rank, path in seen.items()}
+    world, worlds = _largest_world(base), [s.world for s in base.segments]
+    if not base.segments:  # no readable run_start: the log's own audit says so
+        world = None
+    if len(seen) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
+        findings += _census(world if base.segments else None, [0])
+    else:
+        findings += _compare(stories)
+    moves = sum(len(seg.moves) for seg in base.segments)
+    return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base))

@@ -53,6 +53,8 @@ class SegmentChecks(EndingChecks):
             epochs = config.get("epochs")
             if type(epochs) is int and epochs != max_epochs:
                 self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
+        rank = payload.get("rank")
+        seg.rank = rank if type(rank) is int else 0
         seg.next_epoch = start_epoch
         seg.last_line = n
         step = rec.get("global_step")
@@ -75,6 +77,8 @@ class SegmentChecks(EndingChecks):
         prev = self.seg
         seg = self._open_segment(n, rec, payload)
         if prev is None:
+            if seg.resumed_from is not None and self._sat_out(seg, payload.get("world_size_before")):
+                seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
             self.account.second_start(n, seg)
@@ -89,6 +93,10 @@ class SegmentChecks(EndingChecks):
             # epoch is done (the checkpoint holds it), but the log never got its figures.
             seg.unlogged.add(ckpt.epoch)
             unlogged = (ckpt.epoch, ckpt.line)
+        elif seg.start_epoch > prev.next_epoch and self._sat_out(seg, payload.get("world_size_before")):
+            # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
+            # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
+            seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
                      f"{prev.next_epoch}", n)
@@ -132,6 +140,11 @@ class SegmentChecks(EndingChecks):
             epoch, line = u.unlogged
             self.warn("resume", f"epoch {epoch} was committed by its checkpoint (line {line}), but the process "
                       f"{ended}: its figures are not in the log", u.resume_line)
+
+    @staticmethod
+    def _sat_out(seg: Segment, before: object) -> bool:
+        """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
+        return type(before) is int and seg.rank >= before
 
     def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
         if resumed_from is None:

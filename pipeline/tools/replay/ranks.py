@@ -7,6 +7,12 @@ interrupt, ``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
 :class:`pipeline.core.consensus.Collective` that gives them back at the same agreement (the same
 phase, epoch and global step, per-batch agreements included), so the replay runs the live path:
 the engine agrees, and the recorded verdict comes out of the same rule.
+
+It is the run's :class:`~pipeline.core.consensus.FailureBoard` too: a rank that stopped because
+another rank failed (its ``RankFailed`` exception, with ``failed_rank``) gets that failure back,
+and where it met it (its collective broke: the recorded symptom, raised again by the replay's
+driver at the same step; or it saw the post while it waited at an agreement point), so the engine
+ends the replay as it ended the run.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.consensus import proposal_of
+from pipeline.core.consensus import Failure, RankFailed, proposal_of
 from pipeline.core.context import RunContext, StopRequest
 from pipeline.core.lifecycle import Phase
 from pipeline.core.stop import StopReason
@@ -37,14 +43,45 @@ class _Contribution:
     said: tuple[str, str] | None  # the winner's source and message
 
 
+@dataclass(frozen=True)
+class PeerFailure:
+    """Where another rank's failure ended this rank's run, as its log recorded it."""
+
+    failure: Failure
+    symptom: str | None  # what broke here (a collective's error); None: seen at an agreement point
+    phase: str
+    epoch: int
+    global_step: int
+
+
 class RecordedRanks:
     """The other ranks of a recorded multi-process run, for the replay of one of them."""
 
-    def __init__(self, rank: int, world_size: int, contributions: Sequence[_Contribution]) -> None:
+    def __init__(self, rank: int, world_size: int, contributions: Sequence[_Contribution],
+                 peer_failure: PeerFailure | None = None) -> None:
         self._rank, self._world = rank, world_size
         self._todo = list(contributions)
         self._said: dict[int, tuple[str, str]] = {}
+        self.peer_failure = peer_failure
         self.run: RunContext | None = None  # set by the replay before it runs
+
+    def post_failure(self, failure: Failure) -> Failure:
+        return self.peer_failure.failure if self.peer_failure is not None else failure
+
+    def posted_failure(self) -> Failure | None:
+        return self.peer_failure.failure if self.peer_failure is not None else None
+
+    def breaks_in(self, phase: Phase, epoch: int) -> bool:
+        """Whether another rank's failure broke this rank's collective in that phase of that epoch."""
+        f = self.peer_failure
+        return f is not None and f.symptom is not None and (f.phase, f.epoch) == (phase.value, epoch)
+
+    def symptom_at(self, phase: Phase, epoch: int) -> str | None:
+        """The collective's error this rank met here, when another rank's failure broke it here."""
+        f, run = self.peer_failure, self.run
+        if f is None or f.symptom is None or run is None or (f.phase, f.epoch) != (phase.value, epoch):
+            return None
+        return f.symptom if run.global_step == f.global_step else None
 
     @property
     def rank(self) -> int:
@@ -59,6 +96,9 @@ class RecordedRanks:
         rows = [[0] * len(values) for _ in range(self._world)]
         rows[self._rank] = list(values)
         here = (self.run.phase.value, self.run.epoch, self.run.global_step)
+        f = self.peer_failure
+        if f is not None and f.symptom is None and (f.phase, f.epoch, f.global_step) == here:
+            raise RankFailed(f.failure)  # seen on the board while this rank waited here
         for c in [c for c in self._todo if (c.phase, c.epoch, c.global_step) == here]:
             self._todo.remove(c)
             rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
@@ -98,4 +138,22 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
             if origin is None or origin == rank or len(parts) < 2 or parts[1] not in signal.Signals.__members__:
                 continue
             out.append(_Contribution(*where, origin, proposal_of(None, int(signal.Signals[parts[1]])), None))
-    return RecordedRanks(rank, world, out)
+    return RecordedRanks(rank, world, out, _peer_failure(events))
+
+
+def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
+    """The ``RankFailed`` of the log's last segment: the failing rank, its source and exception."""
+    found = None
+    for e in events:
+        payload = e.get("payload") or {}
+        if e.get("event") == "run_start":
+            found = None
+        elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
+            source, origin = _origin(str(payload.get("source", "")))
+            said = str(payload.get("message", ""))
+            prefix = f"rank {origin} failed in {source}: "
+            symptom = payload.get("symptom")
+            found = PeerFailure(Failure(payload["failed_rank"], source, said.removeprefix(prefix)),
+                                symptom if isinstance(symptom, str) else None, str(e.get("phase")),
+                                int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+    return found

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from pipeline.core.consensus import RankFailed
 from pipeline.core.context import EpochContext, RunContext, Slot, StepContext, epoch_number
 from pipeline.core.driver import BaseDriver
 from pipeline.core.engine import Engine, Interrupted
@@ -75,11 +76,12 @@ class ReplayDriver(BaseDriver):
     of the replay computes them (their writers need a live model, or are absent)."""
 
     def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]],
-                 interrupt: Interruption | None = None) -> None:
+                 interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> None:
         self.run = run
         self.epochs = list(epochs)
         self.fed_slots = dict(fed_slots)
         self.interrupt = interrupt
+        self.ranks = ranks
 
     def _signal_in(self, phase: Phase, epoch: int) -> None:
         """Deliver a recorded signal where it arrived, so the guards end the replay at the same move."""
@@ -90,7 +92,14 @@ class ReplayDriver(BaseDriver):
             return
         self.run.pending_signal = i.signum
 
+    def _broken_in(self, phase: Phase, epoch: int) -> None:
+        """Raise the collective's error a rank met where another rank's failure broke it."""
+        symptom = self.ranks.symptom_at(phase, epoch) if self.ranks is not None else None
+        if symptom is not None:
+            raise RuntimeError(symptom.partition(": ")[2] or symptom)
+
     def forward(self, step: StepContext) -> None:
+        self._broken_in(Phase.TRAIN_STEP, step.epoch.index)
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
 
     def _recorded(self, index: int, *, need: tuple[str, ...] = ()) -> RecordedEpoch:
@@ -107,13 +116,16 @@ class ReplayDriver(BaseDriver):
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         self._signal_in(Phase.EPOCH_BEGIN, epoch.index)
         rec = self._recorded(epoch.index)
-        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches))
+        # A batch cut short by another rank's failure is no recorded batch; the replay goes into it again.
+        cut = self.ranks is not None and self.ranks.breaks_in(Phase.TRAIN_STEP, epoch.index)
+        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
         return {k: v for k, v in rec.metrics.items() if k in _TRAIN_METRICS}
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
+        self._broken_in(Phase.VAL, epoch.index)
         self._signal_in(Phase.VAL, epoch.index)
         rec = self._recorded(epoch.index, need=_VAL_METRICS)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
@@ -215,7 +227,7 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    driver = ReplayDriver(run, epochs, fed, interrupt)
+    driver = ReplayDriver(run, epochs, fed, interrupt, ranks)
     engine = Engine(driver, runner, run, strict=strict, collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
@@ -224,8 +236,8 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
             engine.execute()
     except RecordingExhausted as exc:
         exhausted = exc
-    except Interrupted:
-        pass  # the recorded signal, delivered again: the run ended INTERRUPTED as it did
+    except (Interrupted, RankFailed):
+        pass  # the recorded signal, or another rank's failure, delivered again: the run ended as it did
     except Exception as exc:  # a replayed callback failed: the engine logged it and ended the run (ERROR)
         if engine.result is None:
             raise

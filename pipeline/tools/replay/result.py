@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.context import EpochRecord
+from pipeline.core.engine import LAUNCH_FACTS
 from pipeline.core.events import jsonable
 from pipeline.core.hooks import TrainingCallback
 from pipeline.core.result import TrainResult
@@ -25,10 +26,11 @@ __all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
 # config, strictness), which is the replay's input rather than something that happened.
 _VOLATILE_KEYS = ("seq", "ts", "run_id", "prev", "seal")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
-    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain", "user_folders"),
+    "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain", "user_folders",
+                  *sorted(LAUNCH_FACTS)),
     "callback_settings": ("settings",),  # configuration, like run_start's config: a what-if may change it
     "epoch": ("seconds", "phase_seconds", "callback_seconds"),
-    "exception": ("traceback",),
+    "exception": ("traceback", "symptom"),  # where and how a collective broke is the machine's, not the run's
 }
 # Events the engine and the run context write themselves; other kinds come from callbacks.
 _CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})

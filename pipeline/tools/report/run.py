@@ -65,6 +65,7 @@ class RunData:
     lines: int = 0
     path: PathCounter = field(default_factory=PathCounter)
     path_problem: str | None = None  # why the path diagram cannot be drawn
+    global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
 
     def setting(self, source: str, key: str, *config_path: str) -> float | None:
         """A callback's setting from its ``callback_settings`` event, else from the run's config."""
@@ -162,6 +163,8 @@ def _take(data: RunData, rec: Mapping[str, Any]) -> None:
             data.max_epochs = payload["max_epochs"]
         if isinstance(payload.get("config"), Mapping):
             data.config = dict(payload["config"])
+        batch = payload.get("global_batch")
+        data.global_batch = dict(batch) if isinstance(batch, Mapping) else None
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
         _take_epoch(data.table, rec["epoch"], payload)
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
@@ -351,8 +354,20 @@ def _stop_panel(report: AuditReport, data: RunData) -> str:
              f"{ex.best_val_loss:.6g} (epoch {(ex.best_epoch or 0) + 1})")]
     if data.result is not None and as_float(data.result.get("objective")) is not None:
         rows.append(("objective", f"{as_float(data.result.get('objective')):.6g}"))
+    said = describe_global_batch(data.global_batch)
+    if said is not None:
+        rows.append(("global batch", said))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return f'<section class="panel" id="stop"><h2>Why the run stopped</h2><table class="kv">{body}</table></section>'
+
+
+def describe_global_batch(batch: Mapping[str, Any] | None) -> str | None:
+    """``128 (64 per rank x 2 ranks x 1 accumulation step)``, from ``run_start``'s ``global_batch``."""
+    if batch is None or not all(type(batch.get(k)) is int for k in ("global", "per_rank", "ranks", "accumulation")):
+        return None
+    steps = batch["accumulation"]
+    return (f"{batch['global']} ({batch['per_rank']} per rank x {batch['ranks']} rank(s) x {steps} accumulation "
+            f"step{'' if steps == 1 else 's'})")
 
 
 def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:
@@ -418,4 +433,7 @@ def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     ex = report.explanation
     summary = (f"{ex.stop_reason or 'unfinished'} after {ex.epochs_completed} epoch(s); audit "
                f"{'OK' if report.ok() else 'FAILED'}; {data.lines} log lines")
+    batch = describe_global_batch(data.global_batch)
+    if batch is not None:
+        summary += f"; global batch {batch}"
     return f"fsmtrain run {data.run_id}", summary, sections

@@ -1,0 +1,62 @@
+"""What the processes of a multi-process run print: whole lines, and each other rank's tagged.
+
+Every rank of a run started by the agent writes to the same terminal. ``print`` writes the text
+and the newline in two calls, and a pipe's buffer flushes wherever it fills, so two ranks' lines
+could land on one line; and a user callback's ``print`` appeared once per rank, alike. So in a
+multi-process run a rank's ``sys.stdout`` writes whole lines only, each in one write, and every
+rank but 0 (whose output is the run's console) prefixes its lines with ``[rank r]``. A callback
+that should print once per run declares ``rank_zero_only = True`` and runs on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import TextIO
+
+__all__ = ["RankLines", "tag_rank_output"]
+
+
+class RankLines(io.TextIOBase):
+    """A text stream that passes on whole lines only, each in one write, prefixed with ``prefix``."""
+
+    def __init__(self, target: TextIO, prefix: str) -> None:
+        super().__init__()
+        self.target, self.prefix = target, prefix
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            done, _, self._pending = self._pending.rpartition("\n")
+            self.target.write("".join(f"{self.prefix}{line}\n" for line in done.split("\n")))
+            self.target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:  # a line without its end yet: passed on whole, so it is not lost
+            self.target.write(f"{self.prefix}{self._pending}")
+            self._pending = ""
+        self.target.flush()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
+
+def tag_rank_output(rank: int) -> None:
+    """This process is rank ``rank``: its standard output writes whole lines, tagged unless rank 0.
+    Rank 0 on a terminal keeps its stream as it is: a terminal's stream is line-buffered already,
+    and its progress bar redraws a line in place."""
+    if isinstance(sys.stdout, RankLines) or (rank == 0 and sys.stdout.isatty()):
+        return
+    sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")

@@ -1,0 +1,132 @@
+"""What the ranks of a multi-process ``Trainer`` settle before they train: the run directory, where
+each rank finds it, and the checkpoint a resume continues from.
+
+- **The claim.** Global rank 0 claims the run directory and names the launch (a token in every
+  rank's ``run_start``, so the audit can tell which segments ran together). It writes the token
+  into its claim's lock file; every other rank then looks for it there.
+- **The layout.** On a shared filesystem every rank finds rank 0's claim: one run directory, each
+  rank writing its own ``events-rank<r>.jsonl`` into it. On node-local disks a rank on another node
+  finds none: it writes its log under the same path on its own node, and only rank 0's node holds
+  the checkpoints and the run's other files. Every rank learns which layout it is (one all-gather),
+  and its ``run_start`` says so (``layout``); ``fsmtrain audit DIR0 DIR1`` audits the nodes' run
+  directories as one run.
+- **The resumption.** Rank 0 chooses the checkpoint (and cleans up); a rank that sees rank 0's run
+  directory loads the same file, a rank on another node's disk gets the state from rank 0. The
+  ``resume`` event records the world size before and now, and an elastic restart's count.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from callbacks.gradient_accumulation import GradientAccumulationCallback
+from pipeline.app.rundir import LOCK_FILE, RunDirClaim
+from pipeline.core.consensus import log_name_for_rank
+from pipeline.core.hooks import TrainingCallback
+from pipeline.training.distributed import TorchCollective
+from pipeline.training.resume import (
+    Restart,
+    Resumption,
+    find_resumption,
+    prepare_restart,
+    rank_log_tail,
+    resumption_or_restart,
+)
+
+__all__ = ["LAYOUT_NODE_LOCAL", "LAYOUT_SHARED", "Settled", "global_batch", "settle_claim", "share_resumption"]
+
+LAYOUT_SHARED = "shared"
+LAYOUT_NODE_LOCAL = "node-local"
+
+
+class Settled:
+    """What the ranks agreed on at the claim: the run directory, the launch, the layout."""
+
+    def __init__(self, path: Path | None, launch: str, layout: str | None, sees_rank_zero: bool) -> None:
+        self.path, self.launch, self.layout, self.sees_rank_zero = path, launch, layout, sees_rank_zero
+
+    def record(self) -> dict[str, Any]:
+        """What ``run_start`` records of it."""
+        out: dict[str, Any] = {"launch": self.launch}
+        if self.layout is not None:
+            out["layout"] = self.layout
+        return out
+
+
+def _holds_token(path: Path, token: str) -> bool:
+    try:
+        return token in (path / LOCK_FILE).read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return False
+
+
+def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | None], token: str) -> Settled:
+    """Rank 0 claims (``claim``) and marks its claim with ``token``; every rank gets the path and
+    the token, looks for rank 0's mark, and all learn the layout."""
+
+    def decide() -> tuple[Path | None, str]:
+        made = claim()
+        if made is None:
+            return None, token
+        if made.fd is not None:
+            os.write(made.fd, f"{token}\n".encode())  # after the pid: the mark the other ranks look for
+        return made.path, token
+
+    path, launch = collective.share(decide)
+    if path is None:
+        return Settled(None, launch, None, True)
+    sees = collective.rank == 0 or _holds_token(path, launch)
+    if not sees:
+        path.mkdir(parents=True, exist_ok=True)  # this node's own folder of the run, for this rank's log
+    seen = [row[0] for row in collective.all_gather_ints([int(sees)])]
+    return Settled(path, launch, LAYOUT_SHARED if all(seen) else LAYOUT_NODE_LOCAL, sees)
+
+
+def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Path, settled: Settled,
+                     recorded_world: Callable[[Path], int]) -> Resumption | Restart:
+    """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one,
+    read from the shared run directory or sent by rank 0. A run whose log committed none is started
+    over in place on every rank. The resume event's ``notes`` say the world size before
+    (``recorded_world`` of rank 0's run directory) and now."""
+    found: list[Resumption | Restart] = []
+
+    def choose() -> tuple[str, int]:
+        found.append(resumption_or_restart(run_dir, which))
+        chosen = found[0]
+        return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world(run_dir)
+
+    chosen, before = collective.share(choose)
+    own = log_name_for_rank(collective.rank)
+    if chosen == "":  # nothing committed: every rank starts over
+        return found[0] if found else prepare_restart(run_dir, own_log=own)
+    need = [row[0] for row in collective.all_gather_ints([int(not settled.sees_rank_zero)])]
+    sent = None
+    if any(need):  # node-local disks: rank 0 sends the state to the ranks that cannot read it
+        res = found[0] if found else None
+        assert not isinstance(res, Restart)
+        sent = collective.broadcast_object((res.shown, res.sha256, res.state) if res is not None else None, 0)
+    resumption: Resumption
+    if found:
+        assert isinstance(found[0], Resumption)
+        resumption = found[0]
+    elif settled.sees_rank_zero:
+        resumption = find_resumption(run_dir, chosen, own_log=own)
+    else:
+        assert sent is not None  # rank 0 found the checkpoint, or share() raised its error on every rank
+        shown, sha256, state = sent
+        resumption = Resumption(run_dir, run_dir / shown, shown, sha256, state, rank_log_tail(run_dir, own))
+    resumption.notes.update(world_size_before=before, world_size=collective.world_size)
+    return resumption
+
+
+def global_batch(loader: Any, ranks: int, callbacks: Sequence[TrainingCallback]) -> dict[str, int] | None:
+    """The effective batch of one optimizer step: the loader's batch (per rank) times the ranks
+    times the accumulation steps; None when the loader has no fixed batch size."""
+    per_rank = getattr(loader, "batch_size", None)
+    if type(per_rank) is not int:
+        return None
+    steps = max((cb.steps for cb in callbacks if isinstance(cb, GradientAccumulationCallback)), default=1)
+    return {"per_rank": per_rank, "ranks": ranks, "accumulation": steps, "global": per_rank * ranks * steps}
