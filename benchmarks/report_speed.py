@@ -103,12 +103,14 @@ def build_log(records: list[dict[str, Any]], epochs: int, out: Path) -> None:
 
         def put(rec: dict[str, Any], epoch: int, step: int | None) -> None:
             nonlocal seq, prev
-            rec = dict(rec, seq=seq, epoch=epoch, ts=t0 + seq * 1e-5, prev=prev)
+            rec = dict(rec, seq=seq, epoch=epoch, ts=t0 + seq * 1e-5)
             if step is not None:
                 rec["global_step"] = step
-            line = (json.dumps(rec, separators=(",", ":")) + "\n").encode("utf-8")
+            rec.pop("seal", None)
+            rec.pop("prev", None)
+            rec["prev"] = prev  # the last field before the seal, as the log writes it
+            line, _, prev = chain.seal(json.dumps(rec, separators=(",", ":")).encode("utf-8"))
             fh.write(line)
-            prev = chain.digest(line)
             seq += 1
 
         for rec in head:

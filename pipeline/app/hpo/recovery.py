@@ -10,7 +10,9 @@ resumes each seed from its last checkpoint, see :mod:`pipeline.app.hpo.trial`).
 - when a study is run again, :func:`reclaim` retries every lost trial that has no retry yet, and
   fails at once a RUNNING trial whose process is provably gone: recorded on this host (same name,
   same boot, same pid namespace), and that pid is absent, a zombie, or another process since. Any
-  doubt leaves it to the heartbeat's grace period.
+  doubt leaves it to the heartbeat's grace period. Every worker does the latter before each trial
+  it starts, and once more when it has no trial left to run, so a worker that died beside a live
+  one never stays RUNNING because the live one finished inside the grace period.
 """
 
 from __future__ import annotations
@@ -152,9 +154,12 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
     return failed
 
 
-def reclaim(study: optuna.study.Study, max_retry: int | None) -> list[str]:
+def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True) -> list[str]:
     """Before a study runs again: fail the RUNNING trials whose process is provably gone, and
-    enqueue a retry of every lost trial that has none. Returns one line per trial it touched."""
+    enqueue a retry of every lost trial that has none. Returns one line per trial it touched.
+
+    ``unretried=False`` (a worker between two trials, while other workers may be reclaiming too):
+    only the first part; a retry is enqueued by the one process whose FAIL took effect."""
     from optuna.trial import TrialState
 
     lines: list[str] = []
@@ -169,7 +174,7 @@ def reclaim(study: optuna.study.Study, max_retry: int | None) -> list[str]:
             if not _fail_lost(study, trial, why):
                 continue
             what = f"trial {trial.number} was RUNNING, but {why}: FAIL"
-        elif trial.state is TrialState.FAIL and trial.number not in retried:
+        elif unretried and trial.state is TrialState.FAIL and trial.number not in retried:
             lost = lost_why(trial)
             if lost is None:
                 continue

@@ -198,7 +198,12 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
     if plan.heartbeat is not None:
         pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
         grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
+    def reclaim_gone() -> None:  # a trial whose process died on this host: failed and retried at once
+        for line in reclaim(study, plan.optimize.max_retry, unretried=False):
+            print(line, file=sys.stderr, flush=True)
+
     while not _past(plan.deadline):
+        reclaim_gone()
         if exhausted():
             if beating:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
@@ -217,8 +222,20 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
                 time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
                 continue
         if not tickets.take():
+            reclaim_gone()
+            _say_owed(study)
             return
         study.optimize(objective, n_trials=1, catch=(Exception,))
+
+
+def _say_owed(study: optuna.study.Study) -> None:
+    """A worker with no trial left says which retries it leaves waiting for the next worker."""
+    from optuna.trial import TrialState
+
+    waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    if waiting:
+        print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this command has "
+              "run its --n-trials; `fsmtrain hpo` again on the study runs them", file=sys.stderr, flush=True)
 
 
 def _worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
