@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.context import CheckpointContext, EpochContext, RunContext
-from pipeline.core.events import EVENTS_FILE, committed_checkpoints
+from pipeline.core.events import EVENTS_FILE
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from pipeline.core.ledger import committed_checkpoints
 from pipeline.core.stop import StopReason
 from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
 

@@ -22,9 +22,7 @@ Durability (``fsync``): every line is flushed; ``"commits"`` (the default) also 
 after each ``checkpoint`` line and after ``result``, so a checkpoint that is on disk never loses
 the line that commits it; ``"every"`` fsyncs every line, ``"never"`` none.
 
-The log also says which checkpoint files a run committed: :func:`committed_checkpoints` reads
-``checkpoint``, ``checkpoint_removed`` and ``checkpoint_damaged`` lines (the store and resume ask
-it; neither parses the log itself).
+Which checkpoint files a run committed is read from its log by :mod:`pipeline.core.ledger`.
 """
 
 from __future__ import annotations
@@ -387,87 +385,4 @@ def first_run_start(path: Path | str) -> dict[str, Any] | None:
             if isinstance(rec, dict) and rec.get("event") == "run_start":
                 payload = rec.get("payload")
                 return payload if isinstance(payload, dict) else {}
-    return None
-
-
-# --- the checkpoint files a log committed ---------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class CommittedFile:
-    """A checkpoint file as the log last committed it."""
-
-    path: str  # as the log shows it: relative to the run directory, or absolute
-    sha256: str
-    epoch: int | None
-    kind: str | None  # "periodic", "epoch", "latest", "best"
-    seq: int | None  # the committing line's seq
-
-
-class CheckpointLedger:
-    """The checkpoint files a log committed and still stands by, fed one parsed line at a time
-    (:meth:`feed`): a ``checkpoint`` line commits a path (a later one replaces it), a
-    ``checkpoint_removed`` line withdraws it, and a ``checkpoint_damaged`` line withdraws every path
-    it moved to ``damaged/``."""
-
-    def __init__(self) -> None:
-        self.order: list[CommittedFile] = []  # every commit, in log order
-        self.last: dict[str, CommittedFile] = {}  # path -> its last commit, withdrawn or not
-        self.live: dict[str, CommittedFile] = {}  # path -> its last commit, while it stands
-
-    def feed(self, rec: Mapping[str, Any]) -> None:
-        event = rec.get("event")
-        if event not in ("checkpoint", "checkpoint_removed", "checkpoint_damaged"):
-            return
-        payload = rec.get("payload")
-        if not isinstance(payload, dict):
-            return
-        if event == "checkpoint_damaged":
-            for path in payload.get("paths") or ():
-                if isinstance(path, str):
-                    self.live.pop(path, None)
-            return
-        path = payload.get("path")
-        if not isinstance(path, str):
-            return
-        if event == "checkpoint_removed":
-            self.live.pop(path, None)
-            return
-        epoch, kind, seq = payload.get("epoch"), payload.get("kind"), rec.get("seq")
-        done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
-                             kind if isinstance(kind, str) else None, seq if type(seq) is int else None)
-        self.order.append(done)
-        self.last[path] = done
-        self.live[path] = done
-
-
-def read_ledger(path: Path | str) -> CheckpointLedger:
-    """The :class:`CheckpointLedger` of the log at ``path`` (unreadable lines, a killed process's
-    torn last line among them, are skipped: the audit is what reports them)."""
-    ledger = CheckpointLedger()
-    with open(path, "rb") as fh:
-        for line in fh:
-            if b'"checkpoint' not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                ledger.feed(rec)
-    return ledger
-
-
-def committed_checkpoints(path: Path | str) -> dict[str, CommittedFile]:
-    """The checkpoint files the log at ``path`` committed and has not removed or quarantined since,
-    by the path the log shows."""
-    return read_ledger(path).live
-
-
-def committed_sha256(log: Path | str, target: Path | str) -> str | None:
-    """The sha256 the log at ``log`` last committed for the checkpoint file ``target`` (the log's
-    paths are relative to the log's folder, or absolute); None when it never committed that file."""
-    log = Path(log)
-    wanted = os.path.abspath(target)
-    for shown, done in read_ledger(log).last.items():
-        if os.path.abspath(os.path.join(log.parent, shown)) == wanted:
-            return done.sha256
     return None

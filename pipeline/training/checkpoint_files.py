@@ -4,7 +4,7 @@ run's log committed it.
 :func:`save_state` ``torch.save``\\ s a state straight into a temp file beside the target while
 hashing the bytes as they go out (one pass: no serialised copy of the whole state in memory),
 fsyncs it and renames it into place. :func:`load_checkpoint` checks a file's bytes against the
-sha256 the run's log committed for it (read by :func:`pipeline.core.events.committed_sha256`, the
+sha256 the run's log committed for it (read by :func:`pipeline.core.ledger.committed_sha256`, the
 log's own reader) and loads it with ``weights_only=True``.
 """
 
@@ -23,7 +23,7 @@ from typing import IO, Any, cast
 import torch
 
 from pipeline.core.events import EVENTS_FILE
-from pipeline.core.events import committed_sha256 as logged_sha256
+from pipeline.core.ledger import committed_sha256 as logged_sha256
 
 __all__ = [
     "FORMAT_VERSION",

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.core.context import epoch_number
-from pipeline.core.events import CommittedFile
+from pipeline.core.ledger import CommittedFile
 
 __all__ = ["KINDS", "CheckpointFolder"]
 

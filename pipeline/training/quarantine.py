@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.events import CommittedFile
+from pipeline.core.ledger import CommittedFile
 from pipeline.training.atomic import fsync_dir
 from pipeline.training.checkpoint_files import sha256_of
 

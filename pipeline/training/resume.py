@@ -31,7 +31,8 @@ from typing import Any
 
 from pipeline.core.chain import KEY_ENV, Chain
 from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
-from pipeline.core.events import EVENTS_FILE, CheckpointLedger, first_run_start
+from pipeline.core.events import EVENTS_FILE, first_run_start
+from pipeline.core.ledger import CheckpointLedger
 from pipeline.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
