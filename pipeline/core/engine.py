@@ -30,14 +30,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from pipeline.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from pipeline.core.context import FaultContext, RunContext
 from pipeline.core.driver import Driver
 from pipeline.core.epoch_work import EpochWork, Outputs
+from pipeline.core.faults import ExceptionLog, teardown_refused
 from pipeline.core.handlers import HandlerCompiler, compile_guard
 from pipeline.core.lifecycle import (
     ABORT,
@@ -119,7 +119,7 @@ class Engine:
         self.run = run
         self.strict = strict_from_env() if strict is None else strict
         self._faulted = False
-        self._logged: set[int] = set()  # exceptions already written to the log
+        self._log_exception = ExceptionLog(run)
         self._debug = run.events.enabled_for("debug")
         work = self._work = EpochWork(driver, runner, run, restore, outputs)
         shared = collective is not None and collective.world_size > 1
@@ -281,19 +281,6 @@ class Engine:
             raise Interrupted(self._signal)
 
     # --- faults ----------------------------------------------------------------------------
-    def _log_exception(self, exc: BaseException, source: str, **extra: Any) -> None:
-        if id(exc) in self._logged:
-            return
-        self._logged.add(id(exc))
-        # A log that cannot be written any more (its error is raised once, where it happened) must
-        # not stop the fault path: the teardown runs whatever the log can still take.
-        with contextlib.suppress(LogWriteError):
-            self.run.emit(
-                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
-                interrupt=isinstance(exc, KeyboardInterrupt),
-                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
-            )
-
     def _fault(self, exc: BaseException) -> BaseException:
         """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
         machine's ``abort``; its handler runs the whole teardown. Returns what the run ends with:
@@ -345,21 +332,4 @@ class Engine:
             if self._work.tearing_down and self._model.state == FINAL.value:
                 return exc
             refusal = "it did not fire" if not fired else f"it moved into {self._model.state!r}"
-        self._teardown_refused(phase, refusal, exc)
-
-    def _teardown_refused(self, phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
-        """The machine refused ``abort``: the engine runs the teardown itself (every step, and the
-        ``result``, reason ERROR), then raises the refusal, caused by the fault."""
-        run = self.run
-        message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
-                   f"itself. The fault was {type(exc).__name__}: {exc}")
-        refused = LifecycleError(message)
-        self._log_exception(refused, "engine")
-        with contextlib.suppress(LogWriteError):
-            run.force_stop(StopReason.ERROR, "engine", message)
-        run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
-        try:
-            self._programs[transition_for(ABORT, phase)]()
-        except BaseException as err:
-            self._log_exception(err, "teardown")
-        raise refused from exc
+        teardown_refused(run, self._programs, self._log_exception, phase, refusal, exc)

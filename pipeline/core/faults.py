@@ -1,0 +1,58 @@
+"""The engine's fault path, the parts that need nothing of the machine's walk: the ``exception``
+line of each failure, written once, and the teardown the engine runs itself when the machine
+refuses ``abort`` (:meth:`pipeline.core.engine.Engine._fault` decides when)."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from pipeline.core.context import RunContext
+from pipeline.core.lifecycle import ABORT, FINAL, LifecycleError, Phase, Transition, transition_for
+from pipeline.core.log_file import LogWriteError
+from pipeline.core.stop import StopReason
+
+__all__ = ["ExceptionLog", "teardown_refused"]
+
+
+class ExceptionLog:
+    """Writes an ``exception`` line for each exception of a run, once however often it is reported
+    (a handler's error passes through its hook, the handler and the engine's fault path)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self._logged: set[int] = set()  # exceptions already written to the log
+
+    def __call__(self, exc: BaseException, source: str, **extra: Any) -> None:
+        if id(exc) in self._logged:
+            return
+        self._logged.add(id(exc))
+        # A log that cannot be written any more (its error is raised once, where it happened) must
+        # not stop the fault path: the teardown runs whatever the log can still take.
+        with contextlib.suppress(LogWriteError):
+            self.run.emit(
+                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+                interrupt=isinstance(exc, KeyboardInterrupt),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
+            )
+
+
+def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
+                     phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
+    """The machine refused ``abort`` from ``phase``: the engine runs the teardown itself (the
+    compiled handlers of that ``abort`` in ``programs``: every step, and the ``result``, reason
+    ERROR), then raises the refusal, caused by the fault."""
+    message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
+               f"itself. The fault was {type(exc).__name__}: {exc}")
+    refused = LifecycleError(message)
+    log(refused, "engine")
+    with contextlib.suppress(LogWriteError):
+        run.force_stop(StopReason.ERROR, "engine", message)
+    run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
+    try:
+        programs[transition_for(ABORT, phase)]()
+    except BaseException as err:
+        log(err, "teardown")
+    raise refused from exc
