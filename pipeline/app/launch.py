@@ -12,7 +12,7 @@ it as 128 + its number.
 
 Under ``torchrun --max-restarts N`` the agent restarts every worker when one fails;
 :func:`elastic_attempt` tells a worker which attempt it is, and the run continues from its newest
-committed checkpoint (see ``pipeline.cli``).
+committed checkpoint (see ``pipeline.app.run_commands``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
+from pipeline.app.global_batch import describe_global_batch
 from pipeline.core.drawing import DiagramError, Format, path_diagram
 from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
 from pipeline.core.run_path import PathCounter, RunPath
@@ -359,15 +360,6 @@ def _stop_panel(report: AuditReport, data: RunData) -> str:
         rows.append(("global batch", said))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return f'<section class="panel" id="stop"><h2>Why the run stopped</h2><table class="kv">{body}</table></section>'
-
-
-def describe_global_batch(batch: Mapping[str, Any] | None) -> str | None:
-    """``128 (64 per rank x 2 ranks x 1 accumulation step)``, from ``run_start``'s ``global_batch``."""
-    if batch is None or not all(type(batch.get(k)) is int for k in ("global", "per_rank", "ranks", "accumulation")):
-        return None
-    steps = batch["accumulation"]
-    return (f"{batch['global']} ({batch['per_rank']} per rank x {batch['ranks']} rank(s) x {steps} accumulation "
-            f"step{'' if steps == 1 else 's'})")
 
 
 def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:

@@ -1,0 +1,19 @@
+"""What one optimizer step sees, in words: the ``global_batch`` record a run's ``run_start`` carries
+(made by :func:`pipeline.app.ranks.global_batch`), as ``fsmtrain train`` prints it and ``fsmtrain
+report`` shows it. Torch-free, so the report imports no torch for it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["describe_global_batch"]
+
+
+def describe_global_batch(batch: Mapping[str, Any] | None) -> str | None:
+    """``128 (64 per rank x 2 ranks x 1 accumulation step)``, from ``run_start``'s ``global_batch``."""
+    if batch is None or not all(type(batch.get(k)) is int for k in ("global", "per_rank", "ranks", "accumulation")):
+        return None
+    steps = batch["accumulation"]
+    return (f"{batch['global']} ({batch['per_rank']} per rank x {batch['ranks']} rank(s) x {steps} accumulation "
+            f"step{'' if steps == 1 else 's'})")

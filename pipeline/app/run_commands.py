@@ -1,0 +1,340 @@
+"""``fsmtrain train`` and ``fsmtrain resume``: the commands that train, on one process or launched
+on several (``--nproc``, ``--nnodes``), and what they print of each seed's run.
+
+``pipeline.cli`` adds them to its parser through :func:`register_cli`, first. Building the parser
+imports this module, so it imports only light code at the top; each command imports what it needs
+when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pipeline.app.arg_types import positive_int
+from pipeline.app.commands import (
+    ExitCode,
+    UsageError,
+    config_args,
+    exit_code_for,
+    load_config_of,
+    print_warnings,
+    worst,
+)
+from pipeline.core.stop import StopReason
+
+if TYPE_CHECKING:
+    from pipeline.app.config import RunConfig
+    from pipeline.app.job import SeedRun
+
+__all__ = ["cmd_resume", "cmd_train", "register_cli"]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}" if math.isfinite(x) else str(x)
+
+
+def _display_callbacks() -> list[Any]:
+    from pipeline.app.defaults import console_callbacks
+
+    return console_callbacks()
+
+
+def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
+    from pipeline.core.engine import Interrupted
+
+    result = run.result
+    if result is None:  # failed before the machine started (e.g. in Trainer construction)
+        print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
+        return ExitCode.ERROR
+    from pipeline.core.log_file import LogWriteError
+
+    reason = result.stop_reason
+    stop = result.stop
+    why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
+    if isinstance(run.error, LogWriteError) and stop is not None:  # the log itself failed: name it, and where
+        print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {run.error.strerror}", file=out)
+    else:
+        print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
+    if result.history:
+        best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
+        print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
+              file=out)
+    else:  # not "best inf, final nan": there is no loss at all
+        print("  no epoch completed: no val_loss to report", file=out)
+    last = result.history[-1].metrics if result.history else {}
+    extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
+    if extra:
+        print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+    failed = getattr(run.error, "failure", None)  # another rank failed first (consensus.RankFailed)
+    if failed is not None:
+        print(f"  rank {failed.rank} failed: {failed.message} (in {failed.source}); every other rank stopped with it",
+              file=out)
+    print(f"  run dir: {run.run_dir}", file=out)
+    resumption = run.trainer.resumption
+    if resumption is not None and resumption.next_epoch >= result.epochs_completed and not stop:
+        print(f"  nothing left to train: the run had finished its {resumption.next_epoch} epoch(s); "
+              f"extend it with: fsmtrain resume {run.run_dir} --set epochs=N", file=out)
+    late = isinstance(run.error, Interrupted) and reason is not StopReason.INTERRUPTED
+    if late:  # it landed during the teardown, which finished first: the run keeps its reason and its files
+        print(f"  {run.error}: it arrived during the teardown, after the run had ended {reason.name}; the run's "
+              "files are written", file=out)
+    elif isinstance(run.error, Interrupted) or reason is StopReason.INTERRUPTED:
+        print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
+    if isinstance(run.error, Interrupted):
+        return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
+    if failed is not None:  # the run failed on another rank: its status is that rank's
+        return ExitCode.ERROR
+    if run.error is not None and reason is not StopReason.ERROR and not isinstance(run.error, KeyboardInterrupt):
+        # fit() raised after the run had reached train_end by another route: the run failed all the same
+        print(f"  ERROR after train_end: {type(run.error).__name__}: {run.error}", file=out)
+        return ExitCode.ERROR
+    return exit_code_for(reason)
+
+
+def _join_ranks(cfg: RunConfig) -> Any:
+    """Under torchrun (several ranks): join the process group; None in one process."""
+    from pipeline.app.launch import join_ranks
+
+    return join_ranks(cfg.distributed, cfg.device)
+
+
+def _leave_ranks(collective: Any) -> None:
+    from pipeline.app.launch import leave_ranks
+
+    leave_ranks(collective)
+
+
+def _nodes(args: argparse.Namespace) -> Any:
+    """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
+    from pipeline.app.launch import Nodes
+
+    count = getattr(args, "nnodes", 1)
+    if count <= 1:
+        return None
+    if not args.rdzv or ":" not in args.rdzv:
+        raise UsageError(f"--nnodes {count} needs --rdzv HOST:PORT, the rendezvous of node 0; found {args.rdzv!r}")
+    if not 0 <= args.node_rank < count:
+        raise UsageError(f"--node-rank: expected 0 to {count - 1} (--nnodes {count}); found {args.node_rank}")
+    return Nodes(count, args.node_rank, args.rdzv, args.rdzv_id)
+
+
+def _launched(args: argparse.Namespace, nproc: int) -> int | None:
+    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
+    status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
+    from pipeline.app.launch import launch_workers, without_launch_options
+    from pipeline.core import signal_latch
+    from pipeline.training.distributed import launched_by_torchrun
+
+    nodes = _nodes(args)
+    if (nproc <= 1 and nodes is None) or launched_by_torchrun():
+        return None
+    latch = signal_latch.installed()
+    signal_latch.uninstall()
+    if latch is not None and latch.signum is not None:  # it came during start-up: start nothing
+        return latch.exit_status(0)
+    return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
+
+
+def _latch_signals() -> None:
+    """A command that trains latches SIGINT and SIGTERM first thing (``pipeline.core.signal_latch``)."""
+    from pipeline.core import signal_latch
+
+    signal_latch.install()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _latch_signals()
+    cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
+    code = _launched(args, args.nproc)
+    if code is not None:
+        return code
+    collective = _join_ranks(cfg)
+    try:
+        return _train_seeds(args, cfg, collective)
+    finally:
+        _leave_ranks(collective)
+
+
+def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
+    from pipeline.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
+    from pipeline.app.launch import elastic_attempt, worker_place
+    from pipeline.core.engine import Interrupted
+
+    lead = collective is None or collective.rank == 0  # the one console of a multi-process run
+    out: TextIO = sys.stdout if lead else io.StringIO()
+    if lead:
+        print_warnings(cfg, sys.stderr)
+    if cfg.optimize is not None and lead:  # train runs the config once, as written; the study is hpo's
+        print(f"note: {args.config} has an optimize: section; train runs it once with the values as written; "
+              f"`fsmtrain hpo {args.config}` runs the study", file=sys.stderr)
+    run_name = cfg.name or Path(args.config).stem
+    base = Path(args.run_dir) if args.run_dir else None
+    codes: list[ExitCode] = []
+    objectives: list[float] = []
+    root = runs_root(cfg, base)
+    attempt = elastic_attempt()
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    ranks = collective.world_size if collective is not None else 1
+    for seed in cfg.seeds:
+        name = run_name_for(cfg, seed, run_name)
+
+        def pick(name: str = name) -> RunPick:
+            return pick_run_dir(root, name, bool(args.resume), attempt)
+
+        picked = pick() if collective is None else collective.share(pick)
+
+        def announce(claim: Any, resume: bool, seed: int = seed, note: str | None = picked.note) -> None:
+            path = getattr(claim, "path", claim)
+            reused = getattr(claim, "cleared", ())
+            also = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
+            print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{also}",
+                  file=out, flush=True)
+            if note is not None:
+                print(f"  {note}", file=out, flush=True)
+            _say_global_batch(cfg, ranks, out)
+
+        seed_extras = extras
+        if picked.note is not None:
+            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
+        try:
+            run = train_seed(cfg, seed, picked.target(), extra_callbacks=_display_callbacks(), resume=picked.resume,
+                             extras=seed_extras, announce=announce)
+        except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
+            print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
+            codes.append(ExitCode(exc.exit_code))
+            break
+        codes.append(_describe_seed(run, out))
+        if run.result is not None:
+            objectives.append(run.result.objective)
+        if isinstance(run.error, KeyboardInterrupt) or (collective is not None and run.error is not None):
+            break  # the user asked to stop, or a rank failed (the others are not coming): no next seed
+    if len(cfg.seeds) > 1 and objectives:
+        mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
+        spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
+        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
+    code = worst(codes)
+    print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
+
+
+def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
+    """``batch_size`` is per rank: with several ranks or accumulation, say what one optimizer step sees."""
+    if ranks == 1 and cfg.grad_accumulation == 1:
+        return
+    from pipeline.app.global_batch import describe_global_batch
+
+    steps = cfg.grad_accumulation
+    said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
+                                  "global": cfg.batch_size * ranks * steps})
+    print(f"  global batch {said}; batch_size is per rank", file=out, flush=True)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from pipeline.app.config import load_run_config
+    from pipeline.app.launch import recorded_world_size
+    from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
+
+    _latch_signals()
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
+    overrides = list(args.set or [])
+    if args.device:
+        overrides.append(f"device={args.device}")
+    cfg = load_run_config(run_dir, overrides)  # with the folders the run's own modules came from
+    try:
+        recorded = recorded_start(run_dir)
+    except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
+        recorded = RecordedStart(_seed_of_unstarted(cfg, run_dir), 1)
+    before = recorded_world_size(run_dir)  # the newest segment's; a run may have changed size before
+    code = _launched(args, args.nproc or before)  # as many ranks as it had, unless --nproc says otherwise
+    if code is not None:
+        return code
+    collective = _join_ranks(cfg)
+    try:
+        return _resume_seed(run_dir, cfg, recorded.seed, before, collective)
+    finally:
+        _leave_ranks(collective)  # after the run's objects are gone: they hold the process group
+
+
+def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
+    from pipeline.app.job import train_seed
+    from pipeline.app.launch import elastic_attempt, worker_place
+
+    ranks = collective.world_size if collective is not None else 1
+    lead = collective is None or collective.rank == 0
+    out: TextIO = sys.stdout if lead else io.StringIO()
+
+    def announce(claim: Any, resume: bool) -> None:
+        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
+        if ranks != before:
+            print(f"  on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
+                  f"committed checkpoint, and from there its data order is that of a {ranks}-process run",
+                  file=out, flush=True)
+
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    attempt = elastic_attempt()
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, extras=extras,
+                     announce=announce)
+    code = _describe_seed(run, out)
+    print(f"exit code {int(code)} ({code.name})", file=out)
+    return int(code)
+
+
+def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
+    """The seed of a run dir whose log never got its run_start: the config's only seed, or the
+    ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
+    from pipeline.training.resume import ResumeError
+
+    if len(cfg.seeds) == 1:
+        return cfg.seeds[0]
+    m = re.search(r"-seed(-?\d+)(?:-\d+)?$", run_dir.name)
+    if m is not None and int(m.group(1)) in cfg.seeds:
+        return int(m.group(1))
+    raise ResumeError(f"{run_dir}: its log never recorded the run's seed, and neither its config.yaml (seeds "
+                      f"{cfg.seeds}) nor its folder name tells which one it ran; train it again with "
+                      "`fsmtrain train CONFIG --resume`")
+
+
+def _node_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=positive_int, default=1, metavar="N",
+                   help="the run spans N nodes; run the same command on each (like torchrun --nnodes)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this node's rank, 0 to N-1 (node 0 hosts the rendezvous store)")
+    p.add_argument("--rdzv", metavar="HOST:PORT", help="the c10d rendezvous endpoint, on node 0 (with --nnodes)")
+    p.add_argument("--rdzv-id", default="fsmtrain", metavar="ID", help="the job's id, the same on every node")
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain train`` and ``fsmtrain resume`` to the ``fsmtrain`` parser."""
+    p = subparsers.add_parser("train", help="train every seed of a config")
+    config_args(p)
+    p.add_argument("--run-dir", help="parent folder of the per-seed run directories (default runs/<project>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each seed's run where it stopped (runs/<project>/<name>-seed<s>), or start it")
+    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+                   help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
+    _node_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
+    p.add_argument("run_dir", help="the run directory (runs/<project>/<name>-seed<s>)")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="change what a resume may change, e.g. --set epochs=40 to extend a finished run")
+    p.add_argument("--device", help="shorthand for --set device=D")
+    p.add_argument("--nproc", type=positive_int, default=None, metavar="M",
+                   help="continue on M processes per node (default: as many as the run's newest segment had); "
+                        "another number continues from the epoch boundary of the newest committed checkpoint")
+    _node_args(p)
+    p.set_defaults(func=cmd_resume)
