@@ -49,6 +49,7 @@ NORMALISE: tuple[tuple[str, str | Callable[[re.Match[str]], str], str], ...] = (
     (r"\(\d+(\.\d+)?%\)", "(<share>%)", "a share of a duration"),
     (r"(?m)^(?P<head>  time per callback[^:]*: )(?P<items>.*)$", _by_name, "an order by duration"),
     (r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\b", "<date>", "a wall-clock date"),
+    (r"\b[0-9a-f]{12}\.\.\.", "<digest>...", "a chain digest (the lines it hashes hold times)"),
 )
 
 _START = re.compile(r"<!-- output: (?P<name>[\w-]+)[^>]*-->\n```\n(?P<body>.*?)```\n<!-- /output -->", re.S)

@@ -22,7 +22,9 @@ item 2): its folder is moved aside and the run started again, as ``fsmtrain resu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -128,10 +130,26 @@ def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline:
         time.sleep(0.001)
     if moment.delay:
         time.sleep(moment.delay)
+    return _signal_if_alive(proc, moment.sig)
+
+
+def _signal_if_alive(proc: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``proc`` unless it has already exited: False then. The process is stopped
+    while this is decided (a process about to exit could otherwise exit between a check and the
+    signal, and its status 0 would read as a signal ignored without a word)."""
     if proc.poll() is not None:
         return False
-    proc.send_signal(moment.sig)
-    return True
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        # Until it is stopped or has exited (a process already on its way out is not stopped by SIGSTOP)
+        state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
+        if state is None or state.si_code != os.CLD_STOPPED:  # it exited first: the moment has passed
+            return False
+        os.kill(proc.pid, sig)
+        return True
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
 
 
 def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes) -> None:

@@ -15,8 +15,9 @@ a latch first thing and keep it until their exit status is decided:
 - the exit status is 128 + the first signal (130, 143), never a death by the signal:
   :meth:`SignalLatch.exit_status`.
 
-Once the status is decided, the process that owns the command :meth:`~SignalLatch.settle`\\ s: a
-signal after that is ignored and said so on stderr. A command run in-process (tests call
+Once the status is decided, the process that owns the command :meth:`~SignalLatch.settle`\\ s: it
+runs its exit handlers and ends with that status; a signal after the decision is ignored and said
+so on stderr. A command run in-process (tests call
 ``pipeline.cli.main`` with arguments) :func:`uninstall`\\ s instead, giving back the handlers it found.
 """
 
@@ -26,10 +27,11 @@ import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.core.engine import Interrupted
 
@@ -76,23 +78,30 @@ class SignalLatch:
         """The command's exit status: 128 + the first signal when one was received, else ``code``."""
         return code if self.signum is None else 128 + self.signum
 
-    def settle(self, code: int) -> None:
-        """The exit status is decided: from now on a signal is ignored, and said so on stderr. At
-        interpreter exit Python resets every handler it set to the default (which kills), so the
-        last exit handler switches to ignoring them outright (SIG_IGN survives that reset)."""
+    def settle(self, code: int) -> NoReturn:
+        """The exit status is decided: end the process with it. A signal from now on is ignored,
+        and said so on stderr. The exit handlers (W&B's, multiprocessing's...) and the threads the
+        interpreter would wait for are run here, while the handler that says so is still Python's;
+        then the process ends at once. (Left to the interpreter's own exit, a signal landing during
+        its finalization, after Python reset the handlers, went unreported or killed the process.)"""
 
         def late(signum: int, frame: FrameType | None) -> None:
             with contextlib.suppress(OSError):
                 os.write(2, f"fsmtrain: {signal.Signals(signum).name} arrived after the exit status ({code}) was "
                             "decided; ignored\n".encode())
 
-        def ignore() -> None:
-            for sig in HANDLED:
-                signal.signal(sig, signal.SIG_IGN)
-
         for sig in HANDLED:
             signal.signal(sig, late)
-        atexit.register(ignore)  # exit handlers run last registered first: this one before any other
+        try:
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join()
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
 
 
 _installed: SignalLatch | None = None
