@@ -10,12 +10,14 @@ processes killed with real signals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,22 @@ def _running(storage: Any, exclude: frozenset[int] = frozenset(), epochs: int = 
     return poll
 
 
+def _kill_mid_trial(storage: Any, poll: Any, timeout: float, logs: tuple[Path, ...]) -> tuple[int, int]:
+    """SIGKILL the worker of a RUNNING trial while the trial still runs: the worker is stopped while
+    its trial's state is checked (a short trial can end between a poll and the kill). (number, pid)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        number, pid = wait_for(poll, max(1.0, deadline - time.monotonic()), "a running trial", logs)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            if load(storage()).trials[number].state is TrialState.RUNNING:
+                os.kill(pid, signal.SIGKILL)
+                return number, pid
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial:
     """The one retry of trial ``number``: COMPLETE, its parameters, its run resumed in place."""
     lost = study.trials[number]
@@ -130,9 +148,8 @@ def test_a_killed_sqlite_study_is_retried_at_once_and_counts_the_retry(tmp_path:
     db = tmp_path / "runs" / "quickstart" / "s" / "study.db"
     url = f"sqlite:///{db}"
     first = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "first.log")
-    number, pid = wait_for(_running(lambda: url), 120, "a running trial", (tmp_path / "first.log",))
+    number, pid = _kill_mid_trial(lambda: url, _running(lambda: url), 120, (tmp_path / "first.log",))
     assert pid == first.pid
-    first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     again = popen("hpo", cfg, "--n-trials", "2", cwd=tmp_path, log=tmp_path / "again.log")
     assert again.wait(timeout=150) == 0, (tmp_path / "again.log").read_text()
@@ -198,9 +215,9 @@ def test_killing_one_of_two_journal_workers_five_times_repeats_nothing_and_loses
     for round_ in range(5):
         log = tmp_path / f"hpo{round_}.log"
         parent = popen("hpo", cfg, "--workers", "2", cwd=tmp_path, log=log)
-        number, pid = wait_for(_running(lambda: journal(path), exclude=seen), 180, "a running trial", (log,))
+        number, pid = _kill_mid_trial(lambda: journal(path), _running(lambda: journal(path), exclude=seen), 180,
+                                      (log,))
         assert pid != parent.pid
-        os.kill(pid, signal.SIGKILL)
         assert parent.wait(timeout=400) == 1, log.read_text()  # finished, and says a worker crashed
         text = log.read_text()
         assert f"(pid {pid}) ended with signal SIGKILL; its trial(s) [{number}] FAIL, retry enqueued" in text, text

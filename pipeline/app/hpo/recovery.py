@@ -154,12 +154,14 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
     return failed
 
 
-def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True) -> list[str]:
+def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True,
+            not_of: str | None = None) -> list[str]:
     """Before a study runs again: fail the RUNNING trials whose process is provably gone, and
     enqueue a retry of every lost trial that has none. Returns one line per trial it touched.
 
     ``unretried=False`` (a worker between two trials, while other workers may be reclaiming too):
-    only the first part; a retry is enqueued by the one process whose FAIL took effect."""
+    only the first part; a retry is enqueued by the one process whose FAIL took effect. ``not_of``:
+    a launch whose workers are left alone (their own command fails and retries them, and says so)."""
     from optuna.trial import TrialState
 
     lines: list[str] = []
@@ -169,6 +171,8 @@ def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool
         if trial.state is TrialState.RUNNING:
             who = trial.user_attrs.get(WORKER_ATTR)
             if not (isinstance(who, Mapping) and process_gone(who)):
+                continue
+            if not_of is not None and who.get("launch") == not_of:
                 continue
             why = f"its worker process {who['pid']} on this host is gone"
             if not _fail_lost(study, trial, why):

@@ -199,7 +199,9 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
         pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
         grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
     def reclaim_gone() -> None:  # a trial whose process died on this host: failed and retried at once
-        for line in reclaim(study, plan.optimize.max_retry, unretried=False):
+        # (a sibling worker of this command is its parent's to fail and retry, which says so)
+        launch = plan.trial.launch if plan.workers > 1 else None
+        for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
 
     while not _past(plan.deadline):
