@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _settle_signals(owns_process: bool, code: int | None) -> int:
     """The exit status with a command's latched signals honoured (128 + the first one). A process
-    the command owns keeps ignoring, and reporting, later signals until it exits; in-process, the
+    the command owns honours a signal until it ends (:meth:`SignalLatch.settle`); in-process, the
     handlers the latch replaced come back. ``code`` None: the command raised."""
     from pipeline.core import signal_latch
 
@@ -181,12 +181,11 @@ def _settle_signals(owns_process: bool, code: int | None) -> int:
     final = int(ExitCode.ERROR) if code is None else code
     if latch is None:
         return final
+    if owns_process and code is not None:
+        latch.settle(code)  # says a signal and ends the process with its status
     if code is not None:
         final = latch.exit_status(code)
         if final != code:
             print(f"fsmtrain: {latch.name} received; exit code {final}", file=sys.stderr, flush=True)
-    if owns_process and code is not None:
-        latch.settle(final)
-    else:
-        signal_latch.uninstall()
+    signal_latch.uninstall()
     return final

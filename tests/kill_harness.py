@@ -22,9 +22,7 @@ item 2): its folder is moved aside and the run started again, as ``fsmtrain resu
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -33,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resume_harness import fsmtrain
-from signal_support import latch_installed
+from signal_support import latch_installed, signal_if_alive
 
 from pipeline.app.rundir import run_started
 
@@ -130,26 +128,7 @@ def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline:
         time.sleep(0.001)
     if moment.delay:
         time.sleep(moment.delay)
-    return _signal_if_alive(proc, moment.sig)
-
-
-def _signal_if_alive(proc: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
-    """Send ``sig`` to ``proc`` unless it has already exited: False then. The process is stopped
-    while this is decided (a process about to exit could otherwise exit between a check and the
-    signal, and its status 0 would read as a signal ignored without a word)."""
-    if proc.poll() is not None:
-        return False
-    os.kill(proc.pid, signal.SIGSTOP)
-    try:
-        # Until it is stopped or has exited (a process already on its way out is not stopped by SIGSTOP)
-        state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
-        if state is None or state.si_code != os.CLD_STOPPED:  # it exited first: the moment has passed
-            return False
-        os.kill(proc.pid, sig)
-        return True
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGCONT)
+    return signal_if_alive(proc, moment.sig)
 
 
 def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes) -> None:
@@ -157,9 +136,7 @@ def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes) -> No
     if moment.sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL, (str(moment), proc.returncode, err.decode()[-2000:])
         return
-    ignored = f"{moment.sig.name} arrived after the exit status (0) was decided; ignored".encode() in err
-    assert proc.returncode == 128 + moment.sig or (proc.returncode == 0 and ignored), \
-        (str(moment), proc.returncode, err.decode()[-2000:])
+    assert proc.returncode == 128 + moment.sig, (str(moment), proc.returncode, err.decode()[-2000:])
 
 
 def _next_process(config: Path, cwd: Path, run: Path, sets: list[str], log: KillLog) -> subprocess.Popen[bytes]:

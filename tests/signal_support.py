@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -64,3 +66,22 @@ class SlowStart(TrainingCallback):
 
     def __init__(self, seconds: float = 5.0) -> None:
         time.sleep(seconds)
+
+
+def signal_if_alive(proc: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``proc`` unless it has already exited: False then. The process is stopped
+    while this is decided (a process about to exit could otherwise exit between a check and the
+    signal, and its status 0 would read as a signal ignored without a word)."""
+    if proc.poll() is not None:
+        return False
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        # Until it is stopped or has exited (a process already on its way out is not stopped by SIGSTOP)
+        state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
+        if state is None or state.si_code != os.CLD_STOPPED:  # it exited first: the moment has passed
+            return False
+        os.kill(proc.pid, sig)
+        return True
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from resume_harness import REPO, fsmtrain
-from signal_support import latch_installed, log_has, wait_for
+from signal_support import latch_installed, log_has, signal_if_alive, wait_for
 
 from pipeline.app.config import load_config
 from pipeline.app.job import train_seed
@@ -76,10 +76,38 @@ def test_a_signal_right_after_the_result_line_exits_128_plus_it_with_every_file_
     wait_for(lambda: log_has(run, b'"event":"result"'), proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    ignored = f"{sig.name} arrived after the exit status (0) was decided; ignored".encode() in err
-    assert proc.returncode == 128 + sig or (proc.returncode == 0 and ignored), (proc.returncode, err.decode()[-2000:])
+    assert proc.returncode == 128 + sig, (proc.returncode, err.decode()[-2000:])
     assert (run / "model.pt").is_file() and (run / "lifecycle.mmd").is_file()
     _finished_record(run, "completed")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_signal_at_any_moment_after_the_result_line_until_the_process_is_gone_exits_128_plus_it(
+        tmp_path: Path) -> None:
+    """Found (the kill harness, with both cores busy): SIGTERM 10-30 ms after ``result``, while the
+    exit handlers ran (torch's, in C code), exited 0 and said nothing: Python had run no handler
+    for it before the process ended. Signals are sent every few ms after the ``result`` line, the
+    process stopped while it is decided whether it is still alive, until one comes too late."""
+    outcomes: list[tuple[float, str, int]] = []
+    for i in range(12):
+        delay = 0.006 * i
+        sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
+        work = tmp_path / str(i)
+        work.mkdir()
+        proc = fsmtrain("train", str(QUICK), *_sets(*FAST), cwd=work)
+        wait_for(lambda: log_has(work / RUN, b'"event":"result"'), proc)  # noqa: B023 (used at once)
+        time.sleep(delay)
+        sent = signal_if_alive(proc, sig)
+        out, err = proc.communicate(timeout=120)
+        if not sent:
+            break
+        outcomes.append((delay, sig.name, proc.returncode))
+        assert proc.returncode == 128 + sig, (outcomes, err.decode()[-2000:])
+        said = out + err  # the run says one in its teardown; the process one after it (on stderr)
+        assert f"{sig.name} received".encode() in said, said.decode()[-2000:]
+        _finished_record(work / RUN, "completed")
+    assert outcomes, "no signal reached a process after its result line"
 
 
 @pytest.mark.slow

@@ -15,10 +15,10 @@ a latch first thing and keep it until their exit status is decided:
 - the exit status is 128 + the first signal (130, 143), never a death by the signal:
   :meth:`SignalLatch.exit_status`.
 
-Once the status is decided, the process that owns the command :meth:`~SignalLatch.settle`\\ s: it
-runs its exit handlers and ends with that status; a signal after the decision is ignored and said
-so on stderr. A command run in-process (tests call
-``pipeline.cli.main`` with arguments) :func:`uninstall`\\ s instead, giving back the handlers it found.
+The process that owns the command then :meth:`~SignalLatch.settle`\\ s: it runs its exit handlers
+and ends with the command's status, or 128 + a signal that reached it before it ends. A command
+run in-process (tests call ``pipeline.cli.main`` with arguments) :func:`uninstall`\\ s instead,
+giving back the handlers it found.
 """
 
 from __future__ import annotations
@@ -79,29 +79,49 @@ class SignalLatch:
         return code if self.signum is None else 128 + self.signum
 
     def settle(self, code: int) -> NoReturn:
-        """The exit status is decided: end the process with it. A signal from now on is ignored,
-        and said so on stderr. The exit handlers (W&B's, multiprocessing's...) and the threads the
-        interpreter would wait for are run here, while the handler that says so is still Python's;
-        then the process ends at once. (Left to the interpreter's own exit, a signal landing during
-        its finalization, after Python reset the handlers, went unreported or killed the process.)"""
+        """End the process that owns the command: with ``code``, or 128 + the first signal that
+        reached it before it ends (said on stderr). The exit handlers (W&B's, multiprocessing's...)
+        and the threads the interpreter would wait for run here, with the latch in place; then the
+        process ends at once, never by a signal and never in the interpreter's own finalization.
 
-        def late(signum: int, frame: FrameType | None) -> None:
-            with contextlib.suppress(OSError):
-                os.write(2, f"fsmtrain: {signal.Signals(signum).name} arrived after the exit status ({code}) was "
-                            "decided; ignored\n".encode())
-
-        for sig in HANDLED:
-            signal.signal(sig, late)
+        Python runs a handler only when the main thread is back in Python code, and a signal that
+        lands while an exit handler is in C code may see none before the end (found: SIGTERM
+        10-30 ms after the ``result`` line, during torch's exit handlers, exited 0 with no word).
+        So the C-level handler's own record is read as well: the wakeup fd gets one byte per signal
+        as it lands, and the last look blocks the signals in this thread and reads that pipe and
+        what is still pending."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
         try:
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and not thread.daemon:
                     thread.join()
             atexit._run_exitfuncs()
         finally:
+            signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+            for signum in (*_drained(read_end), *sorted(signal.sigpending() & set(HANDLED))):
+                self.count += 1
+                if self.signum is None:
+                    self.signum = int(signum)
+            final = self.exit_status(code)
+            with contextlib.suppress(Exception):
+                if final != code:
+                    print(f"fsmtrain: {self.name} received; exit code {final}", file=sys.stderr)
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
-            os._exit(code)
+            os._exit(final)
+
+
+def _drained(fd: int) -> list[int]:
+    """The signal numbers the C-level handler wrote to the wakeup fd ``fd`` (non-blocking)."""
+    got = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 512):
+            got += chunk
+    return [n for n in got if n in HANDLED]
 
 
 _installed: SignalLatch | None = None
