@@ -12,8 +12,9 @@ what it shows, never by a guessed time:
   teardown (outputs, ``result``);
 - ``result``: once its ``result`` line is written: between the end of the log and the exit.
 
-Most kills are SIGKILL; some are SIGTERM or SIGINT, after which the process must exit 143 or 130 (or
-0, saying the signal came after its exit status was decided), never die by the signal. After each
+Most kills are SIGKILL; some are SIGTERM or SIGINT, after which the process must exit 143 or 130,
+never 0 and never die by the signal (the process is stopped while it is decided whether the signal
+still reaches it, so one that does is always owed its status). After each
 kill the next process continues the run: ``fsmtrain resume`` when the folder holds a started run
 (``train --resume`` when none started, which starts it or reuses the folder of one that never
 started). A run killed before its first checkpoint was committed cannot be resumed yet (issue 24
