@@ -101,10 +101,9 @@ class SignalLatch:
             atexit._run_exitfuncs()
         finally:
             signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
-            for signum in (*_drained(read_end), *sorted(signal.sigpending() & set(HANDLED))):
-                self.count += 1
-                if self.signum is None:
-                    self.signum = int(signum)
+            arrived = [*_drained(read_end), *sorted(signal.sigpending() & set(HANDLED))]
+            if self.signum is None and arrived:  # (a signal Python did handle is in the pipe too)
+                self.signum = int(arrived[0])
             final = self.exit_status(code)
             with contextlib.suppress(Exception):
                 if final != code:
