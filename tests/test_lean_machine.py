@@ -5,31 +5,46 @@ as soon as a callback list it skips is configured."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Machine, MachineError
+from transitions.core import Transition
 
 from pipeline.core import lifecycle as L
 from pipeline.core.machine import LifecycleMachine
 
 
-def _spec(guards: dict[L.Guard, Any], log: list[str]) -> list[dict[str, Any]]:
+class Refused(Exception):
+    pass
+
+
+def _spec(guards: dict[L.Guard, Any], log: list[str], refuse: set[int]) -> list[dict[str, Any]]:
+    """Every callback list a lifecycle transition uses (``before``: the engine's move check, which
+    may raise; ``after``: the program), and ``prepare``, each logging where it ran."""
+
+    def before(i: int) -> None:
+        log.append(f"before {i}")
+        if i in refuse:
+            raise Refused(i)
+
     return [{"trigger": t.trigger, "source": t.source.value, "dest": None if t.internal else t.dest.value,
              "conditions": [guards[g] for g in t.conditions], "unless": [guards[g] for g in t.unless],
+             "prepare": [lambda i=i: log.append(f"prepare {i}")], "before": [lambda i=i: before(i)],
              "after": [lambda i=i: log.append(f"after {i}")]}
             for i, t in enumerate(L.TRANSITIONS)]
 
 
-def _machine(cls: type[Machine], facts: dict[str, bool], log: list[str]) -> Any:
+def _machine(cls: type[Machine], facts: dict[str, bool], log: list[str], refuse: set[int] | None = None) -> Any:
     class Model:
         state: str
 
     guards = {g: (lambda g=g: facts[g.value]) for g in L.Guard}
     model = Model()
-    model.machine = cls(model=model, states=[p.value for p in L.Phase], transitions=_spec(guards, log),
+    model.machine = cls(model=model, states=[p.value for p in L.Phase], transitions=_spec(guards, log, refuse or set()),
                         initial="created", auto_transitions=False, send_event=False, ignore_invalid_triggers=False)
     return model
 
@@ -40,12 +55,15 @@ STEPS = st.lists(st.tuples(st.sampled_from(TRIGGERS), st.fixed_dictionaries({g.v
 
 
 @settings(max_examples=300, deadline=None)
-@given(STEPS)
-def test_the_lean_path_fires_what_the_library_fires(steps: list[tuple[str, dict[str, bool]]]) -> None:
+@given(STEPS, st.sets(st.integers(0, len(L.TRANSITIONS) - 1), max_size=4))
+def test_the_lean_path_fires_what_the_library_fires(steps: list[tuple[str, dict[str, bool]]], refuse: set[int]) -> None:
+    """Same outcome, same state, same callbacks in the same order; a ``before`` that raises (the
+    engine's move check refusing) leaves both machines where they were, running no ``after``."""
     facts: dict[str, bool] = {}
     plain_log: list[str] = []
     lean_log: list[str] = []
-    plain, lean = _machine(Machine, facts, plain_log), _machine(LifecycleMachine, facts, lean_log)
+    plain = _machine(Machine, facts, plain_log, refuse)
+    lean = _machine(LifecycleMachine, facts, lean_log, refuse)
     for trigger, values in steps:
         facts.update(values)
         outcomes = []
@@ -54,17 +72,45 @@ def test_the_lean_path_fires_what_the_library_fires(steps: list[tuple[str, dict[
                 outcomes.append(("fired", model.trigger(trigger), model.state))
             except MachineError:
                 outcomes.append(("invalid", None, model.state))
+            except Refused as exc:
+                outcomes.append(("refused", exc.args, model.state))
         assert outcomes[0] == outcomes[1]
         assert plain_log == lean_log
 
 
-def test_a_configured_before_callback_takes_the_librarys_path() -> None:
+def test_a_run_never_takes_the_librarys_slow_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The engine's machine has ``before`` (the move check) and ``after`` (the program) on every
+    transition: the lean path must cover them, or every trigger of a run pays the library's
+    per-callback logging (found: it fell back on every trigger, since the move check is a ``before``)."""
+    import torch
+    from torch import nn
+
+    from pipeline import Trainer
+
+    slow: list[str] = []
+    library_execute = Transition.execute
+
+    def counted(self: Transition, event_data: Any) -> bool:
+        slow.append(f"{self.source} -> {self.dest}")
+        return bool(library_execute(self, event_data))
+
+    monkeypatch.setattr(Transition, "execute", counted)
+    model = nn.Linear(2, 1)
+    batch = (torch.ones(4, 2), torch.ones(4, 1))
+    result = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), [batch] * 3, [batch],
+                     max_epochs=2, run_dir=tmp_path / "run", console_level="error", default_callbacks=False).fit()
+    assert result.epochs_completed == 2
+    assert slow == []
+
+
+def test_a_machine_wide_before_callback_runs_in_the_librarys_order() -> None:
     facts = {g.value: False for g in L.Guard}
     log: list[str] = []
     model = _machine(LifecycleMachine, facts, log)
     model.machine.before_state_change = [lambda: log.append("before")]
     assert model.trigger("begin") and model.state == "train_begin"
-    assert log == ["before", f"after {next(i for i, t in enumerate(L.TRANSITIONS) if t.trigger == 'begin')}"]
+    begin = next(i for i, t in enumerate(L.TRANSITIONS) if t.trigger == "begin")
+    assert log == [f"prepare {begin}", "before", f"before {begin}", f"after {begin}"]
 
 
 def test_a_trigger_the_state_does_not_have_is_refused_by_the_library() -> None:

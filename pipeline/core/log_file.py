@@ -97,19 +97,22 @@ class LogFile:
         caller raises the error once its bookkeeping of the line is done."""
         fd = self._fd
         assert fd is not None, "the log file is closed"
+        size = len(line)
         found_full = None
-        if self.full is None:
-            found_full = self._keep_room(len(line))
-        view = memoryview(line)
+        if self.full is None and self.size + size + ROOM > self._room_end:
+            found_full = self._keep_room(size)
         try:
-            while view:
-                view = view[os.write(fd, view):]
+            written = os.write(fd, line)
+            if written < size:  # a partial write (a signal, a pipe): the rest, in as many as it takes
+                view = memoryview(line)[written:]
+                while view:
+                    view = view[os.write(fd, view):]
         except BaseException as exc:
             self._cut_back()
             if isinstance(exc, OSError):
                 raise self._error(exc) from exc
             raise
-        self.size += len(line)
+        self.size += size
         return found_full
 
     def _keep_room(self, need: int) -> LogWriteError | None:

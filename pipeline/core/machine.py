@@ -8,8 +8,9 @@ own cost per epoch. The lifecycle machine configures none of those extras, so it
 them, and fall back to the library's own code the moment one is configured:
 
 - :class:`GuardCondition` calls the guard directly (guards take no arguments: ``send_event=False``);
-- :class:`LeanTransition` checks its conditions in order, sets the state, and calls its ``after``
-  handlers; the conditions still decide whether it fires;
+- :class:`LeanTransition` runs the library's sequence (prepare, conditions, before, the change of
+  state, after; the machine-wide lists in their places) without its per-step logger calls and
+  ``itertools.chain``; the conditions still decide whether it fires;
 - :class:`LeanEvent` looks up the transitions of the model's state and tries them in order, as
   ``Event._process`` does, with one ``EventData``;
 - :class:`LifecycleMachine` is a plain ``Machine`` that uses them.
@@ -38,26 +39,20 @@ class GuardCondition(Condition):
 class LeanTransition(Transition):
     condition_cls = GuardCondition
 
-    def _plain(self, machine: Machine) -> bool:
-        """No callback list but ``after`` and the conditions is in use (else: the library's own path)."""
-        return not (self.prepare or self.before or machine.before_state_change or machine.after_state_change
-                    or machine.on_final)
-
     def execute(self, event_data: EventData) -> bool:
         machine = event_data.machine
-        if not self._plain(machine):
+        if machine.send_event:  # callbacks take the EventData: the library's own path
             return bool(super().execute(event_data))
+        _call_each(self.prepare, machine, event_data)
         for condition in self.conditions:
             if not condition.check(event_data):
                 return False
+        _call_each(machine.before_state_change, machine, event_data)
+        _call_each(self.before, machine, event_data)
         if self.dest:  # None: an internal transition, no change of state
             self._change_state(event_data)
-        args, kwargs = event_data.args, event_data.kwargs
-        for callback in self.after:
-            if callable(callback):
-                callback(*args, **kwargs)
-            else:
-                machine.callback(callback, event_data)
+        _call_each(self.after, machine, event_data)
+        _call_each(machine.after_state_change, machine, event_data)
         return True
 
     def _change_state(self, event_data: EventData) -> None:
@@ -69,6 +64,17 @@ class LeanTransition(Transition):
             return
         setattr(event_data.model, machine.model_attribute, dest.value)
         event_data.state = dest
+
+
+def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) -> None:
+    """A callback list as ``Machine.callbacks`` runs it (``send_event`` off): a callable is called
+    with the trigger's arguments, a name is resolved by the library."""
+    args, kwargs = event_data.args, event_data.kwargs
+    for callback in callbacks:
+        if callable(callback):
+            callback(*args, **kwargs)
+        else:
+            machine.callback(callback, event_data)
 
 
 class LeanEvent(Event):
