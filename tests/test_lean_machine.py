@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Machine, MachineError
-from transitions.core import Transition
+from transitions.core import Event, Transition
 
 from pipeline.core import lifecycle as L
 from pipeline.core.machine import LifecycleMachine
@@ -88,13 +88,18 @@ def test_a_run_never_takes_the_librarys_slow_path(monkeypatch: pytest.MonkeyPatc
     from pipeline import Trainer
 
     slow: list[str] = []
-    library_execute = Transition.execute
+    library_execute, library_trigger = Transition.execute, Event.trigger
 
     def counted(self: Transition, event_data: Any) -> bool:
         slow.append(f"{self.source} -> {self.dest}")
         return bool(library_execute(self, event_data))
 
+    def counted_trigger(self: Event, model: Any, *args: Any, **kwargs: Any) -> bool:
+        slow.append(f"trigger {self.name}")
+        return bool(library_trigger(self, model, *args, **kwargs))
+
     monkeypatch.setattr(Transition, "execute", counted)
+    monkeypatch.setattr(Event, "trigger", counted_trigger)
     model = nn.Linear(2, 1)
     batch = (torch.ones(4, 2), torch.ones(4, 1))
     result = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), [batch] * 3, [batch],

@@ -41,18 +41,28 @@ class LeanTransition(Transition):
 
     def execute(self, event_data: EventData) -> bool:
         machine = event_data.machine
-        if machine.send_event:  # callbacks take the EventData: the library's own path
+        # The machine-wide lists, read where ``Machine``'s properties keep them (a property is a Python
+        # call per trigger); a library that keeps them elsewhere, or callbacks that take the EventData,
+        # take the library's own path.
+        stored = machine.__dict__
+        before_all, after_all = stored.get("_before_state_change"), stored.get("_after_state_change")
+        if machine.send_event or before_all is None or after_all is None:
             return bool(super().execute(event_data))
-        _call_each(self.prepare, machine, event_data)
+        if self.prepare:
+            _call_each(self.prepare, machine, event_data)
         for condition in self.conditions:
             if not condition.check(event_data):
                 return False
-        _call_each(machine.before_state_change, machine, event_data)
-        _call_each(self.before, machine, event_data)
+        if before_all:
+            _call_each(before_all, machine, event_data)
+        if self.before:
+            _call_each(self.before, machine, event_data)
         if self.dest:  # None: an internal transition, no change of state
             self._change_state(event_data)
-        _call_each(self.after, machine, event_data)
-        _call_each(machine.after_state_change, machine, event_data)
+        if self.after:
+            _call_each(self.after, machine, event_data)
+        if after_all:
+            _call_each(after_all, machine, event_data)
         return True
 
     def _change_state(self, event_data: EventData) -> None:
@@ -80,8 +90,11 @@ def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) ->
 class LeanEvent(Event):
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
         machine = self.machine
-        if (machine.has_queue or machine._transition_queue or machine.prepare_event or machine.finalize_event
-                or machine.on_exception):
+        # Read where ``Machine``'s properties keep them (see LeanTransition.execute); a library that
+        # keeps them elsewhere takes its own path.
+        stored = machine.__dict__
+        if (stored.get("_queued", True) or stored.get("_prepare_event", True) or stored.get("_finalize_event", True)
+                or stored.get("_on_exception", True)):
             return bool(super().trigger(model, *args, **kwargs))
         state = machine.states.get(getattr(model, machine.model_attribute))
         moves = None if state is None else self.transitions.get(state.name)
