@@ -91,13 +91,9 @@ class Transition:
     internal: bool = False  # a self-loop that does not leave or re-enter its phase
 
     def enabled(self, facts: Facts) -> bool:
-        for g in self.conditions:  # loops, not all()/any() over generators: the engine checks every move
-            if not GUARD_RULES[g](facts):
-                return False
-        for g in self.unless:
-            if GUARD_RULES[g](facts):
-                return False
-        return True
+        return all(facts.holds(g) for g in self.conditions) and not any(
+            facts.holds(g) for g in self.unless
+        )
 
     def guard_label(self) -> str:
         parts = [g.value for g in self.conditions] + [f"not {g.value}" for g in self.unless]
