@@ -1,7 +1,7 @@
 """The lifecycle machine's lean trigger path (``pipeline.core.machine``) decides exactly as the
 library's own ``transitions.Machine`` does: the same trigger fires or is refused, into the same
-state, with the same handlers run, for any guard values; and it hands back to the library's code
-as soon as a callback list it skips is configured."""
+state, with the same callbacks run in the same order (prepare, before, after, the machine-wide
+lists), for any guard values; and a real run never takes the library's slow path."""
 
 from __future__ import annotations
 

@@ -4,8 +4,10 @@ extension points.
 A trigger of a plain ``transitions.Machine`` builds a partial and an ``EventData``, resolves every
 callback by name, runs the (empty) prepare, before, finalize and state enter/exit callback lists,
 and makes about a dozen logger calls; at a few triggers per epoch that was most of the engine's
-own cost per epoch. The lifecycle machine configures none of those extras, so its classes skip
-them, and fall back to the library's own code the moment one is configured:
+own cost per epoch. The lifecycle machine uses only conditions and the ``before`` (the move check)
+and ``after`` (the program) lists, so its classes run those without the library's overhead, and fall
+back to the library's own code the moment anything else is configured (a queue, prepare or finalize
+events, ``on_exception``, state enter/exit or final callbacks, ``send_event``):
 
 - :class:`GuardCondition` calls the guard directly (guards take no arguments: ``send_event=False``);
 - :class:`LeanTransition` runs the library's sequence (prepare, conditions, before, the change of
