@@ -586,9 +586,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cli-runs", type=int, default=None,
                     help="runs per CLI start-up command (default 5; quick 3; 0 skips)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
-    ap.add_argument("--output", type=Path, default=HERE / "RESULTS.md",
-                    help="markdown report (default benchmarks/RESULTS.md)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    ap.add_argument("--output", type=Path, default=None,
+                    help="markdown report (default benchmarks/RESULTS.md; --device cuda: benchmarks/RESULTS_cuda.md)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write the raw results here (rewritten after every run: a run cut short keeps them)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the gpu_mlp and epochs workloads on the GPU (needs one)")
     args = ap.parse_args(argv)
@@ -605,6 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "nothing was run. The CPU figures (python benchmarks/compare.py) stand alone.", file=sys.stderr)
         return 2
     catalog = GPU_WORKLOADS if args.device == "cuda" else QUICK if args.quick else WORKLOADS
+    output: Path = args.output or HERE / ("RESULTS_cuda.md" if args.device == "cuda" else "RESULTS.md")
     rounds = args.rounds or (1 if args.quick else 5)
     cli_runs = args.cli_runs if args.cli_runs is not None else (3 if args.quick else 5)
     unknown = [f for f in args.frameworks.split(",") if f not in FRAMEWORKS]
@@ -634,6 +636,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(res)
                 state = res.get("error") or f"{res['epoch_ms']:.2f} ms/epoch, {res['step_us']:.1f} µs/step"
                 print(f"round {r + 1}/{rounds} {work.name:>6} {fw:<14} {state}", file=sys.stderr, flush=True)
+                if args.json is not None:  # the runs so far, kept should the whole be cut short
+                    args.json.write_text(json.dumps({"results": results, "partial": True}))
     cli = cli_startup(cli_runs) if cli_runs > 0 else None
     load_after = os.getloadavg()
     summary = summarize(results, frameworks, workloads)
@@ -652,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     sys.path.insert(0, str(HERE))
     report = render(summary, workloads, frameworks, skipped, meta, cli)
-    args.output.write_text(report + "\n", encoding="utf-8")
+    output.write_text(report + "\n", encoding="utf-8")
     if args.json is not None:
         args.json.write_text(json.dumps({"results": results, "summary": summary, "meta": meta, "cli": cli}, indent=2))
     print(report)
