@@ -55,7 +55,7 @@ def ci_commands(script: str) -> list[str]:
 
 def test_readme_names_one_setup_command_one_test_command_and_the_main_job() -> None:
     assert SETUP_BLOCK == ["./setup.sh"]
-    assert TEST_BLOCK == ["python -m pytest -q"]
+    assert TEST_BLOCK == ["python -m pytest -q -n auto --maxprocesses 4 --dist loadfile"]
     assert "\nfsmtrain train configs/quickstart.yaml\n" in _section("Set up and run")
 
 
