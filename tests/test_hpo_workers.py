@@ -86,6 +86,60 @@ def test_two_processes_on_postgresql(pg: Postgres, tmp_path: Path) -> None:
     assert "heartbeats on" in (tmp_path / "w0.log").read_text()
 
 
+@pytest.mark.timeout(120)
+def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
+        pg: Postgres, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found under two test workers (test_two_processes_on_postgresql): one ``fsmtrain hpo`` had made
+    the tables of a fresh database and was stamping their schema version when the other's check saw
+    the tables and, opening without creating, stamped it too: "UniqueViolation ... alembic_version",
+    and the check gave up at once ("expected a database that can be opened"). Here the first
+    process's stamp is a transaction held open until the check waits on it, then committed."""
+    import threading
+
+    import sqlalchemy
+    from optuna.storages._rdb import models
+
+    from pipeline.app.hpo.storage import StorageError, existing_directions, parse_storage
+
+    reference = optuna.storages.RDBStorage(new_database(pg, "stamp_reference"))  # the schema version to stamp
+    with reference.engine.connect() as conn:
+        head = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).scalar_one()
+    reference.engine.dispose()
+    url = new_database(pg, "stamp_race")
+    engine = sqlalchemy.create_engine(url)
+    models.BaseModel.metadata.create_all(engine)  # the other process made the tables ...
+    stamper = engine.connect()
+    stamp = stamper.begin()  # ... and is stamping them
+    stamper.execute(sqlalchemy.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL, "
+                                    "CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num))"))
+    stamper.execute(sqlalchemy.text("INSERT INTO alembic_version VALUES (:head)"), {"head": head})
+    outcome: dict[str, Any] = {}
+
+    def check() -> None:
+        try:
+            outcome["directions"] = existing_directions(parse_storage(url, "optimize.storage"), "s")
+        except StorageError as exc:
+            outcome["error"] = str(exc)
+
+    checker = threading.Thread(target=check)
+    checker.start()
+    watcher = sqlalchemy.create_engine(pg.url, isolation_level="AUTOCOMMIT")
+    try:
+        with watcher.connect() as conn:
+            wait_for(lambda: conn.execute(sqlalchemy.text("SELECT count(*) FROM pg_locks WHERE NOT granted")).scalar(),
+                     60, "the check to wait on the other process's uncommitted alembic_version table")
+        stamp.commit()
+    finally:
+        stamper.close()
+        watcher.dispose()
+        checker.join(60)
+        engine.dispose()
+    assert outcome == {"directions": None}, outcome  # no study "s" yet: the check goes on to create it
+    said = capsys.readouterr().err.splitlines()  # the retry is said on the console
+    assert any("another process was setting up this database" in line and "alembic_version" in line
+               and "attempt 2 of 5" in line for line in said), said
+
+
 class _Watch:
     """Polls one storage for a RUNNING trial of ``pid`` that reported a few epochs (one storage
     object for all polls: opening one per poll is slow enough on a loaded machine to miss trials)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -209,9 +210,16 @@ def _lost_creation_race(exc: BaseException) -> bool:
     return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
-def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True,
+                 say: Callable[[str], None] = _to_stderr) -> BaseStorage:
     """Open ``spec``; with ``create=False`` a missing file or database is an error rather than
-    being made. RDB storages (SQLite included) beat with ``heartbeat`` when given."""
+    being made. RDB storages (SQLite included) beat with ``heartbeat`` when given. An open that
+    lost a race with another process setting up the same database is tried again, and ``say``
+    is told each time (the error, the wait, the attempt)."""
     import optuna
 
     path = spec.path
@@ -244,15 +252,20 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                     spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
                     **kwargs)
         except Exception as exc:
-            if attempt < 4 and create and _lost_creation_race(exc):
-                time.sleep(0.2 + 0.3 * attempt)
+            # Not only when creating: Optuna stamps the schema version of tables another opener has just
+            # made (create=False opens too), and two stamps at once are the same race.
+            if attempt < 4 and _lost_creation_race(exc):
+                delay = 0.2 + 0.3 * attempt
+                say(f"warning: {spec.shown}: another process was setting up this database at the same time "
+                    f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)")
+                time.sleep(delay)
                 continue
             raise StorageError(spec.source, "a database that can be opened",
                                f"{spec.shown!r}: {_one_line(exc)}") from None
     raise AssertionError("unreachable")
 
 
-def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
+def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None] = _to_stderr) -> list[str] | None:
     """The directions of study ``study`` if ``spec`` holds it, else None; creates nothing (no file,
     no tables). Raises ``StorageError`` when the storage cannot be reached."""
     path = spec.path
@@ -270,7 +283,7 @@ def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
             raise StorageError(spec.source, "a reachable database", f"{spec.shown!r}: {_one_line(exc)}") from None
         if not has_tables:
             return None
-    storage = open_storage(spec, create=False)
+    storage = open_storage(spec, create=False, say=say)
     try:
         study_id = storage.get_study_id_from_name(study)
         return [d.name.lower() for d in storage.get_study_directions(study_id)]
