@@ -140,6 +140,26 @@ def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
                and "attempt 2 of 5" in line for line in said), said
 
 
+@pytest.mark.timeout(60)
+def test_a_database_whose_studies_table_is_not_optunas_fails_at_once_without_a_retry(
+        pg: Postgres, capsys: pytest.CaptureFixture[str]) -> None:
+    """The retry above is for a duplicate only: a missing table, opening without creating, is the
+    database's state, said at once and not dressed up as another process's race."""
+    import sqlalchemy
+
+    from pipeline.app.hpo.storage import StorageError, existing_directions, parse_storage
+
+    url = new_database(pg, "not_optuna")
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text("CREATE TABLE studies (id INTEGER PRIMARY KEY)"))
+    engine.dispose()
+    with pytest.raises(StorageError) as caught:
+        existing_directions(parse_storage(url, "optimize.storage"), "s")
+    assert caught.value.expected == "a database that can be opened" and "version_info" in caught.value.found
+    assert "another process" not in capsys.readouterr().err
+
+
 class _Watch:
     """Polls one storage for a RUNNING trial of ``pid`` that reported a few epochs (one storage
     object for all polls: opening one per poll is slow enough on a loaded machine to miss trials)."""

@@ -198,12 +198,13 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(orig).__name__}: {orig}".split())
 
 
-def _lost_creation_race(exc: BaseException) -> bool:
+def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
     """Whether ``exc`` says another process was creating the tables at the same time. Workers (or an
     Optuna dashboard) opening a fresh storage together each check for the tables, then create them;
-    the loser's create or schema-version insert fails, and a retry a moment later opens."""
+    the loser's create or schema-version insert fails, and a retry a moment later opens. Opening
+    without creating, only a duplicate can be that race (a missing table is the database's state)."""
     name = type(exc).__name__
-    if name in ("IntegrityError", "ProgrammingError"):  # PostgreSQL
+    if name == "IntegrityError" or (name == "ProgrammingError" and creating):  # PostgreSQL
         return True
     # SQLite: the tables appeared meanwhile, or the other opener held the lock while it made them
     # (SQLite refuses at once, without waiting, when waiting could deadlock)
@@ -254,7 +255,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
         except Exception as exc:
             # Not only when creating: Optuna stamps the schema version of tables another opener has just
             # made (create=False opens too), and two stamps at once are the same race.
-            if attempt < 4 and _lost_creation_race(exc):
+            if attempt < 4 and _lost_creation_race(exc, creating=create):
                 delay = 0.2 + 0.3 * attempt
                 say(f"warning: {spec.shown}: another process was setting up this database at the same time "
                     f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)")
