@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -22,6 +23,18 @@ class SlowTeardown(TrainingCallback):
 
     def on_train_end(self, run: RunContext) -> None:
         time.sleep(self.seconds)
+
+
+class SlowExit(TrainingCallback):
+    """Adds an exit handler that takes ``seconds`` (as W&B's or a user's own can), registered at the
+    end of the run: the process stays alive after its ``result`` line while it exits, so a signal
+    sent right after that line surely lands before the process is gone."""
+
+    def __init__(self, seconds: float = 1.5) -> None:
+        self.seconds = seconds
+
+    def on_train_end(self, run: RunContext) -> None:
+        atexit.register(time.sleep, self.seconds)
 
 
 def latch_installed(pid: int) -> bool:

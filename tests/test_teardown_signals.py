@@ -25,6 +25,7 @@ RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 # Small and quick: a few hundred samples, two epochs, no W&B start-up.
 FAST = ("epochs=2", "wandb.enabled=false", "data_config.n_samples=512")
 SLOW_TEARDOWN = "callbacks.extra=[{target: signal_support.SlowTeardown, kwargs: {seconds: 1.5}}]"
+SLOW_EXIT = "callbacks.extra=[{target: signal_support.SlowExit, kwargs: {seconds: 1.5}}]"
 
 
 def _sets(*overrides: str) -> list[str]:
@@ -70,11 +71,13 @@ def test_model_pt_and_lifecycle_mmd_exist_when_the_result_is_written(tmp_path: P
 def test_a_signal_right_after_the_result_line_exits_128_plus_it_with_every_file_written(
         tmp_path: Path, sig: signal.Signals) -> None:
     """Found: SIGTERM about 30 ms after ``result``: exit -15, no output, model.pt and lifecycle.mmd
-    lost; SIGINT there: "fsmtrain: interrupted", exit 130, the files lost too."""
-    proc = fsmtrain("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
+    lost; SIGINT there: "fsmtrain: interrupted", exit 130, the files lost too. An exit handler that
+    takes a while keeps the process there, so the signal cannot come after the process is gone
+    (found, with both cores busy: a process that ended first, exit 0, the signal never sent)."""
+    proc = fsmtrain("train", str(QUICK), *_sets(*FAST, SLOW_EXIT), cwd=tmp_path)
     run = tmp_path / RUN
     wait_for(lambda: log_has(run, b'"event":"result"'), proc)
-    proc.send_signal(sig)
+    assert signal_if_alive(proc, sig), "the process ended before its exit handler ran"
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, (proc.returncode, err.decode()[-2000:])
     assert (run / "model.pt").is_file() and (run / "lifecycle.mmd").is_file()
