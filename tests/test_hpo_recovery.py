@@ -27,8 +27,9 @@ import pytest
 from hpo_support import journal, load, popen, study_config, wait_for
 from optuna.trial import TrialState
 
-from pipeline.app.hpo.recovery import process_gone, worker_identity
+from pipeline.app.hpo.recovery import LOST_ATTR, process_gone, reclaim, worker_identity
 from pipeline.app.hpo.seeds import claim_sampler_seed, seeds_used
+from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from pipeline.tools.audit import audit_file
 
 MID_TRIALS = {"epochs": 20, "early_stopping": {"enabled": False}}  # long enough to be caught running
@@ -63,6 +64,31 @@ def test_a_process_is_gone_only_when_this_host_can_prove_it() -> None:
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_retry_just_taken_by_a_worker_is_not_failed_for_the_lost_trials_process(tmp_path: Path) -> None:
+    """Found (two journal workers running the retries of a study stopped by Ctrl-C): a retry inherited
+    the lost trial's worker record. Between a worker taking it (RUNNING) and recording itself, the
+    other worker's check before its next trial read the dead process of the first run as the retry's,
+    failed it, and the worker running it died on "Cannot tell a FAIL trial"."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=journal(tmp_path / "study.journal"))
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    lost = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)})
+    lost.set_user_attr(WORKER_ATTR, {**worker_identity("first-run"), "pid": done.pid, "started": None})
+    lost.set_user_attr(RUN_DIRS_ATTR, {"0": str(tmp_path / "trial-0-seed0")})
+    assert reclaim(study, 3) == [f"trial 0 was RUNNING, but its worker process {done.pid} on this host is gone: "
+                                 "FAIL; re-enqueued with its parameters, to resume from its checkpoint"]
+    taken = study.ask()  # a worker takes the retry (RUNNING) and has not recorded itself yet
+    assert taken.number == 1 and study.trials[1].system_attrs["failed_trial"] == 0
+    assert reclaim(study, 3, unretried=False) == []  # another worker, before its next trial
+    study.tell(taken, 0.5)
+    retry = study.trials[1]
+    assert retry.state is TrialState.COMPLETE
+    # it resumes the lost trial's runs and knows it is a retry of a lost trial; its process is its own
+    assert retry.user_attrs[RUN_DIRS_ATTR] == {"0": str(tmp_path / "trial-0-seed0")}
+    assert retry.user_attrs[LOST_ATTR]["trial"] == 0 and WORKER_ATTR not in retry.user_attrs
 
 
 def test_a_worker_never_takes_a_sampler_seed_an_earlier_worker_took() -> None:

@@ -54,7 +54,8 @@ JOURNAL_FILE = "study.journal"
 RUN_DIRS_ATTR = "run_dirs"
 """Trial user attribute ``{seed: run dir}``; a retry inherits its original's (Optuna copies them)."""
 WORKER_ATTR = "worker"
-"""Trial user attribute: which process runs the trial (:func:`pipeline.app.hpo.recovery.worker_identity`)."""
+"""Trial user attribute: which process runs the trial (:func:`pipeline.app.hpo.recovery.worker_identity`).
+A retry does not inherit it: until its own process records itself, no process is known to run it."""
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -158,16 +159,30 @@ class Heartbeat:
     max_retry: int | None = 3
 
 
-def retry_callback(max_retry: int | None) -> Any:
+def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
     """Optuna's retry of stale trials (``RetryFailedTrialCallback``, renamed in Optuna 4.9). The
     retry keeps the epochs the pruner already saw: it resumes the killed trial's run from its last
-    checkpoint and reports only the epochs after it."""
+    checkpoint and reports only the epochs after it.
+
+    It copies the trial's user attributes, but not :data:`WORKER_ATTR`: that names the lost trial's
+    dead process, and a retry taken by a worker that has not recorded itself yet would read as run
+    by it, so another worker's check would fail it under the live one."""
+    import copy
+
     from optuna import storages
 
     cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning
-        return cls(max_retry=max_retry, inherit_intermediate_values=True)
+        retry = cls(max_retry=max_retry, inherit_intermediate_values=True)
+
+    def enqueue_retry(study: optuna.study.Study, trial: FrozenTrial) -> None:
+        if WORKER_ATTR in trial.user_attrs:
+            trial = copy.copy(trial)
+            trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != WORKER_ATTR}
+        retry(study, trial)
+
+    return enqueue_retry
 
 
 def _sqlite_connector(path: str) -> Callable[[], Any]:
