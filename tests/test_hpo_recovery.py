@@ -116,15 +116,28 @@ def test_a_worker_never_takes_a_sampler_seed_an_earlier_worker_took() -> None:
 
 
 # --- the found cases, for real ---------------------------------------------------------------------
+def _committed(trial: optuna.trial.FrozenTrial) -> bool:
+    """The trial's (first seed's) run log has committed a checkpoint: a kill leaves it one to resume from."""
+    run_dir = (trial.user_attrs.get("run_dirs") or {}).get("0")
+    try:
+        return run_dir is not None and b'"event":"checkpoint"' in (Path(run_dir) / "events.jsonl").read_bytes()
+    except OSError:
+        return False
+
+
 def _running(storage: Any, exclude: frozenset[int] = frozenset(), epochs: int = 2) -> Any:
-    """A poll for a RUNNING trial (not in ``exclude``) that reported ``epochs`` epochs: (number, pid)."""
+    """A poll for a RUNNING trial (not in ``exclude``) that reported ``epochs`` epochs and committed a
+    checkpoint: (number, pid). Reported epochs alone are not enough: the checkpoint of an epoch is
+    committed once its background write is durable, which on a busy machine can be epochs later
+    (found: a trial killed after two epochs had nothing committed, and its retry rightly started over)."""
     def poll() -> tuple[int, int] | None:
         try:
             trials = load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         except Exception:  # not created yet, or half created
             return None
         for t in trials:
-            if t.number not in exclude and len(t.intermediate_values) >= epochs and "worker" in t.user_attrs:
+            if (t.number not in exclude and len(t.intermediate_values) >= epochs and "worker" in t.user_attrs
+                    and _committed(t)):
                 return t.number, int(t.user_attrs["worker"]["pid"])
         return None
     return poll
