@@ -6,8 +6,10 @@ Each acts on one rank only, to show that a decision taken on one rank moves ever
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -166,3 +168,26 @@ class PrintEachEpoch(TrainingCallback):
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         print(f"epoch {epoch.index} ended, said a callback")
+
+
+class KillAfterCommit(TrainingCallback):
+    """At the end of epoch index ``epoch``, on every rank: wait until rank 0's log has committed
+    that epoch's checkpoint (the writer may be a background thread), then ``SIGKILL`` this process,
+    before its ``epoch`` line: the window between a commit and the epoch event."""
+
+    priority = 99  # after CheckpointCallback (95), before the engine's epoch event
+
+    def __init__(self, epoch: int, limit: float = 60.0) -> None:
+        self.epoch, self.limit = epoch, limit
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        if epoch.index != self.epoch:
+            return
+        log = Path(epoch.run.run_dir) / "events.jsonl"
+        deadline = time.monotonic() + self.limit
+        while time.monotonic() < deadline:
+            records = [json.loads(ln) for ln in log.read_text(encoding="utf-8").splitlines() if ln.endswith("}")]
+            if any(r["event"] == "checkpoint" and r["payload"]["epoch"] == self.epoch for r in records):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.02)
+        raise AssertionError(f"rank 0 never committed the checkpoint of epoch index {self.epoch}")

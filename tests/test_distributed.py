@@ -282,6 +282,66 @@ def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("epoch", [2, 4])
+def test_every_rank_killed_after_the_commit_before_its_epoch_line_audits_clean(tmp_path: Path, epoch: int) -> None:
+    """Found by the kill -9 test above, 1 run in 6: both ranks killed once rank 0 had committed an
+    epoch's checkpoint and before either logged that epoch. Rank 1's log holds no checkpoint lines
+    (rank 0 writes them), so its resume to the next epoch must be checked against what its resume
+    line records and rank 0's log; and when that epoch was the last, the result's last_val_loss is
+    an epoch the log never got."""
+    extra = [{"target": "tests.dist_support.KillAfterCommit", "kwargs": {"epoch": epoch}}]
+    proc = _start(tmp_path, _config(tmp_path, extra=extra))
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode != 0, out[-3000:]
+    run_dir = _run_dir(tmp_path)
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        assert not [r for r in _log(run_dir / name) if r["event"] == "epoch" and r["epoch"] == epoch], name
+    resumed = _fsmtrain("resume", str(run_dir), cwd=tmp_path, timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    said = _audit_ok(run_dir, tmp_path)
+    assert said.count(f"epoch {epoch + 1} was committed") == 2, said  # each rank says what its log lacks
+    if epoch == 2:
+        _forged_resume_records_fail(run_dir, tmp_path)
+
+
+def _forged_resume_records_fail(run_dir: Path, tmp: Path) -> None:
+    """What the audit holds a resume record to: each forgery, rechained as someone with write access
+    would, is named (checkpoint files left out: they pin the original chain)."""
+    from audit_runs import read_lines, rechain
+
+    from pipeline.tools.audit.ranks import audit_run_dir
+
+    def forged(name: str, **changes: Any) -> list[str]:
+        copy = tmp / f"forged-{len(list(tmp.glob('forged-*')))}"
+        shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints"))
+        recs = [json.loads(line) for line in read_lines(copy / name)]
+        (resume,) = [r for r in recs if r["event"] == "resume"]
+        resume["payload"].update(changes)
+        (copy / name).write_text("".join(rechain([json.dumps(r) + "\n" for r in recs])), encoding="utf-8")
+        audit = audit_run_dir(copy, verify_checkpoints=False)
+        return [f.message for f in audit.findings] + [f.message for r in audit.reports.values() for f in r.violations]
+
+    other, (name, sha) = "0" * 64, _resumed_from(run_dir)
+    assert forged("events-rank1.jsonl", sha256=other) == [
+        f"segment 2: rank 1 resumed from {name} (sha256 {other[:12]}..., epoch 3), rank 0 from {name} (sha256 "
+        f"{sha[:12]}..., epoch 3)"]
+    found = forged("events-rank1.jsonl", checkpoint_epoch=1)
+    assert any(m.startswith("segment 2: rank 1 resumed from") for m in found), found
+    assert any(m.startswith("resume starts at epoch 4, but the log never logged epoch 3, and the resume event")
+               for m in found), found
+    found = forged("events.jsonl", sha256=other)
+    assert any(m.startswith(f"the resume loaded {name} with sha256 000000000000... (epoch 3), but line")
+               for m in found), found
+
+
+def _resumed_from(run_dir: Path) -> tuple[str, str]:
+    """The checkpoint name and sha256 rank 0's resume event records."""
+    (resume,) = [r for r in _log(run_dir / "events.jsonl") if r["event"] == "resume"]
+    return str(resume["payload"]["checkpoint"]), str(resume["payload"]["sha256"])
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> None:
     from pipeline.training.data import synthetic_regression

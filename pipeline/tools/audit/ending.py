@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.consensus import replaces
+from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import ABORT, INITIAL, Phase
 from pipeline.core.stop import Evidence, StopReason
 from pipeline.tools.audit.content import number, result_mismatches
@@ -42,7 +43,7 @@ class Unfinished:
     last_line: int  # the process's last whole line
     phase: str
     next_epoch: int
-    unlogged: tuple[int, int] | None  # (epoch, line of its checkpoint): committed, never logged
+    unlogged: tuple[int, str] | None  # (epoch, the commit that holds it): committed, never logged
 
 
 @dataclass
@@ -79,6 +80,10 @@ class Segment:
     last_trial_report: tuple[bool, int] | None = None
     unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
     after: Unfinished | None = None  # the process before this resume, until the resume says how it ended
+    resumed_write: tuple[int, str, int | None] | None = None  # the commit resumed from: (line, sha256, epoch)
+    # A rank whose log holds no checkpoint lines (rank 0 commits them) resumed one epoch past where its
+    # log reached: the epoch its ``resume`` event must name as the checkpoint's, until it is read.
+    commit_unseen: int | None = None
     # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
     step_begin: int | None = None
     step_val: int | None = None
@@ -104,6 +109,12 @@ def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
     found = [(x, seg.start_epoch + i, line) for seg, kept in _standing(segs)
              for i, (x, line) in enumerate(seg.vals[:kept]) if math.isfinite(x)]
     return min(found) if found else None
+
+
+def last_epoch(segs: list[Segment]) -> int | None:
+    """The latest standing epoch, logged or only committed."""
+    ends = [seg.start_epoch + kept - 1 for seg, kept in _standing(segs) if kept]
+    return max([*ends, *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
 def _last_val(segs: list[Segment]) -> float:
@@ -234,12 +245,21 @@ class EndingChecks:
         own = self._expected_result(seg, [seg])
         whole = self._expected_result(seg, self.segments[: self.segments.index(seg) + 1])
         wrong = result_mismatches(p, whole)
-        unlogged = set().union(*(s.unlogged for s in self.segments))
-        if unlogged and p.get("best_epoch") in unlogged:
-            # The best epoch is one whose figures never reached the log: its loss cannot be checked.
-            wrong = [w for w in wrong if w[0] not in ("best_val_loss", "best_epoch", "objective")]
-            self.warn("result", f"the best epoch {p.get('best_epoch')} is not in the log (its process was killed "
-                      "before logging it): best_val_loss and objective cannot be checked", n)
+        segs = self.segments[: self.segments.index(seg) + 1]
+        unlogged = set().union(*(s.unlogged for s in segs))
+        # An epoch whose figures never reached the log (its process was killed after its checkpoint
+        # was committed, before its epoch line): what the result takes from it cannot be checked.
+        unseen: list[tuple[str, int, tuple[str, ...]]] = []
+        best, last = p.get("best_epoch"), last_epoch(segs)
+        if type(best) is int and best in unlogged:
+            unseen.append(("best", best, ("best_val_loss", "best_epoch", "objective")))
+        if last is not None and last in unlogged:
+            unseen.append(("last", last, ("last_val_loss",)))
+        for which, epoch, keys in unseen:
+            wrong = [w for w in wrong if w[0] not in keys]
+            self.warn("result", f"the {which} epoch, epoch {epoch_number(epoch)}, is not in the log (its process was "
+                      f"killed before logging it): {' and '.join(k for k in keys if k != 'best_epoch')} cannot be "
+                      "checked", n)
         if wrong and whole != own and not result_mismatches(p, own):
             self.warn("result", f"the result describes only this process's epochs (from line {seg.first_line}), "
                       "not the whole resumed run", n)

@@ -16,6 +16,8 @@ rank 0's log, which committed them). Then the ranks are compared:
   before it); every rank of a segment took the same phase-level moves, in the same order, in the
   same epochs; a segment that was killed, or ended by one rank's failure, may have got further on
   one rank than on another, so there one rank's moves need only be a prefix of the other's;
+- a resumed segment loaded on every rank the checkpoint (name, sha256, epoch) that rank 0's
+  ``resume`` event records, which rank 0's own audit holds to the commit in its log;
 - every rank ended each segment for the same stop reason, with the same source and message, or,
   when one rank failed, as the engine ends such a run (:mod:`pipeline.core.consensus`): ERROR on
   the failing rank, INTERRUPTED on every other, and each names the failing rank.
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.consensus import log_name_for_rank
+from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import ABORT, FINAL
 from pipeline.core.stop import StopReason
 from pipeline.tools.audit.auditor import audit_file
@@ -42,6 +45,7 @@ __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 Move = tuple[str, str, str, int]  # trigger, from, to, epoch
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")  # how consensus.on_rank names another rank's stop or failure
+_RESUMED = ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch")  # what every rank of a resume loaded
 
 
 def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
@@ -69,6 +73,7 @@ class _Segment:
     reason: str | None = None
     said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
+    resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
 
 
 @dataclass
@@ -114,6 +119,8 @@ def _story(path: Path) -> _Story:
                     seg.said = (payload.get("source"), payload.get("message"))
             elif event == "exception":
                 story.segments[-1].failed_rank = _int(payload.get("failed_rank"))
+            elif event == "resume":
+                story.segments[-1].resumed = tuple(payload.get(k) for k in _RESUMED)
     return story
 
 
@@ -244,6 +251,9 @@ def _compare(stories: dict[int, _Story]) -> list[Finding]:
             if a.world != b.world:
                 out.append(Finding("ranks", f"segment {i + 1}: rank {rank} says world_size {b.world}, "
                                             f"rank 0 {a.world}"))
+            if a.resumed != b.resumed:  # rank 0's own audit holds its record to the commit in its log
+                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} resumed from {_resumed(b)}, rank 0 "
+                                            f"from {_resumed(a)}"))
             at = _moves_agree(a, b)
             if at is not None:
                 out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(b.moves, at)} where rank 0 "
@@ -253,6 +263,14 @@ def _compare(stories: dict[int, _Story]) -> list[Finding]:
                 if why is not None:
                     out.append(Finding("ranks", f"segment {i + 1}: {why}"))
     return out
+
+
+def _resumed(seg: _Segment) -> str:
+    if seg.resumed is None:
+        return "no checkpoint (no resume event)"
+    name, sha, epoch, _ = seg.resumed
+    shown = epoch_number(epoch) if type(epoch) is int else epoch
+    return f"{name} (sha256 {str(sha)[:12]}..., epoch {shown})"
 
 
 def _went_on_without(base: _Story, story: _Story, rank: int) -> str | None:

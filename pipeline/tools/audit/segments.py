@@ -7,9 +7,11 @@ the resume cut off (``torn_line_bytes``). Mixed into the auditor."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.context import epoch_number
 from pipeline.core.events import LEVELS
 from pipeline.core.lifecycle import (
     INITIAL,
@@ -86,29 +88,61 @@ class SegmentChecks(EndingChecks):
                 seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
             return
         ckpt = self._checkpoint_named(seg.resumed_from)
+        if ckpt is not None:
+            seg.resumed_write = (ckpt.line, ckpt.sha256, ckpt.epoch)
         unlogged = None
         if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
                 and prev.end_line is None and ckpt.line > prev.first_line):
             # Killed between committing the epoch's checkpoint and logging its epoch event: the
             # epoch is done (the checkpoint holds it), but the log never got its figures.
             seg.unlogged.add(ckpt.epoch)
-            unlogged = (ckpt.epoch, ckpt.line)
+            unlogged = (ckpt.epoch, f"its checkpoint (line {ckpt.line})")
+        elif (ckpt is None and seg.rank != 0 and not self.ckpt_writes and prev.end_line is None
+              and seg.start_epoch == prev.next_epoch + 1):
+            # The same window on a rank whose log holds no checkpoint lines (rank 0 commits them): its
+            # resume event must name that epoch's commit (the audit of the run directory holds the
+            # record to rank 0's log).
+            seg.commit_unseen = prev.next_epoch
         elif seg.start_epoch > prev.next_epoch and self._sat_out(seg, payload.get("world_size_before")):
             # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
             # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
-            self.bad("resume", f"resume starts at epoch {seg.start_epoch}, but the log only reached epoch "
-                     f"{prev.next_epoch}", n)
+            self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
         if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
-            self.bad("resume", f"resume from {seg.resumed_from} (epoch {ckpt.epoch}, line {ckpt.line}) must start at "
-                     f"epoch {ckpt.epoch + 1}, starts at {seg.start_epoch}", n)
+            self.bad("resume", f"resume from {seg.resumed_from} (epoch {epoch_number(ckpt.epoch)}, line {ckpt.line}) "
+                     f"must start at epoch {epoch_number(ckpt.epoch + 1)}, starts at "
+                     f"{epoch_number(seg.start_epoch)}", n)
         if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
             seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
 
     def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        torn = rec["payload"].get("torn_line_bytes")
+        payload = rec["payload"]
+        self._resumed_commit(n, payload, seg)
+        torn = payload.get("torn_line_bytes")
         self.said_unfinished(seg, (torn, n) if type(torn) is int else None)
+
+    def _resumed_commit(self, n: int, p: Mapping[str, Any], seg: Segment) -> None:
+        """The checkpoint the ``resume`` event says it loaded is the commit its ``run_start`` named."""
+        name, sha, epoch = p.get("checkpoint"), p.get("sha256"), p.get("checkpoint_epoch")
+        if seg.resumed_write is not None:
+            line, want_sha, want_epoch = seg.resumed_write
+            if sha != want_sha or epoch != want_epoch:
+                self.bad("resume", f"the resume loaded {name} with sha256 {str(sha)[:12]}... (epoch {_shown(epoch)}), "
+                         f"but line {line} committed {want_sha[:12]}... (epoch {_shown(want_epoch)})", n)
+        awaited, seg.commit_unseen = seg.commit_unseen, None
+        if awaited is None or seg.after is None:
+            return
+        if (name == seg.resumed_from and isinstance(sha, str) and epoch == awaited
+                and p.get("next_epoch") == seg.start_epoch):
+            seg.unlogged.add(awaited)
+            where = (f"rank 0's checkpoint {name} (sha256 {sha[:12]}..., as this rank's resume event at line {n} "
+                     "records; the audit of the run directory checks it against rank 0's log)")
+            seg.after = replace(seg.after, unlogged=(awaited, where))
+        else:
+            self.bad("resume", f"{_skipped(seg.start_epoch, awaited)}, and the resume event (line {n}) names "
+                     f"checkpoint {name!r} of epoch {_shown(epoch)}, not {seg.resumed_from!r} of epoch "
+                     f"{epoch_number(awaited)}", n)
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """A run that had committed nothing started over in place (from epoch 0)."""
@@ -122,8 +156,12 @@ class SegmentChecks(EndingChecks):
         u, seg.after = seg.after, None
         if u is None:
             return
+        if seg.commit_unseen is not None:  # no resume event says which commit this rank went on from
+            self.bad("resume", f"{_skipped(seg.start_epoch, seg.commit_unseen)}, and no resume event names the "
+                     "checkpoint it continued from", u.resume_line)
+            seg.commit_unseen = None
         again = "resume" if seg.resumed_from is not None else "restart"
-        where = f"phase {u.phase!r}, epoch {u.next_epoch}"
+        where = f"phase {u.phase!r}, epoch {epoch_number(u.next_epoch)}"
         if torn is not None and torn[0] > 0:
             self.warn("resume", f"the run before this {again} ended in the middle of writing a line (a kill, or a full "
                       f"disk), and the resume repaired the log: it cut off its torn line ({torn[0]} bytes), as line "
@@ -137,9 +175,9 @@ class SegmentChecks(EndingChecks):
                       f"{where}): the process was {how}", u.resume_line, Verdict.KILLED)
             ended = "was killed before it logged the epoch"
         if u.unlogged is not None:
-            epoch, line = u.unlogged
-            self.warn("resume", f"epoch {epoch} was committed by its checkpoint (line {line}), but the process "
-                      f"{ended}: its figures are not in the log", u.resume_line)
+            epoch, commit = u.unlogged
+            self.warn("resume", f"epoch {epoch_number(epoch)} was committed by {commit}, but the process {ended}: its "
+                      "figures are not in the log", u.resume_line)
 
     @staticmethod
     def _sat_out(seg: Segment, before: object) -> bool:
@@ -154,3 +192,11 @@ class SegmentChecks(EndingChecks):
                                         Path(resumed_from).parent.name == Path(path).parent.name):
                 return info
         return None
+
+
+def _skipped(start: int, reached: int) -> str:
+    return f"resume starts at epoch {epoch_number(start)}, but the log never logged epoch {epoch_number(reached)}"
+
+
+def _shown(epoch: object) -> str:
+    return str(epoch_number(epoch)) if type(epoch) is int else repr(epoch)
