@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.core.context import epoch_number
+
 __all__ = ["CheckpointWriter", "Job", "Room", "SLOTS"]
 
 SLOTS = 2  # one slot being written, one staged and waiting
@@ -75,17 +77,19 @@ class CheckpointWriter:
             waiting = self._waiting
             if waiting.best and not best:
                 if not final:
-                    return Room(None, skipped=f"the best state of epoch {waiting.epoch} is still waiting to be "
-                                              f"written behind the write of epoch {self._in_flight.epoch} (a slow "
-                                              "disk); a best state is never dropped for a newer one that is not")
+                    return Room(None, skipped=f"the best state of epoch {epoch_number(waiting.epoch)} is still "
+                                              "waiting to be written behind the write of epoch "
+                                              f"{epoch_number(self._in_flight.epoch)} (a slow disk); a best state "
+                                              "is never dropped for a newer one that is not")
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
                 return Room(1 - self._in_flight.slot) if self._in_flight is not None else Room(0)
             self._waiting = None
             return Room(waiting.slot, dropped=waiting.epoch,
-                        dropped_why=f"the state of epoch {epoch} replaced it while it waited behind the write of "
-                                    f"epoch {self._in_flight.epoch} (a slow disk: the newest state is written)")
+                        dropped_why=f"the state of epoch {epoch_number(epoch)} replaced it while it waited behind the "
+                                    f"write of epoch {epoch_number(self._in_flight.epoch)} (a slow disk: the newest "
+                                    "state is written)")
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""
@@ -164,7 +168,7 @@ class CheckpointWriter:
                 self._in_flight = None
                 self._cond.notify_all()
             if dropped is not None and self._on_dropped is not None:
-                self._on_dropped(dropped.epoch, f"the write of epoch {job.epoch} failed before it "
+                self._on_dropped(dropped.epoch, f"the write of epoch {epoch_number(job.epoch)} failed before it "
                                                 f"({type(exc).__name__}: {exc})")
             return
         with self._cond:

@@ -187,7 +187,7 @@ def test_a_slow_disk_drops_waiting_states_with_a_reason_and_never_holds_an_epoch
     assert _committed(run) == {"periodic": {0, epochs - 1}, "latest": {0, epochs - 1}}
     skips = _skips(run)
     assert sorted(skips) == list(range(1, epochs - 1))
-    assert all(f"the state of epoch {e + 1} replaced it" in why and "write of epoch 0" in why
+    assert all(f"the state of epoch {e + 2} replaced it" in why and "write of epoch 1" in why
                for e, why in skips.items())
     events = read_events(run / "events.jsonl")
     for e in skips:  # said at the epoch end that replaced it, on the training thread
@@ -198,7 +198,7 @@ def test_a_slow_disk_drops_waiting_states_with_a_reason_and_never_holds_an_epoch
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render()
     assert report.explanation.checkpoints_skipped == epochs - 2
-    # the audit checks the log explains each one: without its checkpoint_skipped, epoch 2 is a gap
+    # the audit checks the log explains each one: without its checkpoint_skipped, epoch index 2 is a gap
     lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
     cut = [ln for ln in lines if not (json.loads(ln)["event"] == "checkpoint_skipped"
                                       and json.loads(ln)["payload"]["epoch"] == 2)]
@@ -206,7 +206,7 @@ def test_a_slow_disk_drops_waiting_states_with_a_reason_and_never_holds_an_epoch
     (tmp_path / "cut.jsonl").write_text("".join(cut))
     gaps = [f for f in audit_file(tmp_path / "cut.jsonl", verify_checkpoints=False).violations
             if f.check == "coverage"]
-    assert len(gaps) == 1 and "epoch 2 has no checkpoint" in gaps[0].message, gaps
+    assert len(gaps) == 1 and "epoch 3 has no checkpoint" in gaps[0].message, gaps  # index 2, read from 1
 
 
 @pytest.mark.timeout(180)
@@ -226,8 +226,8 @@ def test_a_best_state_is_never_dropped_for_a_newer_one_that_is_not(tmp_path: Pat
     assert committed["best"] == {0, 2} and committed["latest"] == {0, 2, last}
     skips = _skips(run)
     assert sorted(skips) == [1, 3, 4]
-    assert "the state of epoch 2 replaced it" in skips[1]  # a best gives way to a newer best only
-    assert all("the best state of epoch 2 is still waiting" in skips[e] for e in (3, 4))
+    assert "the state of epoch 3 replaced it" in skips[1]  # a best gives way to a newer best only
+    assert all("the best state of epoch 3 is still waiting" in skips[e] for e in (3, 4))
     assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 2
     assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == last
     report = audit_file(run / "events.jsonl")

@@ -62,6 +62,7 @@ from pipeline.tools.audit.verdict import (
     Finding,
     SegmentInfo,
     Severity,
+    shown_epoch,
 )
 
 __all__ = [
@@ -240,13 +241,13 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             last = i == len(self.segments) - 1
             self.said_unfinished(seg, None)  # a resume that never logged its resume event
             if seg.end_line is None and last and self.went_on is not None:
-                self.warn("end", f"the log ends in phase {seg.phase!r} at epoch {seg.last_epoch_field} (line "
-                          f"{seg.last_line}) without reaching {FINAL.value!r}: the process was killed, and "
+                self.warn("end", f"the log ends in phase {seg.phase!r} in epoch {shown_epoch(seg.last_epoch_field)} "
+                          f"(line {seg.last_line}) without reaching {FINAL.value!r}: the process was killed, and "
                           f"{self.went_on}", seg.last_line)
             elif seg.end_line is None and last:
-                self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} at epoch "
-                         f"{seg.last_epoch_field} (line {seg.last_line}), {seg.epochs} epoch(s) completed, "
-                         f"without reaching {FINAL.value!r}", seg.last_line)
+                self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} in epoch "
+                         f"{shown_epoch(seg.last_epoch_field)} (line {seg.last_line}), {seg.epochs} epoch(s) "
+                         f"completed, without reaching {FINAL.value!r}", seg.last_line)
             elif seg.end_line is not None and not seg.result_seen:
                 where = self.lines if last else seg.last_line  # where the result should have been
                 self.bad("end", f"no result event after train_end (line {seg.end_line})", where)

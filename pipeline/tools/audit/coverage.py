@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.context import epoch_number
 from pipeline.tools.audit.ending import Segment
 from pipeline.tools.audit.verdict import Explanation, Finding
 
@@ -90,8 +91,8 @@ class CheckpointAccount:
         books = self._of(seg)
         books.committed.add(epoch)
         if epoch in books.skipped:
-            self._bad(f"checkpoint {path} commits epoch {epoch}, whose state line {books.skipped[epoch]} says was "
-                      "skipped (never written)", n)
+            self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {books.skipped[epoch]} "
+                      "says was skipped (never written)", n)
 
     def skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
@@ -100,8 +101,8 @@ class CheckpointAccount:
             self._bad("checkpoint_skipped needs the epoch left out (an integer) and the reason (a text)", n)
             return
         if not seg.start_epoch <= epoch <= seg.next_epoch:
-            self._bad(f"checkpoint_skipped names epoch {epoch}, which this process (epochs {seg.start_epoch} to "
-                      f"{seg.next_epoch}) did not train", n)
+            self._bad(f"checkpoint_skipped names epoch {epoch_number(epoch)}, which this process (epochs "
+                      f"{epoch_number(seg.start_epoch)} to {epoch_number(seg.next_epoch)}) did not train", n)
         self._of(seg).skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
@@ -131,8 +132,8 @@ class CheckpointAccount:
         books.restarted = True
         self.ex.restarts += 1
         if seg.start_epoch != 0:
-            self._bad(f"a restart starts the run over at epoch 0; this one starts at epoch {seg.start_epoch}", n,
-                      "resume")
+            self._bad(f"a restart starts the run over at epoch 1; this one starts at epoch "
+                      f"{epoch_number(seg.start_epoch)}", n, "resume")
         left = sorted(standing)
         if left:
             self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
@@ -158,5 +159,5 @@ class CheckpointAccount:
             if not books.expects(epoch) or (not ended and epoch > horizon):
                 continue
             if epoch not in books.committed and epoch not in books.skipped:
-                self._bad(f"epoch {epoch} has no checkpoint, and no checkpoint_skipped says why (the checkpoint "
-                          "policy this process logged saves that epoch)", lines.get(epoch), "coverage")
+                self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why (the "
+                          "checkpoint policy this process logged saves that epoch)", lines.get(epoch), "coverage")

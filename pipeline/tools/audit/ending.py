@@ -14,7 +14,7 @@ from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import ABORT, INITIAL, Phase
 from pipeline.core.stop import Evidence, StopReason
 from pipeline.tools.audit.content import number, result_mismatches
-from pipeline.tools.audit.verdict import Finding, Severity, Verdict
+from pipeline.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
 __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished"]
 
@@ -157,10 +157,10 @@ class EndingChecks:
             epoch, (line, key) = min(seg.nonfinite.items())
             won_before = stop is not None and stop.epoch is not None and stop.epoch < epoch
             if _NAN_DETECTOR in seg.callbacks and not won_before and not StopReason(reason).fault:
-                self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch} (line {line}) is not "
-                         f"finite and {_NAN_DETECTOR} was running", n)
+                self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch_number(epoch)} (line {line}) is "
+                         f"not finite and {_NAN_DETECTOR} was running", n)
             else:
-                self.warn("losses", f"{key} of epoch {epoch} (line {line}) is not finite", line)
+                self.warn("losses", f"{key} of epoch {epoch_number(epoch)} (line {line}) is not finite", line)
 
     @staticmethod
     def _missing_evidence(reason: StopReason, rec: Mapping[str, Any], seg: Segment) -> str | None:
@@ -168,13 +168,13 @@ class EndingChecks:
         stop, evidence = seg.stop, reason.evidence
         last_epoch = seg.next_epoch - 1
         if evidence is Evidence.LAST_EPOCH and seg.next_epoch < seg.max_epochs:
-            return f"only epochs up to {last_epoch} ran of max_epochs={seg.max_epochs}"
+            return f"only epochs up to {epoch_number(last_epoch)} ran of max_epochs={seg.max_epochs}"
         if evidence is Evidence.NONFINITE_LOSS:
             stop_epoch = stop.epoch if stop is not None else last_epoch
             mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
             from_other_rank = stop is not None and stop.rank is not None
             if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
-                return f"the losses of epoch {stop_epoch} are finite"
+                return f"the losses of epoch {shown_epoch(stop_epoch)} are finite"
         if evidence is Evidence.PRUNE_DECISION and seg.last_trial_report is not None:
             should, line = seg.last_trial_report
             if not should:

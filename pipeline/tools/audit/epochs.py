@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import (
     Phase,
 )
@@ -15,7 +16,7 @@ from pipeline.tools.audit.content import number, slot_checks
 from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import EndingChecks, Segment
 from pipeline.tools.audit.files import CheckpointWrite
-from pipeline.tools.audit.verdict import Explanation
+from pipeline.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["EpochChecks"]
 
@@ -47,10 +48,13 @@ class EpochChecks(EndingChecks):
             return  # already reported as a phase mismatch
         if epoch != seg.next_epoch:
             if type(epoch) is int and epoch > seg.next_epoch:
-                missing = ", ".join(str(e) for e in range(seg.next_epoch, min(epoch, seg.next_epoch + 5)))
-                self.bad("epochs", f"epoch {epoch} follows epoch {seg.next_epoch - 1}: epoch(s) {missing} missing", n)
+                shown = range(epoch_number(seg.next_epoch), epoch_number(min(epoch, seg.next_epoch + 5)))
+                missing = ", ".join(map(str, shown))
+                self.bad("epochs", f"epoch {epoch_number(epoch)} follows epoch {epoch_number(seg.next_epoch - 1)}: "
+                         f"epoch(s) {missing} missing", n)
             else:
-                self.bad("epochs", f"epoch {epoch} again or out of order (expected {seg.next_epoch})", n)
+                self.bad("epochs", f"epoch {shown_epoch(epoch)} again or out of order (expected "
+                         f"{epoch_number(seg.next_epoch)})", n)
         p = rec["payload"]
         metrics = p.get("metrics") or {}
         cur = seg.next_epoch

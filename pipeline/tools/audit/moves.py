@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import (
     ABORT,
     BATCH,
@@ -20,6 +21,7 @@ from pipeline.core.lifecycle import (
 )
 from pipeline.tools.audit.chain import ChainCheck
 from pipeline.tools.audit.ending import EndingChecks, Segment
+from pipeline.tools.audit.verdict import shown_epoch
 
 __all__ = ["PER_BATCH", "MoveChecks"]
 
@@ -67,7 +69,8 @@ class MoveChecks(EndingChecks):
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
-            self.bad("epoch", f"transition at epoch {epoch}, but the run is at epoch {seg.next_epoch}", n)
+            self.bad("epoch", f"transition in epoch {shown_epoch(epoch)}, but the run is in epoch "
+                     f"{epoch_number(seg.next_epoch)}", n)
         if rec["phase"] != dst:
             self.bad("phase", f"transition to {dst!r} says phase {rec['phase']!r}", n)
         seg.phase = dst
@@ -112,5 +115,5 @@ class MoveChecks(EndingChecks):
         state = (f"stop requested: {stop.reason} (line {stop.line}{', immediate' if stop.immediate else ''})"
                  if stop else "no stop requested")
         return (f"{move.source.value} -> {move.dest.value} ({move.trigger}) needs [{move.guard_label()}], "
-                f"which did not hold: {state}, epoch {seg.next_epoch} of max_epochs={seg.max_epochs}"
+                f"which did not hold: {state}, epoch {epoch_number(seg.next_epoch)} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")

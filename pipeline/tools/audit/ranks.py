@@ -34,11 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.consensus import log_name_for_rank
-from pipeline.core.context import epoch_number
 from pipeline.core.lifecycle import ABORT, FINAL
 from pipeline.core.stop import StopReason
 from pipeline.tools.audit.auditor import audit_file
-from pipeline.tools.audit.verdict import EXIT_OK, EXIT_VIOLATIONS, AuditReadError, AuditReport, Finding
+from pipeline.tools.audit.verdict import (
+    EXIT_OK,
+    EXIT_VIOLATIONS,
+    AuditReadError,
+    AuditReport,
+    Finding,
+    shown_epoch,
+)
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
@@ -269,8 +275,7 @@ def _resumed(seg: _Segment) -> str:
     if seg.resumed is None:
         return "no checkpoint (no resume event)"
     name, sha, epoch, _ = seg.resumed
-    shown = epoch_number(epoch) if type(epoch) is int else epoch
-    return f"{name} (sha256 {str(sha)[:12]}..., epoch {shown})"
+    return f"{name} (sha256 {str(sha)[:12]}..., epoch {shown_epoch(epoch)})"
 
 
 def _went_on_without(base: _Story, story: _Story, rank: int) -> str | None:

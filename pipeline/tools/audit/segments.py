@@ -19,7 +19,7 @@ from pipeline.core.lifecycle import (
 from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
 from pipeline.tools.audit.ending import EndingChecks, Segment, Unfinished
 from pipeline.tools.audit.files import CheckpointWrite
-from pipeline.tools.audit.verdict import Explanation, Verdict
+from pipeline.tools.audit.verdict import Explanation, Verdict, shown_epoch
 
 __all__ = ["SegmentChecks"]
 
@@ -128,8 +128,9 @@ class SegmentChecks(EndingChecks):
         if seg.resumed_write is not None:
             line, want_sha, want_epoch = seg.resumed_write
             if sha != want_sha or epoch != want_epoch:
-                self.bad("resume", f"the resume loaded {name} with sha256 {str(sha)[:12]}... (epoch {_shown(epoch)}), "
-                         f"but line {line} committed {want_sha[:12]}... (epoch {_shown(want_epoch)})", n)
+                self.bad("resume", f"the resume loaded {name} with sha256 {str(sha)[:12]}... (epoch "
+                         f"{shown_epoch(epoch)}), but line {line} committed {want_sha[:12]}... (epoch "
+                         f"{shown_epoch(want_epoch)})", n)
         awaited, seg.commit_unseen = seg.commit_unseen, None
         if awaited is None or seg.after is None:
             return
@@ -141,7 +142,7 @@ class SegmentChecks(EndingChecks):
             seg.after = replace(seg.after, unlogged=(awaited, where))
         else:
             self.bad("resume", f"{_skipped(seg.start_epoch, awaited)}, and the resume event (line {n}) names "
-                     f"checkpoint {name!r} of epoch {_shown(epoch)}, not {seg.resumed_from!r} of epoch "
+                     f"checkpoint {name!r} of epoch {shown_epoch(epoch)}, not {seg.resumed_from!r} of epoch "
                      f"{epoch_number(awaited)}", n)
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
@@ -196,7 +197,3 @@ class SegmentChecks(EndingChecks):
 
 def _skipped(start: int, reached: int) -> str:
     return f"resume starts at epoch {epoch_number(start)}, but the log never logged epoch {epoch_number(reached)}"
-
-
-def _shown(epoch: object) -> str:
-    return str(epoch_number(epoch)) if type(epoch) is int else repr(epoch)

@@ -13,6 +13,7 @@ from pipeline.core.stop import Route, StopReason
 
 __all__ = [
     "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",
+    "shown_epoch",
 ]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
@@ -261,7 +262,7 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.warning_counts:
         lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
         for w in ex.warnings[:10]:
-            lines.append(f"  line {w['line']} epoch {_shown_epoch(w['epoch'])} {w['source']}: {w['message']}")
+            lines.append(f"  line {w['line']} epoch {shown_epoch(w['epoch'])} {w['source']}: {w['message']}")
     else:
         lines.append("warnings raised: none")
     if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
@@ -274,6 +275,6 @@ def explain_lines(ex: Explanation) -> list[str]:
     return lines
 
 
-def _shown_epoch(index: object) -> str:
+def shown_epoch(index: object) -> str:
     """The log keeps the 0-based index; people read epoch numbers from 1."""
     return str(epoch_number(index)) if isinstance(index, int) else "?"
