@@ -13,7 +13,7 @@ from callbacks.nan_detection import NaNDetectionCallback
 from callbacks.optimizer_mode import OptimizerModeCallback
 from callbacks.overfit_detection import OverfitDetectionCallback
 from callbacks.progress_bar import ProgressBarCallback
-from callbacks.pruner import PrunerCallback
+from callbacks.pruner import PrunerCallback, TrialEndedElsewhere
 from callbacks.tensorboard_logging import TensorBoardLoggingCallback
 from callbacks.wandb_logging import WandbLoggingCallback
 from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
@@ -37,5 +37,6 @@ __all__ = [
     "TensorBoardLoggingCallback",
     "Tier",
     "TrainingCallback",
+    "TrialEndedElsewhere",
     "WandbLoggingCallback",
 ]

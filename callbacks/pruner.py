@@ -14,7 +14,7 @@ from pipeline.core.stop import StopReason
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback"]
+__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere"]
 
 PREDICTION_ATTR = "predicted_final_loss"
 """Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction (what the run's
@@ -23,6 +23,13 @@ PRUNED_ATTR = "pruned"
 """Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason, decided_at}``
 (``decided_at``: the decision's wall-clock time, so a report can tell which trials the pruner saw
 complete then from those that finished later)."""
+
+
+class TrialEndedElsewhere(RuntimeError):
+    """The trial was finished in the study by another process while this run trained it: a
+    heartbeat storage fails a trial whose heartbeat is older than its grace period, also under a
+    live worker that stalled. The run stops (through ``train_end``, its checkpoints kept); the
+    study's retry of the trial runs it again."""
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -59,6 +66,26 @@ class PrunerCallback(TrainingCallback):
         value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
             return
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self._report(epoch, value)
+        except UpdateFinishedTrialError as exc:
+            raise TrialEndedElsewhere(self._ended_why(epoch)) from exc
+
+    def _ended_why(self, epoch: EpochContext) -> str:
+        number = getattr(self.trial, "number", None)
+        try:
+            frozen = self.trial.study._storage.get_trial(self.trial._trial_id)
+            state = frozen.state.name
+        except Exception:  # the storage itself is unreachable: say what is known
+            state = "finished"
+        return (f"trial {number} is already finished in the study ({state}): another process ended it while this "
+                "one trained it (a heartbeat storage fails a trial whose last heartbeat is older than the grace "
+                f"period), so epoch {epoch.number} cannot be reported; the run stops here, and the study's retry of "
+                "the trial runs it again from this run's last checkpoint")
+
+    def _report(self, epoch: EpochContext, value: float) -> None:
         prediction = epoch.get(LOSS_PREDICTION)
         if prediction is not None:
             self._set_attr(PREDICTION_ATTR, {"epoch": epoch.index, "value": _finite_or_none(prediction.predicted_loss),

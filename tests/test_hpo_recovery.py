@@ -208,6 +208,36 @@ def test_a_killed_sqlite_study_is_retried_at_once_and_counts_the_retry(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_trial_failed_under_its_live_worker_stops_its_run_and_the_worker_goes_on(tmp_path: Path) -> None:
+    """Left open at the last stop: a heartbeat storage fails a trial whose heartbeat is older than the
+    grace period, also under a live worker that stalled; that worker then died on Optuna's "Cannot
+    tell a FAIL trial" (or a report to the finished trial raised in the run). Here the trial is failed
+    as ``fail_stale_trials`` does it, from inside its own run (state FAIL, then the storage's stale
+    callback, which enqueues the retry), before its second epoch's report."""
+    extra = [{"target": "tests.hpo_callbacks.FailedElsewhere", "kwargs": {"trial": 0, "epoch": 1}}]
+    cfg = study_config(tmp_path, {"n_trials": 3, **SEEDED}, epochs=4, early_stopping={"enabled": False},
+                       callbacks={"extra": extra})
+    url = f"sqlite:///{tmp_path / 'runs' / 'quickstart' / 's' / 'study.db'}"
+    done = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "hpo.log")
+    assert done.wait(timeout=240) == 0, (tmp_path / "hpo.log").read_text()
+    log = (tmp_path / "hpo.log").read_text()
+    assert "Traceback" not in log and "Cannot tell" not in log, log
+    study = load(url)
+    lost = study.trials[0]
+    assert lost.state is TrialState.FAIL
+    retry = _resumed(study, 0)  # the retry resumed the stopped run from its checkpoint, and completed
+    assert (f"trial 0 was ended (FAIL) by another process while this worker ran it; the study's retry of it, "
+            f"trial {retry.number}, runs it again") in log, log
+    events = [json.loads(line) for line in (Path(lost.user_attrs["run_dirs"]["0"]) / "events.jsonl").open()]
+    (first_end,) = [e for e in events if e["event"] == "transition" and e["to"] == "train_end"][:1]
+    assert first_end["payload"]["reason"] == "error" and first_end["epoch"] == 1
+    assert "trial 0 is already finished in the study (FAIL)" in first_end["payload"]["message"]
+    # --n-trials 3: the trial stopped under the worker, its retry, one more; the worker went on to both
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_trials_stopped_by_ctrl_c_are_retried_and_resume_when_the_study_runs_again(workers: int,

@@ -227,7 +227,36 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
             reclaim_gone()
             _say_owed(study)
             return
-        study.optimize(objective, n_trials=1, catch=(Exception,))
+        taken: list[int] = []
+        try:
+            study.optimize(partial(_taking, objective, taken), n_trials=1, catch=(Exception,))
+        except Exception:
+            why = ended_elsewhere(study, taken)
+            if why is None:
+                raise
+            print(why, file=sys.stderr, flush=True)
+
+
+def _taking(objective: Callable[[Any], float], taken: list[int], trial: Any) -> float:
+    taken.append(trial._trial_id)
+    return objective(trial)
+
+
+def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
+    """Why Optuna could not tell the trial this worker ran, when another process had already
+    finished it (a heartbeat storage fails a trial whose heartbeat is older than the grace period,
+    also under a live worker that stalled); None when that is not why."""
+    if not taken:
+        return None
+    frozen = study._storage.get_trial(taken[-1])
+    if not frozen.state.is_finished():
+        return None
+    retries = [t.number for t in study.get_trials(deepcopy=False)  # Optuna's retry names the trials it follows
+               if (t.system_attrs.get("retry_history") or [None])[-1] == frozen.number]
+    then = (f"the study's retry of it, trial {retries[0]}, runs it again" if retries else
+            "the study enqueued no retry of it (its max_retry is used up)")
+    return (f"trial {frozen.number} was ended ({frozen.state.name}) by another process while this worker ran it; "
+            f"{then}; its run keeps what it trained (its log says where it stopped); this worker goes on")
 
 
 def _say_owed(study: optuna.study.Study) -> None:

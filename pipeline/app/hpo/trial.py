@@ -19,6 +19,7 @@ Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event ca
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import traceback
@@ -156,7 +157,9 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     except optuna.TrialPruned:
         raise
     except Exception as exc:
-        trial.set_user_attr(ERROR_ATTR, _one_line(exc) if not isinstance(exc, ConfigError) else
-                            " ".join(str(exc).split())[:500])
-        trial.set_user_attr(TRACEBACK_ATTR, "".join(traceback.format_exception(exc)))
+        # A trial another process already finished takes no more attributes: the worker says why it ended.
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            trial.set_user_attr(ERROR_ATTR, _one_line(exc) if not isinstance(exc, ConfigError) else
+                                " ".join(str(exc).split())[:500])
+            trial.set_user_attr(TRACEBACK_ATTR, "".join(traceback.format_exception(exc)))
         raise

@@ -1,0 +1,33 @@
+"""Callbacks the HPO tests put into real trials (through ``callbacks.extra``)."""
+
+from __future__ import annotations
+
+from pipeline.core.context import EpochContext
+from pipeline.core.hooks import TrainingCallback
+
+
+class FailedElsewhere(TrainingCallback):
+    """At the end of validation of epoch index ``epoch`` of trial ``trial`` (before the pruner
+    reports it): the trial is failed under this live worker, as another worker's
+    ``fail_stale_trials`` does to a trial whose heartbeat is late beyond the grace period: state
+    FAIL, then the storage's heartbeat-stale callback (the retry)."""
+
+    priority = 80  # before PrunerCallback (85) in on_val_end
+
+    def __init__(self, trial: int = 0, epoch: int = 1) -> None:
+        self.trial, self.epoch = trial, epoch
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        from optuna.trial import TrialState
+
+        pruner = next((cb for cb in epoch.run.callbacks if type(cb).__name__ == "PrunerCallback"), None)
+        if pruner is None or epoch.index != self.epoch:
+            return
+        trial = pruner.trial
+        if trial.number != self.trial:
+            return
+        storage = trial.study._storage
+        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            retry = storage.get_heartbeat_stale_trial_callback()
+            if retry is not None:
+                retry(trial.study, storage.get_trial(trial._trial_id))
