@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import TrainingCallback
 
@@ -14,8 +16,8 @@ class FailedElsewhere(TrainingCallback):
 
     priority = 80  # before PrunerCallback (85) in on_val_end
 
-    def __init__(self, trial: int = 0, epoch: int = 1) -> None:
-        self.trial, self.epoch = trial, epoch
+    def __init__(self, trial: int = 0, epoch: int = 1, stall: float = 0.0) -> None:
+        self.trial, self.epoch, self.stall = trial, epoch, stall  # stall: the worker goes on stalling after
 
     def on_val_end(self, epoch: EpochContext) -> None:
         from optuna.trial import TrialState
@@ -31,3 +33,4 @@ class FailedElsewhere(TrainingCallback):
             retry = storage.get_heartbeat_stale_trial_callback()
             if retry is not None:
                 retry(trial.study, storage.get_trial(trial._trial_id))
+        time.sleep(self.stall)

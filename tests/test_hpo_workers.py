@@ -86,6 +86,35 @@ def test_two_processes_on_postgresql(pg: Postgres, tmp_path: Path) -> None:
     assert "heartbeats on" in (tmp_path / "w0.log").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_retry_waits_for_the_stalled_worker_to_let_its_run_go(pg: Postgres, tmp_path: Path) -> None:
+    """A trial failed under a worker that stalled (the heartbeat's stale check): the other process
+    takes the retry while the stalled one still runs in the trial's run dir. The retry waits for the
+    run to stop and be let go, then resumes it (before: it failed at once on the run dir's lock, and
+    those parameters were never run again)."""
+    url = new_database(pg, "stalled")
+    extra = [{"target": "tests.hpo_callbacks.FailedElsewhere", "kwargs": {"trial": 0, "epoch": 1, "stall": 10.0}}]
+    cfg = study_config(tmp_path, {"n_trials": 2, "storage": url, "sampler": "RandomSampler", "pruner": "NopPruner"},
+                       epochs=4, early_stopping={"enabled": False}, callbacks={"extra": extra})
+    procs = [popen("hpo", cfg, cwd=tmp_path, log=tmp_path / f"w{i}.log") for i in range(2)]
+    for i, proc in enumerate(procs):
+        assert proc.wait(timeout=200) == 0, (tmp_path / f"w{i}.log").read_text()
+    study = load(url)
+    _check_all_finished(study, 4)
+    lost = study.trials[0]
+    (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == 0]
+    assert lost.state is TrialState.FAIL and retry.state is TrialState.COMPLETE, retry.user_attrs
+    assert retry.user_attrs["resume"]["resumed"] is True and retry.user_attrs["run_dirs"] == lost.user_attrs["run_dirs"]
+    waited = [i for i, proc in enumerate(procs) if proc.pid == retry.user_attrs["worker"]["pid"]]
+    assert waited and waited != [i for i, proc in enumerate(procs) if proc.pid == lost.user_attrs["worker"]["pid"]]
+    log = (tmp_path / f"w{waited[0]}.log").read_text()
+    old = lost.user_attrs["run_dirs"]["0"]
+    assert f"trial {retry.number}: {old} is still in use by the process the trial it retries was failed under" in log
+    assert f"trial {retry.number}: {old} was let go; resuming there" in log
+    _check_audited(retry)
+
+
 @pytest.mark.timeout(120)
 def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
         pg: Postgres, capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,7 +33,7 @@ from pipeline.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
     "LOCK_FILE", "PRESTART_FILES", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free",
-    "run_started",
+    "in_use", "run_started",
 ]
 
 LOCK_FILE = ".lock"
@@ -253,6 +253,22 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
         claim = _lock(candidate)
         claim.made, claim.created = made, True
         return claim
+
+
+def in_use(path: str | Path) -> bool:
+    """A live process holds ``path``'s claim now. The probe takes a shared lock for an instant: only
+    for a folder no one else is about to claim (a retry waiting for the run it continues)."""
+    try:
+        fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False  # no .lock: every claim removes it as it lets go
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+    return False
 
 
 def claim_existing(path: str | Path) -> RunDirClaim:

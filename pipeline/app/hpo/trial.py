@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import sys
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
 from pipeline.app.hpo.recovery import LOST_ATTR, worker_identity
 from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
+from pipeline.app.rundir import in_use
 from pipeline.core.events import jsonable
 from pipeline.core.stop import StopReason
 
@@ -48,6 +51,7 @@ ERROR_ATTR = "error"
 TRACEBACK_ATTR = "traceback"
 RESUME_ATTR = "resume"
 """On a retried trial: what happened to the run dirs of the trial it retries."""
+LOCK_WAIT_S = 600.0  # a retry waits this long for the run it continues to be let go
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
     old = previous.get(seed)
     if old is None or not (old / "events.jsonl").is_file():
         return None
+    if not _let_go(trial, old):
+        trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": False,
+                                          "why": f"still in use by another process after {LOCK_WAIT_S:.0f} s"})
+        return None
     try:
         found = find_resumption(old)
     except ResumeError as exc:
@@ -107,6 +115,24 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
     trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": True,
                                       "from_checkpoint": found.shown, "next_epoch": found.next_epoch})
     return old
+
+
+def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
+    """Wait until no live process holds ``old``: a trial failed under a worker that had stalled past
+    the heartbeat's grace period is still running there until its next report stops it."""
+    if not in_use(old):
+        return True
+    print(f"trial {trial.number}: {old} is still in use by the process the trial it retries was failed under; "
+          f"waiting for that run to stop (at most {LOCK_WAIT_S:.0f} s)", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if not in_use(old):
+            print(f"trial {trial.number}: {old} was let go; resuming there", file=sys.stderr, flush=True)
+            return True
+    print(f"trial {trial.number}: {old} is still in use after {LOCK_WAIT_S:.0f} s; this retry starts over in its own "
+          "run dir", file=sys.stderr, flush=True)
+    return False
 
 
 def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
