@@ -95,13 +95,15 @@ def test_a_retry_waits_for_the_stalled_worker_to_let_its_run_go(pg: Postgres, tm
     those parameters were never run again)."""
     url = new_database(pg, "stalled")
     extra = [{"target": "tests.hpo_callbacks.FailedElsewhere", "kwargs": {"trial": 0, "epoch": 1, "stall": 10.0}}]
-    cfg = study_config(tmp_path, {"n_trials": 2, "storage": url, "sampler": "RandomSampler", "pruner": "NopPruner"},
+    # Three trials a process: the other one asks again within the stall whether or not its second
+    # trial began before the failure (with two, it could be done before the retry existed).
+    cfg = study_config(tmp_path, {"n_trials": 3, "storage": url, "sampler": "RandomSampler", "pruner": "NopPruner"},
                        epochs=4, early_stopping={"enabled": False}, callbacks={"extra": extra})
     procs = [popen("hpo", cfg, cwd=tmp_path, log=tmp_path / f"w{i}.log") for i in range(2)]
     for i, proc in enumerate(procs):
         assert proc.wait(timeout=200) == 0, (tmp_path / f"w{i}.log").read_text()
     study = load(url)
-    _check_all_finished(study, 4)
+    _check_all_finished(study, 6)
     lost = study.trials[0]
     (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == 0]
     assert lost.state is TrialState.FAIL and retry.state is TrialState.COMPLETE, retry.user_attrs
