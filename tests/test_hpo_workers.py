@@ -254,7 +254,11 @@ def test_a_killed_local_worker_is_failed_retried_and_replaced(tmp_path: Path) ->
     def running() -> tuple[int, int] | None:
         if not path.exists():
             return None
-        for t in load(journal(path)).get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        try:
+            trials = load(journal(path)).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        except KeyError:  # the journal file is there, the study not yet (found in a full run: KeyError)
+            return None
+        for t in trials:
             if len(t.intermediate_values) >= 2 and "worker" in t.user_attrs:
                 return t.number, t.user_attrs["worker"]["pid"]
         return None
