@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
-from pipeline.core.context import EpochContext
+from pipeline.core.context import EpochContext, RunContext
 from pipeline.core.hooks import TrainingCallback
 
 
@@ -34,3 +36,31 @@ class FailedElsewhere(TrainingCallback):
             if retry is not None:
                 retry(trial.study, storage.get_trial(trial._trial_id))
         time.sleep(self.stall)
+
+
+class SignalAtTheEnd(TrainingCallback):
+    """In the teardown of trial ``trial``'s run, once its result is decided: SIGINT to this process's
+    group, as a terminal's Ctrl-C (the command must lead a group of its own), landing after the run
+    completed and before its worker told the study."""
+
+    priority = 1000  # after every other callback's on_train_end
+
+    def __init__(self, trial: int = 0) -> None:
+        self.trial = trial
+
+    def on_train_end(self, run: RunContext) -> None:
+        hpo = run.extras.get("hpo") or {}
+        if hpo.get("trial") == self.trial:
+            os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+class SlowEpochs(TrainingCallback):
+    """Each epoch takes ``seconds`` longer: a trial a test catches running (two epochs reported) is
+    still running when its signal lands, however busy the machine (found in CI: a 40-epoch trial of
+    1.7 s had ended before the test's Ctrl-C reached it)."""
+
+    def __init__(self, seconds: float = 0.1) -> None:
+        self.seconds = seconds
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        time.sleep(self.seconds)

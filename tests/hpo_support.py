@@ -59,10 +59,13 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def popen(*args: str | Path, cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+def popen(*args: str | Path, cwd: Path, log: Path, session: bool = False) -> subprocess.Popen[bytes]:
+    """``fsmtrain`` in the background; ``session``: in a process group of its own, which a signal to
+    the group (a terminal's Ctrl-C) reaches whole, and nothing of the test's."""
     fh = open(log, "wb")  # noqa: SIM115 - the child owns it
     return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env(),
-                            stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
+                            stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_default_sigint,
+                            start_new_session=session)
 
 
 def load(storage: str | optuna.storages.BaseStorage, study: str = "s") -> optuna.study.Study:

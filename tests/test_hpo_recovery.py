@@ -32,7 +32,9 @@ from pipeline.app.hpo.seeds import claim_sampler_seed, seeds_used
 from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from pipeline.tools.audit import audit_file
 
-MID_TRIALS = {"epochs": 20, "early_stopping": {"enabled": False}}  # long enough to be caught running
+# long enough to be caught running: at least 1 s, on any machine
+MID_TRIALS = {"epochs": 20, "early_stopping": {"enabled": False},
+              "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.05}}]}}
 SEEDED = {"sampler": "RandomSampler", "sampler_config": {"seed": 0}, "pruner": "NopPruner"}  # a retry runs to its end
 
 

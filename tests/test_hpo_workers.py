@@ -21,7 +21,9 @@ from system_parts import POSTGRES, go_without, require
 
 from pipeline.tools.audit import audit_file
 
-SLOW_TRIALS = {"epochs": 40, "early_stopping": {"enabled": False}}  # a trial long enough to be caught running
+# a trial long enough to be caught running: at least 4 s, on any machine
+SLOW_TRIALS = {"epochs": 40, "early_stopping": {"enabled": False},
+               "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.1}}]}}
 
 
 @pytest.fixture(scope="session")
@@ -313,6 +315,43 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
         report = audit_file(log)
         assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
     assert "interrupted: study s" in (tmp_path / "hpo.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_after_a_trials_run_ended_keeps_its_result_and_stops_the_study(workers: int, tmp_path: Path) -> None:
+    """Found in CI: a Ctrl-C that came once trial 0's run had completed (in its teardown, or before
+    the worker told the study) FAILed the trial as interrupted and lost, though its run had ended
+    for its own reason and its log said so; the next `hpo` would train it again. The Ctrl-C here
+    comes from the run's own last ``on_train_end``, to the process group as a terminal sends it."""
+    extra = [{"target": "tests.hpo_callbacks.SignalAtTheEnd", "kwargs": {"trial": 0}}]
+    cfg = study_config(tmp_path, {"n_trials": 6, "sampler": "RandomSampler"}, epochs=4,
+                       early_stopping={"enabled": False}, callbacks={"extra": extra})
+    parent = popen("hpo", cfg, "--workers", str(workers), cwd=tmp_path, log=tmp_path / "hpo.log", session=True)
+    code = parent.wait(timeout=200)
+    log = (tmp_path / "hpo.log").read_text()
+    assert code == 130, f"exit {code}: {log}"
+    assert "Traceback" not in log, log
+    assert "trial 0: SIGINT came after the run of seed 0 had ended (completed): the run counts; no further trial " \
+           "starts" in log, log
+    folder = tmp_path / "runs" / "quickstart" / "s"
+    study = load(journal(folder / "study.journal") if workers > 1 else f"sqlite:///{folder / 'study.db'}")
+    first = study.trials[0]
+    run_dir = Path(first.user_attrs["run_dirs"]["0"])
+    report = audit_file(run_dir / "events.jsonl")
+    assert report.ok() and report.explanation.stop_reason == "completed", report.render()
+    (result,) = [json.loads(line) for line in (run_dir / "events.jsonl").open() if '"event":"result"' in line]
+    assert first.state is TrialState.COMPLETE and first.value == result["payload"]["objective"], first
+    assert "error" not in first.user_attrs and "lost" not in first.user_attrs
+    if workers == 1:
+        assert len(study.trials) == 1  # nothing started after it
+    for other in study.trials[1:]:  # the other worker's trial: stopped in its run, or ended before the signal
+        assert other.state in (TrialState.FAIL, TrialState.COMPLETE), other
+        if other.state is TrialState.FAIL:
+            assert other.user_attrs["error"] == "interrupted (Ctrl-C)", other.user_attrs
+    assert len(study.trials) < 6
+    assert "interrupted: study s" in log
 
 
 def _open_at_once(url: str, barrier: Any, results: Any) -> None:

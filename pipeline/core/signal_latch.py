@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from pipeline.core.engine import Interrupted
 
-__all__ = ["HANDLED", "SignalLatch", "install", "installed", "uninstall"]
+__all__ = ["HANDLED", "SignalLatch", "install", "installed", "latched", "uninstall"]
 
 HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 
@@ -139,6 +139,21 @@ def install() -> SignalLatch | None:
         latch._previous[sig] = signal.signal(sig, latch._handle)
     _installed = latch
     return latch
+
+
+@contextlib.contextmanager
+def latched() -> Iterator[SignalLatch | None]:
+    """The process's latch for the block: the one its command installed (kept after the block), or
+    one installed for the block and given back after it (None off the main thread)."""
+    if _installed is not None:
+        yield _installed
+        return
+    latch = install()
+    try:
+        yield latch
+    finally:
+        if latch is not None:
+            uninstall()
 
 
 def installed() -> SignalLatch | None:

@@ -1,8 +1,8 @@
 """``fsmtrain hpo``: run the Optuna study a config's ``optimize:`` section describes.
 
 This module only adds the subcommand: it imports nothing heavy, so building the ``fsmtrain``
-parser stays cheap; the study machinery (``hpo_study``, ``hpo_trial``, ``study_storage``,
-``hpo_monitor``, ``hpo_pruner``) is imported when the command runs.
+parser stays cheap; the study machinery (``study``, ``worker``, ``trial``, ``storage``, ``monitor``,
+``pruner``) is imported when the command runs.
 """
 
 from __future__ import annotations

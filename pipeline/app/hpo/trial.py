@@ -9,9 +9,11 @@ Semantics (DESIGN.md section 8):
 - the first seed reports each epoch to the trial (pruning); a pruned run ends through
   ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
 - an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
-  goes on); Ctrl-C FAILs it too, as lost, and stops the study: the next ``fsmtrain hpo`` on the
-  study retries it with its parameters, each seed resuming from its checkpoint
-  (:mod:`pipeline.app.hpo.recovery`).
+  goes on); a signal (Ctrl-C, SIGTERM) in a run, or between two seeds, FAILs it too, as lost, and
+  stops the study: the next ``fsmtrain hpo`` on the study retries it with its parameters, each seed
+  resuming from its checkpoint (:mod:`pipeline.app.hpo.recovery`); one that comes once the last
+  seed's run had ended for its own reason leaves the trial its outcome and still stops the study
+  (:mod:`pipeline.app.hpo.worker`).
 
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
 ``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import statistics
 import sys
 import time
@@ -34,11 +37,15 @@ from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from
 from pipeline.app.hpo.recovery import LOST_ATTR, worker_identity
 from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
 from pipeline.app.rundir import in_use
+from pipeline.core.engine import Interrupted
 from pipeline.core.events import jsonable
+from pipeline.core.signal_latch import installed
 from pipeline.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna
+
+    from pipeline.app.job import SeedRun
 
 __all__ = [
     "ERROR_ATTR", "RESUME_ATTR", "SEEDS_ATTR", "TRACEBACK_ATTR", "TrialPlan", "run_trial", "suggest",
@@ -127,6 +134,7 @@ def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
     deadline = time.monotonic() + LOCK_WAIT_S
     while time.monotonic() < deadline:
         time.sleep(0.5)
+        _stop_if_signalled()
         if not in_use(old):
             print(f"trial {trial.number}: {old} was let go; resuming there", file=sys.stderr, flush=True)
             return True
@@ -152,6 +160,7 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
         cfg = trial_config(plan, params)
         hpo = {"study": plan.study, "trial": trial.number, "params": params, "retry_of": retry_of}
         for index, seed in enumerate(plan.seeds):
+            _stop_if_signalled()  # a signal after an earlier seed's run ended: the trial is lost, not run on
             resume_from = _resume_dir(trial, previous, seed)
             run_dir = resume_from or trial_run_dir(plan, trial.number, seed)
             run_dirs[str(seed)] = str(run_dir.absolute())
@@ -159,11 +168,9 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
             run = train_seed(cfg, seed, run_dir, trial=trial if index == 0 else None, extras={"hpo": hpo},
                              resume=resume_from is not None)
             result = run.result
-            if isinstance(run.error, KeyboardInterrupt) or (
-                    result is not None and result.stop_reason is StopReason.INTERRUPTED):
-                raise KeyboardInterrupt
-            if run.error is not None:
-                raise run.error
+            error = _error_of(trial, run)
+            if error is not None:
+                raise error
             assert result is not None
             if result.stop_reason is StopReason.PRUNED:
                 objectives[str(seed)] = result.objective
@@ -176,9 +183,10 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
             objectives[str(seed)] = result.objective
         trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
         return statistics.fmean(objectives.values())
-    except KeyboardInterrupt:
-        trial.set_user_attr(ERROR_ATTR, "interrupted (Ctrl-C)")
-        trial.set_user_attr(LOST_ATTR, {"trial": trial.number, "why": "interrupted (Ctrl-C)"})  # retried next run
+    except KeyboardInterrupt as exc:
+        why = _interrupted(exc)
+        trial.set_user_attr(ERROR_ATTR, why)
+        trial.set_user_attr(LOST_ATTR, {"trial": trial.number, "why": why})  # retried next run
         raise
     except optuna.TrialPruned:
         raise
@@ -189,3 +197,29 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
                                 " ".join(str(exc).split())[:500])
             trial.set_user_attr(TRACEBACK_ATTR, "".join(traceback.format_exception(exc)))
         raise
+
+
+def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
+    """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal
+    stopped, and nothing for a signal that came once the run had ended for its own reason, under
+    the worker's latch (the trial keeps the run's outcome; the worker starts no further trial)."""
+    result = run.result
+    if result is not None and result.stop_reason is StopReason.INTERRUPTED:
+        return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()
+    latch = installed()
+    if isinstance(run.error, KeyboardInterrupt) and result is not None and latch is not None and latch.signum:
+        print(f"trial {trial.number}: {latch.name} came after the run of seed {run.seed} had ended "
+              f"({result.stop_reason.value}): the run counts; no further trial starts", file=sys.stderr, flush=True)
+        return None
+    return run.error
+
+
+def _stop_if_signalled() -> None:
+    latch = installed()
+    if latch is not None:
+        latch.raise_if_signalled()
+
+
+def _interrupted(exc: KeyboardInterrupt) -> str:
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    return "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"interrupted ({signal.Signals(signum).name})"

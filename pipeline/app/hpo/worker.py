@@ -1,0 +1,210 @@
+"""One worker of a study: one trial a ticket, until the tickets or the time run out.
+
+A worker latches SIGINT and SIGTERM (:mod:`pipeline.core.signal_latch`) for as long as it runs
+trials, so a signal never lands in the middle of a storage write or of telling Optuna a trial's
+outcome. Where it lands decides what it stops:
+
+- in a run: the run ends INTERRUPTED through ``train_end``, and its trial FAILs as lost (the next
+  ``fsmtrain hpo`` on the study retries it, resuming from its checkpoints);
+- once the trial's last run had ended for its own reason: the trial keeps its outcome (COMPLETE,
+  PRUNED), and no further trial starts;
+- between trials: no further trial starts.
+
+Either way the worker then raises :class:`~pipeline.core.engine.Interrupted` (a
+``KeyboardInterrupt``): the command ends with 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipeline.app.config import build_pruner, build_sampler
+from pipeline.app.hpo.plan import StudyPlan
+from pipeline.app.hpo.recovery import reclaim, worker_identity
+from pipeline.app.hpo.seeds import claim_sampler_seed
+from pipeline.app.hpo.storage import open_storage
+from pipeline.app.hpo.trial import run_trial
+from pipeline.core.signal_latch import latched
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["INTERRUPTED", "LocalTickets", "SharedTickets", "Tickets", "ended_elsewhere", "quiet_optuna", "work",
+           "worker_main"]
+
+INTERRUPTED = 130
+
+
+class Tickets(Protocol):
+    def take(self) -> bool: ...
+
+
+class LocalTickets:
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+class SharedTickets:
+    """A count shared by the worker processes of one command (a ``multiprocessing.Value``)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def take(self) -> bool:
+        with self.value.get_lock():
+            if self.value.value <= 0:
+                return False
+            self.value.value -= 1
+            return True
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
+
+
+def quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
+    # A retry resumes its run from the last checkpoint: an epoch the lost run had reported after
+    # that checkpoint is reported again, and Optuna keeps the value it has. Nothing to warn about.
+    warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
+
+
+def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
+    import optuna
+
+    storage = open_storage(plan.storage, plan.heartbeat)
+    seed = None
+    configured = plan.optimize.sampler_config.get("seed")
+    if type(configured) is int:  # a seed no earlier worker of the study took (a replacement gets a new one)
+        seed = claim_sampler_seed(storage, plan.trial.study, configured, worker=index, launch=plan.trial.launch,
+                                  prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch),
+                                  say=lambda line: print(line, file=sys.stderr, flush=True))
+    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials, seed=seed)
+    return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
+                             pruner=build_pruner(plan.optimize))
+
+
+def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
+    """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
+    the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
+    trials running elsewhere, whose retries it may still have to run. A latched signal raises
+    :class:`~pipeline.core.engine.Interrupted` before the next trial (see the module docstring)."""
+    with latched() as latch:
+        stop_here = latch.raise_if_signalled if latch is not None else _go_on
+        _run_trials(plan, tickets, index, stop_here)
+        stop_here()  # a signal after the last trial ended: the command still ends interrupted
+
+
+def _go_on() -> None:
+    """Off the main thread no latch is installed, and the process's own handlers stay."""
+
+
+def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    quiet_optuna()
+    study = _load(plan, index)
+    objective = partial(run_trial, plan=plan.trial)
+    sampler = study.sampler
+    exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
+        if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
+    beating, waited = plan.heartbeat is not None, False
+    pause, grace = 1.0, 0
+    if plan.heartbeat is not None:
+        pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
+        grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
+    def reclaim_gone() -> None:  # a trial whose process died on this host: failed and retried at once
+        # (a sibling worker of this command is its parent's to fail and retry, which says so)
+        launch = plan.trial.launch if plan.workers > 1 else None
+        for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
+            print(line, file=sys.stderr, flush=True)
+
+    while not _past(plan.deadline):
+        stop_here()
+        reclaim_gone()
+        if exhausted():
+            if beating:
+                for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
+                    print(line, file=sys.stderr, flush=True)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    optuna.storages.fail_stale_trials(study)
+            states = Counter(t.state for t in study.get_trials(deepcopy=False))
+            if not states[TrialState.WAITING]:
+                if not (beating and states[TrialState.RUNNING]):
+                    return
+                if not waited:
+                    print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
+                          f"(grace period {grace} s)", file=sys.stderr, flush=True)
+                    waited = True
+                time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
+                continue
+        if not tickets.take():
+            reclaim_gone()
+            _say_owed(study)
+            return
+        taken: list[int] = []
+        try:
+            study.optimize(partial(_taking, objective, taken), n_trials=1, catch=(Exception,))
+        except Exception:
+            why = ended_elsewhere(study, taken)
+            if why is None:
+                raise
+            print(why, file=sys.stderr, flush=True)
+
+
+def _taking(objective: Callable[[Any], float], taken: list[int], trial: Any) -> float:
+    taken.append(trial._trial_id)
+    return objective(trial)
+
+
+def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
+    """Why Optuna could not tell the trial this worker ran, when another process had already
+    finished it (a heartbeat storage fails a trial whose heartbeat is older than the grace period,
+    also under a live worker that stalled); None when that is not why."""
+    if not taken:
+        return None
+    frozen = study._storage.get_trial(taken[-1])
+    if not frozen.state.is_finished():
+        return None
+    retries = [t.number for t in study.get_trials(deepcopy=False)  # Optuna's retry names the trials it follows
+               if (t.system_attrs.get("retry_history") or [None])[-1] == frozen.number]
+    then = (f"the study's retry of it, trial {retries[0]}, runs it again" if retries else
+            "the study enqueued no retry of it (its max_retry is used up)")
+    return (f"trial {frozen.number} was ended ({frozen.state.name}) by another process while this worker ran it; "
+            f"{then}; its run keeps what it trained (its log says where it stopped); this worker goes on")
+
+
+def _say_owed(study: optuna.study.Study) -> None:
+    """A worker with no trial left says which retries it leaves waiting for the next worker."""
+    from optuna.trial import TrialState
+
+    waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    if waiting:
+        print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this command has "
+              "run its --n-trials; `fsmtrain hpo` again on the study runs them", file=sys.stderr, flush=True)
+
+
+def worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
+    try:
+        work(plan, SharedTickets(shared), index)
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED)
+
