@@ -4,9 +4,13 @@ local callback instance serves one Trainer only (issue 24)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from pipeline import (
     register_global_callback,
 )
 from pipeline.core.context import EpochContext, Slot
-from pipeline.core.hooks import CallbackBoundError
+from pipeline.core.hooks import CallbackBoundError, bind_callbacks, unbind_callbacks
 from pipeline.core.registry import global_callbacks
 
 
@@ -93,6 +97,100 @@ def test_threads_register_remove_and_list_concurrently_without_errors() -> None:
     assert errors == []
 
 
+def _build_runners_while(work: Callable[[threading.Event], None], readers: int = 4) -> list[str]:
+    """Threads build runners (``CallbackRunner([])``, the run's view of the registry, as a Trainer
+    builds it) for as long as ``work`` runs in another, switching threads far more often than the
+    default 5 ms; the full traceback of whatever any of them raised. ``work`` gets an event set on
+    the first failure, to stop early."""
+    errors: list[str] = []
+    done, failed = threading.Event(), threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                CallbackRunner([])
+        except BaseException:
+            errors.append(traceback.format_exc())
+            failed.set()
+
+    def write() -> None:
+        try:
+            work(failed)
+        except BaseException:
+            errors.append(traceback.format_exc())
+        finally:
+            done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=read) for _ in range(readers)] + [threading.Thread(target=write)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+def _register_and_remove(callback: TrainingCallback, failed: threading.Event) -> None:
+    register_global_callback(callback).remove()
+
+
+@pytest.mark.timeout(120)
+def test_runners_built_while_a_callback_class_is_first_copied_check_it_without_errors() -> None:
+    """Found in a full run of the test above: RuntimeError('dictionary changed size during iteration')
+    in a runner's check of its callbacks (checks._own_on_names walking ``vars(Plain)``). The first deep
+    copy of an instance of a class makes Python store ``__slotnames__`` in the class's ``__dict__``
+    (copyreg), here registering an instance, while another thread's runner walked that dict. The test
+    above races that once per process (one class, copied once); here each round has a new class, with
+    many attributes so the walk is long (the old walk failed within a quarter second, in 129 of 7663
+    rounds of a plain class)."""
+    deadline = time.monotonic() + 3
+    rounds = 0
+    while time.monotonic() < deadline:
+        rounds += 1
+        wide = type("Wide", (Plain,), {f"attr_{i}": i for i in range(200)})
+        with register_global_callback(wide):  # so the runners hold a Wide: they walk vars(Wide)
+            errors = _build_runners_while(functools.partial(_register_and_remove, wide()))  # its first copy
+        assert errors == [], f"round {rounds}:\n" + "\n".join(errors)
+
+
+class _Wide(Plain):
+    """A callback instance with many attributes: a deep copy of it walks them for a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i in range(200):
+            setattr(self, f"attr_{i}", i)
+
+
+@pytest.mark.timeout(120)
+def test_runners_built_while_registered_instances_change_copy_them_without_errors() -> None:
+    """Found while tracing the one above: a registered instance changes after registration (``with cb:``
+    sets its handle on it; a Trainer given it as a local callback binds it, and unbinds it if its
+    construction fails), while a runner built in another thread deep-copied that instance itself and
+    failed: GlobalRegistrationError('_Wide cannot be copied for each run (RuntimeError: dictionary
+    changed size during iteration)'), within 0.3 s. A run now copies the registry's own copy of the
+    instance, taken at registration, which nothing else holds."""
+    deadline = time.monotonic() + 3
+    blocks = 0
+
+    def change_registered(failed: threading.Event) -> None:
+        nonlocal blocks
+        while time.monotonic() < deadline and not failed.is_set():
+            with _Wide() as cb:  # a fresh instance: its first handle is a new attribute
+                blocks += 1
+                for _ in range(50):
+                    unbind_callbacks([cb], bind_callbacks([cb]))  # as Trainer(..., callbacks=[cb]) that failed
+
+    errors = _build_runners_while(change_registered)
+    assert errors == [], f"in with-block {blocks}:\n" + "\n".join(errors)
+    assert blocks > 0
+
+
 def test_nested_with_of_one_callback_is_refused_and_the_outer_block_still_cleans_up() -> None:
     cb = Plain()
     with cb:
@@ -127,6 +225,17 @@ def test_a_registered_instance_with_state_is_a_prototype_every_run_copies() -> N
     assert isinstance(a, EarlyStoppingCallback) and a.patience == 3
     assert len({id(prototype), id(a), id(b)}) == 3
     assert first.describe()[0]["tier"] == "global"
+
+
+def test_a_run_copies_the_instance_as_it_was_registered() -> None:
+    """Runs copy the registry's own copy, taken at registration: a change made to the instance
+    afterwards (in any thread) reaches no run."""
+    prototype = EarlyStoppingCallback(patience=3)
+    with register_global_callback(prototype):
+        prototype.patience = 1
+        (copy,) = CallbackRunner([]).callbacks
+    assert isinstance(copy, EarlyStoppingCallback) and copy.patience == 3
+    assert not hasattr(copy, "_global_handle")
 
 
 def test_an_instance_that_cannot_be_copied_is_refused_with_the_factory_form_in_the_message() -> None:
@@ -187,6 +296,20 @@ def test_a_global_early_stopping_behaves_identically_in_two_consecutive_runs() -
     assert (first.stop.source, first.stop.message) == (second.stop.source, second.stop.message)
     stoppers = [next(cb for cb in t.callbacks if isinstance(cb, EarlyStoppingCallback)) for t in (t1, t2)]
     assert stoppers[0] is not stoppers[1]
+
+
+def test_a_registered_instance_run_as_a_local_callback_hands_its_state_to_no_other_run() -> None:
+    """Found while tracing the registry race: a registered instance that a Trainer also got as a local
+    callback runs as that local one, on the instance itself; the next run's global copy was copied
+    from it after that run and started from its state (``wait`` 3), stopping after one epoch."""
+    prototype = EarlyStoppingCallback(patience=3)
+    with register_global_callback(prototype):
+        local, _ = _plateau_run([prototype])
+        assert prototype.wait == 3  # the local run ran the instance itself
+        other, t = _plateau_run([])
+    assert local.epochs_completed == other.epochs_completed == 4
+    (copy,) = [cb for cb in t.callbacks if isinstance(cb, EarlyStoppingCallback)]
+    assert copy is not prototype
 
 
 def test_one_local_instance_given_to_a_second_trainer_is_refused_naming_the_fix() -> None:

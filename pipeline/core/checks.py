@@ -66,7 +66,9 @@ def check_callback(callback: Any, base: type) -> None:
         raise CallbackDefinitionError(
             f"{name}.{attr} is not a hook and would never be called: {hint} "
             f"(rename a helper so it does not start with 'on_', e.g. _{attr})")
-    for attr, value in getattr(callback, "__dict__", {}).items():
+    # A copy (one step under the GIL), not a live walk: another thread may be adding to this instance's
+    # attributes while this runner is built (a `with cb:` sets a handle on cb; a Trainer binds its own).
+    for attr, value in dict(getattr(callback, "__dict__", {})).items():
         if attr in HOOK_NAMES and callable(value) and attr not in callback.overridden_hooks():
             raise CallbackDefinitionError(
                 f"{name}.{attr} is assigned on the instance, so it is never dispatched: "
@@ -81,7 +83,11 @@ def _own_on_names(cls: type, base: type) -> list[str]:
     for klass in cls.__mro__:
         if klass is base or klass is object or issubclass(base, klass):
             continue
-        names += [n for n in vars(klass) if n.startswith("on_") and n not in names]
+        # A copy of the class's namespace, not a live walk: a class is shared by every thread, and Python
+        # adds to its __dict__ itself (the first copy.deepcopy or pickle of an instance stores
+        # __slotnames__ there), so walking it while another thread made that first copy, e.g. the
+        # registry copying a newly registered instance, raised "dictionary changed size during iteration".
+        names += [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
     return names
 
 

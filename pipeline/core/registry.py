@@ -9,11 +9,14 @@ GLOBAL tier. Three rules keep that safe:
   or a nested ``with cb:`` of the same instance, raises :class:`GlobalRegistrationError`.
 * **No state carried between runs.** Every run gets its own fresh callback, whatever the
   callback keeps its state in (``state_dict``, plain attributes, a device tensor): a registered
-  *instance* is a prototype, and each run's runner gets a ``copy.deepcopy`` of it, so no run ever
-  mutates the registered instance; a *factory* (a callback class with its arguments,
-  ``register_global_callback(EarlyStoppingCallback, patience=3)``, or any zero-argument callable
-  returning a callback) is called once per run. An instance that cannot be deep-copied (it holds an
-  open file, a lock) is refused at registration with a message to register a factory instead.
+  *instance* is a prototype, deep-copied once at registration into the registry's own copy, and
+  each run's runner gets a ``copy.deepcopy`` of that copy, so no run ever mutates the registered
+  instance, and nothing done to the instance after registration (running it as a run's local
+  callback, changing its attributes) reaches another run; a *factory* (a callback class with its
+  arguments, ``register_global_callback(EarlyStoppingCallback, patience=3)``, or any zero-argument
+  callable returning a callback) is called once per run. An instance that cannot be deep-copied
+  (it holds an open file, a lock) is refused at registration with a message to register a factory
+  instead.
 
 Only the callbacks' duck type is used here (``overridden_hooks``, ``name``):
 ``pipeline.core.hooks`` imports this module, not the other way round.
@@ -43,14 +46,21 @@ class GlobalRegistrationError(ValueError):
 
 @dataclass(frozen=True)
 class _Registration:
-    instance: TrainingCallback | None  # a prototype, deep-copied for every run, or
+    instance: TrainingCallback | None  # the registered instance (for listing and the identity checks), or
     factory: Callable[..., TrainingCallback] | None  # a factory called once per run
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # The registry's own deep copy of ``instance``, taken at registration before anyone could list it:
+    # every run copies this, which nothing else holds, never ``instance``, which its owner may change
+    # in another thread while a run is being built (``with cb:`` sets its handle on it just after
+    # registering; a Trainer given it as a local callback binds and runs it). Copying ``instance``
+    # raised "dictionary changed size during iteration" (reported as "cannot be copied"), and handed
+    # a local run's state (EarlyStopping's ``wait``) to the next run's copy.
+    prototype: TrainingCallback | None = None
 
     def make(self) -> TrainingCallback:
         if self.instance is not None:
-            return _copy_of(self.instance)
+            return _copy_of(self.prototype)
         assert self.factory is not None
         made = self.factory(*self.args, **self.kwargs)
         if not _is_callback(made):
@@ -98,16 +108,16 @@ def register_global_callback(
 ) -> GlobalHandle:
     """Add a callback to every run built from now until the handle's ``remove()``.
 
-    ``callback`` is a callback instance (each run gets a deep copy of it; the instance itself is
-    never run), or a factory (a callback class or a zero-argument callable) with the arguments to
-    call it with once per run. An instance already registered, or one that cannot be copied, is
-    refused with :class:`GlobalRegistrationError`.
+    ``callback`` is a callback instance (each run gets a deep copy of it as it is now, at
+    registration; the registration never runs the instance itself), or a factory (a callback class
+    or a zero-argument callable) with the arguments to call it with once per run. An instance
+    already registered, or one that cannot be copied, is refused with :class:`GlobalRegistrationError`.
     """
     if _is_callback(callback):
         if args or kwargs:
             raise TypeError(f"{_name(callback)} is already an instance; arguments go with a factory: "
                             f"register_global_callback({type(callback).__name__}, ...)")
-        _copy_of(callback)  # one that cannot be copied is refused now, not when a run starts
+        prototype = _copy_of(callback)  # one that cannot be copied is refused now, not when a run starts
         with _lock:
             key = _by_instance.get(id(callback))
             if key is not None:
@@ -116,7 +126,7 @@ def register_global_callback(
                     "instance joins the registry once at a time, so a nested `with cb:` or a second "
                     "register_global_callback(cb) is refused: remove it first or register another instance")
             key = next(_ids)
-            _registry[key] = _Registration(callback, None)
+            _registry[key] = _Registration(callback, None, prototype=prototype)
             _by_instance[id(callback)] = key
         return GlobalHandle(key, callback=callback)
     if not callable(callback):
