@@ -33,8 +33,10 @@ from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from pipeline.tools.audit import audit_file
 
 # long enough to be caught running: at least 1 s, on any machine
-MID_TRIALS = {"epochs": 20, "early_stopping": {"enabled": False},
-              "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.05}}]}}
+MID_TRIALS: dict[str, Any] = {
+    "epochs": 20, "early_stopping": {"enabled": False},
+    "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.05}}]},
+}
 SEEDED = {"sampler": "RandomSampler", "sampler_config": {"seed": 0}, "pruner": "NopPruner"}  # a retry runs to its end
 
 

@@ -22,8 +22,10 @@ from system_parts import POSTGRES, go_without, require
 from pipeline.tools.audit import audit_file
 
 # a trial long enough to be caught running: at least 4 s, on any machine
-SLOW_TRIALS = {"epochs": 40, "early_stopping": {"enabled": False},
-               "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.1}}]}}
+SLOW_TRIALS: dict[str, Any] = {
+    "epochs": 40, "early_stopping": {"enabled": False},
+    "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.1}}]},
+}
 
 
 @pytest.fixture(scope="session")
@@ -352,6 +354,55 @@ def test_ctrl_c_after_a_trials_run_ended_keeps_its_result_and_stops_the_study(wo
             assert other.user_attrs["error"] == "interrupted (Ctrl-C)", other.user_attrs
     assert len(study.trials) < 6
     assert "interrupted: study s" in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, tmp_path: Path) -> None:
+    """Found: SIGTERM (what a scheduler sends) to `fsmtrain hpo --workers 2` ended that process at
+    once, with no word, and its workers trained on, orphaned, until every trial had run. Now the
+    command stops its workers as Ctrl-C does and exits 143; one process alone did, but said 130."""
+    cfg = study_config(tmp_path, {"n_trials": 8, "sampler": "RandomSampler"}, **SLOW_TRIALS)
+    parent = popen("hpo", cfg, "--workers", str(workers), cwd=tmp_path, log=tmp_path / "hpo.log")
+    folder = tmp_path / "runs" / "quickstart" / "s"
+    db = f"sqlite:///{folder / 'study.db'}"
+    storage = (lambda: journal(folder / "study.journal")) if workers > 1 else (lambda: db)
+
+    def running() -> bool:
+        try:  # the study may be half created yet
+            return any(len(t.intermediate_values) >= 2
+                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        except Exception:
+            return False
+
+    wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
+    parent.send_signal(signal.SIGTERM)  # to the command's own pid only, as a scheduler's kill
+    code = parent.wait(timeout=120)
+    log = (tmp_path / "hpo.log").read_text()
+    assert code == 143, f"exit {code}: {log}"
+    assert "Traceback" not in log and "interrupted: study s" in log, log
+    trials = load(storage()).trials
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    stopped = [t for t in trials if t.state is TrialState.FAIL]
+    assert stopped and all(t.user_attrs["error"] == "interrupted (SIGTERM)" for t in stopped), \
+        [t.user_attrs for t in stopped]
+    assert len(trials) < 8
+    left = [pid for pid in {t.user_attrs["worker"]["pid"] for t in trials} if _alive(pid)]
+    assert not left, f"worker(s) {left} train on"
+    named = [Path(t.user_attrs["run_dirs"]["0"]) / "events.jsonl" for t in stopped if "run_dirs" in t.user_attrs]
+    for events in filter(Path.exists, named):
+        report = audit_file(events)
+        assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie has ended: only its exit status waits to be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] != "Z"
 
 
 def _open_at_once(url: str, barrier: Any, results: Any) -> None:

@@ -86,6 +86,11 @@ class Interrupted(KeyboardInterrupt):
         where = "" if rank is None else f" on rank {rank}"
         super().__init__(f"signal {signal.Signals(signum).name} received{where}")
 
+    @staticmethod
+    def signal_of(exc: KeyboardInterrupt) -> int:
+        """The signal a ``KeyboardInterrupt`` stands for: this class's own, SIGINT for Python's."""
+        return exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+
 
 class _MachineModel:
     """The object the ``transitions`` machine keeps its ``state`` on."""

@@ -11,6 +11,7 @@ next ``fsmtrain hpo`` on the study runs it first.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -18,8 +19,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
@@ -41,6 +44,8 @@ from pipeline.app.hpo.storage import (
 )
 from pipeline.app.hpo.trial import TrialPlan
 from pipeline.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
+from pipeline.core.engine import Interrupted
+from pipeline.core.signal_latch import HANDLED
 
 if TYPE_CHECKING:
     import optuna
@@ -196,30 +201,50 @@ class _Workers:
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())
 
-    def interrupt(self, study: optuna.study.Study) -> None:
-        """Ctrl-C: every worker gets SIGINT (a terminal sends it to the group; a kill to this pid
-        only reaches us), ends its trial as FAIL and exits."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan them
+    def interrupt(self, study: optuna.study.Study, signum: int) -> None:
+        """Ctrl-C or SIGTERM: every worker gets the signal (a terminal sends Ctrl-C to the group; a
+        kill to this pid only reaches us), ends its trial as its worker rules say, and exits."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HANDLED}  # a second one must not orphan them
         try:
             for proc in self.procs.values():
                 if proc.exitcode is None and proc.pid is not None:
-                    os.kill(proc.pid, signal.SIGINT)
+                    os.kill(proc.pid, signum)
             for proc in self.procs.values():
                 proc.join(timeout=60)
                 if proc.exitcode is None:  # stuck: a worker latches SIGTERM as it does SIGINT, so SIGKILL
-                    print(f"warning: worker pid {proc.pid} did not stop within 60 s of SIGINT; killed (SIGKILL)",
-                          file=self.out, flush=True)
+                    print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
+                          f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
                     proc.kill()
                     proc.join(timeout=10)
                     release_dead_holders_lock(self.plan.storage)
             fail_orphaned_trials(study, [p.pid for p in self.procs.values()], retry=False)  # stopped, not lost
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM (what a scheduler sends) stops the workers as Ctrl-C does, not
+    this process alone: its default would end it at once, and the workers would train on, orphaned
+    (found: every trial still ran after `kill` of the command, and its log said nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
     """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
-    every trial of this command failed, 130 when interrupted."""
+    every trial of this command failed, 128 + the signal when one stopped it (130 Ctrl-C, 143 SIGTERM)."""
     Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
     study = _create(plan)
     plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
@@ -228,7 +253,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         print(line, file=out, flush=True)
     monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
                       live=out.isatty() if live is None else live)
-    interrupted = False
+    stopped_by: int | None = None  # the signal that stopped the study
     crashed: list[str] = []
     if plan.workers == 1:
         stop = threading.Event()
@@ -241,29 +266,30 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         watcher.start()
         try:
             work(plan, LocalTickets(plan.n_trials))
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:
+            stopped_by = Interrupted.signal_of(exc)
         finally:
             stop.set()
             watcher.join()
     else:
         workers = _Workers(plan, out)
-        for index in range(plan.workers):
-            workers.start(index)
-        try:
-            while workers.alive():
-                monitor.poll()
+        with _sigterm_interrupts():
+            for index in range(plan.workers):
+                workers.start(index)
+            try:
+                while workers.alive():
+                    monitor.poll()
+                    workers.reap(study)
+                    time.sleep(0.5)
                 workers.reap(study)
-                time.sleep(0.5)
-            workers.reap(study)
-        except KeyboardInterrupt:
-            interrupted = True
-            workers.interrupt(study)
+            except KeyboardInterrupt as exc:
+                stopped_by = Interrupted.signal_of(exc)
+                workers.interrupt(study, stopped_by)
         crashed = workers.crashed
     monitor.poll()
-    counts = monitor.finish(plan, interrupted=interrupted)
-    if interrupted:
-        return INTERRUPTED
+    counts = monitor.finish(plan, interrupted=stopped_by is not None)
+    if stopped_by is not None:
+        return 128 + stopped_by
     failed_all = counts.get("FAIL", 0) > 0 and counts.get("FAIL", 0) == sum(counts.values())
     return 1 if crashed or failed_all else 0
 

@@ -221,5 +221,5 @@ def _stop_if_signalled() -> None:
 
 
 def _interrupted(exc: KeyboardInterrupt) -> str:
-    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    signum = Interrupted.signal_of(exc)
     return "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"interrupted ({signal.Signals(signum).name})"
