@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -288,15 +288,7 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
     name = "study.journal" if workers > 1 else "study.db"
     path = tmp_path / "runs" / "quickstart" / "s" / name
     storage = (lambda: journal(path)) if workers > 1 else (lambda: f"sqlite:///{path}")
-
-    def running() -> bool:
-        try:  # the study may be half created yet
-            return any(len(t.intermediate_values) >= 2
-                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        except Exception:
-            return False
-
-    wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
+    wait_for(_running(storage), 120, "a running trial", (tmp_path / "hpo.log",))
     parent.send_signal(signal.SIGINT)
     code = parent.wait(timeout=120)
     # 130, or death by SIGINT (what a shell also shows as 130): CPython re-raises SIGINT at exit when
@@ -368,15 +360,7 @@ def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, 
     folder = tmp_path / "runs" / "quickstart" / "s"
     db = f"sqlite:///{folder / 'study.db'}"
     storage = (lambda: journal(folder / "study.journal")) if workers > 1 else (lambda: db)
-
-    def running() -> bool:
-        try:  # the study may be half created yet
-            return any(len(t.intermediate_values) >= 2
-                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        except Exception:
-            return False
-
-    wait_for(running, 120, "a running trial", (tmp_path / "hpo.log",))
+    wait_for(_running(storage), 120, "a running trial", (tmp_path / "hpo.log",))
     parent.send_signal(signal.SIGTERM)  # to the command's own pid only, as a scheduler's kill
     code = parent.wait(timeout=120)
     log = (tmp_path / "hpo.log").read_text()
@@ -394,6 +378,18 @@ def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, 
     for events in filter(Path.exists, named):
         report = audit_file(events)
         assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
+
+
+def _running(storage: Callable[[], Any]) -> Callable[[], bool]:
+    """A poll: does a RUNNING trial of the study have two epochs reported?"""
+    def poll() -> bool:
+        try:  # the study may be half created yet
+            return any(len(t.intermediate_values) >= 2
+                       for t in load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        except Exception:
+            return False
+
+    return poll
 
 
 def _alive(pid: int) -> bool:

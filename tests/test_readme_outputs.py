@@ -43,6 +43,19 @@ def test_the_check_sees_a_changed_number_and_not_a_changed_duration() -> None:
     hpo = blocks["hpo"]
     duration = re.search(r"\((\d+\.\d) s\)", hpo).group(1)  # type: ignore[union-attr]
     assert outputs.stale(README, {"hpo": hpo.replace(f"({duration} s)", "(99.9 s)", 1)}) == {}
+    # a writer that fell behind on a busy machine (found under load: the hpo block was "stale")
+    skipped = ("[warning  ] checkpoint_skipped             epoch=5 reason='the state of epoch 7 replaced it while it "
+               "waited behind the write of epoch 5 (a slow disk: the newest state is written)'\n")
+    first_trial = hpo.index("trial 0 ")
+    assert outputs.stale(README, {"hpo": hpo[:first_trial] + skipped + hpo[first_trial:]}) == {}
+    assert set(outputs.stale(README, {"hpo": hpo[:first_trial] + skipped.replace("checkpoint_skipped", "checkpoint")
+                                      + hpo[first_trial:]})) == {"hpo"}
+    # a commit logged a line earlier, before the next epoch's train_step line (found under load)
+    tampered = blocks["audit-tampered"]
+    earlier = re.sub(r"line (\d+) \[checkpoint\]", lambda m: f"line {int(m[1]) - 1} [checkpoint]", tampered)
+    assert earlier != tampered and outputs.stale(README, {"audit-tampered": earlier}) == {}
+    assert set(outputs.stale(README, {"audit-tampered": tampered.replace("line 18 [ts]", "line 17 [ts]")})) == {
+        "audit-tampered"}
     audit = blocks["audit"]
     lines = re.search(r"OK, (\d+) lines", audit).group(1)  # type: ignore[union-attr]
     assert set(outputs.stale(README, {"audit": audit.replace(f"{lines} lines", f"{int(lines) + 1} lines")})) == {
