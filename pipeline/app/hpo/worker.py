@@ -11,7 +11,8 @@ outcome. Where it lands decides what it stops:
 - between trials: no further trial starts.
 
 Either way the worker then raises :class:`~pipeline.core.engine.Interrupted` (a
-``KeyboardInterrupt``): the command ends with 128 + the signal.
+``KeyboardInterrupt``): a worker process exits 130, and the command that the signal reached ends
+with 128 + the signal (:func:`pipeline.app.hpo.study.run_study`).
 """
 
 from __future__ import annotations
