@@ -149,9 +149,12 @@ class _RunLog:
 
     def committed(self, written: Written) -> None:
         run = self.run
+        owed = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
-            run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                            chain_head=written.chain_head)
+            owed |= run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch,
+                                    kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
+        if owed:
+            run.events.sync()
         self.saved.extend(written.saved)
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:

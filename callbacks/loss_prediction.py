@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from pipeline.core.context import EpochContext
 from pipeline.core.hooks import Tier, TrainingCallback
@@ -193,11 +194,14 @@ class LossPredictionCallback(TrainingCallback):
         return self._values[:n]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"val_losses": list(self.val_losses), "fitted_at": self.fitted_at,
+        # One float64 tensor, not a list: a checkpoint's serialisation costs a Python call per object,
+        # and this history grows by one value every epoch.
+        return {"val_losses": torch.tensor(self.val_losses, dtype=torch.float64), "fitted_at": self.fitted_at,
                 "fit": None if self.fit is None else list(self.fit)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.val_losses = [float(v) for v in state.get("val_losses", [])]
+        values = state.get("val_losses", [])  # a list in checkpoints written before it became a tensor
+        self.val_losses = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
         self._filled = 0
         self.fitted_at = int(state.get("fitted_at", 0))
         fit = state.get("fit")

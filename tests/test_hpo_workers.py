@@ -380,6 +380,36 @@ def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, 
         assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
 
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("workers", "signum"), [(1, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)])
+def test_a_signal_while_the_study_is_opened_says_so_and_starts_nothing(workers: int, signum: int,
+                                                                        tmp_path: Path) -> None:
+    """Found: SIGTERM while `fsmtrain hpo` was still opening its study (here, a journal whose lock
+    another process holds; a database server that is slow to answer is the same) ended the command
+    by the signal's default action: exit -15, not a word. Now it says what it was doing and exits
+    128 + the signal, having started no trial; the storage's lock, which it never held, stays."""
+    cfg = study_config(tmp_path, {"n_trials": 2, "sampler": "RandomSampler"})
+    store = tmp_path / "shared.journal"
+    store.touch()
+    lock = Path(f"{store}.lock")
+    lock.symlink_to(store)  # held, as Optuna's JournalFileSymlinkLock holds it (broken after 30 s)
+    parent = popen("hpo", cfg, "--workers", str(workers), "--storage", store, cwd=tmp_path, log=tmp_path / "hpo.log",
+                   session=True)
+    folder = tmp_path / "runs" / "quickstart" / "s"
+    wait_for(folder.is_dir, 120, "the study's folder", (tmp_path / "hpo.log",))  # made just before the study
+    os.killpg(parent.pid, signum)  # the whole group, as a terminal's Ctrl-C or a scheduler's kill
+    code = parent.wait(timeout=25)  # well inside the lock's 30 s grace: the study was never created
+    log = (tmp_path / "hpo.log").read_text()
+    assert code == 128 + signum, f"exit {code}: {log}"
+    name = signal.Signals(signum).name
+    assert f"interrupted: study s: {name} while the study was being opened; no trial started" in log, log
+    assert "Traceback" not in log, log
+    assert lock.is_symlink() and store.stat().st_size == 0  # nothing written, the other holder's lock kept
+    assert not (folder / "trials").exists() and not list(folder.glob("**/events.jsonl"))
+
+
 def _running(storage: Callable[[], Any]) -> Callable[[], bool]:
     """A poll: does a RUNNING trial of the study have two epochs reported?"""
     def poll() -> bool:

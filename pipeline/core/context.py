@@ -45,9 +45,13 @@ class Slot(Generic[T]):
 class EventSink(Protocol):
     """Where contexts send structured events (``pipeline.core.events.EventLog`` in a real run)."""
 
-    def emit(self, event: str, *, level: str = "info", **fields: Any) -> None: ...
+    def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool | None:
+        """Write one event; True only for a line whose fsync was deferred (``defer_sync``) and is owed."""
 
     def enabled_for(self, level: str) -> bool: ...
+
+    def sync(self) -> None:
+        """Make every event written so far durable."""
 
 
 @dataclass(frozen=True)
@@ -185,12 +189,14 @@ class RunContext:
         self.events.emit(event, level=level, phase=self.phase.value, epoch=self.epoch,
                          global_step=self.global_step, payload=payload)
 
-    def emit_beside(self, event: str, *, level: str = "info", **payload: Any) -> None:
+    def emit_beside(self, event: str, *, level: str = "info", defer_sync: bool = False, **payload: Any) -> bool:
         """``emit`` from a thread running beside the training thread (the checkpoint writer): the
         line takes the phase, epoch and step of the log's line before it, not the run's live ones,
-        which the training thread may have moved past what the log shows."""
-        self.events.emit(event, level=level, phase=None, epoch=None, global_step=None, payload=payload,
-                         at_last_line=True)
+        which the training thread may have moved past what the log shows. ``defer_sync``: see
+        :meth:`~pipeline.core.events.EventLog.emit` (True returned: call ``events.sync()``)."""
+        owed = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None, payload=payload,
+                                at_last_line=True, defer_sync=defer_sync)
+        return owed is True
 
     def warn(self, source: str, message: str, **data: Any) -> None:
         """A warning a person should see: logged as a ``warning`` event and on the console."""

@@ -20,7 +20,10 @@ only in memory are not chained (``prev`` and ``seal`` are null).
 
 Durability (``fsync``): every line is flushed; ``"commits"`` (the default) also fsyncs the file
 after each ``checkpoint`` line and after ``result``, so a checkpoint that is on disk never loses
-the line that commits it; ``"every"`` fsyncs every line, ``"never"`` none.
+the line that commits it; ``"every"`` fsyncs every line, ``"never"`` none. Under ``"commits"``, a
+writer committing several files at once (``latest.pt`` and ``best.pt`` are links to the epoch
+file) defers the sync of each line and syncs once after the last (``defer_sync``): one fsync per
+commit, not one per file.
 
 Which checkpoint files a run committed is read from its log by :mod:`pipeline.core.ledger`.
 """
@@ -215,17 +218,24 @@ class EventLog:
         global_step: int | None = None,
         payload: Mapping[str, Any] | None = None,
         at_last_line: bool = False,
+        defer_sync: bool = False,
         **transition: Any,
-    ) -> None:
+    ) -> bool:
         """``at_last_line``: for a line from a thread other than the training thread (the checkpoint
         writer's commit), whose view of the run's phase, epoch and step may be ahead of the log: the
-        line takes those of the line written before it, so it sits in the log where it is written."""
+        line takes those of the line written before it, so it sits in the log where it is written.
+        ``defer_sync``: under ``fsync="commits"``, a durable line is not synced here; returns True
+        when such a sync is owed, and the caller calls :meth:`sync` once after its last line."""
         with self._lock:
             if at_last_line:
                 phase, epoch, global_step = self._position
             written = self._emit(event, level, phase, epoch, global_step, payload, transition)
-        if written and (self.fsync == "every" or (self.fsync == "commits" and event in DURABLE_EVENTS)):
+        if not written or self.fsync == "never":
+            return False
+        if self.fsync == "every" or (event in DURABLE_EVENTS and not defer_sync):
             self.sync()  # outside the lock: a line from the other thread never waits for the disk
+            return False
+        return event in DURABLE_EVENTS  # ``commits``, deferred: the caller syncs after its last line
 
     def sync(self) -> None:
         """Make every line written so far durable (fsync). A closed log has nothing left to sync."""

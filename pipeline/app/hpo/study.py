@@ -245,12 +245,21 @@ def _sigterm_interrupts() -> Iterator[None]:
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
     """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
     every trial of this command failed, 128 + the signal when one stopped it (130 Ctrl-C, 143 SIGTERM)."""
-    Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
-    study = _create(plan)
-    plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
-    _header(plan, out)
-    for line in reclaim(study, plan.optimize.max_retry):
-        print(line, file=out, flush=True)
+    try:
+        with _sigterm_interrupts():
+            Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
+            study = _create(plan)
+            plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
+            _header(plan, out)
+            for line in reclaim(study, plan.optimize.max_retry):
+                print(line, file=out, flush=True)
+    except KeyboardInterrupt as exc:
+        # Found: a SIGTERM while the study was being created (a storage that waits for its lock or
+        # its server) ended the command by the signal's default action, with no word.
+        signum = Interrupted.signal_of(exc)
+        print(f"interrupted: study {plan.trial.study}: {signal.Signals(signum).name} while the study was being "
+              "opened; no trial started", file=out, flush=True)
+        return 128 + signum
     monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
                       live=out.isatty() if live is None else live)
     stopped_by: int | None = None  # the signal that stopped the study

@@ -151,16 +151,20 @@ class _AttributingSink:
         self.owners: list[TrainingCallback | None] = []
         self._runner_ref = runner_ref
 
-    def emit(self, event: str, *, level: str = "info", **fields: Any) -> None:
+    def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool:
         records = self.log.records
         assert records is not None
         before = len(records)
-        self.log.emit(event, level=level, **fields)
+        owed = self.log.emit(event, level=level, **fields)
         if len(records) > before:
             self.owners.append(self._runner_ref[0].current if self._runner_ref else None)
+        return owed
 
     def enabled_for(self, level: str) -> bool:
         return self.log.enabled_for(level)
+
+    def sync(self) -> None:
+        self.log.sync()
 
 
 # --- running a replay ---------------------------------------------------------------------------
