@@ -420,6 +420,21 @@ def _cpu() -> str:
     return platform.processor() or "unknown CPU"
 
 
+_BUSY = ("import time\nw, c = time.perf_counter(), time.process_time()\n"
+         "while time.perf_counter() - w < {s}:\n    sum(range(1000))\n"
+         "print((time.process_time() - c) / (time.perf_counter() - w))")
+
+
+def cpu_capacity(seconds: float = 0.5) -> float:
+    """The CPUs this machine gives at once: as many busy Python processes as it has cores, side by
+    side, each its own CPU time over wall time, summed. A virtual machine may give less than its
+    cores (one here gave 2 cores 1.3 CPUs): then a background thread or process (a checkpoint
+    writer, W&B's service) takes its CPU from the training thread."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY.format(s=seconds)], stdout=subprocess.PIPE, text=True)
+             for _ in range(os.cpu_count() or 1)]
+    return sum(float(p.communicate()[0]) for p in procs)
+
+
 def _fmt_ratio(entry: dict[str, Any], key: str = "ratio", delta: str = "delta_ms_epoch") -> str:
     if "error" in entry:
         return "n/a"
@@ -466,6 +481,11 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
               f"- load average before/after: {meta['load_before']} / {meta['load_after']}"
               + (" (**the machine was shared and loaded during the measurement**: absolute figures are noisy; "
                  "ratios of interleaved runs less so)" if meta["loaded"] else ""),
+              f"- CPU capacity before/after: {meta['capacity_before']:.2f} / {meta['capacity_after']:.2f} CPUs "
+              f"({meta['cores']} busy processes side by side, their CPU time over wall time summed)"
+              + (": **less than the cores**, so the checkpoint writer thread and W&B's service process take "
+                 "their CPU from the training thread" if min(meta["capacity_before"], meta["capacity_after"])
+                 < 0.9 * meta["cores"] else ""),
               "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
               (f"- GPU: {meta['gpu']} (`--device cuda`: the workloads train on it, data already on the device)"
                if meta.get("gpu") else "- no GPU used: CPU figures (`--device cuda` runs gpu_mlp and epochs where a "
@@ -624,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workloads = [catalog[w].scaled(args.scale) for w in names]
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
+    capacity_before = cpu_capacity()
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
     for r in range(rounds):
@@ -640,6 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.json.write_text(json.dumps({"results": results, "partial": True}))
     cli = cli_startup(cli_runs) if cli_runs > 0 else None
     load_after = os.getloadavg()
+    capacity_after = cpu_capacity()
     summary = summarize(results, frameworks, workloads)
     torch_imports = [r["torch_import_s"] for r in results if "torch_import_s" in r]
     meta = {
@@ -648,6 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "platform": platform.platform(), "python": platform.python_version(), "versions": _versions(),
         "load_before": " ".join(f"{x:.2f}" for x in load_before),
         "load_after": " ".join(f"{x:.2f}" for x in load_after),
+        "capacity_before": capacity_before, "capacity_after": capacity_after,
         # others' load before we start, or more than our own one busy core at the end
         "loaded": load_before[0] > 0.25 * cores or load_after[0] > 0.25 * cores + 1,
         "rounds": rounds, "cli_runs": cli_runs, "quick": args.quick, "device": args.device,

@@ -34,6 +34,8 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
                     "### The same, from the 10th percentile of each run's steady epoch times"):
         assert heading in report
     assert re.search(r"versions: torch \S+", report)
+    # what the machine gives at once: on a VM less than its cores, and background threads are not free
+    assert re.search(r"- CPU capacity before/after: \d+\.\d\d / \d+\.\d\d CPUs", report)
     assert "Final weights: identical in every framework and round (sha256 `" in report
     # summary: one row for the core ratio, with a number and the per-epoch difference
     # (the summary and its 10th-percentile twin: one row each)
