@@ -8,6 +8,7 @@ descriptor (which no other file can hold while the log is open)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +20,51 @@ from pipeline.app.config import ConfigError, config_from_dict
 from pipeline.core.events import read_events
 
 
-def _fsyncs_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[int, list[dict[str, Any]]]:
+def _fsyncs_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool = True,
+                       slow_disk: float = 0.0, **kw: Any) -> tuple[int, list[dict[str, Any]]]:
     calls: list[int] = []
     real = os.fsync
+    log_fd = -1
 
     def counting(fd: int) -> None:
         calls.append(fd)
+        if fd != log_fd:
+            time.sleep(slow_disk)  # a slow disk for the checkpoint files only
         real(fd)
 
     monkeypatch.setattr(os, "fsync", counting)
     run = tmp_path / "run"
-    trainer = make_trainer(run, [CheckpointCallback(run / "checkpoints", keep_last_k=1)], epochs=3, **kw)
-    assert trainer.events._file is not None
+    store = CheckpointCallback(run / "checkpoints", keep_last_k=1, background=background)
+    trainer = make_trainer(run, [store], epochs=3, **kw)
+    assert trainer.events is not None and trainer.events._file is not None
     log_fd = trainer.events._file.fileno()
     trainer.fit()
     monkeypatch.undo()
     return calls.count(log_fd), read_events(run / "events.jsonl")
 
 
+@pytest.mark.parametrize(("background", "slow_disk"), [(False, 0.0), (True, 0.0), (True, 0.3)],
+                         ids=["foreground", "writer-thread", "writer-thread-slow-disk"])
 def test_the_log_is_fsynced_at_each_checkpoint_commit_and_at_the_result_by_default(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool, slow_disk: float) -> None:
     """Found: events.jsonl was flushed but never fsync'd, at a checkpoint commit and at result too: after
     a power loss a durable checkpoint could lose its commit line, and resume would delete it. Then
     (issue 22, the epochs workload): a commit of an epoch file with its ``latest`` (and ``best``) link
     wrote a line per file and fsync'd the log after each, where one fsync after the last line makes
-    the commit just as durable."""
-    synced, events = _fsyncs_of_the_log(tmp_path, monkeypatch)
+    the commit just as durable.
+
+    Found in CI (a loaded host): with the writer thread, epoch 1's state may be dropped for epoch 2's
+    while epoch 0's write is still in flight (the documented ``checkpoint_skipped``), so the commits
+    are counted from the log there; the foreground store commits every epoch, and a slow disk (each
+    checkpoint fsync 0.3 s) always drops epoch 1."""
+    synced, events = _fsyncs_of_the_log(tmp_path, monkeypatch, background=background, slow_disk=slow_disk)
     lines = [e for e in events if e["event"] == "checkpoint"]
     commits = {e["payload"]["epoch"] for e in lines}  # one commit per epoch: its file and the links to it
-    assert len(commits) == 3 and len(lines) > len(commits) and events[-1]["event"] == "result"
+    skipped = {e["payload"]["epoch"] for e in events if e["event"] == "checkpoint_skipped"}
+    assert commits | skipped == {0, 1, 2} and not commits & skipped
+    assert {0, 2} <= commits and (background or len(commits) == 3)  # the first and the last are never dropped
+    assert not slow_disk or skipped == {1}
+    assert len(lines) > len(commits) and events[-1]["event"] == "result"
     assert synced == len(commits) + 1
 
 
