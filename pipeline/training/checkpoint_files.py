@@ -1,7 +1,8 @@
 """One checkpoint file: written once, atomically, hashed as it is written; read back only as the
 run's log committed it.
 
-:func:`save_state` ``torch.save``\\ s a state straight into a temp file beside the target while
+:func:`save_state` writes a state in ``torch.save``'s format (byte for byte, by
+:func:`pipeline.training.torch_file.write_torch_file`) straight into a temp file beside the target while
 hashing the bytes as they go out (one pass: no serialised copy of the whole state in memory),
 fsyncs it and renames it into place. :func:`load_checkpoint` checks a file's bytes against the
 sha256 the run's log committed for it (read by :func:`pipeline.core.ledger.committed_sha256`, the
@@ -24,6 +25,7 @@ import torch
 
 from pipeline.core.events import EVENTS_FILE
 from pipeline.core.ledger import committed_sha256 as logged_sha256
+from pipeline.training.torch_file import write_torch_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -59,19 +61,39 @@ def sha256_of(path: str | Path) -> str:
 
 
 class _Hashing:
-    """A write-only file that hashes what passes through it (``torch.save`` writes each tensor's
-    bytes in one call: hashing and writing both release the GIL for it)."""
+    """A write-only file that hashes what passes through it. The zip writer sends each record as
+    several small writes (header, name, padding) and each tensor's bytes as one: small ones are
+    gathered into one buffer of up to ``GATHER`` bytes, so hashing and writing (which both release
+    the GIL for large data) run once per buffer or tensor, not once per header."""
+
+    GATHER = 1 << 16
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.digest = hashlib.sha256()
+        self._pending = bytearray()
 
     def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        if len(self._pending) + size > self.GATHER:
+            self._put_pending()
+        if size > self.GATHER:
+            self._put(data)
+        else:
+            self._pending += data
+        return size
+
+    def _put(self, data: Any) -> None:
         self.digest.update(data)
         self.out.write(data)
-        return memoryview(data).nbytes
+
+    def _put_pending(self) -> None:
+        if self._pending:
+            self._put(self._pending)
+            self._pending = bytearray()
 
     def flush(self) -> None:
+        self._put_pending()
         self.out.flush()
 
 
@@ -81,8 +103,7 @@ def save_state(path: Path, state: Any) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             hashing = _Hashing(fh)
-            torch.save(state, cast(IO[bytes], hashing))
-            fh.flush()
+            write_torch_file(state, cast(IO[bytes], hashing))  # flushes ``hashing``, so ``fh`` too
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
