@@ -1,7 +1,7 @@
 """The checkpoint store: what a checkpoint holds, which files an epoch gets, and how they reach the
 disk without holding training up.
 
-A checkpoint is one ``torch.save`` of a plain dict that ``torch.load(weights_only=True)`` accepts:
+A checkpoint is one ``torch.save`` file of a plain dict that ``torch.load(weights_only=True)`` accepts:
 tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
 ints for that reason: :mod:`pipeline.training.rng`). It holds the model, optimizer and scheduler
 state, every stateful callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
@@ -149,7 +149,8 @@ class CheckpointManager(CheckpointFolder):
     Protocol: :meth:`save` (the training thread) decides, asks the writer for a slot (a slow disk
     drops a waiting state rather than make training wait: :mod:`pipeline.training.checkpoint_writer`),
     builds the state and stages it into that slot's host buffers. :meth:`write` (the writer thread)
-    waits for the staged copies, ``torch.save``\\ s the state once, hashed as it is written, as
+    waits for the staged copies, writes the state once in ``torch.save``'s format
+    (:func:`pipeline.training.torch_file.write_torch_file`), hashed as it is written, as
     ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link, or a copy
     where links are not possible, swapped in atomically) and fsyncs the folder. The log then
     commits the files: from that moment they exist for the audit and for resume. Only after the
