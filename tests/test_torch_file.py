@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import io
 import random
+import subprocess
+import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,40 @@ def test_a_staged_state_takes_the_short_way(monkeypatch: pytest.MonkeyPatch) -> 
     assert calls == []
     write_torch_file({"w": torch.ones(2, requires_grad=True)}, io.BytesIO())
     assert calls == [torch.Tensor]
+
+
+_FULL_DISK = """
+import gc, io, torch
+from pipeline.training.torch_file import write_torch_file
+
+class FullDisk(io.RawIOBase):
+    def __init__(self):
+        self.n = 0
+    def writable(self):
+        return True
+    def write(self, b):
+        self.n += len(b)
+        if self.n > 30000:
+            raise OSError(28, "No space left on device")
+        return len(b)
+
+for _ in range(3):
+    try:
+        write_torch_file({"a": torch.randn(100000), "b": torch.randn(10)}, FullDisk())
+    except OSError as exc:
+        print("raised", exc.errno)
+    gc.collect()
+print("alive")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_write_raises_its_own_error_and_the_process_lives() -> None:
+    """Found here: a write that failed part-way (a full disk) left torch's zip writer open, and its
+    destructor, ending the archive on the same failing file, aborted the whole process
+    (``terminate called after throwing an instance of 'c10::Error'``). Now the writer is ended on
+    the way out, as torch.save ends its own, and the disk's error is the one raised."""
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK], capture_output=True, text=True, timeout=50,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["raised", "28"] * 3 + ["alive"]

@@ -139,11 +139,22 @@ def write_torch_file(obj: Any, out: IO[bytes]) -> None:
         ("data.pkl", data.getvalue()), (".format_version", b"1"), (".storage_alignment", str(alignment).encode()),
         ("byteorder", sys.byteorder.encode()),
     ]
-    for name, value in records:
-        writer.write_record(name, value, len(value))
-    for key, storage in pickler.storages.items():
-        if storage.device.type != "cpu":
-            storage = _to_cpu(storage)
-        writer.write_record(f"data/{key}", cast(Any, storage), storage.nbytes())
-    writer.write_end_of_file()
+    failed = True
+    try:
+        for name, value in records:
+            writer.write_record(name, value, len(value))
+        for key, storage in pickler.storages.items():
+            if storage.device.type != "cpu":
+                storage = _to_cpu(storage)
+            writer.write_record(f"data/{key}", cast(Any, storage), storage.nbytes())
+        failed = False
+    finally:
+        # Ended even after a failed write (a full disk), as torch.save's writer is on its way out:
+        # left open, the writer's destructor would end it and abort the process on the error.
+        # Then the write's own error is the one raised, not the end's.
+        try:
+            writer.write_end_of_file()
+        except Exception:
+            if not failed:
+                raise
     out.flush()
