@@ -27,15 +27,19 @@ def fill(path: Path) -> int:
 
 class FillDisk(TrainingCallback):
     """When epoch ``at_epoch`` (0-based) begins, fills the disk through ``path``, once: ``marker`` (a
-    file elsewhere) records that it did, so the run resumed after the space is freed goes on."""
+    file elsewhere) records that it did, so the run resumed after the space is freed goes on.
+    ``leave``: bytes left free (the filler cut back by that much), room for the log's next lines
+    but not for a checkpoint file."""
 
-    def __init__(self, path: str, marker: str, at_epoch: int = 2) -> None:
-        self.path, self.marker, self.at_epoch = Path(path), Path(marker), at_epoch
+    def __init__(self, path: str, marker: str, at_epoch: int = 2, leave: int = 0) -> None:
+        self.path, self.marker, self.at_epoch, self.leave = Path(path), Path(marker), at_epoch, leave
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         if epoch.index == self.at_epoch and not self.marker.exists():
             written = fill(self.path)
+            os.truncate(self.path, max(0, written - self.leave))
             self.marker.write_text(str(written))
-            # The log learns of a full disk when it next needs a block (4 KB): this line is longer
-            # than one, so it is the line that finds the disk full, here, in this phase.
-            epoch.emit("disk_filled", path=str(self.path), bytes=written, padding="." * 5000)
+            # The log learns of a full disk when it next needs a block (4 KB): with nothing left,
+            # this line is longer than one, so it is the line that finds the disk full, here.
+            epoch.emit("disk_filled", path=str(self.path), bytes=written, left=self.leave,
+                       padding="" if self.leave else "." * 5000)

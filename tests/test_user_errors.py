@@ -96,7 +96,7 @@ def test_a_data_builder_that_raises_is_an_error_run_with_its_record(tmp_path: Pa
     (tmp_path / "mydata.py").write_text(CSV_BUILDER)
     config = _write(tmp_path, "csv.yaml", data="mydata.load_csv", data_config={"path": "missing.csv"})
     done = _cli("train", str(config), "--run-dir", "runs", cwd=tmp_path, entry="script")
-    _one_line(done, 1, "seed 0: ERROR after 0 epoch(s) (requested by phase epoch_begin: DataBuilderError: the data "
+    _one_line(done, 1, "seed 0: ERROR after 0 epoch(s) (raised in phase epoch_begin: DataBuilderError: the data "
                        "builder mydata.load_csv raised FileNotFoundError: [Errno 2] No such file or directory: "
                        "'missing.csv')")
     (log,) = (tmp_path / "runs").rglob("events.jsonl")

@@ -53,13 +53,17 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
-    from pipeline.core.log_file import LogWriteError
+    from pipeline.core.log_file import FileWriteError
 
     reason = result.stop_reason
     stop = result.stop
-    why = f"requested by {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
-    if isinstance(run.error, LogWriteError) and stop is not None:  # the log itself failed: name it, and where
-        print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {run.error.strerror}", file=out)
+    # An error was raised where the stop names; the other reasons were asked for there.
+    why = (f"{'raised in' if reason is StopReason.ERROR else 'requested by'} {stop.source}: {stop.message}"
+           if stop is not None
+           else "all epochs ran")
+    written = run.error if isinstance(run.error, FileWriteError) else None
+    if written is not None and stop is not None:  # a run's file could not be written: say which, and where
+        print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {written.strerror}", file=out)
     else:
         print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
     if result.history:
@@ -87,6 +91,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
               "files are written", file=out)
     elif isinstance(run.error, Interrupted) or reason is StopReason.INTERRUPTED:
         print(f"  continue it with: fsmtrain resume {run.run_dir}", file=out)
+    elif written is not None and written.disk_full:
+        print(f"  free space on that device, then continue it with: fsmtrain resume {run.run_dir}", file=out)
     if isinstance(run.error, Interrupted):
         return ExitCode(run.error.exit_code) if run.error.exit_code in set(ExitCode) else ExitCode.INTERRUPTED
     if failed is not None:  # the run failed on another rank: its status is that rank's

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ROOM", "LogFile", "LogWriteError", "describe_device"]
+__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -37,8 +37,24 @@ _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _WHAT = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large"}
 
 
-class LogWriteError(OSError):
+class FileWriteError(OSError):
+    """A file of a run could not be written (a full disk, a quota, an I/O error). Its ``strerror``
+    says what, which file and which device (:func:`write_failure`), all a user needs to act on."""
+
+    @property
+    def disk_full(self) -> bool:
+        """Freeing space (or quota) lets the run go on: ``fsmtrain resume`` continues it."""
+        return self.errno in _FULL
+
+
+class LogWriteError(FileWriteError):
     """A line of a run log could not be written; the file still ends at its last whole line."""
+
+
+def write_failure(exc: OSError, name: str, path: Path) -> str:
+    """``no space left writing <name> (device ...)``: what failed, on which file, on which device."""
+    what = _WHAT.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
+    return f"{what} writing {name} ({describe_device(path)})"
 
 
 def _libc_fallocate() -> Callable[[int, int, int, int], int] | None:
@@ -143,8 +159,7 @@ class LogFile:
             self._room_end = self.size  # the truncation may have given the room back
 
     def _error(self, exc: OSError) -> LogWriteError:
-        what = _WHAT.get(exc.errno or 0, (exc.strerror or str(exc)).lower())
-        return LogWriteError(exc.errno, f"{what} writing {self.path.name} ({describe_device(self.path)})")
+        return LogWriteError(exc.errno, write_failure(exc, self.path.name, self.path))
 
     def fileno(self) -> int:
         if self._fd is None:  # as a closed io file says it (a sync from another thread may race close)

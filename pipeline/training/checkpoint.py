@@ -30,6 +30,7 @@ from pipeline.training.atomic import atomic_link, fsync_dir
 from pipeline.training.checkpoint_files import (
     FORMAT_VERSION,
     CheckpointError,
+    CheckpointWriteError,
     SavedCheckpoint,
     committed_sha256,
     load_checkpoint,
@@ -45,6 +46,7 @@ from pipeline.training.staging import BufferSet, Staged, stage
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
+    "CheckpointWriteError",
     "CheckpointLog",
     "CheckpointManager",
     "HistoryText",
@@ -297,14 +299,18 @@ class CheckpointManager(CheckpointFolder):
     def write(self, plan: WritePlan) -> Written:
         """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
         plan.staged.wait()
-        epoch_file = self.periodic_path(plan.epoch)
-        digest = save_state(epoch_file, plan.staged.state)
-        saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
-        for role in plan.roles:
-            path = self.path_for(role, plan.epoch)
-            atomic_link(epoch_file, path, sync_dir=False)
-            saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
-        fsync_dir(self.directory)  # one fsync makes the renames above durable together
+        epoch_file = writing = self.periodic_path(plan.epoch)
+        try:
+            digest = save_state(epoch_file, plan.staged.state)
+            saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
+            for role in plan.roles:
+                path = writing = self.path_for(role, plan.epoch)
+                atomic_link(epoch_file, path, sync_dir=False)
+                saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
+            writing = self.directory
+            fsync_dir(self.directory)  # one fsync makes the renames above durable together
+        except OSError as exc:  # named: which epoch, which file, which device and its free space
+            raise CheckpointWriteError.of(exc, plan.epoch, writing) from exc
         return Written(tuple(saved), plan.chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:

@@ -23,13 +23,16 @@ from typing import IO, Any, cast
 
 import torch
 
+from pipeline.core.context import epoch_number
 from pipeline.core.events import EVENTS_FILE
 from pipeline.core.ledger import committed_sha256 as logged_sha256
+from pipeline.core.log_file import FileWriteError, write_failure
 from pipeline.training.torch_file import write_torch_file
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
+    "CheckpointWriteError",
     "SavedCheckpoint",
     "committed_sha256",
     "load_checkpoint",
@@ -42,6 +45,18 @@ FORMAT_VERSION = 1
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupt or not an fsmtrain checkpoint."""
+
+
+class CheckpointWriteError(FileWriteError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error). Nothing committed
+    before it changed: its temp file is gone and no name was moved to it."""
+
+    @classmethod
+    def of(cls, exc: OSError, epoch: int, path: Path) -> CheckpointWriteError:
+        """The error of writing ``path`` (the epoch's file, or one of its names) for ``epoch``."""
+        return cls(exc.errno, f"the checkpoint of epoch {epoch_number(epoch)} could not be written: "
+                              f"{write_failure(exc, str(path), path)}; the checkpoints committed before it are "
+                              "unchanged")
 
 
 @dataclass(frozen=True)
