@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
+from pipeline.app.own_packages import hidden_note
 from pipeline.core.hooks import TrainingCallback
 
 
@@ -53,7 +54,8 @@ def import_dotted(path: str) -> Any:
         except ModuleNotFoundError as exc:
             if exc.name and (modname == exc.name or modname.startswith(exc.name + ".")):
                 continue  # this prefix is not a module; try a shorter one
-            raise ResolveError(f"importing {modname} failed: {exc}") from None
+            # a user's module that imports its own ``callbacks`` package: say why that cannot work here
+            raise ResolveError(f"importing {modname} failed: {exc}{hidden_note(exc.name or '')}") from None
         except Exception as exc:  # a broken user module is reported, not raised
             raise ResolveError(f"importing {modname} failed: {type(exc).__name__}: {exc}") from None
         for j in range(i, len(parts)):
@@ -70,7 +72,7 @@ def import_dotted(path: str) -> Any:
             prefix = ".".join(parts[:j])
             close = closest(attr, _names_in(obj))
             fixed = ".".join([prefix, close, *parts[j + 1 :]]) if close else None
-            raise ResolveError(f"{prefix} has no attribute {attr!r}", fixed)
+            raise ResolveError(f"{prefix} has no attribute {attr!r}{hidden_note(path)}", fixed)
         return obj
     # What the user could have meant: their own modules and installed packages, not the stdlib's.
     top = sorted({m.name for m in pkgutil.iter_modules()

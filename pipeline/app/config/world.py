@@ -26,6 +26,7 @@ from pipeline.app.config.loading import apply_overrides, load_yaml, override_of
 from pipeline.app.config.problems import ConfigError
 from pipeline.app.config.schema import RunConfig
 from pipeline.app.config.tiers import config_from_dict
+from pipeline.app.own_packages import keep_own_callbacks
 from pipeline.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
@@ -56,6 +57,7 @@ def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = (
     """Put the config's folder, the recorded folders and the working folder at the front of the
     import path (in that order of precedence); return them."""
     folders = _folders(config_dir, recorded)
+    keep_own_callbacks(folders)  # a user's ``callbacks`` folder among them must not hide fsmtrain's
     for folder in reversed(folders):
         text = str(folder)
         if text not in sys.path:
