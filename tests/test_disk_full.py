@@ -4,6 +4,8 @@ resume to repair, and an audit that does not take it for a killed process."""
 
 from __future__ import annotations
 
+import errno
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,9 @@ from resume_harness import REPO, env, fsmtrain, same_weights
 
 from pipeline.core.events import read_events
 from pipeline.tools.audit import audit_file
+from pipeline.training.checkpoint import CheckpointWriteError, load_checkpoint
+from pipeline.training.checkpoint_files import check_room
+from pipeline.training.staging import tensor_bytes
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 
@@ -87,21 +92,38 @@ def _no_traceback(err: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize(("background", "begun"), [(True, False), (False, True)])
 def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing(small_disk: Path, tmp_path: Path,
-                                                                               background: bool) -> None:
+                                                                               background: bool,
+                                                                               begun: bool) -> None:
     """Found on a 20 MB tmpfs with 32 KB left when epoch 3 began (room for the log's lines, not for
     the 83 KB checkpoint), in the background writer: "ERROR after 3 epoch(s) (requested by
     CheckpointCallback.on_val_begin: OSError: [Errno 28] No space left on device)", naming no
-    file, no device and no way on."""
+    file, no device and no way on; and, now and then, the log's error instead: the writer's temp
+    file had filled the disk to its last block just as the log needed one.
+
+    ``begun``: the disk has room for the state's tensors but not for the whole file, so the write
+    begins and fails part-way (in the foreground: nothing else writes meanwhile); otherwise it has
+    less than the tensors, and the write is not begun at all."""
+    # W&B off: its files share the disk; tests/test_disk_full.py's first test has W&B on.
+    sets = ["--set", "epochs=5", "--set", f"checkpoint.background={str(background).lower()}",
+            "--set", "wandb.enabled=false"]
+    # The run that never failed, on a roomy disk: the weights to reach, and the sizes to fill around.
+    reference = tmp_path / "reference"
+    proc = fsmtrain("train", str(QUICK), "--run-dir", str(reference), *sets, cwd=tmp_path)
+    out, err = (b.decode() for b in proc.communicate(timeout=400))
+    assert proc.returncode == 0, out + err
+    latest = reference / "mlp-regression-seed0" / "checkpoints" / "latest.pt"
+    file_bytes, tensors = latest.stat().st_size, tensor_bytes(load_checkpoint(latest))
+    page = 4096
+    leave = (file_bytes - 1) // page * page if begun else 32 * 1024
+    # two pages to spare for the log's lines of epoch 3 before the write
+    assert (tensors + 2 * page <= leave < file_bytes) if begun else leave < tensors, (tensors, file_bytes)
+
     runs = small_disk / "runs"
     filler = {"target": "disk_support.FillDisk",
               "kwargs": {"path": str(small_disk / "filler"), "marker": str(tmp_path / "filled"), "at_epoch": 2,
-                         "leave": 32 * 1024}}
-    # W&B off: its files share the disk, and which writer met the full disk first would be a race;
-    # tests/test_disk_full.py's first test has W&B on.
-    sets = ["--set", "epochs=5", "--set", f"checkpoint.background={str(background).lower()}",
-            "--set", "wandb.enabled=false"]
+                         "leave": leave}}
     proc = fsmtrain("train", str(QUICK), "--run-dir", str(runs), *sets, "--set", f"callbacks.extra=[{filler}]",
                     cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
@@ -109,11 +131,16 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     run = runs / "mlp-regression-seed0"
     epoch_file = run / "checkpoints" / "epoch_3.pt"
     # the foreground write fails in the epoch it saves; the background one is found at the next look
-    found_in = 3 if not background else 4
+    found_in = 4 if background else 3
     line = next((ln for ln in out.splitlines() if ln.startswith("seed 0: ERROR")), out)
     assert line.startswith(f"seed 0: ERROR in epoch {found_in}: the checkpoint of epoch 3 could not be written: "
                            f"no space left writing {epoch_file} (device tmpfs (tmpfs) mounted at {small_disk}, "), line
-    assert line.endswith("bytes free); the checkpoints committed before it are unchanged"), line
+    unchanged = "the checkpoints committed before it are unchanged"
+    if begun:
+        assert line.endswith(f" bytes free); {unchanged}"), line
+    else:  # not begun: the bytes of its state's tensors (epoch 3's, a few off the reference's last) did not fit
+        needs = re.search(rf" bytes free\); it needs at least (\d+) bytes; {unchanged}$", line)
+        assert needs is not None and int(needs.group(1)) > leave, line
     assert f"free space on that device, then continue it with: fsmtrain resume {run}" in out, out
     _no_traceback(err)
     events = read_events(run / "events.jsonl")
@@ -125,6 +152,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
                                                                       "latest.pt"]
     committed = {e["payload"]["path"] for e in events if e["event"] == "checkpoint"}
     assert "checkpoints/epoch_3.pt" not in committed and "checkpoints/latest.pt" in committed
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == 1
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render(False)
 
@@ -135,13 +163,8 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     _no_traceback(err)
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render(False)
-    # the resumed run went on from epoch 2's checkpoint to the weights of a run that never failed
-    reference = tmp_path / "reference"
-    proc = fsmtrain("train", str(QUICK), "--run-dir", str(reference), *sets, cwd=tmp_path)
-    out, err = (b.decode() for b in proc.communicate(timeout=400))
-    assert proc.returncode == 0, out + err
+    # the resumed run went on from epoch 2's checkpoint to the weights of the run that never failed
     assert same_weights(run / "model.pt", reference / "mlp-regression-seed0" / "model.pt")
-
 
 _FILE_LIMIT = textwrap.dedent("""
     import resource, signal, sys
@@ -175,3 +198,17 @@ def test_a_line_that_cannot_be_written_is_cut_back_to_the_last_whole_line(tmp_pa
     assert message.startswith("file too large writing events.jsonl (device ")
 
 
+
+
+def test_a_file_larger_than_the_free_blocks_is_not_begun(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    check_room(tmp_path / "epoch_1.pt", 1)  # fits: nothing raised
+    with pytest.raises(OSError) as caught:
+        check_room(tmp_path / "epoch_1.pt", free + (1 << 40))
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "epoch_1.pt")
+    error = CheckpointWriteError.of(caught.value, 0, tmp_path / "epoch_1.pt", free + (1 << 40))
+    assert error.disk_full and error.strerror.startswith(
+        f"the checkpoint of epoch 1 could not be written: no space left writing {tmp_path / 'epoch_1.pt'} (device ")
+    assert error.strerror.endswith(f"; it needs at least {free + (1 << 40)} bytes; the checkpoints committed "
+                                   "before it are unchanged")
+    assert not list(tmp_path.iterdir())  # nothing was begun

@@ -32,6 +32,7 @@ from pipeline.training.checkpoint_files import (
     CheckpointError,
     CheckpointWriteError,
     SavedCheckpoint,
+    check_room,
     committed_sha256,
     load_checkpoint,
     save_state,
@@ -41,7 +42,7 @@ from pipeline.training.checkpoint_folder import CheckpointFolder
 from pipeline.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
 from pipeline.training.resume_match import object_classes
 from pipeline.training.rng import capture_rng_state
-from pipeline.training.staging import BufferSet, Staged, stage
+from pipeline.training.staging import BufferSet, Staged, stage, tensor_bytes
 
 __all__ = [
     "FORMAT_VERSION",
@@ -274,7 +275,8 @@ class CheckpointManager(CheckpointFolder):
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
-        staged = stage(state, self.buffers[room.slot]) if self.background else Staged(state)
+        staged = (stage(state, self.buffers[room.slot]) if self.background
+                  else Staged(state, staged_bytes=tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"))
         self.writer.submit(Job(epoch, room.slot, plan.best, lambda: self._commit(plan, log)))
@@ -300,6 +302,10 @@ class CheckpointManager(CheckpointFolder):
         """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
         plan.staged.wait()
         epoch_file = writing = self.periodic_path(plan.epoch)
+        try:
+            check_room(epoch_file, plan.staged.staged_bytes)
+        except OSError as exc:
+            raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
         try:
             digest = save_state(epoch_file, plan.staged.state)
             saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]

@@ -12,6 +12,7 @@ log's own reader) and loads it with ``weights_only=True``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -34,6 +35,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointWriteError",
     "SavedCheckpoint",
+    "check_room",
     "committed_sha256",
     "load_checkpoint",
     "save_state",
@@ -52,11 +54,26 @@ class CheckpointWriteError(FileWriteError):
     before it changed: its temp file is gone and no name was moved to it."""
 
     @classmethod
-    def of(cls, exc: OSError, epoch: int, path: Path) -> CheckpointWriteError:
-        """The error of writing ``path`` (the epoch's file, or one of its names) for ``epoch``."""
+    def of(cls, exc: OSError, epoch: int, path: Path, needs: int | None = None) -> CheckpointWriteError:
+        """The error of writing ``path`` (the epoch's file, or one of its names) for ``epoch``;
+        ``needs``: the bytes the file needs at least, when that is why it was not begun."""
+        need = f"; it needs at least {needs} bytes" if needs is not None else ""
         return cls(exc.errno, f"the checkpoint of epoch {epoch_number(epoch)} could not be written: "
-                              f"{write_failure(exc, str(path), path)}; the checkpoints committed before it are "
-                              "unchanged")
+                              f"{write_failure(exc, str(path), path)}{need}; the checkpoints committed before it "
+                              "are unchanged")
+
+
+def check_room(path: Path, needs: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when the file system of ``path`` has fewer free blocks than ``needs``
+    bytes, root's reserve included: a file that cannot fit is not begun. Begun, it would fill the
+    disk to its last block before failing, and for that moment starve every other writer of the run
+    (the log, W&B) of the space they had."""
+    try:
+        vfs = os.statvfs(path.parent)
+    except OSError:
+        return  # the write itself will say what is wrong
+    if needs > vfs.f_bfree * vfs.f_frsize:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BufferSet", "Staged", "stage"]
+__all__ = ["BufferSet", "Staged", "stage", "tensor_bytes"]
 
 Key = tuple[Hashable, ...]
 
@@ -143,3 +143,15 @@ def stage(state: Any, out: BufferSet) -> Staged:
     copier = _Copier(out)
     staged = copier.walk((), state)
     return Staged(staged, copier.finish(), copier.nbytes)
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in ``state`` (dicts, lists and tuples walked): what a file of it
+    holds at least. A foreground write's :class:`Staged` carries it, as a staged one does."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
