@@ -57,10 +57,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
     reason = result.stop_reason
     stop = result.stop
-    # An error was raised where the stop names; the other reasons were asked for there.
-    why = (f"{'raised in' if reason is StopReason.ERROR else 'requested by'} {stop.source}: {stop.message}"
-           if stop is not None
-           else "all epochs ran")
+    verb = "raised in" if reason is StopReason.ERROR else "requested by"  # an error is not asked for
+    why = f"{verb} {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
     written = run.error if isinstance(run.error, FileWriteError) else None
     if written is not None and stop is not None:  # a run's file could not be written: say which, and where
         print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {written.strerror}", file=out)
