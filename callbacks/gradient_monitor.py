@@ -45,7 +45,8 @@ class GradientMonitorCallback(TrainingCallback):
     naming the epoch and batch when a norm exceeds ``warn_threshold``.
 
     No host sync per batch. Each step writes its norm (one fused ``_foreach_norm`` and a
-    ``vector_norm`` with ``out=``) into a preallocated device buffer of ``buffer_size`` slots; when
+    ``vector_norm`` with ``out=``; for a small CPU model, one ``cat`` of the gradients and one
+    ``vector_norm``) into a preallocated device buffer of ``buffer_size`` slots; when
     the buffer is full it is folded, on the device, into four preallocated 0-d device tensors: the
     running max, its batch index, the number of over-threshold steps and the first such batch. At
     epoch end those four and the norms not yet folded are read in one go, and the last fold is done
@@ -59,6 +60,7 @@ class GradientMonitorCallback(TrainingCallback):
     replay = ReplaySupport.DRY
     writes = (MAX_GRAD_NORM,)
     buffer_size = 256
+    flat_max_elements = 1 << 16  # 256 KB of float32 gradients: one copy of them costs less than 10 us
 
     def __init__(self, warn_threshold: float = 1e4) -> None:
         if not isinstance(warn_threshold, (int, float)) or isinstance(warn_threshold, bool) or warn_threshold <= 0:
@@ -68,6 +70,7 @@ class GradientMonitorCallback(TrainingCallback):
         self._device: torch.device | None = None
         self._dtype = torch.float32
         self._grad_dtype: torch.dtype | None = None
+        self._flat = False  # the norm of all gradients concatenated (see _allocate)
         self._buf = torch.zeros(0)
         self._slots: list[torch.Tensor] = []  # views of the buffer's slots, made once
         self._batches: list[int] = []  # host-side batch index of each filled buffer slot
@@ -88,6 +91,9 @@ class GradientMonitorCallback(TrainingCallback):
         self._device, self._dtype = grad.device, torch.promote_types(grad.dtype, torch.float32)
         self._grad_dtype = grad.dtype
         dev = grad.device
+        # The flat route copies every gradient once: worth it only while that copy is cheaper than a
+        # kernel per tensor, i.e. for small CPU models (on CUDA ``_foreach_norm`` is one fused kernel).
+        self._flat = dev.type == "cpu" and sum(p.numel() for p in self._params) <= self.flat_max_elements
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._slots = list(self._buf.unbind())
         self._max = torch.zeros((), dtype=torch.float64, device=dev)
@@ -120,11 +126,20 @@ class GradientMonitorCallback(TrainingCallback):
                 self._fold()
             self._allocate(first)
         k = len(self._batches)
-        # The dtype argument only where the gradients are narrower (fp16/bf16): on float32 gradients it
-        # gives the same norms, bit for bit, through a slower dispatch (2 us of this hook's 37 us per step on CPU).
-        norms = (torch._foreach_norm(grads) if self._grad_dtype is self._dtype
-                 else torch._foreach_norm(grads, 2.0, dtype=self._dtype))
-        torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._slots[k])
+        if self._flat:
+            # Few small CPU gradients: one copy of them all and one norm, where ``_foreach_norm`` runs one
+            # kernel per tensor on CPU (a 32-64-64-1 MLP: 15 us against 22 us a step).
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self._grad_dtype is self._dtype:
+                torch.linalg.vector_norm(flat, 2.0, out=self._slots[k])
+            else:
+                torch.linalg.vector_norm(flat, 2.0, dtype=self._dtype, out=self._slots[k])
+        else:
+            # The dtype argument only where the gradients are narrower (fp16/bf16): on float32 gradients it
+            # gives the same norms, bit for bit, through a slower dispatch.
+            norms = (torch._foreach_norm(grads) if self._grad_dtype is self._dtype
+                     else torch._foreach_norm(grads, 2.0, dtype=self._dtype))
+            torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._slots[k])
         self._batches.append(step.batch_index)
         self._steps += 1
         if k + 1 == self.buffer_size:

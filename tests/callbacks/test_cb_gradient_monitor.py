@@ -39,12 +39,18 @@ def _spiky_loader(n=64, batch=16, spike_batch=2):
     return DataLoader(TensorDataset(x, y), batch_size=batch)
 
 
+# The two routes to the norm: all gradients concatenated (a small CPU model), one norm per tensor.
+ROUTES = {"flat": GradientMonitorCallback.flat_max_elements, "per_tensor": 0}
+
+
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize(("buffer_size", "spike"), [(256, 2), (3, 2), (3, 3), (1, 1)])
-def test_epoch_max_matches_reference_and_warning_names_epoch_and_batch(tiny, buffer_size, spike):
+def test_epoch_max_matches_reference_and_warning_names_epoch_and_batch(tiny, buffer_size, spike, route):
     model = tiny.model()
     rec = NormRecorder()
     mon = GradientMonitorCallback(warn_threshold=500.0)
     mon.buffer_size = buffer_size  # small buffers fold several times per epoch
+    mon.flat_max_elements = ROUTES[route]
     loader = _spiky_loader(spike_batch=spike)
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=1e-6), nn.MSELoss(), loader, max_epochs=2,
                       callbacks=[mon, rec], console_level="error", default_callbacks=False)
@@ -149,13 +155,15 @@ def _syncs_are_errors(device: str) -> Iterator[None]:
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("device", DEVICES)
-def test_no_cuda_sync_in_the_batch_path_or_the_fold(device):
+def test_no_cuda_sync_in_the_batch_path_or_the_fold(device, route):
     """Built on the real run, epoch and step contexts (a hand-made stub fell behind on_train_begin and
     failed on the GPU with "'Run' object has no attribute 'emit'"); on CPU the same calls run."""
     model = nn.Linear(4, 1).to(device)
     mon = GradientMonitorCallback(warn_threshold=1e-9)
     mon.buffer_size = 3
+    mon.flat_max_elements = ROUTES[route]  # on CUDA the norm is always per tensor
     run = RunContext("sync", 1, EventLog(None, "sync", keep=True, console=None), model=model)
     epoch = EpochContext(run, 0)
     step = StepContext(run, epoch)
@@ -170,6 +178,27 @@ def test_no_cuda_sync_in_the_batch_path_or_the_fold(device):
     assert mon._steps == 7
     mon.on_epoch_end(epoch)  # the one host read of the epoch, outside the window
     assert run.get(MAX_GRAD_NORM) == pytest.approx(norm, rel=1e-5)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrow_gradients_are_measured_in_float32(dtype, route):
+    """A norm past fp16's range (65504) from fp16 gradients is finite, and equal on both routes."""
+    model = nn.Linear(16, 1, bias=False).to(dtype)
+    model.weight.grad = torch.full_like(model.weight, 60000.0)
+    mon = GradientMonitorCallback(warn_threshold=1e9)
+    mon.flat_max_elements = ROUTES[route]
+    run = RunContext("narrow", 1, EventLog(None, "narrow", keep=True, console=None), model=model)
+    epoch = EpochContext(run, 0)
+    step = StepContext(run, epoch)
+    mon.on_train_begin(run)
+    mon.on_train_epoch_begin(epoch)
+    step.reset(0, None, True)
+    mon.on_after_backward(step)
+    mon.on_epoch_end(epoch)
+    expected = float(torch.linalg.vector_norm(model.weight.grad.float()))
+    assert expected > 2e5  # 4 x 60000 (bf16 rounds 60000 to 59904): past what fp16 holds
+    assert run.get(MAX_GRAD_NORM) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("norms", [
