@@ -90,12 +90,25 @@ def _no_traceback(err: str) -> None:
     assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
 
 
+_SETS = ["--set", "epochs=5", "--set", "wandb.enabled=false"]  # W&B's files would share the small disk
+
+
+@pytest.fixture(scope="module")
+def never_failed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run that never failed, on a roomy disk: the weights to reach, and the sizes to fill around
+    (whether its checkpoints were written in the background changes neither)."""
+    folder = tmp_path_factory.mktemp("reference")
+    proc = fsmtrain("train", str(QUICK), "--run-dir", str(folder), *_SETS, cwd=folder)
+    out, err = (b.decode() for b in proc.communicate(timeout=400))
+    assert proc.returncode == 0, out + err
+    return folder / "mlp-regression-seed0"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("background", "begun"), [(True, False), (False, True)])
-def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing(small_disk: Path, tmp_path: Path,
-                                                                               background: bool,
-                                                                               begun: bool) -> None:
+def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing(
+        small_disk: Path, tmp_path: Path, never_failed: Path, background: bool, begun: bool) -> None:
     """Found on a 20 MB tmpfs with 32 KB left when epoch 3 began (room for the log's lines, not for
     the 83 KB checkpoint), in the background writer: "ERROR after 3 epoch(s) (requested by
     CheckpointCallback.on_val_begin: OSError: [Errno 28] No space left on device)", naming no
@@ -104,16 +117,10 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
 
     ``begun``: the disk has room for the state's tensors but not for the whole file, so the write
     begins and fails part-way (in the foreground: nothing else writes meanwhile); otherwise it has
-    less than the tensors, and the write is not begun at all."""
-    # W&B off: its files share the disk; tests/test_disk_full.py's first test has W&B on.
-    sets = ["--set", "epochs=5", "--set", f"checkpoint.background={str(background).lower()}",
-            "--set", "wandb.enabled=false"]
-    # The run that never failed, on a roomy disk: the weights to reach, and the sizes to fill around.
-    reference = tmp_path / "reference"
-    proc = fsmtrain("train", str(QUICK), "--run-dir", str(reference), *sets, cwd=tmp_path)
-    out, err = (b.decode() for b in proc.communicate(timeout=400))
-    assert proc.returncode == 0, out + err
-    latest = reference / "mlp-regression-seed0" / "checkpoints" / "latest.pt"
+    less than the tensors, and the write is not begun at all. W&B is off: its files share the disk
+    (tests/test_disk_full.py's first test has it on)."""
+    sets = [*_SETS, "--set", f"checkpoint.background={str(background).lower()}"]
+    latest = never_failed / "checkpoints" / "latest.pt"
     file_bytes, tensors = latest.stat().st_size, tensor_bytes(load_checkpoint(latest))
     page = 4096
     leave = (file_bytes - 1) // page * page if begun else 32 * 1024
@@ -138,7 +145,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     unchanged = "the checkpoints committed before it are unchanged"
     if begun:
         assert line.endswith(f" bytes free); {unchanged}"), line
-    else:  # not begun: the bytes of its state's tensors (epoch 3's, a few off the reference's last) did not fit
+    else:  # not begun: the bytes of its state's tensors (epoch 3's, a few off the finished run's last) did not fit
         needs = re.search(rf" bytes free\); it needs at least (\d+) bytes; {unchanged}$", line)
         assert needs is not None and int(needs.group(1)) > leave, line
     assert f"free space on that device, then continue it with: fsmtrain resume {run}" in out, out
@@ -164,7 +171,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render(False)
     # the resumed run went on from epoch 2's checkpoint to the weights of the run that never failed
-    assert same_weights(run / "model.pt", reference / "mlp-regression-seed0" / "model.pt")
+    assert same_weights(run / "model.pt", never_failed / "model.pt")
 
 _FILE_LIMIT = textwrap.dedent("""
     import resource, signal, sys
