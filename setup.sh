@@ -141,7 +141,9 @@ else
 fi
 # The editable install imports these sources; where PYTHONDONTWRITEBYTECODE is set nothing caches
 # their bytecode, and every fsmtrain command would compile them again (about a second of CPU).
-python -m compileall -q pipeline callbacks >/dev/null && say "pipeline/ and callbacks/ compiled (bytecode cache)"
+if python -m compileall -q pipeline callbacks; then say "pipeline/ and callbacks/ compiled (bytecode cache)"
+else say "pipeline/ and callbacks/ could not all be compiled (above); each command compiles them as it runs"
+fi
 
 # --- 4. the pinned Mermaid (Node, jsdom) that parses the diagrams in tests/test_diagrams.py ----------
 lock=tests/mermaid/node_modules/.package-lock.json
