@@ -1,18 +1,26 @@
-"""Instructions per steady epoch, counted by valgrind's cachegrind: the framework's own work without
+"""Instructions per steady epoch, counted by valgrind's callgrind: the framework's own work without
 the host's noise.
 
 Wall-time ratios on a shared machine move by 5 to 30% between runs (see ``compare.py``'s *How to read
-it*), which hides a 2% cost. The number of instructions a process executes does not move: each
-framework runs ``compare.py``'s worker twice under ``valgrind --tool=cachegrind``, once for
-``--short`` and once for ``--long`` epochs, with one hash seed (``PYTHONHASHSEED=0``: dict probing
-would otherwise differ between processes) and one thread; the difference over the extra epochs is
-what one steady epoch costs, start-up and teardown cancelled out. The first framework is the
-baseline of the others' ratios, and the functions where each spends more than it are listed.
+it*), which hides a 2% cost. The number of instructions an epoch executes hardly moves: each
+framework runs ``compare.py``'s worker once under ``valgrind --tool=callgrind``, with one hash seed
+(``PYTHONHASHSEED=0``: dict probing would otherwise differ between processes) and one thread. The
+worker calls ``getppid()`` at the start of every epoch (``compare.FSMTRAIN_BENCH_MARK_CALL``) and
+callgrind dumps its counters on entering it, so every epoch's instructions come out on their own;
+the steady epochs (all but the first and the last, as ``compare.py`` times them) give a median and a
+range. The first framework is the baseline of the others' ratios, and the functions where each
+spends more than it are listed.
+
+Why one run with dumps and not the difference of a short and a long run (this script's first
+version): what a process spends once (imports, pybind11's type caches, the allocator's layout)
+depends on its environment and arguments down to their lengths, and varied by up to 9 M instructions
+between two such runs; divided by the extra epochs that moved a "steady epoch" by up to 0.9 M (2%).
+An epoch counted between two dumps does not contain any of it.
 
 Instructions are not time: cache misses and branch mispredictions add time that this does not see,
 so a ratio here is a floor under the wall-time ratio, not a replacement for it.
 
-    python benchmarks/instructions.py                                   # raw vs fsm on epochs: ~4 min on 2 cores
+    python benchmarks/instructions.py                                   # raw vs fsm on epochs: ~5 min on 2 cores
     python benchmarks/instructions.py --frameworks raw_all,fsm_all --workload tiny --scale 0.05
 
 It needs ``valgrind`` (Debian: ``apt-get install valgrind``); without it, it says so and exits 2.
@@ -23,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,78 +46,155 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from compare import WORKLOADS, Workload, _pythonpath  # noqa: E402  (beside this file)
+from compare import MARK_CALL, MARK_CALL_ENV, WORKLOADS, Workload, _pythonpath  # noqa: E402  (beside this file)
 from compare_loops import LOOPS  # noqa: E402
 
-Where = tuple[str, str]  # (source file, function) as cachegrind names them
+Where = tuple[str, str]  # (source file, function) as callgrind names them
 
 
 @dataclass(frozen=True)
 class Count:
+    """One stretch of execution: its instructions in all and per function (self cost)."""
+
     total: int
     by_function: Counter[Where]
 
 
-def parse_cachegrind(text: str) -> Count:
-    """The ``Ir`` (instructions executed) of a cachegrind output file, in all and per function."""
+@dataclass(frozen=True)
+class Epochs:
+    """The steady epochs of one run."""
+
+    totals: list[int]
+    by_function: Counter[Where]  # the mean over the epochs
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.totals)
+
+
+def parse_callgrind(text: str) -> Count:
+    """The ``Ir`` (instructions executed) of one callgrind dump, in all and per function. A cost
+    line right after a ``calls=`` line is the call's inclusive cost, already counted in the callee's
+    own lines, so it is left out; inlined code (``fi=``/``fe=``) is counted under its own file, and
+    code without debug information under its library (``ob=``). Names may be written in full or
+    compressed (``(7) name`` once, ``(7)`` after)."""
     by_function: Counter[Where] = Counter()
-    events: list[str] = []
+    files: dict[str, str] = {}
+    functions: dict[str, str] = {}
+    objects: dict[str, str] = {}
+    ir = -1
     total: int | None = None
-    fl = fn = "???"
+    fl = file = fn = obj = "???"
+    after_call = False
     for line in text.splitlines():
-        if line.startswith("events:"):
-            events = line.split()[1:]
-        elif line.startswith("fl="):
-            fl = line[3:].strip().rsplit("/", 1)[-1]
-        elif line.startswith("fn="):
-            fn = line[3:].strip()
-        elif line.startswith("summary:"):
-            total = int(line.split()[1 + events.index("Ir")])
-        elif line[:1].isdigit():
+        head = line[:1]
+        if head.isdigit() or head in "+-*":
+            if after_call:
+                after_call = False
+                continue
             fields = line.split()
-            if len(fields) > 1 + events.index("Ir"):
-                by_function[(fl, fn)] += int(fields[1 + events.index("Ir")])
-    if not events or "Ir" not in events or total is None:
-        raise ValueError("not a cachegrind output file: no 'events:' line with Ir, or no 'summary:' line")
+            if 0 < ir < len(fields):
+                by_function[(file, fn)] += int(fields[ir])
+            continue
+        key, _, value = line.partition("=")
+        if key == "ob":
+            obj = _name(value, objects).rsplit("/", 1)[-1]
+        elif key == "fl":
+            fl = file = _name(value, files).rsplit("/", 1)[-1]
+            if fl == "???":  # no debug information: the library it is in says more
+                fl = file = obj
+        elif key in ("fi", "fe"):
+            file = _name(value, files).rsplit("/", 1)[-1]
+        elif key == "fn":
+            # callgrind names a recursion's deeper levels f'2, f'3...: one function for this purpose
+            fn, file = re.sub(r"'\d+$", "", _name(value, functions)), fl
+        elif key in ("cfi", "cfl"):
+            _name(value, files)
+        elif key == "cob":
+            _name(value, objects)
+        elif key == "cfn":
+            _name(value, functions)
+        elif key == "calls":
+            after_call = True
+        elif line.startswith("events:"):
+            events = line.split()[1:]
+            ir = 1 + events.index("Ir") if "Ir" in events else -1
+        elif line.startswith("summary:") and ir > 0:
+            total = int(line.split()[ir])
+    if ir < 0 or total is None:
+        raise ValueError("not a callgrind output file: no 'events:' line with Ir, or no 'summary:' line")
     return Count(total, by_function)
 
 
-def per_epoch(short: Count, long: Count, extra_epochs: int) -> Count:
-    """What one steady epoch costs: the long run minus the short one, over the epochs it adds."""
-    functions = set(short.by_function) | set(long.by_function)
-    by_function = Counter({k: (long.by_function[k] - short.by_function[k]) // extra_epochs for k in functions})
-    return Count((long.total - short.total) // extra_epochs, by_function)
+def _name(value: str, table: dict[str, str]) -> str:
+    """A name as written, or the one its compressed id stands for (defined at its first use)."""
+    value = value.strip()
+    m = re.fullmatch(r"\((\d+)\)\s*(.*)", value)
+    if m is None:
+        return value
+    ident, name = m.groups()
+    if name:
+        table[ident] = name
+    return table.get(ident, "???")
 
 
-def _run(framework: str, work: Workload, out: Path) -> Count:
+def steady_epochs(dumps: Sequence[Count], epochs: int) -> Epochs:
+    """The epochs between the second mark and the last, from the dumps in order: dump 1 ends at the
+    first epoch's mark (start-up), dump ``k`` (2 <= k <= ``epochs``) is epoch ``k - 2``; what comes
+    after the last mark (the last epoch, teardown) is in the run's final file, not here."""
+    if len(dumps) != epochs:
+        raise RuntimeError(f"expected one dump per epoch mark ({epochs}), got {len(dumps)}: something else in the "
+                           f"process called {MARK_CALL}(), or the run ended early")
+    steady = dumps[2:]
+    by_function: Counter[Where] = Counter()
+    for d in steady:
+        by_function.update(d.by_function)
+    return Epochs([d.total for d in steady], Counter({k: v // len(steady) for k, v in by_function.items()}))
+
+
+def _dump_number(path: Path) -> int:
+    return int(path.name.rsplit(".", 1)[1])
+
+
+def _run(framework: str, work: Workload, folder: Path) -> Epochs:
+    folder.mkdir(parents=True)
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "OPENBLAS_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": _pythonpath()}
-    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-           sys.executable, str(HERE / "compare.py"), "--worker", framework, json.dumps(asdict(work))]
+           "OPENBLAS_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": _pythonpath(),
+           MARK_CALL_ENV: "1"}
+    cmd = ["valgrind", "--tool=callgrind", f"--dump-before={MARK_CALL}", "--compress-strings=no", "--compress-pos=no",
+           f"--callgrind-out-file={folder / 'out'}", sys.executable, str(HERE / "compare.py"), "--worker", framework,
+           json.dumps(asdict(work))]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), check=False)
-    if proc.returncode != 0 or not out.exists():
+    if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"{framework} with {work.epochs} epochs under cachegrind: exit {proc.returncode}\n{tail}")
-    return parse_cachegrind(out.read_text())
+        raise RuntimeError(f"{framework} with {work.epochs} epochs under callgrind: exit {proc.returncode}\n{tail}")
+    dumps = sorted(folder.glob("out.*"), key=_dump_number)
+    return steady_epochs([parse_callgrind(p.read_text()) for p in dumps], work.epochs)
 
 
-def report(work: Workload, frameworks: Sequence[str], counts: dict[str, Count], top: int) -> str:
+def _m(n: float) -> str:
+    return f"{n / 1e6:.2f} M"
+
+
+def report(work: Workload, frameworks: Sequence[str], counts: dict[str, Epochs], top: int) -> str:
     base_name = frameworks[0]
     base = counts[base_name]
+    steady = len(base.totals)
     lines = [f"# Instructions per steady epoch: {work.name}", "",
-             f"{work.describe()}. Counted by `valgrind --tool=cachegrind` (one hash seed, one thread); "
-             "a floor under the wall-time ratio, not a replacement for it (see this script's docstring).", "",
-             "| framework | instructions per epoch | per train step | ratio |", "|---|---|---|---|"]
+             f"{work.describe()}. Counted by `valgrind --tool=callgrind`, one dump per epoch (one hash seed, one "
+             f"thread); the median of {steady} steady epochs, and their range. A floor under the wall-time ratio, "
+             "not a replacement for it (see this script's docstring).", "",
+             "| framework | instructions per epoch | range | per train step | ratio |", "|---|---|---|---|---|"]
     for name in frameworks:
         c = counts[name]
-        lines.append(f"| {name} | {c.total / 1e6:.2f} M | {c.total / work.train_steps / 1e3:.1f} K | "
-                     f"{c.total / base.total:.4f} |")
+        lines.append(f"| {name} | {_m(c.median)} | {_m(min(c.totals))} to {_m(max(c.totals))} | "
+                     f"{c.median / work.train_steps / 1e3:.1f} K | {c.median / base.median:.4f} |")
     for name in frameworks[1:]:
         c = counts[name]
         diff = Counter({k: c.by_function[k] - base.by_function[k]
                         for k in set(c.by_function) | set(base.by_function)})
         lines += ["", f"Where {name} executes more than {base_name}, per epoch "
-                  f"(+{(c.total - base.total) / 1e3:.0f} K in all):", "",
+                  f"({c.median - base.median:+,.0f} in all, medians; the rows are means):", "",
                   "| K instructions | function | source |", "|---|---|---|"]
         for (fl, fn), n in diff.most_common(top):
             if n <= 0:
@@ -121,8 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--frameworks", default="raw,fsm", help="comma-separated; the first is the baseline")
     ap.add_argument("--workload", default="epochs", choices=sorted(WORKLOADS))
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the steps per epoch")
-    ap.add_argument("--short", type=int, default=3, help="epochs of the short run (default 3)")
-    ap.add_argument("--long", type=int, default=13, help="epochs of the long run (default 13)")
+    ap.add_argument("--epochs", type=int, default=7, help="epochs per run (default 7: 5 steady ones)")
     ap.add_argument("--top", type=int, default=15, help="functions listed per framework")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at a time")
     ap.add_argument("--output", type=Path, default=None, help="write the report there too")
@@ -131,18 +217,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [f for f in frameworks if f not in LOOPS]
     if unknown or len(frameworks) < 2:
         ap.error(f"--frameworks: two or more of {', '.join(LOOPS)}; got {args.frameworks!r}")
-    if not 2 <= args.short < args.long:
-        ap.error(f"--short and --long: 2 <= short < long (two steady epochs at least); got {args.short}, {args.long}")
+    if args.epochs < 3:
+        ap.error(f"--epochs: 3 or more (the first and the last are not steady); got {args.epochs}")
     if shutil.which("valgrind") is None:
         print("instructions.py needs valgrind (Debian: apt-get install valgrind); none on PATH, nothing was run",
               file=sys.stderr)
         return 2
-    work = WORKLOADS[args.workload].scaled(args.scale)
-    runs = [(f, n) for f in frameworks for n in (args.short, args.long)]
-    with tempfile.TemporaryDirectory(prefix="fsmtrain-cachegrind-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        futures = {(f, n): pool.submit(_run, f, replace(work, epochs=n), Path(tmp) / f"{f}.{n}.out") for f, n in runs}
-        got = {key: fut.result() for key, fut in futures.items()}
-    counts = {f: per_epoch(got[(f, args.short)], got[(f, args.long)], args.long - args.short) for f in frameworks}
+    work = replace(WORKLOADS[args.workload].scaled(args.scale), epochs=args.epochs)
+    with tempfile.TemporaryDirectory(prefix="fsmtrain-callgrind-") as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        futures = {f: pool.submit(_run, f, work, Path(tmp) / f) for f in frameworks}
+        counts = {f: fut.result() for f, fut in futures.items()}
     text = report(work, frameworks, counts, args.top)
     print(text, end="")
     if args.output:
