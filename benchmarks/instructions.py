@@ -5,7 +5,7 @@ Wall-time ratios on a shared machine move by 5 to 30% between runs (see ``compar
 it*), which hides a 2% cost. The number of instructions an epoch executes hardly moves: each
 framework runs ``compare.py``'s worker once under ``valgrind --tool=callgrind``, with one hash seed
 (``PYTHONHASHSEED=0``: dict probing would otherwise differ between processes) and one thread. The
-worker calls ``getppid()`` at the start of every epoch (``compare.FSMTRAIN_BENCH_MARK_CALL``) and
+worker calls ``getppid()`` at the start of every epoch (where ``FSMTRAIN_BENCH_MARK_CALL`` is set) and
 callgrind dumps its counters on entering it, so every epoch's instructions come out on their own;
 the steady epochs (all but the first and the last, as ``compare.py`` times them) give a median and a
 range. The first framework is the baseline of the others' ratios, and the functions where each
