@@ -133,16 +133,29 @@ while todo:
         sub = Requirement(line)
         if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
             todo.append(sub)
+# The strict editable install links each module: one added since needs the install again.
+import importlib.util
+spec = importlib.util.find_spec("fsmtrain")
+if spec is None or spec.origin is None:
+    sys.exit(1)
+installed = Path(spec.origin).parent
+for folder, prefix in (("pipeline", installed), ("callbacks", installed / "callbacks")):
+    for src in (root / folder).rglob("*.py"):
+        if "__pycache__" not in src.parts and not (prefix / src.relative_to(root / folder)).exists():
+            sys.exit(1)
 PY
 then
   say "fsmtrain (editable, this folder) and its dev and examples extras are installed"
 else
-  python -m pip install -e '.[dev,examples]'
+  # strict: a tree of links to pipeline/ (as fsmtrain) and callbacks/ (as fsmtrain.callbacks), which mypy
+  # and every tool can read as a plain package; a module added later needs this install again
+  python -m pip install -e '.[dev,examples]' --config-settings editable_mode=strict
 fi
-# The editable install imports these sources; where PYTHONDONTWRITEBYTECODE is set nothing caches
-# their bytecode, and every fsmtrain command would compile them again (about a second of CPU).
-if python -m compileall -q pipeline callbacks; then say "pipeline/ and callbacks/ compiled (bytecode cache)"
-else say "pipeline/ and callbacks/ could not all be compiled (above); each command compiles them as it runs"
+# Where PYTHONDONTWRITEBYTECODE is set nothing caches bytecode, and every fsmtrain command would compile
+# the sources again (about a second of CPU): compile them where they are imported from, the link tree.
+if python -m compileall -q "$(python -I -c 'import fsmtrain, os; print(os.path.dirname(fsmtrain.__file__))')"
+then say "fsmtrain compiled (bytecode cache)"
+else say "fsmtrain could not all be compiled (above); each command compiles it as it runs"
 fi
 
 # --- 4. the pinned Mermaid (Node, jsdom) that parses the diagrams in tests/test_diagrams.py ----------

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsmtrain.app.trainer import Trainer
+from fsmtrain.callbacks import EarlyStoppingCallback, NaNDetectionCallback
+from fsmtrain.core.chain import Chain
+from fsmtrain.tools.audit import audit_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from callbacks import EarlyStoppingCallback, NaNDetectionCallback
-from pipeline.app.trainer import Trainer
-from pipeline.core.chain import Chain
-from pipeline.tools.audit import audit_file
 
 BATCHES = 64
 

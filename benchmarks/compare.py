@@ -386,7 +386,7 @@ def cli_startup(runs: int) -> dict[str, Any]:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "CI": "1",
            "PYTHONPATH": _pythonpath()}
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
-        train = subprocess.run([sys.executable, "-m", "pipeline", "train", str(REPO / "configs" / "quickstart.yaml"),
+        train = subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(REPO / "configs" / "quickstart.yaml"),
                                 "--run-dir", tmp], env=env, capture_output=True, text=True, timeout=600)
         events = sorted(Path(tmp).rglob("events.jsonl"))
         if train.returncode != 0 or not events:
@@ -398,7 +398,7 @@ def cli_startup(runs: int) -> dict[str, Any]:
             "fsmtrain validate configs/quickstart.yaml": ["validate", str(REPO / "configs" / "quickstart.yaml")],
         }
         script = Path(sys.executable).with_name("fsmtrain")
-        launchers = {"python -m pipeline": [sys.executable, "-m", "pipeline"]}
+        launchers = {"python -m fsmtrain": [sys.executable, "-m", "fsmtrain"]}
         if script.exists():
             launchers["fsmtrain script"] = [str(script)]
         out: dict[str, Any] = {}

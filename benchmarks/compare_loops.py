@@ -142,7 +142,7 @@ def raw_all(job: Job) -> dict[str, Any]:
 
 # --- fsmtrain -------------------------------------------------------------------------------------
 def _fsm(job: Job, callbacks: list[Any], run_dir: Path, log_fsync: str = "commits") -> Any:
-    from pipeline import Trainer, TrainingCallback
+    from fsmtrain import Trainer, TrainingCallback
 
     class Mark(TrainingCallback):
         priority = -1000  # first at epoch begin
@@ -163,12 +163,12 @@ def fsm(job: Job) -> dict[str, Any]:
 
 def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
     """The nine built-ins exactly as ``fsmtrain train`` builds them (config defaults, W&B offline,
-    a pruner on an Optuna trial), through ``pipeline.app.config.build_callbacks``."""
-    from pipeline.app.config import build_callbacks, config_from_dict
+    a pruner on an Optuna trial), through ``fsmtrain.app.config.build_callbacks``."""
+    from fsmtrain.app.config import build_callbacks, config_from_dict
 
     cfg = config_from_dict({
-        "net": "pipeline.training.models.MLP", "net_config": {"in_features": 1, "out_features": 1},
-        "data": "pipeline.training.data.synthetic_regression",  # not used: only the callbacks are built
+        "net": "fsmtrain.training.models.MLP", "net_config": {"in_features": 1, "out_features": 1},
+        "data": "fsmtrain.training.data.synthetic_regression",  # not used: only the callbacks are built
         "optimizer": "torch.optim.AdamW", "epochs": job.epochs, "batch_size": job.train[0][1].shape[0],
         "early_stopping": {"patience": job.patience},
         "wandb": {"enabled": True, "mode": "offline", "project": "bench"},
@@ -181,7 +181,7 @@ def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
 
 
 def fsm_all(job: Job, log_fsync: str = "commits") -> dict[str, Any]:
-    from pipeline.core.events import read_events
+    from fsmtrain.core.events import read_events
 
     run_dir = job.scratch / "run"
     _fsm(job, nine_builtins(job, run_dir), run_dir, log_fsync)
@@ -389,13 +389,13 @@ def lightning_all(job: Job) -> dict[str, Any]:
 LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] = {
     "raw": (raw, "raw PyTorch loop", ()),
     "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
-    "fsm": (fsm, "fsmtrain core, no callbacks", ("pipeline.app.trainer",)),
-    "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+    "fsm": (fsm, "fsmtrain core, no callbacks", ("fsmtrain.app.trainer",)),
+    "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
     "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never",
-                            ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+                            ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every",
-                            ("pipeline.app.trainer", "callbacks", "wandb", "optuna")),
+                            ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),
     "ignite_all": (ignite_all, "Ignite + equivalents",
                    ("ignite.engine", "ignite.metrics", "ignite.handlers", "ignite.handlers.wandb_logger", "wandb",

@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _config(folder: Path, rows: int, epochs: int, threads: int) -> Path:
     cfg: dict[str, Any] = {
         "project": "bench", "name": "ddp", "device": "cpu", "num_threads": threads, "seeds": [0],
-        "data": "pipeline.training.data.synthetic_regression",
+        "data": "fsmtrain.training.data.synthetic_regression",
         "data_config": {"n_samples": rows, "n_features": 256, "val_fraction": 0.1},
-        "net": "pipeline.training.models.MLP",
+        "net": "fsmtrain.training.models.MLP",
         "net_config": {"in_features": 256, "out_features": 1, "hidden": [1024, 1024]},
         "optimizer": "torch.optim.SGD", "optimizer_config": {"lr": 1e-3},
         "epochs": epochs, "batch_size": 256,
@@ -58,7 +58,7 @@ def throughput(nproc: int, threads: int, rows: int, epochs: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         config = _config(folder, rows, epochs, threads)
-        done = subprocess.run([sys.executable, "-m", "pipeline", "train", str(config), "--nproc", str(nproc)],
+        done = subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(config), "--nproc", str(nproc)],
                               cwd=folder, env=_env(), capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SystemExit(f"training on {nproc} process(es) failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -73,9 +73,8 @@ def throughput(nproc: int, threads: int, rows: int, epochs: int) -> float:
 def _agreement_worker(rounds: int) -> None:
     """Runs on each rank under torchrun: time the agreement and one metric all-reduce."""
     import torch
-
-    from pipeline.core.consensus import decide, proposal_of
-    from pipeline.training.distributed import DistributedOptions, init_from_env, shutdown
+    from fsmtrain.core.consensus import decide, proposal_of
+    from fsmtrain.training.distributed import DistributedOptions, init_from_env, shutdown
 
     coll = init_from_env(DistributedOptions(), torch.device("cpu"))
     for _ in range(50):  # warm-up: connections, allocator

@@ -53,7 +53,7 @@ def run(workers: int, trials: int, epochs: int) -> dict[str, float]:
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         start = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline", "hpo", str(cfg), "--workers", str(workers), "--n-trials", str(trials),
+            [sys.executable, "-m", "fsmtrain", "hpo", str(cfg), "--workers", str(workers), "--n-trials", str(trials),
              "--storage", str(journal)], cwd=root, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
         if proc.returncode != 0:

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.core.lifecycle import HOOK_NAMES
 from torch import nn
-
-from pipeline import Trainer, TrainingCallback
-from pipeline.core.lifecycle import HOOK_NAMES
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -66,9 +65,8 @@ def all_nine(run_dir: Path, epochs: int) -> list[TrainingCallback]:
     every 10 epochs (plus best and latest), and a pruner on a real in-memory Optuna trial."""
     import os
 
+    import fsmtrain.callbacks as cb
     import optuna
-
-    import callbacks as cb
 
     os.environ.setdefault("WANDB_SILENT", "true")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

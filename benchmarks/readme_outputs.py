@@ -119,7 +119,7 @@ def _run(args: tuple[str, ...], work: Path) -> str:
            "COLUMNS": "120"}
     for name in ("WANDB_SERVICE", "FSMTRAIN_LOG_KEY", "FSMTRAIN_STRICT_FSM"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=work, env=env, stdout=subprocess.PIPE,
+    done = subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=work, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
     # absolute paths of the folder it ran in read as paths from a checkout
     return done.stdout.replace(f"{work.resolve()}/", "").replace(f"{work}/", "")

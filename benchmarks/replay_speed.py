@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from callbacks import (
+from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
     GradientMonitorCallback,
@@ -31,8 +31,8 @@ from callbacks import (
     PrunerCallback,
     WandbLoggingCallback,
 )
-from pipeline.core.hooks import TrainingCallback
-from pipeline.tools.replay import RecordedTrial, ReplayResult, TrialReport, replay_losses
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.tools.replay import RecordedTrial, ReplayResult, TrialReport, replay_losses
 
 
 def curve(epochs: int) -> tuple[list[float], list[float]]:

@@ -32,17 +32,16 @@ SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report m
 def real_run(run_dir: Path) -> list[dict[str, Any]]:
     """Twelve epochs of a tiny real run at info level with the default callbacks' slots."""
     import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from callbacks import (
+    from fsmtrain.app.trainer import Trainer
+    from fsmtrain.callbacks import (
         EarlyStoppingCallback,
         GradientMonitorCallback,
         LossPredictionCallback,
         NaNDetectionCallback,
         OverfitDetectionCallback,
     )
-    from pipeline.app.trainer import Trainer
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -85,7 +84,7 @@ def _index(records: list[dict[str, Any]], pred: Any) -> int:
 
 def build_log(records: list[dict[str, Any]], epochs: int, out: Path) -> None:
     """A legal, chained log of ``epochs`` epochs shaped like ``records`` (see the module doc)."""
-    from pipeline.core.chain import Chain
+    from fsmtrain.core.chain import Chain
 
     start = _index(records, lambda r: r.get("trigger") == "start_epoch")
     nxt = max(i for i, r in enumerate(records) if r.get("trigger") == "next_epoch")  # into the last epoch
@@ -156,7 +155,7 @@ def measure(run_dir: Path) -> tuple[float, float, int, str, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "report", str(run_dir)], env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "report", str(run_dir)], env=env, stdout=out,
                                 stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - t0
@@ -173,8 +172,8 @@ def measure(run_dir: Path) -> tuple[float, float, int, str, float]:
 def parts(events: Path) -> None:
     """Where the time goes: the report's own reading of the log, the audit, and the rest (wall time,
     and CPU time, which a loaded machine inflates less)."""
-    from pipeline.tools.audit import audit_file
-    from pipeline.tools.report.run import read_run, run_sections
+    from fsmtrain.tools.audit import audit_file
+    from fsmtrain.tools.report.run import read_run, run_sections
 
     marks = [(time.perf_counter(), time.process_time())]
     read_run(events)

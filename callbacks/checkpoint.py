@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import CheckpointContext, EpochContext, RunContext
-from pipeline.core.events import EVENTS_FILE
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.ledger import committed_checkpoints
-from pipeline.core.stop import StopReason
-from pipeline.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
+from fsmtrain.core.context import CheckpointContext, EpochContext, RunContext
+from fsmtrain.core.events import EVENTS_FILE
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.ledger import committed_checkpoints
+from fsmtrain.core.stop import StopReason
+from fsmtrain.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
 
 __all__ = ["CheckpointCallback"]
 
@@ -40,7 +40,7 @@ def _shown_in(folder: str, name: str, run: RunContext) -> str:
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`pipeline.training.checkpoint.CheckpointManager`. The state is staged
+    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. The state is staged
     there (copied into reused host buffers); with ``background=True`` (the default) a writer thread
     writes it while the next epoch trains, and logs it the moment it is durable: a ``checkpoint``
     event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file

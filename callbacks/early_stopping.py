@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.core.context import EpochContext, RunContext, epoch_number
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.slots import EARLY_STOPPING_WAIT
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochContext, RunContext, epoch_number
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.slots import EARLY_STOPPING_WAIT
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["EarlyStoppingCallback", "improves"]
 

@@ -1,6 +1,6 @@
 """An aligned console table, one line per epoch (or every N epochs), for runs without a terminal bar.
 
-Every metric and every numeric slot gets a column (``pipeline.core.scalars``), so a user's
+Every metric and every numeric slot gets a column (``fsmtrain.core.scalars``), so a user's
 ``val_accuracy`` metric or ``my_metric`` slot shows without a change here::
 
     columns: train = train loss, val = validation loss, lr = learning rate, grad = max gradient norm
@@ -19,10 +19,10 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.scalars import epoch_scalars
-from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.scalars import epoch_scalars
+from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["ABBREVIATIONS", "EpochSummaryCallback", "SummaryTable"]
 

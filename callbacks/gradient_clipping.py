@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from pipeline.core.context import RunContext, StepContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.context import RunContext, StepContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = ["GradientClippingCallback"]
 

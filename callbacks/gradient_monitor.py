@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.slots import MAX_GRAD_NORM
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.slots import MAX_GRAD_NORM
 
 __all__ = ["GradientMonitorCallback"]
 
@@ -56,7 +55,7 @@ class GradientMonitorCallback(TrainingCallback):
 
     priority = 12
     tier = Tier.CORE
-    # Needs live gradients: a replay feeds the recorded max_grad_norm instead (pipeline.tools.replay).
+    # Needs live gradients: a replay feeds the recorded max_grad_norm instead (fsmtrain.tools.replay).
     replay = ReplaySupport.DRY
     writes = (MAX_GRAD_NORM,)
     buffer_size = 256

@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.slots import LOSS_PREDICTION, LossPrediction
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
 __all__ = [
     "FIRST_EPOCH", "MIN_R2", "REFIT_GROWTH", "LossPredictionCallback", "fit_exponential", "predict_final_loss",

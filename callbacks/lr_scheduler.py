@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from pipeline.core.context import EpochContext, StepContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.context import EpochContext, StepContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = ["LRSchedulerCallback"]
 

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.scalars import slot_scalars
-from pipeline.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.scalars import slot_scalars
+from fsmtrain.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
 
@@ -30,7 +30,7 @@ def _number(value: Any) -> float | int | None:
 
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
     """Numeric slot values under the slot's name (an int stays an int); a structured value gives the
-    columns W&B, TensorBoard and the console show for it, by the same names (``pipeline.core.scalars``:
+    columns W&B, TensorBoard and the console show for it, by the same names (``fsmtrain.core.scalars``:
     the loss prediction is ``predicted_final_loss``, a dataclass ``<slot>/<field>``). Anything else
     (strings, lists, ``None``) is left out."""
     out: dict[str, float | int] = {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["NaNDetectionCallback"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 __all__ = ["OptimizerModeCallback", "has_modes"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.slots import OVERFIT_GAP_RATIO
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.slots import OVERFIT_GAP_RATIO
 
 __all__ = ["OverfitDetectionCallback", "diverging"]
 

@@ -8,8 +8,8 @@ import sys
 import time
 from typing import Any
 
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
 
 __all__ = ["ProgressBarCallback", "auto_enabled"]
 

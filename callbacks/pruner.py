@@ -6,10 +6,10 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.slots import LOSS_PREDICTION
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.slots import LOSS_PREDICTION
+from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.scalars import epoch_scalars
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.scalars import epoch_scalars
 
 __all__ = ["TensorBoardLoggingCallback"]
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.scalars import epoch_scalars
-from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.scalars import epoch_scalars
+from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["WandbLoggingCallback", "epoch_log"]
 
@@ -26,7 +26,7 @@ def epoch_log(epoch: EpochContext) -> dict[str, float]:
     """The dict logged for one epoch: every epoch metric (``train_loss``, ``val_loss``, ``lr`` and
     validation metrics) and every numeric slot value present, under its slot name
     (``max_grad_norm``, ``overfit_gap_ratio``, ``predicted_final_loss``, a user's ``my_metric``;
-    see ``pipeline.core.scalars``)."""
+    see ``fsmtrain.core.scalars``)."""
     return epoch_scalars(epoch)
 
 

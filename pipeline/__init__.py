@@ -2,15 +2,15 @@
 
 The layers, bottom to top (imports only point down; ``pyproject.toml`` declares the contract):
 
-- ``pipeline.core``: the machine, torch-free: lifecycle table, contexts and slots, callbacks,
+- ``fsmtrain.core``: the machine, torch-free: lifecycle table, contexts and slots, callbacks,
   runner, engine, event log, drawings of the table;
-- ``pipeline.training``: the torch side the engine drives (driver, batch body, checkpoints, data);
+- ``fsmtrain.training``: the torch side the engine drives (driver, batch body, checkpoints, data);
 - ``callbacks``: the built-in callbacks, one module each;
-- ``pipeline.app``: the ``Trainer`` facade, run configs, one seed's job;
-- ``pipeline.tools``: audit, replay, diagrams, reports on what runs left behind;
-- ``pipeline.cli``: the ``fsmtrain`` command.
+- ``fsmtrain.app``: the ``Trainer`` facade, run configs, one seed's job;
+- ``fsmtrain.tools``: audit, replay, diagrams, reports on what runs left behind;
+- ``fsmtrain.cli``: the ``fsmtrain`` command.
 
-The names below are re-exported lazily, so ``import pipeline`` (and ``fsmtrain audit``) never
+The names below are re-exported lazily, so ``import fsmtrain`` (and ``fsmtrain audit``) never
 imports torch unless a torch-side name is asked for.
 """
 
@@ -22,37 +22,37 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "CheckpointContext": "pipeline.core.context",
-    "EpochContext": "pipeline.core.context",
-    "EpochRecord": "pipeline.core.context",
-    "FaultContext": "pipeline.core.context",
-    "RunContext": "pipeline.core.context",
-    "Slot": "pipeline.core.context",
-    "StepContext": "pipeline.core.context",
-    "StopRequest": "pipeline.core.context",
-    "Driver": "pipeline.core.driver",
-    "Engine": "pipeline.core.engine",
-    "TrainResult": "pipeline.core.result",
-    "ReplaySupport": "pipeline.core.hooks",
-    "Tier": "pipeline.core.hooks",
-    "TrainingCallback": "pipeline.core.hooks",
-    "HOOKS": "pipeline.core.lifecycle",
-    "TRANSITIONS": "pipeline.core.lifecycle",
-    "Guard": "pipeline.core.lifecycle",
-    "LifecycleError": "pipeline.core.lifecycle",
-    "Phase": "pipeline.core.lifecycle",
-    "StopReason": "pipeline.core.stop",
-    "Transition": "pipeline.core.lifecycle",
-    "EventLog": "pipeline.core.events",
-    "read_events": "pipeline.core.events",
-    "GlobalHandle": "pipeline.core.registry",
-    "GlobalRegistrationError": "pipeline.core.registry",
-    "register_global_callback": "pipeline.core.registry",
-    "CallbackDefinitionError": "pipeline.core.checks",
-    "SlotWriteError": "pipeline.core.checks",
-    "CallbackOrderError": "pipeline.core.runner",
-    "CallbackRunner": "pipeline.core.runner",
-    "Trainer": "pipeline.app.trainer",
+    "CheckpointContext": "fsmtrain.core.context",
+    "EpochContext": "fsmtrain.core.context",
+    "EpochRecord": "fsmtrain.core.context",
+    "FaultContext": "fsmtrain.core.context",
+    "RunContext": "fsmtrain.core.context",
+    "Slot": "fsmtrain.core.context",
+    "StepContext": "fsmtrain.core.context",
+    "StopRequest": "fsmtrain.core.context",
+    "Driver": "fsmtrain.core.driver",
+    "Engine": "fsmtrain.core.engine",
+    "TrainResult": "fsmtrain.core.result",
+    "ReplaySupport": "fsmtrain.core.hooks",
+    "Tier": "fsmtrain.core.hooks",
+    "TrainingCallback": "fsmtrain.core.hooks",
+    "HOOKS": "fsmtrain.core.lifecycle",
+    "TRANSITIONS": "fsmtrain.core.lifecycle",
+    "Guard": "fsmtrain.core.lifecycle",
+    "LifecycleError": "fsmtrain.core.lifecycle",
+    "Phase": "fsmtrain.core.lifecycle",
+    "StopReason": "fsmtrain.core.stop",
+    "Transition": "fsmtrain.core.lifecycle",
+    "EventLog": "fsmtrain.core.events",
+    "read_events": "fsmtrain.core.events",
+    "GlobalHandle": "fsmtrain.core.registry",
+    "GlobalRegistrationError": "fsmtrain.core.registry",
+    "register_global_callback": "fsmtrain.core.registry",
+    "CallbackDefinitionError": "fsmtrain.core.checks",
+    "SlotWriteError": "fsmtrain.core.checks",
+    "CallbackOrderError": "fsmtrain.core.runner",
+    "CallbackRunner": "fsmtrain.core.runner",
+    "Trainer": "fsmtrain.app.trainer",
 }
 
 __all__ = [
@@ -93,7 +93,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+        raise AttributeError(f"module 'fsmtrain' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
@@ -104,9 +104,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from pipeline.app.trainer import Trainer
-    from pipeline.core.checks import CallbackDefinitionError, SlotWriteError
-    from pipeline.core.context import (
+    from fsmtrain.app.trainer import Trainer
+    from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError
+    from fsmtrain.core.context import (
         CheckpointContext,
         EpochContext,
         EpochRecord,
@@ -116,12 +116,12 @@ if TYPE_CHECKING:
         StepContext,
         StopRequest,
     )
-    from pipeline.core.driver import Driver
-    from pipeline.core.engine import Engine
-    from pipeline.core.events import EventLog, read_events
-    from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-    from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
-    from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
-    from pipeline.core.result import TrainResult
-    from pipeline.core.runner import CallbackOrderError, CallbackRunner
-    from pipeline.core.stop import StopReason
+    from fsmtrain.core.driver import Driver
+    from fsmtrain.core.engine import Engine
+    from fsmtrain.core.events import EventLog, read_events
+    from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+    from fsmtrain.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
+    from fsmtrain.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
+    from fsmtrain.core.result import TrainResult
+    from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
+    from fsmtrain.core.stop import StopReason

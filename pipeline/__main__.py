@@ -1,5 +1,5 @@
-"""``python -m pipeline``: the fsmtrain command line."""
+"""``python -m fsmtrain``: the fsmtrain command line."""
 
-from pipeline.cli import main
+from fsmtrain.cli import main
 
 raise SystemExit(main())

@@ -1,9 +1,9 @@
-"""The ``fsmtrain`` command line (also ``python -m pipeline``).
+"""The ``fsmtrain`` command line (also ``python -m fsmtrain``).
 
 ``validate``, ``preflight`` and ``init`` live here; ``train`` and ``resume`` in
-``pipeline.app.run_commands``, and ``pipeline.tools.diagrams.cli``, ``pipeline.tools.audit.cli``,
-``pipeline.tools.replay.cli`` and the others in ``_PLUGINS`` add their own subcommands through
-``register_cli``. What the commands share (``ExitCode``, ``UsageError``) is ``pipeline.app.commands``;
+``fsmtrain.app.run_commands``, and ``fsmtrain.tools.diagrams.cli``, ``fsmtrain.tools.audit.cli``,
+``fsmtrain.tools.replay.cli`` and the others in ``_PLUGINS`` add their own subcommands through
+``register_cli``. What the commands share (``ExitCode``, ``UsageError``) is ``fsmtrain.app.commands``;
 this module re-exports it.
 
 Start-up is part of the interface: ``--help``, ``audit`` and ``diagram`` import no torch, W&B or
@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.app import run_commands
-from pipeline.app.commands import (
+from fsmtrain.app import run_commands
+from fsmtrain.app.commands import (
     ExitCode,
     UsageError,
     config_args,
@@ -38,10 +38,10 @@ __all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_config_of(args)
     if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
-        from pipeline.app.hpo.study import check_study
+        from fsmtrain.app.hpo.study import check_study
 
         check_study(cfg, args.config)
-    from pipeline.app.config.checks import check_builds
+    from fsmtrain.app.config.checks import check_builds
 
     built, data = check_builds(cfg, data=args.data)  # what train would reject when it builds, found now
     print_warnings(cfg, sys.stdout)
@@ -52,7 +52,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from pipeline.app.preflight import PreflightFailed, run_preflight
+    from fsmtrain.app.preflight import PreflightFailed, run_preflight
 
     cfg = load_config_of(args)
     print_warnings(cfg, sys.stdout)
@@ -66,7 +66,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 # --- init ------------------------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
-    from pipeline.app.config.starter import STARTER_CONFIG, init_problem
+    from fsmtrain.app.config.starter import STARTER_CONFIG, init_problem
 
     directory = Path(args.dir)
     problem = init_problem(directory, args.name, args.force)
@@ -85,8 +85,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------
-_PLUGINS = ("pipeline.tools.diagrams.cli", "pipeline.tools.audit.cli", "pipeline.tools.replay.cli",
-            "pipeline.tools.report.cli", "pipeline.app.hpo.cli", "pipeline.tools.report.hpo_report")
+_PLUGINS = ("fsmtrain.tools.diagrams.cli", "fsmtrain.tools.audit.cli", "fsmtrain.tools.replay.cli",
+            "fsmtrain.tools.report.cli", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
-_USER_ERRORS = (("pipeline.app.config.problems", "ConfigError"), ("pipeline.app.rundir", "RunDirError"),
-                ("pipeline.training.resume", "ResumeError"), ("pipeline.app.commands", "UsageError"))
+_USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
+                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.commands", "UsageError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:
@@ -132,7 +132,7 @@ def _is_config_error(exc: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m pipeline``)
+    """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m fsmtrain``)
     it owns the process: a command that latched its signals keeps them latched until it exits."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline.core.engine import Interrupted
+    from fsmtrain.core.engine import Interrupted
 
     try:
         return int(args.func(args))
@@ -175,7 +175,7 @@ def _settle_signals(owns_process: bool, code: int | None) -> int:
     """The exit status with a command's latched signals honoured (128 + the first one). A process
     the command owns honours a signal until it ends (:meth:`SignalLatch.settle`); in-process, the
     handlers the latch replaced come back. ``code`` None: the command raised."""
-    from pipeline.core import signal_latch
+    from fsmtrain.core import signal_latch
 
     latch = signal_latch.installed()
     final = int(ExitCode.ERROR) if code is None else code

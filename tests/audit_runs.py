@@ -20,14 +20,13 @@ from typing import Any
 
 import optuna
 import torch
+from fsmtrain.app.trainer import Trainer
+from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
+from fsmtrain.core.chain import KEY_ENV, Chain
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import TrainingCallback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
-from pipeline.app.trainer import Trainer
-from pipeline.core.chain import KEY_ENV, Chain
-from pipeline.core.context import EpochContext
-from pipeline.core.hooks import TrainingCallback
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,8 +97,8 @@ _SIGINT_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from audit_runs import _trainer
-    from callbacks import CheckpointCallback
-    from pipeline.core.hooks import TrainingCallback
+    from fsmtrain.callbacks import CheckpointCallback
+    from fsmtrain.core.hooks import TrainingCallback
 
     class Slow(TrainingCallback):
         def on_epoch_end(self, epoch):
@@ -233,7 +232,7 @@ class QuickstartRuns:
 
 def make_quickstart_runs(root: Path) -> QuickstartRuns:
     """Two real ``fsmtrain train configs/quickstart.yaml`` runs (in this process, through the CLI)."""
-    from pipeline.cli import main as cli_main
+    from fsmtrain.cli import main as cli_main
 
     dirs = []
     for keyed in (False, True):

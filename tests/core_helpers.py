@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.core.context import EpochContext, FaultContext, RunContext, StepContext
+from fsmtrain.core.events import read_events
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from pipeline import Trainer, TrainingCallback
-from pipeline.core.context import EpochContext, FaultContext, RunContext, StepContext
-from pipeline.core.events import read_events
 
 
 def tiny_task(seed: int = 0, n: int = 96, batch: int = 16) -> tuple[DataLoader[Any], DataLoader[Any]]:

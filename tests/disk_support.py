@@ -7,8 +7,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from pipeline import TrainingCallback
-from pipeline.core.context import EpochContext
+from fsmtrain import TrainingCallback
+from fsmtrain.core.context import EpochContext
 
 
 def fill(path: Path) -> int:

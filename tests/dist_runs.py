@@ -50,7 +50,7 @@ def config(folder: Path, *, extra: Sequence[dict[str, Any]] = (), epochs: int = 
 
 
 def fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(**extra_env),
+    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(**extra_env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = finish(proc, timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

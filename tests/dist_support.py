@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import torch
-
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.stop import StopReason
 
 
 def _rank(run: RunContext) -> int:

@@ -6,8 +6,8 @@ import os
 import signal
 import time
 
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.hooks import TrainingCallback
 
 
 class FailedElsewhere(TrainingCallback):

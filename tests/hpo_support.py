@@ -49,7 +49,7 @@ def env() -> dict[str, str]:
 
 
 def fsmtrain(*args: str | Path, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env(),
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *map(str, args)], cwd=cwd, env=env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -63,7 +63,7 @@ def popen(*args: str | Path, cwd: Path, log: Path, session: bool = False) -> sub
     """``fsmtrain`` in the background; ``session``: in a process group of its own, which a signal to
     the group (a terminal's Ctrl-C) reaches whole, and nothing of the test's."""
     fh = open(log, "wb")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, env=env(),
+    return subprocess.Popen([sys.executable, "-m", "fsmtrain", *map(str, args)], cwd=cwd, env=env(),
                             stdout=fh, stderr=subprocess.STDOUT, preexec_fn=_default_sigint,
                             start_new_session=session)
 

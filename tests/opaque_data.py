@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.training.data import synthetic_regression
+from fsmtrain.training.data import synthetic_regression
 
 
 class OpaqueLoader:

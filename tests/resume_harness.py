@@ -30,7 +30,7 @@ def env() -> dict[str, str]:
 
 
 def fsmtrain(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(),
+    return subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from pipeline import TrainingCallback
-from pipeline.core.context import EpochContext
+from fsmtrain import TrainingCallback
+from fsmtrain.core.context import EpochContext
 
 
 class HoldFirstEpoch(TrainingCallback):

@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline import TrainingCallback
-from pipeline.core.context import RunContext
+from fsmtrain import TrainingCallback
+from fsmtrain.core.context import RunContext
 
 
 class SlowTeardown(TrainingCallback):

@@ -1,4 +1,4 @@
-"""``pipeline.tools.audit`` on real run logs (the session fixture ``real_runs``) and on tampered copies.
+"""``fsmtrain.tools.audit`` on real run logs (the session fixture ``real_runs``) and on tampered copies.
 
 Every tamper case edits a real log the way a lost, repeated or altered line would, and the audit
 must fail naming that line.
@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
-
-from callbacks import CheckpointCallback
-from pipeline.cli import main as cli_main
-from pipeline.tools.audit import AuditReport, Finding, Severity, audit_file
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.cli import main as cli_main
+from fsmtrain.tools.audit import AuditReport, Finding, Severity, audit_file
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 
@@ -51,7 +50,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def _audit_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "pipeline", "audit", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", "audit", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=120, check=False)
 
 

@@ -18,11 +18,10 @@ import pytest
 import torch
 from audit_runs import QUICKSTART_KEY, REPO, QuickstartRuns, _RaiseAt, _trainer, read_lines, rechain
 from core_helpers import make_trainer
-
-from callbacks import CheckpointCallback
-from pipeline.core.chain import KEY_ENV, Chain, read_key_file
-from pipeline.core.events import EventLog, read_events
-from pipeline.tools.audit import audit_file
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.core.chain import KEY_ENV, Chain, read_key_file
+from fsmtrain.core.events import EventLog, read_events
+from fsmtrain.tools.audit import audit_file
 
 
 def _links_hold(path: Path, chain: Chain, genesis: str) -> bool:
@@ -191,7 +190,7 @@ def test_a_resume_with_another_key_or_none_is_refused_before_it_touches_the_run(
         tmp_path: Path, started: bytes | None, resumed: bytes | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found: a keyed run resumed without its key (or with another) went on chaining with plain sha256
     (or the other key), and no key could verify the log any more."""
-    from pipeline.training.resume import ResumeError
+    from fsmtrain.training.resume import ResumeError
 
     run = tmp_path / "run"
     if started is not None:
@@ -252,13 +251,13 @@ def test_a_killed_and_resumed_quickstart_chains_across_segments(tmp_path: Path,
     """``fsmtrain train`` killed with SIGKILL mid-run, then ``fsmtrain resume``, with a key: the
     audit passes with the key, and the chain runs from the first segment into the second. Then the
     log cut back to before its last epoch is caught by the checkpoints' pinned heads."""
-    from pipeline.cli import main as cli_main
+    from fsmtrain.cli import main as cli_main
 
     key = "kill-and-resume-key"
     env = dict(os.environ, PYTHONPATH=str(REPO), **{KEY_ENV: key})
     settings = ["--set", "epochs=40", "--set", "wandb.enabled=false", "--set", "early_stopping.enabled=false",
                 "--set", "scheduler_config.T_max=40"]
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(REPO / "configs" / "quickstart.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(REPO / "configs" / "quickstart.yaml"),
                              "--run-dir", str(tmp_path), *settings], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = tmp_path / "mlp-regression-seed0"
@@ -299,8 +298,8 @@ _KILL_AFTER_COMMIT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from audit_runs import _trainer
-    from callbacks import CheckpointCallback
-    from pipeline.core.hooks import TrainingCallback
+    from fsmtrain.callbacks import CheckpointCallback
+    from fsmtrain.core.hooks import TrainingCallback
 
     class KillAfterCommit(TrainingCallback):
         priority = 99  # after CheckpointCallback (95) committed the epoch, before its epoch event
@@ -344,7 +343,7 @@ def test_killed_between_the_commit_and_the_epoch_event(tmp_path: Path, epoch: in
 def _audit_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "pipeline", "audit", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", "audit", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=120, check=False)
 
 

@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 from audit_runs import QUICKSTART_KEY, QuickstartRuns, read_lines, rechain
-
-from pipeline.core.chain import Chain
-from pipeline.tools.audit import AuditReport, audit_file
+from fsmtrain.core.chain import Chain
+from fsmtrain.tools.audit import AuditReport, audit_file
 
 pytestmark = pytest.mark.slow  # the session fixture trains the quickstart twice (~10 s, once)
 
@@ -356,7 +355,7 @@ def test_a_checkpoint_changed_after_the_run_is_still_caught(quickstart_runs: Qui
 
 
 def test_slot_values_of_the_wrong_type(plain: Lines, tmp_path: Path) -> None:
-    """Slots declare their types (``pipeline.core.slots``): a logged value of another type is named."""
+    """Slots declare their types (``fsmtrain.core.slots``): a logged value of another type is named."""
     a, b = _epoch_lines(plain)[:2]
     forged = _edit(plain, a, lambda r: r["payload"]["slots"].update(max_grad_norm="large"))
     forged = _edit(forged, b, lambda r: r["payload"]["slots"].update(

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from audit_runs import RealRuns, read_lines, rechain
-
-from pipeline.cli import main as cli_main
-from pipeline.core.consensus import log_name_for_rank
-from pipeline.tools.audit import audit_file
-from pipeline.tools.audit.ranks import audit_run_dir
+from fsmtrain.cli import main as cli_main
+from fsmtrain.core.consensus import log_name_for_rank
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.tools.audit.ranks import audit_run_dir
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 from audit_runs import KEYED_RUN_KEY, read_lines, rechain
+from fsmtrain.cli import main as cli_main
+from fsmtrain.core.chain import Chain
+from fsmtrain.tools.audit import AuditReport, audit_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pipeline.cli import main as cli_main
-from pipeline.core.chain import Chain
-from pipeline.tools.audit import AuditReport, audit_file
 
 Path_ = tuple[Any, ...]  # a field's path in a record: keys and list indices
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 from audit_runs import REPO, _trainer, read_lines
-
-from callbacks import CheckpointCallback
-from pipeline.core.chain import KEY_ENV
-from pipeline.tools.audit import AuditReport, Finding, Verdict, audit_file
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.core.chain import KEY_ENV
+from fsmtrain.tools.audit import AuditReport, Finding, Verdict, audit_file
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +93,8 @@ _KILL_AFTER_EPOCH_1 = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from audit_runs import _trainer
-    from callbacks import CheckpointCallback
-    from pipeline.core.hooks import TrainingCallback
+    from fsmtrain.callbacks import CheckpointCallback
+    from fsmtrain.core.hooks import TrainingCallback
 
     class KillAtEpochEnd(TrainingCallback):
         priority = 99  # after CheckpointCallback (95) committed the epoch

@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
-
-from callbacks import GradientMonitorCallback, WandbLoggingCallback
-from pipeline import (
+from fsmtrain import (
     CallbackDefinitionError,
     CallbackOrderError,
     CallbackRunner,
@@ -21,12 +19,13 @@ from pipeline import (
     StopReason,
     TrainingCallback,
 )
-from pipeline.core.checks import hook_hint, suggest_hook
-from pipeline.core.context import CheckpointContext, EpochContext, RunContext
-from pipeline.core.driver import BaseDriver
-from pipeline.core.engine import Engine
-from pipeline.core.events import EventLog
-from pipeline.core.lifecycle import HOOKS
+from fsmtrain.callbacks import GradientMonitorCallback, WandbLoggingCallback
+from fsmtrain.core.checks import hook_hint, suggest_hook
+from fsmtrain.core.context import CheckpointContext, EpochContext, RunContext
+from fsmtrain.core.driver import BaseDriver
+from fsmtrain.core.engine import Engine
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.lifecycle import HOOKS
 
 # --- hook names -----------------------------------------------------------------------------------
 

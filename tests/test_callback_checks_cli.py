@@ -17,13 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(180)
 def test_a_misspelt_hook_in_an_extra_callback_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "mycallbacks.py").write_text(
-        "from callbacks import TrainingCallback\n\n"
+        "from fsmtrain.callbacks import TrainingCallback\n\n"
         "class Misspelt(TrainingCallback):\n"
         "    def on_validation_end(self, epoch):\n"
         "        pass\n", encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "train", str(ROOT / "configs" / "quickstart.yaml"), "--set", "epochs=1",
+        [sys.executable, "-m", "fsmtrain", "train", str(ROOT / "configs" / "quickstart.yaml"), "--set", "epochs=1",
          "--set", "callbacks.extra=[{target: mycallbacks.Misspelt}]"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 2, proc.stderr

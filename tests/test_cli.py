@@ -1,4 +1,4 @@
-"""The real ``fsmtrain`` CLI in subprocesses (``python -m pipeline``), W&B offline, CI mode."""
+"""The real ``fsmtrain`` CLI in subprocesses (``python -m fsmtrain``), W&B offline, CI mode."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from pipeline.app.config import load_config
-from pipeline.cli import ExitCode, main
-from pipeline.core.events import read_events
+from fsmtrain.app.config import load_config
+from fsmtrain.cli import ExitCode, main
+from fsmtrain.core.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -24,7 +23,7 @@ def fsmtrain(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
+        [sys.executable, "-m", "fsmtrain", *map(str, args)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=240,
     )
 
@@ -55,8 +54,8 @@ def test_quickstart_trains_to_completed_with_a_full_run_dir(tmp_path: Path) -> N
 def test_three_mistakes_one_error_and_nothing_on_disk(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(
-        "net: pipeline.training.models.MLP\nnet_config: {in_features: 8, out_features: 1}\n"
-        "data: pipeline.training.data.synthetic_regression\noptimizer: torch.optim.Adamm\n"
+        "net: fsmtrain.training.models.MLP\nnet_config: {in_features: 8, out_features: 1}\n"
+        "data: fsmtrain.training.data.synthetic_regression\noptimizer: torch.optim.Adamm\n"
         "epochs: -1\nbatch_size: 32\nearly_stoping: {patience: 3}\n"
     )
     proc = fsmtrain("train", config, cwd=tmp_path)
@@ -163,7 +162,7 @@ def test_init_refuses_a_dir_or_name_it_cannot_write_in_one_line(
     assert (work / "afile").read_text() == "mine\n"
 
 FAULTY = '''
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.core.hooks import TrainingCallback
 
 
 class Fault(TrainingCallback):
@@ -195,7 +194,7 @@ def test_error_and_interrupt_exit_codes(tmp_path: Path, kind: str, code: ExitCod
 
 
 FAILING_END = '''
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.core.hooks import TrainingCallback
 
 
 class FailingEnd(TrainingCallback):
@@ -218,8 +217,8 @@ def test_an_error_raised_in_train_end_after_all_epochs_fails_the_command(tmp_pat
 
 
 def test_every_stop_reason_has_an_exit_code() -> None:
-    from pipeline.cli import exit_code_for
-    from pipeline.core.stop import StopReason
+    from fsmtrain.cli import exit_code_for
+    from fsmtrain.core.stop import StopReason
 
     codes = {reason: exit_code_for(reason) for reason in StopReason}
     assert {r for r, c in codes.items() if c is ExitCode.OK} == {
@@ -245,7 +244,7 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path, command: str) ->
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        proc = subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=tmp_path, env=env, stdout=write_end,
+        proc = subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=tmp_path, env=env, stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=100)
     finally:
         os.close(write_end)

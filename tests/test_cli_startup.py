@@ -20,7 +20,7 @@ HEAVY = ("torch", "wandb", "optuna")
 # Runs the real CLI entry point in this interpreter, then reports what the command imported.
 _PROBE = """
 import json, sys
-from pipeline.cli import main
+from fsmtrain.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:  # argparse's --help and usage errors
@@ -100,7 +100,7 @@ def test_validate_imports_a_users_own_module(tmp_path: Path) -> None:
                                        "        super().__init__()\n")
     config = tmp_path / "c.yaml"
     config.write_text((REPO / "configs" / "quickstart.yaml").read_text()
-                      .replace("net: pipeline.training.models.MLP", "net: mynet.Net")
+                      .replace("net: fsmtrain.training.models.MLP", "net: mynet.Net")
                       .replace("net_config:\n  in_features: 8\n  out_features: 1\n  hidden: [64, 64]\n", ""))
     out = probe("validate", config, cwd=tmp_path)
     assert out["code"] == 0, out["stderr"]

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from pipeline.app.config import (
+from fsmtrain.app.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
@@ -25,9 +24,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def minimal(**extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "net": "pipeline.training.models.MLP",
+        "net": "fsmtrain.training.models.MLP",
         "net_config": {"in_features": 8, "out_features": 1},
-        "data": "pipeline.training.data.synthetic_regression",
+        "data": "fsmtrain.training.data.synthetic_regression",
         "epochs": 5,
         "batch_size": 32,
     }
@@ -90,7 +89,7 @@ def test_nested_unknown_key_literal_and_kwarg_suggestions() -> None:
         ("net", "torch.optim.Adam", "nn.Module subclass"),
         ("optimizer", "torch.nn.Linear", "Optimizer subclass"),
         ("scheduler", "torch.optim.Adam", "LR scheduler"),
-        ("data", "pipeline.training.models.MLP", "data builder function"),
+        ("data", "fsmtrain.training.models.MLP", "data builder function"),
         ("criterion", "torch.optim.SGD", "a loss"),
     ],
 )
@@ -173,7 +172,7 @@ def test_default_callbacks_follow_the_config(tmp_path: Path) -> None:
     cfg = config_from_dict(minimal(
         wandb={"enabled": True}, grad_clip={"max_norm": 1.0}, grad_accumulation=2,
         callbacks={"gradient_monitor": {"warn_threshold": 5.0}, "overfit_detection": {"window_size": 2},
-                   "extra": [{"target": "callbacks.EpochSummaryCallback", "kwargs": {"every_n_epochs": 2}}]},
+                   "extra": [{"target": "fsmtrain.callbacks.EpochSummaryCallback", "kwargs": {"every_n_epochs": 2}}]},
     ))
     names = [cb.name for cb in build_callbacks(cfg, run_dir=tmp_path)]
     assert names == [
@@ -186,7 +185,7 @@ def test_default_callbacks_follow_the_config(tmp_path: Path) -> None:
     names = [cb.name for cb in build_callbacks(off, run_dir=tmp_path)]
     assert "EarlyStoppingCallback" not in names and "CheckpointCallback" not in names
     assert "LossPredictionCallback" not in names and "WandbLoggingCallback" not in names
-    bad = problems(minimal(callbacks={"extra": [{"target": "pipeline.training.models.MLP"}]}))
+    bad = problems(minimal(callbacks={"extra": [{"target": "fsmtrain.training.models.MLP"}]}))
     assert "TrainingCallback subclass" in bad["callbacks.extra.0.target"].expected
 
 
@@ -210,7 +209,7 @@ def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
 def test_a_metric_named_like_a_builtin_one_is_refused(name: str) -> None:
     """Found: `metrics: {val_loss: ...accuracy}` trained, and early stopping, best checkpoint and the
     objective all ran on accuracy, minimised."""
-    accuracy = "pipeline.training.models.accuracy"
+    accuracy = "fsmtrain.training.models.accuracy"
     found = problems(minimal(metrics={name: accuracy, "acc": accuracy}))
     assert set(found) == {"metrics"}
     assert f"{name} would replace fsmtrain's own" in found["metrics"].expected

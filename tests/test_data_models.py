@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from pipeline.training.data import Loaders, digits, synthetic_regression
-from pipeline.training.models import MLP, accuracy
+from fsmtrain.training.data import Loaders, digits, synthetic_regression
+from fsmtrain.training.models import MLP, accuracy
 
 
 def _batches(loaders: Loaders) -> list[torch.Tensor]:
@@ -58,8 +57,8 @@ def test_digits_config_reaches_90_percent(tmp_path: object) -> None:
     """Acceptance: configs/digits.yaml reaches >= 90% val accuracy within its configured epochs."""
     from pathlib import Path
 
-    from pipeline.app.config import load_config
-    from pipeline.app.job import train_seed
+    from fsmtrain.app.config import load_config
+    from fsmtrain.app.job import train_seed
 
     pytest.importorskip("sklearn")
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""``pipeline.tools.diagrams.cli``: the committed lifecycle diagrams are fresh and complete, callbacks appear
+"""``fsmtrain.tools.diagrams.cli``: the committed lifecycle diagrams are fresh and complete, callbacks appear
 in the runner's real order, and a real run's path is drawn with its counts and stop edge."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
-from system_parts import GRAPHVIZ, MERMAID, require
-
-from callbacks import (
+from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
     GradientMonitorCallback,
@@ -27,9 +25,9 @@ from callbacks import (
     PrunerCallback,
     WandbLoggingCallback,
 )
-from pipeline.cli import main as cli_main
-from pipeline.core.context import EpochContext, FaultContext
-from pipeline.core.drawing import (
+from fsmtrain.cli import main as cli_main
+from fsmtrain.core.context import EpochContext, FaultContext
+from fsmtrain.core.drawing import (
     Format,
     GraphvizMissing,
     callback_diagram,
@@ -40,8 +38,9 @@ from pipeline.core.drawing import (
     svg_recorded_digest,
     write_run_diagram,
 )
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.lifecycle import FINAL, TRANSITIONS, Phase
+from system_parts import GRAPHVIZ, MERMAID, require
 
 DIAGRAMS = REPO / "diagrams"
 REGENERATE = "fsmtrain diagram --write diagrams"
@@ -49,7 +48,7 @@ REGENERATE = "fsmtrain diagram --write diagrams"
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "pipeline", "diagram", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", "diagram", *args], capture_output=True, text=True,
                           cwd=REPO, env=full, timeout=120, check=False)
 
 

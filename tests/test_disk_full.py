@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fsmtrain.core.events import read_events
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.training.checkpoint import CheckpointWriteError, load_checkpoint
+from fsmtrain.training.checkpoint_files import check_room
+from fsmtrain.training.staging import tensor_bytes
 from resume_harness import REPO, env, fsmtrain, same_weights
-
-from pipeline.core.events import read_events
-from pipeline.tools.audit import audit_file
-from pipeline.training.checkpoint import CheckpointWriteError, load_checkpoint
-from pipeline.training.checkpoint_files import check_room
-from pipeline.training.staging import tensor_bytes
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 
@@ -176,7 +175,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
 _FILE_LIMIT = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path
-    from pipeline.core.log_file import LogFile, LogWriteError
+    from fsmtrain.core.log_file import LogFile, LogWriteError
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
     resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
     log = LogFile(Path(sys.argv[1]))

@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 import torch
 import yaml
-
-from pipeline.core.consensus import agreement_points, decide, proposal_of
-from pipeline.core.context import StopRequest
-from pipeline.core.ledger import read_ledger
-from pipeline.core.lifecycle import Phase
-from pipeline.core.stop import StopReason
+from fsmtrain.core.consensus import agreement_points, decide, proposal_of
+from fsmtrain.core.context import StopRequest
+from fsmtrain.core.ledger import read_ledger
+from fsmtrain.core.lifecycle import Phase
+from fsmtrain.core.stop import StopReason
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -50,13 +49,13 @@ def _config(tmp: Path, *, extra: list[dict[str, Any]] = (), **changes: Any) -> P
 
 
 def _fsmtrain(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=_env(), capture_output=True,
                           text=True, timeout=timeout, check=False)
 
 
 def _torchrun(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "pipeline", *args]
+           "-m", "fsmtrain", *args]
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -227,7 +226,7 @@ def _wait_for(path: Path, epoch: int, proc: subprocess.Popen[str], limit: float 
 
 
 def _start(tmp: Path, config: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(config), "--nproc", "2"], cwd=tmp,
+    return subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(config), "--nproc", "2"], cwd=tmp,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -309,8 +308,7 @@ def _forged_resume_records_fail(run_dir: Path, tmp: Path) -> None:
     """What the audit holds a resume record to: each forgery, rechained as someone with write access
     would, is named (checkpoint files left out: they pin the original chain)."""
     from audit_runs import read_lines, rechain
-
-    from pipeline.tools.audit.ranks import audit_run_dir
+    from fsmtrain.tools.audit.ranks import audit_run_dir
 
     def forged(name: str, **changes: Any) -> list[str]:
         copy = tmp / f"forged-{len(list(tmp.glob('forged-*')))}"
@@ -344,8 +342,8 @@ def _resumed_from(run_dir: Path) -> tuple[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> None:
-    from pipeline.training.data import synthetic_regression
-    from pipeline.training.distributed import shard_train_loader
+    from fsmtrain.training.data import synthetic_regression
+    from fsmtrain.training.distributed import shard_train_loader
 
     # 205 rows: 51 validation rows (shards of 26 and 25), 154 training rows; no learning (lr 0), so
     # every figure is a function of the data and the initial weights alone.
@@ -363,7 +361,7 @@ def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> No
     assert two["val_mae"] == pytest.approx(one["val_mae"], rel=1e-6)
     # Training data: every rank's padded shard, the same rows the ranks trained on.
     weights = torch.load(_run_dir(multi) / "model.pt")
-    from pipeline.training.models import MLP
+    from fsmtrain.training.models import MLP
 
     model = MLP(in_features=8, out_features=1, hidden=[64, 64])
     model.load_state_dict(weights)
@@ -391,9 +389,8 @@ def test_cuda_ranks(tmp_path: Path, device: str) -> None:
 def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
     """Seed -1 (data seed 2**64 - 1) died at epoch 1 with "Overflow when unpacking long long" on
     several ranks: DistributedSampler seeds with seed + epoch. It wraps now; in range, torch's order."""
+    from fsmtrain.training.distributed import shard_train_loader
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-    from pipeline.training.distributed import shard_train_loader
 
     data = TensorDataset(torch.arange(20.0))
     loader = DataLoader(data, batch_size=4, shuffle=True)

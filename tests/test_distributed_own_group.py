@@ -25,11 +25,11 @@ pytestmark = [pytest.mark.slow,
 _SCRIPT = """
 import json, os, sys, time
 import torch, torch.distributed as dist
-from pipeline import Trainer
-from pipeline.core.hooks import TrainingCallback
-from pipeline.training.data import synthetic_regression
-from pipeline.training.distributed import TorchCollective
-from pipeline.training.models import MLP
+from fsmtrain import Trainer
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.training.data import synthetic_regression
+from fsmtrain.training.distributed import TorchCollective
+from fsmtrain.training.models import MLP
 
 mode, rank = sys.argv[1], int(os.environ["RANK"])
 dist.init_process_group("gloo")

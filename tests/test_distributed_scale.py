@@ -76,7 +76,7 @@ class _Runs:
         def make(folder: Path) -> tuple[Path, list[str]]:
             cfg, port = _config(folder), free_port()
             args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                    f"localhost:{port}", "--rdzv-id", "shared", "-m", "pipeline", "train", str(cfg)]
+                    f"localhost:{port}", "--rdzv-id", "shared", "-m", "fsmtrain", "train", str(cfg)]
             outs = _finish([torchrun(*args, cwd=folder), torchrun(*args, cwd=folder)])
             return run_dir(folder), outs
         made: tuple[Path, list[str]] = self.once("two_nodes_shared", make)
@@ -87,7 +87,7 @@ class _Runs:
             port = free_port()
             folders = [root / "node0", root / "node1"]
             procs = [subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "train", str(_config(folder)), "--nnodes", "2", "--node-rank",
+                [sys.executable, "-m", "fsmtrain", "train", str(_config(folder)), "--nnodes", "2", "--node-rank",
                  str(node), "--rdzv", f"localhost:{port}", "--rdzv-id", "local"], cwd=folder, env=env(),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node, folder in enumerate(folders)]
             _finish(procs)

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 _RANK = """
 import json, os, torch
-from pipeline.training.distributed import DistributedOptions, init_from_env, shutdown, wrap_model
+from fsmtrain.training.distributed import DistributedOptions, init_from_env, shutdown, wrap_model
 
 def threads():
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))

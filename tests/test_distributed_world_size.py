@@ -44,7 +44,7 @@ def _killed_at_epoch_3(folder: Path, nproc: int) -> Path:
     """Train on ``nproc`` ranks, kill every process (``kill -9``) once epoch index KILL_AT is done;
     the run dir."""
     cfg = _config(folder)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "train", str(cfg), "--nproc", str(nproc)], cwd=folder,
+    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(cfg), "--nproc", str(nproc)], cwd=folder,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     marker = folder / "at-rank0"
@@ -85,8 +85,8 @@ def _batches(folder: Path) -> dict[tuple[int, int], list[str]]:
 _RESUME_IN_PROCESS = """
 import sys
 from pathlib import Path
-from pipeline.app.config import load_config
-from pipeline.app.job import train_seed
+from fsmtrain.app.config import load_config
+from fsmtrain.app.job import train_seed
 run_dir = Path(sys.argv[1])
 run = train_seed(load_config(run_dir / "config.yaml", []), 0, run_dir, resume=True)
 assert run.error is None, run.error
@@ -126,7 +126,7 @@ class _Runs:
                 cmd = [sys.executable, "-c", _RESUME_IN_PROCESS, str(copy)]
             else:
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(after),
-                       "-m", "pipeline", "resume", str(copy)]
+                       "-m", "fsmtrain", "resume", str(copy)]
             ref = subprocess.Popen(cmd, cwd=self.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
             out, err = finish(ref, 300)

@@ -8,17 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.driver import BaseDriver
+from fsmtrain.core.engine import Engine, Interrupted
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.lifecycle import TRANSITIONS, Phase
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.stop import StopReason
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.driver import BaseDriver
-from pipeline.core.engine import Engine, Interrupted
-from pipeline.core.events import EventLog
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.lifecycle import TRANSITIONS, Phase
-from pipeline.core.runner import CallbackRunner
-from pipeline.core.stop import StopReason
 
 LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
 HOOKS = ("on_train_epoch_begin", "on_train_step_end", "on_val_end", "on_epoch_end")

@@ -17,12 +17,12 @@ RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_20_epoch_quickstart_counts_epochs_from_1_everywhere(tmp_path: Path) -> None:
-    train = subprocess.run([sys.executable, "-m", "pipeline", "train", str(REPO / "configs" / "quickstart.yaml"),
+    train = subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(REPO / "configs" / "quickstart.yaml"),
                             "--set", "wandb.enabled=false", "--set", "early_stopping.enabled=false"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=280)
     assert train.returncode == 0, train.stderr[-3000:]
     run = tmp_path / RUN
-    audit = subprocess.run([sys.executable, "-m", "pipeline", "audit", str(run / "events.jsonl")],
+    audit = subprocess.run([sys.executable, "-m", "fsmtrain", "audit", str(run / "events.jsonl")],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     texts = {

@@ -8,14 +8,13 @@ from typing import Any
 
 import optuna
 import pytest
+from fsmtrain import StopReason
+from fsmtrain.app.hpo.pruner import PredictedFinalLossPruner
+from fsmtrain.callbacks import LossPredictionCallback, PrunerCallback
+from fsmtrain.callbacks.pruner import PREDICTION_ATTR, PRUNED_ATTR
+from fsmtrain.tools.replay import ReplayResult, replay_losses
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
-
-from callbacks import LossPredictionCallback, PrunerCallback
-from callbacks.pruner import PREDICTION_ATTR, PRUNED_ATTR
-from pipeline import StopReason
-from pipeline.app.hpo.pruner import PredictedFinalLossPruner
-from pipeline.tools.replay import ReplayResult, replay_losses
 
 EPOCHS = 40
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import optuna
 import pytest
+from fsmtrain.cli import main
+from fsmtrain.core.events import read_events
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.training.models import MLP
 from hpo_support import LR_SPACE, load, study_config
 from optuna.trial import TrialState
-
-from pipeline.cli import main
-from pipeline.core.events import read_events
-from pipeline.tools.audit import audit_file
-from pipeline.training.models import MLP
 
 
 class RaisingMLP(MLP):
@@ -227,10 +226,9 @@ def test_live_display_on_a_terminal() -> None:
     """Trial lines scroll; the status line (done of total, running, pruned, failed, best) is redrawn."""
     import io
 
+    from fsmtrain.app.hpo.monitor import Monitor
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
-
-    from pipeline.app.hpo.monitor import Monitor
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()

@@ -15,11 +15,10 @@ from typing import Any
 
 import optuna
 import pytest
+from fsmtrain.tools.audit import audit_file
 from hpo_support import Postgres, fsmtrain, journal, load, new_database, popen, postgres_server, study_config, wait_for
 from optuna.trial import TrialState
 from system_parts import POSTGRES, go_without, require
-
-from pipeline.tools.audit import audit_file
 
 # a trial long enough to be caught running: at least 4 s, on any machine
 SLOW_TRIALS: dict[str, Any] = {
@@ -132,9 +131,8 @@ def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
     import threading
 
     import sqlalchemy
+    from fsmtrain.app.hpo.storage import StorageError, existing_directions, parse_storage
     from optuna.storages._rdb import models
-
-    from pipeline.app.hpo.storage import StorageError, existing_directions, parse_storage
 
     reference = optuna.storages.RDBStorage(new_database(pg, "stamp_reference"))  # the schema version to stamp
     with reference.engine.connect() as conn:
@@ -181,8 +179,7 @@ def test_a_database_whose_studies_table_is_not_optunas_fails_at_once_without_a_r
     """The retry above is for a duplicate only: a missing table, opening without creating, is the
     database's state, said at once and not dressed up as another process's race."""
     import sqlalchemy
-
-    from pipeline.app.hpo.storage import StorageError, existing_directions, parse_storage
+    from fsmtrain.app.hpo.storage import StorageError, existing_directions, parse_storage
 
     url = new_database(pg, "not_optuna")
     engine = sqlalchemy.create_engine(url)
@@ -432,7 +429,7 @@ def _alive(pid: int) -> bool:
 
 
 def _open_at_once(url: str, barrier: Any, results: Any) -> None:
-    from pipeline.app.hpo.storage import StorageError, open_storage, parse_storage
+    from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage
 
     barrier.wait()
     try:

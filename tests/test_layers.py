@@ -32,9 +32,9 @@ def test_import_linter_contracts_hold() -> None:
 
 
 @pytest.mark.parametrize("statement", [
-    "import pipeline.core",
-    "from pipeline import StopReason, TrainingCallback, Phase, HOOKS, read_events",
-    "import pipeline.core.drawing",
+    "import fsmtrain.core",
+    "from fsmtrain import StopReason, TrainingCallback, Phase, HOOKS, read_events",
+    "import fsmtrain.core.drawing",
 ])
 def test_core_imports_without_torch(statement: str) -> None:
     code = _BLOCK + statement + "\nprint('ok')\n"
@@ -43,9 +43,9 @@ def test_core_imports_without_torch(statement: str) -> None:
 
 
 def test_lazy_top_level_api_resolves_every_name() -> None:
-    import pipeline
+    import fsmtrain
 
-    for name in pipeline.__all__:
-        assert getattr(pipeline, name) is not None, name
+    for name in fsmtrain.__all__:
+        assert getattr(fsmtrain, name) is not None, name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        _ = pipeline.nope  # type: ignore[attr-defined]
+        _ = fsmtrain.nope  # type: ignore[attr-defined]

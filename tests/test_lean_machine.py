@@ -1,4 +1,4 @@
-"""The lifecycle machine's lean trigger path (``pipeline.core.machine``) decides exactly as the
+"""The lifecycle machine's lean trigger path (``fsmtrain.core.machine``) decides exactly as the
 library's own ``transitions.Machine`` does: the same trigger fires or is refused, into the same
 state, with the same callbacks run in the same order (prepare, before, after, the machine-wide
 lists), for any guard values; and a real run never takes the library's slow path."""
@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsmtrain.core import lifecycle as L
+from fsmtrain.core.machine import LifecycleMachine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Machine, MachineError
 from transitions.core import Event, Transition
-
-from pipeline.core import lifecycle as L
-from pipeline.core.machine import LifecycleMachine
 
 
 class Refused(Exception):
@@ -83,9 +82,8 @@ def test_a_run_never_takes_the_librarys_slow_path(monkeypatch: pytest.MonkeyPatc
     transition: the lean path must cover them, or every trigger of a run pays the library's
     per-callback logging (found: it fell back on every trigger, since the move check is a ``before``)."""
     import torch
+    from fsmtrain import Trainer
     from torch import nn
-
-    from pipeline import Trainer
 
     slow: list[str] = []
     library_execute, library_trigger = Transition.execute, Event.trigger

@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from transitions import MachineError
-
-from pipeline.core.lifecycle import (
+from fsmtrain.core.lifecycle import (
     ABORT,
     FINAL,
     HOOK_NAMES,
@@ -27,6 +25,7 @@ from pipeline.core.lifecycle import (
     transitions_from,
     triggers_from,
 )
+from transitions import MachineError
 
 
 def test_the_shipped_table_passes_its_checks() -> None:
@@ -149,7 +148,7 @@ def test_real_transitions_machine_refuses_illegal_and_guarded_moves() -> None:
 
 
 def test_hooks_cover_the_base_class() -> None:
-    from pipeline.core.hooks import TrainingCallback
+    from fsmtrain.core.hooks import TrainingCallback
 
     for name in HOOK_NAMES:
         assert callable(getattr(TrainingCallback, name))

@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
-
-from callbacks import CheckpointCallback
-from pipeline.app.config import ConfigError, config_from_dict
-from pipeline.core.events import read_events
+from fsmtrain.app.config import ConfigError, config_from_dict
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.core.events import read_events
 
 
 def _fsyncs_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool = True,
@@ -76,8 +75,8 @@ def test_log_fsync_every_line_or_never(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_log_fsync_is_a_config_option_checked_like_any_other() -> None:
-    base = {"net": "pipeline.training.models.MLP", "net_config": {"in_features": 8, "out_features": 1},
-            "data": "pipeline.training.data.synthetic_regression", "epochs": 5, "batch_size": 32}
+    base = {"net": "fsmtrain.training.models.MLP", "net_config": {"in_features": 8, "out_features": 1},
+            "data": "fsmtrain.training.data.synthetic_regression", "epochs": 5, "batch_size": 32}
     assert config_from_dict(base).log.fsync == "commits"
     assert config_from_dict({**base, "log": {"fsync": "every"}}).log.fsync == "every"
     with pytest.raises(ConfigError) as info:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 from core_helpers import events_of, make_trainer
-
-from pipeline.core.events import EVENT_KEYS, EventLog, as_float, jsonable, read_events
+from fsmtrain.core.events import EVENT_KEYS, EventLog, as_float, jsonable, read_events
 
 
 def test_every_line_is_strict_json_with_the_schema(tmp_path: Path) -> None:
@@ -52,9 +51,8 @@ def test_bad_level_is_a_clear_error() -> None:
 
 def test_jsonable_handles_enums_dataclasses_tensors() -> None:
     import torch
-
-    from pipeline.core.slots import LossPrediction
-    from pipeline.core.stop import StopReason
+    from fsmtrain.core.slots import LossPrediction
+    from fsmtrain.core.stop import StopReason
 
     assert jsonable(StopReason.NAN) == "nan"
     assert jsonable(LossPrediction(0.5, 0.3, True)) == {"predicted_loss": 0.5, "neg_log10": 0.3, "fit_ok": True}
@@ -79,9 +77,9 @@ def test_a_line_written_beside_the_training_thread_takes_the_logs_position(tmp_p
     (train_step) while the log's last transition still said epoch_begin, a line the audit refused.
     A line from beside the training thread sits where it is written: phase, epoch and step of the
     line before it."""
-    from pipeline.core.context import RunContext
-    from pipeline.core.lifecycle import Phase
-    from pipeline.tools.audit import audit_file
+    from fsmtrain.core.context import RunContext
+    from fsmtrain.core.lifecycle import Phase
+    from fsmtrain.tools.audit import audit_file
 
     log = EventLog(tmp_path / "events.jsonl", "r", console=None)
     run = RunContext("r", 5, log)

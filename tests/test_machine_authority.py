@@ -15,20 +15,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import fsmtrain.core.engine as engine_mod
 import optuna
 import pytest
 import torch
 from core_helpers import Recorder, events_of, make_trainer
-from sklearn.metrics import f1_score
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-import pipeline.core.engine as engine_mod
-from callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
-from pipeline import Trainer, TrainingCallback
-from pipeline.core.context import EpochContext, FaultContext, RunContext, Slot, StepContext, ValStepContext
-from pipeline.core.epoch_work import END
-from pipeline.core.lifecycle import (
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
+from fsmtrain.core.context import EpochContext, FaultContext, RunContext, Slot, StepContext, ValStepContext
+from fsmtrain.core.epoch_work import END
+from fsmtrain.core.lifecycle import (
     BATCH,
     HOOKS,
     TRANSITIONS,
@@ -38,9 +34,12 @@ from pipeline.core.lifecycle import (
     Phase,
     build_machine,
 )
-from pipeline.core.stop import StopReason
-from pipeline.tools.audit import audit_file
-from pipeline.training.checkpoint import load_checkpoint
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.training.checkpoint import load_checkpoint
+from sklearn.metrics import f1_score
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -332,7 +331,7 @@ _TWO_SIGINTS = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from core_helpers import make_trainer
-    from pipeline import TrainingCallback
+    from fsmtrain import TrainingCallback
 
     class Slow(TrainingCallback):
         def on_train_step_end(self, step):

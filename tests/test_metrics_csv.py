@@ -12,12 +12,16 @@ import pandas as pd
 import pytest
 import torch
 from core_helpers import events_of, make_trainer
-
-from callbacks import EarlyStoppingCallback, GradientMonitorCallback, MetricsCsvCallback, OverfitDetectionCallback
-from pipeline import TrainingCallback
-from pipeline.app.config import build_callbacks, load_config
-from pipeline.core.context import EpochContext, RunContext, Slot
-from pipeline.core.events import EventLog
+from fsmtrain import TrainingCallback
+from fsmtrain.app.config import build_callbacks, load_config
+from fsmtrain.callbacks import (
+    EarlyStoppingCallback,
+    GradientMonitorCallback,
+    MetricsCsvCallback,
+    OverfitDetectionCallback,
+)
+from fsmtrain.core.context import EpochContext, RunContext, Slot
+from fsmtrain.core.events import EventLog
 
 LATE: Slot[float] = Slot("late_user_value")
 
@@ -149,7 +153,7 @@ def test_default_callbacks_write_it_with_a_run_dir(tmp_path: Path, run_dir: bool
 def test_a_resumed_file_reads_as_the_uninterrupted_one_cell_for_cell(tmp_path: Path) -> None:
     """Found: after a resume, the rows kept from before were rewritten with whole-number slots as
     floats (early_stopping_wait 0.0) while new rows wrote 0."""
-    from pipeline.core.slots import EARLY_STOPPING_WAIT
+    from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 
     def run_epochs(path: Path, start: int, stop: int) -> None:
         cb = MetricsCsvCallback(path)

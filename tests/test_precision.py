@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsmtrain import Trainer
+from fsmtrain.app.config import load_config
+from fsmtrain.app.job import train_seed
+from fsmtrain.callbacks import GradientMonitorCallback
+from fsmtrain.core.context import StepContext
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.slots import MAX_GRAD_NORM
 from torch import nn
-
-from callbacks import GradientMonitorCallback
-from pipeline import Trainer
-from pipeline.app.config import load_config
-from pipeline.app.job import train_seed
-from pipeline.core.context import StepContext
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.slots import MAX_GRAD_NORM
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from pipeline.training.models import MLP
+from fsmtrain.training.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -17,10 +17,7 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
-from torch import nn
-
-from callbacks import EarlyStoppingCallback
-from pipeline import (
+from fsmtrain import (
     CallbackRunner,
     GlobalRegistrationError,
     StopReason,
@@ -29,9 +26,11 @@ from pipeline import (
     TrainResult,
     register_global_callback,
 )
-from pipeline.core.context import EpochContext, Slot
-from pipeline.core.hooks import CallbackBoundError, bind_callbacks, unbind_callbacks
-from pipeline.core.registry import global_callbacks
+from fsmtrain.callbacks import EarlyStoppingCallback
+from fsmtrain.core.context import EpochContext, Slot
+from fsmtrain.core.hooks import CallbackBoundError, bind_callbacks, unbind_callbacks
+from fsmtrain.core.registry import global_callbacks
+from torch import nn
 
 
 class Plain(TrainingCallback):
@@ -387,7 +386,12 @@ def _snapshot(cb: TrainingCallback) -> dict[str, str]:
 def test_built_ins_holding_per_run_state_are_copied_for_every_run(tmp_path: Path) -> None:
     """Found: GradientMonitor, W&B, ProgressBar and EpochSummary instances were accepted globally
     while they hold per-run state; the registered instance is now never touched by a run."""
-    from callbacks import EpochSummaryCallback, GradientMonitorCallback, ProgressBarCallback, WandbLoggingCallback
+    from fsmtrain.callbacks import (
+        EpochSummaryCallback,
+        GradientMonitorCallback,
+        ProgressBarCallback,
+        WandbLoggingCallback,
+    )
 
     prototypes: list[TrainingCallback] = [
         GradientMonitorCallback(), WandbLoggingCallback(mode="disabled", directory=tmp_path),

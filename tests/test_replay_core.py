@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
-
-from pipeline.core.context import EpochContext, StepContext
-from pipeline.core.events import read_events
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.stop import StopReason
-from pipeline.tools.replay import ReplayError, load_recording, replay_run
+from fsmtrain.core.context import EpochContext, StepContext
+from fsmtrain.core.events import read_events
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.replay import ReplayError, load_recording, replay_run
 
 
 class HaltAtBatch(TrainingCallback):
@@ -127,7 +126,7 @@ def test_without_a_recorded_config_callbacks_must_be_given(tmp_path: Path) -> No
 
 
 def test_a_resumed_log_replays_as_the_run_it_continues(tmp_path: Path) -> None:
-    from callbacks import CheckpointCallback, EarlyStoppingCallback
+    from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
 
     def cbs() -> list[Any]:
         return [CheckpointCallback(tmp_path / "checkpoints"), EarlyStoppingCallback(patience=50)]

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-
-from callbacks import (
+from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
     GradientMonitorCallback,
@@ -22,11 +21,11 @@ from callbacks import (
     TrainingCallback,
     WandbLoggingCallback,
 )
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.hooks import ReplaySupport
-from pipeline.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
-from pipeline.core.stop import StopReason
-from pipeline.tools.replay import RecordedTrial, ReplayError, ReplayResult, TrialReport, compare_traces
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.hooks import ReplaySupport
+from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.replay import RecordedTrial, ReplayError, ReplayResult, TrialReport, compare_traces
 
 Replay = Callable[..., ReplayResult]
 NAN, INF = math.nan, math.inf
@@ -253,7 +252,7 @@ def test_callbacks_that_need_a_live_model_say_so() -> None:
     # Replay feeds recorded values only for slots no FULL callback computes, and keeps the events
     # of DRY callbacks out of the trace; a model-bound built-in marked FULL would silently compute
     # nothing in a replay and break the determinism check of every real run.
-    from callbacks import GradientMonitorCallback, OptimizerModeCallback
+    from fsmtrain.callbacks import GradientMonitorCallback, OptimizerModeCallback
 
     for cls in (GradientMonitorCallback, OptimizerModeCallback, WandbLoggingCallback, CheckpointCallback):
         assert cls.replay is ReplaySupport.DRY, f"{cls.__name__} needs a live model: replay = ReplaySupport.DRY"

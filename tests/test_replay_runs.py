@@ -16,12 +16,11 @@ from typing import Any
 
 import optuna
 import pytest
-
-from pipeline.app.config import load_config
-from pipeline.app.job import train_seed
-from pipeline.core.events import read_events
-from pipeline.core.stop import StopReason
-from pipeline.tools.replay import ReplayError, load_recording, replay_run
+from fsmtrain.app.config import load_config
+from fsmtrain.app.job import train_seed
+from fsmtrain.core.events import read_events
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.replay import ReplayError, load_recording, replay_run
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -137,7 +136,7 @@ def test_a_what_if_that_changes_training_itself_is_refused(runs: Runs, item: str
 
 
 def test_explicit_callbacks_and_errors(runs: Runs, tmp_path: Path) -> None:
-    from callbacks import EarlyStoppingCallback
+    from fsmtrain.callbacks import EarlyStoppingCallback
 
     res = replay_run(runs.completed, callbacks=[EarlyStoppingCallback(patience=1, min_delta=0.5)])
     assert res.stop_reason is StopReason.EARLY_STOP
@@ -154,7 +153,7 @@ def test_explicit_callbacks_and_errors(runs: Runs, tmp_path: Path) -> None:
 # --- the command line ----------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300, check=False)
 
 

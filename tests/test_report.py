@@ -17,12 +17,11 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
-
-from pipeline.cli import main as cli_main
-from pipeline.tools.report import render_report, write_run_report
-from pipeline.tools.report.run import RUN_PLOTS, read_run
-from pipeline.tools.report.study import STUDY_PLOTS
-from pipeline.tools.report.svgplot import ticks
+from fsmtrain.cli import main as cli_main
+from fsmtrain.tools.report import render_report, write_run_report
+from fsmtrain.tools.report.run import RUN_PLOTS, read_run
+from fsmtrain.tools.report.study import STUDY_PLOTS
+from fsmtrain.tools.report.svgplot import ticks
 
 
 def _ids(html: str) -> set[str]:
@@ -30,7 +29,7 @@ def _ids(html: str) -> set[str]:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", "report", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", "report", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120, check=False, env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
@@ -86,7 +85,7 @@ def test_an_old_log_without_settings_events_still_renders(real_runs: RealRuns, t
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_run_report_imports_neither_torch_nor_optuna(real_runs: RealRuns, tmp_path: Path) -> None:
-    code = ("import sys; from pipeline.tools.report import render_report; "
+    code = ("import sys; from fsmtrain.tools.report import render_report; "
             "from pathlib import Path; "
             f"render_report({str(real_runs.completed)!r}, out=Path({str(tmp_path / 'r.html')!r})); "
             "bad = [m for m in ('torch', 'optuna', 'numpy', 'scipy') if m in sys.modules]; "

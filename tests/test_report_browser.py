@@ -26,11 +26,10 @@ from typing import Any
 import optuna
 import pytest
 import system_parts
+from fsmtrain.tools.report import render_report
+from fsmtrain.tools.report.run import RUN_PLOTS
+from fsmtrain.tools.report.study import STUDY_PLOTS
 from PIL import Image, ImageStat
-
-from pipeline.tools.report import render_report
-from pipeline.tools.report.run import RUN_PLOTS
-from pipeline.tools.report.study import STUDY_PLOTS
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = system_parts.find_chromium()
@@ -193,7 +192,7 @@ def _train(tmp: Path) -> Path:
     sets = ["net_config.dropout=0", "optimizer_config.lr=0.01", "epochs=25", "early_stopping.patience=4",
             "callbacks.overfit_detection.warmup_epochs=2", "callbacks.overfit_detection.window_size=1",
             "data_config.val_fraction=0.5"]
-    cmd = [sys.executable, "-m", "pipeline", "train", str(REPO / "configs" / "digits.yaml")]
+    cmd = [sys.executable, "-m", "fsmtrain", "train", str(REPO / "configs" / "digits.yaml")]
     for s in sets:
         cmd += ["--set", s]
     res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300, check=False,

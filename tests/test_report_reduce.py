@@ -12,10 +12,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from pipeline.tools.report import write_run_report
-from pipeline.tools.report.reduce import MAX_POINTS, reduce_curve, spans
-from pipeline.tools.report.svgplot import Series, line_chart
+from fsmtrain.tools.report import write_run_report
+from fsmtrain.tools.report.reduce import MAX_POINTS, reduce_curve, spans
+from fsmtrain.tools.report.svgplot import Series, line_chart
 
 REPO = Path(__file__).resolve().parents[1]
 

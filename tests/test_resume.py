@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model
+from fsmtrain.app.rundir import RunDirError
+from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
+from fsmtrain.core.events import read_events
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.training.checkpoint import CheckpointError, load_checkpoint
+from fsmtrain.training.resume import find_resumption
 from resume_harness import REPO, env, fsmtrain, random_kills, run_with_kills, same_weights
-
-from callbacks import CheckpointCallback, EarlyStoppingCallback
-from pipeline.app.rundir import RunDirError
-from pipeline.core.events import read_events
-from pipeline.tools.audit import audit_file
-from pipeline.training.checkpoint import CheckpointError, load_checkpoint
-from pipeline.training.resume import find_resumption
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 # The harness kills many processes: W&B's start-up (seconds per process) is left out here; the
@@ -71,7 +70,7 @@ def test_negative_control_without_the_data_order_restore_the_weights_differ(tmp_
     """The same harness, with a loader whose shuffle generator the trainer cannot see: the
     comparison must fail, or the harness could not tell an exact resume from a lucky one."""
     opaque = tmp_path / "opaque.yaml"
-    opaque.write_text(QUICK.read_text().replace("pipeline.training.data.synthetic_regression",
+    opaque.write_text(QUICK.read_text().replace("fsmtrain.training.data.synthetic_regression",
                                                 "opaque_data.opaque_regression"))
     expected = _reference(tmp_path, *FAST, config=opaque)
     work = tmp_path / "killed"
@@ -111,7 +110,7 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     files = sorted(str(f.relative_to(run)) for f in (run / "wandb").rglob("*"))
     assert any(f.endswith(".wandb") for f in files), files
     assert [row["_step"] for row in wandb_history(run)] == logged  # every epoch logged before the signal
-    replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", str(RUN)], cwd=work, env=env(),
+    replay = subprocess.run([sys.executable, "-m", "fsmtrain", "replay", str(RUN)], cwd=work, env=env(),
                             capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr  # the interruption it recorded is no divergence
     proc = fsmtrain("resume", str(RUN), cwd=work)
@@ -121,7 +120,7 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     _audit_ok(run)
     w_runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(w_runs) == 2 and len({d.name.split("-", 3)[-1] for d in w_runs}) == 1, w_runs  # one W&B run id
-    replay = subprocess.run([sys.executable, "-m", "pipeline", "replay", str(RUN)], cwd=work, env=env(),
+    replay = subprocess.run([sys.executable, "-m", "fsmtrain", "replay", str(RUN)], cwd=work, env=env(),
                             capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
@@ -253,7 +252,7 @@ def test_four_identical_commands_started_together_get_four_run_dirs(tmp_path: Pa
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(), capture_output=True,
                           text=True, timeout=120)
 
 

@@ -24,14 +24,13 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
+from fsmtrain import Trainer
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.core.events import read_events
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.training.checkpoint import sha256_of
 from resume_harness import REPO, env, fsmtrain, same_weights
 from torch import nn
-
-from callbacks import CheckpointCallback
-from pipeline import Trainer
-from pipeline.core.events import read_events
-from pipeline.tools.audit import audit_file
-from pipeline.training.checkpoint import sha256_of
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
@@ -167,7 +166,7 @@ def test_a_trainer_resumed_with_nothing_committed_starts_over_in_place(tmp_path:
 
 # --- the command line, with real processes -------------------------------------------------------
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(), capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
+from fsmtrain import Trainer
+from fsmtrain.app.rundir import LOCK_FILE
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.training.checkpoint import load_checkpoint
+from fsmtrain.training.resume import ResumeError
+from fsmtrain.training.resume_match import mismatches
 from torch import nn
-
-from callbacks import CheckpointCallback
-from pipeline import Trainer
-from pipeline.app.rundir import LOCK_FILE
-from pipeline.training.checkpoint import load_checkpoint
-from pipeline.training.resume import ResumeError
-from pipeline.training.resume_match import mismatches
 
 Build = Callable[[nn.Module], tuple[torch.optim.Optimizer, Any]]
 

@@ -12,8 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-
-from pipeline.cli import main
+from fsmtrain.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")

@@ -16,16 +16,15 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model, tiny_task
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.app.rundir import LOCK_FILE, RunDirError, claim_new, claim_next_free
+from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
+from fsmtrain.core.checks import CallbackDefinitionError
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.events import read_events
 from resume_harness import REPO, env, fsmtrain
 from signal_support import wait_for
 from torch import nn
-
-from callbacks import CheckpointCallback, EarlyStoppingCallback
-from pipeline import Trainer, TrainingCallback
-from pipeline.app.rundir import LOCK_FILE, RunDirError, claim_new, claim_next_free
-from pipeline.core.checks import CallbackDefinitionError
-from pipeline.core.context import EpochContext
-from pipeline.core.events import read_events
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
@@ -57,7 +56,7 @@ def test_a_lock_file_removed_by_its_holder_is_not_shared_by_two_claims(tmp_path:
     holds the folder while a third claim locks the folder's new ``.lock``: it locks that one."""
     import fcntl
 
-    from pipeline.app import rundir
+    from fsmtrain.app import rundir
 
     first = claim_new(tmp_path / "run")
     stale = os.open(tmp_path / "run" / LOCK_FILE, os.O_RDWR)  # a second claimer got this far...
@@ -181,7 +180,7 @@ def test_a_started_run_is_never_reused(tmp_path: Path) -> None:
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", "train", str(QUICK), *args], cwd=cwd, env=env(),
+    return subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(QUICK), *args], cwd=cwd, env=env(),
                           capture_output=True, text=True, timeout=300)
 
 

@@ -6,9 +6,8 @@ from typing import ClassVar
 
 import pytest
 from core_helpers import make_trainer
-
-from pipeline import CallbackOrderError, CallbackRunner, Slot, Tier, TrainingCallback, register_global_callback
-from pipeline.core.context import EpochContext, RunContext
+from fsmtrain import CallbackOrderError, CallbackRunner, Slot, Tier, TrainingCallback, register_global_callback
+from fsmtrain.core.context import EpochContext, RunContext
 
 ORDER: list[str] = []
 

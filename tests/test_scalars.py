@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from pipeline.core.context import EpochContext, RunContext, Slot
-from pipeline.core.events import EventLog
-from pipeline.core.scalars import epoch_scalars, slot_scalars
-from pipeline.core.slots import LOSS_PREDICTION, LossPrediction
+from fsmtrain.core.context import EpochContext, RunContext, Slot
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.scalars import epoch_scalars, slot_scalars
+from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Every fact about a stop reason lives in one row of ``pipeline.core.stop.FACTS``.
+"""Every fact about a stop reason lives in one row of ``fsmtrain.core.stop.FACTS``.
 
 A new reason is one member of ``StopReason`` plus its row, both in ``pipeline/core/stop.py``: an
 ``Enum`` cannot gain a member from anywhere else, so that one edit is the least there can be. What
@@ -13,14 +13,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from callbacks.wandb_logging import WandbLoggingCallback
-from pipeline.cli import ExitCode, exit_code_for
-from pipeline.core.context import StopRequest
-from pipeline.core.drawing import stop_reasons_for
-from pipeline.core.lifecycle import ABORT, TRANSITIONS, Phase, transition_for
-from pipeline.core.stop import FACTS, Evidence, Route, StopFacts, StopReason
-from pipeline.tools.audit.ending import EndingChecks, Segment
+from fsmtrain.callbacks.wandb_logging import WandbLoggingCallback
+from fsmtrain.cli import ExitCode, exit_code_for
+from fsmtrain.core.context import StopRequest
+from fsmtrain.core.drawing import stop_reasons_for
+from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Phase, transition_for
+from fsmtrain.core.stop import FACTS, Evidence, Route, StopFacts, StopReason
+from fsmtrain.tools.audit.ending import EndingChecks, Segment
 
 
 def test_every_reason_has_exactly_one_row() -> None:

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fsmtrain.app.config import load_config
+from fsmtrain.app.job import train_seed
+from fsmtrain.core.events import EventLog, read_events
+from fsmtrain.tools.audit import audit_file
 from resume_harness import REPO, fsmtrain
 from signal_support import latch_installed, log_has, signal_if_alive, wait_for
-
-from pipeline.app.config import load_config
-from pipeline.app.job import train_seed
-from pipeline.core.events import EventLog, read_events
-from pipeline.tools.audit import audit_file
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
@@ -188,9 +187,9 @@ def test_a_signal_once_the_run_dir_is_claimed_leaves_no_lock_only_folder(tmp_pat
 
 
 def test_the_console_script_owns_its_process_and_in_process_calls_give_the_handlers_back(tmp_path: Path) -> None:
-    """``pipeline.cli.main`` called with arguments (as tests do) leaves the process's handlers as it
+    """``fsmtrain.cli.main`` called with arguments (as tests do) leaves the process's handlers as it
     found them; the latch only outlives a command that owns its process."""
-    from pipeline.cli import main
+    from fsmtrain.cli import main
 
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     assert main(["train", str(QUICK), "--run-dir", str(tmp_path), *_sets("epochs=1", "wandb.enabled=false",

@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fsmtrain.training.checkpoint_files import _Hashing, save_state
+from fsmtrain.training.rng import capture_rng_state
+from fsmtrain.training.torch_file import write_torch_file
 from torch import nn
-
-from pipeline.training.checkpoint_files import _Hashing, save_state
-from pipeline.training.rng import capture_rng_state
-from pipeline.training.torch_file import write_torch_file
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="needs a CUDA device; none here (CPU-only machine)"))
@@ -176,7 +175,7 @@ def test_a_staged_state_takes_the_short_way(monkeypatch: pytest.MonkeyPatch) -> 
 
 _FULL_DISK = """
 import gc, io, torch
-from pipeline.training.torch_file import write_torch_file
+from fsmtrain.training.torch_file import write_torch_file
 
 class FullDisk(io.RawIOBase):
     def __init__(self):

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pipeline.cli import main
+from fsmtrain.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(180)
@@ -32,7 +31,7 @@ def _config(folder: Path, **changes: object) -> Path:
 
 def _cli(*args: str, cwd: Path, capsys: pytest.CaptureFixture[str],
          monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
-    """The command through ``pipeline.cli.main`` in this process (what the console script calls).
+    """The command through ``fsmtrain.cli.main`` in this process (what the console script calls).
     Each test names its modules uniquely: this process imports them once."""
     monkeypatch.chdir(cwd)
     capsys.readouterr()
@@ -52,7 +51,7 @@ def _error_line(done: subprocess.CompletedProcess[str], code: int) -> str:
 def test_a_wrong_hook_signature_is_refused_by_validate_preflight_and_train_alike(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cbs_signature.py").write_text(
-        "from callbacks import TrainingCallback\n\n"
+        "from fsmtrain.callbacks import TrainingCallback\n\n"
         "class TwoArgs(TrainingCallback):\n"
         "    def on_val_end(self, epoch, extra):\n"
         "        pass\n", encoding="utf-8")
@@ -69,7 +68,7 @@ def test_a_wrong_hook_signature_is_refused_by_validate_preflight_and_train_alike
 def test_a_priority_per_instance_through_super_init(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cbs_priority.py").write_text(
-        "from callbacks import TrainingCallback\n\n"
+        "from fsmtrain.callbacks import TrainingCallback\n\n"
         "class Keyword(TrainingCallback):\n"
         "    def __init__(self):\n"
         "        super().__init__(priority=61)\n\n"

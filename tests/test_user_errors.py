@@ -59,15 +59,15 @@ def _cli(*args: str, cwd: Path, entry: str = "module") -> subprocess.CompletedPr
         assert exe is not None, "the fsmtrain console script is not installed"
         cmd = [exe, *args]
     else:
-        cmd = [sys.executable, "-m", "pipeline", *args]
+        cmd = [sys.executable, "-m", "fsmtrain", *args]
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=110, check=False)
 
 
 def _main(*args: str, cwd: Path, capsys: pytest.CaptureFixture[str],
           monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
-    """The same command through ``pipeline.cli.main`` in this process (the console script calls it),
+    """The same command through ``fsmtrain.cli.main`` in this process (the console script calls it),
     for the cases whose point is the message, not the process."""
-    from pipeline.cli import main
+    from fsmtrain.cli import main
 
     monkeypatch.chdir(cwd)
     capsys.readouterr()
@@ -86,7 +86,7 @@ def _one_line(done: subprocess.CompletedProcess[str], code: int, line: str) -> N
 def test_preflight_names_the_failing_forward_in_one_line(tmp_path: Path) -> None:
     config = _write(tmp_path, "shape.yaml", net_config__in_features=5)
     done = _cli("preflight", str(config), cwd=tmp_path, entry="script")
-    _one_line(done, 4, "preflight FAILED at the forward of pipeline.training.models.MLP, in module net.0 "
+    _one_line(done, 4, "preflight FAILED at the forward of fsmtrain.training.models.MLP, in module net.0 "
                        "(Linear(in_features=5, out_features=64, bias=True)) given (64, 8) float32: RuntimeError: "
                        "mat1 and mat2 shapes cannot be multiplied (64x8 and 5x64)")
 
@@ -141,11 +141,11 @@ def test_binary_and_empty_files_are_named_as_such(tmp_path: Path, capsys: pytest
                                              "nan (ValueError: Invalid learning rate: nan)"),
     ({"optimizer_config__betas": 0.9}, "optimizer_config.betas: expected a value torch.optim.Adam accepts; found 0.9 "
                                        "(TypeError: 'float' object is not subscriptable)"),
-    ({"net_config__hidden": "64,64"}, "net_config.hidden: expected a value pipeline.training.models.MLP accepts; "
+    ({"net_config__hidden": "64,64"}, "net_config.hidden: expected a value fsmtrain.training.models.MLP accepts; "
                                       "found '64,64' (TypeError: empty(): argument 'size' (position 1) must be tuple "
                                       "of ints, but found element of type str at pos 0)"),
     ({"data_config__n_features": "eight"}, "data_config.n_features: expected int "
-                                           "(pipeline.training.data.synthetic_regression says so); found 'eight'"),
+                                           "(fsmtrain.training.data.synthetic_regression says so); found 'eight'"),
     # found: LBFGS passed validate, and the run ended ERROR at its first step (step() needs a closure)
     ({"optimizer": "torch.optim.LBFGS"}, "optimizer: expected an optimizer whose step() needs no closure (fsmtrain "
                                          "calls optimizer.step() once a batch); found torch.optim.LBFGS, whose step() "
@@ -168,7 +168,7 @@ def test_validate_says_it_ran_no_batch(tmp_path: Path, capsys: pytest.CaptureFix
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, "shape.yaml", net_config__in_features=5)  # its forward fails: only preflight runs one
     done = _main("validate", "shape.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
-    _one_line(done, 0, "shape.yaml: valid (1 seed(s), 2 epochs, net pipeline.training.models.MLP, optimizer "
+    _one_line(done, 0, "shape.yaml: valid (1 seed(s), 2 epochs, net fsmtrain.training.models.MLP, optimizer "
                        "torch.optim.Adam, 0 warning(s)); built model, loss, optimizer, scheduler and checked the data "
                        "builder's arguments; no batch was run: `fsmtrain preflight shape.yaml` runs one step")
 
@@ -189,8 +189,8 @@ def test_a_set_mistake_blames_the_set(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path: Path, entry: str) -> None:
     project = tmp_path / "project"
     (project / "configs").mkdir(parents=True)
-    (project / "mydata.py").write_text("from pipeline.training.data import synthetic_regression as build\n")
-    (project / "configs" / "netlib.py").write_text("from pipeline.training.models import MLP\n")
+    (project / "mydata.py").write_text("from fsmtrain.training.data import synthetic_regression as build\n")
+    (project / "configs" / "netlib.py").write_text("from fsmtrain.training.models import MLP\n")
     _write(project / "configs", "run.yaml", data="mydata.build", net="netlib.MLP")
     done = _cli("validate", "configs/run.yaml", cwd=project, entry=entry)  # mydata: working folder; netlib: beside
     assert done.returncode == 0, done.stdout + done.stderr
@@ -203,19 +203,20 @@ def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path
 
 def test_an_extra_callback_that_rejects_its_kwargs_is_named_by_validate_and_train(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: validate passed `callbacks.extra: [{target: callbacks.EarlyStoppingCallback, kwargs:
+    """Found: validate passed `callbacks.extra: [{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs:
     {patience: -1}}]`, and train then died with a ValueError traceback."""
-    extra = "callbacks.extra=[{target: callbacks.EarlyStoppingCallback, kwargs: {patience: -1}}]"
+    extra = "callbacks.extra=[{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs: {patience: -1}}]"
     _write(tmp_path, "c.yaml")
-    line = (f"--set {extra}: callbacks.extra.0.kwargs.patience: expected a value callbacks.EarlyStoppingCallback "
-            "accepts; found -1 (ValueError: patience must be an integer >= 1, got -1)")
+    line = (f"--set {extra}: callbacks.extra.0.kwargs.patience: expected a value "
+            "fsmtrain.callbacks.EarlyStoppingCallback accepts; found -1 "
+            "(ValueError: patience must be an integer >= 1, got -1)")
     _one_line(_main("validate", "c.yaml", "--set", extra, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch), 2,
               f"fsmtrain validate: {line}")
     done = _main("train", "c.yaml", "--set", extra, "--run-dir", "runs", cwd=tmp_path, capsys=capsys,
                  monkeypatch=monkeypatch)
     assert done.returncode == 2 and f"fsmtrain train: {line}" in done.stderr.splitlines(), done.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*"))
-    ok = "callbacks.extra=[{target: callbacks.EarlyStoppingCallback, kwargs: {patience: 3}}]"
+    ok = "callbacks.extra=[{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs: {patience: 3}}]"
     done = _main("validate", "c.yaml", "--set", ok, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     assert done.returncode == 0 and "built model, loss, optimizer, scheduler, extra callbacks" in done.stdout
 

@@ -51,8 +51,8 @@ def blobs(*, batch_size: int, seed: int, n: int = 160):
 '''
 
 CALLBACKS = '''
-from callbacks import TrainingCallback
-from pipeline import StopReason
+from fsmtrain.callbacks import TrainingCallback
+from fsmtrain import StopReason
 
 
 class StopBelow(TrainingCallback):

@@ -20,13 +20,12 @@ from typing import Any
 
 import pytest
 from core_helpers import events_of, make_trainer
-
-from callbacks import CheckpointCallback, GradientMonitorCallback, LossPredictionCallback, MetricsCsvCallback
-from pipeline import TrainingCallback
-from pipeline.app.config import apply_overrides, config_from_dict, load_config
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.tools.audit import audit_file
-from pipeline.tools.report.page import render_report
+from fsmtrain import TrainingCallback
+from fsmtrain.app.config import apply_overrides, config_from_dict, load_config
+from fsmtrain.callbacks import CheckpointCallback, GradientMonitorCallback, LossPredictionCallback, MetricsCsvCallback
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.tools.audit import audit_file
+from fsmtrain.tools.report.page import render_report
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -114,8 +113,8 @@ def test_the_loss_prediction_has_one_name(run: Path) -> None:
 
 
 def _minimal(**changes: Any) -> dict[str, Any]:
-    return {"net": "pipeline.training.models.MLP", "net_config": {"in_features": 8, "out_features": 1},
-            "data": "pipeline.training.data.synthetic_regression", "epochs": 3, "batch_size": 8, **changes}
+    return {"net": "fsmtrain.training.models.MLP", "net_config": {"in_features": 8, "out_features": 1},
+            "data": "fsmtrain.training.data.synthetic_regression", "epochs": 3, "batch_size": 8, **changes}
 
 
 def test_the_default_patience_warns_only_when_the_user_set_early_stopping() -> None:
@@ -125,10 +124,11 @@ def test_the_default_patience_warns_only_when_the_user_set_early_stopping() -> N
 
 
 def test_set_indexes_a_list(tmp_path: Path) -> None:
-    data = _minimal(callbacks={"extra": [{"target": "callbacks.EarlyStoppingCallback"}]})
+    data = _minimal(callbacks={"extra": [{"target": "fsmtrain.callbacks.EarlyStoppingCallback"}]})
     out = apply_overrides(data, ["callbacks.extra.0.kwargs.patience=2"])
-    assert out["callbacks"]["extra"] == [{"target": "callbacks.EarlyStoppingCallback", "kwargs": {"patience": 2}}]
-    assert data["callbacks"]["extra"][0] == {"target": "callbacks.EarlyStoppingCallback"}  # a copy
+    early = "fsmtrain.callbacks.EarlyStoppingCallback"
+    assert out["callbacks"]["extra"] == [{"target": early, "kwargs": {"patience": 2}}]
+    assert data["callbacks"]["extra"][0] == {"target": "fsmtrain.callbacks.EarlyStoppingCallback"}  # a copy
     path = tmp_path / "c.yaml"
     path.write_text(str(data).replace("'", '"'), encoding="utf-8")  # JSON is YAML
     cfg = load_config(path, ["callbacks.extra.0.kwargs.patience=2"])

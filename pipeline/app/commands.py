@@ -1,8 +1,8 @@
 """What the ``fsmtrain`` commands share: their exit statuses, the usage error, and the options and
-loading of a config (``pipeline.cli`` and ``pipeline.app.run_commands`` use them; ``pipeline.cli``
+loading of a config (``fsmtrain.cli`` and ``fsmtrain.app.run_commands`` use them; ``fsmtrain.cli``
 re-exports :class:`ExitCode`, :class:`UsageError` and :func:`exit_code_for`).
 
-Imported while the parser is built, so it imports only light code at the top (see ``pipeline.cli``).
+Imported while the parser is built, so it imports only light code at the top (see ``fsmtrain.cli``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, TextIO
 
-from pipeline.core.stop import StopReason
+from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
-    from pipeline.app.config import RunConfig
+    from fsmtrain.app.config import RunConfig
 
 __all__ = ["ExitCode", "UsageError", "config_args", "exit_code_for", "load_config_of", "print_warnings", "worst"]
 
@@ -38,7 +38,7 @@ class ExitCode(IntEnum):
 
 
 def exit_code_for(reason: StopReason) -> ExitCode:
-    """A run's exit status is a fact of its stop reason (``pipeline.core.stop``)."""
+    """A run's exit status is a fact of its stop reason (``fsmtrain.core.stop``)."""
     return ExitCode(reason.exit_code)
 
 
@@ -63,7 +63,7 @@ def config_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_config_of(args: argparse.Namespace) -> RunConfig:
-    from pipeline.app.config import load_config
+    from fsmtrain.app.config import load_config
 
     overrides = list(args.set or [])
     if getattr(args, "device", None):

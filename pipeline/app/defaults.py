@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.core.hooks import TrainingCallback
 
 __all__ = ["console_callbacks", "default_callbacks"]
 
 
 def console_callbacks() -> list[TrainingCallback]:
-    from callbacks import EpochSummaryCallback, ProgressBarCallback
-    from callbacks.progress_bar import auto_enabled
+    from fsmtrain.callbacks import EpochSummaryCallback, ProgressBarCallback
+    from fsmtrain.callbacks.progress_bar import auto_enabled
 
     return [ProgressBarCallback(enabled=True)] if auto_enabled() else [EpochSummaryCallback()]
 
@@ -30,8 +30,8 @@ def default_callbacks(
     given: Sequence[TrainingCallback], *, run_dir: Path | None, max_epochs: int
 ) -> list[TrainingCallback]:
     """``given``, plus the defaults of the classes it lacks."""
-    import callbacks as cb
-    from pipeline.app.config.schema import CheckpointConfig, GradientMonitorOptions, OverfitOptions
+    import fsmtrain.callbacks as cb
+    from fsmtrain.app.config.schema import CheckpointConfig, GradientMonitorOptions, OverfitOptions
 
     monitor, overfit, ck = GradientMonitorOptions(), OverfitOptions(), CheckpointConfig()
     defaults: list[TrainingCallback] = [

@@ -1,5 +1,5 @@
 """What one optimizer step sees, in words: the ``global_batch`` record a run's ``run_start`` carries
-(made by :func:`pipeline.app.ranks.global_batch`), as ``fsmtrain train`` prints it and ``fsmtrain
+(made by :func:`fsmtrain.app.ranks.global_batch`), as ``fsmtrain train`` prints it and ``fsmtrain
 report`` shows it. Torch-free, so the report imports no torch for it."""
 
 from __future__ import annotations

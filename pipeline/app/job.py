@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
-from torch import nn
-
-from pipeline.app.config import (
+from fsmtrain.app.config import (
     RECORDED_FOLDERS,
     ConfigError,
     ConfigProblem,
@@ -35,18 +33,19 @@ from pipeline.app.config import (
     seed_everything,
     user_folders,
 )
-from pipeline.app.config.blame import blamed
-from pipeline.app.config.checks import check_data_arguments, checked_callbacks, data_failure
-from pipeline.app.config.schema import TRAINING_FIELDS
-from pipeline.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
-from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free, run_started
-from pipeline.app.schedule import Replan, replan_schedule, resume_schedule
-from pipeline.app.trainer import MODEL_FILE, Trainer, joined_collective
-from pipeline.core.engine import Interrupted
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.result import TrainResult
-from pipeline.core.signal_latch import installed
-from pipeline.training.atomic import atomic_write_bytes
+from fsmtrain.app.config.blame import blamed
+from fsmtrain.app.config.checks import check_data_arguments, checked_callbacks, data_failure
+from fsmtrain.app.config.schema import TRAINING_FIELDS
+from fsmtrain.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
+from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free, run_started
+from fsmtrain.app.schedule import Replan, replan_schedule, resume_schedule
+from fsmtrain.app.trainer import MODEL_FILE, Trainer, joined_collective
+from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.signal_latch import installed
+from fsmtrain.training.atomic import atomic_write_bytes
+from torch import nn
 
 if TYPE_CHECKING:
     import optuna
@@ -101,7 +100,7 @@ class DataBuildFailed:
 
 def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunParts:
     """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
-    constructor's rejection is a ConfigError at the leaf it rejected (pipeline.app.config.checks).
+    constructor's rejection is a ConfigError at the leaf it rejected (fsmtrain.app.config.checks).
     A data builder that raises makes a run that fails in its first epoch, with the record; with
     ``strict_data`` (preflight) it is a ConfigError naming the builder."""
     if cfg.num_threads is not None:
@@ -207,9 +206,9 @@ def train_seed(
 
     The run directory is claimed once the model, optimizer, data and callbacks are built, so a
     config that cannot be built claims none; ``announce(claim, resume)`` is called once it is
-    claimed and the run can start. A signal latched during start-up (``pipeline.core.signal_latch``)
+    claimed and the run can start. A signal latched during start-up (``fsmtrain.core.signal_latch``)
     is honoured before the run starts: the claim is let go and
-    :class:`~pipeline.core.engine.Interrupted` raised.
+    :class:`~fsmtrain.core.engine.Interrupted` raised.
 
     ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
     may differ from the run's ``config.yaml`` only in the fields a resume may change."""

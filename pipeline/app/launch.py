@@ -5,14 +5,14 @@ agent that started it.
 agent in this process, as ``torchrun --standalone --nproc-per-node N`` does; with ``--nnodes 2
 --node-rank R --rdzv HOST:PORT`` the agent joins a c10d rendezvous of several nodes, as
 ``torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` does (node rank 0 hosts the
-rendezvous store). The workers run ``python -m pipeline <same command>`` with RANK, WORLD_SIZE,
+rendezvous store). The workers run ``python -m fsmtrain <same command>`` with RANK, WORLD_SIZE,
 LOCAL_RANK and GROUP_RANK (the node) in their environment. The exit status is the status of the
 first worker that failed (the ranks of one run end together, so they agree), a signal that killed
 it as 128 + its number.
 
 Under ``torchrun --max-restarts N`` the agent restarts every worker when one fails;
 :func:`elastic_attempt` tells a worker which attempt it is, and the run continues from its newest
-committed checkpoint (see ``pipeline.app.run_commands``).
+committed checkpoint (see ``fsmtrain.app.run_commands``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.app.config.schema import DistributedConfig
-    from pipeline.training.distributed import TorchCollective
+    from fsmtrain.app.config.schema import DistributedConfig
+    from fsmtrain.training.distributed import TorchCollective
 
 __all__ = [
     "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_run_dir", "has_committed_checkpoint", "join_ranks",
@@ -69,7 +69,7 @@ class Nodes:
 
 def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None,
                    monitor_interval: float = 0.1) -> int:
-    """Run ``python -m pipeline *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
+    """Run ``python -m fsmtrain *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
     first failure's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,7 +87,7 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
             max_restarts=0, monitor_interval=monitor_interval,
         )
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "pipeline", *argv)
+        elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
     except ChildFailedError as err:
         _, failure = err.get_first_failure()
         code = failure.exitcode
@@ -182,14 +182,13 @@ def recorded_world_size(run_dir: Path) -> int:
 
 def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
     """Under an agent (several ranks): join the process group; None in one process. The rank's
-    output is made whole lines, tagged with the rank on every rank but 0 (:mod:`pipeline.app.rank_output`)."""
-    from pipeline.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+    output is made whole lines, tagged with the rank on every rank but 0 (:mod:`fsmtrain.app.rank_output`)."""
+    from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
 
     if not launched_by_torchrun():
         return None
     import torch
-
-    from pipeline.app.rank_output import tag_rank_output
+    from fsmtrain.app.rank_output import tag_rank_output
 
     tag_rank_output(int(os.environ.get("RANK", "0")))
     return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
@@ -200,7 +199,7 @@ def leave_ranks(collective: TorchCollective | None) -> None:
     """End the process group and its threads, after the run's objects are gone (they hold it)."""
     if collective is None:
         return
-    from pipeline.training.distributed import shutdown
+    from fsmtrain.training.distributed import shutdown
 
     left = shutdown()
     if left:  # the interpreter's exit would join them half torn down (a crash after a good run)

@@ -14,13 +14,12 @@ from contextlib import contextmanager
 from typing import Any, TextIO, TypeVar
 
 import torch
+from fsmtrain.app.config import RunConfig
+from fsmtrain.app.config.checks import batches, checked_callbacks
+from fsmtrain.app.job import build_parts
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.training.driver import split_batch
 from torch import nn
-
-from pipeline.app.config import RunConfig
-from pipeline.app.config.checks import batches, checked_callbacks
-from pipeline.app.job import build_parts
-from pipeline.core.runner import CallbackRunner
-from pipeline.training.driver import split_batch
 
 __all__ = ["PreflightFailed", "run_preflight", "shape_of"]
 

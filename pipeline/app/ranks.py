@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from callbacks.gradient_accumulation import GradientAccumulationCallback
-from pipeline.app.rundir import LOCK_FILE, RunDirClaim
-from pipeline.core.consensus import log_name_for_rank
-from pipeline.core.hooks import TrainingCallback
-from pipeline.training.distributed import TorchCollective
-from pipeline.training.resume import (
+from fsmtrain.app.rundir import LOCK_FILE, RunDirClaim
+from fsmtrain.callbacks.gradient_accumulation import GradientAccumulationCallback
+from fsmtrain.core.consensus import log_name_for_rank
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.training.distributed import TorchCollective
+from fsmtrain.training.resume import (
     Restart,
     Resumption,
     find_resumption,

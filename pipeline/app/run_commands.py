@@ -1,7 +1,7 @@
 """``fsmtrain train`` and ``fsmtrain resume``: the commands that train, on one process or launched
 on several (``--nproc``, ``--nnodes``), and what they print of each seed's run.
 
-``pipeline.cli`` adds them to its parser through :func:`register_cli`, first. Building the parser
+``fsmtrain.cli`` adds them to its parser through :func:`register_cli`, first. Building the parser
 imports this module, so it imports only light code at the top; each command imports what it needs
 when it runs.
 """
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.arg_types import positive_int
-from pipeline.app.commands import (
+from fsmtrain.app.arg_types import positive_int
+from fsmtrain.app.commands import (
     ExitCode,
     UsageError,
     config_args,
@@ -27,11 +27,11 @@ from pipeline.app.commands import (
     print_warnings,
     worst,
 )
-from pipeline.core.stop import StopReason
+from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
-    from pipeline.app.config import RunConfig
-    from pipeline.app.job import SeedRun
+    from fsmtrain.app.config import RunConfig
+    from fsmtrain.app.job import SeedRun
 
 __all__ = ["cmd_resume", "cmd_train", "register_cli"]
 
@@ -41,19 +41,19 @@ def _fmt(x: float) -> str:
 
 
 def _display_callbacks() -> list[Any]:
-    from pipeline.app.defaults import console_callbacks
+    from fsmtrain.app.defaults import console_callbacks
 
     return console_callbacks()
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
-    from pipeline.core.engine import Interrupted
+    from fsmtrain.core.engine import Interrupted
 
     result = run.result
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
-    from pipeline.core.log_file import FileWriteError
+    from fsmtrain.core.log_file import FileWriteError
 
     reason = result.stop_reason
     stop = result.stop
@@ -104,20 +104,20 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 def _join_ranks(cfg: RunConfig) -> Any:
     """Under torchrun (several ranks): join the process group; None in one process."""
-    from pipeline.app.launch import join_ranks
+    from fsmtrain.app.launch import join_ranks
 
     return join_ranks(cfg.distributed, cfg.device)
 
 
 def _leave_ranks(collective: Any) -> None:
-    from pipeline.app.launch import leave_ranks
+    from fsmtrain.app.launch import leave_ranks
 
     leave_ranks(collective)
 
 
 def _nodes(args: argparse.Namespace) -> Any:
     """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
-    from pipeline.app.launch import Nodes
+    from fsmtrain.app.launch import Nodes
 
     count = getattr(args, "nnodes", 1)
     if count <= 1:
@@ -132,9 +132,9 @@ def _nodes(args: argparse.Namespace) -> Any:
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:
     """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
     status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
-    from pipeline.app.launch import launch_workers, without_launch_options
-    from pipeline.core import signal_latch
-    from pipeline.training.distributed import launched_by_torchrun
+    from fsmtrain.app.launch import launch_workers, without_launch_options
+    from fsmtrain.core import signal_latch
+    from fsmtrain.training.distributed import launched_by_torchrun
 
     nodes = _nodes(args)
     if (nproc <= 1 and nodes is None) or launched_by_torchrun():
@@ -147,8 +147,8 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
 
 
 def _latch_signals() -> None:
-    """A command that trains latches SIGINT and SIGTERM first thing (``pipeline.core.signal_latch``)."""
-    from pipeline.core import signal_latch
+    """A command that trains latches SIGINT and SIGTERM first thing (``fsmtrain.core.signal_latch``)."""
+    from fsmtrain.core import signal_latch
 
     signal_latch.install()
 
@@ -167,9 +167,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
-    from pipeline.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
-    from pipeline.app.launch import elastic_attempt, worker_place
-    from pipeline.core.engine import Interrupted
+    from fsmtrain.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
+    from fsmtrain.app.launch import elastic_attempt, worker_place
+    from fsmtrain.core.engine import Interrupted
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
     out: TextIO = sys.stdout if lead else io.StringIO()
@@ -234,7 +234,7 @@ def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
     """``batch_size`` is per rank: with several ranks or accumulation, say what one optimizer step sees."""
     if ranks == 1 and cfg.grad_accumulation == 1:
         return
-    from pipeline.app.global_batch import describe_global_batch
+    from fsmtrain.app.global_batch import describe_global_batch
 
     steps = cfg.grad_accumulation
     said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
@@ -243,9 +243,9 @@ def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from pipeline.app.config import load_run_config
-    from pipeline.app.launch import recorded_world_size
-    from pipeline.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
+    from fsmtrain.app.config import load_run_config
+    from fsmtrain.app.launch import recorded_world_size
+    from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
     _latch_signals()
     run_dir = Path(args.run_dir)
@@ -271,8 +271,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
-    from pipeline.app.job import train_seed
-    from pipeline.app.launch import elastic_attempt, worker_place
+    from fsmtrain.app.job import train_seed
+    from fsmtrain.app.launch import elastic_attempt, worker_place
 
     ranks = collective.world_size if collective is not None else 1
     lead = collective is None or collective.rank == 0
@@ -299,7 +299,7 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collecti
 def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
     """The seed of a run dir whose log never got its run_start: the config's only seed, or the
     ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
-    from pipeline.training.resume import ResumeError
+    from fsmtrain.training.resume import ResumeError
 
     if len(cfg.seeds) == 1:
         return cfg.seeds[0]

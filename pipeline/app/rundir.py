@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.events import EVENTS_FILE, first_run_start
+from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
     "LOCK_FILE", "PRESTART_FILES", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free",

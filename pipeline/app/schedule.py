@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.app.config import ConfigError, ConfigProblem, RunConfig, build_optimizer, build_scheduler
-from pipeline.training.resume import Resumption
+from fsmtrain.app.config import ConfigError, ConfigProblem, RunConfig, build_optimizer, build_scheduler
+from fsmtrain.training.resume import Resumption
 
 __all__ = ["HORIZONS", "Replan", "replan_schedule", "resume_schedule"]
 

@@ -11,34 +11,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
-from pipeline.app.defaults import default_callbacks as with_defaults
-from pipeline.app.launch import recorded_world_size
-from pipeline.app.ranks import Settled, global_batch, settle_claim, share_resumption
-from pipeline.app.rundir import RunDirClaim, claim_existing, claim_new
-from pipeline.core.chain import key_from_env
-from pipeline.core.consensus import log_name_for_rank
-from pipeline.core.context import RunContext
-from pipeline.core.drawing import run_diagram
-from pipeline.core.engine import Engine, Interrupted
-from pipeline.core.events import FSYNC_POLICIES, EventLog, check_levels
-from pipeline.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackRunner
-from pipeline.core.stop import StopReason
-from pipeline.training.atomic import atomic_write_bytes
-from pipeline.training.distributed import (
+from fsmtrain.app.defaults import default_callbacks as with_defaults
+from fsmtrain.app.launch import recorded_world_size
+from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
+from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new
+from fsmtrain.core.chain import key_from_env
+from fsmtrain.core.consensus import log_name_for_rank
+from fsmtrain.core.context import RunContext
+from fsmtrain.core.drawing import run_diagram
+from fsmtrain.core.engine import Engine, Interrupted
+from fsmtrain.core.events import FSYNC_POLICIES, EventLog, check_levels
+from fsmtrain.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.stop import StopReason
+from fsmtrain.training.atomic import atomic_write_bytes
+from fsmtrain.training.distributed import (
     TorchCollective,
     shard_train_loader,
     shard_val_loader,
     wrap_model,
 )
-from pipeline.training.driver import LossFn, MetricFn, TorchDriver
-from pipeline.training.precision import PrecisionPolicy
-from pipeline.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
-from pipeline.training.resume_match import mismatches
-from pipeline.training.signals import signals_set_flag
+from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
+from fsmtrain.training.precision import PrecisionPolicy
+from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
+from fsmtrain.training.resume_match import mismatches
+from fsmtrain.training.signals import signals_set_flag
+from torch import nn
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -59,13 +58,13 @@ class Trainer:
     or ``"never"``.
 
     ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
-    :mod:`pipeline.app.defaults`): the console line or progress bar, the watching built-ins and,
+    :mod:`fsmtrain.app.defaults`): the console line or progress bar, the watching built-ins and,
     with a ``run_dir``, ``metrics.csv`` and checkpoints. ``write_outputs`` (default: as
     ``default_callbacks``): with a ``run_dir``, the teardown writes ``model.pt`` (after a run that
     ended for its own reason) and ``lifecycle.mmd``, before the ``result``. A callback instance
     serves one Trainer: one already given to another is refused. A constructor that fails lets go
     of the run directory it claimed, with whatever it wrote there.
-    ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`pipeline.training.precision`);
+    ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`fsmtrain.training.precision`);
     ``compile``: ``torch.compile`` the training forward.
 
     Under ``torchrun`` (``torch.distributed`` initialised with several ranks, or ``collective``
@@ -225,7 +224,7 @@ class Trainer:
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
-        error, and learn the layout: :mod:`pipeline.app.ranks`)."""
+        error, and learn the layout: :mod:`fsmtrain.app.ranks`)."""
         def claim() -> RunDirClaim | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
@@ -242,7 +241,7 @@ class Trainer:
 
     def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption | Restart:
         """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
-        committed none; every other rank continues from the same one (:mod:`pipeline.app.ranks`)."""
+        committed none; every other rank continues from the same one (:mod:`fsmtrain.app.ranks`)."""
         if self.collective is None or self.settled is None:
             found = resumption_or_restart(run_dir, which)
             if isinstance(found, Resumption):
@@ -256,7 +255,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED (teardown
-        runs, the ``result`` is written) and raise :class:`pipeline.core.engine.Interrupted`; one that
+        runs, the ``result`` is written) and raise :class:`fsmtrain.core.engine.Interrupted`; one that
         lands during the teardown is honoured after it: the run keeps its reason and its files, and
         ``Interrupted`` is raised once the teardown is done."""
         try:
@@ -285,7 +284,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close the log and let the run directory go (``fit`` does this itself): a run that never
-        started leaves nothing in it (see :mod:`pipeline.app.rundir`)."""
+        started leaves nothing in it (see :mod:`fsmtrain.app.rundir`)."""
         events = getattr(self, "events", None)
         if events is not None:
             events.close()

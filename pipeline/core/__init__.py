@@ -2,8 +2,8 @@
 slots, ``TrainingCallback``, the global registry, the runner, the engine (its driver contract, its
 result) and the event log."""
 
-from pipeline.core.checks import CallbackDefinitionError, SlotWriteError
-from pipeline.core.context import (
+from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError
+from fsmtrain.core.context import (
     CheckpointContext,
     EpochContext,
     EpochRecord,
@@ -13,15 +13,15 @@ from pipeline.core.context import (
     StepContext,
     StopRequest,
 )
-from pipeline.core.driver import BaseDriver, Driver
-from pipeline.core.engine import Engine, Interrupted
-from pipeline.core.events import EventLog, read_events
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
-from pipeline.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
-from pipeline.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackOrderError, CallbackRunner
-from pipeline.core.stop import StopReason
+from fsmtrain.core.driver import BaseDriver, Driver
+from fsmtrain.core.engine import Engine, Interrupted
+from fsmtrain.core.events import EventLog, read_events
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
+from fsmtrain.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
+from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "HOOKS", "TRANSITIONS", "BaseDriver", "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner",

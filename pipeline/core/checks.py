@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.lifecycle import HOOK_NAMES, HOOKS, HookScope
+from fsmtrain.core.lifecycle import HOOK_NAMES, HOOKS, HookScope
 
 __all__ = ["CallbackDefinitionError", "SlotWriteError", "check_callback", "hook_hint", "suggest_hook"]
 

@@ -22,7 +22,7 @@ naming the failing rank, its source and its exception; what it met itself is kep
 symptom. So every rank's log ends with a ``result`` naming the one rank that failed (ERROR there,
 INTERRUPTED elsewhere), and no rank waits for a rank that is not coming.
 
-The collective itself is the training layer's (``pipeline.training.distributed``); this module
+The collective itself is the training layer's (``fsmtrain.training.distributed``); this module
 is torch-free: :func:`decide` is the pure verdict, :class:`RankAgreement` what one rank's engine
 calls at the agreement points and what its guards then read.
 """
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pipeline.core.context import RunContext, StopRequest
-from pipeline.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import RunContext, StopRequest
+from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
+from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
@@ -48,7 +48,7 @@ _WIDTH = 6  # has_request, reason, epoch, phase, immediate, signal
 
 
 # Guards whose facts can differ between the ranks of a multi-process run (a stop requested, a signal
-# received on one rank); they read the facts the ranks agreed (``pipeline.core.consensus``).
+# received on one rank); they read the facts the ranks agreed (``fsmtrain.core.consensus``).
 # HAS_BATCH is equal on every rank by construction (equal shards); FAULTED is a rank's own.
 SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
 

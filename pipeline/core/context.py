@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
-from pipeline.core.lifecycle import Phase
-from pipeline.core.stop import StopReason
+from fsmtrain.core.lifecycle import Phase
+from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ class Slot(Generic[T]):
 
 
 class EventSink(Protocol):
-    """Where contexts send structured events (``pipeline.core.events.EventLog`` in a real run)."""
+    """Where contexts send structured events (``fsmtrain.core.events.EventLog`` in a real run)."""
 
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool | None:
         """Write one event; True only for a line whose fsync was deferred (``defer_sync``) and is owed."""
@@ -193,7 +193,7 @@ class RunContext:
         """``emit`` from a thread running beside the training thread (the checkpoint writer): the
         line takes the phase, epoch and step of the log's line before it, not the run's live ones,
         which the training thread may have moved past what the log shows. ``defer_sync``: see
-        :meth:`~pipeline.core.events.EventLog.emit` (True returned: call ``events.sync()``)."""
+        :meth:`~fsmtrain.core.events.EventLog.emit` (True returned: call ``events.sync()``)."""
         owed = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None, payload=payload,
                                 at_last_line=True, defer_sync=defer_sync)
         return owed is True

@@ -1,14 +1,14 @@
 """Lifecycle diagrams generated from the machine itself.
 
-Everything drawn here comes from :data:`pipeline.core.lifecycle.TRANSITIONS` and
-:data:`pipeline.core.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
+Everything drawn here comes from :data:`fsmtrain.core.lifecycle.TRANSITIONS` and
+:data:`fsmtrain.core.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
 engines write the text: the Mermaid engine for ``.mmd`` and the graphviz engine for ``.dot``. SVG is
 Graphviz's ``dot -Tsvg`` of that DOT source. Three views:
 
 - the lifecycle: every phase and every transition with its trigger and guards; the edges into
   ``train_end`` also name the stop reasons that can take them;
 - ``callbacks=...``: each phase and transition also lists the callbacks that run on it, in the
-  order a :class:`~pipeline.core.runner.CallbackRunner` really dispatches them (global callbacks included);
+  order a :class:`~fsmtrain.core.runner.CallbackRunner` really dispatches them (global callbacks included);
 - ``run``: the path one run took, from its ``events.jsonl``: each edge with how many times it was
   taken, the edge into ``train_end`` with the stop reason and epoch.
 
@@ -30,8 +30,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.core.graph_machine import (
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.graph_machine import (
     CALLBACK_BULLET,
     DOT_NEWLINE,
     MERMAID_NEWLINE,
@@ -39,11 +39,11 @@ from pipeline.core.graph_machine import (
     EdgeKey,
     LifecycleGraphMachine,
 )
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
-from pipeline.core.run_path import DiagramError, RunPath, read_run_path
-from pipeline.core.runner import CallbackRunner
-from pipeline.core.stop import Route, StopReason
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
+from fsmtrain.core.run_path import DiagramError, RunPath, read_run_path
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.stop import Route, StopReason
 
 __all__ = [
     "DiagramError",

@@ -1,8 +1,8 @@
 """The driver contract: where the numbers come from.
 
 The engine knows nothing of torch: what it drives is a :class:`Driver`, whose methods are the driver
-actions of the lifecycle program. Training (``pipeline.training.driver.TorchDriver``) and replay
-(``pipeline.tools.replay``) are drivers; :class:`BaseDriver` gives the no-op defaults for the actions
+actions of the lifecycle program. Training (``fsmtrain.training.driver.TorchDriver``) and replay
+(``fsmtrain.tools.replay``) are drivers; :class:`BaseDriver` gives the no-op defaults for the actions
 a driver has nothing to do in.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from pipeline.core.context import EpochContext, RunContext, StepContext, ValStepContext
+from fsmtrain.core.context import EpochContext, RunContext, StepContext, ValStepContext
 
 __all__ = ["BaseDriver", "Driver"]
 
 
 class Driver(Protocol):
-    """Where the numbers come from. Each method is an :class:`~pipeline.core.lifecycle.Action` of the
+    """Where the numbers come from. Each method is an :class:`~fsmtrain.core.lifecycle.Action` of the
     program, called by the machine's handlers at its place in the table."""
 
     def current_lr(self) -> float | None: ...

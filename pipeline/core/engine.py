@@ -4,15 +4,15 @@ The machine is the authority. At each phase the engine offers the ``transitions`
 triggers that leave its current state, in table order; the machine's own conditions (the live
 guards) decide which one fires, and the phase is read from the machine's state, nowhere else. What
 happens on a move is the machine's handler for that transition, compiled here from
-:func:`pipeline.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
+:func:`fsmtrain.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
 Before a move's handlers run, its ``before`` callback checks the table allows it (the machine's
-conditions passed, so the engine's guards must hold too: :mod:`pipeline.core.move_check`); after
+conditions passed, so the engine's guards must hold too: :mod:`fsmtrain.core.move_check`); after
 it, the engine checks the machine moved where the table says. So a broken machine (one that
 accepts every trigger, or never changes state) stops the run instead of faking it, and no handler
 runs for a move the table forbids. A machine that refuses ``abort`` does not skip the teardown:
 the engine runs it itself and the run ends ERROR, naming the refusal.
 
-It knows nothing of torch: what it drives is a :class:`~pipeline.core.driver.Driver`. Training and
+It knows nothing of torch: what it drives is a :class:`~fsmtrain.core.driver.Driver`. Training and
 replay are drivers; both take exactly this code path.
 
 Per batch, the internal ``batch`` transition runs on a fast path: a compiled copy of that declared
@@ -33,13 +33,13 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.core.consensus import Collective, RankAgreement, RankFailed, on_rank
-from pipeline.core.context import FaultContext, RunContext
-from pipeline.core.driver import Driver
-from pipeline.core.epoch_work import EpochWork, Outputs
-from pipeline.core.faults import ExceptionLog, teardown_refused
-from pipeline.core.handlers import HandlerCompiler, compile_guard
-from pipeline.core.lifecycle import (
+from fsmtrain.core.consensus import Collective, RankAgreement, RankFailed, on_rank
+from fsmtrain.core.context import FaultContext, RunContext
+from fsmtrain.core.driver import Driver
+from fsmtrain.core.epoch_work import EpochWork, Outputs
+from fsmtrain.core.faults import ExceptionLog, teardown_refused
+from fsmtrain.core.handlers import HandlerCompiler, compile_guard
+from fsmtrain.core.lifecycle import (
     ABORT,
     BATCH,
     EPOCH_PHASES,
@@ -55,11 +55,11 @@ from pipeline.core.lifecycle import (
     transition_for,
     triggers_from,
 )
-from pipeline.core.log_file import LogWriteError
-from pipeline.core.move_check import MoveChecks
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackRunner
-from pipeline.core.stop import StopReason
+from fsmtrain.core.log_file import LogWriteError
+from fsmtrain.core.move_check import MoveChecks
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
 
@@ -118,7 +118,7 @@ class Engine:
         """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint).
         ``outputs``: writes the run's files in the teardown, before its ``result``.
         ``collective``: this process is one rank of a multi-process run; the shared guards then read
-        the facts the ranks agree on (:class:`~pipeline.core.consensus.RankAgreement`)."""
+        the facts the ranks agree on (:class:`~fsmtrain.core.consensus.RankAgreement`)."""
         self.driver = driver
         self.runner = runner
         self.run = run
@@ -290,7 +290,7 @@ class Engine:
         """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
         machine's ``abort``; its handler runs the whole teardown. Returns what the run ends with:
         ``exc``, or in a multi-process run where another rank failed first, the
-        :class:`~pipeline.core.consensus.RankFailed` that names it (the caller raises it)."""
+        :class:`~fsmtrain.core.consensus.RankFailed` that names it (the caller raises it)."""
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)

@@ -1,6 +1,6 @@
 """The engine's own work in the lifecycle program: where the run is, and what it records.
 
-The program (:data:`pipeline.core.lifecycle.PROGRAM`) interleaves the callbacks' hooks with
+The program (:data:`fsmtrain.core.lifecycle.PROGRAM`) interleaves the callbacks' hooks with
 *actions*. The driver's actions (forward, backward, the optimizer step, a validation batch...) are
 the driver's; the rest are here: a fresh epoch context, the batch cursor (the batch in hand and the
 one after it, fetched one ahead so ``has_batch`` and ``StepContext.is_last`` are known before the
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline.core.context import (
+from fsmtrain.core.context import (
     EpochContext,
     EpochRecord,
     FaultContext,
@@ -27,11 +27,11 @@ from pipeline.core.context import (
     StepContext,
     ValStepContext,
 )
-from pipeline.core.driver import Driver
-from pipeline.core.lifecycle import FINAL, Action, HookScope, Transition
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackRunner
-from pipeline.core.stop import StopReason
+from fsmtrain.core.driver import Driver
+from fsmtrain.core.lifecycle import FINAL, Action, HookScope, Transition
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["END", "EpochWork", "Outputs", "Work"]
 

@@ -10,7 +10,7 @@ Every line carries the same keys::
 are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so every line is strict
 JSON; ``float()`` reads them back.
 
-``prev`` links the file into a hash chain (:mod:`pipeline.core.chain`): the digest of the line
+``prev`` links the file into a hash chain (:mod:`fsmtrain.core.chain`): the digest of the line
 before, or for the first line the genesis digest of the run id and the resolved ``config``;
 ``seal`` is the digest of the line itself without its seal, so the last line is chained too. A log
 appended to (a resumed run) continues the chain from its last line. ``run_start`` lines get a
@@ -25,7 +25,7 @@ writer committing several files at once (``latest.pt`` and ``best.pt`` are links
 file) defers the sync of each line and syncs once after the last (``defer_sync``): one fsync per
 commit, not one per file.
 
-Which checkpoint files a run committed is read from its log by :mod:`pipeline.core.ledger`.
+Which checkpoint files a run committed is read from its log by :mod:`fsmtrain.core.ledger`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
-
-from pipeline.core.chain import Chain, last_line
-from pipeline.core.log_file import LogFile, LogWriteError
+from fsmtrain.core.chain import Chain, last_line
+from fsmtrain.core.log_file import LogFile, LogWriteError
 
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 EVENT_KEYS: tuple[str, ...] = (
@@ -296,7 +295,7 @@ class EventLog:
         the chain head. Nothing runs between the write and that bookkeeping that could be interrupted
         (a Ctrl-C between them would leave a line the chain or seq does not know). Unbuffered, so a
         killed process loses at most the line it was writing; a write that fails is cut back to the
-        last whole line (:class:`~pipeline.core.log_file.LogFile`), and the line is not counted. A
+        last whole line (:class:`~fsmtrain.core.log_file.LogFile`), and the line is not counted. A
         line that found the disk full is written into the room the file keeps, then the error raised."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file

@@ -1,6 +1,6 @@
 """The engine's fault path, the parts that need nothing of the machine's walk: the ``exception``
 line of each failure, written once, and the teardown the engine runs itself when the machine
-refuses ``abort`` (:meth:`pipeline.core.engine.Engine._fault` decides when)."""
+refuses ``abort`` (:meth:`fsmtrain.core.engine.Engine._fault` decides when)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from pipeline.core.context import RunContext
-from pipeline.core.lifecycle import ABORT, FINAL, LifecycleError, Phase, Transition, transition_for
-from pipeline.core.log_file import LogWriteError
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import RunContext
+from fsmtrain.core.lifecycle import ABORT, FINAL, LifecycleError, Phase, Transition, transition_for
+from fsmtrain.core.log_file import LogWriteError
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["ExceptionLog", "teardown_refused"]
 

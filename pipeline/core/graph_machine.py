@@ -1,4 +1,4 @@
-"""The ``transitions`` ``GraphMachine`` that :mod:`pipeline.core.drawing` draws with: states with
+"""The ``transitions`` ``GraphMachine`` that :mod:`fsmtrain.core.drawing` draws with: states with
 labels, a top-to-bottom layout, and label engines that put each transition, its guards and the
 callbacks on a move on lines of their own (one left-to-right row of seven phases with one-line
 labels drew a 6307 px wide SVG)."""

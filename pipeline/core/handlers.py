@@ -1,8 +1,8 @@
 """The machine's handlers, compiled from the lifecycle program.
 
 What happens on a move is the handler of its transition: the steps
-:func:`pipeline.core.lifecycle.program_for` lists, in order, each either an action
-(:class:`~pipeline.core.epoch_work.EpochWork`, the driver) or a hook dispatched to the callbacks
+:func:`fsmtrain.core.lifecycle.program_for` lists, in order, each either an action
+(:class:`~fsmtrain.core.epoch_work.EpochWork`, the driver) or a hook dispatched to the callbacks
 that override it. Compiling once per run turns that list into a few plain calls: a hook no
 callback overrides costs nothing, the per-batch body is one callable (with the skip flags of the
 step context honoured only where something can set them), and the validation batches run as one
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pipeline.core.epoch_work import EpochWork, Work
-from pipeline.core.lifecycle import BATCH, FINAL, Action, ActionSpec, HookScope, HookSpec, Step, Transition, program_for
-from pipeline.core.runner import CallbackRunner
+from fsmtrain.core.epoch_work import EpochWork, Work
+from fsmtrain.core.lifecycle import BATCH, FINAL, Action, ActionSpec, HookScope, HookSpec, Step, Transition, program_for
+from fsmtrain.core.runner import CallbackRunner
 
 __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
 

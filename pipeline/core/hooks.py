@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, ClassVar
 
-from pipeline.core.context import (
+from fsmtrain.core.context import (
     CheckpointContext,
     EpochContext,
     FaultContext,
@@ -29,8 +29,8 @@ from pipeline.core.context import (
     StepContext,
     ValStepContext,
 )
-from pipeline.core.lifecycle import HOOK_NAMES
-from pipeline.core.registry import GlobalHandle, register_global_callback
+from fsmtrain.core.lifecycle import HOOK_NAMES
+from fsmtrain.core.registry import GlobalHandle, register_global_callback
 
 
 class Tier(int, Enum):
@@ -42,7 +42,7 @@ class Tier(int, Enum):
 
 
 class ReplaySupport(str, Enum):
-    """How a callback takes part in state replay (``pipeline.tools.replay``)."""
+    """How a callback takes part in state replay (``fsmtrain.tools.replay``)."""
 
     FULL = "full"  # decides from contexts and slots alone: replays as it ran
     DRY = "dry"  # needs a live model/optimizer: runs with ``run.dry_run`` set and only records intent

@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from fsmtrain.core.machine import LifecycleMachine
 from transitions import Machine
-
-from pipeline.core.machine import LifecycleMachine
 
 
 class Phase(str, Enum):
@@ -402,7 +401,7 @@ def build_machine(
     guards: Mapping[Guard, Callable[[], bool]],
     handlers: Sequence[Callable[[], None] | MoveHandler],
 ) -> Machine:
-    """A ``transitions`` machine over ``model`` (:class:`~pipeline.core.machine.LifecycleMachine`: a
+    """A ``transitions`` machine over ``model`` (:class:`~fsmtrain.core.machine.LifecycleMachine`: a
     plain ``Machine`` with a lean trigger path): its conditions are the live ``guards`` and
     ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
     ``i`` fires, with the machine already in its destination; a :class:`MoveHandler`'s check runs

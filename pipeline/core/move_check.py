@@ -1,7 +1,7 @@
 """No handler runs for a move the table forbids: each transition's handlers are checked first.
 
 The machine decides which trigger fires (its conditions are the live guards); what it runs then is
-a :class:`~pipeline.core.lifecycle.MoveHandler` built here. Its ``check`` is the transition's
+a :class:`~fsmtrain.core.lifecycle.MoveHandler` built here. Its ``check`` is the transition's
 ``before`` callback (``transitions`` calls it once the conditions passed, before the state
 changes): the machine must be in the move's source and the table's guards must hold, or it raises
 and the state stays. Its ``run`` (the ``after`` callback) starts the move's program only once that
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pipeline.core.handlers import compile_guard
-from pipeline.core.lifecycle import Facts, Guard, LifecycleError, MoveHandler, Transition
+from fsmtrain.core.handlers import compile_guard
+from fsmtrain.core.lifecycle import Facts, Guard, LifecycleError, MoveHandler, Transition
 
 __all__ = ["MoveChecks"]
 

@@ -19,7 +19,7 @@ GLOBAL tier. Three rules keep that safe:
   instead.
 
 Only the callbacks' duck type is used here (``overridden_hooks``, ``name``):
-``pipeline.core.hooks`` imports this module, not the other way round.
+``fsmtrain.core.hooks`` imports this module, not the other way round.
 """
 
 from __future__ import annotations

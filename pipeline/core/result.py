@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.context import EpochRecord, RunContext, StopRequest
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochRecord, RunContext, StopRequest
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["TrainResult"]
 

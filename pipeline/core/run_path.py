@@ -2,7 +2,7 @@
 
 :class:`PathCounter` takes a log's lines one at a time (:func:`read_run_path` feeds it a whole
 file; ``fsmtrain report`` feeds it while it reads the log for its charts, so the log is read once);
-:func:`pipeline.core.drawing.path_diagram` draws what it counted.
+:func:`fsmtrain.core.drawing.path_diagram` draws what it counted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.lifecycle import FINAL, Phase
+from fsmtrain.core.lifecycle import FINAL, Phase
 
 __all__ = ["DiagramError", "PathCounter", "RunPath", "read_run_path"]
 

@@ -3,7 +3,7 @@
 Order: ``(priority, tier, registration order)`` with tier CORE < USER < GLOBAL. A hook a callback
 does not override is not in its table, so it costs nothing at dispatch.
 
-Checked when the runner is built: each callback's definition (``pipeline.core.checks``: hook
+Checked when the runner is built: each callback's definition (``fsmtrain.core.checks``: hook
 names and signatures) and the data flow between slot writers and readers. Checked while it runs:
 a callback writes only the slots it declared (:meth:`CallbackRunner.check_write`, installed as the
 run context's slot guard).
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
-from pipeline.core.checks import CallbackDefinitionError, SlotWriteError, check_callback
-from pipeline.core.context import Slot
-from pipeline.core.hooks import Tier, TrainingCallback
-from pipeline.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
-from pipeline.core.registry import GlobalHandle, callbacks_for_run, register_global_callback
+from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError, check_callback
+from fsmtrain.core.context import Slot
+from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
+from fsmtrain.core.registry import GlobalHandle, callbacks_for_run, register_global_callback
 
 __all__ = [
     "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "SlotWriteError",
@@ -55,7 +55,7 @@ class CallbackRunner:
         validate: bool = True,
     ) -> None:
         entries = [Entry(cb, cb.tier, i) for i, cb in enumerate(callbacks)]
-        if include_global:  # each run its own copies (pipeline.core.registry)
+        if include_global:  # each run its own copies (fsmtrain.core.registry)
             local = frozenset(id(cb) for cb in callbacks)
             entries += [Entry(cb, Tier.GLOBAL, i) for i, cb in enumerate(callbacks_for_run(local))]
         self.entries: tuple[Entry, ...] = tuple(sorted(entries, key=lambda e: e.key))

@@ -20,7 +20,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.context import EpochContext
+from fsmtrain.core.context import EpochContext
 
 __all__ = ["epoch_scalars", "slot_scalars"]
 

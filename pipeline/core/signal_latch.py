@@ -8,7 +8,7 @@ a latch first thing and keep it until their exit status is decided:
 
 - during start-up a signal is honoured before the run directory is claimed, or before the run
   starts (the job lets the claim go): :meth:`SignalLatch.raise_if_signalled`;
-- while a run trains, the run gets the signal too (``pipeline.training.signals``) and ends
+- while a run trains, the run gets the signal too (``fsmtrain.training.signals``) and ends
   INTERRUPTED at its next boundary;
 - during the teardown it waits until the teardown (``model.pt``, ``lifecycle.mmd``, the
   ``result``) is done;
@@ -17,7 +17,7 @@ a latch first thing and keep it until their exit status is decided:
 
 The process that owns the command then :meth:`~SignalLatch.settle`\\ s: it runs its exit handlers
 and ends with the command's status, or 128 + a signal that reached it before it ends. A command
-run in-process (tests call ``pipeline.cli.main`` with arguments) :func:`uninstall`\\ s instead,
+run in-process (tests call ``fsmtrain.cli.main`` with arguments) :func:`uninstall`\\ s instead,
 giving back the handlers it found.
 """
 
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
-from pipeline.core.engine import Interrupted
+from fsmtrain.core.engine import Interrupted
 
 __all__ = ["HANDLED", "SignalLatch", "install", "installed", "latched", "uninstall"]
 
@@ -70,7 +70,7 @@ class SignalLatch:
         return "" if self.signum is None else signal.Signals(self.signum).name
 
     def raise_if_signalled(self) -> None:
-        """Honour a latched signal here: raise :class:`~pipeline.core.engine.Interrupted`."""
+        """Honour a latched signal here: raise :class:`~fsmtrain.core.engine.Interrupted`."""
         if self.signum is not None:
             raise Interrupted(self.signum)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.context import Slot
+from fsmtrain.core.context import Slot
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class LossPrediction:
     fit_ok: bool
 
     def scalars(self) -> dict[str, float]:
-        """What loggers show of it (``pipeline.core.scalars``): the predicted loss, by its logged name."""
+        """What loggers show of it (``fsmtrain.core.scalars``): the predicted loss, by its logged name."""
         return {"predicted_final_loss": self.predicted_loss}
 
 

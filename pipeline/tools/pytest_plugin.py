@@ -4,8 +4,8 @@ entry point ``fsmtrain`` (installed with the package; nothing to add to ``confte
     def test_my_stopper(replay_losses):
         assert replay_losses(train=[3, 2, 1, 1, 1], val=[3, 2, 2, 2, 2], callbacks=[MyStopper(2)]).stop_epoch == 4
 
-``replay_losses`` is :func:`pipeline.tools.replay.replay_losses`; ``replay_run`` is
-:func:`pipeline.tools.replay.replay_run` (replay a recorded ``events.jsonl``). The replay module, and with
+``replay_losses`` is :func:`fsmtrain.tools.replay.replay_losses`; ``replay_run`` is
+:func:`fsmtrain.tools.replay.replay_run` (replay a recorded ``events.jsonl``). The replay module, and with
 it torch, is imported only when a test asks for one of them, so other test suites pay nothing.
 """
 
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pipeline.tools.replay import ReplayResult
+    from fsmtrain.tools.replay import ReplayResult
 
 
 @pytest.fixture
 def replay_losses() -> Callable[..., ReplayResult]:
     """``replay_losses(train=[...], val=[...], callbacks=[...], max_epochs=None, metrics=None, lrs=None)``:
     drive the callbacks through the real lifecycle machine; returns a ``ReplayResult``."""
-    from pipeline.tools.replay import replay_losses as fn
+    from fsmtrain.tools.replay import replay_losses as fn
 
     return fn
 
@@ -32,7 +32,7 @@ def replay_losses() -> Callable[..., ReplayResult]:
 @pytest.fixture
 def replay_run() -> Callable[..., ReplayResult]:
     """``replay_run(events_path, callbacks=None, overrides=None)``: replay a recorded run."""
-    from pipeline.tools.replay import replay_run as fn
+    from fsmtrain.tools.replay import replay_run as fn
 
     return fn
 

@@ -3,7 +3,7 @@ part.
 
 Every write goes to a temp file in the same folder, is fsync'd, and replaces the target with
 ``os.replace``; then the folder is fsync'd, so the rename itself survives a crash. Checkpoints
-(:mod:`pipeline.training.checkpoint`), a run's config and its final model are written this way.
+(:mod:`fsmtrain.training.checkpoint`), a run's config and its final model are written this way.
 """
 
 from __future__ import annotations

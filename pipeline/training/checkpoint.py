@@ -3,17 +3,17 @@ disk without holding training up.
 
 A checkpoint is one ``torch.save`` file of a plain dict that ``torch.load(weights_only=True)`` accepts:
 tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
-ints for that reason: :mod:`pipeline.training.rng`). It holds the model, optimizer and scheduler
+ints for that reason: :mod:`fsmtrain.training.rng`). It holds the model, optimizer and scheduler
 state, every stateful callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
 ``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
 
 Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
 ``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
 A file exists for the audit and for resume only once the log has committed it (see
-:class:`CheckpointManager`); one file is :mod:`pipeline.training.checkpoint_files`' business
+:class:`CheckpointManager`); one file is :mod:`fsmtrain.training.checkpoint_files`' business
 (written hashed and atomically, loaded against its committed sha256). On the training thread an
-epoch's state is only staged (:mod:`pipeline.training.staging`); the writer thread
-(:mod:`pipeline.training.checkpoint_writer`) does the rest.
+epoch's state is only staged (:mod:`fsmtrain.training.staging`); the writer thread
+(:mod:`fsmtrain.training.checkpoint_writer`) does the rest.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.core.context import CheckpointContext, EpochRecord, RunContext
-from pipeline.training.atomic import atomic_link, fsync_dir
-from pipeline.training.checkpoint_files import (
+from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext
+from fsmtrain.training.atomic import atomic_link, fsync_dir
+from fsmtrain.training.checkpoint_files import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointWriteError,
@@ -38,11 +38,11 @@ from pipeline.training.checkpoint_files import (
     save_state,
     sha256_of,
 )
-from pipeline.training.checkpoint_folder import CheckpointFolder
-from pipeline.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
-from pipeline.training.resume_match import object_classes
-from pipeline.training.rng import capture_rng_state
-from pipeline.training.staging import BufferSet, Staged, stage, tensor_bytes
+from fsmtrain.training.checkpoint_folder import CheckpointFolder
+from fsmtrain.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
+from fsmtrain.training.resume_match import object_classes
+from fsmtrain.training.rng import capture_rng_state
+from fsmtrain.training.staging import BufferSet, Staged, stage, tensor_bytes
 
 __all__ = [
     "FORMAT_VERSION",
@@ -150,17 +150,17 @@ class CheckpointManager(CheckpointFolder):
     the run's last epoch). ``keep_last_k=0`` keeps every periodic file.
 
     Protocol: :meth:`save` (the training thread) decides, asks the writer for a slot (a slow disk
-    drops a waiting state rather than make training wait: :mod:`pipeline.training.checkpoint_writer`),
+    drops a waiting state rather than make training wait: :mod:`fsmtrain.training.checkpoint_writer`),
     builds the state and stages it into that slot's host buffers. :meth:`write` (the writer thread)
     waits for the staged copies, writes the state once in ``torch.save``'s format
-    (:func:`pipeline.training.torch_file.write_torch_file`), hashed as it is written, as
+    (:func:`fsmtrain.training.torch_file.write_torch_file`), hashed as it is written, as
     ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link, or a copy
     where links are not possible, swapped in atomically) and fsyncs the folder. The log then
     commits the files: from that moment they exist for the audit and for resume. Only after the
     commit are older files removed, so the newest committed state's file never goes before a newer
     one is committed.
 
-    What is kept on disk: :class:`pipeline.training.checkpoint_folder.CheckpointFolder`.
+    What is kept on disk: :class:`fsmtrain.training.checkpoint_folder.CheckpointFolder`.
     """
 
     def __init__(

@@ -2,10 +2,10 @@
 run's log committed it.
 
 :func:`save_state` writes a state in ``torch.save``'s format (byte for byte, by
-:func:`pipeline.training.torch_file.write_torch_file`) straight into a temp file beside the target while
+:func:`fsmtrain.training.torch_file.write_torch_file`) straight into a temp file beside the target while
 hashing the bytes as they go out (one pass: no serialised copy of the whole state in memory),
 fsyncs it and renames it into place. :func:`load_checkpoint` checks a file's bytes against the
-sha256 the run's log committed for it (read by :func:`pipeline.core.ledger.committed_sha256`, the
+sha256 the run's log committed for it (read by :func:`fsmtrain.core.ledger.committed_sha256`, the
 log's own reader) and loads it with ``weights_only=True``.
 """
 
@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
-
-from pipeline.core.context import epoch_number
-from pipeline.core.events import EVENTS_FILE
-from pipeline.core.ledger import committed_sha256 as logged_sha256
-from pipeline.core.log_file import FileWriteError, write_failure
-from pipeline.training.torch_file import write_torch_file
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.events import EVENTS_FILE
+from fsmtrain.core.ledger import committed_sha256 as logged_sha256
+from fsmtrain.core.log_file import FileWriteError, write_failure
+from fsmtrain.training.torch_file import write_torch_file
 
 __all__ = [
     "FORMAT_VERSION",

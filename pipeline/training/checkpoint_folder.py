@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.core.context import epoch_number
-from pipeline.core.ledger import CommittedFile
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.ledger import CommittedFile
 
 __all__ = ["KINDS", "CheckpointFolder"]
 

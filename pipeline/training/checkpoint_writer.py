@@ -1,6 +1,6 @@
 """Checkpoint writes off the training thread: at most one write in flight and one state waiting.
 
-The training thread stages an epoch's state (:mod:`pipeline.training.staging`) into one of two
+The training thread stages an epoch's state (:mod:`fsmtrain.training.staging`) into one of two
 buffer sets ("slots") and hands it to the :class:`CheckpointWriter`. One writer thread writes the
 states in the order they came, one at a time. A slow disk never holds training up:
 
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.core.context import epoch_number
+from fsmtrain.core.context import epoch_number
 
 __all__ = ["CheckpointWriter", "Job", "Room", "SLOTS"]
 

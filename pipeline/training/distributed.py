@@ -2,7 +2,7 @@
 
 What a rank needs beyond a one-process run, and nothing else:
 
-- :class:`TorchCollective`: the engine's :class:`pipeline.core.consensus.Collective` (the guard
+- :class:`TorchCollective`: the engine's :class:`fsmtrain.core.consensus.Collective` (the guard
   agreement: one all-gather of six integers per epoch) plus the sums the driver reduces its
   metrics with, a barrier, and :meth:`TorchCollective.share` (rank 0 decides, e.g. the run
   directory; the others get its answer or its error, so no rank waits for a rank that failed);
@@ -30,10 +30,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
-
-from pipeline.core.consensus import AgreementTimeout, Failure, RankFailed
 
 __all__ = [
     "DistributedOptions", "ShardSampler", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
@@ -61,11 +60,11 @@ def launched_by_torchrun() -> bool:
 class TorchCollective:
     """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
 
-    It is also the run's :class:`~pipeline.core.consensus.FailureBoard`: a key in the rendezvous
+    It is also the run's :class:`~fsmtrain.core.consensus.FailureBoard`: a key in the rendezvous
     store (the agent's under torchrun, else the one the group was made with), which outlives a
     rank that failed. The wait at an agreement point is bounded: it ends as soon as another
-    rank's failure is posted (:class:`~pipeline.core.consensus.RankFailed`), or after
-    ``agreement_timeout_s`` (:class:`~pipeline.core.consensus.AgreementTimeout`), instead of the
+    rank's failure is posted (:class:`~fsmtrain.core.consensus.RankFailed`), or after
+    ``agreement_timeout_s`` (:class:`~fsmtrain.core.consensus.AgreementTimeout`), instead of the
     collective's own timeout; so a ``Trainer`` in a process group of the user's own, without an
     agent to end the others, does not hang on a rank that failed."""
 

@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
+from fsmtrain.training.precision import PrecisionPolicy
 from torch import nn
-
-from pipeline.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
-from pipeline.training.precision import PrecisionPolicy
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.ledger import CommittedFile
-from pipeline.training.atomic import fsync_dir
-from pipeline.training.checkpoint_files import sha256_of
+from fsmtrain.core.ledger import CommittedFile
+from fsmtrain.training.atomic import fsync_dir
+from fsmtrain.training.checkpoint_files import sha256_of
 
 __all__ = ["DAMAGED_DIR", "DamagedState", "find_damaged", "quarantine"]
 

@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.chain import KEY_ENV, Chain
-from pipeline.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
-from pipeline.core.events import EVENTS_FILE, first_run_start
-from pipeline.core.ledger import CheckpointLedger
-from pipeline.training.checkpoint import (
+from fsmtrain.core.chain import KEY_ENV, Chain
+from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
+from fsmtrain.core.events import EVENTS_FILE, first_run_start
+from fsmtrain.core.ledger import CheckpointLedger
+from fsmtrain.training.checkpoint import (
     CheckpointError,
     load_checkpoint,
     read_history,
 )
-from pipeline.training.quarantine import DamagedState, find_damaged, quarantine
-from pipeline.training.rng import restore_rng_state
+from fsmtrain.training.quarantine import DamagedState, find_damaged, quarantine
+from fsmtrain.training.rng import restore_rng_state
 
 __all__ = [
     "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",

@@ -8,7 +8,7 @@ takes the ordinary fault path (``abort``, reason INTERRUPTED, the whole teardown
 A second signal during teardown only sets the flag again. Exit code: 128 + the signal number
 (130 for SIGINT, 143 for SIGTERM).
 
-In a command that latched its signals (:mod:`pipeline.core.signal_latch`) the latch keeps its
+In a command that latched its signals (:mod:`fsmtrain.core.signal_latch`) the latch keeps its
 handlers: the run listens to it, and starts with a signal the latch received before it began.
 """
 
@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from pipeline.core.context import RunContext
-from pipeline.core.engine import Interrupted
-from pipeline.core.signal_latch import installed
+from fsmtrain.core.context import RunContext
+from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.signal_latch import installed
 
 __all__ = ["HANDLED", "Interrupted", "signals_set_flag"]
 

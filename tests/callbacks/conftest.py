@@ -9,16 +9,15 @@ from typing import Any
 
 import pytest
 import torch
+from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.driver import BaseDriver
+from fsmtrain.core.engine import Engine
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackRunner
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from pipeline.core.context import EpochContext, RunContext
-from pipeline.core.driver import BaseDriver
-from pipeline.core.engine import Engine
-from pipeline.core.events import EventLog
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackRunner
 
 
 class ScriptedDriver(BaseDriver):

@@ -1,11 +1,10 @@
 import pytest
 import torch
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.callbacks import GradientAccumulationCallback, GradientClippingCallback, GradientMonitorCallback
+from fsmtrain.core.slots import MAX_GRAD_NORM
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from callbacks import GradientAccumulationCallback, GradientClippingCallback, GradientMonitorCallback
-from pipeline import Trainer, TrainingCallback
-from pipeline.core.slots import MAX_GRAD_NORM
 
 
 def _data(n=96, seed=0):

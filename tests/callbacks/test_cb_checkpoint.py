@@ -3,17 +3,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from callbacks import CheckpointCallback, EarlyStoppingCallback
-from pipeline import Trainer, TrainingCallback, read_events
-from pipeline.training.checkpoint import (
+from fsmtrain import Trainer, TrainingCallback, read_events
+from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
+from fsmtrain.training.checkpoint import (
     CheckpointError,
     CheckpointManager,
     load_checkpoint,
     sha256_of,
 )
-from pipeline.training.rng import capture_rng_state, restore_rng_state
+from fsmtrain.training.rng import capture_rng_state, restore_rng_state
+from torch import nn
 
 
 class AddsState(TrainingCallback):
@@ -113,7 +112,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pipeline.training.atomic.os.replace", boom)
+    monkeypatch.setattr("fsmtrain.training.atomic.os.replace", boom)
     with pytest.raises(OSError, match="disk full"):  # a callback instance serves one Trainer (issue 24): a new one
         _train(tiny, tmp_path / "again", 1, [CheckpointCallback(ck, save_best=False)])
     monkeypatch.undo()
@@ -203,8 +202,8 @@ def test_bad_arguments(kwargs, tmp_path):
 def test_history_text_encodes_each_epoch_once_and_reads_back_exactly():
     import math
 
-    from pipeline.core.context import EpochRecord
-    from pipeline.training.checkpoint import HistoryText, read_history
+    from fsmtrain.core.context import EpochRecord
+    from fsmtrain.training.checkpoint import HistoryText, read_history
 
     history: list[EpochRecord] = []
     text = HistoryText()

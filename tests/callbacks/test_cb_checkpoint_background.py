@@ -7,11 +7,10 @@ import time
 
 import pytest
 import torch
+from fsmtrain import Trainer, TrainingCallback, read_events
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.training.checkpoint import CheckpointManager, Written, load_checkpoint
 from torch import nn
-
-from callbacks import CheckpointCallback
-from pipeline import Trainer, TrainingCallback, read_events
-from pipeline.training.checkpoint import CheckpointManager, Written, load_checkpoint
 
 VOLATILE = ("ts", "prev", "seal", "run_id")  # differ between any two runs
 TIMINGS = ("seconds", "phase_seconds", "callback_seconds")

@@ -1,10 +1,9 @@
 import math
 
 import pytest
-
-from callbacks import EarlyStoppingCallback
-from callbacks.early_stopping import improves
-from pipeline import StopReason
+from fsmtrain import StopReason
+from fsmtrain.callbacks import EarlyStoppingCallback
+from fsmtrain.callbacks.early_stopping import improves
 
 
 def test_stops_at_hand_computed_epoch(scripted):

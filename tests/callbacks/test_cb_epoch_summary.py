@@ -2,9 +2,8 @@ import io
 import math
 
 import pytest
-
-from callbacks import EpochSummaryCallback, GradientMonitorCallback, LossPredictionCallback
-from pipeline import Slot, StopReason, TrainingCallback
+from fsmtrain import Slot, StopReason, TrainingCallback
+from fsmtrain.callbacks import EpochSummaryCallback, GradientMonitorCallback, LossPredictionCallback
 
 
 def table(text):

@@ -3,14 +3,13 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.callbacks import GradientAccumulationCallback, GradientMonitorCallback
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.slots import MAX_GRAD_NORM
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from callbacks import GradientAccumulationCallback, GradientMonitorCallback
-from pipeline import Trainer, TrainingCallback
-from pipeline.core.context import EpochContext, RunContext, StepContext
-from pipeline.core.events import EventLog
-from pipeline.core.slots import MAX_GRAD_NORM
 
 
 class NormRecorder(TrainingCallback):
@@ -209,7 +208,7 @@ def test_narrow_gradients_are_measured_in_float32(dtype, route):
 def test_the_host_fold_at_epoch_end_is_the_device_fold(norms, running):
     """The epoch end folds the last segment on the host; a full buffer folds on the device. Both
     give the same max, batch, count and first batch over the threshold, NaN and ties included."""
-    from callbacks.gradient_monitor import _fold_on_host
+    from fsmtrain.callbacks.gradient_monitor import _fold_on_host
 
     mon = GradientMonitorCallback(warn_threshold=500.0)
     mon._allocate(torch.zeros(1))

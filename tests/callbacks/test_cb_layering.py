@@ -2,8 +2,8 @@ import ast
 import inspect
 from pathlib import Path
 
-import callbacks
-from pipeline.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain import callbacks
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 
 PACKAGE = Path(callbacks.__file__).parent
 
@@ -20,9 +20,9 @@ def test_modules_import_only_the_core():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith("callbacks"), f"{path.name} imports {node.module}"
-                if node.module.startswith("pipeline."):
-                    assert node.module.startswith("pipeline.core.") or node.module == "pipeline.training.checkpoint", (
+                assert not node.module.startswith("fsmtrain.callbacks"), f"{path.name} imports {node.module}"
+                if node.module.startswith("fsmtrain."):
+                    assert node.module.startswith("fsmtrain.core.") or node.module == "fsmtrain.training.checkpoint", (
                         f"{path.name} imports {node.module}: callbacks use the core and the checkpoint store only")
 
 
@@ -37,7 +37,7 @@ def test_exports_priorities_and_tier():
 
 
 def test_replay_support_declared():
-    # model-bound callbacks only record intent in a replay (pipeline.tools.replay feeds recorded slot values)
+    # model-bound callbacks only record intent in a replay (fsmtrain.tools.replay feeds recorded slot values)
     dry = {"OptimizerModeCallback", "GradientMonitorCallback", "WandbLoggingCallback", "CheckpointCallback"}
     for name in EXPECTED:
         expected = ReplaySupport.DRY if name in dry else ReplaySupport.FULL

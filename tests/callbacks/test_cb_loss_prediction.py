@@ -4,10 +4,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
-from callbacks import LossPredictionCallback
-from callbacks.loss_prediction import FIRST_EPOCH, fit_exponential, predict_final_loss
-from pipeline.core.slots import LOSS_PREDICTION, LossPrediction
+from fsmtrain.callbacks import LossPredictionCallback
+from fsmtrain.callbacks.loss_prediction import FIRST_EPOCH, fit_exponential, predict_final_loss
+from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
 
 def test_exact_exponential_recovers_a_and_k():
@@ -50,7 +49,7 @@ def test_slot_is_none_before_epoch_10_and_set_from_10_on(scripted):
     val = [a * math.exp(k * t) for t in range(14)]
     seen: dict[int, LossPrediction | None] = {}
 
-    from pipeline import TrainingCallback
+    from fsmtrain import TrainingCallback
 
     class Reader(TrainingCallback):
         priority = 71
@@ -125,7 +124,7 @@ def test_fitting_imports_no_scipy():
     import subprocess
     import sys
 
-    code = ("import sys; from callbacks.loss_prediction import predict_final_loss; "
+    code = ("import sys; from fsmtrain.callbacks.loss_prediction import predict_final_loss; "
             "p = predict_final_loss([2.0 * 0.9 ** t for t in range(30)], 100); assert p.fit_ok; "
             "print('scipy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

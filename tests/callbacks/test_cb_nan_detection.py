@@ -1,10 +1,9 @@
 import math
 
 import torch
+from fsmtrain import StopReason, Trainer, TrainingCallback
+from fsmtrain.callbacks import CheckpointCallback, NaNDetectionCallback
 from torch import nn
-
-from callbacks import CheckpointCallback, NaNDetectionCallback
-from pipeline import StopReason, Trainer, TrainingCallback
 
 
 def test_nan_val_loss_stops_with_nan_and_inf_objective(scripted):

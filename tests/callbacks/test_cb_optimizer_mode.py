@@ -1,11 +1,10 @@
 import pytest
 import torch
+from fsmtrain import Trainer, TrainingCallback
+from fsmtrain.callbacks import OptimizerModeCallback
+from fsmtrain.callbacks.optimizer_mode import has_modes
 from pytorch_optimizer import ScheduleFreeAdamW, SPlus
 from torch import nn
-
-from callbacks import OptimizerModeCallback
-from callbacks.optimizer_mode import has_modes
-from pipeline import Trainer, TrainingCallback
 
 
 class ModeSpy(TrainingCallback):

@@ -1,9 +1,8 @@
 import pytest
-
-from callbacks import OverfitDetectionCallback
-from callbacks.overfit_detection import diverging
-from pipeline import StopReason, TrainingCallback
-from pipeline.core.slots import OVERFIT_GAP_RATIO
+from fsmtrain import StopReason, TrainingCallback
+from fsmtrain.callbacks import OverfitDetectionCallback
+from fsmtrain.callbacks.overfit_detection import diverging
+from fsmtrain.core.slots import OVERFIT_GAP_RATIO
 
 
 class SlotReader(TrainingCallback):

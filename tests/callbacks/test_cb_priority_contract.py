@@ -1,7 +1,7 @@
 import optuna
 import pytest
-
-from callbacks import (
+from fsmtrain import CallbackOrderError, CallbackRunner
+from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
     EpochSummaryCallback,
@@ -14,7 +14,6 @@ from callbacks import (
     Tier,
     WandbLoggingCallback,
 )
-from pipeline import CallbackOrderError, CallbackRunner
 
 
 def nine(tmp_path):

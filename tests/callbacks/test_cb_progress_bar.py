@@ -2,11 +2,10 @@ import io
 import sys
 
 import torch
+from fsmtrain import Trainer
+from fsmtrain.callbacks import ProgressBarCallback
+from fsmtrain.callbacks.progress_bar import auto_enabled
 from torch import nn
-
-from callbacks import ProgressBarCallback
-from callbacks.progress_bar import auto_enabled
-from pipeline import Trainer
 
 
 class FakeTTY(io.StringIO):

@@ -3,11 +3,10 @@ import math
 import optuna
 import pytest
 import torch
+from fsmtrain import StopReason, Trainer, TrainingCallback, read_events
+from fsmtrain.callbacks import PrunerCallback
 from optuna.trial import TrialState
 from torch import nn
-
-from callbacks import PrunerCallback
-from pipeline import StopReason, Trainer, TrainingCallback, read_events
 
 
 class EndRecorder(TrainingCallback):

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsmtrain import Trainer
+from fsmtrain.app.config import build_callbacks, load_config
+from fsmtrain.callbacks import EarlyStoppingCallback, GradientMonitorCallback, TensorBoardLoggingCallback
 from torch import nn
-
-from callbacks import EarlyStoppingCallback, GradientMonitorCallback, TensorBoardLoggingCallback
-from pipeline import Trainer
-from pipeline.app.config import build_callbacks, load_config
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,8 @@ import textwrap
 import pytest
 import torch
 from callbacks_wandb_history import wandb_history
-from torch import nn
-from wandb.sdk.wandb_run import Run
-
-from callbacks import (
+from fsmtrain import Slot, StopReason, Trainer, TrainingCallback
+from fsmtrain.callbacks import (
     EpochSummaryCallback,
     GradientMonitorCallback,
     LossPredictionCallback,
@@ -19,8 +17,9 @@ from callbacks import (
     OverfitDetectionCallback,
     WandbLoggingCallback,
 )
-from callbacks.wandb_logging import epoch_log
-from pipeline import Slot, StopReason, Trainer, TrainingCallback
+from fsmtrain.callbacks.wandb_logging import epoch_log
+from torch import nn
+from wandb.sdk.wandb_run import Run
 
 
 @pytest.fixture
@@ -181,8 +180,8 @@ def test_wandb_prints_nothing_to_the_console_of_a_real_run(tmp_path):
         import torch
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
-        from callbacks import WandbLoggingCallback
-        from pipeline import Trainer
+        from fsmtrain.callbacks import WandbLoggingCallback
+        from fsmtrain import Trainer
         torch.manual_seed(0)
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         loader = DataLoader(TensorDataset(x, y), batch_size=8)

@@ -1,27 +1,27 @@
 """Run configs: loading and validating one, in tiers; the public face of the ``config_*`` modules
-and of :mod:`pipeline.app.config.builders` (the dotted-path builders and the default callbacks).
+and of :mod:`fsmtrain.app.config.builders` (the dotted-path builders and the default callbacks).
 
 Validation tiers, all run before anything is created on disk, with every problem reported at once:
 
-1. **syntax** (:mod:`~pipeline.app.config.loading`): YAML with duplicate keys rejected (with their
+1. **syntax** (:mod:`~fsmtrain.app.config.loading`): YAML with duplicate keys rejected (with their
    lines); ``1e-3`` reads as a float.
-2. **schema** (:mod:`~pipeline.app.config.schema`, pydantic): types, ranges, unknown keys (with the
+2. **schema** (:mod:`~fsmtrain.app.config.schema`, pydantic): types, ranges, unknown keys (with the
    closest known key).
-3. **resolution** (:mod:`~pipeline.app.config.resolution`): every dotted path imports and is the
+3. **resolution** (:mod:`~fsmtrain.app.config.resolution`): every dotted path imports and is the
    right kind of object, its kwargs match its signature, a requested accelerator exists; the ``optimize:``
-   section's sampler, pruner and search space (:mod:`~pipeline.app.config.optimize`).
-4. **semantic warnings** (:mod:`~pipeline.app.config.tiers`; never fatal): e.g. a patience the user set
+   section's sampler, pruner and search space (:mod:`~fsmtrain.app.config.optimize`).
+4. **semantic warnings** (:mod:`~fsmtrain.app.config.tiers`; never fatal): e.g. a patience the user set
    >= epochs, a cosine ``T_max`` != ``epochs``.
 
 Resolution runs on the raw mapping, independently of the schema tier, so one error lists a
 misspelt class next to a negative epoch count. Every command that takes a config or a run
-directory loads it through one loader of the user's world (:mod:`~pipeline.app.config.world`): the
+directory loads it through one loader of the user's world (:mod:`~fsmtrain.app.config.world`): the
 config's folder, the run's recorded folders and the working folder on the import path, then every tier.
 """
 
 from __future__ import annotations
 
-from pipeline.app.config.builders import (
+from fsmtrain.app.config.builders import (
     build_callbacks,
     build_criterion,
     build_data,
@@ -31,11 +31,11 @@ from pipeline.app.config.builders import (
     build_scheduler,
     seed_everything,
 )
-from pipeline.app.config.loading import ConfigLoader, apply_overrides, load_yaml
-from pipeline.app.config.optimize import build_pruner, build_sampler, trial_data
-from pipeline.app.config.problems import ConfigError, ConfigProblem
-from pipeline.app.config.resolution import resolve_dotted
-from pipeline.app.config.schema import (
+from fsmtrain.app.config.loading import ConfigLoader, apply_overrides, load_yaml
+from fsmtrain.app.config.optimize import build_pruner, build_sampler, trial_data
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.resolution import resolve_dotted
+from fsmtrain.app.config.schema import (
     CallbacksConfig,
     CheckpointConfig,
     EarlyStoppingConfig,
@@ -47,8 +47,8 @@ from pipeline.app.config.schema import (
     WandbConfig,
     resolved_dict,
 )
-from pipeline.app.config.tiers import config_from_dict
-from pipeline.app.config.world import (
+from fsmtrain.app.config.tiers import config_from_dict
+from fsmtrain.app.config.world import (
     RECORDED_FOLDERS,
     enter_user_world,
     load_config,

@@ -1,6 +1,6 @@
 """Blame a constructor's rejection on the leaf of the config that caused it.
 
-A constructor that rejects its arguments becomes one :class:`~pipeline.app.config.ConfigError`
+A constructor that rejects its arguments becomes one :class:`~fsmtrain.app.config.ConfigError`
 naming the leaf path (``optimizer_config.lr``), what was found there, the constructor's own words,
 and the file (or the ``--set``) it came from. The leaf is found by building again without each key
 in turn: the key without which the constructor accepts the rest is the one it rejected.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.app.config.problems import ConfigError, ConfigProblem
-from pipeline.app.config.schema import RunConfig
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.schema import RunConfig
 
 __all__ = ["blamed"]
 

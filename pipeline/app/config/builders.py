@@ -11,11 +11,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from pipeline.app.config.blame import blamed
-from pipeline.app.config.problems import ConfigError, ConfigProblem
-from pipeline.app.config.resolution import Kind, resolve_dotted
-from pipeline.app.config.schema import RunConfig, resolved_dict
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.app.config.blame import blamed
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.resolution import Kind, resolve_dotted
+from fsmtrain.app.config.schema import RunConfig, resolved_dict
+from fsmtrain.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
     import optuna
@@ -88,9 +88,8 @@ def build_criterion(cfg: RunConfig) -> Callable[[Any, Any], torch.Tensor]:
 
 def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     """Call the data builder; wrap datasets it returns in seeded loaders. Returns (train, val)."""
+    from fsmtrain.training.data import make_loaders
     from torch.utils.data import DataLoader
-
-    from pipeline.training.data import make_loaders
 
     out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     if not isinstance(out, tuple) or len(out) != 2:
@@ -113,7 +112,7 @@ def build_callbacks(
 
     ``trial`` is an Optuna trial, or anything with its ``report``/``should_prune`` (replay passes a
     recorded one); the pruner joins only when it is given."""
-    import callbacks as cb
+    import fsmtrain.callbacks as cb
 
     c = cfg.callbacks
     out: list[TrainingCallback] = []

@@ -4,7 +4,7 @@
 ``train`` builds the model, optimizer, scheduler and loss before it claims a run directory;
 ``validate`` builds the same cheaply (the optimizer and scheduler on one dummy parameter) and
 checks the data builder's arguments against its signature. Either way a constructor that rejects
-its arguments is blamed on the leaf of the config that caused it (:mod:`pipeline.app.config.blame`).
+its arguments is blamed on the leaf of the config that caused it (:mod:`fsmtrain.app.config.blame`).
 All three build the run's callbacks and the runner over them (:func:`checked_callbacks`); ``validate
 --data`` and ``preflight`` call the data builder once, and a builder that raises is a config error
 naming it (:func:`check_data`).
@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.app.config.blame import blamed
-from pipeline.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer
-from pipeline.app.config.problems import ConfigError, ConfigProblem
-from pipeline.app.config.resolution import resolve_dotted
-from pipeline.app.config.schema import RunConfig
-from pipeline.core.checks import CallbackDefinitionError
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.registry import GlobalRegistrationError
-from pipeline.core.runner import CallbackOrderError, CallbackRunner
+from fsmtrain.app.config.blame import blamed
+from fsmtrain.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.resolution import resolve_dotted
+from fsmtrain.app.config.schema import RunConfig
+from fsmtrain.core.checks import CallbackDefinitionError
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.registry import GlobalRegistrationError
+from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
 
 __all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks",
            "data_failure"]

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from pipeline.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 
 MAX_CONFIG_BYTES_ENV = "FSMTRAIN_MAX_CONFIG_BYTES"
 DEFAULT_MAX_CONFIG_BYTES = 1_000_000

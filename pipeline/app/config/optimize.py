@@ -10,10 +10,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import ValidationError
-
-from pipeline.app.config.problems import ConfigError, ConfigProblem
-from pipeline.app.config.resolution import (
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.resolution import (
     ResolveError,
     describe,
     import_dotted,
@@ -21,14 +19,15 @@ from pipeline.app.config.resolution import (
     resolution_problems,
     resolve_dotted,
 )
-from pipeline.app.config.schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
+from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
+from pydantic import ValidationError
 
 if TYPE_CHECKING:
     import optuna
 
 
 _PART_MODULES = {"sampler": "optuna.samplers", "pruner": "optuna.pruners"}
-_OWN_PARTS = {"PredictedFinalLossPruner": "pipeline.app.hpo.pruner.PredictedFinalLossPruner"}
+_OWN_PARTS = {"PredictedFinalLossPruner": "fsmtrain.app.hpo.pruner.PredictedFinalLossPruner"}
 _PART_KIND = {
     "sampler": "an Optuna sampler class (optuna.samplers.BaseSampler subclass, e.g. optuna.samplers.TPESampler)",
     "pruner": "an Optuna pruner class (optuna.pruners.BasePruner subclass, e.g. optuna.pruners.MedianPruner)",
@@ -86,7 +85,7 @@ def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0
                   seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
     ``sampler_config.search_space`` is given; an integer ``seed`` is made this worker's: ``seed``
-    when given (the one the worker claimed in the study, :mod:`pipeline.app.hpo.seeds`), else by
+    when given (the one the worker claimed in the study, :mod:`fsmtrain.app.hpo.seeds`), else by
     :func:`sampler_seed`."""
     try:
         cls = _study_part_class(opt.sampler, "sampler")

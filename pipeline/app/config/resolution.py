@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
-from pipeline.app.own_packages import hidden_note
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from fsmtrain.core.hooks import TrainingCallback
 
 
 class Kind(str, Enum):
@@ -43,10 +42,33 @@ def _names_in(obj: Any) -> list[str]:
     return names
 
 
+# The names fsmtrain's own modules had before they were one package: refused, never aliased.
+_OLD_NAMES = {"pipeline": "fsmtrain", "callbacks": "fsmtrain.callbacks"}
+
+
+def _renamed(path: str) -> str | None:
+    """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists.
+
+    Checked before importing: from a checkout the old folder would import as a second copy of fsmtrain.
+    A user's own ``callbacks`` package whose path has no fsmtrain counterpart imports as usual."""
+    top, _, rest = path.partition(".")
+    new = f"{_OLD_NAMES[top]}.{rest}" if top in _OLD_NAMES and rest else None
+    if new is None:
+        return None
+    try:
+        import_dotted(new)
+    except ResolveError:
+        return None
+    return new
+
+
 def import_dotted(path: str) -> Any:
     parts = path.split(".")
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
         raise ResolveError(f"{path!r}, which is not a dotted import path like torch.optim.Adam")
+    new = _renamed(path)
+    if new is not None:
+        raise ResolveError(f"{path!r}, an old name of fsmtrain's own {new!r}", new)
     for i in range(len(parts) - 1, 0, -1):
         modname = ".".join(parts[:i])
         try:
@@ -54,8 +76,7 @@ def import_dotted(path: str) -> Any:
         except ModuleNotFoundError as exc:
             if exc.name and (modname == exc.name or modname.startswith(exc.name + ".")):
                 continue  # this prefix is not a module; try a shorter one
-            # a user's module that imports its own ``callbacks`` package: say why that cannot work here
-            raise ResolveError(f"importing {modname} failed: {exc}{hidden_note(exc.name or '')}") from None
+            raise ResolveError(f"importing {modname} failed: {exc}") from None
         except Exception as exc:  # a broken user module is reported, not raised
             raise ResolveError(f"importing {modname} failed: {type(exc).__name__}: {exc}") from None
         for j in range(i, len(parts)):
@@ -72,7 +93,7 @@ def import_dotted(path: str) -> Any:
             prefix = ".".join(parts[:j])
             close = closest(attr, _names_in(obj))
             fixed = ".".join([prefix, close, *parts[j + 1 :]]) if close else None
-            raise ResolveError(f"{prefix} has no attribute {attr!r}{hidden_note(path)}", fixed)
+            raise ResolveError(f"{prefix} has no attribute {attr!r}", fixed)
         return obj
     # What the user could have meant: their own modules and installed packages, not the stdlib's.
     top = sorted({m.name for m in pkgutil.iter_modules()

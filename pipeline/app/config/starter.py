@@ -15,12 +15,12 @@ name: baseline                 # run name (default: the config file's name)
 device: cpu                    # cpu | cuda | cuda:N | mps
 seeds: [0]                     # one run per seed; the summary reports the mean objective
 
-data: pipeline.training.data.synthetic_regression   # builder(batch_size=, seed=, **data_config) -> (train, val)
+data: fsmtrain.training.data.synthetic_regression   # builder(batch_size=, seed=, **data_config) -> (train, val)
 data_config:
   n_samples: 2048
   n_features: 8
 
-net: pipeline.training.models.MLP       # any torch.nn.Module subclass
+net: fsmtrain.training.models.MLP       # any torch.nn.Module subclass
 net_config:
   in_features: 8
   out_features: 1
@@ -36,7 +36,7 @@ scheduler_config: {}
 criterion: torch.nn.MSELoss    # an nn.Module loss class or a function (output, target) -> tensor
 criterion_config: {}
 
-metrics: {}                    # extra validation metrics, e.g. val_accuracy: pipeline.training.models.accuracy
+metrics: {}                    # extra validation metrics, e.g. val_accuracy: fsmtrain.training.models.accuracy
 
 epochs: 20
 batch_size: 64

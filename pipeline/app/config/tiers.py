@@ -1,18 +1,17 @@
 """Every tier of a config at once: schema, resolution and the ``optimize:`` section, then the
 semantic warnings (never fatal). :func:`config_from_dict` is the one entry; the loader of the
-user's world (:mod:`pipeline.app.config.world`) calls it after the import path is set."""
+user's world (:mod:`fsmtrain.app.config.world`) calls it after the import path is set."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from fsmtrain.app.config.resolution import resolution_problems
+from fsmtrain.app.config.schema import RunConfig, schema_problems
 from pydantic import ValidationError
-
-from pipeline.app.config.optimize import optimize_build_problems, optimize_problems
-from pipeline.app.config.problems import ConfigError, ConfigProblem, closest
-from pipeline.app.config.resolution import resolution_problems
-from pipeline.app.config.schema import RunConfig, schema_problems
 
 __all__ = ["config_from_dict"]
 

@@ -22,12 +22,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.app.config.loading import apply_overrides, load_yaml, override_of
-from pipeline.app.config.problems import ConfigError
-from pipeline.app.config.schema import RunConfig
-from pipeline.app.config.tiers import config_from_dict
-from pipeline.app.own_packages import keep_own_callbacks
-from pipeline.core.events import EVENTS_FILE, first_run_start
+from fsmtrain.app.config.loading import apply_overrides, load_yaml, override_of
+from fsmtrain.app.config.problems import ConfigError
+from fsmtrain.app.config.schema import RunConfig
+from fsmtrain.app.config.tiers import config_from_dict
+from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
     "RECORDED_FOLDERS", "enter_user_world", "load_config", "load_config_and_data", "load_recorded_config",
@@ -37,8 +36,8 @@ __all__ = [
 RECORDED_FOLDERS = "user_folders"
 """The ``run_start`` key that lists the folders a run's own modules were imported from."""
 
-# fsmtrain's own top-level packages: never a user's folder, wherever they are installed from.
-_OWN = frozenset({"pipeline", "callbacks"})
+# fsmtrain's own package: never a user's folder, wherever it is installed from.
+_OWN = frozenset({"fsmtrain"})
 
 
 def _folders(config_dir: Path | None, recorded: Iterable[str]) -> list[Path]:
@@ -57,7 +56,6 @@ def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = (
     """Put the config's folder, the recorded folders and the working folder at the front of the
     import path (in that order of precedence); return them."""
     folders = _folders(config_dir, recorded)
-    keep_own_callbacks(folders)  # a user's ``callbacks`` folder among them must not hide fsmtrain's
     for folder in reversed(folders):
         text = str(folder)
         if text not in sys.path:

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.core.exports import lazy_exports
+from fsmtrain.core.exports import lazy_exports
 
-_STUDY = "pipeline.app.hpo.study"
-_STORAGE = "pipeline.app.hpo.storage"
+_STUDY = "fsmtrain.app.hpo.study"
+_STORAGE = "fsmtrain.app.hpo.storage"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "StudyPlan": "pipeline.app.hpo.plan", "check_study": _STUDY, "prepare": _STUDY, "run_study": _STUDY,
-    "PredictedFinalLossPruner": "pipeline.app.hpo.pruner",
+    "StudyPlan": "fsmtrain.app.hpo.plan", "check_study": _STUDY, "prepare": _STUDY, "run_study": _STUDY,
+    "PredictedFinalLossPruner": "fsmtrain.app.hpo.pruner",
     "StorageError": _STORAGE, "StorageSpec": _STORAGE, "open_storage": _STORAGE, "parse_storage": _STORAGE,
-    "TrialPlan": "pipeline.app.hpo.trial", "run_trial": "pipeline.app.hpo.trial",
+    "TrialPlan": "fsmtrain.app.hpo.trial", "run_trial": "fsmtrain.app.hpo.trial",
 })
 
 __all__ = [
@@ -30,8 +30,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pipeline.app.hpo.plan import StudyPlan
-    from pipeline.app.hpo.pruner import PredictedFinalLossPruner
-    from pipeline.app.hpo.storage import StorageError, StorageSpec, open_storage, parse_storage
-    from pipeline.app.hpo.study import check_study, prepare, run_study
-    from pipeline.app.hpo.trial import TrialPlan, run_trial
+    from fsmtrain.app.hpo.plan import StudyPlan
+    from fsmtrain.app.hpo.pruner import PredictedFinalLossPruner
+    from fsmtrain.app.hpo.storage import StorageError, StorageSpec, open_storage, parse_storage
+    from fsmtrain.app.hpo.study import check_study, prepare, run_study
+    from fsmtrain.app.hpo.trial import TrialPlan, run_trial

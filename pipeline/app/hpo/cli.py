@@ -11,14 +11,14 @@ import argparse
 import sys
 from typing import Any
 
-from pipeline.app.arg_types import positive_float, positive_int
+from fsmtrain.app.arg_types import positive_float, positive_int
 
 __all__ = ["cmd_hpo", "register_cli"]
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
-    from pipeline.app.config import load_config_and_data
-    from pipeline.app.hpo.study import prepare, run_study
+    from fsmtrain.app.config import load_config_and_data
+    from fsmtrain.app.hpo.study import prepare, run_study
 
     overrides = list(args.set or [])
     if args.device:

@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.hpo.plan import StudyPlan
-from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
-from pipeline.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
+from fsmtrain.app.hpo.plan import StudyPlan
+from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
+from fsmtrain.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
 
 if TYPE_CHECKING:
     import optuna

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.app.config import OptimizeConfig
-from pipeline.app.hpo.storage import Heartbeat, StorageSpec
-from pipeline.app.hpo.trial import TrialPlan
+from fsmtrain.app.config import OptimizeConfig
+from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec
+from fsmtrain.app.hpo.trial import TrialPlan
 
 __all__ = ["StudyPlan"]
 

@@ -3,7 +3,7 @@
 A trial is *lost* when its code did not fail but its process stopped: Ctrl-C, a killed worker, a
 killed ``fsmtrain hpo``. A lost trial is FAILed with the ``lost`` user attribute, and a retry with
 its parameters is enqueued (Optuna's retry callback: the retry inherits the trial's run dirs and
-resumes each seed from its last checkpoint, see :mod:`pipeline.app.hpo.trial`).
+resumes each seed from its last checkpoint, see :mod:`fsmtrain.app.hpo.trial`).
 
 - a local worker that dies is failed and retried at once by the command that started it;
 - Ctrl-C fails the running trials as lost but enqueues nothing (the user stopped the study);
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.app.hpo.storage import WORKER_ATTR, retry_callback
+from fsmtrain.app.hpo.storage import WORKER_ATTR, retry_callback
 
 if TYPE_CHECKING:
     import optuna

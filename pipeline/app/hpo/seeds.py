@@ -4,7 +4,7 @@ A seeded sampler in a worker proposes what the same seed proposed before: a repl
 given the dead worker's seed proposes that worker's trials again. So every seed a worker of the
 study took is kept in the study's system attributes (``fsmtrain:sampler_seed:<seed>``, one key a
 seed, so workers that claim at once never overwrite each other's), and a worker takes the seed
-:func:`pipeline.app.config.optimize.sampler_seed` gives it, unless an earlier worker took it:
+:func:`fsmtrain.app.config.optimize.sampler_seed` gives it, unless an earlier worker took it:
 then one drawn from its command's launch id, its index and the attempt.
 """
 
@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pipeline.app.config.optimize import sampler_seed
+from fsmtrain.app.config.optimize import sampler_seed
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage

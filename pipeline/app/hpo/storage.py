@@ -54,7 +54,7 @@ JOURNAL_FILE = "study.journal"
 RUN_DIRS_ATTR = "run_dirs"
 """Trial user attribute ``{seed: run dir}``; a retry inherits its original's (Optuna copies them)."""
 WORKER_ATTR = "worker"
-"""Trial user attribute: which process runs the trial (:func:`pipeline.app.hpo.recovery.worker_identity`).
+"""Trial user attribute: which process runs the trial (:func:`fsmtrain.app.hpo.recovery.worker_identity`).
 A retry does not inherit it: until its own process records itself, no process is known to run it."""
 _SQLITE_HEADER = b"SQLite format 3\x00"
 

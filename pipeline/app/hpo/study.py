@@ -2,7 +2,7 @@
 
 ``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
 for every mistake before a file, folder or table is created. ``run_study`` creates the study,
-retries what earlier runs lost (:mod:`pipeline.app.hpo.recovery`), and runs its trials in this
+retries what earlier runs lost (:mod:`fsmtrain.app.hpo.recovery`), and runs its trials in this
 process (``workers=1``) or in K worker processes. Every trial a worker runs, a retry included,
 takes one of the command's ``n_trials`` from a shared count: the command runs that many trials,
 no more. A retry left over when the count is used up stays WAITING, and the summary says so; the
@@ -25,11 +25,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
-from pipeline.app.hpo.monitor import Monitor
-from pipeline.app.hpo.plan import StudyPlan
-from pipeline.app.hpo.recovery import fail_orphaned_trials, reclaim
-from pipeline.app.hpo.storage import (
+from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
+from fsmtrain.app.hpo.monitor import Monitor
+from fsmtrain.app.hpo.plan import StudyPlan
+from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim
+from fsmtrain.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
     Heartbeat,
@@ -42,10 +42,10 @@ from pipeline.app.hpo.storage import (
     parse_storage,
     release_dead_holders_lock,
 )
-from pipeline.app.hpo.trial import TrialPlan
-from pipeline.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
-from pipeline.core.engine import Interrupted
-from pipeline.core.signal_latch import HANDLED
+from fsmtrain.app.hpo.trial import TrialPlan
+from fsmtrain.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
+from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.signal_latch import HANDLED
 
 if TYPE_CHECKING:
     import optuna
@@ -152,7 +152,7 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
 
 
 _PRELOAD = [
-    "pipeline.app.hpo.worker", "pipeline.app.job", "callbacks", "optuna",
+    "fsmtrain.app.hpo.worker", "fsmtrain.app.job", "callbacks", "optuna",
     "torch._dynamo",  # what the first torch.optim.Optimizer() imports: seconds, paid once here
 ]
 
@@ -196,7 +196,7 @@ class _Workers:
             self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
             print(f"warning: {self.crashed[-1]}", file=self.out, flush=True)
             if self.spawned < 3 * self.plan.workers and self.shared.value > 0:  # a retry takes a trial too
-                self.start(index)  # with a sampler seed of its own (pipeline.app.hpo.seeds)
+                self.start(index)  # with a sampler seed of its own (fsmtrain.app.hpo.seeds)
 
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())

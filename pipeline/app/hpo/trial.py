@@ -11,9 +11,9 @@ Semantics (DESIGN.md section 8):
 - an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
   goes on); a signal (Ctrl-C, SIGTERM) in a run, or between two seeds, FAILs it too, as lost, and
   stops the study: the next ``fsmtrain hpo`` on the study retries it with its parameters, each seed
-  resuming from its checkpoint (:mod:`pipeline.app.hpo.recovery`); one that comes once the last
+  resuming from its checkpoint (:mod:`fsmtrain.app.hpo.recovery`); one that comes once the last
   seed's run had ended for its own reason leaves the trial its outcome and still stops the study
-  (:mod:`pipeline.app.hpo.worker`).
+  (:mod:`fsmtrain.app.hpo.worker`).
 
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
 ``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
@@ -33,19 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
-from pipeline.app.hpo.recovery import LOST_ATTR, worker_identity
-from pipeline.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
-from pipeline.app.rundir import in_use
-from pipeline.core.engine import Interrupted
-from pipeline.core.events import jsonable
-from pipeline.core.signal_latch import installed
-from pipeline.core.stop import StopReason
+from fsmtrain.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
+from fsmtrain.app.hpo.recovery import LOST_ATTR, worker_identity
+from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
+from fsmtrain.app.rundir import in_use
+from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.events import jsonable
+from fsmtrain.core.signal_latch import installed
+from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna
-
-    from pipeline.app.job import SeedRun
+    from fsmtrain.app.job import SeedRun
 
 __all__ = [
     "ERROR_ATTR", "RESUME_ATTR", "SEEDS_ATTR", "TRACEBACK_ATTR", "TrialPlan", "run_trial", "suggest",
@@ -104,7 +103,7 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
     """A retried trial inherits the run dirs of the trial whose worker died: a seed whose run there
     committed a checkpoint continues from it in place (its log shows the ``resume``); otherwise the
     seed starts over in the retry's own dir. Either way the trial's attributes say which."""
-    from pipeline.training.resume import ResumeError, find_resumption
+    from fsmtrain.training.resume import ResumeError, find_resumption
 
     old = previous.get(seed)
     if old is None or not (old / "events.jsonl").is_file():
@@ -146,8 +145,7 @@ def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
 def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     """The objective: train every seed of the trial (see the module docstring for the rules)."""
     import optuna
-
-    from pipeline.app.job import train_seed
+    from fsmtrain.app.job import train_seed
 
     worst = -math.inf if plan.direction == "maximize" else math.inf
     objectives: dict[str, float] = {}

@@ -1,6 +1,6 @@
 """One worker of a study: one trial a ticket, until the tickets or the time run out.
 
-A worker latches SIGINT and SIGTERM (:mod:`pipeline.core.signal_latch`) for as long as it runs
+A worker latches SIGINT and SIGTERM (:mod:`fsmtrain.core.signal_latch`) for as long as it runs
 trials, so a signal never lands in the middle of a storage write or of telling Optuna a trial's
 outcome. Where it lands decides what it stops:
 
@@ -10,9 +10,9 @@ outcome. Where it lands decides what it stops:
   PRUNED), and no further trial starts;
 - between trials: no further trial starts.
 
-Either way the worker then raises :class:`~pipeline.core.engine.Interrupted` (a
+Either way the worker then raises :class:`~fsmtrain.core.engine.Interrupted` (a
 ``KeyboardInterrupt``): a worker process exits 130, and the command that the signal reached ends
-with 128 + the signal (:func:`pipeline.app.hpo.study.run_study`).
+with 128 + the signal (:func:`fsmtrain.app.hpo.study.run_study`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.app.config import build_pruner, build_sampler
-from pipeline.app.hpo.plan import StudyPlan
-from pipeline.app.hpo.recovery import reclaim, worker_identity
-from pipeline.app.hpo.seeds import claim_sampler_seed
-from pipeline.app.hpo.storage import open_storage
-from pipeline.app.hpo.trial import run_trial
-from pipeline.core.signal_latch import latched
+from fsmtrain.app.config import build_pruner, build_sampler
+from fsmtrain.app.hpo.plan import StudyPlan
+from fsmtrain.app.hpo.recovery import reclaim, worker_identity
+from fsmtrain.app.hpo.seeds import claim_sampler_seed
+from fsmtrain.app.hpo.storage import open_storage
+from fsmtrain.app.hpo.trial import run_trial
+from fsmtrain.core.signal_latch import latched
 
 if TYPE_CHECKING:
     import optuna
@@ -105,7 +105,7 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
     """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
     the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
     trials running elsewhere, whose retries it may still have to run. A latched signal raises
-    :class:`~pipeline.core.engine.Interrupted` before the next trial (see the module docstring)."""
+    :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
     with latched() as latch:
         stop_here = latch.raise_if_signalled if latch is not None else _go_on
         _run_trials(plan, tickets, index, stop_here)

@@ -7,9 +7,9 @@ Inside: ``auditor`` (the line-by-line walk), ``chain``, ``seals``, ``content``, 
 ``cli`` (``fsmtrain audit``). Torch-free, like everything it reads.
 """
 
-from pipeline.tools.audit.auditor import audit_file
-from pipeline.tools.audit.ranks import RankedAudit, audit_run_dir
-from pipeline.tools.audit.verdict import (
+from fsmtrain.tools.audit.auditor import audit_file
+from fsmtrain.tools.audit.ranks import RankedAudit, audit_run_dir
+from fsmtrain.tools.audit.verdict import (
     AuditReadError,
     AuditReport,
     ChainVerdict,

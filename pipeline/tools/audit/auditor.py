@@ -6,11 +6,11 @@ million lines take seconds) and checks:
 - the hash chain: every line carries the digest of the line before it (the first, of the run id and
   config), and seals itself (the last line included); with a key (``--key-file``, or
   ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that breaks it is named; a wrong key is told
-  apart from tampering (see :mod:`pipeline.tools.audit.chain` and :mod:`pipeline.tools.audit.seals`);
-- every line is a JSON object with the fields of :data:`pipeline.core.events.EVENT_KEYS`;
+  apart from tampering (see :mod:`fsmtrain.tools.audit.chain` and :mod:`fsmtrain.tools.audit.seals`);
+- every line is a JSON object with the fields of :data:`fsmtrain.core.events.EVENT_KEYS`;
 - ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
   ``ts`` never goes back; ``global_step`` never goes back within a process;
-- every transition is a move of :data:`pipeline.core.lifecycle.TRANSITIONS` from the phase the previous
+- every transition is a move of :data:`fsmtrain.core.lifecycle.TRANSITIONS` from the phase the previous
   one reached, and its guards held given what the log says (stop requests, epochs, faults); every
   other event happens in the phase the machine is in; no line is below the run's configured level;
 - the run starts in ``created`` and ends in ``train_end`` (else: an unfinished run, with its last
@@ -23,12 +23,12 @@ million lines take seconds) and checks:
   ``stop_request``; the ``result`` figures are recomputed from the epoch events;
 - each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
   and in the file); one that differs is named damaged, an older write, ...: see
-  :mod:`pipeline.tools.audit.files`;
+  :mod:`fsmtrain.tools.audit.files`;
 - a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached; the
   process before it was killed, or left a torn line the resume cut off (its ``resume`` event says).
 
 Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
-file) cannot be read. Phases and moves come only from :mod:`pipeline.core.lifecycle`.
+file) cannot be read. Phases and moves come only from :mod:`fsmtrain.core.lifecycle`.
 """
 
 from __future__ import annotations
@@ -42,19 +42,19 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.events import EVENT_KEYS, LEVELS
-from pipeline.core.lifecycle import (
+from fsmtrain.core.events import EVENT_KEYS, LEVELS
+from fsmtrain.core.lifecycle import (
     FINAL,
 )
-from pipeline.core.stop import StopReason
-from pipeline.tools.audit.chain import ChainCheck
-from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
-from pipeline.tools.audit.ending import Segment, best_epoch, completed_epochs
-from pipeline.tools.audit.epochs import EpochChecks
-from pipeline.tools.audit.files import CheckpointWrite, verify_checkpoints
-from pipeline.tools.audit.moves import PER_BATCH, MoveChecks
-from pipeline.tools.audit.segments import SegmentChecks
-from pipeline.tools.audit.verdict import (
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.audit.chain import ChainCheck
+from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs
+from fsmtrain.tools.audit.epochs import EpochChecks
+from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
+from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
+from fsmtrain.tools.audit.segments import SegmentChecks
+from fsmtrain.tools.audit.verdict import (
     AuditReadError,
     AuditReport,
     ChainVerdict,

@@ -1,4 +1,4 @@
-"""The audit's half of the hash chain (:mod:`pipeline.core.chain`): verify each line's ``prev``,
+"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): verify each line's ``prev``,
 name the first line that breaks it, tell a wrong or missing key from tampering, and check that
 checkpoints pin heads of this chain.
 
@@ -6,7 +6,7 @@ A break between line n-1 and line n is named by what the lines around it show: a
 with ``seq`` running on means line n-1 was altered after it was written; a broken link followed by
 more means lines were inserted, removed or rewritten from line n on; with a key, a line carrying the
 plain sha256 of its predecessor means the chain was rebuilt by someone without the key. Each line's
-own seal (:mod:`pipeline.tools.audit.seals`) says which of two lines around a break was altered, and
+own seal (:mod:`fsmtrain.tools.audit.seals`) says which of two lines around a break was altered, and
 is the only witness for the last line.
 """
 
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
-from pipeline.core.lifecycle import Phase
-from pipeline.tools.audit.seals import SealCheck
-from pipeline.tools.audit.verdict import ChainVerdict, Finding
+from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
+from fsmtrain.core.lifecycle import Phase
+from fsmtrain.tools.audit.seals import SealCheck
+from fsmtrain.tools.audit.verdict import ChainVerdict, Finding
 
 __all__ = ["ChainCheck", "SegmentChain", "stored_head"]
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.chain import LogKeyError, key_from_env, read_key_file
-from pipeline.tools.audit.auditor import audit_file
-from pipeline.tools.audit.ranks import RankedAudit, audit_run_dir
-from pipeline.tools.audit.verdict import EXIT_UNREADABLE, AuditReadError, AuditReport
+from fsmtrain.core.chain import LogKeyError, key_from_env, read_key_file
+from fsmtrain.tools.audit.auditor import audit_file
+from fsmtrain.tools.audit.ranks import RankedAudit, audit_run_dir
+from fsmtrain.tools.audit.verdict import EXIT_UNREADABLE, AuditReadError, AuditReport
 
 __all__ = ["add_arguments", "register_cli"]
 

@@ -1,5 +1,5 @@
 """Content checks of the audit that need no line-by-line state: slot values against the types the
-slots declare (:mod:`pipeline.core.slots`), and the ``result`` figures against what the epoch
+slots declare (:mod:`fsmtrain.core.slots`), and the ``result`` figures against what the epoch
 events give."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.core import slots as _slots_module
-from pipeline.core.context import Slot
+from fsmtrain.core import slots as _slots_module
+from fsmtrain.core.context import Slot
 
 __all__ = ["NONFINITE", "RESULT_FIELDS", "number", "result_mismatches", "same_number", "slot_checks"]
 

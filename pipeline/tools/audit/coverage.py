@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.tools.audit.ending import Segment
-from pipeline.tools.audit.verdict import Explanation, Finding
+from fsmtrain.core.context import epoch_number
+from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.verdict import Explanation, Finding
 
 __all__ = ["CheckpointAccount", "Damaged"]
 

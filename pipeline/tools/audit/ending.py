@@ -1,6 +1,6 @@
 """How a run ended, as the audit checks it: the stop reason against the events, the stop source
 and message against the ``stop_request`` that carried them, and the ``result`` recomputed from the
-epoch events. Shared by :mod:`pipeline.tools.audit` through :class:`EndingChecks`."""
+epoch events. Shared by :mod:`fsmtrain.tools.audit` through :class:`EndingChecks`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.consensus import replaces
-from pipeline.core.context import epoch_number
-from pipeline.core.lifecycle import ABORT, INITIAL, Phase
-from pipeline.core.stop import Evidence, StopReason
-from pipeline.tools.audit.content import number, result_mismatches
-from pipeline.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
+from fsmtrain.core.consensus import replaces
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
+from fsmtrain.core.stop import Evidence, StopReason
+from fsmtrain.tools.audit.content import number, result_mismatches
+from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
 __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished"]
 
@@ -164,7 +164,7 @@ class EndingChecks:
 
     @staticmethod
     def _missing_evidence(reason: StopReason, rec: Mapping[str, Any], seg: Segment) -> str | None:
-        """What the log lacks to explain ``reason`` (its :class:`~pipeline.core.stop.Evidence`), or None."""
+        """What the log lacks to explain ``reason`` (its :class:`~fsmtrain.core.stop.Evidence`), or None."""
         stop, evidence = seg.stop, reason.evidence
         last_epoch = seg.next_epoch - 1
         if evidence is Evidence.LAST_EPOCH and seg.next_epoch < seg.max_epochs:
@@ -219,7 +219,7 @@ class EndingChecks:
     def _agreed_override(self, n: int, reason: StopReason, where: tuple[Any, Any, int], overrides: Any,
                          held: StopInfo, own_rank: int) -> None:
         """An agreed request that replaced the one in force: legal by the engine's own rule
-        (:func:`pipeline.core.consensus.replaces`), and it names what it replaced."""
+        (:func:`fsmtrain.core.consensus.replaces`), and it names what it replaced."""
         epoch, phase, rank = where
         if type(epoch) is not int or phase not in _PHASES:
             self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "

@@ -7,16 +7,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.core.lifecycle import (
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.lifecycle import (
     Phase,
 )
-from pipeline.tools.audit.chain import ChainCheck
-from pipeline.tools.audit.content import number, slot_checks
-from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
-from pipeline.tools.audit.ending import EndingChecks, Segment
-from pipeline.tools.audit.files import CheckpointWrite
-from pipeline.tools.audit.verdict import Explanation, shown_epoch
+from fsmtrain.tools.audit.chain import ChainCheck
+from fsmtrain.tools.audit.content import number, slot_checks
+from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.ending import EndingChecks, Segment
+from fsmtrain.tools.audit.files import CheckpointWrite
+from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["EpochChecks"]
 

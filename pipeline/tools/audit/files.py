@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.context import epoch_number
-from pipeline.tools.audit.chain import ChainCheck, stored_head
-from pipeline.tools.audit.coverage import Damaged
-from pipeline.tools.audit.ending import Segment
-from pipeline.tools.audit.verdict import Explanation, Finding, Severity, Verdict
+from fsmtrain.core.context import epoch_number
+from fsmtrain.tools.audit.chain import ChainCheck, stored_head
+from fsmtrain.tools.audit.coverage import Damaged
+from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
 __all__ = ["CheckpointWrite", "verify_checkpoints"]
 

@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.core.lifecycle import (
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.lifecycle import (
     ABORT,
     BATCH,
     FINAL,
@@ -19,9 +19,9 @@ from pipeline.core.lifecycle import (
     Transition,
     enabled_transition,
 )
-from pipeline.tools.audit.chain import ChainCheck
-from pipeline.tools.audit.ending import EndingChecks, Segment
-from pipeline.tools.audit.verdict import shown_epoch
+from fsmtrain.tools.audit.chain import ChainCheck
+from fsmtrain.tools.audit.ending import EndingChecks, Segment
+from fsmtrain.tools.audit.verdict import shown_epoch
 
 __all__ = ["PER_BATCH", "MoveChecks"]
 

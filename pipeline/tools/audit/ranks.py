@@ -19,7 +19,7 @@ rank 0's log, which committed them). Then the ranks are compared:
 - a resumed segment loaded on every rank the checkpoint (name, sha256, epoch) that rank 0's
   ``resume`` event records, which rank 0's own audit holds to the commit in its log;
 - every rank ended each segment for the same stop reason, with the same source and message, or,
-  when one rank failed, as the engine ends such a run (:mod:`pipeline.core.consensus`): ERROR on
+  when one rank failed, as the engine ends such a run (:mod:`fsmtrain.core.consensus`): ERROR on
   the failing rank, INTERRUPTED on every other, and each names the failing rank.
 """
 
@@ -33,11 +33,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.consensus import log_name_for_rank
-from pipeline.core.lifecycle import ABORT, FINAL
-from pipeline.core.stop import StopReason
-from pipeline.tools.audit.auditor import audit_file
-from pipeline.tools.audit.verdict import (
+from fsmtrain.core.consensus import log_name_for_rank
+from fsmtrain.core.lifecycle import ABORT, FINAL
+from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.audit.auditor import audit_file
+from fsmtrain.tools.audit.verdict import (
     EXIT_OK,
     EXIT_VIOLATIONS,
     AuditReadError,

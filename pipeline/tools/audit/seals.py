@@ -1,4 +1,4 @@
-"""The audit's check of each line's seal (:mod:`pipeline.core.chain`): the digest of the line's own
+"""The audit's check of each line's seal (:mod:`fsmtrain.core.chain`): the digest of the line's own
 bytes without its ``seal`` field. The chain's links prove every line but the last (its successor
 carries its digest); the seal proves the last one too (and a line no checkable line follows), and
 around a break it says which line was altered. A line whose successor's link holds needs no seal
@@ -11,8 +11,8 @@ as before, and its last line is reported as outside the chain (a warning).
 
 from __future__ import annotations
 
-from pipeline.core.chain import Chain
-from pipeline.tools.audit.verdict import Finding, Severity
+from fsmtrain.core.chain import Chain
+from fsmtrain.tools.audit.verdict import Finding, Severity
 
 __all__ = ["SealCheck"]
 

@@ -11,15 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.core.events import LEVELS
-from pipeline.core.lifecycle import (
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.events import LEVELS
+from fsmtrain.core.lifecycle import (
     INITIAL,
 )
-from pipeline.tools.audit.coverage import CheckpointAccount, Damaged
-from pipeline.tools.audit.ending import EndingChecks, Segment, Unfinished
-from pipeline.tools.audit.files import CheckpointWrite
-from pipeline.tools.audit.verdict import Explanation, Verdict, shown_epoch
+from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished
+from fsmtrain.tools.audit.files import CheckpointWrite
+from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
 
 __all__ = ["SegmentChecks"]
 

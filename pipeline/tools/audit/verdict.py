@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from pipeline.core.context import epoch_number
-from pipeline.core.stop import Route, StopReason
+from fsmtrain.core.context import epoch_number
+from fsmtrain.core.stop import Route, StopReason
 
 __all__ = [
     "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",

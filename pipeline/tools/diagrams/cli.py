@@ -1,4 +1,4 @@
-"""``fsmtrain diagram``: the lifecycle drawings of :mod:`pipeline.core.drawing` on the command line,
+"""``fsmtrain diagram``: the lifecycle drawings of :mod:`fsmtrain.core.drawing` on the command line,
 plus the callback view of a config (what ``fsmtrain train`` would run)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.drawing import (
+from fsmtrain.core.drawing import (
     SUFFIXES,
     DiagramError,
     Format,
@@ -19,16 +19,16 @@ from pipeline.core.drawing import (
     run_diagram,
     write_lifecycle_files,
 )
-from pipeline.core.hooks import TrainingCallback
+from fsmtrain.core.hooks import TrainingCallback
 
 __all__ = ["add_arguments", "config_callbacks", "register_cli"]
 
 
 def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
-    """The callback list ``pipeline.app.config.build_callbacks`` gives a config (what ``fsmtrain train``
+    """The callback list ``fsmtrain.app.config.build_callbacks`` gives a config (what ``fsmtrain train``
     runs), for ``--config``. ``trial`` adds the ``PrunerCallback`` of an HPO trial (default: when the
     config has an ``optimize`` section); the trial is an in-memory Optuna one, only to build it."""
-    from pipeline.app import config as config_mod
+    from fsmtrain.app import config as config_mod
 
     cfg = config_mod.load_config(config_path)
     with_trial = cfg.optimize is not None if trial is None else trial
@@ -107,7 +107,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     except (DiagramError, OSError) as exc:
         print(f"fsmtrain diagram: {exc}", file=sys.stderr)
         return 2
-    except ValueError as exc:  # e.g. pipeline.app.config.ConfigError, which lists every problem
+    except ValueError as exc:  # e.g. fsmtrain.app.config.ConfigError, which lists every problem
         print(f"fsmtrain diagram: {exc}", file=sys.stderr)
         return 2
     if args.output is None:

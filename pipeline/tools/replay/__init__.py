@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.core.exports import lazy_exports
+from fsmtrain.core.exports import lazy_exports
 
-_REPLAYER = "pipeline.tools.replay.replayer"
-_RECORDING = "pipeline.tools.replay.recording"
-_RESULT = "pipeline.tools.replay.result"
+_REPLAYER = "fsmtrain.tools.replay.replayer"
+_RECORDING = "fsmtrain.tools.replay.recording"
+_RESULT = "fsmtrain.tools.replay.result"
 __getattr__, __dir__ = lazy_exports(__name__, {
     "ReplayDriver": _REPLAYER, "RecordingExhausted": _REPLAYER, "replay_losses": _REPLAYER, "replay_run": _REPLAYER,
     "check_replayable": _REPLAYER,
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pipeline.tools.replay.recording import (
+    from fsmtrain.tools.replay.recording import (
         RecordedEpoch,
         RecordedTrial,
         Recording,
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
         load_recording,
         recording_from_events,
     )
-    from pipeline.tools.replay.replayer import (
+    from fsmtrain.tools.replay.replayer import (
         RecordingExhausted,
         ReplayDriver,
         check_replayable,
         replay_losses,
         replay_run,
     )
-    from pipeline.tools.replay.result import Divergence, ReplayResult, compare_traces, normalize_event
+    from fsmtrain.tools.replay.result import Divergence, ReplayResult, compare_traces, normalize_event

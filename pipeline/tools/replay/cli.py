@@ -1,4 +1,4 @@
-"""``fsmtrain replay``: the command line of :mod:`pipeline.tools.replay`.
+"""``fsmtrain replay``: the command line of :mod:`fsmtrain.tools.replay`.
 
 Kept apart from the replay driver because every ``fsmtrain`` invocation registers every
 subcommand: this module imports no torch, and the driver (which does, through the batch body)
@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.events import EVENTS_FILE, jsonable
+from fsmtrain.core.events import EVENTS_FILE, jsonable
 
 __all__ = ["register_cli"]
 
 
 def _events_files(target: Path) -> list[Path]:
-    from pipeline.tools.replay.recording import ReplayError
+    from fsmtrain.tools.replay.recording import ReplayError
 
     if target.is_file():
         return [target]
@@ -36,7 +36,7 @@ def _events_files(target: Path) -> list[Path]:
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[str]]:
-    from pipeline.tools.replay.recording import ReplayError
+    from fsmtrain.tools.replay.recording import ReplayError
 
     key, sep, values = spec.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
@@ -46,7 +46,7 @@ def _parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 
 def _parse_sets(sets: Sequence[str]) -> list[str]:
-    from pipeline.tools.replay.recording import ReplayError
+    from fsmtrain.tools.replay.recording import ReplayError
 
     for s in sets:
         key, sep, _ = s.partition("=")
@@ -60,8 +60,8 @@ def _fmt_loss(v: float | None) -> str:
 
 
 def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequence[str], as_json: bool) -> int:
-    from pipeline.tools.replay.recording import ReplayError
-    from pipeline.tools.replay.replayer import replay_run
+    from fsmtrain.tools.replay.recording import ReplayError
+    from fsmtrain.tools.replay.replayer import replay_run
 
     rows: list[dict[str, Any]] = []
     status = 0
@@ -96,8 +96,8 @@ def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequenc
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from pipeline.tools.replay.recording import ReplayError
-    from pipeline.tools.replay.replayer import replay_run
+    from fsmtrain.tools.replay.recording import ReplayError
+    from fsmtrain.tools.replay.replayer import replay_run
 
     try:
         files = _events_files(Path(args.events))

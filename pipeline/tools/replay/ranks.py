@@ -4,11 +4,11 @@ A rank's log records what the other ranks contributed to the guard agreement tha
 run: a stop request agreed from another rank (a ``stop_request`` naming that ``rank``, with the
 epoch and phase it was requested in) and a signal received there (the ``exception`` of an
 interrupt, ``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
-:class:`pipeline.core.consensus.Collective` that gives them back at the same agreement (the same
+:class:`fsmtrain.core.consensus.Collective` that gives them back at the same agreement (the same
 phase, epoch and global step, per-batch agreements included), so the replay runs the live path:
 the engine agrees, and the recorded verdict comes out of the same rule.
 
-It is the run's :class:`~pipeline.core.consensus.FailureBoard` too: a rank that stopped because
+It is the run's :class:`~fsmtrain.core.consensus.FailureBoard` too: a rank that stopped because
 another rank failed (its ``RankFailed`` exception, with ``failed_rank``) gets that failure back,
 and where it met it (its collective broke: the recorded symptom, raised again by the replay's
 driver at the same step; or it saw the post while it waited at an agreement point), so the engine
@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.consensus import Failure, RankFailed, proposal_of
-from pipeline.core.context import RunContext, StopRequest
-from pipeline.core.lifecycle import Phase
-from pipeline.core.stop import StopReason
+from fsmtrain.core.consensus import Failure, RankFailed, proposal_of
+from fsmtrain.core.context import RunContext, StopRequest
+from fsmtrain.core.lifecycle import Phase
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["RecordedRanks", "recorded_ranks"]
 

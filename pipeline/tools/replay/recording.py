@@ -4,7 +4,7 @@ A recording is the setup of the run (its ``run_start``), each epoch's recorded v
 (:class:`RecordedEpoch`: learning rate, losses, metrics, slot values, its batches and the debug-level
 events logged during them), the decisions the real pruner took (:class:`RecordedTrial` gives them back
 in place of an Optuna trial) and the signal that ended the run, if one did (:class:`Interruption`).
-The log of a resumed run is read as the uninterrupted run it continues. :mod:`pipeline.tools.replay`
+The log of a resumed run is read as the uninterrupted run it continues. :mod:`fsmtrain.tools.replay`
 drives the engine with what a recording holds.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.events import EVENTS_FILE, as_float, read_events
-from pipeline.core.lifecycle import EPOCH_PHASES, Phase
-from pipeline.core.stop import StopReason
+from fsmtrain.core.events import EVENTS_FILE, as_float, read_events
+from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
+from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "Interruption",
@@ -303,5 +303,5 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
 
 
 def _number_or_value(value: Any) -> Any:
-    """Undo :func:`pipeline.core.events.jsonable`'s spelling of non-finite floats."""
+    """Undo :func:`fsmtrain.core.events.jsonable`'s spelling of non-finite floats."""
     return as_float(value) if value in ("NaN", "Infinity", "-Infinity") else value

@@ -1,11 +1,11 @@
 """State replay: re-drive the lifecycle machine and the real callbacks from recorded or synthetic values.
 
-Replay is one more :class:`pipeline.core.driver.Driver`. It runs the same :class:`~pipeline.core.engine.Engine`,
+Replay is one more :class:`fsmtrain.core.driver.Driver`. It runs the same :class:`~fsmtrain.core.engine.Engine`,
 the same ``transitions`` machine and the same callbacks as training; only the numbers differ in
 origin: each epoch's learning rate, train loss, validation loss and metrics come from a run's
 ``events.jsonl`` (:func:`replay_run`) or from lists (:func:`replay_losses`), never from a model.
 
-How each callback takes part is its ``replay`` class attribute (:class:`pipeline.core.hooks.ReplaySupport`):
+How each callback takes part is its ``replay`` class attribute (:class:`fsmtrain.core.hooks.ReplaySupport`):
 ``FULL`` callbacks run as they ran, ``DRY`` ones run with ``run.dry_run`` set (no model, no optimizer)
 and whatever they emit is kept apart as what they *would* have done, ``NONE`` is refused by name.
 Slot values that only a dry callback computes (e.g. ``max_grad_norm`` from live gradients) are fed
@@ -15,9 +15,9 @@ A replay cannot invent epochs the recording does not have: when a what-if outliv
 the driver raises :class:`RecordingExhausted` at the next epoch, the engine takes its ordinary fault
 path, and the result says the stop is unknown beyond epoch N.
 
-What a recording holds is :mod:`pipeline.tools.replay.recording`; what a replay did, and how its trace
-compares with the recording's, is :mod:`pipeline.tools.replay.result`; the package
-(:mod:`pipeline.tools.replay`) names the public face of all three.
+What a recording holds is :mod:`fsmtrain.tools.replay.recording`; what a replay did, and how its trace
+compares with the recording's, is :mod:`fsmtrain.tools.replay.result`; the package
+(:mod:`fsmtrain.tools.replay`) names the public face of all three.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.core.consensus import RankFailed
-from pipeline.core.context import EpochContext, RunContext, Slot, StepContext, epoch_number
-from pipeline.core.driver import BaseDriver
-from pipeline.core.engine import Engine, Interrupted
-from pipeline.core.events import EventLog
-from pipeline.core.hooks import ReplaySupport, TrainingCallback
-from pipeline.core.lifecycle import Phase
-from pipeline.core.result import TrainResult
-from pipeline.core.runner import CallbackRunner
-from pipeline.tools.replay.ranks import RecordedRanks, recorded_ranks
-from pipeline.tools.replay.recording import (
+from fsmtrain.core.consensus import RankFailed
+from fsmtrain.core.context import EpochContext, RunContext, Slot, StepContext, epoch_number
+from fsmtrain.core.driver import BaseDriver
+from fsmtrain.core.engine import Engine, Interrupted
+from fsmtrain.core.events import EventLog
+from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
+from fsmtrain.core.lifecycle import Phase
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
+from fsmtrain.tools.replay.recording import (
     _SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
@@ -49,7 +49,7 @@ from pipeline.tools.replay.recording import (
     ReplayError,
     load_recording,
 )
-from pipeline.tools.replay.result import ReplayResult, _comparable_recorded, compare_traces
+from fsmtrain.tools.replay.result import ReplayResult, _comparable_recorded, compare_traces
 
 __all__ = ["RecordingExhausted", "ReplayDriver", "check_replayable", "replay_losses", "replay_run"]
 
@@ -297,8 +297,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                 f"{rec.path}: its run_start event records no config, so the run's callbacks and settings "
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
             )
-        from pipeline.app import config as config_mod
-        from pipeline.app.config.schema import TRAINING_FIELDS
+        from fsmtrain.app import config as config_mod
+        from fsmtrain.app.config.schema import TRAINING_FIELDS
 
         for item in overrides:
             key = item.partition("=")[0].strip()

@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.context import EpochRecord
-from pipeline.core.engine import LAUNCH_FACTS
-from pipeline.core.events import jsonable
-from pipeline.core.hooks import TrainingCallback
-from pipeline.core.result import TrainResult
-from pipeline.core.stop import StopReason
+from fsmtrain.core.context import EpochRecord
+from fsmtrain.core.engine import LAUNCH_FACTS
+from fsmtrain.core.events import jsonable
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.result import TrainResult
+from fsmtrain.core.stop import StopReason
 
 __all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
 

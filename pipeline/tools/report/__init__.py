@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.core.exports import lazy_exports
+from fsmtrain.core.exports import lazy_exports
 
-_PAGE = "pipeline.tools.report.page"
+_PAGE = "fsmtrain.tools.report.page"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ReportError": "pipeline.tools.report.run", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
-    "write_run_report": _PAGE, "study_report": "pipeline.tools.report.hpo_report",
+    "ReportError": "fsmtrain.tools.report.run", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
+    "write_run_report": _PAGE, "study_report": "fsmtrain.tools.report.hpo_report",
 })
 
 __all__ = ["ReportError", "default_output", "page", "render_report", "study_report", "write_run_report"]
 
 if TYPE_CHECKING:
-    from pipeline.tools.report.hpo_report import study_report
-    from pipeline.tools.report.page import default_output, page, render_report, write_run_report
-    from pipeline.tools.report.run import ReportError
+    from fsmtrain.tools.report.hpo_report import study_report
+    from fsmtrain.tools.report.page import default_output, page, render_report, write_run_report
+    from fsmtrain.tools.report.run import ReportError

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.tools.report.page import check_output, render_report
-from pipeline.tools.report.run import ReportError
+from fsmtrain.tools.report.page import check_output, render_report
+from fsmtrain.tools.report.run import ReportError
 
 __all__ = ["add_arguments", "register_cli"]
 

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.app.arg_types import positive_int
+from fsmtrain.app.arg_types import positive_int
 
 if TYPE_CHECKING:
     import optuna
@@ -225,8 +225,7 @@ def _storage_arg(text: str) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
-
-    from pipeline.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
+    from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

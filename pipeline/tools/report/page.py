@@ -1,9 +1,9 @@
 """``fsmtrain report RUN_DIR | EVENTS_JSONL | STUDY [--study NAME] [-o FILE]``: one self-contained HTML page.
 
-A run's page is made from its ``events.jsonl`` alone (:mod:`pipeline.tools.report.run`), a study's
-from its Optuna storage alone (:mod:`pipeline.tools.report.study`), which also makes the run report
+A run's page is made from its ``events.jsonl`` alone (:mod:`fsmtrain.tools.report.run`), a study's
+from its Optuna storage alone (:mod:`fsmtrain.tools.report.study`), which also makes the run report
 of every trial's run directory it finds, to link it. The charts are inline SVG drawn in Python
-(:mod:`pipeline.tools.report.svgplot`): no JavaScript, nothing fetched, a page of tens of kB that opens
+(:mod:`fsmtrain.tools.report.svgplot`): no JavaScript, nothing fetched, a page of tens of kB that opens
 anywhere, from disk or mail. A Content-Security-Policy forbids every request, so a page that tried
 one would fail loudly in the browser rather than leak it. No torch import; Optuna only for a study.
 """
@@ -16,7 +16,7 @@ import tempfile
 from html import escape
 from pathlib import Path
 
-from pipeline.tools.report.run import ReportError, run_sections
+from fsmtrain.tools.report.run import ReportError, run_sections
 
 __all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
 
@@ -126,7 +126,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     events = _events_of(target) if study is None else None
     if events is not None:
         return write_run_report(events, out), []
-    from pipeline.tools.report.study import open_study, storage_url, study_sections
+    from fsmtrain.tools.report.study import open_study, storage_url, study_sections
 
     opened = open_study(target, study)
     dest = out if out is not None else default_output(target, opened.study_name)

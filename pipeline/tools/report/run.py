@@ -1,10 +1,10 @@
 """The run half of ``fsmtrain report``: one run's page, made from its ``events.jsonl`` alone.
 
-Reads the log once (no torch) into a table by column (:mod:`pipeline.tools.report.table`) and the
-run's path (:class:`pipeline.core.run_path.PathCounter`), audits it with
-:func:`pipeline.tools.audit.audit_file`, draws the path with :func:`pipeline.core.drawing.path_diagram`,
-and lays out the charts of :mod:`pipeline.tools.report.svgplot`, long curves reduced
-(:mod:`pipeline.tools.report.reduce`). Epochs are shown 1-based, as the console counts them.
+Reads the log once (no torch) into a table by column (:mod:`fsmtrain.tools.report.table`) and the
+run's path (:class:`fsmtrain.core.run_path.PathCounter`), audits it with
+:func:`fsmtrain.tools.audit.audit_file`, draws the path with :func:`fsmtrain.core.drawing.path_diagram`,
+and lays out the charts of :mod:`fsmtrain.tools.report.svgplot`, long curves reduced
+(:mod:`fsmtrain.tools.report.reduce`). Epochs are shown 1-based, as the console counts them.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline.app.global_batch import describe_global_batch
-from pipeline.core.drawing import DiagramError, Format, path_diagram
-from pipeline.core.lifecycle import FINAL, TRANSITIONS, Phase
-from pipeline.core.run_path import PathCounter, RunPath
-from pipeline.tools.audit import AuditReadError, AuditReport, audit_file
-from pipeline.tools.report.reduce import spans
-from pipeline.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
-from pipeline.tools.report.table import EpochTable
+from fsmtrain.app.global_batch import describe_global_batch
+from fsmtrain.core.drawing import DiagramError, Format, path_diagram
+from fsmtrain.core.lifecycle import FINAL, TRANSITIONS, Phase
+from fsmtrain.core.run_path import PathCounter, RunPath
+from fsmtrain.tools.audit import AuditReadError, AuditReport, audit_file
+from fsmtrain.tools.report.reduce import spans
+from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
+from fsmtrain.tools.report.table import EpochTable
 
 __all__ = ["RUN_PLOTS", "ReportError", "RunData", "read_run", "run_sections"]
 

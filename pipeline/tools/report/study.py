@@ -18,8 +18,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pipeline.tools.report.run import ReportError, as_float
-from pipeline.tools.report.svgplot import (
+from fsmtrain.tools.report.run import ReportError, as_float
+from fsmtrain.tools.report.svgplot import (
     GREY,
     PALETTE,
     Axis,

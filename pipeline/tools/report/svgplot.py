@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from html import escape
 
-from pipeline.tools.report.reduce import Reduced, reduce_curve
+from fsmtrain.tools.report.reduce import Reduced, reduce_curve
 
 __all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Line", "Series", "bar_chart", "colormap", "figure",
            "line_chart", "parallel_chart", "ticks"]
@@ -143,7 +143,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                width: int = 760, height: int = 300, integer_x: bool = True,
                legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
     """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart). A series
-    of more than ``MAX_POINTS`` points is drawn reduced (:mod:`pipeline.tools.report.reduce`), and
+    of more than ``MAX_POINTS`` points is drawn reduced (:mod:`fsmtrain.tools.report.reduce`), and
     the note under the chart says so."""
     dropped = sum(1 for s in series for y in s.y if y is not None and not _finite(y, log_y))
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
