@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain.app.trainer import Trainer
 from fsmtrain.callbacks import EarlyStoppingCallback, NaNDetectionCallback
 from fsmtrain.core.chain import Chain
 from fsmtrain.tools.audit import audit_file
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 BATCHES = 64
 
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     scheme = "hmac-sha256" if key else "sha256"
     print(f"built {n_lines} lines ({epochs} epochs of {BATCHES} batches, debug level, {scheme} chain) in {built:.1f} s")
     print(f"audit: {seconds:.2f} s for {n_lines} lines ({n_lines / seconds:,.0f} lines/s); "
-          f"ok={report.ok()} violations={len(report.violations)} stop={report.explanation.stop_reason}")
-    if not report.ok():
+          f"ok={report.ok} violations={len(report.violations)} stop={report.explanation.stop_reason}")
+    if not report.ok:
         print(report.render()[:3000], file=sys.stderr)
         return 1
     return 0 if seconds < 10 else 1

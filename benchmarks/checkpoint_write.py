@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.training.checkpoint_files import _Hashing, load_checkpoint
 from fsmtrain.training.torch_file import write_torch_file
-from torch import nn
 
 SHAPES = {"small": (32, 64, 1, 64, 20), "large": (1024, 2048, 16, 32, 4)}  # in, hidden, out, batch, batches
 

@@ -73,6 +73,7 @@ def throughput(nproc: int, threads: int, rows: int, epochs: int) -> float:
 def _agreement_worker(rounds: int) -> None:
     """Runs on each rank under torchrun: time the agreement and one metric all-reduce."""
     import torch
+
     from fsmtrain.core.consensus import decide, proposal_of
     from fsmtrain.training.distributed import DistributedOptions, init_from_env, shutdown
 

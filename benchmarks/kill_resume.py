@@ -18,8 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from fsmtrain.tools.audit import audit_file  # noqa: E402
 from resume_harness import fsmtrain, random_kills, run_with_kills, same_weights  # noqa: E402
+
+from fsmtrain.tools.audit import audit_file  # noqa: E402
 
 QUICK = ROOT / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.core.lifecycle import HOOK_NAMES
-from torch import nn
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -65,8 +66,9 @@ def all_nine(run_dir: Path, epochs: int) -> list[TrainingCallback]:
     every 10 epochs (plus best and latest), and a pruner on a real in-memory Optuna trial."""
     import os
 
-    import fsmtrain.callbacks as cb
     import optuna
+
+    import fsmtrain.callbacks as cb
 
     os.environ.setdefault("WANDB_SILENT", "true")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

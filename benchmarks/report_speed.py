@@ -32,6 +32,9 @@ SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report m
 def real_run(run_dir: Path) -> list[dict[str, Any]]:
     """Twelve epochs of a tiny real run at info level with the default callbacks' slots."""
     import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
     from fsmtrain.app.trainer import Trainer
     from fsmtrain.callbacks import (
         EarlyStoppingCallback,
@@ -40,8 +43,6 @@ def real_run(run_dir: Path) -> list[dict[str, Any]]:
         NaNDetectionCallback,
         OverfitDetectionCallback,
     )
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

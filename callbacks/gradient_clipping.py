@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from fsmtrain.core.context import RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 

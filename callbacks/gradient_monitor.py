@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM

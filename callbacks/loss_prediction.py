@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 

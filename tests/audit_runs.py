@@ -20,13 +20,14 @@ from typing import Any
 
 import optuna
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain.app.trainer import Trainer
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
 from fsmtrain.core.chain import KEY_ENV, Chain
 from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import TrainingCallback
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.core.context import EpochContext, FaultContext, RunContext, StepContext
 from fsmtrain.core.events import read_events
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 def tiny_task(seed: int = 0, n: int = 96, batch: int = 16) -> tuple[DataLoader[Any], DataLoader[Any]]:

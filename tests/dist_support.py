@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.stop import StopReason

@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsmtrain.app.rundir import run_started
 from resume_harness import fsmtrain
 from signal_support import latch_installed, signal_if_alive
+
+from fsmtrain.app.rundir import run_started
 
 STAGES = ("startup", "claim", "epoch", "teardown", "result")
 

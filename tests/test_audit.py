@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
+
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.audit import AuditReport, Finding, Severity, audit_file
@@ -96,7 +97,7 @@ def test_checkpoints_removed_by_keep_last_k_are_fine(real_runs: RealRuns) -> Non
     removed = [r for r in _records(path) if r["event"] == "checkpoint_removed"]
     assert removed, "the completed run is set up so keep_last_k deletes old periodic checkpoints"
     report = audit_file(path)
-    assert report.ok(strict=True)
+    assert report.ok_strict
     assert report.explanation.checkpoints_removed == len(removed)
 
 
@@ -193,7 +194,7 @@ def test_checkpoint_changed_after_the_run(real_runs: RealRuns, tmp_path: Path) -
     report = audit_file(run / "events.jsonl")
     bad = _violations(report, "checkpoint")
     assert [(f.line, rel in f.message) for f in bad] == [(line, True)]
-    assert audit_file(run / "events.jsonl", verify_checkpoints=False).ok()
+    assert audit_file(run / "events.jsonl", verify_checkpoints=False).ok
 
 
 def test_missing_checkpoint_is_a_warning_and_fails_under_strict(real_runs: RealRuns, tmp_path: Path) -> None:
@@ -201,7 +202,7 @@ def test_missing_checkpoint_is_a_warning_and_fails_under_strict(real_runs: RealR
     shutil.copytree(real_runs.early_stopped, run)
     (run / "checkpoints" / "best.pt").unlink()
     report = audit_file(run / "events.jsonl")
-    assert report.ok() and not report.ok(strict=True)
+    assert report.ok and not report.ok_strict
     assert any(f.check == "checkpoint" and f.severity is Severity.WARNING for f in report.findings)
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from audit_runs import QUICKSTART_KEY, REPO, QuickstartRuns, _RaiseAt, _trainer, read_lines, rechain
 from core_helpers import make_trainer
+
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.core.chain import KEY_ENV, Chain, read_key_file
 from fsmtrain.core.events import EventLog, read_events
@@ -98,11 +99,11 @@ def test_a_keyed_log_records_the_scheme_and_key_id_never_the_key(tmp_path: Path)
 def test_the_trainer_takes_the_key_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "from-env")
     make_trainer(tmp_path / "env", epochs=1).fit()
-    assert audit_file(tmp_path / "env" / "events.jsonl", key=b"from-env").ok(strict=True)
+    assert audit_file(tmp_path / "env" / "events.jsonl", key=b"from-env").ok_strict
     monkeypatch.delenv(KEY_ENV)
     make_trainer(tmp_path / "arg", epochs=1, log_key=b"from-arg").fit()
-    assert audit_file(tmp_path / "arg" / "events.jsonl", key=b"from-arg").ok(strict=True)
-    assert not audit_file(tmp_path / "arg" / "events.jsonl").ok()  # a key is needed
+    assert audit_file(tmp_path / "arg" / "events.jsonl", key=b"from-arg").ok_strict
+    assert not audit_file(tmp_path / "arg" / "events.jsonl").ok  # a key is needed
 
 
 def test_key_files(tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_a_resume_with_another_key_or_none_is_refused_before_it_touches_the_run(
     if started is not None:
         monkeypatch.setenv(KEY_ENV, started.decode())
     _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=4, resume_from="latest").fit()
-    assert audit_file(run / "events.jsonl", key=started).ok()
+    assert audit_file(run / "events.jsonl", key=started).ok
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from audit_runs import QUICKSTART_KEY, QuickstartRuns, read_lines, rechain
+
 from fsmtrain.core.chain import Chain
 from fsmtrain.tools.audit import AuditReport, audit_file
 
@@ -190,10 +191,10 @@ def keyed(quickstart_runs: QuickstartRuns) -> Lines:
 
 def test_the_untouched_logs_pass(quickstart_runs: QuickstartRuns, plain: Lines, keyed: Lines) -> None:
     report = audit_file(quickstart_runs.events())
-    assert report.ok(strict=True), report.render()
+    assert report.ok_strict, report.render()
     assert report.chain.ok and report.chain.schemes == ["sha256"]
     assert report.explanation.stop_reason == "early_stop" and report.explanation.checkpoints_pinned >= 3
-    assert audit_file(quickstart_runs.events(keyed=True), key=QUICKSTART_KEY).ok(strict=True)
+    assert audit_file(quickstart_runs.events(keyed=True), key=QUICKSTART_KEY).ok_strict
     # The chain is over exactly the bytes EventLog wrote: recomputing it reproduces the file.
     assert rechain(plain) == plain and rechain(keyed, QUICKSTART_KEY) == keyed
     assert all(set(CASES[name].forge(plain)[0]) != set(plain) for name in CASES)  # every forgery changes the log
@@ -219,7 +220,7 @@ def test_consistent_forgery_without_a_key(quickstart_runs: QuickstartRuns, plain
     report = audit_file(path, verify_checkpoints=False)
     assert report.chain.ok is True
     if case.content is None:
-        assert report.ok(), report.render()  # a plain chain proves consistency, not authorship
+        assert report.ok, report.render()  # a plain chain proves consistency, not authorship
     else:
         line, check = _first(report)
         assert check == case.content, report.render()
@@ -270,7 +271,7 @@ def test_a_forger_who_rebuilds_the_whole_keyed_chain_without_the_key(keyed: Line
             lines = rechain(_edit(lines, 1, lambda r: r["payload"].update(chain={"scheme": "sha256"})))
         report = audit_file(_write(tmp_path, lines), key=QUICKSTART_KEY, verify_checkpoints=False)
         line, check = _first(report)
-        assert line == 1 and not report.ok()
+        assert line == 1 and not report.ok
         if scheme_kept:
             assert check == "chain" and "rebuilt without the key" in report.violations[0].message
         else:

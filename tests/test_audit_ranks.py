@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from audit_runs import RealRuns, read_lines, rechain
+
 from fsmtrain.cli import main as cli_main
 from fsmtrain.core.consensus import log_name_for_rank
 from fsmtrain.tools.audit import audit_file
@@ -47,7 +48,7 @@ def _messages(run: Path) -> list[str]:
 def test_every_rank_s_log_present_agrees(real_runs: RealRuns, tmp_path: Path) -> None:
     run = _run_dir(real_runs, tmp_path, 2, [0, 1])
     audit = audit_run_dir(run, verify_checkpoints=False)
-    assert audit.findings == [] and audit.ok(strict=True)
+    assert audit.findings == [] and audit.ok_strict
     assert "2 ranks agree" in audit.render(strict=True)
     assert audit.to_dict()["world_size"] == 2
 
@@ -56,9 +57,9 @@ def test_a_deleted_rank_log_is_a_violation(real_runs: RealRuns, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     run = _run_dir(real_runs, tmp_path, 2, [0])  # rank 1's log deleted
     audit = audit_run_dir(run, verify_checkpoints=False)
-    assert audit.reports[0].ok(strict=True)  # rank 0's log on its own holds
+    assert audit.reports[0].ok_strict  # rank 0's log on its own holds
     assert [f.message for f in audit.findings] == ["run_start says world_size 2; events-rank1.jsonl is missing"]
-    assert not audit.ok() and not audit.ok(strict=True)
+    assert not audit.ok and not audit.ok_strict
     text = audit.render()
     assert "events-rank1.jsonl is missing" in text and "agree (" not in text
     assert text.rstrip().endswith(f"audit {run}: FAILED")
@@ -86,7 +87,7 @@ def test_a_stray_rank_log_beyond_the_world_size_is_a_violation(real_runs: RealRu
     run = _run_dir(real_runs, tmp_path, 2, [0, 1, 5])
     assert _messages(run) == ["run_start says world_size 2; events-rank5.jsonl is beyond it (no such rank)"]
     audit = audit_run_dir(run, verify_checkpoints=False)
-    assert not audit.ok() and sorted(audit.reports) == [0, 1, 5]  # the stray log is still audited on its own
+    assert not audit.ok and sorted(audit.reports) == [0, 1, 5]  # the stray log is still audited on its own
 
 
 def test_a_rank_log_next_to_a_one_process_run_is_a_violation(real_runs: RealRuns, tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ def test_a_log_that_names_another_rank_is_still_named(real_runs: RealRuns, tmp_p
 def test_one_process_run_dir_is_rendered_as_its_log(real_runs: RealRuns, tmp_path: Path) -> None:
     run = _run_dir(real_runs, tmp_path, None, [0])
     audit = audit_run_dir(run, verify_checkpoints=False)
-    assert audit.findings == [] and audit.ok(strict=True) and audit.to_dict()["world_size"] == 1
+    assert audit.findings == [] and audit.ok_strict and audit.to_dict()["world_size"] == 1
     assert audit.render() == audit.reports[0].render()
 
 
@@ -112,7 +113,7 @@ def test_the_file_alone_says_it_is_one_rank_s_log(real_runs: RealRuns, tmp_path:
     README says) and says so: it never claims the ranks agreed."""
     run = _run_dir(real_runs, tmp_path, 2, [0])
     report = audit_file(run / "events.jsonl", verify_checkpoints=False)
-    assert report.ok(strict=True)
+    assert report.ok_strict
     assert (report.explanation.rank, report.explanation.world_size) == (0, 2)
     assert cli_main(["audit", str(run / "events.jsonl"), "--no-checkpoints", "--strict"]) == 0
     out = capsys.readouterr().out

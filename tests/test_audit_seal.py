@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 from audit_runs import KEYED_RUN_KEY, read_lines, rechain
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from fsmtrain.cli import main as cli_main
 from fsmtrain.core.chain import Chain
 from fsmtrain.tools.audit import AuditReport, audit_file
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 Path_ = tuple[Any, ...]  # a field's path in a record: keys and list indices
 
@@ -45,7 +46,7 @@ def _write(folder: Path, lines: list[str]) -> Path:
 def _chain_names(report: AuditReport, line: int) -> bool:
     """The audit fails, the chain is broken, and its first finding names ``line``."""
     chain = [f for f in report.violations if f.check == "chain"]
-    return (not report.ok() and report.chain.ok is False and bool(chain) and chain[0].line == line
+    return (not report.ok and report.chain.ok is False and bool(chain) and chain[0].line == line
             and report.chain.first_break == line)
 
 
@@ -76,7 +77,7 @@ def test_the_result_line_cannot_be_edited_unnoticed(keyed_run: Path, keyed_lines
 
 def test_the_untouched_keyed_log_passes_and_every_line_is_sealed(keyed_run: Path, keyed_lines: list[str]) -> None:
     report = audit_file(keyed_run / "events.jsonl", key=KEYED_RUN_KEY)
-    assert report.ok(strict=True), report.render()
+    assert report.ok_strict, report.render()
     assert report.chain.ok and report.chain.sealed and len(report.segments) == 2
     assert "proves consistency and authorship" in report.render()
     chain = Chain(KEYED_RUN_KEY)
@@ -99,7 +100,7 @@ def test_a_keyed_log_without_its_key_cannot_prove_authorship(keyed_run: Path,
         assert code == 1, out
         assert "cannot prove authorship" in out and "NOT VERIFIED" in out, out
     report = audit_file(keyed_run / "events.jsonl", verify_checkpoints=False)
-    assert not report.ok(strict=True) and report.chain.ok is None
+    assert not report.ok_strict and report.chain.ok is None
 
 
 def test_a_log_of_the_older_format_audits_and_says_its_last_line_is_not_sealed(keyed_lines: list[str],
@@ -109,7 +110,7 @@ def test_a_log_of_the_older_format_audits_and_says_its_last_line_is_not_sealed(k
     old = rechain(keyed_lines, KEYED_RUN_KEY, sealed=False)
     assert all('"seal"' not in line for line in old)
     report = audit_file(_write(tmp_path, old), key=KEYED_RUN_KEY, verify_checkpoints=False)
-    assert report.ok() and not report.ok(strict=True), report.render()
+    assert report.ok and not report.ok_strict, report.render()
     assert report.chain.ok is True and report.chain.sealed is False
     (warning,) = report.warnings
     assert warning.line == len(old) and "not sealed" in warning.message

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from audit_runs import REPO, _trainer, read_lines
+
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.core.chain import KEY_ENV
 from fsmtrain.tools.audit import AuditReport, Finding, Verdict, audit_file

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
+
 from fsmtrain import (
     CallbackDefinitionError,
     CallbackOrderError,

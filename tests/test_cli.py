@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from fsmtrain.app.config import load_config
 from fsmtrain.cli import ExitCode, main
 from fsmtrain.core.events import read_events

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from fsmtrain.app.config import (
     ConfigError,
     RunConfig,

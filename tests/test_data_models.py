@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from fsmtrain.training.data import Loaders, digits, synthetic_regression
 from fsmtrain.training.models import MLP, accuracy
 

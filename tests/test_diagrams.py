@@ -14,6 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
+from system_parts import GRAPHVIZ, MERMAID, require
+
 from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,
@@ -40,7 +42,6 @@ from fsmtrain.core.drawing import (
 )
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.lifecycle import FINAL, TRANSITIONS, Phase
-from system_parts import GRAPHVIZ, MERMAID, require
 
 DIAGRAMS = REPO / "diagrams"
 REGENERATE = "fsmtrain diagram --write diagrams"

@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from resume_harness import REPO, env, fsmtrain, same_weights
+
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointWriteError, load_checkpoint
 from fsmtrain.training.checkpoint_files import check_room
 from fsmtrain.training.staging import tensor_bytes
-from resume_harness import REPO, env, fsmtrain, same_weights
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 

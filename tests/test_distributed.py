@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+
 from fsmtrain.core.consensus import agreement_points, decide, proposal_of
 from fsmtrain.core.context import StopRequest
 from fsmtrain.core.ledger import read_ledger
@@ -308,6 +309,7 @@ def _forged_resume_records_fail(run_dir: Path, tmp: Path) -> None:
     """What the audit holds a resume record to: each forgery, rechained as someone with write access
     would, is named (checkpoint files left out: they pin the original chain)."""
     from audit_runs import read_lines, rechain
+
     from fsmtrain.tools.audit.ranks import audit_run_dir
 
     def forged(name: str, **changes: Any) -> list[str]:
@@ -389,8 +391,9 @@ def test_cuda_ranks(tmp_path: Path, device: str) -> None:
 def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
     """Seed -1 (data seed 2**64 - 1) died at epoch 1 with "Overflow when unpacking long long" on
     several ranks: DistributedSampler seeds with seed + epoch. It wraps now; in range, torch's order."""
-    from fsmtrain.training.distributed import shard_train_loader
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from fsmtrain.training.distributed import shard_train_loader
 
     data = TensorDataset(torch.arange(20.0))
     loader = DataLoader(data, batch_size=4, shuffle=True)

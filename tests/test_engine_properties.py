@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.driver import BaseDriver
 from fsmtrain.core.engine import Engine, Interrupted
@@ -16,8 +19,6 @@ from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.lifecycle import TRANSITIONS, Phase
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
 HOOKS = ("on_train_epoch_begin", "on_train_step_end", "on_val_end", "on_epoch_end")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fsmtrain.cli import build_parser, main
 from hpo_support import LR_SPACE, _free_port, study_config
+
+from fsmtrain.cli import build_parser, main
 
 
 def _files(root: Path) -> set[str]:

@@ -8,13 +8,14 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState, create_trial
+
 from fsmtrain import StopReason
 from fsmtrain.app.hpo.pruner import PredictedFinalLossPruner
 from fsmtrain.callbacks import LossPredictionCallback, PrunerCallback
 from fsmtrain.callbacks.pruner import PREDICTION_ATTR, PRUNED_ATTR
 from fsmtrain.tools.replay import ReplayResult, replay_losses
-from optuna.distributions import FloatDistribution
-from optuna.trial import TrialState, create_trial
 
 EPOCHS = 40
 

@@ -24,12 +24,13 @@ from typing import Any
 
 import optuna
 import pytest
+from hpo_support import journal, load, popen, study_config, wait_for
+from optuna.trial import TrialState
+
 from fsmtrain.app.hpo.recovery import LOST_ATTR, process_gone, reclaim, worker_identity
 from fsmtrain.app.hpo.seeds import claim_sampler_seed, seeds_used
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.tools.audit import audit_file
-from hpo_support import journal, load, popen, study_config, wait_for
-from optuna.trial import TrialState
 
 # long enough to be caught running: at least 1 s, on any machine
 MID_TRIALS: dict[str, Any] = {
@@ -177,7 +178,7 @@ def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial
     events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
     assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
     report = audit_file(Path(old_dir) / "events.jsonl")
-    assert report.ok(), report.render()
+    assert report.ok, report.render()
     return retry
 
 

@@ -11,12 +11,13 @@ from typing import Any
 
 import optuna
 import pytest
+from hpo_support import LR_SPACE, load, study_config
+from optuna.trial import TrialState
+
 from fsmtrain.cli import main
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.models import MLP
-from hpo_support import LR_SPACE, load, study_config
-from optuna.trial import TrialState
 
 
 class RaisingMLP(MLP):
@@ -49,7 +50,7 @@ def _audited(trial: optuna.trial.FrozenTrial, study: str) -> list[Path]:
     dirs = [Path(d) for d in trial.user_attrs["run_dirs"].values()]
     for run_dir in dirs:
         report = audit_file(run_dir / "events.jsonl")
-        assert report.ok(), report.render()
+        assert report.ok, report.render()
         start = read_events(run_dir / "events.jsonl")[0]["payload"]
         assert start["hpo"]["study"] == study and start["hpo"]["trial"] == trial.number
         assert start["hpo"]["params"] == trial.params
@@ -94,7 +95,7 @@ def test_a_raising_model_fails_its_trial_and_the_study_goes_on(tmp_path: Path, m
     assert f"trial {failed.number} FAIL RuntimeError: boom" in out
     # the failed run still ended through train_end and explains itself
     report = audit_file(Path(failed.user_attrs["run_dirs"]["0"]) / "events.jsonl")
-    assert report.ok() and report.explanation.stop_reason == "error"
+    assert report.ok and report.explanation.stop_reason == "error"
 
 
 def test_median_pruner_prunes_bad_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -226,9 +227,10 @@ def test_live_display_on_a_terminal() -> None:
     """Trial lines scroll; the status line (done of total, running, pruned, failed, best) is redrawn."""
     import io
 
-    from fsmtrain.app.hpo.monitor import Monitor
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
+
+    from fsmtrain.app.hpo.monitor import Monitor
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()

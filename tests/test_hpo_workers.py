@@ -15,10 +15,11 @@ from typing import Any
 
 import optuna
 import pytest
-from fsmtrain.tools.audit import audit_file
 from hpo_support import Postgres, fsmtrain, journal, load, new_database, popen, postgres_server, study_config, wait_for
 from optuna.trial import TrialState
 from system_parts import POSTGRES, go_without, require
+
+from fsmtrain.tools.audit import audit_file
 
 # a trial long enough to be caught running: at least 4 s, on any machine
 SLOW_TRIALS: dict[str, Any] = {
@@ -52,7 +53,7 @@ def _check_all_finished(study: optuna.study.Study, n: int) -> None:
 def _check_audited(trial: optuna.trial.FrozenTrial) -> None:
     for run_dir in trial.user_attrs["run_dirs"].values():
         report = audit_file(Path(run_dir) / "events.jsonl")
-        assert report.ok(), report.render()
+        assert report.ok, report.render()
 
 
 @pytest.mark.slow
@@ -131,8 +132,9 @@ def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
     import threading
 
     import sqlalchemy
-    from fsmtrain.app.hpo.storage import StorageError, existing_directions, parse_storage
     from optuna.storages._rdb import models
+
+    from fsmtrain.app.hpo.storage import StorageError, existing_directions, parse_storage
 
     reference = optuna.storages.RDBStorage(new_database(pg, "stamp_reference"))  # the schema version to stamp
     with reference.engine.connect() as conn:
@@ -179,6 +181,7 @@ def test_a_database_whose_studies_table_is_not_optunas_fails_at_once_without_a_r
     """The retry above is for a duplicate only: a missing table, opening without creating, is the
     database's state, said at once and not dressed up as another process's race."""
     import sqlalchemy
+
     from fsmtrain.app.hpo.storage import StorageError, existing_directions, parse_storage
 
     url = new_database(pg, "not_optuna")
@@ -304,7 +307,7 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
     assert any(log.exists() for log in logs)
     for log in filter(Path.exists, logs):
         report = audit_file(log)
-        assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
+        assert report.ok and report.explanation.stop_reason == "interrupted", report.render()
     assert "interrupted: study s" in (tmp_path / "hpo.log").read_text()
 
 
@@ -331,7 +334,7 @@ def test_ctrl_c_after_a_trials_run_ended_keeps_its_result_and_stops_the_study(wo
     first = study.trials[0]
     run_dir = Path(first.user_attrs["run_dirs"]["0"])
     report = audit_file(run_dir / "events.jsonl")
-    assert report.ok() and report.explanation.stop_reason == "completed", report.render()
+    assert report.ok and report.explanation.stop_reason == "completed", report.render()
     (result,) = [json.loads(line) for line in (run_dir / "events.jsonl").open() if '"event":"result"' in line]
     assert first.state is TrialState.COMPLETE and first.value == result["payload"]["objective"], first
     assert "error" not in first.user_attrs and "lost" not in first.user_attrs
@@ -374,7 +377,7 @@ def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, 
     named = [Path(t.user_attrs["run_dirs"]["0"]) / "events.jsonl" for t in stopped if "run_dirs" in t.user_attrs]
     for events in filter(Path.exists, named):
         report = audit_file(events)
-        assert report.ok() and report.explanation.stop_reason == "interrupted", report.render()
+        assert report.ok and report.explanation.stop_reason == "interrupted", report.render()
 
 
 

@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
-from fsmtrain.tools.audit import audit_file
 from kill_harness import kill_until_done
 from resume_harness import REPO, fsmtrain, same_weights
+
+from fsmtrain.tools.audit import audit_file
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"

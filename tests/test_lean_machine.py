@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsmtrain.core import lifecycle as L
-from fsmtrain.core.machine import LifecycleMachine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transitions import Machine, MachineError
 from transitions.core import Event, Transition
+
+from fsmtrain.core import lifecycle as L
+from fsmtrain.core.machine import LifecycleMachine
 
 
 class Refused(Exception):
@@ -82,8 +83,9 @@ def test_a_run_never_takes_the_librarys_slow_path(monkeypatch: pytest.MonkeyPatc
     transition: the lean path must cover them, or every trigger of a run pays the library's
     per-callback logging (found: it fell back on every trigger, since the move check is a ``before``)."""
     import torch
-    from fsmtrain import Trainer
     from torch import nn
+
+    from fsmtrain import Trainer
 
     slow: list[str] = []
     library_execute, library_trigger = Transition.execute, Event.trigger

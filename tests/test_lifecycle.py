@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from transitions import MachineError
+
 from fsmtrain.core.lifecycle import (
     ABORT,
     FINAL,
@@ -25,7 +27,6 @@ from fsmtrain.core.lifecycle import (
     transitions_from,
     triggers_from,
 )
-from transitions import MachineError
 
 
 def test_the_shipped_table_passes_its_checks() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
+
 from fsmtrain.app.config import ConfigError, config_from_dict
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.core.events import read_events

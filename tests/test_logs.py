@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from core_helpers import events_of, make_trainer
+
 from fsmtrain.core.events import EVENT_KEYS, EventLog, as_float, jsonable, read_events
 
 
@@ -51,6 +52,7 @@ def test_bad_level_is_a_clear_error() -> None:
 
 def test_jsonable_handles_enums_dataclasses_tensors() -> None:
     import torch
+
     from fsmtrain.core.slots import LossPrediction
     from fsmtrain.core.stop import StopReason
 

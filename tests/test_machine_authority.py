@@ -15,11 +15,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import fsmtrain.core.engine as engine_mod
 import optuna
 import pytest
 import torch
 from core_helpers import Recorder, events_of, make_trainer
+from sklearn.metrics import f1_score
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import fsmtrain.core.engine as engine_mod
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback, NaNDetectionCallback, PrunerCallback
 from fsmtrain.core.context import EpochContext, FaultContext, RunContext, Slot, StepContext, ValStepContext
@@ -37,9 +41,6 @@ from fsmtrain.core.lifecycle import (
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import load_checkpoint
-from sklearn.metrics import f1_score
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -272,7 +273,7 @@ def _assert_best_finite_and_audit_passes(run_dir: Path) -> None:
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     assert all(torch.isfinite(t).all() for t in best["model"].values())
     report = audit_file(run_dir / "events.jsonl")
-    assert report.ok(), report.render(False)
+    assert report.ok, report.render(False)
 
 
 # --- 4. teardown cannot be skipped ---------------------------------------------------------------------
@@ -306,7 +307,7 @@ def test_a_failing_on_train_end_skips_no_other_handler(tmp_path: Path) -> None:
         "b.on_train_end", "c.on_train_end"]
     assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "completed"
     report = audit_file(tmp_path / "events.jsonl")
-    assert report.ok(), report.render(False)
+    assert report.ok, report.render(False)
 
 
 class FailsIn(TrainingCallback):
@@ -323,7 +324,7 @@ def test_a_failing_on_exception_skips_no_other_handler(tmp_path: Path) -> None:
     events = events_of(tmp_path)
     assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "error"
     report = audit_file(tmp_path / "events.jsonl")
-    assert report.ok(), report.render(False)
+    assert report.ok, report.render(False)
 
 
 _TWO_SIGINTS = textwrap.dedent("""
@@ -366,7 +367,7 @@ def test_two_sigints_20ms_apart_still_write_the_result(tmp_path: Path) -> None:
     result = [e for e in events if e["event"] == "result"]
     assert len(result) == 1 and result[0]["payload"]["stop_reason"] == "interrupted"
     report = audit_file(run / "events.jsonl")
-    assert report.ok(), report.render(False)
+    assert report.ok, report.render(False)
 
 
 # --- 8. validation batch hooks: a metric over the whole validation set -----------------------------------

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from core_helpers import events_of, make_trainer
+
 from fsmtrain import TrainingCallback
 from fsmtrain.app.config import build_callbacks, load_config
 from fsmtrain.callbacks import (

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.app.config import load_config
 from fsmtrain.app.job import train_seed
@@ -15,7 +17,6 @@ from fsmtrain.callbacks import GradientMonitorCallback
 from fsmtrain.core.context import StepContext
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
-from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 

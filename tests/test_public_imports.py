@@ -7,10 +7,10 @@ import importlib
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -69,8 +69,9 @@ def test_one_import_name_from_any_folder(tmp_path: Path) -> None:
     assert mine.returncode == 0 and mine.stdout.split() == ["1", "fsmtrain.callbacks"], mine.stderr
 
 
-@pytest.mark.parametrize(("old", "new"), [("pipeline.training.data.digits", "fsmtrain.training.data.digits"),
-                                          ("callbacks.EarlyStoppingCallback", "fsmtrain.callbacks.EarlyStoppingCallback")])
+@pytest.mark.parametrize(("old", "new"), [
+    ("pipeline.training.data.digits", "fsmtrain.training.data.digits"),
+    ("callbacks.EarlyStoppingCallback", "fsmtrain.callbacks.EarlyStoppingCallback")])
 def test_an_old_name_is_refused_with_the_new_one(old: str, new: str) -> None:
     """From the checkout the old folder would import as a second copy of fsmtrain: refused, never aliased."""
     from fsmtrain.app.config.problems import ConfigError

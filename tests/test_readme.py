@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from fsmtrain.training.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
+from torch import nn
+
 from fsmtrain import (
     CallbackRunner,
     GlobalRegistrationError,
@@ -30,7 +32,6 @@ from fsmtrain.callbacks import EarlyStoppingCallback
 from fsmtrain.core.context import EpochContext, Slot
 from fsmtrain.core.hooks import CallbackBoundError, bind_callbacks, unbind_callbacks
 from fsmtrain.core.registry import global_callbacks
-from torch import nn
 
 
 class Plain(TrainingCallback):

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from core_helpers import make_trainer
+
 from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.events import read_events
 from fsmtrain.core.hooks import TrainingCallback

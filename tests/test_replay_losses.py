@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
+
 from fsmtrain.callbacks import (
     CheckpointCallback,
     EarlyStoppingCallback,

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import pytest
+
 from fsmtrain.app.config import load_config
 from fsmtrain.app.job import train_seed
 from fsmtrain.core.events import read_events

@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
+
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.report import render_report, write_run_report
 from fsmtrain.tools.report.run import RUN_PLOTS, read_run

@@ -26,10 +26,11 @@ from typing import Any
 import optuna
 import pytest
 import system_parts
+from PIL import Image, ImageStat
+
 from fsmtrain.tools.report import render_report
 from fsmtrain.tools.report.run import RUN_PLOTS
 from fsmtrain.tools.report.study import STUDY_PLOTS
-from PIL import Image, ImageStat
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = system_parts.find_chromium()

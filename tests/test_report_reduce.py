@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from fsmtrain.tools.report import write_run_report
 from fsmtrain.tools.report.reduce import MAX_POINTS, reduce_curve, spans
 from fsmtrain.tools.report.svgplot import Series, line_chart

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model
+from resume_harness import REPO, env, fsmtrain, random_kills, run_with_kills, same_weights
+
 from fsmtrain.app.rundir import RunDirError
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointError, load_checkpoint
 from fsmtrain.training.resume import find_resumption
-from resume_harness import REPO, env, fsmtrain, random_kills, run_with_kills, same_weights
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 # The harness kills many processes: W&B's start-up (seconds per process) is left out here; the
@@ -45,7 +46,7 @@ def _reference(tmp: Path, *overrides: str, config: Path = QUICK) -> Path:
 
 def _audit_ok(run_dir: Path) -> None:
     report = audit_file(run_dir / "events.jsonl")
-    assert report.ok(), report.render(False)
+    assert report.ok, report.render(False)
 
 
 @pytest.mark.slow

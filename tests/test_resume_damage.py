@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
+from resume_harness import REPO, env, fsmtrain, same_weights
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import sha256_of
-from resume_harness import REPO, env, fsmtrain, same_weights
-from torch import nn
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"

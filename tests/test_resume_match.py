@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.app.rundir import LOCK_FILE
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.training.checkpoint import load_checkpoint
 from fsmtrain.training.resume import ResumeError
 from fsmtrain.training.resume_match import mismatches
-from torch import nn
 
 Build = Callable[[nn.Module], tuple[torch.optim.Optimizer, Any]]
 

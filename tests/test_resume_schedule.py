@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from fsmtrain.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model, tiny_task
+from resume_harness import REPO, env, fsmtrain
+from signal_support import wait_for
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.app.rundir import LOCK_FILE, RunDirError, claim_new, claim_next_free
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
 from fsmtrain.core.checks import CallbackDefinitionError
 from fsmtrain.core.context import EpochContext
 from fsmtrain.core.events import read_events
-from resume_harness import REPO, env, fsmtrain
-from signal_support import wait_for
-from torch import nn
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import pytest
 from core_helpers import make_trainer
+
 from fsmtrain import CallbackOrderError, CallbackRunner, Slot, Tier, TrainingCallback, register_global_callback
 from fsmtrain.core.context import EpochContext, RunContext
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from fsmtrain.core.context import EpochContext, RunContext, Slot
 from fsmtrain.core.events import EventLog
 from fsmtrain.core.scalars import epoch_scalars, slot_scalars

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from fsmtrain.callbacks.wandb_logging import WandbLoggingCallback
 from fsmtrain.cli import ExitCode, exit_code_for
 from fsmtrain.core.context import StopRequest

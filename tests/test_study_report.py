@@ -13,9 +13,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from fsmtrain.cli import main
 from hpo_support import load, study_config
 from optuna.trial import TrialState
+
+from fsmtrain.cli import main
 
 pytestmark = pytest.mark.timeout(180)
 

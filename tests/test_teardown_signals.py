@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from resume_harness import REPO, fsmtrain
+from signal_support import latch_installed, log_has, signal_if_alive, wait_for
+
 from fsmtrain.app.config import load_config
 from fsmtrain.app.job import train_seed
 from fsmtrain.core.events import EventLog, read_events
 from fsmtrain.tools.audit import audit_file
-from resume_harness import REPO, fsmtrain
-from signal_support import latch_installed, log_has, signal_if_alive, wait_for
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"

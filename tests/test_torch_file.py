@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain.training.checkpoint_files import _Hashing, save_state
 from fsmtrain.training.rng import capture_rng_state
 from fsmtrain.training.torch_file import write_torch_file
-from torch import nn
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="needs a CUDA device; none here (CPU-only machine)"))

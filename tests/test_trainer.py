@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 from core_helpers import Recorder, events_of, make_trainer, phases_visited, tiny_model
+from torch import nn
+
 from fsmtrain import StopReason, Trainer, TrainingCallback
 from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.lifecycle import TRANSITIONS
-from torch import nn
 
 LEGAL = {(t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS}
 _VOLATILE = {"ts", "run_id", "prev", "seal"}  # prev, seal: the hash chain digests the ts too

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fsmtrain.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

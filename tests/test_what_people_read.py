@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from core_helpers import events_of, make_trainer
+
 from fsmtrain import TrainingCallback
 from fsmtrain.app.config import apply_overrides, config_from_dict, load_config
 from fsmtrain.callbacks import CheckpointCallback, GradientMonitorCallback, LossPredictionCallback, MetricsCsvCallback

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
+from torch import nn
+
 from fsmtrain.app.config import (
     RECORDED_FOLDERS,
     ConfigError,
@@ -45,7 +47,6 @@ from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.signal_latch import installed
 from fsmtrain.training.atomic import atomic_write_bytes
-from torch import nn
 
 if TYPE_CHECKING:
     import optuna

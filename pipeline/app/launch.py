@@ -188,6 +188,7 @@ def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | Non
     if not launched_by_torchrun():
         return None
     import torch
+
     from fsmtrain.app.rank_output import tag_rank_output
 
     tag_rank_output(int(os.environ.get("RANK", "0")))

@@ -14,12 +14,13 @@ from contextlib import contextmanager
 from typing import Any, TextIO, TypeVar
 
 import torch
+from torch import nn
+
 from fsmtrain.app.config import RunConfig
 from fsmtrain.app.config.checks import batches, checked_callbacks
 from fsmtrain.app.job import build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
-from torch import nn
 
 __all__ = ["PreflightFailed", "run_preflight", "shape_of"]
 

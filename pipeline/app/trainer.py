@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
 from fsmtrain.app.defaults import default_callbacks as with_defaults
 from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
@@ -37,7 +39,6 @@ from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
 from fsmtrain.training.signals import signals_set_flag
-from torch import nn
 
 __all__ = ["TrainResult", "Trainer"]
 

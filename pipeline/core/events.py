@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+
 from fsmtrain.core.chain import Chain, last_line
 from fsmtrain.core.log_file import LogFile, LogWriteError
 

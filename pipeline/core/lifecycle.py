@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from fsmtrain.core.machine import LifecycleMachine
 from transitions import Machine
+
+from fsmtrain.core.machine import LifecycleMachine
 
 
 class Phase(str, Enum):

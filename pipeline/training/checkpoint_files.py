@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import torch
+
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.ledger import committed_sha256 as logged_sha256

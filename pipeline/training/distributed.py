@@ -30,9 +30,10 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
+
+from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
 
 __all__ = [
     "DistributedOptions", "ShardSampler", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
@@ -61,8 +62,8 @@ class TorchCollective:
     """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
 
     It is also the run's :class:`~fsmtrain.core.consensus.FailureBoard`: a key in the rendezvous
-    store (the agent's under torchrun, else the one the group was made with), which outlives a
-    rank that failed. The wait at an agreement point is bounded: it ends as soon as another
+    store that ``env://`` names (``MASTER_ADDR``/``MASTER_PORT``: torchrun's agent, which outlives a
+    rank that failed), reached through a client of its own. The wait at an agreement point is bounded: it ends as soon as another
     rank's failure is posted (:class:`~fsmtrain.core.consensus.RankFailed`), or after
     ``agreement_timeout_s`` (:class:`~fsmtrain.core.consensus.AgreementTimeout`), instead of the
     collective's own timeout; so a ``Trainer`` in a process group of the user's own, without an
@@ -77,13 +78,21 @@ class TorchCollective:
         self.agreement_timeout_s = agreement_timeout_s
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._topic = "unbound"
+        self._board_store: dist.Store | None = None
 
     def bind(self, topic: str) -> None:
         """Name the run whose failures this collective posts and reads (the same on every rank)."""
         self._topic = topic
 
-    def _store(self) -> Any:
-        return dist.distributed_c10d._get_default_store()
+    def _store(self) -> dist.Store:
+        if self._board_store is None:
+            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+            if not host or not port:
+                raise RuntimeError("the failure board needs the rendezvous store of env:// (MASTER_ADDR and "
+                                   "MASTER_PORT), as torchrun sets them; this process group was made without")
+            self._board_store = dist.TCPStore(host, int(port), is_master=False,
+                                              timeout=timedelta(seconds=self.agreement_timeout_s))
+        return self._board_store
 
     def post_failure(self, failure: Failure) -> Failure:
         first = self._store().compare_set(self._board + self._topic, "", failure.encode())

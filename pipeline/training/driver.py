@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch import nn
+
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.training.precision import PrecisionPolicy
-from torch import nn
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain.core.context import EpochContext, RunContext
 from fsmtrain.core.driver import BaseDriver
 from fsmtrain.core.engine import Engine
@@ -16,8 +19,6 @@ from fsmtrain.core.events import EventLog
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 class ScriptedDriver(BaseDriver):

@@ -1,10 +1,11 @@
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.callbacks import GradientAccumulationCallback, GradientClippingCallback, GradientMonitorCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 def _data(n=96, seed=0):

@@ -3,6 +3,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback, read_events
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
 from fsmtrain.training.checkpoint import (
@@ -12,7 +14,6 @@ from fsmtrain.training.checkpoint import (
     sha256_of,
 )
 from fsmtrain.training.rng import capture_rng_state, restore_rng_state
-from torch import nn
 
 
 class AddsState(TrainingCallback):

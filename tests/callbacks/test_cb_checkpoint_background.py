@@ -7,10 +7,11 @@ import time
 
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback, read_events
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.training.checkpoint import CheckpointManager, Written, load_checkpoint
-from torch import nn
 
 VOLATILE = ("ts", "prev", "seal", "run_id")  # differ between any two runs
 TIMINGS = ("seconds", "phase_seconds", "callback_seconds")

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback, read_events
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointManager, WritePlan, Written, load_checkpoint
-from torch import nn
 
 GATE_S = 60  # a gate never opened in time fails the test instead of hanging it
 

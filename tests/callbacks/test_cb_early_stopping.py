@@ -1,6 +1,7 @@
 import math
 
 import pytest
+
 from fsmtrain import StopReason
 from fsmtrain.callbacks import EarlyStoppingCallback
 from fsmtrain.callbacks.early_stopping import improves

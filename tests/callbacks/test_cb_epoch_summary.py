@@ -2,6 +2,7 @@ import io
 import math
 
 import pytest
+
 from fsmtrain import Slot, StopReason, TrainingCallback
 from fsmtrain.callbacks import EpochSummaryCallback, GradientMonitorCallback, LossPredictionCallback
 

@@ -3,13 +3,14 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.callbacks import GradientAccumulationCallback, GradientMonitorCallback
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.events import EventLog
 from fsmtrain.core.slots import MAX_GRAD_NORM
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 class NormRecorder(TrainingCallback):

@@ -4,6 +4,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
 from fsmtrain.callbacks import LossPredictionCallback
 from fsmtrain.callbacks.loss_prediction import FIRST_EPOCH, fit_exponential, predict_final_loss
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction

@@ -1,9 +1,10 @@
 import pytest
 import torch
-from fsmtrain import Trainer
-from fsmtrain.callbacks import LRSchedulerCallback
 from pytorch_optimizer import get_wsd_schedule
 from torch import nn
+
+from fsmtrain import Trainer
+from fsmtrain.callbacks import LRSchedulerCallback
 
 
 def _fit(tiny, make_sched, epochs=4, batch=8, **kw):

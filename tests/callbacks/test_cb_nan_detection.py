@@ -1,9 +1,10 @@
 import math
 
 import torch
+from torch import nn
+
 from fsmtrain import StopReason, Trainer, TrainingCallback
 from fsmtrain.callbacks import CheckpointCallback, NaNDetectionCallback
-from torch import nn
 
 
 def test_nan_val_loss_stops_with_nan_and_inf_objective(scripted):

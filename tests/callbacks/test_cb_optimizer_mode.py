@@ -1,10 +1,11 @@
 import pytest
 import torch
+from pytorch_optimizer import ScheduleFreeAdamW, SPlus
+from torch import nn
+
 from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.callbacks import OptimizerModeCallback
 from fsmtrain.callbacks.optimizer_mode import has_modes
-from pytorch_optimizer import ScheduleFreeAdamW, SPlus
-from torch import nn
 
 
 class ModeSpy(TrainingCallback):

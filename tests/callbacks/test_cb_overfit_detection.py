@@ -1,4 +1,5 @@
 import pytest
+
 from fsmtrain import StopReason, TrainingCallback
 from fsmtrain.callbacks import OverfitDetectionCallback
 from fsmtrain.callbacks.overfit_detection import diverging

@@ -1,5 +1,6 @@
 import optuna
 import pytest
+
 from fsmtrain import CallbackOrderError, CallbackRunner
 from fsmtrain.callbacks import (
     CheckpointCallback,

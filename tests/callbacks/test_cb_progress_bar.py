@@ -2,10 +2,11 @@ import io
 import sys
 
 import torch
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.callbacks import ProgressBarCallback
 from fsmtrain.callbacks.progress_bar import auto_enabled
-from torch import nn
 
 
 class FakeTTY(io.StringIO):

@@ -3,10 +3,11 @@ import math
 import optuna
 import pytest
 import torch
-from fsmtrain import StopReason, Trainer, TrainingCallback, read_events
-from fsmtrain.callbacks import PrunerCallback
 from optuna.trial import TrialState
 from torch import nn
+
+from fsmtrain import StopReason, Trainer, TrainingCallback, read_events
+from fsmtrain.callbacks import PrunerCallback
 
 
 class EndRecorder(TrainingCallback):

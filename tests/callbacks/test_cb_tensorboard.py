@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from fsmtrain import Trainer
 from fsmtrain.app.config import build_callbacks, load_config
 from fsmtrain.callbacks import EarlyStoppingCallback, GradientMonitorCallback, TensorBoardLoggingCallback
-from torch import nn
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 REPO = Path(__file__).resolve().parents[2]

@@ -8,6 +8,9 @@ import textwrap
 import pytest
 import torch
 from callbacks_wandb_history import wandb_history
+from torch import nn
+from wandb.sdk.wandb_run import Run
+
 from fsmtrain import Slot, StopReason, Trainer, TrainingCallback
 from fsmtrain.callbacks import (
     EpochSummaryCallback,
@@ -18,8 +21,6 @@ from fsmtrain.callbacks import (
     WandbLoggingCallback,
 )
 from fsmtrain.callbacks.wandb_logging import epoch_log
-from torch import nn
-from wandb.sdk.wandb_run import Run
 
 
 @pytest.fixture

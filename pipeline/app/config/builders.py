@@ -88,8 +88,9 @@ def build_criterion(cfg: RunConfig) -> Callable[[Any, Any], torch.Tensor]:
 
 def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     """Call the data builder; wrap datasets it returns in seeded loaders. Returns (train, val)."""
-    from fsmtrain.training.data import make_loaders
     from torch.utils.data import DataLoader
+
+    from fsmtrain.training.data import make_loaders
 
     out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     if not isinstance(out, tuple) or len(out) != 2:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 
 MAX_CONFIG_BYTES_ENV = "FSMTRAIN_MAX_CONFIG_BYTES"

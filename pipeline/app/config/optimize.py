@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from pydantic import ValidationError
+
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import (
     ResolveError,
@@ -20,7 +22,6 @@ from fsmtrain.app.config.resolution import (
     resolve_dotted,
 )
 from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
-from pydantic import ValidationError
 
 if TYPE_CHECKING:
     import optuna

@@ -8,10 +8,11 @@ import types
 from collections.abc import Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
 from fsmtrain.app.config.loading import override_of
 from fsmtrain.app.config.problems import ConfigProblem, closest
 from fsmtrain.core.context import BUILTIN_METRICS
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 # What is trained: the fields whose values shape the weights. A resume must keep them (the run's
 # config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,

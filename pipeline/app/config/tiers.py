@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
 from fsmtrain.app.config.resolution import resolution_problems
 from fsmtrain.app.config.schema import RunConfig, schema_problems
-from pydantic import ValidationError
 
 __all__ = ["config_from_dict"]
 

@@ -12,10 +12,11 @@ import math
 from typing import Any
 
 import optuna
-from fsmtrain.callbacks.pruner import PREDICTION_ATTR
 from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from fsmtrain.callbacks.pruner import PREDICTION_ATTR
 
 __all__ = ["PredictedFinalLossPruner"]
 

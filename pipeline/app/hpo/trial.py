@@ -44,6 +44,7 @@ from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
     import optuna
+
     from fsmtrain.app.job import SeedRun
 
 __all__ = [
@@ -145,6 +146,7 @@ def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
 def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     """The objective: train every seed of the trial (see the module docstring for the rules)."""
     import optuna
+
     from fsmtrain.app.job import train_seed
 
     worst = -math.inf if plan.direction == "maximize" else math.inf

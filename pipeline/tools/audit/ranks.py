@@ -321,15 +321,25 @@ class RankedAudit:
     worlds: list[int | None] = field(default_factory=list)  # each segment's, as rank 0's log records them
     ending: str = ""
 
-    def ok(self, strict: bool = False) -> bool:
-        return not self.findings and all(r.ok(strict) for r in self.reports.values())
+    @property
+    def ok(self) -> bool:
+        """No finding across the ranks and no violation in any rank's log."""
+        return not self.findings and all(r.ok for r in self.reports.values())
+
+    @property
+    def ok_strict(self) -> bool:
+        """``ok``, and no rank's log has a warning either."""
+        return not self.findings and all(r.ok_strict for r in self.reports.values())
+
+    def passes(self, strict: bool) -> bool:
+        return self.ok_strict if strict else self.ok
 
     def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.ok(strict) else EXIT_VIOLATIONS
+        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
-            "run_dir": self.run_dir, "ok": self.ok(strict),
+            "run_dir": self.run_dir, "ok": self.passes(strict),
             "world_size": self.world_size if self.world_size is not None else len(self.reports),
             "segment_world_sizes": self.worlds, "ending": self.ending,
             "ranks": {str(r): rep.to_dict(strict) for r, rep in self.reports.items()},
@@ -354,7 +364,7 @@ class RankedAudit:
             out.append(f"== ranks: FAILED (world size {world}; logs of rank(s) "
                        f"{', '.join(map(str, self.reports))})")
         out += [f"  {f.render()}" for f in self.findings]
-        out.append(f"audit {self.run_dir}: {'OK' if self.ok(strict) else 'FAILED'}")
+        out.append(f"audit {self.run_dir}: {'OK' if self.passes(strict) else 'FAILED'}")
         return "\n".join(out) + "\n"
 
 

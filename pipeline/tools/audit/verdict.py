@@ -138,16 +138,26 @@ class AuditReport:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
-    def ok(self, strict: bool = False) -> bool:
-        return not self.violations and not (strict and self.warnings)
+    @property
+    def ok(self) -> bool:
+        """No violation (warnings allowed)."""
+        return not self.violations
+
+    @property
+    def ok_strict(self) -> bool:
+        """No violation and no warning."""
+        return self.ok and not self.warnings
+
+    def passes(self, strict: bool) -> bool:
+        return self.ok_strict if strict else self.ok
 
     def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.ok(strict) else EXIT_VIOLATIONS
+        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
             "path": self.path,
-            "ok": self.ok(strict),
+            "ok": self.passes(strict),
             "strict": strict,
             "lines": self.lines,
             "chain": asdict(self.chain),
@@ -160,7 +170,7 @@ class AuditReport:
 
     def render(self, strict: bool = False) -> str:
         ex = self.explanation
-        status = "OK" if self.ok(strict) else (
+        status = "OK" if self.passes(strict) else (
             f"FAILED ({len(self.violations)} violation(s)" + (f", {len(self.warnings)} warning(s) under --strict)"
                                                                if strict and self.warnings else ")"))
         out = [f"audit {self.path}: {status}, {self.lines} lines, run {ex.run_id or '?'}",

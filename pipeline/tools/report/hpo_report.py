@@ -225,6 +225,7 @@ def _storage_arg(text: str) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
+
     from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

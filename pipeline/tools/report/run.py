@@ -403,7 +403,7 @@ def _time_plots(data: RunData) -> list[str]:
 
 
 def _audit_panel(report: AuditReport) -> str:
-    ok = report.ok()
+    ok = report.ok
     verdict = "OK" if ok else f"FAILED: {len(report.violations)} violation(s)"
     if report.warnings:
         verdict += f", {len(report.warnings)} warning(s)"
@@ -424,7 +424,7 @@ def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
                 _checkpoint_panel(data), *_time_plots(data), _audit_panel(report)]
     ex = report.explanation
     summary = (f"{ex.stop_reason or 'unfinished'} after {ex.epochs_completed} epoch(s); audit "
-               f"{'OK' if report.ok() else 'FAILED'}; {data.lines} log lines")
+               f"{'OK' if report.ok else 'FAILED'}; {data.lines} log lines")
     batch = describe_global_batch(data.global_batch)
     if batch is not None:
         summary += f"; global batch {batch}"
