@@ -62,12 +62,11 @@ class TorchCollective:
     """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
 
     It is also the run's :class:`~fsmtrain.core.consensus.FailureBoard`: a key in the rendezvous
-    store that ``env://`` names (``MASTER_ADDR``/``MASTER_PORT``: torchrun's agent, which outlives a
-    rank that failed), reached through a client of its own. The wait at an agreement point is bounded: it ends as soon as another
-    rank's failure is posted (:class:`~fsmtrain.core.consensus.RankFailed`), or after
-    ``agreement_timeout_s`` (:class:`~fsmtrain.core.consensus.AgreementTimeout`), instead of the
-    collective's own timeout; so a ``Trainer`` in a process group of the user's own, without an
-    agent to end the others, does not hang on a rank that failed."""
+    store that ``env://`` names (``MASTER_ADDR``/``MASTER_PORT``: torchrun's agent, which outlives
+    a rank that failed), reached through a client of its own. The wait at an agreement point ends
+    as soon as another rank's failure is posted (:class:`~fsmtrain.core.consensus.RankFailed`), or
+    after ``agreement_timeout_s`` (:class:`~fsmtrain.core.consensus.AgreementTimeout`), so a
+    ``Trainer`` in a process group of the user's own does not hang on a rank that failed."""
 
     def __init__(self, device: torch.device, agreement_timeout_s: float = 600.0) -> None:
         if not dist.is_initialized():
@@ -78,19 +77,20 @@ class TorchCollective:
         self.agreement_timeout_s = agreement_timeout_s
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._topic = "unbound"
-        self._board_store: dist.Store | None = None
+        self._board_store: Any = None  # a torch.distributed.TCPStore client, made on first use
 
     def bind(self, topic: str) -> None:
         """Name the run whose failures this collective posts and reads (the same on every rank)."""
         self._topic = topic
 
-    def _store(self) -> dist.Store:
+    def _store(self) -> Any:
         if self._board_store is None:
             host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
             if not host or not port:
                 raise RuntimeError("the failure board needs the rendezvous store of env:// (MASTER_ADDR and "
                                    "MASTER_PORT), as torchrun sets them; this process group was made without")
-            self._board_store = dist.TCPStore(host, int(port), is_master=False,
+            # documented as torch.distributed.TCPStore; torch's __init__ does not re-export it for type checkers
+            self._board_store = dist.TCPStore(host, int(port), is_master=False,  # type: ignore[attr-defined]
                                               timeout=timedelta(seconds=self.agreement_timeout_s))
         return self._board_store
 
