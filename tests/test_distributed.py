@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _config(tmp: Path, *, extra: list[dict[str, Any]] = (), **changes: Any) -> Path:  # type: ignore[assignment]
+def _config(tmp: Path, *, extra: Sequence[dict[str, Any]] = (), **changes: Any) -> Path:
     cfg = yaml.safe_load(QUICKSTART.read_text())
     cfg.update(epochs=5, wandb={"enabled": False})
     cfg["data_config"]["n_samples"] = 512
@@ -349,7 +350,7 @@ def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> No
 
     # 205 rows: 51 validation rows (shards of 26 and 25), 154 training rows; no learning (lr 0), so
     # every figure is a function of the data and the initial weights alone.
-    changes = dict(data_config={"n_samples": 205, "n_features": 8, "val_fraction": 0.25}, epochs=1,
+    changes: dict[str, Any] = dict(data_config={"n_samples": 205, "n_features": 8, "val_fraction": 0.25}, epochs=1,
                    optimizer="torch.optim.SGD", optimizer_config={"lr": 0.0}, scheduler=None, scheduler_config={},
                    metrics={"val_mae": "torch.nn.functional.l1_loss"}, batch_size=16)
     single, multi = tmp_path / "one", tmp_path / "two"
@@ -405,11 +406,12 @@ def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
                 sampler.set_epoch(epoch)
                 got = list(sampler)
                 if seed + epoch < 2**64:  # the range torch takes: exactly its order
-                    plain = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=seed)
+                    plain: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
+                                                                        seed=seed)
                     plain.set_epoch(epoch)
                     assert got == list(plain)
                 else:
-                    twin = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
-                                              seed=(seed + epoch) % 2**64)
+                    twin: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
+                                                                       seed=(seed + epoch) % 2**64)
                     assert got == list(twin)
                 assert sampler.seed == seed  # the wrap is local to the draw

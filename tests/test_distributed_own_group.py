@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ os._exit(0)  # this script's choice: its group may still wait on the rank that w
 """
 
 
-def _run(mode: str) -> tuple[dict[str, object], float]:
+def _run(mode: str) -> tuple[dict[str, Any], float]:
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, mode], env=env(
         RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port), stdout=subprocess.PIPE,

@@ -103,7 +103,7 @@ def test_any_schedule_ends_once_along_the_table(
     engine = Engine(ListDriver(batches), CallbackRunner([cb]), run, strict=strict)
     raised: BaseException | None = None
     try:
-        result = engine.execute()
+        engine.execute()
     except (Action, KeyboardInterrupt) as exc:
         raised = exc
     assert log.records is not None

@@ -155,7 +155,7 @@ def test_study_opens_everywhere_and_the_report_agrees(tmp_path: Path, monkeypatc
         assert report["best"]["number"] == study.best_trial.number
         assert report["best"]["value"] == study.best_value and report["best"]["params"] == study.best_params
         assert report["best"]["run_dirs"] == study.best_trial.user_attrs["run_dirs"]
-        assert [t["value"] for t in report["top"]] == sorted(t.value for t in complete)[:5]
+        assert [t["value"] for t in report["top"]] == sorted(t.value for t in complete if t.value is not None)[:5]
     for trial in study.trials:
         _audited(trial, "s")
     assert main(["hpo-report", "runs/quickstart/s", "--study", "nope"]) == 2
@@ -227,7 +227,7 @@ def test_live_display_on_a_terminal() -> None:
     """Trial lines scroll; the status line (done of total, running, pruned, failed, best) is redrawn."""
     import io
 
-    from optuna.distributions import FloatDistribution
+    from optuna.distributions import BaseDistribution, FloatDistribution
     from optuna.trial import create_trial
 
     from fsmtrain.app.hpo.monitor import Monitor
@@ -235,7 +235,7 @@ def test_live_display_on_a_terminal() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()
     mine = {"worker": {"host": "h", "pid": 1, "launch": "L"}}
-    dist = {"optimizer_config.lr": FloatDistribution(1e-3, 1e-1, log=True)}
+    dist: dict[str, BaseDistribution] = {"optimizer_config.lr": FloatDistribution(1e-3, 1e-1, log=True)}
     out = io.StringIO()
     monitor = Monitor(study, "L", 5, out, live=True)
     for state, value, attrs in ((TrialState.COMPLETE, 0.5, {}), (TrialState.COMPLETE, 0.25, {}),

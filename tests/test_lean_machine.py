@@ -41,6 +41,7 @@ def _spec(guards: dict[L.Guard, Any], log: list[str], refuse: set[int]) -> list[
 def _machine(cls: type[Machine], facts: dict[str, bool], log: list[str], refuse: set[int] | None = None) -> Any:
     class Model:
         state: str
+        machine: Machine
 
     guards = {g: (lambda g=g: facts[g.value]) for g in L.Guard}
     model = Model()

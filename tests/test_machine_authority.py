@@ -90,7 +90,7 @@ def test_a_stubbed_machine_cannot_run_a_training(monkeypatch: pytest.MonkeyPatch
 def _permissive(model: Any, guards: Mapping[Guard, Callable[[], bool]], handlers: Any) -> Any:
     """A real ``transitions`` machine that believes there is always another batch and never a stop."""
     facts = {Guard.HAS_BATCH: True, Guard.IMMEDIATE_STOP: False, Guard.CAN_CONTINUE: True, Guard.FAULTED: True}
-    return build_machine(model, {g: (lambda v=facts[g]: v) for g in guards}, handlers)
+    return build_machine(model, {g: facts[g].__bool__ for g in guards}, handlers)
 
 
 class SeesBatches(TrainingCallback):

@@ -122,7 +122,7 @@ def test_fp16_steps_unless_it_overflows_and_the_scaler_state_is_checkpointed(tmp
     skipped = round(math.log2(65536.0 / trainer.precision.scaler.get_scale()))  # each overflow halves the scale
     assert steps.steps >= 1 and steps.steps + skipped == 6
     state = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
-    assert state["scaler"]["scale"] == trainer.precision.scaler.get_scale()  # type: ignore[union-attr]
+    assert state["scaler"]["scale"] == trainer.precision.scaler.get_scale()
 
 
 def test_an_unknown_precision_is_refused() -> None:
