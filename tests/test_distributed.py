@@ -126,7 +126,7 @@ def test_two_ranks_train_the_quickstart_as_one_run(tmp_path: Path) -> None:
     for k in rank0:
         assert torch.equal(rank0[k], rank1[k]), k
         assert torch.equal(rank0[k], final[k]), k
-    assert sorted(p.name for p in run_dir.iterdir() if p.is_file()) == [  # no .lock once it ended (issue 23)
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_file()) == [  # no .lock once it ended
         "config.yaml", "events-rank1.jsonl", "events.jsonl", "lifecycle.mmd", "metrics.csv", "model.pt"]
     assert len(list((tmp_path / "runs").rglob("config.yaml"))) == 1
     # Rank 0 alone wrote them, and the folder holds what its log commits: the two newest periodic
@@ -286,8 +286,8 @@ def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("epoch", [2, 4])
 def test_every_rank_killed_after_the_commit_before_its_epoch_line_audits_clean(tmp_path: Path, epoch: int) -> None:
-    """Found by the kill -9 test above, 1 run in 6: both ranks killed once rank 0 had committed an
-    epoch's checkpoint and before either logged that epoch. Rank 1's log holds no checkpoint lines
+    """Both ranks killed once rank 0 has committed an epoch's checkpoint and before either logged that
+    epoch (the kill -9 test above meets this about 1 run in 6). Rank 1's log holds no checkpoint lines
     (rank 0 writes them), so its resume to the next epoch must be checked against what its resume
     line records and rank 0's log; and when that epoch was the last, the result's last_val_loss is
     an epoch the log never got."""
@@ -390,8 +390,8 @@ def test_cuda_ranks(tmp_path: Path, device: str) -> None:
 
 
 def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
-    """Seed -1 (data seed 2**64 - 1) died at epoch 1 with "Overflow when unpacking long long" on
-    several ranks: DistributedSampler seeds with seed + epoch. It wraps now; in range, torch's order."""
+    """DistributedSampler seeds with seed + epoch, which overflows for seed -1 (data seed 2**64 - 1)
+    at epoch 1 ("Overflow when unpacking long long"): the sum wraps; in range, it is torch's order."""
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from fsmtrain.training.distributed import shard_train_loader

@@ -1,6 +1,6 @@
 """A ``Trainer`` in a process group of the user's own (no torchrun, no agent to end the others):
 when one rank fails, or hangs, the others do not wait for ``distributed.timeout_s`` (1,800 s by
-default) at the next agreement point (issue 26, item 4).
+default) at the next agreement point.
 
 Two plain Python processes join a gloo group with ``init_process_group`` and train with the public
 ``Trainer``; rank 1 fails (or hangs) in ``on_epoch_end`` of epoch index 1, while rank 0 waits at the
