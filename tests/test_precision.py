@@ -14,7 +14,7 @@ from fsmtrain import Trainer
 from fsmtrain.app.config import load_config
 from fsmtrain.app.job import train_seed
 from fsmtrain.callbacks import GradientMonitorCallback
-from fsmtrain.core.context import StepContext
+from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
 
@@ -59,8 +59,8 @@ class _Record(TrainingCallback):
     def __init__(self) -> None:
         self.norms: list[float | None] = []
 
-    def on_epoch_end(self, epoch: object) -> None:
-        self.norms.append(epoch.get(MAX_GRAD_NORM))  # type: ignore[attr-defined]
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        self.norms.append(epoch.get(MAX_GRAD_NORM))
 
 
 def test_an_fp16_gradient_norm_of_1e5_is_reported_finite() -> None:
