@@ -31,7 +31,7 @@ def wandb_history(run_root: Path) -> list[dict[str, Any]]:
             pending += chunk
         if kind not in (1, 4):
             continue
-        record = pb.Record()
+        record = pb.Record()  # type: ignore[attr-defined]  # star-imported from the protobuf version's module
         record.ParseFromString(pending)
         if record.WhichOneof("record_type") == "history":
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)

@@ -17,7 +17,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
-# What a clean exit never prints (the flaky exit of issue 26, and its guard in the CLI's teardown).
+# What a clean exit never prints: a rank's threads outliving its process group's shutdown.
 TEARDOWN_FAULTS = ("terminate called", "threads still run after its shutdown")
 
 

@@ -56,8 +56,7 @@ class SignalAtTheEnd(TrainingCallback):
 
 class SlowEpochs(TrainingCallback):
     """Each epoch takes ``seconds`` longer: a trial a test catches running (two epochs reported) is
-    still running when its signal lands, however busy the machine (found in CI: a 40-epoch trial of
-    1.7 s had ended before the test's Ctrl-C reached it)."""
+    still running when its signal lands, however busy the machine (a whole trial can take under 2 s)."""
 
     def __init__(self, seconds: float = 0.1) -> None:
         self.seconds = seconds

@@ -28,7 +28,7 @@ TINY: dict[str, Any] = {
     "epochs": 3, "batch_size": 32, "scheduler": None, "wandb": {"enabled": False},
     "early_stopping": {"enabled": True, "patience": 2}, "checkpoint": {"enabled": True, "keep_last_k": 1},
 }
-LR_SPACE = {"optimizer_config.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}
+LR_SPACE: dict[str, dict[str, Any]] = {"optimizer_config.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}
 
 
 def study_config(directory: Path, optimize: dict[str, Any], name: str = "study.yaml", **changes: Any) -> Path:

@@ -82,12 +82,12 @@ def test_a_hook_assigned_on_the_instance_is_refused() -> None:
 class SeedStyle(TrainingCallback):
     """The seed document's hook: several positional arguments and **kwargs."""
 
-    def on_val_end(self, trainer, epoch, val_loss, metrics, **kwargs):  # type: ignore[no-untyped-def, override]
+    def on_val_end(self, trainer, epoch, val_loss, metrics, **kwargs):  # type: ignore[override]
         return None
 
 
 class SeedTrainEnd(TrainingCallback):
-    def on_train_end(self, trainer, **kw):  # type: ignore[no-untyped-def, override]
+    def on_train_end(self, trainer, **kw):  # type: ignore[override]
         return None
 
 

@@ -81,7 +81,7 @@ def test_multi_seed_mean_and_same_seed_bit_identical(tmp_path: Path) -> None:
     assert proc.returncode == ExitCode.OK, proc.stderr
 
     def weights(path: Path) -> dict[str, torch.Tensor]:
-        return torch.load(path / "model.pt", weights_only=True)  # type: ignore[no-any-return]
+        return torch.load(path / "model.pt", weights_only=True)
 
     first, again = weights(tmp_path / "a" / "mlp-regression-seed1"), weights(tmp_path / "b" / "mlp-regression-seed1")
     other = weights(tmp_path / "a" / "mlp-regression-seed2")
@@ -250,4 +250,4 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path, command: str) ->
     finally:
         os.close(write_end)
     assert proc.stderr == "", proc.stderr
-    assert proc.returncode == ExitCode.BROKEN_PIPE == 141
+    assert proc.returncode == ExitCode.BROKEN_PIPE.value == 141

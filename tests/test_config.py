@@ -114,7 +114,8 @@ def test_schema_types_ranges_and_seeds() -> None:
 
 
 def test_seeds_are_bounded_to_what_torch_manual_seed_accepts() -> None:
-    """2**64 passed validate and then died in training with "Overflow when unpacking long long"."""
+    """validate refuses a seed torch cannot take (2**64 would die in training with "Overflow when
+    unpacking long long")."""
     found = problems(minimal(seeds=[2**64, 3, -(2**63) - 1]))["seeds"]
     assert found.expected == ("seeds from -2**63 to 2**64-1 (what torch.manual_seed accepts); "
                               "18446744073709551616, -9223372036854775809 outside that range")
@@ -208,8 +209,8 @@ def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["val_loss", "train_loss", "lr"])
 def test_a_metric_named_like_a_builtin_one_is_refused(name: str) -> None:
-    """Found: `metrics: {val_loss: ...accuracy}` trained, and early stopping, best checkpoint and the
-    objective all ran on accuracy, minimised."""
+    """A user metric may not take a built-in name: `metrics: {val_loss: ...accuracy}` would have early
+    stopping, the best checkpoint and the objective all minimise accuracy."""
     accuracy = "fsmtrain.training.models.accuracy"
     found = problems(minimal(metrics={name: accuracy, "acc": accuracy}))
     assert set(found) == {"metrics"}
@@ -218,8 +219,8 @@ def test_a_metric_named_like_a_builtin_one_is_refused(name: str) -> None:
 
 
 def test_a_loss_function_takes_output_and_target_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: `criterion: torch.nn.functional.mse_loss` (the README says "loss class or function") was
-    refused, asking criterion_config for `input` and `target`: the call's own two arguments."""
+    """A loss function (the README says "loss class or function") gets output and target from fsmtrain:
+    criterion_config supplies only its other arguments, checked by name."""
     (tmp_path / "mylosses.py").write_text(
         "def scaled(output, target, scale):\n    return scale * ((output - target) ** 2).mean()\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # a user's function is imported, torch's read from source

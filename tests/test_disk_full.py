@@ -214,6 +214,7 @@ def test_a_file_larger_than_the_free_blocks_is_not_begun(tmp_path: Path) -> None
         check_room(tmp_path / "epoch_1.pt", free + (1 << 40))
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "epoch_1.pt")
     error = CheckpointWriteError.of(caught.value, 0, tmp_path / "epoch_1.pt", free + (1 << 40))
+    assert error.strerror is not None
     assert error.disk_full and error.strerror.startswith(
         f"the checkpoint of epoch 1 could not be written: no space left writing {tmp_path / 'epoch_1.pt'} (device ")
     assert error.strerror.endswith(f"; it needs at least {free + (1 << 40)} bytes; the checkpoints committed "

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _config(tmp: Path, *, extra: list[dict[str, Any]] = (), **changes: Any) -> Path:  # type: ignore[assignment]
+def _config(tmp: Path, *, extra: Sequence[dict[str, Any]] = (), **changes: Any) -> Path:
     cfg = yaml.safe_load(QUICKSTART.read_text())
     cfg.update(epochs=5, wandb={"enabled": False})
     cfg["data_config"]["n_samples"] = 512
@@ -125,7 +126,7 @@ def test_two_ranks_train_the_quickstart_as_one_run(tmp_path: Path) -> None:
     for k in rank0:
         assert torch.equal(rank0[k], rank1[k]), k
         assert torch.equal(rank0[k], final[k]), k
-    assert sorted(p.name for p in run_dir.iterdir() if p.is_file()) == [  # no .lock once it ended (issue 23)
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_file()) == [  # no .lock once it ended
         "config.yaml", "events-rank1.jsonl", "events.jsonl", "lifecycle.mmd", "metrics.csv", "model.pt"]
     assert len(list((tmp_path / "runs").rglob("config.yaml"))) == 1
     # Rank 0 alone wrote them, and the folder holds what its log commits: the two newest periodic
@@ -285,8 +286,8 @@ def test_resume_after_kill_9_of_every_process_is_bit_identical(tmp_path: Path) -
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("epoch", [2, 4])
 def test_every_rank_killed_after_the_commit_before_its_epoch_line_audits_clean(tmp_path: Path, epoch: int) -> None:
-    """Found by the kill -9 test above, 1 run in 6: both ranks killed once rank 0 had committed an
-    epoch's checkpoint and before either logged that epoch. Rank 1's log holds no checkpoint lines
+    """Both ranks killed once rank 0 has committed an epoch's checkpoint and before either logged that
+    epoch (the kill -9 test above meets this about 1 run in 6). Rank 1's log holds no checkpoint lines
     (rank 0 writes them), so its resume to the next epoch must be checked against what its resume
     line records and rank 0's log; and when that epoch was the last, the result's last_val_loss is
     an epoch the log never got."""
@@ -349,7 +350,7 @@ def test_epoch_metrics_are_global_means_over_uneven_shards(tmp_path: Path) -> No
 
     # 205 rows: 51 validation rows (shards of 26 and 25), 154 training rows; no learning (lr 0), so
     # every figure is a function of the data and the initial weights alone.
-    changes = dict(data_config={"n_samples": 205, "n_features": 8, "val_fraction": 0.25}, epochs=1,
+    changes: dict[str, Any] = dict(data_config={"n_samples": 205, "n_features": 8, "val_fraction": 0.25}, epochs=1,
                    optimizer="torch.optim.SGD", optimizer_config={"lr": 0.0}, scheduler=None, scheduler_config={},
                    metrics={"val_mae": "torch.nn.functional.l1_loss"}, batch_size=16)
     single, multi = tmp_path / "one", tmp_path / "two"
@@ -389,8 +390,8 @@ def test_cuda_ranks(tmp_path: Path, device: str) -> None:
 
 
 def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
-    """Seed -1 (data seed 2**64 - 1) died at epoch 1 with "Overflow when unpacking long long" on
-    several ranks: DistributedSampler seeds with seed + epoch. It wraps now; in range, torch's order."""
+    """DistributedSampler seeds with seed + epoch, which overflows for seed -1 (data seed 2**64 - 1)
+    at epoch 1 ("Overflow when unpacking long long"): the sum wraps; in range, it is torch's order."""
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from fsmtrain.training.distributed import shard_train_loader
@@ -405,11 +406,12 @@ def test_a_data_seed_near_2_to_the_64_shuffles_every_epoch() -> None:
                 sampler.set_epoch(epoch)
                 got = list(sampler)
                 if seed + epoch < 2**64:  # the range torch takes: exactly its order
-                    plain = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=seed)
+                    plain: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
+                                                                        seed=seed)
                     plain.set_epoch(epoch)
                     assert got == list(plain)
                 else:
-                    twin = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
-                                              seed=(seed + epoch) % 2**64)
+                    twin: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True,
+                                                                       seed=(seed + epoch) % 2**64)
                     assert got == list(twin)
                 assert sampler.seed == seed  # the wrap is local to the draw

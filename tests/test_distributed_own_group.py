@@ -1,6 +1,6 @@
 """A ``Trainer`` in a process group of the user's own (no torchrun, no agent to end the others):
 when one rank fails, or hangs, the others do not wait for ``distributed.timeout_s`` (1,800 s by
-default) at the next agreement point (issue 26, item 4).
+default) at the next agreement point.
 
 Two plain Python processes join a gloo group with ``init_process_group`` and train with the public
 ``Trainer``; rank 1 fails (or hangs) in ``on_epoch_end`` of epoch index 1, while rank 0 waits at the
@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ os._exit(0)  # this script's choice: its group may still wait on the rank that w
 """
 
 
-def _run(mode: str) -> tuple[dict[str, object], float]:
+def _run(mode: str) -> tuple[dict[str, Any], float]:
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, mode], env=env(
         RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port), stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Beyond one agent on one machine (issue 26, items 1 and 2), and what ranks change (issue 23, item 4).
+"""Beyond one agent on one machine, and what ranks change.
 
 - **Multi-node.** Two torchrun agents on this machine, as node 0 and node 1 (``--nnodes 2``, c10d
   rendezvous on localhost), one rank each:

@@ -1,12 +1,11 @@
-"""Multi-process runs that stop on one rank's account pass ``fsmtrain audit`` (issue 27, item 1),
-and one rank's exception ends every rank at once, each log naming it (issue 26, item 4).
+"""Multi-process runs that stop on one rank's account pass ``fsmtrain audit``, and one rank's
+exception ends every rank at once, each log naming it.
 
-Found: ``fsmtrain train $C --nproc 2 --set epochs=40 --set early_stopping.patience=2; fsmtrain audit
-RUN`` exited 1 with "[stop_request] claims to override a 'early_stop' request that was never
-accepted": every rank's early stopping asks in the same epoch, the ranks agree on rank 0's request,
-and rank 1 logs it in place of its own. The same with NaN on one rank (rank 1's NaN reaches every
-rank's losses through DDP and the summed metrics). And an exception on rank 1 failed the audit
-("ranks disagree"), while the console blamed rank 0's gloo error ("Connection closed by peer").
+When every rank's early stopping asks in the same epoch, the ranks agree on rank 0's request and
+rank 1 logs it in place of its own: the audit reads that as the agreed stop, not as an override of a
+request never accepted. The same for NaN on one rank (it reaches every rank's losses through DDP and
+the summed metrics). An exception on rank 1 is named as rank 1's, in every log and on the console,
+not as rank 0's gloo error ("Connection closed by peer").
 
 Each case is one real ``fsmtrain train --nproc 2`` (gloo, two CPU processes), run once per module.
 """

@@ -1,11 +1,10 @@
-"""A rank ends its process group, and every thread of it, in teardown (issue 26, the flaky exit).
+"""A rank ends its process group, and every thread of it, in teardown.
 
-Found: in a full suite run under load, rank 1 of a two-rank run printed ``terminate called without
-an active exception`` and exited 134 after the console printed ``exit code 0 (OK)``. The cause: DDP
-imports ``torch.distributed.nn.functional``, whose functions take ``group.WORLD`` as a default
-argument; imported after the group exists, those defaults held the group after
-``destroy_process_group``, so its gloo threads ran on until the interpreter's own teardown joined
-them. The test runs one real gloo rank (world size 1, so it needs no second process) through what a
+A gloo thread still running at the interpreter's own teardown can print ``terminate called without
+an active exception`` and exit 134 after the console said ``exit code 0 (OK)``. DDP imports
+``torch.distributed.nn.functional``, whose functions take ``group.WORLD`` as a default argument:
+imported after the group exists, those defaults hold the group past ``destroy_process_group``.
+The test runs one real gloo rank (world size 1, so it needs no second process) through what a
 worker does, and reads the process's native threads from ``/proc``.
 """
 

@@ -1,4 +1,4 @@
-"""Resume on another world size (issue 26, item 3): a run recorded on N ranks continues on M ranks
+"""Resume on another world size: a run recorded on N ranks continues on M ranks
 from the epoch boundary of its newest committed checkpoint.
 
 - A 2-rank run killed (``kill -9`` of the launcher and its workers) at epoch 3 is resumed with

@@ -103,7 +103,7 @@ def test_any_schedule_ends_once_along_the_table(
     engine = Engine(ListDriver(batches), CallbackRunner([cb]), run, strict=strict)
     raised: BaseException | None = None
     try:
-        result = engine.execute()
+        engine.execute()
     except (Action, KeyboardInterrupt) as exc:
         raised = exc
     assert log.records is not None
@@ -133,10 +133,10 @@ def test_any_schedule_ends_once_along_the_table(
 
 
 def test_a_signal_between_the_facts_and_the_guards_waits_for_the_next_boundary() -> None:
-    """Found in CI (a SIGTERM in test_resume, a Ctrl-C in test_hpo_workers): the signal arrived after
-    the engine took the facts at epoch_begin and before the machine read its guards; the guard saw it
-    and fired ``stop_now``, the facts did not, and the run died of a LifecycleError instead of
-    ending INTERRUPTED. Here the signal lands in exactly that gap."""
+    """A signal that arrives after the engine took the facts at epoch_begin and before the machine
+    reads its guards waits for the next boundary: were the guard to see it and fire ``stop_now``
+    while the facts did not, the run would die of a LifecycleError instead of ending INTERRUPTED.
+    Here the signal lands in exactly that gap."""
     log = EventLog(None, "s", console=None, keep=True)
     run = RunContext("s", 3, log)
     engine = Engine(ListDriver(2), CallbackRunner([]), run)

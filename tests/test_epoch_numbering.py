@@ -1,4 +1,4 @@
-"""One epoch numbering for everything a person reads (issue 9): a 20-epoch quickstart's console,
+"""One epoch numbering for everything a person reads: a 20-epoch quickstart's console,
 checkpoint names, audit text and diagram all count epochs 1..20."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ PrunerCallback, against a real Optuna study."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import pytest
@@ -85,7 +85,8 @@ def _frozen(prediction: dict[str, Any] | None, step: int = 12) -> optuna.trial.F
     ("maximize", 1.0, 0.8, True),
     ("maximize", 1.0, 0.95, False),
 ])
-def test_decision_follows_direction_and_margin(direction: str, best: float, predicted: float, prunes: bool) -> None:
+def test_decision_follows_direction_and_margin(direction: Literal["minimize", "maximize"], best: float,
+                                               predicted: float, prunes: bool) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction=direction)
     study.add_trial(create_trial(value=best, params={"x": 0.1}, distributions={"x": FloatDistribution(0, 1)}))

@@ -1,4 +1,4 @@
-"""HPO never repeats and never forgets (issue 27, items 3 and 4): real studies on real storage, real
+"""HPO never repeats and never forgets: real studies on real storage, real
 processes killed with real signals.
 
 - a replacement worker gets a sampler seed no earlier worker of the study took;
@@ -71,10 +71,10 @@ def test_a_process_is_gone_only_when_this_host_can_prove_it() -> None:
 
 
 def test_a_retry_just_taken_by_a_worker_is_not_failed_for_the_lost_trials_process(tmp_path: Path) -> None:
-    """Found (two journal workers running the retries of a study stopped by Ctrl-C): a retry inherited
-    the lost trial's worker record. Between a worker taking it (RUNNING) and recording itself, the
-    other worker's check before its next trial read the dead process of the first run as the retry's,
-    failed it, and the worker running it died on "Cannot tell a FAIL trial"."""
+    """A retry carries the lost trial's worker record until the worker that took it (RUNNING) records
+    itself. In that gap another worker's check before its next trial must not read the first run's
+    dead process as the retry's and fail it (the worker running it would die on "Cannot tell a FAIL
+    trial")."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="s", storage=journal(tmp_path / "study.journal"))
     done = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -132,8 +132,8 @@ def _committed(trial: optuna.trial.FrozenTrial) -> bool:
 def _running(storage: Any, exclude: frozenset[int] = frozenset(), epochs: int = 2) -> Any:
     """A poll for a RUNNING trial (not in ``exclude``) that reported ``epochs`` epochs and committed a
     checkpoint: (number, pid). Reported epochs alone are not enough: the checkpoint of an epoch is
-    committed once its background write is durable, which on a busy machine can be epochs later
-    (found: a trial killed after two epochs had nothing committed, and its retry rightly started over)."""
+    committed once its background write is durable, which on a busy machine can be epochs later (a
+    trial killed with nothing committed rightly starts over, and the test would see no resume)."""
     def poll() -> tuple[int, int] | None:
         try:
             trials = load(storage()).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -185,8 +185,8 @@ def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial
 @pytest.mark.slow
 @pytest.mark.timeout(200)  # the grace period alone is 120 s
 def test_a_killed_sqlite_study_is_retried_at_once_and_counts_the_retry(tmp_path: Path) -> None:
-    """Found: after `kill -9` on SQLite a re-run waited the whole 120 s grace period on the dead
-    trial; and `--n-trials 3` then ran 4 trials."""
+    """After `kill -9` on SQLite a re-run fails the dead trial at once, not after the 120 s grace
+    period, and `--n-trials 3` counts its retry among the 3."""
     cfg = study_config(tmp_path, {"n_trials": 3, **SEEDED}, **MID_TRIALS)
     db = tmp_path / "runs" / "quickstart" / "s" / "study.db"
     url = f"sqlite:///{db}"
@@ -246,7 +246,7 @@ def test_a_trial_failed_under_its_live_worker_stops_its_run_and_the_worker_goes_
 @pytest.mark.parametrize("workers", [1, 2])
 def test_trials_stopped_by_ctrl_c_are_retried_and_resume_when_the_study_runs_again(workers: int,
                                                                                    tmp_path: Path) -> None:
-    """Found: Ctrl-C marked the running trials FAIL, and a later `hpo` never retried them."""
+    """Trials stopped by Ctrl-C are not failed: a later `hpo` retries them, and their runs resume."""
     cfg = study_config(tmp_path, {"n_trials": 10, **SEEDED}, **MID_TRIALS)
     folder = tmp_path / "runs" / "quickstart" / "s"
     path = folder / ("study.journal" if workers > 1 else "study.db")
@@ -278,9 +278,9 @@ def test_trials_stopped_by_ctrl_c_are_retried_and_resume_when_the_study_runs_aga
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_killing_one_of_two_journal_workers_five_times_repeats_nothing_and_loses_nothing(tmp_path: Path) -> None:
-    """Found: after `kill -9` of one of `--workers 2` (journal), the replacement worker proposed the
-    dead worker's first parameters again (trial 4 = trial 0). Five commands on one study, each with
-    one of its two workers killed mid-trial."""
+    """A replacement for a `kill -9`ed worker of `--workers 2` (journal) proposes new parameters, not
+    the dead worker's again. Five commands on one study, each with one of its two workers killed
+    mid-trial."""
     cfg = study_config(tmp_path, {"n_trials": 6, **SEEDED}, **MID_TRIALS)
     path = tmp_path / "runs" / "quickstart" / "s" / "study.journal"
     killed: list[int] = []

@@ -155,7 +155,7 @@ def test_study_opens_everywhere_and_the_report_agrees(tmp_path: Path, monkeypatc
         assert report["best"]["number"] == study.best_trial.number
         assert report["best"]["value"] == study.best_value and report["best"]["params"] == study.best_params
         assert report["best"]["run_dirs"] == study.best_trial.user_attrs["run_dirs"]
-        assert [t["value"] for t in report["top"]] == sorted(t.value for t in complete)[:5]
+        assert [t["value"] for t in report["top"]] == sorted(t.value for t in complete if t.value is not None)[:5]
     for trial in study.trials:
         _audited(trial, "s")
     assert main(["hpo-report", "runs/quickstart/s", "--study", "nope"]) == 2
@@ -227,7 +227,7 @@ def test_live_display_on_a_terminal() -> None:
     """Trial lines scroll; the status line (done of total, running, pruned, failed, best) is redrawn."""
     import io
 
-    from optuna.distributions import FloatDistribution
+    from optuna.distributions import BaseDistribution, FloatDistribution
     from optuna.trial import create_trial
 
     from fsmtrain.app.hpo.monitor import Monitor
@@ -235,7 +235,7 @@ def test_live_display_on_a_terminal() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study()
     mine = {"worker": {"host": "h", "pid": 1, "launch": "L"}}
-    dist = {"optimizer_config.lr": FloatDistribution(1e-3, 1e-1, log=True)}
+    dist: dict[str, BaseDistribution] = {"optimizer_config.lr": FloatDistribution(1e-3, 1e-1, log=True)}
     out = io.StringIO()
     monitor = Monitor(study, "L", 5, out, live=True)
     for state, value, attrs in ((TrialState.COMPLETE, 0.5, {}), (TrialState.COMPLETE, 0.25, {}),
@@ -258,8 +258,8 @@ def test_live_display_on_a_terminal() -> None:
 
 def test_a_second_command_on_a_seeded_study_proposes_new_parameters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found: each `fsmtrain hpo` on an existing study seeded its sampler with the configured seed
-    again, so trials 0, 3 and 4 got the same parameters."""
+    """Each `fsmtrain hpo` on an existing study seeds its sampler anew, not with the configured seed
+    again (which would propose the first command's parameters a second time)."""
     cfg = study_config(tmp_path, {"n_trials": 2, "search_space": LR_SPACE, "sampler": "RandomSampler",
                                   "sampler_config": {"seed": 3}})
     for _ in range(3):
@@ -276,8 +276,8 @@ def test_a_second_command_on_a_seeded_study_proposes_new_parameters(
 
 def test_a_study_folder_is_not_reused_by_a_storage_without_its_study(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found: `hpo` on SQLite, then `hpo --workers 2` (a journal) on the same study: a second study
-    in a new journal numbered its trials from 0 into the first one's run dirs, and every trial failed."""
+    """`hpo` on SQLite, then `hpo --workers 2` (a journal) on the same study: the journal's new study
+    is refused, since its trials would be numbered from 0 into the first study's run dirs."""
     cfg = study_config(tmp_path, {"n_trials": 1})
     _hpo(tmp_path, monkeypatch, capsys, cfg)
     folder = tmp_path / "runs" / "quickstart" / "s"

@@ -95,8 +95,8 @@ def test_two_processes_on_postgresql(pg: Postgres, tmp_path: Path) -> None:
 def test_a_retry_waits_for_the_stalled_worker_to_let_its_run_go(pg: Postgres, tmp_path: Path) -> None:
     """A trial failed under a worker that stalled (the heartbeat's stale check): the other process
     takes the retry while the stalled one still runs in the trial's run dir. The retry waits for the
-    run to stop and be let go, then resumes it (before: it failed at once on the run dir's lock, and
-    those parameters were never run again)."""
+    run to stop and be let go, then resumes it, rather than failing at once on the run dir's lock
+    (those parameters would never run again)."""
     url = new_database(pg, "stalled")
     extra = [{"target": "tests.hpo_callbacks.FailedElsewhere", "kwargs": {"trial": 0, "epoch": 1, "stall": 10.0}}]
     # Three trials a process: the other one asks again within the stall whether or not its second
@@ -124,11 +124,10 @@ def test_a_retry_waits_for_the_stalled_worker_to_let_its_run_go(pg: Postgres, tm
 @pytest.mark.timeout(120)
 def test_a_check_that_meets_another_process_stamping_the_schema_opens_after_it(
         pg: Postgres, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found under two test workers (test_two_processes_on_postgresql): one ``fsmtrain hpo`` had made
-    the tables of a fresh database and was stamping their schema version when the other's check saw
-    the tables and, opening without creating, stamped it too: "UniqueViolation ... alembic_version",
-    and the check gave up at once ("expected a database that can be opened"). Here the first
-    process's stamp is a transaction held open until the check waits on it, then committed."""
+    """Two ``fsmtrain hpo`` on a fresh database: while one stamps the schema version of the tables it
+    made, the other's check waits for it and opens after it, instead of stamping it too
+    ("UniqueViolation ... alembic_version") and giving up. Here the first process's stamp is a
+    transaction held open until the check waits on it, then committed."""
     import threading
 
     import sqlalchemy
@@ -222,7 +221,7 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_retried(pg: Postgres, tmp_pa
     cfg = study_config(tmp_path, {"n_trials": 2, "storage": url, "sampler": "RandomSampler",
                                   "heartbeat_interval": 1, "grace_period": 3}, **SLOW_TRIALS)
     victim = popen("hpo", cfg, cwd=tmp_path, log=tmp_path / "victim.log")
-    # --n-trials counts the retries a command runs (issue 27): one more for the victim's retry
+    # --n-trials counts the retries a command runs: one more for the victim's retry
     survivor = popen("hpo", cfg, "--n-trials", "3", cwd=tmp_path, log=tmp_path / "survivor.log")
     killed = wait_for(_Watch(url, victim.pid), 120, "a trial of the victim to run",
                       (tmp_path / "victim.log", tmp_path / "survivor.log"))
@@ -260,7 +259,7 @@ def test_a_killed_local_worker_is_failed_retried_and_replaced(tmp_path: Path) ->
             return None
         try:
             trials = load(journal(path)).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        except KeyError:  # the journal file is there, the study not yet (found in a full run: KeyError)
+        except KeyError:  # the journal file is there, the study not yet
             return None
         for t in trials:
             if len(t.intermediate_values) >= 2 and "worker" in t.user_attrs:
@@ -300,8 +299,8 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
     assert interrupted and all(t.user_attrs.get("error") == "interrupted (Ctrl-C)" for t in interrupted)
     assert len(study.trials) < 20
     # The interrupted runs still ended through train_end (a worker may have been between runs, or
-    # building one, when the signal came: then there is no log). Found in CI: with two workers, one
-    # was struck between the trial's creation and naming its run dir, so it has no run_dirs at all.
+    # building one, when the signal came: then there is no log). A worker struck between the trial's
+    # creation and naming its run dir leaves it no run_dirs at all.
     named = [t.user_attrs["run_dirs"]["0"] for t in interrupted if "run_dirs" in t.user_attrs]
     logs = [Path(d) / "events.jsonl" for d in named]
     assert any(log.exists() for log in logs)
@@ -315,9 +314,9 @@ def test_ctrl_c_stops_the_study_with_nothing_running(workers: int, tmp_path: Pat
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_after_a_trials_run_ended_keeps_its_result_and_stops_the_study(workers: int, tmp_path: Path) -> None:
-    """Found in CI: a Ctrl-C that came once trial 0's run had completed (in its teardown, or before
-    the worker told the study) FAILed the trial as interrupted and lost, though its run had ended
-    for its own reason and its log said so; the next `hpo` would train it again. The Ctrl-C here
+    """A Ctrl-C that comes once trial 0's run has completed (in its teardown, or before the worker
+    told the study) keeps the trial's result: its run ended for its own reason and its log says so,
+    so the trial is not failed as interrupted (the next `hpo` would train it again). The Ctrl-C here
     comes from the run's own last ``on_train_end``, to the process group as a terminal sends it."""
     extra = [{"target": "tests.hpo_callbacks.SignalAtTheEnd", "kwargs": {"trial": 0}}]
     cfg = study_config(tmp_path, {"n_trials": 6, "sampler": "RandomSampler"}, epochs=4,
@@ -352,9 +351,8 @@ def test_ctrl_c_after_a_trials_run_ended_keeps_its_result_and_stops_the_study(wo
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, tmp_path: Path) -> None:
-    """Found: SIGTERM (what a scheduler sends) to `fsmtrain hpo --workers 2` ended that process at
-    once, with no word, and its workers trained on, orphaned, until every trial had run. Now the
-    command stops its workers as Ctrl-C does and exits 143; one process alone did, but said 130."""
+    """SIGTERM (what a scheduler sends) to `fsmtrain hpo` stops its workers as Ctrl-C does, so none
+    trains on orphaned, and the command exits 143 (128 + SIGTERM), with one worker or two."""
     cfg = study_config(tmp_path, {"n_trials": 8, "sampler": "RandomSampler"}, **SLOW_TRIALS)
     parent = popen("hpo", cfg, "--workers", str(workers), cwd=tmp_path, log=tmp_path / "hpo.log")
     folder = tmp_path / "runs" / "quickstart" / "s"
@@ -386,10 +384,10 @@ def test_sigterm_to_the_command_stops_every_worker_as_ctrl_c_does(workers: int, 
 @pytest.mark.parametrize(("workers", "signum"), [(1, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)])
 def test_a_signal_while_the_study_is_opened_says_so_and_starts_nothing(workers: int, signum: int,
                                                                         tmp_path: Path) -> None:
-    """Found: SIGTERM while `fsmtrain hpo` was still opening its study (here, a journal whose lock
-    another process holds; a database server that is slow to answer is the same) ended the command
-    by the signal's default action: exit -15, not a word. Now it says what it was doing and exits
-    128 + the signal, having started no trial; the storage's lock, which it never held, stays."""
+    """A signal while `fsmtrain hpo` is still opening its study (here, a journal whose lock another
+    process holds; a database server that is slow to answer is the same) is not the signal's silent
+    default action: the command says what it was doing and exits 128 + the signal, having started no
+    trial; the storage's lock, which it never held, stays."""
     cfg = study_config(tmp_path, {"n_trials": 2, "sampler": "RandomSampler"})
     store = tmp_path / "shared.journal"
     store.touch()
@@ -444,9 +442,9 @@ def _open_at_once(url: str, barrier: Any, results: Any) -> None:
 
 @pytest.mark.timeout(120)
 def test_workers_opening_a_fresh_sqlite_file_at_once_all_open_it(tmp_path: Path) -> None:
-    """Found in CI: a watcher and the study opened a new SQLite file together, and the study died
+    """Processes opening a new SQLite file together (a watcher and the study) all open it: none dies
     with 'table trial_params already exists'. Each round is a fresh file opened by 4 processes
-    released together; before the fix about one round in three lost a process."""
+    released together; a race there shows in about one round in three."""
     ctx = multiprocessing.get_context("fork")  # the imports are done: each round costs milliseconds
     for round_ in range(8):
         url = f"sqlite:///{tmp_path / f'study{round_}.db'}"

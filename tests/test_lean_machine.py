@@ -41,6 +41,7 @@ def _spec(guards: dict[L.Guard, Any], log: list[str], refuse: set[int]) -> list[
 def _machine(cls: type[Machine], facts: dict[str, bool], log: list[str], refuse: set[int] | None = None) -> Any:
     class Model:
         state: str
+        machine: Machine
 
     guards = {g: (lambda g=g: facts[g.value]) for g in L.Guard}
     model = Model()
@@ -81,7 +82,7 @@ def test_the_lean_path_fires_what_the_library_fires(steps: list[tuple[str, dict[
 def test_a_run_never_takes_the_librarys_slow_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The engine's machine has ``before`` (the move check) and ``after`` (the program) on every
     transition: the lean path must cover them, or every trigger of a run pays the library's
-    per-callback logging (found: it fell back on every trigger, since the move check is a ``before``)."""
+    per-callback logging."""
     import torch
     from torch import nn
 

@@ -75,10 +75,9 @@ def test_console_gets_one_line_for_an_exception_and_the_file_the_traceback(tmp_p
 
 
 def test_a_line_written_beside_the_training_thread_takes_the_logs_position(tmp_path: Path) -> None:
-    """Found under load: the checkpoint writer's commit line carried the run's live phase
-    (train_step) while the log's last transition still said epoch_begin, a line the audit refused.
-    A line from beside the training thread sits where it is written: phase, epoch and step of the
-    line before it."""
+    """A line from beside the training thread (the checkpoint writer's commit) sits where it is
+    written: phase, epoch and step of the line before it, not the run's live phase (train_step while
+    the log's last transition still says epoch_begin, a line the audit would refuse)."""
     from fsmtrain.core.context import RunContext
     from fsmtrain.core.lifecycle import Phase
     from fsmtrain.tools.audit import audit_file

@@ -1,4 +1,4 @@
-"""The machine owns the run (issue 9): a stubbed machine breaks a run, hooks fire in the table's
+"""The machine owns the run: a stubbed machine breaks a run, hooks fire in the table's
 order on both paths, NaN outranks other stops, teardown cannot be skipped, and validation batch
 hooks see every batch."""
 
@@ -90,7 +90,7 @@ def test_a_stubbed_machine_cannot_run_a_training(monkeypatch: pytest.MonkeyPatch
 def _permissive(model: Any, guards: Mapping[Guard, Callable[[], bool]], handlers: Any) -> Any:
     """A real ``transitions`` machine that believes there is always another batch and never a stop."""
     facts = {Guard.HAS_BATCH: True, Guard.IMMEDIATE_STOP: False, Guard.CAN_CONTINUE: True, Guard.FAULTED: True}
-    return build_machine(model, {g: (lambda v=facts[g]: v) for g in guards}, handlers)
+    return build_machine(model, {g: facts[g].__bool__ for g in guards}, handlers)
 
 
 class SeesBatches(TrainingCallback):
@@ -105,8 +105,8 @@ class SeesBatches(TrainingCallback):
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_permissive_machine_runs_no_handler_of_a_move_the_table_forbids(
         monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
-    """Found: under a machine whose conditions always pass, the `batch` handler ran on the
-    end-of-data sentinel before anything noticed. The move's legality is checked before its handlers."""
+    """Under a machine whose conditions always pass, the `batch` handler never runs on the end-of-data
+    sentinel: the move's legality is checked before its handlers."""
     monkeypatch.setattr(engine_mod, "build_machine", _permissive)
     seen = SeesBatches()
     with pytest.raises(LifecycleError, match=r"fired 'batch' from 'train_step'.*has_batch.*its handlers did not run"):
@@ -123,7 +123,7 @@ def _refuses_abort(model: Any, guards: Mapping[Guard, Callable[[], bool]], handl
 @pytest.mark.timeout(60)
 def test_a_machine_that_refuses_abort_still_tears_down_and_writes_an_error_result(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: a refused `abort` skipped the teardown and the `result` (engine._fault)."""
+    """A refused `abort` still runs the teardown and writes the `result`."""
     monkeypatch.setattr(engine_mod, "build_machine", _refuses_abort)
     log: list[str] = []
     with pytest.raises(LifecycleError, match=r"refused 'abort' from 'val'") as info:

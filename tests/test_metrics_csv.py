@@ -152,8 +152,8 @@ def test_default_callbacks_write_it_with_a_run_dir(tmp_path: Path, run_dir: bool
 
 
 def test_a_resumed_file_reads_as_the_uninterrupted_one_cell_for_cell(tmp_path: Path) -> None:
-    """Found: after a resume, the rows kept from before were rewritten with whole-number slots as
-    floats (early_stopping_wait 0.0) while new rows wrote 0."""
+    """After a resume, the rows kept from before are written as new rows are: whole-number slots as
+    integers (early_stopping_wait 0, not 0.0)."""
     from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 
     def run_epochs(path: Path, start: int, stop: int) -> None:

@@ -14,7 +14,7 @@ from fsmtrain import Trainer
 from fsmtrain.app.config import load_config
 from fsmtrain.app.job import train_seed
 from fsmtrain.callbacks import GradientMonitorCallback
-from fsmtrain.core.context import StepContext
+from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
 
@@ -59,8 +59,8 @@ class _Record(TrainingCallback):
     def __init__(self) -> None:
         self.norms: list[float | None] = []
 
-    def on_epoch_end(self, epoch: object) -> None:
-        self.norms.append(epoch.get(MAX_GRAD_NORM))  # type: ignore[attr-defined]
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        self.norms.append(epoch.get(MAX_GRAD_NORM))
 
 
 def test_an_fp16_gradient_norm_of_1e5_is_reported_finite() -> None:
@@ -122,7 +122,7 @@ def test_fp16_steps_unless_it_overflows_and_the_scaler_state_is_checkpointed(tmp
     skipped = round(math.log2(65536.0 / trainer.precision.scaler.get_scale()))  # each overflow halves the scale
     assert steps.steps >= 1 and steps.steps + skipped == 6
     state = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
-    assert state["scaler"]["scale"] == trainer.precision.scaler.get_scale()  # type: ignore[union-attr]
+    assert state["scaler"]["scale"] == trainer.precision.scaler.get_scale()
 
 
 def test_an_unknown_precision_is_refused() -> None:

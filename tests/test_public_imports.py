@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (fsmtrain supports 3.10)
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 _BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)

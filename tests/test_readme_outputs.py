@@ -1,10 +1,7 @@
-"""The README's shown command outputs are what the commands print (issue 23).
+"""The README's shown command outputs are what the commands print.
 
-Found: ``fsmtrain replay runs/quickstart/mlp-regression-seed0 --set early_stopping.patience=2``
-printed "would have stopped at epoch 20 with COMPLETED" while the README showed "epoch 7 with
-EARLY_STOP, saving 13 epochs"; the sweep table and the quickstart's val loss differed too; the
-``study.yaml`` the README ran was not in the repository. Every shown output is now a block that
-``benchmarks/readme_outputs.py`` makes by running its commands.
+Every shown output is a block that ``benchmarks/readme_outputs.py`` makes by running its commands
+(a hand-copied output drifts: a replay's verdict, a sweep table, a val loss, a file the README runs).
 """
 
 from __future__ import annotations
@@ -43,14 +40,14 @@ def test_the_check_sees_a_changed_number_and_not_a_changed_duration() -> None:
     hpo = blocks["hpo"]
     duration = re.search(r"\((\d+\.\d) s\)", hpo).group(1)  # type: ignore[union-attr]
     assert outputs.stale(README, {"hpo": hpo.replace(f"({duration} s)", "(99.9 s)", 1)}) == {}
-    # a writer that fell behind on a busy machine (found under load: the hpo block was "stale")
+    # a writer that fell behind on a busy machine is not a stale output
     skipped = ("[warning  ] checkpoint_skipped             epoch=5 reason='the state of epoch 7 replaced it while it "
                "waited behind the write of epoch 5 (a slow disk: the newest state is written)'\n")
     first_trial = hpo.index("trial 0 ")
     assert outputs.stale(README, {"hpo": hpo[:first_trial] + skipped + hpo[first_trial:]}) == {}
     assert set(outputs.stale(README, {"hpo": hpo[:first_trial] + skipped.replace("checkpoint_skipped", "checkpoint")
                                       + hpo[first_trial:]})) == {"hpo"}
-    # a commit logged a line earlier, before the next epoch's train_step line (found under load)
+    # a commit logged a line earlier, before the next epoch's train_step line (on a busy machine)
     tampered = blocks["audit-tampered"]
     earlier = re.sub(r"line (\d+) \[checkpoint\]", lambda m: f"line {int(m[1]) - 1} [checkpoint]", tampered)
     assert earlier != tampered and outputs.stale(README, {"audit-tampered": earlier}) == {}

@@ -1,6 +1,6 @@
 """The global registry: locked, no re-entry, and no state carried from one run into the next
 (every run gets its own copy of a registered instance, or a factory's fresh product), and a
-local callback instance serves one Trainer only (issue 24)."""
+local callback instance serves one Trainer only."""
 
 from __future__ import annotations
 
@@ -141,13 +141,11 @@ def _register_and_remove(callback: TrainingCallback, failed: threading.Event) ->
 
 @pytest.mark.timeout(120)
 def test_runners_built_while_a_callback_class_is_first_copied_check_it_without_errors() -> None:
-    """Found in a full run of the test above: RuntimeError('dictionary changed size during iteration')
-    in a runner's check of its callbacks (checks._own_on_names walking ``vars(Plain)``). The first deep
-    copy of an instance of a class makes Python store ``__slotnames__`` in the class's ``__dict__``
-    (copyreg), here registering an instance, while another thread's runner walked that dict. The test
-    above races that once per process (one class, copied once); here each round has a new class, with
-    many attributes so the walk is long (the old walk failed within a quarter second, in 129 of 7663
-    rounds of a plain class)."""
+    """A runner's check of its callbacks walks their classes' ``__dict__`` while another thread may be
+    deep-copying a first instance of that class, which makes Python store ``__slotnames__`` there
+    (copyreg): the check must not fail with 'dictionary changed size during iteration'. The test above
+    races that once per process (one class, copied once); here each round has a new class, with many
+    attributes so the walk is long (an unguarded walk fails in about 1 round in 60)."""
     deadline = time.monotonic() + 3
     rounds = 0
     while time.monotonic() < deadline:
@@ -169,12 +167,11 @@ class _Wide(Plain):
 
 @pytest.mark.timeout(120)
 def test_runners_built_while_registered_instances_change_copy_them_without_errors() -> None:
-    """Found while tracing the one above: a registered instance changes after registration (``with cb:``
-    sets its handle on it; a Trainer given it as a local callback binds it, and unbinds it if its
-    construction fails), while a runner built in another thread deep-copied that instance itself and
-    failed: GlobalRegistrationError('_Wide cannot be copied for each run (RuntimeError: dictionary
-    changed size during iteration)'), within 0.3 s. A run now copies the registry's own copy of the
-    instance, taken at registration, which nothing else holds."""
+    """A registered instance changes after registration (``with cb:`` sets its handle on it; a Trainer
+    given it as a local callback binds it, and unbinds it if its construction fails), while runners
+    are built in other threads: a run copies the registry's own copy of the instance, taken at
+    registration, which nothing else holds, so no copy fails with 'dictionary changed size during
+    iteration'."""
     deadline = time.monotonic() + 3
     blocks = 0
 
@@ -299,9 +296,9 @@ def test_a_global_early_stopping_behaves_identically_in_two_consecutive_runs() -
 
 
 def test_a_registered_instance_run_as_a_local_callback_hands_its_state_to_no_other_run() -> None:
-    """Found while tracing the registry race: a registered instance that a Trainer also got as a local
-    callback runs as that local one, on the instance itself; the next run's global copy was copied
-    from it after that run and started from its state (``wait`` 3), stopping after one epoch."""
+    """A registered instance that a Trainer also got as a local callback runs as that local one, on
+    the instance itself; the next run's global copy is made from the registered state, not from the
+    state that run left (``wait`` 3, which would stop it after one epoch)."""
     prototype = EarlyStoppingCallback(patience=3)
     with register_global_callback(prototype):
         local, _ = _plateau_run([prototype])
@@ -313,8 +310,8 @@ def test_a_registered_instance_run_as_a_local_callback_hands_its_state_to_no_oth
 
 
 def test_one_local_instance_given_to_a_second_trainer_is_refused_naming_the_fix() -> None:
-    """Found: one local instance passed to two Trainers carried run A's state into run B (an early
-    stop after one epoch). The second Trainer now refuses it."""
+    """One local instance passed to a second Trainer is refused: it would carry run A's state into
+    run B (an early stop after one epoch)."""
     shared = EarlyStoppingCallback(patience=3)
     first, _ = _plateau_run([shared])
     assert first.epochs_completed == 4
@@ -365,8 +362,7 @@ def _run_at(lr: float) -> TrainResult:
 
 
 def test_a_registered_callback_with_plain_attributes_carries_nothing_into_the_next_run() -> None:
-    """Found: the seed's BestLossTracker registered globally reported run A's best (0.1505) in run
-    B (whose own best was 1.127)."""
+    """A BestLossTracker registered globally reports each run's own best, never the previous run's."""
     prototype = BestLossTracker()
     with register_global_callback(prototype):
         a = _run_at(0.05)  # learns: a low best
@@ -385,8 +381,8 @@ def _snapshot(cb: TrainingCallback) -> dict[str, str]:
 
 @pytest.mark.timeout(120)
 def test_built_ins_holding_per_run_state_are_copied_for_every_run(tmp_path: Path) -> None:
-    """Found: GradientMonitor, W&B, ProgressBar and EpochSummary instances were accepted globally
-    while they hold per-run state; the registered instance is now never touched by a run."""
+    """GradientMonitor, W&B, ProgressBar and EpochSummary hold per-run state: registered globally,
+    each run gets its own copy and the registered instance is never touched by a run."""
     from fsmtrain.callbacks import (
         EpochSummaryCallback,
         GradientMonitorCallback,

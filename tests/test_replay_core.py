@@ -80,9 +80,8 @@ class FailAtEpochEnd(TrainingCallback):
 
 
 def test_an_epoch_cut_at_its_end_before_its_record_replays_to_the_same_failure(tmp_path: Path) -> None:
-    """Found: a callback raising in on_epoch_end: the epoch never got its line, its exception carried
-    no metrics (epoch_end was not counted as inside the epoch), and the replay of the unmodified run
-    diverged ("the recording has 1 epochs; epoch 2 is unknown")."""
+    """A callback raising in on_epoch_end: epoch_end counts as inside the epoch, so its exception
+    carries the epoch's metrics, and the replay of the unmodified run fails the same way."""
     with pytest.raises(RuntimeError):
         make_trainer(tmp_path, [FailAtEpochEnd()], epochs=3).fit()
     cut = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "exception")
@@ -148,9 +147,9 @@ def test_a_second_run_appended_without_resume_is_refused(tmp_path: Path) -> None
 
 
 def test_a_signal_during_validation_replays_to_the_same_interruption(tmp_path: Path) -> None:
-    """Found under load: SIGTERM landing in validation. The run finishes the phase and stops at its
-    boundary, so the cut epoch has val losses but no `epoch` line; the replay ran out of recording
-    there ("epoch 3 is unknown") instead of reproducing the interruption."""
+    """SIGTERM landing in validation: the run finishes the phase and stops at its boundary, so the cut
+    epoch has val losses but no `epoch` line; the replay reproduces the interruption there instead of
+    running out of recording ("epoch 3 is unknown")."""
     import os
     import signal
 

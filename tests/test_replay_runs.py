@@ -128,8 +128,8 @@ def test_what_if_beyond_the_recording_says_unknown(runs: Runs) -> None:
 
 @pytest.mark.parametrize("item", ["optimizer_config.lr=0.1", "net_config.hidden=[8]", "batch_size=7", "data=x.y"])
 def test_a_what_if_that_changes_training_itself_is_refused(runs: Runs, item: str) -> None:
-    """Found: `replay --set optimizer_config.lr=0.1` answered "with lr 0.1 this run would have stopped at
-    epoch 4", from the losses recorded with the old learning rate."""
+    """A replay re-runs the callbacks on the recorded losses, so it refuses a change that would have
+    changed those losses (a learning rate, the model, the batches, the data)."""
     with pytest.raises(ReplayError, match=f"--set {re.escape(item)}: a replay re-runs the callbacks on the losses"):
         replay_run(runs.completed, overrides=[item])
     done = _cli("replay", str(runs.completed), "--set", item)

@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 from audit_runs import REPO, RealRuns, read_lines
+from optuna.storages.journal import JournalFileBackend
 
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.report import render_report, write_run_report
@@ -129,7 +130,7 @@ def test_study_from_sqlite_file_and_journal(tmp_path: Path) -> None:
     html = out.read_text(encoding="utf-8")
     assert _ids(html) >= set(STUDY_PLOTS) and "runs/nowhere (not found)" in html
     journal = tmp_path / "journal.log"
-    _study(optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))), "j")
+    _study(optuna.storages.JournalStorage(JournalFileBackend(str(journal))), "j")
     out, _ = render_report(str(journal), study="j", out=tmp_path / "j.html")
     assert _ids(out.read_text(encoding="utf-8")) >= set(STUDY_PLOTS)
 

@@ -1,5 +1,5 @@
 """Long curves are drawn reduced: the min and max of each bucket, so a spike survives, and the page
-says so (issue 27, item 7). No timings here: ``benchmarks/report_speed.py`` measures a
+says so. No timings here: ``benchmarks/report_speed.py`` measures a
 200,000-epoch report."""
 
 from __future__ import annotations

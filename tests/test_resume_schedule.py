@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 SMALL = ("--set", "data_config.n_samples=256", "--set", "wandb.enabled=false", "--set", "early_stopping.enabled=false")
 
 
-def _epochs(run: Path) -> list[dict[str, object]]:
+def _epochs(run: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
 
 

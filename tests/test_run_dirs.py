@@ -1,7 +1,7 @@
-"""A run directory is claimed only for a run that can start, and let go with nothing left over
-(issues 23 and 24): no ``.lock`` stays in a finished run, a Trainer whose constructor fails
-releases its claim, a run that never started leaves no folder (or one the next start reuses), and
-``train`` claims (and prints ``==``) only once the config is built."""
+"""A run directory is claimed only for a run that can start, and let go with nothing left over: no
+``.lock`` stays in a finished run, a Trainer whose constructor fails releases its claim, a run that
+never started leaves no folder (or one the next start reuses), and ``train`` claims (and prints
+``==``) only once the config is built."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _files(root: Path) -> list[str]:
 
 # --- .lock lives as long as its claim -------------------------------------------------------------------
 def test_a_finished_run_keeps_no_lock_and_its_claim_still_excludes_others(tmp_path: Path) -> None:
-    """Found: .lock stayed in every finished run."""
+    """A finished run removes its .lock, and while it runs the lock keeps others out."""
     trainer = make_trainer(tmp_path, [CheckpointCallback(tmp_path / "checkpoints")], epochs=1)
     assert (tmp_path / LOCK_FILE).exists()
     with pytest.raises(RunDirError, match="already holds a run"):
@@ -101,8 +101,8 @@ NEW_RUN_ERRORS: dict[str, tuple[Callable[[Path], Any], type[BaseException], str]
 
 @pytest.mark.parametrize("case", list(NEW_RUN_ERRORS))
 def test_each_constructor_error_releases_the_claim_and_the_retry_works(tmp_path: Path, case: str) -> None:
-    """Found: a reserved metric name left .lock and an empty events.jsonl, and the retry was refused
-    as "already holds a run" and told to resume, which could not work."""
+    """A constructor error (a reserved metric name, ...) leaves no .lock and no empty events.jsonl,
+    so the retry starts instead of being refused as "already holds a run"."""
     build, error, match = NEW_RUN_ERRORS[case]
     run_dir = tmp_path / "run"
     with pytest.raises(error, match=match):
@@ -211,7 +211,7 @@ def test_a_start_killed_before_the_run_began_is_continued_in_the_same_folder(tmp
 
 @pytest.mark.timeout(300)
 def test_train_claims_and_announces_only_a_config_it_can_build(tmp_path: Path) -> None:
-    """Found: `train` printed `== … -> runs/…` before refusing a config with exit 2."""
+    """`train` prints `== … -> runs/…` only for a config it can build, not before refusing one (exit 2)."""
     bad = _train("--set", "optimizer_config.betas=[0.9]", "--set", "epochs=1", cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "optimizer_config" in bad.stderr and "==" not in bad.stdout

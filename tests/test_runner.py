@@ -59,8 +59,8 @@ def test_global_callback_by_handle_and_by_with() -> None:
 
     with Named("w", 0) as cb:
         trainer = make_trainer(None, epochs=1)
-        # issue 24: the run gets its own copy of the registered instance, never the instance itself
-        assert cb not in trainer.callbacks and [c.label for c in trainer.callbacks] == ["w"]  # type: ignore[attr-defined]
+        # the run gets its own copy of the registered instance, never the instance itself
+        assert cb not in trainer.callbacks and [c.label for c in trainer.callbacks] == ["w"]
         trainer.fit()
     assert ORDER == ["g", "w"]
     assert all(c.name != "Named" for c in make_trainer(None, epochs=1).callbacks)

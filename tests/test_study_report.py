@@ -1,6 +1,6 @@
 """The study report and the pruning explanations on a study made by the real ``fsmtrain hpo``:
 each trial row links the trial's run report, and a pruning decision is explained by what the
-pruner saw when it decided (issue 23, item 5)."""
+pruner saw when it decided."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
 
 
 def test_the_study_report_links_every_trials_run_report(study: Study, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found: `fsmtrain report STUDY --study NAME` showed `{'0': '…/trial-0-seed0'} (not found)` in
-    every row: hpo stores a trial's run dirs as {seed: dir}, and the report read a list or a string."""
+    """`fsmtrain report STUDY --study NAME` links each row's run report: hpo stores a trial's run dirs
+    as {seed: dir}, and the report reads them so."""
     os.chdir(study.root)
     capsys.readouterr()
     assert main(["report", str(study.db.relative_to(study.root)), "--study", "s"]) == 0
@@ -80,8 +80,8 @@ def test_the_study_report_links_every_trials_run_report(study: Study, capsys: py
 
 def test_a_pruning_is_explained_by_the_trials_complete_when_it_was_decided(
         study: Study, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found: hpo-report quoted "median there over the study's 11 other trials", a median over
-    trials that finished after the decision, which the pruned trial's value beat."""
+    """hpo-report quotes the median over the trials complete when the pruner decided, not over trials
+    that finished later (which the pruned trial's value might beat)."""
     os.chdir(study.root)
     capsys.readouterr()
     assert main(["hpo-report", str(study.db.relative_to(study.root))]) == 0

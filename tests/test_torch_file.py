@@ -132,7 +132,7 @@ def test_save_state_commits_torch_saves_sha256(tmp_path: Path) -> None:
     state = _trained_state("cpu")
     state["big"] = torch.arange(3 * _Hashing.GATHER, dtype=torch.float64)  # bytes past the gather size
     state["rng_python"] = random.getstate()
-    state["rng_numpy"] = np.random.get_state()[1].tolist()
+    state["rng_numpy"] = np.random.get_state(legacy=False)["state"]["key"].tolist()
     digest = save_state(tmp_path / "ckpt.pt", state)
     expected = _torch_save_bytes(state)
     assert (tmp_path / "ckpt.pt").read_bytes() == expected

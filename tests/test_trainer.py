@@ -62,16 +62,16 @@ def test_train_loss_is_the_sample_weighted_mean_of_batch_losses(tmp_path: Path) 
 
 
 def test_strict_and_fast_mode_give_identical_traces_and_weights(tmp_path: Path) -> None:
-    runs = {}
+    runs: dict[bool, tuple[list[dict[str, Any]], list[torch.Tensor]]] = {}
     for strict in (False, True):
         d = tmp_path / ("strict" if strict else "fast")
         trainer = make_trainer(d, [Recorder()], epochs=2, strict=strict, log_level="debug")
         trainer.fit()
         runs[strict] = (events_of(d), [p.detach().clone() for p in trainer.model.parameters()])
-    fast, strict = runs[False], runs[True]
-    assert sum(1 for e in fast[0] if e["trigger"] == "batch") > 4  # per-batch moves were logged
-    assert _stable(fast[0]) == _stable(strict[0])
-    for a, b in zip(fast[1], strict[1], strict=True):
+    (fast_events, fast_weights), (strict_events, strict_weights) = runs[False], runs[True]
+    assert sum(1 for e in fast_events if e["trigger"] == "batch") > 4  # per-batch moves were logged
+    assert _stable(fast_events) == _stable(strict_events)
+    for a, b in zip(fast_weights, strict_weights, strict=True):
         assert torch.equal(a, b)
 
 
@@ -328,8 +328,8 @@ def test_bad_arguments_get_clear_errors() -> None:
     with pytest.raises(ValueError, match="train_loader yields no batches"):
         Trainer(model, opt, nn.MSELoss(), [], max_epochs=1, default_callbacks=False)
     with pytest.raises(TypeError, match=r"callbacks\[0\] must be a TrainingCallback, got str"):
-        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))], callbacks=["x"],
-                default_callbacks=False)  # type: ignore[list-item]
+        Trainer(model, opt, nn.MSELoss(), [(torch.zeros(1, 8), torch.zeros(1, 1))],
+                callbacks=["x"], default_callbacks=False)  # type: ignore[list-item]
     with pytest.raises(TypeError, match="a batch must be"):
         Trainer(model, opt, nn.MSELoss(), [torch.zeros(1, 8)], max_epochs=1, console_level="error",
                 default_callbacks=False).fit()

@@ -1,10 +1,10 @@
-"""One set of checks of the user's callbacks and data (issue 23): ``validate`` and ``preflight``
-refuse what ``train`` refuses, in the same one line.
+"""One set of checks of the user's callbacks and data: ``validate`` and ``preflight`` refuse what
+``train`` refuses, in the same one line.
 
-Found: a callback with a wrong hook signature passed validate, and preflight crashed with a raw
-``CallbackDefinitionError`` traceback (exit 1); the seed-style ``super().__init__(priority)`` failed
-and blamed ``callbacks.extra.0.kwargs`` though no kwargs were given; a data builder pointing at a
-missing CSV passed validate and preflight exited 4, the code of a non-finite loss.
+The cases: a callback with a wrong hook signature (a one-line problem, not a traceback); the
+seed-style ``super().__init__(priority)`` (accepted; a constructor that fails is the class's fault,
+not ``callbacks.extra.0.kwargs``'); a data builder pointing at a missing CSV (a config error before
+any run, not exit 4, the code of a non-finite loss).
 """
 
 from __future__ import annotations

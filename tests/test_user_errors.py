@@ -1,5 +1,5 @@
-"""A user's mistake gets one clear line and the right exit code, never a traceback: each case of
-issue 15's "what was found", through the real command line."""
+"""A user's mistake gets one clear line and the right exit code, never a traceback, through the real
+command line."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_binary_and_empty_files_are_named_as_such(tmp_path: Path, capsys: pytest
                                       "of ints, but found element of type str at pos 0)"),
     ({"data_config__n_features": "eight"}, "data_config.n_features: expected int "
                                            "(fsmtrain.training.data.synthetic_regression says so); found 'eight'"),
-    # found: LBFGS passed validate, and the run ended ERROR at its first step (step() needs a closure)
+    # caught by validate, not as an ERROR at the run's first step (LBFGS's step() needs a closure)
     ({"optimizer": "torch.optim.LBFGS"}, "optimizer: expected an optimizer whose step() needs no closure (fsmtrain "
                                          "calls optimizer.step() once a batch); found torch.optim.LBFGS, whose step() "
                                          "requires a closure"),
@@ -203,8 +203,8 @@ def test_user_modules_beside_the_config_or_in_the_working_folder_import(tmp_path
 
 def test_an_extra_callback_that_rejects_its_kwargs_is_named_by_validate_and_train(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: validate passed `callbacks.extra: [{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs:
-    {patience: -1}}]`, and train then died with a ValueError traceback."""
+    """`callbacks.extra: [{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs: {patience: -1}}]` is
+    refused by validate and by train in one line naming the kwarg, not a ValueError traceback."""
     extra = "callbacks.extra=[{target: fsmtrain.callbacks.EarlyStoppingCallback, kwargs: {patience: -1}}]"
     _write(tmp_path, "c.yaml")
     line = (f"--set {extra}: callbacks.extra.0.kwargs.patience: expected a value "
@@ -273,12 +273,12 @@ def _huge(path: Path, size: int = 50 * 2**20) -> Path:
     return path
 
 
-@pytest.mark.timeout(60)  # before the fix the bomb ran for minutes, the 50 MB file for 21 s
+@pytest.mark.timeout(60)  # expanded, the bomb runs for minutes and the 50 MB file for 21 s
 @pytest.mark.parametrize("command", ["validate", "train"])
 @pytest.mark.parametrize("kind", ["bomb", "huge"])
 def test_an_alias_bomb_and_a_huge_file_are_refused_unexpanded(tmp_path: Path, command: str, kind: str) -> None:
-    """Found: an 878-byte YAML alias bomb hung validate and train for more than 150 s; a 50 MB
-    config took 21 s and 617 MB before its error."""
+    """An 878-byte YAML alias bomb and a 50 MB config are refused before they are expanded or read
+    whole (expanded, the bomb hangs validate and train for minutes)."""
     if kind == "bomb":
         config = _alias_bomb(tmp_path / "bomb.yaml")
         line = ("<root>: expected at most 100,000 nodes with its aliases expanded; found config expands to more "
@@ -325,10 +325,10 @@ _NOT_A_LOSS = ("criterion: expected a loss: an nn.Module subclass or a function 
 
 
 @pytest.mark.parametrize(("change", "line"), [
-    # found: both passed validate, and train ended ERROR with "system() takes at most 1 argument"
+    # callables that are not losses: refused by validate, not an ERROR at the run's first batch
     ({"criterion": "os.system"}, _NOT_A_LOSS.format("os.system")),
     ({"criterion": "builtins.eval"}, _NOT_A_LOSS.format("builtins.eval")),
-    # found: passed validate, and train ended NAN (exit 3)
+    # a non-finite hyperparameter: refused by validate, not a run that ends NAN (exit 3)
     ({"optimizer_config__lr": float("inf")}, "optimizer_config.lr: expected a finite number (torch.optim.Adam steps "
                                              "with it); found inf"),
     ({"optimizer": "torch.optim.SGD", "optimizer_config": {"lr": 0.01, "momentum": float("inf")}},

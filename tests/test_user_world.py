@@ -1,10 +1,9 @@
-"""One way in (issue 23): a user's own CNN, data builder and two callbacks, each in their own
-module beside the config, run from another working folder by every command, with the user's
-folder on no PYTHONPATH (only fsmtrain's own source is, as in this dev setup).
+"""One way in: a user's own CNN, data builder and two callbacks, each in their own module beside
+the config, run from another working folder by every command, with the user's folder on no
+PYTHONPATH (only fsmtrain's own source is, as in this dev setup).
 
-Found: ``fsmtrain hpo cnn_hpo.yaml`` failed ``found no module named 'mydigits'`` after validate
-said valid; ``fsmtrain replay RUN`` from the folder holding ``mycbs.py`` failed; ``cd / && fsmtrain
-resume RUN`` failed the same way.
+Every command finds them the way ``validate`` does: ``hpo`` (whose workers import them too),
+``replay RUN`` from the folder holding ``mycbs.py``, and ``cd / && fsmtrain resume RUN``.
 """
 
 from __future__ import annotations

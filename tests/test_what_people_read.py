@@ -1,11 +1,8 @@
-"""The smaller ones of issue 23: what a person reads about a run says the same thing everywhere.
-
-Found: ``audit`` said a callback took "208.5%" of epoch time where the report said 95.2% for the
-same run; ``--set`` could not index a list (``callbacks.extra.0.kwargs.threshold``); ``best_epoch``
-in the ``result`` is 0-based while the README said only ``epoch`` is; the loss prediction had three
-names (``pred``, ``predicted_final_loss``, ``loss_prediction.predicted_loss``); the default
-early-stopping patience warned on configs that never mention early stopping; ``EpochContext.number``,
-``.lr`` and ``.val_loss`` were not in the README.
+"""What a person reads about a run says the same thing everywhere: ``audit`` and the report give a
+callback's share of epoch time alike; the README names every 0-based epoch field of the log (``epoch``,
+``best_epoch``) and every member of ``EpochContext``; the loss prediction has one name; the default
+early-stopping patience warns only where the user set early stopping; ``--set`` indexes a list
+(``callbacks.extra.0.kwargs.threshold``).
 """
 
 from __future__ import annotations

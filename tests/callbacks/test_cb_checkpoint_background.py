@@ -20,7 +20,7 @@ TIMINGS = ("seconds", "phase_seconds", "callback_seconds")
 class SlowWriter(CheckpointManager):
     """A disk that takes 0.3 s per checkpoint, so the next epoch's batches run during the write."""
 
-    def write(self, plan):  # type: ignore[no-untyped-def]
+    def write(self, plan):
         self.threads = [*getattr(self, "threads", []), threading.current_thread().name]
         time.sleep(0.3)
         return super().write(plan)
@@ -119,6 +119,7 @@ def test_the_write_runs_beside_the_next_epoch_and_holds_the_epoch_it_captured(ti
     cb.manager.__class__ = SlowWriter  # the same manager, on a slow disk
     weights = WeightsAtEpochEnd()
     _fit(tiny, run, [cb, weights, DiskKeepsUp(cb)], epochs=4)
+    assert isinstance(cb.manager, SlowWriter)
     assert cb.manager.threads and all(t.startswith("fsmtrain-checkpoint") for t in cb.manager.threads)
     events = read_events(run / "events.jsonl")
     for e in range(4):
@@ -135,7 +136,7 @@ def test_the_write_runs_beside_the_next_epoch_and_holds_the_epoch_it_captured(ti
 class FailingDisk(CheckpointManager):
     """The second write meets a full disk (a test double: this machine's disk cannot be filled safely)."""
 
-    def write(self, plan) -> Written:  # type: ignore[no-untyped-def]
+    def write(self, plan) -> Written:
         if plan.epoch == 1:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.periodic_path(1)))
         return super().write(plan)

@@ -49,6 +49,7 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
         result = trainer.fit()
         results.append(result)
         if result.stop_reason is StopReason.PRUNED:  # what the HPO layer does after fit() returns
+            assert result.stop is not None
             raise optuna.TrialPruned(result.stop.message)
         return result.objective
 
@@ -85,4 +86,4 @@ def test_missing_monitor_warns(scripted):
 
 def test_requires_a_trial():
     with pytest.raises(TypeError, match=r"optuna\.trial\.Trial"):
-        PrunerCallback(object())
+        PrunerCallback(object())  # type: ignore[arg-type]  # the wrong type on purpose

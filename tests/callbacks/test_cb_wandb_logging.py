@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def wandb_calls(monkeypatch):
     """Wrap the real ``Run.log`` / ``Run.finish``: record each call, then call through."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    calls = {"log": [], "finish": []}
+    calls: dict[str, list[Any]] = {"log": [], "finish": []}
     real_log, real_finish = Run.log, Run.finish
 
     def log(self, data, step=None, *args, **kwargs):
@@ -127,7 +128,7 @@ def test_bad_mode_is_named():
 
 # --- every metric and every numeric slot, read back from the offline run's own file ----------------
 
-MY_METRIC = Slot("my_metric")
+MY_METRIC = Slot[float]("my_metric")
 
 
 class MyMetric(TrainingCallback):
