@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -17,41 +16,33 @@ from fsmtrain.training.checkpoint import CheckpointManager, SavedCheckpoint, Wri
 __all__ = ["CheckpointCallback"]
 
 
-@functools.lru_cache(maxsize=64)
-def _shown_dir(directory: str, run_dir: str | None) -> str:
-    """A folder relative to the run directory when it is under it, else absolute. Lexical (no
-    symlink resolution), and cached: checkpoint folders do not move during a run."""
+def _shown_dir(directory: str, run: RunContext) -> str:
+    """A folder relative to the run directory when it is under it, else absolute (lexical: no
+    symlink resolution)."""
     absolute = os.path.abspath(directory)
-    if run_dir is not None:
-        relative = os.path.relpath(absolute, os.path.abspath(run_dir))
+    if run.run_dir is not None:
+        relative = os.path.relpath(absolute, os.path.abspath(run.run_dir))
         if not relative.startswith(os.pardir):
             return relative
     return absolute
 
 
 def _shown(path: Path, run: RunContext) -> str:
-    return _shown_in(str(path.parent), path.name, run)
-
-
-def _shown_in(folder: str, name: str, run: RunContext) -> str:
-    shown = _shown_dir(folder, None if run.run_dir is None else str(run.run_dir))
-    return name if shown == os.curdir else os.path.join(shown, name)
+    """A file as the log shows it (see :func:`_shown_dir`)."""
+    shown = _shown_dir(str(path.parent), run)
+    return path.name if shown == os.curdir else os.path.join(shown, path.name)
 
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. The state is staged
-    there (copied into reused host buffers); with ``background=True`` (the default) a writer thread
-    writes it while the next epoch trains, and logs it the moment it is durable: a ``checkpoint``
-    event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
-    stores) and a ``checkpoint_removed`` event per file removed. The training thread never waits
-    for the disk: with a write in flight and a newer state staged behind it, a state still waiting
-    is dropped for the newest (a ``best`` one only for a newer best) and the log says so
-    (``checkpoint_skipped``: the epoch, and why). ``train_end`` waits for what is pending.
-    ``background=False`` writes and logs the same files before the epoch ends. A failed write is
-    raised at the next phase boundary (an epoch's or validation's start, the next epoch's end, or
-    ``train_end``). The policy is logged at ``train_begin`` (``checkpoint_settings``).
-    In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
+    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. With
+    ``background=True`` (the default) a writer thread writes the staged state while the next epoch
+    trains and logs it the moment it is durable: a ``checkpoint`` event per file (path, sha256,
+    epoch, kind, and the log's ``chain_head`` the file stores), a ``checkpoint_removed`` event per
+    file removed, and ``checkpoint_skipped`` for a state a slow disk left out. ``train_end`` waits
+    for what is pending; ``background=False`` writes before the epoch ends. A failed write is raised
+    at the next phase boundary. The policy is logged at ``train_begin`` (``checkpoint_settings``);
+    in replay (``run.dry_run``) nothing is written and ``checkpoint_planned`` records intent."""
 
     priority = 95
     tier = Tier.CORE
@@ -78,8 +69,7 @@ class CheckpointCallback(TrainingCallback):
         if run.dry_run:
             return
         settings = self.manager.settings()
-        run_dir = None if run.run_dir is None else str(run.run_dir)
-        settings["directory"] = _shown_dir(str(self.manager.directory), run_dir)
+        settings["directory"] = _shown_dir(str(self.manager.directory), run)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run, self.saved)
         self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
@@ -100,10 +90,9 @@ class CheckpointCallback(TrainingCallback):
             if "best" in kinds:
                 self.manager.best_value = float(epoch.metrics[self.manager.monitor])
                 self.manager.best_epoch = epoch.index
-            folder = str(self.manager.directory)
             for kind in kinds:
-                epoch.emit("checkpoint_planned", path=_shown_in(folder, self.manager.name_for(kind, epoch.index), run),
-                           epoch=epoch.index, kind=kind)
+                path = self.manager.directory / self.manager.name_for(kind, epoch.index)
+                epoch.emit("checkpoint_planned", path=_shown(path, run), epoch=epoch.index, kind=kind)
             return
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
 
@@ -117,7 +106,7 @@ class CheckpointCallback(TrainingCallback):
         if run.dry_run:
             return
         try:
-            self.manager.drain()
+            self.manager.writer.drain()
         finally:
             self.manager.close()
         if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
@@ -149,11 +138,11 @@ class _RunLog:
 
     def committed(self, written: Written) -> None:
         run = self.run
-        owed = False  # one fsync of the log for the commit's lines, after the last
+        unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
-            owed |= run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch,
-                                    kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
-        if owed:
+            unsynced |= run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch,
+                                        kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
+        if unsynced:
             run.events.sync()
         self.saved.extend(written.saved)
 

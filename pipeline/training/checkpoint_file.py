@@ -1,12 +1,8 @@
-"""One checkpoint file: written once, atomically, hashed as it is written; read back only as the
-run's log committed it.
+"""One checkpoint file: written atomically by ``torch.save`` and hashed as it is written; read back
+only with the bytes its run's log committed.
 
-:func:`save_state` writes a state in ``torch.save``'s format (byte for byte, by
-:func:`fsmtrain.training.torch_file.write_torch_file`) straight into a temp file beside the target while
-hashing the bytes as they go out (one pass: no serialised copy of the whole state in memory),
-fsyncs it and renames it into place. :func:`load_checkpoint` checks a file's bytes against the
-sha256 the run's log committed for it (read by :func:`fsmtrain.core.ledger.committed_sha256`, the
-log's own reader) and loads it with ``weights_only=True``.
+:func:`atomic_file` is the run's one atomic write (checkpoints, the config, the final model): a
+reader sees the old file or the whole new one, never a part, also after a crash.
 """
 
 from __future__ import annotations
@@ -17,10 +13,12 @@ import hashlib
 import io
 import os
 import pickle
-import tempfile
+import shutil
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import torch
 
@@ -28,21 +26,76 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.ledger import committed_sha256 as logged_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
-from fsmtrain.training.torch_file import write_torch_file
 
 __all__ = [
-    "FORMAT_VERSION",
-    "CheckpointError",
-    "CheckpointWriteError",
-    "SavedCheckpoint",
-    "check_room",
-    "committed_sha256",
-    "load_checkpoint",
-    "save_state",
-    "sha256_of",
+    "FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint", "atomic_file",
+    "atomic_link", "atomic_write_bytes", "check_free_space", "committed_sha256", "fsync_dir", "load_checkpoint",
+    "save_state", "sha256_of",
 ]
 
 FORMAT_VERSION = 1
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and removals in ``directory`` durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
+    """A temp name beside ``path``: what the block leaves there replaces ``path`` when the block
+    ends, and is removed when it raises. ``sync_dir=False`` leaves the folder's fsync to a caller
+    that makes several renames durable at once."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def _private(tmp: Path) -> IO[bytes]:
+    """A new file that only its owner can read, as ``tempfile.mkstemp`` makes one."""
+    return open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, 0o600))
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, sync_dir: bool = True) -> Iterator[IO[bytes]]:
+    """A file to write that replaces ``path``, fsync'd, once the block ends (see :func:`_replacing`)."""
+    with _replacing(path, sync_dir) as tmp, _private(tmp) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
+    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where the file
+    system has none."""
+    with _replacing(path, sync_dir) as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, _private(tmp) as fh:
+                shutil.copyfileobj(src, fh, 1 << 20)
+                fh.flush()
+                os.fsync(fh.fileno())
 
 
 class CheckpointError(RuntimeError):
@@ -55,19 +108,18 @@ class CheckpointWriteError(FileWriteError):
 
     @classmethod
     def of(cls, exc: OSError, epoch: int, path: Path, needs: int | None = None) -> CheckpointWriteError:
-        """The error of writing ``path`` (the epoch's file, or one of its names) for ``epoch``;
-        ``needs``: the bytes the file needs at least, when that is why it was not begun."""
+        """The error of writing ``path`` for ``epoch``; ``needs``: the bytes the file needs at least,
+        when that is why it was not begun."""
         need = f"; it needs at least {needs} bytes" if needs is not None else ""
         return cls(exc.errno, f"the checkpoint of epoch {epoch_number(epoch)} could not be written: "
                               f"{write_failure(exc, str(path), path)}{need}; the checkpoints committed before it "
                               "are unchanged")
 
 
-def check_room(path: Path, needs: int) -> None:
-    """Raise ``OSError(ENOSPC)`` when the file system of ``path`` has fewer free blocks than ``needs``
-    bytes, root's reserve included: a file that cannot fit is not begun. Begun, it would fill the
-    disk to its last block before failing, and for that moment starve every other writer of the run
-    (the log, W&B) of the space they had."""
+def check_free_space(path: Path, needs: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when the file system of ``path`` has fewer free bytes than ``needs``.
+    A file that cannot fit is not begun: begun, it would fill the disk to its last block before
+    failing, and starve the run's other writers (the log, W&B) meanwhile."""
     try:
         vfs = os.statvfs(path.parent)
     except OSError:
@@ -92,57 +144,46 @@ def sha256_of(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-class _Hashing:
-    """A write-only file that hashes what passes through it. The zip writer sends each record as
-    several small writes (header, name, padding) and each tensor's bytes as one: small ones are
-    gathered into one buffer of up to ``GATHER`` bytes, so hashing and writing (which both release
-    the GIL for large data) run once per buffer or tensor, not once per header."""
-
-    GATHER = 1 << 16
+class HashingWriter:
+    """A write-only file for ``torch.save`` that hashes what it passes on to ``out``. The first
+    failed write (a full disk) is kept and what follows dropped, so torch's zip writer never meets
+    an exception; :meth:`hexdigest` raises it."""
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
         self.digest = hashlib.sha256()
-        self._pending = bytearray()
+        self.failure: OSError | None = None
 
     def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
-        if len(self._pending) + size > self.GATHER:
-            self._put_pending()
-        if size > self.GATHER:
-            self._put(data)
-        else:
-            self._pending += data
-        return size
-
-    def _put(self, data: Any) -> None:
-        self.digest.update(data)
-        self.out.write(data)
-
-    def _put_pending(self) -> None:
-        if self._pending:
-            self._put(self._pending)
-            self._pending = bytearray()
+        if self.failure is None:
+            try:
+                self.out.write(data)
+            except OSError as exc:
+                self.failure = exc
+            self.digest.update(data)
+        return memoryview(data).nbytes
 
     def flush(self) -> None:
-        self._put_pending()
-        self.out.flush()
+        if self.failure is None:
+            try:
+                self.out.flush()
+            except OSError as exc:
+                self.failure = exc
+
+    def hexdigest(self) -> str:
+        if self.failure is not None:
+            raise self.failure
+        return self.digest.hexdigest()
 
 
 def save_state(path: Path, state: Any) -> str:
-    """Write ``state`` to ``path`` atomically and durably; returns the sha256 of the bytes written."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            hashing = _Hashing(fh)
-            write_torch_file(state, cast(IO[bytes], hashing))  # flushes ``hashing``, so ``fh`` too
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return hashing.digest.hexdigest()
+    """Write ``state`` to ``path`` with ``torch.save``, atomically and durably (the folder's fsync
+    is the caller's); returns the sha256 of the bytes written."""
+    with atomic_file(path, sync_dir=False) as fh:
+        hashing = HashingWriter(fh)
+        torch.save(state, hashing)  # type: ignore[arg-type]  # a file object by duck typing
+        digest = hashing.hexdigest()
+    return digest
 
 
 def committed_sha256(path: str | Path) -> str | None:
