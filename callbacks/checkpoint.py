@@ -11,7 +11,7 @@ from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.stop import StopReason
-from fsmtrain.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
+from fsmtrain.training.checkpoint import CheckpointManager, Written
 
 __all__ = ["CheckpointCallback"]
 
@@ -62,7 +62,6 @@ class CheckpointCallback(TrainingCallback):
     ) -> None:
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
-        self.saved: list[SavedCheckpoint] = []
         self._log: _RunLog | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
@@ -71,7 +70,7 @@ class CheckpointCallback(TrainingCallback):
         settings = self.manager.settings()
         settings["directory"] = _shown_dir(str(self.manager.directory), run)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
-        self._log = _RunLog(run, self.saved)
+        self._log = _RunLog(run)
         self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
@@ -86,11 +85,7 @@ class CheckpointCallback(TrainingCallback):
         # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
         healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:
-            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final, healthy)
-            if "best" in kinds:
-                self.manager.best_value = float(epoch.metrics[self.manager.monitor])
-                self.manager.best_epoch = epoch.index
-            for kind in kinds:
+            for kind in self.manager.decide(epoch.index, epoch.metrics, final, healthy):
                 path = self.manager.directory / self.manager.name_for(kind, epoch.index)
                 epoch.emit("checkpoint_planned", path=_shown(path, run), epoch=epoch.index, kind=kind)
             return
@@ -128,9 +123,8 @@ class _RunLog:
     """What the store did, in the run's log: from the writer thread beside the training thread
     (``beside``), or from the training thread itself."""
 
-    def __init__(self, run: RunContext, saved: list[SavedCheckpoint]) -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run = run
-        self.saved = saved
         self.skips = 0
 
     def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
@@ -144,7 +138,6 @@ class _RunLog:
                                         kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
         if unsynced:
             run.events.sync()
-        self.saved.extend(written.saved)
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
         for path in paths:

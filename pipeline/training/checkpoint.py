@@ -84,10 +84,6 @@ class WritePlan:
     staged: Staged  # the state, in host buffers no one else writes while it is pending
     chain_head: str | None  # the log's head the state stores
 
-    @property
-    def best(self) -> bool:
-        return "best" in self.roles
-
 
 @dataclass(frozen=True)
 class Written:
@@ -127,7 +123,7 @@ class CheckpointFolder:
         return self.directory / self.name_for("periodic", epoch)
 
     def list_periodic(self) -> list[Path]:
-        """Periodic checkpoint files in the folder, oldest epoch first (by epoch number, not by name)."""
+        """Periodic checkpoint files in the folder, oldest epoch first (by number, not by name)."""
         if not self.directory.is_dir():
             return []
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
@@ -234,31 +230,17 @@ def quarantine(run_dir: Path, state: DamagedState) -> tuple[str, ...]:
 
 
 class CheckpointManager(CheckpointFolder):
-    """Decides which checkpoints an epoch gets, and writes them so that a kill at any moment leaves a
-    committed checkpoint that loads, while training goes on.
+    """Decides which checkpoints an epoch gets (:meth:`decide`), and writes them so that a kill at
+    any moment leaves a committed checkpoint that loads, while training goes on.
 
-    Policy (:meth:`kinds_for`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
-    ``best`` when the monitored value strictly improves (``mode`` "min" or "max") on a healthy
-    epoch, and ``latest`` at every epoch end (``save_latest``; else with each periodic file and on
-    the run's last epoch).
-
-    Protocol: :meth:`save` (the training thread) decides, claims a writer slot, builds the state and
-    stages it. :meth:`write` (the writer thread) writes it once as ``epoch_<n>.pt``, hashed as it is
+    :meth:`save` (the training thread) decides, claims a writer slot, builds the state and stages
+    it. :meth:`write` (the writer thread) writes it once as ``epoch_<n>.pt``, hashed as it is
     written, points each role at it and fsyncs the folder. The log then commits the files; only
-    after that are older files removed, so the newest committed state is never without a file.
-    """
+    after that are older files removed, so the newest committed state is never without a file."""
 
-    def __init__(
-        self,
-        directory: str | Path,
-        save_every_n_epochs: int = 1,
-        keep_last_k: int = 3,
-        save_best: bool = True,
-        monitor: str = "val_loss",
-        mode: str = "min",
-        save_latest: bool = True,
-        background: bool = False,
-    ) -> None:
+    def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
+                 save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
+                 background: bool = False) -> None:
         if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
             raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
         if isinstance(keep_last_k, bool) or not isinstance(keep_last_k, int) or keep_last_k < 0:
@@ -280,17 +262,20 @@ class CheckpointManager(CheckpointFolder):
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
             return False
-        if self.best_value is None:
-            return True
-        return value < self.best_value if self.mode == "min" else value > self.best_value
+        return self.best_value is None or (value < self.best_value if self.mode == "min" else value > self.best_value)
 
-    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
-        """``healthy=False`` (a non-finite loss this epoch) never makes ``best``: its weights may not be finite."""
+    def decide(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
+        """The kinds of file ``epoch`` gets: ``periodic`` every ``save_every_n_epochs``; ``best`` when
+        the monitored value strictly improves on a ``healthy`` epoch (a non-finite loss may leave
+        weights that are not finite), which then is the best so far; ``latest`` at every epoch end
+        (without ``save_latest``: with ``periodic`` and when ``final``)."""
         kinds: list[str] = []
         if (epoch + 1) % self.save_every_n_epochs == 0:
             kinds.append("periodic")
         if self.save_best and healthy and self.improved(metrics.get(self.monitor)):
             kinds.append("best")
+            self.best_value = float(metrics[self.monitor])
+            self.best_epoch = epoch
         if self.save_latest or "periodic" in kinds or final:
             kinds.append("latest")
         return kinds
@@ -332,10 +317,7 @@ class CheckpointManager(CheckpointFolder):
         """This epoch's checkpoint: decided, staged and handed to the writer (written now, when not
         ``background``). Returns the plan, or None when nothing is due or the state is left out (a
         slow disk; ``log.skipped`` says so)."""
-        kinds = self.kinds_for(epoch, metrics, final, healthy)
-        if "best" in kinds:
-            self.best_value = float(metrics[self.monitor])
-            self.best_epoch = epoch
+        kinds = self.decide(epoch, metrics, final, healthy)
         if not kinds:
             return None
         claim = self.writer.claim_slot(epoch, "best" in kinds, final)
@@ -352,7 +334,7 @@ class CheckpointManager(CheckpointFolder):
                   else Staged(state, staged_bytes=tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"))
-        self.writer.submit(Job(epoch, claim.slot, plan.best, lambda: self._commit(plan, log)))
+        self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log)))
         return plan
 
     def close(self) -> None:
@@ -401,12 +383,10 @@ class CheckpointManager(CheckpointFolder):
             path.unlink(missing_ok=True)
         fsync_dir(self.directory)
 
-    def finish(self, log: CheckpointLog) -> tuple[Path, ...]:
+    def finish(self, log: CheckpointLog) -> None:
         """Once every write is committed: remove what the last commit made redundant (the newest
         epoch's own file when it is not periodic: ``latest.pt`` holds its bytes)."""
-        removed = self._redundant(keep_newest=False)
-        self._remove(removed, log, beside=False)
-        return removed
+        self._remove(self._redundant(keep_newest=False), log, beside=False)
 
     def state_dict(self) -> dict[str, Any]:  # the best so far, for resume
         return {"best_value": self.best_value, "best_epoch": self.best_epoch}

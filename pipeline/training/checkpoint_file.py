@@ -27,11 +27,9 @@ from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.ledger import committed_sha256 as logged_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
 
-__all__ = [
-    "FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint", "atomic_file",
-    "atomic_link", "atomic_write_bytes", "check_free_space", "committed_sha256", "fsync_dir", "load_checkpoint",
-    "save_state", "sha256_of",
-]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
+           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "committed_sha256", "fsync_dir",
+           "load_checkpoint", "save_state", "sha256_of"]
 
 FORMAT_VERSION = 1
 
@@ -163,12 +161,8 @@ class HashingWriter:
             self.digest.update(data)
         return memoryview(data).nbytes
 
-    def flush(self) -> None:
-        if self.failure is None:
-            try:
-                self.out.flush()
-            except OSError as exc:
-                self.failure = exc
+    def flush(self) -> None:  # called after the zip writer is done: an error here is torch.save's own
+        self.out.flush()
 
     def hexdigest(self) -> str:
         if self.failure is not None:

@@ -1,18 +1,11 @@
-"""Checkpoint writes off the training thread: states staged into reused host buffers, and one
+"""Checkpoint writes off the training thread: the state staged into reused host buffers, and one
 writer thread with at most one write in flight and one state waiting.
 
-Staging (:func:`stage`) copies every tensor of a state into a :class:`BufferSet` buffer keyed by
-where the tensor sits (``("model", "fc.weight")``), allocated once and reused while its shape and
-dtype hold, so the next epoch may train at once. A CUDA tensor is copied into pinned memory with
-``non_blocking=True`` on a side stream ordered after the last optimizer step; the training stream
-waits for that stream, and the writer thread waits for its event (:meth:`Staged.wait`).
-
-There are two buffer sets ("slots"). A slow disk never holds training up:
-:meth:`CheckpointWriter.claim_slot` drops a waiting state for a newer one (the newest is written),
-except that a waiting ``best`` is never dropped for a state that is not: then the new state is
-left out. The caller logs which epoch was left out and why. The run's final state is never left
-out: for it, ``claim_slot`` waits. A failed write is raised on the training thread at its next
-look; from then on nothing more is written.
+:func:`stage` copies each tensor into a :class:`BufferSet` buffer keyed by where it sits in the
+state, allocated once and reused. A CUDA tensor is copied into pinned memory on a side stream
+ordered after the last optimizer step; the training stream waits for it on the GPU, and the writer
+thread waits for its event. There are two buffer sets ("slots"), and a slow disk never holds
+training up (:meth:`CheckpointWriter.claim_slot`).
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ class Staged:
     staged_bytes: int = 0
 
     def wait(self) -> None:
-        """Block until every copy into the buffers has landed (the writer thread, before it reads them)."""
+        """Block until every copy into the buffers has landed."""
         if self.ready is not None:
             self.ready.synchronize()
 
@@ -164,8 +157,9 @@ class SlotClaim:
 
 
 class CheckpointWriter:
-    """The writer thread and its two slots (see the module docstring). With ``background=False``
-    each job runs at once on the calling thread."""
+    """The writer thread and its two slots. With ``background=False`` each job runs at once on the
+    calling thread. A failed write is raised on the training thread at its next look; from then on
+    nothing more is written."""
 
     def __init__(self, background: bool, on_dropped: Callable[[int, str], None] | None = None) -> None:
         self.background = background
@@ -181,7 +175,9 @@ class CheckpointWriter:
 
     # --- the training thread ---------------------------------------------------------------
     def claim_slot(self, epoch: int, best: bool, final: bool) -> SlotClaim:
-        """A slot to stage the state of ``epoch`` into (see the module docstring)."""
+        """A slot to stage the state of ``epoch`` into. A waiting state is dropped for it (the newest
+        is written), except that a waiting ``best`` is never dropped for a state that is not: then
+        this one is left out. The run's ``final`` state is never left out: it waits for a slot."""
         with self._cond:
             self._check_open()
             if self._in_flight is None:
