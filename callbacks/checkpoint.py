@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,26 +10,9 @@ from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.stop import StopReason
-from fsmtrain.training.checkpoint import CheckpointManager, Written
+from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
 
 __all__ = ["CheckpointCallback"]
-
-
-def _shown_dir(directory: str, run: RunContext) -> str:
-    """A folder relative to the run directory when it is under it, else absolute (lexical: no
-    symlink resolution)."""
-    absolute = os.path.abspath(directory)
-    if run.run_dir is not None:
-        relative = os.path.relpath(absolute, os.path.abspath(run.run_dir))
-        if not relative.startswith(os.pardir):
-            return relative
-    return absolute
-
-
-def _shown(path: Path, run: RunContext) -> str:
-    """A file as the log shows it (see :func:`_shown_dir`)."""
-    shown = _shown_dir(str(path.parent), run)
-    return path.name if shown == os.curdir else os.path.join(shown, path.name)
 
 
 class CheckpointCallback(TrainingCallback):
@@ -68,7 +50,7 @@ class CheckpointCallback(TrainingCallback):
         if run.dry_run:
             return
         settings = self.manager.settings()
-        settings["directory"] = _shown_dir(str(self.manager.directory), run)
+        settings["directory"] = shown_path(self.manager.directory, run.run_dir)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
         self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
@@ -87,7 +69,7 @@ class CheckpointCallback(TrainingCallback):
         if run.dry_run:
             for kind in self.manager.decide(epoch.index, epoch.metrics, final, healthy):
                 path = self.manager.directory / self.manager.name_for(kind, epoch.index)
-                epoch.emit("checkpoint_planned", path=_shown(path, run), epoch=epoch.index, kind=kind)
+                epoch.emit("checkpoint_planned", path=shown_path(path, run.run_dir), epoch=epoch.index, kind=kind)
             return
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
 
@@ -134,14 +116,14 @@ class _RunLog:
         run = self.run
         unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
-            unsynced |= run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch,
-                                        kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
+            unsynced |= run.emit_beside("checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256,
+                                        epoch=ck.epoch, kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
         if unsynced:
             run.events.sync()
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
         for path in paths:
-            self._emit(beside, "checkpoint_removed", path=_shown(path, self.run))
+            self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
 
     def skipped(self, epoch: int, why: str, beside: bool) -> None:
         # The first on the console too; a disk that stays slow would repeat it every epoch.

@@ -10,7 +10,6 @@ committed are removed; a committed file whose bytes changed is moved to ``damage
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
+from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
 from fsmtrain.core.ledger import CommittedFile
 from fsmtrain.training.checkpoint_file import (
     FORMAT_VERSION,
@@ -28,8 +27,8 @@ from fsmtrain.training.checkpoint_file import (
     SavedCheckpoint,
     atomic_link,
     check_free_space,
-    committed_sha256,
     fsync_dir,
+    history_text,
     load_checkpoint,
     save_state,
     sha256_of,
@@ -40,13 +39,24 @@ from fsmtrain.training.rng import capture_rng_state
 
 __all__ = [
     "DAMAGED_DIR", "FORMAT_VERSION", "CheckpointError", "CheckpointFolder", "CheckpointLog", "CheckpointManager",
-    "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written", "committed_sha256",
-    "find_damaged", "history_text", "load_checkpoint", "quarantine", "read_history", "sha256_of",
-    "stateful_callbacks",
+    "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written",
+    "find_damaged", "load_checkpoint", "quarantine", "sha256_of",
+    "shown_path", "stateful_callbacks",
 ]
 
 DAMAGED_DIR = "damaged"
 _PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
+
+
+def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
+    """``path`` as the log shows it: relative to ``run_dir`` when under it, else absolute (lexical:
+    no symlink resolution)."""
+    absolute = os.path.abspath(path)
+    if run_dir is not None:
+        relative = os.path.relpath(absolute, os.path.abspath(run_dir))
+        if not relative.startswith(os.pardir):
+            return relative
+    return absolute
 
 
 def stateful_callbacks(run: RunContext) -> dict[str, Any]:
@@ -56,22 +66,6 @@ def stateful_callbacks(run: RunContext) -> dict[str, Any]:
         if getattr(cb, "stateful", False):
             found[cb.name if cb.name not in found else f"{cb.name}#{i}"] = cb
     return found
-
-
-def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
-    """A checkpoint's ``history``: the epochs before ``epoch`` and ``epoch`` itself, as one JSON text
-    (one string pickles as one object; a list of dicts costs ``torch.save`` a call per number).
-    ``json`` writes floats exactly, and non-finite ones as NaN/Infinity, which it reads back."""
-    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + [(epoch, metrics)]
-    return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
-                      separators=(",", ":"))
-
-
-def read_history(value: Any) -> list[dict[str, Any]]:
-    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
-    older checkpoints hold)."""
-    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
-    return entries
 
 
 @dataclass(frozen=True)
@@ -222,8 +216,7 @@ def quarantine(run_dir: Path, state: DamagedState) -> tuple[str, ...]:
             target, n = target_dir / (f"{stem}.{n}{dot}{suffix}" if dot else f"{source.name}.{n}"), n + 1
         os.replace(source, target)
         folders.update((source.parent, target_dir))
-        relative = os.path.relpath(target, run_dir)
-        moved.append(str(target) if relative.startswith(os.pardir) else relative)
+        moved.append(shown_path(target, run_dir))
     for folder in folders:
         fsync_dir(folder)
     return tuple(moved)

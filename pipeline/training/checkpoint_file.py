@@ -1,5 +1,5 @@
-"""One checkpoint file: written atomically by ``torch.save`` and hashed as it is written; read back
-only with the bytes its run's log committed.
+"""One checkpoint file: its format (a version, the history as one JSON text), written atomically by
+``torch.save`` and hashed as it is written; read back only with the bytes its run's log committed.
 
 :func:`atomic_file` is the run's one atomic write (checkpoints, the config, the final model): a
 reader sees the old file or the whole new one, never a part, also after a crash.
@@ -11,25 +11,26 @@ import contextlib
 import errno
 import hashlib
 import io
+import json
 import os
 import pickle
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-from fsmtrain.core.context import epoch_number
+from fsmtrain.core.context import EpochRecord, epoch_number
 from fsmtrain.core.events import EVENTS_FILE
-from fsmtrain.core.ledger import committed_sha256 as logged_sha256
+from fsmtrain.core.ledger import committed_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
-           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "committed_sha256", "fsync_dir",
-           "load_checkpoint", "save_state", "sha256_of"]
+           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "fsync_dir", "history_text",
+           "load_checkpoint", "read_history", "save_state", "sha256_of"]
 
 FORMAT_VERSION = 1
 
@@ -180,24 +181,36 @@ def save_state(path: Path, state: Any) -> str:
     return digest
 
 
-def committed_sha256(path: str | Path) -> str | None:
-    """The sha256 the run's log last committed for ``path`` (a file under ``<run>/checkpoints/``),
-    or None when there is no such log or record."""
-    p = Path(path)
-    log = p.parent.parent / EVENTS_FILE
-    return logged_sha256(log, p) if log.is_file() else None
+def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
+    """A checkpoint's ``history``: the epochs before ``epoch`` and ``epoch`` itself, as one JSON text
+    (one string pickles as one object; a list of dicts costs ``torch.save`` a call per number).
+    ``json`` writes floats exactly, and non-finite ones as NaN/Infinity, which it reads back."""
+    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + [(epoch, metrics)]
+    return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
+                      separators=(",", ":"))
+
+
+def read_history(value: Any) -> list[dict[str, Any]]:
+    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
+    older checkpoints hold)."""
+    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
+    return entries
 
 
 def load_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
 ) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
-    run's log committed for it (or ``expected_sha256``). Damage, a digest mismatch, or a pickle
-    payload with code in it raise :class:`CheckpointError` naming the file; nothing is loaded."""
+    run's log (``<run>/events.jsonl`` for ``<run>/checkpoints/<file>``) committed for it, or
+    ``expected_sha256``. Damage, a digest mismatch, or a pickle payload with code in it raise
+    :class:`CheckpointError` naming the file; nothing is loaded."""
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
-    expected = expected_sha256 if expected_sha256 is not None else committed_sha256(p)
+    log = p.parent.parent / EVENTS_FILE
+    expected = expected_sha256
+    if expected is None and log.is_file():
+        expected = committed_sha256(log, p)
     data = p.read_bytes()
     if expected is not None:
         found = hashlib.sha256(data).hexdigest()

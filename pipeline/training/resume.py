@@ -29,9 +29,9 @@ from fsmtrain.training.checkpoint import (
     find_damaged,
     load_checkpoint,
     quarantine,
-    read_history,
     stateful_callbacks,
 )
+from fsmtrain.training.checkpoint_file import read_history
 from fsmtrain.training.rng import restore_rng_state
 
 __all__ = [
@@ -149,8 +149,7 @@ class Resumption:
     state: dict[str, Any]
     tail: LogTail
     removed: list[str] = field(default_factory=list)
-    # What the resume changed on purpose in ``state`` (a re-planned schedule): (event, payload) pairs,
-    # written as warnings (console and log) right after the ``resume`` event.
+    # what the resume changed on purpose (a re-planned schedule): warnings logged after ``resume``
     notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     damaged: list[DamagedState] = field(default_factory=list)  # moved aside and announced in train_begin
     notes: dict[str, Any] = field(default_factory=dict)  # what the resume event says besides (world sizes...)
@@ -218,12 +217,10 @@ class Resumption:
 
 
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
-    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest committed one that is
-    intact) or a path (which must be one the log committed). Raises :class:`NothingCommitted` when
-    the log commits no checkpoint that is still there.
-
-    ``own_log``: a rank other than 0 of a multi-process run, which continues its own log (that
-    name) from the checkpoint rank 0 chose; it reads the run's log and files and changes neither."""
+    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest intact committed one) or
+    a path the log committed; :class:`NothingCommitted` when none is still there. ``own_log``: a
+    rank other than 0, which continues its own log (that name) and changes neither the run's log
+    nor its files."""
     run_dir = Path(run_dir)
     tail = read_log_tail(run_dir, repair=own_log is None)
     live = dict(tail.ledger.live)

@@ -204,7 +204,7 @@ def test_history_text_reads_back_exactly():
     import math
 
     from fsmtrain.core.context import EpochRecord
-    from fsmtrain.training.checkpoint import history_text, read_history
+    from fsmtrain.training.checkpoint_file import history_text, read_history
 
     history: list[EpochRecord] = []
     for e in range(5):
