@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,46 +10,21 @@ from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.stop import StopReason
-from fsmtrain.training.checkpoint import CheckpointManager, SavedCheckpoint, Written
+from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
 
 __all__ = ["CheckpointCallback"]
 
 
-@functools.lru_cache(maxsize=64)
-def _shown_dir(directory: str, run_dir: str | None) -> str:
-    """A folder relative to the run directory when it is under it, else absolute. Lexical (no
-    symlink resolution), and cached: checkpoint folders do not move during a run."""
-    absolute = os.path.abspath(directory)
-    if run_dir is not None:
-        relative = os.path.relpath(absolute, os.path.abspath(run_dir))
-        if not relative.startswith(os.pardir):
-            return relative
-    return absolute
-
-
-def _shown(path: Path, run: RunContext) -> str:
-    return _shown_in(str(path.parent), path.name, run)
-
-
-def _shown_in(folder: str, name: str, run: RunContext) -> str:
-    shown = _shown_dir(folder, None if run.run_dir is None else str(run.run_dir))
-    return name if shown == os.curdir else os.path.join(shown, name)
-
-
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. The state is staged
-    there (copied into reused host buffers); with ``background=True`` (the default) a writer thread
-    writes it while the next epoch trains, and logs it the moment it is durable: a ``checkpoint``
-    event per file (path, sha256, epoch, kind, and ``chain_head``: the log's chain head the file
-    stores) and a ``checkpoint_removed`` event per file removed. The training thread never waits
-    for the disk: with a write in flight and a newer state staged behind it, a state still waiting
-    is dropped for the newest (a ``best`` one only for a newer best) and the log says so
-    (``checkpoint_skipped``: the epoch, and why). ``train_end`` waits for what is pending.
-    ``background=False`` writes and logs the same files before the epoch ends. A failed write is
-    raised at the next phase boundary (an epoch's or validation's start, the next epoch's end, or
-    ``train_end``). The policy is logged at ``train_begin`` (``checkpoint_settings``).
-    In replay (``run.dry_run``) no file is written; ``checkpoint_planned`` events record intent."""
+    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. With
+    ``background=True`` (the default) a writer thread writes the staged state while the next epoch
+    trains and logs it the moment it is durable: a ``checkpoint`` event per file (path, sha256,
+    epoch, kind, and the log's ``chain_head`` the file stores), a ``checkpoint_removed`` event per
+    file removed, and ``checkpoint_skipped`` for a state a slow disk left out. ``train_end`` waits
+    for what is pending; ``background=False`` writes before the epoch ends. A failed write is raised
+    at the next phase boundary. The policy is logged at ``train_begin`` (``checkpoint_settings``);
+    in replay (``run.dry_run``) nothing is written and ``checkpoint_planned`` records intent."""
 
     priority = 95
     tier = Tier.CORE
@@ -71,17 +44,15 @@ class CheckpointCallback(TrainingCallback):
     ) -> None:
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
-        self.saved: list[SavedCheckpoint] = []
         self._log: _RunLog | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
             return
         settings = self.manager.settings()
-        run_dir = None if run.run_dir is None else str(run.run_dir)
-        settings["directory"] = _shown_dir(str(self.manager.directory), run_dir)
+        settings["directory"] = shown_path(self.manager.directory, run.run_dir)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
-        self._log = _RunLog(run, self.saved)
+        self._log = _RunLog(run)
         self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
@@ -96,14 +67,9 @@ class CheckpointCallback(TrainingCallback):
         # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
         healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:
-            kinds = self.manager.kinds_for(epoch.index, epoch.metrics, final, healthy)
-            if "best" in kinds:
-                self.manager.best_value = float(epoch.metrics[self.manager.monitor])
-                self.manager.best_epoch = epoch.index
-            folder = str(self.manager.directory)
-            for kind in kinds:
-                epoch.emit("checkpoint_planned", path=_shown_in(folder, self.manager.name_for(kind, epoch.index), run),
-                           epoch=epoch.index, kind=kind)
+            for kind in self.manager.decide(epoch.index, epoch.metrics, final, healthy):
+                path = self.manager.directory / self.manager.name_for(kind, epoch.index)
+                epoch.emit("checkpoint_planned", path=shown_path(path, run.run_dir), epoch=epoch.index, kind=kind)
             return
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
 
@@ -117,7 +83,7 @@ class CheckpointCallback(TrainingCallback):
         if run.dry_run:
             return
         try:
-            self.manager.drain()
+            self.manager.writer.drain()
         finally:
             self.manager.close()
         if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
@@ -139,9 +105,8 @@ class _RunLog:
     """What the store did, in the run's log: from the writer thread beside the training thread
     (``beside``), or from the training thread itself."""
 
-    def __init__(self, run: RunContext, saved: list[SavedCheckpoint]) -> None:
+    def __init__(self, run: RunContext) -> None:
         self.run = run
-        self.saved = saved
         self.skips = 0
 
     def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
@@ -149,17 +114,16 @@ class _RunLog:
 
     def committed(self, written: Written) -> None:
         run = self.run
-        owed = False  # one fsync of the log for the commit's lines, after the last
+        unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
-            owed |= run.emit_beside("checkpoint", path=_shown(ck.path, run), sha256=ck.sha256, epoch=ck.epoch,
-                                    kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
-        if owed:
+            unsynced |= run.emit_beside("checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256,
+                                        epoch=ck.epoch, kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
+        if unsynced:
             run.events.sync()
-        self.saved.extend(written.saved)
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
         for path in paths:
-            self._emit(beside, "checkpoint_removed", path=_shown(path, self.run))
+            self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
 
     def skipped(self, epoch: int, why: str, beside: bool) -> None:
         # The first on the console too; a disk that stays slow would repeat it every epoch.

@@ -17,8 +17,8 @@ never 0 and never die by the signal (the process is stopped while it is decided 
 still reaches it, so one that does is always owed its status). After each
 kill the next process continues the run: ``fsmtrain resume`` when the folder holds a started run
 (``train --resume`` when none started, which starts it or reuses the folder of one that never
-started). A run killed before its first checkpoint was committed cannot be resumed yet (issue 24
-item 2): its folder is moved aside and the run started again, as ``fsmtrain resume`` says to.
+started). A run killed before its first checkpoint was committed has its folder moved aside (kept
+as evidence) and the run started again.
 """
 
 from __future__ import annotations

@@ -100,8 +100,7 @@ def test_compare_on_cuda_without_a_gpu_says_so_and_runs_nothing(tmp_path: Path) 
 
 @pytest.mark.timeout(120)
 def test_checkpoint_write_benchmark_runs_on_a_real_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
-    """``benchmarks/checkpoint_write.py`` on the small state, one round: it checks that the writer's
-    bytes are torch.save's before it times anything (it exits otherwise); no timing is asserted."""
+    """``benchmarks/checkpoint_write.py`` on the small state, one round; no timing is asserted."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import checkpoint_write
@@ -110,5 +109,5 @@ def test_checkpoint_write_benchmark_runs_on_a_real_checkpoint(capsys: pytest.Cap
     assert checkpoint_write.main(["--rounds", "1", "--shapes", "small", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert set(results) == {"small"}
-    assert set(results["small"]) == {"torch_save_us", "write_torch_file_us", "ratio", "bytes"}
+    assert set(results["small"]) == {"write_us", "bytes"}
     assert results["small"]["bytes"] > 50_000  # model, AdamW moments, RNG states: a real checkpoint

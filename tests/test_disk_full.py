@@ -1,5 +1,5 @@
 """A full disk is a named error in the phase it happened, with a log of whole lines that ends the
-run properly (issue 24, item 4): no third-party traceback on the console, no torn line for a
+run properly: no third-party traceback on the console, no torn line for a
 resume to repair, and an audit that does not take it for a killed process."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from resume_harness import REPO, env, fsmtrain, same_weights
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointWriteError, load_checkpoint
-from fsmtrain.training.checkpoint_files import check_room
-from fsmtrain.training.staging import tensor_bytes
+from fsmtrain.training.checkpoint_file import check_free_space
+from fsmtrain.training.checkpoint_writer import tensor_bytes
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 
@@ -209,9 +209,9 @@ def test_a_line_that_cannot_be_written_is_cut_back_to_the_last_whole_line(tmp_pa
 
 def test_a_file_larger_than_the_free_blocks_is_not_begun(tmp_path: Path) -> None:
     free = shutil.disk_usage(tmp_path).free
-    check_room(tmp_path / "epoch_1.pt", 1)  # fits: nothing raised
+    check_free_space(tmp_path / "epoch_1.pt", 1)  # fits: nothing raised
     with pytest.raises(OSError) as caught:
-        check_room(tmp_path / "epoch_1.pt", free + (1 << 40))
+        check_free_space(tmp_path / "epoch_1.pt", free + (1 << 40))
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "epoch_1.pt")
     error = CheckpointWriteError.of(caught.value, 0, tmp_path / "epoch_1.pt", free + (1 << 40))
     assert error.strerror is not None

@@ -1,4 +1,4 @@
-"""The acceptance of issue 24: real processes killed at 30 random moments between start-up and exit
+"""Real processes killed at 30 random moments between start-up and exit
 (teardown included), each run continued with ``fsmtrain resume`` until it completes, ends with the
 weights of an uninterrupted run to the bit, an audit that passes and no ``.lock`` left behind.
 

@@ -1,4 +1,4 @@
-"""Durable commits (issue 24.5): the log is fsync'd once per checkpoint commit (after the last of
+"""Durable commits: the log is fsync'd once per checkpoint commit (after the last of
 its ``checkpoint`` lines) and after ``result`` (``log.fsync: commits``, the default), after every
 line (``every``) or never (``never``).
 
@@ -48,16 +48,14 @@ def _fsyncs_of_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backgrou
                          ids=["foreground", "writer-thread", "writer-thread-slow-disk"])
 def test_the_log_is_fsynced_at_each_checkpoint_commit_and_at_the_result_by_default(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool, slow_disk: float) -> None:
-    """Found: events.jsonl was flushed but never fsync'd, at a checkpoint commit and at result too: after
-    a power loss a durable checkpoint could lose its commit line, and resume would delete it. Then
-    (issue 22, the epochs workload): a commit of an epoch file with its ``latest`` (and ``best``) link
-    wrote a line per file and fsync'd the log after each, where one fsync after the last line makes
-    the commit just as durable.
+    """events.jsonl is fsync'd at each checkpoint commit, once after the commit's last line (else
+    after a power loss a durable checkpoint could lose its commit line, and resume would delete it),
+    and at result.
 
-    Found in CI (a loaded host): with the writer thread, epoch 1's state may be dropped for epoch 2's
-    while epoch 0's write is still in flight (the documented ``checkpoint_skipped``), so the commits
-    are counted from the log there; the foreground store commits every epoch, and a slow disk (each
-    checkpoint fsync 0.5 s, against epochs of milliseconds) always drops epoch 1."""
+    With the writer thread, epoch 1's state may be dropped for epoch 2's while epoch 0's write is
+    still in flight (the documented ``checkpoint_skipped``), so the commits are counted from the log
+    there; the foreground store commits every epoch, and a slow disk (each checkpoint fsync 0.5 s,
+    against epochs of milliseconds) always drops epoch 1."""
     synced, events = _fsyncs_of_the_log(tmp_path, monkeypatch, background=background, slow_disk=slow_disk)
     lines = [e for e in events if e["event"] == "checkpoint"]
     commits = {e["payload"]["epoch"] for e in lines}  # one commit per epoch: its file and the links to it

@@ -1,4 +1,4 @@
-"""Runs survive what real jobs meet (issue 10): exact resume after SIGKILL and SIGTERM, damaged
+"""Runs survive what real jobs meet: exact resume after SIGKILL and SIGTERM, damaged
 checkpoints refused, one run per directory, clear errors for bad run directories."""
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def _train_one_epoch(work: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_yaml(tmp_path: Path) -> None:
-    """Found: `fsmtrain resume RUN --set seeds=[5]` trained seed 0 on and rewrote config.yaml with seeds [5]."""
+    """`fsmtrain resume RUN --set seeds=[5]` is refused, naming the field, and config.yaml stays as it was."""
     _train_one_epoch(tmp_path)
     config = (tmp_path / RUN / "config.yaml").read_bytes()
     events = (tmp_path / RUN / "events.jsonl").read_bytes()
@@ -318,7 +318,7 @@ def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_y
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resume_of_a_run_dir_whose_log_is_gone_or_garbage_is_a_one_line_error(tmp_path: Path) -> None:
-    """Found: a missing events.jsonl gave a FileNotFoundError traceback, a binary one a UnicodeDecodeError."""
+    """A missing or binary events.jsonl is a one-line error, not a traceback."""
     import shutil
 
     _train_one_epoch(tmp_path)

@@ -1,4 +1,4 @@
-"""Resume verifies before it trusts (issue 24.1), and continue means continue (24.2).
+"""Resume verifies before it trusts, and continue means continue.
 
 - A damaged newest checkpoint (truncated, a flipped byte, another file's bytes in its place) is
   announced once (the file, both digests, the checkpoint the run continues from), moved to
@@ -100,8 +100,8 @@ def _copy_run(source: Path, target: Path) -> None:
 def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_run_resumes_from_the_older_one(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]],
         way: str, keep: int) -> None:
-    """Found: a damaged latest.pt was deleted silently (named only under the resume event's removed),
-    and with keep_last_k: 1 one flipped byte left nothing to resume from."""
+    """A damaged latest.pt is moved aside and announced, never deleted, and with keep_last_k: 1 the
+    older state is still there to resume from."""
     undamaged, parts = trained
     run = tmp_path / "part"
     _copy_run(parts[keep], run)
@@ -140,8 +140,7 @@ def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_run_resumes_from_the_
 
 
 def test_a_trainer_resumed_with_nothing_committed_starts_over_in_place(tmp_path: Path) -> None:
-    """Found: resume_from="latest" on a run that committed no checkpoint was refused ("nothing to
-    resume from (start the run again instead)"), and a new run needed a new folder."""
+    """resume_from="latest" on a run that committed no checkpoint starts it over in its own folder."""
     run = tmp_path / "run"
     torch.set_num_threads(1)
     model = tiny_model(0)
@@ -181,7 +180,7 @@ FAST = ("epochs=3", "wandb.enabled=false", "checkpoint.keep_last_k=1")
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsmtrain_resume_of_a_flipped_latest_with_keep_last_k_1_resumes_and_the_audit_passes(tmp_path: Path) -> None:
-    """Found: `fsmtrain resume` after one flipped byte in latest.pt (keep_last_k: 1) exited 2."""
+    """`fsmtrain resume` after one flipped byte in latest.pt (keep_last_k: 1) resumes from the older state."""
     done = _cli("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     latest = tmp_path / RUN / "checkpoints" / "latest.pt"
@@ -225,8 +224,7 @@ def _held_config(tmp_path: Path) -> Path:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("route", ["resume", "train --resume"])
 def test_a_run_killed_before_its_first_checkpoint_starts_over_in_its_own_run_dir(tmp_path: Path, route: str) -> None:
-    """Found: all resume routes exited 2 ("nothing to resume from (start the run again instead)"),
-    and a plain `train` went on in `…-seed0-2`."""
+    """Every resume route starts such a run over in its own run dir, not in a new `…-seed0-2`."""
     config = _held_config(tmp_path)
     ref = tmp_path / "reference"
     ref.mkdir()
@@ -253,8 +251,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_in_its_own_run_dir
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_resume_of_a_run_that_never_started_starts_it_in_place(tmp_path: Path) -> None:
-    """Found: `train --resume` (and `resume`) of a run dir holding only .lock and an empty events.jsonl
-    (killed before its first line) exited 2."""
+    """`train --resume` (and `resume`) of a run dir holding only .lock and an empty events.jsonl
+    (killed before its first line) starts the run there."""
     run = tmp_path / RUN
     run.mkdir(parents=True)
     (run / ".lock").write_bytes(b"")

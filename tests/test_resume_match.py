@@ -1,5 +1,5 @@
 """A Trainer resumed with other objects than its run was trained with is refused, naming the
-difference (issue 24, item 8), as ``fsmtrain resume`` refuses a changed config."""
+difference, as ``fsmtrain resume`` refuses a changed config."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _wider() -> nn.Module:
 ], ids=["optimizer", "no-scheduler", "other-scheduler", "model"])
 def test_a_resume_with_other_objects_is_refused_naming_the_difference(
         adam_run: Path, build: Build, model: Callable[[], nn.Module] | None, named: str) -> None:
-    """Found: an Adam run resumed with SGD failed with a `KeyError: 'momentum'` traceback."""
+    """An Adam run resumed with SGD is refused in one line, not a `KeyError: 'momentum'` traceback."""
     before = {p: p.read_bytes() for p in adam_run.rglob("*") if p.is_file()}
     with pytest.raises(ResumeError) as info:
         _trainer(adam_run, build, epochs=4, model=model() if model else None, resume_from="latest")

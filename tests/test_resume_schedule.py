@@ -1,8 +1,6 @@
-"""Resume keeps the schedule (issue 23): an extension of a run whose scheduler is planned for its
-epochs is refused with the fix named, and the fix re-plans it visibly; never a silent restart.
-
-Found: ``fsmtrain resume RUN --set epochs=30`` on the quickstart (cosine, ``T_max: 20``) trained
-epoch 21 at lr 0.00e+00, then the lr climbed back to 1.27e-3, with no word.
+"""Resume keeps the schedule: an extension of a run whose scheduler is planned for its epochs (the
+quickstart's cosine, ``T_max: 20``, resumed with ``--set epochs=30``) is refused with the fix
+named, and the fix re-plans it visibly; never a silent restart of the schedule.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.signal_latch import installed
-from fsmtrain.training.atomic import atomic_write_bytes
+from fsmtrain.training.checkpoint_file import atomic_write_bytes
 
 if TYPE_CHECKING:
     import optuna

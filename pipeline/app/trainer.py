@@ -27,7 +27,7 @@ from fsmtrain.core.hooks import TrainingCallback, bind_callbacks, unbind_callbac
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
-from fsmtrain.training.atomic import atomic_write_bytes
+from fsmtrain.training.checkpoint_file import atomic_write_bytes
 from fsmtrain.training.distributed import (
     TorchCollective,
     shard_train_loader,

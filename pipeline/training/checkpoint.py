@@ -1,125 +1,82 @@
-"""The checkpoint store: what a checkpoint holds, which files an epoch gets, and how they reach the
-disk without holding training up.
+"""The checkpoint store: what a checkpoint holds, which files an epoch gets and the folder keeps,
+and the damaged ones moved aside.
 
-A checkpoint is one ``torch.save`` file of a plain dict that ``torch.load(weights_only=True)`` accepts:
-tensors, numbers, strings, lists and dicts only (RNG states are converted to tensors and lists of
-ints for that reason: :mod:`fsmtrain.training.rng`). It holds the model, optimizer and scheduler
-state, every stateful callback's ``state_dict`` (keyed by callback name), whatever callbacks add in
-``on_save_checkpoint``, the RNG states, the machine position and the config fingerprint.
-
-Files in ``directory``: ``epoch_<n>.pt`` (periodic, ``n`` the epoch number, 1-based, kept
-``keep_last_k`` by epoch number), ``best.pt`` and ``latest.pt`` (other names of an epoch's file).
-A file exists for the audit and for resume only once the log has committed it (see
-:class:`CheckpointManager`); one file is :mod:`fsmtrain.training.checkpoint_files`' business
-(written hashed and atomically, loaded against its committed sha256). On the training thread an
-epoch's state is only staged (:mod:`fsmtrain.training.staging`); the writer thread
-(:mod:`fsmtrain.training.checkpoint_writer`) does the rest.
+Files: ``epoch_<n>.pt`` (``n`` the epoch number, 1-based), and ``best.pt`` and ``latest.pt``, other
+names (hard links) of an epoch's file. Kept: the periodic files of the last ``keep_last_k``
+periodic epochs (``0`` keeps all), the newest epoch's own file, and always the newest older state
+besides, since one damaged file takes every name of its epoch with it. Only files this run
+committed are removed; a committed file whose bytes changed is moved to ``damaged/``.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext
-from fsmtrain.training.atomic import atomic_link, fsync_dir
-from fsmtrain.training.checkpoint_files import (
+from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
+from fsmtrain.core.ledger import CommittedFile
+from fsmtrain.training.checkpoint_file import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointWriteError,
     SavedCheckpoint,
-    check_room,
-    committed_sha256,
+    atomic_link,
+    check_free_space,
+    fsync_dir,
+    history_text,
     load_checkpoint,
     save_state,
     sha256_of,
 )
-from fsmtrain.training.checkpoint_folder import CheckpointFolder
-from fsmtrain.training.checkpoint_writer import SLOTS, CheckpointWriter, Job
+from fsmtrain.training.checkpoint_writer import SLOTS, BufferSet, CheckpointWriter, Job, Staged, stage, tensor_bytes
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.rng import capture_rng_state
-from fsmtrain.training.staging import BufferSet, Staged, stage, tensor_bytes
 
 __all__ = [
-    "FORMAT_VERSION",
-    "CheckpointError",
-    "CheckpointWriteError",
-    "CheckpointLog",
-    "CheckpointManager",
-    "HistoryText",
-    "SavedCheckpoint",
-    "WritePlan",
-    "Written",
-    "committed_sha256",
-    "load_checkpoint",
-    "read_history",
-    "sha256_of",
+    "DAMAGED_DIR", "FORMAT_VERSION", "CheckpointError", "CheckpointFolder", "CheckpointLog", "CheckpointManager",
+    "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written",
+    "find_damaged", "load_checkpoint", "quarantine", "sha256_of",
+    "shown_path", "stateful_callbacks",
 ]
 
+DAMAGED_DIR = "damaged"
+_PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
 
-def _callback_states(run: RunContext) -> dict[str, Any]:
-    states: dict[str, Any] = {}
+
+def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
+    """``path`` as the log shows it: relative to ``run_dir`` when under it, else absolute (lexical:
+    no symlink resolution)."""
+    absolute = os.path.abspath(path)
+    if run_dir is not None:
+        relative = os.path.relpath(absolute, os.path.abspath(run_dir))
+        if not relative.startswith(os.pardir):
+            return relative
+    return absolute
+
+
+def stateful_callbacks(run: RunContext) -> dict[str, Any]:
+    """The callbacks whose state a checkpoint holds, by key: the name, ``name#i`` for a repeated one."""
+    found: dict[str, Any] = {}
     for i, cb in enumerate(run.callbacks):
-        if not getattr(cb, "stateful", False):
-            continue
-        key = cb.name if cb.name not in states else f"{cb.name}#{i}"
-        states[key] = cb.state_dict()
-    return states
-
-
-def _history_entry(epoch: int, metrics: Mapping[str, float]) -> str:
-    # json.dumps writes floats as repr (exact) and non-finite ones as NaN/Infinity, which loads reads back
-    return json.dumps({"epoch": epoch, "metrics": {k: float(v) for k, v in metrics.items()}}, separators=(",", ":"))
-
-
-class HistoryText:
-    """A checkpoint's ``history``: the epochs done as one JSON text (``[{"epoch", "metrics"}, …]``).
-
-    One string pickles as one object (a list of dicts costs ``torch.save`` a call per number), and
-    each epoch's entry is encoded once and kept, so a checkpoint costs O(1) encoding, not O(epochs)."""
-
-    def __init__(self) -> None:
-        self._records: list[EpochRecord] = []
-        self._entries: list[str] = []
-
-    def text(self, history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
-        n = len(self._records)
-        if n > len(history) or (n and history[n - 1] is not self._records[-1]):
-            self._records, self._entries, n = [], [], 0  # a new or replaced history: encode it afresh
-        for record in history[n:]:
-            self._records.append(record)
-            self._entries.append(_history_entry(record.epoch, record.metrics))
-        done = len(self._records)
-        while done and self._records[done - 1].epoch >= epoch:  # only epochs before this one
-            done -= 1
-        return "[" + ",".join([*self._entries[:done], _history_entry(epoch, metrics)]) + "]"
-
-
-def read_history(value: Any) -> list[dict[str, Any]]:
-    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
-    older checkpoints hold)."""
-    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
-    return entries
+        if getattr(cb, "stateful", False):
+            found[cb.name if cb.name not in found else f"{cb.name}#{i}"] = cb
+    return found
 
 
 @dataclass(frozen=True)
 class WritePlan:
-    """One epoch's checkpoint, decided and staged on the training thread: what
-    :meth:`CheckpointManager.write` puts on disk, on whichever thread runs it."""
+    """One epoch's checkpoint, decided and staged on the training thread."""
 
     epoch: int
     periodic: bool
     roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
     staged: Staged  # the state, in host buffers no one else writes while it is pending
     chain_head: str | None  # the log's head the state stores
-
-    @property
-    def best(self) -> bool:
-        return "best" in self.roles
 
 
 @dataclass(frozen=True)
@@ -140,40 +97,143 @@ class CheckpointLog(Protocol):
     def skipped(self, epoch: int, why: str, beside: bool) -> None: ...  # a state that is never written
 
 
+class CheckpointFolder:
+    """File names in ``directory``, and the epochs whose files this run committed and still keeps
+    there. The writer thread records each commit (:meth:`committed`); the training thread reads the
+    record only when no write is pending."""
+
+    def __init__(self, directory: str | Path, keep_last_k: int) -> None:
+        self.directory = Path(directory)
+        self.keep_last_k = keep_last_k
+        self.periodic: list[int] = []  # epochs whose periodic file is kept, oldest first
+        self.transient: list[int] = []  # epochs whose non-periodic epoch file is kept
+        self.newest: int | None = None  # the newest epoch committed
+
+    def name_for(self, kind: str, epoch: int) -> str:
+        """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``."""
+        return f"epoch_{epoch_number(epoch)}.pt" if kind == "periodic" else f"{kind}.pt"
+
+    def periodic_path(self, epoch: int) -> Path:
+        return self.directory / self.name_for("periodic", epoch)
+
+    def list_periodic(self) -> list[Path]:
+        """Periodic checkpoint files in the folder, oldest epoch first (by number, not by name)."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _PERIODIC.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def committed(self, epoch: int, periodic: bool) -> None:
+        """The log committed ``epoch``'s files: it is the newest state on disk."""
+        self.newest = epoch
+        for kept in (self.periodic, self.transient):
+            if epoch in kept:
+                kept.remove(epoch)
+        kept = self.periodic if periodic else self.transient
+        kept.append(epoch)
+        kept.sort()
+
+    def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
+        """Forget and return the epoch files no longer kept; ``keep_newest`` spares the newest
+        epoch's own file as well."""
+        on_disk = sorted({*self.periodic, *self.transient})
+        if not on_disk:
+            return ()
+        newest = self.newest if self.newest is not None else on_disk[-1]
+        keep = set(self.periodic[-self.keep_last_k:] if self.keep_last_k else self.periodic)
+        if keep_newest:
+            keep.add(newest)
+        older = [e for e in on_disk if e < newest]
+        if older:
+            keep.add(older[-1])  # the state a resume falls back to when the newest one is damaged
+        self.periodic = [e for e in self.periodic if e in keep]
+        self.transient = [e for e in self.transient if e in keep]
+        return tuple(self.periodic_path(e) for e in on_disk if e not in keep)
+
+    def adopt(self, committed: Mapping[str, CommittedFile], run_dir: Path | None) -> None:
+        """A resumed run: what is on disk, from the files its log commits (not from the checkpoint,
+        which cannot know of the writes that came after it was staged)."""
+        self.periodic, self.transient, self.newest = [], [], None
+        folder = self.directory.resolve()
+        for shown, done in committed.items():
+            if done.epoch is None:
+                continue
+            path = Path(shown) if Path(shown).is_absolute() or run_dir is None else run_dir / shown
+            self.newest = max(done.epoch, self.newest if self.newest is not None else done.epoch)
+            if _PERIODIC.match(path.name) and path.parent.resolve() == folder and path.is_file():
+                (self.periodic if done.kind == "periodic" else self.transient).append(done.epoch)
+        self.periodic.sort()
+        self.transient.sort()
+
+
+@dataclass(frozen=True)
+class DamagedState:
+    """The committed files of one checkpointed state whose bytes changed."""
+
+    epoch: int | None
+    committed_sha256: str
+    paths: tuple[str, ...]  # as the log shows them
+    found_sha256: tuple[str, ...]  # what each file hashes to now
+
+
+def find_damaged(run_dir: Path, live: Mapping[str, CommittedFile]) -> tuple[set[str], list[DamagedState]]:
+    """Hash every committed file still there (each inode once): the paths whose bytes are the
+    committed ones, and the damaged states, newest first, each with every name it has. A committed
+    file that is gone is in neither."""
+    seen: dict[tuple[int, int, int, int], str] = {}
+    intact: set[str] = set()
+    groups: dict[str, list[tuple[str, str, CommittedFile]]] = {}
+    for shown, done in live.items():
+        try:
+            st = (run_dir / shown).stat()
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        found = seen.get(key) or seen.setdefault(key, sha256_of(run_dir / shown))
+        if found == done.sha256:
+            intact.add(shown)
+        else:
+            groups.setdefault(done.sha256, []).append((shown, found, done))
+    states = [DamagedState(files[0][2].epoch, sha, tuple(f[0] for f in files), tuple(f[1] for f in files))
+              for sha, files in groups.items()]
+    states.sort(key=lambda d: -1 if d.epoch is None else d.epoch, reverse=True)
+    return intact, states
+
+
+def quarantine(run_dir: Path, state: DamagedState) -> tuple[str, ...]:
+    """Move ``state``'s files to ``damaged/`` beside them (a name already there gets a number), so
+    the evidence stays and no later write replaces it; returns where each went, as the log shows
+    paths (relative to ``run_dir`` when under it)."""
+    moved: list[str] = []
+    folders: set[Path] = set()
+    for shown in state.paths:
+        source = run_dir / shown
+        target_dir = source.parent / DAMAGED_DIR
+        target_dir.mkdir(exist_ok=True)
+        stem, dot, suffix = source.name.rpartition(".")
+        target, n = target_dir / source.name, 2
+        while target.exists():
+            target, n = target_dir / (f"{stem}.{n}{dot}{suffix}" if dot else f"{source.name}.{n}"), n + 1
+        os.replace(source, target)
+        folders.update((source.parent, target_dir))
+        moved.append(shown_path(target, run_dir))
+    for folder in folders:
+        fsync_dir(folder)
+    return tuple(moved)
+
+
 class CheckpointManager(CheckpointFolder):
-    """Decides which checkpoints an epoch gets, and writes them so that a kill at any moment leaves a
-    committed checkpoint that loads, while training goes on.
+    """Decides which checkpoints an epoch gets (:meth:`decide`), and writes them so that a kill at
+    any moment leaves a committed checkpoint that loads, while training goes on.
 
-    Policy (:meth:`kinds_for`): a periodic file when ``(epoch + 1) % save_every_n_epochs == 0``,
-    ``best`` when the monitored value strictly improves (``mode`` "min" or "max") on a healthy
-    epoch, and ``latest`` at every epoch end (``save_latest``; else with each periodic file and on
-    the run's last epoch). ``keep_last_k=0`` keeps every periodic file.
+    :meth:`save` (the training thread) decides, claims a writer slot, builds the state and stages
+    it. :meth:`write` (the writer thread) writes it once as ``epoch_<n>.pt``, hashed as it is
+    written, points each role at it and fsyncs the folder. The log then commits the files; only
+    after that are older files removed, so the newest committed state is never without a file."""
 
-    Protocol: :meth:`save` (the training thread) decides, asks the writer for a slot (a slow disk
-    drops a waiting state rather than make training wait: :mod:`fsmtrain.training.checkpoint_writer`),
-    builds the state and stages it into that slot's host buffers. :meth:`write` (the writer thread)
-    waits for the staged copies, writes the state once in ``torch.save``'s format
-    (:func:`fsmtrain.training.torch_file.write_torch_file`), hashed as it is written, as
-    ``epoch_<n>.pt``, points each role (``latest.pt``, ``best.pt``) at it (a hard link, or a copy
-    where links are not possible, swapped in atomically) and fsyncs the folder. The log then
-    commits the files: from that moment they exist for the audit and for resume. Only after the
-    commit are older files removed, so the newest committed state's file never goes before a newer
-    one is committed.
-
-    What is kept on disk: :class:`fsmtrain.training.checkpoint_folder.CheckpointFolder`.
-    """
-
-    def __init__(
-        self,
-        directory: str | Path,
-        save_every_n_epochs: int = 1,
-        keep_last_k: int = 3,
-        save_best: bool = True,
-        monitor: str = "val_loss",
-        mode: str = "min",
-        save_latest: bool = True,
-        background: bool = False,
-    ) -> None:
+    def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
+                 save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
+                 background: bool = False) -> None:
         if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
             raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
         if isinstance(keep_last_k, bool) or not isinstance(keep_last_k, int) or keep_last_k < 0:
@@ -191,24 +251,24 @@ class CheckpointManager(CheckpointFolder):
         self.best_epoch: int | None = None
         self.writer = CheckpointWriter(background)
         self.buffers = [BufferSet() for _ in range(SLOTS)]
-        self._history = HistoryText()
-        self._made = False  # the folder exists (made once, not at every epoch's end)
 
-    # --- policy --------------------------------------------------------------------------------
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
             return False
-        if self.best_value is None:
-            return True
-        return value < self.best_value if self.mode == "min" else value > self.best_value
+        return self.best_value is None or (value < self.best_value if self.mode == "min" else value > self.best_value)
 
-    def kinds_for(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
-        """``healthy=False`` (a non-finite loss this epoch) never makes ``best``: its weights may not be finite."""
+    def decide(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
+        """The kinds of file ``epoch`` gets: ``periodic`` every ``save_every_n_epochs``; ``best`` when
+        the monitored value strictly improves on a ``healthy`` epoch (a non-finite loss may leave
+        weights that are not finite), which then is the best so far; ``latest`` at every epoch end
+        (without ``save_latest``: with ``periodic`` and when ``final``)."""
         kinds: list[str] = []
         if (epoch + 1) % self.save_every_n_epochs == 0:
             kinds.append("periodic")
         if self.save_best and healthy and self.improved(metrics.get(self.monitor)):
             kinds.append("best")
+            self.best_value = float(metrics[self.monitor])
+            self.best_epoch = epoch
         if self.save_latest or "periodic" in kinds or final:
             kinds.append("latest")
         return kinds
@@ -220,29 +280,23 @@ class CheckpointManager(CheckpointFolder):
                 "monitor": self.monitor, "mode": self.mode}
 
     # --- the training thread -------------------------------------------------------------------
-    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float]) -> dict[str, Any]:
+        """The checkpoint of ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts."""
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-        state: dict[str, Any] = {
+        return {
             "format": FORMAT_VERSION,
             "run_id": run.run_id,
             "epoch": epoch,
             "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
-            "position": {
-                "phase": run.phase.value,
-                "epoch": epoch,
-                "next_epoch": epoch + 1,  # where a resume starts; data order restarts at batch 0
-                "batch": 0,
-                "global_step": run.global_step,
-                "max_epochs": run.max_epochs,
-            },
-            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-            # the epochs done, this one included (its record is appended after on_epoch_end)
-            "history": self._history.text(run.history, epoch, metrics or {}),
+            "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
+                         "global_step": run.global_step, "max_epochs": run.max_epochs},
+            "metrics": {k: float(v) for k, v in metrics.items()},
+            "history": history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
             "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-            "callbacks": _callback_states(run),
+            "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(run).items()},
             "rng": capture_rng_state(),
             "data_order": {"seed": run.extras.get("data_seed")},
             "config_fingerprint": run.extras.get("config_fingerprint"),
@@ -250,41 +304,31 @@ class CheckpointManager(CheckpointFolder):
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }
-        return state
 
     def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,
              healthy: bool = True) -> WritePlan | None:
         """This epoch's checkpoint: decided, staged and handed to the writer (written now, when not
         ``background``). Returns the plan, or None when nothing is due or the state is left out (a
         slow disk; ``log.skipped`` says so)."""
-        kinds = self.kinds_for(epoch, metrics, final, healthy)
-        if "best" in kinds:
-            self.best_value = float(metrics[self.monitor])
-            self.best_epoch = epoch
+        kinds = self.decide(epoch, metrics, final, healthy)
         if not kinds:
             return None
-        room = self.writer.make_room(epoch, "best" in kinds, final)
-        if room.dropped is not None:
-            log.skipped(room.dropped, room.dropped_why, False)
-        if room.slot is None:
-            log.skipped(epoch, room.skipped, False)
+        claim = self.writer.claim_slot(epoch, "best" in kinds, final)
+        if claim.dropped is not None:
+            log.skipped(claim.dropped, claim.dropped_why, False)
+        if claim.slot is None:
+            log.skipped(epoch, claim.skipped, False)
             return None
-        if not self._made:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._made = True
+        self.directory.mkdir(parents=True, exist_ok=True)
         state = self.build_state(run, epoch, metrics)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
-        staged = (stage(state, self.buffers[room.slot]) if self.background
+        staged = (stage(state, self.buffers[claim.slot]) if self.background
                   else Staged(state, staged_bytes=tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"))
-        self.writer.submit(Job(epoch, room.slot, plan.best, lambda: self._commit(plan, log)))
+        self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log)))
         return plan
-
-    def drain(self) -> None:
-        """Wait for every pending write and its commit; a failed write's error is raised here."""
-        self.writer.drain()
 
     def close(self) -> None:
         """Stop the writer thread and free the staging buffers (``train_end``, after :meth:`drain`)."""
@@ -303,14 +347,14 @@ class CheckpointManager(CheckpointFolder):
         plan.staged.wait()
         epoch_file = writing = self.periodic_path(plan.epoch)
         try:
-            check_room(epoch_file, plan.staged.staged_bytes)
+            check_free_space(epoch_file, plan.staged.staged_bytes)
         except OSError as exc:
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
         try:
             digest = save_state(epoch_file, plan.staged.state)
             saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
             for role in plan.roles:
-                path = writing = self.path_for(role, plan.epoch)
+                path = writing = self.directory / self.name_for(role, plan.epoch)
                 atomic_link(epoch_file, path, sync_dir=False)
                 saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
             writing = self.directory
@@ -320,8 +364,7 @@ class CheckpointManager(CheckpointFolder):
         return Written(tuple(saved), plan.chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
-        written = self.write(plan)
-        log.committed(written)
+        log.committed(self.write(plan))
         self.committed(plan.epoch, plan.periodic)
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 
@@ -333,20 +376,12 @@ class CheckpointManager(CheckpointFolder):
             path.unlink(missing_ok=True)
         fsync_dir(self.directory)
 
-    # --- retention -------------------------------------------------------------------------------
-    def finish(self, log: CheckpointLog) -> tuple[Path, ...]:
+    def finish(self, log: CheckpointLog) -> None:
         """Once every write is committed: remove what the last commit made redundant (the newest
         epoch's own file when it is not periodic: ``latest.pt`` holds its bytes)."""
-        removed = self._redundant(keep_newest=False)
-        self._remove(removed, log, beside=False)
-        return removed
+        self._remove(self._redundant(keep_newest=False), log, beside=False)
 
-    # --- reading -------------------------------------------------------------------------------
-    def load(self, path: str | Path) -> dict[str, Any]:
-        return load_checkpoint(path)
-
-    # --- the manager's own state (best so far), for resume ----------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # the best so far, for resume
         return {"best_value": self.best_value, "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

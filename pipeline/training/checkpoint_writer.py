@@ -1,33 +1,139 @@
-"""Checkpoint writes off the training thread: at most one write in flight and one state waiting.
+"""Checkpoint writes off the training thread: the state staged into reused host buffers, and one
+writer thread with at most one write in flight and one state waiting.
 
-The training thread stages an epoch's state (:mod:`fsmtrain.training.staging`) into one of two
-buffer sets ("slots") and hands it to the :class:`CheckpointWriter`. One writer thread writes the
-states in the order they came, one at a time. A slow disk never holds training up:
-
-- :meth:`CheckpointWriter.make_room`, asked before staging, gives a free slot. When a write is in
-  flight and another state already waits, the waiting one is dropped (latest wins) and its slot
-  reused, unless it holds a ``best`` state and the new one does not: then the new one is not
-  staged at all. Either way the caller learns which epoch was left out and why, and logs it.
-- The run's final state is never left out: for it, ``make_room`` waits for a slot (``train_end``
-  waits for every write anyway).
-
-With ``background=False`` each job runs at once on the calling thread. A failed write is kept and
-raised on the training thread at the next look (:meth:`CheckpointWriter.raise_failure`, the next
-``make_room``, or :meth:`CheckpointWriter.drain`); from then on nothing more is written, and a
-state still waiting is dropped (and reported as such).
+:func:`stage` copies each tensor into a :class:`BufferSet` buffer keyed by where it sits in the
+state, allocated once and reused. A CUDA tensor is copied into pinned memory on a side stream
+ordered after the last optimizer step; the training stream waits for it on the GPU, and the writer
+thread waits for its event. There are two buffer sets ("slots"), and a slow disk never holds
+training up (:meth:`CheckpointWriter.claim_slot`).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from fsmtrain.core.context import epoch_number
 
-__all__ = ["CheckpointWriter", "Job", "Room", "SLOTS"]
+__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "SlotClaim", "Staged", "stage", "tensor_bytes"]
 
 SLOTS = 2  # one slot being written, one staged and waiting
+Key = tuple[Hashable, ...]
+
+
+@dataclass
+class Staged:
+    """A staged state, and the event its CUDA copies complete at (None: nothing to wait for)."""
+
+    state: Any
+    ready: Any = None  # torch.cuda.Event
+    staged_bytes: int = 0
+
+    def wait(self) -> None:
+        """Block until every copy into the buffers has landed."""
+        if self.ready is not None:
+            self.ready.synchronize()
+
+
+@dataclass
+class BufferSet:
+    """Host buffers for one staged state, reused from checkpoint to checkpoint."""
+
+    buffers: dict[Key, torch.Tensor] = field(default_factory=dict)
+    allocations: int = 0  # buffers allocated so far (a reused buffer is not counted again)
+
+    def buffer_for(self, key: Key, source: torch.Tensor, pinned: bool) -> torch.Tensor:
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != source.shape or buf.dtype != source.dtype or buf.is_pinned() != pinned:
+            buf = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=pinned)
+            self.buffers[key] = buf
+            self.allocations += 1
+        return buf
+
+    def release(self) -> None:
+        self.buffers.clear()
+
+
+class _Copier:
+    """One staging pass: copies tensors into ``out``, issuing CUDA copies on one side stream."""
+
+    def __init__(self, out: BufferSet) -> None:
+        self.out = out
+        self.seen: set[Key] = set()
+        self.side: Any = None  # torch.cuda.Stream, made on the first CUDA tensor
+        self.device: Any = None
+        self.nbytes = 0
+
+    def tensor(self, key: Key, value: torch.Tensor) -> torch.Tensor:
+        if value.layout is not torch.strided or value.is_quantized or type(value) is not torch.Tensor:
+            return value.detach().clone().cpu()  # rare kinds: a fresh copy each time, no reuse
+        self.seen.add(key)
+        self.nbytes += value.numel() * value.element_size()
+        if value.device.type != "cuda":
+            buf = self.out.buffer_for(key, value, pinned=False)
+            buf.copy_(value.detach())  # a CPU tensor: a memcpy; another device (mps): a blocking copy
+            return buf
+        if self.side is None:
+            self.device = value.device
+            self.side = torch.cuda.Stream(device=value.device)  # type: ignore[no-untyped-call]
+            self.side.wait_stream(torch.cuda.current_stream(value.device))  # after the last optimizer step
+        buf = self.out.buffer_for(key, value, pinned=True)
+        with torch.cuda.stream(self.side):
+            buf.copy_(value.detach(), non_blocking=True)
+        # No record_stream: the training stream waits for these copies (finish).
+        return buf
+
+    def finish(self) -> Any:
+        """Order the training stream after the copies and record the event the writer waits on."""
+        for key in [k for k in self.out.buffers if k not in self.seen]:
+            del self.out.buffers[key]  # a tensor the state no longer has (a param group dropped)
+        if self.side is None:
+            return None
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(self.side)
+        torch.cuda.current_stream(self.device).wait_event(done)  # the next step waits on the GPU, not the host
+        return done
+
+    def walk(self, key: Key, value: Any) -> Any:
+        kind = type(value)
+        if kind is str or kind is int or kind is float or kind is bool or value is None or kind is bytes:
+            return value
+        if isinstance(value, torch.Tensor):
+            return self.tensor(key, value)
+        if isinstance(value, dict):
+            items = [(k, self.walk((*key, k), v)) for k, v in value.items()]
+            if kind is not dict:  # an OrderedDict from state_dict(): rebuilt as its own type when it can be
+                try:
+                    return kind(items)
+                except TypeError:
+                    pass
+            return dict(items)
+        if kind is list or kind is tuple:
+            return kind(self.walk((*key, i), v) for i, v in enumerate(value))
+        return copy.deepcopy(value)
+
+
+def stage(state: Any, out: BufferSet) -> Staged:
+    """Copy ``state`` into ``out``'s buffers; what it returns shares nothing mutable with the live run."""
+    copier = _Copier(out)
+    staged = copier.walk((), state)
+    return Staged(staged, copier.finish(), copier.nbytes)
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in ``state``: what a file of it holds at least."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -41,21 +147,23 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Room:
-    """What :meth:`CheckpointWriter.make_room` decided for a new state of ``epoch``."""
+class SlotClaim:
+    """What :meth:`CheckpointWriter.claim_slot` decided for a new state."""
 
     slot: int | None  # where to stage it; None: it is left out (``skipped`` says why)
-    dropped: int | None = None  # the waiting state's epoch, dropped to make room
+    dropped: int | None = None  # the waiting state's epoch, dropped for it
     dropped_why: str = ""
     skipped: str = ""  # why the new state itself is left out
 
 
 class CheckpointWriter:
-    """The writer thread and its two slots (see the module docstring)."""
+    """The writer thread and its two slots. With ``background=False`` each job runs at once on the
+    calling thread. A failed write is raised on the training thread at its next look; from then on
+    nothing more is written."""
 
     def __init__(self, background: bool, on_dropped: Callable[[int, str], None] | None = None) -> None:
         self.background = background
-        self._on_dropped = on_dropped  # a state dropped on the writer thread (after a failure)
+        self._on_dropped = on_dropped  # a waiting state dropped on the writer thread (after a failure)
         self._cond = threading.Condition()
         self._in_flight: Job | None = None  # claimed for writing (the thread may not have begun it)
         self._waiting: Job | None = None
@@ -66,30 +174,32 @@ class CheckpointWriter:
         self.written = 0  # jobs done, for tests and benchmarks
 
     # --- the training thread ---------------------------------------------------------------
-    def make_room(self, epoch: int, best: bool, final: bool) -> Room:
-        """A slot to stage the state of ``epoch`` into (see the module docstring)."""
+    def claim_slot(self, epoch: int, best: bool, final: bool) -> SlotClaim:
+        """A slot to stage the state of ``epoch`` into. A waiting state is dropped for it (the newest
+        is written), except that a waiting ``best`` is never dropped for a state that is not: then
+        this one is left out. The run's ``final`` state is never left out: it waits for a slot."""
         with self._cond:
             self._check_open()
             if self._in_flight is None:
-                return Room(0)
+                return SlotClaim(0)
             if self._waiting is None:
-                return Room(1 - self._in_flight.slot)
+                return SlotClaim(1 - self._in_flight.slot)
             waiting = self._waiting
             if waiting.best and not best:
                 if not final:
-                    return Room(None, skipped=f"the best state of epoch {epoch_number(waiting.epoch)} is still "
-                                              "waiting to be written behind the write of epoch "
-                                              f"{epoch_number(self._in_flight.epoch)} (a slow disk); a best state "
-                                              "is never dropped for a newer one that is not")
+                    return SlotClaim(None, skipped=f"the best state of epoch {epoch_number(waiting.epoch)} is still "
+                                                   "waiting to be written behind the write of epoch "
+                                                   f"{epoch_number(self._in_flight.epoch)} (a slow disk); a best "
+                                                   "state is never dropped for a newer one that is not")
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
-                return Room(1 - self._in_flight.slot) if self._in_flight is not None else Room(0)
+                return SlotClaim(1 - self._in_flight.slot) if self._in_flight is not None else SlotClaim(0)
             self._waiting = None
-            return Room(waiting.slot, dropped=waiting.epoch,
-                        dropped_why=f"the state of epoch {epoch_number(epoch)} replaced it while it waited behind the "
-                                    f"write of epoch {epoch_number(self._in_flight.epoch)} (a slow disk: the newest "
-                                    "state is written)")
+            return SlotClaim(waiting.slot, dropped=waiting.epoch,
+                             dropped_why=f"the state of epoch {epoch_number(epoch)} replaced it while it waited "
+                                         f"behind the write of epoch {epoch_number(self._in_flight.epoch)} (a slow "
+                                         "disk: the newest state is written)")
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""
@@ -106,10 +216,10 @@ class CheckpointWriter:
             self._check_open()
             if self._in_flight is None:
                 self._in_flight = job
-            else:
-                if self._waiting is not None:
-                    raise RuntimeError("a checkpoint state is already waiting: ask make_room() before staging")
+            elif self._waiting is None:
                 self._waiting = job
+            else:
+                raise RuntimeError("a checkpoint state is already waiting: ask claim_slot() before staging")
             self._cond.notify_all()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="fsmtrain-checkpoint", daemon=True)
@@ -124,18 +234,16 @@ class CheckpointWriter:
         with self._cond:
             return {j.slot for j in (self._in_flight, self._waiting) if j is not None}
 
-    def drain(self) -> None:
-        """Wait until every handed-over state is written; a failed write's error is raised here."""
-        with self._cond:
-            while (self._in_flight is not None or self._waiting is not None) and not self._failed:
-                self._cond.wait()
-            self._raise_pending()
-
     def wait_idle(self) -> None:
         """Wait until nothing is in flight or waiting (a failed write counts as done); raises nothing."""
         with self._cond:
             while (self._in_flight is not None or self._waiting is not None) and not self._failed:
                 self._cond.wait()
+
+    def drain(self) -> None:
+        """Wait until every handed-over state is written; a failed write's error is raised here."""
+        self.wait_idle()
+        self.raise_failure()
 
     def close(self) -> None:
         """Stop the writer thread once it is idle (after :meth:`drain`, or after a failure)."""
@@ -158,14 +266,12 @@ class CheckpointWriter:
             self._write(job)
 
     def _write(self, job: Job) -> None:
-        dropped: Job | None = None
         try:
             job.run()
         except BaseException as exc:  # kept for the training thread: it decides how the run ends
             with self._cond:
                 self._failure, self._failed = exc, True
-                dropped, self._waiting = self._waiting, None
-                self._in_flight = None
+                dropped, self._waiting, self._in_flight = self._waiting, None, None
                 self._cond.notify_all()
             if dropped is not None and self._on_dropped is not None:
                 self._on_dropped(dropped.epoch, f"the write of epoch {epoch_number(job.epoch)} failed before it "

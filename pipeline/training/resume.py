@@ -1,22 +1,13 @@
 """Continue a run in place from the newest checkpoint its log committed, or start it over in place.
 
-:func:`find_resumption` reads the run's ``events.jsonl`` (a torn last line of a killed process is
-cut off first), hashes every checkpoint file the log still commits, and takes the newest one whose
-bytes are the committed ones and that loads. Resume verifies before it trusts: a committed file
-whose bytes changed (truncated, a flipped byte, another file put in its place) is not deleted but
-moved to ``checkpoints/damaged/``, announced with one warning per damaged state (the file, both
-digests, the checkpoint the run continues from) and logged as ``checkpoint_damaged``. Files in the
-checkpoint folder that the log never committed (leftovers of a write cut short by a kill: temp
-files, a file renamed into place whose event never made it, a role link swapped before its event)
-are removed and named in the ``resume`` event.
-
-The :class:`Resumption` then sets the run's position before ``run_start`` (so the log's new
-segment says where it starts) and, in ``train_begin``, restores model, optimizer, scheduler,
-every stateful callback, the RNG states and the data order, and fires ``on_load_checkpoint``.
-
-A run whose log committed no checkpoint (killed before its first one) cannot be continued, so it
-is started over in the same run directory: :func:`prepare_restart` gives a :class:`Restart`, whose
-``restart`` event (from epoch 0, and why) opens the new segment's ``train_begin``.
+:func:`find_resumption` reads the run's ``events.jsonl`` (cutting off a torn last line), hashes
+every checkpoint file the log still commits, and takes the newest one whose bytes are the committed
+ones and that loads. A committed file whose bytes changed (truncated, a flipped byte, another file
+in its place, or a role link a kill swapped to a newer file before its event) is damaged: moved to
+``checkpoints/damaged/``, announced once per state and logged as ``checkpoint_damaged``. Files the
+log never committed (temp files, an epoch file whose event never made it) are removed and named in
+the ``resume`` event. A run whose log committed no checkpoint is started over in place
+(:func:`prepare_restart`, a ``restart`` event).
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +25,13 @@ from fsmtrain.core.events import EVENTS_FILE, first_run_start
 from fsmtrain.core.ledger import CheckpointLedger
 from fsmtrain.training.checkpoint import (
     CheckpointError,
+    DamagedState,
+    find_damaged,
     load_checkpoint,
-    read_history,
+    quarantine,
+    stateful_callbacks,
 )
-from fsmtrain.training.quarantine import DamagedState, find_damaged, quarantine
+from fsmtrain.training.checkpoint_file import read_history
 from fsmtrain.training.rng import restore_rng_state
 
 __all__ = [
@@ -156,8 +149,7 @@ class Resumption:
     state: dict[str, Any]
     tail: LogTail
     removed: list[str] = field(default_factory=list)
-    # What the resume changed on purpose in ``state`` (a re-planned schedule): (event, payload) pairs,
-    # written as warnings (console and log) right after the ``resume`` event.
+    # what the resume changed on purpose (a re-planned schedule): warnings logged after ``resume``
     notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     damaged: list[DamagedState] = field(default_factory=list)  # moved aside and announced in train_begin
     notes: dict[str, Any] = field(default_factory=dict)  # what the resume event says besides (world sizes...)
@@ -193,7 +185,10 @@ class Resumption:
             scheduler.load_state_dict(state["scheduler"])
         if run.scaler is not None and state.get("scaler"):
             run.scaler.load_state_dict(state["scaler"])
-        _load_callback_states(run, state.get("callbacks") or {})
+        saved = state.get("callbacks") or {}
+        for key, cb in stateful_callbacks(run).items():
+            if key in saved:
+                cb.load_state_dict(saved[key])
         seed = (state.get("data_order") or {}).get("seed")
         if seed is not None:
             run.extras["data_seed"] = int(seed)
@@ -221,24 +216,11 @@ class Resumption:
                          f"{self.shown} (epoch {epoch_number(int(self.state['epoch']))})")
 
 
-def _load_callback_states(run: RunContext, states: Mapping[str, Any]) -> None:
-    seen: set[str] = set()
-    for i, cb in enumerate(run.callbacks):
-        if not getattr(cb, "stateful", False):
-            continue
-        key = cb.name if cb.name not in seen else f"{cb.name}#{i}"
-        seen.add(cb.name)
-        if key in states:
-            cb.load_state_dict(states[key])
-
-
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
-    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest committed one that is
-    intact) or a path (which must be one the log committed). Raises :class:`NothingCommitted` when
-    the log commits no checkpoint that is still there.
-
-    ``own_log``: a rank other than 0 of a multi-process run, which continues its own log (that
-    name) from the checkpoint rank 0 chose; it reads the run's log and files and changes neither."""
+    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest intact committed one) or
+    a path the log committed; :class:`NothingCommitted` when none is still there. ``own_log``: a
+    rank other than 0, which continues its own log (that name) and changes neither the run's log
+    nor its files."""
     run_dir = Path(run_dir)
     tail = read_log_tail(run_dir, repair=own_log is None)
     live = dict(tail.ledger.live)

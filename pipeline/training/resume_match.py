@@ -1,15 +1,10 @@
 """Does a Trainer hold what its checkpoint was trained with? The Python side of the CLI's fingerprint.
 
-``fsmtrain resume`` compares the run's config with the one it is given (``config_fingerprint``). A
-``Trainer(resume_from=...)`` has objects, not a config: :func:`mismatches` compares them with the
-checkpoint: the optimizer's class and parameter groups, the scheduler's class (or its absence) and
-the model's parameter names and shapes. Each difference is named, so a resume with another
-optimizer is refused in one line before anything is loaded, instead of failing inside
-``load_state_dict`` (found: an Adam run resumed with SGD raised ``KeyError: 'momentum'``).
-
-Checkpoints record the classes (:func:`object_classes`); for one written before they did, the
-optimizer and scheduler are compared by the shape of their state: the optimizer's
-hyper-parameter names (Adam's ``betas`` against SGD's ``momentum``), the scheduler's state keys.
+A ``Trainer(resume_from=...)`` has objects, not a config: :func:`mismatches` compares them with the
+checkpoint (the optimizer's class and parameter groups, the scheduler's class, the model's tensor
+names and shapes) and names each difference, so a resume with another optimizer is refused in one
+line before anything is loaded. For a checkpoint without recorded classes (:func:`object_classes`)
+the optimizer and scheduler are compared by the keys of their state.
 """
 
 from __future__ import annotations
@@ -91,18 +86,10 @@ def _model(saved: Any, model: nn.Module) -> list[str]:
     if not isinstance(saved, Mapping):
         return []
     ours = model.state_dict()
-    missing = [k for k in saved if k not in ours]
-    extra = [k for k in ours if k not in saved]
     shapes = [f"{k} {tuple(saved[k].shape)} -> {tuple(ours[k].shape)}" for k in saved
               if k in ours and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(ours[k].shape)]
-    out: list[str] = []
-    if missing:
-        out.append(f"model: lacks {len(missing)} tensor(s) of the run's ({', '.join(missing[:3])}"
-                   f"{', ...' if len(missing) > 3 else ''})")
-    if extra:
-        out.append(f"model: has {len(extra)} tensor(s) the run's did not ({', '.join(extra[:3])}"
-                   f"{', ...' if len(extra) > 3 else ''})")
-    if shapes:
-        out.append(f"model: {len(shapes)} tensor(s) changed shape ({', '.join(shapes[:3])}"
-                   f"{', ...' if len(shapes) > 3 else ''})")
-    return out
+    found = [("lacks {} tensor(s) of the run's", [k for k in saved if k not in ours]),
+             ("has {} tensor(s) the run's did not", [k for k in ours if k not in saved]),
+             ("{} tensor(s) changed shape", shapes)]
+    return [f"model: {what.format(len(names))} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for what, names in found if names]

@@ -91,7 +91,7 @@ def test_truncated_and_garbage_files_are_reported_by_name(tiny, tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"latest\.pt is corrupt or truncated") as err:
-        CheckpointManager(ck).load(path)
+        load_checkpoint(path)
     assert err.value.__cause__ is None and err.value.__suppress_context__
     garbage = ck / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint at all")
@@ -113,8 +113,8 @@ def test_failed_write_leaves_old_file_and_no_temp(tiny, tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("fsmtrain.training.atomic.os.replace", boom)
-    with pytest.raises(OSError, match="disk full"):  # a callback instance serves one Trainer (issue 24): a new one
+    monkeypatch.setattr("fsmtrain.training.checkpoint_file.os.replace", boom)
+    with pytest.raises(OSError, match="disk full"):  # a callback instance serves one Trainer: a new one
         _train(tiny, tmp_path / "again", 1, [CheckpointCallback(ck, save_best=False)])
     monkeypatch.undo()
     assert (ck / "latest.pt").read_bytes() == before
@@ -136,7 +136,7 @@ def test_pruning_never_touches_files_this_run_did_not_commit(tiny, tmp_path):
     for name in ("epoch_50.pt", "epoch_77.pt", "notes.txt"):
         (ck / name).write_bytes(b"someone else's")
     _train(tiny, tmp_path, 4, [CheckpointCallback(ck, keep_last_k=1, background=False)])
-    # keep_last_k=1 keeps epoch_4.pt, and the store keeps one older state besides (epoch_3.pt): issue 24.1
+    # keep_last_k=1 keeps epoch_4.pt, and the store keeps one older state besides (epoch_3.pt)
     assert sorted(p.name for p in ck.iterdir()) == [
         "best.pt", "epoch_3.pt", "epoch_4.pt", "epoch_50.pt", "epoch_77.pt", "latest.pt", "notes.txt"]
     assert all((ck / n).read_bytes() == b"someone else's" for n in ("epoch_50.pt", "epoch_77.pt", "notes.txt"))
@@ -200,25 +200,23 @@ def test_bad_arguments(kwargs, tmp_path):
         CheckpointCallback(tmp_path, **kwargs)
 
 
-def test_history_text_encodes_each_epoch_once_and_reads_back_exactly():
+def test_history_text_reads_back_exactly():
     import math
 
     from fsmtrain.core.context import EpochRecord
-    from fsmtrain.training.checkpoint import HistoryText, read_history
+    from fsmtrain.training.checkpoint_file import history_text, read_history
 
     history: list[EpochRecord] = []
-    text = HistoryText()
     for e in range(5):
         metrics = {"train_loss": 1 / (e + 1), "val_loss": math.nan if e == 3 else 0.1 + e * 1e-17}
-        got = read_history(text.text(history, e, metrics))
+        got = read_history(history_text(history, e, metrics))
         assert [h["epoch"] for h in got] == list(range(e + 1))
         assert got[-1]["metrics"]["train_loss"] == metrics["train_loss"]  # bit-exact floats
         history.append(EpochRecord(e, metrics))
-    assert math.isnan(read_history(text.text(history, 5, {}))[3]["metrics"]["val_loss"])
-    assert len(text._entries) == 5  # encoded once each, not again per checkpoint
-    # a resumed run's history (new record objects) is encoded afresh, never mixed with the old one
+    assert math.isnan(read_history(history_text(history, 5, {}))[3]["metrics"]["val_loss"])
+    # a resumed run's history (new records) is what is encoded
     resumed = [EpochRecord(r.epoch, {"train_loss": 9.0}) for r in history[:2]]
-    assert [h["metrics"] for h in read_history(text.text(resumed, 2, {"train_loss": 1.0}))] == [
+    assert [h["metrics"] for h in read_history(history_text(resumed, 2, {"train_loss": 1.0}))] == [
         {"train_loss": 9.0}, {"train_loss": 9.0}, {"train_loss": 1.0}]
     # older checkpoints hold the list itself
     assert read_history([{"epoch": 0, "metrics": {}}]) == [{"epoch": 0, "metrics": {}}]

@@ -1,0 +1,240 @@
+"""One checkpoint file: its format (a version, the history as one JSON text), written atomically by
+``torch.save`` and hashed as it is written; read back only with the bytes its run's log committed.
+
+:func:`atomic_file` is the run's one atomic write (checkpoints, the config, the final model): a
+reader sees the old file or the whole new one, never a part, also after a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from fsmtrain.core.context import EpochRecord, epoch_number
+from fsmtrain.core.events import EVENTS_FILE
+from fsmtrain.core.ledger import committed_sha256
+from fsmtrain.core.log_file import FileWriteError, write_failure
+
+__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
+           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "fsync_dir", "history_text",
+           "load_checkpoint", "read_history", "save_state", "sha256_of"]
+
+FORMAT_VERSION = 1
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and removals in ``directory`` durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open a folder; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
+    """A temp name beside ``path``: what the block leaves there replaces ``path`` when the block
+    ends, and is removed when it raises. ``sync_dir=False`` leaves the folder's fsync to a caller
+    that makes several renames durable at once."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def _private(tmp: Path) -> IO[bytes]:
+    """A new file that only its owner can read, as ``tempfile.mkstemp`` makes one."""
+    return open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, 0o600))
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, sync_dir: bool = True) -> Iterator[IO[bytes]]:
+    """A file to write that replaces ``path``, fsync'd, once the block ends (see :func:`_replacing`)."""
+    with _replacing(path, sync_dir) as tmp, _private(tmp) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
+    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where the file
+    system has none."""
+    with _replacing(path, sync_dir) as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            with open(source, "rb") as src, _private(tmp) as fh:
+                shutil.copyfileobj(src, fh, 1 << 20)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or not an fsmtrain checkpoint."""
+
+
+class CheckpointWriteError(FileWriteError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error). Nothing committed
+    before it changed: its temp file is gone and no name was moved to it."""
+
+    @classmethod
+    def of(cls, exc: OSError, epoch: int, path: Path, needs: int | None = None) -> CheckpointWriteError:
+        """The error of writing ``path`` for ``epoch``; ``needs``: the bytes the file needs at least,
+        when that is why it was not begun."""
+        need = f"; it needs at least {needs} bytes" if needs is not None else ""
+        return cls(exc.errno, f"the checkpoint of epoch {epoch_number(epoch)} could not be written: "
+                              f"{write_failure(exc, str(path), path)}{need}; the checkpoints committed before it "
+                              "are unchanged")
+
+
+def check_free_space(path: Path, needs: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when the file system of ``path`` has fewer free bytes than ``needs``.
+    A file that cannot fit is not begun: begun, it would fill the disk to its last block before
+    failing, and starve the run's other writers (the log, W&B) meanwhile."""
+    try:
+        vfs = os.statvfs(path.parent)
+    except OSError:
+        return  # the write itself will say what is wrong
+    if needs > vfs.f_bfree * vfs.f_frsize:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: Path
+    sha256: str
+    epoch: int
+    kind: str
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HashingWriter:
+    """A write-only file for ``torch.save`` that hashes what it passes on to ``out``. The first
+    failed write (a full disk) is kept and what follows dropped, so torch's zip writer never meets
+    an exception; :meth:`hexdigest` raises it."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.digest = hashlib.sha256()
+        self.failure: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        if self.failure is None:
+            try:
+                self.out.write(data)
+            except OSError as exc:
+                self.failure = exc
+            self.digest.update(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:  # called after the zip writer is done: an error here is torch.save's own
+        self.out.flush()
+
+    def hexdigest(self) -> str:
+        if self.failure is not None:
+            raise self.failure
+        return self.digest.hexdigest()
+
+
+def save_state(path: Path, state: Any) -> str:
+    """Write ``state`` to ``path`` with ``torch.save``, atomically and durably (the folder's fsync
+    is the caller's); returns the sha256 of the bytes written."""
+    with atomic_file(path, sync_dir=False) as fh:
+        hashing = HashingWriter(fh)
+        torch.save(state, hashing)  # type: ignore[arg-type]  # a file object by duck typing
+        digest = hashing.hexdigest()
+    return digest
+
+
+def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
+    """A checkpoint's ``history``: the epochs before ``epoch`` and ``epoch`` itself, as one JSON text
+    (one string pickles as one object; a list of dicts costs ``torch.save`` a call per number).
+    ``json`` writes floats exactly, and non-finite ones as NaN/Infinity, which it reads back."""
+    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + [(epoch, metrics)]
+    return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
+                      separators=(",", ":"))
+
+
+def read_history(value: Any) -> list[dict[str, Any]]:
+    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
+    older checkpoints hold)."""
+    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
+    return entries
+
+
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
+) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
+    run's log (``<run>/events.jsonl`` for ``<run>/checkpoints/<file>``) committed for it, or
+    ``expected_sha256``. Damage, a digest mismatch, or a pickle payload with code in it raise
+    :class:`CheckpointError` naming the file; nothing is loaded."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    log = p.parent.parent / EVENTS_FILE
+    expected = expected_sha256
+    if expected is None and log.is_file():
+        expected = committed_sha256(log, p)
+    data = p.read_bytes()
+    if expected is not None:
+        found = hashlib.sha256(data).hexdigest()
+        if found != expected:
+            raise CheckpointError(
+                f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
+                f"the file has {found} ({len(data)} bytes); it was changed or damaged after it was written"
+            )
+    try:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
+            raise CheckpointError(
+                f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
+                "it was not loaded. fsmtrain never unpickles code from a checkpoint"
+            ) from None
+        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {str(exc)[:200]}") from None
+    except Exception as exc:  # every other reader failure means the same thing here
+        raise CheckpointError(
+            f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
+    if state["format"] != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
+    return state
