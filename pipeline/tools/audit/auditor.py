@@ -1,34 +1,11 @@
 """Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
 
-``fsmtrain audit EVENTS.jsonl [--json] [--strict] [--key-file F]`` streams the log line by line (a
-million lines take seconds) and checks:
-
-- the hash chain: every line carries the digest of the line before it (the first, of the run id and
-  config), and seals itself (the last line included); with a key (``--key-file``, or
-  ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that breaks it is named; a wrong key is told
-  apart from tampering (see :mod:`fsmtrain.tools.audit.chain` and :mod:`fsmtrain.tools.audit.seals`);
-- every line is a JSON object with the fields of :data:`fsmtrain.core.events.EVENT_KEYS`;
-- ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
-  ``ts`` never goes back; ``global_step`` never goes back within a process;
-- every transition is a move of :data:`fsmtrain.core.lifecycle.TRANSITIONS` from the phase the previous
-  one reached, and its guards held given what the log says (stop requests, epochs, faults); every
-  other event happens in the phase the machine is in; no line is below the run's configured level;
-- the run starts in ``created`` and ends in ``train_end`` (else: an unfinished run, with its last
-  phase and epoch); epochs count up from the run's ``start_epoch`` without gaps, as many as began;
-  each epoch's ``batches`` agrees with the global steps (and the per-batch lines at debug level);
-  ``max_epochs`` agrees with the recorded config; slot values have the types their slots declare;
-- the stop reason agrees with the events: the request in force, a non-finite loss for NAN, the
-  matching request for EARLY_STOP / PRUNED, the last epoch for COMPLETED, an exception for ERROR /
-  INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
-  ``stop_request``; the ``result`` figures are recomputed from the epoch events;
-- each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
-  and in the file); one that differs is named damaged, an older write, ...: see
-  :mod:`fsmtrain.tools.audit.files`;
-- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached; the
-  process before it was killed, or left a torn line the resume cut off (its ``resume`` event says).
-
-Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
-file) cannot be read. Phases and moves come only from :mod:`fsmtrain.core.lifecycle`.
+The log is streamed line by line (a million lines take seconds) through the checks of the mixins:
+the hash chain and seals (:mod:`.chain`), fields, ``seq``, ``ts`` and ``global_step`` (here),
+segments and resumes (:mod:`.segments`), moves and guards against
+:data:`fsmtrain.core.lifecycle.TRANSITIONS` (:mod:`.moves`), epochs and checkpoint lines
+(:mod:`.epochs`, :mod:`.coverage`), the stop reason against :class:`fsmtrain.core.stop.StopReason`
+and the ``result`` (:mod:`.ending`); then the checkpoint files on disk (:mod:`.files`).
 """
 
 from __future__ import annotations
@@ -43,37 +20,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
-from fsmtrain.core.lifecycle import (
-    FINAL,
-)
+from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop
 from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
-from fsmtrain.tools.audit.verdict import (
-    AuditReadError,
-    AuditReport,
-    ChainVerdict,
-    Explanation,
-    Finding,
-    SegmentInfo,
-    Severity,
-    shown_epoch,
-)
+from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Explanation, Finding, SegmentInfo, shown_epoch
 
-__all__ = [
-    "AuditReadError",
-    "AuditReport",
-    "ChainVerdict",
-    "Explanation",
-    "Finding",
-    "Severity",
-    "audit_file",
-]
+__all__ = ["audit_file"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
@@ -297,7 +255,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason == StopReason.COMPLETED.value:
-            ex.stop_source, ex.stop_message = "max_epochs", f"reached max_epochs={seg.max_epochs}"
+            ex.stop_source, ex.stop_message = completed_stop(seg.max_epochs)
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:

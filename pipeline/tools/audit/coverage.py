@@ -124,7 +124,7 @@ class CheckpointAccount:
                                 digest if isinstance(digest, str) else None)
         self.ex.checkpoints_damaged += 1
 
-    def restart(self, n: int, rec: Mapping[str, Any], seg: Segment, standing: Iterable[str]) -> None:
+    def restart(self, n: int, rec: Mapping[str, Any], seg: Segment, live: Iterable[str]) -> None:
         books = self._of(seg)
         if books.start_line is None and seg.first_line != 1:
             self._bad("a restart event in a segment that is not a restart (its run_start resumes or is the first)", n,
@@ -134,7 +134,7 @@ class CheckpointAccount:
         if seg.start_epoch != 0:
             self._bad(f"a restart starts the run over at epoch 1; this one starts at epoch "
                       f"{epoch_number(seg.start_epoch)}", n, "resume")
-        left = sorted(standing)
+        left = sorted(live)
         if left:
             self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
                       "resume from", n, "resume")

@@ -1,26 +1,13 @@
-"""Audit a run: every rank's log on its own, then that the ranks agreed.
+"""Audit a run directory: every rank's log on its own (checkpoint files against rank 0's, which
+committed them), then that the ranks agreed.
 
-A multi-process run leaves one log per rank (``events.jsonl`` for rank 0, which owns the run's
-files, ``events-rank<r>.jsonl`` for the others), in one run directory (a shared filesystem) or
-spread over the run directories of its nodes (node-local disks: ``fsmtrain audit DIR0 DIR1``).
-Each is audited like a one-process log (chain, lifecycle, content; checkpoint files only against
-rank 0's log, which committed them). Then the ranks are compared:
-
-- there is one log per rank of the largest world size rank 0's ``run_start`` lines record (a
-  one-process run: 1), no more and no fewer: a missing rank's log, or a log of a rank beyond the
-  world size, is named; a rank's log found in two directories is named too;
-- every log names its own rank;
-- each segment (a resume, or a restart by the agent, starts another) ran on the ranks its world
-  size says, each of them once: rank 0's ``run_start`` and every other rank's of that segment
-  carry the same ``launch`` (a segment resumed on another world size has other ranks than the one
-  before it); every rank of a segment took the same phase-level moves, in the same order, in the
-  same epochs; a segment that was killed, or ended by one rank's failure, may have got further on
-  one rank than on another, so there one rank's moves need only be a prefix of the other's;
-- a resumed segment loaded on every rank the checkpoint (name, sha256, epoch) that rank 0's
-  ``resume`` event records, which rank 0's own audit holds to the commit in its log;
-- every rank ended each segment for the same stop reason, with the same source and message, or,
-  when one rank failed, as the engine ends such a run (:mod:`fsmtrain.core.consensus`): ERROR on
-  the failing rank, INTERRUPTED on every other, and each names the failing rank.
+A multi-process run leaves ``events.jsonl`` (rank 0) and ``events-rank<r>.jsonl`` in one run
+directory, or spread over its nodes' (``fsmtrain audit DIR0 DIR1``). There must be one log per rank
+of the largest world size rank 0 records, each naming its rank; each segment (matched across ranks
+by its ``launch``) ran on the ranks its world size says, took the same phase-level moves in the same
+epochs (a prefix, where a kill or one rank's failure cut it short), resumed from the same checkpoint,
+and ended alike: for the same stop, or, when one rank failed, as :mod:`fsmtrain.core.consensus` ends
+such a run (ERROR on the failing rank, INTERRUPTED on every other, each naming it).
 """
 
 from __future__ import annotations
@@ -37,20 +24,14 @@ from fsmtrain.core.consensus import log_name_for_rank
 from fsmtrain.core.lifecycle import ABORT, FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.auditor import audit_file
-from fsmtrain.tools.audit.verdict import (
-    EXIT_OK,
-    EXIT_VIOLATIONS,
-    AuditReadError,
-    AuditReport,
-    Finding,
-    shown_epoch,
-)
+from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
 Move = tuple[str, str, str, int]  # trigger, from, to, epoch
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")  # how consensus.on_rank names another rank's stop or failure
+_FAULTS = frozenset(r.value for r in StopReason if r.fault)
 _RESUMED = ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch")  # what every rank of a resume loaded
 
 
@@ -171,7 +152,7 @@ def _move(moves: list[Move], i: int) -> str:
 
 def _failed_rank(seg: _Segment) -> int | None:
     """The rank named as the one that failed, when a rank's failure ended this segment."""
-    if seg.reason not in (StopReason.ERROR.value, StopReason.INTERRUPTED.value):
+    if seg.reason not in _FAULTS:
         return None
     found = _ON_RANK.search(str(seg.said[0])) if seg.said[0] is not None else None
     named = int(found.group(1)) if found else None
@@ -310,7 +291,7 @@ def _how_it_ended(base: _Story) -> str:
 
 
 @dataclass
-class RankedAudit:
+class RankedAudit(Outcome):
     """The audit of every rank's log and of their agreement."""
 
     run_dir: str
@@ -330,12 +311,6 @@ class RankedAudit:
     def ok_strict(self) -> bool:
         """``ok``, and no rank's log has a warning either."""
         return not self.findings and all(r.ok_strict for r in self.reports.values())
-
-    def passes(self, strict: bool) -> bool:
-        return self.ok_strict if strict else self.ok
-
-    def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {

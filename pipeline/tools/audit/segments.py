@@ -147,8 +147,8 @@ class SegmentChecks(EndingChecks):
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """A run that had committed nothing started over in place (from epoch 0)."""
-        standing = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
-        self.account.restart(n, rec, seg, standing)
+        live = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
+        self.account.restart(n, rec, seg, live)
         self._resume(n, rec, seg)
 
     def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:

@@ -11,10 +11,8 @@ from typing import Any
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = [
-    "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",
-    "shown_epoch",
-]
+__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome", "SegmentInfo",
+           "Severity", "Verdict", "shown_epoch"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
@@ -121,8 +119,26 @@ class Explanation:
     restarts: int = 0  # segments that started the run over (nothing was committed to resume from)
 
 
+class Outcome:
+    """What passes or fails an audit: ``ok`` (no violation), ``ok_strict`` (no warning either)."""
+
+    @property
+    def ok(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def ok_strict(self) -> bool:
+        raise NotImplementedError
+
+    def passes(self, strict: bool) -> bool:
+        return self.ok_strict if strict else self.ok
+
+    def exit_code(self, strict: bool = False) -> int:
+        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
+
+
 @dataclass
-class AuditReport:
+class AuditReport(Outcome):
     path: str
     lines: int
     findings: list[Finding]
@@ -147,12 +163,6 @@ class AuditReport:
     def ok_strict(self) -> bool:
         """No violation and no warning."""
         return self.ok and not self.warnings
-
-    def passes(self, strict: bool) -> bool:
-        return self.ok_strict if strict else self.ok
-
-    def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
