@@ -1,17 +1,11 @@
-"""Which epochs a run checkpointed, and the log's word for each one it did not.
+"""Which epochs a run checkpointed, and the log's word for each one it did not, per segment:
 
-A checkpoint writer on a slow disk leaves states out (``checkpoint_skipped``: the epoch, and why);
-a resume moves damaged files to ``checkpoints/damaged/`` (``checkpoint_damaged``); a run that had
-committed nothing restarts in place (a second ``run_start`` without ``resumed_from``, followed by a
-``restart`` event in ``train_begin``). :class:`CheckpointAccount` follows these lines per process
-segment and checks that they hold together:
-
-- with the checkpoint policy logged (``CheckpointCallback``'s ``checkpoint_settings``), every
-  logged epoch that the policy checkpoints has a ``checkpoint`` or a ``checkpoint_skipped``: all of
-  them in a segment that ended with its ``result`` (``train_end`` waits for the writer), and up to
-  the last committed epoch in one that was killed or failed (states are written in order);
-- a skipped epoch is one the segment reached, and is never committed after it was skipped;
-- a restart starts at epoch 0 with no committed checkpoint standing (else it should have resumed).
+- with the policy logged (``checkpoint_settings``), every epoch it saves has a ``checkpoint`` or a
+  ``checkpoint_skipped`` (a slow disk): all of them once the segment wrote its ``result``, else up to
+  the last committed epoch (states are written in order);
+- a skipped epoch is one the segment reached, never committed after;
+- a ``restart`` (a second ``run_start`` without ``resumed_from``) starts at epoch 0 with no committed
+  checkpoint left (else it should have resumed); ``checkpoint_damaged`` names committed files.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding
 
@@ -152,7 +147,7 @@ class CheckpointAccount:
         return self.findings
 
     def _gaps(self, seg: Segment, books: _Books) -> None:
-        ended = seg.result_seen and seg.end_reason != "error"
+        ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
         horizon = max(books.committed, default=-1)
         lines = dict(zip(sorted(seg.epochs_seen), (line for _, line in seg.vals), strict=False))
         for epoch in sorted(seg.epochs_seen):

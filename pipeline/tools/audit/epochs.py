@@ -1,5 +1,5 @@
-"""The events inside a run: each epoch (its losses, batches, slots and timings), exceptions,
-warnings, checkpoint commits, removals, skips, damage and policy, and the pruner's reports. Mixed into the auditor."""
+"""The events inside a run: epochs (losses, batches, slots, timings), exceptions, warnings,
+checkpoint lines and the pruner's reports. Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.lifecycle import (
-    Phase,
-)
+from fsmtrain.core.lifecycle import PROGRAM, Action
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.content import number, slot_checks
 from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
@@ -22,12 +20,13 @@ __all__ = ["EpochChecks"]
 
 _LOSSES = ("train_loss", "val_loss")
 _SLOTS = slot_checks()
+# The phase whose last step writes the ``epoch`` event.
+_RECORD_PHASE = next(s.phase for s in PROGRAM if s.name == Action.RECORD_EPOCH.value).value
 
 
 def _is_nonfinite(value: Any) -> bool:
-    if isinstance(value, str):
-        return value in ("NaN", "Infinity", "-Infinity")
-    return isinstance(value, float) and not math.isfinite(value)
+    x = number(value)
+    return x is not None and not math.isfinite(x)
 
 
 class EpochChecks(EndingChecks):
@@ -44,7 +43,7 @@ class EpochChecks(EndingChecks):
 
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
-        if seg.phase != Phase.EPOCH_END.value:
+        if seg.phase != _RECORD_PHASE:
             return  # already reported as a phase mismatch
         if epoch != seg.next_epoch:
             if type(epoch) is int and epoch > seg.next_epoch:

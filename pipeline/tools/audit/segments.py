@@ -1,8 +1,7 @@
-"""Where a process's run begins in a log: ``run_start`` opens a segment (its epochs, config,
-callbacks), and a later one must be a resume that starts where a committed checkpoint and the log
-allow. A resume after a process that never reached its ``result`` says how that process ended once
-its ``resume`` event is read: killed between two lines, or in the middle of one, whose torn bytes
-the resume cut off (``torn_line_bytes``). Mixed into the auditor."""
+"""Where a process's run begins in a log: ``run_start`` opens a segment; a later one must be a
+resume that starts where a committed checkpoint and the log allow (or a restart), and says how the
+process before it ended: killed between two lines, or in the middle of one, whose torn bytes the
+resume cut off (``torn_line_bytes``). Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import LEVELS
-from fsmtrain.core.lifecycle import (
-    INITIAL,
-)
+from fsmtrain.core.lifecycle import INITIAL
 from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished
 from fsmtrain.tools.audit.files import CheckpointWrite
