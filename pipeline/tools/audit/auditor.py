@@ -31,7 +31,7 @@ from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Explanation, Finding, SegmentInfo, shown_epoch
 
-__all__ = ["audit_file"]
+__all__ = ["LogAuditor", "audit_file", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
@@ -64,13 +64,14 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
-    """Checks a log one line at a time; ``finish()`` runs the whole-file checks."""
+class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
+    """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 went_on: str | None = None) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
         self.path = path
-        self.went_on = went_on  # the run went on without this log's process (a rank left out of later segments)
+        # How the run went on without this log's rank (the audit of its run directory says): a last
+        # segment cut by a kill is then a warning, not an unfinished run.
+        self.went_on: str | None = None
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
         self.ex = Explanation()
@@ -84,8 +85,6 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         self.last_ts_line = 0
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
-        self.phase_seconds: dict[str, float] = {}
-        self.callback_seconds: dict[str, float] = {}
         self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
         self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
         self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
@@ -241,8 +240,6 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         if self.batch_moves:
             self.moves[PER_BATCH] += self.batch_moves
         ex.moves = {f"{s}->{d} ({t})": c for (s, d, t), c in self.moves.items()}
-        ex.phase_seconds = dict(self.phase_seconds)
-        ex.callback_seconds = dict(self.callback_seconds)
         if not self.segments:
             return
         seg = self.segments[-1]
@@ -262,32 +259,34 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
-_Handler = Callable[[_Auditor, int, Mapping[str, Any], Segment], None]
+_Handler = Callable[[LogAuditor, int, Mapping[str, Any], Segment], None]
 _HANDLERS: dict[str, _Handler] = {
-    "epoch": _Auditor._epoch,
-    "stop_request": _Auditor._stop_request,
-    "exception": _Auditor._exception,
-    "warning": _Auditor._warning,
-    "checkpoint": _Auditor._checkpoint,
-    "checkpoint_removed": _Auditor._checkpoint_removed,
-    "checkpoint_skipped": _Auditor._checkpoint_skipped,
-    "checkpoint_damaged": _Auditor._checkpoint_damaged,
-    "checkpoint_settings": _Auditor._checkpoint_settings,
-    "restart": _Auditor._restart,
-    "trial_report": _Auditor._trial_report,
-    "resume": _Auditor._resume,
-    "result": _Auditor._result,
+    "epoch": LogAuditor._epoch,
+    "stop_request": LogAuditor._stop_request,
+    "exception": LogAuditor._exception,
+    "warning": LogAuditor._warning,
+    "checkpoint": LogAuditor._checkpoint,
+    "checkpoint_removed": LogAuditor._checkpoint_removed,
+    "checkpoint_skipped": lambda a, n, rec, seg: a.account.skipped(n, rec, seg),
+    "checkpoint_damaged": lambda a, n, rec, seg: a.account.damaged(n, rec, a.ckpt_writes, a.ckpt_damaged),
+    "checkpoint_settings": lambda a, n, rec, seg: a.account.settings(rec, seg),
+    "restart": LogAuditor._restart,
+    "trial_report": LogAuditor._trial_report,
+    "resume": LogAuditor._resume,
+    "result": LogAuditor._result,
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-               went_on: str | None = None) -> AuditReport:
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
     """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
-    :class:`AuditReadError` if it cannot be read. ``went_on``: the audit of a run directory found
-    that the run went on without this log's rank (it says how): a last segment cut by a kill is
-    then a warning, not an unfinished run."""
+    :class:`AuditReadError` if it cannot be read."""
+    return read_log(path, verify_checkpoints=verify_checkpoints, key=key).finish()
+
+
+def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> LogAuditor:
+    """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
     p = Path(path)
-    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints, key=key, went_on=went_on)
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
@@ -301,4 +300,4 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
             auditor.lines = n
         except OSError as exc:
             raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    return auditor.finish()
+    return auditor

@@ -89,6 +89,12 @@ class Segment:
     step_val: int | None = None
     step_prev: int = 0
     batch_lines: int = 0
+    # what the audit of a run directory compares across ranks
+    world: int | None = 1  # run_start's world_size (None: not an integer)
+    launch: str | None = None  # the launch this segment belongs to, the same on every rank
+    moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
+    failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
+    resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
 
 
 def completed_stop(max_epochs: int) -> tuple[str, str]:

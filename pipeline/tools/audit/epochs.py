@@ -30,12 +30,10 @@ def _is_nonfinite(value: Any) -> bool:
 
 
 class EpochChecks(EndingChecks):
-    """Needs the auditor's ``ex``, ``chain``, timing sums and checkpoint maps."""
+    """Needs the auditor's ``ex``, ``chain`` and checkpoint maps."""
 
     ex: Explanation
     chain: ChainCheck
-    phase_seconds: dict[str, float]
-    callback_seconds: dict[str, float]
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
     ckpt_damaged: dict[str, Damaged]
@@ -74,8 +72,8 @@ class EpochChecks(EndingChecks):
                 check = _SLOTS.get(name)
                 if check is not None and not check[0](value):
                     self.bad("slot", f"slot {name!r} is {value!r}; it is declared as {check[1]}", n)
-        for source, target in ((p.get("phase_seconds"), self.phase_seconds),
-                               (p.get("callback_seconds"), self.callback_seconds)):
+        for source, target in ((p.get("phase_seconds"), self.ex.phase_seconds),
+                               (p.get("callback_seconds"), self.ex.callback_seconds)):
             if isinstance(source, dict):
                 for k, v in source.items():
                     if isinstance(v, (int, float)):
@@ -102,6 +100,8 @@ class EpochChecks(EndingChecks):
                      n)
 
     def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        failed = rec["payload"].get("failed_rank")
+        seg.failed_rank = failed if type(failed) is int else None
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
         seg.faulted = True
@@ -145,15 +145,6 @@ class EpochChecks(EndingChecks):
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpt_removed[path] = n
-
-    def _checkpoint_skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.skipped(n, rec, seg)
-
-    def _checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.damaged(n, rec, self.ckpt_writes, self.ckpt_damaged)
-
-    def _checkpoint_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.settings(rec, seg)
 
     def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -48,6 +48,9 @@ class MoveChecks(EndingChecks):
             if type(step) is int:
                 seg.step_prev = step
             return
+        if src != dst:
+            epoch = rec["epoch"]
+            seg.moves.append((str(trig), str(src), str(dst), epoch if type(epoch) is int else 0))
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)

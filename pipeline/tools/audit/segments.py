@@ -52,8 +52,10 @@ class SegmentChecks(EndingChecks):
             epochs = config.get("epochs")
             if type(epochs) is int and epochs != max_epochs:
                 self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
-        rank = payload.get("rank")
+        rank, world, launch = payload.get("rank"), payload.get("world_size", 1), payload.get("launch")
         seg.rank = rank if type(rank) is int else 0
+        seg.world = world if type(world) is int else None
+        seg.launch = launch if isinstance(launch, str) else None
         seg.next_epoch = start_epoch
         seg.last_line = n
         step = rec.get("global_step")
@@ -115,6 +117,8 @@ class SegmentChecks(EndingChecks):
 
     def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         payload = rec["payload"]
+        if rec["event"] == "resume":
+            seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
         self.said_unfinished(seg, (torn, n) if type(torn) is int else None)

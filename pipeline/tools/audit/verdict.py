@@ -3,12 +3,12 @@ story, as short text or as JSON (:meth:`AuditReport.to_dict`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.events import jsonable
 from fsmtrain.core.stop import Route, StopReason
 
 __all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome", "SegmentInfo",
@@ -175,7 +175,7 @@ class AuditReport(Outcome):
             "violations": [_finding_dict(f) for f in self.violations],
             "warnings": [_finding_dict(f) for f in self.warnings],
             "story": explain_lines(self.explanation),
-            "explanation": _finite(asdict(self.explanation)),
+            "explanation": jsonable(asdict(self.explanation)),  # non-finite floats as the log writes them
         }
 
     def render(self, strict: bool = False) -> str:
@@ -216,17 +216,6 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     if f.verdict is not None:
         out["verdict"] = f.verdict.value
     return out
-
-
-def _finite(value: Any) -> Any:
-    """Strict-JSON copy: non-finite floats as strings, like the event log writes them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _pct(part: float, whole: float) -> str:
