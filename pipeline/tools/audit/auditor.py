@@ -31,15 +31,15 @@ from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Explanation, Finding, SegmentInfo, shown_epoch
 
-__all__ = ["LogAuditor", "audit_file", "read_log"]
+__all__ = ["LogAuditor", "audit_file", "parse_line", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` for one log line, without its per-call overhead (decode, then scan)."""
+def parse_line(raw: bytes) -> Any:
+    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
     text = raw.decode("utf-8")
     try:
         obj, end = _scan(text, 0)
@@ -94,7 +94,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
     # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
         try:
-            rec = _loads(raw)
+            rec = parse_line(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             self.chain.link_unparsed(raw)
             cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"

@@ -252,10 +252,9 @@ class EndingChecks:
             return
         seg.result_seen = True
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
-        own = self._expected_result(seg, [seg])
-        whole = self._expected_result(seg, self.segments[: self.segments.index(seg) + 1])
-        wrong = result_mismatches(p, whole)
         segs = self.segments[: self.segments.index(seg) + 1]
+        own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
+        wrong = result_mismatches(p, whole)
         unlogged = set().union(*(s.unlogged for s in segs))
         # An epoch whose figures never reached the log (its process was killed after its checkpoint
         # was committed, before its epoch line): what the result takes from it cannot be checked.
