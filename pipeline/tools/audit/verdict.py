@@ -16,6 +16,8 @@ __all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Find
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
+_FAULTS = frozenset(r.value for r in StopReason if r.fault)
+_UNREQUESTED = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 
 
 class Severity(str, Enum):
@@ -239,13 +241,11 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.moves:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
     if ex.stop_reason is not None:
-        fault = ex.stop_reason in {r.value for r in StopReason if r.fault}
-        verb = "raised in" if fault else "requested by"
         stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason in {r.value for r in StopReason if r.route is Route.EPOCHS}:
+        if ex.stop_reason in _UNREQUESTED:
             stop += " (no stop requested)"
         elif ex.stop_source:
-            stop += f" {verb} {ex.stop_source}"
+            stop += f" {'raised in' if ex.stop_reason in _FAULTS else 'requested by'} {ex.stop_source}"
         if ex.stop_epoch is not None:
             stop += f" in epoch {epoch_number(ex.stop_epoch)}"
         if ex.stop_request_line is not None:
