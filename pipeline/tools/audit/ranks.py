@@ -127,8 +127,7 @@ def _moves_agree(base: Segment, other: Segment) -> int | None:
     if cut_short:  # each rank aborted where it was when the run broke off
         a = [m for m in a if m[0] != ABORT]
         b = [m for m in b if m[0] != ABORT]
-    n = min(len(a), len(b)) if cut_short else max(len(a), len(b))
-    if a[:n] == b[:n] and (cut_short or len(a) == len(b)):
+    if (a[:len(b)] == b[:len(a)]) if cut_short else a == b:
         return None
     return next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
 
@@ -313,11 +312,9 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
     for rank, auditor in auditors.items():
         auditor.went_on = _went_on_without(base, stories[rank], rank)
     reports = {rank: auditor.finish() for rank, auditor in auditors.items()}
-    world, worlds = _largest_world(base), [s.world for s in base]
-    if not base:  # no readable run_start: the log's own audit says so
-        world = None
+    world, worlds = _largest_world(base), [s.world for s in base]  # None: no readable run_start
     if len(seen) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
-        findings += _census(world if base else None, [0])
+        findings += _census(world, [0])
     else:
         findings += _compare(stories)
     moves = sum(len(seg.moves) for seg in base)
