@@ -23,7 +23,7 @@ from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop
 from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
@@ -88,7 +88,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
         self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
         self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
-        self.account = CheckpointAccount(self.ex)
+        self.coverage = CheckpointCoverage(self.ex)
         self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
 
     # --- per line ----------------------------------------------------------------------------
@@ -214,7 +214,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
-        self.findings += self.account.finish(self.segments)
+        self.findings += self.coverage.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
                                                 self.segments, self.lines, self.ex, self.ckpt_damaged)
@@ -267,9 +267,9 @@ _HANDLERS: dict[str, _Handler] = {
     "warning": LogAuditor._warning,
     "checkpoint": LogAuditor._checkpoint,
     "checkpoint_removed": LogAuditor._checkpoint_removed,
-    "checkpoint_skipped": lambda a, n, rec, seg: a.account.skipped(n, rec, seg),
-    "checkpoint_damaged": lambda a, n, rec, seg: a.account.damaged(n, rec, a.ckpt_writes, a.ckpt_damaged),
-    "checkpoint_settings": lambda a, n, rec, seg: a.account.settings(rec, seg),
+    "checkpoint_skipped": lambda a, n, rec, seg: a.coverage.skipped(n, rec, seg),
+    "checkpoint_damaged": lambda a, n, rec, seg: a.coverage.damaged(n, rec, a.ckpt_writes, a.ckpt_damaged),
+    "checkpoint_settings": lambda a, n, rec, seg: a.coverage.settings(rec, seg),
     "restart": LogAuditor._restart,
     "trial_report": LogAuditor._trial_report,
     "resume": LogAuditor._resume,

@@ -11,7 +11,7 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import PROGRAM, Action
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.content import number, slot_checks
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment
 from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
@@ -37,7 +37,7 @@ class EpochChecks(EndingChecks):
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
     ckpt_damaged: dict[str, Damaged]
-    account: CheckpointAccount
+    coverage: CheckpointCoverage
 
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
@@ -139,7 +139,7 @@ class EpochChecks(EndingChecks):
         self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
         self.ckpt_removed.pop(path, None)
         self.ckpt_damaged.pop(path, None)
-        self.account.committed(n, epoch if type(epoch) is int else None, path, seg)
+        self.coverage.committed(n, epoch if type(epoch) is int else None, path, seg)
 
     def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")

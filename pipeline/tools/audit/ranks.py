@@ -72,8 +72,8 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
     return out
 
 
-def _largest_world(story: list[Segment]) -> int | None:
-    worlds = [s.world for s in story]
+def _largest_world(segs: list[Segment]) -> int | None:
+    worlds = [s.world for s in segs]
     if not worlds or any(w is None for w in worlds):
         return None
     return max(w for w in worlds if w is not None)
@@ -135,19 +135,19 @@ def _moves_agree(base: Segment, other: Segment) -> int | None:
 Pairs = list[tuple[int, Segment, Segment]]  # (index on rank 0, rank 0's segment, the other rank's)
 
 
-def _aligned(base: list[Segment], story: list[Segment], rank: int) -> tuple[Pairs, list[Finding]]:
+def _aligned(base: list[Segment], segs: list[Segment], rank: int) -> tuple[Pairs, list[Finding]]:
     """Rank 0's segments that ran on rank ``rank``, each with that rank's segment of it; and what
     does not line up. Segments are matched by their ``launch`` (logs before it: by position)."""
     out: list[Finding] = []
     pairs: Pairs = []
     # A segment on one process (world size 1: rank 0 alone) names no launch; every other does.
-    launched = all(s.launch is not None for s in [*base, *story] if s.world != 1)
+    launched = all(s.launch is not None for s in [*base, *segs] if s.world != 1)
     if not launched:
-        if len(story) != len(base):
-            out.append(Finding("ranks", f"rank {rank} ran {len(story)} segment(s), rank 0 "
+        if len(segs) != len(base):
+            out.append(Finding("ranks", f"rank {rank} ran {len(segs)} segment(s), rank 0 "
                                         f"{len(base)}: the ranks were not started and resumed together"))
-        return [(i, a, b) for i, (a, b) in enumerate(zip(base, story, strict=False))], out
-    theirs = {s.launch: s for s in story if s.launch is not None}
+        return [(i, a, b) for i, (a, b) in enumerate(zip(base, segs, strict=False))], out
+    theirs = {s.launch: s for s in segs if s.launch is not None}
     ours = {s.launch for s in base}
     for i, seg in enumerate(base):
         expected = seg.world is not None and rank < seg.world
@@ -159,24 +159,24 @@ def _aligned(base: list[Segment], story: list[Segment], rank: int) -> tuple[Pair
         elif seg.launch in theirs:
             out.append(Finding("ranks", f"segment {i + 1} ran on {seg.world} rank(s), but rank {rank} has a segment "
                                         "of it"))
-    strays = [s for s in story if s.launch not in ours]
+    strays = [s for s in segs if s.launch not in ours]
     if strays:
         out.append(Finding("ranks", f"rank {rank} ran {len(strays)} segment(s) that rank 0 did not"))
     return pairs, out
 
 
-def _compare(stories: dict[int, list[Segment]]) -> list[Finding]:
-    base = stories[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
+def _compare(by_rank: dict[int, list[Segment]]) -> list[Finding]:
+    base = by_rank[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
     world = _largest_world(base)
-    out = _census(world, sorted(stories))
-    for rank, story in stories.items():
-        said = story[0].rank if story else None  # its first run_start names it
+    out = _census(world, sorted(by_rank))
+    for rank, segs in by_rank.items():
+        said = segs[0].rank if segs else None  # its first run_start names it
         if said != rank:
             out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {said}"))
-    for rank, story in sorted(stories.items()):
+    for rank, segs in sorted(by_rank.items()):
         if rank == 0 or (world is not None and rank >= world):
             continue  # a stray log (named above) is no rank of this run to compare
-        pairs, misaligned = _aligned(base, story, rank)
+        pairs, misaligned = _aligned(base, segs, rank)
         out += misaligned
         for i, a, b in pairs:
             if a.world != b.world:
@@ -203,15 +203,15 @@ def _resumed(seg: Segment) -> str:
     return f"{name} (sha256 {str(sha)[:12]}..., epoch {shown_epoch(epoch)})"
 
 
-def _went_on_without(base: list[Segment], story: list[Segment], rank: int) -> str | None:
+def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str | None:
     """How the run went on without rank ``rank`` after its log's last segment (rank 0's later
     segments ran on fewer ranks), or None when it did not."""
-    if rank == 0 or not story or story[-1].launch is None:
+    if rank == 0 or not segs or segs[-1].launch is None:
         return None
     launches = [s.launch for s in base]
-    if story[-1].launch not in launches:
+    if segs[-1].launch not in launches:
         return None
-    later = base[launches.index(story[-1].launch) + 1:]
+    later = base[launches.index(segs[-1].launch) + 1:]
     if not later or any(s.world is None or rank < s.world for s in later):
         return None
     return (f"the run went on without rank {rank}: rank 0's log continues with "
@@ -307,15 +307,15 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
             seen[rank] = path
     auditors = {rank: read_log(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
                 for rank, path in seen.items()}
-    stories = {rank: auditor.segments for rank, auditor in auditors.items()}
-    base = stories[0]
+    by_rank = {rank: auditor.segments for rank, auditor in auditors.items()}
+    base = by_rank[0]
     for rank, auditor in auditors.items():
-        auditor.went_on = _went_on_without(base, stories[rank], rank)
+        auditor.went_on = _went_on_without(base, by_rank[rank], rank)
     reports = {rank: auditor.finish() for rank, auditor in auditors.items()}
     world, worlds = _largest_world(base), [s.world for s in base]  # None: no readable run_start
     if len(seen) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
         findings += _census(world, [0])
     else:
-        findings += _compare(stories)
+        findings += _compare(by_rank)
     moves = sum(len(seg.moves) for seg in base)
     return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base))

@@ -13,7 +13,7 @@ from typing import Any
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import LEVELS
 from fsmtrain.core.lifecycle import INITIAL
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished
 from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
@@ -30,7 +30,7 @@ class SegmentChecks(EndingChecks):
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
     ckpt_damaged: dict[str, Damaged]
-    account: CheckpointAccount
+    coverage: CheckpointCoverage
 
     def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
         max_epochs = payload.get("max_epochs")
@@ -82,7 +82,7 @@ class SegmentChecks(EndingChecks):
                 seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
-            self.account.second_start(n, seg)
+            self.coverage.second_start(n, seg)
             if prev.end_line is None:
                 seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
             return
@@ -149,7 +149,7 @@ class SegmentChecks(EndingChecks):
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """A run that had committed nothing started over in place (from epoch 0)."""
         live = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
-        self.account.restart(n, rec, seg, live)
+        self.coverage.restart(n, rec, seg, live)
         self._resume(n, rec, seg)
 
     def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:
