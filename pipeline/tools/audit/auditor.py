@@ -196,7 +196,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
-            self.said_unfinished(seg, None)  # a resume that never logged its resume event
+            self.report_previous_end(seg, None)  # a resume that never logged its resume event
             if seg.end_line is None and last and self.went_on is not None:
                 self.warn("end", f"the log ends in phase {seg.phase!r} in epoch {shown_epoch(seg.last_epoch_field)} "
                           f"(line {seg.last_line}) without reaching {FINAL.value!r}: the process was killed, and "

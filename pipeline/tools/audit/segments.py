@@ -78,7 +78,7 @@ class SegmentChecks(EndingChecks):
         prev = self.seg
         seg = self._open_segment(n, rec, payload)
         if prev is None:
-            if seg.resumed_from is not None and self._sat_out(seg, payload.get("world_size_before")):
+            if seg.resumed_from is not None and self._rank_left_out(seg, payload.get("world_size_before")):
                 seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
@@ -102,7 +102,7 @@ class SegmentChecks(EndingChecks):
             # resume event must name that epoch's commit (the audit of the run directory holds the
             # record to rank 0's log).
             seg.commit_unseen = prev.next_epoch
-        elif seg.start_epoch > prev.next_epoch and self._sat_out(seg, payload.get("world_size_before")):
+        elif seg.start_epoch > prev.next_epoch and self._rank_left_out(seg, payload.get("world_size_before")):
             # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
             # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
@@ -121,7 +121,7 @@ class SegmentChecks(EndingChecks):
             seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
-        self.said_unfinished(seg, (torn, n) if type(torn) is int else None)
+        self.report_previous_end(seg, (torn, n) if type(torn) is int else None)
 
     def _resumed_commit(self, n: int, p: Mapping[str, Any], seg: Segment) -> None:
         """The checkpoint the ``resume`` event says it loaded is the commit its ``run_start`` named."""
@@ -152,8 +152,8 @@ class SegmentChecks(EndingChecks):
         self.coverage.restart(n, rec, seg, live)
         self._resume(n, rec, seg)
 
-    def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:
-        """How the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
+    def report_previous_end(self, seg: Segment, torn: tuple[int, int] | None) -> None:
+        """Say how the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
         the resume cut off, the line of its ``resume`` event); None when no resume event says."""
         u, seg.after = seg.after, None
         if u is None:
@@ -182,7 +182,7 @@ class SegmentChecks(EndingChecks):
                       "figures are not in the log", u.resume_line)
 
     @staticmethod
-    def _sat_out(seg: Segment, before: object) -> bool:
+    def _rank_left_out(seg: Segment, before: object) -> bool:
         """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
         return type(before) is int and seg.rank >= before
 
