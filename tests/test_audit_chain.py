@@ -189,8 +189,8 @@ def test_a_log_cut_back_before_a_checkpoint_is_caught_by_its_pinned_head(quickst
 @pytest.mark.parametrize(("started", "resumed"), [(b"run-key", None), (b"run-key", b"other-key"), (None, b"run-key")])
 def test_a_resume_with_another_key_or_none_is_refused_before_it_touches_the_run(
         tmp_path: Path, started: bytes | None, resumed: bytes | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found: a keyed run resumed without its key (or with another) went on chaining with plain sha256
-    (or the other key), and no key could verify the log any more."""
+    """A keyed run resumed without its key (or with another) is refused: chaining on with plain sha256
+    (or the other key) would leave a log no key can verify."""
     from fsmtrain.training.resume import ResumeError
 
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The twelve forgeries of issue 11, made from one real quickstart log, against the hash chain and
+"""Twelve forgeries, made from one real quickstart log, against the hash chain and
 the audit's content checks.
 
 Three forgers:

@@ -1,4 +1,4 @@
-"""Every byte of every line is under the chain and the key (issue 27, item 2).
+"""Every byte of every line is under the chain and the key.
 
 Each line carries in ``seal`` the digest (HMAC with a key) of its own bytes without the seal, and
 the next line carries in ``prev`` the digest of the whole line: the last line, which has no
@@ -54,8 +54,8 @@ def _chain_names(report: AuditReport, line: int) -> bool:
 @pytest.mark.parametrize("edit", ["ts_plus_an_hour", "level", "payload_field_added"])
 def test_the_result_line_cannot_be_edited_unnoticed(keyed_run: Path, keyed_lines: list[str], tmp_path: Path,
                                                     edit: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Found: with a log key, changing the result line's ts by an hour, its level, or adding a
-    payload field passed ``fsmtrain audit RUN --key-file k.key``: "proves consistency and authorship"."""
+    """With a log key, changing the result line's ts by an hour, its level, or adding a payload field
+    fails ``fsmtrain audit RUN --key-file k.key``: the last line's seal covers every byte of it."""
     rec = json.loads(keyed_lines[-1])
     assert rec["event"] == "result"
     if edit == "ts_plus_an_hour":

@@ -1,4 +1,4 @@
-"""The audit names what it finds (issue 27, item 8): a checkpoint file damaged on disk, a file that
+"""The audit names what it finds: a checkpoint file damaged on disk, a file that
 is an older write the log committed, a process killed between two lines, and a torn last line that
 a resume cut off are distinct verdicts, each with its own words."""
 
@@ -59,7 +59,7 @@ def _middle_of_largest_entry(path: Path) -> int:
 
 
 def test_a_byte_flipped_deep_inside_a_checkpoint_is_damaged(checkpointed: Path, tmp_path: Path) -> None:
-    """Found: a byte flipped deep inside a checkpoint was "an older write"."""
+    """A byte flipped deep inside a checkpoint is damage, not "an older write"."""
     run = tmp_path / "run"
     shutil.copytree(checkpointed, run)
     file = run / "checkpoints" / "latest.pt"
@@ -112,8 +112,8 @@ _KILL_AFTER_EPOCH_1 = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_torn_line_repaired_by_resume_is_not_called_a_kill(tmp_path: Path) -> None:
-    """Found: a run whose torn last line was repaired by resume was "the process was killed". A real
-    SIGKILL ends the first process; one copy of its run gets a torn last line (a line cut mid-write),
+    """A run whose torn last line was repaired by resume is told apart from "the process was killed".
+    A real SIGKILL ends the first process; one copy of its run gets a torn last line (a line cut mid-write),
     the other none; both are resumed and audited."""
     script = tmp_path / "kill.py"
     script.write_text(_KILL_AFTER_EPOCH_1.format(tests=str(Path(__file__).resolve().parent)), encoding="utf-8")

@@ -39,7 +39,7 @@ from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
-    "Verdict", "agreement_points", "decide", "log_name_for_rank", "on_rank", "proposal_of", "replaces", "standing",
+    "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank", "proposal_of", "standing",
 ]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
@@ -160,12 +160,10 @@ def standing(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[i
     return -reason.precedence, epoch, _PHASES.index(phase), rank
 
 
-def replaces(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason, int, Phase, int]) -> bool:
+def may_override(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason, int, Phase, int]) -> bool:
     """Whether the ranks' verdict may put the request ``agreed`` (reason, epoch, phase, rank) in
-    place of the request ``held`` that a rank had in force: it must stand before it. Either the
-    held request was this rank's own, a candidate of the same verdict that lost, or an earlier
-    verdict's winner, which every later request must outrank to be made at all. The audit checks
-    every agreed override of a log with this rule."""
+    place of the request ``held`` that a rank had in force: it must stand before it. The audit
+    checks every agreed override of a log with this rule."""
     return standing(*agreed) < standing(*held)
 
 

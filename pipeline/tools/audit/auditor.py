@@ -1,34 +1,11 @@
 """Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
 
-``fsmtrain audit EVENTS.jsonl [--json] [--strict] [--key-file F]`` streams the log line by line (a
-million lines take seconds) and checks:
-
-- the hash chain: every line carries the digest of the line before it (the first, of the run id and
-  config), and seals itself (the last line included); with a key (``--key-file``, or
-  ``FSMTRAIN_LOG_KEY``) HMAC-SHA256. The first line that breaks it is named; a wrong key is told
-  apart from tampering (see :mod:`fsmtrain.tools.audit.chain` and :mod:`fsmtrain.tools.audit.seals`);
-- every line is a JSON object with the fields of :data:`fsmtrain.core.events.EVENT_KEYS`;
-- ``seq`` runs contiguous from 0: a gap is a lost line, a repeat a duplicated or altered one;
-  ``ts`` never goes back; ``global_step`` never goes back within a process;
-- every transition is a move of :data:`fsmtrain.core.lifecycle.TRANSITIONS` from the phase the previous
-  one reached, and its guards held given what the log says (stop requests, epochs, faults); every
-  other event happens in the phase the machine is in; no line is below the run's configured level;
-- the run starts in ``created`` and ends in ``train_end`` (else: an unfinished run, with its last
-  phase and epoch); epochs count up from the run's ``start_epoch`` without gaps, as many as began;
-  each epoch's ``batches`` agrees with the global steps (and the per-batch lines at debug level);
-  ``max_epochs`` agrees with the recorded config; slot values have the types their slots declare;
-- the stop reason agrees with the events: the request in force, a non-finite loss for NAN, the
-  matching request for EARLY_STOP / PRUNED, the last epoch for COMPLETED, an exception for ERROR /
-  INTERRUPTED; the stop source and message in ``train_end`` and ``result`` are those of the
-  ``stop_request``; the ``result`` figures are recomputed from the epoch events;
-- each checkpoint the log names has the logged sha256, and pins a head of this chain (in its event
-  and in the file); one that differs is named damaged, an older write, ...: see
-  :mod:`fsmtrain.tools.audit.files`;
-- a resume (a later ``run_start`` with ``resumed_from``) starts at an epoch the log reached; the
-  process before it was killed, or left a torn line the resume cut off (its ``resume`` event says).
-
-Exit codes: 0 the log holds, 1 violations (also warnings with ``--strict``), 2 the file (or the key
-file) cannot be read. Phases and moves come only from :mod:`fsmtrain.core.lifecycle`.
+The log is streamed line by line (a million lines take seconds) through the checks of the mixins:
+the hash chain and seals (:mod:`.chain`), fields, ``seq``, ``ts`` and ``global_step`` (here),
+segments and resumes (:mod:`.segments`), moves and guards against
+:data:`fsmtrain.core.lifecycle.TRANSITIONS` (:mod:`.moves`), epochs and checkpoint lines
+(:mod:`.epochs`, :mod:`.coverage`), the stop reason against :class:`fsmtrain.core.stop.StopReason`
+and the ``result`` (:mod:`.ending`); then the checkpoint files on disk (:mod:`.files`).
 """
 
 from __future__ import annotations
@@ -43,45 +20,26 @@ from pathlib import Path
 from typing import Any, cast
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
-from fsmtrain.core.lifecycle import (
-    FINAL,
-)
+from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop
 from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
-from fsmtrain.tools.audit.verdict import (
-    AuditReadError,
-    AuditReport,
-    ChainVerdict,
-    Explanation,
-    Finding,
-    SegmentInfo,
-    Severity,
-    shown_epoch,
-)
+from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Explanation, Finding, SegmentInfo, shown_epoch
 
-__all__ = [
-    "AuditReadError",
-    "AuditReport",
-    "ChainVerdict",
-    "Explanation",
-    "Finding",
-    "Severity",
-    "audit_file",
-]
+__all__ = ["LogAuditor", "audit_file", "parse_line", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` for one log line, without its per-call overhead (decode, then scan)."""
+def parse_line(raw: bytes) -> Any:
+    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
     text = raw.decode("utf-8")
     try:
         obj, end = _scan(text, 0)
@@ -106,13 +64,14 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
-    """Checks a log one line at a time; ``finish()`` runs the whole-file checks."""
+class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
+    """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 went_on: str | None = None) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
         self.path = path
-        self.went_on = went_on  # the run went on without this log's process (a rank left out of later segments)
+        # How the run went on without this log's rank (the audit of its run directory says): a last
+        # segment cut by a kill is then a warning, not an unfinished run.
+        self.went_on: str | None = None
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
         self.ex = Explanation()
@@ -126,18 +85,16 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         self.last_ts_line = 0
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
-        self.phase_seconds: dict[str, float] = {}
-        self.callback_seconds: dict[str, float] = {}
         self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
         self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
         self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
-        self.account = CheckpointAccount(self.ex)
+        self.coverage = CheckpointCoverage(self.ex)
         self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
 
     # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
         try:
-            rec = _loads(raw)
+            rec = parse_line(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             self.chain.link_unparsed(raw)
             cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
@@ -239,7 +196,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
-            self.said_unfinished(seg, None)  # a resume that never logged its resume event
+            self.report_previous_end(seg, None)  # a resume that never logged its resume event
             if seg.end_line is None and last and self.went_on is not None:
                 self.warn("end", f"the log ends in phase {seg.phase!r} in epoch {shown_epoch(seg.last_epoch_field)} "
                           f"(line {seg.last_line}) without reaching {FINAL.value!r}: the process was killed, and "
@@ -257,7 +214,7 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
-        self.findings += self.account.finish(self.segments)
+        self.findings += self.coverage.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
                                                 self.segments, self.lines, self.ex, self.ckpt_damaged)
@@ -283,8 +240,6 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
         if self.batch_moves:
             self.moves[PER_BATCH] += self.batch_moves
         ex.moves = {f"{s}->{d} ({t})": c for (s, d, t), c in self.moves.items()}
-        ex.phase_seconds = dict(self.phase_seconds)
-        ex.callback_seconds = dict(self.callback_seconds)
         if not self.segments:
             return
         seg = self.segments[-1]
@@ -297,39 +252,41 @@ class _Auditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason == StopReason.COMPLETED.value:
-            ex.stop_source, ex.stop_message = "max_epochs", f"reached max_epochs={seg.max_epochs}"
+            ex.stop_source, ex.stop_message = completed_stop(seg.max_epochs)
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
-_Handler = Callable[[_Auditor, int, Mapping[str, Any], Segment], None]
+_Handler = Callable[[LogAuditor, int, Mapping[str, Any], Segment], None]
 _HANDLERS: dict[str, _Handler] = {
-    "epoch": _Auditor._epoch,
-    "stop_request": _Auditor._stop_request,
-    "exception": _Auditor._exception,
-    "warning": _Auditor._warning,
-    "checkpoint": _Auditor._checkpoint,
-    "checkpoint_removed": _Auditor._checkpoint_removed,
-    "checkpoint_skipped": _Auditor._checkpoint_skipped,
-    "checkpoint_damaged": _Auditor._checkpoint_damaged,
-    "checkpoint_settings": _Auditor._checkpoint_settings,
-    "restart": _Auditor._restart,
-    "trial_report": _Auditor._trial_report,
-    "resume": _Auditor._resume,
-    "result": _Auditor._result,
+    "epoch": LogAuditor._epoch,
+    "stop_request": LogAuditor._stop_request,
+    "exception": LogAuditor._exception,
+    "warning": LogAuditor._warning,
+    "checkpoint": LogAuditor._checkpoint,
+    "checkpoint_removed": LogAuditor._checkpoint_removed,
+    "checkpoint_skipped": lambda a, n, rec, seg: a.coverage.skipped(n, rec, seg),
+    "checkpoint_damaged": lambda a, n, rec, seg: a.coverage.damaged(n, rec, a.ckpt_writes, a.ckpt_damaged),
+    "checkpoint_settings": lambda a, n, rec, seg: a.coverage.settings(rec, seg),
+    "restart": LogAuditor._restart,
+    "trial_report": LogAuditor._trial_report,
+    "resume": LogAuditor._resume,
+    "result": LogAuditor._result,
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-               went_on: str | None = None) -> AuditReport:
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
     """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
-    :class:`AuditReadError` if it cannot be read. ``went_on``: the audit of a run directory found
-    that the run went on without this log's rank (it says how): a last segment cut by a kill is
-    then a warning, not an unfinished run."""
+    :class:`AuditReadError` if it cannot be read."""
+    return read_log(path, verify_checkpoints=verify_checkpoints, key=key).finish()
+
+
+def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> LogAuditor:
+    """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
     p = Path(path)
-    auditor = _Auditor(p, verify_checkpoints=verify_checkpoints, key=key, went_on=went_on)
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
@@ -343,4 +300,4 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
             auditor.lines = n
         except OSError as exc:
             raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    return auditor.finish()
+    return auditor

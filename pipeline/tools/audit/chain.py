@@ -1,13 +1,6 @@
 """The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): verify each line's ``prev``,
-name the first line that breaks it, tell a wrong or missing key from tampering, and check that
-checkpoints pin heads of this chain.
-
-A break between line n-1 and line n is named by what the lines around it show: a single broken link
-with ``seq`` running on means line n-1 was altered after it was written; a broken link followed by
-more means lines were inserted, removed or rewritten from line n on; with a key, a line carrying the
-plain sha256 of its predecessor means the chain was rebuilt by someone without the key. Each line's
-own seal (:mod:`fsmtrain.tools.audit.seals`) says which of two lines around a break was altered, and
-is the only witness for the last line.
+name the first line that breaks it and what happened there, tell a wrong or missing key from
+tampering, and find the lines checkpoints pin.
 """
 
 from __future__ import annotations
@@ -20,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
-from fsmtrain.core.lifecycle import Phase
+from fsmtrain.core.lifecycle import HOOKS
 from fsmtrain.tools.audit.seals import SealCheck
 from fsmtrain.tools.audit.verdict import ChainVerdict, Finding
 
 __all__ = ["ChainCheck", "SegmentChain", "stored_head"]
 
-_EPOCH_END = Phase.EPOCH_END.value
+# The phase a checkpoint is staged in: a slow disk may commit it epochs later.
+_SAVE_PHASE = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value
 _MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
 _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
@@ -103,18 +97,17 @@ class ChainCheck:
         self.prev_raw: bytes | None = None
         self._before_prev: bytes | None = None
         self.seals = SealCheck()
-        self._last_verified = 0  # the last line linked under a chain ...
-        self._tail: Chain | None = None  # ... and that chain, while no line has followed it
+        self._last_verified = 0  # the last line linked under a chain, and that chain until a line follows
+        self._tail: Chain | None = None
         self.prev_seq: Any = None
         self.unchained = False
         self._pending: _Break | None = None
         self._first: Finding | None = None
         self._told_key = False
         self.verified_links = 0
-        self.pins: dict[str, int] = {}  # digest -> line, for this epoch and the one before
+        # digest -> line: this epoch's, the epoch before's, and each save-phase line since the last pin
+        self.pins: dict[str, int] = {}
         self._pins_before: dict[str, int] = {}
-        # digest -> line of each epoch_end line since the last pinned one: a checkpoint is staged at an
-        # epoch's end, and a slow disk may commit it epochs later
         self._end_pins: dict[str, int] = {}
         self._prev_end = False
         self.segments: list[SegmentChain] = []
@@ -193,15 +186,14 @@ class ChainCheck:
 
     # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
-        """Check that line ``n`` (parsed as ``rec``) carries the digest of the line before it. Its
-        own seal is checked only where no link covers it: at the end, before a line that cannot be
-        checked, and around a break (to name the altered line)."""
+        """Check that line ``n`` carries the digest of the line before it; its own seal is checked
+        only where no link covers it (the end, before an unparsable line, around a break)."""
         prev_raw, before = self.prev_raw, self._before_prev
         self._before_prev = prev_raw
         self.prev_raw = raw
         seq_before = self.prev_seq
         self.prev_seq = rec.get("seq")
-        prev_end, self._prev_end = self._prev_end, rec.get("phase") == _EPOCH_END
+        prev_end, self._prev_end = self._prev_end, rec.get("phase") == _SAVE_PHASE
         digest = self._digest
         if digest is None:
             if self._tail is not None:
@@ -239,7 +231,7 @@ class ChainCheck:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._resolve(pending, ok, carried, self.seals.status(n, raw, chain))
+            self._first_break(*pending.named(ok, carried, self.seals.status(n, raw, chain)))
         if ok:
             return
         self.verdict.broken_links += 1
@@ -273,9 +265,6 @@ class ChainCheck:
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 
-    def _resolve(self, b: _Break, next_ok: bool, next_carried: Any, next_sealed: bool | None) -> None:
-        self._first_break(*b.named(next_ok, next_carried, next_sealed))
-
     def _first_break(self, line: int, message: str) -> None:
         self.verdict.first_break = line
         self._first = Finding("chain", message, line)
@@ -287,16 +276,14 @@ class ChainCheck:
 
     # --- checkpoint pins -----------------------------------------------------------------------
     def pinned_line(self, head: str) -> int | None:
-        """The line whose digest ``head`` is, among those since the previous epoch began and the
-        epoch_end lines since the last pinned one."""
+        """The line whose digest ``head`` is, among those a checkpoint may pin (see ``pins``)."""
         line = self.pins.get(head)
         if line is None:
             line = self._pins_before.get(head)
         return line if line is not None else self._end_pins.get(head)
 
     def pinned(self, line: int) -> None:
-        """A checkpoint pinned ``line``: the writer commits states in order, so no later checkpoint
-        pins an epoch_end line before it."""
+        """A checkpoint pinned ``line``: states commit in order, so no later one pins a line before it."""
         self._end_pins = {d: n for d, n in self._end_pins.items() if n >= line}
 
     @property
@@ -304,8 +291,8 @@ class ChainCheck:
         return self.active is not None and not self.unchained
 
     def locate(self, path: Path, head: str) -> int | None:
-        """The line of ``path`` whose digest (under any scheme this audit used) is ``head``; a second
-        pass over the file, made only for a checkpoint that does not match the log."""
+        """The line of ``path`` whose digest (under any scheme used) is ``head``: a second pass, made
+        only for a checkpoint that does not match the log."""
         chains = [c for c in (self.plain, self.keyed) if c is not None]
         with open(path, "rb") as fh:
             for n, raw in enumerate(fh, 1):
@@ -316,7 +303,7 @@ class ChainCheck:
     # --- the end -------------------------------------------------------------------------------
     def finish(self) -> list[Finding]:
         if self._pending is not None:
-            self._resolve(self._pending, True, None, None)
+            self._first_break(*self._pending.named(True, None, None))
             self._pending = None
         v = self.verdict
         first = self._first

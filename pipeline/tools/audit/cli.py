@@ -14,18 +14,17 @@ from fsmtrain.tools.audit.auditor import audit_file
 from fsmtrain.tools.audit.ranks import RankedAudit, audit_run_dir
 from fsmtrain.tools.audit.verdict import EXIT_UNREADABLE, AuditReadError, AuditReport
 
-__all__ = ["add_arguments", "register_cli"]
+__all__ = ["register_cli"]
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     try:
         key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
         paths = [args.events, *args.more]
-        if len(paths) > 1 or Path(args.events).is_dir():  # run directories: every rank's log, and their agreement
-            report: AuditReport | RankedAudit = audit_run_dir(*paths, verify_checkpoints=not args.no_checkpoints,
-                                                              key=key)
-        else:
-            report = audit_file(args.events, verify_checkpoints=not args.no_checkpoints, key=key)
+        verify = not args.no_checkpoints
+        report: AuditReport | RankedAudit = (
+            audit_run_dir(*paths, verify_checkpoints=verify, key=key) if len(paths) > 1 or Path(args.events).is_dir()
+            else audit_file(args.events, verify_checkpoints=verify, key=key))
     except (AuditReadError, LogKeyError) as exc:
         if args.json:
             print(json.dumps({"path": " ".join(map(str, [args.events, *args.more])), "ok": False, "error": str(exc)}))
@@ -39,7 +38,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return report.exit_code(args.strict)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain audit`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "audit", help="check a run's events.jsonl (hash chain, lifecycle, content) and explain the run",
+        description="Check a run log's hash chain, its moves against the lifecycle table and its content "
+                    "(result, stop, timestamps, checkpoints), and explain the run. "
+                    "Exit 0: holds; 1: violations; 2: the file or the key file cannot be read.")
     parser.add_argument("events", metavar="RUN_DIR|EVENTS_JSONL",
                         help="a run directory (every rank's log of a multi-process run, and that the ranks agreed) "
                              "or one events.jsonl")
@@ -53,15 +58,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", metavar="FILE", default=None,
                         help="the log key (HMAC-SHA256 chain); default: the FSMTRAIN_LOG_KEY environment variable")
     parser.set_defaults(func=_cmd_audit)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain audit`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "audit", help="check a run's events.jsonl (hash chain, lifecycle, content) and explain the run",
-        description="Check a run log's hash chain, its moves against the lifecycle table and its content "
-                    "(result, stop, timestamps, checkpoints), and explain the run. "
-                    "Exit 0: holds; 1: violations; 2: the file or the key file cannot be read.",
-    )
-    add_arguments(parser)
-

@@ -1,6 +1,5 @@
-"""Content checks of the audit that need no line-by-line state: slot values against the types the
-slots declare (:mod:`fsmtrain.core.slots`), and the ``result`` figures against what the epoch
-events give."""
+"""Content checks that need no line-by-line state: slot values against the types the slots
+declare (:mod:`fsmtrain.core.slots`), and the ``result`` figures against the recomputed ones."""
 
 from __future__ import annotations
 
@@ -14,14 +13,20 @@ from typing import Any
 from fsmtrain.core import slots as _slots_module
 from fsmtrain.core.context import Slot
 
-__all__ = ["NONFINITE", "RESULT_FIELDS", "number", "result_mismatches", "same_number", "slot_checks"]
+__all__ = ["number", "result_mismatches", "slot_checks"]
 
-NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # The result figures recomputed from the log, in the order the audit reports them.
-RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
-                 "best_val_loss", "best_epoch", "objective", "global_step")
+_RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
+                  "best_val_loss", "best_epoch", "objective", "global_step")
 
 Check = Callable[[Any], bool]
+_SCALARS: dict[Any, tuple[Check, str]] = {
+    float: (lambda v: number(v) is not None, "a number"),
+    int: (lambda v: type(v) is int, "an integer"),
+    bool: (lambda v: type(v) is bool, "true or false"),
+    str: (lambda v: type(v) is str, "a string"),
+}
 
 
 def number(value: Any) -> float | None:
@@ -29,74 +34,46 @@ def number(value: Any) -> float | None:
     kind = type(value)
     if kind is float or kind is int:
         return float(value)
-    if kind is str:
-        return NONFINITE.get(value)
-    return None
+    return _NONFINITE.get(value) if kind is str else None
 
 
-def same_number(a: Any, b: Any) -> bool:
+def _same_number(a: Any, b: Any) -> bool:
     x, y = number(a), number(b)
-    if x is None or y is None:
-        return False
-    return x == y or (math.isnan(x) and math.isnan(y))
+    return x is not None and y is not None and (x == y or (math.isnan(x) and math.isnan(y)))
 
 
 def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, found, expected) for each ``result`` figure that differs from the recomputed one;
     a field the result does not carry is not compared."""
     out = []
-    for key in RESULT_FIELDS:
+    for key in _RESULT_FIELDS:
         if key not in found or key not in expected:
             continue
         want, got = expected[key], found[key]
-        if isinstance(want, float):
-            if not same_number(got, want):
-                out.append((key, got, want))
-        elif got != want or type(got) is not type(want):
+        exact = got == want and type(got) is type(want)
+        if not (_same_number(got, want) if isinstance(want, float) else exact):
             out.append((key, got, want))
     return out
 
 
-# --- slot types ---------------------------------------------------------------------------------
-def _describe(tp: Any) -> str:
-    if tp is float:
-        return "a number"
-    if tp is int:
-        return "an integer"
-    if tp is bool:
-        return "true or false"
-    if tp is str:
-        return "a string"
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        inner = ", ".join(f"{f.name} ({_describe(hints[f.name])})" for f in dataclasses.fields(tp))
-        return f"an object with {inner}"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _check_for(tp: Any) -> Check | None:
-    """A predicate for a JSON value of declared type ``tp`` (None: a type the audit cannot check)."""
-    if tp is float:
-        return lambda v: number(v) is not None
-    if tp is bool:
-        return lambda v: type(v) is bool
-    if tp is int:
-        return lambda v: type(v) is int
-    if tp is str:
-        return lambda v: type(v) is str
+def _check_for(tp: Any) -> tuple[Check, str] | None:
+    """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
+    if tp in _SCALARS:
+        return _SCALARS[tp]
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
         parts = [a for a in typing.get_args(tp) if a is not type(None)]
         inner = _check_for(parts[0]) if len(parts) == 1 else None
-        return None if inner is None else (lambda v: v is None or inner(v))
+        return None if inner is None else ((lambda v: v is None or inner[0](v)), inner[1])
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
         fields = {f.name: _check_for(hints[f.name]) for f in dataclasses.fields(tp)}
 
         def check(v: Any) -> bool:
             return (type(v) is dict and v.keys() == fields.keys()
-                    and all(c is None or c(v[k]) for k, c in fields.items()))
-        return check
+                    and all(c is None or c[0](v[k]) for k, c in fields.items()))
+        said = ", ".join(f"{k} ({c[1] if c else getattr(hints[k], '__name__', hints[k])})" for k, c in fields.items())
+        return check, f"an object with {said}"
     return None
 
 
@@ -106,10 +83,8 @@ def slot_checks(module: Any = _slots_module) -> dict[str, tuple[Check, str]]:
     out: dict[str, tuple[Check, str]] = {}
     for attr, hint in typing.get_type_hints(module).items():
         slot = getattr(module, attr, None)
-        if not isinstance(slot, Slot) or typing.get_origin(hint) is not Slot:
-            continue
-        (tp,) = typing.get_args(hint)
-        check = _check_for(tp)
-        if check is not None:
-            out[slot.name] = (check, _describe(tp))
+        if isinstance(slot, Slot) and typing.get_origin(hint) is Slot:
+            check = _check_for(typing.get_args(hint)[0])
+            if check is not None:
+                out[slot.name] = check
     return out

@@ -1,17 +1,11 @@
-"""Which epochs a run checkpointed, and the log's word for each one it did not.
+"""Which epochs a run checkpointed, and the log's word for each one it did not, per segment:
 
-A checkpoint writer on a slow disk leaves states out (``checkpoint_skipped``: the epoch, and why);
-a resume moves damaged files to ``checkpoints/damaged/`` (``checkpoint_damaged``); a run that had
-committed nothing restarts in place (a second ``run_start`` without ``resumed_from``, followed by a
-``restart`` event in ``train_begin``). :class:`CheckpointAccount` follows these lines per process
-segment and checks that they hold together:
-
-- with the checkpoint policy logged (``CheckpointCallback``'s ``checkpoint_settings``), every
-  logged epoch that the policy checkpoints has a ``checkpoint`` or a ``checkpoint_skipped``: all of
-  them in a segment that ended with its ``result`` (``train_end`` waits for the writer), and up to
-  the last committed epoch in one that was killed or failed (states are written in order);
-- a skipped epoch is one the segment reached, and is never committed after it was skipped;
-- a restart starts at epoch 0 with no committed checkpoint standing (else it should have resumed).
+- with the policy logged (``checkpoint_settings``), every epoch it saves has a ``checkpoint`` or a
+  ``checkpoint_skipped`` (a slow disk): all of them once the segment wrote its ``result``, else up to
+  the last committed epoch (states are written in order);
+- a skipped epoch is one the segment reached, never committed after;
+- a ``restart`` (a second ``run_start`` without ``resumed_from``) starts at epoch 0 with no committed
+  checkpoint left (else it should have resumed); ``checkpoint_damaged`` names committed files.
 """
 
 from __future__ import annotations
@@ -21,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding
 
-__all__ = ["CheckpointAccount", "Damaged"]
+__all__ = ["CheckpointCoverage", "Damaged"]
 
 CHECKPOINT_SOURCE = "CheckpointCallback"
 
@@ -39,7 +34,7 @@ class Damaged:
 
 
 @dataclass
-class _Books:
+class _SegmentCheckpoints:
     """One segment's checkpoint lines."""
 
     every: int | None = None  # save_every_n_epochs, when the policy was logged
@@ -53,19 +48,16 @@ class _Books:
         return self.every is not None and (self.latest or (epoch + 1) % self.every == 0)
 
 
-class CheckpointAccount:
+class CheckpointCoverage:
     """Fed the checkpoint lines of a log (see the module docstring); :meth:`finish` gives the findings."""
 
     def __init__(self, ex: Explanation) -> None:
         self.ex = ex
-        self.books: dict[int, _Books] = {}  # by the segment's first line
+        self.by_segment: dict[int, _SegmentCheckpoints] = {}  # by the segment's first line
         self.findings: list[Finding] = []
 
-    def _of(self, seg: Segment) -> _Books:
-        books = self.books.get(seg.first_line)
-        if books is None:
-            books = self.books[seg.first_line] = _Books()
-        return books
+    def _of(self, seg: Segment) -> _SegmentCheckpoints:
+        return self.by_segment.setdefault(seg.first_line, _SegmentCheckpoints())
 
     def _bad(self, message: str, line: int | None, check: str = "checkpoint") -> None:
         self.findings.append(Finding(check, message, line))
@@ -82,16 +74,16 @@ class CheckpointAccount:
             return
         every = settings.get("save_every_n_epochs")
         if type(every) is int and every >= 1:
-            books = self._of(seg)
-            books.every, books.latest = every, settings.get("save_latest") is True
+            ckpts = self._of(seg)
+            ckpts.every, ckpts.latest = every, settings.get("save_latest") is True
 
     def committed(self, n: int, epoch: int | None, path: str, seg: Segment) -> None:
         if epoch is None:
             return
-        books = self._of(seg)
-        books.committed.add(epoch)
-        if epoch in books.skipped:
-            self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {books.skipped[epoch]} "
+        ckpts = self._of(seg)
+        ckpts.committed.add(epoch)
+        if epoch in ckpts.skipped:
+            self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {ckpts.skipped[epoch]} "
                       "says was skipped (never written)", n)
 
     def skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
@@ -124,17 +116,17 @@ class CheckpointAccount:
                                 digest if isinstance(digest, str) else None)
         self.ex.checkpoints_damaged += 1
 
-    def restart(self, n: int, rec: Mapping[str, Any], seg: Segment, standing: Iterable[str]) -> None:
-        books = self._of(seg)
-        if books.start_line is None and seg.first_line != 1:
+    def restart(self, n: int, rec: Mapping[str, Any], seg: Segment, live: Iterable[str]) -> None:
+        ckpts = self._of(seg)
+        if ckpts.start_line is None and seg.first_line != 1:
             self._bad("a restart event in a segment that is not a restart (its run_start resumes or is the first)", n,
                       "resume")
-        books.restarted = True
+        ckpts.restarted = True
         self.ex.restarts += 1
         if seg.start_epoch != 0:
             self._bad(f"a restart starts the run over at epoch 1; this one starts at epoch "
                       f"{epoch_number(seg.start_epoch)}", n, "resume")
-        left = sorted(standing)
+        left = sorted(live)
         if left:
             self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
                       "resume from", n, "resume")
@@ -142,22 +134,22 @@ class CheckpointAccount:
     # --- the end ---------------------------------------------------------------------------------
     def finish(self, segments: list[Segment]) -> list[Finding]:
         for seg in segments:
-            books = self.books.get(seg.first_line)
-            if books is None:
+            ckpts = self.by_segment.get(seg.first_line)
+            if ckpts is None:
                 continue
-            if books.start_line is not None and not books.restarted:
+            if ckpts.start_line is not None and not ckpts.restarted:
                 self._bad("a second run_start without resumed_from and no restart event: two runs written into one "
-                          "file", books.start_line, "resume")
-            self._gaps(seg, books)
+                          "file", ckpts.start_line, "resume")
+            self._gaps(seg, ckpts)
         return self.findings
 
-    def _gaps(self, seg: Segment, books: _Books) -> None:
-        ended = seg.result_seen and seg.end_reason != "error"
-        horizon = max(books.committed, default=-1)
+    def _gaps(self, seg: Segment, ckpts: _SegmentCheckpoints) -> None:
+        ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
+        horizon = max(ckpts.committed, default=-1)
         lines = dict(zip(sorted(seg.epochs_seen), (line for _, line in seg.vals), strict=False))
         for epoch in sorted(seg.epochs_seen):
-            if not books.expects(epoch) or (not ended and epoch > horizon):
+            if not ckpts.expects(epoch) or (not ended and epoch > horizon):
                 continue
-            if epoch not in books.committed and epoch not in books.skipped:
+            if epoch not in ckpts.committed and epoch not in ckpts.skipped:
                 self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why (the "
                           "checkpoint policy this process logged saves that epoch)", lines.get(epoch), "coverage")

@@ -1,6 +1,6 @@
-"""How a run ended, as the audit checks it: the stop reason against the events, the stop source
-and message against the ``stop_request`` that carried them, and the ``result`` recomputed from the
-epoch events. Shared by :mod:`fsmtrain.tools.audit` through :class:`EndingChecks`."""
+"""How a run ended: the stop reason against the evidence its :class:`~fsmtrain.core.stop.StopReason`
+row names, the stop source and message against the ``stop_request`` that carried them, and the
+``result`` recomputed from the epoch events. Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsmtrain.core.consensus import replaces
+from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.stop import Evidence, StopReason
 from fsmtrain.tools.audit.content import number, result_mismatches
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -89,36 +89,46 @@ class Segment:
     step_val: int | None = None
     step_prev: int = 0
     batch_lines: int = 0
+    # what the audit of a run directory compares across ranks
+    world: int | None = 1  # run_start's world_size (None: not an integer)
+    launch: str | None = None  # the launch this segment belongs to, the same on every rank
+    moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
+    failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
+    resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
 
 
-def _standing(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
-    """Each segment with how many of its logged epochs stand: a resume from an older checkpoint
-    (one committed before the last logged epoch, as a background write leaves it) does the epochs
-    from its start epoch over, and only the later doing counts."""
+def completed_stop(max_epochs: int) -> tuple[str, str]:
+    """The stop source and message of a run that ran out of epochs (no stop requested)."""
+    return "max_epochs", f"reached max_epochs={max_epochs}"
+
+
+def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
+    """Each segment with how many of its logged epochs count: a resume from an older checkpoint does
+    the epochs from its start epoch over, and only the later doing counts."""
     for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
         until = None if nxt is None else nxt.start_epoch
         yield seg, seg.epochs if until is None else max(0, min(seg.epochs, until - seg.start_epoch))
 
 
 def completed_epochs(segs: list[Segment]) -> int:
-    return sum(kept + len(seg.unlogged) for seg, kept in _standing(segs))
+    return sum(kept + len(seg.unlogged) for seg, kept in _kept_epochs(segs))
 
 
 def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
-    """(val_loss, epoch, line) of the standing epoch with the lowest finite val_loss."""
-    found = [(x, seg.start_epoch + i, line) for seg, kept in _standing(segs)
+    """(val_loss, epoch, line) of the counted epoch with the lowest finite val_loss."""
+    found = [(x, seg.start_epoch + i, line) for seg, kept in _kept_epochs(segs)
              for i, (x, line) in enumerate(seg.vals[:kept]) if math.isfinite(x)]
     return min(found) if found else None
 
 
 def last_epoch(segs: list[Segment]) -> int | None:
-    """The latest standing epoch, logged or only committed."""
-    ends = [seg.start_epoch + kept - 1 for seg, kept in _standing(segs) if kept]
+    """The latest counted epoch, logged or only committed."""
+    ends = [seg.start_epoch + kept - 1 for seg, kept in _kept_epochs(segs) if kept]
     return max([*ends, *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
 def _last_val(segs: list[Segment]) -> float:
-    return next((seg.vals[kept - 1][0] for seg, kept in reversed(list(_standing(segs))) if kept), math.nan)
+    return next((seg.vals[kept - 1][0] for seg, kept in reversed(list(_kept_epochs(segs))) if kept), math.nan)
 
 
 class EndingChecks:
@@ -219,7 +229,7 @@ class EndingChecks:
     def _agreed_override(self, n: int, reason: StopReason, where: tuple[Any, Any, int], overrides: Any,
                          held: StopInfo, own_rank: int) -> None:
         """An agreed request that replaced the one in force: legal by the engine's own rule
-        (:func:`fsmtrain.core.consensus.replaces`), and it names what it replaced."""
+        (:func:`fsmtrain.core.consensus.may_override`), and it names what it replaced."""
         epoch, phase, rank = where
         if type(epoch) is not int or phase not in _PHASES:
             self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "
@@ -231,7 +241,7 @@ class EndingChecks:
             return
         held_at = (StopReason(held.reason), held.epoch if held.epoch is not None else -1,
                    _PHASES.get(held.phase or "", INITIAL), held.rank if held.rank is not None else own_rank)
-        if not replaces((reason, epoch, _PHASES[phase], rank), held_at):
+        if not may_override((reason, epoch, _PHASES[phase], rank), held_at):
             self.bad("stop_request", f"an agreed {reason.value} request from rank {rank} replaces the "
                      f"{held.reason!r} request in force (line {held.line}), which the ranks' verdict ranks first", n)
 
@@ -242,10 +252,9 @@ class EndingChecks:
             return
         seg.result_seen = True
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
-        own = self._expected_result(seg, [seg])
-        whole = self._expected_result(seg, self.segments[: self.segments.index(seg) + 1])
-        wrong = result_mismatches(p, whole)
         segs = self.segments[: self.segments.index(seg) + 1]
+        own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
+        wrong = result_mismatches(p, whole)
         unlogged = set().union(*(s.unlogged for s in segs))
         # An epoch whose figures never reached the log (its process was killed after its checkpoint
         # was committed, before its epoch line): what the result takes from it cannot be checked.
@@ -289,8 +298,8 @@ class EndingChecks:
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:
-            want: tuple[Any, Any] = ("max_epochs", f"reached max_epochs={seg.max_epochs}")
-            for what, got, expected in zip(("source", "message"), seg.end_said, want, strict=True):
+            for what, got, expected in zip(("source", "message"), seg.end_said, completed_stop(seg.max_epochs),
+                                           strict=True):
                 if got != expected:
                     self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "
                              f"{expected!r}", seg.end_line)

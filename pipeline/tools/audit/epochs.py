@@ -1,5 +1,5 @@
-"""The events inside a run: each epoch (its losses, batches, slots and timings), exceptions,
-warnings, checkpoint commits, removals, skips, damage and policy, and the pruner's reports. Mixed into the auditor."""
+"""The events inside a run: epochs (losses, batches, slots, timings), exceptions, warnings,
+checkpoint lines and the pruner's reports. Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.lifecycle import (
-    Phase,
-)
+from fsmtrain.core.lifecycle import PROGRAM, Action
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.content import number, slot_checks
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment
 from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
@@ -22,29 +20,28 @@ __all__ = ["EpochChecks"]
 
 _LOSSES = ("train_loss", "val_loss")
 _SLOTS = slot_checks()
+# The phase whose last step writes the ``epoch`` event.
+_RECORD_PHASE = next(s.phase for s in PROGRAM if s.name == Action.RECORD_EPOCH.value).value
 
 
 def _is_nonfinite(value: Any) -> bool:
-    if isinstance(value, str):
-        return value in ("NaN", "Infinity", "-Infinity")
-    return isinstance(value, float) and not math.isfinite(value)
+    x = number(value)
+    return x is not None and not math.isfinite(x)
 
 
 class EpochChecks(EndingChecks):
-    """Needs the auditor's ``ex``, ``chain``, timing sums and checkpoint maps."""
+    """Needs the auditor's ``ex``, ``chain`` and checkpoint maps."""
 
     ex: Explanation
     chain: ChainCheck
-    phase_seconds: dict[str, float]
-    callback_seconds: dict[str, float]
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
     ckpt_damaged: dict[str, Damaged]
-    account: CheckpointAccount
+    coverage: CheckpointCoverage
 
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
-        if seg.phase != Phase.EPOCH_END.value:
+        if seg.phase != _RECORD_PHASE:
             return  # already reported as a phase mismatch
         if epoch != seg.next_epoch:
             if type(epoch) is int and epoch > seg.next_epoch:
@@ -75,8 +72,8 @@ class EpochChecks(EndingChecks):
                 check = _SLOTS.get(name)
                 if check is not None and not check[0](value):
                     self.bad("slot", f"slot {name!r} is {value!r}; it is declared as {check[1]}", n)
-        for source, target in ((p.get("phase_seconds"), self.phase_seconds),
-                               (p.get("callback_seconds"), self.callback_seconds)):
+        for source, target in ((p.get("phase_seconds"), self.ex.phase_seconds),
+                               (p.get("callback_seconds"), self.ex.callback_seconds)):
             if isinstance(source, dict):
                 for k, v in source.items():
                     if isinstance(v, (int, float)):
@@ -103,6 +100,8 @@ class EpochChecks(EndingChecks):
                      n)
 
     def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        failed = rec["payload"].get("failed_rank")
+        seg.failed_rank = failed if type(failed) is int else None
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
         seg.faulted = True
@@ -140,21 +139,12 @@ class EpochChecks(EndingChecks):
         self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
         self.ckpt_removed.pop(path, None)
         self.ckpt_damaged.pop(path, None)
-        self.account.committed(n, epoch if type(epoch) is int else None, path, seg)
+        self.coverage.committed(n, epoch if type(epoch) is int else None, path, seg)
 
     def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpt_removed[path] = n
-
-    def _checkpoint_skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.skipped(n, rec, seg)
-
-    def _checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.damaged(n, rec, self.ckpt_writes, self.ckpt_damaged)
-
-    def _checkpoint_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self.account.settings(rec, seg)
 
     def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -1,12 +1,7 @@
-"""The checkpoint files a log names, checked against it: each file's sha256 against the log's last
-record of it, and the chain head the file stores against the chain.
-
-A file whose sha256 differs from the log's last record of it is named by what it holds (each a
-:class:`Verdict`): a write the log committed earlier (an *older write*; or a later one of another
-file); bytes that are no write the log committed (*damaged*: the zip's own CRCs fail, or the file
-pins the very line its committed write pins); a write the process never got to log (it pins the last
-lines a killed process wrote: a note); or a file committed at a point the log no longer has (the log
-was cut back or rewritten).
+"""The checkpoint files a log names: each file's sha256 against the log's last record of it, and
+the chain head it stores against the chain. A file that differs is named by what it holds (a
+:class:`Verdict`): an older or another write the log committed, damaged bytes, a write a killed
+process never logged, or a write at a point the log no longer has (the log was cut back or rewritten).
 """
 
 from __future__ import annotations

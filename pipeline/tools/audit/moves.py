@@ -1,6 +1,6 @@
-"""The moves of a log against the lifecycle table: each transition is a move of the table, from
-the phase the run is in, whose guards held given what the log says (stop requests, epochs,
-faults); per-batch lines at debug level count the batches. Mixed into the auditor."""
+"""The moves of a log against the lifecycle table: each is a move of the table from the phase the
+run is in, whose guards held given what the log says (stop requests, epochs, faults). Mixed into
+the auditor."""
 
 from __future__ import annotations
 
@@ -9,16 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.lifecycle import (
-    ABORT,
-    BATCH,
-    FINAL,
-    TRANSITIONS,
-    Facts,
-    Phase,
-    Transition,
-    enabled_transition,
-)
+from fsmtrain.core.lifecycle import ABORT, FINAL, TRANSITIONS, Facts, Phase, Transition, enabled_transition
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import EndingChecks, Segment
 from fsmtrain.tools.audit.verdict import shown_epoch
@@ -29,8 +20,9 @@ _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
 }
 _PHASES = frozenset(p.value for p in Phase)
-_STEP, _VAL, _EPOCH_BEGIN = Phase.TRAIN_STEP.value, Phase.VAL.value, Phase.EPOCH_BEGIN.value
-PER_BATCH = (_STEP, _STEP, BATCH)  # the internal move, one line per batch at debug level
+_PER_BATCH_MOVE = next(t for t in TRANSITIONS if t.internal)  # one line per batch, at debug level
+PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATCH_MOVE.trigger)
+_STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
 
 
 class MoveChecks(EndingChecks):
@@ -56,6 +48,9 @@ class MoveChecks(EndingChecks):
             if type(step) is int:
                 seg.step_prev = step
             return
+        if src != dst:
+            epoch = rec["epoch"]
+            seg.moves.append((str(trig), str(src), str(dst), epoch if type(epoch) is int else 0))
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)

@@ -1,31 +1,17 @@
-"""Audit a run: every rank's log on its own, then that the ranks agreed.
+"""Audit a run directory: every rank's log on its own (checkpoint files against rank 0's, which
+committed them), then that the ranks agreed.
 
-A multi-process run leaves one log per rank (``events.jsonl`` for rank 0, which owns the run's
-files, ``events-rank<r>.jsonl`` for the others), in one run directory (a shared filesystem) or
-spread over the run directories of its nodes (node-local disks: ``fsmtrain audit DIR0 DIR1``).
-Each is audited like a one-process log (chain, lifecycle, content; checkpoint files only against
-rank 0's log, which committed them). Then the ranks are compared:
-
-- there is one log per rank of the largest world size rank 0's ``run_start`` lines record (a
-  one-process run: 1), no more and no fewer: a missing rank's log, or a log of a rank beyond the
-  world size, is named; a rank's log found in two directories is named too;
-- every log names its own rank;
-- each segment (a resume, or a restart by the agent, starts another) ran on the ranks its world
-  size says, each of them once: rank 0's ``run_start`` and every other rank's of that segment
-  carry the same ``launch`` (a segment resumed on another world size has other ranks than the one
-  before it); every rank of a segment took the same phase-level moves, in the same order, in the
-  same epochs; a segment that was killed, or ended by one rank's failure, may have got further on
-  one rank than on another, so there one rank's moves need only be a prefix of the other's;
-- a resumed segment loaded on every rank the checkpoint (name, sha256, epoch) that rank 0's
-  ``resume`` event records, which rank 0's own audit holds to the commit in its log;
-- every rank ended each segment for the same stop reason, with the same source and message, or,
-  when one rank failed, as the engine ends such a run (:mod:`fsmtrain.core.consensus`): ERROR on
-  the failing rank, INTERRUPTED on every other, and each names the failing rank.
+A multi-process run leaves ``events.jsonl`` (rank 0) and ``events-rank<r>.jsonl`` in one run
+directory, or spread over its nodes' (``fsmtrain audit DIR0 DIR1``). There must be one log per rank
+of the largest world size rank 0 records, each naming its rank; each segment (matched across ranks
+by its ``launch``) ran on the ranks its world size says, took the same phase-level moves in the same
+epochs (a prefix, where a kill or one rank's failure cut it short), resumed from the same checkpoint,
+and ended alike: for the same stop, or, when one rank failed, as :mod:`fsmtrain.core.consensus` ends
+such a run (ERROR on the failing rank, INTERRUPTED on every other, each naming it).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,24 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.consensus import log_name_for_rank
-from fsmtrain.core.lifecycle import ABORT, FINAL
+from fsmtrain.core.lifecycle import ABORT
 from fsmtrain.core.stop import StopReason
-from fsmtrain.tools.audit.auditor import audit_file
-from fsmtrain.tools.audit.verdict import (
-    EXIT_OK,
-    EXIT_VIOLATIONS,
-    AuditReadError,
-    AuditReport,
-    Finding,
-    shown_epoch,
-)
+from fsmtrain.tools.audit.auditor import read_log
+from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
-Move = tuple[str, str, str, int]  # trigger, from, to, epoch
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
-_ON_RANK = re.compile(r" on rank (\d+)$")  # how consensus.on_rank names another rank's stop or failure
-_RESUMED = ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch")  # what every rank of a resume loaded
+_ON_RANK = re.compile(r" on rank (\d+)$")
+_FAULTS = frozenset(r.value for r in StopReason if r.fault)
 
 
 def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
@@ -66,68 +45,6 @@ def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
             if digits.isdigit():
                 found.append((int(digits), path))
     return sorted(found)
-
-
-@dataclass
-class _Segment:
-    """One process's run in a rank's log (a resume or a restart appends another)."""
-
-    world: int | None
-    launch: str | None
-    moves: list[Move] = field(default_factory=list)
-    ended: bool = False
-    reason: str | None = None
-    said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
-    failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
-    resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
-
-
-@dataclass
-class _Story:
-    """What the comparison needs from one rank's log."""
-
-    rank: int | None = None
-    segments: list[_Segment] = field(default_factory=list)
-
-
-def _int(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def _story(path: Path) -> _Story:
-    story = _Story()
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue  # the rank's own audit reports it
-            if not isinstance(rec, dict):
-                continue
-            event, payload = rec.get("event"), rec.get("payload")
-            payload = payload if isinstance(payload, dict) else {}
-            if event == "run_start":
-                if not story.segments:  # the first run_start names the rank
-                    story.rank = _int(payload.get("rank", 0))
-                launch = payload.get("launch")
-                story.segments.append(_Segment(_int(payload.get("world_size", 1)),
-                                               launch if isinstance(launch, str) else None))
-            elif not story.segments:
-                continue
-            elif event == "transition" and rec.get("from") != rec.get("to"):
-                seg = story.segments[-1]
-                move = (str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to")), int(rec.get("epoch") or 0))
-                seg.moves.append(move)
-                if move[2] == FINAL.value:
-                    seg.ended = True
-                    reason = payload.get("reason")
-                    seg.reason = reason if isinstance(reason, str) else None
-                    seg.said = (payload.get("source"), payload.get("message"))
-            elif event == "exception":
-                story.segments[-1].failed_rank = _int(payload.get("failed_rank"))
-            elif event == "resume":
-                story.segments[-1].resumed = tuple(payload.get(k) for k in _RESUMED)
-    return story
 
 
 def _files(ranks: Sequence[int]) -> str:
@@ -155,77 +72,84 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
     return out
 
 
-def _largest_world(story: _Story) -> int | None:
-    worlds = [s.world for s in story.segments]
+def _largest_world(segs: list[Segment]) -> int | None:
+    worlds = [s.world for s in segs]
     if not worlds or any(w is None for w in worlds):
         return None
     return max(w for w in worlds if w is not None)
 
 
-def _move(moves: list[Move], i: int) -> str:
+def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
     if i >= len(moves):
         return "no move"
     trigger, src, dst, epoch = moves[i]
     return f"{src}->{dst} ({trigger}) at epoch index {epoch}"
 
 
-def _failed_rank(seg: _Segment) -> int | None:
+def _named_rank(source: Any) -> int | None:
+    """The rank that a stop or failure agreed from another rank names (:func:`~fsmtrain.core.consensus.on_rank`)."""
+    found = _ON_RANK.search(str(source)) if source is not None else None
+    return int(found.group(1)) if found else None
+
+
+def _failed_rank(seg: Segment) -> int | None:
     """The rank named as the one that failed, when a rank's failure ended this segment."""
-    if seg.reason not in (StopReason.ERROR.value, StopReason.INTERRUPTED.value):
+    if seg.end_reason not in _FAULTS:
         return None
-    found = _ON_RANK.search(str(seg.said[0])) if seg.said[0] is not None else None
-    named = int(found.group(1)) if found else None
-    if seg.reason == StopReason.INTERRUPTED.value:
+    named = _named_rank(seg.end_said[0])
+    if seg.end_reason == StopReason.INTERRUPTED.value:
         return seg.failed_rank if seg.failed_rank is not None and seg.failed_rank == named else None
     return named
 
 
-def _ended_alike(base: _Segment, other: _Segment, rank: int) -> str | None:
+def _ended_alike(base: Segment, other: Segment, rank: int) -> str | None:
     """Why rank ``rank``'s end of a segment disagrees with rank 0's (None: it agrees)."""
     failed = _failed_rank(base)
     if failed is not None and (base.failed_rank is not None or other.failed_rank is not None):
         # one rank failed: ERROR there, INTERRUPTED on every other, all naming it with its exception
         want = StopReason.ERROR.value if rank == failed else StopReason.INTERRUPTED.value
-        if other.reason != want:
-            return f"rank {failed} failed, so rank {rank} ends {want}; it ended {other.reason}"
-        if other.said != base.said:
-            return (f"rank {rank} names the failure {other.said[0]!r}: {other.said[1]!r}, rank 0 "
-                    f"{base.said[0]!r}: {base.said[1]!r}")
+        if other.end_reason != want:
+            return f"rank {failed} failed, so rank {rank} ends {want}; it ended {other.end_reason}"
+        if other.end_said != base.end_said:
+            return (f"rank {rank} names the failure {other.end_said[0]!r}: {other.end_said[1]!r}, rank 0 "
+                    f"{base.end_said[0]!r}: {base.end_said[1]!r}")
         return None
-    if other.reason != base.reason:
-        return f"rank {rank} ended with {other.reason}, rank 0 with {base.reason}"
+    if other.end_reason != base.end_reason:
+        return f"rank {rank} ended with {other.end_reason}, rank 0 with {base.end_reason}"
     return None
 
 
-def _moves_agree(base: _Segment, other: _Segment) -> int | None:
+def _moves_agree(base: Segment, other: Segment) -> int | None:
     """The index of the first move where two ranks' segments part, or None when they agree. A
     segment killed on a rank, or ended by one rank's failure, may have got further on one rank."""
     a, b = base.moves, other.moves
-    cut_short = not (base.ended and other.ended) or _failed_rank(base) is not None
+    cut_short = not (base.end_line is not None and other.end_line is not None) or _failed_rank(base) is not None
     if cut_short:  # each rank aborted where it was when the run broke off
         a = [m for m in a if m[0] != ABORT]
         b = [m for m in b if m[0] != ABORT]
-    n = min(len(a), len(b)) if cut_short else max(len(a), len(b))
-    if a[:n] == b[:n] and (cut_short or len(a) == len(b)):
+    if (a[:len(b)] == b[:len(a)]) if cut_short else a == b:
         return None
     return next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
 
 
-def _aligned(base: _Story, story: _Story, rank: int) -> tuple[list[tuple[int, _Segment, _Segment]], list[Finding]]:
+Pairs = list[tuple[int, Segment, Segment]]  # (index on rank 0, rank 0's segment, the other rank's)
+
+
+def _aligned(base: list[Segment], segs: list[Segment], rank: int) -> tuple[Pairs, list[Finding]]:
     """Rank 0's segments that ran on rank ``rank``, each with that rank's segment of it; and what
     does not line up. Segments are matched by their ``launch`` (logs before it: by position)."""
     out: list[Finding] = []
-    pairs: list[tuple[int, _Segment, _Segment]] = []
+    pairs: Pairs = []
     # A segment on one process (world size 1: rank 0 alone) names no launch; every other does.
-    launched = all(s.launch is not None for s in [*base.segments, *story.segments] if s.world != 1)
+    launched = all(s.launch is not None for s in [*base, *segs] if s.world != 1)
     if not launched:
-        if len(story.segments) != len(base.segments):
-            out.append(Finding("ranks", f"rank {rank} ran {len(story.segments)} segment(s), rank 0 "
-                                        f"{len(base.segments)}: the ranks were not started and resumed together"))
-        return [(i, a, b) for i, (a, b) in enumerate(zip(base.segments, story.segments, strict=False))], out
-    theirs = {s.launch: s for s in story.segments if s.launch is not None}
-    ours = {s.launch for s in base.segments}
-    for i, seg in enumerate(base.segments):
+        if len(segs) != len(base):
+            out.append(Finding("ranks", f"rank {rank} ran {len(segs)} segment(s), rank 0 "
+                                        f"{len(base)}: the ranks were not started and resumed together"))
+        return [(i, a, b) for i, (a, b) in enumerate(zip(base, segs, strict=False))], out
+    theirs = {s.launch: s for s in segs if s.launch is not None}
+    ours = {s.launch for s in base}
+    for i, seg in enumerate(base):
         expected = seg.world is not None and rank < seg.world
         if seg.launch in theirs and expected:
             pairs.append((i, seg, theirs[seg.launch]))
@@ -235,23 +159,24 @@ def _aligned(base: _Story, story: _Story, rank: int) -> tuple[list[tuple[int, _S
         elif seg.launch in theirs:
             out.append(Finding("ranks", f"segment {i + 1} ran on {seg.world} rank(s), but rank {rank} has a segment "
                                         "of it"))
-    strays = [s for s in story.segments if s.launch not in ours]
+    strays = [s for s in segs if s.launch not in ours]
     if strays:
         out.append(Finding("ranks", f"rank {rank} ran {len(strays)} segment(s) that rank 0 did not"))
     return pairs, out
 
 
-def _compare(stories: dict[int, _Story]) -> list[Finding]:
-    base = stories[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
+def _compare(by_rank: dict[int, list[Segment]]) -> list[Finding]:
+    base = by_rank[0]  # rank 0's log: it owns the run, so its run_start's world size is the reference
     world = _largest_world(base)
-    out = _census(world, sorted(stories))
-    for rank, story in stories.items():
-        if story.rank != rank:
-            out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {story.rank}"))
-    for rank, story in sorted(stories.items()):
+    out = _census(world, sorted(by_rank))
+    for rank, segs in by_rank.items():
+        said = segs[0].rank if segs else None  # its first run_start names it
+        if said != rank:
+            out.append(Finding("ranks", f"{log_name_for_rank(rank)} says it is rank {said}"))
+    for rank, segs in sorted(by_rank.items()):
         if rank == 0 or (world is not None and rank >= world):
             continue  # a stray log (named above) is no rank of this run to compare
-        pairs, misaligned = _aligned(base, story, rank)
+        pairs, misaligned = _aligned(base, segs, rank)
         out += misaligned
         for i, a, b in pairs:
             if a.world != b.world:
@@ -264,53 +189,51 @@ def _compare(stories: dict[int, _Story]) -> list[Finding]:
             if at is not None:
                 out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(b.moves, at)} where rank 0 "
                                             f"took {_move(a.moves, at)} (move {at + 1})"))
-            if a.ended and b.ended:
+            if a.end_line is not None and b.end_line is not None:
                 why = _ended_alike(a, b, rank)
                 if why is not None:
                     out.append(Finding("ranks", f"segment {i + 1}: {why}"))
     return out
 
 
-def _resumed(seg: _Segment) -> str:
+def _resumed(seg: Segment) -> str:
     if seg.resumed is None:
         return "no checkpoint (no resume event)"
     name, sha, epoch, _ = seg.resumed
     return f"{name} (sha256 {str(sha)[:12]}..., epoch {shown_epoch(epoch)})"
 
 
-def _went_on_without(base: _Story, story: _Story, rank: int) -> str | None:
+def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str | None:
     """How the run went on without rank ``rank`` after its log's last segment (rank 0's later
     segments ran on fewer ranks), or None when it did not."""
-    if rank == 0 or not story.segments or story.segments[-1].launch is None:
+    if rank == 0 or not segs or segs[-1].launch is None:
         return None
-    launches = [s.launch for s in base.segments]
-    if story.segments[-1].launch not in launches:
+    launches = [s.launch for s in base]
+    if segs[-1].launch not in launches:
         return None
-    later = base.segments[launches.index(story.segments[-1].launch) + 1:]
+    later = base[launches.index(segs[-1].launch) + 1:]
     if not later or any(s.world is None or rank < s.world for s in later):
         return None
     return (f"the run went on without rank {rank}: rank 0's log continues with "
             f"{len(later)} segment(s) on {', '.join(str(s.world) for s in later)} rank(s)")
 
 
-def _how_it_ended(base: _Story) -> str:
+def _how_it_ended(base: list[Segment]) -> str:
     """The last segment's stop, and the rank that caused it, for the summary."""
-    if not base.segments or not base.segments[-1].ended:
+    if not base or base[-1].end_line is None:
         return "unfinished"
-    seg = base.segments[-1]
+    seg = base[-1]
     failed = _failed_rank(seg)
-    source, message = seg.said
+    source, message = seg.end_said
     if failed is not None:
         return f"rank {failed} failed ({message}, in {source}); every other rank was interrupted"
-    found = _ON_RANK.search(str(source)) if source is not None else None
-    rank = int(found.group(1)) if found else 0
-    if seg.reason == StopReason.COMPLETED.value:
+    if seg.end_reason == StopReason.COMPLETED.value:
         return "completed"
-    return f"{seg.reason} from rank {rank} ({source}: {message})"
+    return f"{seg.end_reason} from rank {_named_rank(source) or 0} ({source}: {message})"
 
 
 @dataclass
-class RankedAudit:
+class RankedAudit(Outcome):
     """The audit of every rank's log and of their agreement."""
 
     run_dir: str
@@ -330,12 +253,6 @@ class RankedAudit:
     def ok_strict(self) -> bool:
         """``ok``, and no rank's log has a warning either."""
         return not self.findings and all(r.ok_strict for r in self.reports.values())
-
-    def passes(self, strict: bool) -> bool:
-        return self.ok_strict if strict else self.ok
-
-    def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
@@ -388,17 +305,17 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
             findings.append(Finding("ranks", f"rank {rank}'s log is in two places: {seen[rank]} and {path}"))
         else:
             seen[rank] = path
-    stories = {rank: _story(path) for rank, path in seen.items()}
-    base = stories[0]
-    reports = {rank: audit_file(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key,
-                                went_on=_went_on_without(base, stories[rank], rank))
-               for rank, path in seen.items()}
-    world, worlds = _largest_world(base), [s.world for s in base.segments]
-    if not base.segments:  # no readable run_start: the log's own audit says so
-        world = None
+    auditors = {rank: read_log(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
+                for rank, path in seen.items()}
+    by_rank = {rank: auditor.segments for rank, auditor in auditors.items()}
+    base = by_rank[0]
+    for rank, auditor in auditors.items():
+        auditor.went_on = _went_on_without(base, by_rank[rank], rank)
+    reports = {rank: auditor.finish() for rank, auditor in auditors.items()}
+    world, worlds = _largest_world(base), [s.world for s in base]  # None: no readable run_start
     if len(seen) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
-        findings += _census(world if base.segments else None, [0])
+        findings += _census(world, [0])
     else:
-        findings += _compare(stories)
-    moves = sum(len(seg.moves) for seg in base.segments)
+        findings += _compare(by_rank)
+    moves = sum(len(seg.moves) for seg in base)
     return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base))

@@ -1,12 +1,7 @@
-"""The audit's check of each line's seal (:mod:`fsmtrain.core.chain`): the digest of the line's own
-bytes without its ``seal`` field. The chain's links prove every line but the last (its successor
-carries its digest); the seal proves the last one too (and a line no checkable line follows), and
-around a break it says which line was altered. A line whose successor's link holds needs no seal
-check: that link covers every byte of it, seal included.
-
-A log whose first line (or a ``run_start``) is sealed seals every line: a line of it without a seal
-had it removed. A log with no seal at all was written before lines were sealed: its chain is checked
-as before, and its last line is reported as outside the chain (a warning).
+"""Each line's seal (:mod:`fsmtrain.core.chain`): the digest of its own bytes without ``seal``.
+Links prove every line but the last; the seal proves the last one, and around a break says which
+line was altered. A log whose lines are sealed must seal every line; one with no seal at all is of
+the older format (its last line is then reported as outside the chain).
 """
 
 from __future__ import annotations
@@ -18,8 +13,7 @@ __all__ = ["SealCheck"]
 
 
 class SealCheck:
-    """The seal of a line, looked at where the chain needs it (:meth:`status`); ``first``: the first
-    line found failing its seal."""
+    """Seals, checked where the chain needs them (:meth:`status`); ``first``: the first that fails."""
 
     def __init__(self) -> None:
         self.plain = Chain()

@@ -1,8 +1,7 @@
-"""Where a process's run begins in a log: ``run_start`` opens a segment (its epochs, config,
-callbacks), and a later one must be a resume that starts where a committed checkpoint and the log
-allow. A resume after a process that never reached its ``result`` says how that process ended once
-its ``resume`` event is read: killed between two lines, or in the middle of one, whose torn bytes
-the resume cut off (``torn_line_bytes``). Mixed into the auditor."""
+"""Where a process's run begins in a log: ``run_start`` opens a segment; a later one must be a
+resume that starts where a committed checkpoint and the log allow (or a restart), and says how the
+process before it ended: killed between two lines, or in the middle of one, whose torn bytes the
+resume cut off (``torn_line_bytes``). Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import LEVELS
-from fsmtrain.core.lifecycle import (
-    INITIAL,
-)
-from fsmtrain.tools.audit.coverage import CheckpointAccount, Damaged
+from fsmtrain.core.lifecycle import INITIAL
+from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished
 from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
@@ -33,7 +30,7 @@ class SegmentChecks(EndingChecks):
     ckpt_writes: dict[str, CheckpointWrite]
     ckpt_removed: dict[str, int]
     ckpt_damaged: dict[str, Damaged]
-    account: CheckpointAccount
+    coverage: CheckpointCoverage
 
     def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
         max_epochs = payload.get("max_epochs")
@@ -55,8 +52,10 @@ class SegmentChecks(EndingChecks):
             epochs = config.get("epochs")
             if type(epochs) is int and epochs != max_epochs:
                 self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
-        rank = payload.get("rank")
+        rank, world, launch = payload.get("rank"), payload.get("world_size", 1), payload.get("launch")
         seg.rank = rank if type(rank) is int else 0
+        seg.world = world if type(world) is int else None
+        seg.launch = launch if isinstance(launch, str) else None
         seg.next_epoch = start_epoch
         seg.last_line = n
         step = rec.get("global_step")
@@ -79,11 +78,11 @@ class SegmentChecks(EndingChecks):
         prev = self.seg
         seg = self._open_segment(n, rec, payload)
         if prev is None:
-            if seg.resumed_from is not None and self._sat_out(seg, payload.get("world_size_before")):
+            if seg.resumed_from is not None and self._rank_left_out(seg, payload.get("world_size_before")):
                 seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
-            self.account.second_start(n, seg)
+            self.coverage.second_start(n, seg)
             if prev.end_line is None:
                 seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
             return
@@ -103,7 +102,7 @@ class SegmentChecks(EndingChecks):
             # resume event must name that epoch's commit (the audit of the run directory holds the
             # record to rank 0's log).
             seg.commit_unseen = prev.next_epoch
-        elif seg.start_epoch > prev.next_epoch and self._sat_out(seg, payload.get("world_size_before")):
+        elif seg.start_epoch > prev.next_epoch and self._rank_left_out(seg, payload.get("world_size_before")):
             # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
             # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
@@ -118,9 +117,11 @@ class SegmentChecks(EndingChecks):
 
     def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         payload = rec["payload"]
+        if rec["event"] == "resume":
+            seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
-        self.said_unfinished(seg, (torn, n) if type(torn) is int else None)
+        self.report_previous_end(seg, (torn, n) if type(torn) is int else None)
 
     def _resumed_commit(self, n: int, p: Mapping[str, Any], seg: Segment) -> None:
         """The checkpoint the ``resume`` event says it loaded is the commit its ``run_start`` named."""
@@ -147,12 +148,12 @@ class SegmentChecks(EndingChecks):
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """A run that had committed nothing started over in place (from epoch 0)."""
-        standing = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
-        self.account.restart(n, rec, seg, standing)
+        live = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
+        self.coverage.restart(n, rec, seg, live)
         self._resume(n, rec, seg)
 
-    def said_unfinished(self, seg: Segment, torn: tuple[int, int] | None) -> None:
-        """How the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
+    def report_previous_end(self, seg: Segment, torn: tuple[int, int] | None) -> None:
+        """Say how the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
         the resume cut off, the line of its ``resume`` event); None when no resume event says."""
         u, seg.after = seg.after, None
         if u is None:
@@ -181,7 +182,7 @@ class SegmentChecks(EndingChecks):
                       "figures are not in the log", u.resume_line)
 
     @staticmethod
-    def _sat_out(seg: Segment, before: object) -> bool:
+    def _rank_left_out(seg: Segment, before: object) -> bool:
         """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
         return type(before) is int and seg.rank >= before
 

@@ -3,21 +3,21 @@ story, as short text or as JSON (:meth:`AuditReport.to_dict`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.events import jsonable
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = [
-    "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "SegmentInfo", "Severity", "Verdict",
-    "shown_epoch",
-]
+__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome", "SegmentInfo",
+           "Severity", "Verdict", "shown_epoch"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
+_FAULTS = frozenset(r.value for r in StopReason if r.fault)
+_UNREQUESTED = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 
 
 class Severity(str, Enum):
@@ -121,8 +121,26 @@ class Explanation:
     restarts: int = 0  # segments that started the run over (nothing was committed to resume from)
 
 
+class Outcome:
+    """What passes or fails an audit: ``ok`` (no violation), ``ok_strict`` (no warning either)."""
+
+    @property
+    def ok(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def ok_strict(self) -> bool:
+        raise NotImplementedError
+
+    def passes(self, strict: bool) -> bool:
+        return self.ok_strict if strict else self.ok
+
+    def exit_code(self, strict: bool = False) -> int:
+        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
+
+
 @dataclass
-class AuditReport:
+class AuditReport(Outcome):
     path: str
     lines: int
     findings: list[Finding]
@@ -148,12 +166,6 @@ class AuditReport:
         """No violation and no warning."""
         return self.ok and not self.warnings
 
-    def passes(self, strict: bool) -> bool:
-        return self.ok_strict if strict else self.ok
-
-    def exit_code(self, strict: bool = False) -> int:
-        return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
-
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
             "path": self.path,
@@ -165,7 +177,7 @@ class AuditReport:
             "violations": [_finding_dict(f) for f in self.violations],
             "warnings": [_finding_dict(f) for f in self.warnings],
             "story": explain_lines(self.explanation),
-            "explanation": _finite(asdict(self.explanation)),
+            "explanation": jsonable(asdict(self.explanation)),  # non-finite floats as the log writes them
         }
 
     def render(self, strict: bool = False) -> str:
@@ -208,17 +220,6 @@ def _finding_dict(f: Finding) -> dict[str, Any]:
     return out
 
 
-def _finite(value: Any) -> Any:
-    """Strict-JSON copy: non-finite floats as strings, like the event log writes them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole > 0 else "-"
 
@@ -240,13 +241,11 @@ def explain_lines(ex: Explanation) -> list[str]:
     if ex.moves:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
     if ex.stop_reason is not None:
-        fault = ex.stop_reason in {r.value for r in StopReason if r.fault}
-        verb = "raised in" if fault else "requested by"
         stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason in {r.value for r in StopReason if r.route is Route.EPOCHS}:
+        if ex.stop_reason in _UNREQUESTED:
             stop += " (no stop requested)"
         elif ex.stop_source:
-            stop += f" {verb} {ex.stop_source}"
+            stop += f" {'raised in' if ex.stop_reason in _FAULTS else 'requested by'} {ex.stop_source}"
         if ex.stop_epoch is not None:
             stop += f" in epoch {epoch_number(ex.stop_epoch)}"
         if ex.stop_request_line is not None:

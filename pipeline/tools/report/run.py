@@ -9,22 +9,21 @@ and lays out the charts of :mod:`fsmtrain.tools.report.svgplot`, long curves red
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from html import escape
-from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from fsmtrain.app.global_batch import describe_global_batch
 from fsmtrain.core.drawing import DiagramError, Format, path_diagram
 from fsmtrain.core.lifecycle import FINAL, TRANSITIONS, Phase
 from fsmtrain.core.run_path import PathCounter, RunPath
 from fsmtrain.tools.audit import AuditReadError, AuditReport, audit_file
+from fsmtrain.tools.audit.auditor import parse_line
 from fsmtrain.tools.report.reduce import spans
 from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
 from fsmtrain.tools.report.table import EpochTable
@@ -95,21 +94,6 @@ _MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\
                    rb'"global_step":(-?\d+|null),')
 
 
-_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` of one line without its per-call overhead (decode, then scan)."""
-    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
-    if end != len(text) and not text[end:].isspace():
-        return json.loads(text)
-    return obj
-
-
 def _int(text: bytes) -> int | None:
     return None if text == b"null" else int(text)
 
@@ -137,7 +121,7 @@ def read_run(events_path: Path) -> RunData:
                 elif raw.startswith(_SKIPPED, at + 9):
                     continue
             try:
-                rec = _loads(raw)
+                rec = parse_line(raw)  # a UnicodeDecodeError is a ValueError
             except ValueError as exc:  # the audit section names broken lines; the diagram is not drawn
                 data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
                 continue
