@@ -20,7 +20,8 @@ from audit_runs import REPO, RealRuns, read_lines
 
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.report import render_report, write_run_report
-from fsmtrain.tools.report.run import RUN_PLOTS, read_run
+from fsmtrain.tools.report.run import RUN_PLOTS
+from fsmtrain.tools.report.run_log import read_run
 from fsmtrain.tools.report.study import STUDY_PLOTS
 from fsmtrain.tools.report.svgplot import ticks
 

@@ -1,17 +1,15 @@
 """What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`.
 
-A recording is the setup of the run (its ``run_start``), each epoch's recorded values
-(:class:`RecordedEpoch`: learning rate, losses, metrics, slot values, its batches and the debug-level
-events logged during them), the decisions the real pruner took (:class:`RecordedTrial` gives them back
-in place of an Optuna trial) and the signal that ended the run, if one did (:class:`Interruption`).
-The log of a resumed run is read as the uninterrupted run it continues. :mod:`fsmtrain.tools.replay`
-drives the engine with what a recording holds.
+The run's setup (its ``run_start``), each epoch's values and batches (:class:`RecordedEpoch`), the
+real pruner's decisions (:class:`RecordedTrial` answers in place of an Optuna trial) and the signal
+that ended the run (:class:`Interruption`). A resumed run's log reads as the run it continues.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,11 @@ __all__ = [
     "TrialReport",
     "load_recording",
     "recording_from_events",
+    "signal_of",
+    "split_source",
 ]
+
+_ON_RANK = re.compile(r" on rank (\d+)$")
 
 
 class ReplayError(ValueError):
@@ -41,8 +43,7 @@ class ReplayError(ValueError):
 
 @dataclass(frozen=True)
 class ReplayBatch:
-    """What a step-level callback sees as ``step.batch`` in a replay: the batch's position and the
-    non-transition events the recording logged during it (only present in debug-level logs)."""
+    """``step.batch`` in a replay: its position and the events a debug-level log recorded in it."""
 
     epoch: int
     index: int
@@ -51,8 +52,7 @@ class ReplayBatch:
 
 @dataclass(frozen=True)
 class RecordedEpoch:
-    """One epoch's recorded values. ``partial`` marks an epoch the recorded run left mid-way
-    (an immediate stop): its batches are known, its losses are not."""
+    """One epoch's recorded values. ``partial``: the run left it mid-way (its losses are unknown)."""
 
     index: int
     metrics: Mapping[str, float]
@@ -71,9 +71,9 @@ class TrialReport:
 
 
 class RecordedTrial:
-    """Stands in for an ``optuna.trial.Trial`` in a replay: ``report`` is noted and
-    ``should_prune`` answers with the decision the real pruner took at that epoch. Epochs the
-    recording has no decision for are answered ``False`` and listed in ``unknown_steps``."""
+    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
+    at that epoch; an epoch without a recorded decision is answered ``False`` and listed in
+    ``unknown_steps``."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
                  params: Mapping[str, Any] | None = None) -> None:
@@ -238,27 +238,36 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
                      result, interruption, segments)
 
 
+def split_source(source: str) -> tuple[str, int | None]:
+    """A logged ``source`` without its `` on rank N``, and that rank (None: it names none)."""
+    m = _ON_RANK.search(source)
+    return (source[: m.start()], int(m.group(1))) if m else (source, None)
+
+
+def signal_of(source: str) -> int | None:
+    """The signal number a ``signal SIGTERM`` source names (None: no signal)."""
+    words = source.split()
+    if len(words) == 2 and words[0] == "signal" and words[1] in signal.Signals.__members__:
+        return int(signal.Signals[words[1]])
+    return None
+
+
 def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
     """The signal that ended the (last segment of the) run, if one did."""
     for e in events:
         payload = e.get("payload") or {}
-        if e.get("event") == "exception" and payload.get("interrupt") and str(payload.get("source", "")).startswith(
-                "signal "):
-            words = str(payload["source"]).split()
-            try:
-                signum = int(signal.Signals[words[1]])
-            except (KeyError, IndexError):
-                return None
-            rank = int(words[-1]) if len(words) == 5 and words[2:4] == ["on", "rank"] and words[-1].isdigit() else None
-            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
-                                rank)
+        if e.get("event") == "exception" and payload.get("interrupt"):
+            source, rank = split_source(str(payload.get("source", "")))
+            signum = signal_of(source)
+            if signum is not None:
+                return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0),
+                                    int(e.get("global_step") or 0), rank)
     return None
 
 
 def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside an
-    epoch, except from epoch_end once the line is written (the engine then sends no ``epoch_metrics``
-    with the fault: a signal at the boundary after it)."""
+    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside
+    an epoch, or from epoch_end when the fault carried the epoch's metrics (the line was not written)."""
     source = move.get("from")
     if source == Phase.EPOCH_END.value:
         return any(isinstance((e.get("payload") or {}).get("epoch_metrics"), dict)
@@ -279,9 +288,8 @@ _SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
-    """A resumed run's log as the uninterrupted run it continues: from each segment, what happened
-    in the epochs the next segment did not redo; none of the per-process bookkeeping (run_start,
-    resume, transitions, the teardown of a segment that was cut short)."""
+    """A resumed run's log as the run it continues: of each segment, the epochs the next one did not
+    redo, without what each process logs of itself (run_start, resume, transitions, teardown)."""
     out: list[dict[str, Any]] = []
     bounds = [*starts, len(events)]
     for k in range(len(starts)):

@@ -1,23 +1,12 @@
-"""State replay: re-drive the lifecycle machine and the real callbacks from recorded or synthetic values.
+"""Replay: one more :class:`fsmtrain.core.driver.Driver`, so a replayed run takes the engine, the
+machine and the callbacks of a trained one; only the numbers come from elsewhere: a run's
+``events.jsonl`` (:func:`replay_run`) or lists (:func:`replay_losses`), never a model.
 
-Replay is one more :class:`fsmtrain.core.driver.Driver`. It runs the same :class:`~fsmtrain.core.engine.Engine`,
-the same ``transitions`` machine and the same callbacks as training; only the numbers differ in
-origin: each epoch's learning rate, train loss, validation loss and metrics come from a run's
-``events.jsonl`` (:func:`replay_run`) or from lists (:func:`replay_losses`), never from a model.
-
-How each callback takes part is its ``replay`` class attribute (:class:`fsmtrain.core.hooks.ReplaySupport`):
-``FULL`` callbacks run as they ran, ``DRY`` ones run with ``run.dry_run`` set (no model, no optimizer)
-and whatever they emit is kept apart as what they *would* have done, ``NONE`` is refused by name.
-Slot values that only a dry callback computes (e.g. ``max_grad_norm`` from live gradients) are fed
-back from the recording, just before ``on_epoch_end`` where their writers produce them.
-
-A replay cannot invent epochs the recording does not have: when a what-if outlives the recording,
-the driver raises :class:`RecordingExhausted` at the next epoch, the engine takes its ordinary fault
-path, and the result says the stop is unknown beyond epoch N.
-
-What a recording holds is :mod:`fsmtrain.tools.replay.recording`; what a replay did, and how its trace
-compares with the recording's, is :mod:`fsmtrain.tools.replay.result`; the package
-(:mod:`fsmtrain.tools.replay`) names the public face of all three.
+A callback's ``replay`` attribute (:class:`fsmtrain.core.hooks.ReplaySupport`) says how it takes
+part: ``FULL`` runs as it ran, ``DRY`` runs with ``run.dry_run`` set and its events are kept apart
+as what it *would* have done, ``NONE`` is refused. Slots only a dry callback computes are fed back
+from the recording. A what-if that outlives the recording raises :class:`RecordingExhausted` at the
+next epoch: the engine takes its fault path and the result says the stop is unknown.
 """
 
 from __future__ import annotations
@@ -68,7 +57,6 @@ class RecordingExhausted(Exception):
         self.recorded = recorded
 
 
-# --- the driver ---------------------------------------------------------------------------------
 class ReplayDriver(BaseDriver):
     """Feeds recorded epochs to the engine in place of training.
 
@@ -84,7 +72,7 @@ class ReplayDriver(BaseDriver):
         self.ranks = ranks
 
     def _signal_in(self, phase: Phase, epoch: int) -> None:
-        """Deliver a recorded signal where it arrived, so the guards end the replay at the same move."""
+        """Deliver a recorded signal where it arrived, so the replay ends at the same move."""
         i = self.interrupt
         if i is None or i.phase != phase.value or i.epoch != epoch:
             return
@@ -131,8 +119,8 @@ class ReplayDriver(BaseDriver):
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
-        # Runs right before on_epoch_end, where the built-in writers of model-derived slots write.
-        # the engine acts on a signal after epoch_end's handlers, when the epoch counter has moved on
+        # Runs just before on_epoch_end, where model-derived slots are written; the engine acts on a
+        # signal after epoch_end's handlers, when the epoch counter has moved on.
         self._signal_in(Phase.EPOCH_END, epoch.index + 1)
         if not self.fed_slots:
             return
@@ -142,23 +130,22 @@ class ReplayDriver(BaseDriver):
                 self.run.set(slot, slots[name])
 
 
-
 class _AttributingSink:
     """Keeps every event in memory and, for each, the callback that emitted it (None: the engine)."""
 
-    def __init__(self, log: EventLog, runner_ref: list[CallbackRunner]) -> None:
+    def __init__(self, log: EventLog, runner: CallbackRunner) -> None:
         self.log = log
         self.owners: list[TrainingCallback | None] = []
-        self._runner_ref = runner_ref
+        self._runner = runner
 
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool:
         records = self.log.records
         assert records is not None
         before = len(records)
-        owed = self.log.emit(event, level=level, **fields)
+        sync_owed = self.log.emit(event, level=level, **fields)
         if len(records) > before:
-            self.owners.append(self._runner_ref[0].current if self._runner_ref else None)
-        return owed
+            self.owners.append(self._runner.current)
+        return sync_owed
 
     def enabled_for(self, level: str) -> bool:
         return self.log.enabled_for(level)
@@ -167,7 +154,6 @@ class _AttributingSink:
         self.log.sync()
 
 
-# --- running a replay ---------------------------------------------------------------------------
 def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
     refused = [cb for cb in callbacks if ReplaySupport(cb.replay) is ReplaySupport.NONE]
     if refused:
@@ -192,11 +178,8 @@ class _Outcome:
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the engine replays. A replay's only lasting
-    allocations are its trace (hundreds of thousands of small dicts, acyclic) and an epoch makes no
-    cyclic garbage, so the collector's full passes over the growing trace find nothing; they were a
-    tenth of a 10,000-epoch replay. Reference counting still frees everything as usual; the
-    collector's state is restored on the way out, whatever happens."""
+    """Pause the cyclic garbage collector: a replay keeps only its (acyclic) trace, and full passes
+    over it find nothing while costing a tenth of a long replay."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -209,13 +192,11 @@ def _collector_paused() -> Iterator[None]:
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
              interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> _Outcome:
-    ref: list[CallbackRunner] = []
-    log = EventLog(None, run_id, level=level, console=None, keep=True)
-    sink = _AttributingSink(log, ref)
     if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
         callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
     runner = CallbackRunner(callbacks)
-    ref.append(runner)
+    log = EventLog(None, run_id, level=level, console=None, keep=True)
+    sink = _AttributingSink(log, runner)
     check_replayable(runner.callbacks)
     full = [cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.FULL]
     dry = tuple(cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.DRY)
@@ -278,10 +259,9 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                overrides: Sequence[str] | None = None, *, strict: bool | None = None) -> ReplayResult:
     """Replay a recorded run from its ``events.jsonl`` (or run directory).
 
-    Without ``callbacks`` the run's callbacks are rebuilt from the resolved config recorded in its
-    ``run_start`` event, with ``overrides`` (``"early_stopping.patience=5"``) applied; pruning
-    re-plays the recorded ``trial_report`` decisions. ``result.divergence`` names the first event
-    where the replay departs from the recording (``None``: it reproduces it).
+    Without ``callbacks`` they are rebuilt from the config its ``run_start`` recorded, with
+    ``overrides`` (``"early_stopping.patience=5"``) applied; pruning re-plays the recorded decisions.
+    ``result.divergence`` names the first event where the replay departs from the recording.
     """
     rec = load_recording(events_path)
     overrides = tuple(overrides or ())
@@ -313,7 +293,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
-        max_epochs = _config_max_epochs(cfg, max_epochs)
+        max_epochs = cfg.epochs
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
@@ -325,18 +305,6 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
                    extras=extras, strict=strict, interrupt=interrupt, ranks=ranks)
     return _to_result(out, recorded=rec, overrides=overrides, compare=True, trial=trial)
-
-
-def _config_max_epochs(cfg: Any, default: int) -> int:
-    """The epoch budget of a (possibly overridden) config, wherever the config keeps it."""
-    for path in (("max_epochs",), ("epochs",), ("training", "max_epochs"), ("training", "epochs"),
-                 ("trainer", "max_epochs"), ("train", "max_epochs")):
-        value: Any = cfg
-        for part in path:
-            value = getattr(value, part, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
 
 
 def _series(name: str, values: Sequence[float] | None, n: int) -> list[float] | None:

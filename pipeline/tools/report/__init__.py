@@ -14,7 +14,7 @@ from fsmtrain.core.exports import lazy_exports
 
 _PAGE = "fsmtrain.tools.report.page"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ReportError": "fsmtrain.tools.report.run", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
+    "ReportError": "fsmtrain.tools.report.run_log", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
     "write_run_report": _PAGE, "study_report": "fsmtrain.tools.report.hpo_report",
 })
 
@@ -23,4 +23,4 @@ __all__ = ["ReportError", "default_output", "page", "render_report", "study_repo
 if TYPE_CHECKING:
     from fsmtrain.tools.report.hpo_report import study_report
     from fsmtrain.tools.report.page import default_output, page, render_report, write_run_report
-    from fsmtrain.tools.report.run import ReportError
+    from fsmtrain.tools.report.run_log import ReportError

@@ -16,7 +16,8 @@ import tempfile
 from html import escape
 from pathlib import Path
 
-from fsmtrain.tools.report.run import ReportError, run_sections
+from fsmtrain.tools.report.run import run_sections
+from fsmtrain.tools.report.run_log import ReportError
 
 __all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
 

@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.tools.report.run import ReportError, as_float
+from fsmtrain.tools.report.run_log import ReportError, as_float
 from fsmtrain.tools.report.svgplot import (
     GREY,
     PALETTE,
