@@ -21,6 +21,7 @@ from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
 from fsmtrain.core.stop import StopReason
 
 __all__ = [
+    "SEGMENT_ONLY",
     "Interruption",
     "RecordedEpoch",
     "RecordedTrial",
@@ -191,7 +192,6 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     step_events: dict[int, list[Mapping[str, Any]]] = {}
     step_at_epoch_start = 0
     last_step = 0
-    ended_mid_epoch = False
     for e in events[starts[0] + 1:]:
         kind = e.get("event")
         payload: Mapping[str, Any] = e.get("payload") or {}
@@ -214,28 +214,23 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
                                       payload.get("trial") if isinstance(payload.get("trial"), int) else None)
         elif kind == "result":
             result = payload
-        elif kind == "transition" and e.get("to") == Phase.TRAIN_END.value:
-            ended_mid_epoch = _cut_short(e, events)
         elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
             step_events.setdefault(gs, []).append(e)
-    if segments > 1:
-        last = [e for e in original[starts[-1]:]
-                if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-        ended_mid_epoch = bool(last) and _cut_short(last[-1], original[starts[-1]:])
-    interruption = _interruption(original[starts[-1]:])
-    if ended_mid_epoch:
+    last_segment = original[starts[-1]:]
+    ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
+    if ends and _cut_short(ends[-1], last_segment):
         # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
         # measured when it was cut (the exception carries it), not the rest.
-        cut = {str(k): as_float(v) for k, v in _cut_metrics(original[starts[-1]:]).items()}
+        cut = {str(k): as_float(v) for k, v in _cut_metrics(last_segment).items()}
         epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
-    last_start = original[starts[-1]].get("payload") or {}
+    last_start = last_segment[0].get("payload") or {}
     for key in ("max_epochs", "config"):  # a resume may extend the run: its own budget counts
         if key in last_start:
             run_start[key] = last_start[key]
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, interruption, segments)
+                     result, _interruption(last_segment), segments)
 
 
 def split_source(source: str) -> tuple[str, int | None]:
@@ -284,7 +279,7 @@ def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return {}
 
 
-_SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
+SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
@@ -298,7 +293,7 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
         redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
         starts_over = int((seg[0].get("payload") or {}).get("start_epoch", 0)) == 0  # the first, or a restart
         for e in seg:
-            if e.get("event") in _SEGMENT_ONLY:
+            if e.get("event") in SEGMENT_ONLY:
                 continue
             if not starts_over and e.get("phase") == Phase.TRAIN_BEGIN.value:
                 continue  # a resumed process sets itself up again

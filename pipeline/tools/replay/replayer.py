@@ -29,7 +29,7 @@ from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
 from fsmtrain.tools.replay.recording import (
-    _SEGMENT_ONLY,
+    SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
     RecordedTrial,
@@ -38,7 +38,7 @@ from fsmtrain.tools.replay.recording import (
     ReplayError,
     load_recording,
 )
-from fsmtrain.tools.replay.result import ReplayResult, _comparable_recorded, compare_traces
+from fsmtrain.tools.replay.result import ReplayResult, comparable_recorded, compare_traces
 
 __all__ = ["RecordingExhausted", "ReplayDriver", "check_replayable", "replay_losses", "replay_run"]
 
@@ -249,9 +249,9 @@ def _to_result(out: _Outcome, *, recorded: Recording | None, overrides: Sequence
         replay.recorded_best_val_loss = recorded.best_val_loss
         if compare:
             if recorded.segments > 1:  # the recording was stitched: compare what is not per process
-                trace = [e for e in trace if e.get("event") not in _SEGMENT_ONLY]
+                trace = [e for e in trace if e.get("event") not in SEGMENT_ONLY]
             kinds = {str(e["event"]) for e in trace}
-            replay.divergence = compare_traces(_comparable_recorded(recorded.events, out.dry, kinds), trace)
+            replay.divergence = compare_traces(comparable_recorded(recorded.events, out.dry, kinds), trace)
     return replay
 
 

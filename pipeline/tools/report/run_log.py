@@ -224,7 +224,7 @@ def read_run(events_path: Path) -> RunData:
                     path.record(rec, f"line {n}")
                 except DiagramError as exc:
                     data.path_problem = data.path_problem or str(exc)
-                _take(data, rec)
+                _read_event(data, rec)
     data.lines = n
     if n == 0 or (not len(data.table) and data.run_id == "?"):
         raise ReportError(f"{events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
@@ -232,7 +232,7 @@ def read_run(events_path: Path) -> RunData:
     return data
 
 
-def _take(data: RunData, rec: Mapping[str, Any]) -> None:
+def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
     event = rec.get("event")
     payload = rec.get("payload")
     payload = payload if isinstance(payload, Mapping) else {}
@@ -243,7 +243,7 @@ def _take(data: RunData, rec: Mapping[str, Any]) -> None:
         batch = payload.get("global_batch")
         data.global_batch = dict(batch) if isinstance(batch, Mapping) else None
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
-        _take_epoch(data.table, rec["epoch"], payload)
+        _read_epoch(data.table, rec["epoch"], payload)
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
         data.settings[str(payload.get("source"))] = dict(payload["settings"])
     elif event == "checkpoint":
@@ -256,7 +256,7 @@ def _take(data: RunData, rec: Mapping[str, Any]) -> None:
         data.result = dict(payload)
 
 
-def _put_all(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
+def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
     columns = table.kind(kind)
     for name, value in values.items():
         cls = value.__class__
@@ -272,19 +272,19 @@ def _put_all(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) 
         column.present[row] = 1
 
 
-def _take_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
+def _read_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
     # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
     row = table.row(epoch)
     for kind, key in (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds")):
         values = payload.get(key)
         if isinstance(values, dict):
-            _put_all(table, kind, row, values)
+            _put_values(table, kind, row, values)
     seconds = table.kind("time").get("epoch") or table.add(table.kind("time"), "epoch")
     seconds.values[row] = as_float(payload.get("seconds")) or 0.0
     seconds.present[row] = 1
     slots = payload.get("slots")
     if isinstance(slots, dict):
-        _put_all(table, "slot", row, slots)
+        _put_values(table, "slot", row, slots)
         for name, value in slots.items():
             if isinstance(value, dict):
-                _put_all(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
+                _put_values(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
