@@ -11,10 +11,8 @@ next epoch: the engine takes its fault path and the result says the stop is unkn
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,7 +23,6 @@ from fsmtrain.core.engine import Engine, Interrupted
 from fsmtrain.core.events import EventLog
 from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
 from fsmtrain.core.lifecycle import Phase
-from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
 from fsmtrain.tools.replay.recording import (
@@ -165,33 +162,12 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
         )
 
 
-@dataclass
-class _Outcome:
-    run: RunContext
-    trace: list[dict[str, Any]]
-    owners: list[TrainingCallback | None]
-    result: TrainResult | None
-    exhausted: RecordingExhausted | None
-    dry: tuple[TrainingCallback, ...]
-    error: Exception | None = None
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: a replay keeps only its (acyclic) trace, and full passes
-    over it find nothing while costing a tenth of a long replay."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
-             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> _Outcome:
+             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
+             recorded: Recording | None = None, overrides: Sequence[str] = (),
+             trial: RecordedTrial | None = None) -> ReplayResult:
+    """Run the engine on ``epochs``; with ``recorded``, compare the trace with the recording's."""
     if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
         callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
     runner = CallbackRunner(callbacks)
@@ -212,13 +188,13 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    driver = ReplayDriver(run, epochs, fed, interrupt, ranks)
-    engine = Engine(driver, runner, run, strict=strict, collective=ranks)
+    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks), runner, run, strict=strict, collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
+    collecting = gc.isenabled()
+    gc.disable()  # a replay keeps only its acyclic trace: the collector's passes over it find nothing
     try:
-        with _collector_paused():
-            engine.execute()
+        engine.execute()
     except RecordingExhausted as exc:
         exhausted = exc
     except (Interrupted, RankFailed):
@@ -227,31 +203,29 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
         if engine.result is None:
             raise
         error = exc
+    finally:
+        if collecting:
+            gc.enable()
     assert log.records is not None
-    return _Outcome(run, log.records, sink.owners, engine.result, exhausted, dry, error)
-
-
-def _to_result(out: _Outcome, *, recorded: Recording | None, overrides: Sequence[str],
-               compare: bool, trial: RecordedTrial | None) -> ReplayResult:
-    dry_ids = {id(cb) for cb in out.dry}
-    trace = [e for e, o in zip(out.trace, out.owners, strict=True) if o is None or id(o) not in dry_ids]
-    dry_events = [e for e, o in zip(out.trace, out.owners, strict=True) if o is not None and id(o) in dry_ids]
-    exhausted_after = out.exhausted.recorded if out.exhausted is not None else None
-    res = out.result
-    stop_reason = None if out.exhausted is not None or res is None else res.stop_reason
+    dry_ids = {id(cb) for cb in dry}
+    owned = list(zip(log.records, sink.owners, strict=True))
+    trace = [e for e, o in owned if o is None or id(o) not in dry_ids]
+    res = engine.result
+    stop_reason = None if exhausted is not None or res is None else res.stop_reason
     stop_epoch = None if stop_reason is None or res is None else res.epochs_completed
-    replay = ReplayResult(trace, stop_reason, stop_epoch, list(out.run.history), res, exhausted_after,
-                          dry_events=dry_events, overrides=tuple(overrides), error=out.error,
+    replay = ReplayResult(trace, stop_reason, stop_epoch, list(run.history), res,
+                          exhausted.recorded if exhausted is not None else None,
+                          dry_events=[e for e, o in owned if o is not None and id(o) in dry_ids],
+                          overrides=tuple(overrides), error=error,
                           unknown_prune_steps=tuple(trial.unknown_steps) if trial else ())
     if recorded is not None:
         replay.recorded_epochs = recorded.complete_epochs
         replay.recorded_stop_reason = recorded.stop_reason
         replay.recorded_best_val_loss = recorded.best_val_loss
-        if compare:
-            if recorded.segments > 1:  # the recording was stitched: compare what is not per process
-                trace = [e for e in trace if e.get("event") not in SEGMENT_ONLY]
-            kinds = {str(e["event"]) for e in trace}
-            replay.divergence = compare_traces(comparable_recorded(recorded.events, out.dry, kinds), trace)
+        if recorded.segments > 1:  # the recording was stitched: compare what is not per process
+            trace = [e for e in trace if e.get("event") not in SEGMENT_ONLY]
+        kinds = {str(e["event"]) for e in trace}
+        replay.divergence = compare_traces(comparable_recorded(recorded.events, dry, kinds), trace)
     return replay
 
 
@@ -302,9 +276,9 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
-    out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
-                   extras=extras, strict=strict, interrupt=interrupt, ranks=ranks)
-    return _to_result(out, recorded=rec, overrides=overrides, compare=True, trial=trial)
+    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
+                    extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
+                    overrides=overrides, trial=trial)
 
 
 def _series(name: str, values: Sequence[float] | None, n: int) -> list[float] | None:
@@ -361,6 +335,5 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
                       {k: col[i] for k, col in slot_cols.items() if col[i] is not None}, batches)
         for i in range(n)
     ]
-    out = _execute(epochs, callbacks, max_epochs=max_epochs, run_id="replay", level="info", extras={},
-                   strict=strict)
-    return _to_result(out, recorded=None, overrides=(), compare=False, trial=None)
+    return _execute(epochs, callbacks, max_epochs=max_epochs, run_id="replay", level="info", extras={},
+                    strict=strict)

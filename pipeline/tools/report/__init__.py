@@ -1,10 +1,5 @@
-"""Reports: one self-contained HTML page of a run (from its ``events.jsonl``) or of an Optuna study
-(from its storage), and the text summary of a study (``fsmtrain hpo-report``).
-
-Inside: ``page`` (the page and where it goes), ``run`` and ``study`` (their sections), ``svgplot``
-(the inline SVG charts), ``hpo_report`` (the text summary and its command) and ``cli``
-(``fsmtrain report``). Names are imported when first asked for: a study needs Optuna.
-"""
+"""Reports: one self-contained HTML page of a run or of an Optuna study (``fsmtrain report``), and a
+study's text summary (``fsmtrain hpo-report``). Names are imported when first asked for."""
 
 from __future__ import annotations
 

@@ -265,9 +265,7 @@ def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any
                 value = float(value)
             elif (value := as_float(value)) is None:
                 continue
-        column = columns.get(name)
-        if column is None:
-            column = table.add(columns, str(name))
+        column = columns.get(name) or table.add(columns, str(name))
         column.values[row] = value
         column.present[row] = 1
 
@@ -279,9 +277,7 @@ def _read_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> No
         values = payload.get(key)
         if isinstance(values, dict):
             _put_values(table, kind, row, values)
-    seconds = table.kind("time").get("epoch") or table.add(table.kind("time"), "epoch")
-    seconds.values[row] = as_float(payload.get("seconds")) or 0.0
-    seconds.present[row] = 1
+    _put_values(table, "time", row, {"epoch": as_float(payload.get("seconds")) or 0.0})
     slots = payload.get("slots")
     if isinstance(slots, dict):
         _put_values(table, "slot", row, slots)

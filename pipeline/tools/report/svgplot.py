@@ -1,9 +1,6 @@
-"""Small charts as inline SVG, for ``fsmtrain report``: no JavaScript, no network, a few kB each.
-
-Line charts (linear or log y, gaps for missing or non-finite values, horizontal reference lines,
-shaded epoch bands), horizontal bar charts and parallel coordinates. Every point carries a
-``<title>``, which browsers show as a tooltip, so exact values stay readable without scripts.
-Each chart is a ``<figure class="plot" id=...>`` with its title as the caption.
+"""Charts as inline SVG for ``fsmtrain report``: line charts, horizontal bars and parallel
+coordinates, each a ``<figure class="plot" id=...>``. Every point has a ``<title>`` (a browser
+tooltip), so exact values stay readable without scripts.
 """
 
 from __future__ import annotations
