@@ -21,8 +21,8 @@ from fsmtrain.tools.report.svgplot import (
     GREY,
     PALETTE,
     Axis,
-    Line,
     Series,
+    TrialLine,
     bar_chart,
     colormap,
     figure,
@@ -199,7 +199,7 @@ def _parallel(study: Any, complete: list[Any]) -> str:
         share = 0.0 if hi == lo or v is None else (v - lo) / (hi - lo)
         color = colormap(share if minimize else 1 - share)
         tip = f"trial {t.number}: {v:.6g}; " + ", ".join(f"{k}={t.params[k]}" for k in names if k in t.params)
-        lines.append(Line([v, *(_on_axis(t, ax) for ax in axes[1:])], color, tip))
+        lines.append(TrialLine([v, *(_on_axis(t, ax) for ax in axes[1:])], color, tip))
     return parallel_chart("plot-parallel", "Parallel coordinates (complete trials; dark = best)", axes, lines)
 
 

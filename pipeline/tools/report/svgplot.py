@@ -13,7 +13,7 @@ from html import escape
 
 from fsmtrain.tools.report.reduce import Reduced, drawable, reduce_curve
 
-__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Line", "Series", "bar_chart", "colormap", "figure",
+__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Series", "TrialLine", "bar_chart", "colormap", "figure",
            "line_chart", "parallel_chart", "ticks"]
 
 # Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
@@ -274,13 +274,13 @@ class Axis:
 
 
 @dataclass
-class Line:
+class TrialLine:
     values: list[float | None]
     color: str
     tip: str
 
 
-def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[Line], *,
+def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[TrialLine], *,
                    width: int = 760, height: int = 320) -> str:
     """Parallel coordinates: one vertical axis per entry of ``axes`` (the objective first, then the
     parameters), one polyline per trial."""
