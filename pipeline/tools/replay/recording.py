@@ -171,6 +171,7 @@ def load_recording(path: str | Path) -> Recording:
 
 
 def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = None) -> Recording:
+    """A :class:`Recording` of a parsed log (one run, or one run and its resumes)."""
     where = str(path) if path is not None else "the events"
     starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
     if not starts:

@@ -152,6 +152,7 @@ class _AttributingSink:
 
 
 def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
+    """Refuse, by name, the callbacks whose ``replay`` is ``ReplaySupport.NONE``."""
     refused = [cb for cb in callbacks if ReplaySupport(cb.replay) is ReplaySupport.NONE]
     if refused:
         names = ", ".join(f"{cb.name} (priority {cb.priority})" for cb in refused)
@@ -281,9 +282,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                     overrides=overrides, trial=trial)
 
 
-def _series(name: str, values: Sequence[float] | None, n: int) -> list[float] | None:
-    if values is None:
-        return None
+def _series(name: str, values: Sequence[float], n: int) -> list[float]:
+    """``values`` as floats, one per epoch (else a ReplayError naming ``name``)."""
     out = []
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -307,22 +307,18 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
     number of values; a larger budget the callbacks do not stop within ends as "unknown".
     """
     n = len(train)
-    train_v = _series("train", train, n) or []
-    val_v = _series("val", val, n) if val is not None else None
+    columns = {"train_loss": _series("train", train, n)}
+    if val is not None:
+        columns["val_loss"] = _series("val", val, n)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
         raise ReplayError(f"batches must be an integer >= 0, got {batches!r}")
     if max_epochs is None:
         max_epochs = n
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
         raise ReplayError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
-    columns: dict[str, list[float]] = {}
     if lrs is not None:
-        columns["lr"] = _series("lrs", lrs, n) or []
-    columns["train_loss"] = train_v
-    if val_v is not None:
-        columns["val_loss"] = val_v
-    for name, series in (metrics or {}).items():
-        columns[name] = _series(f"metrics[{name!r}]", series, n) or []
+        columns = {"lr": _series("lrs", lrs, n), **columns}
+    columns.update({name: _series(f"metrics[{name!r}]", series, n) for name, series in (metrics or {}).items()})
     slot_cols = {name: list(vs) for name, vs in (slots or {}).items()}
     for name, vs in slot_cols.items():
         if len(vs) != n:

@@ -96,9 +96,8 @@ def _overfit(data: RunData) -> tuple[str, list[Band]]:
     bands = [Band(a, b, f"overfitting flagged in epoch {a:g}" if a == b else
                   f"overfitting flagged in epochs {a:g}-{b:g}", legend="epochs flagged as overfitting")
              for a, b in stretches]
-    ratio: list[float | None] = []
-    for train, val in zip(data.metric("train_loss"), data.metric("val_loss"), strict=True):
-        ratio.append(val / train if train and val is not None and math.isfinite(train) else None)
+    ratio = [val / train if train and val is not None and math.isfinite(train) else None
+             for train, val in zip(data.metric("train_loss"), data.metric("val_loss"), strict=True)]
     series = [Series("val loss / train loss", x, ratio, GREY, points=False),
               Series("flagged as overfitting", x, gap, "#B00020", line=False)]
     exact = spans(flagged, max_spans=len(flagged) or 1)

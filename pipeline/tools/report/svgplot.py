@@ -275,6 +275,8 @@ class Axis:
 
 @dataclass
 class TrialLine:
+    """One trial in a parallel-coordinates chart: its place on each axis, colour and tooltip."""
+
     values: list[float | None]
     color: str
     tip: str
