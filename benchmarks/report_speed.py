@@ -174,7 +174,8 @@ def parts(events: Path) -> None:
     """Where the time goes: the report's own reading of the log, the audit, and the rest (wall time,
     and CPU time, which a loaded machine inflates less)."""
     from fsmtrain.tools.audit import audit_file
-    from fsmtrain.tools.report.run import read_run, run_sections
+    from fsmtrain.tools.report.run import run_sections
+    from fsmtrain.tools.report.run_log import read_run
 
     marks = [(time.perf_counter(), time.process_time())]
     read_run(events)

@@ -21,7 +21,8 @@ from optuna.storages.journal import JournalFileBackend
 
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.report import render_report, write_run_report
-from fsmtrain.tools.report.run import RUN_PLOTS, read_run
+from fsmtrain.tools.report.run import RUN_PLOTS
+from fsmtrain.tools.report.run_log import read_run
 from fsmtrain.tools.report.study import STUDY_PLOTS
 from fsmtrain.tools.report.svgplot import ticks
 

@@ -1,4 +1,2 @@
-"""What you run on what runs left behind: audit, replay, diagrams (and the pytest plugin).
-
-Modules are imported by name (``fsmtrain.tools.audit``); this package imports none of them, so
-``fsmtrain audit`` does not pay for replay's torch."""
+"""What you run on what runs left behind: audit, replay, report, diagrams, and the pytest plugin.
+This package imports none of them, so each command pays only for its own imports."""

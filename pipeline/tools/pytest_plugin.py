@@ -1,12 +1,10 @@
-"""pytest fixtures for testing callbacks against loss curves, registered through the ``pytest11``
-entry point ``fsmtrain`` (installed with the package; nothing to add to ``conftest.py``)::
+"""pytest fixtures for testing callbacks against loss curves, installed with the package (the
+``pytest11`` entry point ``fsmtrain``; nothing to add to ``conftest.py``)::
 
     def test_my_stopper(replay_losses):
         assert replay_losses(train=[3, 2, 1, 1, 1], val=[3, 2, 2, 2, 2], callbacks=[MyStopper(2)]).stop_epoch == 4
 
-``replay_losses`` is :func:`fsmtrain.tools.replay.replay_losses`; ``replay_run`` is
-:func:`fsmtrain.tools.replay.replay_run` (replay a recorded ``events.jsonl``). The replay module, and with
-it torch, is imported only when a test asks for one of them, so other test suites pay nothing.
+Replay is imported only when a test asks for a fixture, so other test suites pay nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def replay_losses() -> Callable[..., ReplayResult]:
-    """``replay_losses(train=[...], val=[...], callbacks=[...], max_epochs=None, metrics=None, lrs=None)``:
-    drive the callbacks through the real lifecycle machine; returns a ``ReplayResult``."""
+    """:func:`fsmtrain.tools.replay.replay_losses`: callbacks driven by loss curves."""
     from fsmtrain.tools.replay import replay_losses as fn
 
     return fn
@@ -31,7 +28,7 @@ def replay_losses() -> Callable[..., ReplayResult]:
 
 @pytest.fixture
 def replay_run() -> Callable[..., ReplayResult]:
-    """``replay_run(events_path, callbacks=None, overrides=None)``: replay a recorded run."""
+    """:func:`fsmtrain.tools.replay.replay_run`: replay a recorded ``events.jsonl``."""
     from fsmtrain.tools.replay import replay_run as fn
 
     return fn

@@ -1,5 +1,5 @@
-"""``fsmtrain diagram``: the lifecycle drawings of :mod:`fsmtrain.core.drawing` on the command line,
-plus the callback view of a config (what ``fsmtrain train`` would run)."""
+"""``fsmtrain diagram``: the drawings of :mod:`fsmtrain.core.drawing` on the command line, and the
+callbacks a config runs on the lifecycle."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from fsmtrain.core.drawing import (
 )
 from fsmtrain.core.hooks import TrainingCallback
 
-__all__ = ["add_arguments", "config_callbacks", "register_cli"]
+__all__ = ["config_callbacks", "register_cli"]
 
 
 def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
-    """The callback list ``fsmtrain.app.config.build_callbacks`` gives a config (what ``fsmtrain train``
-    runs), for ``--config``. ``trial`` adds the ``PrunerCallback`` of an HPO trial (default: when the
-    config has an ``optimize`` section); the trial is an in-memory Optuna one, only to build it."""
+    """The callbacks ``fsmtrain train`` runs for a config. ``trial`` adds an HPO trial's
+    ``PrunerCallback`` (default: when the config has an ``optimize`` section)."""
     from fsmtrain.app import config as config_mod
 
     cfg = config_mod.load_config(config_path)
@@ -45,7 +44,6 @@ def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> l
     return callbacks
 
 
-# --- CLI ------------------------------------------------------------------------------------------
 # Image and document files no format of fsmtrain diagram is: -o life.png would hold Mermaid text.
 _NOT_WRITTEN = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".pdf", ".eps", ".ps")
 
@@ -101,13 +99,7 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
             text = callback_diagram(config_callbacks(args.config, trial=args.hpo or None), fmt)
         else:
             text = lifecycle_diagram(fmt)
-    except GraphvizMissing as exc:
-        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
-        return 2
-    except (DiagramError, OSError) as exc:
-        print(f"fsmtrain diagram: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # e.g. fsmtrain.app.config.ConfigError, which lists every problem
+    except (GraphvizMissing, DiagramError, OSError, ValueError) as exc:  # ValueError: a ConfigError
         print(f"fsmtrain diagram: {exc}", file=sys.stderr)
         return 2
     if args.output is None:
@@ -122,7 +114,12 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain diagram`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "diagram", help="draw the lifecycle (Mermaid, DOT or SVG), with callbacks or one run's path",
+        description="Draw the training lifecycle from the machine's own table.",
+    )
     parser.add_argument("--format", choices=[f.value for f in Format], default=None,
                         help="output format (default: from -o's suffix .mmd/.dot/.svg, else mermaid)")
     source = parser.add_mutually_exclusive_group()
@@ -137,12 +134,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="regenerate DIR/lifecycle.{mmd,dot,svg} (the committed diagrams)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
     parser.set_defaults(func=_cmd_diagram)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain diagram`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "diagram", help="draw the lifecycle (Mermaid, DOT or SVG), with callbacks or one run's path",
-        description="Draw the training lifecycle from the machine's own table.",
-    )
-    add_arguments(parser)

@@ -1,10 +1,6 @@
-"""Replay: the engine, the machine and the callbacks driven again by a run's recorded numbers
-instead of a model (:func:`replay_run`), or by a loss curve you write down (:func:`replay_losses`).
-
-Inside: ``replayer`` (the replay driver and both entry points), ``recording`` (what a log holds
-for a replay), ``ranks`` (a multi-process recording), ``result`` (the outcome and its comparison
-with the recording) and ``cli`` (``fsmtrain replay``). Names are imported when first asked for.
-"""
+"""Replay: the engine, the machine and the callbacks driven by a run's recorded numbers instead of a
+model (:func:`replay_run`), or by loss curves you write down (:func:`replay_losses`). Names are
+imported when first asked for, so ``fsmtrain``'s other commands do not load the engine."""
 
 from __future__ import annotations
 

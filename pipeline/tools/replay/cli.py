@@ -1,9 +1,5 @@
-"""``fsmtrain replay``: the command line of :mod:`fsmtrain.tools.replay`.
-
-Kept apart from the replay driver because every ``fsmtrain`` invocation registers every
-subcommand: this module imports no torch, and the driver (which does, through the batch body)
-is imported only when ``fsmtrain replay`` actually runs.
-"""
+"""``fsmtrain replay``: the command line of :mod:`fsmtrain.tools.replay`. Every ``fsmtrain`` command
+registers it, so the driver and the engine are imported only when ``fsmtrain replay`` runs."""
 
 from __future__ import annotations
 
@@ -16,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.events import EVENTS_FILE, jsonable
+from fsmtrain.tools.replay.recording import ReplayError
 
 __all__ = ["register_cli"]
 
 
 def _events_files(target: Path) -> list[Path]:
-    from fsmtrain.tools.replay.recording import ReplayError
-
     if target.is_file():
         return [target]
     if target.is_dir():
@@ -36,8 +31,6 @@ def _events_files(target: Path) -> list[Path]:
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[str]]:
-    from fsmtrain.tools.replay.recording import ReplayError
-
     key, sep, values = spec.partition("=")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not sep or not key.strip() or not items:
@@ -46,8 +39,6 @@ def _parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 
 def _parse_sets(sets: Sequence[str]) -> list[str]:
-    from fsmtrain.tools.replay.recording import ReplayError
-
     for s in sets:
         key, sep, _ = s.partition("=")
         if not sep or not key.strip():
@@ -60,7 +51,6 @@ def _fmt_loss(v: float | None) -> str:
 
 
 def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequence[str], as_json: bool) -> int:
-    from fsmtrain.tools.replay.recording import ReplayError
     from fsmtrain.tools.replay.replayer import replay_run
 
     rows: list[dict[str, Any]] = []
@@ -96,7 +86,6 @@ def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequenc
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from fsmtrain.tools.replay.recording import ReplayError
     from fsmtrain.tools.replay.replayer import replay_run
 
     try:
@@ -133,10 +122,7 @@ def _cmd(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reports if len(files) > 1 else reports[0], indent=2))
         return status
-    except ReplayError as exc:
-        print(f"fsmtrain replay: error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # a ConfigError from a bad --set names the field and what was expected
+    except ValueError as exc:  # a ReplayError, or a ConfigError naming a bad --set
         print(f"fsmtrain replay: error: {exc}", file=sys.stderr)
         return 2
 

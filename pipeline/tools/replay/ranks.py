@@ -1,24 +1,16 @@
-"""Replaying one rank of a multi-process run: the other ranks, as this rank's log recorded them.
+"""One rank of a multi-process run, replayed: the other ranks, as this rank's log recorded them.
 
-A rank's log records what the other ranks contributed to the guard agreement that changed the
-run: a stop request agreed from another rank (a ``stop_request`` naming that ``rank``, with the
-epoch and phase it was requested in) and a signal received there (the ``exception`` of an
-interrupt, ``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
-:class:`fsmtrain.core.consensus.Collective` that gives them back at the same agreement (the same
-phase, epoch and global step, per-batch agreements included), so the replay runs the live path:
-the engine agrees, and the recorded verdict comes out of the same rule.
-
-It is the run's :class:`~fsmtrain.core.consensus.FailureBoard` too: a rank that stopped because
-another rank failed (its ``RankFailed`` exception, with ``failed_rank``) gets that failure back,
-and where it met it (its collective broke: the recorded symptom, raised again by the replay's
-driver at the same step; or it saw the post while it waited at an agreement point), so the engine
-ends the replay as it ended the run.
+The log records what the other ranks brought to the agreements that changed the run: a stop
+request from another rank (a ``stop_request`` naming its ``rank``) and a signal received there
+(``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
+:class:`~fsmtrain.core.consensus.Collective` that gives them back at the same phase, epoch and
+step, so the engine agrees as it did live. As the run's
+:class:`~fsmtrain.core.consensus.FailureBoard` it gives back another rank's failure (``RankFailed``)
+where this rank met it: a broken collective (raised again by the driver) or an agreement point.
 """
 
 from __future__ import annotations
 
-import re
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +19,9 @@ from fsmtrain.core.consensus import Failure, RankFailed, proposal_of
 from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.replay.recording import signal_of, split_source
 
 __all__ = ["RecordedRanks", "recorded_ranks"]
-
-_ON_RANK = re.compile(r" on rank (\d+)$")
 
 
 @dataclass(frozen=True)
@@ -59,7 +50,7 @@ class RecordedRanks:
 
     def __init__(self, rank: int, world_size: int, contributions: Sequence[_Contribution],
                  peer_failure: PeerFailure | None = None) -> None:
-        self._rank, self._world = rank, world_size
+        self.rank, self.world_size = rank, world_size
         self._todo = list(contributions)
         self._said: dict[int, tuple[str, str]] = {}
         self.peer_failure = peer_failure
@@ -83,18 +74,10 @@ class RecordedRanks:
             return None
         return f.symptom if run.global_step == f.global_step else None
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         assert self.run is not None
-        rows = [[0] * len(values) for _ in range(self._world)]
-        rows[self._rank] = list(values)
+        rows = [[0] * len(values) for _ in range(self.world_size)]
+        rows[self.rank] = list(values)
         here = (self.run.phase.value, self.run.epoch, self.run.global_step)
         f = self.peer_failure
         if f is not None and f.symptom is None and (f.phase, f.epoch, f.global_step) == here:
@@ -108,12 +91,7 @@ class RecordedRanks:
         return rows
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
-        return obj if src == self._rank else self._said.get(src)
-
-
-def _origin(source: str) -> tuple[str, int | None]:
-    m = _ON_RANK.search(source)
-    return (source[: m.start()], int(m.group(1))) if m else (source, None)
+        return obj if src == self.rank else self._said.get(src)
 
 
 def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> RecordedRanks | None:
@@ -126,18 +104,17 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
         payload = e.get("payload") or {}
         where = (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
         if e.get("event") == "stop_request" and isinstance(payload.get("rank"), int) and payload["rank"] != rank:
-            source, _ = _origin(str(payload.get("source", "")))
+            source, _ = split_source(str(payload.get("source", "")))
             request = StopRequest(StopReason(payload["reason"]), source, str(payload.get("message", "")),
                                   bool(payload.get("immediate")), int(payload.get("requested_epoch", where[1])), 0,
                                   Phase(payload.get("requested_phase", where[0])))
             out.append(_Contribution(*where, payload["rank"], proposal_of(request, None),
                                      (source, request.message)))
         elif e.get("event") == "exception" and payload.get("interrupt"):
-            source, origin = _origin(str(payload.get("source", "")))
-            parts = source.split()
-            if origin is None or origin == rank or len(parts) < 2 or parts[1] not in signal.Signals.__members__:
-                continue
-            out.append(_Contribution(*where, origin, proposal_of(None, int(signal.Signals[parts[1]])), None))
+            source, origin = split_source(str(payload.get("source", "")))
+            signum = signal_of(source)
+            if origin is not None and origin != rank and signum is not None:
+                out.append(_Contribution(*where, origin, proposal_of(None, signum), None))
     return RecordedRanks(rank, world, out, _peer_failure(events))
 
 
@@ -149,7 +126,7 @@ def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
         if e.get("event") == "run_start":
             found = None
         elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
-            source, origin = _origin(str(payload.get("source", "")))
+            source, origin = split_source(str(payload.get("source", "")))
             said = str(payload.get("message", ""))
             prefix = f"rank {origin} failed in {source}: "
             symptom = payload.get("symptom")

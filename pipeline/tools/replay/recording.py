@@ -1,17 +1,15 @@
 """What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`.
 
-A recording is the setup of the run (its ``run_start``), each epoch's recorded values
-(:class:`RecordedEpoch`: learning rate, losses, metrics, slot values, its batches and the debug-level
-events logged during them), the decisions the real pruner took (:class:`RecordedTrial` gives them back
-in place of an Optuna trial) and the signal that ended the run, if one did (:class:`Interruption`).
-The log of a resumed run is read as the uninterrupted run it continues. :mod:`fsmtrain.tools.replay`
-drives the engine with what a recording holds.
+The run's setup (its ``run_start``), each epoch's values and batches (:class:`RecordedEpoch`), the
+real pruner's decisions (:class:`RecordedTrial` answers in place of an Optuna trial) and the signal
+that ended the run (:class:`Interruption`). A resumed run's log reads as the run it continues.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
 from fsmtrain.core.stop import StopReason
 
 __all__ = [
+    "SEGMENT_ONLY",
     "Interruption",
     "RecordedEpoch",
     "RecordedTrial",
@@ -32,7 +31,11 @@ __all__ = [
     "TrialReport",
     "load_recording",
     "recording_from_events",
+    "signal_of",
+    "split_source",
 ]
+
+_ON_RANK = re.compile(r" on rank (\d+)$")
 
 
 class ReplayError(ValueError):
@@ -41,8 +44,7 @@ class ReplayError(ValueError):
 
 @dataclass(frozen=True)
 class ReplayBatch:
-    """What a step-level callback sees as ``step.batch`` in a replay: the batch's position and the
-    non-transition events the recording logged during it (only present in debug-level logs)."""
+    """``step.batch`` in a replay: its position and the events a debug-level log recorded in it."""
 
     epoch: int
     index: int
@@ -51,8 +53,7 @@ class ReplayBatch:
 
 @dataclass(frozen=True)
 class RecordedEpoch:
-    """One epoch's recorded values. ``partial`` marks an epoch the recorded run left mid-way
-    (an immediate stop): its batches are known, its losses are not."""
+    """One epoch's recorded values. ``partial``: the run left it mid-way (its losses are unknown)."""
 
     index: int
     metrics: Mapping[str, float]
@@ -71,9 +72,9 @@ class TrialReport:
 
 
 class RecordedTrial:
-    """Stands in for an ``optuna.trial.Trial`` in a replay: ``report`` is noted and
-    ``should_prune`` answers with the decision the real pruner took at that epoch. Epochs the
-    recording has no decision for are answered ``False`` and listed in ``unknown_steps``."""
+    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
+    at that epoch; an epoch without a recorded decision is answered ``False`` and listed in
+    ``unknown_steps``."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
                  params: Mapping[str, Any] | None = None) -> None:
@@ -170,6 +171,7 @@ def load_recording(path: str | Path) -> Recording:
 
 
 def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = None) -> Recording:
+    """A :class:`Recording` of a parsed log (one run, or one run and its resumes)."""
     where = str(path) if path is not None else "the events"
     starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
     if not starts:
@@ -191,7 +193,6 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     step_events: dict[int, list[Mapping[str, Any]]] = {}
     step_at_epoch_start = 0
     last_step = 0
-    ended_mid_epoch = False
     for e in events[starts[0] + 1:]:
         kind = e.get("event")
         payload: Mapping[str, Any] = e.get("payload") or {}
@@ -214,51 +215,55 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
                                       payload.get("trial") if isinstance(payload.get("trial"), int) else None)
         elif kind == "result":
             result = payload
-        elif kind == "transition" and e.get("to") == Phase.TRAIN_END.value:
-            ended_mid_epoch = _cut_short(e, events)
         elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
             step_events.setdefault(gs, []).append(e)
-    if segments > 1:
-        last = [e for e in original[starts[-1]:]
-                if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-        ended_mid_epoch = bool(last) and _cut_short(last[-1], original[starts[-1]:])
-    interruption = _interruption(original[starts[-1]:])
-    if ended_mid_epoch:
+    last_segment = original[starts[-1]:]
+    ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
+    if ends and _cut_short(ends[-1], last_segment):
         # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
         # measured when it was cut (the exception carries it), not the rest.
-        cut = {str(k): as_float(v) for k, v in _cut_metrics(original[starts[-1]:]).items()}
+        cut = {str(k): as_float(v) for k, v in _cut_metrics(last_segment).items()}
         epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
-    last_start = original[starts[-1]].get("payload") or {}
+    last_start = last_segment[0].get("payload") or {}
     for key in ("max_epochs", "config"):  # a resume may extend the run: its own budget counts
         if key in last_start:
             run_start[key] = last_start[key]
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, interruption, segments)
+                     result, _interruption(last_segment), segments)
+
+
+def split_source(source: str) -> tuple[str, int | None]:
+    """A logged ``source`` without its `` on rank N``, and that rank (None: it names none)."""
+    m = _ON_RANK.search(source)
+    return (source[: m.start()], int(m.group(1))) if m else (source, None)
+
+
+def signal_of(source: str) -> int | None:
+    """The signal number a ``signal SIGTERM`` source names (None: no signal)."""
+    words = source.split()
+    if len(words) == 2 and words[0] == "signal" and words[1] in signal.Signals.__members__:
+        return int(signal.Signals[words[1]])
+    return None
 
 
 def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
     """The signal that ended the (last segment of the) run, if one did."""
     for e in events:
         payload = e.get("payload") or {}
-        if e.get("event") == "exception" and payload.get("interrupt") and str(payload.get("source", "")).startswith(
-                "signal "):
-            words = str(payload["source"]).split()
-            try:
-                signum = int(signal.Signals[words[1]])
-            except (KeyError, IndexError):
-                return None
-            rank = int(words[-1]) if len(words) == 5 and words[2:4] == ["on", "rank"] and words[-1].isdigit() else None
-            return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0),
-                                rank)
+        if e.get("event") == "exception" and payload.get("interrupt"):
+            source, rank = split_source(str(payload.get("source", "")))
+            signum = signal_of(source)
+            if signum is not None:
+                return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0),
+                                    int(e.get("global_step") or 0), rank)
     return None
 
 
 def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside an
-    epoch, except from epoch_end once the line is written (the engine then sends no ``epoch_metrics``
-    with the fault: a signal at the boundary after it)."""
+    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside
+    an epoch, or from epoch_end when the fault carried the epoch's metrics (the line was not written)."""
     source = move.get("from")
     if source == Phase.EPOCH_END.value:
         return any(isinstance((e.get("payload") or {}).get("epoch_metrics"), dict)
@@ -275,13 +280,12 @@ def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return {}
 
 
-_SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
+SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
-    """A resumed run's log as the uninterrupted run it continues: from each segment, what happened
-    in the epochs the next segment did not redo; none of the per-process bookkeeping (run_start,
-    resume, transitions, the teardown of a segment that was cut short)."""
+    """A resumed run's log as the run it continues: of each segment, the epochs the next one did not
+    redo, without what each process logs of itself (run_start, resume, transitions, teardown)."""
     out: list[dict[str, Any]] = []
     bounds = [*starts, len(events)]
     for k in range(len(starts)):
@@ -290,7 +294,7 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
         redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
         starts_over = int((seg[0].get("payload") or {}).get("start_epoch", 0)) == 0  # the first, or a restart
         for e in seg:
-            if e.get("event") in _SEGMENT_ONLY:
+            if e.get("event") in SEGMENT_ONLY:
                 continue
             if not starts_over and e.get("phase") == Phase.TRAIN_BEGIN.value:
                 continue  # a resumed process sets itself up again

@@ -1,31 +1,18 @@
-"""State replay: re-drive the lifecycle machine and the real callbacks from recorded or synthetic values.
+"""Replay: one more :class:`fsmtrain.core.driver.Driver`, so a replayed run takes the engine, the
+machine and the callbacks of a trained one; only the numbers come from elsewhere: a run's
+``events.jsonl`` (:func:`replay_run`) or lists (:func:`replay_losses`), never a model.
 
-Replay is one more :class:`fsmtrain.core.driver.Driver`. It runs the same :class:`~fsmtrain.core.engine.Engine`,
-the same ``transitions`` machine and the same callbacks as training; only the numbers differ in
-origin: each epoch's learning rate, train loss, validation loss and metrics come from a run's
-``events.jsonl`` (:func:`replay_run`) or from lists (:func:`replay_losses`), never from a model.
-
-How each callback takes part is its ``replay`` class attribute (:class:`fsmtrain.core.hooks.ReplaySupport`):
-``FULL`` callbacks run as they ran, ``DRY`` ones run with ``run.dry_run`` set (no model, no optimizer)
-and whatever they emit is kept apart as what they *would* have done, ``NONE`` is refused by name.
-Slot values that only a dry callback computes (e.g. ``max_grad_norm`` from live gradients) are fed
-back from the recording, just before ``on_epoch_end`` where their writers produce them.
-
-A replay cannot invent epochs the recording does not have: when a what-if outlives the recording,
-the driver raises :class:`RecordingExhausted` at the next epoch, the engine takes its ordinary fault
-path, and the result says the stop is unknown beyond epoch N.
-
-What a recording holds is :mod:`fsmtrain.tools.replay.recording`; what a replay did, and how its trace
-compares with the recording's, is :mod:`fsmtrain.tools.replay.result`; the package
-(:mod:`fsmtrain.tools.replay`) names the public face of all three.
+A callback's ``replay`` attribute (:class:`fsmtrain.core.hooks.ReplaySupport`) says how it takes
+part: ``FULL`` runs as it ran, ``DRY`` runs with ``run.dry_run`` set and its events are kept apart
+as what it *would* have done, ``NONE`` is refused. Slots only a dry callback computes are fed back
+from the recording. A what-if that outlives the recording raises :class:`RecordingExhausted` at the
+next epoch: the engine takes its fault path and the result says the stop is unknown.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,11 +23,10 @@ from fsmtrain.core.engine import Engine, Interrupted
 from fsmtrain.core.events import EventLog
 from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
 from fsmtrain.core.lifecycle import Phase
-from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
 from fsmtrain.tools.replay.recording import (
-    _SEGMENT_ONLY,
+    SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
     RecordedTrial,
@@ -49,7 +35,7 @@ from fsmtrain.tools.replay.recording import (
     ReplayError,
     load_recording,
 )
-from fsmtrain.tools.replay.result import ReplayResult, _comparable_recorded, compare_traces
+from fsmtrain.tools.replay.result import ReplayResult, comparable_recorded, compare_traces
 
 __all__ = ["RecordingExhausted", "ReplayDriver", "check_replayable", "replay_losses", "replay_run"]
 
@@ -68,7 +54,6 @@ class RecordingExhausted(Exception):
         self.recorded = recorded
 
 
-# --- the driver ---------------------------------------------------------------------------------
 class ReplayDriver(BaseDriver):
     """Feeds recorded epochs to the engine in place of training.
 
@@ -84,7 +69,7 @@ class ReplayDriver(BaseDriver):
         self.ranks = ranks
 
     def _signal_in(self, phase: Phase, epoch: int) -> None:
-        """Deliver a recorded signal where it arrived, so the guards end the replay at the same move."""
+        """Deliver a recorded signal where it arrived, so the replay ends at the same move."""
         i = self.interrupt
         if i is None or i.phase != phase.value or i.epoch != epoch:
             return
@@ -131,8 +116,8 @@ class ReplayDriver(BaseDriver):
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
-        # Runs right before on_epoch_end, where the built-in writers of model-derived slots write.
-        # the engine acts on a signal after epoch_end's handlers, when the epoch counter has moved on
+        # Runs just before on_epoch_end, where model-derived slots are written; the engine acts on a
+        # signal after epoch_end's handlers, when the epoch counter has moved on.
         self._signal_in(Phase.EPOCH_END, epoch.index + 1)
         if not self.fed_slots:
             return
@@ -142,23 +127,22 @@ class ReplayDriver(BaseDriver):
                 self.run.set(slot, slots[name])
 
 
-
 class _AttributingSink:
     """Keeps every event in memory and, for each, the callback that emitted it (None: the engine)."""
 
-    def __init__(self, log: EventLog, runner_ref: list[CallbackRunner]) -> None:
+    def __init__(self, log: EventLog, runner: CallbackRunner) -> None:
         self.log = log
         self.owners: list[TrainingCallback | None] = []
-        self._runner_ref = runner_ref
+        self._runner = runner
 
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool:
         records = self.log.records
         assert records is not None
         before = len(records)
-        owed = self.log.emit(event, level=level, **fields)
+        sync_owed = self.log.emit(event, level=level, **fields)
         if len(records) > before:
-            self.owners.append(self._runner_ref[0].current if self._runner_ref else None)
-        return owed
+            self.owners.append(self._runner.current)
+        return sync_owed
 
     def enabled_for(self, level: str) -> bool:
         return self.log.enabled_for(level)
@@ -167,8 +151,8 @@ class _AttributingSink:
         self.log.sync()
 
 
-# --- running a replay ---------------------------------------------------------------------------
 def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
+    """Refuse, by name, the callbacks whose ``replay`` is ``ReplaySupport.NONE``."""
     refused = [cb for cb in callbacks if ReplaySupport(cb.replay) is ReplaySupport.NONE]
     if refused:
         names = ", ".join(f"{cb.name} (priority {cb.priority})" for cb in refused)
@@ -179,43 +163,17 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
         )
 
 
-@dataclass
-class _Outcome:
-    run: RunContext
-    trace: list[dict[str, Any]]
-    owners: list[TrainingCallback | None]
-    result: TrainResult | None
-    exhausted: RecordingExhausted | None
-    dry: tuple[TrainingCallback, ...]
-    error: Exception | None = None
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the engine replays. A replay's only lasting
-    allocations are its trace (hundreds of thousands of small dicts, acyclic) and an epoch makes no
-    cyclic garbage, so the collector's full passes over the growing trace find nothing; they were a
-    tenth of a 10,000-epoch replay. Reference counting still frees everything as usual; the
-    collector's state is restored on the way out, whatever happens."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
-             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> _Outcome:
-    ref: list[CallbackRunner] = []
-    log = EventLog(None, run_id, level=level, console=None, keep=True)
-    sink = _AttributingSink(log, ref)
+             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
+             recorded: Recording | None = None, overrides: Sequence[str] = (),
+             trial: RecordedTrial | None = None) -> ReplayResult:
+    """Run the engine on ``epochs``; with ``recorded``, compare the trace with the recording's."""
     if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
         callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
     runner = CallbackRunner(callbacks)
-    ref.append(runner)
+    log = EventLog(None, run_id, level=level, console=None, keep=True)
+    sink = _AttributingSink(log, runner)
     check_replayable(runner.callbacks)
     full = [cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.FULL]
     dry = tuple(cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.DRY)
@@ -231,13 +189,13 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    driver = ReplayDriver(run, epochs, fed, interrupt, ranks)
-    engine = Engine(driver, runner, run, strict=strict, collective=ranks)
+    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks), runner, run, strict=strict, collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
+    collecting = gc.isenabled()
+    gc.disable()  # a replay keeps only its acyclic trace: the collector's passes over it find nothing
     try:
-        with _collector_paused():
-            engine.execute()
+        engine.execute()
     except RecordingExhausted as exc:
         exhausted = exc
     except (Interrupted, RankFailed):
@@ -246,31 +204,29 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
         if engine.result is None:
             raise
         error = exc
+    finally:
+        if collecting:
+            gc.enable()
     assert log.records is not None
-    return _Outcome(run, log.records, sink.owners, engine.result, exhausted, dry, error)
-
-
-def _to_result(out: _Outcome, *, recorded: Recording | None, overrides: Sequence[str],
-               compare: bool, trial: RecordedTrial | None) -> ReplayResult:
-    dry_ids = {id(cb) for cb in out.dry}
-    trace = [e for e, o in zip(out.trace, out.owners, strict=True) if o is None or id(o) not in dry_ids]
-    dry_events = [e for e, o in zip(out.trace, out.owners, strict=True) if o is not None and id(o) in dry_ids]
-    exhausted_after = out.exhausted.recorded if out.exhausted is not None else None
-    res = out.result
-    stop_reason = None if out.exhausted is not None or res is None else res.stop_reason
+    dry_ids = {id(cb) for cb in dry}
+    owned = list(zip(log.records, sink.owners, strict=True))
+    trace = [e for e, o in owned if o is None or id(o) not in dry_ids]
+    res = engine.result
+    stop_reason = None if exhausted is not None or res is None else res.stop_reason
     stop_epoch = None if stop_reason is None or res is None else res.epochs_completed
-    replay = ReplayResult(trace, stop_reason, stop_epoch, list(out.run.history), res, exhausted_after,
-                          dry_events=dry_events, overrides=tuple(overrides), error=out.error,
+    replay = ReplayResult(trace, stop_reason, stop_epoch, list(run.history), res,
+                          exhausted.recorded if exhausted is not None else None,
+                          dry_events=[e for e, o in owned if o is not None and id(o) in dry_ids],
+                          overrides=tuple(overrides), error=error,
                           unknown_prune_steps=tuple(trial.unknown_steps) if trial else ())
     if recorded is not None:
         replay.recorded_epochs = recorded.complete_epochs
         replay.recorded_stop_reason = recorded.stop_reason
         replay.recorded_best_val_loss = recorded.best_val_loss
-        if compare:
-            if recorded.segments > 1:  # the recording was stitched: compare what is not per process
-                trace = [e for e in trace if e.get("event") not in _SEGMENT_ONLY]
-            kinds = {str(e["event"]) for e in trace}
-            replay.divergence = compare_traces(_comparable_recorded(recorded.events, out.dry, kinds), trace)
+        if recorded.segments > 1:  # the recording was stitched: compare what is not per process
+            trace = [e for e in trace if e.get("event") not in SEGMENT_ONLY]
+        kinds = {str(e["event"]) for e in trace}
+        replay.divergence = compare_traces(comparable_recorded(recorded.events, dry, kinds), trace)
     return replay
 
 
@@ -278,10 +234,9 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                overrides: Sequence[str] | None = None, *, strict: bool | None = None) -> ReplayResult:
     """Replay a recorded run from its ``events.jsonl`` (or run directory).
 
-    Without ``callbacks`` the run's callbacks are rebuilt from the resolved config recorded in its
-    ``run_start`` event, with ``overrides`` (``"early_stopping.patience=5"``) applied; pruning
-    re-plays the recorded ``trial_report`` decisions. ``result.divergence`` names the first event
-    where the replay departs from the recording (``None``: it reproduces it).
+    Without ``callbacks`` they are rebuilt from the config its ``run_start`` recorded, with
+    ``overrides`` (``"early_stopping.patience=5"``) applied; pruning re-plays the recorded decisions.
+    ``result.divergence`` names the first event where the replay departs from the recording.
     """
     rec = load_recording(events_path)
     overrides = tuple(overrides or ())
@@ -313,7 +268,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
-        max_epochs = _config_max_epochs(cfg, max_epochs)
+        max_epochs = cfg.epochs
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
@@ -322,26 +277,13 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
-    out = _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
-                   extras=extras, strict=strict, interrupt=interrupt, ranks=ranks)
-    return _to_result(out, recorded=rec, overrides=overrides, compare=True, trial=trial)
+    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
+                    extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
+                    overrides=overrides, trial=trial)
 
 
-def _config_max_epochs(cfg: Any, default: int) -> int:
-    """The epoch budget of a (possibly overridden) config, wherever the config keeps it."""
-    for path in (("max_epochs",), ("epochs",), ("training", "max_epochs"), ("training", "epochs"),
-                 ("trainer", "max_epochs"), ("train", "max_epochs")):
-        value: Any = cfg
-        for part in path:
-            value = getattr(value, part, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return default
-
-
-def _series(name: str, values: Sequence[float] | None, n: int) -> list[float] | None:
-    if values is None:
-        return None
+def _series(name: str, values: Sequence[float], n: int) -> list[float]:
+    """``values`` as floats, one per epoch (else a ReplayError naming ``name``)."""
     out = []
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -365,22 +307,18 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
     number of values; a larger budget the callbacks do not stop within ends as "unknown".
     """
     n = len(train)
-    train_v = _series("train", train, n) or []
-    val_v = _series("val", val, n) if val is not None else None
+    columns = {"train_loss": _series("train", train, n)}
+    if val is not None:
+        columns["val_loss"] = _series("val", val, n)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
         raise ReplayError(f"batches must be an integer >= 0, got {batches!r}")
     if max_epochs is None:
         max_epochs = n
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
         raise ReplayError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
-    columns: dict[str, list[float]] = {}
     if lrs is not None:
-        columns["lr"] = _series("lrs", lrs, n) or []
-    columns["train_loss"] = train_v
-    if val_v is not None:
-        columns["val_loss"] = val_v
-    for name, series in (metrics or {}).items():
-        columns[name] = _series(f"metrics[{name!r}]", series, n) or []
+        columns = {"lr": _series("lrs", lrs, n), **columns}
+    columns.update({name: _series(f"metrics[{name!r}]", series, n) for name, series in (metrics or {}).items()})
     slot_cols = {name: list(vs) for name, vs in (slots or {}).items()}
     for name, vs in slot_cols.items():
         if len(vs) != n:
@@ -393,6 +331,5 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
                       {k: col[i] for k, col in slot_cols.items() if col[i] is not None}, batches)
         for i in range(n)
     ]
-    out = _execute(epochs, callbacks, max_epochs=max_epochs, run_id="replay", level="info", extras={},
-                   strict=strict)
-    return _to_result(out, recorded=None, overrides=(), compare=False, trial=None)
+    return _execute(epochs, callbacks, max_epochs=max_epochs, run_id="replay", level="info", extras={},
+                    strict=strict)

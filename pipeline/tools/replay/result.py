@@ -1,9 +1,5 @@
-"""What a replay did (:class:`ReplayResult`), and how its trace compares with a recording's.
-
-Two traces are compared event by event once :func:`normalize_event` has dropped what legitimately
-differs between two runs of the same decisions; :func:`compare_traces` names the first
-:class:`Divergence`.
-"""
+"""What a replay did (:class:`ReplayResult`), and the first event where its trace departs from a
+recording's (:func:`compare_traces`), once :func:`normalize_event` dropped what may differ."""
 
 from __future__ import annotations
 
@@ -20,10 +16,9 @@ from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["Divergence", "ReplayResult", "compare_traces", "normalize_event"]
+__all__ = ["Divergence", "ReplayResult", "comparable_recorded", "compare_traces", "normalize_event"]
 
-# What a trace comparison ignores: identity and wall-clock fields, and the run's setup (callbacks,
-# config, strictness), which is the replay's input rather than something that happened.
+# What a comparison ignores: identity and wall-clock fields, and the run's setup (the replay's input).
 _VOLATILE_KEYS = ("seq", "ts", "run_id", "prev", "seal")
 _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "run_start": ("callbacks", "config", "strict", "seed", "resumed_from", "chain", "user_folders",
@@ -36,7 +31,6 @@ _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
 _CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
 
 
-# --- results ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Divergence:
     """The first event where two traces differ. ``expected``/``found`` are the normalized events
@@ -156,7 +150,6 @@ def _describe_overrides(overrides: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-# --- trace comparison ---------------------------------------------------------------------------
 def normalize_event(event: Mapping[str, Any]) -> dict[str, Any]:
     """An event without what legitimately differs between two runs of the same decisions."""
     out = {k: v for k, v in event.items() if k not in _VOLATILE_KEYS}
@@ -178,11 +171,10 @@ def compare_traces(expected: Sequence[Mapping[str, Any]], found: Sequence[Mappin
     return None
 
 
-def _comparable_recorded(events: Sequence[Mapping[str, Any]], dry: Sequence[TrainingCallback],
+def comparable_recorded(events: Sequence[Mapping[str, Any]], dry: Sequence[TrainingCallback],
                          emitted_kinds: set[str]) -> list[Mapping[str, Any]]:
-    """The recorded events a replay can reproduce: the engine's, and the kinds the replayed
-    (non-dry) callbacks write; not those of dry callbacks (found by the source they name), nor
-    callback event kinds nothing in the replay writes (a dry callback's side effects)."""
+    """The recorded events a replay can reproduce: the engine's, and the kinds the replay wrote,
+    except those a dry callback wrote (by the source they name)."""
     dry_names = {cb.name for cb in dry}
     keep = []
     for e in events:

@@ -1,10 +1,5 @@
-"""Reports: one self-contained HTML page of a run (from its ``events.jsonl``) or of an Optuna study
-(from its storage), and the text summary of a study (``fsmtrain hpo-report``).
-
-Inside: ``page`` (the page and where it goes), ``run`` and ``study`` (their sections), ``svgplot``
-(the inline SVG charts), ``hpo_report`` (the text summary and its command) and ``cli``
-(``fsmtrain report``). Names are imported when first asked for: a study needs Optuna.
-"""
+"""Reports: one self-contained HTML page of a run or of an Optuna study (``fsmtrain report``), and a
+study's text summary (``fsmtrain hpo-report``). Names are imported when first asked for."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from fsmtrain.core.exports import lazy_exports
 
 _PAGE = "fsmtrain.tools.report.page"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ReportError": "fsmtrain.tools.report.run", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
+    "ReportError": "fsmtrain.tools.report.run_log", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
     "write_run_report": _PAGE, "study_report": "fsmtrain.tools.report.hpo_report",
 })
 
@@ -23,4 +18,4 @@ __all__ = ["ReportError", "default_output", "page", "render_report", "study_repo
 if TYPE_CHECKING:
     from fsmtrain.tools.report.hpo_report import study_report
     from fsmtrain.tools.report.page import default_output, page, render_report, write_run_report
-    from fsmtrain.tools.report.run import ReportError
+    from fsmtrain.tools.report.run_log import ReportError

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.tools.report.page import check_output, render_report
-from fsmtrain.tools.report.run import ReportError
+from fsmtrain.tools.report.run_log import ReportError
 
-__all__ = ["add_arguments", "register_cli"]
+__all__ = ["register_cli"]
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -31,7 +31,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain report`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "report", help="a self-contained HTML page with the plots of a run or a study",
+        description="Write one self-contained HTML page (inline SVG charts, no network) for a run, from its "
+                    "events.jsonl, or for an Optuna study, from its storage.",
+    )
     parser.add_argument("target", metavar="RUN_DIR|EVENTS_JSONL|STUDY",
                         help="a run directory or its events.jsonl; or an Optuna storage (SQLite file, journal "
                              "file or URL)")
@@ -43,13 +49,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-runs", action="store_true",
                         help="study: link only the run reports that exist; do not make missing ones")
     parser.set_defaults(func=_cmd_report)
-
-
-def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``fsmtrain report`` to the ``fsmtrain`` parser."""
-    parser = subparsers.add_parser(
-        "report", help="a self-contained HTML page with the plots of a run or a study",
-        description="Write one self-contained HTML page (inline SVG charts, no network) for a run, from its "
-                    "events.jsonl, or for an Optuna study, from its storage.",
-    )
-    add_arguments(parser)

@@ -1,8 +1,7 @@
-"""``fsmtrain hpo-report``: what a study found, from its storage alone.
+"""``fsmtrain hpo-report``: what a study found, from its storage alone, as text or JSON.
 
-Counts by state, the best trial (value, parameters, run dirs), the top k, parameter importances,
-a warning for each best parameter at the edge of its search range (the optimum may lie outside),
-the pruning decisions (trial, epoch, value, pruner, its reason) and the failures.
+Counts by state, the best and top trials, parameter importances, a warning for each best parameter
+at the edge of its range (the optimum may lie outside), the pruning decisions and the failures.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ EDGE_FRACTION = 0.05
 _STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 
 
-def _num(x: float | None) -> float | str | None:
+def _json_number(x: float | None) -> float | str | None:
     """JSON-safe: non-finite values as the strings the run logs use."""
     if x is None or math.isfinite(x):
         return x
@@ -37,7 +36,7 @@ def _num(x: float | None) -> float | str | None:
 
 
 def _trial(t: FrozenTrial) -> dict[str, Any]:
-    return {"number": t.number, "value": _num(t.value), "params": dict(t.params),
+    return {"number": t.number, "value": _json_number(t.value), "params": dict(t.params),
             "run_dirs": t.user_attrs.get("run_dirs", {})}
 
 
@@ -71,7 +70,6 @@ def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tupl
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # seeded, as the HTML report's: the same study gives the same importances every time
             evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
             found = optuna.importance.get_param_importances(copy, evaluator=evaluator)
             return {k: float(v) for k, v in found.items()}, None
@@ -83,10 +81,8 @@ def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tupl
 
 def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
                     attr: dict[str, Any]) -> tuple[list[FrozenTrial], str]:
-    """The trials a pruner compared ``pruned`` with: those COMPLETE when it decided, as Optuna's
-    MedianPruner takes them (a trial that finished later was not there to compare with). The time
-    of the decision is the ``pruned`` attribute's ``decided_at``; a trial pruned before it was
-    recorded is bounded by its own end. Returns the trials and the words for that basis."""
+    """The trials COMPLETE when the pruner decided on ``pruned`` (at the ``pruned`` attribute's
+    ``decided_at``, else the trial's end), as MedianPruner compares; and the words for that basis."""
     from optuna.trial import TrialState
 
     at = attr.get("decided_at")
@@ -132,8 +128,8 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         seen, basis = _seen_by_pruner(trials, t, attr)
         others = sorted(v for o in seen if (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
         pruned.append({
-            "number": t.number, "epoch_index": epoch, "value": _num(t.intermediate_values.get(epoch)),
-            "best_so_far": _num(_best_so_far(t, epoch, maximize)),
+            "number": t.number, "epoch_index": epoch, "value": _json_number(t.intermediate_values.get(epoch)),
+            "best_so_far": _json_number(_best_so_far(t, epoch, maximize)),
             "monitor": attr.get("monitor", "value"),
             "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
@@ -155,12 +151,12 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
     }
 
 
-def _g(x: Any) -> str:
+def _short(x: Any) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
 def _params(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={_g(v)}" for k, v in params.items())
+    return " ".join(f"{k}={_short(v)}" for k, v in params.items())
 
 
 def render(report: dict[str, Any]) -> str:
@@ -172,13 +168,13 @@ def render(report: dict[str, Any]) -> str:
     if best is None:
         out.append("best: none (no completed trial)")
     else:
-        out.append(f"best: trial {best['number']}, value {_g(best['value'])}: {_params(best['params'])}")
+        out.append(f"best: trial {best['number']}, value {_short(best['value'])}: {_params(best['params'])}")
         for seed, run_dir in best["run_dirs"].items():
             out.append(f"  seed {seed}: {run_dir}")
     if report["top"]:
         out.append(f"top {len(report['top'])}:")
         for t in report["top"]:
-            out.append(f"  #{t['number']:<4} {_g(t['value']):<12} {_params(t['params'])}")
+            out.append(f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}")
     if report["importances"]:
         out.append("parameter importances:")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
@@ -199,7 +195,7 @@ def render(report: dict[str, Any]) -> str:
 
 def _decision(p: dict[str, Any]) -> str:
     """``epoch 3 (val_loss 0.2; best so far 0.19) by MedianPruner (median at that epoch over the 4
-    trials complete at the decision: 0.18)``: the pruner's own reason when it gives one."""
+    trials complete at the decision: 0.18)``, or the pruner's own reason."""
     others = p["others_at_epoch"]
     if p["reason"]:
         why = f": {p['reason']}"
@@ -209,8 +205,8 @@ def _decision(p: dict[str, Any]) -> str:
     else:
         why = f" (no trial {others['basis']} had reached that epoch)"
     best = p.get("best_so_far")
-    best_shown = f"; best so far {_g(best)}" if best is not None and best != p["value"] else ""
-    return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_g(p['value'])}{best_shown}) by {p['pruner']}{why}"
+    best_shown = f"; best so far {_short(best)}" if best is not None and best != p["value"] else ""
+    return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
 def _storage_arg(text: str) -> str:

@@ -1,11 +1,8 @@
-"""``fsmtrain report RUN_DIR | EVENTS_JSONL | STUDY [--study NAME] [-o FILE]``: one self-contained HTML page.
+"""The page of ``fsmtrain report``: one self-contained HTML file for a run (from its ``events.jsonl``)
+or a study (from its Optuna storage, linking the run report of each trial's run directory).
 
-A run's page is made from its ``events.jsonl`` alone (:mod:`fsmtrain.tools.report.run`), a study's
-from its Optuna storage alone (:mod:`fsmtrain.tools.report.study`), which also makes the run report
-of every trial's run directory it finds, to link it. The charts are inline SVG drawn in Python
-(:mod:`fsmtrain.tools.report.svgplot`): no JavaScript, nothing fetched, a page of tens of kB that opens
-anywhere, from disk or mail. A Content-Security-Policy forbids every request, so a page that tried
-one would fail loudly in the browser rather than leak it. No torch import; Optuna only for a study.
+Charts are inline SVG: no JavaScript, nothing fetched, tens of kB that open anywhere. A
+Content-Security-Policy forbids every request, so a page that tried one fails loudly instead of leaking.
 """
 
 from __future__ import annotations
@@ -16,7 +13,8 @@ import tempfile
 from html import escape
 from pathlib import Path
 
-from fsmtrain.tools.report.run import ReportError, run_sections
+from fsmtrain.tools.report.run import run_sections
+from fsmtrain.tools.report.run_log import ReportError
 
 __all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
 
@@ -84,7 +82,6 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-# --- what TARGET is -------------------------------------------------------------------------------
 def _events_of(target: str) -> Path | None:
     """The run log ``target`` names (a run directory or the log itself), or None for a study."""
     path = Path(target)
@@ -149,6 +146,3 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     title, summary, sections = study_sections(opened, dest.resolve().parent, run_link)
     _atomic_write(dest, page(title, summary, target, sections))
     return dest, made
-
-
-# --- CLI ------------------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
-__all__ = ["MAX_POINTS", "Reduced", "reduce_curve", "spans"]
+__all__ = ["MAX_POINTS", "Reduced", "drawable", "reduce_curve", "spans"]
 
 MAX_POINTS = 2000
 
@@ -29,7 +30,8 @@ class Reduced:
         return math.ceil(self.points / self.buckets) if self.buckets else 1
 
 
-def _drawable(v: float | None, log: bool) -> bool:
+def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
+    """A value a chart can place: finite, and positive on a log axis."""
     return v is not None and math.isfinite(v) and (not log or v > 0)
 
 
@@ -49,9 +51,8 @@ def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = F
         v_min = v_max = 0.0
         for i in range(lo, hi):
             v = y[i]
-            if not _drawable(v, log):
+            if not drawable(v, log):
                 continue
-            assert v is not None
             if i_min < 0 or v < v_min:
                 i_min, v_min = i, v
             if i_max < 0 or v > v_max:

@@ -1,9 +1,7 @@
 """The study half of ``fsmtrain report``: an Optuna study's page, made from its storage alone.
 
-Optimization history, parameter importances (Optuna's own evaluators), parallel coordinates,
-intermediate values of pruned vs completed trials, and a table of trials linking each trial's run
-reports (the trial's ``run_dirs`` user attribute). Optuna is imported here only, so a run report
-never pays for it.
+Optimization history, parameter importances, parallel coordinates, intermediate values of pruned
+and complete trials, and the trials, each linking its runs' reports. Only this module imports Optuna.
 """
 
 from __future__ import annotations
@@ -18,13 +16,13 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.tools.report.run import ReportError, as_float
+from fsmtrain.tools.report.run_log import ReportError, as_float
 from fsmtrain.tools.report.svgplot import (
     GREY,
     PALETTE,
     Axis,
-    Line,
     Series,
+    TrialLine,
     bar_chart,
     colormap,
     figure,
@@ -112,7 +110,6 @@ def _seed_order(seed: Any) -> tuple[int, str]:
     return (int(text), "") if text.lstrip("-").isdigit() else (0, text)
 
 
-# --- plots ----------------------------------------------------------------------------------------
 def _states(study: Any) -> tuple[list[Any], list[Any]]:
     from optuna.trial import TrialState
 
@@ -170,21 +167,16 @@ def _importances(study: Any, complete: list[Any]) -> str:
         scores = get_param_importances(study, evaluator=evaluator)
     except (RuntimeError, ValueError) as exc:
         return figure("plot-importances", title, "", f"Optuna could not rank the parameters: {exc}")
-    chart = bar_chart("plot-importances", f"{title} ({name}, Optuna)", list(scores.items()), unit="",
-                      color=PALETTE[2])
-    return chart
+    return bar_chart("plot-importances", f"{title} ({name}, Optuna)", list(scores.items()), unit="",
+                     color=PALETTE[2])
 
 
-def _category_getter(name: str, categories: list[str]) -> Callable[[Any], float | None]:
-    def get(trial: Any) -> float | None:
-        return float(categories.index(str(trial.params[name]))) if name in trial.params else None
-    return get
-
-
-def _number_getter(name: str) -> Callable[[Any], float | None]:
-    def get(trial: Any) -> float | None:
-        return as_float(trial.params.get(name))
-    return get
+def _on_axis(trial: Any, axis: Axis) -> float | None:
+    """Where ``trial`` sits on a parameter's axis: its value, or the index of its category."""
+    if axis.name not in trial.params:
+        return None
+    value = trial.params[axis.name]
+    return float(axis.categories.index(str(value))) if axis.categories else as_float(value)
 
 
 def _parallel(study: Any, complete: list[Any]) -> str:
@@ -192,17 +184,12 @@ def _parallel(study: Any, complete: list[Any]) -> str:
 
     names = sorted({p for t in complete for p in t.params})
     axes = [Axis("objective")]
-    getters: list[Callable[[Any], float | None]] = [_value]
     for p in names:
         dist = next(t.distributions[p] for t in complete if p in t.distributions)
         if isinstance(dist, CategoricalDistribution):
-            cats = [str(c) for c in dist.choices]
-            axes.append(Axis(p, categories=cats))
-            getters.append(_category_getter(p, cats))
+            axes.append(Axis(p, categories=[str(c) for c in dist.choices]))
         else:
-            log = isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log
-            axes.append(Axis(p, log=log))
-            getters.append(_number_getter(p))
+            axes.append(Axis(p, log=isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log))
     values = [_value(t) for t in complete]
     finite = [v for v in values if v is not None]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -212,7 +199,7 @@ def _parallel(study: Any, complete: list[Any]) -> str:
         share = 0.0 if hi == lo or v is None else (v - lo) / (hi - lo)
         color = colormap(share if minimize else 1 - share)
         tip = f"trial {t.number}: {v:.6g}; " + ", ".join(f"{k}={t.params[k]}" for k in names if k in t.params)
-        lines.append(Line([g(t) for g in getters], color, tip))
+        lines.append(TrialLine([v, *(_on_axis(t, ax) for ax in axes[1:])], color, tip))
     return parallel_chart("plot-parallel", "Parallel coordinates (complete trials; dark = best)", axes, lines)
 
 

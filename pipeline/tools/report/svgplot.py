@@ -1,9 +1,6 @@
-"""Small charts as inline SVG, for ``fsmtrain report``: no JavaScript, no network, a few kB each.
-
-Line charts (linear or log y, gaps for missing or non-finite values, horizontal reference lines,
-shaded epoch bands), horizontal bar charts and parallel coordinates. Every point carries a
-``<title>``, which browsers show as a tooltip, so exact values stay readable without scripts.
-Each chart is a ``<figure class="plot" id=...>`` with its title as the caption.
+"""Charts as inline SVG for ``fsmtrain report``: line charts, horizontal bars and parallel
+coordinates, each a ``<figure class="plot" id=...>``. Every point has a ``<title>`` (a browser
+tooltip), so exact values stay readable without scripts.
 """
 
 from __future__ import annotations
@@ -14,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from html import escape
 
-from fsmtrain.tools.report.reduce import Reduced, reduce_curve
+from fsmtrain.tools.report.reduce import Reduced, drawable, reduce_curve
 
-__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Line", "Series", "bar_chart", "colormap", "figure",
+__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Series", "TrialLine", "bar_chart", "colormap", "figure",
            "line_chart", "parallel_chart", "ticks"]
 
 # Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
@@ -71,13 +68,9 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _at(x: float) -> str:
+def _tip_x(x: float) -> str:
     """An x in a tooltip: a whole number (an epoch, a step) exactly, whatever its size."""
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else _fmt(x)
-
-
-def _finite(v: float | None, log: bool) -> bool:
-    return v is not None and math.isfinite(v) and (not log or v > 0)
 
 
 def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[float]:
@@ -145,12 +138,12 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
     """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart). A series
     of more than ``MAX_POINTS`` points is drawn reduced (:mod:`fsmtrain.tools.report.reduce`), and
     the note under the chart says so."""
-    dropped = sum(1 for s in series for y in s.y if y is not None and not _finite(y, log_y))
+    dropped = sum(1 for s in series for y in s.y if y is not None and not drawable(y, log_y))
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
     series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
-    xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if _finite(y, log_y)]
-    ys = [float(y) for s in series for y in s.y if y is not None and _finite(y, log_y)]
-    ys += [h.value for h in hlines if _finite(h.value, log_y)]
+    xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if drawable(y, log_y)]
+    ys = [float(y) for s in series for y in s.y if drawable(y, log_y)]
+    ys += [h.value for h in hlines if drawable(h.value, log_y)]
     xs += [v for b in bands for v in (b.x0, b.x1)]
     if not xs or not ys:
         return figure(plot_id, title, "", "no values to draw")
@@ -192,7 +185,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
         out.append(f'<text transform="translate(12 {(top + bottom) / 2:.1f}) rotate(-90)" text-anchor="middle">'
                    f'{escape(y_label + (" (log scale)" if log_y else ""))}</text>')
     for h in hlines:
-        if _finite(h.value, log_y):
+        if drawable(h.value, log_y):
             y = sy(h.value)
             out.append(f'<line class="hline" x1="{_PAD_L}" y1="{y:.1f}" x2="{width - _PAD_R}" y2="{y:.1f}" '
                        f'stroke="{h.color}" stroke-dasharray="6 4" stroke-width="1.5"><title>{escape(h.label)}'
@@ -224,7 +217,7 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
     out: list[str] = []
     runs: list[list[tuple[float, float, float, float]]] = [[]]
     for x, y in zip(s.x, s.y, strict=True):
-        if y is None or not _finite(y, log_y):
+        if not drawable(y, log_y):
             runs.append([])
             continue
         runs[-1].append((sx(x), sy(y), float(x), float(y)))
@@ -241,7 +234,7 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
         if s.points or len(run) == 1:
             for px, py, x, y in run:
                 out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.6" fill="{s.color}">'
-                           f'<title>{escape(s.name)} at {_at(x)}: {y:.6g}</title></circle>')
+                           f'<title>{escape(s.name)} at {_tip_x(x)}: {y:.6g}</title></circle>')
     return out
 
 
@@ -281,13 +274,15 @@ class Axis:
 
 
 @dataclass
-class Line:
+class TrialLine:
+    """One trial in a parallel-coordinates chart: its place on each axis, colour and tooltip."""
+
     values: list[float | None]
     color: str
     tip: str
 
 
-def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[Line], *,
+def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[TrialLine], *,
                    width: int = 760, height: int = 320) -> str:
     """Parallel coordinates: one vertical axis per entry of ``axes`` (the objective first, then the
     parameters), one polyline per trial."""
@@ -299,7 +294,7 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
     scales: list[_Scale] = []
     out = [_svg_open(width, height, title)]
     for i, ax in enumerate(axes):
-        vals = [v for v in (ln.values[i] for ln in lines) if v is not None and _finite(v, ax.log)]
+        vals = [v for v in (ln.values[i] for ln in lines) if drawable(v, ax.log)]
         lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
         if ax.categories:
             lo, hi = -0.5, len(ax.categories) - 0.5
@@ -314,7 +309,7 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
             out.append(f'<text x="{x + 4:.1f}" y="{scales[i](v) + 4:.1f}" fill="#555">{escape(text)}</text>')
     for ln in lines:
         pts = [f"{left + i * step:.1f},{scales[i](v):.1f}" for i, v in enumerate(ln.values)
-               if v is not None and _finite(v, axes[i].log)]
+               if drawable(v, axes[i].log)]
         out.append(f'<polyline class="trial" points="{" ".join(pts)}" fill="none" stroke="{ln.color}" '
                    f'stroke-width="1.6" opacity="0.8"><title>{escape(ln.tip)}</title></polyline>')
     out.append("</svg>")

@@ -1,0 +1,286 @@
+"""A run's ``events.jsonl`` read for its report (:func:`read_run`): the per-epoch numbers in a table
+by column (one typed array a value name, one row an epoch, so a 200,000-epoch log costs a few MB),
+the run's path, its checkpoints and settings.
+
+A column holds a metric (``metric``), a slot or one key of a mapping slot (``slot``:
+``loss_prediction.predicted_loss``), the epoch's seconds (``time``), a phase's or a callback's
+seconds (``phase``, ``callback``). Missing stays distinct from NaN. An epoch logged twice (a resumed
+run re-runs the epochs after its checkpoint) keeps only its last record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsmtrain.core.drawing import DiagramError
+from fsmtrain.core.lifecycle import FINAL
+from fsmtrain.core.run_path import PathCounter
+
+__all__ = ["Column", "EpochTable", "ReportError", "RunData", "as_float", "read_run"]
+
+
+class Column:
+    """One value per row: ``values`` (float64) and whether each row has one (``present``). Both may
+    run longer than the table's rows (room to grow); only the table's rows count."""
+
+    __slots__ = ("present", "values")
+
+    def __init__(self, capacity: int) -> None:
+        self.values = array("d", bytes(8 * capacity))
+        self.present = bytearray(capacity)
+
+    def widen(self, extra: int) -> None:
+        self.values.extend(array("d", bytes(8 * extra)))
+        self.present.extend(bytes(extra))
+
+    def as_list(self, rows: int) -> list[float | None]:
+        return [v if p else None for v, p in zip(self.values[:rows], self.present[:rows], strict=True)]
+
+    def total(self, rows: int) -> float:
+        return sum(v for v, p in zip(self.values[:rows], self.present[:rows], strict=True) if p)
+
+    def reorder(self, order: list[int] | None, rows: int) -> None:
+        """Keep the first ``rows`` rows, in ``order`` when given."""
+        values, present = self.values, self.present
+        if order is None:
+            self.values, self.present = values[:rows], present[:rows]
+            return
+        self.values = array("d", (values[i] for i in order))
+        self.present = bytearray(present[i] for i in order)
+
+
+class EpochTable:
+    """Rows by epoch index (0-based, as the log has it), columns by kind and name."""
+
+    def __init__(self) -> None:
+        self.index: list[int] = []
+        self._row_of: dict[int, int] = {}
+        self._all: list[Column] = []
+        self._capacity = 1024
+        self.columns: dict[str, dict[str, Column]] = {}  # kind -> name -> column
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def row(self, epoch: int) -> int:
+        """The row of ``epoch``, emptied for its (new or repeated) record."""
+        row = self._row_of.get(epoch)
+        if row is None:
+            row = self._row_of[epoch] = len(self.index)
+            self.index.append(epoch)
+            if row == self._capacity:  # room doubles: a row costs no work per column
+                for column in self._all:
+                    column.widen(self._capacity)
+                self._capacity *= 2
+        else:
+            for column in self._all:
+                column.present[row] = 0
+        return row
+
+    def kind(self, kind: str) -> dict[str, Column]:
+        """The columns of ``kind``, by name (made empty on first use)."""
+        return self.columns.setdefault(kind, {})
+
+    def add(self, columns: dict[str, Column], name: str) -> Column:
+        """A new, empty column ``name`` in ``columns`` (one of :meth:`kind`)."""
+        column = columns[name] = Column(self._capacity)
+        self._all.append(column)
+        return column
+
+    def finish(self) -> None:
+        """Rows in epoch order (a log writes them so, unless a resume re-ran some), no spare room."""
+        rows = len(self.index)
+        order: list[int] | None = None
+        if any(a > b for a, b in zip(self.index, self.index[1:], strict=False)):
+            order = sorted(range(rows), key=self.index.__getitem__)
+            self.index = [self.index[i] for i in order]
+            self._row_of = {e: r for r, e in enumerate(self.index)}
+        for column in self._all:
+            column.reorder(order, rows)
+        self._capacity = rows
+
+    def values(self, kind: str, name: str) -> list[float | None]:
+        column = self.columns.get(kind, {}).get(name)
+        return column.as_list(len(self.index)) if column is not None else [None] * len(self.index)
+
+    def names(self, kind: str) -> list[str]:
+        """The names of ``kind`` in the order they first appeared."""
+        return list(self.columns.get(kind, {}))
+
+    def totals(self, kind: str) -> dict[str, float]:
+        return {name: column.total(len(self.index)) for name, column in self.columns.get(kind, {}).items()}
+
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class ReportError(ValueError):
+    """Input a report cannot be made from (no log, not a log, no such study); the message says which."""
+
+
+def as_float(value: Any) -> float | None:
+    """A number of the log (non-finite floats are written as the strings NaN/Infinity), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        return _NONFINITE.get(value)
+    return None
+
+
+@dataclass
+class RunData:
+    events_path: Path
+    run_id: str = "?"
+    config: dict[str, Any] = field(default_factory=dict)
+    table: EpochTable = field(default_factory=EpochTable)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    lines: int = 0
+    path: PathCounter = field(default_factory=PathCounter)
+    path_problem: str | None = None  # why the path diagram cannot be drawn
+    global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
+
+    def setting(self, source: str, key: str, *config_path: str) -> float | None:
+        """A callback's setting from its ``callback_settings`` event, else from the run's config."""
+        value = self.settings.get(source, {}).get(key)
+        if value is None:
+            node: Any = self.config
+            for part in config_path:
+                node = node.get(part) if isinstance(node, Mapping) else None
+            value = node
+        return as_float(value)
+
+    def metric(self, name: str) -> list[float | None]:
+        return self.table.values("metric", name)
+
+    def slot(self, name: str, key: str | None = None) -> list[float | None]:
+        """A numeric slot per epoch; ``key`` picks one value of a mapping slot (``loss_prediction``)."""
+        return self.table.values("slot", name if key is None else f"{name}.{key}")
+
+
+# Lines are parsed only when the page draws from them: the writer puts ``event`` before
+# ``payload``, so a line's first ``"event":"`` is its own, and a transition's move (4 in 5 lines of
+# an info-level log) is cut from its bytes.
+_SKIPPED = (b"trial_report", b"stop_request")
+_FINAL_PHASE = FINAL.value.encode()
+_MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\d+|null),'
+                   rb'"global_step":(-?\d+|null),')
+_DECODER = json.JSONDecoder()
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads`` of one line, without its whitespace checks when there is none."""
+    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
+    try:
+        obj, end = _DECODER.raw_decode(text)
+    except ValueError:
+        return json.loads(text)  # leading whitespace, or not JSON: json.loads says which
+    return obj if end == len(text) or text[end:].isspace() else json.loads(text)
+
+
+def _int(text: bytes) -> int | None:
+    return None if text == b"null" else int(text)
+
+
+def read_run(events_path: Path) -> RunData:
+    """Everything the page draws, from the log. A resumed run's re-run epochs count once (the last)."""
+    data = RunData(events_path)
+    try:
+        fh = open(events_path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ReportError(f"cannot read {events_path}: {exc.strerror or exc}") from exc
+    n = 0
+    path = data.path
+    with fh:
+        for raw in fh:
+            n += 1
+            at = raw.find(b'"event":"')
+            if at >= 0:
+                if raw.startswith(b'transition"', at + 9):
+                    move = _MOVE.search(raw, at)
+                    if move is not None and move[2] != _FINAL_PHASE:
+                        src, dst, trigger, epoch, step = move.groups()
+                        path.transition(src.decode(), dst.decode(), trigger.decode(), _int(step), _int(epoch), None)
+                        continue
+                elif raw.startswith(_SKIPPED, at + 9):
+                    continue
+            try:
+                rec = _loads(raw)
+            except ValueError as exc:  # the audit section names broken lines; the diagram is not drawn
+                data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
+                continue
+            if isinstance(rec, dict):
+                try:
+                    path.record(rec, f"line {n}")
+                except DiagramError as exc:
+                    data.path_problem = data.path_problem or str(exc)
+                _read_event(data, rec)
+    data.lines = n
+    if n == 0 or (not len(data.table) and data.run_id == "?"):
+        raise ReportError(f"{events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
+    data.table.finish()
+    return data
+
+
+def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
+    event = rec.get("event")
+    payload = rec.get("payload")
+    payload = payload if isinstance(payload, Mapping) else {}
+    if event == "run_start":
+        data.run_id = str(rec.get("run_id", data.run_id))
+        if isinstance(payload.get("config"), Mapping):
+            data.config = dict(payload["config"])
+        batch = payload.get("global_batch")
+        data.global_batch = dict(batch) if isinstance(batch, Mapping) else None
+    elif event == "epoch" and isinstance(rec.get("epoch"), int):
+        _read_epoch(data.table, rec["epoch"], payload)
+    elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
+        data.settings[str(payload.get("source"))] = dict(payload["settings"])
+    elif event == "checkpoint":
+        data.checkpoints.append(dict(payload))
+    elif event == "checkpoint_removed":
+        for ck in data.checkpoints:
+            if ck.get("path") == payload.get("path"):
+                ck["removed"] = True
+    elif event == "result":
+        data.result = dict(payload)
+
+
+def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
+    columns = table.kind(kind)
+    for name, value in values.items():
+        cls = value.__class__
+        if cls is not float:
+            if cls is int:
+                value = float(value)
+            elif (value := as_float(value)) is None:
+                continue
+        column = columns.get(name) or table.add(columns, str(name))
+        column.values[row] = value
+        column.present[row] = 1
+
+
+def _read_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
+    # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
+    row = table.row(epoch)
+    for kind, key in (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds")):
+        values = payload.get(key)
+        if isinstance(values, dict):
+            _put_values(table, kind, row, values)
+    _put_values(table, "time", row, {"epoch": as_float(payload.get("seconds")) or 0.0})
+    slots = payload.get("slots")
+    if isinstance(slots, dict):
+        _put_values(table, "slot", row, slots)
+        for name, value in slots.items():
+            if isinstance(value, dict):
+                _put_values(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
