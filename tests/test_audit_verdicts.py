@@ -145,3 +145,44 @@ def test_a_torn_line_repaired_by_resume_is_not_called_a_kill(tmp_path: Path) -> 
     assert repaired.line == len(lines) + 1  # the resume's run_start
     (kill,) = [f for f in verdicts["clean"].warnings if f.verdict is Verdict.KILLED]
     assert "killed between two lines" in kill.message and "cut off" not in kill.message
+
+
+_KILL_IN_TEARDOWN = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from audit_runs import _trainer
+    from fsmtrain.callbacks import CheckpointCallback
+    from fsmtrain.core.hooks import TrainingCallback
+
+    class KillInTeardown(TrainingCallback):
+        priority = 99  # after CheckpointCallback (95) committed the final state
+        def on_train_end(self, run):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    run_dir = Path(sys.argv[1])
+    _trainer(run_dir, [CheckpointCallback(run_dir / "checkpoints", background=False), KillInTeardown()],
+             epochs=2).fit()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_kill_in_the_teardown_then_a_resume_is_a_kill_not_a_violation(tmp_path: Path) -> None:
+    """A SIGKILL after ``train_end`` cannot write the ``result``: alone, the log is unfinished (a violation);
+    resumed, the run's result is written by the resume and the killed teardown is a KILLED warning."""
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_IN_TEARDOWN.format(tests=str(Path(__file__).resolve().parent)), encoding="utf-8")
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop(KEY_ENV, None)
+    done = subprocess.run([sys.executable, str(script), str(run)], cwd=REPO, env=env, timeout=200, check=False)
+    assert done.returncode == -signal.SIGKILL
+    alone = audit_file(run / "events.jsonl")
+    assert any("no result event after train_end" in f.message for f in alone.violations), alone.render()
+    _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=2, resume_from="latest").fit()
+    report = audit_file(run / "events.jsonl")
+    assert report.violations == [], report.render()
+    (kill,) = [f for f in report.warnings if f.verdict is Verdict.KILLED]
+    assert "killed in its teardown" in kill.message, kill.message
+    assert report.explanation.epochs_completed == 2

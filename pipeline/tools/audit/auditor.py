@@ -29,7 +29,15 @@ from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
-from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Explanation, Finding, SegmentInfo, shown_epoch
+from fsmtrain.tools.audit.verdict import (
+    AuditReadError,
+    AuditReport,
+    Explanation,
+    Finding,
+    SegmentInfo,
+    Verdict,
+    shown_epoch,
+)
 
 __all__ = ["LogAuditor", "audit_file", "parse_line", "read_log"]
 
@@ -205,9 +213,13 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} in epoch "
                          f"{shown_epoch(seg.last_epoch_field)} (line {seg.last_line}), {seg.epochs} epoch(s) "
                          f"completed, without reaching {FINAL.value!r}", seg.last_line)
+            elif seg.end_line is not None and not seg.result_seen and not last:
+                # a kill -9 in the teardown cannot be caught; the run that resumed wrote the result
+                self.warn("end", f"no result event after train_end (line {seg.end_line}): the process was killed "
+                          f"in its teardown, and the run went on at line {seg.last_line + 1}", seg.last_line,
+                          Verdict.KILLED)
             elif seg.end_line is not None and not seg.result_seen:
-                where = self.lines if last else seg.last_line  # where the result should have been
-                self.bad("end", f"no result event after train_end (line {seg.end_line})", where)
+                self.bad("end", f"no result event after train_end (line {seg.end_line})", self.lines)
                 self._stop_said(seg, None)
             open_epochs = seg.epoch_starts - seg.epochs
             if open_epochs < 0 or open_epochs > 1:
