@@ -36,10 +36,6 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
     )
 
 
-def _count(targets: Any) -> int:
-    return targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
-
-
 def epoch_seed(seed: int, epoch: int) -> int:
     """The shuffle seed of one epoch: a hash of the run's data seed and the epoch index."""
     digest = hashlib.sha256(f"fsmtrain-data-order:{seed}:{epoch}".encode()).digest()
@@ -110,13 +106,9 @@ class TorchDriver:
             return {k: self._to_device(v) for k, v in value.items()}
         return value
 
-    @property
-    def shuffle_generator(self) -> torch.Generator | None:
-        """The train loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
-        return self.loader_generator(self.train_loader)
-
     @staticmethod
     def loader_generator(loader: Any) -> torch.Generator | None:
+        """A loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
         for owner in (loader, getattr(loader, "sampler", None)):
             gen = getattr(owner, "generator", None)
             if isinstance(gen, torch.Generator):
@@ -128,7 +120,7 @@ class TorchDriver:
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
-        gen, seed = self.shuffle_generator, epoch.run.extras.get("data_seed")
+        gen, seed = self.loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
         if gen is not None and seed is not None:
             # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
             # run draws the same batches as an uninterrupted one (a loader without its own generator
@@ -138,30 +130,32 @@ class TorchDriver:
         self._seen = 0
         return iter(self.train_loader)
 
-    def forward(self, step: StepContext) -> None:
-        inputs, targets = split_batch(step.batch)
+    def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
+        """``model`` on one batch: its output, loss, targets and row count."""
+        inputs, targets = split_batch(batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
-        if self.precision is not None:
-            with self.precision.autocast():
-                output = self.train_model(inputs)
-                loss = self.loss_fn(output, targets)
-        else:
-            output = self.train_model(inputs)
+        if self.precision is None:
+            output = model(inputs)
             loss = self.loss_fn(output, targets)
-        step.output = output
-        step.loss = loss
-        n = _count(targets)
-        self._loss_sum += loss.detach() * n
+        else:
+            with self.precision.autocast():
+                output = model(inputs)
+                loss = self.loss_fn(output, targets)
+        n = targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
+        return output, loss, targets, n
+
+    def forward(self, step: StepContext) -> None:
+        step.output, step.loss, _, n = self._run(self.train_model, step.batch)
+        self._loss_sum += step.loss.detach() * n
         self._seen += n
 
     def backward(self, step: StepContext) -> None:
-        assert step.loss is not None
         if self._no_sync is not None and step.skip_optimizer_step:
-            with self._no_sync():  # accumulating: gradients are averaged over the ranks once, on the stepping batch
+            with self._no_sync():  # accumulating: DDP averages the gradients once, on the stepping batch
                 self._backward(step)
-            return
-        self._backward(step)
+        else:
+            self._backward(step)
 
     def _backward(self, step: StepContext) -> None:
         assert step.loss is not None
@@ -212,17 +206,7 @@ class TorchDriver:
             yield from loader
 
     def val_batch(self, step: ValStepContext) -> None:
-        inputs, targets = split_batch(step.batch)
-        if self._move:
-            inputs, targets = self._to_device(inputs), self._to_device(targets)
-        if self.precision is not None:
-            with self.precision.autocast():
-                output = self.model(inputs)
-                loss = self.loss_fn(output, targets)
-        else:
-            output = self.model(inputs)
-            loss = self.loss_fn(output, targets)
-        n = _count(targets)
+        output, loss, targets, n = self._run(self.model, step.batch)
         step.output, step.loss = output, loss
         if self._val_fns:  # one fused add for all values; without metrics, the loss alone
             values = [loss, *(fn(output, targets) for fn in self._val_fns)]
