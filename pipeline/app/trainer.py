@@ -194,6 +194,7 @@ class Trainer:
             self.run_id, max_epochs, self.events,
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
+        self.run.scaler = self.precision.scaler
         self.run.extras.update(run_extras)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
@@ -201,12 +202,9 @@ class Trainer:
             self.run.extras["world_size_before"] = self.resumption.notes.get("world_size_before")
             if isinstance(self.run.extras.get("elastic"), dict):
                 self.resumption.notes["restart"] = self.run.extras["elastic"]["restart"]
-        self.run.scaler = self.precision.scaler
-        if self.resumption is not None:
             self.resumption.prepare(self.run)
-        restore = self.resumption.restore if self.resumption is not None else None
-        if self.restart is not None:
-            restore = self.restart.restore
+        start = self.resumption if self.resumption is not None else self.restart
+        restore = None if start is None else start.restore
         outputs = self.write_outputs and self.run_dir is not None and rank == 0
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)

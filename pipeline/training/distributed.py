@@ -60,8 +60,8 @@ class TorchCollective:
     def __init__(self, device: torch.device, agreement_timeout_s: float = 600.0) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised (call init_from_env first)")
-        self._rank = dist.get_rank()
-        self._world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
         self.device = device  # where gathered tensors live: the rank's CUDA device under NCCL
         self.agreement_timeout_s = agreement_timeout_s
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -92,17 +92,9 @@ class TorchCollective:
             return None
         return Failure.decode(bytes(store.get(key)).decode("utf-8", "replace"))
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
-        rows = [torch.empty_like(mine) for _ in range(self._world)]
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
         self._bounded_wait(dist.all_gather(rows, mine, async_op=True))
         return [[int(v) for v in row.tolist()] for row in rows]
 
@@ -128,12 +120,12 @@ class TorchCollective:
                 if pause < _SLICE_S:
                     continue
             failure = self.posted_failure()
-            if failure is not None and failure.rank != self._rank:
+            if failure is not None and failure.rank != self.rank:
                 raise RankFailed(failure)
             if time.monotonic() > deadline:
                 raise AgreementTimeout(
-                    f"rank {self._rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
-                    f"rank of {self._world} came, and none posted a failure: a rank hangs or died silently "
+                    f"rank {self.rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
+                    f"rank of {self.world_size} came, and none posted a failure: a rank hangs or died silently "
                     "(the bound is distributed.agreement_timeout_s)")
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
@@ -163,7 +155,7 @@ class TorchCollective:
     def share(self, decide: Callable[[], T]) -> T:
         """Rank 0 runs ``decide``; every rank returns its result, or raises the error it raised."""
         outcome: tuple[bool, Any] | None = None
-        if self._rank == 0:
+        if self.rank == 0:
             try:
                 outcome = (True, decide())
             except Exception as exc:  # every rank must hear of it; each raises it
@@ -250,7 +242,7 @@ class _WrappingDistributedSampler(DistributedSampler[T]):
             self.seed = seed
 
 
-def _like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[Any]:
+def _loader_like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[Any]:
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
@@ -259,7 +251,7 @@ def _like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[
     )
 
 
-def _check(loader: Any, what: str) -> DataLoader[Any]:
+def _shardable(loader: Any, what: str) -> DataLoader[Any]:
     if not isinstance(loader, DataLoader) or loader.batch_size is None:
         raise TypeError(f"a multi-process run shards its {what} loader by dataset index: it must be a "
                         f"torch DataLoader with a batch_size, got {type(loader).__name__}")
@@ -269,14 +261,14 @@ def _check(loader: Any, what: str) -> DataLoader[Any]:
 def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoader[Any]:
     """This rank's share of the training data: equal, padded shards; shuffled (if the loader was)
     by ``seed`` and the epoch the driver sets."""
-    loader = _check(loader, "training")
+    loader = _shardable(loader, "training")
     shuffle = isinstance(loader.sampler, RandomSampler)
     sampler: DistributedSampler[Any] = _WrappingDistributedSampler(
         loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
-    return _like(loader, sampler)
+    return _loader_like(loader, sampler)
 
 
 def shard_val_loader(loader: Any, rank: int, world: int) -> DataLoader[Any]:
     """This rank's share of the validation data, unpadded: summed over the ranks it is the whole set once."""
-    loader = _check(loader, "validation")
-    return _like(loader, range(rank, len(loader.dataset), world))  # every world-th index: exact, unpadded
+    loader = _shardable(loader, "validation")
+    return _loader_like(loader, range(rank, len(loader.dataset), world))  # every world-th index: exact, unpadded
