@@ -2,7 +2,8 @@
 
 Its methods are the driver actions of the lifecycle program (``forward``, ``backward``, …,
 ``val_batch``); the machine's handlers call them in the table's order, between the hooks.
-Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
+Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in
+the batch path syncs the host.
 """
 
 from __future__ import annotations

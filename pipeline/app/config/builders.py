@@ -108,11 +108,9 @@ def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Ten
 def build_callbacks(
     cfg: RunConfig, *, run_dir: Path | None, trial: optuna.trial.Trial | Any | None = None
 ) -> list[TrainingCallback]:
-    """The default callback list: the nine built-ins as configured, then clipping/accumulation, then
-    the user's extra callbacks (the runner orders them all by priority).
-
-    ``trial`` is an Optuna trial, or anything with its ``report``/``should_prune`` (replay passes a
-    recorded one); the pruner joins only when it is given."""
+    """The run's callbacks: the built-ins as configured, clipping and accumulation, then the user's
+    extras (the runner orders them by priority). ``trial``: anything with Optuna's ``report`` and
+    ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
 
     out = watching_callbacks(cfg.callbacks, cfg.epochs)
