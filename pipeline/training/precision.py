@@ -9,13 +9,12 @@ right after backward, so callbacks see true ones, and an overflow skips that bat
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-__all__ = ["PRECISIONS", "Precision", "PrecisionPolicy"]
+__all__ = ["PRECISIONS", "PrecisionPolicy"]
 
-Precision = Literal["32", "bf16-mixed", "16-mixed"]
 PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed")
 
 
@@ -25,7 +24,6 @@ class PrecisionPolicy:
     def __init__(self, precision: str, device: torch.device) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-        self.precision = precision
         self.device = device
         self._dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
         self.scaler: torch.amp.GradScaler | None = None
@@ -65,10 +63,3 @@ class PrecisionPolicy:
             return
         self.scaler.step(optimizer)
         self.scaler.update()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
