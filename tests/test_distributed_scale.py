@@ -101,7 +101,7 @@ class _Runs:
                     "kwargs": {"rank": 1, "epoch": epoch, "marker": str(folder / "exited")}}
             cfg = _config(folder, kill)
             (out,) = _finish([torchrun("--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "-m",
-                                       "pipeline", "train", str(cfg), cwd=folder)])
+                                       "fsmtrain", "train", str(cfg), cwd=folder)])
             assert (folder / "exited").is_file()  # the rank did die once
             found = sorted(p.parent for p in (folder / "runs").rglob("events.jsonl"))
             return found[-1], out

@@ -66,19 +66,20 @@ class TorchCollective:
         self.agreement_timeout_s = agreement_timeout_s
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._topic = "unbound"
-        self._board_store: dist.Store | None = None
+        self._board_store: Any = None  # a torch.distributed.TCPStore client, made on first use
 
     def bind(self, topic: str) -> None:
         """Name the run whose failures this collective posts and reads (the same on every rank)."""
         self._topic = topic
 
-    def _store(self) -> dist.Store:
+    def _store(self) -> Any:
         if self._board_store is None:
             host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
             if not host or not port:
                 raise RuntimeError("the failure board needs the rendezvous store of env:// (MASTER_ADDR and "
                                    "MASTER_PORT), as torchrun sets them; this process group was made without")
-            self._board_store = dist.TCPStore(host, int(port), is_master=False,
+            # documented as torch.distributed.TCPStore; torch's __init__ does not re-export it for type checkers
+            self._board_store = dist.TCPStore(host, int(port), is_master=False,  # type: ignore[attr-defined]
                                               timeout=timedelta(seconds=self.agreement_timeout_s))
         return self._board_store
 
