@@ -1,24 +1,16 @@
 """What a user runs: the ``Trainer`` facade, run configs (YAML), one seed's job and HPO studies.
 
-``Trainer`` is re-exported lazily, so importing a torch-free module of this package (the
-``fsmtrain hpo`` parser, the study storage) does not import torch.
+``Trainer`` is re-exported lazily, so a torch-free module of this package imports no torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fsmtrain.core.exports import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {"Trainer": "fsmtrain.app.trainer"})
 __all__ = ["Trainer"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Trainer":
-        from fsmtrain.app.trainer import Trainer
-
-        globals()["Trainer"] = Trainer  # later lookups skip this function
-        return Trainer
-    raise AttributeError(f"module 'fsmtrain.app' has no attribute {name!r}")
-
 
 if TYPE_CHECKING:
     from fsmtrain.app.trainer import Trainer

@@ -1,12 +1,7 @@
-"""The callbacks a run gets without asking: the same for ``fsmtrain train`` and a Python ``Trainer``.
-
-- :func:`console_callbacks`: a progress bar on a terminal, else one aligned line per epoch.
-- :func:`default_callbacks`: what a ``Trainer`` built without ``default_callbacks=False`` adds to
-  the callbacks it was given: the console, the built-ins that only watch (NaN detection, the
-  optimizer's train/eval mode, the gradient monitor, loss prediction, overfit detection) and,
-  with a run directory, ``metrics.csv`` and checkpoints, with the config's defaults. A callback of
-  the same class the caller gave is not added twice (the caller's wins). Early stopping is not a
-  default in Python: it changes how long a run trains, so it is asked for by adding it.
+"""The callbacks a run gets without asking, the same for ``fsmtrain train`` and a Python ``Trainer``:
+the console (a progress bar on a terminal, else a line per epoch), the built-ins that only watch
+and, with a run directory, ``metrics.csv`` and checkpoints, with the config's defaults. Early
+stopping is not one: it changes how long a run trains.
 """
 
 from __future__ import annotations
@@ -29,26 +24,15 @@ def console_callbacks() -> list[TrainingCallback]:
 def default_callbacks(
     given: Sequence[TrainingCallback], *, run_dir: Path | None, max_epochs: int
 ) -> list[TrainingCallback]:
-    """``given``, plus the defaults of the classes it lacks."""
+    """``given``, plus the defaults of the classes it lacks (the caller's instance wins)."""
     import fsmtrain.callbacks as cb
-    from fsmtrain.app.config.schema import CheckpointConfig, GradientMonitorOptions, OverfitOptions
+    from fsmtrain.app.config.builders import checkpoint_callback, watching_callbacks
+    from fsmtrain.app.config.schema import CallbacksConfig, CheckpointConfig
 
-    monitor, overfit, ck = GradientMonitorOptions(), OverfitOptions(), CheckpointConfig()
-    defaults: list[TrainingCallback] = [
-        cb.NaNDetectionCallback(),
-        cb.OptimizerModeCallback(),
-        cb.GradientMonitorCallback(warn_threshold=monitor.warn_threshold),
-        cb.LossPredictionCallback(max_epochs=max_epochs),
-        cb.OverfitDetectionCallback(warmup_epochs=overfit.warmup_epochs, window_size=overfit.window_size),
-    ]
+    defaults = watching_callbacks(CallbacksConfig(), max_epochs)
     if not any(isinstance(c, (cb.EpochSummaryCallback, cb.ProgressBarCallback)) for c in given):
         defaults += console_callbacks()
     if run_dir is not None:
-        defaults += [
-            cb.MetricsCsvCallback(run_dir / "metrics.csv"),
-            cb.CheckpointCallback(run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs,
-                                  keep_last_k=ck.keep_last_k, save_best=ck.save_best, monitor=ck.monitor,
-                                  mode=ck.mode, save_latest=ck.save_latest, background=ck.background),
-        ]
+        defaults += [cb.MetricsCsvCallback(run_dir / "metrics.csv"), checkpoint_callback(CheckpointConfig(), run_dir)]
     kinds = {type(c) for c in given}
     return [*given, *(d for d in defaults if type(d) not in kinds)]

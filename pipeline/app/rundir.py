@@ -1,22 +1,13 @@
-"""One run, one directory: run directories are claimed atomically and locked for the run's life.
+"""One run, one directory: claimed atomically and locked for the run's life.
 
-A new run claims its folder with an exclusive ``mkdir`` (two processes can never both succeed), so
-four identical ``fsmtrain train`` commands started together get ``name``, ``name-2``, ``name-3``
-and ``name-4`` without a race. Every claim, new or resumed, then holds an exclusive ``flock`` on
-``<run>/.lock`` until the run ends, so a second process cannot append to a run that is still
-going. Errors say which folder and why, never with a traceback.
+A new run claims its folder with an exclusive ``mkdir``, so identical commands started together get
+``name``, ``name-2``, ``name-3``… without a race. Every claim then holds an exclusive ``flock`` on
+``<run>/.lock`` until the run ends, and removes ``.lock`` as it lets go; a process that locks a
+``.lock`` checks it is still the folder's one, so two claims never hold one folder.
 
-The lock file lives only as long as its claim: a claim removes ``.lock`` as it lets go (while it
-still holds the lock), so a finished run keeps no ``.lock``. A process that locks a ``.lock``
-checks, once it holds it, that the file is still the one in the folder (a claim letting go may
-have removed it in between); if not, it locks the new one, so two claims never hold one folder.
-
-A run that never started is not left behind. Until its log holds a ``run_start`` a run directory
-holds only what a claim writes before the run starts (:data:`PRESTART_FILES`: the lock, the
-config, an empty log). Letting go of such a claim (:meth:`RunDirClaim.let_go`: a build that failed,
-a signal during start-up) removes those files, and the folder if the claim made it. A process
-killed before it could do so (``kill -9``) leaves such a folder; the next claim of that name
-reuses it (``cleared`` names what it removed) instead of moving on to ``name-2``.
+A run that never wrote ``run_start`` is not left behind: letting go of its claim removes what the
+claim wrote (:data:`PRESTART_FILES`), and a folder a killed process left so is reused by the next
+claim of that name (``cleared`` names what it removed).
 """
 
 from __future__ import annotations
@@ -37,9 +28,8 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"
-# What a claimed run directory can hold before its run writes ``run_start``: the lock, the config
-# the job writes (and the temp file of its atomic write, which a kill can leave), and the logs the
-# Trainer opens (rank 0's, and the other ranks').
+# What a claim writes before ``run_start``: the lock, the config (and its atomic write's temp file),
+# and the ranks' logs.
 PRESTART_FILES = frozenset({LOCK_FILE, "config.yaml", EVENTS_FILE})
 _PRESTART_PATTERN = re.compile(r"^(events-rank\d+\.jsonl|\.config\.yaml\..+\.tmp)$")
 
@@ -71,10 +61,8 @@ def _never_started(path: Path) -> bool:
 
 @dataclass
 class RunDirClaim:
-    """A claimed run directory; ``let_go()`` (or the end of the process) lets it go.
-
-    ``created``: the folder is this claim's (made by it, or reused from a run that never started),
-    so letting go of a run that never started removes it. ``resumed``: the claim continues a run."""
+    """A claimed run directory. ``created``: the folder is this claim's (made or reused), so letting
+    go of a run that never started removes it; ``resumed``: the claim continues a run."""
 
     path: Path
     fd: int | None = field(default=None, repr=False)
@@ -111,12 +99,6 @@ class RunDirClaim:
                 self.path.rmdir()  # only while empty
                 for parent in self.made:
                     parent.rmdir()  # only while empty: OSError stops at the first folder in use
-
-    abandon = let_go  # the name the job used for a claim whose run could not be built
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
 
 
 def _same_file(path: Path, fd: int) -> bool:
@@ -164,8 +146,7 @@ def _make_parent(path: Path) -> tuple[Path, ...]:
 
 
 def _left_by_a_claim(path: Path) -> bool:
-    """``path/.lock`` names the process that held it: the claim got as far as locking it. (A folder
-    another process has just made and not yet locked has none, and is that process's.)"""
+    """``path/.lock`` holds a pid: a claim locked it (a folder just made and not yet locked is not)."""
     try:
         return (path / LOCK_FILE).read_bytes().strip().isdigit()
     except OSError:
@@ -193,6 +174,11 @@ def _reuse(path: Path, *, only_locked_before: bool = False) -> RunDirClaim | Non
     return claim
 
 
+def _holds_a_run(path: Path) -> RunDirError:
+    return RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
+                       "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder")
+
+
 def claim_new(path: str | Path) -> RunDirClaim:
     """Claim ``path`` for a new run: it must not exist yet, be an empty folder, or be the folder of
     a run that never started (which is reused)."""
@@ -208,8 +194,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
     except FileExistsError:
         created = False
         if run_started(path):
-            raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
-                              "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder") from None
+            raise _holds_a_run(path) from None
         if any(not _prestart(p) for p in path.iterdir()):
             raise RunDirError(f"run directory {path} exists and is not empty; choose a new folder") from None
     except OSError as exc:
@@ -218,8 +203,7 @@ def claim_new(path: str | Path) -> RunDirClaim:
         reused = _reuse(path)
         if reused is None:  # a live claim holds it (a Trainer built on it, a run starting)
             if (path / EVENTS_FILE).exists():
-                raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); continue it with "
-                                  "resume_from='latest' (CLI: fsmtrain resume), or choose a new folder")
+                raise _holds_a_run(path)
             raise RunDirError(f"run directory {path} is in use by another running process")
         reused.made = made
         return reused
@@ -232,8 +216,8 @@ def claim_new(path: str | Path) -> RunDirClaim:
 
 
 def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
-    """Claim ``root/name``, or ``name-2``, ``name-3``… when taken; atomic under concurrency. A
-    folder left by a run that never started is not taken: it is reused."""
+    """Claim ``root/name``, or ``name-2``, ``name-3``… when taken; a folder left by a run that never
+    started is reused."""
     root = Path(root)
     made = _make_parent(root / name)
     n = 1
@@ -256,8 +240,7 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
 
 
 def in_use(path: str | Path) -> bool:
-    """A live process holds ``path``'s claim now. The probe takes a shared lock for an instant: only
-    for a folder no one else is about to claim (a retry waiting for the run it continues)."""
+    """A live process holds ``path``'s claim now (probed with a shared lock held for an instant)."""
     try:
         fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY)
     except OSError:

@@ -1,15 +1,9 @@
 """Resume keeps the schedule: an extending resume never silently runs a schedule past its end.
 
-Some schedulers are planned for a length up front (a cosine's ``T_max``, OneCycle's
-``total_steps``, the ``total_iters`` of a linear or polynomial decay). When that horizon is the
-run's epochs (fsmtrain steps the scheduler once an epoch), ``fsmtrain resume RUN --set epochs=30``
-on a run planned for 20 would train epoch 21 at the schedule's end (a cosine's lr 0) and then climb
-back up, since the schedule goes on past its horizon. So such a resume is refused, naming the fix:
-re-plan the horizon as well (``--set scheduler_config.T_max=30``). A re-planned resume continues
-on the schedule as it would have been had the run been planned for the new horizon from the start:
-the scheduler and the optimizer's lr are set to where that schedule is after the epochs already
-trained (those keep the lr they had), and the lr of every epoch still to come is shown on the
-console and written to the log (a ``schedule_replanned`` event, at warning level, after ``resume``).
+A resume that extends the epochs of a run whose scheduler horizon (a cosine's ``T_max``) is its
+epochs is refused, naming the fix: re-plan the horizon too. A re-planned resume continues as if the
+run had been planned for the new horizon from the start, and logs the new lr of every epoch to come
+(``schedule_replanned``).
 """
 
 from __future__ import annotations
@@ -60,10 +54,8 @@ def _horizon_key(resolved: Mapping[str, Any]) -> str | None:
 
 def resume_schedule(before: Mapping[str, Any], after: Mapping[str, Any], where: str,
                     source: str | None = None) -> Replan | None:
-    """The schedule on a resume from the run config ``before`` to ``after`` (both resolved): a
-    horizon changed on purpose (returned, to re-plan), or a ConfigError for an extension that would
-    run past a horizon the run's epochs set. ``where`` is the command that resumes, for the fix;
-    ``source`` where the new ``epochs`` came from (a ``--set`` or a file)."""
+    """A horizon changed from ``before`` to ``after`` (to re-plan), or a ConfigError for an extension
+    past a horizon the epochs set; ``where`` is the resuming command, ``source`` the new epochs'."""
     if before.get("scheduler") != after.get("scheduler"):
         return None  # another scheduler is a training change, refused with the others
     key = _horizon_key(before)
@@ -84,8 +76,8 @@ def resume_schedule(before: Mapping[str, Any], after: Mapping[str, Any], where: 
 
 
 def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, float]]]:
-    """The schedule of ``cfg`` run from the start on a stand-in parameter: the scheduler's state and
-    the optimizer's param groups after ``steps`` epochs, and the lr of each epoch after them."""
+    """``cfg``'s schedule run on a stand-in parameter: the scheduler's state and the param groups
+    after ``steps`` epochs, and the lr of each epoch after them."""
     import torch
 
     optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])

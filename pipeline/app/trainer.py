@@ -46,34 +46,24 @@ __all__ = ["TrainResult", "Trainer"]
 class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
-    ``callbacks`` join in their own tier (built-ins CORE, others USER); globally registered
-    callbacks join in the GLOBAL tier. With ``run_dir`` the run's ``events.jsonl`` is written there
-    (the folder is claimed: a new, empty one, locked for the run's life); without, events are kept in
-    memory (``trainer.events.records``). ``resume_from="latest"`` (or a checkpoint path) continues
-    the run in ``run_dir`` from its newest committed checkpoint: model, optimizer, scheduler,
-    callback states, RNG states, data order and position are restored, and the log continues (and
-    its hash chain). A run whose log committed no checkpoint is started over in place from epoch 0
-    instead (``resume_from="latest"``; its log records a ``restart``: ``trainer.restart``).
-    ``log_key`` (default: ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256. ``log_fsync``:
-    ``"commits"`` (fsync the log after each checkpoint commit and the result), ``"every"`` line,
-    or ``"never"``.
+    ``callbacks`` join in their own tier (built-ins CORE, others USER), global ones in GLOBAL. With
+    ``run_dir`` the run's ``events.jsonl`` is written there (a new folder, claimed and locked for the
+    run's life); without, events are kept in memory (``trainer.events.records``).
+    ``resume_from="latest"`` (or a checkpoint path) continues the run in ``run_dir`` from its newest
+    committed checkpoint, log and hash chain included; a run that committed none starts over in place
+    (``trainer.restart``). ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256;
+    ``log_fsync``: ``"commits"``, ``"every"`` line or ``"never"``.
 
-    ``default_callbacks`` (on unless ``False``): the defaults ``fsmtrain train`` has (see
-    :mod:`fsmtrain.app.defaults`): the console line or progress bar, the watching built-ins and,
-    with a ``run_dir``, ``metrics.csv`` and checkpoints. ``write_outputs`` (default: as
-    ``default_callbacks``): with a ``run_dir``, the teardown writes ``model.pt`` (after a run that
-    ended for its own reason) and ``lifecycle.mmd``, before the ``result``. A callback instance
-    serves one Trainer: one already given to another is refused. A constructor that fails lets go
-    of the run directory it claimed, with whatever it wrote there.
-    ``precision``: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"`` (:mod:`fsmtrain.training.precision`);
-    ``compile``: ``torch.compile`` the training forward.
+    ``default_callbacks``: add those of ``fsmtrain train`` (:mod:`fsmtrain.app.defaults`).
+    ``write_outputs`` (default: as ``default_callbacks``): the teardown writes ``model.pt`` and
+    ``lifecycle.mmd`` before the ``result``. A callback instance serves one Trainer. A constructor
+    that fails lets go of the run directory it claimed. ``precision``: ``"32"``, ``"bf16-mixed"`` or
+    ``"16-mixed"``; ``compile``: ``torch.compile`` the training forward.
 
-    Under ``torchrun`` (``torch.distributed`` initialised with several ranks, or ``collective``
-    given) the trainer is one rank of a multi-process run: the model trains in
-    DistributedDataParallel on this rank's shard of the data, metrics are global, the guards are
-    agreed between the ranks, and rank 0 owns the run directory (claim, checkpoints, console,
-    W&B: callbacks that declare ``rank_zero_only`` run there only); rank ``r`` writes its own
-    ``events-rank<r>.jsonl`` beside rank 0's ``events.jsonl``.
+    In a process group of several ranks (or given ``collective``) the trainer is one rank: the model
+    trains in DistributedDataParallel on this rank's shard, metrics are global, guards are agreed,
+    and rank 0 owns the run directory (``rank_zero_only`` callbacks run there only); rank ``r``
+    writes ``events-rank<r>.jsonl``.
     """
 
     def __init__(
@@ -107,8 +97,6 @@ class Trainer:
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
         self.precision = PrecisionPolicy(precision, torch.device(device))
-        self.default_callbacks = default_callbacks
-        # model.pt and lifecycle.mmd, written in the teardown before the result (rank 0, with a run_dir)
         self.write_outputs = default_callbacks if write_outputs is None else write_outputs
         if default_callbacks:
             target = run_dir.path if isinstance(run_dir, RunDirClaim) else None if run_dir is None else Path(run_dir)
@@ -164,7 +152,7 @@ class Trainer:
         return TorchDriver(
             self.model, self.optimizer, loss_fn, train_loader, val_loader,
             scheduler=self.scheduler, device=self.device, metrics=metrics,
-            train_model=_compiled(train_model or self.model) if compile else train_model,
+            train_model=torch.compile(train_model or self.model) if compile else train_model,  # type: ignore[arg-type]
             all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
             precision=self.precision,
         )
@@ -206,6 +194,7 @@ class Trainer:
             self.run_id, max_epochs, self.events,
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
+        self.run.scaler = self.precision.scaler
         self.run.extras.update(run_extras)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
@@ -213,12 +202,9 @@ class Trainer:
             self.run.extras["world_size_before"] = self.resumption.notes.get("world_size_before")
             if isinstance(self.run.extras.get("elastic"), dict):
                 self.resumption.notes["restart"] = self.run.extras["elastic"]["restart"]
-        self.run.scaler = self.precision.scaler
-        if self.resumption is not None:
             self.resumption.prepare(self.run)
-        restore = self.resumption.restore if self.resumption is not None else None
-        if self.restart is not None:
-            restore = self.restart.restore
+        start = self.resumption if self.resumption is not None else self.restart
+        restore = None if start is None else start.restore
         outputs = self.write_outputs and self.run_dir is not None and rank == 0
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
@@ -255,10 +241,9 @@ class Trainer:
         return self.runner.callbacks
 
     def fit(self) -> TrainResult:
-        """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED (teardown
-        runs, the ``result`` is written) and raise :class:`fsmtrain.core.engine.Interrupted`; one that
-        lands during the teardown is honoured after it: the run keeps its reason and its files, and
-        ``Interrupted`` is raised once the teardown is done."""
+        """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED and raise
+        :class:`fsmtrain.core.engine.Interrupted` after the teardown; one that lands during the
+        teardown is raised after it, and the run keeps its own reason."""
         try:
             with signals_set_flag(self.run):
                 result = self.engine.execute()
@@ -274,18 +259,13 @@ class Trainer:
         run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
         assert self.run_dir is not None and self.events is not None and self.events.path is not None
         if finished:
-            atomic_write_bytes(self.run_dir / MODEL_FILE, self.model_bytes())
+            weights = io.BytesIO()
+            torch.save(self.model.state_dict(), weights)  # the plain module's, not DDP's or compile's
+            atomic_write_bytes(self.run_dir / MODEL_FILE, weights.getvalue())
         atomic_write_bytes(self.run_dir / DIAGRAM_FILE, run_diagram(self.events.path).encode("utf-8"))
 
-    def model_bytes(self) -> bytes:
-        """The trained weights as ``model.pt`` holds them (the plain module's ``state_dict``)."""
-        buffer = io.BytesIO()
-        torch.save(self.model.state_dict(), buffer)
-        return buffer.getvalue()
-
     def close(self) -> None:
-        """Close the log and let the run directory go (``fit`` does this itself): a run that never
-        started leaves nothing in it (see :mod:`fsmtrain.app.rundir`)."""
+        """Close the log and let the run directory go (``fit`` does this itself)."""
         events = getattr(self, "events", None)
         if events is not None:
             events.close()
@@ -327,7 +307,3 @@ def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], ma
     if log_fsync not in FSYNC_POLICIES:
         raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
 
-
-def _compiled(model: nn.Module) -> nn.Module:
-    """``torch.compile`` of the training forward; checkpoints keep the plain module's weights."""
-    return torch.compile(model)  # type: ignore[return-value]

@@ -1,5 +1,5 @@
-"""The torch side the engine drives: the torch driver (the actions of the lifecycle program), the
-checkpoint store, and the small built-in data sets and models the examples use."""
+"""The torch side the engine drives: the driver, checkpoints and resume, signals, distributed runs,
+precision, and the small data sets and models the examples use."""
 
 from fsmtrain.training.driver import TorchDriver
 

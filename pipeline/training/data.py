@@ -1,9 +1,8 @@
 """Built-in data builders for the shipped examples (no download at run time).
 
-A data builder is any callable ``builder(*, batch_size, seed, **data_config)`` returning a
-:class:`Loaders` (or a ``(train, val)`` pair of datasets or loaders). ``seed`` drives the shuffle
-order through a seeded ``torch.Generator``, so the same seed gives the same batches; the data
-itself comes from ``data_seed`` so every training seed sees the same dataset.
+A data builder is any callable ``builder(*, batch_size, seed, **data_config)`` returning ``(train,
+val)`` loaders or datasets. ``seed`` drives the shuffle order; the data itself comes from
+``data_seed``, so every training seed sees the same dataset.
 """
 
 from __future__ import annotations
@@ -33,13 +32,16 @@ def make_loaders(
     return Loaders(train_loader, val_loader)
 
 
-def _split_sizes(n: int, val_fraction: float) -> tuple[int, int]:
+def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, batch_size: int, seed: int) -> Loaders:
+    """The last ``val_fraction`` of the rows (at least one) for validation, the rest for training."""
+    n = len(y)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    n_val = max(1, math.floor(n * val_fraction))
-    if n - n_val < 1:
+    n_train = n - max(1, math.floor(n * val_fraction))
+    if n_train < 1:
         raise ValueError(f"n_samples={n} leaves no training rows with val_fraction={val_fraction}")
-    return n - n_val, n_val
+    train, val = TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+    return make_loaders(train, val, batch_size=batch_size, seed=seed)
 
 
 def synthetic_regression(
@@ -64,10 +66,7 @@ def synthetic_regression(
     w = torch.randn(n_features, 1, generator=g) / math.sqrt(n_features)
     v = torch.randn(n_features, 1, generator=g) / math.sqrt(n_features)
     y = x @ w + 0.5 * torch.sin(3.0 * (x @ v)) + noise * torch.randn(n_samples, 1, generator=g)
-    n_train, _ = _split_sizes(n_samples, val_fraction)
-    train = TensorDataset(x[:n_train], y[:n_train])
-    val = TensorDataset(x[n_train:], y[n_train:])
-    return make_loaders(train, val, batch_size=batch_size, seed=seed)
+    return _split(x, y, val_fraction, batch_size, seed)
 
 
 def digits(*, batch_size: int, seed: int, val_fraction: float = 0.2, data_seed: int = 0) -> Loaders:
@@ -83,9 +82,4 @@ def digits(*, batch_size: int, seed: int, val_fraction: float = 0.2, data_seed: 
     x_all = np.asarray(bunch.data, dtype=np.float32) / 16.0
     y_all = np.asarray(bunch.target, dtype=np.int64)
     order = np.random.default_rng(data_seed).permutation(len(y_all))
-    n_train, _ = _split_sizes(len(y_all), val_fraction)
-    x = torch.from_numpy(x_all[order])
-    y = torch.from_numpy(y_all[order])
-    train = TensorDataset(x[:n_train], y[:n_train])
-    val = TensorDataset(x[n_train:], y[n_train:])
-    return make_loaders(train, val, batch_size=batch_size, seed=seed)
+    return _split(torch.from_numpy(x_all[order]), torch.from_numpy(y_all[order]), val_fraction, batch_size, seed)

@@ -1,20 +1,10 @@
 """Multi-process training with ``torch.distributed`` (one process per rank, started by ``torchrun``).
 
-What a rank needs beyond a one-process run, and nothing else:
-
-- :class:`TorchCollective`: the engine's :class:`fsmtrain.core.consensus.Collective` (the guard
-  agreement: one all-gather of six integers per epoch) plus the sums the driver reduces its
-  metrics with, a barrier, and :meth:`TorchCollective.share` (rank 0 decides, e.g. the run
-  directory; the others get its answer or its error, so no rank waits for a rank that failed);
-- the loaders of one rank: training data through a ``DistributedSampler`` (equal shards, padded,
-  so every rank has the same number of batches and takes the same ``batch``/``validate`` moves;
-  the order is a function of the run's data seed and the epoch, as in one process), validation
-  data in exact, unpadded shards (so the summed metrics are the true global mean);
-- the model wrapped in ``DistributedDataParallel`` for the training forward; checkpoints and
-  ``model.pt`` keep the plain module's weights.
-
-Backends: gloo on CPU, NCCL on CUDA (one device per local rank); ``distributed.backend`` and
-``distributed.timeout_s`` in the config override them.
+What a rank needs beyond a one-process run: :class:`TorchCollective` (the guard agreement, the
+metric sums, and :meth:`TorchCollective.share`: rank 0 decides, the others get its answer or its
+error); the loaders of one rank (training data in equal, padded shards, so every rank takes the same
+moves; validation data in exact shards, so the summed metrics are the true mean); and the model in
+``DistributedDataParallel``. Backends: gloo on CPU, NCCL on CUDA, unless the config says otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
 
 __all__ = [
-    "DistributedOptions", "ShardSampler", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
+    "DistributedOptions", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
     "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model",
 ]
 
@@ -62,17 +52,16 @@ class TorchCollective:
     """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
 
     It is also the run's :class:`~fsmtrain.core.consensus.FailureBoard`: a key in the rendezvous
-    store that ``env://`` names (``MASTER_ADDR``/``MASTER_PORT``: torchrun's agent, which outlives
-    a rank that failed), reached through a client of its own. The wait at an agreement point ends
-    as soon as another rank's failure is posted (:class:`~fsmtrain.core.consensus.RankFailed`), or
-    after ``agreement_timeout_s`` (:class:`~fsmtrain.core.consensus.AgreementTimeout`), so a
-    ``Trainer`` in a process group of the user's own does not hang on a rank that failed."""
+    store of ``env://`` (torchrun's agent, which outlives a failed rank), reached through a client
+    of its own. A wait at an agreement point ends as soon as another rank posts a failure
+    (``RankFailed``) or after ``agreement_timeout_s`` (``AgreementTimeout``), so no rank hangs on
+    one that failed."""
 
     def __init__(self, device: torch.device, agreement_timeout_s: float = 600.0) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised (call init_from_env first)")
-        self._rank = dist.get_rank()
-        self._world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
         self.device = device  # where gathered tensors live: the rank's CUDA device under NCCL
         self.agreement_timeout_s = agreement_timeout_s
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -104,17 +93,9 @@ class TorchCollective:
             return None
         return Failure.decode(bytes(store.get(key)).decode("utf-8", "replace"))
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
-        rows = [torch.empty_like(mine) for _ in range(self._world)]
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
         self._bounded_wait(dist.all_gather(rows, mine, async_op=True))
         return [[int(v) for v in row.tolist()] for row in rows]
 
@@ -140,12 +121,12 @@ class TorchCollective:
                 if pause < _SLICE_S:
                     continue
             failure = self.posted_failure()
-            if failure is not None and failure.rank != self._rank:
+            if failure is not None and failure.rank != self.rank:
                 raise RankFailed(failure)
             if time.monotonic() > deadline:
                 raise AgreementTimeout(
-                    f"rank {self._rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
-                    f"rank of {self._world} came, and none posted a failure: a rank hangs or died silently "
+                    f"rank {self.rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
+                    f"rank of {self.world_size} came, and none posted a failure: a rank hangs or died silently "
                     "(the bound is distributed.agreement_timeout_s)")
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
@@ -175,7 +156,7 @@ class TorchCollective:
     def share(self, decide: Callable[[], T]) -> T:
         """Rank 0 runs ``decide``; every rank returns its result, or raises the error it raised."""
         outcome: tuple[bool, Any] | None = None
-        if self._rank == 0:
+        if self.rank == 0:
             try:
                 outcome = (True, decide())
             except Exception as exc:  # every rank must hear of it; each raises it
@@ -189,11 +170,8 @@ class TorchCollective:
 def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
     """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
     On CUDA each rank takes the device of its local rank."""
-    # torch.distributed.nn.functional binds ``group.WORLD`` as the default argument of its functions
-    # when it is first imported, and DDP imports it. Imported after the group exists, those defaults
-    # hold the group until the interpreter's own teardown, which then joins gloo's threads while
-    # Python is half gone: "terminate called without an active exception", exit 134, after a run
-    # that ended well. Imported first, the defaults are None and :func:`shutdown` ends the group.
+    # Imported before the group exists, so its functions' default ``group.WORLD`` is None: else
+    # those defaults keep the group alive into the interpreter's teardown (exit 134 after a good run).
     import torch.distributed.nn.functional
 
     if device.type == "cuda":
@@ -206,10 +184,8 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
         if attempt is None:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
-            # A restarted agent gives its workers the same store as before: the keys the ranks
-            # publish their addresses under would still hold the dead attempt's, and a rank that
-            # reads one first fails to connect ("Connection refused") and costs another restart.
-            # Each attempt gets keys of its own.
+            # A restarted agent reuses its store: each attempt gets keys of its own, or a rank could
+            # read a dead attempt's address and fail to connect.
             from torch.distributed.distributed_c10d import PrefixStore
             from torch.distributed.rendezvous import rendezvous
 
@@ -238,9 +214,8 @@ def group_threads() -> list[str]:
 
 
 def shutdown() -> list[str]:
-    """End the process group and its threads now, in teardown, not in the interpreter's exit.
-    The run's objects form reference cycles that hold the DDP model and through it the group, so
-    they are collected first. Returns the group threads still running after that (none expected)."""
+    """End the process group and its threads in the teardown, not in the interpreter's exit (the
+    collection frees the cycles that hold the DDP model). Returns the group threads still running."""
     if dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
@@ -255,25 +230,9 @@ def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
     return DistributedDataParallel(model, device_ids=ids)
 
 
-class ShardSampler(Sampler[int]):
-    """Every ``world``-th index from ``rank``: exact shards, no padding (shard sizes may differ by one)."""
-
-    def __init__(self, size: int, rank: int, world: int) -> None:
-        self.indices = range(rank, size, world)
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
 class _WrappingDistributedSampler(DistributedSampler[T]):
-    """A ``DistributedSampler`` whose shuffle seed ``seed + epoch`` wraps around 2**64.
-
-    torch seeds the epoch's generator with ``seed + epoch``, which it takes only below 2**64; a run's
-    data seed is any unsigned 64-bit number (a negative config seed -s gives 2**64 - s), so epoch 1
-    of seed -1 overflowed. Below 2**64 the order is exactly DistributedSampler's."""
+    """A ``DistributedSampler`` whose shuffle seed ``seed + epoch`` wraps around 2**64 (torch takes
+    only seeds below it, and a run's data seed is any unsigned 64-bit number)."""
 
     def __iter__(self) -> Iterator[T]:
         seed = self.seed
@@ -284,7 +243,7 @@ class _WrappingDistributedSampler(DistributedSampler[T]):
             self.seed = seed
 
 
-def _like(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
+def _loader_like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[Any]:
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
@@ -293,7 +252,7 @@ def _like(loader: DataLoader[Any], sampler: Sampler[int]) -> DataLoader[Any]:
     )
 
 
-def _check(loader: Any, what: str) -> DataLoader[Any]:
+def _shardable(loader: Any, what: str) -> DataLoader[Any]:
     if not isinstance(loader, DataLoader) or loader.batch_size is None:
         raise TypeError(f"a multi-process run shards its {what} loader by dataset index: it must be a "
                         f"torch DataLoader with a batch_size, got {type(loader).__name__}")
@@ -303,14 +262,14 @@ def _check(loader: Any, what: str) -> DataLoader[Any]:
 def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoader[Any]:
     """This rank's share of the training data: equal, padded shards; shuffled (if the loader was)
     by ``seed`` and the epoch the driver sets."""
-    loader = _check(loader, "training")
+    loader = _shardable(loader, "training")
     shuffle = isinstance(loader.sampler, RandomSampler)
     sampler: DistributedSampler[Any] = _WrappingDistributedSampler(
         loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
-    return _like(loader, sampler)
+    return _loader_like(loader, sampler)
 
 
 def shard_val_loader(loader: Any, rank: int, world: int) -> DataLoader[Any]:
     """This rank's share of the validation data, unpadded: summed over the ranks it is the whole set once."""
-    loader = _check(loader, "validation")
-    return _like(loader, ShardSampler(len(loader.dataset), rank, world))
+    loader = _shardable(loader, "validation")
+    return _loader_like(loader, range(rank, len(loader.dataset), world))  # every world-th index: exact, unpadded

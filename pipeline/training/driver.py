@@ -2,7 +2,8 @@
 
 Its methods are the driver actions of the lifecycle program (``forward``, ``backward``, …,
 ``val_batch``); the machine's handlers call them in the table's order, between the hooks.
-Losses are summed on the device and read once per epoch; nothing in the batch path syncs the host.
+Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in
+the batch path syncs the host.
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
         "a batch must be (inputs, targets) or a mapping with 'inputs' and 'targets'; "
         f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
     )
-
-
-def _count(targets: Any) -> int:
-    return targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -110,13 +107,9 @@ class TorchDriver:
             return {k: self._to_device(v) for k, v in value.items()}
         return value
 
-    @property
-    def shuffle_generator(self) -> torch.Generator | None:
-        """The train loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
-        return self.loader_generator(self.train_loader)
-
     @staticmethod
     def loader_generator(loader: Any) -> torch.Generator | None:
+        """A loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
         for owner in (loader, getattr(loader, "sampler", None)):
             gen = getattr(owner, "generator", None)
             if isinstance(gen, torch.Generator):
@@ -128,7 +121,7 @@ class TorchDriver:
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
-        gen, seed = self.shuffle_generator, epoch.run.extras.get("data_seed")
+        gen, seed = self.loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
         if gen is not None and seed is not None:
             # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
             # run draws the same batches as an uninterrupted one (a loader without its own generator
@@ -138,30 +131,32 @@ class TorchDriver:
         self._seen = 0
         return iter(self.train_loader)
 
-    def forward(self, step: StepContext) -> None:
-        inputs, targets = split_batch(step.batch)
+    def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
+        """``model`` on one batch: its output, loss, targets and row count."""
+        inputs, targets = split_batch(batch)
         if self._move:
             inputs, targets = self._to_device(inputs), self._to_device(targets)
-        if self.precision is not None:
-            with self.precision.autocast():
-                output = self.train_model(inputs)
-                loss = self.loss_fn(output, targets)
-        else:
-            output = self.train_model(inputs)
+        if self.precision is None:
+            output = model(inputs)
             loss = self.loss_fn(output, targets)
-        step.output = output
-        step.loss = loss
-        n = _count(targets)
-        self._loss_sum += loss.detach() * n
+        else:
+            with self.precision.autocast():
+                output = model(inputs)
+                loss = self.loss_fn(output, targets)
+        n = targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
+        return output, loss, targets, n
+
+    def forward(self, step: StepContext) -> None:
+        step.output, step.loss, _, n = self._run(self.train_model, step.batch)
+        self._loss_sum += step.loss.detach() * n
         self._seen += n
 
     def backward(self, step: StepContext) -> None:
-        assert step.loss is not None
         if self._no_sync is not None and step.skip_optimizer_step:
-            with self._no_sync():  # accumulating: gradients are averaged over the ranks once, on the stepping batch
+            with self._no_sync():  # accumulating: DDP averages the gradients once, on the stepping batch
                 self._backward(step)
-            return
-        self._backward(step)
+        else:
+            self._backward(step)
 
     def _backward(self, step: StepContext) -> None:
         assert step.loss is not None
@@ -212,17 +207,7 @@ class TorchDriver:
             yield from loader
 
     def val_batch(self, step: ValStepContext) -> None:
-        inputs, targets = split_batch(step.batch)
-        if self._move:
-            inputs, targets = self._to_device(inputs), self._to_device(targets)
-        if self.precision is not None:
-            with self.precision.autocast():
-                output = self.model(inputs)
-                loss = self.loss_fn(output, targets)
-        else:
-            output = self.model(inputs)
-            loss = self.loss_fn(output, targets)
-        n = _count(targets)
+        output, loss, targets, n = self._run(self.model, step.batch)
         step.output, step.loss = output, loss
         if self._val_fns:  # one fused add for all values; without metrics, the loss alone
             values = [loss, *(fn(output, targets) for fn in self._val_fns)]

@@ -18,11 +18,8 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 
 
 class MLP(nn.Module):
-    """A fully connected network: ``in_features -> hidden... -> out_features``.
-
-    ``hidden`` is a list of layer widths (empty gives a linear model); ``dropout`` is applied after
-    every hidden activation.
-    """
+    """A fully connected network ``in_features -> hidden... -> out_features`` (``hidden`` empty: a
+    linear model), with ``dropout`` after every hidden activation."""
 
     def __init__(
         self,
@@ -47,8 +44,6 @@ class MLP(nn.Module):
             width = h
         layers.append(nn.Linear(width, out_features))
         self.net = nn.Sequential(*layers)
-        self.in_features = in_features
-        self.out_features = out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.net(x)

@@ -1,29 +1,20 @@
 """Mixed precision: what the driver runs its forward under, and how it scales the loss.
 
-``precision``:
-
-- ``"32"``: plain float32 (the default; nothing changes).
-- ``"bf16-mixed"``: the forward (and the loss) under ``torch.autocast`` with bfloat16, on CPU or
-  CUDA. bfloat16 has float32's range, so no loss scaling.
-- ``"16-mixed"``: autocast with float16 and a ``torch.amp.GradScaler``: the loss is scaled before
-  backward, and the gradients are unscaled right after it (before ``on_after_backward``), so the
-  gradient monitor and clipping see true gradients. If they are not finite (an fp16 overflow),
-  the step context's ``skip_optimizer_step`` is set, so the optimizer step and its hooks are left
-  out for that batch, exactly as a callback would skip it, and the scale shrinks.
-
-The weights stay float32 in every mode; checkpoints carry the scaler's state.
+``"32"``: plain float32. ``"bf16-mixed"``: forward and loss under ``torch.autocast`` with bfloat16
+(float32's range: no scaling). ``"16-mixed"``: float16 with a ``GradScaler``; gradients are unscaled
+right after backward, so callbacks see true ones, and an overflow skips that batch's optimizer step
+(``skip_optimizer_step``) and shrinks the scale. Weights stay float32; checkpoints carry the scaler.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-__all__ = ["PRECISIONS", "Precision", "PrecisionPolicy"]
+__all__ = ["PRECISIONS", "PrecisionPolicy"]
 
-Precision = Literal["32", "bf16-mixed", "16-mixed"]
 PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed")
 
 
@@ -33,7 +24,6 @@ class PrecisionPolicy:
     def __init__(self, precision: str, device: torch.device) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-        self.precision = precision
         self.device = device
         self._dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
         self.scaler: torch.amp.GradScaler | None = None
@@ -73,10 +63,3 @@ class PrecisionPolicy:
             return
         self.scaler.step(optimizer)
         self.scaler.update()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])

@@ -1,9 +1,5 @@
-"""Blame a constructor's rejection on the leaf of the config that caused it.
-
-A constructor that rejects its arguments becomes one :class:`~fsmtrain.app.config.ConfigError`
-naming the leaf path (``optimizer_config.lr``), what was found there, the constructor's own words,
-and the file (or the ``--set``) it came from. The leaf is found by building again without each key
-in turn: the key without which the constructor accepts the rest is the one it rejected.
+"""Blame a constructor's rejection on the config leaf that caused it (``optimizer_config.lr``): the
+key without which the constructor accepts the rest.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ __all__ = ["blamed"]
 
 def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
            kwargs: Mapping[str, Any], target: str | None = None) -> Any:
-    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``. With no kwargs
-    given, nothing in ``section`` can be at fault: the constructor itself is, at ``target`` (the
-    key naming it, e.g. ``callbacks.extra.0.target``)."""
+    """``build(kwargs)``; a rejection becomes a ConfigError at ``section.<leaf>``, or at ``target``
+    (the key naming the constructor) when there were no kwargs."""
     try:
         return build(kwargs)
     except ConfigError:

@@ -1,5 +1,5 @@
-"""What a validated run config builds: the model, optimizer, scheduler, loss, data, metrics and
-the default callback list, each from its dotted path."""
+"""What a validated run config builds, each from its dotted path: the model, optimizer, scheduler,
+loss, data, metrics and callbacks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from fsmtrain.app.config.blame import blamed
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import Kind, resolve_dotted
-from fsmtrain.app.config.schema import RunConfig, resolved_dict
+from fsmtrain.app.config.schema import CallbacksConfig, CheckpointConfig, RunConfig, resolved_dict
 from fsmtrain.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
@@ -108,26 +108,12 @@ def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Ten
 def build_callbacks(
     cfg: RunConfig, *, run_dir: Path | None, trial: optuna.trial.Trial | Any | None = None
 ) -> list[TrainingCallback]:
-    """The default callback list: the nine built-ins as configured, then clipping/accumulation, then
-    the user's extra callbacks (the runner orders them all by priority).
-
-    ``trial`` is an Optuna trial, or anything with its ``report``/``should_prune`` (replay passes a
-    recorded one); the pruner joins only when it is given."""
+    """The run's callbacks: the built-ins as configured, clipping and accumulation, then the user's
+    extras (the runner orders them by priority). ``trial``: anything with Optuna's ``report`` and
+    ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
 
-    c = cfg.callbacks
-    out: list[TrainingCallback] = []
-    if c.nan_detection.enabled:
-        out.append(cb.NaNDetectionCallback())
-    if c.optimizer_mode.enabled:
-        out.append(cb.OptimizerModeCallback())
-    if c.gradient_monitor.enabled:
-        out.append(cb.GradientMonitorCallback(warn_threshold=c.gradient_monitor.warn_threshold))
-    if c.loss_prediction.enabled:
-        out.append(cb.LossPredictionCallback(max_epochs=cfg.epochs))
-    if c.overfit_detection.enabled:
-        out.append(cb.OverfitDetectionCallback(
-            warmup_epochs=c.overfit_detection.warmup_epochs, window_size=c.overfit_detection.window_size))
+    out = watching_callbacks(cfg.callbacks, cfg.epochs)
     if cfg.wandb.enabled:
         out.append(cb.WandbLoggingCallback(
             project=cfg.wandb.project or cfg.project, mode=cfg.wandb.mode, tags=tuple(cfg.wandb.tags),
@@ -144,25 +130,14 @@ def build_callbacks(
             patience=es.patience, mode=es.mode, min_delta=es.min_delta, monitor=es.monitor))
     if run_dir is not None:
         out.append(cb.MetricsCsvCallback(run_dir / "metrics.csv"))
-    ck = cfg.checkpoint
-    if ck.enabled and run_dir is not None:
-        out.append(cb.CheckpointCallback(
-            run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
-            save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
-            background=ck.background,
-        ))
+    if cfg.checkpoint.enabled and run_dir is not None:
+        out.append(checkpoint_callback(cfg.checkpoint, run_dir))
     if cfg.grad_clip is not None:
         gc = cfg.grad_clip
         out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
     if cfg.grad_accumulation > 1:
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
-    return [*out, *build_extra_callbacks(cfg)]
-
-
-def build_extra_callbacks(cfg: RunConfig) -> list[TrainingCallback]:
-    """The user's ``callbacks.extra``; a constructor that rejects its kwargs is a ConfigError at the leaf."""
-    out: list[TrainingCallback] = []
-    for i, extra in enumerate(cfg.callbacks.extra):
+    for i, extra in enumerate(cfg.callbacks.extra):  # a constructor's rejection is blamed on its leaf
         build = partial(_construct, resolve_dotted(extra.target))
         out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs,
                           f"callbacks.extra.{i}.target"))
@@ -171,3 +146,31 @@ def build_extra_callbacks(cfg: RunConfig) -> list[TrainingCallback]:
 
 def _construct(cls: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
     return cls(**kwargs)
+
+
+def watching_callbacks(c: CallbacksConfig, epochs: int) -> list[TrainingCallback]:
+    """The built-ins that only watch a run, as ``c`` enables them."""
+    import fsmtrain.callbacks as cb
+
+    out: list[TrainingCallback] = []
+    if c.nan_detection.enabled:
+        out.append(cb.NaNDetectionCallback())
+    if c.optimizer_mode.enabled:
+        out.append(cb.OptimizerModeCallback())
+    if c.gradient_monitor.enabled:
+        out.append(cb.GradientMonitorCallback(warn_threshold=c.gradient_monitor.warn_threshold))
+    if c.loss_prediction.enabled:
+        out.append(cb.LossPredictionCallback(max_epochs=epochs))
+    if c.overfit_detection.enabled:
+        out.append(cb.OverfitDetectionCallback(
+            warmup_epochs=c.overfit_detection.warmup_epochs, window_size=c.overfit_detection.window_size))
+    return out
+
+
+def checkpoint_callback(ck: CheckpointConfig, run_dir: Path) -> TrainingCallback:
+    import fsmtrain.callbacks as cb
+
+    return cb.CheckpointCallback(
+        run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
+        save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
+        background=ck.background)

@@ -1,13 +1,6 @@
 """The checks of the user's code that ``train``, ``validate`` and ``preflight`` share, so that what
-``train`` would refuse, the other two refuse in the same words.
-
-``train`` builds the model, optimizer, scheduler and loss before it claims a run directory;
-``validate`` builds the same cheaply (the optimizer and scheduler on one dummy parameter) and
-checks the data builder's arguments against its signature. Either way a constructor that rejects
-its arguments is blamed on the leaf of the config that caused it (:mod:`fsmtrain.app.config.blame`).
-All three build the run's callbacks and the runner over them (:func:`checked_callbacks`); ``validate
---data`` and ``preflight`` call the data builder once, and a builder that raises is a config error
-naming it (:func:`check_data`).
+``train`` would refuse, the other two refuse in the same words: the constructors (cheaply, on a
+dummy parameter), the callbacks and their runner, and the data builder's arguments or one call.
 """
 
 from __future__ import annotations
@@ -32,15 +25,13 @@ __all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_argume
            "data_failure"]
 
 UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"
-"""The run directory the checks build the callbacks for: the callbacks that write files into a run
-(metrics.csv, checkpoints) are in the list, as in ``train``; none touches it before a run starts."""
+"""The run directory the checks build callbacks for, so the file-writing ones are checked too."""
 
 
 def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, trial: Any = None,
                       extra: Sequence[TrainingCallback] = ()) -> list[TrainingCallback]:
-    """The run's callbacks as ``train`` builds them, ``extra`` added, and the runner over them: a
-    constructor that rejects its arguments, an ``on_*`` method that is not a hook, a hook with the
-    wrong signature, or a slot read before its writer is one ConfigError."""
+    """The run's callbacks as ``train`` builds them, ``extra`` added; a constructor or a runner that
+    rejects them is one ConfigError."""
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
     try:
         CallbackRunner(callbacks)
@@ -51,8 +42,7 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
 
 
 def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
-    """The data builder ran and raised: a config error naming the builder, what it raised, and the
-    ``data_config`` value its message names (a missing file's path), if one does."""
+    """The data builder raised: a config error at the ``data_config`` value its message names, if any."""
     text = " ".join(f"{type(error).__name__}: {error}".split())
     leaf = next((k for k, v in cfg.data_config.items() if isinstance(v, str) and v and v in text), None)
     path = f"data_config.{leaf}" if leaf else "data"
@@ -85,8 +75,8 @@ _SIMPLE = (int, float, str, bool)
 
 
 def check_data_arguments(cfg: RunConfig, seed: int) -> None:
-    """The data builder's signature accepts ``batch_size``, ``seed`` and ``data_config``, and each
-    value has the simple type its annotation names (``n_features: int`` is not ``'eight'``)."""
+    """The data builder accepts ``batch_size``, ``seed`` and ``data_config``, each value of the simple
+    type its annotation names."""
     builder = resolve_dotted(cfg.data)
     try:
         sig = inspect.signature(builder)
@@ -123,10 +113,8 @@ def _fits(value: Any, want: type) -> bool:
 
 
 def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]:
-    """What ``validate`` builds: the model, the loss, the optimizer and scheduler on one dummy
-    parameter, the callbacks and their runner, and the data builder's arguments; with ``data``, it
-    calls the data builder once. Returns what was built and what was done with the data, for the
-    summary line."""
+    """What ``validate`` builds (with ``data``, it calls the data builder once); returns what was built
+    and what was done with the data, for the summary line."""
     import torch
 
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")

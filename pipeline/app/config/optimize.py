@@ -53,16 +53,19 @@ def _study_part_class(name: str, part: str) -> Any:
     return obj
 
 
+def _configured_part(opt: OptimizeConfig, part: str) -> Any:
+    try:
+        return _study_part_class(getattr(opt, part), part)
+    except ResolveError as exc:
+        raise ConfigError([ConfigProblem(f"optimize.{part}", _PART_KIND[part], exc.found, exc.suggestion)]) from None
+
+
 def _nested(value: Any) -> Any:
     """``{target: dotted.Class, kwargs: {...}}`` inside sampler/pruner kwargs builds that object
     (``PatientPruner(wrapped_pruner=...)``); everything else passes through."""
     if isinstance(value, Mapping) and "target" in value and set(value) <= {"target", "kwargs"}:
         return resolve_dotted(str(value["target"]))(**{k: _nested(v) for k, v in dict(value.get("kwargs", {})).items()})
     return value
-
-
-def _grid_space(opt: OptimizeConfig) -> dict[str, list[Any]]:
-    return {path: list(p.choices or []) for path, p in opt.search_space.items() if p.type == "categorical"}
 
 
 def _is_grid(cls: Any) -> bool:
@@ -72,30 +75,27 @@ def _is_grid(cls: Any) -> bool:
 
 
 def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
-    """The ``seed`` one worker's sampler gets: worker ``k`` of a new study adds ``k`` (parallel
-    workers must not propose the same parameters); on a study that already holds trials (an earlier
-    ``fsmtrain hpo`` on it) the seed is drawn from (seed, trials, worker), since the configured seed
-    again would propose again what its first run proposed."""
-    if prior_trials == 0:
-        return seed + worker
-    digest = hashlib.sha256(f"fsmtrain-sampler-seed:{seed}:{prior_trials}:{worker}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")  # numpy's RandomState takes seeds below 2**32
+    """The seed one worker's sampler gets: ``seed + worker`` on a new study; on one that holds trials,
+    drawn from (seed, trials, worker), since the same seed would propose the same parameters again."""
+    return seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
+
+
+def drawn_seed(*parts: object) -> int:
+    """A sampler seed drawn from ``parts``, below 2**32 (what numpy's RandomState takes)."""
+    digest = hashlib.sha256(":".join(["fsmtrain-sampler-seed", *map(str, parts)]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0,
                   seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
-    ``sampler_config.search_space`` is given; an integer ``seed`` is made this worker's: ``seed``
-    when given (the one the worker claimed in the study, :mod:`fsmtrain.app.hpo.seeds`), else by
-    :func:`sampler_seed`."""
-    try:
-        cls = _study_part_class(opt.sampler, "sampler")
-    except ResolveError as exc:
-        raise ConfigError([ConfigProblem("optimize.sampler", _PART_KIND["sampler"], exc.found,
-                                         exc.suggestion)]) from None
+    ``sampler_config.search_space`` is given; a configured integer seed becomes ``seed`` (the one the
+    worker claimed, :mod:`fsmtrain.app.hpo.seeds`), else :func:`sampler_seed`'s."""
+    cls = _configured_part(opt, "sampler")
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
-        kwargs["search_space"] = _grid_space(opt)
+        kwargs["search_space"] = {path: list(p.choices or []) for path, p in opt.search_space.items()
+                                  if p.type == "categorical"}
     configured = kwargs.get("seed")
     if type(configured) is int:
         kwargs["seed"] = seed if seed is not None else sampler_seed(configured, worker=worker,
@@ -104,16 +104,8 @@ def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0
 
 
 def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
-    try:
-        cls = _study_part_class(opt.pruner, "pruner")
-    except ResolveError as exc:
-        raise ConfigError([ConfigProblem("optimize.pruner", _PART_KIND["pruner"], exc.found,
-                                         exc.suggestion)]) from None
+    cls = _configured_part(opt, "pruner")
     return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
-
-
-def _related(problem_path: str, path: str) -> bool:
-    return problem_path == path or problem_path.startswith(path + ".") or path.startswith(problem_path + ".")
 
 
 def _with_value(data: Mapping[str, Any], parts: Sequence[str], value: Any) -> dict[str, Any] | str:
@@ -145,7 +137,7 @@ def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, 
 
 def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) -> list[ConfigProblem]:
     """Each search-space path, set to both ends of its range (or each choice), must give a config
-    that passes the schema and resolution tiers; what fails there is reported at the search path."""
+    that passes the schema and resolution tiers; a failure is reported at the search path."""
     base = {k: v for k, v in data.items() if k != "optimize"}
     found: dict[str, ConfigProblem] = {}
     for path, spec in space.items():
@@ -170,7 +162,7 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
                 problems += schema_problems(exc)
             problems += resolution_problems(probe)
             for p in problems:
-                if not _related(p.path, str(path)):
+                if not (p.path == path or p.path.startswith(f"{path}.") or str(path).startswith(f"{p.path}.")):
                     continue
                 fix = p.suggestion
                 if fix and p.found.startswith(("unknown key", "unknown argument")):

@@ -1,7 +1,6 @@
-"""The resolution tier of a run config: every dotted path imports and is the right kind of object,
-its kwargs match its signature, a requested accelerator exists. Every path is imported for real:
-``validate`` builds the model, loss and optimizer anyway (so it rejects what ``train`` would), which
-imports torch, and that a user's module imports is part of the check."""
+"""The resolution tier of a run config: every dotted path imports (for real: that a user's module
+imports is part of the check) and is the right kind of object, its kwargs match its signature, and
+a requested accelerator exists."""
 
 from __future__ import annotations
 
@@ -42,15 +41,13 @@ def _names_in(obj: Any) -> list[str]:
     return names
 
 
-# The names fsmtrain's own modules had before they were one package: refused, never aliased.
+# fsmtrain's folder names, which are not import names: a path under them is refused with its fsmtrain.… name.
 _OLD_NAMES = {"pipeline": "fsmtrain", "callbacks": "fsmtrain.callbacks"}
 
 
 def _renamed(path: str) -> str | None:
-    """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists.
-
-    Checked before importing: from a checkout the old folder would import as a second copy of fsmtrain.
-    A user's own ``callbacks`` package whose path has no fsmtrain counterpart imports as usual."""
+    """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists
+    (checked first: from a checkout the old folder would import as a second copy of fsmtrain)."""
     top, _, rest = path.partition(".")
     new = f"{_OLD_NAMES[top]}.{rest}" if top in _OLD_NAMES and rest else None
     if new is None:
@@ -130,8 +127,7 @@ def _is_kind(obj: Any, kind: Kind) -> bool:
 
 
 def _takes_output_and_target(sig: inspect.Signature) -> bool:
-    """Whether the first two arguments are positional and required, as a loss's output and target
-    are (``relu(input, inplace=False)`` takes two, but its second is no target)."""
+    """Whether the first two arguments are positional and required, as a loss's output and target are."""
     slots: list[inspect.Parameter] = []
     for p in sig.parameters.values():
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
@@ -142,9 +138,8 @@ def _takes_output_and_target(sig: inspect.Signature) -> bool:
 
 
 def not_a_loss(obj: Any) -> str | None:
-    """Why a callable that is not an ``nn.Module`` class cannot be a loss function, or None. A loss
-    is called as ``fn(output, target, **criterion_config)``: it takes two positional arguments, and
-    it is not one of Python's own functions (``os.system`` and ``builtins.eval`` are callables too)."""
+    """Why a callable that is not an ``nn.Module`` class cannot be a loss ``fn(output, target, ...)``,
+    or None (Python's own functions, ``os.system`` among them, are never one)."""
     top = str(getattr(obj, "__module__", None) or "").partition(".")[0]
     if top in sys.stdlib_module_names or top == "builtins":
         return "a function of Python's standard library, not a loss"
@@ -170,18 +165,13 @@ def describe(obj: Any) -> str:
 def kwarg_problems(
     obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positional: int, supplied: Sequence[str] = ()
 ) -> list[ConfigProblem]:
-    """Check ``kwargs`` against ``obj``'s signature (after ``positional`` leading arguments)."""
+    """Check ``kwargs`` against ``obj``'s signature (after ``positional`` leading arguments);
+    ``supplied``: the names fsmtrain fills in itself."""
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return []  # builtins without a signature: the call itself will tell
-    return _signature_problems(sig, describe(obj), kwargs, cfg_path, positional, supplied)
-
-
-def _signature_problems(
-    sig: inspect.Signature, what: str, kwargs: Mapping[str, Any], cfg_path: str, positional: int,
-    supplied: Sequence[str] = (),
-) -> list[ConfigProblem]:
+    what = describe(obj)
     params = list(sig.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     skip = 0
@@ -220,12 +210,6 @@ _TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = 
 )
 
 
-def _leading_args(kind: Kind, is_class: bool, positional: int) -> int:
-    """How many leading arguments fsmtrain passes before the ``*_config`` kwargs: a loss function is
-    called as ``fn(output, target, **criterion_config)``, a loss class built from the kwargs alone."""
-    return 2 if kind is Kind.LOSS and not is_class else positional
-
-
 def _check_target(
     path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int,
     supplied: Sequence[str] = (),
@@ -243,8 +227,9 @@ def _check_target(
         return [ConfigProblem(path, kind.value, f"{value} is {why}")]
     if kwargs_path is None or not isinstance(kwargs, Mapping):
         return []
-    # signature(cls) is the constructor without self
-    return kwarg_problems(obj, kwargs, kwargs_path, _leading_args(kind, inspect.isclass(obj), positional), supplied)
+    if kind is Kind.LOSS and not inspect.isclass(obj):
+        positional = 2  # a loss function is called as fn(output, target, **criterion_config)
+    return kwarg_problems(obj, kwargs, kwargs_path, positional, supplied)
 
 
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:

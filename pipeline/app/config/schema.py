@@ -28,16 +28,18 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class EarlyStoppingConfig(_Section):
+class Toggle(_Section):
     enabled: bool = True
+
+
+class EarlyStoppingConfig(Toggle):
     patience: int = Field(default=20, ge=1)
     mode: Literal["min", "max"] = "min"
     min_delta: float = Field(default=1e-4, ge=0)
     monitor: str = "val_loss"
 
 
-class CheckpointConfig(_Section):
-    enabled: bool = True
+class CheckpointConfig(Toggle):
     save_every_n_epochs: int = Field(default=1, ge=1)
     keep_last_k: int = Field(default=3, ge=1)
     save_best: bool = True
@@ -63,17 +65,11 @@ class WandbConfig(_Section):
     tags: list[str] = Field(default_factory=list)
 
 
-class Toggle(_Section):
-    enabled: bool = True
-
-
-class GradientMonitorOptions(_Section):
-    enabled: bool = True
+class GradientMonitorOptions(Toggle):
     warn_threshold: float = Field(default=1e4, gt=0)
 
 
-class OverfitOptions(_Section):
-    enabled: bool = True
+class OverfitOptions(Toggle):
     warmup_epochs: int = Field(default=5, ge=0)
     window_size: int = Field(default=5, ge=1)
 

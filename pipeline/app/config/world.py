@@ -1,15 +1,9 @@
 """One loader of the user's world, for every command that takes a config or a run directory.
 
-A config names the user's own code by dotted path (``mynets.SmallCNN``, ``mydata.build``,
-``mycbs.StopBelow``). Wherever a command runs from, those modules are found the same way: the
-import path gets, in this order of precedence,
-
-1. the config's folder (``fsmtrain train proj/cnn.yaml`` finds ``proj/mynets.py``),
-2. the folders the run recorded (its ``run_start`` names where its modules were imported from, so
-   ``replay``, ``resume`` and ``report`` of a run find them from any working folder),
-3. the working folder (as ``python -m`` would),
-
-and then the config is loaded, resolved and checked through every tier.
+A config names the user's code by dotted path (``mynets.SmallCNN``). Wherever a command runs, those
+modules are found the same way: the import path gets the config's folder, then the folders the run
+recorded in its ``run_start`` (so ``replay``, ``resume`` and ``report`` work from anywhere), then
+the working folder; then the config goes through every tier.
 """
 
 from __future__ import annotations
@@ -36,26 +30,12 @@ __all__ = [
 RECORDED_FOLDERS = "user_folders"
 """The ``run_start`` key that lists the folders a run's own modules were imported from."""
 
-# fsmtrain's own package: never a user's folder, wherever it is installed from.
-_OWN = frozenset({"fsmtrain"})
-
-
-def _folders(config_dir: Path | None, recorded: Iterable[str]) -> list[Path]:
-    """The import folders in order of precedence, each once."""
-    out: list[Path] = []
-    for folder in (config_dir, *(Path(f) for f in recorded), Path.cwd()):
-        if folder is None:
-            continue
-        resolved = folder.resolve()
-        if resolved not in out:
-            out.append(resolved)
-    return out
-
 
 def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = ()) -> list[Path]:
     """Put the config's folder, the recorded folders and the working folder at the front of the
     import path (in that order of precedence); return them."""
-    folders = _folders(config_dir, recorded)
+    given = (config_dir, *(Path(f) for f in recorded), Path.cwd())
+    folders = list(dict.fromkeys(f.resolve() for f in given if f is not None))
     for folder in reversed(folders):
         text = str(folder)
         if text not in sys.path:
@@ -89,8 +69,7 @@ def load_config_and_data(path: str | Path, overrides: Sequence[str] = (),
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Load ``path``, apply ``--set`` style overrides, validate through every tier, with the
-    config's folder and the working folder importable first."""
+    """Load ``path``, apply ``--set`` style overrides and validate it through every tier."""
     return load_config_and_data(path, overrides)[0]
 
 
@@ -103,8 +82,7 @@ def recorded_folders(run_dir: Path) -> list[str]:
 
 
 def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The resolved ``config.yaml`` of a run, with the run's recorded folders and the working folder
-    importable (the run directory itself is not one of the user's folders)."""
+    """The resolved ``config.yaml`` of a run, with the run's recorded folders importable."""
     enter_user_world(None, recorded_folders(run_dir))
     path = run_dir / "config.yaml"
     data = load_yaml(path)
@@ -121,7 +99,6 @@ def load_recorded_config(data: Mapping[str, Any], recorded: Iterable[str], overr
     return _validated(changed, source, overrides)
 
 
-# --- what a run records -------------------------------------------------------------------------
 def _dotted_paths(cfg: RunConfig) -> list[str]:
     paths = [cfg.net, cfg.optimizer, cfg.criterion, cfg.data, *cfg.metrics.values(),
              *(extra.target for extra in cfg.callbacks.extra)]
@@ -161,7 +138,7 @@ def user_folders(cfg: RunConfig) -> list[str]:
     for path in _dotted_paths(cfg):
         top = path.split(".", 1)[0]
         module = sys.modules.get(top)
-        if top in _OWN or top in sys.stdlib_module_names or module is None:
+        if top == "fsmtrain" or top in sys.stdlib_module_names or module is None:
             continue
         root = _import_root(module)
         if root is None or any(root == r or r in root.parents for r in installed):

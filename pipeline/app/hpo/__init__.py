@@ -1,12 +1,6 @@
 """Hyper-parameter search (``fsmtrain hpo``): the Optuna study a config's ``optimize:`` section
-describes, each trial one ordinary run per seed.
-
-Inside: ``study`` (a study and its worker processes), ``worker`` (one worker's trials and the
-signals it latches), ``trial`` (one trial's seeds), ``recovery`` (trials lost to Ctrl-C or a dead
-process, retried), ``seeds`` (sampler seeds no two workers share),
-``monitor`` (the live line and the per-trial lines), ``pruner`` (:class:`PredictedFinalLossPruner`),
-``storage`` (SQLite, journal file or a database URL) and ``cli`` (the subcommand). Names are
-imported when first asked for, so building the ``fsmtrain`` parser imports no Optuna.
+describes, each trial one ordinary run per seed. Names are imported when first asked for, so
+building the ``fsmtrain`` parser imports no Optuna.
 """
 
 from __future__ import annotations

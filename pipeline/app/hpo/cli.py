@@ -1,9 +1,4 @@
-"""``fsmtrain hpo``: run the Optuna study a config's ``optimize:`` section describes.
-
-This module only adds the subcommand: it imports nothing heavy, so building the ``fsmtrain``
-parser stays cheap; the study machinery (``study``, ``worker``, ``trial``, ``storage``, ``monitor``,
-``pruner``) is imported when the command runs.
-"""
+"""``fsmtrain hpo``: the subcommand; the study machinery is imported only when it runs."""
 
 from __future__ import annotations
 
@@ -23,8 +18,6 @@ def cmd_hpo(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     if args.device:
         overrides.append(f"device={args.device}")
-    # the loader every command uses: the config's folder and the working folder are importable (the
-    # workers inherit the import path), and a mistake an override made is blamed on its --set
     cfg, data = load_config_and_data(args.config, overrides)
     for w in cfg.warnings:
         print(f"warning: {w}", file=sys.stderr)

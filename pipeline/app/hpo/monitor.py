@@ -1,9 +1,5 @@
-"""What ``fsmtrain hpo`` shows while a study runs: one line per finished trial and, on a terminal,
-a status line (trials done of total, running, pruned, failed, best so far); a summary at the end.
-
-It reads the study's storage, not the workers, so it shows the same thing for one process,
-K local workers, or workers on other machines writing to the same database.
-"""
+"""What ``fsmtrain hpo`` shows while a study runs: a line per finished trial, a status line on a
+terminal, and a summary. It reads the study's storage, so every kind of worker shows the same."""
 
 from __future__ import annotations
 
@@ -26,14 +22,14 @@ if TYPE_CHECKING:
 __all__ = ["Monitor", "describe_trial", "format_params"]
 
 
-def _fmt(x: float | None) -> str:
+def _number(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.6g}" if math.isfinite(x) else str(x)
 
 
 def format_params(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in params.items())
+    return " ".join(f"{k}={_number(v) if isinstance(v, float) else v}" for k, v in params.items())
 
 
 def _first_run_dir(trial: FrozenTrial) -> str | None:
@@ -45,7 +41,7 @@ def describe_trial(trial: FrozenTrial) -> str:
     """``trial 3 COMPLETE 0.0123 lr=0.003 (4.1 s) -> runs/...``: one finished trial on one line."""
     state = trial.state.name
     if state == "COMPLETE":
-        what = _fmt(trial.value)
+        what = _number(trial.value)
         seeds = trial.user_attrs.get(SEEDS_ATTR)
         if isinstance(seeds, dict) and "NaN" in seeds.values():
             bad = [s for s, v in seeds.items() if v == "NaN"]
@@ -81,7 +77,7 @@ class Monitor:
         self._lock = threading.Lock()  # the in-process watcher thread and the final poll
         self._status = ""
 
-    def _mine(self, trial: FrozenTrial) -> bool:
+    def _launched_here(self, trial: FrozenTrial) -> bool:
         who = trial.user_attrs.get(WORKER_ATTR)
         return isinstance(who, dict) and who.get("launch") == self.launch
 
@@ -104,10 +100,10 @@ class Monitor:
             self._status = status
 
     def _status_line(self, trials: list[FrozenTrial]) -> str:
-        mine = Counter(t.state.name for t in trials if self._mine(t))
+        mine = Counter(t.state.name for t in trials if self._launched_here(t))
         done = mine["COMPLETE"] + mine["PRUNED"] + mine["FAIL"]
         best = self._best(trials)
-        shown = f"best {_fmt(best.value)} (trial {best.number})" if best is not None else "best -"
+        shown = f"best {_number(best.value)} (trial {best.number})" if best is not None else "best -"
         return (f"[{done}/{self.total}] running {mine['RUNNING']}, pruned {mine['PRUNED']}, "
                 f"failed {mine['FAIL']} | {shown}")
 
@@ -124,7 +120,7 @@ class Monitor:
             if self.live:
                 self.out.write("\r\x1b[K")
             trials = self.study.get_trials(deepcopy=False)
-            mine = Counter(t.state.name for t in trials if self._mine(t))
+            mine = Counter(t.state.name for t in trials if self._launched_here(t))
             total = Counter(t.state.name for t in trials)
             out = self.out
             head = "interrupted: " if interrupted else ""
@@ -140,7 +136,7 @@ class Monitor:
             if best is None:
                 print("  no completed trial yet", file=out)
             else:
-                print(f"best: trial {best.number}, value {_fmt(best.value)}: {format_params(best.params)}", file=out)
+                print(f"best: trial {best.number}, value {_number(best.value)}: {format_params(best.params)}", file=out)
                 run_dir = _first_run_dir(best)
                 if run_dir:
                     print(f"  run dir: {run_dir}", file=out)

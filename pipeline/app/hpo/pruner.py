@@ -1,9 +1,7 @@
 """``PredictedFinalLossPruner``: stop a trial whose extrapolated final loss cannot beat the study.
 
-``LossPredictionCallback`` fits ``A·exp(K·t)`` to a run's validation losses and extrapolates to the
-last epoch; ``PrunerCallback`` copies that prediction into the trial's user attribute
-``predicted_final_loss`` before it asks ``trial.should_prune()``. This pruner reads the attribute,
-so it decides on exactly the number the run's log records in its ``epoch`` events.
+It reads the prediction ``PrunerCallback`` copies into the trial's ``predicted_final_loss`` user
+attribute, so it decides on exactly the number the run's log records.
 """
 
 from __future__ import annotations
@@ -22,13 +20,10 @@ __all__ = ["PredictedFinalLossPruner"]
 
 
 class PredictedFinalLossPruner(BasePruner):
-    """Prune when the predicted final loss is worse than the best completed trial's value by more
-    than ``margin`` (relative: ``best + margin·|best|`` when minimizing, mirrored when maximizing).
-
-    Nothing is pruned before epoch ``n_warmup_steps``, before ``n_startup_trials`` trials completed
-    with a finite value, or on a prediction whose fit failed (``fit_ok`` false: it is only the last
-    val loss) unless ``use_failed_fits``. ``last_reason`` explains the latest decision (the HPO layer
-    stores it with a pruned trial)."""
+    """Prune when the predicted final loss is worse than the best completed value by more than
+    ``margin`` (relative: ``best + margin·|best|`` when minimizing). Nothing is pruned before epoch
+    ``n_warmup_steps``, before ``n_startup_trials`` finite completions, or on a failed fit unless
+    ``use_failed_fits``. ``last_reason`` explains the latest decision."""
 
     def __init__(self, margin: float = 0.1, n_warmup_steps: int = 10, n_startup_trials: int = 1,
                  use_failed_fits: bool = False) -> None:

@@ -1,18 +1,10 @@
-"""Trials whose process stopped under them: found, failed, and run again from where they were.
+"""Trials whose process stopped under them (Ctrl-C, a killed worker): found, failed, and run again.
 
-A trial is *lost* when its code did not fail but its process stopped: Ctrl-C, a killed worker, a
-killed ``fsmtrain hpo``. A lost trial is FAILed with the ``lost`` user attribute, and a retry with
-its parameters is enqueued (Optuna's retry callback: the retry inherits the trial's run dirs and
-resumes each seed from its last checkpoint, see :mod:`fsmtrain.app.hpo.trial`).
-
-- a local worker that dies is failed and retried at once by the command that started it;
-- Ctrl-C fails the running trials as lost but enqueues nothing (the user stopped the study);
-- when a study is run again, :func:`reclaim` retries every lost trial that has no retry yet, and
-  fails at once a RUNNING trial whose process is provably gone: recorded on this host (same name,
-  same boot, same pid namespace), and that pid is absent, a zombie, or another process since. Any
-  doubt leaves it to the heartbeat's grace period. Every worker does the latter before each trial
-  it starts, and once more when it has no trial left to run, so a worker that died beside a live
-  one never stays RUNNING because the live one finished inside the grace period.
+A *lost* trial is FAILed with the ``lost`` user attribute, and a retry with its parameters is
+enqueued, which resumes each seed from its last checkpoint. A local worker that dies is retried at
+once by its command; Ctrl-C enqueues nothing. :func:`reclaim` retries every lost trial without a
+retry, and fails a RUNNING trial whose process is provably gone (same host, boot and pid namespace,
+and the pid absent, a zombie or another process); any doubt is left to the heartbeat.
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "worker_identity"]
 
 LOST_ATTR = "lost"
-"""Trial user attribute ``{trial, why}`` of a trial failed because its process stopped. ``trial``
-is the trial's own number: a retry inherits its user attributes, and is not lost itself."""
+"""Trial user attribute ``{trial, why}``; ``trial`` tells the lost trial from a retry that inherited it."""
 
 
 def _read(path: str) -> str | None:
@@ -76,9 +67,7 @@ def worker_identity(launch: str) -> dict[str, Any]:
 
 
 def process_gone(who: Mapping[str, Any]) -> bool:
-    """Whether the process ``who`` names (a :func:`worker_identity`) is provably gone. False
-    whenever it cannot be told from here: another host, boot or pid namespace, or a record
-    without them."""
+    """Whether the process ``who`` names (a :func:`worker_identity`) is provably gone from here."""
     pid = who.get("pid")
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
@@ -111,8 +100,8 @@ def lost_why(trial: FrozenTrial) -> str | None:
 
 
 def _fail_lost(study: optuna.study.Study, trial: FrozenTrial, why: str) -> bool:
-    """FAIL a RUNNING trial as lost; False when another process ended it first. Optuna has no public
-    call to fail another process's trial: this is what its ``fail_stale_trials`` does."""
+    """FAIL a RUNNING trial as lost; False when another process ended it first. (Optuna has no public
+    call to fail another process's trial; this is what its ``fail_stale_trials`` does.)"""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -136,9 +125,8 @@ def _retry(study: optuna.study.Study, trial: FrozenTrial, max_retry: int | None)
 
 def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_retry: int | None = 3,
                          retry: bool = True) -> list[int]:
-    """FAIL the RUNNING trials of worker processes known to be dead (``pids`` on this host) as lost
-    and, with ``retry``, enqueue their retries: the journal storage has no heartbeat, so nobody
-    else would."""
+    """FAIL the RUNNING trials of dead workers (``pids`` on this host) as lost and, with ``retry``,
+    enqueue their retries (the journal storage has no heartbeat to do it)."""
     from optuna.trial import TrialState
 
     dead, host = set(pids), socket.gethostname()
@@ -156,12 +144,9 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
 
 def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True,
             not_of: str | None = None) -> list[str]:
-    """Before a study runs again: fail the RUNNING trials whose process is provably gone, and
-    enqueue a retry of every lost trial that has none. Returns one line per trial it touched.
-
-    ``unretried=False`` (a worker between two trials, while other workers may be reclaiming too):
-    only the first part; a retry is enqueued by the one process whose FAIL took effect. ``not_of``:
-    a launch whose workers are left alone (their own command fails and retries them, and says so)."""
+    """Fail the RUNNING trials whose process is provably gone and, with ``unretried``, enqueue a
+    retry of every lost trial that has none; one line per trial touched. ``not_of``: a launch whose
+    workers are left to their own command."""
     from optuna.trial import TrialState
 
     lines: list[str] = []

@@ -1,20 +1,16 @@
-"""Sampler seeds no two workers of a study share.
+"""Sampler seeds no two workers of a study share: a seed proposes what it proposed before.
 
-A seeded sampler in a worker proposes what the same seed proposed before: a replacement worker
-given the dead worker's seed proposes that worker's trials again. So every seed a worker of the
-study took is kept in the study's system attributes (``fsmtrain:sampler_seed:<seed>``, one key a
-seed, so workers that claim at once never overwrite each other's), and a worker takes the seed
-:func:`fsmtrain.app.config.optimize.sampler_seed` gives it, unless an earlier worker took it:
-then one drawn from its command's launch id, its index and the attempt.
+Each seed taken is a study system attribute (``fsmtrain:sampler_seed:<seed>``, one key a seed, so
+claims never overwrite each other); a worker takes :func:`~fsmtrain.app.config.optimize.sampler_seed`'s
+seed unless it is taken, else one drawn from its launch, index and attempt.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fsmtrain.app.config.optimize import sampler_seed
+from fsmtrain.app.config.optimize import drawn_seed, sampler_seed
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -36,22 +32,17 @@ def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
     return out
 
 
-def _drawn(seed: int, launch: str, worker: int, attempt: int) -> int:
-    digest = hashlib.sha256(f"fsmtrain-sampler-seed:{seed}:{launch}:{worker}:{attempt}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")  # numpy's RandomState takes seeds below 2**32
-
-
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
                        prior_trials: int, who: Mapping[str, Any],
                        say: Callable[[str], None] | None = None) -> int:
-    """The seed worker ``worker`` of command ``launch`` takes, recorded as taken by ``who``;
-    ``say`` is told when it is not the one :func:`sampler_seed` gives (an earlier worker took that)."""
+    """The seed worker ``worker`` of command ``launch`` takes, recorded as taken by ``who``; ``say``
+    is told when it is not :func:`sampler_seed`'s."""
     study_id = storage.get_study_id_from_name(study)
     used = seeds_used(storage.get_study_system_attrs(study_id))
     first = candidate = sampler_seed(seed, worker=worker, prior_trials=prior_trials)
     attempt = 0
     while candidate in used:
-        candidate = _drawn(seed, launch, worker, attempt)
+        candidate = drawn_seed(seed, launch, worker, attempt)
         attempt += 1
     storage.set_study_system_attr(study_id, f"{SEED_ATTR_PREFIX}{candidate}", {**who, "worker": worker})
     if candidate != first and say is not None:

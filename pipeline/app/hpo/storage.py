@@ -1,13 +1,6 @@
-"""Where an Optuna study lives, by scale, and how to open it.
-
-- one process: a SQLite file, ``runs/<project>/<study>/study.db`` by default;
-- ``--workers K`` on one machine: Optuna's journal file storage, ``.../study.journal`` (SQLite is
-  not safe for concurrent writers; the journal's append-and-lock is);
-- many machines: any RDB URL (``postgresql://user:pass@host/db``), with heartbeats: a trial whose
-  worker stops beating for the grace period is failed and re-enqueued by Optuna's retry callback.
-
-Nothing here imports torch, so ``fsmtrain hpo-report`` stays light.
-"""
+"""Where an Optuna study lives, by scale, and how to open it: a SQLite file for one process
+(``study.db``), Optuna's journal file for ``--workers K`` on one machine (``study.journal``: safe
+for concurrent writers), an RDB URL with heartbeats for many machines. Torch-free."""
 
 from __future__ import annotations
 
@@ -29,24 +22,9 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 __all__ = [
-    "DB_FILE",
-    "JOURNAL_FILE",
-    "RUN_DIRS_ATTR",
-    "WORKER_ATTR",
-    "Heartbeat",
-    "StorageError",
-    "StorageKind",
-    "StorageSpec",
-    "default_storage",
-    "existing_directions",
-    "open_storage",
-    "parse_storage",
-    "pick_study",
-    "release_dead_holders_lock",
-    "previous_run_dirs",
-    "retried_trial",
-    "retry_callback",
-    "system_attrs",
+    "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "Heartbeat", "StorageError", "StorageKind",
+    "StorageSpec", "default_storage", "existing_directions", "open_storage", "parse_storage", "pick_study",
+    "previous_run_dirs", "release_dead_holders_lock", "retried_trial", "retry_callback", "system_attrs",
 ]
 
 DB_FILE = "study.db"
@@ -54,8 +32,7 @@ JOURNAL_FILE = "study.journal"
 RUN_DIRS_ATTR = "run_dirs"
 """Trial user attribute ``{seed: run dir}``; a retry inherits its original's (Optuna copies them)."""
 WORKER_ATTR = "worker"
-"""Trial user attribute: which process runs the trial (:func:`fsmtrain.app.hpo.recovery.worker_identity`).
-A retry does not inherit it: until its own process records itself, no process is known to run it."""
+"""Trial user attribute: which process runs the trial (:func:`fsmtrain.app.hpo.recovery.worker_identity`)."""
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -160,13 +137,8 @@ class Heartbeat:
 
 
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
-    """Optuna's retry of stale trials (``RetryFailedTrialCallback``, renamed in Optuna 4.9). The
-    retry keeps the epochs the pruner already saw: it resumes the killed trial's run from its last
-    checkpoint and reports only the epochs after it.
-
-    It copies the trial's user attributes, but not :data:`WORKER_ATTR`: that names the lost trial's
-    dead process, and a retry taken by a worker that has not recorded itself yet would read as run
-    by it, so another worker's check would fail it under the live one."""
+    """Optuna's retry of stale trials, keeping the epochs the pruner saw (the retry resumes the run).
+    It copies the trial's user attributes but :data:`WORKER_ATTR`, which names the dead process."""
     import copy
 
     from optuna import storages
@@ -187,9 +159,8 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
 
 def _sqlite_connector(path: str) -> Callable[[], Any]:
     def connect() -> Any:
-        # WAL with synchronous=NORMAL: a commit is no longer an fsync (a trial commits a few times
-        # an epoch), and readers (the display, hpo-report, the dashboard) never block the writer.
-        # A process crash loses nothing committed; only a power cut may lose the last commits.
+        # WAL, synchronous=NORMAL: a commit is no fsync and readers never block the writer; only a
+        # power cut may lose the last commits.
         conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -214,15 +185,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
-    """Whether ``exc`` says another process was creating the tables at the same time. Workers (or an
-    Optuna dashboard) opening a fresh storage together each check for the tables, then create them;
-    the loser's create or schema-version insert fails, and a retry a moment later opens. Opening
-    without creating, only a duplicate can be that race (a missing table is the database's state)."""
+    """Whether ``exc`` says another process was creating the same tables at the same time (then a
+    retry opens). Opening without creating, only a duplicate can be that race."""
     name = type(exc).__name__
     if name == "IntegrityError" or (name == "ProgrammingError" and creating):  # PostgreSQL
         return True
-    # SQLite: the tables appeared meanwhile, or the other opener held the lock while it made them
-    # (SQLite refuses at once, without waiting, when waiting could deadlock)
+    # SQLite: the tables appeared meanwhile, or the other opener held the lock (refused at once)
     return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
@@ -232,10 +200,8 @@ def _to_stderr(line: str) -> None:
 
 def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True,
                  say: Callable[[str], None] = _to_stderr) -> BaseStorage:
-    """Open ``spec``; with ``create=False`` a missing file or database is an error rather than
-    being made. RDB storages (SQLite included) beat with ``heartbeat`` when given. An open that
-    lost a race with another process setting up the same database is tried again, and ``say``
-    is told each time (the error, the wait, the attempt)."""
+    """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
+    with ``heartbeat``. An open that lost a set-up race is tried again, and ``say`` is told."""
     import optuna
 
     path = spec.path
@@ -247,9 +213,8 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
         try:
             if path is not None and create:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            # An absolute path: the lock is a symlink to it, and Optuna finds a dead holder's stale
-            # lock (a worker killed while writing) by stat()ing through that link; a relative target
-            # dangles, and every other worker would then wait for the lock forever.
+            # Absolute: the lock symlinks to it, and a relative target would dangle, so Optuna could
+            # not find a dead holder's stale lock.
             return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
         except Exception as exc:
             raise StorageError(spec.source, "a journal file that can be opened",
@@ -268,8 +233,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                     spec.url, engine_kwargs=_engine_kwargs(spec.url, create=create), skip_table_creation=not create,
                     **kwargs)
         except Exception as exc:
-            # Not only when creating: Optuna stamps the schema version of tables another opener has just
-            # made (create=False opens too), and two stamps at once are the same race.
+            # create=False races too: Optuna stamps the schema version of tables just made.
             if attempt < 4 and _lost_creation_race(exc, creating=create):
                 delay = 0.2 + 0.3 * attempt
                 say(f"warning: {spec.shown}: another process was setting up this database at the same time "
@@ -282,8 +246,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
 
 
 def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None] = _to_stderr) -> list[str] | None:
-    """The directions of study ``study`` if ``spec`` holds it, else None; creates nothing (no file,
-    no tables). Raises ``StorageError`` when the storage cannot be reached."""
+    """The directions of study ``study`` if ``spec`` holds it, else None; creates nothing."""
     path = spec.path
     if path is not None and not path.is_file():
         return None  # a new file: nothing to compare with
@@ -325,7 +288,7 @@ def pick_study(storage: BaseStorage, name: str | None, shown: str) -> str:
 
 
 def system_attrs(trial: optuna.trial.Trial | FrozenTrial) -> dict[str, Any]:
-    """A trial's system attributes (a live ``Trial`` no longer exposes them since Optuna 4)."""
+    """A trial's system attributes (a live ``Trial`` does not expose them)."""
     attrs = getattr(trial, "system_attrs", None)
     if isinstance(attrs, dict):
         return attrs
@@ -339,9 +302,8 @@ def retried_trial(trial: optuna.trial.Trial | FrozenTrial) -> int | None:
 
 
 def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path]:
-    """The resume hook: for a trial Optuna re-enqueued after its worker died, the run directories
-    of the trial it retries (``{seed: run dir}``, inherited in its user attributes); ``{}`` for a
-    fresh trial. A seed with a ``latest`` checkpoint there can continue instead of starting over."""
+    """For a retry, the run directories of the trial it retries (``{seed: run dir}``); ``{}`` for a
+    fresh trial."""
     if retried_trial(trial) is None:
         return {}
     dirs = trial.user_attrs.get(RUN_DIRS_ATTR) or {}
@@ -349,9 +311,8 @@ def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path
 
 
 def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
-    """After a worker of this host died: remove the journal's lock if the same lock stays held for
-    ``hold`` seconds. Optuna holds it only for one append (write and fsync: milliseconds), and
-    would otherwise break a dead holder's lock only after 30 s, stalling every worker meanwhile."""
+    """After a worker of this host died: remove the journal's lock if it stays held for ``hold``
+    seconds (Optuna holds it for one append, and breaks a dead holder's only after 30 s)."""
     if spec.kind is not StorageKind.JOURNAL:
         return False
     lock = Path(os.path.abspath(spec.url) + ".lock")  # Optuna's JournalFileSymlinkLock
