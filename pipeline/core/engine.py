@@ -50,12 +50,12 @@ from fsmtrain.core.lifecycle import (
     LifecycleError,
     Phase,
     Transition,
-    build_machine,
     program_for,
     transition_for,
     triggers_from,
 )
 from fsmtrain.core.log_file import LogWriteError
+from fsmtrain.core.machine import build_machine
 from fsmtrain.core.move_check import MoveChecks
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner

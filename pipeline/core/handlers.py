@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fsmtrain.core.epoch_work import EpochWork, Work
-from fsmtrain.core.lifecycle import BATCH, FINAL, Action, ActionSpec, HookScope, HookSpec, Step, Transition, program_for
+from fsmtrain.core.lifecycle import BATCH, FINAL, Action, HookScope, Step, Transition, program_for
 from fsmtrain.core.runner import CallbackRunner
 
 __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
@@ -83,14 +83,14 @@ class HandlerCompiler:
         self.driver_sets_flags = driver_sets_flags  # a driver may skip a batch's step itself (fp16 overflow)
 
     def _work(self, step: Step) -> Work | None:
-        if isinstance(step, ActionSpec):
+        if step.action is not None:
             return self.actions[step.action]
         return self.runner.dispatcher(step.name)
 
     def per_batch(self, steps: Sequence[Step]) -> Work:
         """The body of a batch: its steps as one callable of the step (or validation step) context."""
         items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
-        hooked = any(isinstance(s, HookSpec) and self.runner.has(s.name) for s in steps)
+        hooked = any(s.action is None and self.runner.has(s.name) for s in steps)
         return compile_body(items, flags_can_change=hooked or self.driver_sets_flags)
 
     def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
@@ -132,7 +132,7 @@ class HandlerCompiler:
     def _teardown(self, t: Transition, steps: Sequence[Step]) -> Callable[[], None]:
         items: list[tuple[str, Work, HookScope]] = []
         for s in steps:
-            if isinstance(s, ActionSpec):
+            if s.action is not None:
                 items.append((s.name, self.actions[s.action], s.scope))
                 continue
             for i, fn in self.runner.table(s.name):

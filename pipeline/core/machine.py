@@ -1,36 +1,31 @@
-"""The lifecycle's ``transitions`` machine, with a lean trigger path through the library's own
-extension points.
+"""The lifecycle's ``transitions`` machine, built from the table, with a lean trigger path.
 
-A trigger of a plain ``transitions.Machine`` builds a partial and an ``EventData``, resolves every
-callback by name, runs the (empty) prepare, before, finalize and state enter/exit callback lists,
-and makes about a dozen logger calls; at a few triggers per epoch that was most of the engine's
-own cost per epoch. The lifecycle machine uses only conditions and the ``before`` (the move check)
-and ``after`` (the program) lists, so its classes run those without the library's overhead, and fall
-back to the library's own code the moment anything else is configured (a queue, prepare or finalize
-events, ``on_exception``, state enter/exit or final callbacks, ``send_event``):
-
-- :class:`GuardCondition` calls the guard directly (guards take no arguments: ``send_event=False``);
-- :class:`LeanTransition` runs the library's sequence (prepare, conditions, before, the change of
-  state, after; the machine-wide lists in their places) without its per-step logger calls and
-  ``itertools.chain``; the conditions still decide whether it fires;
-- :class:`LeanEvent` looks up the transitions of the model's state and tries them in order, as
-  ``Event._process`` does, with one ``EventData``;
-- :class:`LifecycleMachine` is a plain ``Machine`` that uses them.
-
-Nothing here decides a move: which transition fires is still the machine's, through its conditions.
+:func:`build_machine` makes a plain ``Machine`` (``auto_transitions=False``) whose conditions are
+the live guards and whose ``before``/``after`` callbacks are each move's check and program. A
+trigger of a plain ``Machine`` builds an ``EventData``, resolves callbacks by name, runs empty
+callback lists and logs a dozen times; the classes here run only conditions, ``before`` and
+``after`` through the library's own extension points (``condition_cls``, ``transition_cls``,
+``event_cls``), and fall back to the library's code as soon as anything else is configured.
+Which transition fires is still decided by the machine's conditions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transitions import Machine
 from transitions.core import Condition, Event, EventData, Transition
 
-__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine"]
+from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Guard, LifecycleError, Phase
+
+__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveHandler", "build_machine"]
 
 
 class GuardCondition(Condition):
+    """Calls the guard directly (guards take no arguments: ``send_event=False``)."""
+
     def check(self, event_data: EventData) -> bool:
         func = self.func
         if not callable(func) or event_data.machine.send_event or event_data.args or event_data.kwargs:
@@ -39,6 +34,9 @@ class GuardCondition(Condition):
 
 
 class LeanTransition(Transition):
+    """The library's sequence (prepare, conditions, before, change of state, after) without its
+    per-step logger calls."""
+
     condition_cls = GuardCondition
 
     def execute(self, event_data: EventData) -> bool:
@@ -90,6 +88,8 @@ def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) ->
 
 
 class LeanEvent(Event):
+    """Tries the transitions of the model's state in order, as ``Event._process`` does."""
+
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
         machine = self.machine
         # Read where ``Machine``'s properties keep them (see LeanTransition.execute); a library that
@@ -114,3 +114,35 @@ class LeanEvent(Event):
 class LifecycleMachine(Machine):
     event_cls = LeanEvent
     transition_cls = LeanTransition
+
+
+@dataclass(frozen=True)
+class MoveHandler:
+    """What the machine runs when a transition fires: ``check`` (its ``before`` callback, after the
+    conditions passed and before the state changes) raises when the table forbids the move, so the
+    state stays and ``run`` (its ``after`` callback, the move's program) never starts."""
+
+    check: Callable[[], None]
+    run: Callable[[], None]
+
+
+def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
+                  handlers: Sequence[Callable[[], None] | MoveHandler]) -> Machine:
+    """The machine over ``model``: conditions are the live ``guards``; ``handlers[i]`` runs when
+    ``TRANSITIONS[i]`` fires (a :class:`MoveHandler`'s check before the state changes)."""
+    if len(handlers) != len(TRANSITIONS):
+        raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
+    spec = [
+        {
+            "trigger": t.trigger,
+            "source": t.source.value,
+            "dest": None if t.internal else t.dest.value,
+            "conditions": [guards[g] for g in t.conditions],
+            "unless": [guards[g] for g in t.unless],
+            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
+            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
+        }
+        for t, handler in zip(TRANSITIONS, handlers, strict=True)
+    ]
+    return LifecycleMachine(model=model, states=[p.value for p in Phase], transitions=spec, initial=INITIAL.value,
+                            auto_transitions=False, send_event=False, ignore_invalid_triggers=False)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from fsmtrain.core.handlers import compile_guard
-from fsmtrain.core.lifecycle import Facts, Guard, LifecycleError, MoveHandler, Transition
+from fsmtrain.core.lifecycle import Facts, Guard, LifecycleError, Transition
+from fsmtrain.core.machine import MoveHandler
 
 __all__ = ["MoveChecks"]
 
