@@ -1,21 +1,12 @@
-"""Lifecycle diagrams generated from the machine itself.
+"""Lifecycle diagrams drawn from the table itself.
 
-Everything drawn here comes from :data:`fsmtrain.core.lifecycle.TRANSITIONS` and
-:data:`fsmtrain.core.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
-engines write the text: the Mermaid engine for ``.mmd`` and the graphviz engine for ``.dot``. SVG is
-Graphviz's ``dot -Tsvg`` of that DOT source. Three views:
-
-- the lifecycle: every phase and every transition with its trigger and guards; the edges into
-  ``train_end`` also name the stop reasons that can take them;
-- ``callbacks=...``: each phase and transition also lists the callbacks that run on it, in the
-  order a :class:`~fsmtrain.core.runner.CallbackRunner` really dispatches them (global callbacks included);
-- ``run``: the path one run took, from its ``events.jsonl``: each edge with how many times it was
-  taken, the edge into ``train_end`` with the stop reason and epoch.
-
-Output is deterministic (the table's order, no timestamps), so the committed ``diagrams/`` files
-can be compared byte for byte with a fresh generation. The SVG depends on the local Graphviz
-version, so it carries the sha256 of the DOT source it was drawn from; the staleness test compares
-that instead of the SVG's bytes. Regenerate with ``fsmtrain diagram --write diagrams``.
+:data:`~fsmtrain.core.lifecycle.TRANSITIONS` and :data:`~fsmtrain.core.lifecycle.HOOKS` become a
+``transitions`` ``GraphMachine`` whose engines write Mermaid (``.mmd``) and DOT; SVG is ``dot -Tsvg``
+of the DOT. Three views: the lifecycle (every transition with trigger, guards and the stop reasons
+into ``train_end``); with ``callbacks``, the callbacks on each phase and move in dispatch order; and
+one run's path from its ``events.jsonl``, each edge with its count. Output is deterministic, so the
+committed ``diagrams/`` can be compared byte for byte; an SVG carries the sha256 of its DOT source,
+which the staleness test compares instead of the SVG's bytes.
 """
 
 from __future__ import annotations
@@ -46,18 +37,8 @@ from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import Route, StopReason
 
 __all__ = [
-    "DiagramError",
-    "Format",
-    "GraphvizMissing",
-    "callback_diagram",
-    "dot_digest",
-    "lifecycle_diagram",
-    "path_diagram",
-    "read_run_path",
-    "render_svg",
-    "run_diagram",
-    "stop_reasons_for",
-    "write_lifecycle_files",
+    "DiagramError", "Format", "GraphvizMissing", "callback_diagram", "dot_digest", "lifecycle_diagram",
+    "path_diagram", "read_run_path", "render_svg", "run_diagram", "stop_reasons_for", "write_lifecycle_files",
     "write_run_diagram",
 ]
 
@@ -147,8 +128,7 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
             "trigger": edge.t.trigger,
             "source": edge.t.source.value,
             "dest": dest,
-            # Guard names as strings: the machine is only drawn, never triggered, so they are never
-            # resolved; transitions' ``show_conditions`` renders them as "[a & !b]".
+            # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
             "conditions": conditions,
             "unless": unless,
             "label": edge.label,
@@ -246,8 +226,7 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
         names = listing.get(spec.name)
         if not names:
             continue
-        # The hook on a line of its own, then one callback per line: nine built-ins on one line
-        # made a label wider than the whole diagram.
+        # The hook, then one callback per line, so a label stays narrow.
         lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{name}") for name in names)]
         if spec.trigger is None:
             node_lines.setdefault(spec.phase, []).extend(lines)

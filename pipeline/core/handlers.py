@@ -1,16 +1,10 @@
-"""The machine's handlers, compiled from the lifecycle program.
+"""The machine's handlers, compiled once per run from the lifecycle program.
 
-What happens on a move is the handler of its transition: the steps
-:func:`fsmtrain.core.lifecycle.program_for` lists, in order, each either an action
-(:class:`~fsmtrain.core.epoch_work.EpochWork`, the driver) or a hook dispatched to the callbacks
-that override it. Compiling once per run turns that list into a few plain calls: a hook no
-callback overrides costs nothing, the per-batch body is one callable (with the skip flags of the
-step context honoured only where something can set them), and the validation batches run as one
-loop inside the ``val`` phase.
-
-The teardown (a transition into ``train_end``) is compiled differently: every step and every
-callback of every hook runs even when an earlier one raises (a second Ctrl-C included); each
-failure is logged, and the first is raised after all have run.
+A move's handler runs the steps of :func:`~fsmtrain.core.lifecycle.program_for`, each an action or
+a hook dispatched to the callbacks that override it: a hook nobody overrides costs nothing, the
+per-batch body is one callable (skip flags honoured only where something can set them), and the
+validation batches run as one loop inside ``val``. The teardown (a move into ``train_end``) runs
+every step and every callback even when one raises; the first error is raised after all ran.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The path one run took, counted from its log: how often each move was taken, and how it ended.
-
-:class:`PathCounter` takes a log's lines one at a time (:func:`read_run_path` feeds it a whole
-file; ``fsmtrain report`` feeds it while it reads the log for its charts, so the log is read once);
-:func:`fsmtrain.core.drawing.path_diagram` draws what it counted.
-"""
+``fsmtrain report`` feeds a :class:`PathCounter` as it reads the log for its charts, so the log is
+read once; :func:`fsmtrain.core.drawing.path_diagram` draws what it counted."""
 
 from __future__ import annotations
 
@@ -39,9 +36,8 @@ class RunPath:
 
 
 class PathCounter:
-    """Counts the moves of a log fed line by line. Per-batch internal ``batch`` moves are logged
-    only at debug level; without them, their count is ``global_step`` leaving ``train_step`` minus
-    at entering, minus the entering move itself."""
+    """Counts the moves of a log fed line by line. Internal ``batch`` moves are logged only at
+    debug level; without them, they are counted from ``global_step`` at entering and leaving ``train_step``."""
 
     def __init__(self) -> None:
         self.run = RunPath(Counter())
