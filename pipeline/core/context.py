@@ -88,6 +88,14 @@ class EpochRecord:
         return self.metrics.get("val_loss", math.nan)
 
 
+def _no_dispatch(hook: str, ctx: Any) -> None:
+    return None
+
+
+def _created() -> Phase:
+    return Phase.CREATED
+
+
 @dataclass(eq=False, repr=False)
 class RunContext:
     """State of one run. ``epoch`` is the 0-based index of the current (or next) epoch, so it also
@@ -112,9 +120,9 @@ class RunContext:
     # Set by the engine: the ordered callbacks, a way to fire a hook on all of them (the checkpoint
     # store's state_dicts and on_save/on_load_checkpoint), and the runner's check of slot writes.
     callbacks: tuple[Any, ...] = field(default=(), init=False)
-    dispatch: Callable[[str, Any], None] = field(default=lambda hook, ctx: None, init=False)
+    dispatch: Callable[[str, Any], None] = field(default_factory=lambda: _no_dispatch, init=False)
     slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
-    _phase_of: Callable[[], Phase] = field(default=lambda: Phase.CREATED, init=False)
+    _phase_of: Callable[[], Phase] = field(default_factory=lambda: _created, init=False)
     _slots: dict[str, Any] = field(default_factory=dict, init=False)
 
     @property
