@@ -26,9 +26,8 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 class EarlyStoppingCallback(TrainingCallback):
     """On ``on_val_end``: after ``patience`` epochs in a row without improvement, request stop
-    EARLY_STOP (the epoch still finishes: logging and checkpoint run). The count of epochs without
-    improvement goes to slot ``early_stopping_wait`` each epoch, and the settings (patience, monitor,
-    mode, min_delta) into the log at train begin, so a report can draw the counter against the patience."""
+    EARLY_STOP (the epoch still finishes). The count goes to slot ``early_stopping_wait``, and the
+    settings into the log at train begin, so a report can draw one against the other."""
 
     priority = 90
     tier = Tier.CORE

@@ -74,7 +74,6 @@ class GradientMonitorCallback(TrainingCallback):
         self._steps = 0
 
     def on_train_begin(self, run: RunContext) -> None:
-        # The threshold goes into the log, so a report can draw the epoch maxima against it.
         run.emit("callback_settings", source=self.name, settings={"warn_threshold": self.warn_threshold})
         model = run.model
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
