@@ -247,18 +247,8 @@ class StepContext(_Delegating):
     leave out backward, the optimizer step or zero_grad for this batch (gradient accumulation,
     AMP overflow). ``loss`` is what backward runs on: a callback may rescale it after forward."""
 
-    __slots__ = (
-        "batch",
-        "batch_index",
-        "epoch",
-        "last_batch",
-        "loss",
-        "output",
-        "run",
-        "skip_backward",
-        "skip_optimizer_step",
-        "skip_zero_grad",
-    )
+    __slots__ = ("batch", "batch_index", "epoch", "last_batch", "loss", "output", "run", "skip_backward",
+                 "skip_optimizer_step", "skip_zero_grad")
 
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run

@@ -80,10 +80,6 @@ def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
     return tuple(r for r in StopReason if r.route in routes)
 
 
-def _guard_strings(t: Transition) -> tuple[list[str], list[str]]:
-    return [g.value for g in t.conditions], [g.value for g in t.unless]
-
-
 def _clean(text: str) -> str:
     # Mermaid ends a transition description at ':', ';' or '#'; keep labels free of them.
     return text.replace(":", " ").replace(";", ",").replace("#", "no.")
@@ -107,6 +103,13 @@ class _Spec:
     active: Phase | None = None
 
 
+def _draw(spec: _Spec, fmt: Format, title: str) -> str:
+    """``spec`` in ``fmt``: SVG is ``dot -Tsvg`` of the DOT source."""
+    if fmt is Format.SVG:
+        return render_svg(_graph_source(spec, Format.DOT, title))
+    return _graph_source(spec, fmt, title)
+
+
 def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
     """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
     newline = MERMAID_NEWLINE if fmt is Format.MERMAID else DOT_NEWLINE
@@ -123,14 +126,14 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         dest = None if edge.t.internal else edge.t.dest.value
         if edge.notes:
             notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
-        conditions, unless = _guard_strings(edge.t) if spec.show_conditions else ([], [])
+        show = spec.show_conditions
         transitions.append({
             "trigger": edge.t.trigger,
             "source": edge.t.source.value,
             "dest": dest,
             # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
-            "conditions": conditions,
-            "unless": unless,
+            "conditions": [g.value for g in edge.t.conditions] if show else [],
+            "unless": [g.value for g in edge.t.unless] if show else [],
             "label": edge.label,
         })
     if fmt is not Format.MERMAID:
@@ -189,12 +192,7 @@ def _lifecycle_edges(notes: dict[int, list[str]] | None = None) -> list[_Edge]:
 
 def lifecycle_diagram(fmt: Format = Format.MERMAID) -> str:
     """The lifecycle itself: every phase, every transition with trigger, guards and stop reasons."""
-    text = _graph_source(_Spec(list(Phase), edges=_lifecycle_edges()), _text_format(fmt), TITLE)
-    return render_svg(text) if fmt is Format.SVG else text
-
-
-def _text_format(fmt: Format) -> Format:
-    return Format.DOT if fmt is Format.SVG else fmt
+    return _draw(_Spec(list(Phase), edges=_lifecycle_edges()), fmt, TITLE)
 
 
 # --- callbacks on hooks ---------------------------------------------------------------------------
@@ -204,39 +202,27 @@ def _callback_label(runner: CallbackRunner, index: int) -> str:
     return f"{entry.callback.name}({entry.callback.priority}{tier})"
 
 
-def hook_listing(runner: CallbackRunner) -> dict[str, list[str]]:
-    """For each hook some callback overrides: its callbacks in dispatch order, as ``Name(priority)``."""
-    out: dict[str, list[str]] = {}
-    for spec in HOOKS:
-        table = runner.table(spec.name)
-        if table:
-            out[spec.name] = [_callback_label(runner, i) for i, _ in table]
-    return out
-
-
 def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format.MERMAID,
                      *, include_global: bool = True) -> str:
     """The lifecycle with, on each phase and transition, the callbacks that run there in the order a
     ``CallbackRunner`` over ``callbacks`` (plus registered global callbacks) really dispatches them."""
     runner = CallbackRunner(callbacks, include_global=include_global)
-    listing = hook_listing(runner)
     node_lines: dict[Phase, list[str]] = {}
     edge_lines: dict[int, list[str]] = {}
     for spec in HOOKS:
-        names = listing.get(spec.name)
-        if not names:
+        table = runner.table(spec.name)
+        if not table:
             continue
         # The hook, then one callback per line, so a label stays narrow.
-        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{name}") for name in names)]
+        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{_callback_label(runner, i)}") for i, _ in table)]
         if spec.trigger is None:
             node_lines.setdefault(spec.phase, []).extend(lines)
             continue
         for i, t in enumerate(TRANSITIONS):
             if t.trigger == spec.trigger and t.dest is spec.phase:
                 edge_lines.setdefault(i, []).extend(lines)
-    spec_ = _Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines))
-    text = _graph_source(spec_, _text_format(fmt), f"{TITLE} with callbacks")
-    return render_svg(text) if fmt is Format.SVG else text
+    return _draw(_Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines)), fmt,
+                 f"{TITLE} with callbacks")
 
 
 # --- one run's path -------------------------------------------------------------------------------
@@ -275,8 +261,7 @@ def path_diagram(run: RunPath, events_path: str | Path, fmt: Format = Format.MER
     source = Path(events_path)
     name = (source if source.is_dir() else source.parent).name or "run"
     ranks = f" on {run.world_size} ranks" if run.world_size > 1 else ""
-    text = _graph_source(spec, _text_format(fmt), f"{TITLE}: run {name}{ranks}")
-    return render_svg(text) if fmt is Format.SVG else text
+    return _draw(spec, fmt, f"{TITLE}: run {name}{ranks}")
 
 
 def write_run_diagram(events_path: str | Path, out_path: str | Path | None = None) -> Path:
