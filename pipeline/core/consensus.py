@@ -25,7 +25,7 @@ from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
-    "Verdict", "agreement_points", "decide", "log_name_for_rank", "on_rank", "proposal_of", "replaces", "standing",
+    "Verdict", "agreement_points", "decide", "log_name_for_rank", "on_rank", "proposal_of", "replaces", "verdict_order",
 ]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
@@ -137,9 +137,9 @@ def proposal_of(stop: Any, signal: int | None) -> list[int]:
             int(signal or 0)]
 
 
-def standing(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
-    """Where a stop request stands in the verdict: the lowest wins (highest precedence, then the
-    first by epoch, phase and rank)."""
+def verdict_order(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
+    """The sort key of a stop request in the verdict; the lowest wins: highest precedence, then the
+    first by epoch, phase and rank."""
     return -reason.precedence, epoch, _PHASES.index(phase), rank
 
 
@@ -149,7 +149,7 @@ def replaces(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason,
     held request was this rank's own, a candidate of the same verdict that lost, or an earlier
     verdict's winner, which every later request must outrank to be made at all. The audit checks
     every agreed override of a log with this rule."""
-    return standing(*agreed) < standing(*held)
+    return verdict_order(*agreed) < verdict_order(*held)
 
 
 def decide(rows: Sequence[Sequence[int]]) -> Verdict:
@@ -164,7 +164,7 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     requests = [(rank, row) for rank, row in enumerate(rows) if row[0]]
     if not requests:
         return Verdict(signal, signal_rank)
-    rank, row = min(requests, key=lambda rr: standing(_REASONS[rr[1][1]], rr[1][2], _PHASES[rr[1][3]], rr[0]))
+    rank, row = min(requests, key=lambda rr: verdict_order(_REASONS[rr[1][1]], rr[1][2], _PHASES[rr[1][3]], rr[0]))
     return Verdict(signal, signal_rank, rank, _REASONS[row[1]], bool(row[4]), row[2], _PHASES[row[3]])
 
 

@@ -3,9 +3,9 @@
 :func:`build_machine` makes a plain ``Machine`` (``auto_transitions=False``) whose conditions are
 the live guards and whose ``before``/``after`` callbacks are each move's check and program. A
 trigger of a plain ``Machine`` builds an ``EventData``, resolves callbacks by name, runs empty
-callback lists and logs a dozen times; the classes here run only conditions, ``before`` and
-``after`` through the library's own extension points (``condition_cls``, ``transition_cls``,
-``event_cls``), and fall back to the library's code as soon as anything else is configured.
+callback lists and logs a dozen times; the classes here, plugged in through the library's
+extension points (``condition_cls``, ``transition_cls``, ``event_cls``) and reading only its public
+attributes, run just that, and fall back to the library's code as soon as anything else is configured.
 Which transition fires is still decided by the machine's conditions.
 """
 
@@ -41,39 +41,25 @@ class LeanTransition(Transition):
 
     def execute(self, event_data: EventData) -> bool:
         machine = event_data.machine
-        # The machine-wide lists, read where ``Machine``'s properties keep them (a property is a Python
-        # call per trigger); a library that keeps them elsewhere, or callbacks that take the EventData,
-        # take the library's own path.
-        stored = machine.__dict__
-        before_all, after_all = stored.get("_before_state_change"), stored.get("_after_state_change")
-        if machine.send_event or before_all is None or after_all is None:
+        source = machine.get_state(self.source)
+        dest = None if self.dest is None else machine.get_state(self.dest)  # None: an internal transition
+        if machine.send_event or source.on_exit or (dest is not None and (dest.on_enter or dest.final)):
             return bool(super().execute(event_data))
         if self.prepare:
             _call_each(self.prepare, machine, event_data)
         for condition in self.conditions:
             if not condition.check(event_data):
                 return False
-        if before_all:
-            _call_each(before_all, machine, event_data)
-        if self.before:
-            _call_each(self.before, machine, event_data)
-        if self.dest:  # None: an internal transition, no change of state
-            self._change_state(event_data)
-        if self.after:
-            _call_each(self.after, machine, event_data)
-        if after_all:
-            _call_each(after_all, machine, event_data)
+        for callbacks in (machine.before_state_change, self.before):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
+        if dest is not None:
+            setattr(event_data.model, machine.model_attribute, dest.value)
+            event_data.state = dest
+        for callbacks in (self.after, machine.after_state_change):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
         return True
-
-    def _change_state(self, event_data: EventData) -> None:
-        machine, dest_name = event_data.machine, self.dest
-        assert dest_name is not None  # only a transition that changes state gets here
-        source, dest = machine.states[self.source], machine.states[dest_name]
-        if source.on_exit or dest.on_enter or dest.final:
-            super()._change_state(event_data)
-            return
-        setattr(event_data.model, machine.model_attribute, dest.value)
-        event_data.state = dest
 
 
 def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) -> None:
@@ -88,15 +74,11 @@ def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) ->
 
 
 class LeanEvent(Event):
-    """Tries the transitions of the model's state in order, as ``Event._process`` does."""
+    """Tries the transitions of the model's state in order, as ``Event.trigger`` does."""
 
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
         machine = self.machine
-        # Read where ``Machine``'s properties keep them (see LeanTransition.execute); a library that
-        # keeps them elsewhere takes its own path.
-        stored = machine.__dict__
-        if (stored.get("_queued", True) or stored.get("_prepare_event", True) or stored.get("_finalize_event", True)
-                or stored.get("_on_exception", True)):
+        if machine.has_queue or machine.prepare_event or machine.finalize_event or machine.on_exception:
             return bool(super().trigger(model, *args, **kwargs))
         state = machine.states.get(getattr(model, machine.model_attribute))
         moves = None if state is None else self.transitions.get(state.name)
