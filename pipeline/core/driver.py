@@ -48,32 +48,13 @@ class Driver(Protocol):
 class BaseDriver:
     """No-op defaults for the driver actions a driver has nothing to do in (replay, tests)."""
 
-    def current_lr(self) -> float | None:
-        return None
-
-    def forward(self, step: StepContext) -> None:
-        return None
-
-    def backward(self, step: StepContext) -> None:
-        return None
-
-    def optimizer_step(self, step: StepContext) -> None:
-        return None
-
-    def zero_grad(self, step: StepContext) -> None:
-        return None
-
-    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        return iter(())
-
-    def val_batch(self, step: ValStepContext) -> None:
-        return None
-
-    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
-        return {}
-
-    def step_scheduler(self, epoch: EpochContext) -> None:
-        return None
-
-    def end_run(self, run: RunContext) -> None:
-        return None
+    def current_lr(self) -> float | None: return None
+    def forward(self, step: StepContext) -> None: ...
+    def backward(self, step: StepContext) -> None: ...
+    def optimizer_step(self, step: StepContext) -> None: ...
+    def zero_grad(self, step: StepContext) -> None: ...
+    def val_batches(self, epoch: EpochContext) -> Iterator[Any]: return iter(())
+    def val_batch(self, step: ValStepContext) -> None: ...
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]: return {}
+    def step_scheduler(self, epoch: EpochContext) -> None: ...
+    def end_run(self, run: RunContext) -> None: ...

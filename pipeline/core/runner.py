@@ -7,7 +7,7 @@ slot writers and readers; while running: a callback writes only the slots it dec
 
 from __future__ import annotations
 
-import sys
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -155,12 +155,12 @@ class CallbackRunner:
 
 def _running_hook(cb: TrainingCallback) -> str:
     """Which of ``cb``'s hooks is on the stack (only looked up to word an error)."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     hooks = cb.overridden_hooks()
     while frame is not None:
         if frame.f_code.co_name in hooks and frame.f_locals.get("self") is cb:
             return frame.f_code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return "<hook>"
 
 
