@@ -48,7 +48,7 @@ from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -83,10 +83,6 @@ class _MachineModel:
     trigger: Callable[..., bool]
 
 
-def strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 class Engine:
     def __init__(
         self,
@@ -105,7 +101,9 @@ class Engine:
         self.driver = driver
         self.runner = runner
         self.run = run
-        self.strict = strict_from_env() if strict is None else strict
+        if strict is None:
+            strict = os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+        self.strict = strict
         self._faulted = False
         self._log_exception = ExceptionLog(run)
         self._debug = run.events.enabled_for("debug")
@@ -135,21 +133,16 @@ class Engine:
         self._model = _MachineModel()
         checks = MoveChecks(lambda: self._model.state, guards, self.facts)
         self.machine = build_machine(self._model, guards, [checks.handler(t, h) for t, h in self._programs.items()])
-        run.bind_phase(self._machine_phase)
-        self._fast_guard = compile_guard(
-            tuple(guards[g] for g in self._batch_move.conditions), tuple(guards[g] for g in self._batch_move.unless)
-        )
+        run.bind_phase(lambda: _PHASES[self._model.state])
+        self._fast_guard = compile_guard(self._batch_move, guards)
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
 
-    def _machine_phase(self) -> Phase:
-        return _PHASES[self._model.state]
-
     @property
     def phase(self) -> Phase:
         """The machine's state."""
-        return self._machine_phase()
+        return _PHASES[self._model.state]
 
     @property
     def result(self) -> TrainResult | None:

@@ -13,16 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fsmtrain.core.epoch_work import EpochWork, Work
-from fsmtrain.core.lifecycle import BATCH, FINAL, Action, HookScope, Step, Transition, program_for
+from fsmtrain.core.lifecycle import BATCH, FINAL, Action, Guard, HookScope, Step, Transition, program_for
 from fsmtrain.core.runner import CallbackRunner
 
 __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
 
 
-def compile_guard(
-    conditions: tuple[Callable[[], bool], ...], unless: tuple[Callable[[], bool], ...]
-) -> Callable[[], bool]:
-    """One callable for a transition's guards; the common one-and-one shape avoids generator cost."""
+def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]]) -> Callable[[], bool]:
+    """One callable for transition ``t``'s guards; the common one-and-one shape avoids generator cost."""
+    conditions, unless = tuple(guards[g] for g in t.conditions), tuple(guards[g] for g in t.unless)
     if len(conditions) == 1 and len(unless) == 1:
         (c,), (u,) = conditions, unless
         return lambda: c() and not u()

@@ -31,7 +31,7 @@ class MoveChecks:
         return MoveHandler(self._check(t), self._after_check(t, program))
 
     def _check(self, t: Transition) -> Callable[[], None]:
-        allowed = compile_guard(tuple(self._guards[g] for g in t.conditions), tuple(self._guards[g] for g in t.unless))
+        allowed = compile_guard(t, self._guards)
         source = t.source.value
 
         def check() -> None:
