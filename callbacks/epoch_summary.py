@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from fsmtrain.core.context import EpochContext, RunContext
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
@@ -93,9 +93,7 @@ class EpochSummaryCallback(TrainingCallback):
     reads_every_slot = True
 
     def __init__(self, every_n_epochs: int = 1, stream: TextIO | None = None) -> None:
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be an integer >= 1, got {every_n_epochs!r}")
-        self.every_n_epochs = every_n_epochs
+        self.every_n_epochs = int_at_least("every_n_epochs", every_n_epochs, 1)
         self.stream = stream
         self._table: SummaryTable | None = None
 

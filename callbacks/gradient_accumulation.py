@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fsmtrain.core.context import RunContext, StepContext
-from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 
 __all__ = ["GradientAccumulationCallback"]
 
@@ -23,9 +23,7 @@ class GradientAccumulationCallback(TrainingCallback):
     replay = ReplaySupport.DRY
 
     def __init__(self, steps: int, drop_last: bool = False) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-        self.steps = steps
+        self.steps = int_at_least("steps", steps, 1)
         self.drop_last = drop_last
         self._params: list[torch.Tensor] = []
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fsmtrain.core.context import EpochContext
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
 __all__ = [
@@ -140,9 +140,7 @@ class LossPredictionCallback(TrainingCallback):
     writes = (LOSS_PREDICTION,)
 
     def __init__(self, max_epochs: int) -> None:
-        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
-            raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}")
-        self.max_epochs = max_epochs
+        self.max_epochs = int_at_least("max_epochs", max_epochs, 1)
         self.val_losses: list[float] = []
         self.fitted_at = 0  # history length at the last fit
         self.fit: tuple[float, float] | None = None

@@ -33,6 +33,13 @@ from fsmtrain.core.lifecycle import HOOK_NAMES
 from fsmtrain.core.registry import GlobalHandle, register_global_callback
 
 
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 class Tier(int, Enum):
     """Tie-break between equal priorities: built-ins first, then the user's, then global ones."""
 
