@@ -45,13 +45,6 @@ class PathCounter:
         self._derived_internal = 0
         self._entered_step: int | None = None
 
-    def run_start(self, payload: Any) -> None:
-        world = payload.get("world_size") if isinstance(payload, Mapping) else None
-        self.run.world_size = world if isinstance(world, int) and world > 0 else self.run.world_size
-
-    def epoch(self) -> None:
-        self.run.epochs_done += 1
-
     def transition(self, src: str, dst: str, trigger: str, step: Any, epoch: Any, payload: Any) -> None:
         """One ``transition`` line; ``payload`` is read only for the move into ``train_end``."""
         run = self.run
@@ -76,9 +69,12 @@ class PathCounter:
         """One parsed line of any kind."""
         event = rec.get("event")
         if event == "epoch":
-            self.epoch()
+            self.run.epochs_done += 1
         elif event == "run_start":
-            self.run_start(rec.get("payload") or {})
+            payload = rec.get("payload")
+            world = payload.get("world_size") if isinstance(payload, Mapping) else None
+            if isinstance(world, int) and world > 0:
+                self.run.world_size = world
         if event != "transition":
             return
         src, dst, trig = rec.get("from"), rec.get("to"), rec.get("trigger")
