@@ -9,6 +9,7 @@ every step and every callback even when one raises; the first error is raised af
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,13 +41,7 @@ def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: boo
                 fn(ctx)
 
         return body
-    groups: list[tuple[str | None, list[Work]]] = []
-    for fn, flag in items:
-        if groups and groups[-1][0] == flag:
-            groups[-1][1].append(fn)
-        else:
-            groups.append((flag, [fn]))
-    frozen = tuple((flag, tuple(fns)) for flag, fns in groups)
+    frozen = tuple((flag, tuple(fn for fn, _ in run)) for flag, run in itertools.groupby(items, key=lambda i: i[1]))
 
     def flagged(ctx: Any) -> None:
         for flag, fns in frozen:
@@ -100,20 +95,14 @@ class HandlerCompiler:
 
             return batch_handler
         segments: list[Callable[[], None]] = []
-        i = 0
-        while i < len(steps):
-            s = steps[i]
-            if s.per_batch:  # a loop over validation batches inside the phase
-                j = i
-                while j < len(steps) and steps[j].per_batch:
-                    j += 1
-                segments.append(self.work.val_loop(self.per_batch(steps[i:j])))
-                i = j
+        for per_batch, group in itertools.groupby(steps, key=lambda s: s.per_batch):
+            if per_batch:  # a loop over validation batches inside the phase
+                segments.append(self.work.val_loop(self.per_batch(list(group))))
                 continue
-            fn = self._work(s)
-            if fn is not None:
-                segments.append(_bind(fn, self.work.contexts[s.scope]))
-            i += 1
+            for s in group:
+                fn = self._work(s)
+                if fn is not None:
+                    segments.append(_bind(fn, self.work.contexts[s.scope]))
 
         def handler() -> None:
             log_move(t)
