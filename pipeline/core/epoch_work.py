@@ -103,9 +103,7 @@ class EpochWork:
     def log_move(self, move: Transition) -> None:
         source = move.source.value
         if not move.internal:
-            now = time.perf_counter()
-            self._phase_seconds[source] = self._phase_seconds.get(source, 0.0) + now - self._phase_started
-            self._phase_started = now
+            self._time_phase(source)
         elif not self._debug:
             return
         payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
@@ -115,6 +113,13 @@ class EpochWork:
             "transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
             global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest, trigger=move.trigger,
         )
+
+    def _time_phase(self, phase: str) -> float:
+        """Add the time since the last mark to ``phase``'s seconds; returns the new mark."""
+        now = time.perf_counter()
+        self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + now - self._phase_started
+        self._phase_started = now
+        return now
 
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
@@ -185,9 +190,7 @@ class EpochWork:
         epoch.metrics.update(self.driver.end_validation(epoch))
 
     def _record_epoch(self, epoch: EpochContext) -> None:
-        now = time.perf_counter()
-        self._phase_seconds["epoch_end"] = self._phase_seconds.get("epoch_end", 0.0) + now - self._phase_started
-        self._phase_started = now
+        now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
         self.run.emit(
