@@ -20,22 +20,13 @@ __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
 FIRST_COLUMNS = ("epoch", "train_loss", "val_loss", "lr")
 
 
-def _number(value: Any) -> float | int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)):
-        return value
-    return None
-
-
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
     """Numeric slot values under the slot's name (an int stays an int); a structured value gives the
     columns the other loggers show for it (``fsmtrain.core.scalars``)."""
     out: dict[str, float | int] = {}
     for name, value in slots.items():
-        number = _number(value)
-        if number is not None:
-            out[name] = number
+        if isinstance(value, (int, float)):  # a bool too, as 0 or 1
+            out[name] = int(value) if isinstance(value, bool) else value
         else:
             out.update(slot_scalars(name, value))
     return out
@@ -104,7 +95,9 @@ class MetricsCsvCallback(TrainingCallback):
         if self._add_columns(row) or self._fh is None:
             self._rewrite()
             return
-        self._write_rows([row])
+        assert self._fh is not None
+        self._fh.write(self._text([row]))
+        self._fh.flush()
 
     def on_train_end(self, run: RunContext) -> None:
         self.close()
@@ -131,11 +124,6 @@ class MetricsCsvCallback(TrainingCallback):
         for row in rows:
             writer.writerow([_cell(row.get(c)) for c in self.columns])
         return buf.getvalue()
-
-    def _write_rows(self, rows: list[dict[str, float | int]]) -> None:
-        assert self._fh is not None
-        self._fh.write(self._text(rows))
-        self._fh.flush()
 
     def _rewrite(self) -> None:
         """The whole file anew (header and every row kept so far), replacing the old one atomically."""
