@@ -17,14 +17,9 @@ from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["WandbLoggingCallback", "epoch_log"]
+__all__ = ["WandbLoggingCallback"]
 
 _MODES = ("offline", "online", "disabled", "shared")
-
-
-def epoch_log(epoch: EpochContext) -> dict[str, float]:
-    """The dict logged for one epoch: every metric and numeric slot value (``fsmtrain.core.scalars``)."""
-    return epoch_scalars(epoch)
 
 
 def wandb_run_id(run: RunContext) -> str:
@@ -35,8 +30,8 @@ def wandb_run_id(run: RunContext) -> str:
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, one ``run.log(..., step=epoch)`` per epoch (:func:`epoch_log`),
-    and ``finish`` at train end (``exit_code=1`` when the stop reason is a failure). The run lands
+    """``wandb.init`` at train begin, one ``run.log(..., step=epoch)`` per epoch (every metric and
+    numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed). The run lands
     under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the console. In
     replay nothing is sent; the dicts are kept in ``self.logged``."""
 
@@ -110,7 +105,7 @@ class WandbLoggingCallback(TrainingCallback):
             handler.handleError = kept  # type: ignore[method-assign]
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
-        data = epoch_log(epoch)
+        data = epoch_scalars(epoch)
         self.logged.append(data)
         if self.wandb_run is not None:
             self.wandb_run.log(data, step=epoch.index)
