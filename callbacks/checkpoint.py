@@ -110,14 +110,15 @@ class _RunLog:
         self.skips = 0
 
     def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
-        (self.run.emit_beside if beside else self.run.emit)(event, level=level, **payload)
+        (self.run.emit_at_log_position if beside else self.run.emit)(event, level=level, **payload)
 
     def committed(self, written: Written) -> None:
         run = self.run
         unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
-            unsynced |= run.emit_beside("checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256,
-                                        epoch=ck.epoch, kind=ck.kind, chain_head=written.chain_head, defer_sync=True)
+            unsynced |= run.emit_at_log_position(
+                "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                chain_head=written.chain_head, defer_sync=True)
         if unsynced:
             run.events.sync()
 

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from fsmtrain.core.context import EpochContext, RunContext, epoch_number
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 from fsmtrain.core.stop import StopReason
 
@@ -26,9 +26,8 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 class EarlyStoppingCallback(TrainingCallback):
     """On ``on_val_end``: after ``patience`` epochs in a row without improvement, request stop
-    EARLY_STOP (the epoch still finishes: logging and checkpoint run). The count of epochs without
-    improvement goes to slot ``early_stopping_wait`` each epoch, and the settings (patience, monitor,
-    mode, min_delta) into the log at train begin, so a report can draw the counter against the patience."""
+    EARLY_STOP (the epoch still finishes). The count goes to slot ``early_stopping_wait``, and the
+    settings into the log at train begin, so a report can draw one against the other."""
 
     priority = 90
     tier = Tier.CORE
@@ -37,13 +36,11 @@ class EarlyStoppingCallback(TrainingCallback):
     def __init__(
         self, patience: int = 20, mode: str = "min", min_delta: float = 1e-4, monitor: str = "val_loss"
     ) -> None:
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be an integer >= 1, got {patience!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
             raise ValueError(f"min_delta must be a number >= 0 (relative to the best value), got {min_delta!r}")
-        self.patience = patience
+        self.patience = int_at_least("patience", patience, 1)
         self.mode = mode
         self.min_delta = float(min_delta)
         self.monitor = monitor

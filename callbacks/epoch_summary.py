@@ -7,9 +7,8 @@ Every metric and every numeric slot gets a column (``fsmtrain.core.scalars``), s
     epoch       train         val          lr        grad  val_accuracy
     1/20       0.9621      0.8712    1.00e-02       2.345        0.5313
 
-The header, with a legend line for the abbreviated names it introduces, is printed before the first
-line and again whenever a new column appears (the loss prediction joins at epoch 11); a column
-stays once it has appeared and shows ``-`` when its value is absent.
+The header, with a legend of the abbreviations it introduces, is printed again whenever a new
+column appears; a column stays once it has appeared, showing ``-`` when absent.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from fsmtrain.core.context import EpochContext, RunContext
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
@@ -64,8 +63,7 @@ class SummaryTable:
         return max(_WIDTH, len(self.label(name)))
 
     def lines(self, index: int, values: Mapping[str, float]) -> list[str]:
-        """The lines to print for epoch ``index`` (0-based): legend and header first if the
-        columns changed, then the row."""
+        """For epoch ``index`` (0-based): legend and header if the columns changed, then the row."""
         out: list[str] = []
         new = [n for n in values if n not in self._seen]
         if new or not self.columns:
@@ -85,10 +83,8 @@ class SummaryTable:
 
 
 class EpochSummaryCallback(TrainingCallback):
-    """On ``on_epoch_end`` every ``every_n_epochs`` epochs (and on the run's last epoch): one
-    aligned line with the epoch and every metric and numeric slot, under a header naming the
-    columns, to ``stream`` (default ``sys.stdout``, looked up when writing). It reads every slot,
-    so the runner refuses a slot writer ordered after it."""
+    """On ``on_epoch_end`` every ``every_n_epochs`` epochs (and the last): one line of the table to
+    ``stream`` (default ``sys.stdout``, looked up when writing)."""
 
     priority = 88
     tier = Tier.CORE
@@ -97,9 +93,7 @@ class EpochSummaryCallback(TrainingCallback):
     reads_every_slot = True
 
     def __init__(self, every_n_epochs: int = 1, stream: TextIO | None = None) -> None:
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be an integer >= 1, got {every_n_epochs!r}")
-        self.every_n_epochs = every_n_epochs
+        self.every_n_epochs = int_at_least("every_n_epochs", every_n_epochs, 1)
         self.stream = stream
         self._table: SummaryTable | None = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fsmtrain.core.context import RunContext, StepContext
-from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 
 __all__ = ["GradientAccumulationCallback"]
 
@@ -13,12 +13,9 @@ __all__ = ["GradientAccumulationCallback"]
 class GradientAccumulationCallback(TrainingCallback):
     """One optimizer step per ``steps`` micro-batches, through the step context's skip flags.
 
-    Each micro-batch loss is divided by ``steps``, so with a mean-reduced loss and equal
-    micro-batches, ``steps`` accumulated micro-batches give the gradient of one batch ``steps``
-    times larger. A partial window at the end of an epoch (``m < steps`` micro-batches) is flushed
-    with its gradient rescaled by ``steps / m`` (the mean over the batches it saw), unless
-    ``drop_last``, which discards it. Priority 8: before the gradient monitor and clipping, which
-    then see the whole accumulated gradient once per optimizer step.
+    Each micro-batch loss is divided by ``steps``. A partial window at an epoch's end (``m < steps``
+    micro-batches) is flushed with its gradient rescaled by ``steps / m``, unless ``drop_last``
+    discards it. Priority 8: the gradient monitor and clipping then see the accumulated gradient.
     """
 
     priority = 8
@@ -26,19 +23,13 @@ class GradientAccumulationCallback(TrainingCallback):
     replay = ReplaySupport.DRY
 
     def __init__(self, steps: int, drop_last: bool = False) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-        self.steps = steps
+        self.steps = int_at_least("steps", steps, 1)
         self.drop_last = drop_last
         self._params: list[torch.Tensor] = []
 
     def on_train_begin(self, run: RunContext) -> None:
         model = run.model
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
-
-    def _window(self, step: StepContext) -> int:
-        """Micro-batches in the window ending at this batch (``steps`` unless it is a partial one)."""
-        return step.batch_index % self.steps + 1
 
     def on_batch_begin(self, step: StepContext) -> None:
         full = (step.batch_index + 1) % self.steps == 0
@@ -57,8 +48,8 @@ class GradientAccumulationCallback(TrainingCallback):
     def on_after_backward(self, step: StepContext) -> None:
         if step.skip_optimizer_step:
             return
-        seen = self._window(step)
-        if seen != self.steps:
-            grads = [p.grad for p in self._params if p.grad is not None]
-            if grads:
-                torch._foreach_mul_(grads, self.steps / seen)
+        seen = step.batch_index % self.steps + 1  # micro-batches in the window ending here
+        if seen != self.steps:  # a partial window, once an epoch at most
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.mul_(self.steps / seen)

@@ -16,10 +16,8 @@ __all__ = ["GradientMonitorCallback"]
 def _fold_on_host(
     state: list[float], norms: list[float], batches: list[int], threshold: float
 ) -> tuple[float, float, float, float]:
-    """:meth:`GradientMonitorCallback._fold` of one segment of ``norms`` into ``state`` (max,
-    its batch, count over, first over), in Python: a NaN is the segment's max (as ``max``
-    propagates it), the first maximal norm gives the batch, and ``not (x <= y)`` holds for NaN, so
-    a non-finite norm is never hidden."""
+    """:meth:`GradientMonitorCallback._fold` on the host: ``norms`` into ``state`` (max, its batch,
+    count over, first over); a NaN counts as the max and as over, so it is never hidden."""
     max_norm, argmax, over, first = state
     if not norms:
         return max_norm, argmax, over, first
@@ -40,18 +38,13 @@ def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class GradientMonitorCallback(TrainingCallback):
-    """Global L2 norm of all gradients at every optimizer step (before clipping, which runs at a
-    higher priority on the same hook), per-epoch max into slot ``max_grad_norm``, and a warning
-    naming the epoch and batch when a norm exceeds ``warn_threshold``.
+    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max
+    into slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``.
 
-    No host sync per batch. Each step writes its norm (one fused ``_foreach_norm`` and a
-    ``vector_norm`` with ``out=``; for a small CPU model, one ``cat`` of the gradients and one
-    ``vector_norm``) into a preallocated device buffer of ``buffer_size`` slots; when
-    the buffer is full it is folded, on the device, into four preallocated 0-d device tensors: the
-    running max, its batch index, the number of over-threshold steps and the first such batch. At
-    epoch end those four and the norms not yet folded are read in one go, and the last fold is done
-    on the host (the same rules as :meth:`_fold`: a dozen small device ops cost more than reading at
-    most ``buffer_size`` numbers once). Memory is fixed, whatever the epoch length.
+    No host sync per batch: each step writes its norm into a preallocated device buffer; a full
+    buffer is folded on the device into four 0-d tensors (running max, its batch, the count over the
+    threshold, the first such batch). At epoch end those and the unfolded norms are read at once and
+    the last fold is done on the host. Memory is fixed, whatever the epoch length.
     """
 
     priority = 12
@@ -81,7 +74,6 @@ class GradientMonitorCallback(TrainingCallback):
         self._steps = 0
 
     def on_train_begin(self, run: RunContext) -> None:
-        # The threshold goes into the log, so a report can draw the epoch maxima against it.
         run.emit("callback_settings", source=self.name, settings={"warn_threshold": self.warn_threshold})
         model = run.model
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
@@ -91,8 +83,7 @@ class GradientMonitorCallback(TrainingCallback):
         self._device, self._dtype = grad.device, torch.promote_types(grad.dtype, torch.float32)
         self._grad_dtype = grad.dtype
         dev = grad.device
-        # The flat route copies every gradient once: worth it only while that copy is cheaper than a
-        # kernel per tensor, i.e. for small CPU models (on CUDA ``_foreach_norm`` is one fused kernel).
+        # Small CPU models: one copy of all gradients and one norm beats a kernel per tensor.
         self._flat = dev.type == "cpu" and sum(p.numel() for p in self._params) <= self.flat_max_elements
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._slots = list(self._buf.unbind())
@@ -127,18 +118,15 @@ class GradientMonitorCallback(TrainingCallback):
             self._allocate(first)
         k = len(self._batches)
         if self._flat:
-            # Few small CPU gradients: one copy of them all and one norm, where ``_foreach_norm`` runs one
-            # kernel per tensor on CPU (a 32-64-64-1 MLP: 15 us against 22 us a step).
             flat = torch.cat([g.reshape(-1) for g in grads])
             if self._grad_dtype is self._dtype:
                 torch.linalg.vector_norm(flat, 2.0, out=self._slots[k])
             else:
                 torch.linalg.vector_norm(flat, 2.0, dtype=self._dtype, out=self._slots[k])
-        else:
-            # The dtype argument only where the gradients are narrower (fp16/bf16): on float32 gradients it
-            # gives the same norms, bit for bit, through a slower dispatch.
-            norms = (torch._foreach_norm(grads) if self._grad_dtype is self._dtype
-                     else torch._foreach_norm(grads, 2.0, dtype=self._dtype))
+        elif self._grad_dtype is self._dtype:  # one fused kernel per device and dtype on CUDA
+            self._slots[k].copy_(torch.nn.utils.get_total_norm(grads, 2.0))
+        else:  # fp16/bf16 gradients: each norm taken in float32, so a norm past 65504 stays finite
+            norms = [torch.linalg.vector_norm(g, 2.0, dtype=self._dtype) for g in grads]
             torch.linalg.vector_norm(torch.stack(norms), 2.0, out=self._slots[k])
         self._batches.append(step.batch_index)
         self._steps += 1

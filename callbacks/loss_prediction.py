@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from fsmtrain.core.context import EpochContext
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
 __all__ = [
@@ -23,12 +23,8 @@ FIRST_EPOCH = 10
 MIN_R2 = 0.5
 """A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
 REFIT_GROWTH = 0.02
-"""Refit once the history has grown by this share since the last fit (every epoch up to 50).
-
-A fit costs O(n) and a refit every epoch made long runs and replays quadratic (10,000 epochs took
-17 s in this callback alone). One more point in a history of thousands barely moves the fit, so
-between refits the last fit's (A, K) is carried; a failed fit still falls back to the current last
-val loss every epoch."""
+"""Refit once the history has grown by this share since the last fit (every epoch up to 50), so a
+long run stays linear in its length; between refits the last fit's (A, K) is carried."""
 
 
 def _exp(t: Any, a: float, k: float) -> Any:
@@ -36,16 +32,9 @@ def _exp(t: Any, a: float, k: float) -> Any:
 
 
 def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
-    """Least-squares fit of ``y = A·exp(K·t)``, started from a log-linear fit.
-
-    Returns ``(A, K)``, or None when the data cannot be fitted (too few points, non-positive or
-    non-finite values, no convergence, non-finite parameters, or R² below :data:`MIN_R2`). Never
-    raises and emits no warnings.
-
-    The minimum is the one ``scipy.optimize.curve_fit`` finds from the same start, solved here with
-    numpy alone (:func:`_least_squares`): importing scipy cost 0.4 s and 39 MB of memory, and its
-    per-call overhead was most of a fit's time.
-    """
+    """Least-squares fit of ``y = A·exp(K·t)``, started from a log-linear fit: ``(A, K)``, or None
+    when the data cannot be fitted or R² is below :data:`MIN_R2`. Never raises or warns. The minimum
+    is the one ``scipy.optimize.curve_fit`` finds, solved with numpy alone (no scipy import)."""
     with np.errstate(all="ignore"):
         try:
             ts = np.arange(len(t), dtype=np.float64) if isinstance(t, range) and t.start == 0 and t.step == 1 \
@@ -102,9 +91,7 @@ def _least_squares(ts: Any, ys: Any) -> tuple[float, float] | None:
             return None
         step = -grad / curv if curv > 0 else -math.copysign(1.0, grad)
         if curv > 0 and abs(step) <= 1e-7 * max(1.0, abs(kappa)):
-            # Newton converges quadratically: κ is within ~step² of the minimum, and rounding in the
-            # gradient keeps its steps from getting much smaller
-            break
+            break  # converged: rounding keeps Newton's steps from getting much smaller
         for _ in range(40):
             trial = terms(kappa + step)
             if math.isfinite(trial[6]) and trial[6] <= f:
@@ -144,19 +131,16 @@ def prediction_from_fit(
 
 
 class LossPredictionCallback(TrainingCallback):
-    """On ``on_val_end`` from epoch index 10 on: slot ``loss_prediction`` holds the predicted
-    final val loss (the least-squares fit of ``A·exp(K·t)`` over all val losses so far, at
-    ``t = max_epochs - 1``; :func:`fit_exponential`),
-    or the last val loss when the fit fails. Before epoch 10 the slot stays ``None``."""
+    """On ``on_val_end`` from epoch index 10 on: slot ``loss_prediction`` holds the fit of all val
+    losses so far at ``t = max_epochs - 1`` (:func:`fit_exponential`), or the last val loss when the
+    fit fails. Before epoch 10 the slot stays ``None``."""
 
     priority = 70
     tier = Tier.CORE
     writes = (LOSS_PREDICTION,)
 
     def __init__(self, max_epochs: int) -> None:
-        if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
-            raise ValueError(f"max_epochs must be an integer >= 1, got {max_epochs!r}")
-        self.max_epochs = max_epochs
+        self.max_epochs = int_at_least("max_epochs", max_epochs, 1)
         self.val_losses: list[float] = []
         self.fitted_at = 0  # history length at the last fit
         self.fit: tuple[float, float] | None = None
@@ -194,13 +178,12 @@ class LossPredictionCallback(TrainingCallback):
         return self._values[:n]
 
     def state_dict(self) -> dict[str, Any]:
-        # One float64 tensor, not a list: a checkpoint's serialisation costs a Python call per object,
-        # and this history grows by one value every epoch.
+        # One tensor, not a list: a checkpoint's serialisation costs a Python call per object.
         return {"val_losses": torch.tensor(self.val_losses, dtype=torch.float64), "fitted_at": self.fitted_at,
                 "fit": None if self.fit is None else list(self.fit)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = state.get("val_losses", [])  # a list in checkpoints written before it became a tensor
+        values = state.get("val_losses", [])
         self.val_losses = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
         self._filled = 0
         self.fitted_at = int(state.get("fitted_at", 0))

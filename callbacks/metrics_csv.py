@@ -20,24 +20,13 @@ __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
 FIRST_COLUMNS = ("epoch", "train_loss", "val_loss", "lr")
 
 
-def _number(value: Any) -> float | int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)):
-        return value
-    return None
-
-
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
     """Numeric slot values under the slot's name (an int stays an int); a structured value gives the
-    columns W&B, TensorBoard and the console show for it, by the same names (``fsmtrain.core.scalars``:
-    the loss prediction is ``predicted_final_loss``, a dataclass ``<slot>/<field>``). Anything else
-    (strings, lists, ``None``) is left out."""
+    columns the other loggers show for it (``fsmtrain.core.scalars``)."""
     out: dict[str, float | int] = {}
     for name, value in slots.items():
-        number = _number(value)
-        if number is not None:
-            out[name] = number
+        if isinstance(value, (int, float)):  # a bool too, as 0 or 1
+            out[name] = int(value) if isinstance(value, bool) else value
         else:
             out.update(slot_scalars(name, value))
     return out
@@ -66,21 +55,13 @@ def _cell(value: float | int | None) -> str:
 
 
 class MetricsCsvCallback(TrainingCallback):
-    """On ``on_epoch_end``: append the epoch's row to ``path`` and flush it, so the file is current
-    while the run goes on and complete up to the last finished epoch if the process dies.
+    """On ``on_epoch_end``: append the epoch's row to ``path`` and flush it.
 
-    Priority 85: after every built-in writer of an ``on_epoch_end`` slot (the gradient monitor at 12,
-    the overfit detector at 75; the loss prediction and the early-stopping counter are written at
-    ``on_val_end``, earlier still), so a row holds the epoch's final values; and before the checkpoint
-    (95), so every epoch a checkpoint holds already has its row. A resume keeps the rows up to the
-    epoch it starts from and drops the later ones (epochs that ran after the last checkpoint and
-    will run again).
-
-    Columns: ``epoch``, ``train_loss``, ``val_loss``, ``lr``, then other metrics and slot values in
-    the order they first appear. When a later epoch brings a new column (a slot such as
-    ``overfit_gap_ratio`` that is set only in some epochs), the file is rewritten once with the wider
-    header (atomically: temp file, rename); earlier rows get empty cells there. So the file always
-    has one header and rows of the same width, which ``pandas.read_csv`` and spreadsheets read as is.
+    Priority 85: after every built-in slot writer, and before the checkpoint (95), so every epoch a
+    checkpoint holds has its row; a resume keeps the rows up to the epoch it starts from. Columns:
+    ``epoch``, ``train_loss``, ``val_loss``, ``lr``, then the others as they first appear. A new
+    column rewrites the file atomically with the wider header (earlier rows get empty cells), so it
+    always has one header and rows of one width.
     """
 
     priority = 85
@@ -95,13 +76,11 @@ class MetricsCsvCallback(TrainingCallback):
         self.rows: list[dict[str, float | int]] = []
         self._fh: TextIO | None = None
 
-    # --- run --------------------------------------------------------------------------------
     def on_train_begin(self, run: RunContext) -> None:
         self.columns, self.rows = [], []
         if run.dry_run:
             return
         if run.epoch > 0 and self.path.exists():
-            # A resume: keep the rows of the epochs before the one it starts from.
             for row in self._read(self.path):
                 if 0 < row.get("epoch", 0) <= run.epoch:
                     self._add_columns(row)
@@ -116,7 +95,9 @@ class MetricsCsvCallback(TrainingCallback):
         if self._add_columns(row) or self._fh is None:
             self._rewrite()
             return
-        self._write_rows([row])
+        assert self._fh is not None
+        self._fh.write(self._text([row]))
+        self._fh.flush()
 
     def on_train_end(self, run: RunContext) -> None:
         self.close()
@@ -126,7 +107,6 @@ class MetricsCsvCallback(TrainingCallback):
             self._fh.close()
             self._fh = None
 
-    # --- file -------------------------------------------------------------------------------
     def _add_columns(self, row: Mapping[str, Any]) -> bool:
         new = [k for k in row if k not in self.columns]
         if not new:
@@ -144,11 +124,6 @@ class MetricsCsvCallback(TrainingCallback):
         for row in rows:
             writer.writerow([_cell(row.get(c)) for c in self.columns])
         return buf.getvalue()
-
-    def _write_rows(self, rows: list[dict[str, float | int]]) -> None:
-        assert self._fh is not None
-        self._fh.write(self._text(rows))
-        self._fh.flush()
 
     def _rewrite(self) -> None:
         """The whole file anew (header and every row kept so far), replacing the old one atomically."""

@@ -12,11 +12,8 @@ __all__ = ["NaNDetectionCallback"]
 
 
 class NaNDetectionCallback(TrainingCallback):
-    """On ``on_epoch_end``: a NaN or ±inf ``train_loss`` or ``val_loss`` requests stop NAN.
-
-    The stop is not immediate, so this epoch's logging and checkpoint handlers still run; the
-    run's result objective is then ``inf``. Priority 5: first at epoch end.
-    """
+    """On ``on_epoch_end`` (first, priority 5): a NaN or ±inf ``train_loss`` or ``val_loss``
+    requests stop NAN, not immediate, so the epoch's logging and checkpoint still run."""
 
     priority = 5
     tier = Tier.CORE

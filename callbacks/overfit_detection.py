@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from fsmtrain.core.context import EpochContext
-from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import OVERFIT_GAP_RATIO
 
 __all__ = ["OverfitDetectionCallback", "diverging"]
@@ -32,12 +32,8 @@ class OverfitDetectionCallback(TrainingCallback):
     writes = (OVERFIT_GAP_RATIO,)
 
     def __init__(self, warmup_epochs: int = 5, window_size: int = 5) -> None:
-        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs must be an integer >= 0, got {warmup_epochs!r}")
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
-        self.warmup_epochs = warmup_epochs
-        self.window_size = window_size
+        self.warmup_epochs = int_at_least("warmup_epochs", warmup_epochs, 0)
+        self.window_size = int_at_least("window_size", window_size, 1)
         self.train: list[float] = []
         self.val: list[float] = []
         self.overfitting = False

@@ -20,10 +20,9 @@ def auto_enabled() -> bool:
 
 
 class ProgressBarCallback(TrainingCallback):
-    """A ``rich`` progress display: one bar for the epochs (with the last epoch's metrics), one for
-    the batches of the current epoch (``epoch 3/20``, counted from 1 like the console) with the
-    live loss (read from the device at most ten times a second, so the bar does not sync the host
-    every batch). ``enabled=None`` decides with :func:`auto_enabled`."""
+    """A ``rich`` display: a bar for the epochs (with the last epoch's metrics) and one for the
+    current epoch's batches with the live loss, read from the device at most ten times a second.
+    ``enabled=None`` decides with :func:`auto_enabled`."""
 
     priority = 98
     tier = Tier.CORE

@@ -17,19 +17,15 @@ if TYPE_CHECKING:
 __all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere"]
 
 PREDICTION_ATTR = "predicted_final_loss"
-"""Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction (what the run's
-``epoch`` event records in its ``loss_prediction`` slot), written before ``should_prune()``."""
+"""Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction."""
 PRUNED_ATTR = "pruned"
 """Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason, decided_at}``
-(``decided_at``: the decision's wall-clock time, so a report can tell which trials the pruner saw
-complete then from those that finished later)."""
+(``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
 
 
 class TrialEndedElsewhere(RuntimeError):
-    """The trial was finished in the study by another process while this run trained it: a
-    heartbeat storage fails a trial whose heartbeat is older than its grace period, also under a
-    live worker that stalled. The run stops (through ``train_end``, its checkpoints kept); the
-    study's retry of the trial runs it again."""
+    """Another process finished the trial while this run trained it (a heartbeat storage fails a
+    trial whose heartbeat is too old); the run stops, and the study's retry runs the trial again."""
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -37,14 +33,10 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class PrunerCallback(TrainingCallback):
-    """On ``on_val_end``: the latest loss prediction (when ``LossPredictionCallback`` made one) as
-    the trial's ``predicted_final_loss`` user attribute, then ``trial.report(value, epoch)``, a
-    ``trial_report`` event ``{epoch, value, should_prune}``, and a stop request PRUNED when
-    ``trial.should_prune()``; a pruned trial gets the ``pruned`` user attribute (epoch, value, the
-    pruner and, if it gives one, its ``last_reason``).
-
-    The run still ends through ``train_end`` (``on_train_end`` runs, the checkpoint of the epoch
-    is written); the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
+    """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value,
+    epoch)``, a ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``.
+    The run still ends through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after
+    ``fit()`` returns."""
 
     priority = 85
     tier = Tier.CORE
@@ -76,8 +68,7 @@ class PrunerCallback(TrainingCallback):
     def _ended_why(self, epoch: EpochContext) -> str:
         number = getattr(self.trial, "number", None)
         try:
-            frozen = self.trial.study._storage.get_trial(self.trial._trial_id)
-            state = frozen.state.name
+            state = next(t.state.name for t in self.trial.study.get_trials(deepcopy=False) if t.number == number)
         except Exception:  # the storage itself is unreachable: say what is known
             state = "finished"
         return (f"trial {number} is already finished in the study ({state}): another process ended it while this "

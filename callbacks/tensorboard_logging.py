@@ -13,14 +13,8 @@ __all__ = ["TensorBoardLoggingCallback"]
 
 
 class TensorBoardLoggingCallback(TrainingCallback):
-    """On ``on_epoch_end``: every epoch metric (losses, ``lr``, validation metrics) and every
-    numeric slot (``max_grad_norm``, ``early_stopping_wait``, ...) as a TensorBoard scalar, at
-    step = the epoch number (1-based, as the console counts), flushed at once. Event files go to
-    ``log_dir`` (``<run dir>/tensorboard`` from a config); ``tensorboard --logdir runs/`` shows every
-    run. A resumed run keeps appending there; TensorBoard shows the later value of a repeated step.
-
-    Priority 86: after the writers of epoch-end slots, like the other loggers; rank 0 only.
-    """
+    """On ``on_epoch_end``: every metric and numeric slot as a TensorBoard scalar at step = the
+    1-based epoch number, flushed at once, to ``log_dir``. Priority 86: after the slot writers."""
 
     priority = 86
     tier = Tier.CORE

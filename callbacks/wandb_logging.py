@@ -17,17 +17,9 @@ from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["WandbLoggingCallback", "epoch_log"]
+__all__ = ["WandbLoggingCallback"]
 
 _MODES = ("offline", "online", "disabled", "shared")
-
-
-def epoch_log(epoch: EpochContext) -> dict[str, float]:
-    """The dict logged for one epoch: every epoch metric (``train_loss``, ``val_loss``, ``lr`` and
-    validation metrics) and every numeric slot value present, under its slot name
-    (``max_grad_norm``, ``overfit_gap_ratio``, ``predicted_final_loss``, a user's ``my_metric``;
-    see ``fsmtrain.core.scalars``)."""
-    return epoch_scalars(epoch)
 
 
 def wandb_run_id(run: RunContext) -> str:
@@ -38,15 +30,10 @@ def wandb_run_id(run: RunContext) -> str:
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, exactly one ``run.log(..., step=epoch)`` per epoch with every
-    metric and every numeric slot (:func:`epoch_log`), and ``finish`` at train end
-    (``exit_code=1`` for ERROR, INTERRUPTED and NAN, so W&B marks the run failed). The offline run
-    lands under ``<directory>/wandb/`` (default: the run directory). W&B's own messages stay in its
-    files (``silent``, ``console="off"``): nothing of it reaches the console. In replay
-    (``run.dry_run``) nothing is sent; the dicts are kept in ``self.logged``.
-
-    It reads every slot, so the runner refuses a slot writer ordered after it (priority > 80 on
-    ``on_epoch_end``) instead of letting that slot go unlogged."""
+    """``wandb.init`` at train begin, one ``run.log(..., step=epoch)`` per epoch (every metric and
+    numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed). The run lands
+    under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the console. In
+    replay nothing is sent; the dicts are kept in ``self.logged``."""
 
     priority = 80
     tier = Tier.CORE
@@ -98,8 +85,7 @@ class WandbLoggingCallback(TrainingCallback):
             id=wandb_run_id(run),
             resume="allow" if run.extras.get("resumed_from") else None,
             reinit="create_new",
-            # W&B's banner, run summary and sync hints go to its debug logs, never the console; and
-            # it does not wrap sys.stdout/stderr (the console line and progress bar write there).
+            # Nothing on the console, and sys.stdout/stderr left unwrapped.
             settings=wandb.Settings(silent=True, console="off"),
             **kwargs,
         )
@@ -108,9 +94,8 @@ class WandbLoggingCallback(TrainingCallback):
                  dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))
 
     def _quiet_handlers(self) -> None:
-        """W&B logs to its own file (``debug.log``); when that write fails (a full disk), Python's
-        logging prints the failure and W&B's traceback on stderr, some sixty lines in the middle of
-        the console. Here the failure is kept instead, and said once in one line at train end."""
+        """A failed write of W&B's own log (a full disk) is kept and said once at train end, not
+        printed with its traceback in the middle of the console."""
 
         def kept(record: logging.LogRecord) -> None:
             if len(self.log_errors) < 100:
@@ -120,7 +105,7 @@ class WandbLoggingCallback(TrainingCallback):
             handler.handleError = kept  # type: ignore[method-assign]
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
-        data = epoch_log(epoch)
+        data = epoch_scalars(epoch)
         self.logged.append(data)
         if self.wandb_run is not None:
             self.wandb_run.log(data, step=epoch.index)

@@ -1,17 +1,11 @@
 """fsmtrain: a PyTorch trainer whose loop is an explicit finite-state machine.
 
-The layers, bottom to top (imports only point down; ``pyproject.toml`` declares the contract):
+Layers, bottom to top (imports only point down; ``pyproject.toml`` declares the contract):
+``fsmtrain.core`` (the torch-free machine), ``fsmtrain.training`` (the torch side),
+``fsmtrain.callbacks`` (the built-ins), ``fsmtrain.app`` (``Trainer``, configs, jobs),
+``fsmtrain.tools`` (audit, replay, diagrams, reports) and ``fsmtrain.cli``.
 
-- ``fsmtrain.core``: the machine, torch-free: lifecycle table, contexts and slots, callbacks,
-  runner, engine, event log, drawings of the table;
-- ``fsmtrain.training``: the torch side the engine drives (driver, batch body, checkpoints, data);
-- ``callbacks``: the built-in callbacks, one module each;
-- ``fsmtrain.app``: the ``Trainer`` facade, run configs, one seed's job;
-- ``fsmtrain.tools``: audit, replay, diagrams, reports on what runs left behind;
-- ``fsmtrain.cli``: the ``fsmtrain`` command.
-
-The names below are re-exported lazily, so ``import fsmtrain`` (and ``fsmtrain audit``) never
-imports torch unless a torch-side name is asked for.
+The names below are imported when first asked for, so ``import fsmtrain`` imports no torch.
 """
 
 from __future__ import annotations
@@ -21,73 +15,24 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    "CheckpointContext": "fsmtrain.core.context",
-    "EpochContext": "fsmtrain.core.context",
-    "EpochRecord": "fsmtrain.core.context",
-    "FaultContext": "fsmtrain.core.context",
-    "RunContext": "fsmtrain.core.context",
-    "Slot": "fsmtrain.core.context",
-    "StepContext": "fsmtrain.core.context",
-    "StopRequest": "fsmtrain.core.context",
-    "Driver": "fsmtrain.core.driver",
-    "Engine": "fsmtrain.core.engine",
-    "TrainResult": "fsmtrain.core.result",
-    "ReplaySupport": "fsmtrain.core.hooks",
-    "Tier": "fsmtrain.core.hooks",
-    "TrainingCallback": "fsmtrain.core.hooks",
-    "HOOKS": "fsmtrain.core.lifecycle",
-    "TRANSITIONS": "fsmtrain.core.lifecycle",
-    "Guard": "fsmtrain.core.lifecycle",
-    "LifecycleError": "fsmtrain.core.lifecycle",
-    "Phase": "fsmtrain.core.lifecycle",
-    "StopReason": "fsmtrain.core.stop",
-    "Transition": "fsmtrain.core.lifecycle",
-    "EventLog": "fsmtrain.core.events",
-    "read_events": "fsmtrain.core.events",
-    "GlobalHandle": "fsmtrain.core.registry",
-    "GlobalRegistrationError": "fsmtrain.core.registry",
-    "register_global_callback": "fsmtrain.core.registry",
-    "CallbackDefinitionError": "fsmtrain.core.checks",
-    "SlotWriteError": "fsmtrain.core.checks",
-    "CallbackOrderError": "fsmtrain.core.runner",
-    "CallbackRunner": "fsmtrain.core.runner",
-    "Trainer": "fsmtrain.app.trainer",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "core.checks": ("CallbackDefinitionError", "SlotWriteError"),
+    "core.context": ("CheckpointContext", "EpochContext", "EpochRecord", "FaultContext", "RunContext", "Slot",
+                     "StepContext", "StopRequest"),
+    "core.driver": ("BaseDriver", "Driver"),
+    "core.engine": ("Engine", "Interrupted"),
+    "core.events": ("EventLog", "read_events"),
+    "core.hooks": ("ReplaySupport", "Tier", "TrainingCallback"),
+    "core.lifecycle": ("HOOKS", "TRANSITIONS", "Guard", "LifecycleError", "Phase", "Transition"),
+    "core.registry": ("GlobalHandle", "GlobalRegistrationError", "register_global_callback"),
+    "core.result": ("TrainResult",),
+    "core.runner": ("CallbackOrderError", "CallbackRunner"),
+    "core.stop": ("StopReason",),
+    "app.trainer": ("Trainer",),
 }
+_EXPORTS: dict[str, str] = {name: f"fsmtrain.{module}" for module, names in _MODULES.items() for name in names}
 
-__all__ = [
-    "CallbackDefinitionError",
-    "CallbackOrderError",
-    "CallbackRunner",
-    "CheckpointContext",
-    "Driver",
-    "Engine",
-    "EpochContext",
-    "EpochRecord",
-    "EventLog",
-    "FaultContext",
-    "GlobalHandle",
-    "GlobalRegistrationError",
-    "Guard",
-    "HOOKS",
-    "LifecycleError",
-    "Phase",
-    "ReplaySupport",
-    "RunContext",
-    "Slot",
-    "SlotWriteError",
-    "StepContext",
-    "StopReason",
-    "StopRequest",
-    "TRANSITIONS",
-    "Tier",
-    "TrainResult",
-    "Trainer",
-    "TrainingCallback",
-    "Transition",
-    "read_events",
-    "register_global_callback",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
@@ -104,24 +49,5 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fsmtrain.app.trainer import Trainer
-    from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError
-    from fsmtrain.core.context import (
-        CheckpointContext,
-        EpochContext,
-        EpochRecord,
-        FaultContext,
-        RunContext,
-        Slot,
-        StepContext,
-        StopRequest,
-    )
-    from fsmtrain.core.driver import Driver
-    from fsmtrain.core.engine import Engine
-    from fsmtrain.core.events import EventLog, read_events
-    from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
-    from fsmtrain.core.lifecycle import HOOKS, TRANSITIONS, Guard, LifecycleError, Phase, Transition
-    from fsmtrain.core.registry import GlobalHandle, GlobalRegistrationError, register_global_callback
-    from fsmtrain.core.result import TrainResult
-    from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
-    from fsmtrain.core.stop import StopReason
+    from fsmtrain.app.trainer import Trainer as Trainer
+    from fsmtrain.core import *  # noqa: F403 - the names above from the core

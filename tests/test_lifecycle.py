@@ -20,13 +20,13 @@ from fsmtrain.core.lifecycle import (
     LifecycleError,
     Phase,
     Transition,
-    build_machine,
     check_table,
     enabled_transition,
     transition_for,
     transitions_from,
     triggers_from,
 )
+from fsmtrain.core.machine import build_machine
 
 
 def test_the_shipped_table_passes_its_checks() -> None:

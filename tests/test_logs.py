@@ -92,7 +92,7 @@ def test_a_line_written_beside_the_training_thread_takes_the_logs_position(tmp_p
     log.emit("transition", phase="epoch_begin", epoch=0, global_step=0, payload={}, from_phase="train_begin",
              to_phase="epoch_begin", trigger="start_epoch")
     phase[0], run.epoch, run.global_step = Phase.TRAIN_STEP, 0, 7  # the machine has moved; its line is not written
-    run.emit_beside("warning", level="warning", source="writer", message="from beside")
+    run.emit_at_log_position("warning", level="warning", source="writer", message="from beside")
     log.close()
     last = read_events(tmp_path / "events.jsonl")[-1]
     assert (last["event"], last["phase"], last["epoch"], last["global_step"]) == ("warning", "epoch_begin", 0, 0)

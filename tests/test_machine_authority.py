@@ -36,8 +36,8 @@ from fsmtrain.core.lifecycle import (
     HookScope,
     LifecycleError,
     Phase,
-    build_machine,
 )
+from fsmtrain.core.machine import build_machine
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import load_checkpoint

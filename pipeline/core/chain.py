@@ -1,21 +1,11 @@
 """The hash chain that makes ``events.jsonl`` prove itself.
 
-Every line of a run log carries, in its ``prev`` field, the digest of the line before it: sha256 of
-that line's exact bytes (its newline included), or HMAC-SHA256 of them when the run had a key. The
-first line chains to the *genesis*: the digest of the run id and the resolved config. A line edited,
-removed or inserted afterwards no longer matches the digest its successor carries.
-
-The last line has no successor, so every line also *seals itself*: its last field, ``seal``, is the
-digest of the line as it reads without that field (``{..., "prev": P}`` and its newline). The seal
-covers every byte of the line but the seal itself, ``prev`` included, so it is chained too; and the
-next line's ``prev`` covers the seal. Nothing in a line can change unnoticed, the last line's
-``ts``, ``level`` or payload included. Logs written before seals (no ``seal`` field) still chain:
-only their last line is outside the chain.
-
-A plain chain proves consistency only: anyone can recompute sha256 over an edited file. With a key
-(``FSMTRAIN_LOG_KEY``) nobody without it can rebuild a chain the audit accepts, so the chain also
-proves authorship. The log records which scheme it used and a *key id* (the HMAC of a fixed label:
-it tells a wrong key from tampering and reveals nothing the chain itself does not).
+Each line's ``prev`` is the digest (sha256, or HMAC-SHA256 with a key) of the line before's exact
+bytes; the first line chains to the *genesis*, the digest of the run id and the resolved config.
+Each line also seals itself: its last field, ``seal``, is the digest of the line without that field,
+so the last line is covered too. A plain chain proves consistency; with a key
+(``FSMTRAIN_LOG_KEY``) it also proves authorship. The log records the scheme and a *key id* (the
+HMAC of a fixed label), which tells a wrong key from tampering.
 """
 
 from __future__ import annotations
@@ -29,14 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "KEY_ENV",
-    "SCHEME_KEYED",
-    "SCHEME_PLAIN",
-    "SEAL_FIELD",
-    "Chain",
-    "LogKeyError",
-    "key_from_env",
-    "last_line",
+    "KEY_ENV", "SCHEME_KEYED", "SCHEME_PLAIN", "SEAL_FIELD", "Chain", "LogKeyError", "key_from_env", "last_line",
     "read_key_file",
 ]
 
@@ -77,12 +60,10 @@ class Chain:
         self.key_id = None if key is None else hmac.digest(key, _KEY_ID_LABEL, "sha256").hex()[:16]
         self._inner: Any = hashlib.sha256()  # the state every digest starts from
         self._outer: Any = None
-        # ``digest(line_bytes)``: the digest of one line's exact bytes (newline included), as the
-        # next line's ``prev``. A plain function, not a method with a branch: the audit calls it per line.
+        # The digest of one line's bytes (newline included): a plain function, called per line.
         self.digest: Callable[[bytes], str] = _sha256_hex
         if key is not None:
-            # HMAC (RFC 2104) with its two padded-key states hashed once: a line then costs two
-            # hash copies, about a third of hmac.digest's per-call setup.
+            # HMAC (RFC 2104) with its two padded-key states hashed once; a line costs two copies.
             block = (hashlib.sha256(key).digest() if len(key) > _BLOCK else key).ljust(_BLOCK, b"\0")
             self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
             self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
@@ -107,10 +88,8 @@ class Chain:
         return hexed
 
     def seal(self, body: bytes) -> tuple[bytes, str, str]:
-        """The line to write for ``body`` (one record encoded as a JSON object, ``prev`` its last
-        field, no newline): ``body`` with ``seal`` appended as its last field, the seal, and the
-        line's digest (what the next line carries in ``prev``). Both digests share the hashing of
-        ``body``."""
+        """For ``body`` (a JSON object, ``prev`` its last field, no newline): the line with ``seal``
+        appended, the seal, and the line's digest (the next line's ``prev``)."""
         prefix = body[:-1]  # without its closing brace
         state = self._inner.copy()
         state.update(prefix)
@@ -122,9 +101,8 @@ class Chain:
         return prefix + tail, seal, self._close(state)
 
     def check_seal(self, raw: bytes) -> tuple[bool | None, str]:
-        """For a line read back (its newline included): whether its seal is the digest of its bytes
-        without the seal (None: it does not end with one), and the digest of the whole line. One
-        pass over the bytes gives both; the audit calls it per line, so ``_close`` is inlined."""
+        """For a line read back: whether its seal matches (None: it has none), and the digest of the
+        whole line, in one pass over the bytes."""
         tail = raw[-_SEAL_TAIL:]
         if not (tail.startswith(_SEAL_OPEN) and tail.endswith(_SEAL_CLOSE)):
             return None, self.digest(raw)
@@ -143,8 +121,7 @@ class Chain:
         return seal.hexdigest().encode("ascii") == carried, line.hexdigest()
 
     def genesis(self, run_id: str, config: Any) -> str:
-        """What the first line chains to: the run id and the resolved config (``None`` when the run
-        has none), in canonical JSON. ``config`` must already be JSON-safe (``jsonable``)."""
+        """What the first line chains to: the run id and the JSON-safe resolved config (or None)."""
         body = json.dumps({"run_id": run_id, "config": config}, sort_keys=True, separators=(",", ":"),
                           allow_nan=False)
         return self.digest(_GENESIS_LABEL + body.encode("utf-8"))
@@ -168,8 +145,7 @@ def key_from_env(environ: Mapping[str, str] | None = None) -> bytes | None:
 
 
 def read_key_file(path: str | Path) -> bytes:
-    """A key kept in a file: its bytes without trailing newlines, so ``echo KEY > file`` gives the
-    same key as ``FSMTRAIN_LOG_KEY=KEY``."""
+    """A key kept in a file, without trailing newlines (``echo KEY > file`` as ``FSMTRAIN_LOG_KEY=KEY``)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -181,8 +157,8 @@ def read_key_file(path: str | Path) -> bytes:
 
 
 def last_line(path: Path) -> bytes | None:
-    """The last line of ``path`` as bytes (its newline included when it has one), or None for a
-    missing or empty file. Reads backwards from the end: a log can be large."""
+    """The last line of ``path`` (with its newline, if any), or None for a missing or empty file;
+    read backwards from the end."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:

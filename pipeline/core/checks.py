@@ -1,12 +1,7 @@
-"""Callback mistakes caught when the runner is built, each named with a suggestion.
-
-* a method named ``on_*`` that is not a hook (never called): ``did you mean on_val_end?``;
-* a hook that does not take exactly one context argument (``*args``/``**kwargs`` do not make it
-  fit): a one-line hint of the typed signature, ``on_val_end(self, epoch: EpochContext)``;
-* a hook assigned on the instance rather than defined on the class (never dispatched).
-
-A write to a slot a callback did not declare in ``writes`` is caught at the ``set`` call itself
-(:class:`SlotWriteError`, raised by the runner's slot guard), since only then is it known.
+"""Callback mistakes caught when the runner is built, each named with a suggestion: an ``on_*``
+method that is not a hook (``did you mean on_val_end?``), a hook that does not take exactly one
+context argument, a hook assigned on the instance (never dispatched). A write to an undeclared slot
+is caught at the write (:class:`SlotWriteError`, from the runner's slot guard).
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ _SYNONYMS = (("_start", "_begin"), ("validation", "val"), ("validate", "val"), (
 
 
 def hook_hint(hook: str) -> str:
-    """The typed signature a hook must have, from its scope in ``lifecycle.HOOKS``:
-    ``on_val_end(self, epoch: EpochContext)``."""
+    """The typed signature a hook must have: ``on_val_end(self, epoch: EpochContext)``."""
     scope = _SCOPE[hook].value  # "epoch" -> EpochContext, "val_step" -> ValStepContext
     return f"{hook}(self, {scope}: {''.join(part.capitalize() for part in scope.split('_'))}Context)"
 
@@ -66,8 +60,7 @@ def check_callback(callback: Any, base: type) -> None:
         raise CallbackDefinitionError(
             f"{name}.{attr} is not a hook and would never be called: {hint} "
             f"(rename a helper so it does not start with 'on_', e.g. _{attr})")
-    # A copy (one step under the GIL), not a live walk: another thread may be adding to this instance's
-    # attributes while this runner is built (a `with cb:` sets a handle on cb; a Trainer binds its own).
+    # A copy, not a live walk: another thread may be adding to the instance's attributes meanwhile.
     for attr, value in dict(getattr(callback, "__dict__", {})).items():
         if attr in HOOK_NAMES and callable(value) and attr not in callback.overridden_hooks():
             raise CallbackDefinitionError(
@@ -83,10 +76,8 @@ def _own_on_names(cls: type, base: type) -> list[str]:
     for klass in cls.__mro__:
         if klass is base or klass is object or issubclass(base, klass):
             continue
-        # A copy of the class's namespace, not a live walk: a class is shared by every thread, and Python
-        # adds to its __dict__ itself (the first copy.deepcopy or pickle of an instance stores
-        # __slotnames__ there), so walking it while another thread made that first copy, e.g. the
-        # registry copying a newly registered instance, raised "dictionary changed size during iteration".
+        # A copy: Python itself adds to a class's __dict__ (``__slotnames__`` on a first deepcopy),
+        # possibly in another thread.
         names += [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
     return names
 

@@ -1,30 +1,16 @@
 """How the ranks of a multi-process run agree on the guard facts, so every rank fires the same trigger.
 
-A stop can be decided on one rank only: a NaN it saw, a callback's request, a signal sent to that
-one process. If that rank alone moved to ``train_end``, the others would wait for it in their next
-collective for ever. So in a multi-process run the guards that read stop facts
-(:data:`SHARED_GUARDS`) read the *agreed* facts: at the phases of :func:`agreement_points`, read
-from the lifecycle table, every rank contributes what it has seen since the
-last agreement (its own stop request, a signal) in one small all-gather, and every rank applies
-the same verdict:
+A stop can be decided on one rank only (a NaN, a callback's request, a signal to one process); if
+that rank alone moved to ``train_end`` the others would wait for it for ever. So the guards that
+read stop facts (:data:`SHARED_GUARDS`) read *agreed* facts: at the phases of
+:func:`agreement_points` every rank contributes its new stop request and signal in one all-gather
+and applies the same verdict (:func:`decide`): a signal on any rank interrupts every rank; else the
+request of highest precedence wins, then the first by (epoch, phase, rank).
 
-- a signal on any rank interrupts every rank (the lowest rank's signal names it);
-- otherwise the winning stop request is the one of highest precedence (NaN over early stop, as in
-  one process), then the first by (epoch, phase, rank); its source and message are broadcast
-  from the rank that made it, and every other rank logs it as an accepted ``stop_request`` that
-  names that rank.
-
-An exception on one rank is no request: that rank alone faults. It posts the failure on the run's
-board (:class:`FailureBoard`, the rendezvous store) before its teardown; the first post wins. A
-rank that faults after another rank posted (its collective broke because that rank left, or it
-saw the post while it waited at an agreement point) ends INTERRUPTED with :class:`RankFailed`,
-naming the failing rank, its source and its exception; what it met itself is kept as the
-symptom. So every rank's log ends with a ``result`` naming the one rank that failed (ERROR there,
-INTERRUPTED elsewhere), and no rank waits for a rank that is not coming.
-
-The collective itself is the training layer's (``fsmtrain.training.distributed``); this module
-is torch-free: :func:`decide` is the pure verdict, :class:`RankAgreement` what one rank's engine
-calls at the agreement points and what its guards then read.
+An exception is no request: that rank faults alone and posts the failure on the run's
+:class:`FailureBoard` (the first post wins). A rank that faults after another posted ends
+INTERRUPTED with :class:`RankFailed`, naming the failing rank; so every log's ``result`` names the
+one rank that failed. The collective is the training layer's; this module is torch-free.
 """
 
 from __future__ import annotations
@@ -39,7 +25,8 @@ from fsmtrain.core.stop import StopReason
 
 __all__ = [
     "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
-    "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank", "proposal_of", "standing",
+    "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank", "proposal_of",
+    "verdict_order",
 ]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
@@ -47,24 +34,21 @@ _PHASES: tuple[Phase, ...] = tuple(Phase)
 _WIDTH = 6  # has_request, reason, epoch, phase, immediate, signal
 
 
-# Guards whose facts can differ between the ranks of a multi-process run (a stop requested, a signal
-# received on one rank); they read the facts the ranks agreed (``fsmtrain.core.consensus``).
-# HAS_BATCH is equal on every rank by construction (equal shards); FAULTED is a rank's own.
+# Guards whose facts can differ between ranks. HAS_BATCH is equal by construction (equal shards);
+# FAULTED is a rank's own.
 SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
 
 
 def agreement_points(per_batch: bool) -> frozenset[Phase]:
-    """Where the ranks of a multi-process run agree before the machine leaves a phase: the phases
-    whose moves are guarded by ``can_continue`` (twice per run and once per epoch), and, when some
-    callback may request an immediate stop (``per_batch``), every phase whose moves read a shared
-    guard, per batch included."""
+    """The phases the ranks agree in before leaving: those whose moves read ``can_continue``, and
+    with ``per_batch`` (a callback may stop immediately) every phase whose moves read a shared guard."""
     wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
     return frozenset(t.source for t in TRANSITIONS
                      if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
 
 
 def log_name_for_rank(rank: int) -> str:
-    """Each rank's event log: ``events.jsonl`` for rank 0 (the run's log), ``events-rank<r>.jsonl``."""
+    """Each rank's event log: ``events.jsonl`` for rank 0, else ``events-rank<r>.jsonl``."""
     return "events.jsonl" if rank == 0 else f"events-rank{rank}.jsonl"
 
 
@@ -134,8 +118,8 @@ class Collective(Protocol):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the ranks agreed. ``signal``/``signal_rank``: a signal to act on (0: none).
-    ``stop``: the winning stop request's fields, from rank ``stop_rank``."""
+    """What the ranks agreed: a signal to act on (0: none) and the winning stop request's fields,
+    from rank ``stop_rank``."""
 
     signal: int = 0
     signal_rank: int = -1
@@ -154,9 +138,9 @@ def proposal_of(stop: Any, signal: int | None) -> list[int]:
             int(signal or 0)]
 
 
-def standing(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
-    """Where a stop request stands in the verdict: the lowest wins (highest precedence, then the
-    first by epoch, phase and rank)."""
+def verdict_order(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
+    """The sort key of a stop request in the verdict; the lowest wins: highest precedence, then the
+    first by epoch, phase and rank."""
     return -reason.precedence, epoch, _PHASES.index(phase), rank
 
 
@@ -164,7 +148,7 @@ def may_override(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopRea
     """Whether the ranks' verdict may put the request ``agreed`` (reason, epoch, phase, rank) in
     place of the request ``held`` that a rank had in force: it must stand before it. The audit
     checks every agreed override of a log with this rule."""
-    return standing(*agreed) < standing(*held)
+    return verdict_order(*agreed) < verdict_order(*held)
 
 
 def decide(rows: Sequence[Sequence[int]]) -> Verdict:
@@ -179,18 +163,15 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     requests = [(rank, row) for rank, row in enumerate(rows) if row[0]]
     if not requests:
         return Verdict(signal, signal_rank)
-    rank, row = min(requests, key=lambda rr: standing(_REASONS[rr[1][1]], rr[1][2], _PHASES[rr[1][3]], rr[0]))
+    rank, row = min(requests, key=lambda rr: verdict_order(_REASONS[rr[1][1]], rr[1][2], _PHASES[rr[1][3]], rr[0]))
     return Verdict(signal, signal_rank, rank, _REASONS[row[1]], bool(row[4]), row[2], _PHASES[row[3]])
 
 
 class RankAgreement:
-    """One rank's side of the agreement: :meth:`agree` at each of :attr:`points` (one all-gather,
-    then the same verdict on every rank); the engine's shared guards read :attr:`stop` and
-    :attr:`signal`, what the ranks agreed, instead of this rank's own facts."""
+    """One rank's side: :meth:`agree` at each of :attr:`points`; the engine's shared guards read
+    :attr:`stop` and :attr:`signal`, what the ranks agreed, instead of this rank's own facts."""
 
     def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
-        """``per_batch``: some callback may request an immediate stop, so the ranks agree before
-        every batch too (see :func:`agreement_points`)."""
         self.collective = collective
         self.run = run
         self.per_batch = per_batch
@@ -199,9 +180,8 @@ class RankAgreement:
         self.signal: tuple[int, int] | None = None  # (signal, rank)
 
     def account(self, exc: BaseException, source: str) -> BaseException:
-        """The exception this rank ends with: ``exc``, posted as this rank's failure; or, when
-        another rank's failure came first, :class:`RankFailed` naming it (``exc`` as its symptom).
-        A signal agreed by the ranks is no failure and is not posted."""
+        """``exc``, posted as this rank's failure; or :class:`RankFailed` naming another rank's
+        failure posted first (``exc`` its symptom). An interrupt is not posted."""
         board = self.collective
         if isinstance(exc, RankFailed) or not isinstance(board, FailureBoard):
             return exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from fsmtrain.core.lifecycle import Phase
@@ -46,7 +46,7 @@ class EventSink(Protocol):
     """Where contexts send structured events (``fsmtrain.core.events.EventLog`` in a real run)."""
 
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool | None:
-        """Write one event; True only for a line whose fsync was deferred (``defer_sync``) and is owed."""
+        """Write one event; True only for a durable line whose fsync was deferred (``defer_sync``)."""
 
     def enabled_for(self, level: str) -> bool: ...
 
@@ -88,45 +88,42 @@ class EpochRecord:
         return self.metrics.get("val_loss", math.nan)
 
 
+def _no_dispatch(hook: str, ctx: Any) -> None:
+    return None
+
+
+def _created() -> Phase:
+    return Phase.CREATED
+
+
+@dataclass(eq=False, repr=False)
 class RunContext:
     """State of one run. ``epoch`` is the 0-based index of the current (or next) epoch, so it also
     counts the epochs completed once an epoch's ``epoch_end`` handlers have run."""
 
-    def __init__(
-        self,
-        run_id: str,
-        max_epochs: int,
-        events: EventSink,
-        *,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Any = None,
-        run_dir: Any = None,
-        dry_run: bool = False,
-    ) -> None:
-        self.run_id = run_id
-        self.max_epochs = max_epochs
-        self.events = events
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.scaler: Any = None  # mixed precision's loss scaler (16-mixed), checkpointed with the run
-        self.run_dir = run_dir
-        self.dry_run = dry_run  # True when replaying: no model, callbacks must not touch one
-        self._phase_of: Callable[[], Phase] = _created
-        self.epoch = 0
-        self.global_step = 0
-        self.stop: StopRequest | None = None
-        self.pending_signal: int | None = None  # set by a signal handler; the engine acts on it
-        self.history: list[EpochRecord] = []
-        self._slots: dict[str, Any] = {}
-        self.extras: dict[str, Any] = {}  # e.g. the Optuna trial, the run config
-        # Set by the engine: the ordered callbacks of this run and a way to fire a hook on all of
-        # them (the checkpoint store uses both for state_dicts and on_save/on_load_checkpoint).
-        self.callbacks: tuple[Any, ...] = ()
-        self.dispatch: Callable[[str, Any], None] = _no_dispatch
-        # Set by the engine to the runner's check that the running callback declared the slot it writes.
-        self.slot_guard: Callable[[Slot[Any]], None] | None = None
+    run_id: str
+    max_epochs: int
+    events: EventSink
+    _: KW_ONLY
+    model: torch.nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    run_dir: Any = None
+    dry_run: bool = False  # replaying: no model, callbacks must not touch one
+    scaler: Any = field(default=None, init=False)  # mixed precision's loss scaler, checkpointed with the run
+    epoch: int = field(default=0, init=False)
+    global_step: int = field(default=0, init=False)
+    stop: StopRequest | None = field(default=None, init=False)
+    pending_signal: int | None = field(default=None, init=False)  # set by a signal handler; the engine acts on it
+    history: list[EpochRecord] = field(default_factory=list, init=False)
+    extras: dict[str, Any] = field(default_factory=dict, init=False)  # e.g. the Optuna trial, the run config
+    # Set by the engine: the ordered callbacks, a way to fire a hook on all of them (the checkpoint
+    # store's state_dicts and on_save/on_load_checkpoint), and the runner's check of slot writes.
+    callbacks: tuple[Any, ...] = field(default=(), init=False)
+    dispatch: Callable[[str, Any], None] = field(default_factory=lambda: _no_dispatch, init=False)
+    slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
+    _phase_of: Callable[[], Phase] = field(default_factory=lambda: _created, init=False)
+    _slots: dict[str, Any] = field(default_factory=dict, init=False)
 
     @property
     def phase(self) -> Phase:
@@ -134,10 +131,9 @@ class RunContext:
         return self._phase_of()
 
     def bind_phase(self, phase_of: Callable[[], Phase]) -> None:
-        """Called by the engine: where the phase is read from."""
+        """Where the phase is read from (the engine's machine)."""
         self._phase_of = phase_of
 
-    # --- slots -----------------------------------------------------------------------------
     def get(self, slot: Slot[T]) -> T | None:
         return cast("T | None", self._slots.get(slot.name))
 
@@ -153,30 +149,19 @@ class RunContext:
     def clear_epoch_slots(self) -> None:
         self._slots.clear()
 
-    # --- stopping --------------------------------------------------------------------------
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
-        """Ask the machine to stop. The first request wins and later ones are logged and ignored,
-        except that a request of higher precedence (NAN over an early stop or a prune) replaces
-        one that has not yet taken effect: ``overrides`` in the log names what it replaced.
-
-        A normal request lets the current epoch finish (its epoch_end handlers run); an immediate
-        one routes to ``train_end`` at the next transition. Returns whether this request won.
-        """
+        """Ask the machine to stop; returns whether this request won. The first request wins, unless
+        a later one outranks it (NAN over an early stop) before it took effect: ``overrides`` in the
+        log names what it replaced. A normal request lets the epoch finish; an immediate one routes
+        to ``train_end`` at the next transition."""
         current = self.stop
         accepted = current is None or (reason.outranks(current.reason) and self.phase is not Phase.TRAIN_END)
         if accepted:
             self.stop = StopRequest(reason, source, message, immediate or bool(current and current.immediate),
                                     self.epoch, self.global_step, self.phase)
         extra = {"overrides": current.reason.value} if accepted and current is not None else {}
-        self.emit(
-            "stop_request",
-            reason=reason.value,
-            source=source,
-            message=message,
-            immediate=immediate,
-            accepted=accepted,
-            **extra,
-        )
+        self.emit("stop_request", reason=reason.value, source=source, message=message, immediate=immediate,
+                  accepted=accepted, **extra)
         return accepted
 
     def force_stop(self, reason: StopReason, source: str, message: str) -> None:
@@ -184,38 +169,28 @@ class RunContext:
         self.stop = StopRequest(reason, source, message, True, self.epoch, self.global_step, self.phase)
         self.emit("stop_request", reason=reason.value, source=source, message=message, immediate=True, accepted=True)
 
-    # --- events ----------------------------------------------------------------------------
     def emit(self, event: str, *, level: str = "info", **payload: Any) -> None:
         self.events.emit(event, level=level, phase=self.phase.value, epoch=self.epoch,
                          global_step=self.global_step, payload=payload)
 
-    def emit_beside(self, event: str, *, level: str = "info", defer_sync: bool = False, **payload: Any) -> bool:
-        """``emit`` from a thread running beside the training thread (the checkpoint writer): the
-        line takes the phase, epoch and step of the log's line before it, not the run's live ones,
-        which the training thread may have moved past what the log shows. ``defer_sync``: see
-        :meth:`~fsmtrain.core.events.EventLog.emit` (True returned: call ``events.sync()``)."""
-        owed = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None, payload=payload,
-                                at_last_line=True, defer_sync=defer_sync)
-        return owed is True
+    def emit_at_log_position(self, event: str, *, level: str = "info", defer_sync: bool = False,
+                             **payload: Any) -> bool:
+        """``emit`` from another thread (the checkpoint writer): the line takes the phase, epoch and
+        step of the log's previous line, not the run's live ones, which may be ahead of the log.
+        Returns True when ``defer_sync`` left a durable line unsynced: call ``events.sync()``."""
+        needs_sync = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None,
+                                      payload=payload, at_last_line=True, defer_sync=defer_sync)
+        return needs_sync is True
 
     def warn(self, source: str, message: str, **data: Any) -> None:
         """A warning a person should see: logged as a ``warning`` event and on the console."""
         self.emit("warning", level="warning", source=source, message=message, **data)
 
-    # --- history ---------------------------------------------------------------------------
     def best(self, key: str = "val_loss", mode: str = "min") -> float:
         values = [r.metrics[key] for r in self.history if key in r.metrics and math.isfinite(r.metrics[key])]
         if not values:
             return math.nan
         return min(values) if mode == "min" else max(values)
-
-
-def _no_dispatch(hook: str, ctx: Any) -> None:
-    return None
-
-
-def _created() -> Phase:
-    return Phase.CREATED
 
 
 class _Delegating:
@@ -272,36 +247,19 @@ class StepContext(_Delegating):
     leave out backward, the optimizer step or zero_grad for this batch (gradient accumulation,
     AMP overflow). ``loss`` is what backward runs on: a callback may rescale it after forward."""
 
-    __slots__ = (
-        "batch",
-        "batch_index",
-        "epoch",
-        "last_batch",
-        "loss",
-        "output",
-        "run",
-        "skip_backward",
-        "skip_optimizer_step",
-        "skip_zero_grad",
-    )
+    __slots__ = ("batch", "batch_index", "epoch", "last_batch", "loss", "output", "run", "skip_backward",
+                 "skip_optimizer_step", "skip_zero_grad")
 
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run
         self.epoch = epoch
-        self.batch_index = -1
-        self.batch: Any = None
-        self.output: Any = None
-        self.loss: torch.Tensor | None = None
-        self.skip_backward = False
-        self.skip_optimizer_step = False
-        self.skip_zero_grad = False
-        self.last_batch = False
+        self.reset(-1, None, False)
 
     def reset(self, batch_index: int, batch: Any, last_batch: bool) -> None:
         self.batch_index = batch_index
         self.batch = batch
-        self.output = None
-        self.loss = None
+        self.output: Any = None
+        self.loss: torch.Tensor | None = None
         self.skip_backward = False
         self.skip_optimizer_step = False
         self.skip_zero_grad = False
@@ -316,16 +274,13 @@ class ValStepContext(_Delegating):
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run
         self.epoch = epoch
-        self.batch_index = -1
-        self.batch: Any = None
-        self.output: Any = None
-        self.loss: Any = None
+        self.reset(-1, None)
 
     def reset(self, batch_index: int, batch: Any) -> None:
         self.batch_index = batch_index
         self.batch = batch
-        self.output = None
-        self.loss = None
+        self.output: Any = None
+        self.loss: Any = None
 
 
 @dataclass

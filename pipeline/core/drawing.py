@@ -1,21 +1,12 @@
-"""Lifecycle diagrams generated from the machine itself.
+"""Lifecycle diagrams drawn from the table itself.
 
-Everything drawn here comes from :data:`fsmtrain.core.lifecycle.TRANSITIONS` and
-:data:`fsmtrain.core.lifecycle.HOOKS`, turned into a ``transitions`` ``GraphMachine`` whose own graph
-engines write the text: the Mermaid engine for ``.mmd`` and the graphviz engine for ``.dot``. SVG is
-Graphviz's ``dot -Tsvg`` of that DOT source. Three views:
-
-- the lifecycle: every phase and every transition with its trigger and guards; the edges into
-  ``train_end`` also name the stop reasons that can take them;
-- ``callbacks=...``: each phase and transition also lists the callbacks that run on it, in the
-  order a :class:`~fsmtrain.core.runner.CallbackRunner` really dispatches them (global callbacks included);
-- ``run``: the path one run took, from its ``events.jsonl``: each edge with how many times it was
-  taken, the edge into ``train_end`` with the stop reason and epoch.
-
-Output is deterministic (the table's order, no timestamps), so the committed ``diagrams/`` files
-can be compared byte for byte with a fresh generation. The SVG depends on the local Graphviz
-version, so it carries the sha256 of the DOT source it was drawn from; the staleness test compares
-that instead of the SVG's bytes. Regenerate with ``fsmtrain diagram --write diagrams``.
+:data:`~fsmtrain.core.lifecycle.TRANSITIONS` and :data:`~fsmtrain.core.lifecycle.HOOKS` become a
+``transitions`` ``GraphMachine`` whose engines write Mermaid (``.mmd``) and DOT; SVG is ``dot -Tsvg``
+of the DOT. Three views: the lifecycle (every transition with trigger, guards and the stop reasons
+into ``train_end``); with ``callbacks``, the callbacks on each phase and move in dispatch order; and
+one run's path from its ``events.jsonl``, each edge with its count. Output is deterministic, so the
+committed ``diagrams/`` can be compared byte for byte; an SVG carries the sha256 of its DOT source,
+which the staleness test compares instead of the SVG's bytes.
 """
 
 from __future__ import annotations
@@ -46,18 +37,8 @@ from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import Route, StopReason
 
 __all__ = [
-    "DiagramError",
-    "Format",
-    "GraphvizMissing",
-    "callback_diagram",
-    "dot_digest",
-    "lifecycle_diagram",
-    "path_diagram",
-    "read_run_path",
-    "render_svg",
-    "run_diagram",
-    "stop_reasons_for",
-    "write_lifecycle_files",
+    "DiagramError", "Format", "GraphvizMissing", "callback_diagram", "dot_digest", "lifecycle_diagram",
+    "path_diagram", "read_run_path", "render_svg", "run_diagram", "stop_reasons_for", "write_lifecycle_files",
     "write_run_diagram",
 ]
 
@@ -99,10 +80,6 @@ def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
     return tuple(r for r in StopReason if r.route in routes)
 
 
-def _guard_strings(t: Transition) -> tuple[list[str], list[str]]:
-    return [g.value for g in t.conditions], [g.value for g in t.unless]
-
-
 def _clean(text: str) -> str:
     # Mermaid ends a transition description at ':', ';' or '#'; keep labels free of them.
     return text.replace(":", " ").replace(";", ",").replace("#", "no.")
@@ -126,6 +103,13 @@ class _Spec:
     active: Phase | None = None
 
 
+def _draw(spec: _Spec, fmt: Format, title: str) -> str:
+    """``spec`` in ``fmt``: SVG is ``dot -Tsvg`` of the DOT source."""
+    if fmt is Format.SVG:
+        return render_svg(_graph_source(spec, Format.DOT, title))
+    return _graph_source(spec, fmt, title)
+
+
 def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
     """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
     newline = MERMAID_NEWLINE if fmt is Format.MERMAID else DOT_NEWLINE
@@ -142,15 +126,14 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         dest = None if edge.t.internal else edge.t.dest.value
         if edge.notes:
             notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
-        conditions, unless = _guard_strings(edge.t) if spec.show_conditions else ([], [])
+        show = spec.show_conditions
         transitions.append({
             "trigger": edge.t.trigger,
             "source": edge.t.source.value,
             "dest": dest,
-            # Guard names as strings: the machine is only drawn, never triggered, so they are never
-            # resolved; transitions' ``show_conditions`` renders them as "[a & !b]".
-            "conditions": conditions,
-            "unless": unless,
+            # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
+            "conditions": [g.value for g in edge.t.conditions] if show else [],
+            "unless": [g.value for g in edge.t.unless] if show else [],
             "label": edge.label,
         })
     if fmt is not Format.MERMAID:
@@ -209,12 +192,7 @@ def _lifecycle_edges(notes: dict[int, list[str]] | None = None) -> list[_Edge]:
 
 def lifecycle_diagram(fmt: Format = Format.MERMAID) -> str:
     """The lifecycle itself: every phase, every transition with trigger, guards and stop reasons."""
-    text = _graph_source(_Spec(list(Phase), edges=_lifecycle_edges()), _text_format(fmt), TITLE)
-    return render_svg(text) if fmt is Format.SVG else text
-
-
-def _text_format(fmt: Format) -> Format:
-    return Format.DOT if fmt is Format.SVG else fmt
+    return _draw(_Spec(list(Phase), edges=_lifecycle_edges()), fmt, TITLE)
 
 
 # --- callbacks on hooks ---------------------------------------------------------------------------
@@ -224,40 +202,27 @@ def _callback_label(runner: CallbackRunner, index: int) -> str:
     return f"{entry.callback.name}({entry.callback.priority}{tier})"
 
 
-def hook_listing(runner: CallbackRunner) -> dict[str, list[str]]:
-    """For each hook some callback overrides: its callbacks in dispatch order, as ``Name(priority)``."""
-    out: dict[str, list[str]] = {}
-    for spec in HOOKS:
-        table = runner.table(spec.name)
-        if table:
-            out[spec.name] = [_callback_label(runner, i) for i, _ in table]
-    return out
-
-
 def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format.MERMAID,
                      *, include_global: bool = True) -> str:
     """The lifecycle with, on each phase and transition, the callbacks that run there in the order a
     ``CallbackRunner`` over ``callbacks`` (plus registered global callbacks) really dispatches them."""
     runner = CallbackRunner(callbacks, include_global=include_global)
-    listing = hook_listing(runner)
     node_lines: dict[Phase, list[str]] = {}
     edge_lines: dict[int, list[str]] = {}
     for spec in HOOKS:
-        names = listing.get(spec.name)
-        if not names:
+        table = runner.table(spec.name)
+        if not table:
             continue
-        # The hook on a line of its own, then one callback per line: nine built-ins on one line
-        # made a label wider than the whole diagram.
-        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{name}") for name in names)]
+        # The hook, then one callback per line, so a label stays narrow.
+        lines = [_clean(spec.name), *(_clean(f"{CALLBACK_BULLET}{_callback_label(runner, i)}") for i, _ in table)]
         if spec.trigger is None:
             node_lines.setdefault(spec.phase, []).extend(lines)
             continue
         for i, t in enumerate(TRANSITIONS):
             if t.trigger == spec.trigger and t.dest is spec.phase:
                 edge_lines.setdefault(i, []).extend(lines)
-    spec_ = _Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines))
-    text = _graph_source(spec_, _text_format(fmt), f"{TITLE} with callbacks")
-    return render_svg(text) if fmt is Format.SVG else text
+    return _draw(_Spec(list(Phase), node_lines=node_lines, edges=_lifecycle_edges(edge_lines)), fmt,
+                 f"{TITLE} with callbacks")
 
 
 # --- one run's path -------------------------------------------------------------------------------
@@ -296,8 +261,7 @@ def path_diagram(run: RunPath, events_path: str | Path, fmt: Format = Format.MER
     source = Path(events_path)
     name = (source if source.is_dir() else source.parent).name or "run"
     ranks = f" on {run.world_size} ranks" if run.world_size > 1 else ""
-    text = _graph_source(spec, _text_format(fmt), f"{TITLE}: run {name}{ranks}")
-    return render_svg(text) if fmt is Format.SVG else text
+    return _draw(spec, fmt, f"{TITLE}: run {name}{ranks}")
 
 
 def write_run_diagram(events_path: str | Path, out_path: str | Path | None = None) -> Path:

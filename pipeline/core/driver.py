@@ -1,10 +1,6 @@
-"""The driver contract: where the numbers come from.
-
-The engine knows nothing of torch: what it drives is a :class:`Driver`, whose methods are the driver
-actions of the lifecycle program. Training (``fsmtrain.training.driver.TorchDriver``) and replay
-(``fsmtrain.tools.replay``) are drivers; :class:`BaseDriver` gives the no-op defaults for the actions
-a driver has nothing to do in.
-"""
+"""The driver contract: where the numbers come from. Training
+(``fsmtrain.training.driver.TorchDriver``) and replay are drivers; :class:`BaseDriver` gives no-op
+defaults."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ __all__ = ["BaseDriver", "Driver"]
 
 
 class Driver(Protocol):
-    """Where the numbers come from. Each method is an :class:`~fsmtrain.core.lifecycle.Action` of the
-    program, called by the machine's handlers at its place in the table."""
+    """Where the numbers come from: each method is an :class:`~fsmtrain.core.lifecycle.Action`."""
 
     def current_lr(self) -> float | None: ...
 
@@ -53,32 +48,13 @@ class Driver(Protocol):
 class BaseDriver:
     """No-op defaults for the driver actions a driver has nothing to do in (replay, tests)."""
 
-    def current_lr(self) -> float | None:
-        return None
-
-    def forward(self, step: StepContext) -> None:
-        return None
-
-    def backward(self, step: StepContext) -> None:
-        return None
-
-    def optimizer_step(self, step: StepContext) -> None:
-        return None
-
-    def zero_grad(self, step: StepContext) -> None:
-        return None
-
-    def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
-        return iter(())
-
-    def val_batch(self, step: ValStepContext) -> None:
-        return None
-
-    def end_validation(self, epoch: EpochContext) -> dict[str, float]:
-        return {}
-
-    def step_scheduler(self, epoch: EpochContext) -> None:
-        return None
-
-    def end_run(self, run: RunContext) -> None:
-        return None
+    def current_lr(self) -> float | None: return None
+    def forward(self, step: StepContext) -> None: ...
+    def backward(self, step: StepContext) -> None: ...
+    def optimizer_step(self, step: StepContext) -> None: ...
+    def zero_grad(self, step: StepContext) -> None: ...
+    def val_batches(self, epoch: EpochContext) -> Iterator[Any]: return iter(())
+    def val_batch(self, step: ValStepContext) -> None: ...
+    def end_validation(self, epoch: EpochContext) -> dict[str, float]: return {}
+    def step_scheduler(self, epoch: EpochContext) -> None: ...
+    def end_run(self, run: RunContext) -> None: ...

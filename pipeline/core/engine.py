@@ -1,28 +1,15 @@
 """The engine offers the lifecycle machine its triggers and gives the machine its handlers.
 
-The machine is the authority. At each phase the engine offers the ``transitions`` machine the
-triggers that leave its current state, in table order; the machine's own conditions (the live
-guards) decide which one fires, and the phase is read from the machine's state, nowhere else. What
-happens on a move is the machine's handler for that transition, compiled here from
-:func:`fsmtrain.core.lifecycle.program_for`: the hooks and the driver's work, in the table's order.
-Before a move's handlers run, its ``before`` callback checks the table allows it (the machine's
-conditions passed, so the engine's guards must hold too: :mod:`fsmtrain.core.move_check`); after
-it, the engine checks the machine moved where the table says. So a broken machine (one that
-accepts every trigger, or never changes state) stops the run instead of faking it, and no handler
-runs for a move the table forbids. A machine that refuses ``abort`` does not skip the teardown:
-the engine runs it itself and the run ends ERROR, naming the refusal.
+The machine is the authority: at each phase the engine offers it the triggers leaving its state, in
+table order; its conditions (the live guards) decide which fires, and the phase is its state. A
+move's handler, compiled from :func:`~fsmtrain.core.lifecycle.program_for`, first checks the table
+allows the move (:mod:`fsmtrain.core.move_check`); after it, the engine checks the machine moved
+where the table says. So a broken machine stops the run instead of faking it. A machine that
+refuses ``abort`` does not skip the teardown: the engine runs it and the run ends ERROR.
 
-It knows nothing of torch: what it drives is a :class:`~fsmtrain.core.driver.Driver`. Training and
-replay are drivers; both take exactly this code path.
-
-Per batch, the internal ``batch`` transition runs on a fast path: a compiled copy of that declared
-transition (its guards as bound predicates, its handler list) that loops for as long as the guard
-holds, then hands back to the real trigger. Strict mode (``strict=True`` or
-``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger; both write the same events.
-
-Teardown cannot be skipped: every step of ``train_end`` (``on_exception``, ``on_train_end`` per
-callback, the driver's ``end_run``, the outputs, the ``result`` event) runs even when an earlier
-one raises or a second interrupt arrives; the first error is raised after all have run.
+The engine knows nothing of torch: training and replay are its drivers.
+The internal ``batch`` transition runs on a compiled fast path (its guards and handler list) while
+its guard holds; strict mode (``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger.
 """
 
 from __future__ import annotations
@@ -50,27 +37,24 @@ from fsmtrain.core.lifecycle import (
     LifecycleError,
     Phase,
     Transition,
-    build_machine,
     program_for,
     transition_for,
     triggers_from,
 )
 from fsmtrain.core.log_file import LogWriteError
+from fsmtrain.core.machine import build_machine
 from fsmtrain.core.move_check import MoveChecks
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "strict_from_env"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
-# How a process of a multi-process run was started (where, by which launch and agent, on which
-# layout, how large a batch one step sees): facts of the launch, not of the run's behaviour.
+# How a process of a multi-process run was started: facts of the launch, not of the run's behaviour.
 LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before"})
-# What of the run's extras its run_start records (rank and world size: one rank of a multi-process run;
-# user_folders: where the run's own modules came from; reused_run_dir: the files a run that never
-# started had left in the folder this one reused).
+# The run's extras its run_start records.
 _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders",
                                "reused_run_dir", *LAUNCH_FACTS})
 
@@ -99,10 +83,6 @@ class _MachineModel:
     trigger: Callable[..., bool]
 
 
-def strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 class Engine:
     def __init__(
         self,
@@ -115,14 +95,15 @@ class Engine:
         collective: Collective | None = None,
         outputs: Outputs | None = None,
     ) -> None:
-        """``restore``: what a resumed run does in ``train_begin`` (load its checkpoint).
-        ``outputs``: writes the run's files in the teardown, before its ``result``.
-        ``collective``: this process is one rank of a multi-process run; the shared guards then read
-        the facts the ranks agree on (:class:`~fsmtrain.core.consensus.RankAgreement`)."""
+        """``restore``: a resumed run's load in ``train_begin``. ``outputs``: the run's files, written
+        before its ``result``. ``collective``: one rank of a multi-process run (the shared guards
+        then read what the ranks agreed)."""
         self.driver = driver
         self.runner = runner
         self.run = run
-        self.strict = strict_from_env() if strict is None else strict
+        if strict is None:
+            strict = os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+        self.strict = strict
         self._faulted = False
         self._log_exception = ExceptionLog(run)
         self._debug = run.events.enabled_for("debug")
@@ -132,8 +113,7 @@ class Engine:
                            if shared and collective is not None else None)
         self._agree_at = self._agreement.points if self._agreement is not None else frozenset()
         self._agreed_here = False  # the fast batch loop agreed just before handing back
-        # run.pending_signal as it was at the last boundary: a signal handler sets the live one between
-        # any two bytecodes, and the facts the engine checks a move against must be the ones its guards read.
+        # run.pending_signal as of the last boundary: a move is checked against the facts its guards read.
         self._signal: int | None = None
         self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
         guards: dict[Guard, Callable[[], bool]] = {
@@ -147,23 +127,17 @@ class Engine:
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
         self._batch_body = compiler.per_batch(program_for(self._batch_move))
         handlers = [compiler.compile(t, self._batch_body) for t in TRANSITIONS]
-        # The programs as compiled, unchecked: the fast path runs the batch one after checking its guard.
+        # Unchecked programs: the fast path runs the batch one after its own guard.
         self._programs: dict[Transition, Callable[[], None]] = dict(zip(TRANSITIONS, handlers, strict=True))
         self._batch_handler = self._programs[self._batch_move]
         self._model = _MachineModel()
         checks = MoveChecks(lambda: self._model.state, guards, self.facts)
         self.machine = build_machine(self._model, guards, [checks.handler(t, h) for t, h in self._programs.items()])
-        run.bind_phase(self._machine_phase)
-        # The compiled fast path of the internal batch transition: its guards, its handlers.
-        self._fast_guard = compile_guard(
-            tuple(guards[g] for g in self._batch_move.conditions), tuple(guards[g] for g in self._batch_move.unless)
-        )
+        run.bind_phase(lambda: _PHASES[self._model.state])
+        self._fast_guard = compile_guard(self._batch_move, guards)
         run.callbacks = runner.callbacks
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
-
-    def _machine_phase(self) -> Phase:
-        return _PHASES[self._model.state]
 
     @property
     def phase(self) -> Phase:
@@ -287,10 +261,9 @@ class Engine:
 
     # --- faults ----------------------------------------------------------------------------
     def _fault(self, exc: BaseException) -> BaseException:
-        """Route an exception or interrupt to train_end (reason ERROR / INTERRUPTED) through the
-        machine's ``abort``; its handler runs the whole teardown. Returns what the run ends with:
-        ``exc``, or in a multi-process run where another rank failed first, the
-        :class:`~fsmtrain.core.consensus.RankFailed` that names it (the caller raises it)."""
+        """Route an exception or interrupt to ``train_end`` (ERROR / INTERRUPTED) through ``abort``,
+        whose handler runs the teardown. Returns what the run ends with: ``exc``, or the
+        :class:`~fsmtrain.core.consensus.RankFailed` naming another rank that failed first."""
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)
@@ -313,8 +286,7 @@ class Engine:
             exc = ended
         epoch = self._work.epoch
         cut = epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES
-        # An epoch cut short never gets its `epoch` line: what it had measured (lr, train and val
-        # losses) goes with the exception, so a replay can run the cut epoch as far as it went.
+        # An epoch cut short gets no `epoch` line: its metrics go with the exception, for replay.
         if cut and epoch:
             extra["epoch_metrics"] = dict(epoch.metrics)
         self._log_exception(exc, source, **extra)

@@ -1,16 +1,11 @@
 """The engine's own work in the lifecycle program: where the run is, and what it records.
 
-The program (:data:`fsmtrain.core.lifecycle.PROGRAM`) interleaves the callbacks' hooks with
-*actions*. The driver's actions (forward, backward, the optimizer step, a validation batch...) are
-the driver's; the rest are here: a fresh epoch context, the batch cursor (the batch in hand and the
-one after it, fetched one ahead so ``has_batch`` and ``StepContext.is_last`` are known before the
-batch runs), the batch and global-step counters, the epoch's metrics read from the driver once,
-the ``epoch`` record with its timings, and the ``result``. The contexts the hooks receive live here
-too, so a hook of any scope gets the one its table row names.
-
-The teardown's last two actions are the run's outputs (the application's files: ``model.pt``,
-``lifecycle.mmd``), then the ``result``: so a log whose last line is the ``result`` belongs to a
-run whose files are all on disk, and a process killed before it left a run that resume finishes.
+The program interleaves the callbacks' hooks with *actions*: the driver's (forward, backward, a
+validation batch...) and these: a fresh epoch context, the batch cursor (fetched one ahead, so
+``has_batch`` and ``StepContext.last_batch`` are known before a batch runs), the counters, the
+epoch's metrics read from the driver once, the ``epoch`` record and the ``result``. The teardown
+writes the run's outputs (``model.pt``, ``lifecycle.mmd``) before the ``result``, so a log ending
+in its ``result`` belongs to a run whose files are all on disk.
 """
 
 from __future__ import annotations
@@ -37,8 +32,8 @@ __all__ = ["END", "EpochWork", "Outputs", "Work"]
 
 END: Any = object()  # the batch cursor is past the last batch
 Work = Callable[[Any], None]
-# Writes the run's files at its end; ``finished``: the run ended for its own reason (not a fault)
-# and no step of the teardown failed, so its weights are the trained ones.
+# Writes the run's files at its end; ``finished``: no fault and no failed teardown step, so the
+# weights are the trained ones.
 Outputs = Callable[[RunContext, bool], None]
 
 
@@ -108,9 +103,7 @@ class EpochWork:
     def log_move(self, move: Transition) -> None:
         source = move.source.value
         if not move.internal:
-            now = time.perf_counter()
-            self._phase_seconds[source] = self._phase_seconds.get(source, 0.0) + now - self._phase_started
-            self._phase_started = now
+            self._time_phase(source)
         elif not self._debug:
             return
         payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
@@ -120,6 +113,13 @@ class EpochWork:
             "transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
             global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest, trigger=move.trigger,
         )
+
+    def _time_phase(self, phase: str) -> float:
+        """Add the time since the last mark to ``phase``'s seconds; returns the new mark."""
+        now = time.perf_counter()
+        self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + now - self._phase_started
+        self._phase_started = now
+        return now
 
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
@@ -159,9 +159,7 @@ class EpochWork:
         run = self.run
         run.clear_epoch_slots()
         self._phase_seconds = {}
-        # An epoch's callback_seconds are the time its hooks took inside it, a part of its `seconds`:
-        # what callbacks spent before it (on_train_begin, a resume's on_load_checkpoint: W&B's start
-        # takes seconds) is no epoch's, and would make a callback take "208%" of the epoch time.
+        # An epoch's callback_seconds count only its own hooks, not what ran before it (on_train_begin).
         self.runner.take_timings()
         self._epoch_started = time.perf_counter()
         epoch = self.epoch = EpochContext(run, run.epoch)
@@ -192,9 +190,7 @@ class EpochWork:
         epoch.metrics.update(self.driver.end_validation(epoch))
 
     def _record_epoch(self, epoch: EpochContext) -> None:
-        now = time.perf_counter()
-        self._phase_seconds["epoch_end"] = self._phase_seconds.get("epoch_end", 0.0) + now - self._phase_started
-        self._phase_started = now
+        now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
         self.run.emit(

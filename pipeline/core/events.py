@@ -1,31 +1,16 @@
 """Structured run logs: ``events.jsonl`` (one JSON object a line) and a readable console.
 
-Every line carries the same keys::
+Every line has the keys of :data:`EVENT_KEYS`. ``seq`` counts from 0 without gaps; ``ts`` never
+decreases; ``from``/``to``/``trigger`` are set on ``transition`` events only. Non-finite floats are
+written as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so every line is strict JSON.
 
-    seq, ts, run_id, event, level, phase, from, to, trigger, epoch, global_step, payload, prev, seal
+``prev`` and ``seal`` chain the file (:mod:`fsmtrain.core.chain`); a resumed run's log continues
+the chain from its last line, and :attr:`EventLog.head` is what checkpoints pin. Records kept only
+in memory are not chained.
 
-``seq`` counts from 0 without gaps (the audit treats a gap or repeat as a lost or altered line).
-``ts`` never decreases within a log (a clock stepped back is held at the last time written).
-``from``/``to``/``trigger`` are set on ``transition`` events and null elsewhere. Non-finite floats
-are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` so every line is strict
-JSON; ``float()`` reads them back.
-
-``prev`` links the file into a hash chain (:mod:`fsmtrain.core.chain`): the digest of the line
-before, or for the first line the genesis digest of the run id and the resolved ``config``;
-``seal`` is the digest of the line itself without its seal, so the last line is chained too. A log
-appended to (a resumed run) continues the chain from its last line. ``run_start`` lines get a
-``chain`` entry in their payload: the scheme (``sha256`` or ``hmac-sha256``) and the key id.
-:attr:`EventLog.head` is the digest the next line will carry (checkpoints pin it). Records kept
-only in memory are not chained (``prev`` and ``seal`` are null).
-
-Durability (``fsync``): every line is flushed; ``"commits"`` (the default) also fsyncs the file
-after each ``checkpoint`` line and after ``result``, so a checkpoint that is on disk never loses
-the line that commits it; ``"every"`` fsyncs every line, ``"never"`` none. Under ``"commits"``, a
-writer committing several files at once (``latest.pt`` and ``best.pt`` are links to the epoch
-file) defers the sync of each line and syncs once after the last (``defer_sync``): one fsync per
-commit, not one per file.
-
-Which checkpoint files a run committed is read from its log by :mod:`fsmtrain.core.ledger`.
+``fsync``: ``"commits"`` (default) syncs after each ``checkpoint`` line and the ``result``, so a
+checkpoint on disk never loses the line that commits it; ``"every"`` syncs every line, ``"never"``
+none. A writer committing several files at once defers the sync (``defer_sync``) and syncs once.
 """
 
 from __future__ import annotations
@@ -117,22 +102,11 @@ def check_levels(**levels: str) -> None:
             raise ValueError(f"{name} must be one of {sorted(LEVELS)}, got {lvl!r}")
 
 
-def _level_name(method_name: str) -> str:
-    return "warning" if method_name == "warn" else method_name
-
-
 class EventLog:
     """Writes a run's events to ``path`` (if given), to the console through structlog, and
-    optionally keeps them in memory (``records``).
-
-    A file line is rendered here, not by a structlog processor chain: it is encoded once, hashed
-    and written. Between an epoch's torch work a line runs with cold caches; in the epochs workload
-    of ``benchmarks/compare.py`` this took a line from 51 µs (structlog's bound logger, three
-    processors, ``json.dumps``) to 37 µs.
-
-    The file is hash-chained (see the module docstring): ``config`` is the resolved run config the
-    first line chains to, ``key`` switches the chain to HMAC-SHA256. Opening a file that already
-    holds lines appends to it and continues its chain from the last line."""
+    optionally keeps them in memory (``records``). ``config`` is what the first line chains to,
+    ``key`` makes the chain HMAC-SHA256. A file line is encoded here once, not by structlog's
+    processors (cheaper per line); only the console goes through structlog."""
 
     def __init__(
         self,
@@ -160,21 +134,19 @@ class EventLog:
         self.chain = Chain(key)
         self._seq = start_seq
         self._last_ts = 0.0
-        # A background checkpoint writer logs its commit from its own thread: lines stay whole,
-        # and seq, ts and the chain stay in order.
+        # The checkpoint writer logs from its own thread: lines, seq, ts and the chain stay in order.
         self._lock = threading.Lock()
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
         self._file: LogFile | None = None
-        # A log that can no longer be written fails once, where it happened (the run ends there);
-        # the lines after that which do not fit either are counted, and the console says so at close.
+        # A log that can no longer be written fails once, where it happened; later lines that do
+        # not fit are counted, and the console says so at close.
         self._failed: LogWriteError | None = None
         self._dropped = 0
         self._stream = console
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tail = last_line(self.path)
-            # Binary: the bytes written are exactly the bytes hashed, on every platform.
             self._file = LogFile(self.path)
             if tail is not None:
                 self._continue_from(tail)
@@ -201,8 +173,7 @@ class EventLog:
 
     @property
     def head(self) -> str:
-        """The chain head: the digest the next line will carry in ``prev`` (the genesis digest
-        before the first line). A checkpoint stores it to pin the log as it was at its commit."""
+        """The digest the next line will carry in ``prev``; a checkpoint pins the log with it."""
         return self._head
 
     def enabled_for(self, level: str) -> bool:
@@ -221,11 +192,9 @@ class EventLog:
         defer_sync: bool = False,
         **transition: Any,
     ) -> bool:
-        """``at_last_line``: for a line from a thread other than the training thread (the checkpoint
-        writer's commit), whose view of the run's phase, epoch and step may be ahead of the log: the
-        line takes those of the line written before it, so it sits in the log where it is written.
-        ``defer_sync``: under ``fsync="commits"``, a durable line is not synced here; returns True
-        when such a sync is owed, and the caller calls :meth:`sync` once after its last line."""
+        """``at_last_line``: the line takes the phase, epoch and step of the line before it (a line
+        from another thread, whose view of the run may be ahead of the log). ``defer_sync``: a
+        durable line is not synced here; returns True when the caller must :meth:`sync` later."""
         with self._lock:
             if at_last_line:
                 phase, epoch, global_step = self._position
@@ -292,12 +261,9 @@ class EventLog:
         return to_file and chained
 
     def _write(self, record: dict[str, Any]) -> None:
-        """One line: encoded once, sealed and hashed, written, then at once counted (seq) and made
-        the chain head. Nothing runs between the write and that bookkeeping that could be interrupted
-        (a Ctrl-C between them would leave a line the chain or seq does not know). Unbuffered, so a
-        killed process loses at most the line it was writing; a write that fails is cut back to the
-        last whole line (:class:`~fsmtrain.core.log_file.LogFile`), and the line is not counted. A
-        line that found the disk full is written into the room the file keeps, then the error raised."""
+        """One line, sealed and written whole (or not at all), then at once counted and made the
+        chain head, with nothing in between a Ctrl-C could cut. A line that found the disk full goes
+        into the room the file keeps; then the error is raised."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None
@@ -330,12 +296,10 @@ class EventLog:
                       f"{EVENTS_FILE if self.path is None else self.path.name} ends at seq {self._seq - 1}, "
                       "its last whole line", file=self._stream, flush=True)
 
-    # structlog processor of the console --------------------------------------------------------
-
     @staticmethod
     def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         r = event_dict["record"]
-        out: dict[str, Any] = {"event": r["event"], "level": _level_name(method_name)}
+        out: dict[str, Any] = {"event": r["event"], "level": "warning" if method_name == "warn" else method_name}
         if r["event"] == "transition":
             out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
         out["epoch"] = r["epoch"]
@@ -347,9 +311,7 @@ class EventLog:
         if "traceback" in out:  # the full traceback stays in events.jsonl; the console gets one line
             del out["traceback"]
             out["traceback_in"] = EVENTS_FILE
-        # What a rank met when another rank's failure broke its collective: evidence for the log, and
-        # on the console it would blame the symptom instead of the failing rank's own exception.
-        out.pop("symptom", None)
+        out.pop("symptom", None)  # the console names the failing rank, not what this rank met
         return out
 
 
@@ -358,10 +320,8 @@ def _unencodable(value: Any) -> Any:
 
 
 def _line_encoder() -> Callable[[Any], str]:
-    """Compact, strict (no NaN), ASCII-only JSON, as ``json.dumps(allow_nan=False,
-    separators=(",", ":"))`` writes it. The C encoder is built once: ``json.dumps`` builds a new
-    ``JSONEncoder`` at every call, and ``encode`` a new C encoder (a transition line: 7.0 µs,
-    3.8 µs, and 2.7 µs here, in a hot loop)."""
+    """Compact, strict, ASCII-only JSON, as ``json.dumps(allow_nan=False, separators=(",", ":"))``
+    writes it, with the C encoder built once instead of at every call."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the C accelerator
         return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode

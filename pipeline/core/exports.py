@@ -1,10 +1,6 @@
-"""Lazy re-exports for a package's ``__init__``: its public face without the cost of importing it.
-
-``fsmtrain --help`` builds every subcommand's parser, which imports each tool package; a package
-that imported its implementation eagerly would make start-up pay for torch, Optuna or W&B. A
-package instead maps each public name to the module that defines it, and the module is imported
-the first time the name is asked for (``pipeline/__init__.py`` does the same for the top level).
-"""
+"""Lazy re-exports for a package's ``__init__``: its public names, each imported from its module
+when first asked for, so ``fsmtrain --help`` (which imports every tool package) pays for no torch,
+Optuna or W&B."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The engine's fault path, the parts that need nothing of the machine's walk: the ``exception``
-line of each failure, written once, and the teardown the engine runs itself when the machine
-refuses ``abort`` (:meth:`fsmtrain.core.engine.Engine._fault` decides when)."""
+"""The engine's fault path apart from the walk: one ``exception`` line per failure, and the
+teardown the engine runs itself when the machine refuses ``abort``."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ __all__ = ["ExceptionLog", "teardown_refused"]
 
 
 class ExceptionLog:
-    """Writes an ``exception`` line for each exception of a run, once however often it is reported
-    (a handler's error passes through its hook, the handler and the engine's fault path)."""
+    """Writes one ``exception`` line per exception, however often it is reported."""
 
     def __init__(self, run: RunContext) -> None:
         self.run = run
@@ -29,8 +27,7 @@ class ExceptionLog:
         if id(exc) in self._logged:
             return
         self._logged.add(id(exc))
-        # A log that cannot be written any more (its error is raised once, where it happened) must
-        # not stop the fault path: the teardown runs whatever the log can still take.
+        # A log that can no longer be written must not stop the fault path.
         with contextlib.suppress(LogWriteError):
             self.run.emit(
                 "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
@@ -41,9 +38,8 @@ class ExceptionLog:
 
 def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
                      phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
-    """The machine refused ``abort`` from ``phase``: the engine runs the teardown itself (the
-    compiled handlers of that ``abort`` in ``programs``: every step, and the ``result``, reason
-    ERROR), then raises the refusal, caused by the fault."""
+    """The machine refused ``abort`` from ``phase``: run that ``abort``'s program (the teardown,
+    reason ERROR) directly, then raise the refusal, caused by the fault."""
     message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
                f"itself. The fault was {type(exc).__name__}: {exc}")
     refused = LifecycleError(message)

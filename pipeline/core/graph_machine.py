@@ -1,7 +1,6 @@
-"""The ``transitions`` ``GraphMachine`` that :mod:`fsmtrain.core.drawing` draws with: states with
-labels, a top-to-bottom layout, and label engines that put each transition, its guards and the
-callbacks on a move on lines of their own (one left-to-right row of seven phases with one-line
-labels drew a 6307 px wide SVG)."""
+"""The ``transitions`` ``GraphMachine`` that :mod:`fsmtrain.core.drawing` draws with: labelled
+states, a top-to-bottom layout, and label engines that put each transition, its guards and the
+callbacks on a move on lines of their own, so the drawing stays narrow."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class LabelledState(State):
             self.label = label
 
 
-# One left-to-right row of seven phases drew a 6307 px wide SVG; top to bottom, with each edge's
-# transitions and guards on lines of their own and a smaller edge font, it fits a laptop screen.
+# Top to bottom, with a smaller edge font, so the diagram fits a screen.
 _MACHINE_ATTRIBUTES: dict[str, str] = {**GraphMachine.machine_attributes, "rankdir": "TB"}
 _STYLE_ATTRIBUTES = copy.deepcopy(GraphMachine.style_attributes)
 _STYLE_ATTRIBUTES["edge"]["default"]["fontsize"] = "12"  # type: ignore[index]

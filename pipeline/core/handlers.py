@@ -1,34 +1,28 @@
-"""The machine's handlers, compiled from the lifecycle program.
+"""The machine's handlers, compiled once per run from the lifecycle program.
 
-What happens on a move is the handler of its transition: the steps
-:func:`fsmtrain.core.lifecycle.program_for` lists, in order, each either an action
-(:class:`~fsmtrain.core.epoch_work.EpochWork`, the driver) or a hook dispatched to the callbacks
-that override it. Compiling once per run turns that list into a few plain calls: a hook no
-callback overrides costs nothing, the per-batch body is one callable (with the skip flags of the
-step context honoured only where something can set them), and the validation batches run as one
-loop inside the ``val`` phase.
-
-The teardown (a transition into ``train_end``) is compiled differently: every step and every
-callback of every hook runs even when an earlier one raises (a second Ctrl-C included); each
-failure is logged, and the first is raised after all have run.
+A move's handler runs the steps of :func:`~fsmtrain.core.lifecycle.program_for`, each an action or
+a hook dispatched to the callbacks that override it: a hook nobody overrides costs nothing, the
+per-batch body is one callable (skip flags honoured only where something can set them), and the
+validation batches run as one loop inside ``val``. The teardown (a move into ``train_end``) runs
+every step and every callback even when one raises; the first error is raised after all ran.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fsmtrain.core.epoch_work import EpochWork, Work
-from fsmtrain.core.lifecycle import BATCH, FINAL, Action, ActionSpec, HookScope, HookSpec, Step, Transition, program_for
+from fsmtrain.core.lifecycle import BATCH, FINAL, Action, Guard, HookScope, Step, Transition, program_for
 from fsmtrain.core.runner import CallbackRunner
 
 __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
 
 
-def compile_guard(
-    conditions: tuple[Callable[[], bool], ...], unless: tuple[Callable[[], bool], ...]
-) -> Callable[[], bool]:
-    """One callable for a transition's guards; the common one-and-one shape avoids generator cost."""
+def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]]) -> Callable[[], bool]:
+    """One callable for transition ``t``'s guards; the common one-and-one shape avoids generator cost."""
+    conditions, unless = tuple(guards[g] for g in t.conditions), tuple(guards[g] for g in t.unless)
     if len(conditions) == 1 and len(unless) == 1:
         (c,), (u,) = conditions, unless
         return lambda: c() and not u()
@@ -47,13 +41,7 @@ def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: boo
                 fn(ctx)
 
         return body
-    groups: list[tuple[str | None, list[Work]]] = []
-    for fn, flag in items:
-        if groups and groups[-1][0] == flag:
-            groups[-1][1].append(fn)
-        else:
-            groups.append((flag, [fn]))
-    frozen = tuple((flag, tuple(fns)) for flag, fns in groups)
+    frozen = tuple((flag, tuple(fn for fn, _ in run)) for flag, run in itertools.groupby(items, key=lambda i: i[1]))
 
     def flagged(ctx: Any) -> None:
         for flag, fns in frozen:
@@ -83,14 +71,14 @@ class HandlerCompiler:
         self.driver_sets_flags = driver_sets_flags  # a driver may skip a batch's step itself (fp16 overflow)
 
     def _work(self, step: Step) -> Work | None:
-        if isinstance(step, ActionSpec):
+        if step.action is not None:
             return self.actions[step.action]
         return self.runner.dispatcher(step.name)
 
     def per_batch(self, steps: Sequence[Step]) -> Work:
         """The body of a batch: its steps as one callable of the step (or validation step) context."""
         items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
-        hooked = any(isinstance(s, HookSpec) and self.runner.has(s.name) for s in steps)
+        hooked = any(s.action is None and self.runner.has(s.name) for s in steps)
         return compile_body(items, flags_can_change=hooked or self.driver_sets_flags)
 
     def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
@@ -107,20 +95,14 @@ class HandlerCompiler:
 
             return batch_handler
         segments: list[Callable[[], None]] = []
-        i = 0
-        while i < len(steps):
-            s = steps[i]
-            if s.per_batch:  # a loop over validation batches inside the phase
-                j = i
-                while j < len(steps) and steps[j].per_batch:
-                    j += 1
-                segments.append(self.work.val_loop(self.per_batch(steps[i:j])))
-                i = j
+        for per_batch, group in itertools.groupby(steps, key=lambda s: s.per_batch):
+            if per_batch:  # a loop over validation batches inside the phase
+                segments.append(self.work.val_loop(self.per_batch(list(group))))
                 continue
-            fn = self._work(s)
-            if fn is not None:
-                segments.append(_bind(fn, self.work.contexts[s.scope]))
-            i += 1
+            for s in group:
+                fn = self._work(s)
+                if fn is not None:
+                    segments.append(_bind(fn, self.work.contexts[s.scope]))
 
         def handler() -> None:
             log_move(t)
@@ -132,7 +114,7 @@ class HandlerCompiler:
     def _teardown(self, t: Transition, steps: Sequence[Step]) -> Callable[[], None]:
         items: list[tuple[str, Work, HookScope]] = []
         for s in steps:
-            if isinstance(s, ActionSpec):
+            if s.action is not None:
                 items.append((s.name, self.actions[s.action], s.scope))
                 continue
             for i, fn in self.runner.table(s.name):

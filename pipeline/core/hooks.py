@@ -33,6 +33,13 @@ from fsmtrain.core.lifecycle import HOOK_NAMES
 from fsmtrain.core.registry import GlobalHandle, register_global_callback
 
 
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 class Tier(int, Enum):
     """Tie-break between equal priorities: built-ins first, then the user's, then global ones."""
 
@@ -55,19 +62,15 @@ class TrainingCallback:
     reads: ClassVar[tuple[Slot[Any], ...]] = ()
     writes: ClassVar[tuple[Slot[Any], ...]] = ()
     replay: ClassVar[ReplaySupport] = ReplaySupport.FULL
-    # A logger that shows every slot present (W&B, the console line) sets this: the runner then
-    # treats it as a reader of every slot the run's callbacks write, so no writer may run after it.
+    # A logger of every slot present (W&B, the console line): ordered after every slot's writer.
     reads_every_slot: ClassVar[bool] = False
-    # Declared capabilities a multi-process run plans by. A callback that may call
-    # ``request_stop(..., immediate=True)`` sets ``may_stop_immediately``: the ranks then agree per
-    # batch (without one, per epoch). ``rank_zero_only``: it writes what the run owns once (files,
-    # the console, W&B), so only rank 0 runs it.
+    # For multi-process runs: a callback that may stop immediately makes the ranks agree per batch
+    # (else per epoch); a ``rank_zero_only`` one writes what the run owns once (files, console, W&B).
     may_stop_immediately: ClassVar[bool] = False
     rank_zero_only: ClassVar[bool] = False
 
     def __init__(self, priority: int | None = None) -> None:
-        """``priority`` places this instance in the order (``super().__init__(priority=60)``); without
-        it the class's ``priority`` applies. A subclass need not call this at all."""
+        """``priority`` overrides the class's for this instance; a subclass need not call this."""
         if priority is not None:
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
@@ -101,8 +104,7 @@ class TrainingCallback:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
-    # Registering globally for a block: ``with MyCallback(): trainer.fit()``. The registry refuses a
-    # nested ``with`` of the same instance; each run gets its own copy of the registered one.
+    # ``with MyCallback(): trainer.fit()`` registers it globally for the block.
     def __enter__(self) -> TrainingCallback:
         self._global_handle: GlobalHandle | None = register_global_callback(self)
         return self
@@ -149,10 +151,8 @@ class CallbackBoundError(ValueError):
 
 
 def bind_callbacks(callbacks: Sequence[TrainingCallback]) -> int:
-    """Bind the callback instances a Trainer was given to it; returns the binding's number (for
-    :func:`unbind_callbacks`). No state crosses runs: an instance's attributes hold its run's state
-    (a best value, a counter, a W&B run), so one already bound to another Trainer (built, running
-    or finished) is refused, naming the fix."""
+    """Bind a Trainer's callback instances to it (returns the binding's number). An instance's
+    attributes hold its run's state, so one already bound to another Trainer is refused."""
     taken = [cb for cb in callbacks if getattr(cb, _BOUND, None) is not None]
     if taken:
         names = ", ".join(dict.fromkeys(str(cb.name) for cb in taken))

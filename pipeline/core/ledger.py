@@ -1,7 +1,5 @@
-"""The checkpoint files a run's log committed: :func:`committed_checkpoints` reads ``checkpoint``,
-``checkpoint_removed`` and ``checkpoint_damaged`` lines of ``events.jsonl`` (the store and resume
-ask it; neither parses the log itself).
-"""
+"""The checkpoint files a run's log committed, read from its ``checkpoint``, ``checkpoint_removed``
+and ``checkpoint_damaged`` lines (the store and resume ask here; neither parses the log)."""
 
 from __future__ import annotations
 
@@ -27,10 +25,9 @@ class CommittedFile:
 
 
 class CheckpointLedger:
-    """The checkpoint files a log committed and still stands by, fed one parsed line at a time
-    (:meth:`feed`): a ``checkpoint`` line commits a path (a later one replaces it), a
-    ``checkpoint_removed`` line withdraws it, and a ``checkpoint_damaged`` line withdraws every path
-    it moved to ``damaged/``."""
+    """The checkpoint files a log committed and still stands by, fed one parsed line at a time:
+    ``checkpoint`` commits a path, ``checkpoint_removed`` withdraws it, ``checkpoint_damaged``
+    withdraws every path it quarantined."""
 
     def __init__(self) -> None:
         self.order: list[CommittedFile] = []  # every commit, in log order
@@ -64,8 +61,7 @@ class CheckpointLedger:
 
 
 def read_ledger(path: Path | str) -> CheckpointLedger:
-    """The :class:`CheckpointLedger` of the log at ``path`` (unreadable lines, a killed process's
-    torn last line among them, are skipped: the audit is what reports them)."""
+    """The :class:`CheckpointLedger` of the log at ``path``; unreadable lines are the audit's to report."""
     ledger = CheckpointLedger()
     with open(path, "rb") as fh:
         for line in fh:
@@ -87,8 +83,7 @@ def committed_checkpoints(path: Path | str) -> dict[str, CommittedFile]:
 
 
 def committed_sha256(log: Path | str, target: Path | str) -> str | None:
-    """The sha256 the log at ``log`` last committed for the checkpoint file ``target`` (the log's
-    paths are relative to the log's folder, or absolute); None when it never committed that file."""
+    """The sha256 the log at ``log`` last committed for the file ``target``, or None."""
     log = Path(log)
     wanted = os.path.abspath(target)
     for shown, done in read_ledger(log).last.items():

@@ -1,6 +1,6 @@
 """The training lifecycle, written once as data.
 
-The loop every fsmtrain run walks (one line per transition of :data:`TRANSITIONS`)::
+The loop every run walks (one line per transition of :data:`TRANSITIONS`)::
 
     created --begin--> train_begin
     train_begin --start_epoch [can_continue]--> epoch_begin
@@ -14,26 +14,19 @@ The loop every fsmtrain run walks (one line per transition of :data:`TRANSITIONS
     epoch_begin | train_step | val --stop_now [immediate_stop]--> train_end
     any non-final phase --abort [faulted]--> train_end
 
-:data:`PROGRAM` lists, in order, every hook and every piece of engine or driver work: a step bound to
-a trigger runs as that transition's handler, the others run on entering their phase
-(:func:`program_for`). The runtime machine (:func:`build_machine`) carries those handlers, the
-per-batch fast path is a compiled copy of the ``batch`` transition, and the diagrams, the replay
-driver and the audit read the same tables; nothing else lists phases, moves or the hook order.
-:func:`check_table` proves at import time that from every phase exactly one
-ordinary transition is enabled for every consistent combination of guard facts.
+:data:`PROGRAM` lists, in order, every hook and every piece of engine or driver work; a step bound
+to a trigger runs as that transition's handler, the others on entering their phase
+(:func:`program_for`). The machine, the per-batch fast path, the diagrams, replay and the audit all
+read these tables. :func:`check_table` proves at import that from every phase exactly one ordinary
+transition is enabled for every consistent combination of guard facts.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
-
-from transitions import Machine
-
-from fsmtrain.core.machine import LifecycleMachine
 
 
 class Phase(str, Enum):
@@ -162,14 +155,13 @@ class Action(str, Enum):
 
 
 @dataclass(frozen=True)
-class HookSpec:
-    """A callback hook and where it fires.
+class Step:
+    """A hook (``action`` None) or an action of the program, and where it runs.
 
-    ``trigger`` set: the hook is a handler of that transition (into ``phase``); unset: it runs on
-    entering ``phase``. ``per_batch``: once per batch (per train batch for a trigger-bound step,
-    per validation batch inside a phase). ``skip``: the ``StepContext`` flag that leaves it out for
-    one batch. CHECKPOINT hooks are fired by the checkpoint store when it saves or loads, inside
-    ``phase``, so they appear in no program.
+    ``trigger`` set: a handler of that transition (into ``phase``); unset: it runs on entering
+    ``phase``. ``per_batch``: once per train batch (trigger-bound) or per validation batch.
+    ``skip``: the ``StepContext`` flag that leaves it out for one batch. CHECKPOINT hooks are fired
+    by the checkpoint store inside ``phase``, so no transition's program holds them.
     """
 
     name: str
@@ -178,47 +170,31 @@ class HookSpec:
     trigger: str | None = None
     per_batch: bool = False
     skip: str | None = None
+    action: Action | None = None
 
-
-@dataclass(frozen=True)
-class ActionSpec:
-    """Engine or driver work in a program, placed exactly like a hook."""
-
-    action: Action
-    phase: Phase
-    scope: HookScope
-    trigger: str | None = None
-    per_batch: bool = False
-    skip: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.action.value
-
-
-Step = HookSpec | ActionSpec
 
 _S, _E, _V, _R = HookScope.STEP, HookScope.EPOCH, HookScope.VAL_STEP, HookScope.RUN
 _BWD, _OPT, _ZERO = "skip_backward", "skip_optimizer_step", "skip_zero_grad"
 A = Action
 
 
+def _do(action: Action, phase: Phase, scope: HookScope) -> Step:
+    return Step(action.value, phase, scope, action=action)
+
+
 def _batch(step: str | Action, skip: str | None = None) -> Step:
-    if isinstance(step, Action):
-        return ActionSpec(step, P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True, skip=skip)
-    return HookSpec(step, P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True, skip=skip)
+    name, action = (step.value, step) if isinstance(step, Action) else (step, None)
+    return Step(name, P.TRAIN_STEP, _S, trigger=BATCH, per_batch=True, skip=skip, action=action)
 
 
-# Everything that happens, in the order it happens. Hooks and actions bound to a trigger run as that
-# transition's handlers; the others run on entering their phase. The engine compiles each transition's
-# handlers from this, the runner dispatches from it, and diagrams, replay and audit read it.
+# Everything that happens, in the order it happens.
 PROGRAM: tuple[Step, ...] = (
-    HookSpec("on_train_begin", P.TRAIN_BEGIN, _R),
-    ActionSpec(A.RESTORE, P.TRAIN_BEGIN, _R),
-    HookSpec("on_load_checkpoint", P.TRAIN_BEGIN, HookScope.CHECKPOINT),
-    ActionSpec(A.BEGIN_EPOCH, P.EPOCH_BEGIN, _E),
-    HookSpec("on_train_epoch_begin", P.EPOCH_BEGIN, _E),
-    ActionSpec(A.LOAD_EPOCH, P.EPOCH_BEGIN, _E),
+    Step("on_train_begin", P.TRAIN_BEGIN, _R),
+    _do(A.RESTORE, P.TRAIN_BEGIN, _R),
+    Step("on_load_checkpoint", P.TRAIN_BEGIN, HookScope.CHECKPOINT),
+    _do(A.BEGIN_EPOCH, P.EPOCH_BEGIN, _E),
+    Step("on_train_epoch_begin", P.EPOCH_BEGIN, _E),
+    _do(A.LOAD_EPOCH, P.EPOCH_BEGIN, _E),
     _batch(A.NEXT_BATCH),
     _batch("on_batch_begin"),
     _batch("on_before_forward"),
@@ -234,26 +210,26 @@ PROGRAM: tuple[Step, ...] = (
     _batch(A.ZERO_GRAD, _ZERO),
     _batch("on_train_step_end"),
     _batch(A.COUNT_BATCH),
-    ActionSpec(A.END_TRAIN, P.VAL, _E),
-    HookSpec("on_val_begin", P.VAL, _E),
-    HookSpec("on_val_batch_begin", P.VAL, _V, per_batch=True),
-    ActionSpec(A.VAL_BATCH, P.VAL, _V, per_batch=True),
-    HookSpec("on_val_batch_end", P.VAL, _V, per_batch=True),
-    ActionSpec(A.END_VALIDATION, P.VAL, _E),
-    HookSpec("on_val_end", P.VAL, _E),
-    HookSpec("on_before_scheduler_step", P.EPOCH_END, _E),
-    ActionSpec(A.SCHEDULER_STEP, P.EPOCH_END, _E),
-    HookSpec("on_epoch_end", P.EPOCH_END, _E),
-    HookSpec("on_save_checkpoint", P.EPOCH_END, HookScope.CHECKPOINT),
-    ActionSpec(A.RECORD_EPOCH, P.EPOCH_END, _E),
-    HookSpec("on_exception", P.TRAIN_END, HookScope.FAULT, trigger=ABORT),
-    HookSpec("on_train_end", P.TRAIN_END, _R),
-    ActionSpec(A.END_RUN, P.TRAIN_END, _R),
-    ActionSpec(A.OUTPUTS, P.TRAIN_END, _R),
-    ActionSpec(A.RESULT, P.TRAIN_END, _R),
+    _do(A.END_TRAIN, P.VAL, _E),
+    Step("on_val_begin", P.VAL, _E),
+    Step("on_val_batch_begin", P.VAL, _V, per_batch=True),
+    Step(A.VAL_BATCH.value, P.VAL, _V, per_batch=True, action=A.VAL_BATCH),
+    Step("on_val_batch_end", P.VAL, _V, per_batch=True),
+    _do(A.END_VALIDATION, P.VAL, _E),
+    Step("on_val_end", P.VAL, _E),
+    Step("on_before_scheduler_step", P.EPOCH_END, _E),
+    _do(A.SCHEDULER_STEP, P.EPOCH_END, _E),
+    Step("on_epoch_end", P.EPOCH_END, _E),
+    Step("on_save_checkpoint", P.EPOCH_END, HookScope.CHECKPOINT),
+    _do(A.RECORD_EPOCH, P.EPOCH_END, _E),
+    Step("on_exception", P.TRAIN_END, HookScope.FAULT, trigger=ABORT),
+    Step("on_train_end", P.TRAIN_END, _R),
+    _do(A.END_RUN, P.TRAIN_END, _R),
+    _do(A.OUTPUTS, P.TRAIN_END, _R),
+    _do(A.RESULT, P.TRAIN_END, _R),
 )
 
-HOOKS: tuple[HookSpec, ...] = tuple(s for s in PROGRAM if isinstance(s, HookSpec))
+HOOKS: tuple[Step, ...] = tuple(s for s in PROGRAM if s.action is None)
 HOOK_NAMES: tuple[str, ...] = tuple(h.name for h in HOOKS)
 
 
@@ -384,52 +360,6 @@ def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]
 
 
 check_table()
-
-
-@dataclass(frozen=True)
-class MoveHandler:
-    """What the machine runs when one of its transitions fires. ``check`` is the transition's
-    ``before`` callback: it runs once the machine's own conditions have passed and before its state
-    changes, and raises when the table does not allow the move (the state then stays, and ``run``
-    never starts). ``run``, the ``after`` callback, is the move's compiled program."""
-
-    check: Callable[[], None]
-    run: Callable[[], None]
-
-
-def build_machine(
-    model: Any,
-    guards: Mapping[Guard, Callable[[], bool]],
-    handlers: Sequence[Callable[[], None] | MoveHandler],
-) -> Machine:
-    """A ``transitions`` machine over ``model`` (:class:`~fsmtrain.core.machine.LifecycleMachine`: a
-    plain ``Machine`` with a lean trigger path): its conditions are the live ``guards`` and
-    ``handlers[i]`` (the compiled :func:`program_for` of ``TRANSITIONS[i]``) runs after transition
-    ``i`` fires, with the machine already in its destination; a :class:`MoveHandler`'s check runs
-    before the state changes."""
-    if len(handlers) != len(TRANSITIONS):
-        raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
-    spec = [
-        {
-            "trigger": t.trigger,
-            "source": t.source.value,
-            "dest": None if t.internal else t.dest.value,
-            "conditions": [guards[g] for g in t.conditions],
-            "unless": [guards[g] for g in t.unless],
-            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
-            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
-        }
-        for t, handler in zip(TRANSITIONS, handlers, strict=True)
-    ]
-    return LifecycleMachine(
-        model=model,
-        states=[p.value for p in Phase],
-        transitions=spec,
-        initial=INITIAL.value,
-        auto_transitions=False,
-        send_event=False,
-        ignore_invalid_triggers=False,
-    )
 
 
 def triggers_from(phase: Phase) -> tuple[str, ...]:

@@ -1,23 +1,14 @@
 """The append-only file under a run log: whole lines or nothing, and room kept for the last lines.
 
-A line goes to the file in one unbuffered ``write`` (looped over partial writes). If it fails (a
-full disk, a quota, an I/O error) the file is cut back to the end of the last whole line, so a log
-never ends in a torn line that a resume would have to repair, and the failure is raised as a
-:class:`LogWriteError` naming what, which file and which device: ``no space left writing
-events.jsonl (device tmpfs (tmpfs) mounted at /mnt/runs, 0 of 20971520 bytes free)``.
+A line goes out in one unbuffered ``write``. If it fails (full disk, quota, I/O error) the file is
+cut back to its last whole line and a :class:`LogWriteError` names what failed, the file and the
+device: ``no space left writing events.jsonl (device tmpfs (tmpfs) mounted at /mnt/runs, ...)``.
 
-Room for the end. A run whose log cannot grow any more still has to write why it ended (the
-``exception``, the move to ``train_end``, the ``result``), or its log reads as a killed process. So
-the file keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with
-``FALLOC_FL_KEEP_SIZE``: blocks that belong to the file without changing its size or content;
-writes into them need no free space). Before a line that would eat into that room the allocation
-is extended, in whole blocks as the file system allocates them (one system call per block of log,
-so a line costs what a plain write does); when it cannot be (the disk is full) the line still goes
-into the room, and then the error is raised: the run ends there, in the phase it was in, with a log
-that says so, and the lines that end the run go into the room too. The log learns of a full disk
-when it needs its next block, within a block (4 KB) of log after the disk filled. ``close`` gives
-the room back. On a file system without ``fallocate`` nothing is kept: a full disk then ends the
-log at its last whole line.
+A run whose log cannot grow must still write why it ended, or its log reads as a killed process.
+So the file keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with
+``FALLOC_FL_KEEP_SIZE``), extended a block at a time. When that fails for a full disk, the line
+still goes into the room and the error is raised: the run ends there, and its last lines go into the
+room too. ``close`` gives the room back. Without ``fallocate`` nothing is kept.
 """
 
 from __future__ import annotations
@@ -38,8 +29,7 @@ _WHAT = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", err
 
 
 class FileWriteError(OSError):
-    """A file of a run could not be written (a full disk, a quota, an I/O error). Its ``strerror``
-    says what, which file and which device (:func:`write_failure`), all a user needs to act on."""
+    """A file of a run could not be written; ``strerror`` says what, which file and which device."""
 
     @property
     def disk_full(self) -> bool:
@@ -108,9 +98,8 @@ class LogFile:
         self._keep_room(0)
 
     def write(self, line: bytes) -> LogWriteError | None:
-        """Append ``line`` whole, or raise :class:`LogWriteError` with the file as it was. Returns
-        the error when this line found the disk full: it was written into the room kept, and the
-        caller raises the error once its bookkeeping of the line is done."""
+        """Append ``line`` whole, or raise :class:`LogWriteError` with the file as it was. Returns the
+        error when the line found the disk full and went into the room kept (the caller raises it)."""
         fd = self._fd
         assert fd is not None, "the log file is closed"
         size = len(line)
@@ -138,8 +127,7 @@ class LogFile:
         end = self.size + need + ROOM
         if end <= self._room_end:
             return None
-        # Whole blocks, as the file system allocates them: one call per block of log, not per line
-        # (a call within an allocated block allocates nothing, so it could not fail sooner either).
+        # Whole blocks, as the file system allocates them: one call per block of log, not per line.
         end = -(-end // self._block) * self._block
         if _FALLOCATE(fd, _KEEP_SIZE, self._room_end, end - self._room_end) == 0:
             self._room_end = end

@@ -1,36 +1,31 @@
-"""The lifecycle's ``transitions`` machine, with a lean trigger path through the library's own
-extension points.
+"""The lifecycle's ``transitions`` machine, built from the table, with a lean trigger path.
 
-A trigger of a plain ``transitions.Machine`` builds a partial and an ``EventData``, resolves every
-callback by name, runs the (empty) prepare, before, finalize and state enter/exit callback lists,
-and makes about a dozen logger calls; at a few triggers per epoch that was most of the engine's
-own cost per epoch. The lifecycle machine uses only conditions and the ``before`` (the move check)
-and ``after`` (the program) lists, so its classes run those without the library's overhead, and fall
-back to the library's own code the moment anything else is configured (a queue, prepare or finalize
-events, ``on_exception``, state enter/exit or final callbacks, ``send_event``):
-
-- :class:`GuardCondition` calls the guard directly (guards take no arguments: ``send_event=False``);
-- :class:`LeanTransition` runs the library's sequence (prepare, conditions, before, the change of
-  state, after; the machine-wide lists in their places) without its per-step logger calls and
-  ``itertools.chain``; the conditions still decide whether it fires;
-- :class:`LeanEvent` looks up the transitions of the model's state and tries them in order, as
-  ``Event._process`` does, with one ``EventData``;
-- :class:`LifecycleMachine` is a plain ``Machine`` that uses them.
-
-Nothing here decides a move: which transition fires is still the machine's, through its conditions.
+:func:`build_machine` makes a plain ``Machine`` (``auto_transitions=False``) whose conditions are
+the live guards and whose ``before``/``after`` callbacks are each move's check and program. A
+trigger of a plain ``Machine`` builds an ``EventData``, resolves callbacks by name, runs empty
+callback lists and logs a dozen times; the classes here, plugged in through the library's
+extension points (``condition_cls``, ``transition_cls``, ``event_cls``) and reading only its public
+attributes, run just that, and fall back to the library's code as soon as anything else is configured.
+Which transition fires is still decided by the machine's conditions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from transitions import Machine
 from transitions.core import Condition, Event, EventData, Transition
 
-__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine"]
+from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Guard, LifecycleError, Phase
+
+__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveHandler", "build_machine"]
 
 
 class GuardCondition(Condition):
+    """Calls the guard directly (guards take no arguments: ``send_event=False``)."""
+
     def check(self, event_data: EventData) -> bool:
         func = self.func
         if not callable(func) or event_data.machine.send_event or event_data.args or event_data.kwargs:
@@ -39,43 +34,32 @@ class GuardCondition(Condition):
 
 
 class LeanTransition(Transition):
+    """The library's sequence (prepare, conditions, before, change of state, after) without its
+    per-step logger calls."""
+
     condition_cls = GuardCondition
 
     def execute(self, event_data: EventData) -> bool:
         machine = event_data.machine
-        # The machine-wide lists, read where ``Machine``'s properties keep them (a property is a Python
-        # call per trigger); a library that keeps them elsewhere, or callbacks that take the EventData,
-        # take the library's own path.
-        stored = machine.__dict__
-        before_all, after_all = stored.get("_before_state_change"), stored.get("_after_state_change")
-        if machine.send_event or before_all is None or after_all is None:
+        source = machine.get_state(self.source)
+        dest = None if self.dest is None else machine.get_state(self.dest)  # None: an internal transition
+        if machine.send_event or source.on_exit or (dest is not None and (dest.on_enter or dest.final)):
             return bool(super().execute(event_data))
         if self.prepare:
             _call_each(self.prepare, machine, event_data)
         for condition in self.conditions:
             if not condition.check(event_data):
                 return False
-        if before_all:
-            _call_each(before_all, machine, event_data)
-        if self.before:
-            _call_each(self.before, machine, event_data)
-        if self.dest:  # None: an internal transition, no change of state
-            self._change_state(event_data)
-        if self.after:
-            _call_each(self.after, machine, event_data)
-        if after_all:
-            _call_each(after_all, machine, event_data)
+        for callbacks in (machine.before_state_change, self.before):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
+        if dest is not None:
+            setattr(event_data.model, machine.model_attribute, dest.value)
+            event_data.state = dest
+        for callbacks in (self.after, machine.after_state_change):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
         return True
-
-    def _change_state(self, event_data: EventData) -> None:
-        machine, dest_name = event_data.machine, self.dest
-        assert dest_name is not None  # only a transition that changes state gets here
-        source, dest = machine.states[self.source], machine.states[dest_name]
-        if source.on_exit or dest.on_enter or dest.final:
-            super()._change_state(event_data)
-            return
-        setattr(event_data.model, machine.model_attribute, dest.value)
-        event_data.state = dest
 
 
 def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) -> None:
@@ -90,13 +74,11 @@ def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) ->
 
 
 class LeanEvent(Event):
+    """Tries the transitions of the model's state in order, as ``Event.trigger`` does."""
+
     def trigger(self, model: Any, *args: Any, **kwargs: Any) -> bool:
         machine = self.machine
-        # Read where ``Machine``'s properties keep them (see LeanTransition.execute); a library that
-        # keeps them elsewhere takes its own path.
-        stored = machine.__dict__
-        if (stored.get("_queued", True) or stored.get("_prepare_event", True) or stored.get("_finalize_event", True)
-                or stored.get("_on_exception", True)):
+        if machine.has_queue or machine.prepare_event or machine.finalize_event or machine.on_exception:
             return bool(super().trigger(model, *args, **kwargs))
         state = machine.states.get(getattr(model, machine.model_attribute))
         moves = None if state is None else self.transitions.get(state.name)
@@ -114,3 +96,35 @@ class LeanEvent(Event):
 class LifecycleMachine(Machine):
     event_cls = LeanEvent
     transition_cls = LeanTransition
+
+
+@dataclass(frozen=True)
+class MoveHandler:
+    """What the machine runs when a transition fires: ``check`` (its ``before`` callback, after the
+    conditions passed and before the state changes) raises when the table forbids the move, so the
+    state stays and ``run`` (its ``after`` callback, the move's program) never starts."""
+
+    check: Callable[[], None]
+    run: Callable[[], None]
+
+
+def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
+                  handlers: Sequence[Callable[[], None] | MoveHandler]) -> Machine:
+    """The machine over ``model``: conditions are the live ``guards``; ``handlers[i]`` runs when
+    ``TRANSITIONS[i]`` fires (a :class:`MoveHandler`'s check before the state changes)."""
+    if len(handlers) != len(TRANSITIONS):
+        raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
+    spec = [
+        {
+            "trigger": t.trigger,
+            "source": t.source.value,
+            "dest": None if t.internal else t.dest.value,
+            "conditions": [guards[g] for g in t.conditions],
+            "unless": [guards[g] for g in t.unless],
+            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
+            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
+        }
+        for t, handler in zip(TRANSITIONS, handlers, strict=True)
+    ]
+    return LifecycleMachine(model=model, states=[p.value for p in Phase], transitions=spec, initial=INITIAL.value,
+                            auto_transitions=False, send_event=False, ignore_invalid_triggers=False)

@@ -1,12 +1,9 @@
-"""No handler runs for a move the table forbids: each transition's handlers are checked first.
+"""No handler runs for a move the table forbids.
 
-The machine decides which trigger fires (its conditions are the live guards); what it runs then is
-a :class:`~fsmtrain.core.lifecycle.MoveHandler` built here. Its ``check`` is the transition's
-``before`` callback (``transitions`` calls it once the conditions passed, before the state
-changes): the machine must be in the move's source and the table's guards must hold, or it raises
-and the state stays. Its ``run`` (the ``after`` callback) starts the move's program only once that
-check passed for this very move, so a machine that calls handlers some other way runs none either.
-The per-batch fast path runs the batch program itself, after its own guard: it pays nothing here.
+Each transition's :class:`~fsmtrain.core.machine.MoveHandler` checks, before the state changes,
+that the machine is in the move's source and the table's guards hold (else it raises and the state
+stays), and its program runs only after that check passed for this very move. The per-batch fast
+path runs the batch program after its own guard and pays nothing here.
 """
 
 from __future__ import annotations
@@ -14,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from fsmtrain.core.handlers import compile_guard
-from fsmtrain.core.lifecycle import Facts, Guard, LifecycleError, MoveHandler, Transition
+from fsmtrain.core.lifecycle import Facts, Guard, LifecycleError, Transition
+from fsmtrain.core.machine import MoveHandler
 
 __all__ = ["MoveChecks"]
 
 
 class MoveChecks:
-    """The checked handlers of one run's machine. ``state()`` reads the machine's state, ``facts()``
-    the guard facts (for the message)."""
+    """The checked handlers of one run's machine; ``facts()`` words the refusal."""
 
     def __init__(self, state: Callable[[], str], guards: Mapping[Guard, Callable[[], bool]],
                  facts: Callable[[], Facts]) -> None:
@@ -34,7 +31,7 @@ class MoveChecks:
         return MoveHandler(self._check(t), self._after_check(t, program))
 
     def _check(self, t: Transition) -> Callable[[], None]:
-        allowed = compile_guard(tuple(self._guards[g] for g in t.conditions), tuple(self._guards[g] for g in t.unless))
+        allowed = compile_guard(t, self._guards)
         source = t.source.value
 
         def check() -> None:

@@ -1,25 +1,13 @@
 """The global-callback registry: the one documented piece of process-wide state.
 
 Callbacks registered here join every run whose runner is built while they are registered, in the
-GLOBAL tier. Three rules keep that safe:
-
-* **Locked.** One lock guards register, remove and listing, so threads may register and remove
-  callbacks while others build runners (listing takes a snapshot under the lock).
-* **No re-entry.** A callback instance is registered at most once at a time: registering it again,
-  or a nested ``with cb:`` of the same instance, raises :class:`GlobalRegistrationError`.
-* **No state carried between runs.** Every run gets its own fresh callback, whatever the
-  callback keeps its state in (``state_dict``, plain attributes, a device tensor): a registered
-  *instance* is a prototype, deep-copied once at registration into the registry's own copy, and
-  each run's runner gets a ``copy.deepcopy`` of that copy, so no run ever mutates the registered
-  instance, and nothing done to the instance after registration (running it as a run's local
-  callback, changing its attributes) reaches another run; a *factory* (a callback class with its
-  arguments, ``register_global_callback(EarlyStoppingCallback, patience=3)``, or any zero-argument
-  callable returning a callback) is called once per run. An instance that cannot be deep-copied
-  (it holds an open file, a lock) is refused at registration with a message to register a factory
-  instead.
-
-Only the callbacks' duck type is used here (``overridden_hooks``, ``name``):
-``fsmtrain.core.hooks`` imports this module, not the other way round.
+GLOBAL tier. It is locked (threads may register while others build runners), refuses re-entry (an
+instance is registered once at a time, a nested ``with cb:`` included), and carries no state between
+runs: a registered *instance* is a prototype, deep-copied at registration and again for each run,
+so nothing done to it later reaches a run; a *factory* (a class with its arguments, or a
+zero-argument callable) is called once per run. An instance that cannot be deep-copied is refused
+with a hint to register a factory. Only the callbacks' duck type is used here (``hooks`` imports
+this module).
 """
 
 from __future__ import annotations
@@ -32,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "GlobalHandle", "GlobalRegistrationError", "callbacks_for_run", "global_callbacks", "register_global_callback",
-]
+__all__ = ["GlobalHandle", "GlobalRegistrationError", "callbacks_for_run", "global_callbacks",
+           "register_global_callback"]
 
 # The registry holds callbacks without importing their class (``hooks`` imports this module).
 TrainingCallback = Any
@@ -50,12 +37,8 @@ class _Registration:
     factory: Callable[..., TrainingCallback] | None  # a factory called once per run
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # The registry's own deep copy of ``instance``, taken at registration before anyone could list it:
-    # every run copies this, which nothing else holds, never ``instance``, which its owner may change
-    # in another thread while a run is being built (``with cb:`` sets its handle on it just after
-    # registering; a Trainer given it as a local callback binds and runs it). Copying ``instance``
-    # raised "dictionary changed size during iteration" (reported as "cannot be copied"), and handed
-    # a local run's state (EarlyStopping's ``wait``) to the next run's copy.
+    # The registry's own copy of ``instance``, which each run copies: nothing else holds it, while
+    # its owner may change ``instance`` (even in another thread) after registering it.
     prototype: TrainingCallback | None = None
 
     def make(self) -> TrainingCallback:
@@ -106,13 +89,9 @@ class GlobalHandle:
 def register_global_callback(
     callback: TrainingCallback | Callable[..., TrainingCallback], *args: Any, **kwargs: Any
 ) -> GlobalHandle:
-    """Add a callback to every run built from now until the handle's ``remove()``.
-
-    ``callback`` is a callback instance (each run gets a deep copy of it as it is now, at
-    registration; the registration never runs the instance itself), or a factory (a callback class
-    or a zero-argument callable) with the arguments to call it with once per run. An instance
-    already registered, or one that cannot be copied, is refused with :class:`GlobalRegistrationError`.
-    """
+    """Add a callback to every run built from now until the handle's ``remove()``: an instance
+    (each run gets a deep copy of it as it is now), or a factory with the arguments to call it with
+    once per run. An instance already registered, or one that cannot be copied, is refused."""
     if _is_callback(callback):
         if args or kwargs:
             raise TypeError(f"{_name(callback)} is already an instance; arguments go with a factory: "
@@ -147,9 +126,7 @@ def register_global_callback(
 
 
 def global_callbacks() -> list[TrainingCallback]:
-    """The registered callbacks in registration order: the registered instances themselves, and
-    for each factory a fresh product (what is registered, for listing; a run gets
-    :func:`callbacks_for_run`)."""
+    """For listing: the registered instances themselves and a fresh product of each factory."""
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     # Factories run outside the lock: user code may itself register or list.
@@ -157,9 +134,8 @@ def global_callbacks() -> list[TrainingCallback]:
 
 
 def callbacks_for_run(local: frozenset[int] = frozenset()) -> list[TrainingCallback]:
-    """What one run gets of the registry, in registration order: a deep copy of every registered
-    instance, a fresh product of every factory. A registered instance that the run also got as a
-    local callback (``local``: their ids) runs once, as the local one."""
+    """What one run gets, in registration order: a copy of every instance, a product of every
+    factory. An instance the run also got as a local callback (``local``: ids) runs once, as local."""
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     return [reg.make() for reg in snapshot if reg.instance is None or id(reg.instance) not in local]

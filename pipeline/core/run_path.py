@@ -1,9 +1,6 @@
 """The path one run took, counted from its log: how often each move was taken, and how it ended.
-
-:class:`PathCounter` takes a log's lines one at a time (:func:`read_run_path` feeds it a whole
-file; ``fsmtrain report`` feeds it while it reads the log for its charts, so the log is read once);
-:func:`fsmtrain.core.drawing.path_diagram` draws what it counted.
-"""
+``fsmtrain report`` feeds a :class:`PathCounter` as it reads the log for its charts, so the log is
+read once; :func:`fsmtrain.core.drawing.path_diagram` draws what it counted."""
 
 from __future__ import annotations
 
@@ -39,22 +36,14 @@ class RunPath:
 
 
 class PathCounter:
-    """Counts the moves of a log fed line by line. Per-batch internal ``batch`` moves are logged
-    only at debug level; without them, their count is ``global_step`` leaving ``train_step`` minus
-    at entering, minus the entering move itself."""
+    """Counts the moves of a log fed line by line. Internal ``batch`` moves are logged only at
+    debug level; without them, they are counted from ``global_step`` at entering and leaving ``train_step``."""
 
     def __init__(self) -> None:
         self.run = RunPath(Counter())
         self._internal_logged = 0
         self._derived_internal = 0
         self._entered_step: int | None = None
-
-    def run_start(self, payload: Any) -> None:
-        world = payload.get("world_size") if isinstance(payload, Mapping) else None
-        self.run.world_size = world if isinstance(world, int) and world > 0 else self.run.world_size
-
-    def epoch(self) -> None:
-        self.run.epochs_done += 1
 
     def transition(self, src: str, dst: str, trigger: str, step: Any, epoch: Any, payload: Any) -> None:
         """One ``transition`` line; ``payload`` is read only for the move into ``train_end``."""
@@ -80,9 +69,12 @@ class PathCounter:
         """One parsed line of any kind."""
         event = rec.get("event")
         if event == "epoch":
-            self.epoch()
+            self.run.epochs_done += 1
         elif event == "run_start":
-            self.run_start(rec.get("payload") or {})
+            payload = rec.get("payload")
+            world = payload.get("world_size") if isinstance(payload, Mapping) else None
+            if isinstance(world, int) and world > 0:
+                self.run.world_size = world
         if event != "transition":
             return
         src, dst, trig = rec.get("from"), rec.get("to"), rec.get("trigger")

@@ -1,17 +1,13 @@
 """Orders callbacks, builds the per-hook dispatch tables once, and checks them.
 
-Order: ``(priority, tier, registration order)`` with tier CORE < USER < GLOBAL. A hook a callback
-does not override is not in its table, so it costs nothing at dispatch.
-
-Checked when the runner is built: each callback's definition (``fsmtrain.core.checks``: hook
-names and signatures) and the data flow between slot writers and readers. Checked while it runs:
-a callback writes only the slots it declared (:meth:`CallbackRunner.check_write`, installed as the
-run context's slot guard).
+Order: ``(priority, tier, registration order)``. A hook a callback does not override is not in its
+table, so it costs nothing. Checked at build: each callback's definition and the data flow between
+slot writers and readers; while running: a callback writes only the slots it declared.
 """
 
 from __future__ import annotations
 
-import sys
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -159,12 +155,12 @@ class CallbackRunner:
 
 def _running_hook(cb: TrainingCallback) -> str:
     """Which of ``cb``'s hooks is on the stack (only looked up to word an error)."""
-    frame = sys._getframe(1)
+    frame = inspect.currentframe()
     hooks = cb.overridden_hooks()
     while frame is not None:
         if frame.f_code.co_name in hooks and frame.f_locals.get("self") is cb:
             return frame.f_code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return "<hook>"
 
 
@@ -176,12 +172,9 @@ def _epoch_hooks(cb: TrainingCallback) -> list[str]:
 def check_data_flow(entries: Sequence[Entry]) -> None:
     """Refuse an order in which a reader of a slot may run before its writer in the same epoch.
 
-    Every epoch hook a callback overrides counts as a place where it may read or write (a class
-    declares *which* slots, not *where*). So the conservative rule: a reader is safe only when its
-    earliest epoch hook runs after its writer's latest one. Positions compare ``(hook position in
-    the epoch, dispatch position)``: on the same hook the callback ordered first runs first. A
-    callback with ``reads_every_slot`` reads every slot a callback of the run writes. A reader with
-    no writer at all is fine: it gets ``None``.
+    A class declares which slots, not where, so every epoch hook it overrides counts: a reader is
+    safe only when its earliest epoch hook runs after its writer's latest one, compared as ``(hook
+    position in the epoch, dispatch position)``. A reader without a writer gets ``None``.
     """
     position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []

@@ -1,16 +1,10 @@
-"""The numbers of one epoch, flat and named: every metric and every numeric slot value.
+"""The numbers of one epoch, flat and named: every metric and every numeric slot value, as the W&B
+logger and the console line show them, so a new metric or slot needs no change to either.
 
-What the W&B logger sends and the console line shows, so a new metric or a new slot needs no
-change to either. A slot value becomes scalars by these rules, in order:
-
-* ``None`` and ``bool`` give nothing (absent, or a flag rather than a measurement);
-* a real number gives ``{slot name: value}``;
-* a value with a ``scalars()`` method gives the mapping it returns, names as given (the built-in
-  ``LossPrediction`` gives ``predicted_final_loss``);
-* a dataclass gives ``{"<slot>/<field>": value}`` for each numeric field, a mapping
-  ``{"<slot>/<key>": value}`` for each numeric value;
-* anything else convertible by ``float()`` (a one-element tensor) gives ``{slot name: float(value)}``;
-  other values (strings, lists, larger tensors) are not scalars and are left out.
+A slot value gives: nothing for ``None`` or a ``bool``; ``{name: value}`` for a real number; the
+mapping its ``scalars()`` method returns; ``{"<name>/<field>": value}`` for each numeric field of a
+dataclass or value of a mapping; else ``{name: float(value)}`` when that converts (a one-element
+tensor), or nothing.
 """
 
 from __future__ import annotations

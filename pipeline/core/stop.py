@@ -13,21 +13,14 @@ interrupted   fault     2           130   3         yes     best       interrupt
 error         fault     2           1     2         yes     best       exception
 ============  ========  ==========  ====  ========  ======  =========  ===============
 
-- **route**: how the reason reaches ``train_end``. ``epochs``: no stop was requested and the epochs
-  ran out (``finish``); ``request``: a callback's ``request_stop`` (``finish``, or ``stop_now`` when
-  immediate); ``fault``: the engine forces it when an exception or a signal ends the run (``abort``).
-  The diagrams label the edges into ``train_end`` from it.
-- **precedence**: a later request replaces one not yet in force only if it ranks higher (a
-  non-finite loss explains a run better than the early stop it caused); the ranks of a
-  multi-process run agree on the highest.
-- **exit** and **severity**: the ``fsmtrain train`` exit status, and which one wins over several
-  seeds (a SIGTERM, 143, outranks them all: it is a signal, not a reason).
-- **failed**: W&B marks the run failed. **objective**: what the run reports to a study (``inf``
-  for a diverged run, else the best finite ``val_loss``).
+- **route**: how it reaches ``train_end``: the epochs ran out, a callback's ``request_stop``, or a
+  ``fault`` the engine forces on an exception or signal (``abort``).
+- **precedence**: a later request replaces one not yet in force only if it ranks higher.
+- **exit**, **severity**: the ``fsmtrain train`` exit status, and which wins over several seeds.
+- **failed**: W&B marks the run failed. **objective**: ``inf``, or the best finite ``val_loss``.
 - **evidence**: what the audit needs in the log before it believes the reason.
 
-Adding a reason is one member of :class:`StopReason` and its row in :data:`FACTS`, in this file
-only; a test checks that every member has a row.
+A new reason is one member of :class:`StopReason` and its row in :data:`FACTS`.
 """
 
 from __future__ import annotations
@@ -59,7 +52,7 @@ class Evidence(str, Enum):
 
 @dataclass(frozen=True)
 class StopFacts:
-    """One row of the module's table."""
+    """One row of the table."""
 
     route: Route
     precedence: int
@@ -71,8 +64,7 @@ class StopFacts:
 
 
 class StopReason(str, Enum):
-    """Why a run reached ``train_end``; its facts are :data:`FACTS` (the module's table), read
-    through the properties below."""
+    """Why a run reached ``train_end``; its facts are its row of :data:`FACTS`."""
 
     COMPLETED = "completed"
     NAN = "nan"

@@ -21,7 +21,7 @@ from fsmtrain.callbacks import (
     OverfitDetectionCallback,
     WandbLoggingCallback,
 )
-from fsmtrain.callbacks.wandb_logging import epoch_log
+from fsmtrain.core.scalars import epoch_scalars
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ class Seen(TrainingCallback):
         self.epochs = []
 
     def on_epoch_end(self, epoch):
-        self.epochs.append(epoch_log(epoch))
+        self.epochs.append(epoch_scalars(epoch))
 
 
 def test_one_log_per_epoch_with_the_values_the_trainer_saw(wandb_calls, tiny, tmp_path):
