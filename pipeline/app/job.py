@@ -45,7 +45,7 @@ from fsmtrain.app.trainer import MODEL_FILE, Trainer, joined_collective
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
-from fsmtrain.core.signal_latch import installed
+from fsmtrain.core.signals import installed
 from fsmtrain.training.atomic import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -207,7 +207,7 @@ def train_seed(
 
     The run directory is claimed once the model, optimizer, data and callbacks are built, so a
     config that cannot be built claims none; ``announce(claim, resume)`` is called once it is
-    claimed and the run can start. A signal latched during start-up (``fsmtrain.core.signal_latch``)
+    claimed and the run can start. A signal caught during start-up (``fsmtrain.core.signals``)
     is honoured before the run starts: the claim is let go and
     :class:`~fsmtrain.core.engine.Interrupted` raised.
 
@@ -234,11 +234,11 @@ def train_seed(
             raise ConfigError([ConfigProblem(
                 "resume", "the model, optimizer, data and seed the run was trained with",
                 "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
-    latch = installed()
+    signals = installed()
     collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
     # One process honours a start-up signal before its run starts; the ranks of a multi-process
     # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
-    startup = latch if collective is None else None
+    startup = signals if collective is None else None
     try:
         parts = build_parts(cfg, seed)
         if startup is not None:

@@ -133,28 +133,28 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
     """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
     status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
     from fsmtrain.app.launch import launch_workers, without_launch_options
-    from fsmtrain.core import signal_latch
+    from fsmtrain.core.signals import installed, uninstall
     from fsmtrain.training.distributed import launched_by_torchrun
 
     nodes = _nodes(args)
     if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
-    latch = signal_latch.installed()
-    signal_latch.uninstall()
-    if latch is not None and latch.signum is not None:  # it came during start-up: start nothing
-        return latch.exit_status(0)
+    caught = installed()
+    uninstall()
+    if caught is not None and caught.signum is not None:  # it came during start-up: start nothing
+        return caught.exit_status(0)
     return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
 
 
-def _latch_signals() -> None:
-    """A command that trains latches SIGINT and SIGTERM first thing (``fsmtrain.core.signal_latch``)."""
-    from fsmtrain.core import signal_latch
+def _catch_signals(args: argparse.Namespace) -> None:
+    """A command that trains catches SIGINT and SIGTERM first thing (``fsmtrain.core.signals``)."""
+    from fsmtrain.core.signals import install
 
-    signal_latch.install()
+    install(owns_process=args.owns_process)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    _latch_signals()
+    _catch_signals(args)
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
     if code is not None:
@@ -212,7 +212,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         try:
             run = train_seed(cfg, seed, picked.target(), extra_callbacks=_display_callbacks(), resume=picked.resume,
                              extras=seed_extras, announce=announce)
-        except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
+        except Interrupted as exc:  # caught during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
             codes.append(ExitCode(exc.exit_code))
             break
@@ -247,7 +247,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from fsmtrain.app.launch import recorded_world_size
     from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
-    _latch_signals()
+    _catch_signals(args)
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")

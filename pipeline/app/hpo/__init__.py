@@ -2,7 +2,7 @@
 describes, each trial one ordinary run per seed.
 
 Inside: ``study`` (a study and its worker processes), ``worker`` (one worker's trials and the
-signals it latches), ``trial`` (one trial's seeds), ``recovery`` (trials lost to Ctrl-C or a dead
+signals it catches), ``trial`` (one trial's seeds), ``recovery`` (trials lost to Ctrl-C or a dead
 process, retried), ``seeds`` (sampler seeds no two workers share),
 ``monitor`` (the live line and the per-trial lines), ``pruner`` (:class:`PredictedFinalLossPruner`),
 ``storage`` (SQLite, journal file or a database URL) and ``cli`` (the subcommand). Names are

@@ -45,7 +45,7 @@ from fsmtrain.app.hpo.storage import (
 from fsmtrain.app.hpo.trial import TrialPlan
 from fsmtrain.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
 from fsmtrain.core.engine import Interrupted
-from fsmtrain.core.signal_latch import HANDLED
+from fsmtrain.core.signals import HANDLED
 
 if TYPE_CHECKING:
     import optuna
@@ -211,7 +211,7 @@ class _Workers:
                     os.kill(proc.pid, signum)
             for proc in self.procs.values():
                 proc.join(timeout=60)
-                if proc.exitcode is None:  # stuck: a worker latches SIGTERM as it does SIGINT, so SIGKILL
+                if proc.exitcode is None:  # stuck: a worker catches SIGTERM as it does SIGINT, so SIGKILL
                     print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
                           f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
                     proc.kill()

@@ -39,7 +39,7 @@ from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_di
 from fsmtrain.app.rundir import in_use
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import jsonable
-from fsmtrain.core.signal_latch import installed
+from fsmtrain.core.signals import installed
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -202,22 +202,22 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
 def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
     """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal
     stopped, and nothing for a signal that came once the run had ended for its own reason, under
-    the worker's latch (the trial keeps the run's outcome; the worker starts no further trial)."""
+    caught by the worker (the trial keeps the run's outcome; the worker starts no further trial)."""
     result = run.result
     if result is not None and result.stop_reason is StopReason.INTERRUPTED:
         return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()
-    latch = installed()
-    if isinstance(run.error, KeyboardInterrupt) and result is not None and latch is not None and latch.signum:
-        print(f"trial {trial.number}: {latch.name} came after the run of seed {run.seed} had ended "
+    signals = installed()
+    if isinstance(run.error, KeyboardInterrupt) and result is not None and signals is not None and signals.signum:
+        print(f"trial {trial.number}: {signals.name} came after the run of seed {run.seed} had ended "
               f"({result.stop_reason.value}): the run counts; no further trial starts", file=sys.stderr, flush=True)
         return None
     return run.error
 
 
 def _stop_if_signalled() -> None:
-    latch = installed()
-    if latch is not None:
-        latch.raise_if_signalled()
+    signals = installed()
+    if signals is not None:
+        signals.raise_if_signalled()
 
 
 def _interrupted(exc: KeyboardInterrupt) -> str:
