@@ -1,15 +1,9 @@
-"""The ``fsmtrain`` command line (also ``python -m fsmtrain``).
-
-``validate``, ``preflight`` and ``init`` live here; ``train`` and ``resume`` in
-``fsmtrain.app.run_commands``, and ``fsmtrain.tools.diagrams.cli``, ``fsmtrain.tools.audit.cli``,
-``fsmtrain.tools.replay.cli`` and the others in ``_PLUGINS`` add their own subcommands through
-``register_cli``. What the commands share (``ExitCode``, ``UsageError``) is ``fsmtrain.app.commands``;
-this module re-exports it.
+"""The ``fsmtrain`` command line (also ``python -m fsmtrain``): ``validate``, ``preflight`` and
+``init`` here, ``train`` and ``resume`` in ``fsmtrain.app.run_commands``, the others in the
+``_PLUGINS`` modules (each adds its subcommand through ``register_cli``).
 
 Start-up is part of the interface: ``--help``, ``audit`` and ``diagram`` import no torch, W&B or
-Optuna (``import torch`` alone takes longer than an audit), and ``validate`` no W&B or Optuna. So
-this module and every plugin's module import only light code at the top; each command imports what
-it needs when it runs.
+Optuna, and ``validate`` no W&B or Optuna; so each command imports what it needs when it runs.
 """
 
 from __future__ import annotations

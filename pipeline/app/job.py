@@ -198,21 +198,13 @@ def train_seed(
     extras: Mapping[str, Any] | None = None,
     announce: Callable[[RunDirClaim | Path, bool], None] | None = None,
 ) -> SeedRun:
-    """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
-    in the teardown before the ``result``, ``model.pt`` and ``lifecycle.mmd``. An exception or a
-    signal during ``fit()`` is caught after the run reached train_end and returned in
-    ``SeedRun.error``; build errors raise ``ConfigError`` (and a run directory that cannot be
-    claimed ``RunDirError``) and leave nothing behind. ``extras`` join the run context (``hpo``:
-    study and trial, which the ``run_start`` event records).
-
-    The run directory is claimed once the model, optimizer, data and callbacks are built, so a
-    config that cannot be built claims none; ``announce(claim, resume)`` is called once it is
-    claimed and the run can start. A signal caught during start-up (``fsmtrain.core.signals``)
-    is honoured before the run starts: the claim is let go and
-    :class:`~fsmtrain.core.engine.Interrupted` raised.
-
-    ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
-    may differ from the run's ``config.yaml`` only in the fields a resume may change."""
+    """Train one seed into its run directory. An exception or a signal during ``fit()`` is returned
+    in ``SeedRun.error`` once the run reached train_end; a build error raises (``ConfigError``,
+    ``RunDirError``) and leaves nothing behind, since the directory is claimed only once everything
+    is built (then ``announce(claim, resume)``). A signal caught during start-up lets the claim go
+    and raises :class:`~fsmtrain.core.engine.Interrupted`. ``extras`` join the run context (what
+    ``run_start`` records). ``resume=True`` continues the run in ``run_dir``; ``cfg`` may differ
+    from its ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
     replan: Replan | None = None
     if resume:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,15 @@ LAYOUT_SHARED = "shared"
 LAYOUT_NODE_LOCAL = "node-local"
 
 
+@dataclass(frozen=True)
 class Settled:
-    """What the ranks agreed on at the claim: the run directory, the launch, the layout."""
+    """What the ranks agreed on at the claim: the run directory, the launch, the layout, and
+    whether this rank reads rank 0's run directory (a shared filesystem) or a folder of its own node."""
 
-    def __init__(self, path: Path | None, launch: str, layout: str | None, sees_rank_zero: bool) -> None:
-        self.path, self.launch, self.layout, self.sees_rank_zero = path, launch, layout, sees_rank_zero
+    path: Path | None
+    launch: str
+    layout: str | None
+    reads_rank_zero_dir: bool
 
     def record(self) -> dict[str, Any]:
         """What ``run_start`` records of it."""
@@ -102,7 +107,7 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
     own = log_name_for_rank(collective.rank)
     if chosen == "":  # nothing committed: every rank starts over
         return found[0] if found else prepare_restart(run_dir, own_log=own)
-    need = [row[0] for row in collective.all_gather_ints([int(not settled.sees_rank_zero)])]
+    need = [row[0] for row in collective.all_gather_ints([int(not settled.reads_rank_zero_dir)])]
     sent = None
     if any(need):  # node-local disks: rank 0 sends the state to the ranks that cannot read it
         res = found[0] if found else None
@@ -112,7 +117,7 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
     if found:
         assert isinstance(found[0], Resumption)
         resumption = found[0]
-    elif settled.sees_rank_zero:
+    elif settled.reads_rank_zero_dir:
         resumption = find_resumption(run_dir, chosen, own_log=own)
     else:
         assert sent is not None  # rank 0 found the checkpoint, or share() raised its error on every rank

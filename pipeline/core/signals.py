@@ -1,16 +1,12 @@
-"""SIGINT and SIGTERM: the one place that catches them, for a command or for one run.
+"""SIGINT and SIGTERM: the one module that handles them, for a command or for one run.
 
-Python runs a handler between any two bytecodes of the main thread, so the first signal is only
-recorded: start-up honours it at its checks (:meth:`Signals.raise_if_signalled`, before the run
-directory is claimed or the run starts), a training run gets it as ``RunContext.pending_signal``
-and ends INTERRUPTED at its next safe point, with the whole teardown and the ``result``. The
-command's exit status is then 128 + the first signal (130, 143): :meth:`Signals.exit_status`.
-
-A second SIGINT while a run trains raises ``KeyboardInterrupt`` in the main thread at once (what
-Python's own handler does), so a hung batch or collective ends; the engine's teardown still runs
-and writes the ``result``. A third SIGINT gets the handler found before: in a notebook the kernel's,
-in a process the command owns the default action. When the command is done, the handlers found
-are back (:func:`uninstall`); the ``fsmtrain`` process puts the default actions back instead.
+A handler runs between any two bytecodes of the main thread, so the first signal is only recorded:
+start-up honours it at its checks (:meth:`Signals.raise_if_signalled`), a run gets it as
+``RunContext.pending_signal`` and ends INTERRUPTED at its next safe point, teardown and ``result``
+included; the command exits 128 + the signal (:meth:`Signals.exit_status`). A second SIGINT while a
+run trains raises ``KeyboardInterrupt`` at once, so a hung batch or collective ends (the teardown
+still runs). A third gets the handler found before (a notebook kernel's), or in the ``fsmtrain``
+process the default action. After the command the handlers found are back (:func:`uninstall`).
 """
 
 from __future__ import annotations
@@ -27,13 +23,14 @@ from fsmtrain.core.engine import Interrupted
 if TYPE_CHECKING:
     from fsmtrain.core.context import RunContext
 
-__all__ = ["HANDLED", "Signals", "caught", "install", "installed", "stop_on_signals", "uninstall"]
+__all__ = ["HANDLED", "Signals", "caught", "install", "installed", "sigterm_interrupts", "stop_on_signals",
+           "uninstall"]
 
 HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 
 
 class Signals:
-    """The signals a command received (``signum``: the first) and the run that hears them now."""
+    """The signals a command received (``signum``: the first) and the run that gets them now."""
 
     def __init__(self, owns_process: bool) -> None:
         self.signum: int | None = None
@@ -79,8 +76,8 @@ _installed: Signals | None = None
 
 
 def install(owns_process: bool = False) -> Signals | None:
-    """Catch SIGINT and SIGTERM for this process (main thread only: Python delivers signals there;
-    elsewhere nothing is installed and None is returned). Installed already: that one."""
+    """Handle SIGINT and SIGTERM in this process (main thread only: Python delivers signals there;
+    elsewhere None). Installed already: that one."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -135,3 +132,22 @@ def stop_on_signals(run: RunContext) -> Iterator[None]:
             yield
         finally:
             signals.run = None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted` as Ctrl-C
+    raises ``KeyboardInterrupt``: a command that waits on worker processes stops them, where the
+    default action would end it alone and leave them training, orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

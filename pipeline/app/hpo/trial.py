@@ -9,11 +9,9 @@ Semantics (DESIGN.md section 8):
 - the first seed reports each epoch to the trial (pruning); a pruned run ends through
   ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
 - an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
-  goes on); a signal (Ctrl-C, SIGTERM) in a run, or between two seeds, FAILs it too, as lost, and
-  stops the study: the next ``fsmtrain hpo`` on the study retries it with its parameters, each seed
-  resuming from its checkpoint (:mod:`fsmtrain.app.hpo.recovery`); one that comes once the last
-  seed's run had ended for its own reason leaves the trial its outcome and still stops the study
-  (:mod:`fsmtrain.app.hpo.worker`).
+  goes on); a signal in a run, or between two seeds, FAILs it as lost and stops the study (the
+  next ``fsmtrain hpo`` retries it, each seed resuming from its checkpoint; see
+  :mod:`fsmtrain.app.hpo.worker`).
 
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
 ``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.

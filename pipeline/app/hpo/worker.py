@@ -1,18 +1,10 @@
 """One worker of a study: one trial a ticket, until the tickets or the time run out.
 
-A worker catches SIGINT and SIGTERM (:mod:`fsmtrain.core.signals`) for as long as it runs trials,
-so a signal never lands in the middle of a storage write or of telling Optuna a trial's outcome.
-Where it lands decides what it stops:
-
-- in a run: the run ends INTERRUPTED through ``train_end``, and its trial FAILs as lost (the next
-  ``fsmtrain hpo`` on the study retries it, resuming from its checkpoints);
-- once the trial's last run had ended for its own reason: the trial keeps its outcome (COMPLETE,
-  PRUNED), and no further trial starts;
-- between trials: no further trial starts.
-
-Either way the worker then raises :class:`~fsmtrain.core.engine.Interrupted` (a
-``KeyboardInterrupt``): a worker process exits 130, and the command that the signal reached ends
-with 128 + the signal (:func:`fsmtrain.app.hpo.study.run_study`).
+A worker handles SIGINT and SIGTERM (:mod:`fsmtrain.core.signals`) while it runs trials, so a
+signal never lands in a storage write. In a run, the run ends INTERRUPTED and its trial FAILs as
+lost (the next ``fsmtrain hpo`` retries it from its checkpoints); after the trial's last run ended
+for its own reason, the trial keeps its outcome; either way no further trial starts, and the worker
+raises :class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
 """
 
 from __future__ import annotations
