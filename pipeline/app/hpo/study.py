@@ -149,7 +149,7 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
 
 
 _PRELOAD = [
-    "fsmtrain.app.hpo.worker", "fsmtrain.app.job", "callbacks", "optuna",
+    "fsmtrain.app.hpo.worker", "fsmtrain.app.job", "fsmtrain.callbacks", "optuna",
     "torch._dynamo",  # what the first torch.optim.Optimizer() imports: seconds, paid once here
 ]
 
