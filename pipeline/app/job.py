@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunPick", "RunTarget", "SeedRun", "build_parts", "config_differences",
-    "config_fingerprint", "pick_run_dir", "run_name_for", "runs_root", "train_seed",
+    "config_fingerprint", "pick_run_dir", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -129,14 +129,6 @@ def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunP
         train_loader, val_loader = DataBuildFailed(cfg.data, exc), None
     metrics = _built("metrics", "metric functions", lambda: build_metrics(cfg))
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
-
-
-def run_name_for(cfg: RunConfig, seed: int, run_name: str) -> str:
-    return f"{run_name}-seed{seed}"
-
-
-def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
-    return base if base is not None else Path("runs") / cfg.project
 
 
 # What a resume may change: how long to train and where, and how it is logged. Everything else

@@ -126,8 +126,8 @@ def _join(cfg: RunConfig) -> _Place:
     extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
     if attempt is not None:
         extras["elastic"] = attempt.record()
-    lead = collective is None or collective.rank == 0
-    return _Place(collective, sys.stdout if lead else io.StringIO(), extras, attempt)
+    return _Place(collective, sys.stdout if collective is None or collective.rank == 0 else io.StringIO(), extras,
+                  attempt)
 
 
 @contextlib.contextmanager
@@ -175,8 +175,7 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
 
 
 def _catch_signals(args: argparse.Namespace) -> None:
-    """A command that trains catches SIGINT and SIGTERM first thing (``fsmtrain.core.signals``)."""
-    from fsmtrain.core.signals import install
+    from fsmtrain.core.signals import install  # a command that trains handles them first thing
 
     install(owns_process=args.owns_process)
 
@@ -193,7 +192,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
-    from fsmtrain.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
+    from fsmtrain.app.job import RunPick, pick_run_dir, train_seed
     from fsmtrain.core.engine import Interrupted
 
     out, collective, extras = place.out, place.collective, place.extras
@@ -205,9 +204,9 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     run_name = cfg.name or Path(args.config).stem
     codes: list[ExitCode] = []
     objectives: list[float] = []
-    root = runs_root(cfg, Path(args.run_dir) if args.run_dir else None)
+    root = Path(args.run_dir) if args.run_dir else Path("runs") / cfg.project
     for seed in cfg.seeds:
-        name = run_name_for(cfg, seed, run_name)
+        name = f"{run_name}-seed{seed}"
 
         def pick(name: str = name) -> RunPick:
             return pick_run_dir(root, name, bool(args.resume), place.attempt)
