@@ -199,8 +199,8 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
 
 def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
     """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal
-    stopped, and nothing for a signal that came once the run had ended for its own reason, under
-    caught by the worker (the trial keeps the run's outcome; the worker starts no further trial)."""
+    stopped, and nothing for a signal that came once the run had ended for its own reason (the
+    trial keeps the run's outcome; the worker starts no further trial)."""
     result = run.result
     if result is not None and result.stop_reason is StopReason.INTERRUPTED:
         return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()
