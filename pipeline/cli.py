@@ -9,6 +9,7 @@ Optuna, and ``validate`` no W&B or Optuna; so each command imports what it needs
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -183,6 +184,8 @@ def _exit_status(code: int, owns_process: bool) -> int:
     if final != code and signals is not None:
         print(f"fsmtrain: {signals.name} received; exit code {final}", file=sys.stderr, flush=True)
     _give_back_signals(owns_process)
+    if owns_process:  # what is left is freed with the process: the interpreter's last collection skips it
+        gc.freeze()
     if stuck:
         print(f"fsmtrain: gave up waiting {THREADS_BOUND_S:g} s for thread(s) {', '.join(stuck)}; exit code {final} "
               "without the exit handlers", file=sys.stderr, flush=True)

@@ -1,8 +1,6 @@
-"""The main job: build everything a config names and train one seed into its run directory.
-
-Used by ``fsmtrain train`` and ``fsmtrain preflight`` (and reusable by the HPO layer). Everything
-is built and checked before the run directory is claimed, and a claim whose run never started is
-let go with what it wrote, so a config that cannot be built leaves nothing on disk.
+"""The main job: build everything a config names and train one seed into its run directory
+(``fsmtrain train``, ``resume``, ``preflight`` and the HPO trials). Everything is built before the
+run directory is claimed, so a config that cannot be built leaves nothing on disk.
 """
 
 from __future__ import annotations

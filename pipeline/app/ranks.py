@@ -1,18 +1,12 @@
-"""What the ranks of a multi-process ``Trainer`` settle before they train: the run directory, where
-each rank finds it, and the checkpoint a resume continues from.
+"""What the ranks of a multi-process ``Trainer`` settle before they train.
 
-- **The claim.** Global rank 0 claims the run directory and names the launch (a token in every
-  rank's ``run_start``, so the audit can tell which segments ran together). It writes the token
-  into its claim's lock file; every other rank then looks for it there.
-- **The layout.** On a shared filesystem every rank finds rank 0's claim: one run directory, each
-  rank writing its own ``events-rank<r>.jsonl`` into it. On node-local disks a rank on another node
-  finds none: it writes its log under the same path on its own node, and only rank 0's node holds
-  the checkpoints and the run's other files. Every rank learns which layout it is (one all-gather),
-  and its ``run_start`` says so (``layout``); ``fsmtrain audit DIR0 DIR1`` audits the nodes' run
-  directories as one run.
-- **The resumption.** Rank 0 chooses the checkpoint (and cleans up); a rank that sees rank 0's run
-  directory loads the same file, a rank on another node's disk gets the state from rank 0. The
-  ``resume`` event records the world size before and now, and an elastic restart's count.
+- **The claim.** Global rank 0 claims the run directory and writes the launch's token (in every
+  rank's ``run_start``) into its lock file; every other rank looks for it there.
+- **The layout.** On a shared filesystem every rank finds that claim and writes its own
+  ``events-rank<r>.jsonl`` into the one run directory; on node-local disks a rank on another node
+  writes its log under the same path on its own node. ``run_start`` records the layout.
+- **The resumption.** Rank 0 chooses the checkpoint; a rank that reads rank 0's run directory loads
+  the same file, a rank on another node's disk gets the state from rank 0.
 """
 
 from __future__ import annotations
