@@ -117,30 +117,22 @@ class _Place:
         return self.collective is None or self.collective.rank == 0
 
 
-def _join(cfg: RunConfig) -> _Place:
-    """Under torchrun (several ranks): join the process group; else this one process."""
-    from fsmtrain.app.launch import elastic_attempt, join_ranks, worker_place
+@contextlib.contextmanager
+def _joined(cfg: RunConfig) -> Iterator[_Place]:
+    """Under torchrun (several ranks): the process group, joined for the block and left after it,
+    once the runs' objects that hold it are gone; else this one process."""
+    from fsmtrain.app.launch import elastic_attempt, join_ranks, leave_ranks, worker_place
 
     collective = join_ranks(cfg.distributed, cfg.device)
     attempt = elastic_attempt()
     extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
     if attempt is not None:
         extras["elastic"] = attempt.record()
-    return _Place(collective, sys.stdout if collective is None or collective.rank == 0 else io.StringIO(), extras,
-                  attempt)
-
-
-@contextlib.contextmanager
-def _joined(cfg: RunConfig) -> Iterator[_Place]:
-    """The place for the block; the process group is left after it, once the runs' objects that hold
-    it are gone."""
-    from fsmtrain.app.launch import leave_ranks
-
-    place = _join(cfg)
+    out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
     try:
-        yield place
+        yield _Place(collective, out, extras, attempt)
     finally:
-        leave_ranks(place.collective)
+        leave_ranks(collective)
 
 
 def _nodes(args: argparse.Namespace) -> Any:
