@@ -1,23 +1,20 @@
-"""The ``fsmtrain`` command line (also ``python -m fsmtrain``).
-
-``validate``, ``preflight`` and ``init`` live here; ``train`` and ``resume`` in
-``fsmtrain.app.run_commands``, and ``fsmtrain.tools.diagrams.cli``, ``fsmtrain.tools.audit.cli``,
-``fsmtrain.tools.replay.cli`` and the others in ``_PLUGINS`` add their own subcommands through
-``register_cli``. What the commands share (``ExitCode``, ``UsageError``) is ``fsmtrain.app.commands``;
-this module re-exports it.
+"""The ``fsmtrain`` command line (also ``python -m fsmtrain``): ``validate``, ``preflight`` and
+``init`` here, ``train`` and ``resume`` in ``fsmtrain.app.run_commands``, the others in the
+``_PLUGINS`` modules (each adds its subcommand through ``register_cli``).
 
 Start-up is part of the interface: ``--help``, ``audit`` and ``diagram`` import no torch, W&B or
-Optuna (``import torch`` alone takes longer than an audit), and ``validate`` no W&B or Optuna. So
-this module and every plugin's module import only light code at the top; each command imports what
-it needs when it runs.
+Optuna, and ``validate`` no W&B or Optuna; so each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -133,10 +130,11 @@ def _is_config_error(exc: BaseException) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m fsmtrain``)
-    it owns the process: a command that latched its signals keeps them latched until it exits."""
+    it owns the process: the signals a command catches end it with 128 + the first one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.owns_process = argv is None
     try:
         code = _run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows at this flush, not at exit
@@ -148,9 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         code = int(ExitCode.BROKEN_PIPE)
     except BaseException:
-        _settle_signals(argv is None, None)
+        _give_back_signals(args.owns_process)
         raise
-    return _settle_signals(argv is None, code)
+    return _exit_status(code, args.owns_process)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -171,21 +169,44 @@ def _run(args: argparse.Namespace) -> int:
         return int(ExitCode.INTERRUPTED)
 
 
-def _settle_signals(owns_process: bool, code: int | None) -> int:
-    """The exit status with a command's latched signals honoured (128 + the first one). A process
-    the command owns honours a signal until it ends (:meth:`SignalLatch.settle`); in-process, the
-    handlers the latch replaced come back. ``code`` None: the command raised."""
-    from fsmtrain.core import signal_latch
+# How long the process that owns a command waits for the threads the interpreter would join.
+THREADS_BOUND_S = 30.0
 
-    latch = signal_latch.installed()
-    final = int(ExitCode.ERROR) if code is None else code
-    if latch is None:
-        return final
-    if owns_process and code is not None:
-        latch.settle(code)  # says a signal and ends the process with its status
-    if code is not None:
-        final = latch.exit_status(code)
-        if final != code:
-            print(f"fsmtrain: {latch.name} received; exit code {final}", file=sys.stderr, flush=True)
-    signal_latch.uninstall()
+
+def _exit_status(code: int, owns_process: bool) -> int:
+    """128 + the first signal the command caught, else ``code``. The process the command owns
+    first waits (bounded) for its other threads, and ends at once when one does not end."""
+    from fsmtrain.core.signals import installed
+
+    stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
+    signals = installed()
+    final = code if signals is None else signals.exit_status(code)
+    if final != code and signals is not None:
+        print(f"fsmtrain: {signals.name} received; exit code {final}", file=sys.stderr, flush=True)
+    _give_back_signals(owns_process)
+    if owns_process:  # what is left is freed with the process: the interpreter's last collection skips it
+        gc.freeze()
+    if stuck:
+        print(f"fsmtrain: gave up waiting {THREADS_BOUND_S:g} s for thread(s) {', '.join(stuck)}; exit code {final} "
+              "without the exit handlers", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(final)  # the interpreter would wait for those threads without end
     return final
+
+
+def _unfinished_threads(bound_s: float) -> list[str]:
+    """Join the threads the interpreter waits for at exit, within ``bound_s`` in all; the names of
+    those still running."""
+    deadline = time.monotonic() + bound_s
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in others if t.is_alive()]
+
+
+def _give_back_signals(owns_process: bool) -> None:
+    """The handlers a command found come back; its own process gets the default actions, so a
+    signal after its status is decided ends it by that signal."""
+    from fsmtrain.core.signals import uninstall
+
+    uninstall(default=owns_process)

@@ -4,7 +4,7 @@ with ``fsmtrain resume`` until it completes (tests/test_kill_harness.py).
 A moment is drawn per process from what that process will live through, and found by watching
 what it shows, never by a guessed time:
 
-- ``startup``: once it has latched its signals (its handler for SIGTERM appears in /proc), plus a
+- ``startup``: once it catches its signals (its handler for SIGTERM appears in /proc), plus a
   random delay: while it imports, builds and claims;
 - ``claim``: once its run directory's ``.lock`` names it (claimed, the run not yet started);
 - ``epoch``: once it has logged its ``j``-th epoch (of those it has left), plus a random delay;
@@ -13,8 +13,8 @@ what it shows, never by a guessed time:
 - ``result``: once its ``result`` line is written: between the end of the log and the exit.
 
 Most kills are SIGKILL; some are SIGTERM or SIGINT, after which the process must exit 143 or 130,
-never 0 and never die by the signal (the process is stopped while it is decided whether the signal
-still reaches it, so one that does is always owed its status). After each
+never 0, and die by the signal only after its ``result`` line (the process is stopped while it is
+decided whether the signal still reaches it, so one that does is always owed its status). After each
 kill the next process continues the run: ``fsmtrain resume`` when the folder holds a started run
 (``train --resume`` when none started, which starts it or reuses the folder of one that never
 started). A run killed before its first checkpoint was committed has its folder moved aside (kept
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from resume_harness import fsmtrain
-from signal_support import latch_installed, signal_if_alive
+from signal_support import catches_signals, signal_if_alive
 
 from fsmtrain.app.rundir import run_started
 
@@ -103,7 +103,7 @@ def draw(rng: random.Random, run: Path, epochs: int) -> Moment:
 
 def _reached(moment: Moment, proc: subprocess.Popen[bytes], run: Path, base: dict[str, int]) -> bool:
     if moment.stage == "startup":
-        return latch_installed(proc.pid)
+        return catches_signals(proc.pid)
     if moment.stage == "claim":
         try:
             return (run / ".lock").read_text().strip() == str(proc.pid)
@@ -133,9 +133,12 @@ def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline:
 
 
 def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes) -> None:
-    """A latched signal ends the process with 128 + its number, never by the signal itself."""
+    """A caught signal ends the process with 128 + its number; after the ``result`` line, once the
+    status is decided, the signal's default action may end it (a shell shows 128 + it as well)."""
     if moment.sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL, (str(moment), proc.returncode, err.decode()[-2000:])
+        return
+    if moment.stage == "result" and proc.returncode == -moment.sig:
         return
     assert proc.returncode == 128 + moment.sig, (str(moment), proc.returncode, err.decode()[-2000:])
 

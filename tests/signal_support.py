@@ -37,8 +37,8 @@ class SlowExit(TrainingCallback):
         atexit.register(time.sleep, self.seconds)
 
 
-def latch_installed(pid: int) -> bool:
-    """The process catches SIGTERM (its default kills): a command latched its signals. Read from
+def catches_signals(pid: int) -> bool:
+    """The process catches SIGTERM (its default kills): a command caught its signals. Read from
     /proc, so the test waits for the real handler, not for a time that depends on the load."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()

@@ -1,8 +1,6 @@
-"""The main job: build everything a config names and train one seed into its run directory.
-
-Used by ``fsmtrain train`` and ``fsmtrain preflight`` (and reusable by the HPO layer). Everything
-is built and checked before the run directory is claimed, and a claim whose run never started is
-let go with what it wrote, so a config that cannot be built leaves nothing on disk.
+"""The main job: build everything a config names and train one seed into its run directory
+(``fsmtrain train``, ``resume``, ``preflight`` and the HPO trials). Everything is built before the
+run directory is claimed, so a config that cannot be built leaves nothing on disk.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from fsmtrain.app.trainer import MODEL_FILE, Trainer, joined_collective
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
-from fsmtrain.core.signal_latch import installed
+from fsmtrain.core.signals import installed
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -53,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunPick", "RunTarget", "SeedRun", "build_parts", "config_differences",
-    "config_fingerprint", "pick_run_dir", "run_name_for", "runs_root", "train_seed",
+    "config_fingerprint", "pick_run_dir", "train_seed",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -131,14 +129,6 @@ def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunP
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
 
 
-def run_name_for(cfg: RunConfig, seed: int, run_name: str) -> str:
-    return f"{run_name}-seed{seed}"
-
-
-def runs_root(cfg: RunConfig, base: Path | None = None) -> Path:
-    return base if base is not None else Path("runs") / cfg.project
-
-
 # What a resume may change: how long to train and where, and how it is logged. Everything else
 # (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
 # must be what the checkpoint was trained with, or the result is not a continuation.
@@ -198,21 +188,13 @@ def train_seed(
     extras: Mapping[str, Any] | None = None,
     announce: Callable[[RunDirClaim | Path, bool], None] | None = None,
 ) -> SeedRun:
-    """Train one seed: writes ``config.yaml``, ``events.jsonl``, ``checkpoints/``, ``wandb/`` and,
-    in the teardown before the ``result``, ``model.pt`` and ``lifecycle.mmd``. An exception or a
-    signal during ``fit()`` is caught after the run reached train_end and returned in
-    ``SeedRun.error``; build errors raise ``ConfigError`` (and a run directory that cannot be
-    claimed ``RunDirError``) and leave nothing behind. ``extras`` join the run context (``hpo``:
-    study and trial, which the ``run_start`` event records).
-
-    The run directory is claimed once the model, optimizer, data and callbacks are built, so a
-    config that cannot be built claims none; ``announce(claim, resume)`` is called once it is
-    claimed and the run can start. A signal latched during start-up (``fsmtrain.core.signal_latch``)
-    is honoured before the run starts: the claim is let go and
-    :class:`~fsmtrain.core.engine.Interrupted` raised.
-
-    ``resume=True`` continues the run in ``run_dir`` from its newest committed checkpoint; ``cfg``
-    may differ from the run's ``config.yaml`` only in the fields a resume may change."""
+    """Train one seed into its run directory. An exception or a signal during ``fit()`` is returned
+    in ``SeedRun.error`` once the run reached train_end; a build error raises (``ConfigError``,
+    ``RunDirError``) and leaves nothing behind, since the directory is claimed only once everything
+    is built (then ``announce(claim, resume)``). A signal caught during start-up lets the claim go
+    and raises :class:`~fsmtrain.core.engine.Interrupted`. ``extras`` join the run context (what
+    ``run_start`` records). ``resume=True`` continues the run in ``run_dir``; ``cfg`` may differ
+    from its ``config.yaml`` only in the fields a resume may change."""
     resolved = resolved_dict(cfg)
     replan: Replan | None = None
     if resume:
@@ -234,11 +216,11 @@ def train_seed(
             raise ConfigError([ConfigProblem(
                 "resume", "the model, optimizer, data and seed the run was trained with",
                 "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
-    latch = installed()
+    signals = installed()
     collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
     # One process honours a start-up signal before its run starts; the ranks of a multi-process
     # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
-    startup = latch if collective is None else None
+    startup = signals if collective is None else None
     try:
         parts = build_parts(cfg, seed)
         if startup is not None:

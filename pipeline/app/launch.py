@@ -1,18 +1,12 @@
-"""Start a command on several processes, as ``torchrun`` would; and what a worker learns from the
+"""Start a command on several processes, as ``torchrun`` would, and what a worker learns from the
 agent that started it.
 
-``fsmtrain train CONFIG --nproc N`` (and ``fsmtrain resume RUN --nproc M``) run torch's elastic
-agent in this process, as ``torchrun --standalone --nproc-per-node N`` does; with ``--nnodes 2
---node-rank R --rdzv HOST:PORT`` the agent joins a c10d rendezvous of several nodes, as
-``torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` does (node rank 0 hosts the
-rendezvous store). The workers run ``python -m fsmtrain <same command>`` with RANK, WORLD_SIZE,
-LOCAL_RANK and GROUP_RANK (the node) in their environment. The exit status is the status of the
-first worker that failed (the ranks of one run end together, so they agree), a signal that killed
-it as 128 + its number.
-
-Under ``torchrun --max-restarts N`` the agent restarts every worker when one fails;
-:func:`elastic_attempt` tells a worker which attempt it is, and the run continues from its newest
-committed checkpoint (see ``fsmtrain.app.run_commands``).
+``--nproc N`` runs torch's elastic agent in this process (``torchrun --standalone``); with
+``--nnodes 2 --node-rank R --rdzv HOST:PORT`` it joins a c10d rendezvous hosted by node 0. The
+workers run ``python -m fsmtrain <same command>``; the exit status is the first failed worker's
+(a signal that killed it as 128 + its number). Under ``torchrun --max-restarts N``,
+:func:`elastic_attempt` tells a worker which attempt it is, and it continues from the newest
+committed checkpoint.
 """
 
 from __future__ import annotations
@@ -145,10 +139,6 @@ def _payloads(log: Path, event: str) -> Iterator[dict[str, Any]]:
                 yield rec["payload"]
 
 
-def _run_starts(log: Path) -> Iterator[dict[str, Any]]:
-    return _payloads(log, "run_start")
-
-
 def has_committed_checkpoint(run_dir: Path) -> bool:
     """Whether the run's log committed a checkpoint (a resume can continue it)."""
     log = run_dir / "events.jsonl"
@@ -164,7 +154,7 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
         log = path / "events.jsonl"
         if not log.is_file():
             continue
-        first = next(_run_starts(log), None)
+        first = next(_payloads(log, "run_start"), None)
         elastic = first.get("elastic") if first is not None else None
         if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
             found = path
@@ -174,7 +164,7 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
 def recorded_world_size(run_dir: Path) -> int:
     """How many ranks the newest segment of the run in ``run_dir`` ran on (1 when its log names none)."""
     world = 1
-    for payload in _run_starts(run_dir / "events.jsonl"):
+    for payload in _payloads(run_dir / "events.jsonl", "run_start"):
         value = payload.get("world_size", 1)
         world = value if type(value) is int and value > 0 else 1
     return world

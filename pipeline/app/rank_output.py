@@ -1,11 +1,8 @@
 """What the processes of a multi-process run print: whole lines, and each other rank's tagged.
 
-Every rank of a run started by the agent writes to the same terminal. ``print`` writes the text
-and the newline in two calls, and a pipe's buffer flushes wherever it fills, so two ranks' lines
-could land on one line; and a user callback's ``print`` appeared once per rank, alike. So in a
-multi-process run a rank's ``sys.stdout`` writes whole lines only, each in one write, and every
-rank but 0 (whose output is the run's console) prefixes its lines with ``[rank r]``. A callback
-that should print once per run declares ``rank_zero_only = True`` and runs on rank 0 only.
+Every rank writes to the same terminal, and ``print`` writes text and newline in two calls, so two
+ranks' lines could land on one. So a rank's ``sys.stdout`` writes whole lines, each in one write,
+and every rank but 0 (the run's console) prefixes them with ``[rank r]``.
 """
 
 from __future__ import annotations

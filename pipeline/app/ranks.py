@@ -1,24 +1,19 @@
-"""What the ranks of a multi-process ``Trainer`` settle before they train: the run directory, where
-each rank finds it, and the checkpoint a resume continues from.
+"""What the ranks of a multi-process ``Trainer`` settle before they train.
 
-- **The claim.** Global rank 0 claims the run directory and names the launch (a token in every
-  rank's ``run_start``, so the audit can tell which segments ran together). It writes the token
-  into its claim's lock file; every other rank then looks for it there.
-- **The layout.** On a shared filesystem every rank finds rank 0's claim: one run directory, each
-  rank writing its own ``events-rank<r>.jsonl`` into it. On node-local disks a rank on another node
-  finds none: it writes its log under the same path on its own node, and only rank 0's node holds
-  the checkpoints and the run's other files. Every rank learns which layout it is (one all-gather),
-  and its ``run_start`` says so (``layout``); ``fsmtrain audit DIR0 DIR1`` audits the nodes' run
-  directories as one run.
-- **The resumption.** Rank 0 chooses the checkpoint (and cleans up); a rank that sees rank 0's run
-  directory loads the same file, a rank on another node's disk gets the state from rank 0. The
-  ``resume`` event records the world size before and now, and an elastic restart's count.
+- **The claim.** Global rank 0 claims the run directory and writes the launch's token (in every
+  rank's ``run_start``) into its lock file; every other rank looks for it there.
+- **The layout.** On a shared filesystem every rank finds that claim and writes its own
+  ``events-rank<r>.jsonl`` into the one run directory; on node-local disks a rank on another node
+  writes its log under the same path on its own node. ``run_start`` records the layout.
+- **The resumption.** Rank 0 chooses the checkpoint; a rank that reads rank 0's run directory loads
+  the same file, a rank on another node's disk gets the state from rank 0.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +37,15 @@ LAYOUT_SHARED = "shared"
 LAYOUT_NODE_LOCAL = "node-local"
 
 
+@dataclass(frozen=True)
 class Settled:
-    """What the ranks agreed on at the claim: the run directory, the launch, the layout."""
+    """What the ranks agreed on at the claim: the run directory, the launch, the layout, and
+    whether this rank reads rank 0's run directory (a shared filesystem) or a folder of its own node."""
 
-    def __init__(self, path: Path | None, launch: str, layout: str | None, sees_rank_zero: bool) -> None:
-        self.path, self.launch, self.layout, self.sees_rank_zero = path, launch, layout, sees_rank_zero
+    path: Path | None
+    launch: str
+    layout: str | None
+    reads_rank_zero_dir: bool
 
     def record(self) -> dict[str, Any]:
         """What ``run_start`` records of it."""
@@ -102,7 +101,7 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
     own = log_name_for_rank(collective.rank)
     if chosen == "":  # nothing committed: every rank starts over
         return found[0] if found else prepare_restart(run_dir, own_log=own)
-    need = [row[0] for row in collective.all_gather_ints([int(not settled.sees_rank_zero)])]
+    need = [row[0] for row in collective.all_gather_ints([int(not settled.reads_rank_zero_dir)])]
     sent = None
     if any(need):  # node-local disks: rank 0 sends the state to the ranks that cannot read it
         res = found[0] if found else None
@@ -112,7 +111,7 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
     if found:
         assert isinstance(found[0], Resumption)
         resumption = found[0]
-    elif settled.sees_rank_zero:
+    elif settled.reads_rank_zero_dir:
         resumption = find_resumption(run_dir, chosen, own_log=own)
     else:
         assert sent is not None  # rank 0 found the checkpoint, or share() raised its error on every rank

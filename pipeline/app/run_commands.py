@@ -1,19 +1,19 @@
 """``fsmtrain train`` and ``fsmtrain resume``: the commands that train, on one process or launched
-on several (``--nproc``, ``--nnodes``), and what they print of each seed's run.
-
-``fsmtrain.cli`` adds them to its parser through :func:`register_cli`, first. Building the parser
-imports this module, so it imports only light code at the top; each command imports what it needs
-when it runs.
+on several (``--nproc``, ``--nnodes``), and what they print of each seed's run. Building the parser
+imports this module, so it imports only light code at the top.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import re
 import statistics
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -32,18 +32,13 @@ from fsmtrain.core.stop import StopReason
 if TYPE_CHECKING:
     from fsmtrain.app.config import RunConfig
     from fsmtrain.app.job import SeedRun
+    from fsmtrain.app.launch import ElasticAttempt
 
 __all__ = ["cmd_resume", "cmd_train", "register_cli"]
 
 
 def _fmt(x: float) -> str:
     return f"{x:.6g}" if math.isfinite(x) else str(x)
-
-
-def _display_callbacks() -> list[Any]:
-    from fsmtrain.app.defaults import console_callbacks
-
-    return console_callbacks()
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
@@ -102,17 +97,42 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     return exit_code_for(reason)
 
 
-def _join_ranks(cfg: RunConfig) -> Any:
-    """Under torchrun (several ranks): join the process group; None in one process."""
-    from fsmtrain.app.launch import join_ranks
+@dataclass(frozen=True)
+class _Place:
+    """Where this process trains, found once by the command and handed down to every run: the
+    process group (None: one process), the console (rank 0's; the others write nowhere) and what
+    each run's ``run_start`` records of the launch."""
 
-    return join_ranks(cfg.distributed, cfg.device)
+    collective: Any
+    out: TextIO
+    extras: dict[str, Any]
+    attempt: ElasticAttempt | None
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.collective is None else int(self.collective.world_size)
+
+    @property
+    def lead(self) -> bool:
+        return self.collective is None or self.collective.rank == 0
 
 
-def _leave_ranks(collective: Any) -> None:
-    from fsmtrain.app.launch import leave_ranks
+@contextlib.contextmanager
+def _joined(cfg: RunConfig) -> Iterator[_Place]:
+    """Under torchrun (several ranks): the process group, joined for the block and left after it,
+    once the runs' objects that hold it are gone; else this one process."""
+    from fsmtrain.app.launch import elastic_attempt, join_ranks, leave_ranks, worker_place
 
-    leave_ranks(collective)
+    collective = join_ranks(cfg.distributed, cfg.device)
+    attempt = elastic_attempt()
+    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+    if attempt is not None:
+        extras["elastic"] = attempt.record()
+    out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
+    try:
+        yield _Place(collective, out, extras, attempt)
+    finally:
+        leave_ranks(collective)
 
 
 def _nodes(args: argparse.Namespace) -> Any:
@@ -133,66 +153,55 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
     """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
     status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
     from fsmtrain.app.launch import launch_workers, without_launch_options
-    from fsmtrain.core import signal_latch
+    from fsmtrain.core.signals import installed, uninstall
     from fsmtrain.training.distributed import launched_by_torchrun
 
     nodes = _nodes(args)
     if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
-    latch = signal_latch.installed()
-    signal_latch.uninstall()
-    if latch is not None and latch.signum is not None:  # it came during start-up: start nothing
-        return latch.exit_status(0)
+    caught = installed()
+    uninstall()
+    if caught is not None and caught.signum is not None:  # it came during start-up: start nothing
+        return caught.exit_status(0)
     return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
 
 
-def _latch_signals() -> None:
-    """A command that trains latches SIGINT and SIGTERM first thing (``fsmtrain.core.signal_latch``)."""
-    from fsmtrain.core import signal_latch
+def _catch_signals(args: argparse.Namespace) -> None:
+    from fsmtrain.core.signals import install  # a command that trains handles them first thing
 
-    signal_latch.install()
+    install(owns_process=args.owns_process)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    _latch_signals()
+    _catch_signals(args)
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
     if code is not None:
         return code
-    collective = _join_ranks(cfg)
-    try:
-        return _train_seeds(args, cfg, collective)
-    finally:
-        _leave_ranks(collective)
+    with _joined(cfg) as place:
+        return _train_seeds(args, cfg, place)
 
 
-def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
-    from fsmtrain.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
-    from fsmtrain.app.launch import elastic_attempt, worker_place
+def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
+    from fsmtrain.app.defaults import console_callbacks
+    from fsmtrain.app.job import RunPick, pick_run_dir, train_seed
     from fsmtrain.core.engine import Interrupted
 
-    lead = collective is None or collective.rank == 0  # the one console of a multi-process run
-    out: TextIO = sys.stdout if lead else io.StringIO()
-    if lead:
+    out, collective, extras = place.out, place.collective, place.extras
+    if place.lead:
         print_warnings(cfg, sys.stderr)
-    if cfg.optimize is not None and lead:  # train runs the config once, as written; the study is hpo's
+    if cfg.optimize is not None and place.lead:  # train runs the config once, as written; the study is hpo's
         print(f"note: {args.config} has an optimize: section; train runs it once with the values as written; "
               f"`fsmtrain hpo {args.config}` runs the study", file=sys.stderr)
     run_name = cfg.name or Path(args.config).stem
-    base = Path(args.run_dir) if args.run_dir else None
     codes: list[ExitCode] = []
     objectives: list[float] = []
-    root = runs_root(cfg, base)
-    attempt = elastic_attempt()
-    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
-    if attempt is not None:
-        extras["elastic"] = attempt.record()
-    ranks = collective.world_size if collective is not None else 1
+    root = Path(args.run_dir) if args.run_dir else Path("runs") / cfg.project
     for seed in cfg.seeds:
-        name = run_name_for(cfg, seed, run_name)
+        name = f"{run_name}-seed{seed}"
 
         def pick(name: str = name) -> RunPick:
-            return pick_run_dir(root, name, bool(args.resume), attempt)
+            return pick_run_dir(root, name, bool(args.resume), place.attempt)
 
         picked = pick() if collective is None else collective.share(pick)
 
@@ -204,15 +213,15 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
                   file=out, flush=True)
             if note is not None:
                 print(f"  {note}", file=out, flush=True)
-            _say_global_batch(cfg, ranks, out)
+            _say_global_batch(cfg, place.ranks, out)
 
         seed_extras = extras
         if picked.note is not None:
             seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
         try:
-            run = train_seed(cfg, seed, picked.target(), extra_callbacks=_display_callbacks(), resume=picked.resume,
+            run = train_seed(cfg, seed, picked.target(), extra_callbacks=console_callbacks(), resume=picked.resume,
                              extras=seed_extras, announce=announce)
-        except Interrupted as exc:  # latched during this seed's start-up: honoured before its run began
+        except Interrupted as exc:  # caught during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
             codes.append(ExitCode(exc.exit_code))
             break
@@ -247,7 +256,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from fsmtrain.app.launch import recorded_world_size
     from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
-    _latch_signals()
+    _catch_signals(args)
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
@@ -263,20 +272,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
     code = _launched(args, args.nproc or before)  # as many ranks as it had, unless --nproc says otherwise
     if code is not None:
         return code
-    collective = _join_ranks(cfg)
-    try:
-        return _resume_seed(run_dir, cfg, recorded.seed, before, collective)
-    finally:
-        _leave_ranks(collective)  # after the run's objects are gone: they hold the process group
+    with _joined(cfg) as place:
+        return _resume_seed(run_dir, cfg, recorded.seed, before, place)
 
 
-def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
+def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _Place) -> int:
+    from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import train_seed
-    from fsmtrain.app.launch import elastic_attempt, worker_place
 
-    ranks = collective.world_size if collective is not None else 1
-    lead = collective is None or collective.rank == 0
-    out: TextIO = sys.stdout if lead else io.StringIO()
+    out, ranks = place.out, place.ranks
 
     def announce(claim: Any, resume: bool) -> None:
         print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
@@ -285,11 +289,7 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collecti
                   f"committed checkpoint, and from there its data order is that of a {ranks}-process run",
                   file=out, flush=True)
 
-    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
-    attempt = elastic_attempt()
-    if attempt is not None:
-        extras["elastic"] = attempt.record()
-    run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, extras=extras,
+    run = train_seed(cfg, seed, run_dir, extra_callbacks=console_callbacks(), resume=True, extras=place.extras,
                      announce=announce)
     code = _describe_seed(run, out)
     print(f"exit code {int(code)} ({code.name})", file=out)

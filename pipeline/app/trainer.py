@@ -26,6 +26,7 @@ from fsmtrain.core.events import FSYNC_POLICIES, EventLog, check_levels
 from fsmtrain.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.signals import stop_on_signals
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
 from fsmtrain.training.distributed import (
@@ -38,7 +39,6 @@ from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.signals import signals_set_flag
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -245,7 +245,7 @@ class Trainer:
         :class:`fsmtrain.core.engine.Interrupted` after the teardown; one that lands during the
         teardown is raised after it, and the run keeps its own reason."""
         try:
-            with signals_set_flag(self.run):
+            with stop_on_signals(self.run):
                 result = self.engine.execute()
             late = self.run.pending_signal
             if late is not None and result.stop_reason is not StopReason.INTERRUPTED:

@@ -11,7 +11,6 @@ next ``fsmtrain hpo`` on the study runs it first.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -19,10 +18,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
@@ -45,7 +42,7 @@ from fsmtrain.app.hpo.storage import (
 from fsmtrain.app.hpo.trial import TrialPlan
 from fsmtrain.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
 from fsmtrain.core.engine import Interrupted
-from fsmtrain.core.signal_latch import HANDLED
+from fsmtrain.core.signals import HANDLED, sigterm_interrupts
 
 if TYPE_CHECKING:
     import optuna
@@ -211,7 +208,7 @@ class _Workers:
                     os.kill(proc.pid, signum)
             for proc in self.procs.values():
                 proc.join(timeout=60)
-                if proc.exitcode is None:  # stuck: a worker latches SIGTERM as it does SIGINT, so SIGKILL
+                if proc.exitcode is None:  # stuck: a worker catches SIGTERM as it does SIGINT, so SIGKILL
                     print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
                           f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
                     proc.kill()
@@ -223,39 +220,18 @@ class _Workers:
                 signal.signal(sig, handler)
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM (what a scheduler sends) stops the workers as Ctrl-C does, not
-    this process alone: its default would end it at once, and the workers would train on, orphaned
-    (found: every trial still ran after `kill` of the command, and its log said nothing)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
     """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
     every trial of this command failed, 128 + the signal when one stopped it (130 Ctrl-C, 143 SIGTERM)."""
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
             study = _create(plan)
             plan = replace(plan, prior_trials=len(study.get_trials(deepcopy=False)))
             _header(plan, out)
             for line in reclaim(study, plan.optimize.max_retry):
                 print(line, file=out, flush=True)
-    except KeyboardInterrupt as exc:
-        # Found: a SIGTERM while the study was being created (a storage that waits for its lock or
-        # its server) ended the command by the signal's default action, with no word.
+    except KeyboardInterrupt as exc:  # e.g. a storage that waits for its lock or its server
         signum = Interrupted.signal_of(exc)
         print(f"interrupted: study {plan.trial.study}: {signal.Signals(signum).name} while the study was being "
               "opened; no trial started", file=out, flush=True)
@@ -282,7 +258,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
             watcher.join()
     else:
         workers = _Workers(plan, out)
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             for index in range(plan.workers):
                 workers.start(index)
             try:

@@ -9,11 +9,9 @@ Semantics (DESIGN.md section 8):
 - the first seed reports each epoch to the trial (pruning); a pruned run ends through
   ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
 - an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
-  goes on); a signal (Ctrl-C, SIGTERM) in a run, or between two seeds, FAILs it too, as lost, and
-  stops the study: the next ``fsmtrain hpo`` on the study retries it with its parameters, each seed
-  resuming from its checkpoint (:mod:`fsmtrain.app.hpo.recovery`); one that comes once the last
-  seed's run had ended for its own reason leaves the trial its outcome and still stops the study
-  (:mod:`fsmtrain.app.hpo.worker`).
+  goes on); a signal in a run, or between two seeds, FAILs it as lost and stops the study (the
+  next ``fsmtrain hpo`` retries it, each seed resuming from its checkpoint; see
+  :mod:`fsmtrain.app.hpo.worker`).
 
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
 ``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
@@ -39,7 +37,7 @@ from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_di
 from fsmtrain.app.rundir import in_use
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import jsonable
-from fsmtrain.core.signal_latch import installed
+from fsmtrain.core.signals import installed
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -201,23 +199,23 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
 
 def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
     """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal
-    stopped, and nothing for a signal that came once the run had ended for its own reason, under
-    the worker's latch (the trial keeps the run's outcome; the worker starts no further trial)."""
+    stopped, and nothing for a signal that came once the run had ended for its own reason (the
+    trial keeps the run's outcome; the worker starts no further trial)."""
     result = run.result
     if result is not None and result.stop_reason is StopReason.INTERRUPTED:
         return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()
-    latch = installed()
-    if isinstance(run.error, KeyboardInterrupt) and result is not None and latch is not None and latch.signum:
-        print(f"trial {trial.number}: {latch.name} came after the run of seed {run.seed} had ended "
+    signals = installed()
+    if isinstance(run.error, KeyboardInterrupt) and result is not None and signals is not None and signals.signum:
+        print(f"trial {trial.number}: {signals.name} came after the run of seed {run.seed} had ended "
               f"({result.stop_reason.value}): the run counts; no further trial starts", file=sys.stderr, flush=True)
         return None
     return run.error
 
 
 def _stop_if_signalled() -> None:
-    latch = installed()
-    if latch is not None:
-        latch.raise_if_signalled()
+    signals = installed()
+    if signals is not None:
+        signals.raise_if_signalled()
 
 
 def _interrupted(exc: KeyboardInterrupt) -> str:

@@ -1,18 +1,10 @@
 """One worker of a study: one trial a ticket, until the tickets or the time run out.
 
-A worker latches SIGINT and SIGTERM (:mod:`fsmtrain.core.signal_latch`) for as long as it runs
-trials, so a signal never lands in the middle of a storage write or of telling Optuna a trial's
-outcome. Where it lands decides what it stops:
-
-- in a run: the run ends INTERRUPTED through ``train_end``, and its trial FAILs as lost (the next
-  ``fsmtrain hpo`` on the study retries it, resuming from its checkpoints);
-- once the trial's last run had ended for its own reason: the trial keeps its outcome (COMPLETE,
-  PRUNED), and no further trial starts;
-- between trials: no further trial starts.
-
-Either way the worker then raises :class:`~fsmtrain.core.engine.Interrupted` (a
-``KeyboardInterrupt``): a worker process exits 130, and the command that the signal reached ends
-with 128 + the signal (:func:`fsmtrain.app.hpo.study.run_study`).
+A worker handles SIGINT and SIGTERM (:mod:`fsmtrain.core.signals`) while it runs trials, so a
+signal never lands in a storage write. In a run, the run ends INTERRUPTED and its trial FAILs as
+lost (the next ``fsmtrain hpo`` retries it from its checkpoints); after the trial's last run ended
+for its own reason, the trial keeps its outcome; either way no further trial starts, and the worker
+raises :class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
 """
 
 from __future__ import annotations
@@ -31,7 +23,7 @@ from fsmtrain.app.hpo.recovery import reclaim, worker_identity
 from fsmtrain.app.hpo.seeds import claim_sampler_seed
 from fsmtrain.app.hpo.storage import open_storage
 from fsmtrain.app.hpo.trial import run_trial
-from fsmtrain.core.signal_latch import latched
+from fsmtrain.core.signals import caught
 
 if TYPE_CHECKING:
     import optuna
@@ -104,16 +96,16 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
 def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
     """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
     the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
-    trials running elsewhere, whose retries it may still have to run. A latched signal raises
+    trials running elsewhere, whose retries it may still have to run. A caught signal raises
     :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
-    with latched() as latch:
-        stop_here = latch.raise_if_signalled if latch is not None else _go_on
+    with caught() as signals:
+        stop_here = signals.raise_if_signalled if signals is not None else _go_on
         _run_trials(plan, tickets, index, stop_here)
         stop_here()  # a signal after the last trial ended: the command still ends interrupted
 
 
 def _go_on() -> None:
-    """Off the main thread no latch is installed, and the process's own handlers stay."""
+    """Off the main thread no signals are caught, and the process's own handlers stay."""
 
 
 def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
@@ -159,7 +151,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
                 continue
         if not tickets.take():
             reclaim_gone()
-            _say_owed(study)
+            _say_retries_left(study)
             return
         taken: list[int] = []
         try:
@@ -193,7 +185,7 @@ def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
             f"{then}; its run keeps what it trained (its log says where it stopped); this worker goes on")
 
 
-def _say_owed(study: optuna.study.Study) -> None:
+def _say_retries_left(study: optuna.study.Study) -> None:
     """A worker with no trial left says which retries it leaves waiting for the next worker."""
     from optuna.trial import TrialState
 

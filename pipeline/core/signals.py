@@ -1,0 +1,153 @@
+"""SIGINT and SIGTERM: the one module that handles them, for a command or for one run.
+
+A handler runs between any two bytecodes of the main thread, so the first signal is only recorded:
+start-up honours it at its checks (:meth:`Signals.raise_if_signalled`), a run gets it as
+``RunContext.pending_signal`` and ends INTERRUPTED at its next safe point, teardown and ``result``
+included; the command exits 128 + the signal (:meth:`Signals.exit_status`). A second SIGINT while a
+run trains raises ``KeyboardInterrupt`` at once, so a hung batch or collective ends (the teardown
+still runs). A third gets the handler found before (a notebook kernel's), or in the ``fsmtrain``
+process the default action. After the command the handlers found are back (:func:`uninstall`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from fsmtrain.core.engine import Interrupted
+
+if TYPE_CHECKING:
+    from fsmtrain.core.context import RunContext
+
+__all__ = ["HANDLED", "Signals", "caught", "install", "installed", "sigterm_interrupts", "stop_on_signals",
+           "uninstall"]
+
+HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+
+
+class Signals:
+    """The signals a command received (``signum``: the first) and the run that gets them now."""
+
+    def __init__(self, owns_process: bool) -> None:
+        self.signum: int | None = None
+        self.sigints = 0
+        self.run: RunContext | None = None
+        self.previous: dict[signal.Signals, Any] = {sig: signal.getsignal(sig) for sig in HANDLED}
+        self.owns_process = owns_process
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+        run = self.run
+        if run is not None and run.pending_signal is None:
+            run.pending_signal = signum
+        if signum != signal.SIGINT:
+            return
+        self.sigints += 1
+        if self.sigints == 2:  # the next one gets the handler found before, or the default action
+            signal.signal(signal.SIGINT, signal.SIG_DFL if self.owns_process else _handler(self.previous, signum))
+            if run is not None:
+                signal.default_int_handler(signum, frame)
+
+    @property
+    def name(self) -> str:
+        return "" if self.signum is None else signal.Signals(self.signum).name
+
+    def raise_if_signalled(self) -> None:
+        """Honour a recorded signal here: raise :class:`~fsmtrain.core.engine.Interrupted`."""
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    def exit_status(self, code: int) -> int:
+        """The command's exit status: 128 + the first signal when one was received, else ``code``."""
+        return code if self.signum is None else 128 + self.signum
+
+
+def _handler(previous: dict[signal.Signals, Any], sig: int) -> Any:
+    found = previous[signal.Signals(sig)]
+    return signal.SIG_DFL if found is None else found  # None: set from C, not restorable; the default then
+
+
+_installed: Signals | None = None
+
+
+def install(owns_process: bool = False) -> Signals | None:
+    """Handle SIGINT and SIGTERM in this process (main thread only: Python delivers signals there;
+    elsewhere None). Installed already: that one."""
+    global _installed
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if _installed is None:
+        _installed = Signals(owns_process)
+        for sig in HANDLED:
+            signal.signal(sig, _installed.handle)
+    return _installed
+
+
+def installed() -> Signals | None:
+    """This process's :class:`Signals`, when a command or a run installed them."""
+    return _installed
+
+
+def uninstall(default: bool = False) -> None:
+    """Put back the handlers found at :func:`install` (``default``: the default actions)."""
+    global _installed
+    signals, _installed = _installed, None
+    if signals is not None:
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_DFL if default else _handler(signals.previous, sig))
+
+
+@contextlib.contextmanager
+def caught() -> Iterator[Signals | None]:
+    """The process's :class:`Signals` for the block: the command's (kept after the block), or ones
+    installed for the block and uninstalled after it (None off the main thread)."""
+    if _installed is not None:
+        yield _installed
+        return
+    signals = install()
+    try:
+        yield signals
+    finally:
+        if signals is not None:
+            uninstall()
+
+
+@contextlib.contextmanager
+def stop_on_signals(run: RunContext) -> Iterator[None]:
+    """While the block trains ``run``, a signal sets ``run.pending_signal`` (one received before the
+    block, during start-up, is set at once) and a second SIGINT interrupts it."""
+    with caught() as signals:
+        if signals is None:
+            yield
+            return
+        if run.pending_signal is None:
+            run.pending_signal = signals.signum
+        signals.run = run
+        try:
+            yield
+        finally:
+            signals.run = None
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted` as Ctrl-C
+    raises ``KeyboardInterrupt``: a command that waits on worker processes stops them, where the
+    default action would end it alone and leave them training, orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
