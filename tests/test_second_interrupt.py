@@ -6,6 +6,7 @@ hung batch writes), never on a guessed time."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class HangsInTeardown(TrainingCallback):
 '''
 
 
-def _hung_train(tmp_path: Path, *sets: str) -> tuple[object, Path]:
+def _hung_train(tmp_path: Path, *sets: str) -> tuple[subprocess.Popen[bytes], Path]:
     (tmp_path / "hanging_data.py").write_text(HANGING_DATA, encoding="utf-8")
     (tmp_path / "hanging_teardown.py").write_text(HANGING_TEARDOWN, encoding="utf-8")
     overrides = ("epochs=3", "wandb.enabled=false", "data_config.n_samples=256", "data=hanging_data.build", *sets)
