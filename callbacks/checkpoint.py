@@ -41,7 +41,9 @@ class CheckpointCallback(TrainingCallback):
         mode: str = "min",
         save_latest: bool = True,
         background: bool = True,
+        drain_timeout_s: float = 600.0,
     ) -> None:
+        self.drain_timeout_s = drain_timeout_s  # how long the teardown waits for the last writes
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
         self._log: _RunLog | None = None
@@ -82,10 +84,16 @@ class CheckpointCallback(TrainingCallback):
     def on_train_end(self, run: RunContext) -> None:
         if run.dry_run:
             return
+        timed_out = False
         try:
-            self.manager.writer.drain()
+            timed_out = not self.manager.writer.drain(self.drain_timeout_s)
         finally:
-            self.manager.close()
+            self.manager.close(0 if timed_out else self.drain_timeout_s)  # timed out: not a second wait
+        if timed_out:  # a hung disk must not hang the teardown: the run ends on what is committed
+            run.warn(self.name, f"the checkpoint writer did not finish within {self.drain_timeout_s:g} s; the "
+                     "teardown goes on without it, and the newest checkpoint the log commits is the one to resume "
+                     "from", timeout_s=self.drain_timeout_s)
+            return
         if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
             self.manager.finish(self._log)
 

@@ -330,11 +330,13 @@ class CheckpointManager(CheckpointFolder):
         self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log)))
         return plan
 
-    def close(self) -> None:
-        """Stop the writer thread and free the staging buffers (``train_end``, after :meth:`drain`)."""
-        self.writer.close()
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the writer thread and free the staging buffers (``train_end``, after the drain).
+        False: the thread was still writing after ``timeout`` seconds."""
+        stopped = self.writer.close(timeout)
         for buffers in self.buffers:
             buffers.release()
+        return stopped
 
     def reset(self, on_dropped: Callable[[int, str], None] | None = None) -> None:
         """A fresh writer for a new run (``train_begin``): an earlier run's failure does not carry over."""

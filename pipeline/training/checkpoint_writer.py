@@ -234,25 +234,31 @@ class CheckpointWriter:
         with self._cond:
             return {j.slot for j in (self._in_flight, self._waiting) if j is not None}
 
-    def wait_idle(self) -> None:
-        """Wait until nothing is in flight or waiting (a failed write counts as done); raises nothing."""
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is in flight or waiting (a failed write counts as done); raises nothing.
+        False: ``timeout`` seconds passed first."""
         with self._cond:
-            while (self._in_flight is not None or self._waiting is not None) and not self._failed:
-                self._cond.wait()
+            return self._cond.wait_for(
+                lambda: (self._in_flight is None and self._waiting is None) or self._failed, timeout)
 
-    def drain(self) -> None:
-        """Wait until every handed-over state is written; a failed write's error is raised here."""
-        self.wait_idle()
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every handed-over state is written; a failed write's error is raised here.
+        False: ``timeout`` seconds passed first, and the writes go on on the (daemon) writer thread."""
+        done = self.wait_idle(timeout)
         self.raise_failure()
+        return done
 
-    def close(self) -> None:
-        """Stop the writer thread once it is idle (after :meth:`drain`, or after a failure)."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the writer thread once it is idle (after :meth:`drain`, or after a failure). False: it
+        was still writing after ``timeout`` seconds (a daemon thread: it does not hold the process)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
             thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join()
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     # --- the writer thread -----------------------------------------------------------------
     def _loop(self) -> None:

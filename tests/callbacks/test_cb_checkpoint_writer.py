@@ -232,3 +232,23 @@ def test_a_best_state_is_never_dropped_for_a_newer_one_that_is_not(tmp_path: Pat
     assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == last
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render()
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_that_hangs_in_the_teardown_is_given_up_on_said_and_the_result_written(tmp_path: Path) -> None:
+    """The teardown's wait for the last writes is bounded: a write that never ends (a hung disk) is
+    given up on after ``drain_timeout_s``, with a warning, and the run still ends with its result."""
+    run = tmp_path / "run"
+    cb = CheckpointCallback(run / "checkpoints", keep_last_k=0, save_best=False, drain_timeout_s=0.5)
+    disk = _gated(cb)
+    disk.gate(0).set()  # the first epoch's write goes through; the last one hangs until after the run
+    started = time.monotonic()
+    _fit(run, [cb], epochs=2)
+    took = time.monotonic() - started
+    disk.gate(1).set()
+    events = read_events(run / "events.jsonl")
+    assert events[-1]["event"] == "result" and events[-1]["payload"]["stop_reason"] == "completed"
+    (gave_up,) = [e for e in events if e["event"] == "warning" and e["payload"]["source"] == "CheckpointCallback"]
+    assert "did not finish within 0.5 s" in gave_up["payload"]["message"], gave_up
+    assert took < GATE_S, took
+    assert _committed(run)["latest"] == {0}  # the hung write of the last epoch was never committed
