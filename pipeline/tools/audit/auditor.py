@@ -143,6 +143,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if rec["run_id"] != seg.run_id:
             self.bad("run_id", f"run_id {rec['run_id']!r} differs from this run's {seg.run_id!r} "
                      "(a line of another process? logs are one file per run and rank)", n)
+        if seg.result_seen:
+            self.bad("end", f"a {event!r} line after the result (line {seg.result_line}): the result is a run's "
+                     "last line, and only a resume's run_start may follow it", n)
         seg.last_line = n
         seg.last_epoch_field = rec["epoch"]
         step = rec["global_step"]

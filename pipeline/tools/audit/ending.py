@@ -71,6 +71,7 @@ class Segment:
     end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     end_global_step: Any = None
     result_seen: bool = False
+    result_line: int | None = None
     last_line: int = 0
     last_epoch_field: Any = None
     global_step: int = 0
@@ -251,6 +252,7 @@ class EndingChecks:
             self.bad("result", "a result before train_end", n)
             return
         seg.result_seen = True
+        seg.result_line = n
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
         segs = self.segments[: self.segments.index(seg) + 1]
         own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
