@@ -75,8 +75,10 @@ def _span(seconds: float) -> str:
 class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+                 allow_missing: bool = False) -> None:
         self.path = path
+        self.allow_missing = allow_missing
         # How the run went on without this log's rank (the audit of its run directory says): a last
         # segment cut by a kill is then a warning, not an unfinished run.
         self.went_on: str | None = None
@@ -232,7 +234,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         self.findings += self.coverage.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
-                                                self.segments, self.lines, self.ex, self.ckpt_damaged)
+                                                self.segments, self.lines, self.ex, self.ckpt_damaged,
+                                                allow_missing=self.allow_missing)
         # By line; on one line the chain's finding first: it says whether the line is what was written.
         self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
@@ -292,16 +295,19 @@ _HANDLERS: dict[str, _Handler] = {
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
-    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+               allow_missing: bool = False) -> AuditReport:
+    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain; ``allow_missing``:
+    a committed checkpoint file that is gone is a warning, not a violation. Raises
     :class:`AuditReadError` if it cannot be read."""
-    return read_log(path, verify_checkpoints=verify_checkpoints, key=key).finish()
+    return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing).finish()
 
 
-def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> LogAuditor:
+def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+             allow_missing: bool = False) -> LogAuditor:
     """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
     p = Path(path)
-    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key)
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
