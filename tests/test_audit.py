@@ -350,3 +350,18 @@ def test_legal_resume_appended_by_a_second_trainer(real_runs: RealRuns, tmp_path
     lines[first_len] = json.dumps(rec) + "\n"
     bad = audit_file(_write(tmp_path, lines), verify_checkpoints=False)
     assert any(f.check == "resume" and f.line == first_len + 1 for f in bad.violations)
+
+
+def test_an_extended_run_is_explained_by_the_segment_that_ended_it(tmp_path: Path) -> None:
+    """2 epochs, extended to 3, then resumed with epochs=2 (nothing left to train): the run ended
+    at max_epochs=3, the max_epochs of the segment that trained its last epoch."""
+    from audit_runs import _trainer
+
+    run = tmp_path / "run"
+    for epochs, resume in ((2, None), (3, "latest"), (2, "latest")):
+        _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=epochs, resume_from=resume).fit()
+    report = audit_file(run / "events.jsonl")
+    assert report.ok, report.render()
+    ex = report.explanation
+    assert (ex.segments, ex.epochs_completed, ex.max_epochs) == (3, 3, 3), report.render()
+    assert ex.stop_message == "reached max_epochs=3" and "max_epochs=2" not in report.render(), report.render()

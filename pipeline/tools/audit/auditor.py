@@ -24,7 +24,7 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
 from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
@@ -261,7 +261,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if not self.segments:
             return
         seg = self.segments[-1]
-        ex.max_epochs = seg.max_epochs
+        ex.max_epochs = ending_segment(self.segments).max_epochs
         ex.epochs_completed = completed_epochs(self.segments)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
@@ -270,7 +270,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason == StopReason.COMPLETED.value:
-            ex.stop_source, ex.stop_message = completed_stop(seg.max_epochs)
+            ex.stop_source, ex.stop_message = completed_stop(ex.max_epochs)
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:

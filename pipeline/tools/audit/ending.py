@@ -16,7 +16,7 @@ from fsmtrain.core.stop import Evidence, StopReason
 from fsmtrain.tools.audit.content import number, result_mismatches
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -101,6 +101,15 @@ class Segment:
 def completed_stop(max_epochs: int) -> tuple[str, str]:
     """The stop source and message of a run that ran out of epochs (no stop requested)."""
     return "max_epochs", f"reached max_epochs={max_epochs}"
+
+
+def ending_segment(segs: list[Segment]) -> Segment:
+    """The segment whose ``max_epochs`` ended the run: the last one, unless it found nothing left to
+    train (it began at or past its own max_epochs and ran no epoch): then the latest that trained."""
+    last = segs[-1]
+    if last.epochs or last.start_epoch < last.max_epochs:
+        return last
+    return next((s for s in reversed(segs[:-1]) if s.epochs), last)
 
 
 def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
