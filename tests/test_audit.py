@@ -19,7 +19,7 @@ from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
 
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.cli import main as cli_main
-from fsmtrain.tools.audit import AuditReport, Finding, Severity, audit_file
+from fsmtrain.tools.audit import AuditReport, Finding, Severity, audit_file, audit_run_dir
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 
@@ -135,7 +135,7 @@ def test_deleted_line(real_runs: RealRuns, tmp_path: Path) -> None:
 def test_duplicated_line(real_runs: RealRuns, tmp_path: Path) -> None:
     lines = read_lines(real_runs.events("early_stopped"))
     k = line_of(lines, lambda r: r["event"] == "transition" and r["to"] == "val")
-    report = audit_file(_write(tmp_path, [*lines[:k], lines[k - 1], *lines[k:]]))
+    report = audit_file(_write(tmp_path, [*lines[:k], lines[k - 1], *lines[k:]]), allow_missing=True)
     assert [(f.line, f.check) for f in report.violations] == [(k + 1, "chain"), (k + 1, "seq")]
     assert f"second copy of line {k}" in report.violations[0].message
     assert f"duplicate of line {k}" in report.violations[1].message
@@ -197,11 +197,12 @@ def test_checkpoint_changed_after_the_run(real_runs: RealRuns, tmp_path: Path) -
     assert audit_file(run / "events.jsonl", verify_checkpoints=False).ok
 
 
-def test_missing_checkpoint_is_a_warning_and_fails_under_strict(real_runs: RealRuns, tmp_path: Path) -> None:
+def test_missing_checkpoint_allowed_is_a_warning_and_fails_under_strict(real_runs: RealRuns, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(real_runs.early_stopped, run)
     (run / "checkpoints" / "best.pt").unlink()
-    report = audit_file(run / "events.jsonl")
+    assert not audit_file(run / "events.jsonl").ok
+    report = audit_file(run / "events.jsonl", allow_missing=True)
     assert report.ok and not report.ok_strict
     assert any(f.check == "checkpoint" and f.severity is Severity.WARNING for f in report.findings)
 
@@ -296,10 +297,30 @@ def test_cli_unreadable_and_strict(real_runs: RealRuns, tmp_path: Path, capsys: 
     run = tmp_path / "run"
     shutil.copytree(real_runs.completed, run)
     shutil.rmtree(run / "checkpoints")
-    assert cli_main(["audit", str(run / "events.jsonl")]) == 0
+    assert cli_main(["audit", str(run / "events.jsonl"), "--allow-missing"]) == 0
     assert "not present" in capsys.readouterr().out
-    assert cli_main(["audit", str(run / "events.jsonl"), "--strict"]) == 1
+    assert cli_main(["audit", str(run / "events.jsonl"), "--allow-missing", "--strict"]) == 1
     assert "under --strict" in capsys.readouterr().out
+
+
+def test_missing_committed_checkpoints_fail_unless_allowed(real_runs: RealRuns, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Deleting every committed checkpoint must not let a consistent log pass: missing state is a
+    violation, and ``--allow-missing`` (``allow_missing=True``) makes it a warning again."""
+    run = tmp_path / "run"
+    shutil.copytree(real_runs.completed, run)
+    shutil.rmtree(run / "checkpoints")
+    report = audit_file(run / "events.jsonl")
+    missing = [f for f in report.violations if f.check == "checkpoint"]
+    assert missing and not report.ok and all("not present" in f.message for f in missing), report.render()
+    assert "--allow-missing" in missing[0].message
+    assert not audit_run_dir(run).passes(False)
+    assert cli_main(["audit", str(run)]) == 1
+    assert "not present" in capsys.readouterr().out
+    allowed = audit_file(run / "events.jsonl", allow_missing=True)
+    assert allowed.ok and not allowed.ok_strict, allowed.render()
+    assert audit_run_dir(run, allow_missing=True).passes(False)
+    assert cli_main(["audit", str(run), "--allow-missing"]) == 0
 
 
 def test_legal_resume_appended_by_a_second_trainer(real_runs: RealRuns, tmp_path: Path) -> None:
@@ -329,3 +350,18 @@ def test_legal_resume_appended_by_a_second_trainer(real_runs: RealRuns, tmp_path
     lines[first_len] = json.dumps(rec) + "\n"
     bad = audit_file(_write(tmp_path, lines), verify_checkpoints=False)
     assert any(f.check == "resume" and f.line == first_len + 1 for f in bad.violations)
+
+
+def test_an_extended_run_is_explained_by_the_segment_that_ended_it(tmp_path: Path) -> None:
+    """2 epochs, extended to 3, then resumed with epochs=2 (nothing left to train): the run ended
+    at max_epochs=3, the max_epochs of the segment that trained its last epoch."""
+    from audit_runs import _trainer
+
+    run = tmp_path / "run"
+    for epochs, resume in ((2, None), (3, "latest"), (2, "latest")):
+        _trainer(run, [CheckpointCallback(run / "checkpoints")], epochs=epochs, resume_from=resume).fit()
+    report = audit_file(run / "events.jsonl")
+    assert report.ok, report.render()
+    ex = report.explanation
+    assert (ex.segments, ex.epochs_completed, ex.max_epochs) == (3, 3, 3), report.render()
+    assert ex.stop_message == "reached max_epochs=3" and "max_epochs=2" not in report.render(), report.render()

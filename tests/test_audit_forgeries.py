@@ -365,3 +365,15 @@ def test_slot_values_of_the_wrong_type(plain: Lines, tmp_path: Path) -> None:
     assert [(f.line, f.check) for f in report.violations] == [(a, "slot"), (b, "slot")], report.render()
     assert "declared as a number" in report.violations[0].message
     assert "fit_ok (true or false)" in report.violations[1].message
+
+
+def test_a_line_appended_after_the_result(plain: Lines, tmp_path: Path) -> None:
+    """Only a resume's run_start may follow a result: an appended, correctly chained line is named."""
+    last = json.loads(plain[-1])
+    assert last["event"] == "result"
+    extra = dict(last, seq=last["seq"] + 1, event="warning", level="WARNING",
+                 payload={"message": "val_loss 0.01 (re-evaluated)"})
+    report = audit_file(_write(tmp_path, rechain([*plain, _dump(extra)])), verify_checkpoints=False)
+    assert report.chain.ok is True
+    assert [(f.line, f.check) for f in report.violations] == [(len(plain) + 1, "end")], report.render()
+    assert "after the result" in report.violations[0].message

@@ -251,3 +251,15 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path, command: str) ->
         os.close(write_end)
     assert proc.stderr == "", proc.stderr
     assert proc.returncode == ExitCode.BROKEN_PIPE.value == 141
+
+
+def test_preflight_lists_the_console_callback_train_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback order preflight prints is train's: the console callback included."""
+    from fsmtrain.app.defaults import console_callbacks
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["preflight", str(QUICKSTART)]) == ExitCode.OK
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("callbacks  "))
+    assert all(f"{cb.name}(" in line for cb in console_callbacks()), line
+    assert not list(tmp_path.iterdir())

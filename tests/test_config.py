@@ -231,3 +231,12 @@ def test_a_loss_function_takes_output_and_target_first(tmp_path: Path, monkeypat
     assert found["criterion_config.dlta"].suggestion == "delta"
     found = problems(minimal(criterion="mylosses.scaled"))
     assert set(found) == {"criterion_config.scale"}  # output and target are fsmtrain's to pass
+
+
+def test_the_default_patience_warns_on_a_short_run() -> None:
+    """The default patience (20) on a 5-epoch config can never fire: one warning names both values."""
+    cfg = config_from_dict(minimal())
+    said = [str(w) for w in cfg.warnings if w.path == "early_stopping.patience"]
+    assert said == ["early_stopping.patience: expected patience < epochs (5) for early stopping to ever fire; "
+                    "found 20 (the default)"], said
+    assert config_from_dict(minimal(early_stopping={"enabled": False})).warnings == []

@@ -198,3 +198,17 @@ def test_ticks() -> None:
     assert ticks(0.5, 2e4, log=True) == pytest.approx([0.1, 1, 10, 100, 1000, 1e4, 1e5])
     assert ticks(0.0, 1.0) == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     assert ticks(-3.0, 7.0) == pytest.approx([-2.0, 0.0, 2.0, 4.0, 6.0])
+
+
+@pytest.mark.slow
+def test_the_checkpoint_panel_counts_files_and_writes(real_runs: RealRuns, tmp_path: Path) -> None:
+    """Names that are hard links of one file are one file kept; a write committed under several
+    names is one write (4 epochs, one state saved per epoch)."""
+    events = real_runs.events("completed")
+    html = write_run_report(events, tmp_path / "r.html").read_text(encoding="utf-8")
+    names = sorted((real_runs.completed / "checkpoints").glob("*.pt"))
+    files = {(p.stat().st_dev, p.stat().st_ino) for p in names}
+    assert len(files) < len(names)  # latest.pt is a hard link of the newest epoch's file
+    panel = html[html.index('id="checkpoints"'):]
+    assert f"Checkpoints: {len(files)} file(s) kept under {len(names)} name(s)," in panel, panel[:300]
+    assert "all 4 checkpoint writes of the log" in panel, panel[:600]

@@ -115,10 +115,12 @@ def _minimal(**changes: Any) -> dict[str, Any]:
             "data": "fsmtrain.training.data.synthetic_regression", "epochs": 3, "batch_size": 8, **changes}
 
 
-def test_the_default_patience_warns_only_when_the_user_set_early_stopping() -> None:
-    assert [w.path for w in config_from_dict(_minimal()).warnings] == []
+def test_a_patience_that_can_never_fire_warns_default_or_not() -> None:
+    default = config_from_dict(_minimal()).warnings
+    assert [w.path for w in default] == ["early_stopping.patience"] and "found 20 (the default)" in str(default[0])
     set_by_user = config_from_dict(_minimal(early_stopping={"patience": 5}))
     assert [w.path for w in set_by_user.warnings] == ["early_stopping.patience"]
+    assert str(set_by_user.warnings[0]).endswith("found 5")
 
 
 def test_set_indexes_a_list(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from fsmtrain.app.config import RunConfig
 from fsmtrain.app.config.checks import batches, checked_callbacks
+from fsmtrain.app.defaults import console_callbacks
 from fsmtrain.app.job import build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
@@ -77,7 +78,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     fails raises :class:`PreflightFailed`."""
     # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
     # the data builder, called once, whose failure (a missing file) names it.
-    callbacks = checked_callbacks(cfg)
+    callbacks = checked_callbacks(cfg, extra=console_callbacks())  # train adds the console's too
     parts = build_parts(cfg, cfg.seeds[0], strict_data=True)
     model, device = parts.model, torch.device(cfg.device)
     n_params = sum(p.numel() for p in model.parameters())

@@ -20,12 +20,13 @@ __all__ = ["config_from_dict"]
 def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
     found: list[ConfigProblem] = []
     es = cfg.early_stopping
-    # Only a patience the user wrote: the default one (20) on a short config that never mentions
-    # early stopping is not a choice anyone made, and warning about it is noise.
-    if es.enabled and "early_stopping" in cfg.model_fields_set and es.patience >= cfg.epochs:
+    # The default patience too: early stopping is on by default, and one that can never fire is a
+    # silent no-op the user should hear about (the warning says the value is the default).
+    if es.enabled and es.patience >= cfg.epochs:
+        chosen = "early_stopping" in cfg.model_fields_set and "patience" in es.model_fields_set
         found.append(ConfigProblem(
             "early_stopping.patience", f"patience < epochs ({cfg.epochs}) for early stopping to ever fire",
-            str(es.patience)))
+            str(es.patience) if chosen else f"{es.patience} (the default)"))
     if cfg.scheduler and cfg.scheduler.endswith("CosineAnnealingLR"):
         t_max = cfg.scheduler_config.get("T_max")
         if t_max != cfg.epochs:

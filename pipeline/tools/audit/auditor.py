@@ -24,7 +24,7 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
 from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
@@ -75,8 +75,10 @@ def _span(seconds: float) -> str:
 class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
-    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> None:
+    def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+                 allow_missing: bool = False) -> None:
         self.path = path
+        self.allow_missing = allow_missing
         # How the run went on without this log's rank (the audit of its run directory says): a last
         # segment cut by a kill is then a warning, not an unfinished run.
         self.went_on: str | None = None
@@ -143,6 +145,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if rec["run_id"] != seg.run_id:
             self.bad("run_id", f"run_id {rec['run_id']!r} differs from this run's {seg.run_id!r} "
                      "(a line of another process? logs are one file per run and rank)", n)
+        if seg.result_seen:
+            self.bad("end", f"a {event!r} line after the result (line {seg.result_line}): the result is a run's "
+                     "last line, and only a resume's run_start may follow it", n)
         seg.last_line = n
         seg.last_epoch_field = rec["epoch"]
         step = rec["global_step"]
@@ -229,7 +234,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         self.findings += self.coverage.finish(self.segments)
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
-                                                self.segments, self.lines, self.ex, self.ckpt_damaged)
+                                                self.segments, self.lines, self.ex, self.ckpt_damaged,
+                                                allow_missing=self.allow_missing)
         # By line; on one line the chain's finding first: it says whether the line is what was written.
         self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
         self._fill_explanation()
@@ -255,7 +261,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if not self.segments:
             return
         seg = self.segments[-1]
-        ex.max_epochs = seg.max_epochs
+        ex.max_epochs = ending_segment(self.segments).max_epochs
         ex.epochs_completed = completed_epochs(self.segments)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
@@ -264,7 +270,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason == StopReason.COMPLETED.value:
-            ex.stop_source, ex.stop_message = completed_stop(seg.max_epochs)
+            ex.stop_source, ex.stop_message = completed_stop(ex.max_epochs)
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:
@@ -289,16 +295,19 @@ _HANDLERS: dict[str, _Handler] = {
 }
 
 
-def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> AuditReport:
-    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain. Raises
+def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+               allow_missing: bool = False) -> AuditReport:
+    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain; ``allow_missing``:
+    a committed checkpoint file that is gone is a warning, not a violation. Raises
     :class:`AuditReadError` if it cannot be read."""
-    return read_log(path, verify_checkpoints=verify_checkpoints, key=key).finish()
+    return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing).finish()
 
 
-def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None) -> LogAuditor:
+def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
+             allow_missing: bool = False) -> LogAuditor:
     """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
     p = Path(path)
-    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key)
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
     try:
         fh = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:

@@ -21,10 +21,11 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     try:
         key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
         paths = [args.events, *args.more]
-        verify = not args.no_checkpoints
+        opts: dict[str, Any] = {"verify_checkpoints": not args.no_checkpoints, "key": key,
+                                "allow_missing": args.allow_missing}
         report: AuditReport | RankedAudit = (
-            audit_run_dir(*paths, verify_checkpoints=verify, key=key) if len(paths) > 1 or Path(args.events).is_dir()
-            else audit_file(args.events, verify_checkpoints=verify, key=key))
+            audit_run_dir(*paths, **opts) if len(paths) > 1 or Path(args.events).is_dir()
+            else audit_file(args.events, **opts))
     except (AuditReadError, LogKeyError) as exc:
         if args.json:
             print(json.dumps({"path": " ".join(map(str, [args.events, *args.more])), "ok": False, "error": str(exc)}))
@@ -55,6 +56,9 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="warnings (e.g. checkpoint files not present, non-finite losses) fail the audit too")
     parser.add_argument("--no-checkpoints", action="store_true", help="do not hash the checkpoint files")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="committed checkpoint files that are gone (moved or deleted on purpose) are a warning, "
+                             "not a violation")
     parser.add_argument("--key-file", metavar="FILE", default=None,
                         help="the log key (HMAC-SHA256 chain); default: the FSMTRAIN_LOG_KEY environment variable")
     parser.set_defaults(func=_cmd_audit)

@@ -16,7 +16,7 @@ from fsmtrain.core.stop import Evidence, StopReason
 from fsmtrain.tools.audit.content import number, result_mismatches
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -71,6 +71,7 @@ class Segment:
     end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     end_global_step: Any = None
     result_seen: bool = False
+    result_line: int | None = None
     last_line: int = 0
     last_epoch_field: Any = None
     global_step: int = 0
@@ -100,6 +101,15 @@ class Segment:
 def completed_stop(max_epochs: int) -> tuple[str, str]:
     """The stop source and message of a run that ran out of epochs (no stop requested)."""
     return "max_epochs", f"reached max_epochs={max_epochs}"
+
+
+def ending_segment(segs: list[Segment]) -> Segment:
+    """The segment whose ``max_epochs`` ended the run: the last one, unless it found nothing left to
+    train (it began at or past its own max_epochs and ran no epoch): then the latest that trained."""
+    last = segs[-1]
+    if last.epochs or last.start_epoch < last.max_epochs:
+        return last
+    return next((s for s in reversed(segs[:-1]) if s.epochs), last)
 
 
 def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
@@ -251,6 +261,7 @@ class EndingChecks:
             self.bad("result", "a result before train_end", n)
             return
         seg.result_seen = True
+        seg.result_line = n
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
         segs = self.segments[: self.segments.index(seg) + 1]
         own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)

@@ -43,8 +43,15 @@ def _sha256(path: Path) -> str:
 
 def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: dict[str, int], chain: ChainCheck,
                        segments: list[Segment], lines: int, ex: Explanation,
-                       damaged: Mapping[str, Damaged] | None = None) -> list[Finding]:
+                       damaged: Mapping[str, Damaged] | None = None, *, allow_missing: bool = False
+                       ) -> list[Finding]:
+    """Findings for the checkpoint files ``writes`` names. A committed file that is gone (not removed
+    by the run) is missing state, a violation: a consistent forgery would otherwise pass once the
+    files are deleted; ``allow_missing`` makes it a warning (files moved or deleted on purpose), as
+    do files written at a point the log does not hold (a log cut back or rewritten, or a process
+    killed before it logged its last write): what came after that point may have removed it."""
     out: list[Finding] = []
+    missing: list[tuple[str, int]] = []
     base = log.parent
     # The lines of each process that was killed (no result: killed before or during teardown): a
     # checkpoint pinning one of these is a write that process never got to log; a background write
@@ -62,8 +69,7 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
         file = Path(rel) if Path(rel).is_absolute() else base / rel
         if not file.is_file():
             ex.checkpoints_missing += 1
-            out.append(Finding("checkpoint", f"checkpoint {rel} is not present; its sha256 was not verified", w.line,
-                               Severity.WARNING))
+            missing.append((rel, w.line))
             continue
         actual = _sha256(file)
         found, head = stored_head(file)
@@ -78,7 +84,20 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
             continue
         changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
         out.append(_differs(log, rel, w, actual, file, chain, killed, changed))
-    return out
+    later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
+    return out + _missing(missing, allow_missing, later)
+
+
+def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list[Finding]:
+    """A finding per committed file that is gone: (path, the line that committed it)."""
+    if allowed or later:
+        why = ("" if allowed else ": checkpoint files were written at a point the log does not hold (named), and "
+               "what came after it may have removed this one")
+        return [Finding("checkpoint", f"checkpoint {rel} is not present; its sha256 was not verified{why}", line,
+                        Severity.WARNING) for rel, line in missing]
+    return [Finding("checkpoint", f"checkpoint {rel} is not present, and the run did not remove it: committed state "
+                    "is missing (pass --allow-missing if it was moved or deleted on purpose)", line)
+            for rel, line in missing]
 
 
 def _differs(log: Path, rel: str, w: CheckpointWrite, actual: str, file: Path, chain: ChainCheck,

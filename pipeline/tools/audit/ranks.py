@@ -286,9 +286,9 @@ class RankedAudit(Outcome):
 
 
 def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bool = True,
-                  key: bytes | None = None) -> RankedAudit:
+                  key: bytes | None = None, allow_missing: bool = False) -> RankedAudit:
     """Audit every rank's log in ``run_dir`` (and in ``more``: the run directories of the other
-    nodes of a run on node-local disks) and their agreement."""
+    nodes of a run on node-local disks) and their agreement; ``allow_missing`` as :func:`audit_file`."""
     roots = [Path(run_dir), *map(Path, more)]
     for root in roots:
         if not root.is_dir():
@@ -305,8 +305,8 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
             findings.append(Finding("ranks", f"rank {rank}'s log is in two places: {seen[rank]} and {path}"))
         else:
             seen[rank] = path
-    auditors = {rank: read_log(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key)
-                for rank, path in seen.items()}
+    auditors = {rank: read_log(path, verify_checkpoints=verify_checkpoints and rank == 0, key=key,
+                               allow_missing=allow_missing) for rank, path in seen.items()}
     by_rank = {rank: auditor.segments for rank, auditor in auditors.items()}
     base = by_rank[0]
     for rank, auditor in auditors.items():

@@ -187,19 +187,38 @@ def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _distinct_files(run_dir: Path, paths: list[str]) -> int:
+    """How many files ``paths`` are: names that are hard links of one file count once (by device
+    and inode); a name that is not present counts as one file of its own."""
+    files: set[tuple[int, int] | str] = set()
+    for path in paths:
+        try:
+            st = (run_dir / path).stat()
+        except OSError:
+            files.add(path)
+            continue
+        files.add((st.st_dev, st.st_ino))
+    return len(files)
+
+
 def _checkpoint_panel(data: RunData) -> str:
-    """The files the run keeps (the last write of each path it did not remove), then every write."""
+    """The files the run keeps (the last write of each path it did not remove), then every write:
+    one write committed under several names (``latest.pt``, ``best.pt``, ``epoch_N.pt``, hard links
+    of one file) is one write, its bytes named by one sha256."""
     last: dict[str, dict[str, Any]] = {}
     for ck in data.checkpoints:
         last[str(ck.get("path"))] = ck
     kept = [ck for ck in last.values() if not ck.get("removed")]
+    files = _distinct_files(data.events_path.parent, [str(ck.get("path")) for ck in kept])
+    writes = len({(ck.get("sha256"), ck.get("epoch")) for ck in data.checkpoints})
     if not data.checkpoints:
         body = '<p class="note">no checkpoint was written</p>'
     else:
-        body = (f"{_checkpoint_rows(data, kept)}<details><summary>all {len(data.checkpoints)} checkpoint writes "
-                f"of the log</summary>{_checkpoint_rows(data, data.checkpoints)}</details>")
-    return (f'<section class="panel" id="checkpoints"><h2>Checkpoints: {len(kept)} kept, sha256 as the log '
-            f"recorded them</h2>{body}</section>")
+        body = (f"{_checkpoint_rows(data, kept)}<details><summary>all {writes} checkpoint writes of the log "
+                f"({len(data.checkpoints)} names committed)</summary>{_checkpoint_rows(data, data.checkpoints)}"
+                "</details>")
+    return (f'<section class="panel" id="checkpoints"><h2>Checkpoints: {files} file(s) kept under {len(kept)} '
+            f"name(s), sha256 as the log recorded them</h2>{body}</section>")
 
 
 def _time_plots(data: RunData) -> list[str]:
