@@ -158,6 +158,8 @@ def test_a_missing_newest_state_is_said_on_the_console_and_in_the_resume_event(
     assert "epoch_3.pt" in gone
     for name in gone:
         (ck / name).unlink()
+    before = audit_file(run / "events.jsonl").render()
+    assert "the newest committed state (epoch 3: " in before and "is missing" in before, before
     capfd.readouterr()
 
     resumed = _trainer(run, 4, 1, resume_from="latest")
@@ -185,6 +187,8 @@ def test_a_stray_file_in_checkpoints_is_set_aside_and_said_not_deleted(
     ck = run / "checkpoints"
     (ck / "epoch_9.pt").write_bytes(b"planted")
     (ck / ".latest.pt.1.2.tmp").write_bytes(b"a write cut short")
+    before = audit_file(run / "events.jsonl").render()
+    assert "checkpoints/epoch_9.pt is in the checkpoint folder, but the log does not commit it" in before, before
     capfd.readouterr()
 
     _trainer(run, 4, 3, resume_from="latest").fit()
