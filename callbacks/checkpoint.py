@@ -120,7 +120,7 @@ class _RunLog:
             unsynced |= run.emit_at_log_position(
                 "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                 chain_head=written.chain_head, defer_sync=True, **intent)
-        if unsynced:
+        if unsynced and not any(ck.roles for ck in written.saved):  # the roles' lines follow: one fsync for all
             run.events.sync()
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
