@@ -3,10 +3,11 @@
 :func:`find_resumption` reads the run's ``events.jsonl`` (cutting off a torn last line), hashes
 every checkpoint file the log still commits, and takes the newest one whose bytes are the committed
 ones and that loads. A committed file whose bytes changed (truncated, a flipped byte, another file
-in its place, or a role link a kill swapped to a newer file before its event) is damaged: moved to
-``checkpoints/damaged/``, announced once per state and logged as ``checkpoint_damaged``. Files the
-log never committed (temp files, an epoch file whose event never made it) are removed and named in
-the ``resume`` event. A run whose log committed no checkpoint is started over in place
+in its place) is damaged: moved to ``checkpoints/damaged/``, announced once per state and logged as
+``checkpoint_damaged``. A kill between an epoch file's commit (naming the roles it is to get) and
+its roles' is finished, never called damage. Temp files are removed; other files the log does not
+commit go to ``checkpoints/uncommitted/``; a newest state gone entirely is said; the ``resume``
+event names each. A run whose log committed no checkpoint is started over in place
 (:func:`prepare_restart`, a ``restart`` event).
 """
 
@@ -270,7 +271,7 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
         damaged = _not_moved_roles(damaged, completes, done.sha256)
         res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged, completes=completes)
         keep = intact | {p for d in damaged for p in d.paths} | set(completes)  # damaged files are moved aside
-        res.removed, moved = _remove_uncommitted(run_dir, path.parent, keep)
+        res.removed, moved = _set_aside_uncommitted(run_dir, path.parent, keep)
         res.announce += _missing_newer(done, live, intact, damaged, completes)
         for _, said in res.announce:  # the resume event names the missing commit and the fallback too
             res.notes.update({k: v for k, v in said.items() if k in ("missing", "missing_epoch",
@@ -322,7 +323,7 @@ def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Resta
     if own_log is not None:
         return Restart(run_dir, rank_log_tail(run_dir, own_log))
     tail = read_log_tail(run_dir)
-    removed, moved = _remove_uncommitted(run_dir, run_dir / "checkpoints", set())
+    removed, moved = _set_aside_uncommitted(run_dir, run_dir / "checkpoints", set())
     return Restart(run_dir, tail, removed, moved)
 
 
@@ -376,7 +377,7 @@ def _moved_notice(moved: list[str]) -> tuple[str, dict[str, Any]]:
                                    f"{os.path.dirname(moved[0])}/ (kept, not loaded): {', '.join(moved)}"})
 
 
-def _remove_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple[list[str], list[str]]:
+def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple[list[str], list[str]]:
     """Set aside the files of ours in ``folder`` but those in ``keep`` (the committed files, as the
     log shows them), which the log never committed or no longer does: a temp file a write left is
     removed; any other file is moved to ``uncommitted/`` beside them, kept as evidence. Returns the
