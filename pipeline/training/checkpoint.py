@@ -344,8 +344,7 @@ class CheckpointManager(CheckpointFolder):
 
     # --- the writer thread ---------------------------------------------------------------------
     def write(self, plan: WritePlan) -> Written:
-        """Put ``plan``'s epoch file on disk, durable, naming the roles it is to get; touches no run
-        state, so any thread may run it. The roles move only once the log committed it (:meth:`link_roles`)."""
+        """``plan``'s epoch file, durable, with the roles it is to get (:meth:`link_roles`, once committed)."""
         plan.staged.wait()
         epoch_file = self.periodic_path(plan.epoch)
         try:
@@ -361,8 +360,7 @@ class CheckpointManager(CheckpointFolder):
         return Written((SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles),), plan.chain_head)
 
     def link_roles(self, epoch_file: SavedCheckpoint, chain_head: str | None) -> Written:
-        """Point each role of the committed ``epoch_file`` at it (one fsync makes the renames durable
-        together). A kill between the commit and here leaves the log's intent to finish on resume."""
+        """Point each role of the committed ``epoch_file`` at it, one fsync for all (a kill before: resume finishes)."""
         saved, writing = [], self.directory
         try:
             for role in epoch_file.roles:
