@@ -124,10 +124,11 @@ class _RunLog:
         run = self.run
         unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
+            intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
             unsynced |= run.emit_at_log_position(
                 "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                chain_head=written.chain_head, defer_sync=True)
-        if unsynced:
+                chain_head=written.chain_head, defer_sync=True, **intent)
+        if unsynced and not any(ck.roles for ck in written.saved):  # the roles' lines follow: one fsync for all
             run.events.sync()
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
+import types
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,9 @@ from fsmtrain import Trainer
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
+from fsmtrain.training import checkpoint_file
 from fsmtrain.training.checkpoint import sha256_of
+from fsmtrain.training.resume import find_resumption
 
 QUICK = REPO / "configs" / "quickstart.yaml"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
@@ -137,6 +142,115 @@ def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_run_resumes_from_the_
     report = audit_file(run / "events.jsonl")
     assert report.ok and not report.warnings, report.render()
     assert report.explanation.checkpoints_damaged == 1
+
+
+def test_a_missing_newest_state_is_said_on_the_console_and_in_the_resume_event(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]]
+) -> None:
+    """Every name of the newest committed state deleted: the resume names what is missing and the
+    epoch it falls back to, on the console and in its ``resume`` event."""
+    undamaged, parts = trained
+    run = tmp_path / "part"
+    _copy_run(parts[1], run)
+    ck = run / "checkpoints"
+    newest = (ck / "latest.pt").stat().st_ino
+    gone = sorted(p.name for p in ck.iterdir() if p.is_file() and p.stat().st_ino == newest)
+    assert "epoch_3.pt" in gone
+    for name in gone:
+        (ck / name).unlink()
+    before = audit_file(run / "events.jsonl").render()
+    assert "the newest committed state (epoch 3: " in before and "is missing" in before, before
+    capfd.readouterr()
+
+    resumed = _trainer(run, 4, 1, resume_from="latest")
+    resumed.fit()
+
+    err = capfd.readouterr().err
+    said = [line for line in err.splitlines() if "is missing" in line]
+    assert len(said) == 1 and "checkpoints/epoch_3.pt" in said[0], err
+    assert "falls back to checkpoints/epoch_2.pt (epoch 2)" in said[0]
+    resume = next(e["payload"] for e in read_events(run / "events.jsonl") if e["event"] == "resume")
+    assert sorted(Path(p).name for p in resume["missing"]) == gone
+    assert resume["missing_epoch"] == 2 and resume["falls_back_to_epoch"] == 1 == resume["checkpoint_epoch"]
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(undamaged[name], value)
+
+
+def test_a_stray_file_in_checkpoints_is_set_aside_and_said_not_deleted(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]]
+) -> None:
+    """A file of ours the log never committed is moved to ``checkpoints/uncommitted/``, said on the
+    console and in the ``resume`` event; a temp file a write left is removed."""
+    _, parts = trained
+    run = tmp_path / "part"
+    _copy_run(parts[3], run)
+    ck = run / "checkpoints"
+    (ck / "epoch_9.pt").write_bytes(b"planted")
+    (ck / ".latest.pt.1.2.tmp").write_bytes(b"a write cut short")
+    before = audit_file(run / "events.jsonl").render()
+    assert "checkpoints/epoch_9.pt is in the checkpoint folder, but the log does not commit it" in before, before
+    capfd.readouterr()
+
+    _trainer(run, 4, 3, resume_from="latest").fit()
+
+    err = capfd.readouterr().err
+    assert "checkpoints/uncommitted/epoch_9.pt" in err and "never committed" in err, err
+    assert (ck / "uncommitted" / "epoch_9.pt").read_bytes() == b"planted"
+    resume = next(e["payload"] for e in read_events(run / "events.jsonl") if e["event"] == "resume")
+    assert resume["uncommitted_moved_to"] == ["checkpoints/uncommitted/epoch_9.pt"]
+    assert resume["removed"] == ["checkpoints/.latest.pt.1.2.tmp", "checkpoints/epoch_9.pt"]  # out of the folder
+
+
+class _CountingHash:
+    """``hashlib.sha256`` that records how many bytes each hash was fed."""
+
+    def __init__(self, fed: list[int], data: bytes = b"") -> None:
+        self.inner = hashlib.sha256(data)
+        self.fed = fed
+        fed.append(len(data))
+        self.at = len(fed) - 1
+
+    def update(self, data: bytes) -> None:
+        self.fed[self.at] += memoryview(data).nbytes
+        self.inner.update(data)
+
+    def hexdigest(self) -> str:
+        return self.inner.hexdigest()
+
+
+def test_resume_hashes_each_committed_file_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trained: tuple[dict[str, torch.Tensor], dict[int, Path]]
+) -> None:
+    """One hash pass per committed file (per inode: hard links are one file), the loaded one included."""
+    _, parts = trained
+    run = tmp_path / "part"
+    _copy_run(parts[3], run)
+    fed: list[int] = []
+    counting = types.SimpleNamespace(sha256=lambda data=b"": _CountingHash(fed, data))
+    monkeypatch.setattr(checkpoint_file, "hashlib", counting)
+    smallest = min(p.stat().st_size for p in (run / "checkpoints").glob("*.pt"))
+
+    found = find_resumption(run)
+
+    assert int(found.state["epoch"]) == 2
+    inodes = {(run / s).stat().st_ino for s in found.tail.ledger.live}
+    assert len([n for n in fed if n >= smallest]) == len(inodes), fed
+
+
+def test_a_checkpoint_loads_without_holding_its_bytes_in_memory(tmp_path: Path) -> None:
+    """The load streams the hash and maps the file: Python never holds the file's bytes whole."""
+    path = tmp_path / "checkpoints" / "big.pt"
+    path.parent.mkdir()
+    digest = checkpoint_file.save_state(path, {"format": checkpoint_file.FORMAT_VERSION,
+                                               "w": torch.zeros(16 << 20, dtype=torch.uint8)})
+    tracemalloc.start()
+    try:
+        state = checkpoint_file.load_checkpoint(path, expected_sha256=digest)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert state["w"].numel() == 16 << 20
+    assert peak < (16 << 20) // 4, peak  # a few read chunks, never the file
 
 
 def test_a_trainer_resumed_with_nothing_committed_starts_over_in_place(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ class CommittedFile:
     epoch: int | None
     kind: str | None  # "periodic", "epoch", "latest", "best"
     seq: int | None  # the committing line's seq
+    roles: tuple[str, ...] = ()  # an epoch file's other names, committed in lines after it ("latest", "best")
 
 
 class CheckpointLedger:
@@ -52,9 +53,10 @@ class CheckpointLedger:
         if event == "checkpoint_removed":
             self.live.pop(path, None)
             return
-        epoch, kind, seq = payload.get("epoch"), payload.get("kind"), rec.get("seq")
+        epoch, kind, seq, roles = payload.get("epoch"), payload.get("kind"), rec.get("seq"), payload.get("roles")
         done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
-                             kind if isinstance(kind, str) else None, seq if type(seq) is int else None)
+                             kind if isinstance(kind, str) else None, seq if type(seq) is int else None,
+                             tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else ())
         self.order.append(done)
         self.last[path] = done
         self.live[path] = done

@@ -38,13 +38,13 @@ from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.rng import capture_rng_state
 
 __all__ = [
-    "DAMAGED_DIR", "FORMAT_VERSION", "CheckpointError", "CheckpointFolder", "CheckpointLog", "CheckpointManager",
-    "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written",
-    "find_damaged", "load_checkpoint", "quarantine", "sha256_of",
-    "shown_path", "stateful_callbacks",
+    "DAMAGED_DIR", "FORMAT_VERSION", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
+    "CheckpointManager", "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written",
+    "find_damaged", "load_checkpoint", "quarantine", "sha256_of", "shown_path", "stateful_callbacks",
 ]
 
 DAMAGED_DIR = "damaged"
+UNCOMMITTED_DIR = "uncommitted"  # files in the folder the log never committed, kept as evidence
 _PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
 
 
@@ -200,15 +200,15 @@ def find_damaged(run_dir: Path, live: Mapping[str, CommittedFile]) -> tuple[set[
     return intact, states
 
 
-def quarantine(run_dir: Path, state: DamagedState) -> tuple[str, ...]:
-    """Move ``state``'s files to ``damaged/`` beside them (a name already there gets a number), so
+def quarantine(run_dir: Path, state: DamagedState, folder: str = DAMAGED_DIR) -> tuple[str, ...]:
+    """Move ``state``'s files to ``folder`` (``damaged/``) beside them (a name already there gets a number), so
     the evidence stays and no later write replaces it; returns where each went, as the log shows
     paths (relative to ``run_dir`` when under it)."""
     moved: list[str] = []
     folders: set[Path] = set()
     for shown in state.paths:
         source = run_dir / shown
-        target_dir = source.parent / DAMAGED_DIR
+        target_dir = source.parent / folder
         target_dir.mkdir(exist_ok=True)
         stem, dot, suffix = source.name.rpartition(".")
         target, n = target_dir / source.name, 2
@@ -217,8 +217,8 @@ def quarantine(run_dir: Path, state: DamagedState) -> tuple[str, ...]:
         os.replace(source, target)
         folders.update((source.parent, target_dir))
         moved.append(shown_path(target, run_dir))
-    for folder in folders:
-        fsync_dir(folder)
+    for changed in folders:
+        fsync_dir(changed)
     return tuple(moved)
 
 
@@ -228,8 +228,9 @@ class CheckpointManager(CheckpointFolder):
 
     :meth:`save` (the training thread) decides, claims a writer slot, builds the state and stages
     it. :meth:`write` (the writer thread) writes it once as ``epoch_<n>.pt``, hashed as it is
-    written, points each role at it and fsyncs the folder. The log then commits the files; only
-    after that are older files removed, so the newest committed state is never without a file."""
+    written, and fsyncs the folder; the log commits it with the roles it is to get, and only then
+    each role is pointed at it and committed, so a role file never holds bytes the log has not
+    committed. Only after that are older files removed: the newest committed state is never without a file."""
 
     def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
                  save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
@@ -345,28 +346,39 @@ class CheckpointManager(CheckpointFolder):
 
     # --- the writer thread ---------------------------------------------------------------------
     def write(self, plan: WritePlan) -> Written:
-        """Put ``plan`` on disk (see the class docstring); touches no run state, so any thread may run it."""
+        """``plan``'s epoch file, durable, with the roles it is to get (:meth:`link_roles`, once committed)."""
         plan.staged.wait()
-        epoch_file = writing = self.periodic_path(plan.epoch)
+        epoch_file = self.periodic_path(plan.epoch)
         try:
             check_free_space(epoch_file, plan.staged.staged_bytes)
         except OSError as exc:
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
         try:
             digest = save_state(epoch_file, plan.staged.state)
-            saved = [SavedCheckpoint(epoch_file, digest, plan.epoch, "periodic" if plan.periodic else "epoch")]
-            for role in plan.roles:
-                path = writing = self.directory / self.name_for(role, plan.epoch)
-                atomic_link(epoch_file, path, sync_dir=False)
-                saved.append(SavedCheckpoint(path, digest, plan.epoch, role))
-            writing = self.directory
-            fsync_dir(self.directory)  # one fsync makes the renames above durable together
+            fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
-            raise CheckpointWriteError.of(exc, plan.epoch, writing) from exc
-        return Written(tuple(saved), plan.chain_head)
+            raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc
+        kind = "periodic" if plan.periodic else "epoch"
+        return Written((SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles),), plan.chain_head)
+
+    def link_roles(self, epoch_file: SavedCheckpoint, chain_head: str | None) -> Written:
+        """Point each role of the committed ``epoch_file`` at it, one fsync for all (a kill before: resume finishes)."""
+        saved, writing = [], self.directory
+        try:
+            for role in epoch_file.roles:
+                writing = self.directory / self.name_for(role, epoch_file.epoch)
+                atomic_link(epoch_file.path, writing, sync_dir=False)
+                saved.append(SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role))
+            writing = self.directory
+            fsync_dir(self.directory)
+        except OSError as exc:
+            raise CheckpointWriteError.of(exc, epoch_file.epoch, writing) from exc
+        return Written(tuple(saved), chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
-        log.committed(self.write(plan))
+        log.committed(written := self.write(plan))  # first the epoch file, with the roles it is to get
+        if plan.roles:
+            log.committed(self.link_roles(written.saved[0], written.chain_head))
         self.committed(plan.epoch, plan.periodic)
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 
@@ -387,5 +399,4 @@ class CheckpointManager(CheckpointFolder):
         return {"best_value": self.best_value, "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.best_value = state.get("best_value")
-        self.best_epoch = state.get("best_epoch")
+        self.best_value, self.best_epoch = state.get("best_value"), state.get("best_epoch")

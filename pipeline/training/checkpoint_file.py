@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import io
 import json
 import os
 import pickle
@@ -133,6 +132,7 @@ class SavedCheckpoint:
     sha256: str
     epoch: int
     kind: str
+    roles: tuple[str, ...] = ()  # an epoch file: the other names it gets once it is committed
 
 
 def sha256_of(path: str | Path) -> str:
@@ -198,29 +198,32 @@ def read_history(value: Any) -> list[dict[str, Any]]:
 
 
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None
+    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None,
+    verified: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
     run's log (``<run>/events.jsonl`` for ``<run>/checkpoints/<file>``) committed for it, or
-    ``expected_sha256``. Damage, a digest mismatch, or a pickle payload with code in it raise
+    ``expected_sha256``; ``verified``: the caller has just hashed it against that (one hash pass per
+    file). The file is hashed as it streams and loaded memory-mapped, so its bytes are never held
+    in memory whole. Damage, a digest mismatch, or a pickle payload with code in it raise
     :class:`CheckpointError` naming the file; nothing is loaded."""
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
+    size = p.stat().st_size
     log = p.parent.parent / EVENTS_FILE
     expected = expected_sha256
     if expected is None and log.is_file():
         expected = committed_sha256(log, p)
-    data = p.read_bytes()
-    if expected is not None:
-        found = hashlib.sha256(data).hexdigest()
+    if expected is not None and not verified:
+        found = sha256_of(p)
         if found != expected:
             raise CheckpointError(
                 f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
-                f"the file has {found} ({len(data)} bytes); it was changed or damaged after it was written"
+                f"the file has {found} ({size} bytes); it was changed or damaged after it was written"
             )
     try:
-        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        state = torch.load(p, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc):
             what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
@@ -228,10 +231,10 @@ def load_checkpoint(
                 f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
                 "it was not loaded. fsmtrain never unpickles code from a checkpoint"
             ) from None
-        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {str(exc)[:200]}") from None
+        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({size} bytes): {str(exc)[:200]}") from None
     except Exception as exc:  # every other reader failure means the same thing here
         raise CheckpointError(
-            f"checkpoint {p} is corrupt or truncated ({len(data)} bytes): {type(exc).__name__}: {str(exc)[:200]}"
+            f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}"
         ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")

@@ -3,10 +3,11 @@
 :func:`find_resumption` reads the run's ``events.jsonl`` (cutting off a torn last line), hashes
 every checkpoint file the log still commits, and takes the newest one whose bytes are the committed
 ones and that loads. A committed file whose bytes changed (truncated, a flipped byte, another file
-in its place, or a role link a kill swapped to a newer file before its event) is damaged: moved to
-``checkpoints/damaged/``, announced once per state and logged as ``checkpoint_damaged``. Files the
-log never committed (temp files, an epoch file whose event never made it) are removed and named in
-the ``resume`` event. A run whose log committed no checkpoint is started over in place
+in its place) is damaged: moved to ``checkpoints/damaged/``, announced once per state and logged as
+``checkpoint_damaged``. A kill between an epoch file's commit (naming the roles it is to get) and
+its roles' is finished, never called damage. Temp files are removed; other files the log does not
+commit go to ``checkpoints/uncommitted/``; a newest state gone entirely is said; the ``resume``
+event names each. A run whose log committed no checkpoint is started over in place
 (:func:`prepare_restart`, a ``restart`` event).
 """
 
@@ -15,15 +16,17 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fsmtrain.core.chain import KEY_ENV, Chain
 from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
-from fsmtrain.core.ledger import CheckpointLedger
+from fsmtrain.core.ledger import CheckpointLedger, CommittedFile
 from fsmtrain.training.checkpoint import (
+    UNCOMMITTED_DIR,
     CheckpointError,
     DamagedState,
     find_damaged,
@@ -31,7 +34,7 @@ from fsmtrain.training.checkpoint import (
     quarantine,
     stateful_callbacks,
 )
-from fsmtrain.training.checkpoint_file import read_history
+from fsmtrain.training.checkpoint_file import atomic_link, fsync_dir, read_history
 from fsmtrain.training.rng import restore_rng_state
 
 __all__ = [
@@ -149,10 +152,12 @@ class Resumption:
     state: dict[str, Any]
     tail: LogTail
     removed: list[str] = field(default_factory=list)
+    announce: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # warnings logged before it restores
     # what the resume changed on purpose (a re-planned schedule): warnings logged after ``resume``
     notices: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     damaged: list[DamagedState] = field(default_factory=list)  # moved aside and announced in train_begin
     notes: dict[str, Any] = field(default_factory=dict)  # what the resume event says besides (world sizes...)
+    completes: list[str] = field(default_factory=list)  # role files a kill left between commit and move
 
     @property
     def next_epoch(self) -> int:
@@ -175,6 +180,9 @@ class Resumption:
         state, then ``on_load_checkpoint``, then the log's ``resume`` event."""
         for damaged in self.damaged:
             self._quarantine(run, damaged)
+        self._complete(run)
+        for event, payload in self.announce:
+            run.emit(event, level="warning", **payload)
         state = self.state
         if run.model is not None and state.get("model") is not None:
             run.model.load_state_dict(state["model"])
@@ -202,6 +210,22 @@ class Resumption:
             run.emit(event, level="warning", **payload)
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
         restore_rng_state(state["rng"])
+
+    def _complete(self, run: RunContext) -> None:
+        """Finish the commit a kill cut short: the log committed the epoch file with its roles, and
+        the kill came before each role was moved to it or before the log committed the move."""
+        if not self.completes:
+            return
+        epoch = int(self.state["epoch"])
+        for shown in self.completes:
+            atomic_link(self.path, self.run_dir / shown, sync_dir=False)
+        fsync_dir(self.path.parent)
+        for shown in self.completes:
+            run.emit("checkpoint", path=shown, sha256=self.sha256, epoch=epoch, kind=Path(shown).stem,
+                     completes=self.shown)
+        run.warn("resume", f"the commit of epoch {epoch_number(epoch)} was cut short after {self.shown} was "
+                           f"committed: {', '.join(self.completes)} now name it, as the log intended",
+                 completed=list(self.completes))
 
     def _quarantine(self, run: RunContext, d: DamagedState) -> None:
         moved = quarantine(self.run_dir, d)
@@ -237,15 +261,24 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
     for done in sorted((live[s] for s in intact), key=lambda c: -1 if c.epoch is None else c.epoch, reverse=True):
         path = run_dir / done.path
         try:
-            state = load_checkpoint(path, expected_sha256=done.sha256)
+            state = load_checkpoint(path, expected_sha256=done.sha256, verified=True)  # find_damaged hashed it
         except CheckpointError as exc:  # the committed bytes themselves do not load
             problems.append(str(exc))
             continue
         if own_log is not None:
             return Resumption(run_dir, path, done.path, done.sha256, state, rank_log_tail(run_dir, own_log))
-        res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged)
-        keep = intact | {p for d in damaged for p in d.paths}  # damaged files are moved aside, not deleted
-        res.removed = _remove_uncommitted(run_dir, path.parent, keep)
+        completes = _interrupted_roles(done, tail.ledger.live)  # all of the log: roles newer commits moved
+        damaged = _not_moved_roles(damaged, completes, done.sha256)
+        res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged, completes=completes)
+        keep = intact | {p for d in damaged for p in d.paths} | set(completes)  # damaged files are moved aside
+        res.removed, moved = _set_aside_uncommitted(run_dir, path.parent, keep)
+        res.announce += _missing_newer(done, live, intact, damaged, completes)
+        for _, said in res.announce:  # the resume event names the missing commit and the fallback too
+            res.notes.update({k: v for k, v in said.items() if k in ("missing", "missing_epoch",
+                                                                     "falls_back_to_epoch")})
+        if moved:
+            res.announce.append(_moved_notice(moved))
+            res.notes["uncommitted_moved_to"] = moved
         return res
     problems += [f"{', '.join(d.paths)}: the log committed sha256 {d.committed_sha256}, the file has "
                  f"{', '.join(dict.fromkeys(d.found_sha256))}" for d in damaged]
@@ -260,9 +293,13 @@ class Restart:
     run_dir: Path
     tail: LogTail
     removed: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)  # files the log never committed, set aside
 
     def restore(self, run: RunContext) -> None:
         """In ``train_begin``, where a resume restores: the log says the run starts over, and why."""
+        if self.moved:
+            event, payload = _moved_notice(self.moved)
+            run.emit(event, level="warning", **payload)
         run.emit("restart", level="warning", from_epoch=0, removed=self.removed, torn_line_bytes=self.tail.torn_bytes,
                  message=f"{self.run_dir}: its log committed no checkpoint to continue from (the run was stopped "
                          "before its first checkpoint): it starts over from epoch 0, in the same run directory")
@@ -286,7 +323,8 @@ def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Resta
     if own_log is not None:
         return Restart(run_dir, rank_log_tail(run_dir, own_log))
     tail = read_log_tail(run_dir)
-    return Restart(run_dir, tail, _remove_uncommitted(run_dir, run_dir / "checkpoints", set()))
+    removed, moved = _set_aside_uncommitted(run_dir, run_dir / "checkpoints", set())
+    return Restart(run_dir, tail, removed, moved)
 
 
 def rank_log_tail(run_dir: Path, name: str) -> LogTail:
@@ -296,14 +334,64 @@ def rank_log_tail(run_dir: Path, name: str) -> LogTail:
     return read_log_tail(run_dir, name)
 
 
-def _remove_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> list[str]:
-    """Delete the files of ours in ``folder`` but those in ``keep`` (the committed files, as the log
-    shows them): the rest the log never committed, or no longer does."""
+def _interrupted_roles(chosen: CommittedFile, live: Mapping[str, CommittedFile]) -> list[str]:
+    """The roles the log meant ``chosen`` to get (its ``roles``) that no commit gave it: a kill in
+    the commit window, between the epoch file's commit and its roles' moves or their commits."""
+    folder = PurePosixPath(chosen.path).parent
+    names = [str(folder / f"{role}.pt") for role in chosen.roles]
+    since = chosen.seq if chosen.seq is not None else -1
+    # A role committed after ``chosen`` (a newer epoch's, since damaged or gone) is no part of its commit.
+    return [n for n in names if n not in live or (live[n].sha256 != chosen.sha256 and (live[n].seq or 0) < since)]
+
+
+def _not_moved_roles(damaged: list[DamagedState], completes: list[str], sha: str) -> list[DamagedState]:
+    """``damaged`` without the role files that hold the bytes of the commit they complete: moved
+    there by the commit a kill cut short, not damaged."""
+    out: list[DamagedState] = []
+    for d in damaged:
+        left = [(p, f) for p, f in zip(d.paths, d.found_sha256, strict=True) if not (p in completes and f == sha)]
+        if left:
+            out.append(DamagedState(d.epoch, d.committed_sha256, tuple(p for p, _ in left), tuple(f for _, f in left)))
+    return out
+
+
+def _missing_newer(chosen: CommittedFile, live: Mapping[str, CommittedFile], intact: set[str],
+                   damaged: list[DamagedState], completes: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A warning naming the committed files newer than ``chosen`` that are gone (every name of a
+    newer state deleted): the run falls back to ``chosen``, and says so."""
+    moved = {p for d in damaged for p in d.paths} | set(completes) | intact
+    epoch = chosen.epoch if chosen.epoch is not None else -1
+    gone = sorted(s for s, c in live.items() if s not in moved and c.epoch is not None and c.epoch > epoch)
+    if not gone:
+        return []
+    newest = max(live[s].epoch or 0 for s in gone)
+    return [("warning", {"source": "resume", "missing": gone, "missing_epoch": newest,
+                         "falls_back_to": chosen.path, "falls_back_to_epoch": epoch,
+                         "message": f"committed checkpoint {', '.join(gone)} (epoch {epoch_number(newest)}) is "
+                                    f"missing: the run falls back to {chosen.path} (epoch {epoch_number(epoch)})"})]
+
+
+def _moved_notice(moved: list[str]) -> tuple[str, dict[str, Any]]:
+    return ("warning", {"source": "resume", "moved_to": moved,
+                        "message": f"{len(moved)} checkpoint file(s) the log never committed moved to "
+                                   f"{os.path.dirname(moved[0])}/ (kept, not loaded): {', '.join(moved)}"})
+
+
+def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple[list[str], list[str]]:
+    """Set aside the files of ours in ``folder`` but those in ``keep`` (the committed files, as the
+    log shows them), which the log never committed or no longer does: a temp file a write left is
+    removed; any other file is moved to ``uncommitted/`` beside them, kept as evidence. Returns what
+    left the folder (removed or moved) and where the moved ones went, as the log shows paths."""
     kept = {os.path.abspath(run_dir / s) for s in keep}
-    out: list[str] = []
+    removed: list[str] = []
+    stray: list[str] = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if not path.is_file() or not _OURS.match(path.name) or os.path.abspath(path) in kept:
             continue
-        path.unlink()
-        out.append(os.path.relpath(path, run_dir))
-    return out
+        removed.append(os.path.relpath(path, run_dir))
+        if path.name.endswith(".tmp"):
+            path.unlink()
+        else:
+            stray.append(removed[-1])
+    moved = list(quarantine(run_dir, DamagedState(None, "", tuple(stray), ()), UNCOMMITTED_DIR)) if stray else []
+    return removed, moved

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -21,6 +22,8 @@ from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
 __all__ = ["CheckpointWrite", "verify_checkpoints"]
+
+_CHECKPOINT_NAME = re.compile(r"^(epoch_\d+|latest|best)\.pt$")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
         if damaged is not None and rel in damaged:
             out += _quarantined(base, rel, damaged[rel])
             continue
-        file = Path(rel) if Path(rel).is_absolute() else base / rel
+        file = _file(base, rel)
         if not file.is_file():
             ex.checkpoints_missing += 1
             missing.append((rel, w.line))
@@ -85,7 +88,8 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
         changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
         out.append(_differs(log, rel, w, actual, file, chain, killed, changed))
     later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
-    return out + _missing(missing, allow_missing, later)
+    return (out + _missing(missing, allow_missing, later) + _newest_missing(base, writes, removed, damaged or {})
+            + _strays(base, writes, removed))
 
 
 def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list[Finding]:
@@ -98,6 +102,40 @@ def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list
     return [Finding("checkpoint", f"checkpoint {rel} is not present, and the run did not remove it: committed state "
                     "is missing (pass --allow-missing if it was moved or deleted on purpose)", line)
             for rel, line in missing]
+
+
+def _file(base: Path, rel: str) -> Path:
+    return Path(rel) if Path(rel).is_absolute() else base / rel
+
+
+def _newest_missing(base: Path, writes: Mapping[str, CheckpointWrite], removed: Mapping[str, int],
+                    damaged: Mapping[str, Damaged]) -> list[Finding]:
+    """Every name of the newest state the log commits is gone: a resume falls back to an older one."""
+    live = {rel: w for rel, w in writes.items() if rel not in removed and rel not in damaged and w.epoch is not None}
+    if not live:
+        return []
+    newest = max(w.epoch or 0 for w in live.values())
+    names = sorted(rel for rel, w in live.items() if w.epoch == newest)
+    if any(_file(base, rel).is_file() for rel in names):
+        return []
+    return [Finding("checkpoint", f"the newest committed state (epoch {epoch_number(newest)}: {', '.join(names)}) "
+                    "is missing, every name of it: a resume falls back to an older state",
+                    max(live[rel].line for rel in names), Severity.WARNING)]
+
+
+def _strays(base: Path, writes: Mapping[str, CheckpointWrite], removed: Mapping[str, int]) -> list[Finding]:
+    """Checkpoint files beside the committed ones that the log does not commit (never, or no
+    longer): a write a kill cut short, or a planted file. A resume moves them to ``uncommitted/``."""
+    folders = {_file(base, rel).parent for rel in writes}
+    out: list[Finding] = []
+    for folder in sorted(f for f in folders if f.is_dir()):
+        for path in sorted(folder.iterdir()):
+            rel = str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+            if path.is_file() and _CHECKPOINT_NAME.match(path.name) and (rel not in writes or rel in removed):
+                out.append(Finding("checkpoint", f"{rel} is in the checkpoint folder, but the log does not commit "
+                                   "it: a write a kill cut short, or a file put there; a resume moves it to "
+                                   "uncommitted/", None, Severity.WARNING))
+    return out
 
 
 def _differs(log: Path, rel: str, w: CheckpointWrite, actual: str, file: Path, chain: ChainCheck,
