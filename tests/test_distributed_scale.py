@@ -163,6 +163,10 @@ def test_two_nodes_on_local_disks_audit_as_one_run(runs: _Runs, tmp_path: Path) 
 def test_a_rank_that_dies_is_restarted_and_the_run_resumes_by_itself(runs: _Runs) -> None:
     run, out = runs.elastic(epoch=2)  # os._exit(1) at the start of epoch 3
     assert "elastic restart 1 of 2: continuing" in out
+    # The console says what happened: the attempt that lost a rank is restarted by the agent, then
+    # the run completes; the one exit line is the completed run's.
+    assert "the elastic agent restarts every rank (restart 1 of 2)" in out, out[-4000:]
+    assert [line for line in out.splitlines() if "exit code" in line] == ["exit code 0 (OK)"], out[-4000:]
     resumes = [e["payload"] for e in events(run / "events.jsonl", "resume")]
     assert [r["restart"] for r in resumes] == [1]
     last = log(run / "events.jsonl")[-1]

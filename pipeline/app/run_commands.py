@@ -168,7 +168,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> int:
     from fsmtrain.app.job import RunPick, pick_run_dir, run_name_for, runs_root, train_seed
-    from fsmtrain.app.launch import elastic_attempt, worker_place
+    from fsmtrain.app.launch import elastic_attempt, elastic_restart_line, worker_place
     from fsmtrain.core.engine import Interrupted
 
     lead = collective is None or collective.rank == 0  # the one console of a multi-process run
@@ -226,7 +226,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, collective: Any) -> i
         spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
         print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
     code = worst(codes)
-    print(f"exit code {int(code)} ({code.name})", file=out)
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
 
 
@@ -272,7 +272,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collective: Any) -> int:
     from fsmtrain.app.job import train_seed
-    from fsmtrain.app.launch import elastic_attempt, worker_place
+    from fsmtrain.app.launch import elastic_attempt, elastic_restart_line, worker_place
 
     ranks = collective.world_size if collective is not None else 1
     lead = collective is None or collective.rank == 0
@@ -292,7 +292,7 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, collecti
     run = train_seed(cfg, seed, run_dir, extra_callbacks=_display_callbacks(), resume=True, extras=extras,
                      announce=announce)
     code = _describe_seed(run, out)
-    print(f"exit code {int(code)} ({code.name})", file=out)
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
 
 

@@ -46,6 +46,7 @@ class SignalLatch:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.count = 0
+        self.expected: str | None = None  # what a signal now means, when the command knows one is coming
         self._listeners: list[Callable[[int], None]] = []
         self._previous: dict[signal.Signals, Any] = {}
 
@@ -73,6 +74,13 @@ class SignalLatch:
         """Honour a latched signal here: raise :class:`~fsmtrain.core.engine.Interrupted`."""
         if self.signum is not None:
             raise Interrupted(self.signum)
+
+    def said(self, final: int) -> str:
+        """The line that names the signal received: its exit status, or what it was expected as
+        (:attr:`expected`, set where the command has said its last word already)."""
+        if self.expected is not None:
+            return f"fsmtrain: {self.name} received: {self.expected}"
+        return f"fsmtrain: {self.name} received; exit code {final}"
 
     def exit_status(self, code: int) -> int:
         """The command's exit status: 128 + the first signal when one was received, else ``code``."""
@@ -107,7 +115,7 @@ class SignalLatch:
             final = self.exit_status(code)
             with contextlib.suppress(Exception):
                 if final != code:
-                    print(f"fsmtrain: {self.name} received; exit code {final}", file=sys.stderr)
+                    print(self.said(final), file=sys.stderr)
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
