@@ -131,16 +131,21 @@ def elastic_attempt() -> ElasticAttempt | None:
 
 
 def elastic_restart_line(code: int) -> str | None:
-    """What a failed attempt under an elastic agent with restarts left prints in place of its exit
-    line: the agent restarts every rank, so this is not the run's end (the restarted attempt's exit
-    line is). The agent's SIGTERM to this rank, which follows, is then named as such. None otherwise."""
+    """A rank under an agent whose attempt failed (status ``code``): the agent now ends every rank
+    of the attempt with SIGTERM, which this rank then names as such, not as a second exit status.
+    With restarts left, the line to print in place of the exit line: the agent restarts every rank,
+    so this is not the run's end (the restarted attempt's exit line is). None: print the exit line."""
     attempt = elastic_attempt()
-    if attempt is None or attempt.restart >= attempt.max_restarts or not 0 < code < 128:
+    if attempt is None or not 0 < code < 128:
         return None
     from fsmtrain.core import signal_latch
 
-    nth = f"restart {attempt.restart + 1} of {attempt.max_restarts}"
     latch = signal_latch.installed()
+    if attempt.restart >= attempt.max_restarts:
+        if latch is not None:
+            latch.expected = "the agent ending every rank of the failed attempt, after this rank's exit line"
+        return None
+    nth = f"restart {attempt.restart + 1} of {attempt.max_restarts}"
     if latch is not None:
         latch.expected = f"the elastic agent stopping this attempt's ranks for its {nth}"
     return (f"this attempt ended with status {code}; the elastic agent restarts every rank ({nth}) and the run "
