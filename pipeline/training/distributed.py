@@ -280,7 +280,7 @@ class _ShardedSampler(Sampler[int]):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             drawn = list(self.inner)
-        drawn += drawn[: -len(drawn) % self.world]
+        drawn += (drawn * self.world)[: -len(drawn) % self.world]  # padded with its own start, as DistributedSampler
         return iter(drawn[self.rank::self.world])
 
 
