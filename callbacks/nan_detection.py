@@ -6,6 +6,7 @@ import math
 
 from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import Tier, TrainingCallback
+from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.core.stop import StopReason
 
 __all__ = ["NaNDetectionCallback"]
@@ -13,7 +14,9 @@ __all__ = ["NaNDetectionCallback"]
 
 class NaNDetectionCallback(TrainingCallback):
     """On ``on_epoch_end`` (first, priority 5): a NaN or ±inf ``train_loss`` or ``val_loss``
-    requests stop NAN, not immediate, so the epoch's logging and checkpoint still run."""
+    requests stop NAN, not immediate, so the epoch's logging and checkpoint still run. On several
+    ranks a NaN reaches every rank's sums; only the rank whose own loss went non-finite first asks,
+    so the stop names the rank where it began."""
 
     priority = 5
     tier = Tier.CORE
@@ -22,5 +25,10 @@ class NaNDetectionCallback(TrainingCallback):
         for key in ("train_loss", "val_loss"):
             value = epoch.metrics.get(key)
             if value is not None and not math.isfinite(value):
-                epoch.request_stop(StopReason.NAN, self.name, f"{key} is {value} in epoch {epoch.number}")
+                message, origin = f"{key} is {value} in epoch {epoch.number}", epoch.run.get(NONFINITE_ORIGIN)
+                if key == "train_loss" and origin is not None:
+                    if origin[0] != int(epoch.run.extras.get("rank", 0)):
+                        return  # that rank asks
+                    message += f", first on rank {origin[0]} (its own loss at batch {origin[1] + 1})"
+                epoch.request_stop(StopReason.NAN, self.name, message)
                 return

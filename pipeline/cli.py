@@ -182,7 +182,7 @@ def _exit_status(code: int, owns_process: bool) -> int:
     signals = installed()
     final = code if signals is None else signals.exit_status(code)
     if final != code and signals is not None:
-        print(f"fsmtrain: {signals.name} received; exit code {final}", file=sys.stderr, flush=True)
+        print(signals.said(final), file=sys.stderr, flush=True)
     _give_back_signals(owns_process)
     if owns_process:  # what is left is freed with the process: the interpreter's last collection skips it
         gc.freeze()

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.stop import StopReason
+from fsmtrain.training.data import Loaders
 
 
 def _rank(run: RunContext) -> int:
@@ -191,3 +193,34 @@ class KillAfterCommit(TrainingCallback):
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.02)
         raise AssertionError(f"rank 0 never committed the checkpoint of epoch index {self.epoch}")
+
+
+def weighted_regression(*, batch_size: int, seed: int, n_samples: int = 256, **_: object) -> Loaders:
+    """A loader with a user's ``WeightedRandomSampler`` that never draws the odd rows, whose
+    targets are NaN: a rank that trains on any row its sampler would not draw reports a NaN loss.
+    Each row's first feature is its index, for a test that reads which rows a rank saw."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_samples, 8, generator=g)
+    x[:, 0] = torch.arange(n_samples, dtype=torch.float32)
+    y = x[:, 1:2].clone()
+    y[1::2] = math.nan
+    weights = [1.0 if i % 2 == 0 else 0.0 for i in range(n_samples)]
+    sampler = WeightedRandomSampler(weights, num_samples=n_samples // 2, replacement=True)
+    train = DataLoader(TensorDataset(x, y), batch_size=batch_size, sampler=sampler)
+    val = DataLoader(TensorDataset(x[::2], y[::2]), batch_size=batch_size)
+    return Loaders(train, val)
+
+
+class RecordRows(TrainingCallback):
+    """Appends ``<epoch index> <row>`` for every training row (its first feature, as
+    :func:`weighted_regression` builds it) to ``<folder>/rows-rank<r>.txt``."""
+
+    priority = 61
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_batch_begin(self, step: StepContext) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"rows-rank{_rank(step.run)}.txt", "a") as fh:
+            fh.writelines(f"{step.epoch.index} {int(row)}\n" for row in step.batch[0][:, 0].tolist())

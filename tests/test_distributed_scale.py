@@ -10,7 +10,7 @@
 - **Elastic restarts.** Under ``torchrun --max-restarts 2``, a callback that kills its own rank once
   (``os._exit(1)`` at epoch 3) gives a run that completes, with the weights of an uninterrupted run,
   bitwise, and one ``resume`` with restart count 1 in its log. Killed before the first checkpoint,
-  the run starts from the beginning, and says so.
+  the run starts from the beginning, and says so. The console has one exit line, the last attempt's.
 - **Ranks say what they change.** ``--nproc 2`` prints the global batch (per rank x ranks x
   accumulation), records it in ``run_start`` and the report shows it; a user callback's ``print``
   comes once per rank, the other ranks' tagged ``[rank r]``, never two on one line.
@@ -163,6 +163,10 @@ def test_two_nodes_on_local_disks_audit_as_one_run(runs: _Runs, tmp_path: Path) 
 def test_a_rank_that_dies_is_restarted_and_the_run_resumes_by_itself(runs: _Runs) -> None:
     run, out = runs.elastic(epoch=2)  # os._exit(1) at the start of epoch 3
     assert "elastic restart 1 of 2: continuing" in out
+    # The console says what happened: the attempt that lost a rank is restarted by the agent, then
+    # the run completes; the one exit line is the completed run's.
+    assert "the elastic agent restarts every rank (restart 1 of 2)" in out, out[-4000:]
+    assert [line for line in out.splitlines() if "exit code" in line] == ["exit code 0 (OK)"], out[-4000:]
     resumes = [e["payload"] for e in events(run / "events.jsonl", "resume")]
     assert [r["restart"] for r in resumes] == [1]
     last = log(run / "events.jsonl")[-1]
@@ -182,6 +186,21 @@ def test_a_rank_that_dies_before_the_first_checkpoint_restarts_from_the_beginnin
     assert elastic["restart"] == 1 and "starts from the beginning" in elastic["note"]
     assert events(run / "events.jsonl", "resume") == []
     assert log(run / "events.jsonl")[-1]["payload"]["stop_reason"] == "completed"
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_fails_in_every_attempt_ends_the_run_with_one_exit_line(tmp_path: Path) -> None:
+    raise_ = {"target": "tests.dist_support.RaiseOnRank", "kwargs": {"rank": 1, "epoch": 1}}
+    cfg = _config(tmp_path, raise_)
+    proc = torchrun("--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "-m", "fsmtrain", "train", str(cfg),
+                    cwd=tmp_path)
+    out, _ = finish(proc, 250)
+    assert proc.returncode == 1, out[-4000:]
+    # The first attempt is restarted, the second ends the run: rank 0 names the agent's SIGTERM
+    # that ends each attempt, and says one exit status, the last attempt's.
+    assert "the elastic agent restarts every rank (restart 1 of 1)" in out, out[-4000:]
+    assert [line for line in out.splitlines() if "exit code" in line] == ["exit code 1 (ERROR)"], out[-4000:]
+    assert "fsmtrain: SIGTERM received: the agent ending every rank of the failed attempt" in out, out[-4000:]
 
 
 # --- what ranks change --------------------------------------------------------------------------

@@ -88,11 +88,16 @@ def test_nan_on_one_rank_passes_the_audit(runs: _Runs) -> None:
     done, _, run = runs.get("nan")
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     clean(done)
-    told = [r["payload"] for r in events(run / "events-rank1.jsonl", "stop_request") if r["payload"]["accepted"]]
-    assert (told[-1]["reason"], told[-1]["rank"], told[-1]["overrides"]) == ("nan", 0, "nan")
+    # Rank 1's weights went NaN; DDP carried it to rank 0 a batch later: the stop names rank 1.
+    told = [r["payload"] for r in events(run / "events.jsonl", "stop_request") if r["payload"]["accepted"]]
+    assert (told[-1]["reason"], told[-1].get("rank")) == ("nan", 1), told
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        result = _last(run / name)["payload"]
+        assert result["stop_reason"] == "nan" and "first on rank 1" in result["stop_message"], (name, result)
+    assert "first on rank 1" in done.stdout and "from rank 0" not in done.stdout, done.stdout[-3000:]
     audit = _audit(run)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert "ended: nan from rank 0 (NaNDetectionCallback" in audit.stdout
+    assert "ended: nan from rank 1 (NaNDetectionCallback" in audit.stdout
     _replays(run)
 
 

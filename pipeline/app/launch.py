@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from fsmtrain.training.distributed import TorchCollective
 
 __all__ = [
-    "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_run_dir", "has_committed_checkpoint", "join_ranks",
-    "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
+    "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_restart_line", "elastic_run_dir", "has_committed_checkpoint",
+    "join_ranks", "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
 ]
 
 # The options that start workers: the workers' own command line has none of them.
@@ -122,6 +122,28 @@ def elastic_attempt() -> ElasticAttempt | None:
         return None
     most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
     return ElasticAttempt(run_id, int(restart), int(most) if most.isdigit() else 0)
+
+
+def elastic_restart_line(code: int) -> str | None:
+    """A rank under an agent whose attempt failed (status ``code``): the agent now ends every rank
+    of the attempt with SIGTERM, which this rank then names as such, not as a second exit status.
+    With restarts left, the line to print in place of the exit line: the agent restarts every rank,
+    so this is not the run's end (the restarted attempt's exit line is). None: print the exit line."""
+    attempt = elastic_attempt()
+    if attempt is None or not 0 < code < 128:
+        return None
+    from fsmtrain.core.signals import installed
+
+    latch = installed()
+    if attempt.restart >= attempt.max_restarts:
+        if latch is not None:
+            latch.expected = "the agent ending every rank of the failed attempt, after this rank's exit line"
+        return None
+    nth = f"restart {attempt.restart + 1} of {attempt.max_restarts}"
+    if latch is not None:
+        latch.expected = f"the elastic agent stopping this attempt's ranks for its {nth}"
+    return (f"this attempt ended with status {code}; the elastic agent restarts every rank ({nth}) and the run "
+            f"goes on in the next attempt")
 
 
 def _payloads(log: Path, event: str) -> Iterator[dict[str, Any]]:

@@ -185,6 +185,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import RunPick, pick_run_dir, train_seed
+    from fsmtrain.app.launch import elastic_restart_line
     from fsmtrain.core.engine import Interrupted
 
     out, collective, extras = place.out, place.collective, place.extras
@@ -235,7 +236,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
         spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
         print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
     code = worst(codes)
-    print(f"exit code {int(code)} ({code.name})", file=out)
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
 
 
@@ -279,6 +280,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import train_seed
+    from fsmtrain.app.launch import elastic_restart_line
 
     out, ranks = place.out, place.ranks
 
@@ -292,7 +294,7 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _
     run = train_seed(cfg, seed, run_dir, extra_callbacks=console_callbacks(), resume=True, extras=place.extras,
                      announce=announce)
     code = _describe_seed(run, out)
-    print(f"exit code {int(code)} ({code.name})", file=out)
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
 
 

@@ -155,6 +155,8 @@ class Trainer:
             train_model=torch.compile(train_model or self.model) if compile else train_model,  # type: ignore[arg-type]
             all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
             precision=self.precision,
+            rank=0 if self.collective is None else self.collective.rank,
+            world_size=1 if self.collective is None else self.collective.world_size,
         )
 
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,

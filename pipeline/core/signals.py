@@ -38,6 +38,7 @@ class Signals:
         self.run: RunContext | None = None
         self.previous: dict[signal.Signals, Any] = {sig: signal.getsignal(sig) for sig in HANDLED}
         self.owns_process = owns_process
+        self.expected: str | None = None  # what a signal now means, when the command knows one is coming
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
@@ -61,6 +62,13 @@ class Signals:
         """Honour a recorded signal here: raise :class:`~fsmtrain.core.engine.Interrupted`."""
         if self.signum is not None:
             raise Interrupted(self.signum)
+
+    def said(self, final: int) -> str:
+        """The line that names the signal received: its exit status, or what it was expected as
+        (:attr:`expected`, set where the command has said its last word already)."""
+        if self.expected is not None:
+            return f"fsmtrain: {self.name} received: {self.expected}"
+        return f"fsmtrain: {self.name} received; exit code {final}"
 
     def exit_status(self, code: int) -> int:
         """The command's exit status: 128 + the first signal when one was received, else ``code``."""

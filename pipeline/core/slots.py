@@ -25,3 +25,6 @@ OVERFIT_GAP_RATIO: Slot[float] = Slot("overfit_gap_ratio", doc="val_loss / train
 LOSS_PREDICTION: Slot[LossPrediction] = Slot("loss_prediction", doc="extrapolated final val loss")
 EARLY_STOPPING_WAIT: Slot[int] = Slot(
     "early_stopping_wait", doc="epochs in a row without improvement of the early-stopping monitor (stops at patience)")
+NONFINITE_ORIGIN: Slot[list[int]] = Slot(
+    "nonfinite_origin", doc="[rank, batch index] where a rank's own training loss first went non-finite this epoch "
+    "(several ranks: the NaN begun there, before the ranks' sums carried it to every rank)")

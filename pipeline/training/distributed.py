@@ -12,18 +12,19 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
+from fsmtrain.training.driver import epoch_seed
 
 __all__ = [
     "DistributedOptions", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
@@ -244,12 +245,43 @@ class _WrappingDistributedSampler(DistributedSampler[T]):
 
 
 def _loader_like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[Any]:
+    """``loader`` over ``sampler``, with every other setting of its own."""
+    workers = loader.num_workers > 0
     return DataLoader(
         loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
         timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor if workers else None,
+        persistent_workers=loader.persistent_workers if workers else False,
+        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
     )
+
+
+class _ShardedSampler(Sampler[int]):
+    """One rank's share of a user's own sampler: every ``world``-th index of its draw, padded (as
+    ``DistributedSampler`` pads) to equal shards. Each rank draws the whole epoch alike: the global
+    RNG and the sampler's own generator, if it has one, are seeded by the data seed and the epoch."""
+
+    def __init__(self, inner: Sampler[int], rank: int, world: int, seed: int) -> None:
+        self.inner, self.rank, self.world, self.seed, self.epoch = inner, rank, world, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-len(cast(Sized, self.inner)) // self.world)
+
+    def __iter__(self) -> Iterator[int]:
+        seed = epoch_seed(self.seed, self.epoch)
+        gen = getattr(self.inner, "generator", None)
+        if isinstance(gen, torch.Generator):
+            gen.manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            drawn = list(self.inner)
+        drawn += (drawn * self.world)[: -len(drawn) % self.world]  # padded with its own start, as DistributedSampler
+        return iter(drawn[self.rank::self.world])
 
 
 def _shardable(loader: Any, what: str) -> DataLoader[Any]:
@@ -261,8 +293,11 @@ def _shardable(loader: Any, what: str) -> DataLoader[Any]:
 
 def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoader[Any]:
     """This rank's share of the training data: equal, padded shards; shuffled (if the loader was)
-    by ``seed`` and the epoch the driver sets."""
+    by ``seed`` and the epoch the driver sets. A sampler of the user's own (weighted, say) is kept:
+    each rank takes its share of that sampler's draw."""
     loader = _shardable(loader, "training")
+    if type(loader.sampler) not in (RandomSampler, SequentialSampler):
+        return _loader_like(loader, _ShardedSampler(loader.sampler, rank, world, seed))  # the user's own: kept
     shuffle = isinstance(loader.sampler, RandomSampler)
     sampler: DistributedSampler[Any] = _WrappingDistributedSampler(
         loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)

@@ -9,6 +9,7 @@ the batch path syncs the host.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
+from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.precision import PrecisionPolicy
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
@@ -59,17 +61,22 @@ class TorchDriver:
         train_model: nn.Module | None = None,
         all_reduce: Callable[[torch.Tensor], None] | None = None,
         precision: PrecisionPolicy | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         """``train_model``: what the training forward runs (``model`` wrapped, e.g. in
         DistributedDataParallel); ``all_reduce``: sums a tensor over the ranks in place, so each
         epoch's metrics are global sums over global counts (one call per epoch each for train
-        and validation). ``precision``: mixed precision (autocast, and fp16's loss scaling)."""
+        and validation). ``precision``: mixed precision (autocast, and fp16's loss scaling).
+        ``rank``, ``world_size``: this process's place, to say which rank's loss went non-finite first."""
         self.model = model
         self.precision = precision if precision is not None and precision.enabled else None
         # fp16 overflow skips a batch's optimizer step through the step context's flags
         self.sets_step_flags = self.precision is not None and self.precision.scaler is not None
         self.train_model = model if train_model is None else train_model
         self.all_reduce = all_reduce
+        self.rank, self.world_size = rank, world_size
+        self._first_bad: torch.Tensor | None = None  # the first batch with a non-finite loss, on the device
         no_sync = getattr(self.train_model, "no_sync", None)
         self._no_sync: Callable[[], Any] | None = no_sync if callable(no_sync) else None
         self.optimizer = optimizer
@@ -129,6 +136,8 @@ class TorchDriver:
             gen.manual_seed(epoch_seed(int(seed), epoch.index))
         self._loss_sum = torch.zeros((), device=self.device)
         self._seen = 0
+        if self.world_size > 1:
+            self._first_bad = torch.full((), math.inf, device=self.device)
         return iter(self.train_loader)
 
     def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
@@ -150,6 +159,9 @@ class TorchDriver:
         step.output, step.loss, _, n = self._run(self.train_model, step.batch)
         self._loss_sum += step.loss.detach() * n
         self._seen += n
+        if self._first_bad is not None:  # kept on the device: no synchronisation per batch
+            here = torch.where(torch.isfinite(step.loss.detach()), math.inf, float(step.batch_index))
+            self._first_bad = torch.minimum(self._first_bad, here)
 
     def backward(self, step: StepContext) -> None:
         if self._no_sync is not None and step.skip_optimizer_step:
@@ -184,7 +196,16 @@ class TorchDriver:
         return both[:-1], float(both[-1].item())
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        total, seen = self._global(self._loss_sum, self._seen)
+        sums = self._loss_sum.reshape(1)
+        if self._first_bad is not None:  # each rank's first non-finite batch, in its own slot
+            slots = torch.zeros(self.world_size, device=self.device)
+            slots[self.rank] = self._first_bad
+            sums = torch.cat([sums.float(), slots])
+        both, seen = self._global(sums, self._seen)
+        total, firsts = both[0], both[1:].tolist()
+        if firsts and min(firsts) < math.inf:
+            batch, rank = min((int(b), r) for r, b in enumerate(firsts) if b < math.inf)
+            epoch.run.set(NONFINITE_ORIGIN, [rank, batch])
         if seen == 0:
             return {}
         return {"train_loss": float((total / seen).item())}
