@@ -132,13 +132,14 @@ def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline:
     return signal_if_alive(proc, moment.sig)
 
 
-def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes) -> None:
-    """A caught signal ends the process with 128 + its number; after the ``result`` line, once the
-    status is decided, the signal's default action may end it (a shell shows 128 + it as well)."""
+def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes, wrote_result: bool) -> None:
+    """A caught signal ends the process with 128 + its number. Once this process has written its
+    ``result`` line (a short resume can get there before a delayed signal lands), the status is
+    decided and the signal's default action may end it: a shell shows 128 + it as well."""
     if moment.sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL, (str(moment), proc.returncode, err.decode()[-2000:])
         return
-    if moment.stage == "result" and proc.returncode == -moment.sig:
+    if wrote_result and proc.returncode == -moment.sig:
         return
     assert proc.returncode == 128 + moment.sig, (str(moment), proc.returncode, err.decode()[-2000:])
 
@@ -169,10 +170,11 @@ def kill_until_done(config: Path, cwd: Path, run: Path, kills: int, seed: int, e
         proc = _next_process(config, cwd, run, sets, log)
         if len(log.kills) < kills:
             moment = draw(rng, run, epochs)
+            results = _count(run, b'"event":"result"')
             if _kill_at(moment, proc, run, deadline):
                 _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
                 if not (proc.returncode == 0 and moment.stage == "result"):  # else it exited as the signal went
-                    _check_exit(moment, proc, err)
+                    _check_exit(moment, proc, err, _count(run, b'"event":"result"') > results)
                     log.kills.append(f"{moment} -> {proc.returncode} ({log.processes[-1]})")
                     continue
         _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))  # (again, if it ended: no output)

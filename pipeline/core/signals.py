@@ -32,8 +32,9 @@ HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 class Signals:
     """The signals a command received (``signum``: the first) and the run that gets them now."""
 
-    def __init__(self, owns_process: bool) -> None:
+    def __init__(self, owns_process: bool, escalate: bool = True) -> None:
         self.signum: int | None = None
+        self.escalate = escalate  # a second SIGINT interrupts at once (not in an hpo worker: see caught)
         self.sigints = 0
         self.run: RunContext | None = None
         self.previous: dict[signal.Signals, Any] = {sig: signal.getsignal(sig) for sig in HANDLED}
@@ -46,7 +47,7 @@ class Signals:
         run = self.run
         if run is not None and run.pending_signal is None:
             run.pending_signal = signum
-        if signum != signal.SIGINT:
+        if signum != signal.SIGINT or not self.escalate:
             return
         self.sigints += 1
         if self.sigints == 2:  # the next one gets the handler found before, or the default action
@@ -83,14 +84,14 @@ def _handler(previous: dict[signal.Signals, Any], sig: int) -> Any:
 _installed: Signals | None = None
 
 
-def install(owns_process: bool = False) -> Signals | None:
+def install(owns_process: bool = False, escalate: bool = True) -> Signals | None:
     """Handle SIGINT and SIGTERM in this process (main thread only: Python delivers signals there;
     elsewhere None). Installed already: that one."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return None
     if _installed is None:
-        _installed = Signals(owns_process)
+        _installed = Signals(owns_process, escalate)
         for sig in HANDLED:
             signal.signal(sig, _installed.handle)
     return _installed
@@ -111,13 +112,15 @@ def uninstall(default: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def caught() -> Iterator[Signals | None]:
+def caught(escalate: bool = True) -> Iterator[Signals | None]:
     """The process's :class:`Signals` for the block: the command's (kept after the block), or ones
-    installed for the block and uninstalled after it (None off the main thread)."""
+    installed for the block and uninstalled after it (None off the main thread). ``escalate=False``:
+    a second SIGINT is only recorded, for an hpo worker, which gets a terminal's Ctrl-C and the one
+    its study forwards, and whose study ends it when it does not stop."""
     if _installed is not None:
         yield _installed
         return
-    signals = install()
+    signals = install(escalate=escalate)
     try:
         yield signals
     finally:

@@ -98,7 +98,7 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
     the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
     trials running elsewhere, whose retries it may still have to run. A caught signal raises
     :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
-    with caught() as signals:
+    with caught(escalate=False) as signals:
         stop_here = signals.raise_if_signalled if signals is not None else _go_on
         _run_trials(plan, tickets, index, stop_here)
         stop_here()  # a signal after the last trial ended: the command still ends interrupted
