@@ -180,10 +180,10 @@ def _exit_status(code: int, owns_process: bool) -> int:
 
     stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
     signals = installed()
+    _give_back_signals(owns_process)  # first: a signal from here on is the default action, not a lost one
     final = code if signals is None else signals.exit_status(code)
     if final != code and signals is not None:
         print(signals.said(final), file=sys.stderr, flush=True)
-    _give_back_signals(owns_process)
     if owns_process:  # what is left is freed with the process: the interpreter's last collection skips it
         gc.freeze()
     if stuck:

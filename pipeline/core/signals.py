@@ -5,8 +5,9 @@ start-up honours it at its checks (:meth:`Signals.raise_if_signalled`), a run ge
 ``RunContext.pending_signal`` and ends INTERRUPTED at its next safe point, teardown and ``result``
 included; the command exits 128 + the signal (:meth:`Signals.exit_status`). A second SIGINT while a
 run trains raises ``KeyboardInterrupt`` at once, so a hung batch or collective ends (the teardown
-still runs). A third gets the handler found before (a notebook kernel's), or in the ``fsmtrain``
-process the default action. After the command the handlers found are back (:func:`uninstall`).
+still runs; in the teardown a second one is only recorded, so it cannot cut the ``result`` short).
+A third gets the handler found before (a notebook kernel's), or in the ``fsmtrain`` process the
+default action. After the command the handlers found are back (:func:`uninstall`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.lifecycle import FINAL
 
 if TYPE_CHECKING:
     from fsmtrain.core.context import RunContext
@@ -52,7 +54,7 @@ class Signals:
         self.sigints += 1
         if self.sigints == 2:  # the next one gets the handler found before, or the default action
             signal.signal(signal.SIGINT, signal.SIG_DFL if self.owns_process else _handler(self.previous, signum))
-            if run is not None:
+            if run is not None and run.phase is not FINAL:  # in the teardown it would cut the result short
                 signal.default_int_handler(signum, frame)
 
     @property
