@@ -200,10 +200,13 @@ def test_a_rank_that_fails_in_every_attempt_ends_the_run_with_one_exit_line(tmp_
     # that ends each attempt, and says one exit status, the last attempt's.
     assert "the elastic agent restarts every rank (restart 1 of 1)" in out, out[-4000:]
     assert [line for line in out.splitlines() if "exit code" in line] == ["exit code 1 (ERROR)"], out[-4000:]
-    # The agent's SIGTERM: named as the agent's when it comes before rank 0's status is decided, else
-    # the default action ends the process (no line at all); never a second exit status.
+    # The agent's SIGTERM: named as the agent's (stopping the attempt for its restart, or ending the
+    # last one) when it comes before rank 0's status is decided, else the default action ends the
+    # process (no line at all); never a second exit status.
     said = [line for line in out.splitlines() if "SIGTERM received" in line]
-    assert all("the agent ending every rank of the failed attempt" in line for line in said), out[-4000:]
+    agent = ("the elastic agent stopping this attempt's ranks for its restart 1 of 1",
+             "the agent ending every rank of the failed attempt")
+    assert all(any(f"SIGTERM received: {why}" in line for why in agent) for line in said), out[-4000:]
 
 
 # --- what ranks change --------------------------------------------------------------------------
