@@ -19,14 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fsmtrain.app import run_commands
-from fsmtrain.app.commands import (
-    ExitCode,
-    UsageError,
-    config_args,
-    exit_code_for,
-    load_config_of,
-    print_warnings,
-)
+from fsmtrain.app.run_commands import ExitCode, UsageError, config_args, exit_code_for, load_config_of, print_warnings
 
 __all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
 
@@ -117,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
 _USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
-                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.commands", "UsageError"))
+                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:

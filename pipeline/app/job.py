@@ -1,7 +1,5 @@
-"""The main job: build everything a config names and train one seed into its run directory
-(``fsmtrain train``, ``resume``, ``preflight`` and the HPO trials). Everything is built before the
-run directory is claimed, so a config that cannot be built leaves nothing on disk.
-"""
+"""One seed's job: build everything a config names, claim its run directory, train (``fsmtrain
+train``, ``resume``, ``preflight`` and the HPO trials)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 import yaml
@@ -23,7 +21,6 @@ from fsmtrain.app.config import (
     ConfigProblem,
     RunConfig,
     build_criterion,
-    build_data,
     build_metrics,
     build_model,
     build_optimizer,
@@ -34,7 +31,7 @@ from fsmtrain.app.config import (
     user_folders,
 )
 from fsmtrain.app.config.blame import blamed
-from fsmtrain.app.config.checks import check_data_arguments, checked_callbacks, data_failure
+from fsmtrain.app.config.checks import check_data, checked_callbacks
 from fsmtrain.app.config.schema import TRAINING_FIELDS
 from fsmtrain.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free, run_started
@@ -80,28 +77,9 @@ def _built(path: str, what: str, fn: Callable[[], Any]) -> Any:
         raise ConfigError([ConfigProblem(path, f"arguments {what} accepts", f"{type(exc).__name__}: {exc}")]) from exc
 
 
-class DataBuilderError(RuntimeError):
-    """The data builder raised (its own error is the ``__cause__``, traceback included)."""
-
-
-class DataBuildFailed:
-    """Stands in for the loaders when the data builder raised (not an argument problem): the run
-    starts, and its first epoch raises the builder's error inside the machine, so the run ends
-    ERROR with the traceback in ``events.jsonl`` (a missing CSV is a failed run, not a crash)."""
-
-    def __init__(self, builder: str, error: Exception) -> None:
-        self.builder, self.error = builder, error
-
-    def __iter__(self) -> Any:
-        raise DataBuilderError(f"the data builder {self.builder} raised {type(self.error).__name__}: "
-                               f"{self.error}") from self.error
-
-
-def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunParts:
+def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
-    constructor's rejection is a ConfigError at the leaf it rejected (fsmtrain.app.config.checks).
-    A data builder that raises makes a run that fails in its first epoch, with the record; with
-    ``strict_data`` (preflight) it is a ConfigError naming the builder."""
+    constructor's or the data builder's failure is a ConfigError naming the field at fault."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(seed)
@@ -116,15 +94,7 @@ def build_parts(cfg: RunConfig, seed: int, *, strict_data: bool = False) -> RunP
     criterion = blamed(cfg, "criterion_config", cfg.criterion,
                        lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})),
                        cfg.criterion_config)
-    check_data_arguments(cfg, seed)
-    try:
-        train_loader, val_loader = build_data(cfg, seed)
-    except ConfigError:
-        raise
-    except Exception as exc:  # the builder ran and failed: a run that fails, with its record
-        if strict_data:
-            raise data_failure(cfg, exc) from exc
-        train_loader, val_loader = DataBuildFailed(cfg.data, exc), None
+    train_loader, val_loader = check_data(cfg, seed)
     metrics = _built("metrics", "metric functions", lambda: build_metrics(cfg))
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
 
@@ -172,9 +142,45 @@ class SeedRun:
         return self.trainer.engine.result
 
 
-# Where a seed's run goes: a folder to claim (new, or the run in it when resuming), a claim already
-# made, or a claimer called once the run is built (``fsmtrain train``: the next free name).
-RunTarget = Path | RunDirClaim | Callable[[], RunDirClaim]
+# Where a seed's run goes: a folder to claim (new, or the run in it when resuming), or a claimer
+# called once the run is built (``fsmtrain train``: the next free name).
+RunTarget = Path | Callable[[], RunDirClaim]
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a command prints once a seed's run is claimed: ``== title -> path`` and its notes."""
+
+    out: TextIO
+    title: str
+    notes: Sequence[str] = ()
+
+    def say(self, claim: RunDirClaim | Path, resume: bool) -> None:
+        path = claim.path if isinstance(claim, RunDirClaim) else claim
+        reused = claim.cleared if isinstance(claim, RunDirClaim) else ()
+        also = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
+        print(f"== {self.title} {'resuming' if resume else '->'} {path}{also}", file=self.out, flush=True)
+        for note in self.notes:
+            print(f"  {note}", file=self.out, flush=True)
+
+
+def _check_resume(cfg: RunConfig, seed: int, path: Path, resolved: dict[str, Any]) -> Replan | None:
+    """Refuse a resume whose config changed what the run was trained with; the schedule's re-plan
+    when an extension asks for one."""
+    if not (path / CONFIG_FILE).is_file():
+        return None
+    before = load_yaml(path / CONFIG_FILE)
+    replan = resume_schedule(before, resolved, f"fsmtrain resume {path}", cfg.source_of("epochs"))
+    changed = config_differences(before, resolved)
+    if replan is not None:
+        changed = [c for c in changed if not c.startswith(f"{replan.path} (")]
+    if seed not in cfg.seeds:  # the config.yaml written for the run would name seeds it never trained with
+        changed.append(f"seeds ({cfg.seeds!r} leaves out seed {seed}, which the run was trained with)")
+    if changed:
+        raise ConfigError([ConfigProblem(
+            "resume", "the model, optimizer, data and seed the run was trained with",
+            "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
+    return replan
 
 
 def train_seed(
@@ -186,54 +192,26 @@ def train_seed(
     trial: optuna.trial.Trial | None = None,
     resume: bool = False,
     extras: Mapping[str, Any] | None = None,
-    announce: Callable[[RunDirClaim | Path, bool], None] | None = None,
+    header: Header | None = None,
 ) -> SeedRun:
-    """Train one seed into its run directory. An exception or a signal during ``fit()`` is returned
-    in ``SeedRun.error`` once the run reached train_end; a build error raises (``ConfigError``,
-    ``RunDirError``) and leaves nothing behind, since the directory is claimed only once everything
-    is built (then ``announce(claim, resume)``). A signal caught during start-up lets the claim go
-    and raises :class:`~fsmtrain.core.engine.Interrupted`. ``extras`` join the run context (what
-    ``run_start`` records). ``resume=True`` continues the run in ``run_dir``; ``cfg`` may differ
-    from its ``config.yaml`` only in the fields a resume may change."""
+    """Build, claim and train one seed. Everything is built before the run directory is claimed, so
+    a build error (``ConfigError``, ``RunDirError``) leaves nothing on disk; an exception or a signal
+    during ``fit()`` is returned in ``SeedRun.error``. A signal caught during start-up lets the claim
+    go and raises :class:`~fsmtrain.core.engine.Interrupted`. ``extras`` join what ``run_start``
+    records. ``resume=True`` continues the run in ``run_dir``, whose config may differ only in the
+    fields a resume may change."""
     resolved = resolved_dict(cfg)
-    replan: Replan | None = None
-    if resume:
-        assert not callable(run_dir), "a resumed run is named by its folder"
-        path = run_dir.path if isinstance(run_dir, RunDirClaim) else run_dir
-        before = load_yaml(path / CONFIG_FILE) if (path / CONFIG_FILE).is_file() else None
-        # an extension never runs a schedule past its horizon unnoticed: refused, or re-planned on purpose
-        if before is not None:
-            replan = resume_schedule(before, resolved, f"fsmtrain resume {path}", cfg.source_of("epochs"))
-        changed = config_differences(before, resolved) if before is not None else []
-        if replan is not None:
-            changed = [c for c in changed if not c.startswith(f"{replan.path} (")]
-        # `seeds` may change between resumes of a job (a seed added to the list starts its own run),
-        # but the list must still hold this run's seed: else the config.yaml written below would
-        # name seeds that the run was never trained with.
-        if seed not in cfg.seeds:
-            changed.append(f"seeds ({cfg.seeds!r} leaves out seed {seed}, which the run was trained with)")
-        if changed:
-            raise ConfigError([ConfigProblem(
-                "resume", "the model, optimizer, data and seed the run was trained with",
-                "changed: " + "; ".join(changed) + f" (compared with {path / CONFIG_FILE})")])
-    signals = installed()
+    assert not (resume and callable(run_dir)), "a resumed run is named by its folder"
+    replan = _check_resume(cfg, seed, run_dir, resolved) if resume and not callable(run_dir) else None
     collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
     # One process honours a start-up signal before its run starts; the ranks of a multi-process
     # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
-    startup = signals if collective is None else None
-    try:
-        parts = build_parts(cfg, seed)
-        if startup is not None:
-            startup.raise_if_signalled()
-    except BaseException:
-        if isinstance(run_dir, RunDirClaim):
-            run_dir.let_go()  # claimed for a run that could not be built: leave nothing behind
-        raise
-    owner = collective is None or collective.rank == 0  # rank 0 owns the run dir and what is in it
+    startup = installed() if collective is None else None
+    parts = build_parts(cfg, seed)
+    if startup is not None:
+        startup.raise_if_signalled()
 
     def take() -> RunDirClaim:
-        if isinstance(run_dir, RunDirClaim):
-            return run_dir
         if callable(run_dir):
             return run_dir()
         return claim_existing(run_dir) if resume else claim_new(run_dir)
@@ -242,19 +220,17 @@ def train_seed(
     path = claim.path if isinstance(claim, RunDirClaim) else claim
     try:
         callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
-        if announce is not None:
-            announce(claim, resume)
-        if owner:
+        if header is not None:
+            header.say(claim, resume)
+        if collective is None or collective.rank == 0:  # rank 0 owns the run dir and what is in it
             atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
+        cleared = {"reused_run_dir": list(claim.cleared)} if isinstance(claim, RunDirClaim) and claim.cleared else {}
         trainer = Trainer(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
             max_epochs=cfg.epochs, callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
-                    RECORDED_FOLDERS: user_folders(cfg),
-                    **({"reused_run_dir": list(claim.cleared)} if isinstance(claim, RunDirClaim) and claim.cleared
-                       else {}),
-                    **(extras or {})},
+                    RECORDED_FOLDERS: user_folders(cfg), **cleared, **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
         )
@@ -285,7 +261,6 @@ def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
         return
     if error is None or isinstance(error, Interrupted):
         collective.barrier()
-
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
     # the data builder, called once, whose failure (a missing file) names it.
     callbacks = checked_callbacks(cfg, extra=console_callbacks())  # train adds the console's too
-    parts = build_parts(cfg, cfg.seeds[0], strict_data=True)
+    parts = build_parts(cfg, cfg.seeds[0])
     model, device = parts.model, torch.device(cfg.device)
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,5 +1,5 @@
-"""``fsmtrain train`` and ``fsmtrain resume``: the commands that train, on one process or launched
-on several (``--nproc``, ``--nnodes``), and what they print of each seed's run. Building the parser
+"""``fsmtrain train`` and ``fsmtrain resume`` (on one process or launched on several), and what every
+command shares: exit statuses, the usage error, a config's options and loading. Building the parser
 imports this module, so it imports only light code at the top.
 """
 
@@ -12,21 +12,13 @@ import math
 import re
 import statistics
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.app.arg_types import positive_int
-from fsmtrain.app.commands import (
-    ExitCode,
-    UsageError,
-    config_args,
-    exit_code_for,
-    load_config_of,
-    print_warnings,
-    worst,
-)
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -34,7 +26,65 @@ if TYPE_CHECKING:
     from fsmtrain.app.job import SeedRun
     from fsmtrain.app.launch import ElasticAttempt
 
-__all__ = ["cmd_resume", "cmd_train", "register_cli"]
+__all__ = ["ExitCode", "UsageError", "cmd_resume", "cmd_train", "config_args", "exit_code_for", "load_config_of",
+           "print_warnings", "register_cli", "worst"]
+
+
+class UsageError(ValueError):
+    """Options that do not go together (one line, exit 2)."""
+
+
+class ExitCode(IntEnum):
+    """Process exit status of ``fsmtrain`` (with several seeds: the most severe one)."""
+
+    OK = 0  # COMPLETED, EARLY_STOP or PRUNED; validate/preflight passed
+    ERROR = 1  # training raised an exception (details in events.jsonl)
+    CONFIG = 2  # invalid config or command line; nothing was trained or written
+    NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run
+    PREFLIGHT = 4  # preflight built everything but the step gave non-finite loss or gradients
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, the shell convention)
+    BROKEN_PIPE = 141  # stdout's reader went away (`| head`): 128 + SIGPIPE, as a C tool ends there
+    TERMINATED = 143  # SIGTERM (128 + 15), what schedulers send before they kill
+
+
+def exit_code_for(reason: StopReason) -> ExitCode:
+    """A run's exit status is a fact of its stop reason (``fsmtrain.core.stop``)."""
+    return ExitCode(reason.exit_code)
+
+
+def _severity(code: ExitCode) -> int:
+    """Over several seeds the most severe status wins: the reasons' own severities, under SIGTERM's,
+    which is a signal rather than a reason and outranks them all."""
+    if code is ExitCode.TERMINATED:
+        return max(r.severity for r in StopReason) + 1
+    return max((r.severity for r in StopReason if r.exit_code == code), default=0)
+
+
+def worst(codes: Sequence[ExitCode]) -> ExitCode:
+    """The status of a command that ran several seeds: the most severe of theirs (OK for none)."""
+    return max(codes, key=_severity, default=ExitCode.OK)
+
+
+def config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="path to the YAML run config")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")
+    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    return [*(args.set or []), *([f"device={args.device}"] if getattr(args, "device", None) else [])]
+
+
+def load_config_of(args: argparse.Namespace) -> RunConfig:
+    from fsmtrain.app.config import load_config
+
+    return load_config(args.config, _overrides(args))
+
+
+def print_warnings(cfg: RunConfig, out: TextIO) -> None:
+    for w in cfg.warnings:
+        print(f"warning: {w}", file=out)
 
 
 def _fmt(x: float) -> str:
@@ -184,7 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
-    from fsmtrain.app.job import RunPick, pick_run_dir, train_seed
+    from fsmtrain.app.job import Header, RunPick, pick_run_dir, train_seed
     from fsmtrain.app.launch import elastic_restart_line
     from fsmtrain.core.engine import Interrupted
 
@@ -205,23 +255,14 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
             return pick_run_dir(root, name, bool(args.resume), place.attempt)
 
         picked = pick() if collective is None else collective.share(pick)
-
-        def announce(claim: Any, resume: bool, seed: int = seed, note: str | None = picked.note) -> None:
-            path = getattr(claim, "path", claim)
-            reused = getattr(claim, "cleared", ())
-            also = f" (reusing the folder of a run that never started: removed {', '.join(reused)})" if reused else ""
-            print(f"== {cfg.project}/{run_name} seed {seed} {'resuming' if resume else '->'} {path}{also}",
-                  file=out, flush=True)
-            if note is not None:
-                print(f"  {note}", file=out, flush=True)
-            _say_global_batch(cfg, place.ranks, out)
-
+        notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
+        header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
         seed_extras = extras
         if picked.note is not None:
             seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
         try:
             run = train_seed(cfg, seed, picked.target(), extra_callbacks=console_callbacks(), resume=picked.resume,
-                             extras=seed_extras, announce=announce)
+                             extras=seed_extras, header=header)
         except Interrupted as exc:  # caught during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)
             codes.append(ExitCode(exc.exit_code))
@@ -240,16 +281,16 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     return int(code)
 
 
-def _say_global_batch(cfg: RunConfig, ranks: int, out: TextIO) -> None:
-    """``batch_size`` is per rank: with several ranks or accumulation, say what one optimizer step sees."""
+def _global_batch_line(cfg: RunConfig, ranks: int) -> str | None:
+    """``batch_size`` is per rank: with several ranks or accumulation, what one optimizer step sees."""
     if ranks == 1 and cfg.grad_accumulation == 1:
-        return
+        return None
     from fsmtrain.app.global_batch import describe_global_batch
 
     steps = cfg.grad_accumulation
     said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
                                   "global": cfg.batch_size * ranks * steps})
-    print(f"  global batch {said}; batch_size is per rank", file=out, flush=True)
+    return f"global batch {said}; batch_size is per rank"
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -259,12 +300,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     _catch_signals(args)
     run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        found = "is a file" if run_dir.exists() else "does not exist"
+        raise ResumeError(f"{run_dir} {found}: expected a run directory of fsmtrain train "
+                          "(runs/<project>/<name>-seed<s>)")
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
-    overrides = list(args.set or [])
-    if args.device:
-        overrides.append(f"device={args.device}")
-    cfg = load_run_config(run_dir, overrides)  # with the folders the run's own modules came from
+    cfg = load_run_config(run_dir, _overrides(args))  # with the folders the run's own modules came from
     try:
         recorded = recorded_start(run_dir)
     except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
@@ -279,22 +321,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
-    from fsmtrain.app.job import train_seed
+    from fsmtrain.app.job import Header, train_seed
     from fsmtrain.app.launch import elastic_restart_line
 
-    out, ranks = place.out, place.ranks
-
-    def announce(claim: Any, resume: bool) -> None:
-        print(f"== resuming {run_dir} (seed {seed}, {cfg.epochs} epochs)", file=out, flush=True)
-        if ranks != before:
-            print(f"  on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
-                  f"committed checkpoint, and from there its data order is that of a {ranks}-process run",
-                  file=out, flush=True)
-
+    ranks = place.ranks
+    notes = [f"{cfg.epochs} epochs"]
+    if ranks != before:
+        notes.append(f"on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
+                     f"committed checkpoint, and from there its data order is that of a {ranks}-process run")
+    header = Header(place.out, f"{cfg.project}/{run_dir.name} seed {seed}", notes)
     run = train_seed(cfg, seed, run_dir, extra_callbacks=console_callbacks(), resume=True, extras=place.extras,
-                     announce=announce)
-    code = _describe_seed(run, out)
-    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
+                     header=header)
+    code = _describe_seed(run, place.out)
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=place.out)
     return int(code)
 
 

@@ -24,7 +24,7 @@ from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
     "LOCK_FILE", "PRESTART_FILES", "RunDirClaim", "RunDirError", "claim_existing", "claim_new", "claim_next_free",
-    "in_use", "run_started",
+    "in_use", "next_free", "run_started",
 ]
 
 LOCK_FILE = ".lock"
@@ -237,6 +237,18 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
         claim = _lock(candidate)
         claim.made, claim.created = made, True
         return claim
+
+
+def next_free(path: str | Path) -> Path:
+    """``path``, or the first of ``path-2``, ``path-3``… that a new run can claim (it does not exist,
+    or holds nothing but what a run that never started left); the claim itself comes later."""
+    path = Path(path)
+    n = 1
+    while True:
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        if not candidate.exists() or (candidate.is_dir() and _never_started(candidate) and not in_use(candidate)):
+            return candidate
+        n += 1
 
 
 def in_use(path: str | Path) -> bool:

@@ -16,7 +16,7 @@ from torch import nn
 from fsmtrain.app.defaults import default_callbacks as with_defaults
 from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
-from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new
+from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
 from fsmtrain.core.chain import key_from_env
 from fsmtrain.core.consensus import log_name_for_rank
 from fsmtrain.core.context import RunContext
@@ -47,8 +47,9 @@ class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
     ``callbacks`` join in their own tier (built-ins CORE, others USER), global ones in GLOBAL. With
-    ``run_dir`` the run's ``events.jsonl`` is written there (a new folder, claimed and locked for the
-    run's life); without, events are kept in memory (``trainer.events.records``).
+    ``run_dir`` the run's ``events.jsonl`` is written there (exactly that folder, claimed and locked
+    for the run's life); ``run_name`` names a new run's folder as ``fsmtrain train`` does: that one,
+    or the next free ``-2``, ``-3``… Without either, events are kept in memory (``trainer.events.records``).
     ``resume_from="latest"`` (or a checkpoint path) continues the run in ``run_dir`` from its newest
     committed checkpoint, log and hash chain included; a run that committed none starts over in place
     (``trainer.restart``). ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256;
@@ -80,6 +81,7 @@ class Trainer:
         *,
         metrics: Mapping[str, MetricFn] | None = None,
         run_dir: str | Path | RunDirClaim | None = None,
+        run_name: str | Path | None = None,
         run_id: str | None = None,
         log_level: str = "info",
         console_level: str = "warning",
@@ -96,6 +98,13 @@ class Trainer:
     ) -> None:
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
+        if run_name is not None:
+            if run_dir is not None or resume_from is not None:
+                raise ValueError("run_name names a new run's folder: give it without run_dir and resume_from")
+            run_dir = next_free(run_name)
+            extras = {**(extras or {}), "run_name": str(run_name)}  # run_start records the name asked for
+            if run_dir != Path(run_name):
+                print(f"fsmtrain: {run_name} holds a run; this one goes to {run_dir}", file=sys.stderr, flush=True)
         self.precision = PrecisionPolicy(precision, torch.device(device))
         self.write_outputs = default_callbacks if write_outputs is None else write_outputs
         if default_callbacks:

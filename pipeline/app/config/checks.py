@@ -137,6 +137,6 @@ def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]
         built.append("extra callbacks")
     if not data:
         check_data_arguments(cfg, cfg.seeds[0])
-        return built, "checked the data builder's arguments"
+        return built, "checked the data builder's arguments (the data was not built: --data builds it)"
     train, val = check_data(cfg, cfg.seeds[0])
     return built, f"called the data builder (batches: train {batches(train)}, val {batches(val)})"

@@ -150,7 +150,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a config file into a plain dict (syntax tier only)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError([ConfigProblem("", "an existing YAML file", f"no file at {str(p)!r}")], str(p))
+        found = "a directory" if p.is_dir() else "a path that does not exist" if not p.exists() else "not a file"
+        raise ConfigError([ConfigProblem("", "a YAML file", f"{found}: {str(p)!r}")], str(p))
     limit, size = max_config_bytes(str(p)), p.stat().st_size
     if size > limit:
         raise ConfigError([ConfigProblem("", f"a config file of at most {limit:,} bytes ({MAX_CONFIG_BYTES_ENV} "
