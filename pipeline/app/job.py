@@ -15,24 +15,13 @@ import torch
 import yaml
 from torch import nn
 
-from fsmtrain.app.config import (
-    RECORDED_FOLDERS,
-    ConfigError,
-    ConfigProblem,
-    RunConfig,
-    build_criterion,
-    build_metrics,
-    build_model,
-    build_optimizer,
-    build_scheduler,
-    load_yaml,
-    resolved_dict,
-    seed_everything,
-    user_folders,
-)
-from fsmtrain.app.config.blame import blamed
+from fsmtrain.app.config import builders
+from fsmtrain.app.config.blame import built_from
 from fsmtrain.app.config.checks import check_data, checked_callbacks
-from fsmtrain.app.config.schema import TRAINING_FIELDS
+from fsmtrain.app.config.loading import load_yaml
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.schema import TRAINING_FIELDS, RunConfig, resolved_dict
+from fsmtrain.app.config.world import RECORDED_FOLDERS, user_folders
 from fsmtrain.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, claim_next_free, run_started
 from fsmtrain.app.schedule import Replan, replan_schedule, resume_schedule
@@ -67,35 +56,20 @@ class RunParts:
     metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 
 
-def _built(path: str, what: str, fn: Callable[[], Any]) -> Any:
-    """Run one builder; a constructor rejecting its kwargs becomes a ConfigError naming the field."""
-    try:
-        return fn()
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, ImportError, RuntimeError) as exc:
-        raise ConfigError([ConfigProblem(path, f"arguments {what} accepts", f"{type(exc).__name__}: {exc}")]) from exc
-
-
 def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
     constructor's or the data builder's failure is a ConfigError naming the field at fault."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
-    seed_everything(seed)
-    model = blamed(cfg, "net_config", cfg.net, lambda kw: build_model(cfg.model_copy(update={"net_config": dict(kw)})),
-                   cfg.net_config, "net").to(torch.device(cfg.device))
-    optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
-                       lambda kw: build_optimizer(cfg.model_copy(update={"optimizer_config": dict(kw)}),
-                                                  model.parameters()), cfg.optimizer_config)
-    scheduler = blamed(cfg, "scheduler_config", str(cfg.scheduler),
-                       lambda kw: build_scheduler(cfg.model_copy(update={"scheduler_config": dict(kw)}), optimizer),
-                       cfg.scheduler_config)
-    criterion = blamed(cfg, "criterion_config", cfg.criterion,
-                       lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})),
-                       cfg.criterion_config)
+    builders.seed_everything(seed)
+    model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
+    params = model.parameters()
+    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: builders.build_optimizer(c, params))
+    scheduler = built_from(cfg, "scheduler_config", str(cfg.scheduler),
+                           lambda c: builders.build_scheduler(c, optimizer))
+    criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
-    metrics = _built("metrics", "metric functions", lambda: build_metrics(cfg))
+    metrics = builders.build_metrics(cfg)  # resolved when the config was loaded
     return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
 
 

@@ -26,19 +26,11 @@ from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import resolve_dotted
 from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam, resolved_dict
 from fsmtrain.app.config.tiers import config_from_dict
-from fsmtrain.app.config.world import (
-    RECORDED_FOLDERS,
-    load_config,
-    load_config_and_data,
-    load_recorded_config,
-    load_run_config,
-    user_folders,
-)
+from fsmtrain.app.config.world import load_config, load_config_and_data, load_run_config
 
 __all__ = [
-    "RECORDED_FOLDERS", "ConfigError", "ConfigProblem", "OptimizeConfig", "RunConfig", "SearchParam",
-    "apply_overrides", "build_callbacks", "build_criterion", "build_data", "build_metrics", "build_model",
-    "build_optimizer", "build_pruner", "build_sampler", "build_scheduler", "config_from_dict", "load_config",
-    "load_config_and_data", "load_recorded_config", "load_run_config", "load_yaml", "resolve_dotted", "resolved_dict",
-    "seed_everything", "trial_data", "user_folders",
+    "ConfigError", "ConfigProblem", "OptimizeConfig", "RunConfig", "SearchParam", "apply_overrides",
+    "build_callbacks", "build_criterion", "build_data", "build_metrics", "build_model", "build_optimizer",
+    "build_pruner", "build_sampler", "build_scheduler", "config_from_dict", "load_config", "load_config_and_data",
+    "load_run_config", "load_yaml", "resolve_dotted", "resolved_dict", "seed_everything", "trial_data",
 ]

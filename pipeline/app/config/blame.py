@@ -10,7 +10,7 @@ from typing import Any
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.schema import RunConfig
 
-__all__ = ["blamed"]
+__all__ = ["blamed", "built_from"]
 
 
 def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str, Any]], Any],
@@ -43,3 +43,10 @@ def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any
         return key
     text = str(exc)
     return next((key for key in kwargs if key in text), None)
+
+
+def built_from(cfg: RunConfig, section: str, what: str, build: Callable[[RunConfig], Any],
+               target: str | None = None) -> Any:
+    """``build(cfg)`` with the kwargs of ``section`` (``optimizer_config``), blamed as :func:`blamed` does."""
+    return blamed(cfg, section, what, lambda kw: build(cfg.model_copy(update={section: dict(kw)})),
+                  getattr(cfg, section), target)

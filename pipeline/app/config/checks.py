@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.app.config.blame import blamed
-from fsmtrain.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer
+from fsmtrain.app.config.blame import blamed, built_from
+from fsmtrain.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer, build_scheduler
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import resolve_dotted
 from fsmtrain.app.config.schema import RunConfig
@@ -121,16 +121,12 @@ def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]
     if not isinstance(model, torch.nn.Module):
         raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "
                                          f"{type(model).__name__}")], cfg.source)
-    blamed(cfg, "criterion_config", cfg.criterion,
-           lambda kw: build_criterion(cfg.model_copy(update={"criterion_config": dict(kw)})), cfg.criterion_config)
+    built_from(cfg, "criterion_config", cfg.criterion, build_criterion)
     dummy = torch.nn.Parameter(torch.zeros(1))
-    optimizer = blamed(cfg, "optimizer_config", cfg.optimizer,
-                       lambda kw: build_optimizer(cfg.model_copy(update={"optimizer_config": dict(kw)}), [dummy]),
-                       cfg.optimizer_config)
+    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: build_optimizer(c, [dummy]))
     built = ["model", "loss", "optimizer"]
     if cfg.scheduler is not None:
-        scheduler_cls = resolve_dotted(cfg.scheduler)
-        blamed(cfg, "scheduler_config", cfg.scheduler, lambda kw: scheduler_cls(optimizer, **kw), cfg.scheduler_config)
+        built_from(cfg, "scheduler_config", cfg.scheduler, lambda c: build_scheduler(c, optimizer))
         built.append("scheduler")
     checked_callbacks(cfg)
     if cfg.callbacks.extra:

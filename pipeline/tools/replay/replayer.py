@@ -253,6 +253,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
             )
         from fsmtrain.app import config as config_mod
+        from fsmtrain.app.config import world
         from fsmtrain.app.config.schema import TRAINING_FIELDS
 
         for item in overrides:
@@ -262,8 +263,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                     f"--set {item}: a replay re-runs the callbacks on the losses this run recorded, so it cannot "
                     f"tell what another {key} would have done to them; a what-if may change the callbacks' "
                     "settings (early_stopping, checkpoint, callbacks, epochs...), not training itself")
-        folders = rec.run_start.get(config_mod.RECORDED_FOLDERS)
-        cfg = config_mod.load_recorded_config(cfg_data, folders if isinstance(folders, list) else [], overrides,
+        folders = rec.run_start.get(world.RECORDED_FOLDERS)
+        cfg = world.load_recorded_config(cfg_data, folders if isinstance(folders, list) else [], overrides,
                                               f"recorded in {rec.path}")
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
