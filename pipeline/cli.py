@@ -1,9 +1,6 @@
-"""The ``fsmtrain`` command line (also ``python -m fsmtrain``): ``validate``, ``preflight`` and
-``init`` here, ``train`` and ``resume`` in ``fsmtrain.app.run_commands``, the others in the
-``_PLUGINS`` modules (each adds its subcommand through ``register_cli``).
-
-Start-up is part of the interface: ``--help``, ``audit`` and ``diagram`` import no torch, W&B or
-Optuna, and ``validate`` no W&B or Optuna; so each command imports what it needs when it runs.
+"""The ``fsmtrain`` command line: ``validate``, ``preflight`` and ``init`` here, ``train`` and
+``resume`` in :mod:`fsmtrain.app.run_commands`, the others in the ``_PLUGINS`` modules. Each command
+imports what it needs when it runs, so ``--help``, ``audit`` and ``diagram`` start without torch.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from fsmtrain.app.run_commands import ExitCode, UsageError, config_args, exit_co
 __all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
 
 
-# --- validate / preflight --------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_config_of(args)
     if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
@@ -54,7 +50,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return int(ExitCode.OK if ok else ExitCode.PREFLIGHT)
 
 
-# --- init ------------------------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     from fsmtrain.app.config.starter import STARTER_CONFIG, init_problem
 
@@ -74,7 +69,6 @@ def cmd_init(args: argparse.Namespace) -> int:
     return int(ExitCode.OK)
 
 
-# --- parser ----------------------------------------------------------------------------------
 _PLUGINS = ("fsmtrain.tools.diagrams.cli", "fsmtrain.tools.audit.cli", "fsmtrain.tools.replay.cli",
             "fsmtrain.tools.report.cli", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report")
 
@@ -102,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_init)
 
-    for module in _PLUGINS:  # diagram, audit, replay: each module adds its own subcommand
+    for module in _PLUGINS:
         importlib.import_module(module).register_cli(sub)
     return parser
 

@@ -21,9 +21,8 @@ def console_callbacks() -> list[TrainingCallback]:
     return [ProgressBarCallback(enabled=True)] if auto_enabled() else [EpochSummaryCallback()]
 
 
-def default_callbacks(
-    given: Sequence[TrainingCallback], *, run_dir: Path | None, max_epochs: int
-) -> list[TrainingCallback]:
+def default_callbacks(given: Sequence[TrainingCallback], *, run_dir: Path | None,
+                      max_epochs: int) -> list[TrainingCallback]:
     """``given``, plus the defaults of the classes it lacks (the caller's instance wins)."""
     import fsmtrain.callbacks as cb
     from fsmtrain.app.config.builders import checkpoint_callback, watching_callbacks

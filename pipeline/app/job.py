@@ -157,17 +157,9 @@ def _check_resume(cfg: RunConfig, seed: int, path: Path, resolved: dict[str, Any
     return replan
 
 
-def train_seed(
-    cfg: RunConfig,
-    seed: int,
-    run_dir: RunTarget,
-    *,
-    extra_callbacks: Sequence[TrainingCallback] = (),
-    trial: optuna.trial.Trial | None = None,
-    resume: bool = False,
-    extras: Mapping[str, Any] | None = None,
-    header: Header | None = None,
-) -> SeedRun:
+def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks: Sequence[TrainingCallback] = (),
+               trial: optuna.trial.Trial | None = None, resume: bool = False,
+               extras: Mapping[str, Any] | None = None, header: Header | None = None) -> SeedRun:
     """Build, claim and train one seed. Everything is built before the run directory is claimed, so
     a build error (``ConfigError``, ``RunDirError``) leaves nothing on disk; an exception or a signal
     during ``fit()`` is returned in ``SeedRun.error``. A signal caught during start-up lets the claim

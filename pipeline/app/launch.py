@@ -1,12 +1,6 @@
-"""Start a command on several processes, as ``torchrun`` would, and what a worker learns from the
-agent that started it.
-
-``--nproc N`` runs torch's elastic agent in this process (``torchrun --standalone``); with
-``--nnodes 2 --node-rank R --rdzv HOST:PORT`` it joins a c10d rendezvous hosted by node 0. The
-workers run ``python -m fsmtrain <same command>``; the exit status is the first failed worker's
-(a signal that killed it as 128 + its number). Under ``torchrun --max-restarts N``,
-:func:`elastic_attempt` tells a worker which attempt it is, and it continues from the newest
-committed checkpoint.
+"""Start a command on several processes as ``torchrun`` would (``--nproc``, ``--nnodes``: torch's
+elastic agent runs in this process, the workers run ``python -m fsmtrain <same command>``), and what
+a worker learns from the agent that started it (its place, its elastic attempt).
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ __all__ = [
     "join_ranks", "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
 ]
 
-# The options that start workers: the workers' own command line has none of them.
 _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--rdzv-id"})
 
 
@@ -125,10 +118,9 @@ def elastic_attempt() -> ElasticAttempt | None:
 
 
 def elastic_restart_line(code: int) -> str | None:
-    """A rank under an agent whose attempt failed (status ``code``): the agent now ends every rank
-    of the attempt with SIGTERM, which this rank then names as such, not as a second exit status.
-    With restarts left, the line to print in place of the exit line: the agent restarts every rank,
-    so this is not the run's end (the restarted attempt's exit line is). None: print the exit line."""
+    """For a rank whose elastic attempt failed with ``code``: the line to print instead of the exit
+    line while restarts are left (None: print the exit line). The agent's SIGTERM that follows is
+    marked as expected, so the rank names it as such rather than as a second exit status."""
     attempt = elastic_attempt()
     if attempt is None or not 0 < code < 128:
         return None

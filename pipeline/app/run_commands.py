@@ -216,14 +216,10 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
     return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
 
 
-def _catch_signals(args: argparse.Namespace) -> None:
-    from fsmtrain.core.signals import install  # a command that trains handles them first thing
-
-    install(owns_process=args.owns_process)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    _catch_signals(args)
+    from fsmtrain.core.signals import install
+
+    install(owns_process=args.owns_process)  # a command that trains handles signals first thing
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
     if code is not None:
@@ -296,9 +292,10 @@ def _global_batch_line(cfg: RunConfig, ranks: int) -> str | None:
 def cmd_resume(args: argparse.Namespace) -> int:
     from fsmtrain.app.config import load_run_config
     from fsmtrain.app.launch import recorded_world_size
+    from fsmtrain.core.signals import install
     from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
 
-    _catch_signals(args)
+    install(owns_process=args.owns_process)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         found = "is a file" if run_dir.exists() else "does not exist"

@@ -1,13 +1,7 @@
-"""One run, one directory: claimed atomically and locked for the run's life.
-
-A new run claims its folder with an exclusive ``mkdir``, so identical commands started together get
-``name``, ``name-2``, ``name-3``… without a race. Every claim then holds an exclusive ``flock`` on
-``<run>/.lock`` until the run ends, and removes ``.lock`` as it lets go; a process that locks a
-``.lock`` checks it is still the folder's one, so two claims never hold one folder.
-
-A run that never wrote ``run_start`` is not left behind: letting go of its claim removes what the
-claim wrote (:data:`PRESTART_FILES`), and a folder a killed process left so is reused by the next
-claim of that name (``cleared`` names what it removed).
+"""One run, one directory: claimed with an exclusive ``mkdir`` (so commands started together get
+``name``, ``name-2``… without a race) and held by a ``flock`` on ``<run>/.lock`` for the run's life.
+A run that never wrote ``run_start`` leaves nothing: letting go removes what its claim wrote, and a
+folder a killed process left so is reused by the next claim of that name.
 """
 
 from __future__ import annotations

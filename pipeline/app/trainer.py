@@ -46,56 +46,29 @@ __all__ = ["TrainResult", "Trainer"]
 class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
-    ``callbacks`` join in their own tier (built-ins CORE, others USER), global ones in GLOBAL. With
-    ``run_dir`` the run's ``events.jsonl`` is written there (exactly that folder, claimed and locked
-    for the run's life); ``run_name`` names a new run's folder as ``fsmtrain train`` does: that one,
-    or the next free ``-2``, ``-3``… Without either, events are kept in memory (``trainer.events.records``).
-    ``resume_from="latest"`` (or a checkpoint path) continues the run in ``run_dir`` from its newest
-    committed checkpoint, log and hash chain included; a run that committed none starts over in place
-    (``trainer.restart``). ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the chain HMAC-SHA256;
-    ``log_fsync``: ``"commits"``, ``"every"`` line or ``"never"``.
+    ``run_dir``: the run's folder, exactly (claimed and locked for the run's life); ``run_name``: a
+    new run's folder as ``fsmtrain train`` names one, that or the next free ``-2``, ``-3``…; neither:
+    events are kept in memory. ``resume_from="latest"`` (or a checkpoint path) continues the run in
+    ``run_dir`` from its newest committed checkpoint; one that committed none starts over in place.
+    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256.
+    ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` (default: the same) has
+    the teardown write ``model.pt`` and ``lifecycle.mmd``. A callback instance serves one Trainer.
 
-    ``default_callbacks``: add those of ``fsmtrain train`` (:mod:`fsmtrain.app.defaults`).
-    ``write_outputs`` (default: as ``default_callbacks``): the teardown writes ``model.pt`` and
-    ``lifecycle.mmd`` before the ``result``. A callback instance serves one Trainer. A constructor
-    that fails lets go of the run directory it claimed. ``precision``: ``"32"``, ``"bf16-mixed"`` or
-    ``"16-mixed"``; ``compile``: ``torch.compile`` the training forward.
-
-    In a process group of several ranks (or given ``collective``) the trainer is one rank: the model
-    trains in DistributedDataParallel on this rank's shard, metrics are global, guards are agreed,
-    and rank 0 owns the run directory (``rank_zero_only`` callbacks run there only); rank ``r``
-    writes ``events-rank<r>.jsonl``.
+    In a process group of several ranks the trainer is one rank: DistributedDataParallel on this
+    rank's shard, global metrics, agreed guards; rank 0 owns the run directory, rank ``r`` writes
+    ``events-rank<r>.jsonl``.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: LossFn,
-        train_loader: Iterable[Any],
-        val_loader: Iterable[Any] | None = None,
-        max_epochs: int = 1,
-        callbacks: Sequence[TrainingCallback] = (),
-        scheduler: Any = None,
-        device: str | torch.device = "cpu",
-        *,
-        metrics: Mapping[str, MetricFn] | None = None,
-        run_dir: str | Path | RunDirClaim | None = None,
-        run_name: str | Path | None = None,
-        run_id: str | None = None,
-        log_level: str = "info",
-        console_level: str = "warning",
-        strict: bool | None = None,
-        extras: Mapping[str, Any] | None = None,
-        resume_from: str | Path | None = None,
-        log_key: bytes | None = None,
-        collective: TorchCollective | None = None,
-        default_callbacks: bool = True,
-        precision: str = "32",
-        compile: bool = False,
-        log_fsync: str = "commits",
-        write_outputs: bool | None = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+                 train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, max_epochs: int = 1,
+                 callbacks: Sequence[TrainingCallback] = (), scheduler: Any = None,
+                 device: str | torch.device = "cpu", *, metrics: Mapping[str, MetricFn] | None = None,
+                 run_dir: str | Path | RunDirClaim | None = None, run_name: str | Path | None = None,
+                 run_id: str | None = None, log_level: str = "info", console_level: str = "warning",
+                 strict: bool | None = None, extras: Mapping[str, Any] | None = None,
+                 resume_from: str | Path | None = None, log_key: bytes | None = None,
+                 collective: TorchCollective | None = None, default_callbacks: bool = True, precision: str = "32",
+                 compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None) -> None:
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
         if run_name is not None:

@@ -105,9 +105,8 @@ def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Ten
     return {name: resolve_dotted(path) for name, path in cfg.metrics.items()}
 
 
-def build_callbacks(
-    cfg: RunConfig, *, run_dir: Path | None, trial: optuna.trial.Trial | Any | None = None
-) -> list[TrainingCallback]:
+def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
+                    trial: optuna.trial.Trial | Any | None = None) -> list[TrainingCallback]:
     """The run's callbacks: the built-ins as configured, clipping and accumulation, then the user's
     extras (the runner orders them by priority). ``trial``: anything with Optuna's ``report`` and
     ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""

@@ -162,9 +162,8 @@ def describe(obj: Any) -> str:
     return f"a {type(obj).__name__} object"
 
 
-def kwarg_problems(
-    obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positional: int, supplied: Sequence[str] = ()
-) -> list[ConfigProblem]:
+def kwarg_problems(obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positional: int,
+                   supplied: Sequence[str] = ()) -> list[ConfigProblem]:
     """Check ``kwargs`` against ``obj``'s signature (after ``positional`` leading arguments);
     ``supplied``: the names fsmtrain fills in itself."""
     try:
@@ -210,10 +209,8 @@ _TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = 
 )
 
 
-def _check_target(
-    path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int,
-    supplied: Sequence[str] = (),
-) -> list[ConfigProblem]:
+def _check_target(path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: str | None, positional: int,
+                  supplied: Sequence[str] = ()) -> list[ConfigProblem]:
     if not isinstance(value, str):
         return []  # the schema tier reports the type
     try:
