@@ -162,7 +162,8 @@ def test_validate_says_it_ran_no_batch(tmp_path: Path, capsys: pytest.CaptureFix
     done = _main("validate", "shape.yaml", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
     _one_line(done, 0, "shape.yaml: valid (1 seed(s), 2 epochs, net fsmtrain.training.models.MLP, optimizer "
                        "torch.optim.Adam, 0 warning(s)); built model, loss, optimizer, scheduler and checked the data "
-                       "builder's arguments; no batch was run: `fsmtrain preflight shape.yaml` runs one step")
+                       "builder's arguments (the data was not built: --data builds it); no batch was run: "
+                       "`fsmtrain preflight shape.yaml` runs one step")
 
 
 def test_a_set_mistake_blames_the_set(tmp_path: Path, capsys: pytest.CaptureFixture[str],
