@@ -1,5 +1,5 @@
-"""One seed's job: build everything a config names, claim its run directory, train (``fsmtrain
-train``, ``resume``, ``preflight`` and the HPO trials)."""
+"""One seed's job: build what a config names, claim its run directory, train (``train``, ``resume``,
+``preflight`` and the HPO trials)."""
 
 from __future__ import annotations
 
@@ -161,11 +161,9 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
                trial: optuna.trial.Trial | None = None, resume: bool = False,
                extras: Mapping[str, Any] | None = None, header: Header | None = None) -> SeedRun:
     """Build, claim and train one seed. Everything is built before the run directory is claimed, so
-    a build error (``ConfigError``, ``RunDirError``) leaves nothing on disk; an exception or a signal
-    during ``fit()`` is returned in ``SeedRun.error``. A signal caught during start-up lets the claim
-    go and raises :class:`~fsmtrain.core.engine.Interrupted`. ``extras`` join what ``run_start``
-    records. ``resume=True`` continues the run in ``run_dir``, whose config may differ only in the
-    fields a resume may change."""
+    a build error leaves nothing on disk; an exception or a signal during ``fit()`` is returned in
+    ``SeedRun.error``, a signal during start-up raises :class:`~fsmtrain.core.engine.Interrupted`.
+    ``extras`` join what ``run_start`` records; ``resume=True`` continues the run in ``run_dir``."""
     resolved = resolved_dict(cfg)
     assert not (resume and callable(run_dir)), "a resumed run is named by its folder"
     replan = _check_resume(cfg, seed, run_dir, resolved) if resume and not callable(run_dir) else None

@@ -1,9 +1,6 @@
-"""``fsmtrain preflight``: build everything a config names and run one training step on one batch.
-
-It reports shapes, parameter counts, whether the loss and every gradient are finite, and the
-callback order. When a stage fails (fetching the batch, the forward, the loss, the backward, the
-optimizer step) it says so in one message: the stage, for a forward the innermost module that
-failed and the shapes it was given, and torch's own words; exit 4, no traceback.
+"""``fsmtrain preflight``: build everything a config names and run one training step on one batch,
+reporting shapes, parameter counts, finiteness and the callback order. A stage that fails is named in
+one message (for a forward, the innermost module and the shapes it got); exit 4, no traceback.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Resume keeps the schedule: an extending resume never silently runs a schedule past its end.
-
-A resume that extends the epochs of a run whose scheduler horizon (a cosine's ``T_max``) is its
-epochs is refused, naming the fix: re-plan the horizon too. A re-planned resume continues as if the
-run had been planned for the new horizon from the start, and logs the new lr of every epoch to come
-(``schedule_replanned``).
+"""Resume keeps the schedule: extending a run whose scheduler horizon (a cosine's ``T_max``) is its
+epochs is refused unless the horizon is re-planned too; a re-planned resume continues as if planned
+for the new horizon from the start, and logs the new lr of every epoch to come.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Run configs: loading and validating one in tiers, and building what it names.
-
-Every tier runs before anything is created on disk, and every problem is reported at once: syntax
-(:mod:`~fsmtrain.app.config.loading`), schema (:mod:`~fsmtrain.app.config.schema`), resolution of
-dotted paths and their kwargs (:mod:`~fsmtrain.app.config.resolution`, :mod:`~fsmtrain.app.config.optimize`),
-and semantic warnings (:mod:`~fsmtrain.app.config.tiers`). Resolution reads the raw mapping, so one
-error lists a misspelt class next to a negative epoch count. Commands load configs through
-:mod:`~fsmtrain.app.config.world`, which puts the user's folders on the import path first.
+"""Run configs: loaded and checked in tiers (syntax, schema, resolution of dotted paths and their
+kwargs, semantic warnings) before anything is created on disk, with every problem reported at once;
+and the builders of what a config names. Commands load configs through :mod:`.world`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""One loader of the user's world, for every command that takes a config or a run directory.
-
-A config names the user's code by dotted path (``mynets.SmallCNN``). Wherever a command runs, those
-modules are found the same way: the import path gets the config's folder, then the folders the run
-recorded in its ``run_start`` (so ``replay``, ``resume`` and ``report`` work from anywhere), then
-the working folder; then the config goes through every tier.
+"""One loader of the user's world for every command that takes a config or a run directory: the
+import path gets the config's folder, the folders the run recorded in its ``run_start`` and the
+working folder, so a config's dotted paths (``mynets.SmallCNN``) import the same from anywhere.
 """
 
 from __future__ import annotations
