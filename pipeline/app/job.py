@@ -63,8 +63,8 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
         torch.set_num_threads(cfg.num_threads)
     builders.seed_everything(seed)
     model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
-    params = model.parameters()
-    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: builders.build_optimizer(c, params))
+    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,
+                           lambda c: builders.build_optimizer(c, model.parameters()))  # a fresh iterator per try
     scheduler = built_from(cfg, "scheduler_config", str(cfg.scheduler),
                            lambda c: builders.build_scheduler(c, optimizer))
     criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
