@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO, cast
 
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import Tier, TrainingCallback
 
-__all__ = ["ProgressBarCallback", "auto_enabled"]
+__all__ = ["ProgressBarCallback", "auto_enabled", "current_stderr"]
 
 
 def auto_enabled() -> bool:
     """On only when stdout is a terminal and the ``CI`` variable is unset."""
     return "CI" not in os.environ and bool(getattr(sys.stdout, "isatty", lambda: False)())
+
+
+class _CurrentStderr(io.TextIOBase):
+    """``sys.stderr`` as it is at each write. A live bar swaps ``sys.stderr`` for a proxy that prints
+    above the bar; a run's console that kept the stream it started with would draw over the bar."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+def current_stderr() -> TextIO:
+    """A console stream for a run: lines written while a bar is live print above it."""
+    return cast(TextIO, _CurrentStderr())
 
 
 class ProgressBarCallback(TrainingCallback):

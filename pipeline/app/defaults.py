@@ -1,5 +1,5 @@
 """The callbacks a run gets without asking, the same for ``fsmtrain train`` and a Python ``Trainer``:
-the console (a progress bar on a terminal, else a line per epoch), the built-ins that only watch
+the console (a line per epoch, below it a live progress bar on a terminal), the built-ins that only watch
 and, with a run directory, ``metrics.csv`` and checkpoints, with the config's defaults. Early
 stopping is not one: it changes how long a run trains.
 """
@@ -18,7 +18,8 @@ def console_callbacks() -> list[TrainingCallback]:
     from fsmtrain.callbacks import EpochSummaryCallback, ProgressBarCallback
     from fsmtrain.callbacks.progress_bar import auto_enabled
 
-    return [ProgressBarCallback(enabled=True)] if auto_enabled() else [EpochSummaryCallback()]
+    # On a terminal the bar redirects stdout, so each epoch's line prints above it and stays.
+    return [EpochSummaryCallback(), *([ProgressBarCallback(enabled=True)] if auto_enabled() else [])]
 
 
 def default_callbacks(given: Sequence[TrainingCallback], *, run_dir: Path | None,

@@ -17,6 +17,7 @@ from fsmtrain.app.defaults import default_callbacks as with_defaults
 from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
+from fsmtrain.callbacks.progress_bar import current_stderr
 from fsmtrain.core.chain import key_from_env
 from fsmtrain.core.consensus import log_name_for_rank
 from fsmtrain.core.context import RunContext
@@ -166,7 +167,7 @@ class Trainer:
             self.run_dir / log_name_for_rank(rank) if self.run_dir is not None else None,
             self.run_id,
             level=log_level,
-            console=sys.stderr if rank == 0 else None,  # one console: rank 0's
+            console=current_stderr() if rank == 0 else None,  # one console: rank 0's
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,

@@ -19,27 +19,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
+from fsmtrain.core.hooks import int_at_least
 from fsmtrain.core.ledger import CommittedFile
-from fsmtrain.training.checkpoint_file import (
-    FORMAT_VERSION,
-    CheckpointError,
-    CheckpointWriteError,
-    SavedCheckpoint,
-    atomic_link,
-    check_free_space,
-    fsync_dir,
-    history_text,
-    load_checkpoint,
-    save_state,
-    sha256_of,
-)
+from fsmtrain.training import checkpoint_file as files
+from fsmtrain.training.checkpoint_file import CheckpointError, CheckpointWriteError, load_checkpoint, sha256_of
 from fsmtrain.training.checkpoint_writer import SLOTS, BufferSet, CheckpointWriter, Job, Staged, stage, tensor_bytes
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.rng import capture_rng_state
 
 __all__ = [
-    "DAMAGED_DIR", "FORMAT_VERSION", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
-    "CheckpointManager", "CheckpointWriteError", "DamagedState", "SavedCheckpoint", "WritePlan", "Written",
+    "DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
+    "CheckpointManager", "CheckpointWriteError", "DamagedState", "WritePlan", "Written",
     "find_damaged", "load_checkpoint", "quarantine", "sha256_of", "shown_path", "stateful_callbacks",
 ]
 
@@ -83,7 +73,7 @@ class WritePlan:
 class Written:
     """What one write left on disk, durable, for the log to commit."""
 
-    saved: tuple[SavedCheckpoint, ...]
+    saved: tuple[files.SavedCheckpoint, ...]
     chain_head: str | None  # the log's head the files store
 
 
@@ -218,7 +208,7 @@ def quarantine(run_dir: Path, state: DamagedState, folder: str = DAMAGED_DIR) ->
         folders.update((source.parent, target_dir))
         moved.append(shown_path(target, run_dir))
     for changed in folders:
-        fsync_dir(changed)
+        files.fsync_dir(changed)
     return tuple(moved)
 
 
@@ -235,19 +225,12 @@ class CheckpointManager(CheckpointFolder):
     def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
                  save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
                  background: bool = False) -> None:
-        if isinstance(save_every_n_epochs, bool) or not isinstance(save_every_n_epochs, int) or save_every_n_epochs < 1:
-            raise ValueError(f"save_every_n_epochs must be an integer >= 1, got {save_every_n_epochs!r}")
-        if isinstance(keep_last_k, bool) or not isinstance(keep_last_k, int) or keep_last_k < 0:
-            raise ValueError(f"keep_last_k must be an integer >= 0 (0 keeps all), got {keep_last_k!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        super().__init__(directory, keep_last_k)
-        self.save_every_n_epochs = save_every_n_epochs
-        self.save_best = save_best
-        self.save_latest = save_latest
-        self.monitor = monitor
-        self.mode = mode
-        self.background = background
+        super().__init__(directory, int_at_least("keep_last_k (0 keeps all)", keep_last_k, 0))
+        self.save_every_n_epochs = int_at_least("save_every_n_epochs", save_every_n_epochs, 1)
+        self.save_best, self.save_latest, self.background = save_best, save_latest, background
+        self.monitor, self.mode = monitor, mode
         self.best_value: float | None = None
         self.best_epoch: int | None = None
         self.writer = CheckpointWriter(background)
@@ -285,14 +268,14 @@ class CheckpointManager(CheckpointFolder):
         """The checkpoint of ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts."""
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
         return {
-            "format": FORMAT_VERSION,
+            "format": files.FORMAT_VERSION,
             "run_id": run.run_id,
             "epoch": epoch,
             "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
             "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
                          "global_step": run.global_step, "max_epochs": run.max_epochs},
             "metrics": {k: float(v) for k, v in metrics.items()},
-            "history": history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
+            "history": files.history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
             "model": model.state_dict() if model is not None else None,
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
@@ -350,27 +333,27 @@ class CheckpointManager(CheckpointFolder):
         plan.staged.wait()
         epoch_file = self.periodic_path(plan.epoch)
         try:
-            check_free_space(epoch_file, plan.staged.staged_bytes)
+            files.check_free_space(epoch_file, plan.staged.staged_bytes)
         except OSError as exc:
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
         try:
-            digest = save_state(epoch_file, plan.staged.state)
-            fsync_dir(self.directory)
+            digest = files.save_state(epoch_file, plan.staged.state)
+            files.fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc
         kind = "periodic" if plan.periodic else "epoch"
-        return Written((SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles),), plan.chain_head)
+        return Written((files.SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles),), plan.chain_head)
 
-    def link_roles(self, epoch_file: SavedCheckpoint, chain_head: str | None) -> Written:
+    def link_roles(self, epoch_file: files.SavedCheckpoint, chain_head: str | None) -> Written:
         """Point each role of the committed ``epoch_file`` at it, one fsync for all (a kill before: resume finishes)."""
         saved, writing = [], self.directory
         try:
             for role in epoch_file.roles:
                 writing = self.directory / self.name_for(role, epoch_file.epoch)
-                atomic_link(epoch_file.path, writing, sync_dir=False)
-                saved.append(SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role))
+                files.atomic_link(epoch_file.path, writing, sync_dir=False)
+                saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role))
             writing = self.directory
-            fsync_dir(self.directory)
+            files.fsync_dir(self.directory)
         except OSError as exc:
             raise CheckpointWriteError.of(exc, epoch_file.epoch, writing) from exc
         return Written(tuple(saved), chain_head)
@@ -388,7 +371,7 @@ class CheckpointManager(CheckpointFolder):
         log.removed(paths, beside)  # first: a file the log still commits is never missing
         for path in paths:
             path.unlink(missing_ok=True)
-        fsync_dir(self.directory)
+        files.fsync_dir(self.directory)
 
     def finish(self, log: CheckpointLog) -> None:
         """Once every write is committed: remove what the last commit made redundant (the newest

@@ -1,11 +1,6 @@
-"""Checkpoint writes off the training thread: the state staged into reused host buffers, and one
-writer thread with at most one write in flight and one state waiting.
-
-:func:`stage` copies each tensor into a :class:`BufferSet` buffer keyed by where it sits in the
-state, allocated once and reused. A CUDA tensor is copied into pinned memory on a side stream
-ordered after the last optimizer step; the training stream waits for it on the GPU, and the writer
-thread waits for its event. There are two buffer sets ("slots"), and a slow disk never holds
-training up (:meth:`CheckpointWriter.claim_slot`).
+"""Checkpoint writes off the training thread: the state staged into reused host buffers (pinned,
+on a side stream, for CUDA tensors), and one writer thread with one write in flight and one state
+waiting, so a slow disk never holds training up (:meth:`CheckpointWriter.claim_slot`).
 """
 
 from __future__ import annotations

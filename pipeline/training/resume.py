@@ -1,14 +1,8 @@
 """Continue a run in place from the newest checkpoint its log committed, or start it over in place.
 
-:func:`find_resumption` reads the run's ``events.jsonl`` (cutting off a torn last line), hashes
-every checkpoint file the log still commits, and takes the newest one whose bytes are the committed
-ones and that loads. A committed file whose bytes changed (truncated, a flipped byte, another file
-in its place) is damaged: moved to ``checkpoints/damaged/``, announced once per state and logged as
-``checkpoint_damaged``. A kill between an epoch file's commit (naming the roles it is to get) and
-its roles' is finished, never called damage. Temp files are removed; other files the log does not
-commit go to ``checkpoints/uncommitted/``; a newest state gone entirely is said; the ``resume``
-event names each. A run whose log committed no checkpoint is started over in place
-(:func:`prepare_restart`, a ``restart`` event).
+Resume trusts only bytes the log committed: a changed file is damaged and moved to
+``checkpoints/damaged/``, a file the log never committed to ``checkpoints/uncommitted/``, a commit
+a kill cut short is finished, and each of these is said on the console and in the ``resume`` event.
 """
 
 from __future__ import annotations

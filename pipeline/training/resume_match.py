@@ -1,10 +1,6 @@
-"""Does a Trainer hold what its checkpoint was trained with? The Python side of the CLI's fingerprint.
-
-A ``Trainer(resume_from=...)`` has objects, not a config: :func:`mismatches` compares them with the
-checkpoint (the optimizer's class and parameter groups, the scheduler's class, the model's tensor
-names and shapes) and names each difference, so a resume with another optimizer is refused in one
-line before anything is loaded. For a checkpoint without recorded classes (:func:`object_classes`)
-the optimizer and scheduler are compared by the keys of their state.
+"""Does a Trainer hold what its checkpoint was trained with? :func:`mismatches` compares the
+optimizer's and scheduler's classes and parameter groups and the model's tensor names and shapes,
+so a ``Trainer(resume_from=...)`` with other objects is refused in one line before anything loads.
 """
 
 from __future__ import annotations

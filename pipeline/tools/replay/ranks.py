@@ -1,12 +1,8 @@
-"""One rank of a multi-process run, replayed: the other ranks, as this rank's log recorded them.
+"""One rank of a multi-process run, replayed: the other ranks as this rank's log recorded them.
 
-The log records what the other ranks brought to the agreements that changed the run: a stop
-request from another rank (a ``stop_request`` naming its ``rank``) and a signal received there
-(``signal SIGTERM on rank 1``). :class:`RecordedRanks` is a
-:class:`~fsmtrain.core.consensus.Collective` that gives them back at the same phase, epoch and
-step, so the engine agrees as it did live. As the run's
-:class:`~fsmtrain.core.consensus.FailureBoard` it gives back another rank's failure (``RankFailed``)
-where this rank met it: a broken collective (raised again by the driver) or an agreement point.
+:class:`RecordedRanks` is the run's collective and failure board: it gives back another rank's stop
+request, signal or failure at the phase, epoch and step where this rank met it, so the engine
+agrees as it did live.
 """
 
 from __future__ import annotations

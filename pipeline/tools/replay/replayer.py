@@ -1,12 +1,7 @@
-"""Replay: one more :class:`fsmtrain.core.driver.Driver`, so a replayed run takes the engine, the
-machine and the callbacks of a trained one; only the numbers come from elsewhere: a run's
-``events.jsonl`` (:func:`replay_run`) or lists (:func:`replay_losses`), never a model.
-
-A callback's ``replay`` attribute (:class:`fsmtrain.core.hooks.ReplaySupport`) says how it takes
-part: ``FULL`` runs as it ran, ``DRY`` runs with ``run.dry_run`` set and its events are kept apart
-as what it *would* have done, ``NONE`` is refused. Slots only a dry callback computes are fed back
-from the recording. A what-if that outlives the recording raises :class:`RecordingExhausted` at the
-next epoch: the engine takes its fault path and the result says the stop is unknown.
+"""Replay: a :class:`fsmtrain.core.driver.Driver` that feeds recorded numbers (a run's
+``events.jsonl``, :func:`replay_run`, or lists, :func:`replay_losses`) to the real engine, machine
+and callbacks. A callback's ``replay`` attribute (``FULL``, ``DRY``, ``NONE``) says how it takes
+part; a what-if that outlives the recording ends with :class:`RecordingExhausted`.
 """
 
 from __future__ import annotations
