@@ -299,6 +299,8 @@ class EventLog:
     @staticmethod
     def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         r = event_dict["record"]
+        if r["event"] == "exception" and r["payload"].get("interrupt"):
+            raise structlog.DropEvent  # a requested stop, not a fault: the run's summary names it
         out: dict[str, Any] = {"event": r["event"], "level": "warning" if method_name == "warn" else method_name}
         if r["event"] == "transition":
             out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
