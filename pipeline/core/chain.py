@@ -1,11 +1,7 @@
-"""The hash chain that makes ``events.jsonl`` prove itself.
-
-Each line's ``prev`` is the digest (sha256, or HMAC-SHA256 with a key) of the line before's exact
-bytes; the first line chains to the *genesis*, the digest of the run id and the resolved config.
-Each line also seals itself: its last field, ``seal``, is the digest of the line without that field,
-so the last line is covered too. A plain chain proves consistency; with a key
-(``FSMTRAIN_LOG_KEY``) it also proves authorship. The log records the scheme and a *key id* (the
-HMAC of a fixed label), which tells a wrong key from tampering.
+"""The hash chain that makes ``events.jsonl`` prove itself: each line's ``prev`` is the digest
+(sha256, or HMAC-SHA256 with ``FSMTRAIN_LOG_KEY``) of the line before, the first line's that of the
+run id and config; its last field, ``seal``, is the digest of the line without it, so the last line
+is covered too. The log records a *key id*, which tells a wrong key from tampering.
 """
 
 from __future__ import annotations
@@ -72,10 +68,7 @@ class Chain:
     def _hmac_hex(self, data: bytes) -> str:
         inner = self._inner.copy()
         inner.update(data)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        hexed: str = outer.hexdigest()
-        return hexed
+        return self._close(inner)
 
     def _close(self, state: Any) -> str:
         """The hex digest of a hash state begun as a copy of ``self._inner``."""
@@ -157,8 +150,8 @@ def read_key_file(path: str | Path) -> bytes:
 
 
 def last_line(path: Path) -> bytes | None:
-    """The last line of ``path`` (with its newline, if any), or None for a missing or empty file;
-    read backwards from the end."""
+    """The last line of ``path`` (with its newline, if any), or None for a missing or empty file."""
+
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:

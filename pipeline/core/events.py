@@ -1,16 +1,8 @@
-"""Structured run logs: ``events.jsonl`` (one JSON object a line) and a readable console.
-
-Every line has the keys of :data:`EVENT_KEYS`. ``seq`` counts from 0 without gaps; ``ts`` never
-decreases; ``from``/``to``/``trigger`` are set on ``transition`` events only. Non-finite floats are
-written as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so every line is strict JSON.
-
-``prev`` and ``seal`` chain the file (:mod:`fsmtrain.core.chain`); a resumed run's log continues
-the chain from its last line, and :attr:`EventLog.head` is what checkpoints pin. Records kept only
-in memory are not chained.
-
-``fsync``: ``"commits"`` (default) syncs after each ``checkpoint`` line and the ``result``, so a
-checkpoint on disk never loses the line that commits it; ``"every"`` syncs every line, ``"never"``
-none. A writer committing several files at once defers the sync (``defer_sync``) and syncs once.
+"""Structured run logs: ``events.jsonl`` (one strict-JSON object a line, with the keys of
+:data:`EVENT_KEYS`; ``seq`` has no gaps, ``ts`` never decreases; non-finite floats are written as
+``"NaN"``, ``"Infinity"``, ``"-Infinity"``) and a readable console. ``prev`` and ``seal`` chain the
+file (:mod:`fsmtrain.core.chain`). ``fsync="commits"`` syncs after each ``checkpoint`` line and the
+``result``, so a checkpoint on disk never loses the line that commits it.
 """
 
 from __future__ import annotations
@@ -59,8 +51,7 @@ def jsonable(value: Any) -> Any:
     if kind is dict:
         out: dict[str, Any] = {}
         for k, v in value.items():
-            # Leaves inline: an epoch's payload is a few dozen plain numbers and names.
-            vk = type(v)
+            vk = type(v)  # plain leaves inline: an epoch's payload is a few dozen of them
             if vk is str or vk is int or v is None or (vk is float and math.isfinite(v)):
                 out[k if type(k) is str else str(k)] = v
             else:
@@ -105,8 +96,7 @@ def check_levels(**levels: str) -> None:
 class EventLog:
     """Writes a run's events to ``path`` (if given), to the console through structlog, and
     optionally keeps them in memory (``records``). ``config`` is what the first line chains to,
-    ``key`` makes the chain HMAC-SHA256. A file line is encoded here once, not by structlog's
-    processors (cheaper per line); only the console goes through structlog."""
+    ``key`` makes the chain HMAC-SHA256."""
 
     def __init__(
         self,
@@ -134,13 +124,11 @@ class EventLog:
         self.chain = Chain(key)
         self._seq = start_seq
         self._last_ts = 0.0
-        # The checkpoint writer logs from its own thread: lines, seq, ts and the chain stay in order.
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the checkpoint writer logs from its own thread
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
         self._file: LogFile | None = None
-        # A log that can no longer be written fails once, where it happened; later lines that do
-        # not fit are counted, and the console says so at close.
+        # A log that can no longer be written fails once; later lines that do not fit are counted.
         self._failed: LogWriteError | None = None
         self._dropped = 0
         self._stream = console
@@ -262,8 +250,7 @@ class EventLog:
 
     def _write(self, record: dict[str, Any]) -> None:
         """One line, sealed and written whole (or not at all), then at once counted and made the
-        chain head, with nothing in between a Ctrl-C could cut. A line that found the disk full goes
-        into the room the file keeps; then the error is raised."""
+        chain head. A line that found the disk full goes into the room the file keeps, then raises."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None
@@ -322,8 +309,7 @@ def _unencodable(value: Any) -> Any:
 
 
 def _line_encoder() -> Callable[[Any], str]:
-    """Compact, strict, ASCII-only JSON, as ``json.dumps(allow_nan=False, separators=(",", ":"))``
-    writes it, with the C encoder built once instead of at every call."""
+    """``json.dumps(allow_nan=False, separators=(",", ":"))``, with the C encoder built once."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:  # an interpreter without the C accelerator
         return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
@@ -346,8 +332,8 @@ def read_events(path: Path | str) -> list[dict[str, Any]]:
 
 
 def first_run_start(path: Path | str) -> dict[str, Any] | None:
-    """The payload of a log's first ``run_start`` (how the run was started: seed, world size...);
-    None when no line is one. Unreadable lines are skipped: the audit is what reports them."""
+    """The payload of a log's first ``run_start``, or None; unreadable lines are the audit's to report."""
+
     with open(path, "rb") as fh:
         for line in fh:
             try:
