@@ -151,7 +151,6 @@ def read_key_file(path: str | Path) -> bytes:
 
 def last_line(path: Path) -> bytes | None:
     """The last line of ``path`` (with its newline, if any), or None for a missing or empty file."""
-
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:

@@ -75,8 +75,7 @@ def _own_on_names(cls: type, base: type) -> list[str]:
         if klass is base or klass is object or issubclass(base, klass):
             continue
         # A copy: a first deepcopy adds ``__slotnames__``, possibly in another thread.
-        names +=
- [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
+        names += [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
     return names
 
 

@@ -161,7 +161,6 @@ class RankAgreement:
     """One rank's side: :meth:`agree` at each of :attr:`points`; the shared guards read the agreed
     :attr:`stop` and :attr:`signal`."""
 
-
     def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
         self.collective = collective
         self.run = run

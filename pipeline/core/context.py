@@ -258,7 +258,6 @@ class ValStepContext(_Delegating):
     """One validation batch: after it, ``output`` and ``loss`` (detached) are set, so a callback can
     accumulate a metric over the whole validation set (F1, AUC, a confusion matrix)."""
 
-
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run
         self.epoch = epoch

@@ -17,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.graph_machine import CALLBACK_BULLET, DOT_NEWLINE, MERMAID_NEWLINE, DrawnModel, EdgeKey
-from fsmtrain.core.graph_machine import LifecycleGraphMachine
+from fsmtrain.core.graph_machine import (
+    CALLBACK_BULLET,
+    DOT_NEWLINE,
+    MERMAID_NEWLINE,
+    DrawnModel,
+    EdgeKey,
+    LifecycleGraphMachine,
+)
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
 from fsmtrain.core.run_path import DiagramError, RunPath, read_run_path
@@ -253,7 +259,6 @@ def dot_digest(dot_source: str) -> str:
 def render_svg(dot_source: str, dot_program: str = "dot") -> str:
     """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 in a comment (the SVG's bytes depend on
     the local Graphviz version; the staleness check compares the digest)."""
-
     exe = shutil.which(dot_program)
     if exe is None:
         raise GraphvizMissing(GRAPHVIZ_HINT)

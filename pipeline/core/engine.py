@@ -244,7 +244,6 @@ class Engine:
     def _fault(self, exc: BaseException) -> BaseException:
         """Route an exception or interrupt to ``train_end`` through ``abort``, whose handler runs the
         teardown. Returns what the run ends with: ``exc``, or a ``RankFailed`` naming another rank."""
-
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)

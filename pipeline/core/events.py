@@ -333,7 +333,6 @@ def read_events(path: Path | str) -> list[dict[str, Any]]:
 
 def first_run_start(path: Path | str) -> dict[str, Any] | None:
     """The payload of a log's first ``run_start``, or None; unreadable lines are the audit's to report."""
-
     with open(path, "rb") as fh:
         for line in fh:
             try:

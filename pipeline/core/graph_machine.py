@@ -69,7 +69,6 @@ class _DotLabels:
 class _OneLinePerTransition:
     """Passes edges on to the graphviz graph without the `` | `` between merged transitions."""
 
-
     def __init__(self, graph: Any) -> None:
         self._graph = graph
 

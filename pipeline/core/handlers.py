@@ -28,7 +28,6 @@ def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]]) -> 
 def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: bool) -> Work:
     """One callable for a per-batch program of ``(work, skip flag)`` pairs: a pair is left out when
     the step context has its flag set (a plain sequence of calls when nothing can set one)."""
-
     if not flags_can_change:
         plain = tuple(fn for fn, _ in items)
 

@@ -9,8 +9,15 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, ClassVar
 
-from fsmtrain.core.context import CheckpointContext, EpochContext, FaultContext, RunContext, Slot, StepContext
-from fsmtrain.core.context import ValStepContext
+from fsmtrain.core.context import (
+    CheckpointContext,
+    EpochContext,
+    FaultContext,
+    RunContext,
+    Slot,
+    StepContext,
+    ValStepContext,
+)
 from fsmtrain.core.lifecycle import HOOK_NAMES
 from fsmtrain.core.registry import GlobalHandle, register_global_callback
 
@@ -134,7 +141,6 @@ class CallbackBoundError(ValueError):
 def bind_callbacks(callbacks: Sequence[TrainingCallback]) -> int:
     """Bind a Trainer's callback instances to it (returns the binding's number); one already bound
     to another Trainer is refused, since its attributes hold that run's state."""
-
     taken = [cb for cb in callbacks if getattr(cb, _BOUND, None) is not None]
     if taken:
         names = ", ".join(dict.fromkeys(str(cb.name) for cb in taken))

@@ -306,7 +306,6 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
     for step in program:
         if step.trigger is not None and not any(t.trigger == step.trigger and t.dest is step.phase
                                                 for t in transitions):
-
             problems.append(f"{step.name!r} is bound to {step.trigger!r}, which never enters {step.phase.value!r}")
         if step.per_batch and step.trigger is None and step.phase is not P.VAL:
             problems.append(f"{step.name!r} runs per batch inside {step.phase.value!r}, which has no batch loop")

@@ -121,7 +121,6 @@ class LogFile:
         if not self._reserving or _FALLOCATE is None or fd is None or end <= self._room_end:
             return None
         end = -(-end // self._block) * self._block  # whole blocks: one call per block of log, not per line
-
         if _FALLOCATE(fd, _KEEP_SIZE, self._room_end, end - self._room_end) == 0:
             self._room_end = end
             return None

@@ -113,6 +113,5 @@ def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
              "before": [handler.check] if isinstance(handler, MoveHandler) else [],
              "after": [handler.run if isinstance(handler, MoveHandler) else handler]}
             for t, handler in zip(TRANSITIONS, handlers, strict=True)]
-
     return LifecycleMachine(model=model, states=[p.value for p in Phase], transitions=spec, initial=INITIAL.value,
                             auto_transitions=False, send_event=False, ignore_invalid_triggers=False)

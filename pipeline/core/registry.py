@@ -125,7 +125,6 @@ def global_callbacks() -> list[TrainingCallback]:
 def callbacks_for_run(local: frozenset[int] = frozenset()) -> list[TrainingCallback]:
     """What one run gets, in order: copies and factory products, except instances it also got as a
     local callback (``local``: ids)."""
-
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     return [reg.make() for reg in snapshot if reg.instance is None or id(reg.instance) not in local]

@@ -92,7 +92,6 @@ def read_run_path(events_path: str | Path) -> RunPath:
     path = Path(events_path)
     if path.is_dir():
         path = path / "events.jsonl"
-
     counter = PathCounter()
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below

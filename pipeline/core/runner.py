@@ -55,7 +55,6 @@ class CallbackRunner:
             check_data_flow(self.entries)
         # By identity: callbacks need not hash.
         self._writes = {id(cb): frozenset(s.name for s in cb.writes) for cb in self.callbacks}
-
         self.ns: list[int] = [0] * len(self.callbacks)  # time spent in each callback, for the timing event
         seen: set[str] = set()
         self._labels: list[str] = []
@@ -161,7 +160,6 @@ def check_data_flow(entries: Sequence[Entry]) -> None:
     """Refuse an order in which a reader of a slot may run before its writer in the same epoch: a
     reader is safe only when its earliest epoch hook runs after its writer's latest one, compared as
     ``(hook position in the epoch, dispatch position)``."""
-
     position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []
     for reader in entries:

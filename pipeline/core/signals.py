@@ -144,7 +144,6 @@ def stop_on_signals(run: RunContext) -> Iterator[None]:
 def sigterm_interrupts() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted`, so a command
     that waits on worker processes stops them instead of dying and leaving them orphaned."""
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
