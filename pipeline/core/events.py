@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import json.encoder
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
@@ -304,25 +303,8 @@ class EventLog:
         return out
 
 
-def _unencodable(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _line_encoder() -> Callable[[Any], str]:
-    """``json.dumps(allow_nan=False, separators=(",", ":"))``, with the C encoder built once."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
-    # markers=None: no circular-reference check (a record is a tree of plain values)
-    chunks = make(None, _unencodable, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
-
-    def encode(record: Any) -> str:
-        return "".join(chunks(record, 0))
-
-    return encode
-
-
-_ENCODE = _line_encoder()
+# Compact, strict, ASCII-only JSON: a line of the log.
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""The engine's fault path apart from the walk: one ``exception`` line per failure, and the
-teardown the engine runs itself when the machine refuses ``abort``."""
+"""One ``exception`` line per failure, and the teardown the engine runs itself when the machine
+refuses ``abort``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class ExceptionLog:
 
     def __init__(self, run: RunContext) -> None:
         self.run = run
-        self._logged: set[int] = set()  # exceptions already written to the log
+        self._logged: set[int] = set()
 
     def __call__(self, exc: BaseException, source: str, **extra: Any) -> None:
         if id(exc) in self._logged:

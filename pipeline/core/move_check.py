@@ -1,9 +1,6 @@
-"""No handler runs for a move the table forbids.
-
-Each transition's :class:`~fsmtrain.core.machine.MoveHandler` checks, before the state changes,
-that the machine is in the move's source and the table's guards hold (else it raises and the state
-stays), and its program runs only after that check passed for this very move. The per-batch fast
-path runs the batch program after its own guard and pays nothing here.
+"""No handler runs for a move the table forbids: each transition's
+:class:`~fsmtrain.core.machine.MoveHandler` checks, before the state changes, that the machine is in
+the move's source and the table's guards hold, and its program runs only after that check passed.
 """
 
 from __future__ import annotations
