@@ -68,8 +68,8 @@ class Failure:
 
 
 class RankFailed(KeyboardInterrupt):
-    """Another rank of this run failed first; this rank stops (INTERRUPTED) and names it.
-    ``symptom``: what this rank met itself (a collective's error when the failed rank left), or None."""
+    """Another rank failed first; this rank stops (INTERRUPTED) and names it. ``symptom``: what this
+    rank met itself, or None."""
 
     def __init__(self, failure: Failure, symptom: str | None = None) -> None:
         self.failure = failure
@@ -88,8 +88,7 @@ class FailureBoard(Protocol):
     def post_failure(self, failure: Failure) -> Failure:
         """Post ``failure`` unless another is there; the first one posted."""
 
-    def posted_failure(self) -> Failure | None:
-        """The first failure posted, if any."""
+    def posted_failure(self) -> Failure | None: ...
 
 
 class Collective(Protocol):
@@ -110,8 +109,7 @@ class Collective(Protocol):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the ranks agreed: a signal to act on (0: none) and the winning stop request's fields,
-    from rank ``stop_rank``."""
+    """What the ranks agreed: a signal (0: none) and the winning stop request, from ``stop_rank``."""
 
     signal: int = 0
     signal_rank: int = -1
@@ -170,8 +168,8 @@ class RankAgreement:
         self.signal: tuple[int, int] | None = None  # (signal, rank)
 
     def account(self, exc: BaseException, source: str) -> BaseException:
-        """``exc``, posted as this rank's failure; or :class:`RankFailed` naming another rank's
-        failure posted first (``exc`` its symptom). An interrupt is not posted."""
+        """``exc``, posted as this rank's failure (an interrupt is not), or :class:`RankFailed`
+        naming another rank's failure posted first."""
         board = self.collective
         if isinstance(exc, RankFailed) or not isinstance(board, FailureBoard):
             return exc

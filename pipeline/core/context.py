@@ -44,8 +44,7 @@ class EventSink(Protocol):
 
     def enabled_for(self, level: str) -> bool: ...
 
-    def sync(self) -> None:
-        """Make every event written so far durable."""
+    def sync(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -91,8 +90,7 @@ def _created() -> Phase:
 
 @dataclass(eq=False, repr=False)
 class RunContext:
-    """State of one run. ``epoch`` is the 0-based index of the current (or next) epoch, so it also
-    counts the epochs completed once an epoch's ``epoch_end`` handlers have run."""
+    """State of one run. ``epoch``: the 0-based index of the current (or next) epoch."""
 
     run_id: str
     max_epochs: int
@@ -119,11 +117,10 @@ class RunContext:
 
     @property
     def phase(self) -> Phase:
-        """The lifecycle machine's state (read from the machine; kept nowhere else)."""
+        """The lifecycle machine's state, read from the machine (kept nowhere else)."""
         return self._phase_of()
 
     def bind_phase(self, phase_of: Callable[[], Phase]) -> None:
-        """Where the phase is read from (the engine's machine)."""
         self._phase_of = phase_of
 
     def get(self, slot: Slot[T]) -> T | None:
@@ -204,8 +201,7 @@ class _Delegating:
 
 
 class EpochContext(_Delegating):
-    """One epoch. ``metrics`` fills as the epoch runs: ``lr`` at begin, ``train_loss`` when the
-    train phase ends, ``val_loss`` and any validation metrics after validation."""
+    """One epoch; ``metrics`` fill as it runs (``lr``, then ``train_loss``, then validation's)."""
 
     def __init__(self, run: RunContext, index: int) -> None:
         self.run = run
@@ -215,7 +211,6 @@ class EpochContext(_Delegating):
 
     @property
     def number(self) -> int:
-        """The epoch number people read: 1-based (``index`` is the 0-based one the log keeps)."""
         return epoch_number(self.index)
 
     @property

@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable
-from typing import Any
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from fsmtrain.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from fsmtrain.core.context import FaultContext, RunContext
 from fsmtrain.core.driver import Driver
 from fsmtrain.core.epoch_work import EpochWork, Outputs
-from fsmtrain.core.faults import ExceptionLog, teardown_refused
 from fsmtrain.core.handlers import HandlerCompiler, compile_guard
 from fsmtrain.core.lifecycle import (
     ABORT,
@@ -36,8 +36,7 @@ from fsmtrain.core.lifecycle import (
     triggers_from,
 )
 from fsmtrain.core.log_file import LogWriteError
-from fsmtrain.core.machine import build_machine
-from fsmtrain.core.move_check import MoveChecks
+from fsmtrain.core.machine import MoveChecks, build_machine
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
@@ -68,6 +67,44 @@ class Interrupted(KeyboardInterrupt):
     def signal_of(exc: KeyboardInterrupt) -> int:
         """The signal a ``KeyboardInterrupt`` stands for: this class's own, SIGINT for Python's."""
         return exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+
+
+class ExceptionLog:
+    """Writes one ``exception`` line per exception, however often it is reported."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self._logged: set[int] = set()
+
+    def __call__(self, exc: BaseException, source: str, **extra: Any) -> None:
+        if id(exc) in self._logged:
+            return
+        self._logged.add(id(exc))
+        # A log that can no longer be written must not stop the fault path.
+        with contextlib.suppress(LogWriteError):
+            self.run.emit(
+                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+                interrupt=isinstance(exc, KeyboardInterrupt),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
+            )
+
+
+def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
+                     phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
+    """The machine refused ``abort`` from ``phase``: run that ``abort``'s program (the teardown,
+    reason ERROR) directly, then raise the refusal, caused by the fault."""
+    message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
+               f"itself. The fault was {type(exc).__name__}: {exc}")
+    refused = LifecycleError(message)
+    log(refused, "engine")
+    with contextlib.suppress(LogWriteError):
+        run.force_stop(StopReason.ERROR, "engine", message)
+    run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
+    try:
+        programs[transition_for(ABORT, phase)]()
+    except BaseException as err:
+        log(err, "teardown")
+    raise refused from exc
 
 
 class _MachineModel:

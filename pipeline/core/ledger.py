@@ -28,7 +28,6 @@ class CheckpointLedger:
     """The checkpoint files a log committed and still stands by, fed one parsed line at a time."""
 
     def __init__(self) -> None:
-        self.order: list[CommittedFile] = []  # every commit, in log order
         self.last: dict[str, CommittedFile] = {}  # path -> its last commit, withdrawn or not
         self.live: dict[str, CommittedFile] = {}  # path -> its last commit, while it stands
 
@@ -54,7 +53,6 @@ class CheckpointLedger:
         done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
                              kind if isinstance(kind, str) else None, seq if type(seq) is int else None,
                              tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else ())
-        self.order.append(done)
         self.last[path] = done
         self.live[path] = done
 

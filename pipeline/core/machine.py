@@ -2,7 +2,8 @@
 conditions are the live guards, its ``before``/``after`` callbacks each move's check and program.
 The classes here, plugged in through the library's extension points (``condition_cls``,
 ``transition_cls``, ``event_cls``), skip the per-trigger logging and name lookups, and fall back to
-the library's code as soon as anything else is configured.
+the library's code as soon as anything else is configured. :class:`MoveChecks` makes sure no
+handler runs for a move the table forbids.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from typing import Any
 from transitions import Machine
 from transitions.core import Condition, Event, EventData, Transition
 
-from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Guard, LifecycleError, Phase
+from fsmtrain.core.handlers import compile_guard
+from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Facts, Guard, LifecycleError, Phase
+from fsmtrain.core.lifecycle import Transition as Move
 
-__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveHandler", "build_machine"]
+__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveChecks", "MoveHandler",
+           "build_machine"]
 
 
 class GuardCondition(Condition):
@@ -115,3 +119,41 @@ def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
             for t, handler in zip(TRANSITIONS, handlers, strict=True)]
     return LifecycleMachine(model=model, states=[p.value for p in Phase], transitions=spec, initial=INITIAL.value,
                             auto_transitions=False, send_event=False, ignore_invalid_triggers=False)
+
+
+class MoveChecks:
+    """The checked handlers of one run's machine; ``facts()`` words the refusal."""
+
+    def __init__(self, state: Callable[[], str], guards: Mapping[Guard, Callable[[], bool]],
+                 facts: Callable[[], Facts]) -> None:
+        self._state = state
+        self._guards = guards
+        self._facts = facts
+        self._cleared: Move | None = None  # the move whose check passed and whose program may run
+
+    def handler(self, t: Move, program: Callable[[], None]) -> MoveHandler:
+        return MoveHandler(self._check(t), self._after_check(t, program))
+
+    def _check(self, t: Move) -> Callable[[], None]:
+        allowed = compile_guard(t, self._guards)
+        source = t.source.value
+
+        def check() -> None:
+            if self._state() != source or not allowed():
+                raise LifecycleError(
+                    f"the machine fired {t.trigger!r} from {self._state()!r}, but the table allows it from "
+                    f"{source!r} only when its guards hold ({t.guard_label() or 'no guard'}; facts {self._facts()}); "
+                    "its handlers did not run")
+            self._cleared = t
+
+        return check
+
+    def _after_check(self, t: Move, program: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            if self._cleared is not t:
+                raise LifecycleError(f"the machine ran the handlers of {t.trigger!r} ({t.source.value} -> "
+                                     f"{t.dest.value}) without checking the move first; they did not run")
+            self._cleared = None
+            program()
+
+        return run
