@@ -121,9 +121,7 @@ class Chain:
 
     def describe(self) -> dict[str, Any]:
         """What ``run_start`` records about the chain: the scheme and the key id, never the key."""
-        if self.key_id is None:
-            return {"scheme": self.scheme}
-        return {"scheme": self.scheme, "key_id": self.key_id}
+        return {"scheme": self.scheme} if self.key_id is None else {"scheme": self.scheme, "key_id": self.key_id}
 
     @staticmethod
     def key_id_of(described: Mapping[str, Any]) -> str | None:

@@ -143,11 +143,7 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     """The verdict every rank computes from the same gathered rows (a pure function of them)."""
     if any(len(r) != _WIDTH for r in rows):
         raise ValueError(f"agreement rows must have {_WIDTH} integers, got {[len(r) for r in rows]}")
-    signal, signal_rank = 0, -1
-    for rank, row in enumerate(rows):
-        if row[5]:
-            signal, signal_rank = row[5], rank
-            break
+    signal, signal_rank = next(((row[5], rank) for rank, row in enumerate(rows) if row[5]), (0, -1))
     requests = [(rank, row) for rank, row in enumerate(rows) if row[0]]
     if not requests:
         return Verdict(signal, signal_rank)

@@ -9,6 +9,7 @@ replay are its drivers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import traceback
@@ -253,20 +254,13 @@ class Engine:
                 if not guard():
                     return
                 handler()
-        run = self.run
-        if self._debug:
-            handler = self._batch_handler
-            while True:
-                self._signal = run.pending_signal
-                if not guard():
-                    return
-                handler()
-        body, step = self._batch_body, self._work.step
+        run = self.run  # at debug level through the handler, which logs each batch move
+        batch = self._batch_handler if self._debug else functools.partial(self._batch_body, self._work.step)
         while True:
             self._signal = run.pending_signal
             if not guard():
                 return
-            body(step)
+            batch()
 
     def _raise_if_signalled(self) -> None:
         """At a boundary, a signal routes the run through abort (with several ranks, an agreed one)."""

@@ -48,14 +48,7 @@ def jsonable(value: Any) -> Any:
             return value
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if kind is dict:
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            vk = type(v)  # plain leaves inline: an epoch's payload is a few dozen of them
-            if vk is str or vk is int or v is None or (vk is float and math.isfinite(v)):
-                out[k if type(k) is str else str(k)] = v
-            else:
-                out[k if type(k) is str else str(k)] = jsonable(v)
-        return out
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
     if kind is list or kind is tuple:
         return [jsonable(v) for v in value]
     if isinstance(value, float):
@@ -80,9 +73,7 @@ def jsonable(value: Any) -> Any:
 
 def as_float(value: Any) -> float:
     """Read a number written by :func:`jsonable` (``"NaN"`` etc. included); None gives NaN."""
-    if value is None:
-        return math.nan
-    return float(value)
+    return math.nan if value is None else float(value)
 
 
 def check_levels(**levels: str) -> None:

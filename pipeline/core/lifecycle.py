@@ -274,7 +274,6 @@ def _consistent_facts() -> Iterator[Facts]:
 def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tuple[Step, ...] = PROGRAM) -> None:
     """Reject a broken table: unreachable phases, dead ends, ambiguous or missing moves, bad hooks."""
     problems: list[str] = []
-    phases = set(Phase)
     edges: dict[Phase, set[Phase]] = {p: set() for p in Phase}
     for t in transitions:
         if t.trigger != ABORT:  # abort reaches train_end from anywhere; a sound table must not need it
@@ -282,13 +281,8 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
         if t.internal and t.source is not t.dest:
             problems.append(f"internal transition {t.trigger!r} must loop on its phase")
     reach = _closure({INITIAL}, edges)
-    problems += [f"phase {p.value!r} is unreachable from {INITIAL.value!r}" for p in phases - reach]
-    reverse: dict[Phase, set[Phase]] = {p: set() for p in Phase}
-    for src, dests in edges.items():
-        for d in dests:
-            reverse[d].add(src)
-    can_finish = _closure({FINAL}, reverse)
-    problems += [f"phase {p.value!r} cannot reach {FINAL.value!r}" for p in phases - can_finish]
+    problems += [f"phase {p.value!r} is unreachable from {INITIAL.value!r}" for p in Phase if p not in reach]
+    problems += [f"phase {p.value!r} cannot reach {FINAL.value!r}" for p in Phase if FINAL not in _closure({p}, edges)]
     for phase in Phase:
         if phase is FINAL:
             if any(t.source is FINAL for t in transitions):

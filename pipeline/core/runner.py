@@ -56,11 +56,8 @@ class CallbackRunner:
         # By identity: callbacks need not hash.
         self._writes = {id(cb): frozenset(s.name for s in cb.writes) for cb in self.callbacks}
         self.ns: list[int] = [0] * len(self.callbacks)  # time spent in each callback, for the timing event
-        seen: set[str] = set()
-        self._labels: list[str] = []
-        for i, cb in enumerate(self.callbacks):
-            self._labels.append(cb.name if cb.name not in seen else f"{cb.name}#{i}")
-            seen.add(cb.name)
+        names = [cb.name for cb in self.callbacks]
+        self._labels = [n if n not in names[:i] else f"{n}#{i}" for i, n in enumerate(names)]
         self.failed_in: tuple[str, str] | None = None
         self.current: TrainingCallback | None = None  # the callback whose hook is running, for attribution
         self._tables: dict[str, tuple[tuple[int, Handler], ...]] = {
