@@ -40,29 +40,23 @@ DURABLE_EVENTS: frozenset[str] = frozenset({"checkpoint", "result"})
 def jsonable(value: Any) -> Any:
     """Make ``value`` strict-JSON safe: non-finite floats to strings, tensors and paths to plain values."""
     kind = type(value)
-    # Exact-type fast paths first: every event goes through here.
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str or kind is int or kind is bool or value is None:  # the common case first
         return value
-    if kind is float:
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if kind is dict:
-        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
-    if kind is list or kind is tuple:
-        return [jsonable(v) for v in value]
     if isinstance(value, float):
-        return jsonable(float(value))
-    if isinstance(value, (str, int, bool)):
-        return value.value if isinstance(value, Enum) else value
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, (str, int)):
+        return value
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return jsonable(value.value)
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         try:
             return jsonable(value.item())
