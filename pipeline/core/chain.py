@@ -150,23 +150,18 @@ def read_key_file(path: str | Path) -> bytes:
 def last_line(path: Path) -> bytes | None:
     """The last line of ``path`` (with its newline, if any), or None for a missing or empty file."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            block = 4096
+            while True:  # backwards from the end, a block twice as large each time
+                start = max(end - block, 0)
+                fh.seek(start)
+                tail = fh.read()
+                cut = tail.rfind(b"\n", 0, len(tail) - 1)  # a newline before the final byte
+                if cut >= 0:
+                    return tail[cut + 1:]
+                if start == 0:
+                    return tail or None
+                block *= 2
     except FileNotFoundError:
         return None
-    with fh:
-        end = fh.seek(0, os.SEEK_END)
-        if end == 0:
-            return None
-        block = 4096
-        pos = end
-        tail = b""
-        while pos > 0:
-            step = min(block, pos)
-            pos -= step
-            fh.seek(pos)
-            tail = fh.read(step) + tail
-            cut = tail.rfind(b"\n", 0, len(tail) - 1)  # a newline before the final byte
-            if cut >= 0:
-                return tail[cut + 1:]
-            block *= 2
-        return tail

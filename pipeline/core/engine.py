@@ -116,17 +116,9 @@ class _MachineModel:
 
 
 class Engine:
-    def __init__(
-        self,
-        driver: Driver,
-        runner: CallbackRunner,
-        run: RunContext,
-        *,
-        strict: bool | None = None,
-        restore: Callable[[RunContext], None] | None = None,
-        collective: Collective | None = None,
-        outputs: Outputs | None = None,
-    ) -> None:
+    def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None,
+                 restore: Callable[[RunContext], None] | None = None, collective: Collective | None = None,
+                 outputs: Outputs | None = None) -> None:
         """``restore``: a resumed run's load. ``outputs``: the run's files, written before its
         ``result``. ``collective``: one rank of a multi-process run."""
         self.driver = driver

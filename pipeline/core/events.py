@@ -82,20 +82,9 @@ class EventLog:
     optionally keeps them in memory (``records``). ``config`` is what the first line chains to,
     ``key`` makes the chain HMAC-SHA256."""
 
-    def __init__(
-        self,
-        path: Path | str | None,
-        run_id: str,
-        *,
-        level: str = "info",
-        console: TextIO | None = sys.stderr,
-        console_level: str = "warning",
-        keep: bool = False,
-        start_seq: int = 0,
-        config: Any = None,
-        key: bytes | None = None,
-        fsync: str = "commits",
-    ) -> None:
+    def __init__(self, path: Path | str | None, run_id: str, *, level: str = "info",
+                 console: TextIO | None = sys.stderr, console_level: str = "warning", keep: bool = False,
+                 start_seq: int = 0, config: Any = None, key: bytes | None = None, fsync: str = "commits") -> None:
         check_levels(level=level, console_level=console_level)
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
