@@ -1,11 +1,7 @@
-"""The hash chain that makes ``events.jsonl`` prove itself.
-
-Each line's ``prev`` is the digest (sha256, or HMAC-SHA256 with a key) of the line before's exact
-bytes; the first line chains to the *genesis*, the digest of the run id and the resolved config.
-Each line also seals itself: its last field, ``seal``, is the digest of the line without that field,
-so the last line is covered too. A plain chain proves consistency; with a key
-(``FSMTRAIN_LOG_KEY``) it also proves authorship. The log records the scheme and a *key id* (the
-HMAC of a fixed label), which tells a wrong key from tampering.
+"""The hash chain that makes ``events.jsonl`` prove itself: each line's ``prev`` is the digest
+(sha256, or HMAC-SHA256 with ``FSMTRAIN_LOG_KEY``) of the line before, the first line's that of the
+run id and config; its last field, ``seal``, is the digest of the line without it, so the last line
+is covered too. The log records a *key id*, which tells a wrong key from tampering.
 """
 
 from __future__ import annotations
@@ -72,10 +68,7 @@ class Chain:
     def _hmac_hex(self, data: bytes) -> str:
         inner = self._inner.copy()
         inner.update(data)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        hexed: str = outer.hexdigest()
-        return hexed
+        return self._close(inner)
 
     def _close(self, state: Any) -> str:
         """The hex digest of a hash state begun as a copy of ``self._inner``."""
@@ -128,9 +121,7 @@ class Chain:
 
     def describe(self) -> dict[str, Any]:
         """What ``run_start`` records about the chain: the scheme and the key id, never the key."""
-        if self.key_id is None:
-            return {"scheme": self.scheme}
-        return {"scheme": self.scheme, "key_id": self.key_id}
+        return {"scheme": self.scheme} if self.key_id is None else {"scheme": self.scheme, "key_id": self.key_id}
 
     @staticmethod
     def key_id_of(described: Mapping[str, Any]) -> str | None:
@@ -157,26 +148,20 @@ def read_key_file(path: str | Path) -> bytes:
 
 
 def last_line(path: Path) -> bytes | None:
-    """The last line of ``path`` (with its newline, if any), or None for a missing or empty file;
-    read backwards from the end."""
+    """The last line of ``path`` (with its newline, if any), or None for a missing or empty file."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            block = 4096
+            while True:  # backwards from the end, a block twice as large each time
+                start = max(end - block, 0)
+                fh.seek(start)
+                tail = fh.read()
+                cut = tail.rfind(b"\n", 0, len(tail) - 1)  # a newline before the final byte
+                if cut >= 0:
+                    return tail[cut + 1:]
+                if start == 0:
+                    return tail or None
+                block *= 2
     except FileNotFoundError:
         return None
-    with fh:
-        end = fh.seek(0, os.SEEK_END)
-        if end == 0:
-            return None
-        block = 4096
-        pos = end
-        tail = b""
-        while pos > 0:
-            step = min(block, pos)
-            pos -= step
-            fh.seek(pos)
-            tail = fh.read(step) + tail
-            cut = tail.rfind(b"\n", 0, len(tail) - 1)  # a newline before the final byte
-            if cut >= 0:
-                return tail[cut + 1:]
-            block *= 2
-        return tail

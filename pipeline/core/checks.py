@@ -1,7 +1,5 @@
-"""Callback mistakes caught when the runner is built, each named with a suggestion: an ``on_*``
-method that is not a hook (``did you mean on_val_end?``), a hook that does not take exactly one
-context argument, a hook assigned on the instance (never dispatched). A write to an undeclared slot
-is caught at the write (:class:`SlotWriteError`, from the runner's slot guard).
+"""Callback mistakes caught when the runner is built, each with a suggestion: an ``on_*`` method
+that is not a hook, a hook that does not take exactly one context, a hook assigned on the instance.
 """
 
 from __future__ import annotations
@@ -49,8 +47,8 @@ def suggest_hook(name: str) -> str | None:
 
 
 def check_callback(callback: Any, base: type) -> None:
-    """Raise :class:`CallbackDefinitionError` for the first mistake in ``callback`` (an instance
-    of a subclass of ``base``, the class whose hooks are the no-op defaults)."""
+    """Raise :class:`CallbackDefinitionError` for the first mistake in ``callback`` (``base``: the
+    class whose hooks are the no-op defaults)."""
     name = callback.name
     for attr in _own_on_names(type(callback), base):
         if attr in HOOK_NAMES or not callable(getattr(callback, attr, None)):
@@ -76,8 +74,7 @@ def _own_on_names(cls: type, base: type) -> list[str]:
     for klass in cls.__mro__:
         if klass is base or klass is object or issubclass(base, klass):
             continue
-        # A copy: Python itself adds to a class's __dict__ (``__slotnames__`` on a first deepcopy),
-        # possibly in another thread.
+        # A copy: a first deepcopy adds ``__slotnames__``, possibly in another thread.
         names += [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
     return names
 

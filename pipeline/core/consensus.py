@@ -1,16 +1,10 @@
-"""How the ranks of a multi-process run agree on the guard facts, so every rank fires the same trigger.
+"""How the ranks of a multi-process run agree on the stop facts, so every rank fires the same trigger.
 
-A stop can be decided on one rank only (a NaN, a callback's request, a signal to one process); if
-that rank alone moved to ``train_end`` the others would wait for it for ever. So the guards that
-read stop facts (:data:`SHARED_GUARDS`) read *agreed* facts: at the phases of
-:func:`agreement_points` every rank contributes its new stop request and signal in one all-gather
-and applies the same verdict (:func:`decide`): a signal on any rank interrupts every rank; else the
-request of highest precedence wins, then the first by (epoch, phase, rank).
-
-An exception is no request: that rank faults alone and posts the failure on the run's
-:class:`FailureBoard` (the first post wins). A rank that faults after another posted ends
-INTERRUPTED with :class:`RankFailed`, naming the failing rank; so every log's ``result`` names the
-one rank that failed. The collective is the training layer's; this module is torch-free.
+At the phases of :func:`agreement_points` every rank contributes its new stop request and signal in
+one all-gather and applies the same verdict (:func:`decide`): a signal on any rank interrupts every
+rank; else the request of highest precedence wins, then the first by (epoch, phase, rank). A rank
+that raises posts its failure on the :class:`FailureBoard`; a rank that faults after it ends
+INTERRUPTED with :class:`RankFailed`, naming the rank that failed first.
 """
 
 from __future__ import annotations
@@ -34,14 +28,12 @@ _PHASES: tuple[Phase, ...] = tuple(Phase)
 _WIDTH = 6  # has_request, reason, epoch, phase, immediate, signal
 
 
-# Guards whose facts can differ between ranks. HAS_BATCH is equal by construction (equal shards);
-# FAULTED is a rank's own.
+# Guards whose facts can differ between ranks (HAS_BATCH is equal by construction; FAULTED is a rank's own).
 SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
 
 
 def agreement_points(per_batch: bool) -> frozenset[Phase]:
-    """The phases the ranks agree in before leaving: those whose moves read ``can_continue``, and
-    with ``per_batch`` (a callback may stop immediately) every phase whose moves read a shared guard."""
+    """The phases whose moves read ``can_continue`` (with ``per_batch``: any shared guard)."""
     wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
     return frozenset(t.source for t in TRANSITIONS
                      if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
@@ -76,8 +68,8 @@ class Failure:
 
 
 class RankFailed(KeyboardInterrupt):
-    """Another rank of this run failed first; this rank stops (INTERRUPTED) and names it.
-    ``symptom``: what this rank met itself (a collective's error when the failed rank left), or None."""
+    """Another rank failed first; this rank stops (INTERRUPTED) and names it. ``symptom``: what this
+    rank met itself, or None."""
 
     def __init__(self, failure: Failure, symptom: str | None = None) -> None:
         self.failure = failure
@@ -96,8 +88,7 @@ class FailureBoard(Protocol):
     def post_failure(self, failure: Failure) -> Failure:
         """Post ``failure`` unless another is there; the first one posted."""
 
-    def posted_failure(self) -> Failure | None:
-        """The first failure posted, if any."""
+    def posted_failure(self) -> Failure | None: ...
 
 
 class Collective(Protocol):
@@ -118,8 +109,7 @@ class Collective(Protocol):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the ranks agreed: a signal to act on (0: none) and the winning stop request's fields,
-    from rank ``stop_rank``."""
+    """What the ranks agreed: a signal (0: none) and the winning stop request, from ``stop_rank``."""
 
     signal: int = 0
     signal_rank: int = -1
@@ -139,15 +129,13 @@ def proposal_of(stop: Any, signal: int | None) -> list[int]:
 
 
 def verdict_order(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tuple[int, int, int, int]:
-    """The sort key of a stop request in the verdict; the lowest wins: highest precedence, then the
-    first by epoch, phase and rank."""
+    """The sort key of a stop request in the verdict; the lowest wins."""
     return -reason.precedence, epoch, _PHASES.index(phase), rank
 
 
 def may_override(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason, int, Phase, int]) -> bool:
-    """Whether the ranks' verdict may put the request ``agreed`` (reason, epoch, phase, rank) in
-    place of the request ``held`` that a rank had in force: it must stand before it. The audit
-    checks every agreed override of a log with this rule."""
+    """Whether the agreed request (reason, epoch, phase, rank) may replace the one a rank ``held``
+    (the audit checks every agreed override with this rule)."""
     return verdict_order(*agreed) < verdict_order(*held)
 
 
@@ -155,11 +143,7 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     """The verdict every rank computes from the same gathered rows (a pure function of them)."""
     if any(len(r) != _WIDTH for r in rows):
         raise ValueError(f"agreement rows must have {_WIDTH} integers, got {[len(r) for r in rows]}")
-    signal, signal_rank = 0, -1
-    for rank, row in enumerate(rows):
-        if row[5]:
-            signal, signal_rank = row[5], rank
-            break
+    signal, signal_rank = next(((row[5], rank) for rank, row in enumerate(rows) if row[5]), (0, -1))
     requests = [(rank, row) for rank, row in enumerate(rows) if row[0]]
     if not requests:
         return Verdict(signal, signal_rank)
@@ -168,8 +152,8 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
 
 
 class RankAgreement:
-    """One rank's side: :meth:`agree` at each of :attr:`points`; the engine's shared guards read
-    :attr:`stop` and :attr:`signal`, what the ranks agreed, instead of this rank's own facts."""
+    """One rank's side: :meth:`agree` at each of :attr:`points`; the shared guards read the agreed
+    :attr:`stop` and :attr:`signal`."""
 
     def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
         self.collective = collective
@@ -180,8 +164,8 @@ class RankAgreement:
         self.signal: tuple[int, int] | None = None  # (signal, rank)
 
     def account(self, exc: BaseException, source: str) -> BaseException:
-        """``exc``, posted as this rank's failure; or :class:`RankFailed` naming another rank's
-        failure posted first (``exc`` its symptom). An interrupt is not posted."""
+        """``exc``, posted as this rank's failure (an interrupt is not), or :class:`RankFailed`
+        naming another rank's failure posted first."""
         board = self.collective
         if isinstance(exc, RankFailed) or not isinstance(board, FailureBoard):
             return exc

@@ -1,9 +1,6 @@
-"""Typed contexts handed to hooks, and typed slots through which callbacks share values.
-
-``RunContext`` lives for the whole run, ``EpochContext`` for one epoch, ``StepContext`` for one
-batch (reused, its flags reset each batch). Each hook receives exactly one of them (see
-``lifecycle.HOOKS``). A callback never reaches into the trainer: what it needs is on a context or in
-a slot it declared in ``reads``.
+"""Typed contexts handed to hooks (``RunContext`` for the run, ``EpochContext`` for one epoch,
+``StepContext`` for one batch), and typed slots through which callbacks share values. A callback
+never reaches into the trainer: what it needs is on a context or in a slot it declared in ``reads``.
 """
 
 from __future__ import annotations
@@ -23,17 +20,14 @@ T = TypeVar("T")
 
 
 def epoch_number(index: int) -> int:
-    """The one numbering a person reads (console, file names, messages, audit, diagrams): the first
-    epoch is epoch 1. Machine-readable fields (the log's ``epoch``) keep the 0-based index."""
+    """The epoch number a person reads (1-based); the log's ``epoch`` keeps the 0-based index."""
     return index + 1
 
 
 @dataclass(frozen=True)
 class Slot(Generic[T]):
     """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``.
-
-    Every slot lives for one epoch: it is cleared when the next epoch begins. A value that must
-    outlive its epoch is the writing callback's own state (its ``state_dict``, which checkpoints keep)."""
+    It is cleared when the next epoch begins; what must outlive it is the writer's own state."""
 
     name: str
     doc: str = ""
@@ -50,8 +44,7 @@ class EventSink(Protocol):
 
     def enabled_for(self, level: str) -> bool: ...
 
-    def sync(self) -> None:
-        """Make every event written so far durable."""
+    def sync(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,8 +58,7 @@ class StopRequest:
     phase: Phase
 
 
-# The epoch metrics the engine and the driver write themselves: a user's metric of one of these names
-# would replace the value that early stopping, checkpoints and the objective read.
+# The epoch metrics the engine and the driver write (a user's metric may not take these names).
 BUILTIN_METRICS: frozenset[str] = frozenset({"lr", "train_loss", "val_loss"})
 
 
@@ -98,8 +90,7 @@ def _created() -> Phase:
 
 @dataclass(eq=False, repr=False)
 class RunContext:
-    """State of one run. ``epoch`` is the 0-based index of the current (or next) epoch, so it also
-    counts the epochs completed once an epoch's ``epoch_end`` handlers have run."""
+    """State of one run. ``epoch``: the 0-based index of the current (or next) epoch."""
 
     run_id: str
     max_epochs: int
@@ -117,8 +108,7 @@ class RunContext:
     pending_signal: int | None = field(default=None, init=False)  # set by a signal handler; the engine acts on it
     history: list[EpochRecord] = field(default_factory=list, init=False)
     extras: dict[str, Any] = field(default_factory=dict, init=False)  # e.g. the Optuna trial, the run config
-    # Set by the engine: the ordered callbacks, a way to fire a hook on all of them (the checkpoint
-    # store's state_dicts and on_save/on_load_checkpoint), and the runner's check of slot writes.
+    # Set by the engine from its runner (the checkpoint store fires hooks through ``dispatch``).
     callbacks: tuple[Any, ...] = field(default=(), init=False)
     dispatch: Callable[[str, Any], None] = field(default_factory=lambda: _no_dispatch, init=False)
     slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
@@ -127,11 +117,10 @@ class RunContext:
 
     @property
     def phase(self) -> Phase:
-        """The lifecycle machine's state (read from the machine; kept nowhere else)."""
+        """The lifecycle machine's state, read from the machine (kept nowhere else)."""
         return self._phase_of()
 
     def bind_phase(self, phase_of: Callable[[], Phase]) -> None:
-        """Where the phase is read from (the engine's machine)."""
         self._phase_of = phase_of
 
     def get(self, slot: Slot[T]) -> T | None:
@@ -150,10 +139,8 @@ class RunContext:
         self._slots.clear()
 
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
-        """Ask the machine to stop; returns whether this request won. The first request wins, unless
-        a later one outranks it (NAN over an early stop) before it took effect: ``overrides`` in the
-        log names what it replaced. A normal request lets the epoch finish; an immediate one routes
-        to ``train_end`` at the next transition."""
+        """Ask the machine to stop; returns whether this request won (the first, unless a later one
+        outranks it before it took effect). An immediate one routes to ``train_end`` at the next move."""
         current = self.stop
         accepted = current is None or (reason.outranks(current.reason) and self.phase is not Phase.TRAIN_END)
         if accepted:
@@ -176,8 +163,7 @@ class RunContext:
     def emit_at_log_position(self, event: str, *, level: str = "info", defer_sync: bool = False,
                              **payload: Any) -> bool:
         """``emit`` from another thread (the checkpoint writer): the line takes the phase, epoch and
-        step of the log's previous line, not the run's live ones, which may be ahead of the log.
-        Returns True when ``defer_sync`` left a durable line unsynced: call ``events.sync()``."""
+        step of the log's previous line. True when ``defer_sync`` left a durable line unsynced."""
         needs_sync = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None,
                                       payload=payload, at_last_line=True, defer_sync=defer_sync)
         return needs_sync is True
@@ -215,8 +201,7 @@ class _Delegating:
 
 
 class EpochContext(_Delegating):
-    """One epoch. ``metrics`` fills as the epoch runs: ``lr`` at begin, ``train_loss`` when the
-    train phase ends, ``val_loss`` and any validation metrics after validation."""
+    """One epoch; ``metrics`` fill as it runs (``lr``, then ``train_loss``, then validation's)."""
 
     def __init__(self, run: RunContext, index: int) -> None:
         self.run = run
@@ -226,7 +211,6 @@ class EpochContext(_Delegating):
 
     @property
     def number(self) -> int:
-        """The epoch number people read: 1-based (``index`` is the 0-based one the log keeps)."""
         return epoch_number(self.index)
 
     @property
@@ -243,9 +227,8 @@ class EpochContext(_Delegating):
 
 
 class StepContext(_Delegating):
-    """One training batch. The skip flags are reset before every batch; a callback sets them to
-    leave out backward, the optimizer step or zero_grad for this batch (gradient accumulation,
-    AMP overflow). ``loss`` is what backward runs on: a callback may rescale it after forward."""
+    """One training batch. A callback sets a skip flag to leave out backward, the optimizer step or
+    zero_grad for this batch; ``loss`` is what backward runs on (a callback may rescale it)."""
 
     __slots__ = ("batch", "batch_index", "epoch", "last_batch", "loss", "output", "run", "skip_backward",
                  "skip_optimizer_step", "skip_zero_grad")
@@ -267,9 +250,8 @@ class StepContext(_Delegating):
 
 
 class ValStepContext(_Delegating):
-    """One validation batch, for ``on_val_batch_begin`` / ``on_val_batch_end``: after the batch,
-    ``output`` and ``loss`` (detached) are set, so a callback can accumulate a metric over the whole
-    validation set that is not a mean of batch means (F1, AUC, a confusion matrix)."""
+    """One validation batch: after it, ``output`` and ``loss`` (detached) are set, so a callback can
+    accumulate a metric over the whole validation set (F1, AUC, a confusion matrix)."""
 
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run

@@ -1,12 +1,7 @@
-"""Lifecycle diagrams drawn from the table itself.
-
-:data:`~fsmtrain.core.lifecycle.TRANSITIONS` and :data:`~fsmtrain.core.lifecycle.HOOKS` become a
-``transitions`` ``GraphMachine`` whose engines write Mermaid (``.mmd``) and DOT; SVG is ``dot -Tsvg``
-of the DOT. Three views: the lifecycle (every transition with trigger, guards and the stop reasons
-into ``train_end``); with ``callbacks``, the callbacks on each phase and move in dispatch order; and
-one run's path from its ``events.jsonl``, each edge with its count. Output is deterministic, so the
-committed ``diagrams/`` can be compared byte for byte; an SVG carries the sha256 of its DOT source,
-which the staleness test compares instead of the SVG's bytes.
+"""Lifecycle diagrams drawn from the table itself, through a ``transitions`` ``GraphMachine``:
+Mermaid, DOT, and SVG (``dot -Tsvg``, carrying the sha256 of its DOT source). Three views: the
+lifecycle, the callbacks on each phase and move in dispatch order, and one run's path from its log.
+Output is deterministic, so the committed ``diagrams/`` can be compared byte for byte.
 """
 
 from __future__ import annotations
@@ -44,11 +39,9 @@ __all__ = [
 
 TITLE = "fsmtrain lifecycle"
 SVG_DIGEST_MARK = "fsmtrain-dot-sha256:"
-GRAPHVIZ_HINT = (
-    "Graphviz's `dot` program is needed for SVG output and was not found on PATH; install it with "
-    "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz` (Homebrew), "
-    "or use --format mermaid|dot"
-)
+GRAPHVIZ_HINT = ("Graphviz's `dot` program is needed for SVG output and was not found on PATH; install it with "
+                 "`apt-get install graphviz` (Debian/Ubuntu) or `brew install graphviz` (Homebrew), "
+                 "or use --format mermaid|dot")
 
 
 class Format(str, Enum):
@@ -127,29 +120,17 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         if edge.notes:
             notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
         show = spec.show_conditions
-        transitions.append({
-            "trigger": edge.t.trigger,
-            "source": edge.t.source.value,
-            "dest": dest,
-            # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
-            "conditions": [g.value for g in edge.t.conditions] if show else [],
-            "unless": [g.value for g in edge.t.unless] if show else [],
-            "label": edge.label,
-        })
+        # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
+        transitions.append({"trigger": edge.t.trigger, "source": edge.t.source.value, "dest": dest,
+                            "conditions": [g.value for g in edge.t.conditions] if show else [],
+                            "unless": [g.value for g in edge.t.unless] if show else [], "label": edge.label})
     if fmt is not Format.MERMAID:
         _require_graphviz_package()
     model = DrawnModel()
     machine = LifecycleGraphMachine(
-        model=model,
-        states=states,
-        transitions=transitions,
-        initial=INITIAL.value if INITIAL in spec.phases else spec.phases[0].value,
-        auto_transitions=False,
-        title=title,
-        show_conditions=spec.show_conditions,
-        graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz",
-        edge_notes=notes,
-    )
+        model=model, states=states, transitions=transitions, auto_transitions=False, title=title,
+        initial=INITIAL.value if INITIAL in spec.phases else spec.phases[0].value, edge_notes=notes,
+        show_conditions=spec.show_conditions, graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz")
     graph_obj = machine.model_graphs[id(model)]
     graph_obj.reset_styling()  # no "current state" highlight unless asked for
     if spec.active is not None:
@@ -204,8 +185,7 @@ def _callback_label(runner: CallbackRunner, index: int) -> str:
 
 def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format.MERMAID,
                      *, include_global: bool = True) -> str:
-    """The lifecycle with, on each phase and transition, the callbacks that run there in the order a
-    ``CallbackRunner`` over ``callbacks`` (plus registered global callbacks) really dispatches them."""
+    """The lifecycle with, on each phase and move, the callbacks that run there in dispatch order."""
     runner = CallbackRunner(callbacks, include_global=include_global)
     node_lines: dict[Phase, list[str]] = {}
     edge_lines: dict[int, list[str]] = {}
@@ -227,8 +207,7 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
 
 # --- one run's path -------------------------------------------------------------------------------
 def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
-    """The path one run took: visited phases, each taken edge with its count, the final edge with
-    the stop reason and the epoch it stopped in."""
+    """The path one run took: each taken edge with its count, the final one with its stop reason."""
     return path_diagram(read_run_path(events_path), events_path, fmt)
 
 
@@ -278,8 +257,8 @@ def dot_digest(dot_source: str) -> str:
 
 
 def render_svg(dot_source: str, dot_program: str = "dot") -> str:
-    """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 recorded in a comment (the staleness
-    check compares that, since the SVG bytes depend on the local Graphviz version)."""
+    """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 in a comment (the SVG's bytes depend on
+    the local Graphviz version; the staleness check compares the digest)."""
     exe = shutil.which(dot_program)
     if exe is None:
         raise GraphvizMissing(GRAPHVIZ_HINT)

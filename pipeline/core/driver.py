@@ -1,6 +1,4 @@
-"""The driver contract: where the numbers come from. Training
-(``fsmtrain.training.driver.TorchDriver``) and replay are drivers; :class:`BaseDriver` gives no-op
-defaults."""
+"""The driver contract: where the numbers come from (training and replay are drivers)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,25 @@
-"""The engine offers the lifecycle machine its triggers and gives the machine its handlers.
-
-The machine is the authority: at each phase the engine offers it the triggers leaving its state, in
-table order; its conditions (the live guards) decide which fires, and the phase is its state. A
-move's handler, compiled from :func:`~fsmtrain.core.lifecycle.program_for`, first checks the table
-allows the move (:mod:`fsmtrain.core.move_check`); after it, the engine checks the machine moved
-where the table says. So a broken machine stops the run instead of faking it. A machine that
-refuses ``abort`` does not skip the teardown: the engine runs it and the run ends ERROR.
-
-The engine knows nothing of torch: training and replay are its drivers.
-The internal ``batch`` transition runs on a compiled fast path (its guards and handler list) while
-its guard holds; strict mode (``FSMTRAIN_STRICT_FSM=1``) sends every batch through the real trigger.
+"""The engine offers the lifecycle machine the triggers leaving its state; the machine's conditions
+(the live guards) decide which fires, and the phase is its state. Each move is checked against the
+table before its handlers run and after the machine moved, so a broken machine stops the run
+instead of faking it. The ``batch`` move runs on a compiled fast path while its guard holds (strict
+mode, ``FSMTRAIN_STRICT_FSM=1``, sends every batch through the machine). Torch-free: training and
+replay are its drivers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
-from collections.abc import Callable
-from typing import Any
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from fsmtrain.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from fsmtrain.core.context import FaultContext, RunContext
 from fsmtrain.core.driver import Driver
 from fsmtrain.core.epoch_work import EpochWork, Outputs
-from fsmtrain.core.faults import ExceptionLog, teardown_refused
 from fsmtrain.core.handlers import HandlerCompiler, compile_guard
 from fsmtrain.core.lifecycle import (
     ABORT,
@@ -42,8 +37,7 @@ from fsmtrain.core.lifecycle import (
     triggers_from,
 )
 from fsmtrain.core.log_file import LogWriteError
-from fsmtrain.core.machine import build_machine
-from fsmtrain.core.move_check import MoveChecks
+from fsmtrain.core.machine import MoveChecks, build_machine
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
@@ -76,6 +70,44 @@ class Interrupted(KeyboardInterrupt):
         return exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
 
 
+class ExceptionLog:
+    """Writes one ``exception`` line per exception, however often it is reported."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self._logged: set[int] = set()
+
+    def __call__(self, exc: BaseException, source: str, **extra: Any) -> None:
+        if id(exc) in self._logged:
+            return
+        self._logged.add(id(exc))
+        # A log that can no longer be written must not stop the fault path.
+        with contextlib.suppress(LogWriteError):
+            self.run.emit(
+                "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
+                interrupt=isinstance(exc, KeyboardInterrupt),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
+            )
+
+
+def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
+                     phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
+    """The machine refused ``abort`` from ``phase``: run that ``abort``'s program (the teardown,
+    reason ERROR) directly, then raise the refusal, caused by the fault."""
+    message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
+               f"itself. The fault was {type(exc).__name__}: {exc}")
+    refused = LifecycleError(message)
+    log(refused, "engine")
+    with contextlib.suppress(LogWriteError):
+        run.force_stop(StopReason.ERROR, "engine", message)
+    run.bind_phase(lambda: FINAL)  # the run is in its teardown, whatever state the machine claims
+    try:
+        programs[transition_for(ABORT, phase)]()
+    except BaseException as err:
+        log(err, "teardown")
+    raise refused from exc
+
+
 class _MachineModel:
     """The object the ``transitions`` machine keeps its ``state`` on."""
 
@@ -84,20 +116,11 @@ class _MachineModel:
 
 
 class Engine:
-    def __init__(
-        self,
-        driver: Driver,
-        runner: CallbackRunner,
-        run: RunContext,
-        *,
-        strict: bool | None = None,
-        restore: Callable[[RunContext], None] | None = None,
-        collective: Collective | None = None,
-        outputs: Outputs | None = None,
-    ) -> None:
-        """``restore``: a resumed run's load in ``train_begin``. ``outputs``: the run's files, written
-        before its ``result``. ``collective``: one rank of a multi-process run (the shared guards
-        then read what the ranks agreed)."""
+    def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None,
+                 restore: Callable[[RunContext], None] | None = None, collective: Collective | None = None,
+                 outputs: Outputs | None = None) -> None:
+        """``restore``: a resumed run's load. ``outputs``: the run's files, written before its
+        ``result``. ``collective``: one rank of a multi-process run."""
         self.driver = driver
         self.runner = runner
         self.run = run
@@ -113,8 +136,7 @@ class Engine:
                            if shared and collective is not None else None)
         self._agree_at = self._agreement.points if self._agreement is not None else frozenset()
         self._agreed_here = False  # the fast batch loop agreed just before handing back
-        # run.pending_signal as of the last boundary: a move is checked against the facts its guards read.
-        self._signal: int | None = None
+        self._signal: int | None = None  # run.pending_signal as of the last boundary
         self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
         guards: dict[Guard, Callable[[], bool]] = {
             Guard.CAN_CONTINUE: self._can_continue,
@@ -127,7 +149,6 @@ class Engine:
         self._batch_move = transition_for(BATCH, Phase.TRAIN_STEP)
         self._batch_body = compiler.per_batch(program_for(self._batch_move))
         handlers = [compiler.compile(t, self._batch_body) for t in TRANSITIONS]
-        # Unchecked programs: the fast path runs the batch one after its own guard.
         self._programs: dict[Transition, Callable[[], None]] = dict(zip(TRANSITIONS, handlers, strict=True))
         self._batch_handler = self._programs[self._batch_move]
         self._model = _MachineModel()
@@ -161,28 +182,19 @@ class Engine:
         return self._faulted
 
     def facts(self) -> Facts:
-        stop = self.run.stop
         agreement = self._agreement
-        return Facts(
-            stop_requested=stop is not None,
-            immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
-            epochs_remain=self.run.epoch < self.run.max_epochs,
-            has_batch=self._work.has_batch(),
-            faulted=self._faulted,
-        )
+        return Facts(stop_requested=self.run.stop is not None,
+                     immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
+                     epochs_remain=self.run.epoch < self.run.max_epochs, has_batch=self._work.has_batch(),
+                     faulted=self._faulted)
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
-        self.run.emit(
-            "run_start",
-            max_epochs=self.run.max_epochs,
-            start_epoch=self.run.epoch,
-            strict=self.strict,
-            callbacks=self.runner.describe(),
-            **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS},
-        )
+        self.run.emit("run_start", max_epochs=self.run.max_epochs, start_epoch=self.run.epoch, strict=self.strict,
+                      callbacks=self.runner.describe(),
+                      **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS})
         self._work.start_clock()
         final, train_step = FINAL.value, Phase.TRAIN_STEP.value
         try:
@@ -234,24 +246,16 @@ class Engine:
                 if not guard():
                     return
                 handler()
-        run = self.run
-        if self._debug:
-            handler = self._batch_handler
-            while True:
-                self._signal = run.pending_signal
-                if not guard():
-                    return
-                handler()
-        body, step = self._batch_body, self._work.step
+        run = self.run  # at debug level through the handler, which logs each batch move
+        batch = self._batch_handler if self._debug else functools.partial(self._batch_body, self._work.step)
         while True:
             self._signal = run.pending_signal
             if not guard():
                 return
-            body(step)
+            batch()
 
     def _raise_if_signalled(self) -> None:
-        """At a boundary, a signal routes the run through abort (the fault path). In a
-        multi-process run only an agreed signal counts, so every rank raises it at the same point."""
+        """At a boundary, a signal routes the run through abort (with several ranks, an agreed one)."""
         agreement = self._agreement
         if agreement is not None:
             if agreement.signal is not None:
@@ -261,9 +265,8 @@ class Engine:
 
     # --- faults ----------------------------------------------------------------------------
     def _fault(self, exc: BaseException) -> BaseException:
-        """Route an exception or interrupt to ``train_end`` (ERROR / INTERRUPTED) through ``abort``,
-        whose handler runs the teardown. Returns what the run ends with: ``exc``, or the
-        :class:`~fsmtrain.core.consensus.RankFailed` naming another rank that failed first."""
+        """Route an exception or interrupt to ``train_end`` through ``abort``, whose handler runs the
+        teardown. Returns what the run ends with: ``exc``, or a ``RankFailed`` naming another rank."""
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)

@@ -1,11 +1,7 @@
-"""The engine's own work in the lifecycle program: where the run is, and what it records.
-
-The program interleaves the callbacks' hooks with *actions*: the driver's (forward, backward, a
-validation batch...) and these: a fresh epoch context, the batch cursor (fetched one ahead, so
-``has_batch`` and ``StepContext.last_batch`` are known before a batch runs), the counters, the
-epoch's metrics read from the driver once, the ``epoch`` record and the ``result``. The teardown
-writes the run's outputs (``model.pt``, ``lifecycle.mmd``) before the ``result``, so a log ending
-in its ``result`` belongs to a run whose files are all on disk.
+"""The engine's own actions in the lifecycle program: the epoch context, the batch cursor (fetched
+one ahead, so ``has_batch`` and ``StepContext.last_batch`` are known before a batch runs), the
+counters, the ``epoch`` record, the run's outputs and then the ``result``, so a log ending in its
+``result`` belongs to a run whose files are all on disk.
 """
 
 from __future__ import annotations
@@ -14,14 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fsmtrain.core.context import (
-    EpochContext,
-    EpochRecord,
-    FaultContext,
-    RunContext,
-    StepContext,
-    ValStepContext,
-)
+from fsmtrain.core.context import EpochContext, EpochRecord, FaultContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.driver import Driver
 from fsmtrain.core.lifecycle import FINAL, Action, HookScope, Transition
 from fsmtrain.core.result import TrainResult
@@ -32,9 +21,7 @@ __all__ = ["END", "EpochWork", "Outputs", "Work"]
 
 END: Any = object()  # the batch cursor is past the last batch
 Work = Callable[[Any], None]
-# Writes the run's files at its end; ``finished``: no fault and no failed teardown step, so the
-# weights are the trained ones.
-Outputs = Callable[[RunContext, bool], None]
+Outputs = Callable[[RunContext, bool], None]  # writes the run's files; the bool: it ended for its own reason
 
 
 class EpochWork:
@@ -109,10 +96,9 @@ class EpochWork:
         payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
         dest = move.dest.value
         run = self.run
-        run.events.emit(
-            "transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
-            global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest, trigger=move.trigger,
-        )
+        run.events.emit("transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
+                        global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest,
+                        trigger=move.trigger)
 
     def _time_phase(self, phase: str) -> float:
         """Add the time since the last mark to ``phase``'s seconds; returns the new mark."""
@@ -123,12 +109,10 @@ class EpochWork:
 
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
-        reason = stop.reason if stop is not None else StopReason.COMPLETED
-        return {
-            "reason": reason.value,
-            "source": stop.source if stop else "max_epochs",
-            "message": stop.message if stop else f"reached max_epochs={self.run.max_epochs}",
-        }
+        if stop is None:
+            return {"reason": StopReason.COMPLETED.value, "source": "max_epochs",
+                    "message": f"reached max_epochs={self.run.max_epochs}"}
+        return {"reason": stop.reason.value, "source": stop.source, "message": stop.message}
 
     # --- validation batches --------------------------------------------------------------------
     def val_loop(self, body: Work) -> Callable[[], None]:
@@ -193,16 +177,11 @@ class EpochWork:
         now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
-        self.run.emit(
-            "epoch",
-            metrics=record.metrics,
-            slots=record.slots,
-            batches=epoch.batches,
-            seconds=record.seconds,
-            phase_seconds=self._phase_seconds,
-            callback_seconds=self.runner.take_timings(),
-        )
+        self.run.emit("epoch", metrics=record.metrics, slots=record.slots, batches=epoch.batches,
+                      seconds=record.seconds, phase_seconds=self._phase_seconds,
+                      callback_seconds=self.runner.take_timings())
         self.run.epoch += 1
+
 
     def _write_outputs(self, run: RunContext) -> None:
         if self._outputs is not None:

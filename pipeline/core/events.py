@@ -1,29 +1,20 @@
-"""Structured run logs: ``events.jsonl`` (one JSON object a line) and a readable console.
-
-Every line has the keys of :data:`EVENT_KEYS`. ``seq`` counts from 0 without gaps; ``ts`` never
-decreases; ``from``/``to``/``trigger`` are set on ``transition`` events only. Non-finite floats are
-written as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, so every line is strict JSON.
-
-``prev`` and ``seal`` chain the file (:mod:`fsmtrain.core.chain`); a resumed run's log continues
-the chain from its last line, and :attr:`EventLog.head` is what checkpoints pin. Records kept only
-in memory are not chained.
-
-``fsync``: ``"commits"`` (default) syncs after each ``checkpoint`` line and the ``result``, so a
-checkpoint on disk never loses the line that commits it; ``"every"`` syncs every line, ``"never"``
-none. A writer committing several files at once defers the sync (``defer_sync``) and syncs once.
+"""Structured run logs: ``events.jsonl`` (one strict-JSON object a line, with the keys of
+:data:`EVENT_KEYS`; ``seq`` has no gaps, ``ts`` never decreases; non-finite floats are written as
+``"NaN"``, ``"Infinity"``, ``"-Infinity"``) and a readable console. ``prev`` and ``seal`` chain the
+file (:mod:`fsmtrain.core.chain`). ``fsync="commits"`` syncs after each ``checkpoint`` line and the
+``result``, so a checkpoint on disk never loses the line that commits it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import json.encoder
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,37 +40,23 @@ DURABLE_EVENTS: frozenset[str] = frozenset({"checkpoint", "result"})
 def jsonable(value: Any) -> Any:
     """Make ``value`` strict-JSON safe: non-finite floats to strings, tensors and paths to plain values."""
     kind = type(value)
-    # Exact-type fast paths first: every event goes through here.
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str or kind is int or kind is bool or value is None:  # the common case first
         return value
-    if kind is float:
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if kind is dict:
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            # Leaves inline: an epoch's payload is a few dozen plain numbers and names.
-            vk = type(v)
-            if vk is str or vk is int or v is None or (vk is float and math.isfinite(v)):
-                out[k if type(k) is str else str(k)] = v
-            else:
-                out[k if type(k) is str else str(k)] = jsonable(v)
-        return out
-    if kind is list or kind is tuple:
-        return [jsonable(v) for v in value]
     if isinstance(value, float):
-        return jsonable(float(value))
-    if isinstance(value, (str, int, bool)):
-        return value.value if isinstance(value, Enum) else value
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+    if isinstance(value, Enum):
+        return jsonable(value.value)
+    if isinstance(value, (str, int)):
+        return value
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return jsonable(value.value)
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
         try:
             return jsonable(value.item())
@@ -90,9 +67,7 @@ def jsonable(value: Any) -> Any:
 
 def as_float(value: Any) -> float:
     """Read a number written by :func:`jsonable` (``"NaN"`` etc. included); None gives NaN."""
-    if value is None:
-        return math.nan
-    return float(value)
+    return math.nan if value is None else float(value)
 
 
 def check_levels(**levels: str) -> None:
@@ -105,23 +80,11 @@ def check_levels(**levels: str) -> None:
 class EventLog:
     """Writes a run's events to ``path`` (if given), to the console through structlog, and
     optionally keeps them in memory (``records``). ``config`` is what the first line chains to,
-    ``key`` makes the chain HMAC-SHA256. A file line is encoded here once, not by structlog's
-    processors (cheaper per line); only the console goes through structlog."""
+    ``key`` makes the chain HMAC-SHA256."""
 
-    def __init__(
-        self,
-        path: Path | str | None,
-        run_id: str,
-        *,
-        level: str = "info",
-        console: TextIO | None = sys.stderr,
-        console_level: str = "warning",
-        keep: bool = False,
-        start_seq: int = 0,
-        config: Any = None,
-        key: bytes | None = None,
-        fsync: str = "commits",
-    ) -> None:
+    def __init__(self, path: Path | str | None, run_id: str, *, level: str = "info",
+                 console: TextIO | None = sys.stderr, console_level: str = "warning", keep: bool = False,
+                 start_seq: int = 0, config: Any = None, key: bytes | None = None, fsync: str = "commits") -> None:
         check_levels(level=level, console_level=console_level)
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
@@ -134,13 +97,11 @@ class EventLog:
         self.chain = Chain(key)
         self._seq = start_seq
         self._last_ts = 0.0
-        # The checkpoint writer logs from its own thread: lines, seq, ts and the chain stay in order.
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the checkpoint writer logs from its own thread
         self._position: tuple[str | None, int | None, int | None] = (None, None, None)  # of the last line
         self._head = self.chain.genesis(run_id, jsonable(config))
         self._file: LogFile | None = None
-        # A log that can no longer be written fails once, where it happened; later lines that do
-        # not fit are counted, and the console says so at close.
+        # A log that can no longer be written fails once; later lines that do not fit are counted.
         self._failed: LogWriteError | None = None
         self._dropped = 0
         self._stream = console
@@ -262,8 +223,7 @@ class EventLog:
 
     def _write(self, record: dict[str, Any]) -> None:
         """One line, sealed and written whole (or not at all), then at once counted and made the
-        chain head, with nothing in between a Ctrl-C could cut. A line that found the disk full goes
-        into the room the file keeps; then the error is raised."""
+        chain head. A line that found the disk full goes into the room the file keeps, then raises."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None
@@ -299,6 +259,8 @@ class EventLog:
     @staticmethod
     def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         r = event_dict["record"]
+        if r["event"] == "exception" and r["payload"].get("interrupt"):
+            raise structlog.DropEvent  # a requested stop, not a fault: the run's summary names it
         out: dict[str, Any] = {"event": r["event"], "level": "warning" if method_name == "warn" else method_name}
         if r["event"] == "transition":
             out["move"] = f"{r['from']} -> {r['to']} ({r['trigger']})"
@@ -315,26 +277,8 @@ class EventLog:
         return out
 
 
-def _unencodable(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _line_encoder() -> Callable[[Any], str]:
-    """Compact, strict, ASCII-only JSON, as ``json.dumps(allow_nan=False, separators=(",", ":"))``
-    writes it, with the C encoder built once instead of at every call."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
-    # markers=None: no circular-reference check (a record is a tree of plain values)
-    chunks = make(None, _unencodable, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
-
-    def encode(record: Any) -> str:
-        return "".join(chunks(record, 0))
-
-    return encode
-
-
-_ENCODE = _line_encoder()
+# Compact, strict, ASCII-only JSON: a line of the log.
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:
@@ -344,8 +288,7 @@ def read_events(path: Path | str) -> list[dict[str, Any]]:
 
 
 def first_run_start(path: Path | str) -> dict[str, Any] | None:
-    """The payload of a log's first ``run_start`` (how the run was started: seed, world size...);
-    None when no line is one. Unreadable lines are skipped: the audit is what reports them."""
+    """The payload of a log's first ``run_start``, or None; unreadable lines are the audit's to report."""
     with open(path, "rb") as fh:
         for line in fh:
             try:

@@ -1,6 +1,4 @@
-"""Lazy re-exports for a package's ``__init__``: its public names, each imported from its module
-when first asked for, so ``fsmtrain --help`` (which imports every tool package) pays for no torch,
-Optuna or W&B."""
+"""Lazy re-exports for a package's ``__init__``, so ``fsmtrain --help`` pays for no torch, Optuna or W&B."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The module-level ``__getattr__`` and ``__dir__`` of ``package``: ``exports`` maps each public
-    name to the module that defines it; a name, once looked up, is cached in the package."""
+    """The module-level ``__getattr__`` and ``__dir__`` of ``package``; ``exports``: name -> module."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)

@@ -40,8 +40,7 @@ def _notes(machine: Any, tran: dict[str, Any]) -> list[str]:
 
 
 class _MermaidLabels:
-    """Mixin for ``transitions``' Mermaid engine: the lines in ``machine.edge_notes`` (the callbacks
-    of a hook bound to a transition) go under that transition's label, one per line."""
+    """Mixin for ``transitions``' Mermaid engine: a move's ``edge_notes`` go under its label."""
 
     machine: Any
 
@@ -51,9 +50,8 @@ class _MermaidLabels:
 
 
 class _DotLabels:
-    """Mixin for ``transitions``' graphviz engine: guards on their own line under the trigger, the
-    notes under them, and one line per transition of a merged edge (``transitions`` joins them
-    with `` | `` on one line)."""
+    """Mixin for ``transitions``' graphviz engine: guards and then notes on lines of their own
+    under the trigger, and one line per transition of a merged edge."""
 
     machine: Any
 
@@ -69,8 +67,7 @@ class _DotLabels:
 
 
 class _OneLinePerTransition:
-    """Passes edges on to the graphviz graph, with the `` | `` between merged transitions (each of
-    which already ends its own line) dropped."""
+    """Passes edges on to the graphviz graph without the `` | `` between merged transitions."""
 
     def __init__(self, graph: Any) -> None:
         self._graph = graph

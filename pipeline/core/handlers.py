@@ -1,9 +1,5 @@
-"""The machine's handlers, compiled once per run from the lifecycle program.
-
-A move's handler runs the steps of :func:`~fsmtrain.core.lifecycle.program_for`, each an action or
-a hook dispatched to the callbacks that override it: a hook nobody overrides costs nothing, the
-per-batch body is one callable (skip flags honoured only where something can set them), and the
-validation batches run as one loop inside ``val``. The teardown (a move into ``train_end``) runs
+"""The machine's handlers, compiled once per run from :func:`~fsmtrain.core.lifecycle.program_for`:
+a hook nobody overrides costs nothing and the per-batch body is one callable. The teardown runs
 every step and every callback even when one raises; the first error is raised after all ran.
 """
 
@@ -30,9 +26,8 @@ def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]]) -> 
 
 
 def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: bool) -> Work:
-    """One callable for a per-batch program: ``(work, skip flag)`` pairs in order, a run of pairs
-    sharing a flag left out when the step context has that flag set. With no per-batch hook nothing
-    can set a flag, and the body is a plain sequence of calls."""
+    """One callable for a per-batch program of ``(work, skip flag)`` pairs: a pair is left out when
+    the step context has its flag set (a plain sequence of calls when nothing can set one)."""
     if not flags_can_change:
         plain = tuple(fn for fn, _ in items)
 

@@ -1,16 +1,5 @@
-"""The callback base class.
-
-A callback overrides the hooks it cares about; every hook takes one typed context (see
-``lifecycle.HOOKS`` for where each fires and which context it gets). Keras' ``TerminateOnNaN``
-in fsmtrain::
-
-    class TerminateOnNaN(TrainingCallback):
-        priority = 5
-
-        def on_epoch_end(self, epoch: EpochContext) -> None:
-            if not math.isfinite(epoch.metrics["train_loss"]):
-                epoch.request_stop(StopReason.NAN, self.name, "train loss is not finite")
-"""
+"""The callback base class: a callback overrides the hooks it cares about; every hook takes one
+typed context (``lifecycle.HOOKS`` says where each fires and which context it gets)."""
 
 from __future__ import annotations
 
@@ -62,10 +51,9 @@ class TrainingCallback:
     reads: ClassVar[tuple[Slot[Any], ...]] = ()
     writes: ClassVar[tuple[Slot[Any], ...]] = ()
     replay: ClassVar[ReplaySupport] = ReplaySupport.FULL
-    # A logger of every slot present (W&B, the console line): ordered after every slot's writer.
-    reads_every_slot: ClassVar[bool] = False
-    # For multi-process runs: a callback that may stop immediately makes the ranks agree per batch
-    # (else per epoch); a ``rank_zero_only`` one writes what the run owns once (files, console, W&B).
+    reads_every_slot: ClassVar[bool] = False  # a logger of every slot: ordered after every writer
+    # Several ranks: one that may stop immediately makes them agree per batch (else per epoch); a
+    # ``rank_zero_only`` one writes what the run owns once (files, console, W&B).
     may_stop_immediately: ClassVar[bool] = False
     rank_zero_only: ClassVar[bool] = False
 
@@ -151,8 +139,8 @@ class CallbackBoundError(ValueError):
 
 
 def bind_callbacks(callbacks: Sequence[TrainingCallback]) -> int:
-    """Bind a Trainer's callback instances to it (returns the binding's number). An instance's
-    attributes hold its run's state, so one already bound to another Trainer is refused."""
+    """Bind a Trainer's callback instances to it (returns the binding's number); one already bound
+    to another Trainer is refused, since its attributes hold that run's state."""
     taken = [cb for cb in callbacks if getattr(cb, _BOUND, None) is not None]
     if taken:
         names = ", ".join(dict.fromkeys(str(cb.name) for cb in taken))

@@ -1,5 +1,4 @@
-"""The checkpoint files a run's log committed, read from its ``checkpoint``, ``checkpoint_removed``
-and ``checkpoint_damaged`` lines (the store and resume ask here; neither parses the log)."""
+"""The checkpoint files a run's log committed, read from its ``checkpoint*`` lines."""
 
 from __future__ import annotations
 
@@ -26,12 +25,9 @@ class CommittedFile:
 
 
 class CheckpointLedger:
-    """The checkpoint files a log committed and still stands by, fed one parsed line at a time:
-    ``checkpoint`` commits a path, ``checkpoint_removed`` withdraws it, ``checkpoint_damaged``
-    withdraws every path it quarantined."""
+    """The checkpoint files a log committed and still stands by, fed one parsed line at a time."""
 
     def __init__(self) -> None:
-        self.order: list[CommittedFile] = []  # every commit, in log order
         self.last: dict[str, CommittedFile] = {}  # path -> its last commit, withdrawn or not
         self.live: dict[str, CommittedFile] = {}  # path -> its last commit, while it stands
 
@@ -57,7 +53,6 @@ class CheckpointLedger:
         done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
                              kind if isinstance(kind, str) else None, seq if type(seq) is int else None,
                              tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else ())
-        self.order.append(done)
         self.last[path] = done
         self.live[path] = done
 
@@ -79,8 +74,7 @@ def read_ledger(path: Path | str) -> CheckpointLedger:
 
 
 def committed_checkpoints(path: Path | str) -> dict[str, CommittedFile]:
-    """The checkpoint files the log at ``path`` committed and has not removed or quarantined since,
-    by the path the log shows."""
+    """The checkpoint files the log at ``path`` committed and still stands by, by the path it shows."""
     return read_ledger(path).live
 
 

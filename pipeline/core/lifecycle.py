@@ -1,24 +1,8 @@
-"""The training lifecycle, written once as data.
-
-The loop every run walks (one line per transition of :data:`TRANSITIONS`)::
-
-    created --begin--> train_begin
-    train_begin --start_epoch [can_continue]--> epoch_begin
-    epoch_begin --batch [has_batch, not immediate_stop]--> train_step
-    train_step --batch [has_batch, not immediate_stop]--> train_step        (internal, per batch)
-    train_step --validate [not has_batch, not immediate_stop]--> val
-    val --end_epoch [not immediate_stop]--> epoch_end
-    epoch_end --next_epoch [can_continue]--> epoch_begin
-    epoch_end --finish [not can_continue]--> train_end
-    train_begin --finish [not can_continue]--> train_end                   (e.g. resuming a finished run)
-    epoch_begin | train_step | val --stop_now [immediate_stop]--> train_end
-    any non-final phase --abort [faulted]--> train_end
-
-:data:`PROGRAM` lists, in order, every hook and every piece of engine or driver work; a step bound
-to a trigger runs as that transition's handler, the others on entering their phase
-(:func:`program_for`). The machine, the per-batch fast path, the diagrams, replay and the audit all
-read these tables. :func:`check_table` proves at import that from every phase exactly one ordinary
-transition is enabled for every consistent combination of guard facts.
+"""The training lifecycle, written once as data: :data:`TRANSITIONS` (the moves, drawn by
+``fsmtrain diagram``) and :data:`PROGRAM` (every hook and piece of engine or driver work, in order;
+:func:`program_for`). The machine, the fast path, the diagrams, replay and the audit all read these
+tables. :func:`check_table` proves at import that from every phase exactly one ordinary transition
+is enabled for every consistent combination of guard facts.
 """
 
 from __future__ import annotations
@@ -84,13 +68,10 @@ class Transition:
     internal: bool = False  # a self-loop that does not leave or re-enter its phase
 
     def enabled(self, facts: Facts) -> bool:
-        return all(facts.holds(g) for g in self.conditions) and not any(
-            facts.holds(g) for g in self.unless
-        )
+        return all(facts.holds(g) for g in self.conditions) and not any(facts.holds(g) for g in self.unless)
 
     def guard_label(self) -> str:
-        parts = [g.value for g in self.conditions] + [f"not {g.value}" for g in self.unless]
-        return ", ".join(parts)
+        return ", ".join([g.value for g in self.conditions] + [f"not {g.value}" for g in self.unless])
 
 
 P = Phase
@@ -113,11 +94,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("stop_now", P.EPOCH_BEGIN, P.TRAIN_END, conditions=(G.IMMEDIATE_STOP,)),
     Transition("stop_now", P.TRAIN_STEP, P.TRAIN_END, conditions=(G.IMMEDIATE_STOP,)),
     Transition("stop_now", P.VAL, P.TRAIN_END, conditions=(G.IMMEDIATE_STOP,)),
-    *(
-        Transition(ABORT, phase, P.TRAIN_END, conditions=(G.FAULTED,))
-        for phase in Phase
-        if phase is not FINAL
-    ),
+    *(Transition(ABORT, phase, P.TRAIN_END, conditions=(G.FAULTED,)) for phase in Phase if phase is not FINAL),
 )
 
 
@@ -156,13 +133,9 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """A hook (``action`` None) or an action of the program, and where it runs.
-
-    ``trigger`` set: a handler of that transition (into ``phase``); unset: it runs on entering
-    ``phase``. ``per_batch``: once per train batch (trigger-bound) or per validation batch.
-    ``skip``: the ``StepContext`` flag that leaves it out for one batch. CHECKPOINT hooks are fired
-    by the checkpoint store inside ``phase``, so no transition's program holds them.
-    """
+    """A hook (``action`` None) or an action of the program. ``trigger`` set: a handler of that
+    transition (into ``phase``); unset: it runs on entering ``phase``. ``skip``: the ``StepContext``
+    flag that leaves it out for one batch. CHECKPOINT hooks are fired by the checkpoint store."""
 
     name: str
     phase: Phase
@@ -239,10 +212,8 @@ def program_for(t: Transition) -> tuple[Step, ...]:
     bound = tuple(s for s in PROGRAM if s.trigger == t.trigger and s.phase is t.dest)
     if t.internal:
         return bound
-    entry = tuple(
-        s for s in PROGRAM if s.trigger is None and s.phase is t.dest and s.scope is not HookScope.CHECKPOINT
-    )
-    return bound + entry
+    return bound + tuple(s for s in PROGRAM
+                         if s.trigger is None and s.phase is t.dest and s.scope is not HookScope.CHECKPOINT)
 
 
 # The phases inside one epoch: a run that leaves one for train_end before the epoch's record is
@@ -303,7 +274,6 @@ def _consistent_facts() -> Iterator[Facts]:
 def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tuple[Step, ...] = PROGRAM) -> None:
     """Reject a broken table: unreachable phases, dead ends, ambiguous or missing moves, bad hooks."""
     problems: list[str] = []
-    phases = set(Phase)
     edges: dict[Phase, set[Phase]] = {p: set() for p in Phase}
     for t in transitions:
         if t.trigger != ABORT:  # abort reaches train_end from anywhere; a sound table must not need it
@@ -311,13 +281,8 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
         if t.internal and t.source is not t.dest:
             problems.append(f"internal transition {t.trigger!r} must loop on its phase")
     reach = _closure({INITIAL}, edges)
-    problems += [f"phase {p.value!r} is unreachable from {INITIAL.value!r}" for p in phases - reach]
-    reverse: dict[Phase, set[Phase]] = {p: set() for p in Phase}
-    for src, dests in edges.items():
-        for d in dests:
-            reverse[d].add(src)
-    can_finish = _closure({FINAL}, reverse)
-    problems += [f"phase {p.value!r} cannot reach {FINAL.value!r}" for p in phases - can_finish]
+    problems += [f"phase {p.value!r} is unreachable from {INITIAL.value!r}" for p in Phase if p not in reach]
+    problems += [f"phase {p.value!r} cannot reach {FINAL.value!r}" for p in Phase if FINAL not in _closure({p}, edges)]
     for phase in Phase:
         if phase is FINAL:
             if any(t.source is FINAL for t in transitions):
@@ -333,9 +298,8 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
                 problems.append(f"from {phase.value!r} with {facts}: enabled {', '.join(names)}")
     triggers = {t.trigger for t in transitions}
     for step in program:
-        if step.trigger is not None and not any(
-            t.trigger == step.trigger and t.dest is step.phase for t in transitions
-        ):
+        if step.trigger is not None and not any(t.trigger == step.trigger and t.dest is step.phase
+                                                for t in transitions):
             problems.append(f"{step.name!r} is bound to {step.trigger!r}, which never enters {step.phase.value!r}")
         if step.per_batch and step.trigger is None and step.phase is not P.VAL:
             problems.append(f"{step.name!r} runs per batch inside {step.phase.value!r}, which has no batch loop")

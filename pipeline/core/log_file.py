@@ -1,14 +1,9 @@
 """The append-only file under a run log: whole lines or nothing, and room kept for the last lines.
 
-A line goes out in one unbuffered ``write``. If it fails (full disk, quota, I/O error) the file is
-cut back to its last whole line and a :class:`LogWriteError` names what failed, the file and the
-device: ``no space left writing events.jsonl (device tmpfs (tmpfs) mounted at /mnt/runs, ...)``.
-
-A run whose log cannot grow must still write why it ended, or its log reads as a killed process.
-So the file keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with
-``FALLOC_FL_KEEP_SIZE``), extended a block at a time. When that fails for a full disk, the line
-still goes into the room and the error is raised: the run ends there, and its last lines go into the
-room too. ``close`` gives the room back. Without ``fallocate`` nothing is kept.
+A failed write cuts the file back to its last whole line and raises a :class:`LogWriteError` naming
+the file and the device. A run whose log cannot grow must still write why it ended, so the file
+keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): on a
+full disk the last lines go there. ``close`` gives the room back.
 """
 
 from __future__ import annotations
@@ -122,13 +117,10 @@ class LogFile:
 
     def _keep_room(self, need: int) -> LogWriteError | None:
         fd = self._fd
-        if not self._reserving or _FALLOCATE is None or fd is None:
-            return None
         end = self.size + need + ROOM
-        if end <= self._room_end:
+        if not self._reserving or _FALLOCATE is None or fd is None or end <= self._room_end:
             return None
-        # Whole blocks, as the file system allocates them: one call per block of log, not per line.
-        end = -(-end // self._block) * self._block
+        end = -(-end // self._block) * self._block  # whole blocks: one call per block of log, not per line
         if _FALLOCATE(fd, _KEEP_SIZE, self._room_end, end - self._room_end) == 0:
             self._room_end = end
             return None

@@ -1,12 +1,9 @@
-"""The lifecycle's ``transitions`` machine, built from the table, with a lean trigger path.
-
-:func:`build_machine` makes a plain ``Machine`` (``auto_transitions=False``) whose conditions are
-the live guards and whose ``before``/``after`` callbacks are each move's check and program. A
-trigger of a plain ``Machine`` builds an ``EventData``, resolves callbacks by name, runs empty
-callback lists and logs a dozen times; the classes here, plugged in through the library's
-extension points (``condition_cls``, ``transition_cls``, ``event_cls``) and reading only its public
-attributes, run just that, and fall back to the library's code as soon as anything else is configured.
-Which transition fires is still decided by the machine's conditions.
+"""The lifecycle's ``transitions`` machine, built from the table, with a lean trigger path: its
+conditions are the live guards, its ``before``/``after`` callbacks each move's check and program.
+The classes here, plugged in through the library's extension points (``condition_cls``,
+``transition_cls``, ``event_cls``), skip the per-trigger logging and name lookups, and fall back to
+the library's code as soon as anything else is configured. :class:`MoveChecks` makes sure no
+handler runs for a move the table forbids.
 """
 
 from __future__ import annotations
@@ -18,9 +15,12 @@ from typing import Any
 from transitions import Machine
 from transitions.core import Condition, Event, EventData, Transition
 
-from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Guard, LifecycleError, Phase
+from fsmtrain.core.handlers import compile_guard
+from fsmtrain.core.lifecycle import INITIAL, TRANSITIONS, Facts, Guard, LifecycleError, Phase
+from fsmtrain.core.lifecycle import Transition as Move
 
-__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveHandler", "build_machine"]
+__all__ = ["GuardCondition", "LeanEvent", "LeanTransition", "LifecycleMachine", "MoveChecks", "MoveHandler",
+           "build_machine"]
 
 
 class GuardCondition(Condition):
@@ -63,8 +63,7 @@ class LeanTransition(Transition):
 
 
 def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) -> None:
-    """A callback list as ``Machine.callbacks`` runs it (``send_event`` off): a callable is called
-    with the trigger's arguments, a name is resolved by the library."""
+    """A callback list as ``Machine.callbacks`` runs it with ``send_event`` off."""
     args, kwargs = event_data.args, event_data.kwargs
     for callback in callbacks:
         if callable(callback):
@@ -100,9 +99,8 @@ class LifecycleMachine(Machine):
 
 @dataclass(frozen=True)
 class MoveHandler:
-    """What the machine runs when a transition fires: ``check`` (its ``before`` callback, after the
-    conditions passed and before the state changes) raises when the table forbids the move, so the
-    state stays and ``run`` (its ``after`` callback, the move's program) never starts."""
+    """A transition's ``before`` (``check``: raises, before the state changes, when the table forbids
+    the move) and ``after`` callback (``run``: the move's program)."""
 
     check: Callable[[], None]
     run: Callable[[], None]
@@ -114,17 +112,48 @@ def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
     ``TRANSITIONS[i]`` fires (a :class:`MoveHandler`'s check before the state changes)."""
     if len(handlers) != len(TRANSITIONS):
         raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
-    spec = [
-        {
-            "trigger": t.trigger,
-            "source": t.source.value,
-            "dest": None if t.internal else t.dest.value,
-            "conditions": [guards[g] for g in t.conditions],
-            "unless": [guards[g] for g in t.unless],
-            "before": [handler.check] if isinstance(handler, MoveHandler) else [],
-            "after": [handler.run if isinstance(handler, MoveHandler) else handler],
-        }
-        for t, handler in zip(TRANSITIONS, handlers, strict=True)
-    ]
+    spec = [{"trigger": t.trigger, "source": t.source.value, "dest": None if t.internal else t.dest.value,
+             "conditions": [guards[g] for g in t.conditions], "unless": [guards[g] for g in t.unless],
+             "before": [handler.check] if isinstance(handler, MoveHandler) else [],
+             "after": [handler.run if isinstance(handler, MoveHandler) else handler]}
+            for t, handler in zip(TRANSITIONS, handlers, strict=True)]
     return LifecycleMachine(model=model, states=[p.value for p in Phase], transitions=spec, initial=INITIAL.value,
                             auto_transitions=False, send_event=False, ignore_invalid_triggers=False)
+
+
+class MoveChecks:
+    """The checked handlers of one run's machine; ``facts()`` words the refusal."""
+
+    def __init__(self, state: Callable[[], str], guards: Mapping[Guard, Callable[[], bool]],
+                 facts: Callable[[], Facts]) -> None:
+        self._state = state
+        self._guards = guards
+        self._facts = facts
+        self._cleared: Move | None = None  # the move whose check passed and whose program may run
+
+    def handler(self, t: Move, program: Callable[[], None]) -> MoveHandler:
+        return MoveHandler(self._check(t), self._after_check(t, program))
+
+    def _check(self, t: Move) -> Callable[[], None]:
+        allowed = compile_guard(t, self._guards)
+        source = t.source.value
+
+        def check() -> None:
+            if self._state() != source or not allowed():
+                raise LifecycleError(
+                    f"the machine fired {t.trigger!r} from {self._state()!r}, but the table allows it from "
+                    f"{source!r} only when its guards hold ({t.guard_label() or 'no guard'}; facts {self._facts()}); "
+                    "its handlers did not run")
+            self._cleared = t
+
+        return check
+
+    def _after_check(self, t: Move, program: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            if self._cleared is not t:
+                raise LifecycleError(f"the machine ran the handlers of {t.trigger!r} ({t.source.value} -> "
+                                     f"{t.dest.value}) without checking the move first; they did not run")
+            self._cleared = None
+            program()
+
+        return run

@@ -1,13 +1,6 @@
-"""The global-callback registry: the one documented piece of process-wide state.
-
-Callbacks registered here join every run whose runner is built while they are registered, in the
-GLOBAL tier. It is locked (threads may register while others build runners), refuses re-entry (an
-instance is registered once at a time, a nested ``with cb:`` included), and carries no state between
-runs: a registered *instance* is a prototype, deep-copied at registration and again for each run,
-so nothing done to it later reaches a run; a *factory* (a class with its arguments, or a
-zero-argument callable) is called once per run. An instance that cannot be deep-copied is refused
-with a hint to register a factory. Only the callbacks' duck type is used here (``hooks`` imports
-this module).
+"""The global-callback registry, the one piece of process-wide state: callbacks registered here join
+every run built meanwhile, in the GLOBAL tier. It carries no state between runs: an *instance* is
+deep-copied at registration and again for each run; a *factory* is called once per run.
 """
 
 from __future__ import annotations
@@ -33,13 +26,11 @@ class GlobalRegistrationError(ValueError):
 
 @dataclass(frozen=True)
 class _Registration:
-    instance: TrainingCallback | None  # the registered instance (for listing and the identity checks), or
+    instance: TrainingCallback | None  # the registered instance, or
     factory: Callable[..., TrainingCallback] | None  # a factory called once per run
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # The registry's own copy of ``instance``, which each run copies: nothing else holds it, while
-    # its owner may change ``instance`` (even in another thread) after registering it.
-    prototype: TrainingCallback | None = None
+    prototype: TrainingCallback | None = None  # the registry's own copy of ``instance``, which each run copies
 
     def make(self) -> TrainingCallback:
         if self.instance is not None:
@@ -61,8 +52,7 @@ _ids = itertools.count()
 
 @dataclass(frozen=True)
 class GlobalHandle:
-    """Returned by :func:`register_global_callback`; ``remove()`` takes the callback out again.
-    Also a context manager: ``with register_global_callback(Factory, ...): trainer.fit()``."""
+    """``remove()`` takes the registered callback out again; also a context manager."""
 
     key: int
     callback: TrainingCallback | None = field(default=None, repr=False)  # None for a factory
@@ -89,9 +79,8 @@ class GlobalHandle:
 def register_global_callback(
     callback: TrainingCallback | Callable[..., TrainingCallback], *args: Any, **kwargs: Any
 ) -> GlobalHandle:
-    """Add a callback to every run built from now until the handle's ``remove()``: an instance
-    (each run gets a deep copy of it as it is now), or a factory with the arguments to call it with
-    once per run. An instance already registered, or one that cannot be copied, is refused."""
+    """Add a callback instance (each run gets a deep copy of it as it is now), or a factory with its
+    arguments, to every run built until the handle's ``remove()``."""
     if _is_callback(callback):
         if args or kwargs:
             raise TypeError(f"{_name(callback)} is already an instance; arguments go with a factory: "
@@ -134,8 +123,8 @@ def global_callbacks() -> list[TrainingCallback]:
 
 
 def callbacks_for_run(local: frozenset[int] = frozenset()) -> list[TrainingCallback]:
-    """What one run gets, in registration order: a copy of every instance, a product of every
-    factory. An instance the run also got as a local callback (``local``: ids) runs once, as local."""
+    """What one run gets, in order: copies and factory products, except instances it also got as a
+    local callback (``local``: ids)."""
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     return [reg.make() for reg in snapshot if reg.instance is None or id(reg.instance) not in local]

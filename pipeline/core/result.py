@@ -1,5 +1,4 @@
-"""What a run ends with: :class:`TrainResult`, made by the engine from the run's context when the
-``result`` event is written at ``train_end``, and returned by ``fit()``."""
+"""What a run ends with: :class:`TrainResult`, written as its ``result`` and returned by ``fit()``."""
 
 from __future__ import annotations
 

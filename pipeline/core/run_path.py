@@ -1,6 +1,4 @@
-"""The path one run took, counted from its log: how often each move was taken, and how it ended.
-``fsmtrain report`` feeds a :class:`PathCounter` as it reads the log for its charts, so the log is
-read once; :func:`fsmtrain.core.drawing.path_diagram` draws what it counted."""
+"""The path one run took, counted from its log: how often each move was taken, and how it ended."""
 
 from __future__ import annotations
 
@@ -36,8 +34,8 @@ class RunPath:
 
 
 class PathCounter:
-    """Counts the moves of a log fed line by line. Internal ``batch`` moves are logged only at
-    debug level; without them, they are counted from ``global_step`` at entering and leaving ``train_step``."""
+    """Counts the moves of a log fed line by line; ``batch`` moves (logged at debug level only) are
+    otherwise counted from ``global_step``."""
 
     def __init__(self) -> None:
         self.run = RunPath(Counter())
@@ -92,7 +90,7 @@ class PathCounter:
 def read_run_path(events_path: str | Path) -> RunPath:
     """Count the moves of a run log (a run directory stands for its ``events.jsonl``)."""
     path = Path(events_path)
-    if path.is_dir():  # a run directory: its log (rank 0's, in a multi-process run)
+    if path.is_dir():
         path = path / "events.jsonl"
     counter = PathCounter()
     try:

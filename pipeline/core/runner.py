@@ -1,8 +1,6 @@
-"""Orders callbacks, builds the per-hook dispatch tables once, and checks them.
-
-Order: ``(priority, tier, registration order)``. A hook a callback does not override is not in its
-table, so it costs nothing. Checked at build: each callback's definition and the data flow between
-slot writers and readers; while running: a callback writes only the slots it declared.
+"""Orders callbacks by ``(priority, tier, registration order)``, builds the per-hook dispatch tables
+once (a hook a callback does not override costs nothing), and checks each callback's definition,
+the data flow between slot writers and readers, and that a callback writes only the slots it declared.
 """
 
 from __future__ import annotations
@@ -43,13 +41,8 @@ class Entry:
 
 
 class CallbackRunner:
-    def __init__(
-        self,
-        callbacks: Sequence[TrainingCallback] = (),
-        *,
-        include_global: bool = True,
-        validate: bool = True,
-    ) -> None:
+    def __init__(self, callbacks: Sequence[TrainingCallback] = (), *, include_global: bool = True,
+                 validate: bool = True) -> None:
         entries = [Entry(cb, cb.tier, i) for i, cb in enumerate(callbacks)]
         if include_global:  # each run its own copies (fsmtrain.core.registry)
             local = frozenset(id(cb) for cb in callbacks)
@@ -60,25 +53,16 @@ class CallbackRunner:
             check_callback(cb, TrainingCallback)
         if validate:
             check_data_flow(self.entries)
-        # Slot names each callback may write, for the slot guard (by identity: callbacks need not hash).
-        self._writes: dict[int, frozenset[str]] = {
-            id(cb): frozenset(s.name for s in cb.writes) for cb in self.callbacks
-        }
-        # Nanoseconds spent in each callback (by position), for the per-epoch timing event.
-        self.ns: list[int] = [0] * len(self.callbacks)
-        seen: set[str] = set()
-        self._labels: list[str] = []
-        for i, cb in enumerate(self.callbacks):
-            self._labels.append(cb.name if cb.name not in seen else f"{cb.name}#{i}")
-            seen.add(cb.name)
+        # By identity: callbacks need not hash.
+        self._writes = {id(cb): frozenset(s.name for s in cb.writes) for cb in self.callbacks}
+        self.ns: list[int] = [0] * len(self.callbacks)  # time spent in each callback, for the timing event
+        names = [cb.name for cb in self.callbacks]
+        self._labels = [n if n not in names[:i] else f"{n}#{i}" for i, n in enumerate(names)]
         self.failed_in: tuple[str, str] | None = None
         self.current: TrainingCallback | None = None  # the callback whose hook is running, for attribution
         self._tables: dict[str, tuple[tuple[int, Handler], ...]] = {
-            hook: tuple(
-                (i, getattr(cb, hook)) for i, cb in enumerate(self.callbacks) if hook in cb.overridden_hooks()
-            )
-            for hook in HOOK_NAMES
-        }
+            hook: tuple((i, getattr(cb, hook)) for i, cb in enumerate(self.callbacks) if hook in cb.overridden_hooks())
+            for hook in HOOK_NAMES}
         self._dispatchers = {hook: self.dispatcher(hook) for hook in HOOK_NAMES}
 
     @property
@@ -170,12 +154,9 @@ def _epoch_hooks(cb: TrainingCallback) -> list[str]:
 
 
 def check_data_flow(entries: Sequence[Entry]) -> None:
-    """Refuse an order in which a reader of a slot may run before its writer in the same epoch.
-
-    A class declares which slots, not where, so every epoch hook it overrides counts: a reader is
-    safe only when its earliest epoch hook runs after its writer's latest one, compared as ``(hook
-    position in the epoch, dispatch position)``. A reader without a writer gets ``None``.
-    """
+    """Refuse an order in which a reader of a slot may run before its writer in the same epoch: a
+    reader is safe only when its earliest epoch hook runs after its writer's latest one, compared as
+    ``(hook position in the epoch, dispatch position)``."""
     position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []
     for reader in entries:

@@ -1,10 +1,5 @@
-"""The numbers of one epoch, flat and named: every metric and every numeric slot value, as the W&B
-logger and the console line show them, so a new metric or slot needs no change to either.
-
-A slot value gives: nothing for ``None`` or a ``bool``; ``{name: value}`` for a real number; the
-mapping its ``scalars()`` method returns; ``{"<name>/<field>": value}`` for each numeric field of a
-dataclass or value of a mapping; else ``{name: float(value)}`` when that converts (a one-element
-tensor), or nothing.
+"""The numbers of one epoch, flat and named (every metric and numeric slot value), as the W&B logger
+and the console line show them, so a new metric or slot needs no change to either.
 """
 
 from __future__ import annotations
@@ -29,7 +24,9 @@ def _number(value: Any) -> float | None:
 
 
 def slot_scalars(name: str, value: Any) -> dict[str, float]:
-    """The named scalars one slot value contributes (see the module docstring)."""
+    """The named scalars one slot value contributes: ``{name: value}`` for a number, what its
+    ``scalars()`` returns, ``{"<name>/<field>": value}`` for each numeric field of a dataclass or
+    mapping, ``{name: float(value)}`` when that converts (a one-element tensor); else nothing."""
     if value is None or isinstance(value, bool):
         return {}
     number = _number(value)
@@ -51,8 +48,7 @@ def slot_scalars(name: str, value: Any) -> dict[str, float]:
 
 
 def epoch_scalars(epoch: EpochContext) -> dict[str, float]:
-    """Every epoch metric (``train_loss``, ``val_loss``, ``lr``, validation metrics), then every
-    numeric slot value present now, in the order they were written. A metric keeps its name if a
+    """Every epoch metric, then every numeric slot value present now; a metric keeps its name if a
     slot scalar would take it."""
     data = {k: float(v) for k, v in epoch.metrics.items()}
     for name, value in epoch.run.slot_values().items():

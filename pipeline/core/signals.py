@@ -1,13 +1,10 @@
 """SIGINT and SIGTERM: the one module that handles them, for a command or for one run.
 
-A handler runs between any two bytecodes of the main thread, so the first signal is only recorded:
-start-up honours it at its checks (:meth:`Signals.raise_if_signalled`), a run gets it as
-``RunContext.pending_signal`` and ends INTERRUPTED at its next safe point, teardown and ``result``
-included; the command exits 128 + the signal (:meth:`Signals.exit_status`). A second SIGINT while a
-run trains raises ``KeyboardInterrupt`` at once, so a hung batch or collective ends (the teardown
-still runs; in the teardown a second one is only recorded, so it cannot cut the ``result`` short).
-A third gets the handler found before (a notebook kernel's), or in the ``fsmtrain`` process the
-default action. After the command the handlers found are back (:func:`uninstall`).
+The first signal is only recorded (a handler runs between any two bytecodes): a run ends
+INTERRUPTED at its next safe point and the command exits 128 + the signal. A second SIGINT while a
+run trains raises ``KeyboardInterrupt`` at once, so a hung batch ends (in the teardown it is only
+recorded, so it cannot cut the ``result`` short). A third gets the handler found before, or the
+default action in the ``fsmtrain`` process.
 """
 
 from __future__ import annotations
@@ -67,8 +64,7 @@ class Signals:
             raise Interrupted(self.signum)
 
     def said(self, final: int) -> str:
-        """The line that names the signal received: its exit status, or what it was expected as
-        (:attr:`expected`, set where the command has said its last word already)."""
+        """The line that names the signal received: its exit status, or what it was expected as."""
         if self.expected is not None:
             return f"fsmtrain: {self.name} received: {self.expected}"
         return f"fsmtrain: {self.name} received; exit code {final}"
@@ -87,8 +83,7 @@ _installed: Signals | None = None
 
 
 def install(owns_process: bool = False, escalate: bool = True) -> Signals | None:
-    """Handle SIGINT and SIGTERM in this process (main thread only: Python delivers signals there;
-    elsewhere None). Installed already: that one."""
+    """Handle SIGINT and SIGTERM in this process (the main thread only, else None); idempotent."""
     global _installed
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -115,10 +110,9 @@ def uninstall(default: bool = False) -> None:
 
 @contextlib.contextmanager
 def caught(escalate: bool = True) -> Iterator[Signals | None]:
-    """The process's :class:`Signals` for the block: the command's (kept after the block), or ones
-    installed for the block and uninstalled after it (None off the main thread). ``escalate=False``:
-    a second SIGINT is only recorded, for an hpo worker, which gets a terminal's Ctrl-C and the one
-    its study forwards, and whose study ends it when it does not stop."""
+    """The process's :class:`Signals` for the block: the command's, or ones installed for the block
+    only (None off the main thread). ``escalate=False`` (an hpo worker, whose study forwards a
+    Ctrl-C it also gets from the terminal): a second SIGINT is only recorded."""
     if _installed is not None:
         yield _installed
         return
@@ -132,8 +126,7 @@ def caught(escalate: bool = True) -> Iterator[Signals | None]:
 
 @contextlib.contextmanager
 def stop_on_signals(run: RunContext) -> Iterator[None]:
-    """While the block trains ``run``, a signal sets ``run.pending_signal`` (one received before the
-    block, during start-up, is set at once) and a second SIGINT interrupts it."""
+    """While the block trains ``run``, a signal (or one received before it) sets ``run.pending_signal``."""
     with caught() as signals:
         if signals is None:
             yield
@@ -149,9 +142,8 @@ def stop_on_signals(run: RunContext) -> Iterator[None]:
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted` as Ctrl-C
-    raises ``KeyboardInterrupt``: a command that waits on worker processes stops them, where the
-    default action would end it alone and leave them training, orphaned."""
+    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted`, so a command
+    that waits on worker processes stops them instead of dying and leaving them orphaned."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

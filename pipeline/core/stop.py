@@ -1,17 +1,5 @@
-"""Why a run reached ``train_end``: :class:`StopReason`, and every fact about each reason.
-
-One row per reason, read by every consumer and written nowhere else:
-
-============  ========  ==========  ====  ========  ======  =========  ===============
-reason        route     precedence  exit  severity  failed  objective  evidence
-============  ========  ==========  ====  ========  ======  =========  ===============
-completed     epochs    0           0     0         no      best       last_epoch
-nan           request   1           3     1         yes     inf        nonfinite_loss
-early_stop    request   0           0     0         no      best       request
-pruned        request   0           0     0         no      best       prune_decision
-interrupted   fault     2           130   3         yes     best       interrupt
-error         fault     2           1     2         yes     best       exception
-============  ========  ==========  ====  ========  ======  =========  ===============
+"""Why a run reached ``train_end``: :class:`StopReason`, and every fact about each reason in one
+row of :data:`FACTS`, read by every consumer and written nowhere else. The columns:
 
 - **route**: how it reaches ``train_end``: the epochs ran out, a callback's ``request_stop``, or a
   ``fault`` the engine forces on an exception or signal (``abort``).
@@ -29,6 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 __all__ = ["FACTS", "Evidence", "Route", "StopFacts", "StopReason"]
 
@@ -64,7 +53,14 @@ class StopFacts:
 
 
 class StopReason(str, Enum):
-    """Why a run reached ``train_end``; its facts are its row of :data:`FACTS`."""
+    """Why a run reached ``train_end``; its facts (``route``, ``exit_code``...) are its row of :data:`FACTS`."""
+
+    route: Route
+    precedence: int
+    exit_code: int
+    severity: int
+    failed: bool
+    evidence: Evidence
 
     COMPLETED = "completed"
     NAN = "nan"
@@ -73,33 +69,10 @@ class StopReason(str, Enum):
     INTERRUPTED = "interrupted"
     ERROR = "error"
 
-    @property
-    def facts(self) -> StopFacts:
-        return FACTS[self]
-
-    @property
-    def route(self) -> Route:
-        return FACTS[self].route
-
-    @property
-    def precedence(self) -> int:
-        return FACTS[self].precedence
-
-    @property
-    def exit_code(self) -> int:
-        return FACTS[self].exit_code
-
-    @property
-    def severity(self) -> int:
-        return FACTS[self].severity
-
-    @property
-    def failed(self) -> bool:
-        return FACTS[self].failed
-
-    @property
-    def evidence(self) -> Evidence:
-        return FACTS[self].evidence
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # the enum machinery's own lookups
+            raise AttributeError(name)
+        return getattr(FACTS[self], name)
 
     @property
     def fault(self) -> bool:
