@@ -1,28 +1,22 @@
-"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): verify each line's ``prev``,
-name the first line that breaks it and what happened there, tell a wrong or missing key from
-tampering, and find the lines checkpoints pin.
-"""
+"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): each line's ``prev`` and, where
+no link covers a line (the last, or around a break), its ``seal``; the first break named with what
+happened there; a wrong or missing key told from tampering; the lines checkpoints pin."""
 
 from __future__ import annotations
 
-import pickletools
-import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
 from fsmtrain.core.lifecycle import HOOKS
-from fsmtrain.tools.audit.seals import SealCheck
-from fsmtrain.tools.audit.verdict import ChainVerdict, Finding
+from fsmtrain.tools.audit.verdict import ChainVerdict, Finding, Severity
 
-__all__ = ["ChainCheck", "SegmentChain", "stored_head"]
+__all__ = ["ChainCheck", "SealCheck", "SegmentChain"]
 
 # The phase a checkpoint is staged in: a slow disk may commit it epochs later.
 _SAVE_PHASE = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value
-_MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
-_TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
 
 @dataclass
@@ -81,6 +75,45 @@ def _config_of(rec: Mapping[str, Any]) -> Any:
     """The config a first line records (what the genesis digest covers); None when it has none."""
     payload = rec.get("payload")
     return payload.get("config") if isinstance(payload, dict) else None
+
+
+class SealCheck:
+    """Seals, checked where the chain needs them (:meth:`status`); ``first``: the first that fails. A
+    log whose lines are sealed must seal every line; one with no seal at all is of the older format."""
+
+    def __init__(self) -> None:
+        self.plain = Chain()
+        self.seen = False  # a line carried a seal: the log seals its lines
+        self.first: Finding | None = None
+        self._known: dict[int, bool | None] = {}  # a few lines, around a break and at the end
+
+    def status(self, n: int, raw: bytes, chain: Chain) -> bool | None:
+        """Whether line ``n`` holds its seal under ``chain``: True, False (its seal does not match, or
+        it has none in a log that seals its lines), None (no seal: a log of the older format)."""
+        if n in self._known:
+            return self._known[n]
+        sealed = chain.check_seal(raw)[0]
+        if sealed:
+            self.seen = True
+        elif sealed is False or self.seen:
+            if self.first is None:
+                self.first = Finding("chain", self._why(n, raw, chain, sealed), n)
+            sealed = False
+        self._known[n] = sealed
+        return sealed
+
+    def _why(self, n: int, raw: bytes, chain: Chain, sealed: bool | None) -> str:
+        if sealed is False:
+            if chain is not self.plain and self.plain.check_seal(raw)[0]:
+                return (f"line {n} was altered and resealed without the key (its seal is the plain sha256 of its "
+                        "bytes, not their HMAC)")
+            return f"line {n} was altered after it was written: the seal it carries is not the digest of its bytes"
+        if b'"seal":' in raw:
+            return (f"line {n} was altered after it was written: its seal is not its last field (a field was "
+                    "added after it)")
+        return (f"line {n} carries no seal, but this log seals its lines: its seal was removed (the line was "
+                "altered after it was written), or an older fsmtrain wrote it")
+
 
 
 class ChainCheck:
@@ -320,41 +353,13 @@ class ChainCheck:
         if self._last_verified and not self.unchained:
             v.sealed = self.seals.seen
             if not self.seals.seen:
-                self.findings.append(self.seals.older_format(self._last_verified))
+                last = self._last_verified
+                self.findings.append(Finding(
+                    "chain", f"line {last}, the last line, is not sealed: no line of this log carries a seal (it was "
+                    "written by an older fsmtrain), and the last line has no successor to carry its digest, so it is "
+                    "covered by the recomputation of its figures, not by the chain", last, Severity.WARNING))
         if self.unchained or v.first_break is not None:
             v.ok = False
         else:
             v.ok = True if self.verified_links else None  # None: keyed, and no matching key given
         return self.findings
-
-
-def stored_head(path: Path) -> tuple[bool, str | None]:
-    """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
-    ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
-            if name is None:
-                return False, None
-            data = zf.read(name)
-        return _head_in_pickle(pickletools.genops(data))
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        return False, None
-
-
-def _head_in_pickle(ops: Iterator[tuple[Any, Any, Any]]) -> tuple[bool, str | None]:
-    # The state dict's keys are pushed as text right before their values: "chain_head" comes
-    # before any nested state, so its first occurrence is the top-level key.
-    after_key = False
-    for op, arg, _ in ops:
-        name: str = op.name
-        if after_key:
-            if name in _MEMO_OPS:
-                continue
-            if name in _TEXT_OPS and isinstance(arg, str):
-                return True, arg
-            return True, None
-        if name in _TEXT_OPS and arg == "chain_head":
-            after_key = True
-    return False, None
-

@@ -1,5 +1,5 @@
-"""The events inside a run: epochs (losses, batches, slots, timings), exceptions, warnings,
-checkpoint lines and the pruner's reports. Mixed into the auditor."""
+"""The events inside a run: epochs (losses, batches, slots, timings), exceptions, warnings and the
+pruner's reports. Mixed into the auditor."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import PROGRAM, Action
-from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.content import number, slot_checks
-from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
 from fsmtrain.tools.audit.ending import EndingChecks, Segment
-from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["EpochChecks"]
@@ -30,14 +27,9 @@ def _is_nonfinite(value: Any) -> bool:
 
 
 class EpochChecks(EndingChecks):
-    """Needs the auditor's ``ex``, ``chain`` and checkpoint maps."""
+    """Needs the auditor's ``ex``."""
 
     ex: Explanation
-    chain: ChainCheck
-    ckpt_writes: dict[str, CheckpointWrite]
-    ckpt_removed: dict[str, int]
-    ckpt_damaged: dict[str, Damaged]
-    coverage: CheckpointCoverage
 
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
@@ -116,35 +108,6 @@ class EpochChecks(EndingChecks):
         if len(self.ex.warnings) < 100:
             self.ex.warnings.append({"line": n, "epoch": rec["epoch"], "source": source,
                                      "message": str(p.get("message", ""))})
-
-    def _checkpoint(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        p = rec["payload"]
-        path, sha = p.get("path"), p.get("sha256")
-        if not isinstance(path, str) or not isinstance(sha, str):
-            self.bad("checkpoint", "a checkpoint event needs string path and sha256", n)
-            return
-        head = p.get("chain_head")
-        if head is not None and not isinstance(head, str):
-            self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
-            head = None
-        if head is not None and self.chain.verifying:
-            pinned = self.chain.pinned_line(head)
-            if pinned is None:
-                self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no "
-                         "line logged since the previous epoch began (nor of an epoch's end since the last commit): "
-                         "the lines before it were altered after the checkpoint was committed", n)
-            else:
-                self.chain.pinned(pinned)
-        epoch = p.get("epoch")
-        self.ckpt_writes[path] = CheckpointWrite(sha, n, epoch if type(epoch) is int else None, head)
-        self.ckpt_removed.pop(path, None)
-        self.ckpt_damaged.pop(path, None)
-        self.coverage.committed(n, epoch if type(epoch) is int else None, path, seg)
-
-    def _checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        path = rec["payload"].get("path")
-        if isinstance(path, str):
-            self.ckpt_removed[path] = n
 
     def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -4,6 +4,7 @@ the auditor."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -25,13 +26,19 @@ PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATC
 _STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
 
 
+@functools.cache
+def _allowed(move: Transition, facts: Facts) -> bool:
+    if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
+        return move.enabled(facts)
+    return enabled_transition(move.source, facts) is move
+
+
 class MoveChecks(EndingChecks):
     """Needs the auditor's ``chain``, ``moves`` and ``batch_moves``."""
 
     chain: ChainCheck
     moves: Counter[tuple[str, str, str]]
     batch_moves: int
-    _guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool]
 
     def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         src, dst, trig = rec["from"], rec["to"], rec["trigger"]
@@ -60,7 +67,8 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not self._guards_hold(key, move, seg):
+        elif not any(_allowed(move, self._facts(seg, has_batch)) for has_batch in (False, True)):
+            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
@@ -88,22 +96,6 @@ class MoveChecks(EndingChecks):
         stop = seg.stop
         return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
                      has_batch, seg.faulted)
-
-    def _guards_hold(self, key: tuple[str, str, str], move: Transition, seg: Segment) -> bool:
-        stop = seg.stop
-        ck = (key, stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-              seg.faulted)
-        hit = self._guard_cache.get(ck)
-        if hit is None:
-            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value.
-            hit = self._guard_cache[ck] = any(self._allowed(move, self._facts(seg, hb)) for hb in (False, True))
-        return hit
-
-    @staticmethod
-    def _allowed(move: Transition, facts: Facts) -> bool:
-        if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
-            return move.enabled(facts)
-        return enabled_transition(move.source, facts) is move
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop

@@ -1,5 +1,4 @@
-"""What ``fsmtrain audit`` hands over: findings (each naming a line), the chain verdict, the run's
-story, as short text or as JSON (:meth:`AuditReport.to_dict`)."""
+"""What ``fsmtrain audit`` hands over: findings, the chain verdict and the run's story, as text or JSON."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ class Severity(str, Enum):
 
 
 class Verdict(str, Enum):
-    """What a finding concludes, where one check can conclude different things: a checkpoint file
-    that differs from the log, or a process that ended without its ``result``."""
+    """What a finding concludes where one check can conclude several things."""
 
     DAMAGED = "damaged"  # a checkpoint whose bytes are no write the log committed (not a whole one, or changed)
     OLDER_WRITE = "older_write"  # a checkpoint holding a write the log committed before the one it records last
