@@ -1,11 +1,7 @@
 """Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
 
-The log is streamed line by line (a million lines take seconds) through the checks of the mixins:
-the hash chain and seals (:mod:`.chain`), fields, ``seq``, ``ts`` and ``global_step`` (here),
-segments and resumes (:mod:`.segments`), moves and guards against
-:data:`fsmtrain.core.lifecycle.TRANSITIONS` (:mod:`.moves`), epochs and checkpoint lines
-(:mod:`.epochs`, :mod:`.coverage`), the stop reason against :class:`fsmtrain.core.stop.StopReason`
-and the ``result`` (:mod:`.ending`); then the checkpoint files on disk (:mod:`.files`).
+The log is streamed line by line: fields, ``seq``, ``ts`` and ``global_step`` are checked here, the
+rest by the mixins and checkers of the sibling modules; then the checkpoint files on disk.
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
 from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
-from fsmtrain.tools.audit.epochs import EpochChecks
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
+from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     AuditReadError,
@@ -79,8 +74,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                  allow_missing: bool = False) -> None:
         self.path = path
         self.allow_missing = allow_missing
-        # How the run went on without this log's rank (the audit of its run directory says): a last
-        # segment cut by a kill is then a warning, not an unfinished run.
+        # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
@@ -281,15 +275,14 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
 
 def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
                allow_missing: bool = False) -> AuditReport:
-    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain; ``allow_missing``:
-    a committed checkpoint file that is gone is a warning, not a violation. Raises
-    :class:`AuditReadError` if it cannot be read."""
+    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed chain; ``allow_missing``: a
+    committed checkpoint file that is gone is a warning. :class:`AuditReadError` if it is unreadable."""
     return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing).finish()
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
              allow_missing: bool = False) -> LogAuditor:
-    """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
+    """A :class:`LogAuditor` fed every line of ``path``, not yet finished."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
     try:
