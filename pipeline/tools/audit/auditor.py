@@ -98,7 +98,6 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
         }
 
-    # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
         try:
             rec = parse_line(raw)
@@ -200,7 +199,6 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("seq", f"seq {seq} after {prev}: a repeated or reordered line (expected {prev + 1})", n)
         return False
 
-    # --- whole file --------------------------------------------------------------------------
     def finish(self) -> AuditReport:
         if self.lines == 0 or not self.segments:
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)

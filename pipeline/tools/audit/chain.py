@@ -58,8 +58,7 @@ class _Break:
             return n - 1, (f"line {n - 1} was altered after it was written: its seal does not match its bytes, and "
                            f"line {n} carries a different digest for it")
         if self.sealed is False and self.prev_sealed and (next_sealed or next_carried is None):
-            # Line n alone fails its seal, between lines that hold theirs: only it was changed (its
-            # prev among what changed), and the line after it (if any) pins it as it was.
+            # Line n alone fails its seal, between lines that hold theirs: only it was changed.
             after = "" if next_carried is None else f", and line {n + 1} carries a different digest for it"
             return n, f"line {n} was altered after it was written: its seal does not match its bytes{after}"
         if not next_ok:
@@ -145,7 +144,6 @@ class ChainCheck:
         self._prev_end = False
         self.segments: list[SegmentChain] = []
 
-    # --- segments ------------------------------------------------------------------------------
     def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
         self.pins, self._pins_before, self._end_pins = {}, {}, {}
@@ -161,8 +159,7 @@ class ChainCheck:
             self.verdict.schemes.append(scheme)
         if (self.keyed is not None and (scheme != SCHEME_KEYED or key_id != self.keyed.key_id)
                 and self._keyed_link(rec)):
-            # The line's own link holds under the key given: the key is this log's, and what its
-            # payload says of the chain was altered (the line's seal and the next link name it).
+            # Its link holds under the key given: the key is this log's, and its chain record was altered.
             self._use(self.keyed)
             if self.verdict.key_matches is None:
                 self.verdict.key_matches = True
@@ -217,7 +214,6 @@ class ChainCheck:
         self._pins_before = self.pins
         self.pins = {}
 
-    # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """Check that line ``n`` carries the digest of the line before it; its own seal is checked
         only where no link covers it (the end, before an unparsable line, around a break)."""
@@ -307,7 +303,6 @@ class ChainCheck:
     def _bad(self, check: str, message: str, line: int | None) -> None:
         self.findings.append(Finding(check, message, line))
 
-    # --- checkpoint pins -----------------------------------------------------------------------
     def pinned_line(self, head: str) -> int | None:
         """The line whose digest ``head`` is, among those a checkpoint may pin (see ``pins``)."""
         line = self.pins.get(head)
@@ -333,7 +328,6 @@ class ChainCheck:
                     return n
         return None
 
-    # --- the end -------------------------------------------------------------------------------
     def finish(self) -> list[Finding]:
         if self._pending is not None:
             self._first_break(*self._pending.named(True, None, None))

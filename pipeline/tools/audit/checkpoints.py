@@ -88,7 +88,6 @@ class CheckpointLines:
                 return info
         return None
 
-    # --- lines -----------------------------------------------------------------------------------
     def second_start(self, n: int, seg: Segment) -> None:
         """A run_start after the first, without ``resumed_from``: a restart, if its ``restart`` comes."""
         self._of(seg).start_line = n
@@ -184,7 +183,6 @@ class CheckpointLines:
             self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
                       "resume from", n, "resume")
 
-    # --- the end ---------------------------------------------------------------------------------
     def finish(self, segments: list[Segment]) -> list[Finding]:
         for seg in segments:
             ckpts = self.by_segment.get(seg.first_line)

@@ -1,6 +1,6 @@
-"""How a run ended: the stop reason against the evidence its :class:`~fsmtrain.core.stop.StopReason`
-row names, the stop source and message against the ``stop_request`` that carried them, and the
-``result`` recomputed from the epoch events. Mixed into the auditor."""
+"""How a run ended, mixed into the auditor: the stop reason against the evidence its
+:class:`~fsmtrain.core.stop.StopReason` row names, the stop source and message against the
+``stop_request``, and the ``result`` recomputed from the epoch events."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ class StopInfo:
     immediate: bool
     epoch: int | None
     line: int
-    rank: int | None = None  # a stop agreed from another rank of a multi-process run (its log holds the cause)
-    phase: str | None = None  # where the request was made (on its rank)
+    rank: int | None = None  # the rank a stop agreed from another rank came from
+    phase: str | None = None  # where the request was made
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Unfinished:
 
 @dataclass
 class Segment:
-    """One process's run in the file; a resume appends another."""
+    """One process's part of the log; a resume appends another."""
 
     first_line: int
     run_id: str
@@ -56,8 +56,8 @@ class Segment:
     start_epoch: int
     resumed_from: str | None
     callbacks: list[str]
-    min_level: int = 0  # the config's log_level, when recorded: lines below it do not belong here
-    rank: int = 0  # the rank whose log this is (run_start's rank; 0 for one process)
+    min_level: int = 0  # the config's log_level, when recorded
+    rank: int = 0
     phase: str = INITIAL.value
     next_epoch: int = 0
     epochs: int = 0
@@ -82,10 +82,9 @@ class Segment:
     unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
     after: Unfinished | None = None  # the process before this resume, until the resume says how it ended
     resumed_write: tuple[int, str, int | None] | None = None  # the commit resumed from: (line, sha256, epoch)
-    # A rank whose log holds no checkpoint lines (rank 0 commits them) resumed one epoch past where its
-    # log reached: the epoch its ``resume`` event must name as the checkpoint's, until it is read.
+    # A rank without checkpoint lines resumed one epoch past its log: the epoch its resume must name.
     commit_unseen: int | None = None
-    # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
+    # global_step where the epoch began and entered val, and the per-batch lines
     step_begin: int | None = None
     step_val: int | None = None
     step_prev: int = 0
@@ -104,8 +103,7 @@ def completed_stop(max_epochs: int) -> tuple[str, str]:
 
 
 def ending_segment(segs: list[Segment]) -> Segment:
-    """The segment whose ``max_epochs`` ended the run: the last one, unless it found nothing left to
-    train (it began at or past its own max_epochs and ran no epoch): then the latest that trained."""
+    """The segment whose ``max_epochs`` ended the run: the last, unless it had nothing left to train."""
     last = segs[-1]
     if last.epochs or last.start_epoch < last.max_epochs:
         return last
@@ -113,8 +111,8 @@ def ending_segment(segs: list[Segment]) -> Segment:
 
 
 def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
-    """Each segment with how many of its logged epochs count: a resume from an older checkpoint does
-    the epochs from its start epoch over, and only the later doing counts."""
+    """Each segment with how many of its logged epochs count (a resume from an older checkpoint does
+    epochs over: the later doing counts)."""
     for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
         until = None if nxt is None else nxt.start_epoch
         yield seg, seg.epochs if until is None else max(0, min(seg.epochs, until - seg.start_epoch))
@@ -142,7 +140,7 @@ def _last_val(segs: list[Segment]) -> float:
 
 
 class EndingChecks:
-    """Mixed into the auditor, which provides ``findings``, ``segments`` and ``bad``/``warn``."""
+    """Needs the auditor's ``findings`` and ``segments``."""
 
     findings: list[Finding]
     segments: list[Segment]
@@ -238,8 +236,8 @@ class EndingChecks:
 
     def _agreed_override(self, n: int, reason: StopReason, where: tuple[Any, Any, int], overrides: Any,
                          held: StopInfo, own_rank: int) -> None:
-        """An agreed request that replaced the one in force: legal by the engine's own rule
-        (:func:`fsmtrain.core.consensus.may_override`), and it names what it replaced."""
+        """An agreed request that replaced the one in force is legal by
+        :func:`fsmtrain.core.consensus.may_override`, and names what it replaced."""
         epoch, phase, rank = where
         if type(epoch) is not int or phase not in _PHASES:
             self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "
@@ -267,8 +265,7 @@ class EndingChecks:
         own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
         wrong = result_mismatches(p, whole)
         unlogged = set().union(*(s.unlogged for s in segs))
-        # An epoch whose figures never reached the log (its process was killed after its checkpoint
-        # was committed, before its epoch line): what the result takes from it cannot be checked.
+        # An epoch committed but never logged (a kill in between): what the result takes from it is unchecked.
         unseen: list[tuple[str, int, tuple[str, ...]]] = []
         best, last = p.get("best_epoch"), last_epoch(segs)
         if type(best) is int and best in unlogged:
@@ -304,8 +301,8 @@ class EndingChecks:
         return out
 
     def _stop_said(self, seg: Segment, result: tuple[Any, Any, int] | None) -> None:
-        """The stop source and message as the request, train_end and the result each say them.
-        When train_end and the result agree against the request, the request is the line named."""
+        """The stop source and message as the request, train_end and the result say them (the request
+        is named when the other two agree against it)."""
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:

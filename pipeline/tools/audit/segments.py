@@ -87,19 +87,15 @@ class SegmentChecks(EndingChecks):
         unlogged = None
         if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
                 and prev.end_line is None and ckpt.line > prev.first_line):
-            # Killed between committing the epoch's checkpoint and logging its epoch event: the
-            # epoch is done (the checkpoint holds it), but the log never got its figures.
+            # Killed between committing the epoch's checkpoint and logging the epoch: done, unlogged.
             seg.unlogged.add(ckpt.epoch)
             unlogged = (ckpt.epoch, f"its checkpoint (line {ckpt.line})")
         elif (ckpt is None and seg.rank != 0 and not self.ckpts.writes and prev.end_line is None
               and seg.start_epoch == prev.next_epoch + 1):
-            # The same window on a rank whose log holds no checkpoint lines (rank 0 commits them): its
-            # resume event must name that epoch's commit (the audit of the run directory holds the
-            # record to rank 0's log).
+            # The same on a rank without checkpoint lines: its resume event must name that commit.
             seg.commit_unseen = prev.next_epoch
         elif seg.start_epoch > prev.next_epoch and self._rank_left_out(seg, payload.get("world_size_before")):
-            # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
-            # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
+            # The run went on with fewer ranks, without this one: those epochs are in rank 0's log.
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
