@@ -13,14 +13,17 @@ from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.stop import Evidence, StopReason
-from fsmtrain.tools.audit.content import number, result_mismatches
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# The result figures recomputed from the log, in the order the audit reports them.
+_RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
+                  "best_val_loss", "best_epoch", "objective", "global_step")
 
 
 @dataclass
@@ -95,6 +98,33 @@ class Segment:
     moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
+
+
+def number(value: Any) -> float | None:
+    """A JSON number as the event log writes it (non-finite ones as strings), else None."""
+    kind = type(value)
+    if kind is float or kind is int:
+        return float(value)
+    return _NONFINITE.get(value) if kind is str else None
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    x, y = number(a), number(b)
+    return x is not None and y is not None and (x == y or (math.isnan(x) and math.isnan(y)))
+
+
+def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, found, expected) for each ``result`` figure that differs from the recomputed one;
+    a field the result does not carry is not compared."""
+    out = []
+    for key in _RESULT_FIELDS:
+        if key not in found or key not in expected:
+            continue
+        want, got = expected[key], found[key]
+        exact = got == want and type(got) is type(want)
+        if not (_same_number(got, want) if isinstance(want, float) else exact):
+            out.append((key, got, want))
+    return out
 
 
 def completed_stop(max_epochs: int) -> tuple[str, str]:

@@ -4,13 +4,17 @@ timings), exceptions, warnings and the pruner's reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import types
+import typing
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from fsmtrain.core.context import epoch_number
+from fsmtrain.core import slots as _slots_module
+from fsmtrain.core.context import Slot, epoch_number
 from fsmtrain.core.lifecycle import (
     ABORT,
     FINAL,
@@ -23,8 +27,7 @@ from fsmtrain.core.lifecycle import (
     enabled_transition,
 )
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.content import number, slot_checks
-from fsmtrain.tools.audit.ending import EndingChecks, Segment
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["PER_BATCH", "EpochChecks", "MoveChecks"]
@@ -38,9 +41,54 @@ PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATC
 _STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
 
 _LOSSES = ("train_loss", "val_loss")
-_SLOTS = slot_checks()
 # The phase whose last step writes the ``epoch`` event.
 _RECORD_PHASE = next(s.phase for s in PROGRAM if s.name == Action.RECORD_EPOCH.value).value
+
+
+Check = Callable[[Any], bool]
+_SCALARS: dict[Any, tuple[Check, str]] = {
+    float: (lambda v: number(v) is not None, "a number"),
+    int: (lambda v: type(v) is int, "an integer"),
+    bool: (lambda v: type(v) is bool, "true or false"),
+    str: (lambda v: type(v) is str, "a string"),
+}
+
+
+def _check_for(tp: Any) -> tuple[Check, str] | None:
+    """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        parts = [a for a in typing.get_args(tp) if a is not type(None)]
+        inner = _check_for(parts[0]) if len(parts) == 1 else None
+        return None if inner is None else ((lambda v: v is None or inner[0](v)), inner[1])
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: _check_for(hints[f.name]) for f in dataclasses.fields(tp)}
+
+        def check(v: Any) -> bool:
+            return (type(v) is dict and v.keys() == fields.keys()
+                    and all(c is None or c[0](v[k]) for k, c in fields.items()))
+        said = ", ".join(f"{k} ({c[1] if c else getattr(hints[k], '__name__', hints[k])})" for k, c in fields.items())
+        return check, f"an object with {said}"
+    return None
+
+
+def slot_checks(module: Any = _slots_module) -> dict[str, tuple[Check, str]]:
+    """For each slot ``module`` declares as ``NAME: Slot[T] = Slot("name")``: a check of a logged
+    value against ``T`` and how to say what was expected."""
+    out: dict[str, tuple[Check, str]] = {}
+    for attr, hint in typing.get_type_hints(module).items():
+        slot = getattr(module, attr, None)
+        if isinstance(slot, Slot) and typing.get_origin(hint) is Slot:
+            check = _check_for(typing.get_args(hint)[0])
+            if check is not None:
+                out[slot.name] = check
+    return out
+
+
+_SLOTS = slot_checks()
 
 
 def _is_nonfinite(value: Any) -> bool:
