@@ -70,10 +70,13 @@ class _Break:
                    "altered)")
 
 
-def _config_of(rec: Mapping[str, Any]) -> Any:
-    """The config a first line records (what the genesis digest covers); None when it has none."""
+def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> str:
+    """The ``prev`` line ``rec`` must carry under ``chain``: the digest of the line before it, or for
+    a first line the genesis of its run id and recorded config."""
+    if prev_raw is not None:
+        return chain.digest(prev_raw)
     payload = rec.get("payload")
-    return payload.get("config") if isinstance(payload, dict) else None
+    return chain.genesis(str(rec.get("run_id")), payload.get("config") if isinstance(payload, dict) else None)
 
 
 class SealCheck:
@@ -157,53 +160,37 @@ class ChainCheck:
         self.segments.append(seg)
         if isinstance(scheme, str) and scheme not in self.verdict.schemes:
             self.verdict.schemes.append(scheme)
-        if (self.keyed is not None and (scheme != SCHEME_KEYED or key_id != self.keyed.key_id)
-                and self._keyed_link(rec)):
-            # Its link holds under the key given: the key is this log's, and its chain record was altered.
-            self._use(self.keyed)
+        keyed = self.keyed
+        # A link that holds under the key given proves the key is this log's, whatever the payload says.
+        if keyed is not None and ((scheme == SCHEME_KEYED and key_id in (None, keyed.key_id))
+                                  or rec.get("prev") == _expected(keyed, rec, self.prev_raw)):
+            self._use(keyed)
             if self.verdict.key_matches is None:
                 self.verdict.key_matches = True
         elif scheme == SCHEME_PLAIN:
             self._use(self.plain)
-            if self.keyed is not None:
+            if keyed is not None:
                 self._bad("key", "a key was given, but this run_start says its lines are chained without one "
                           f"({SCHEME_PLAIN}): they were written without the key, or rewritten by someone without it",
                           n)
         elif scheme == SCHEME_KEYED:
-            if self.keyed is None:
-                self._use(None)
-                seg.verified = None
-                if not self._told_key:
-                    self._told_key = True
-                    self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
-                              f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
-                              "Without it the log cannot prove authorship, nor that it is what was written", n)
-            elif key_id is not None and key_id != self.keyed.key_id:
-                self._use(None)
-                seg.verified = None
+            self._use(None)
+            seg.verified = None
+            if keyed is not None:
                 self.verdict.key_matches = False
                 self._bad("key", f"the key does not match the one this log was written with (key id "
-                          f"{self.keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
-            else:
-                self._use(self.keyed)
-                if self.verdict.key_matches is None:
-                    self.verdict.key_matches = True
+                          f"{keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
+            elif not self._told_key:
+                self._told_key = True
+                self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
+                          f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
+                          "Without it the log cannot prove authorship, nor that it is what was written", n)
         else:
             self._use(self.plain if self.keyed is None else self.keyed)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
         if self.active is not None:  # a sealed run_start: every line its process writes is sealed
             self.seals.status(n, raw, self.active)
-
-    def _keyed_link(self, rec: Mapping[str, Any]) -> bool:
-        """Whether line ``rec`` carries the digest, under the key given, of what comes before it."""
-        keyed = self.keyed
-        assert keyed is not None
-        if self.prev_raw is None:
-            expected = keyed.genesis(str(rec.get("run_id")), _config_of(rec))
-        else:
-            expected = keyed.digest(self.prev_raw)
-        return rec.get("prev") == expected
 
     def _use(self, chain: Chain | None) -> None:
         self.active = chain
@@ -253,9 +240,7 @@ class ChainCheck:
                 return
             self.verified_links += 1
             self.seals.status(n, raw, chain)  # whether this log seals its lines
-            expected = chain.genesis(str(rec.get("run_id")), _config_of(rec))
-        else:
-            expected = chain.digest(prev_raw)
+        expected = _expected(chain, rec, prev_raw)
         ok = carried == expected
         pending = self._pending
         if pending is not None:
@@ -289,8 +274,7 @@ class ChainCheck:
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
         msg = (f"line 1 does not chain to the genesis digest of run id {rec.get('run_id')!r} and the recorded "
                "config: the first line or its config was altered, or lines before it were removed")
-        if chain is self.keyed and carried == self.plain.genesis(str(rec.get("run_id")),
-                                                                 _config_of(rec)):
+        if chain is self.keyed and carried == _expected(self.plain, rec, None):
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 

@@ -18,13 +18,12 @@ from fsmtrain.core.lifecycle import ABORT
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.auditor import read_log
 from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Finding, Outcome, shown_epoch
+from fsmtrain.tools.audit.verdict import FAULTS, AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")
-_FAULTS = frozenset(r.value for r in StopReason if r.fault)
 
 
 def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
@@ -67,9 +66,7 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
 
 def _largest_world(segs: list[Segment]) -> int | None:
     worlds = [s.world for s in segs]
-    if not worlds or any(w is None for w in worlds):
-        return None
-    return max(w for w in worlds if w is not None)
+    return None if not worlds or None in worlds else max(w for w in worlds if w is not None)
 
 
 def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
@@ -87,7 +84,7 @@ def _named_rank(source: Any) -> int | None:
 
 def _failed_rank(seg: Segment) -> int | None:
     """The rank named as the one that failed, when a rank's failure ended this segment."""
-    if seg.end_reason not in _FAULTS:
+    if seg.end_reason not in FAULTS:
         return None
     named = _named_rank(seg.end_said[0])
     if seg.end_reason == StopReason.INTERRUPTED.value:

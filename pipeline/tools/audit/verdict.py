@@ -10,12 +10,12 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import jsonable
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome", "SegmentInfo",
-           "Severity", "Verdict", "shown_epoch"]
+__all__ = ["FAULTS", "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome",
+           "SegmentInfo", "Severity", "Verdict", "shown_epoch"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
-_FAULTS = frozenset(r.value for r in StopReason if r.fault)
+FAULTS = frozenset(r.value for r in StopReason if r.fault)
 _UNREQUESTED = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 
 
@@ -243,7 +243,7 @@ def explain_lines(ex: Explanation) -> list[str]:
         if ex.stop_reason in _UNREQUESTED:
             stop += " (no stop requested)"
         elif ex.stop_source:
-            stop += f" {'raised in' if ex.stop_reason in _FAULTS else 'requested by'} {ex.stop_source}"
+            stop += f" {'raised in' if ex.stop_reason in FAULTS else 'requested by'} {ex.stop_source}"
         if ex.stop_epoch is not None:
             stop += f" in epoch {epoch_number(ex.stop_epoch)}"
         if ex.stop_request_line is not None:
