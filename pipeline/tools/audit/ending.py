@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,33 +140,28 @@ def ending_segment(segs: list[Segment]) -> Segment:
     return next((s for s in reversed(segs[:-1]) if s.epochs), last)
 
 
-def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
-    """Each segment with how many of its logged epochs count (a resume from an older checkpoint does
-    epochs over: the later doing counts)."""
+def _counted(segs: list[Segment]) -> list[tuple[int, float, int]]:
+    """(epoch, val_loss, line) of each logged epoch that counts: a resume from an older checkpoint
+    does epochs over, and only the later doing counts."""
+    out: list[tuple[int, float, int]] = []
     for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
-        until = None if nxt is None else nxt.start_epoch
-        yield seg, seg.epochs if until is None else max(0, min(seg.epochs, until - seg.start_epoch))
+        kept = seg.epochs if nxt is None else max(0, min(seg.epochs, nxt.start_epoch - seg.start_epoch))
+        out += [(seg.start_epoch + i, x, line) for i, (x, line) in enumerate(seg.vals[:kept])]
+    return out
 
 
 def completed_epochs(segs: list[Segment]) -> int:
-    return sum(kept + len(seg.unlogged) for seg, kept in _kept_epochs(segs))
+    return len(_counted(segs)) + sum(len(seg.unlogged) for seg in segs)
 
 
 def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
     """(val_loss, epoch, line) of the counted epoch with the lowest finite val_loss."""
-    found = [(x, seg.start_epoch + i, line) for seg, kept in _kept_epochs(segs)
-             for i, (x, line) in enumerate(seg.vals[:kept]) if math.isfinite(x)]
-    return min(found) if found else None
+    return min(((x, epoch, line) for epoch, x, line in _counted(segs) if math.isfinite(x)), default=None)
 
 
 def last_epoch(segs: list[Segment]) -> int | None:
     """The latest counted epoch, logged or only committed."""
-    ends = [seg.start_epoch + kept - 1 for seg, kept in _kept_epochs(segs) if kept]
-    return max([*ends, *(e for seg in segs for e in seg.unlogged)], default=None)
-
-
-def _last_val(segs: list[Segment]) -> float:
-    return next((seg.vals[kept - 1][0] for seg, kept in reversed(list(_kept_epochs(segs))) if kept), math.nan)
+    return max([*(epoch for epoch, _, _ in _counted(segs)), *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
 class EndingChecks:
@@ -317,9 +312,10 @@ class EndingChecks:
     def _expected_result(self, seg: Segment, segs: list[Segment]) -> dict[str, Any]:
         best = best_epoch(segs)
         best_val = best[0] if best is not None else math.inf
+        counted = _counted(segs)
         out: dict[str, Any] = {
             "epochs_completed": completed_epochs(segs),
-            "last_val_loss": _last_val(segs),
+            "last_val_loss": counted[-1][1] if counted else math.nan,
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,
             "objective": StopReason(seg.end_reason).objective(best_val) if seg.end_reason in _REASONS else best_val,
