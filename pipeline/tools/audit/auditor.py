@@ -1,11 +1,7 @@
 """Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
 
-The log is streamed line by line (a million lines take seconds) through the checks of the mixins:
-the hash chain and seals (:mod:`.chain`), fields, ``seq``, ``ts`` and ``global_step`` (here),
-segments and resumes (:mod:`.segments`), moves and guards against
-:data:`fsmtrain.core.lifecycle.TRANSITIONS` (:mod:`.moves`), epochs and checkpoint lines
-(:mod:`.epochs`, :mod:`.coverage`), the stop reason against :class:`fsmtrain.core.stop.StopReason`
-and the ``result`` (:mod:`.ending`); then the checkpoint files on disk (:mod:`.files`).
+The log is streamed line by line: fields, ``seq``, ``ts`` and ``global_step`` are checked here, the
+rest by the mixins and checkers of the sibling modules; then the checkpoint files on disk.
 """
 
 from __future__ import annotations
@@ -23,11 +19,10 @@ from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
+from fsmtrain.tools.audit.checkpoints import CheckpointLines
 from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
-from fsmtrain.tools.audit.epochs import EpochChecks
-from fsmtrain.tools.audit.files import CheckpointWrite, verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
+from fsmtrain.tools.audit.files import verify_checkpoints
+from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     AuditReadError,
@@ -79,8 +74,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                  allow_missing: bool = False) -> None:
         self.path = path
         self.allow_missing = allow_missing
-        # How the run went on without this log's rank (the audit of its run directory says): a last
-        # segment cut by a kill is then a warning, not an unfinished run.
+        # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
         self.verify_checkpoints = verify_checkpoints
         self.findings: list[Finding] = []
@@ -95,13 +89,15 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         self.last_ts_line = 0
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
-        self.ckpt_writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
-        self.ckpt_removed: dict[str, int] = {}  # path -> line of a later removal
-        self.ckpt_damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
-        self.coverage = CheckpointCoverage(self.ex)
-        self._guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool] = {}
+        self.ckpts = CheckpointLines(self.ex, self.chain)
+        self._handlers: dict[str, Callable[[int, Mapping[str, Any], Segment], None]] = {
+            "epoch": self._epoch, "stop_request": self._stop_request, "exception": self._exception,
+            "warning": self._warning, "restart": self._restart, "trial_report": self._trial_report,
+            "resume": self._resume, "result": self._result, "checkpoint": self.ckpts.commit,
+            "checkpoint_removed": self.ckpts.remove, "checkpoint_skipped": self.ckpts.skipped,
+            "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
+        }
 
-    # --- per line ----------------------------------------------------------------------------
     def feed(self, n: int, raw: bytes) -> None:
         try:
             rec = parse_line(raw)
@@ -164,9 +160,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if rec["phase"] != seg.phase:
             self.bad("phase", f"{event!r} event says phase {rec['phase']!r}, but the last transition "
                      f"reached {seg.phase!r}", n)
-        handler = _HANDLERS.get(event)
+        handler = self._handlers.get(event)
         if handler is not None:
-            handler(self, n, rec, seg)
+            handler(n, rec, seg)
 
     def _ts_back(self, n: int, ts: Any) -> None:
         if type(ts) is not float and type(ts) is not int:
@@ -203,7 +199,6 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("seq", f"seq {seq} after {prev}: a repeated or reordered line (expected {prev + 1})", n)
         return False
 
-    # --- whole file --------------------------------------------------------------------------
     def finish(self) -> AuditReport:
         if self.lines == 0 or not self.segments:
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
@@ -231,10 +226,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
-        self.findings += self.coverage.finish(self.segments)
+        self.findings += self.ckpts.finish(self.segments)
         if self.verify_checkpoints:
-            self.findings += verify_checkpoints(self.path, self.ckpt_writes, self.ckpt_removed, self.chain,
-                                                self.segments, self.lines, self.ex, self.ckpt_damaged,
+            self.findings += verify_checkpoints(self.path, self.ckpts, self.chain, self.segments, self.lines, self.ex,
                                                 allow_missing=self.allow_missing)
         # By line; on one line the chain's finding first: it says whether the line is what was written.
         self.findings.sort(key=lambda f: (0 if f.line is None else f.line, f.check not in ("chain", "key")))
@@ -277,35 +271,16 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
 
-_Handler = Callable[[LogAuditor, int, Mapping[str, Any], Segment], None]
-_HANDLERS: dict[str, _Handler] = {
-    "epoch": LogAuditor._epoch,
-    "stop_request": LogAuditor._stop_request,
-    "exception": LogAuditor._exception,
-    "warning": LogAuditor._warning,
-    "checkpoint": LogAuditor._checkpoint,
-    "checkpoint_removed": LogAuditor._checkpoint_removed,
-    "checkpoint_skipped": lambda a, n, rec, seg: a.coverage.skipped(n, rec, seg),
-    "checkpoint_damaged": lambda a, n, rec, seg: a.coverage.damaged(n, rec, a.ckpt_writes, a.ckpt_damaged),
-    "checkpoint_settings": lambda a, n, rec, seg: a.coverage.settings(rec, seg),
-    "restart": LogAuditor._restart,
-    "trial_report": LogAuditor._trial_report,
-    "resume": LogAuditor._resume,
-    "result": LogAuditor._result,
-}
-
-
 def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
                allow_missing: bool = False) -> AuditReport:
-    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed (HMAC) chain; ``allow_missing``:
-    a committed checkpoint file that is gone is a warning, not a violation. Raises
-    :class:`AuditReadError` if it cannot be read."""
+    """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed chain; ``allow_missing``: a
+    committed checkpoint file that is gone is a warning. :class:`AuditReadError` if it is unreadable."""
     return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing).finish()
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
              allow_missing: bool = False) -> LogAuditor:
-    """Every line of ``path`` fed to a :class:`LogAuditor`, whose ``finish`` is still to come."""
+    """A :class:`LogAuditor` fed every line of ``path``, not yet finished."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
     try:

@@ -1,28 +1,22 @@
-"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): verify each line's ``prev``,
-name the first line that breaks it and what happened there, tell a wrong or missing key from
-tampering, and find the lines checkpoints pin.
-"""
+"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): each line's ``prev`` and, where
+no link covers a line (the last, or around a break), its ``seal``; the first break named with what
+happened there; a wrong or missing key told from tampering; the lines checkpoints pin."""
 
 from __future__ import annotations
 
-import pickletools
-import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
 from fsmtrain.core.lifecycle import HOOKS
-from fsmtrain.tools.audit.seals import SealCheck
-from fsmtrain.tools.audit.verdict import ChainVerdict, Finding
+from fsmtrain.tools.audit.verdict import ChainVerdict, Finding, Severity
 
-__all__ = ["ChainCheck", "SegmentChain", "stored_head"]
+__all__ = ["ChainCheck", "SealCheck", "SegmentChain"]
 
 # The phase a checkpoint is staged in: a slow disk may commit it epochs later.
 _SAVE_PHASE = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value
-_MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
-_TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
 
 @dataclass
@@ -64,8 +58,7 @@ class _Break:
             return n - 1, (f"line {n - 1} was altered after it was written: its seal does not match its bytes, and "
                            f"line {n} carries a different digest for it")
         if self.sealed is False and self.prev_sealed and (next_sealed or next_carried is None):
-            # Line n alone fails its seal, between lines that hold theirs: only it was changed (its
-            # prev among what changed), and the line after it (if any) pins it as it was.
+            # Line n alone fails its seal, between lines that hold theirs: only it was changed.
             after = "" if next_carried is None else f", and line {n + 1} carries a different digest for it"
             return n, f"line {n} was altered after it was written: its seal does not match its bytes{after}"
         if not next_ok:
@@ -77,10 +70,52 @@ class _Break:
                    "altered)")
 
 
-def _config_of(rec: Mapping[str, Any]) -> Any:
-    """The config a first line records (what the genesis digest covers); None when it has none."""
+def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> str:
+    """The ``prev`` line ``rec`` must carry under ``chain``: the digest of the line before it, or for
+    a first line the genesis of its run id and recorded config."""
+    if prev_raw is not None:
+        return chain.digest(prev_raw)
     payload = rec.get("payload")
-    return payload.get("config") if isinstance(payload, dict) else None
+    return chain.genesis(str(rec.get("run_id")), payload.get("config") if isinstance(payload, dict) else None)
+
+
+class SealCheck:
+    """Seals, checked where the chain needs them (:meth:`status`); ``first``: the first that fails. A
+    log whose lines are sealed must seal every line; one with no seal at all is of the older format."""
+
+    def __init__(self) -> None:
+        self.plain = Chain()
+        self.seen = False  # a line carried a seal: the log seals its lines
+        self.first: Finding | None = None
+        self._known: dict[int, bool | None] = {}  # a few lines, around a break and at the end
+
+    def status(self, n: int, raw: bytes, chain: Chain) -> bool | None:
+        """Whether line ``n`` holds its seal under ``chain``: True, False (its seal does not match, or
+        it has none in a log that seals its lines), None (no seal: a log of the older format)."""
+        if n in self._known:
+            return self._known[n]
+        sealed = chain.check_seal(raw)[0]
+        if sealed:
+            self.seen = True
+        elif sealed is False or self.seen:
+            if self.first is None:
+                self.first = Finding("chain", self._why(n, raw, chain, sealed), n)
+            sealed = False
+        self._known[n] = sealed
+        return sealed
+
+    def _why(self, n: int, raw: bytes, chain: Chain, sealed: bool | None) -> str:
+        if sealed is False:
+            if chain is not self.plain and self.plain.check_seal(raw)[0]:
+                return (f"line {n} was altered and resealed without the key (its seal is the plain sha256 of its "
+                        "bytes, not their HMAC)")
+            return f"line {n} was altered after it was written: the seal it carries is not the digest of its bytes"
+        if b'"seal":' in raw:
+            return (f"line {n} was altered after it was written: its seal is not its last field (a field was "
+                    "added after it)")
+        return (f"line {n} carries no seal, but this log seals its lines: its seal was removed (the line was "
+                "altered after it was written), or an older fsmtrain wrote it")
+
 
 
 class ChainCheck:
@@ -112,7 +147,6 @@ class ChainCheck:
         self._prev_end = False
         self.segments: list[SegmentChain] = []
 
-    # --- segments ------------------------------------------------------------------------------
     def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
         self.pins, self._pins_before, self._end_pins = {}, {}, {}
@@ -126,54 +160,37 @@ class ChainCheck:
         self.segments.append(seg)
         if isinstance(scheme, str) and scheme not in self.verdict.schemes:
             self.verdict.schemes.append(scheme)
-        if (self.keyed is not None and (scheme != SCHEME_KEYED or key_id != self.keyed.key_id)
-                and self._keyed_link(rec)):
-            # The line's own link holds under the key given: the key is this log's, and what its
-            # payload says of the chain was altered (the line's seal and the next link name it).
-            self._use(self.keyed)
+        keyed = self.keyed
+        # A link that holds under the key given proves the key is this log's, whatever the payload says.
+        if keyed is not None and ((scheme == SCHEME_KEYED and key_id in (None, keyed.key_id))
+                                  or rec.get("prev") == _expected(keyed, rec, self.prev_raw)):
+            self._use(keyed)
             if self.verdict.key_matches is None:
                 self.verdict.key_matches = True
         elif scheme == SCHEME_PLAIN:
             self._use(self.plain)
-            if self.keyed is not None:
+            if keyed is not None:
                 self._bad("key", "a key was given, but this run_start says its lines are chained without one "
                           f"({SCHEME_PLAIN}): they were written without the key, or rewritten by someone without it",
                           n)
         elif scheme == SCHEME_KEYED:
-            if self.keyed is None:
-                self._use(None)
-                seg.verified = None
-                if not self._told_key:
-                    self._told_key = True
-                    self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
-                              f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
-                              "Without it the log cannot prove authorship, nor that it is what was written", n)
-            elif key_id is not None and key_id != self.keyed.key_id:
-                self._use(None)
-                seg.verified = None
+            self._use(None)
+            seg.verified = None
+            if keyed is not None:
                 self.verdict.key_matches = False
                 self._bad("key", f"the key does not match the one this log was written with (key id "
-                          f"{self.keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
-            else:
-                self._use(self.keyed)
-                if self.verdict.key_matches is None:
-                    self.verdict.key_matches = True
+                          f"{keyed.key_id} given, {key_id} recorded); its chain cannot be verified", n)
+            elif not self._told_key:
+                self._told_key = True
+                self._bad("key", f"the lines from here on are chained with a key ({SCHEME_KEYED}, key id "
+                          f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
+                          "Without it the log cannot prove authorship, nor that it is what was written", n)
         else:
             self._use(self.plain if self.keyed is None else self.keyed)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
         if self.active is not None:  # a sealed run_start: every line its process writes is sealed
             self.seals.status(n, raw, self.active)
-
-    def _keyed_link(self, rec: Mapping[str, Any]) -> bool:
-        """Whether line ``rec`` carries the digest, under the key given, of what comes before it."""
-        keyed = self.keyed
-        assert keyed is not None
-        if self.prev_raw is None:
-            expected = keyed.genesis(str(rec.get("run_id")), _config_of(rec))
-        else:
-            expected = keyed.digest(self.prev_raw)
-        return rec.get("prev") == expected
 
     def _use(self, chain: Chain | None) -> None:
         self.active = chain
@@ -184,7 +201,6 @@ class ChainCheck:
         self._pins_before = self.pins
         self.pins = {}
 
-    # --- lines ---------------------------------------------------------------------------------
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """Check that line ``n`` carries the digest of the line before it; its own seal is checked
         only where no link covers it (the end, before an unparsable line, around a break)."""
@@ -224,9 +240,7 @@ class ChainCheck:
                 return
             self.verified_links += 1
             self.seals.status(n, raw, chain)  # whether this log seals its lines
-            expected = chain.genesis(str(rec.get("run_id")), _config_of(rec))
-        else:
-            expected = chain.digest(prev_raw)
+        expected = _expected(chain, rec, prev_raw)
         ok = carried == expected
         pending = self._pending
         if pending is not None:
@@ -260,8 +274,7 @@ class ChainCheck:
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
         msg = (f"line 1 does not chain to the genesis digest of run id {rec.get('run_id')!r} and the recorded "
                "config: the first line or its config was altered, or lines before it were removed")
-        if chain is self.keyed and carried == self.plain.genesis(str(rec.get("run_id")),
-                                                                 _config_of(rec)):
+        if chain is self.keyed and carried == _expected(self.plain, rec, None):
             msg += "; the chain was rebuilt without the key (it carries plain sha256 digests)"
         return msg
 
@@ -274,7 +287,6 @@ class ChainCheck:
     def _bad(self, check: str, message: str, line: int | None) -> None:
         self.findings.append(Finding(check, message, line))
 
-    # --- checkpoint pins -----------------------------------------------------------------------
     def pinned_line(self, head: str) -> int | None:
         """The line whose digest ``head`` is, among those a checkpoint may pin (see ``pins``)."""
         line = self.pins.get(head)
@@ -300,7 +312,6 @@ class ChainCheck:
                     return n
         return None
 
-    # --- the end -------------------------------------------------------------------------------
     def finish(self) -> list[Finding]:
         if self._pending is not None:
             self._first_break(*self._pending.named(True, None, None))
@@ -320,41 +331,13 @@ class ChainCheck:
         if self._last_verified and not self.unchained:
             v.sealed = self.seals.seen
             if not self.seals.seen:
-                self.findings.append(self.seals.older_format(self._last_verified))
+                last = self._last_verified
+                self.findings.append(Finding(
+                    "chain", f"line {last}, the last line, is not sealed: no line of this log carries a seal (it was "
+                    "written by an older fsmtrain), and the last line has no successor to carry its digest, so it is "
+                    "covered by the recomputation of its figures, not by the chain", last, Severity.WARNING))
         if self.unchained or v.first_break is not None:
             v.ok = False
         else:
             v.ok = True if self.verified_links else None  # None: keyed, and no matching key given
         return self.findings
-
-
-def stored_head(path: Path) -> tuple[bool, str | None]:
-    """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
-    ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
-            if name is None:
-                return False, None
-            data = zf.read(name)
-        return _head_in_pickle(pickletools.genops(data))
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        return False, None
-
-
-def _head_in_pickle(ops: Iterator[tuple[Any, Any, Any]]) -> tuple[bool, str | None]:
-    # The state dict's keys are pushed as text right before their values: "chain_head" comes
-    # before any nested state, so its first occurrence is the top-level key.
-    after_key = False
-    for op, arg, _ in ops:
-        name: str = op.name
-        if after_key:
-            if name in _MEMO_OPS:
-                continue
-            if name in _TEXT_OPS and isinstance(arg, str):
-                return True, arg
-            return True, None
-        if name in _TEXT_OPS and arg == "chain_head":
-            after_key = True
-    return False, None
-

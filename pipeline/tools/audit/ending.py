@@ -1,11 +1,11 @@
-"""How a run ended: the stop reason against the evidence its :class:`~fsmtrain.core.stop.StopReason`
-row names, the stop source and message against the ``stop_request`` that carried them, and the
-``result`` recomputed from the epoch events. Mixed into the auditor."""
+"""How a run ended, mixed into the auditor: the stop reason against the evidence its
+:class:`~fsmtrain.core.stop.StopReason` row names, the stop source and message against the
+``stop_request``, and the ``result`` recomputed from the epoch events."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,14 +13,17 @@ from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.stop import Evidence, StopReason
-from fsmtrain.tools.audit.content import number, result_mismatches
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+# The result figures recomputed from the log, in the order the audit reports them.
+_RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
+                  "best_val_loss", "best_epoch", "objective", "global_step")
 
 
 @dataclass
@@ -31,8 +34,8 @@ class StopInfo:
     immediate: bool
     epoch: int | None
     line: int
-    rank: int | None = None  # a stop agreed from another rank of a multi-process run (its log holds the cause)
-    phase: str | None = None  # where the request was made (on its rank)
+    rank: int | None = None  # the rank a stop agreed from another rank came from
+    phase: str | None = None  # where the request was made
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class Unfinished:
 
 @dataclass
 class Segment:
-    """One process's run in the file; a resume appends another."""
+    """One process's part of the log; a resume appends another."""
 
     first_line: int
     run_id: str
@@ -56,8 +59,8 @@ class Segment:
     start_epoch: int
     resumed_from: str | None
     callbacks: list[str]
-    min_level: int = 0  # the config's log_level, when recorded: lines below it do not belong here
-    rank: int = 0  # the rank whose log this is (run_start's rank; 0 for one process)
+    min_level: int = 0  # the config's log_level, when recorded
+    rank: int = 0
     phase: str = INITIAL.value
     next_epoch: int = 0
     epochs: int = 0
@@ -82,10 +85,9 @@ class Segment:
     unlogged: set[int] = field(default_factory=set)  # epochs a resume's checkpoint holds but the log lacks
     after: Unfinished | None = None  # the process before this resume, until the resume says how it ended
     resumed_write: tuple[int, str, int | None] | None = None  # the commit resumed from: (line, sha256, epoch)
-    # A rank whose log holds no checkpoint lines (rank 0 commits them) resumed one epoch past where its
-    # log reached: the epoch its ``resume`` event must name as the checkpoint's, until it is read.
+    # A rank without checkpoint lines resumed one epoch past its log: the epoch its resume must name.
     commit_unseen: int | None = None
-    # per-epoch batch accounting: global_step where the epoch began / entered val, per-batch lines
+    # global_step where the epoch began and entered val, and the per-batch lines
     step_begin: int | None = None
     step_val: int | None = None
     step_prev: int = 0
@@ -98,51 +100,72 @@ class Segment:
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
 
 
+def number(value: Any) -> float | None:
+    """A JSON number as the event log writes it (non-finite ones as strings), else None."""
+    kind = type(value)
+    if kind is float or kind is int:
+        return float(value)
+    return _NONFINITE.get(value) if kind is str else None
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    x, y = number(a), number(b)
+    return x is not None and y is not None and (x == y or (math.isnan(x) and math.isnan(y)))
+
+
+def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, found, expected) for each ``result`` figure that differs from the recomputed one;
+    a field the result does not carry is not compared."""
+    out = []
+    for key in _RESULT_FIELDS:
+        if key not in found or key not in expected:
+            continue
+        want, got = expected[key], found[key]
+        exact = got == want and type(got) is type(want)
+        if not (_same_number(got, want) if isinstance(want, float) else exact):
+            out.append((key, got, want))
+    return out
+
+
 def completed_stop(max_epochs: int) -> tuple[str, str]:
     """The stop source and message of a run that ran out of epochs (no stop requested)."""
     return "max_epochs", f"reached max_epochs={max_epochs}"
 
 
 def ending_segment(segs: list[Segment]) -> Segment:
-    """The segment whose ``max_epochs`` ended the run: the last one, unless it found nothing left to
-    train (it began at or past its own max_epochs and ran no epoch): then the latest that trained."""
+    """The segment whose ``max_epochs`` ended the run: the last, unless it had nothing left to train."""
     last = segs[-1]
     if last.epochs or last.start_epoch < last.max_epochs:
         return last
     return next((s for s in reversed(segs[:-1]) if s.epochs), last)
 
 
-def _kept_epochs(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
-    """Each segment with how many of its logged epochs count: a resume from an older checkpoint does
-    the epochs from its start epoch over, and only the later doing counts."""
+def _counted(segs: list[Segment]) -> list[tuple[int, float, int]]:
+    """(epoch, val_loss, line) of each logged epoch that counts: a resume from an older checkpoint
+    does epochs over, and only the later doing counts."""
+    out: list[tuple[int, float, int]] = []
     for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
-        until = None if nxt is None else nxt.start_epoch
-        yield seg, seg.epochs if until is None else max(0, min(seg.epochs, until - seg.start_epoch))
+        kept = seg.epochs if nxt is None else max(0, min(seg.epochs, nxt.start_epoch - seg.start_epoch))
+        out += [(seg.start_epoch + i, x, line) for i, (x, line) in enumerate(seg.vals[:kept])]
+    return out
 
 
 def completed_epochs(segs: list[Segment]) -> int:
-    return sum(kept + len(seg.unlogged) for seg, kept in _kept_epochs(segs))
+    return len(_counted(segs)) + sum(len(seg.unlogged) for seg in segs)
 
 
 def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
     """(val_loss, epoch, line) of the counted epoch with the lowest finite val_loss."""
-    found = [(x, seg.start_epoch + i, line) for seg, kept in _kept_epochs(segs)
-             for i, (x, line) in enumerate(seg.vals[:kept]) if math.isfinite(x)]
-    return min(found) if found else None
+    return min(((x, epoch, line) for epoch, x, line in _counted(segs) if math.isfinite(x)), default=None)
 
 
 def last_epoch(segs: list[Segment]) -> int | None:
     """The latest counted epoch, logged or only committed."""
-    ends = [seg.start_epoch + kept - 1 for seg, kept in _kept_epochs(segs) if kept]
-    return max([*ends, *(e for seg in segs for e in seg.unlogged)], default=None)
-
-
-def _last_val(segs: list[Segment]) -> float:
-    return next((seg.vals[kept - 1][0] for seg, kept in reversed(list(_kept_epochs(segs))) if kept), math.nan)
+    return max([*(epoch for epoch, _, _ in _counted(segs)), *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
 class EndingChecks:
-    """Mixed into the auditor, which provides ``findings``, ``segments`` and ``bad``/``warn``."""
+    """Needs the auditor's ``findings`` and ``segments``."""
 
     findings: list[Finding]
     segments: list[Segment]
@@ -238,8 +261,8 @@ class EndingChecks:
 
     def _agreed_override(self, n: int, reason: StopReason, where: tuple[Any, Any, int], overrides: Any,
                          held: StopInfo, own_rank: int) -> None:
-        """An agreed request that replaced the one in force: legal by the engine's own rule
-        (:func:`fsmtrain.core.consensus.may_override`), and it names what it replaced."""
+        """An agreed request that replaced the one in force is legal by
+        :func:`fsmtrain.core.consensus.may_override`, and names what it replaced."""
         epoch, phase, rank = where
         if type(epoch) is not int or phase not in _PHASES:
             self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "
@@ -267,8 +290,7 @@ class EndingChecks:
         own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
         wrong = result_mismatches(p, whole)
         unlogged = set().union(*(s.unlogged for s in segs))
-        # An epoch whose figures never reached the log (its process was killed after its checkpoint
-        # was committed, before its epoch line): what the result takes from it cannot be checked.
+        # An epoch committed but never logged (a kill in between): what the result takes from it is unchecked.
         unseen: list[tuple[str, int, tuple[str, ...]]] = []
         best, last = p.get("best_epoch"), last_epoch(segs)
         if type(best) is int and best in unlogged:
@@ -290,9 +312,10 @@ class EndingChecks:
     def _expected_result(self, seg: Segment, segs: list[Segment]) -> dict[str, Any]:
         best = best_epoch(segs)
         best_val = best[0] if best is not None else math.inf
+        counted = _counted(segs)
         out: dict[str, Any] = {
             "epochs_completed": completed_epochs(segs),
-            "last_val_loss": _last_val(segs),
+            "last_val_loss": counted[-1][1] if counted else math.nan,
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,
             "objective": StopReason(seg.end_reason).objective(best_val) if seg.end_reason in _REASONS else best_val,
@@ -304,8 +327,8 @@ class EndingChecks:
         return out
 
     def _stop_said(self, seg: Segment, result: tuple[Any, Any, int] | None) -> None:
-        """The stop source and message as the request, train_end and the result each say them.
-        When train_end and the result agree against the request, the request is the line named."""
+        """The stop source and message as the request, train_end and the result say them (the request
+        is named when the other two agree against it)."""
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:

@@ -7,33 +7,25 @@ process never logged, or a write at a point the log no longer has (the log was c
 from __future__ import annotations
 
 import hashlib
-import json
+import pickletools
 import re
 import zipfile
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.tools.audit.chain import ChainCheck, stored_head
-from fsmtrain.tools.audit.coverage import Damaged
+from fsmtrain.tools.audit.chain import ChainCheck
+from fsmtrain.tools.audit.checkpoints import CheckpointLines, CheckpointWrite, Damaged
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
-__all__ = ["CheckpointWrite", "verify_checkpoints"]
+__all__ = ["verify_checkpoints"]
 
 _CHECKPOINT_NAME = re.compile(r"^(epoch_\d+|latest|best)\.pt$")
-
-
-@dataclass(frozen=True)
-class CheckpointWrite:
-    """The log's latest ``checkpoint`` event for one path."""
-
-    sha256: str
-    line: int
-    epoch: int | None
-    chain_head: str | None
+_MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
+_TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
 
 def _sha256(path: Path) -> str:
@@ -44,30 +36,25 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: dict[str, int], chain: ChainCheck,
-                       segments: list[Segment], lines: int, ex: Explanation,
-                       damaged: Mapping[str, Damaged] | None = None, *, allow_missing: bool = False
-                       ) -> list[Finding]:
-    """Findings for the checkpoint files ``writes`` names. A committed file that is gone (not removed
-    by the run) is missing state, a violation: a consistent forgery would otherwise pass once the
-    files are deleted; ``allow_missing`` makes it a warning (files moved or deleted on purpose), as
-    do files written at a point the log does not hold (a log cut back or rewritten, or a process
-    killed before it logged its last write): what came after that point may have removed it."""
+def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, segments: list[Segment], lines: int,
+                       ex: Explanation, *, allow_missing: bool = False) -> list[Finding]:
+    """Findings for the checkpoint files the log commits. A committed file that is gone (not removed
+    by the run) is missing state, a violation, else a consistent forgery would pass once its files
+    are deleted; a warning with ``allow_missing``, or when files were written at a point the log
+    does not hold: what came after that point may have removed it."""
     out: list[Finding] = []
     missing: list[tuple[str, int]] = []
     base = log.parent
-    # The lines of each process that was killed (no result: killed before or during teardown): a
-    # checkpoint pinning one of these is a write that process never got to log; a background write
-    # lands while later lines are logged.
+    # A checkpoint pinning a line of a process killed before its result is a write it never logged.
     killed = [(s.first_line, s.last_line) for s in segments if not s.result_seen]
     if segments and not segments[-1].result_seen:
         killed.append((segments[-1].first_line, lines))
-    for rel, w in writes.items():
-        if rel in removed:
+    for rel, w in ckpts.writes.items():
+        if rel in ckpts.removed:
             ex.checkpoints_removed += 1
             continue
-        if damaged is not None and rel in damaged:
-            out += _quarantined(base, rel, damaged[rel])
+        if rel in ckpts.damaged:
+            out += _quarantined(base, rel, ckpts.damaged[rel])
             continue
         file = _file(base, rel)
         if not file.is_file():
@@ -86,10 +73,9 @@ def verify_checkpoints(log: Path, writes: dict[str, CheckpointWrite], removed: d
                     ex.checkpoints_pinned += 1
             continue
         changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
-        out.append(_differs(log, rel, w, actual, file, chain, killed, changed))
+        out.append(_differs(log, rel, w, ckpts.first_commit.get(actual), file, chain, killed, changed))
     later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
-    return (out + _missing(missing, allow_missing, later) + _newest_missing(base, writes, removed, damaged or {})
-            + _strays(base, writes, removed))
+    return out + _missing(missing, allow_missing, later) + _newest_missing(base, ckpts) + _strays(base, ckpts)
 
 
 def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list[Finding]:
@@ -108,10 +94,9 @@ def _file(base: Path, rel: str) -> Path:
     return Path(rel) if Path(rel).is_absolute() else base / rel
 
 
-def _newest_missing(base: Path, writes: Mapping[str, CheckpointWrite], removed: Mapping[str, int],
-                    damaged: Mapping[str, Damaged]) -> list[Finding]:
+def _newest_missing(base: Path, ckpts: CheckpointLines) -> list[Finding]:
     """Every name of the newest state the log commits is gone: a resume falls back to an older one."""
-    live = {rel: w for rel, w in writes.items() if rel not in removed and rel not in damaged and w.epoch is not None}
+    live = {rel: w for rel in ckpts.live() if (w := ckpts.writes[rel]).epoch is not None}
     if not live:
         return []
     newest = max(w.epoch or 0 for w in live.values())
@@ -123,9 +108,10 @@ def _newest_missing(base: Path, writes: Mapping[str, CheckpointWrite], removed: 
                     max(live[rel].line for rel in names), Severity.WARNING)]
 
 
-def _strays(base: Path, writes: Mapping[str, CheckpointWrite], removed: Mapping[str, int]) -> list[Finding]:
+def _strays(base: Path, ckpts: CheckpointLines) -> list[Finding]:
     """Checkpoint files beside the committed ones that the log does not commit (never, or no
     longer): a write a kill cut short, or a planted file. A resume moves them to ``uncommitted/``."""
+    writes, removed = ckpts.writes, ckpts.removed
     folders = {_file(base, rel).parent for rel in writes}
     out: list[Finding] = []
     for folder in sorted(f for f in folders if f.is_dir()):
@@ -138,13 +124,14 @@ def _strays(base: Path, writes: Mapping[str, CheckpointWrite], removed: Mapping[
     return out
 
 
-def _differs(log: Path, rel: str, w: CheckpointWrite, actual: str, file: Path, chain: ChainCheck,
-             killed: list[tuple[int, int]], changed: str) -> Finding:
-    """What a file whose sha256 is not the one the log last recorded for it holds."""
-    committed = _committed_as(log, actual)
+def _differs(log: Path, rel: str, w: CheckpointWrite, committed: tuple[int, str, int | None] | None, file: Path,
+             chain: ChainCheck, killed: list[tuple[int, int]], changed: str) -> Finding:
+    """What a file whose sha256 is not the one the log last recorded for it holds (``committed``:
+    the first commit of the bytes it holds, if any)."""
     if committed is not None:
         line, path, epoch = committed
-        what = f"the one line {line} committed" + (f" for {path}" if path != rel else "") + f" (epoch {epoch})"
+        shown = "?" if epoch is None else epoch_number(epoch)
+        what = f"the one line {line} committed" + (f" for {path}" if path != rel else "") + f" (epoch {shown})"
         if line < w.line:
             return Finding("checkpoint", f"checkpoint {rel} is an older write: {what}, not the one line {w.line} "
                            f"records ({changed})", w.line, verdict=Verdict.OLDER_WRITE)
@@ -177,25 +164,6 @@ def _differs(log: Path, rel: str, w: CheckpointWrite, actual: str, file: Path, c
                    at + 1, verdict=Verdict.LOG_REWRITTEN)
 
 
-def _committed_as(log: Path, sha: str) -> tuple[int, str, str] | None:
-    """The first ``checkpoint`` event of ``log`` that committed ``sha``: (line, path, epoch number).
-    A second pass over the log, made only for a file that differs from it."""
-    needle = sha.encode("ascii")
-    with open(log, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if needle not in raw:
-                continue
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            payload = rec.get("payload") if isinstance(rec, dict) else None
-            if rec.get("event") == "checkpoint" and isinstance(payload, dict) and payload.get("sha256") == sha:
-                epoch = payload.get("epoch")
-                return n, str(payload.get("path")), str(epoch_number(epoch)) if type(epoch) is int else "?"
-    return None
-
-
 def _zip_damage(file: Path) -> str | None:
     """Why ``file`` is not a whole checkpoint by its own evidence (a torch file is a zip whose
     entries carry CRC-32s), or None when every entry holds its CRC."""
@@ -223,3 +191,35 @@ def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
 
 def _short(head: str | None) -> str:
     return "none" if head is None else f"{head[:12]}..."
+
+
+def stored_head(path: Path) -> tuple[bool, str | None]:
+    """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
+    ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+            if name is None:
+                return False, None
+            data = zf.read(name)
+        return _head_in_pickle(pickletools.genops(data))
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return False, None
+
+
+def _head_in_pickle(ops: Iterator[tuple[Any, Any, Any]]) -> tuple[bool, str | None]:
+    # The state dict's keys are pushed as text right before their values: "chain_head" comes
+    # before any nested state, so its first occurrence is the top-level key.
+    after_key = False
+    for op, arg, _ in ops:
+        name: str = op.name
+        if after_key:
+            if name in _MEMO_OPS:
+                continue
+            if name in _TEXT_OPS and isinstance(arg, str):
+                return True, arg
+            return True, None
+        if name in _TEXT_OPS and arg == "chain_head":
+            after_key = True
+    return False, None
+

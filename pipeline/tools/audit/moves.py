@@ -1,20 +1,36 @@
-"""The moves of a log against the lifecycle table: each is a move of the table from the phase the
-run is in, whose guards held given what the log says (stop requests, epochs, faults). Mixed into
-the auditor."""
+"""The lines inside a run, mixed into the auditor: each move is one of the lifecycle table's from
+the phase the run is in, whose guards held given what the log says; epochs (losses, batches, slots,
+timings), exceptions, warnings and the pruner's reports."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import types
+import typing
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from fsmtrain.core.context import epoch_number
-from fsmtrain.core.lifecycle import ABORT, FINAL, TRANSITIONS, Facts, Phase, Transition, enabled_transition
+from fsmtrain.core import slots as _slots_module
+from fsmtrain.core.context import Slot, epoch_number
+from fsmtrain.core.lifecycle import (
+    ABORT,
+    FINAL,
+    PROGRAM,
+    TRANSITIONS,
+    Action,
+    Facts,
+    Phase,
+    Transition,
+    enabled_transition,
+)
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import EndingChecks, Segment
-from fsmtrain.tools.audit.verdict import shown_epoch
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
+from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "MoveChecks"]
+__all__ = ["PER_BATCH", "EpochChecks", "MoveChecks"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -24,6 +40,68 @@ _PER_BATCH_MOVE = next(t for t in TRANSITIONS if t.internal)  # one line per bat
 PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATCH_MOVE.trigger)
 _STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
 
+_LOSSES = ("train_loss", "val_loss")
+# The phase whose last step writes the ``epoch`` event.
+_RECORD_PHASE = next(s.phase for s in PROGRAM if s.name == Action.RECORD_EPOCH.value).value
+
+
+Check = Callable[[Any], bool]
+_SCALARS: dict[Any, tuple[Check, str]] = {
+    float: (lambda v: number(v) is not None, "a number"),
+    int: (lambda v: type(v) is int, "an integer"),
+    bool: (lambda v: type(v) is bool, "true or false"),
+    str: (lambda v: type(v) is str, "a string"),
+}
+
+
+def _check_for(tp: Any) -> tuple[Check, str] | None:
+    """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        parts = [a for a in typing.get_args(tp) if a is not type(None)]
+        inner = _check_for(parts[0]) if len(parts) == 1 else None
+        return None if inner is None else ((lambda v: v is None or inner[0](v)), inner[1])
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: _check_for(hints[f.name]) for f in dataclasses.fields(tp)}
+
+        def check(v: Any) -> bool:
+            return (type(v) is dict and v.keys() == fields.keys()
+                    and all(c is None or c[0](v[k]) for k, c in fields.items()))
+        said = ", ".join(f"{k} ({c[1] if c else getattr(hints[k], '__name__', hints[k])})" for k, c in fields.items())
+        return check, f"an object with {said}"
+    return None
+
+
+def slot_checks(module: Any = _slots_module) -> dict[str, tuple[Check, str]]:
+    """For each slot ``module`` declares as ``NAME: Slot[T] = Slot("name")``: a check of a logged
+    value against ``T`` and how to say what was expected."""
+    out: dict[str, tuple[Check, str]] = {}
+    for attr, hint in typing.get_type_hints(module).items():
+        slot = getattr(module, attr, None)
+        if isinstance(slot, Slot) and typing.get_origin(hint) is Slot:
+            check = _check_for(typing.get_args(hint)[0])
+            if check is not None:
+                out[slot.name] = check
+    return out
+
+
+_SLOTS = slot_checks()
+
+
+def _is_nonfinite(value: Any) -> bool:
+    x = number(value)
+    return x is not None and not math.isfinite(x)
+
+
+@functools.cache
+def _allowed(move: Transition, facts: Facts) -> bool:
+    if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
+        return move.enabled(facts)
+    return enabled_transition(move.source, facts) is move
+
 
 class MoveChecks(EndingChecks):
     """Needs the auditor's ``chain``, ``moves`` and ``batch_moves``."""
@@ -31,7 +109,6 @@ class MoveChecks(EndingChecks):
     chain: ChainCheck
     moves: Counter[tuple[str, str, str]]
     batch_moves: int
-    _guard_cache: dict[tuple[tuple[str, str, str], bool, bool, bool, bool], bool]
 
     def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         src, dst, trig = rec["from"], rec["to"], rec["trigger"]
@@ -60,7 +137,8 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not self._guards_hold(key, move, seg):
+        elif not any(_allowed(move, self._facts(seg, has_batch)) for has_batch in (False, True)):
+            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
@@ -89,22 +167,6 @@ class MoveChecks(EndingChecks):
         return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
                      has_batch, seg.faulted)
 
-    def _guards_hold(self, key: tuple[str, str, str], move: Transition, seg: Segment) -> bool:
-        stop = seg.stop
-        ck = (key, stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-              seg.faulted)
-        hit = self._guard_cache.get(ck)
-        if hit is None:
-            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value.
-            hit = self._guard_cache[ck] = any(self._allowed(move, self._facts(seg, hb)) for hb in (False, True))
-        return hit
-
-    @staticmethod
-    def _allowed(move: Transition, facts: Facts) -> bool:
-        if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
-            return move.enabled(facts)
-        return enabled_transition(move.source, facts) is move
-
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop
         state = (f"stop requested: {stop.reason} (line {stop.line}{', immediate' if stop.immediate else ''})"
@@ -112,3 +174,90 @@ class MoveChecks(EndingChecks):
         return (f"{move.source.value} -> {move.dest.value} ({move.trigger}) needs [{move.guard_label()}], "
                 f"which did not hold: {state}, epoch {epoch_number(seg.next_epoch)} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")
+
+
+class EpochChecks(EndingChecks):
+    """Needs the auditor's ``ex``."""
+
+    ex: Explanation
+
+    def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        epoch = rec["epoch"]
+        if seg.phase != _RECORD_PHASE:
+            return  # already reported as a phase mismatch
+        if epoch != seg.next_epoch:
+            if type(epoch) is int and epoch > seg.next_epoch:
+                shown = range(epoch_number(seg.next_epoch), epoch_number(min(epoch, seg.next_epoch + 5)))
+                missing = ", ".join(map(str, shown))
+                self.bad("epochs", f"epoch {epoch_number(epoch)} follows epoch {epoch_number(seg.next_epoch - 1)}: "
+                         f"epoch(s) {missing} missing", n)
+            else:
+                self.bad("epochs", f"epoch {shown_epoch(epoch)} again or out of order (expected "
+                         f"{epoch_number(seg.next_epoch)})", n)
+        p = rec["payload"]
+        metrics = p.get("metrics") or {}
+        cur = seg.next_epoch
+        seg.epochs_seen.add(cur)
+        if isinstance(metrics, dict):
+            for key in _LOSSES:
+                if _is_nonfinite(metrics.get(key)) and cur not in seg.nonfinite:
+                    seg.nonfinite[cur] = (n, key)
+            val = metrics.get("val_loss")
+            x = number(val) if type(val) is not bool else None
+            seg.vals.append((math.nan if x is None else x, n))
+        else:
+            seg.vals.append((math.nan, n))
+        self._batches(n, rec, seg)
+        slots = p.get("slots")
+        if isinstance(slots, dict):
+            for name, value in slots.items():
+                check = _SLOTS.get(name)
+                if check is not None and not check[0](value):
+                    self.bad("slot", f"slot {name!r} is {value!r}; it is declared as {check[1]}", n)
+        for source, target in ((p.get("phase_seconds"), self.ex.phase_seconds),
+                               (p.get("callback_seconds"), self.ex.callback_seconds)):
+            if isinstance(source, dict):
+                for k, v in source.items():
+                    if isinstance(v, (int, float)):
+                        target[k] = target.get(k, 0.0) + v
+        seconds = p.get("seconds")
+        if isinstance(seconds, (int, float)):
+            self.ex.total_epoch_seconds += seconds
+        seg.next_epoch = cur + 1
+        seg.epochs += 1
+
+    def _batches(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        """The epoch's ``batches`` against the global steps it took (and its per-batch lines)."""
+        batches, begin, val = rec["payload"].get("batches"), seg.step_begin, seg.step_val
+        if type(batches) is not int or begin is None or val is None:
+            return
+        if val - begin != batches:
+            self.bad("batches", f"the epoch says {batches} batches, but global_step went from {begin} to {val} in it",
+                     n)
+        elif seg.batch_lines and seg.batch_lines != batches - 1:
+            self.bad("batches", f"the epoch says {batches} batches, but {seg.batch_lines} per-batch lines were logged "
+                     f"(expected {batches - 1})", n)
+        elif rec["global_step"] != val:
+            self.bad("global_step", f"the epoch event says global_step {rec['global_step']}, validation began at {val}",
+                     n)
+
+    def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        failed = rec["payload"].get("failed_rank")
+        seg.failed_rank = failed if type(failed) is int else None
+        if seg.end_line is not None:
+            return  # a teardown failure after train_end, logged for people
+        seg.faulted = True
+        if seg.exception is None:
+            seg.exception = dict(rec["payload"])
+            seg.exception_line = n
+
+    def _warning(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        p = rec["payload"]
+        source = str(p.get("source", "?"))
+        self.ex.warning_counts[source] = self.ex.warning_counts.get(source, 0) + 1
+        if len(self.ex.warnings) < 100:
+            self.ex.warnings.append({"line": n, "epoch": rec["epoch"], "source": source,
+                                     "message": str(p.get("message", ""))})
+
+    def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -1,13 +1,7 @@
-"""Audit a run directory: every rank's log on its own (checkpoint files against rank 0's, which
-committed them), then that the ranks agreed.
-
-A multi-process run leaves ``events.jsonl`` (rank 0) and ``events-rank<r>.jsonl`` in one run
-directory, or spread over its nodes' (``fsmtrain audit DIR0 DIR1``). There must be one log per rank
-of the largest world size rank 0 records, each naming its rank; each segment (matched across ranks
-by its ``launch``) ran on the ranks its world size says, took the same phase-level moves in the same
-epochs (a prefix, where a kill or one rank's failure cut it short), resumed from the same checkpoint,
-and ended alike: for the same stop, or, when one rank failed, as :mod:`fsmtrain.core.consensus` ends
-such a run (ERROR on the failing rank, INTERRUPTED on every other, each naming it).
+"""Audit a run directory (or the directories of its nodes): every rank's log on its own, then that
+the ranks agreed: one log per rank, and each segment (matched by its ``launch``) ran on the ranks
+its world size says, took the same phase-level moves (a prefix where a kill or a failure cut it
+short), resumed from the same checkpoint and ended as :mod:`fsmtrain.core.consensus` ends a run.
 """
 
 from __future__ import annotations
@@ -24,18 +18,16 @@ from fsmtrain.core.lifecycle import ABORT
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.auditor import read_log
 from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.verdict import AuditReadError, AuditReport, Finding, Outcome, shown_epoch
+from fsmtrain.tools.audit.verdict import FAULTS, AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
 __all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
 
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")
-_FAULTS = frozenset(r.value for r in StopReason if r.fault)
 
 
 def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
-    """Every rank's log in the run directories: ``events.jsonl`` (rank 0) and ``events-rank<r>.jsonl``,
-    in rank order (a rank found in two directories is listed twice)."""
+    """(rank, log) of every rank's log in the run directories, in rank order."""
     found: list[tuple[int, Path]] = []
     for run_dir in run_dirs:
         if (run_dir / log_name_for_rank(0)).is_file():
@@ -52,7 +44,7 @@ def _files(ranks: Sequence[int]) -> str:
 
 
 def _census(world: int | None, ranks: list[int]) -> list[Finding]:
-    """One log per rank of the world size rank 0 recorded: the missing ones and the strays, by name."""
+    """The logs missing from the world size rank 0 recorded, and the strays beyond it."""
     if world is None:
         return []
     if world < 1:
@@ -74,9 +66,7 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
 
 def _largest_world(segs: list[Segment]) -> int | None:
     worlds = [s.world for s in segs]
-    if not worlds or any(w is None for w in worlds):
-        return None
-    return max(w for w in worlds if w is not None)
+    return None if not worlds or None in worlds else max(w for w in worlds if w is not None)
 
 
 def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
@@ -87,14 +77,14 @@ def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
 
 
 def _named_rank(source: Any) -> int | None:
-    """The rank that a stop or failure agreed from another rank names (:func:`~fsmtrain.core.consensus.on_rank`)."""
+    """The rank a stop or failure from another rank names (:func:`~fsmtrain.core.consensus.on_rank`)."""
     found = _ON_RANK.search(str(source)) if source is not None else None
     return int(found.group(1)) if found else None
 
 
 def _failed_rank(seg: Segment) -> int | None:
     """The rank named as the one that failed, when a rank's failure ended this segment."""
-    if seg.end_reason not in _FAULTS:
+    if seg.end_reason not in FAULTS:
         return None
     named = _named_rank(seg.end_said[0])
     if seg.end_reason == StopReason.INTERRUPTED.value:
@@ -103,7 +93,7 @@ def _failed_rank(seg: Segment) -> int | None:
 
 
 def _ended_alike(base: Segment, other: Segment, rank: int) -> str | None:
-    """Why rank ``rank``'s end of a segment disagrees with rank 0's (None: it agrees)."""
+    """Why rank ``rank``'s end of a segment disagrees with rank 0's, or None."""
     failed = _failed_rank(base)
     if failed is not None and (base.failed_rank is not None or other.failed_rank is not None):
         # one rank failed: ERROR there, INTERRUPTED on every other, all naming it with its exception
@@ -120,8 +110,7 @@ def _ended_alike(base: Segment, other: Segment, rank: int) -> str | None:
 
 
 def _moves_agree(base: Segment, other: Segment) -> int | None:
-    """The index of the first move where two ranks' segments part, or None when they agree. A
-    segment killed on a rank, or ended by one rank's failure, may have got further on one rank."""
+    """The index of the first move where two ranks' segments part, or None."""
     a, b = base.moves, other.moves
     cut_short = not (base.end_line is not None and other.end_line is not None) or _failed_rank(base) is not None
     if cut_short:  # each rank aborted where it was when the run broke off
@@ -136,8 +125,8 @@ Pairs = list[tuple[int, Segment, Segment]]  # (index on rank 0, rank 0's segment
 
 
 def _aligned(base: list[Segment], segs: list[Segment], rank: int) -> tuple[Pairs, list[Finding]]:
-    """Rank 0's segments that ran on rank ``rank``, each with that rank's segment of it; and what
-    does not line up. Segments are matched by their ``launch`` (logs before it: by position)."""
+    """Rank 0's segments paired with rank ``rank``'s by ``launch`` (by position in logs without one),
+    and what does not line up."""
     out: list[Finding] = []
     pairs: Pairs = []
     # A segment on one process (world size 1: rank 0 alone) names no launch; every other does.
@@ -204,8 +193,7 @@ def _resumed(seg: Segment) -> str:
 
 
 def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str | None:
-    """How the run went on without rank ``rank`` after its log's last segment (rank 0's later
-    segments ran on fewer ranks), or None when it did not."""
+    """How the run went on without rank ``rank`` after its log ends (on fewer ranks), or None."""
     if rank == 0 or not segs or segs[-1].launch is None:
         return None
     launches = [s.launch for s in base]
@@ -219,7 +207,7 @@ def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str
 
 
 def _how_it_ended(base: list[Segment]) -> str:
-    """The last segment's stop, and the rank that caused it, for the summary."""
+    """The last segment's stop and the rank that caused it."""
     if not base or base[-1].end_line is None:
         return "unfinished"
     seg = base[-1]
@@ -246,12 +234,10 @@ class RankedAudit(Outcome):
 
     @property
     def ok(self) -> bool:
-        """No finding across the ranks and no violation in any rank's log."""
         return not self.findings and all(r.ok for r in self.reports.values())
 
     @property
     def ok_strict(self) -> bool:
-        """``ok``, and no rank's log has a warning either."""
         return not self.findings and all(r.ok_strict for r in self.reports.values())
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
@@ -287,8 +273,8 @@ class RankedAudit(Outcome):
 
 def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bool = True,
                   key: bytes | None = None, allow_missing: bool = False) -> RankedAudit:
-    """Audit every rank's log in ``run_dir`` (and in ``more``: the run directories of the other
-    nodes of a run on node-local disks) and their agreement; ``allow_missing`` as :func:`audit_file`."""
+    """Audit every rank's log in ``run_dir`` and ``more`` (the other nodes' run directories) and
+    their agreement; ``allow_missing`` as :func:`audit_file`."""
     roots = [Path(run_dir), *map(Path, more)]
     for root in roots:
         if not root.is_dir():

@@ -7,30 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import LEVELS
 from fsmtrain.core.lifecycle import INITIAL
-from fsmtrain.tools.audit.coverage import CheckpointCoverage, Damaged
+from fsmtrain.tools.audit.checkpoints import CheckpointLines
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished
-from fsmtrain.tools.audit.files import CheckpointWrite
 from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
 
 __all__ = ["SegmentChecks"]
 
 
 class SegmentChecks(EndingChecks):
-    """Needs the auditor's ``seg``, ``ex``, ``first_ts``, checkpoint maps and ``account``."""
+    """Needs the auditor's ``seg``, ``ex``, ``first_ts`` and ``ckpts``."""
 
     seg: Segment | None
     ex: Explanation
     first_ts: float | None
-    ckpt_writes: dict[str, CheckpointWrite]
-    ckpt_removed: dict[str, int]
-    ckpt_damaged: dict[str, Damaged]
-    coverage: CheckpointCoverage
+    ckpts: CheckpointLines
 
     def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
         max_epochs = payload.get("max_epochs")
@@ -82,29 +77,25 @@ class SegmentChecks(EndingChecks):
                 seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
-            self.coverage.second_start(n, seg)
+            self.ckpts.second_start(n, seg)
             if prev.end_line is None:
                 seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
             return
-        ckpt = self._checkpoint_named(seg.resumed_from)
+        ckpt = self.ckpts.named(seg.resumed_from)
         if ckpt is not None:
             seg.resumed_write = (ckpt.line, ckpt.sha256, ckpt.epoch)
         unlogged = None
         if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
                 and prev.end_line is None and ckpt.line > prev.first_line):
-            # Killed between committing the epoch's checkpoint and logging its epoch event: the
-            # epoch is done (the checkpoint holds it), but the log never got its figures.
+            # Killed between committing the epoch's checkpoint and logging the epoch: done, unlogged.
             seg.unlogged.add(ckpt.epoch)
             unlogged = (ckpt.epoch, f"its checkpoint (line {ckpt.line})")
-        elif (ckpt is None and seg.rank != 0 and not self.ckpt_writes and prev.end_line is None
+        elif (ckpt is None and seg.rank != 0 and not self.ckpts.writes and prev.end_line is None
               and seg.start_epoch == prev.next_epoch + 1):
-            # The same window on a rank whose log holds no checkpoint lines (rank 0 commits them): its
-            # resume event must name that epoch's commit (the audit of the run directory holds the
-            # record to rank 0's log).
+            # The same on a rank without checkpoint lines: its resume event must name that commit.
             seg.commit_unseen = prev.next_epoch
         elif seg.start_epoch > prev.next_epoch and self._rank_left_out(seg, payload.get("world_size_before")):
-            # The run went on with fewer ranks, and this rank was not one of them: its epochs are in
-            # rank 0's log (the audit of the run directory checks that every rank of each segment ran).
+            # The run went on with fewer ranks, without this one: those epochs are in rank 0's log.
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
@@ -148,8 +139,7 @@ class SegmentChecks(EndingChecks):
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """A run that had committed nothing started over in place (from epoch 0)."""
-        live = [p for p in self.ckpt_writes if p not in self.ckpt_removed and p not in self.ckpt_damaged]
-        self.coverage.restart(n, rec, seg, live)
+        self.ckpts.restart(n, seg)
         self._resume(n, rec, seg)
 
     def report_previous_end(self, seg: Segment, torn: tuple[int, int] | None) -> None:
@@ -185,15 +175,6 @@ class SegmentChecks(EndingChecks):
     def _rank_left_out(seg: Segment, before: object) -> bool:
         """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
         return type(before) is int and seg.rank >= before
-
-    def _checkpoint_named(self, resumed_from: str | None) -> CheckpointWrite | None:
-        if resumed_from is None:
-            return None
-        for path, info in self.ckpt_writes.items():
-            if resumed_from == path or (Path(resumed_from).name == Path(path).name and
-                                        Path(resumed_from).parent.name == Path(path).parent.name):
-                return info
-        return None
 
 
 def _skipped(start: int, reached: int) -> str:

@@ -1,5 +1,4 @@
-"""What ``fsmtrain audit`` hands over: findings (each naming a line), the chain verdict, the run's
-story, as short text or as JSON (:meth:`AuditReport.to_dict`)."""
+"""What ``fsmtrain audit`` hands over: findings, the chain verdict and the run's story, as text or JSON."""
 
 from __future__ import annotations
 
@@ -11,12 +10,12 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import jsonable
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = ["AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome", "SegmentInfo",
-           "Severity", "Verdict", "shown_epoch"]
+__all__ = ["FAULTS", "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome",
+           "SegmentInfo", "Severity", "Verdict", "shown_epoch"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
-_FAULTS = frozenset(r.value for r in StopReason if r.fault)
+FAULTS = frozenset(r.value for r in StopReason if r.fault)
 _UNREQUESTED = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 
 
@@ -26,8 +25,7 @@ class Severity(str, Enum):
 
 
 class Verdict(str, Enum):
-    """What a finding concludes, where one check can conclude different things: a checkpoint file
-    that differs from the log, or a process that ended without its ``result``."""
+    """What a finding concludes where one check can conclude several things."""
 
     DAMAGED = "damaged"  # a checkpoint whose bytes are no write the log committed (not a whole one, or changed)
     OLDER_WRITE = "older_write"  # a checkpoint holding a write the log committed before the one it records last
@@ -245,7 +243,7 @@ def explain_lines(ex: Explanation) -> list[str]:
         if ex.stop_reason in _UNREQUESTED:
             stop += " (no stop requested)"
         elif ex.stop_source:
-            stop += f" {'raised in' if ex.stop_reason in _FAULTS else 'requested by'} {ex.stop_source}"
+            stop += f" {'raised in' if ex.stop_reason in FAULTS else 'requested by'} {ex.stop_source}"
         if ex.stop_epoch is not None:
             stop += f" in epoch {epoch_number(ex.stop_epoch)}"
         if ex.stop_request_line is not None:

@@ -1,27 +1,36 @@
-"""Which epochs a run checkpointed, and the log's word for each one it did not, per segment:
-
-- with the policy logged (``checkpoint_settings``), every epoch it saves has a ``checkpoint`` or a
-  ``checkpoint_skipped`` (a slow disk): all of them once the segment wrote its ``result``, else up to
-  the last committed epoch (states are written in order);
-- a skipped epoch is one the segment reached, never committed after;
-- a ``restart`` (a second ``run_start`` without ``resumed_from``) starts at epoch 0 with no committed
-  checkpoint left (else it should have resumed); ``checkpoint_damaged`` names committed files.
+"""The checkpoint lines of a log: what each path's latest commit is (or that it was removed or
+moved to ``damaged/``), and, per segment, the log's word for every epoch its logged policy saves:
+a ``checkpoint`` or a ``checkpoint_skipped`` (a slow disk). Once a segment wrote its ``result`` that
+holds for all its epochs, else up to its last commit (states are written in order). A ``restart``
+(a second ``run_start`` without ``resumed_from``) starts at epoch 0 with no commit left to resume.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.stop import StopReason
+from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding
 
-__all__ = ["CheckpointCoverage", "Damaged"]
+__all__ = ["CheckpointLines", "CheckpointWrite", "Damaged"]
 
 CHECKPOINT_SOURCE = "CheckpointCallback"
+
+
+@dataclass(frozen=True)
+class CheckpointWrite:
+    """The log's latest ``checkpoint`` event for one path."""
+
+    sha256: str
+    line: int
+    epoch: int | None
+    chain_head: str | None
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,6 @@ class Damaged:
 
 @dataclass
 class _SegmentCheckpoints:
-    """One segment's checkpoint lines."""
-
     every: int | None = None  # save_every_n_epochs, when the policy was logged
     latest: bool = False  # save_latest: every epoch
     committed: set[int] = field(default_factory=set)
@@ -48,11 +55,16 @@ class _SegmentCheckpoints:
         return self.every is not None and (self.latest or (epoch + 1) % self.every == 0)
 
 
-class CheckpointCoverage:
-    """Fed the checkpoint lines of a log (see the module docstring); :meth:`finish` gives the findings."""
+class CheckpointLines:
+    """Fed the checkpoint lines of a log; :meth:`finish` gives the findings."""
 
-    def __init__(self, ex: Explanation) -> None:
+    def __init__(self, ex: Explanation, chain: ChainCheck) -> None:
         self.ex = ex
+        self.chain = chain
+        self.writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
+        self.removed: dict[str, int] = {}  # path -> line of a later removal
+        self.damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
+        self.first_commit: dict[str, tuple[int, str, int | None]] = {}  # sha256 -> (line, path, epoch)
         self.by_segment: dict[int, _SegmentCheckpoints] = {}  # by the segment's first line
         self.findings: list[Finding] = []
 
@@ -62,12 +74,25 @@ class CheckpointCoverage:
     def _bad(self, message: str, line: int | None, check: str = "checkpoint") -> None:
         self.findings.append(Finding(check, message, line))
 
-    # --- lines -----------------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        """The paths whose latest commit still stands."""
+        return [p for p in self.writes if p not in self.removed and p not in self.damaged]
+
+    def named(self, resumed_from: str | None) -> CheckpointWrite | None:
+        """The commit a resume's ``resumed_from`` names (by path, or by file and folder name)."""
+        if resumed_from is None:
+            return None
+        want = Path(resumed_from)
+        for path, info in self.writes.items():
+            if resumed_from == path or (want.name, want.parent.name) == (Path(path).name, Path(path).parent.name):
+                return info
+        return None
+
     def second_start(self, n: int, seg: Segment) -> None:
         """A run_start after the first, without ``resumed_from``: a restart, if its ``restart`` comes."""
         self._of(seg).start_line = n
 
-    def settings(self, rec: Mapping[str, Any], seg: Segment) -> None:
+    def settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         settings = p.get("settings")
         if p.get("source") != CHECKPOINT_SOURCE or not isinstance(settings, dict):
@@ -77,7 +102,29 @@ class CheckpointCoverage:
             ckpts = self._of(seg)
             ckpts.every, ckpts.latest = every, settings.get("save_latest") is True
 
-    def committed(self, n: int, epoch: int | None, path: str, seg: Segment) -> None:
+    def commit(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        p = rec["payload"]
+        path, sha = p.get("path"), p.get("sha256")
+        if not isinstance(path, str) or not isinstance(sha, str):
+            self._bad("a checkpoint event needs string path and sha256", n)
+            return
+        head = p.get("chain_head")
+        if head is not None and not isinstance(head, str):
+            self._bad(f"chain_head must be a digest string, found {head!r}", n)
+            head = None
+        if head is not None and self.chain.verifying:
+            pinned = self.chain.pinned_line(head)
+            if pinned is None:
+                self._bad(f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line logged "
+                          "since the previous epoch began (nor of an epoch's end since the last commit): the lines "
+                          "before it were altered after the checkpoint was committed", n)
+            else:
+                self.chain.pinned(pinned)
+        epoch = p.get("epoch") if type(p.get("epoch")) is int else None
+        self.writes[path] = CheckpointWrite(sha, n, epoch, head)
+        self.first_commit.setdefault(sha, (n, path, epoch))
+        self.removed.pop(path, None)
+        self.damaged.pop(path, None)
         if epoch is None:
             return
         ckpts = self._of(seg)
@@ -85,6 +132,11 @@ class CheckpointCoverage:
         if epoch in ckpts.skipped:
             self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {ckpts.skipped[epoch]} "
                       "says was skipped (never written)", n)
+
+    def remove(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        path = rec["payload"].get("path")
+        if isinstance(path, str):
+            self.removed[path] = n
 
     def skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
@@ -98,25 +150,25 @@ class CheckpointCoverage:
         self._of(seg).skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
-    def damaged(self, n: int, rec: Mapping[str, Any], writes: Iterable[str], out: dict[str, Damaged]) -> None:
+    def quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        """``checkpoint_damaged``: committed files a resume moved to ``damaged/``."""
         p = rec["payload"]
         paths, moved = p.get("paths"), p.get("moved_to")
         if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths) or not paths:
             self._bad("checkpoint_damaged needs the damaged files' paths (a list of texts)", n)
             return
-        known = set(writes)
         moved_to = moved if isinstance(moved, list) and len(moved) == len(paths) else [None] * len(paths)
         found = p.get("found_sha256")
         digests = found if isinstance(found, list) and len(found) == len(paths) else [None] * len(paths)
         for path, target, digest in zip(paths, moved_to, digests, strict=True):
-            if path not in known:
+            if path not in self.writes:
                 self._bad(f"checkpoint_damaged names {path}, which the log never committed", n)
                 continue
-            out[path] = Damaged(n, target if isinstance(target, str) else None,
-                                digest if isinstance(digest, str) else None)
+            self.damaged[path] = Damaged(n, target if isinstance(target, str) else None,
+                                         digest if isinstance(digest, str) else None)
         self.ex.checkpoints_damaged += 1
 
-    def restart(self, n: int, rec: Mapping[str, Any], seg: Segment, live: Iterable[str]) -> None:
+    def restart(self, n: int, seg: Segment) -> None:
         ckpts = self._of(seg)
         if ckpts.start_line is None and seg.first_line != 1:
             self._bad("a restart event in a segment that is not a restart (its run_start resumes or is the first)", n,
@@ -126,12 +178,11 @@ class CheckpointCoverage:
         if seg.start_epoch != 0:
             self._bad(f"a restart starts the run over at epoch 1; this one starts at epoch "
                       f"{epoch_number(seg.start_epoch)}", n, "resume")
-        left = sorted(live)
+        left = sorted(self.live())
         if left:
             self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
                       "resume from", n, "resume")
 
-    # --- the end ---------------------------------------------------------------------------------
     def finish(self, segments: list[Segment]) -> list[Finding]:
         for seg in segments:
             ckpts = self.by_segment.get(seg.first_line)
@@ -140,16 +191,14 @@ class CheckpointCoverage:
             if ckpts.start_line is not None and not ckpts.restarted:
                 self._bad("a second run_start without resumed_from and no restart event: two runs written into one "
                           "file", ckpts.start_line, "resume")
-            self._gaps(seg, ckpts)
+            ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
+            horizon = max(ckpts.committed, default=-1)
+            lines = dict(zip(sorted(seg.epochs_seen), (line for _, line in seg.vals), strict=False))
+            for epoch in sorted(seg.epochs_seen):
+                if not ckpts.expects(epoch) or (not ended and epoch > horizon):
+                    continue
+                if epoch not in ckpts.committed and epoch not in ckpts.skipped:
+                    self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why "
+                              "(the checkpoint policy this process logged saves that epoch)", lines.get(epoch),
+                              "coverage")
         return self.findings
-
-    def _gaps(self, seg: Segment, ckpts: _SegmentCheckpoints) -> None:
-        ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
-        horizon = max(ckpts.committed, default=-1)
-        lines = dict(zip(sorted(seg.epochs_seen), (line for _, line in seg.vals), strict=False))
-        for epoch in sorted(seg.epochs_seen):
-            if not ckpts.expects(epoch) or (not ended and epoch > horizon):
-                continue
-            if epoch not in ckpts.committed and epoch not in ckpts.skipped:
-                self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why (the "
-                          "checkpoint policy this process logged saves that epoch)", lines.get(epoch), "coverage")
