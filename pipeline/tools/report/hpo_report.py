@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["EDGE_FRACTION", "register_cli", "study_report", "render"]
+__all__ = ["EDGE_FRACTION", "IMPORTANCE_METHOD", "param_importances", "register_cli", "render", "study_report"]
 
 EDGE_FRACTION = 0.05
 """A best value within this share of its range (in log space for log ranges) is at the edge."""
@@ -59,22 +59,22 @@ def _edge(name: str, value: Any, dist: Any) -> dict[str, Any] | None:
                        f"widen the range{' downwards' if side == 'lower' else ' upwards'}"}
 
 
-def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tuple[dict[str, float] | None, str | None]:
+IMPORTANCE_METHOD = "Optuna's default evaluator, as optuna.importance.get_param_importances(study)"
+
+
+def param_importances(study: optuna.study.Study) -> tuple[dict[str, float] | None, str | None]:
+    """The parameter importances Optuna's own tools show (its default evaluator), or None and why.
+    The one place both ``hpo-report`` and the study page take them from."""
     import optuna
 
-    finite = [t for t in complete if t.value is not None and math.isfinite(t.value)]
+    finite = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if t.value is not None and math.isfinite(t.value)]
     if len(finite) < 2:
         return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
-    copy = optuna.create_study(directions=study.directions)  # in memory: diverged (inf) trials left out
-    copy.add_trials(finite)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-            found = optuna.importance.get_param_importances(copy, evaluator=evaluator)
-            return {k: float(v) for k, v in found.items()}, None
-    except ImportError as exc:  # fANOVA needs scikit-learn
-        return None, f"needs {exc.name or 'scikit-learn'} (pip install scikit-learn)"
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}, None
     except (RuntimeError, ValueError) as exc:
         return None, " ".join(str(exc).split())
 
@@ -114,7 +114,7 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
     maximize = study.direction.name == "MAXIMIZE"
     ranked = sorted(complete, key=lambda t: t.value if t.value is not None else math.nan, reverse=maximize)
     best = ranked[0] if ranked else None
-    importances, why_none = _importances(study, complete)
+    importances, why_none = param_importances(study)
     edges = [] if best is None else [
         e for name, value in best.params.items() if (e := _edge(name, value, best.distributions[name])) is not None]
     settings = study.user_attrs.get("fsmtrain", {})
@@ -145,7 +145,7 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         "n_trials": len(trials), "counts": counts,
         "best": None if best is None else _trial(best),
         "top": [_trial(t) for t in ranked[:top]],
-        "importances": importances, "importances_note": why_none,
+        "importances": importances, "importances_note": why_none, "importances_method": IMPORTANCE_METHOD,
         "edge_warnings": edges, "pruned": pruned, "failed": failed,
         "settings": settings,
     }
@@ -176,7 +176,7 @@ def render(report: dict[str, Any]) -> str:
         for t in report["top"]:
             out.append(f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}")
     if report["importances"]:
-        out.append("parameter importances:")
+        out.append(f"parameter importances ({IMPORTANCE_METHOD}):")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
     else:
         out.append(f"parameter importances: none ({report['importances_note']})")
@@ -209,24 +209,15 @@ def _decision(p: dict[str, Any]) -> str:
     return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
-def _storage_arg(text: str) -> str:
-    """A study folder (``runs/<project>/<study>``) stands for the storage file in it."""
-    path = Path(text)
-    if "://" not in text and path.is_dir():
-        for name in ("study.db", "study.journal"):
-            if (path / name).is_file():
-                return str(path / name)
-    return text
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
     from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
+    from fsmtrain.tools.report.study import storage_arg
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        spec = parse_storage(_storage_arg(args.storage), "STUDY_OR_STORAGE")
+        spec = parse_storage(storage_arg(args.storage), "STUDY_OR_STORAGE")
         storage = open_storage(spec, create=False)
         name = pick_study(storage, args.study, spec.shown)
     except StorageError as exc:

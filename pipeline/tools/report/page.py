@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fsmtrain.tools.report.run import run_sections
 from fsmtrain.tools.report.run_log import ReportError
+from fsmtrain.tools.report.study import storage_arg
 
 __all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
 
@@ -87,6 +88,8 @@ def _events_of(target: str) -> Path | None:
     path = Path(target)
     if path.is_dir():
         events = path / "events.jsonl"
+        if not events.is_file() and storage_arg(target) != target:
+            return None  # a study folder: its storage file
         if not events.is_file():
             raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
                               "or a study storage (a SQLite file, an Optuna journal file or a URL)")
@@ -125,6 +128,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
         return write_run_report(events, out), []
     from fsmtrain.tools.report.study import open_study, storage_url, study_sections
 
+    target = storage_arg(target)
     opened = open_study(target, study)
     dest = out if out is not None else default_output(target, opened.study_name)
     _, storage_file = storage_url(target)

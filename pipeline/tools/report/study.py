@@ -30,9 +30,19 @@ from fsmtrain.tools.report.svgplot import (
     parallel_chart,
 )
 
-__all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_url", "study_sections"]
+__all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_arg", "storage_url", "study_sections"]
 
 STUDY_PLOTS = ("plot-history", "plot-importances", "plot-parallel", "plot-intermediate", "trials")
+
+
+def storage_arg(text: str) -> str:
+    """A study folder (``runs/<project>/<study>``) stands for the storage file in it."""
+    path = Path(text)
+    if "://" not in text and path.is_dir():
+        for name in ("study.db", "study.journal"):
+            if (path / name).is_file():
+                return str(path / name)
+    return text
 
 
 def storage_url(target: str) -> tuple[Any, Path | None]:
@@ -151,24 +161,14 @@ def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
                       series, x_label="trial", y_label="objective", log_y=_positive(values))
 
 
-def _importances(study: Any, complete: list[Any]) -> str:
-    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator, get_param_importances
+def _importances(study: Any) -> str:
+    from fsmtrain.tools.report.hpo_report import IMPORTANCE_METHOD, param_importances
 
-    title = "Parameter importances"
-    if len(complete) < 2:
-        return figure("plot-importances", title, "", "needs at least two complete trials")
-    evaluator: Any = FanovaImportanceEvaluator(seed=0)
-    name = "fANOVA"
-    try:
-        import sklearn  # noqa: F401  - Optuna's fANOVA fits scikit-learn random forests
-    except ImportError:
-        evaluator, name = PedAnovaImportanceEvaluator(), "PED-ANOVA (scikit-learn is not installed for fANOVA)"
-    try:
-        scores = get_param_importances(study, evaluator=evaluator)
-    except (RuntimeError, ValueError) as exc:
-        return figure("plot-importances", title, "", f"Optuna could not rank the parameters: {exc}")
-    return bar_chart("plot-importances", f"{title} ({name}, Optuna)", list(scores.items()), unit="",
-                     color=PALETTE[2])
+    scores, why_none = param_importances(study)
+    title = f"Parameter importances ({IMPORTANCE_METHOD})"
+    if scores is None:
+        return figure("plot-importances", title, "", why_none or "")
+    return bar_chart("plot-importances", title, list(scores.items()), unit="", color=PALETTE[2])
 
 
 def _on_axis(trial: Any, axis: Axis) -> float | None:
@@ -247,6 +247,6 @@ def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | 
     trials = study.get_trials(deepcopy=False)
     best = f"; best {study.best_value:.6g} (trial {study.best_trial.number})" if complete else ""
     summary = f"{len(trials)} trials: {len(complete)} complete, {len(pruned)} pruned{best}"
-    sections = [_history(study, complete, pruned), _importances(study, complete), _parallel(study, complete),
+    sections = [_history(study, complete, pruned), _importances(study), _parallel(study, complete),
                 _intermediate(complete, pruned), _trial_table(study, out_dir, run_link)]
     return f"fsmtrain study {study.study_name}", summary, sections
