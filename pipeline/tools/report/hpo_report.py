@@ -1,8 +1,5 @@
-"""``fsmtrain hpo-report``: what a study found, from its storage alone, as text or JSON.
-
-Counts by state, the best and top trials, parameter importances, a warning for each best parameter
-at the edge of its range (the optimum may lie outside), the pruning decisions and the failures.
-"""
+"""``fsmtrain hpo-report``: what a study found, as text or JSON: counts, best and top trials,
+importances, best parameters at the edge of their range, pruning decisions and failures."""
 
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ import math
 import statistics
 import sys
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.arg_types import positive_int
@@ -81,8 +77,7 @@ def param_importances(study: optuna.study.Study) -> tuple[dict[str, float] | Non
 
 def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
                     attr: dict[str, Any]) -> tuple[list[FrozenTrial], str]:
-    """The trials COMPLETE when the pruner decided on ``pruned`` (at the ``pruned`` attribute's
-    ``decided_at``, else the trial's end), as MedianPruner compares; and the words for that basis."""
+    """The trials COMPLETE when the pruner decided on ``pruned`` (MedianPruner's basis), and its words."""
     from optuna.trial import TrialState
 
     at = attr.get("decided_at")
@@ -194,8 +189,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _decision(p: dict[str, Any]) -> str:
-    """``epoch 3 (val_loss 0.2; best so far 0.19) by MedianPruner (median at that epoch over the 4
-    trials complete at the decision: 0.18)``, or the pruner's own reason."""
+    """``epoch 3 (val_loss 0.2) by MedianPruner (median at that epoch over the 4 trials ...)``."""
     others = p["others_at_epoch"]
     if p["reason"]:
         why = f": {p['reason']}"

@@ -1,8 +1,5 @@
-"""The study half of ``fsmtrain report``: an Optuna study's page, made from its storage alone.
-
-Optimization history, parameter importances, parallel coordinates, intermediate values of pruned
-and complete trials, and the trials, each linking its runs' reports. Only this module imports Optuna.
-"""
+"""The study half of ``fsmtrain report``: an Optuna study's page from its storage alone (history,
+importances, parallel coordinates, intermediate values, and the trials linking their run reports)."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ def storage_arg(text: str) -> str:
 
 
 def storage_url(target: str) -> tuple[Any, Path | None]:
-    """``target`` as an Optuna storage: a URL as given, a SQLite file as ``sqlite:///``, another
-    existing file as a journal file. Also returns the file, when there is one. A missing file is an
-    error (Optuna would create an empty database there)."""
+    """``target`` as an Optuna storage (a URL, a SQLite file or a journal file) and its file, if any.
+    A missing file is an error: Optuna would create an empty database there."""
     if "://" in target:
         return target, None
     path = Path(target)
@@ -107,8 +103,7 @@ def open_study(target: str, name: str | None) -> Any:
 
 
 def run_dirs_of(trial: Any) -> list[str]:
-    """A trial's run directories: ``fsmtrain hpo`` stores ``{seed: run dir}``; a list or a single
-    path (a study made by other code) is taken as it is."""
+    """A trial's run directories: ``fsmtrain hpo`` stores ``{seed: run dir}``; other code a list or a path."""
     dirs = trial.user_attrs.get("run_dirs") or []
     if isinstance(dirs, Mapping):
         return [str(d) for _, d in sorted(dirs.items(), key=lambda kv: _seed_order(kv[0]))]
@@ -241,8 +236,7 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
 
 
 def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> tuple[str, str, list[str]]:
-    """Title, summary and sections of a study report. ``run_link(run_dir)`` gives the path of that
-    run's report (making it if needed), or None when the run directory is not here."""
+    """Title, summary and sections of a study report; ``run_link(run_dir)`` gives that run's report or None."""
     complete, pruned = _states(study)
     trials = study.get_trials(deepcopy=False)
     best = f"; best {study.best_value:.6g} (trial {study.best_trial.number})" if complete else ""
