@@ -8,7 +8,6 @@ import json
 import math
 import statistics
 import sys
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.arg_types import positive_int
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["EDGE_FRACTION", "IMPORTANCE_METHOD", "param_importances", "register_cli", "render", "study_report"]
+__all__ = ["EDGE_FRACTION", "register_cli", "render", "study_report"]
 
 EDGE_FRACTION = 0.05
 """A best value within this share of its range (in log space for log ranges) is at the edge."""
@@ -55,26 +54,6 @@ def _edge(name: str, value: Any, dist: Any) -> dict[str, Any] | None:
                        f"widen the range{' downwards' if side == 'lower' else ' upwards'}"}
 
 
-IMPORTANCE_METHOD = "Optuna's default evaluator, as optuna.importance.get_param_importances(study)"
-
-
-def param_importances(study: optuna.study.Study) -> tuple[dict[str, float] | None, str | None]:
-    """The parameter importances Optuna's own tools show (its default evaluator), or None and why.
-    The one place both ``hpo-report`` and the study page take them from."""
-    import optuna
-
-    finite = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-              if t.value is not None and math.isfinite(t.value)]
-    if len(finite) < 2:
-        return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}, None
-    except (RuntimeError, ValueError) as exc:
-        return None, " ".join(str(exc).split())
-
-
 def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
                     attr: dict[str, Any]) -> tuple[list[FrozenTrial], str]:
     """The trials COMPLETE when the pruner decided on ``pruned`` (MedianPruner's basis), and its words."""
@@ -102,6 +81,8 @@ def _best_so_far(trial: FrozenTrial, epoch: int, maximize: bool) -> float | None
 def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) -> dict[str, Any]:
     """The report as plain data (what ``--json`` prints)."""
     from optuna.trial import TrialState
+
+    from fsmtrain.tools.report.study import IMPORTANCE_METHOD, param_importances
 
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(1 for t in trials if t.state.name == s) for s in _STATES}
@@ -171,7 +152,7 @@ def render(report: dict[str, Any]) -> str:
         for t in report["top"]:
             out.append(f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}")
     if report["importances"]:
-        out.append(f"parameter importances ({IMPORTANCE_METHOD}):")
+        out.append(f"parameter importances ({report['importances_method']}):")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
     else:
         out.append(f"parameter importances: none ({report['importances_note']})")

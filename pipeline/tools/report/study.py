@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sqlite3
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from html import escape
@@ -27,7 +28,8 @@ from fsmtrain.tools.report.svgplot import (
     parallel_chart,
 )
 
-__all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_arg", "storage_url", "study_sections"]
+__all__ = ["IMPORTANCE_METHOD", "STUDY_PLOTS", "open_study", "param_importances", "run_dirs_of", "storage_arg",
+           "storage_url", "study_sections"]
 
 STUDY_PLOTS = ("plot-history", "plot-importances", "plot-parallel", "plot-intermediate", "trials")
 
@@ -157,13 +159,31 @@ def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
 
 
 def _importances(study: Any) -> str:
-    from fsmtrain.tools.report.hpo_report import IMPORTANCE_METHOD, param_importances
-
     scores, why_none = param_importances(study)
     title = f"Parameter importances ({IMPORTANCE_METHOD})"
     if scores is None:
         return figure("plot-importances", title, "", why_none or "")
     return bar_chart("plot-importances", title, list(scores.items()), unit="", color=PALETTE[2])
+
+
+IMPORTANCE_METHOD = "Optuna's default evaluator, as optuna.importance.get_param_importances(study)"
+
+
+def param_importances(study: Any) -> tuple[dict[str, float] | None, str | None]:
+    """The parameter importances Optuna's own tools show (its default evaluator), or None and why.
+    The one place both ``hpo-report`` and the study page take them from."""
+    import optuna
+
+    finite = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if t.value is not None and math.isfinite(t.value)]
+    if len(finite) < 2:
+        return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}, None
+    except (RuntimeError, ValueError) as exc:
+        return None, " ".join(str(exc).split())
 
 
 def _on_axis(trial: Any, axis: Axis) -> float | None:
