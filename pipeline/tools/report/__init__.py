@@ -9,13 +9,13 @@ from fsmtrain.core.exports import lazy_exports
 
 _PAGE = "fsmtrain.tools.report.page"
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ReportError": "fsmtrain.tools.report.run_log", "default_output": _PAGE, "page": _PAGE, "render_report": _PAGE,
+    "ReportError": "fsmtrain.tools.report.run_log", "page": _PAGE, "render_report": _PAGE,
     "write_run_report": _PAGE, "study_report": "fsmtrain.tools.report.hpo_report",
 })
 
-__all__ = ["ReportError", "default_output", "page", "render_report", "study_report", "write_run_report"]
+__all__ = ["ReportError", "page", "render_report", "study_report", "write_run_report"]
 
 if TYPE_CHECKING:
     from fsmtrain.tools.report.hpo_report import study_report
-    from fsmtrain.tools.report.page import default_output, page, render_report, write_run_report
+    from fsmtrain.tools.report.page import page, render_report, write_run_report
     from fsmtrain.tools.report.run_log import ReportError

@@ -1,8 +1,5 @@
-"""``fsmtrain hpo-report``: what a study found, from its storage alone, as text or JSON.
-
-Counts by state, the best and top trials, parameter importances, a warning for each best parameter
-at the edge of its range (the optimum may lie outside), the pruning decisions and the failures.
-"""
+"""``fsmtrain hpo-report``: what a study found, as text or JSON: counts, best and top trials,
+importances, best parameters at the edge of their range, pruning decisions and failures."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ import json
 import math
 import statistics
 import sys
-import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.arg_types import positive_int
@@ -21,7 +16,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["EDGE_FRACTION", "register_cli", "study_report", "render"]
+__all__ = ["EDGE_FRACTION", "register_cli", "render", "study_report"]
 
 EDGE_FRACTION = 0.05
 """A best value within this share of its range (in log space for log ranges) is at the edge."""
@@ -59,30 +54,9 @@ def _edge(name: str, value: Any, dist: Any) -> dict[str, Any] | None:
                        f"widen the range{' downwards' if side == 'lower' else ' upwards'}"}
 
 
-def _importances(study: optuna.study.Study, complete: list[FrozenTrial]) -> tuple[dict[str, float] | None, str | None]:
-    import optuna
-
-    finite = [t for t in complete if t.value is not None and math.isfinite(t.value)]
-    if len(finite) < 2:
-        return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
-    copy = optuna.create_study(directions=study.directions)  # in memory: diverged (inf) trials left out
-    copy.add_trials(finite)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-            found = optuna.importance.get_param_importances(copy, evaluator=evaluator)
-            return {k: float(v) for k, v in found.items()}, None
-    except ImportError as exc:  # fANOVA needs scikit-learn
-        return None, f"needs {exc.name or 'scikit-learn'} (pip install scikit-learn)"
-    except (RuntimeError, ValueError) as exc:
-        return None, " ".join(str(exc).split())
-
-
 def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
                     attr: dict[str, Any]) -> tuple[list[FrozenTrial], str]:
-    """The trials COMPLETE when the pruner decided on ``pruned`` (at the ``pruned`` attribute's
-    ``decided_at``, else the trial's end), as MedianPruner compares; and the words for that basis."""
+    """The trials COMPLETE when the pruner decided on ``pruned`` (MedianPruner's basis), and its words."""
     from optuna.trial import TrialState
 
     at = attr.get("decided_at")
@@ -108,13 +82,15 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
     """The report as plain data (what ``--json`` prints)."""
     from optuna.trial import TrialState
 
+    from fsmtrain.tools.report.study import IMPORTANCE_METHOD, param_importances
+
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(1 for t in trials if t.state.name == s) for s in _STATES}
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.value is not None]
     maximize = study.direction.name == "MAXIMIZE"
     ranked = sorted(complete, key=lambda t: t.value if t.value is not None else math.nan, reverse=maximize)
     best = ranked[0] if ranked else None
-    importances, why_none = _importances(study, complete)
+    importances, why_none = param_importances(study)
     edges = [] if best is None else [
         e for name, value in best.params.items() if (e := _edge(name, value, best.distributions[name])) is not None]
     settings = study.user_attrs.get("fsmtrain", {})
@@ -145,7 +121,7 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         "n_trials": len(trials), "counts": counts,
         "best": None if best is None else _trial(best),
         "top": [_trial(t) for t in ranked[:top]],
-        "importances": importances, "importances_note": why_none,
+        "importances": importances, "importances_note": why_none, "importances_method": IMPORTANCE_METHOD,
         "edge_warnings": edges, "pruned": pruned, "failed": failed,
         "settings": settings,
     }
@@ -176,7 +152,7 @@ def render(report: dict[str, Any]) -> str:
         for t in report["top"]:
             out.append(f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}")
     if report["importances"]:
-        out.append("parameter importances:")
+        out.append(f"parameter importances ({report['importances_method']}):")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
     else:
         out.append(f"parameter importances: none ({report['importances_note']})")
@@ -194,8 +170,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _decision(p: dict[str, Any]) -> str:
-    """``epoch 3 (val_loss 0.2; best so far 0.19) by MedianPruner (median at that epoch over the 4
-    trials complete at the decision: 0.18)``, or the pruner's own reason."""
+    """``epoch 3 (val_loss 0.2) by MedianPruner (median at that epoch over the 4 trials ...)``."""
     others = p["others_at_epoch"]
     if p["reason"]:
         why = f": {p['reason']}"
@@ -209,24 +184,15 @@ def _decision(p: dict[str, Any]) -> str:
     return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
-def _storage_arg(text: str) -> str:
-    """A study folder (``runs/<project>/<study>``) stands for the storage file in it."""
-    path = Path(text)
-    if "://" not in text and path.is_dir():
-        for name in ("study.db", "study.journal"):
-            if (path / name).is_file():
-                return str(path / name)
-    return text
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
     from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
+    from fsmtrain.tools.report.study import storage_arg
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        spec = parse_storage(_storage_arg(args.storage), "STUDY_OR_STORAGE")
+        spec = parse_storage(storage_arg(args.storage), "STUDY_OR_STORAGE")
         storage = open_storage(spec, create=False)
         name = pick_study(storage, args.study, spec.shown)
     except StorageError as exc:

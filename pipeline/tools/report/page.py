@@ -1,9 +1,5 @@
-"""The page of ``fsmtrain report``: one self-contained HTML file for a run (from its ``events.jsonl``)
-or a study (from its Optuna storage, linking the run report of each trial's run directory).
-
-Charts are inline SVG: no JavaScript, nothing fetched, tens of kB that open anywhere. A
-Content-Security-Policy forbids every request, so a page that tried one fails loudly instead of leaking.
-"""
+"""The page of ``fsmtrain report``: one self-contained HTML file for a run or a study. Charts are
+inline SVG, with no JavaScript; a Content-Security-Policy forbids every request, so nothing leaks."""
 
 from __future__ import annotations
 
@@ -15,8 +11,9 @@ from pathlib import Path
 
 from fsmtrain.tools.report.run import run_sections
 from fsmtrain.tools.report.run_log import ReportError
+from fsmtrain.tools.report.study import storage_arg
 
-__all__ = ["ReportError", "default_output", "page", "render_report", "write_run_report"]
+__all__ = ["ReportError", "page", "render_report", "write_run_report"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1000px;padding:1rem 1.5rem;color:#222}
@@ -87,6 +84,8 @@ def _events_of(target: str) -> Path | None:
     path = Path(target)
     if path.is_dir():
         events = path / "events.jsonl"
+        if not events.is_file() and storage_arg(target) != target:
+            return None  # a study folder: its storage file
         if not events.is_file():
             raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
                               "or a study storage (a SQLite file, an Optuna journal file or a URL)")
@@ -111,12 +110,6 @@ def write_run_report(events: Path, out: Path | None = None) -> Path:
     return target
 
 
-def default_output(target: str, study_name: str) -> Path:
-    path = Path(target)
-    base = path.parent if "://" not in target and path.is_file() else Path.cwd()
-    return base / f"{study_name}-report.html"
-
-
 def render_report(target: str, *, study: str | None = None, out: Path | None = None,
                   run_reports: bool = True) -> tuple[Path, list[Path]]:
     """Write the report of ``target``; returns its path and the run reports made for a study."""
@@ -125,9 +118,10 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
         return write_run_report(events, out), []
     from fsmtrain.tools.report.study import open_study, storage_url, study_sections
 
+    target = storage_arg(target)
     opened = open_study(target, study)
-    dest = out if out is not None else default_output(target, opened.study_name)
     _, storage_file = storage_url(target)
+    dest = out or (storage_file.parent if storage_file else Path.cwd()) / f"{opened.study_name}-report.html"
     made: list[Path] = []
 
     def run_link(run_dir: Path) -> Path | None:

@@ -1,10 +1,6 @@
-"""Fewer points for long curves: a chart never draws more than ``MAX_POINTS`` points of one series.
-
-A curve past the limit is cut into equal buckets of consecutive points and each bucket drawn by
-its smallest and its largest value, in the order they came: a one-epoch spike is a bucket's
-maximum, so it survives (an average would smooth it away, a stride would skip it). A bucket with
-no drawable value keeps a gap. The page says what was reduced and by how much.
-"""
+"""Fewer points for long curves: past ``MAX_POINTS``, each bucket of consecutive points is drawn by
+its smallest and largest value, in order, so a one-epoch spike survives (an average would smooth it
+away). A bucket with no drawable value stays a gap; the page says what was reduced."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
 
 def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
                  max_points: int = MAX_POINTS) -> Reduced:
-    """``(x, y)`` as it is when it has at most ``max_points`` points; else the min and max of each
-    of ``max_points // 2`` buckets (see the module doc)."""
+    """``(x, y)`` unchanged up to ``max_points`` points; else the min and max of ``max_points // 2`` buckets."""
     n = len(y)
     if n <= max_points:
         return Reduced(list(x), list(y), n, 0)

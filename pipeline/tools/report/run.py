@@ -1,8 +1,5 @@
-"""The run half of ``fsmtrain report``: one run's page, made from its ``events.jsonl`` alone.
-
-The log is read once (no torch) into a table by column and the run's path; the page shows the
-charts, the path diagram and the run's audit. Epochs are shown 1-based, as the console counts them.
-"""
+"""The run half of ``fsmtrain report``: one run's page (charts, path diagram, audit) from its
+``events.jsonl`` alone, read once, without torch. Epochs are shown 1-based, as the console counts them."""
 
 from __future__ import annotations
 
@@ -54,7 +51,7 @@ def _loss_plot(data: RunData, bands: list[Band]) -> str:
 
 
 def _metric_plots(data: RunData) -> list[str]:
-    names = [k for k in data.table.names("metric") if k not in (*_LOSSES, "lr")]
+    names = [k for k in data.table.columns.get("metric", {}) if k not in (*_LOSSES, "lr")]
     x = _epoch_axis(data)
     return [line_chart(f"plot-metric-{name}", f"{name} per epoch",
                        [Series(name, x, data.metric(name), PALETTE[(i + 3) % len(PALETTE)])], y_label=name)
@@ -188,8 +185,7 @@ def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:
 
 
 def _distinct_files(run_dir: Path, paths: list[str]) -> int:
-    """How many files ``paths`` are: names that are hard links of one file count once (by device
-    and inode); a name that is not present counts as one file of its own."""
+    """How many files ``paths`` are: hard links of one file count once; a missing name counts as one."""
     files: set[tuple[int, int] | str] = set()
     for path in paths:
         try:
@@ -202,9 +198,8 @@ def _distinct_files(run_dir: Path, paths: list[str]) -> int:
 
 
 def _checkpoint_panel(data: RunData) -> str:
-    """The files the run keeps (the last write of each path it did not remove), then every write:
-    one write committed under several names (``latest.pt``, ``best.pt``, ``epoch_N.pt``, hard links
-    of one file) is one write, its bytes named by one sha256."""
+    """The files the run keeps (each path's last write, unless removed), then every write: one write
+    under several names (hard links) is one write, named by one sha256."""
     last: dict[str, dict[str, Any]] = {}
     for ck in data.checkpoints:
         last[str(ck.get("path"))] = ck

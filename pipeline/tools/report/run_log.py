@@ -1,12 +1,6 @@
-"""A run's ``events.jsonl`` read for its report (:func:`read_run`): the per-epoch numbers in a table
-by column (one typed array a value name, one row an epoch, so a 200,000-epoch log costs a few MB),
-the run's path, its checkpoints and settings.
-
-A column holds a metric (``metric``), a slot or one key of a mapping slot (``slot``:
-``loss_prediction.predicted_loss``), the epoch's seconds (``time``), a phase's or a callback's
-seconds (``phase``, ``callback``). Missing stays distinct from NaN. An epoch logged twice (a resumed
-run re-runs the epochs after its checkpoint) keeps only its last record.
-"""
+"""A run's ``events.jsonl`` read for its report (:func:`read_run`): per-epoch numbers in a table by
+column (one typed array a value, so a 200,000-epoch log costs a few MB), the run's path, checkpoints
+and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) keeps its last record."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ __all__ = ["Column", "EpochTable", "ReportError", "RunData", "as_float", "read_r
 
 
 class Column:
-    """One value per row: ``values`` (float64) and whether each row has one (``present``). Both may
-    run longer than the table's rows (room to grow); only the table's rows count."""
+    """One float64 per row and whether the row has one; spare room past the table's rows is ignored."""
 
     __slots__ = ("present", "values")
 
@@ -57,7 +50,7 @@ class Column:
 
 
 class EpochTable:
-    """Rows by epoch index (0-based, as the log has it), columns by kind and name."""
+    """Rows by 0-based epoch; columns by kind (metric, slot, time, phase, callback) and name."""
 
     def __init__(self) -> None:
         self.index: list[int] = []
@@ -84,12 +77,8 @@ class EpochTable:
                 column.present[row] = 0
         return row
 
-    def kind(self, kind: str) -> dict[str, Column]:
-        """The columns of ``kind``, by name (made empty on first use)."""
-        return self.columns.setdefault(kind, {})
-
     def add(self, columns: dict[str, Column], name: str) -> Column:
-        """A new, empty column ``name`` in ``columns`` (one of :meth:`kind`)."""
+        """A new, empty column ``name`` in ``columns`` (one kind's)."""
         column = columns[name] = Column(self._capacity)
         self._all.append(column)
         return column
@@ -109,10 +98,6 @@ class EpochTable:
     def values(self, kind: str, name: str) -> list[float | None]:
         column = self.columns.get(kind, {}).get(name)
         return column.as_list(len(self.index)) if column is not None else [None] * len(self.index)
-
-    def names(self, kind: str) -> list[str]:
-        """The names of ``kind`` in the order they first appeared."""
-        return list(self.columns.get(kind, {}))
 
     def totals(self, kind: str) -> dict[str, float]:
         return {name: column.total(len(self.index)) for name, column in self.columns.get(kind, {}).items()}
@@ -168,9 +153,8 @@ class RunData:
         return self.table.values("slot", name if key is None else f"{name}.{key}")
 
 
-# Lines are parsed only when the page draws from them: the writer puts ``event`` before
-# ``payload``, so a line's first ``"event":"`` is its own, and a transition's move (4 in 5 lines of
-# an info-level log) is cut from its bytes.
+# The writer puts ``event`` before ``payload``, so a line's first ``"event":"`` is its own: a
+# transition's move (4 in 5 lines of an info-level log) is cut from its bytes, not parsed.
 _SKIPPED = (b"trial_report", b"stop_request")
 _FINAL_PHASE = FINAL.value.encode()
 _MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\d+|null),'
@@ -257,7 +241,7 @@ def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
 
 
 def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
-    columns = table.kind(kind)
+    columns = table.columns.setdefault(kind, {})
     for name, value in values.items():
         cls = value.__class__
         if cls is not float:

@@ -1,8 +1,5 @@
-"""The study half of ``fsmtrain report``: an Optuna study's page, made from its storage alone.
-
-Optimization history, parameter importances, parallel coordinates, intermediate values of pruned
-and complete trials, and the trials, each linking its runs' reports. Only this module imports Optuna.
-"""
+"""The study half of ``fsmtrain report``: an Optuna study's page from its storage alone (history,
+importances, parallel coordinates, intermediate values, and the trials linking their run reports)."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ import json
 import math
 import os
 import sqlite3
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from html import escape
@@ -30,15 +28,25 @@ from fsmtrain.tools.report.svgplot import (
     parallel_chart,
 )
 
-__all__ = ["STUDY_PLOTS", "open_study", "run_dirs_of", "storage_url", "study_sections"]
+__all__ = ["IMPORTANCE_METHOD", "STUDY_PLOTS", "open_study", "param_importances", "run_dirs_of", "storage_arg",
+           "storage_url", "study_sections"]
 
 STUDY_PLOTS = ("plot-history", "plot-importances", "plot-parallel", "plot-intermediate", "trials")
 
 
+def storage_arg(text: str) -> str:
+    """A study folder (``runs/<project>/<study>``) stands for the storage file in it."""
+    path = Path(text)
+    if "://" not in text and path.is_dir():
+        for name in ("study.db", "study.journal"):
+            if (path / name).is_file():
+                return str(path / name)
+    return text
+
+
 def storage_url(target: str) -> tuple[Any, Path | None]:
-    """``target`` as an Optuna storage: a URL as given, a SQLite file as ``sqlite:///``, another
-    existing file as a journal file. Also returns the file, when there is one. A missing file is an
-    error (Optuna would create an empty database there)."""
+    """``target`` as an Optuna storage (a URL, a SQLite file or a journal file) and its file, if any.
+    A missing file is an error: Optuna would create an empty database there."""
     if "://" in target:
         return target, None
     path = Path(target)
@@ -97,8 +105,7 @@ def open_study(target: str, name: str | None) -> Any:
 
 
 def run_dirs_of(trial: Any) -> list[str]:
-    """A trial's run directories: ``fsmtrain hpo`` stores ``{seed: run dir}``; a list or a single
-    path (a study made by other code) is taken as it is."""
+    """A trial's run directories: ``fsmtrain hpo`` stores ``{seed: run dir}``; other code a list or a path."""
     dirs = trial.user_attrs.get("run_dirs") or []
     if isinstance(dirs, Mapping):
         return [str(d) for _, d in sorted(dirs.items(), key=lambda kv: _seed_order(kv[0]))]
@@ -151,24 +158,32 @@ def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
                       series, x_label="trial", y_label="objective", log_y=_positive(values))
 
 
-def _importances(study: Any, complete: list[Any]) -> str:
-    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator, get_param_importances
+def _importances(study: Any) -> str:
+    scores, why_none = param_importances(study)
+    title = f"Parameter importances ({IMPORTANCE_METHOD})"
+    if scores is None:
+        return figure("plot-importances", title, "", why_none or "")
+    return bar_chart("plot-importances", title, list(scores.items()), unit="", color=PALETTE[2])
 
-    title = "Parameter importances"
-    if len(complete) < 2:
-        return figure("plot-importances", title, "", "needs at least two complete trials")
-    evaluator: Any = FanovaImportanceEvaluator(seed=0)
-    name = "fANOVA"
+
+IMPORTANCE_METHOD = "Optuna's default evaluator, as optuna.importance.get_param_importances(study)"
+
+
+def param_importances(study: Any) -> tuple[dict[str, float] | None, str | None]:
+    """The parameter importances Optuna's own tools show (its default evaluator), or None and why.
+    The one place both ``hpo-report`` and the study page take them from."""
+    import optuna
+
+    finite = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if t.value is not None and math.isfinite(t.value)]
+    if len(finite) < 2:
+        return None, f"needs at least 2 completed trials with a finite value ({len(finite)})"
     try:
-        import sklearn  # noqa: F401  - Optuna's fANOVA fits scikit-learn random forests
-    except ImportError:
-        evaluator, name = PedAnovaImportanceEvaluator(), "PED-ANOVA (scikit-learn is not installed for fANOVA)"
-    try:
-        scores = get_param_importances(study, evaluator=evaluator)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}, None
     except (RuntimeError, ValueError) as exc:
-        return figure("plot-importances", title, "", f"Optuna could not rank the parameters: {exc}")
-    return bar_chart("plot-importances", f"{title} ({name}, Optuna)", list(scores.items()), unit="",
-                     color=PALETTE[2])
+        return None, " ".join(str(exc).split())
 
 
 def _on_axis(trial: Any, axis: Axis) -> float | None:
@@ -241,12 +256,11 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
 
 
 def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> tuple[str, str, list[str]]:
-    """Title, summary and sections of a study report. ``run_link(run_dir)`` gives the path of that
-    run's report (making it if needed), or None when the run directory is not here."""
+    """Title, summary and sections of a study report; ``run_link(run_dir)`` gives that run's report or None."""
     complete, pruned = _states(study)
     trials = study.get_trials(deepcopy=False)
     best = f"; best {study.best_value:.6g} (trial {study.best_trial.number})" if complete else ""
     summary = f"{len(trials)} trials: {len(complete)} complete, {len(pruned)} pruned{best}"
-    sections = [_history(study, complete, pruned), _importances(study, complete), _parallel(study, complete),
+    sections = [_history(study, complete, pruned), _importances(study), _parallel(study, complete),
                 _intermediate(complete, pruned), _trial_table(study, out_dir, run_link)]
     return f"fsmtrain study {study.study_name}", summary, sections

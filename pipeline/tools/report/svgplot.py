@@ -1,7 +1,5 @@
-"""Charts as inline SVG for ``fsmtrain report``: line charts, horizontal bars and parallel
-coordinates, each a ``<figure class="plot" id=...>``. Every point has a ``<title>`` (a browser
-tooltip), so exact values stay readable without scripts.
-"""
+"""Inline SVG charts for ``fsmtrain report`` (lines, bars, parallel coordinates), each a ``<figure>``;
+every point has a ``<title>`` tooltip, so exact values stay readable without scripts."""
 
 from __future__ import annotations
 
@@ -74,8 +72,7 @@ def _tip_x(x: float) -> str:
 
 
 def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[float]:
-    """Round tick values covering [lo, hi]: 1-2-5 steps, or powers of ten (with 2 and 5 inside a
-    single decade) on a log axis."""
+    """Round ticks covering [lo, hi]: 1-2-5 steps, or powers of ten on a log axis."""
     if log:
         a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
         if b - a <= 2:
@@ -135,9 +132,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                log_y: bool = False, hlines: Sequence[HLine] = (), bands: Sequence[Band] = (),
                width: int = 760, height: int = 300, integer_x: bool = True,
                legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
-    """A line chart as a ``<figure>``; ``log_y`` drops values <= 0 (noted under the chart). A series
-    of more than ``MAX_POINTS`` points is drawn reduced (:mod:`fsmtrain.tools.report.reduce`), and
-    the note under the chart says so."""
+    """A line chart; ``log_y`` drops values <= 0 and a long series is drawn reduced, each noted below it."""
     dropped = sum(1 for s in series for y in s.y if y is not None and not drawable(y, log_y))
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
     series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
@@ -240,8 +235,7 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
 
 def bar_chart(plot_id: str, title: str, items: Sequence[tuple[str, float]], *, unit: str = "s",
               width: int = 760, color: str = PALETTE[0], total: float | None = None) -> str:
-    """Horizontal bars, largest first, with the value and its share of ``total`` (default: the sum
-    of the bars)."""
+    """Horizontal bars, largest first, with each value's share of ``total`` (default: their sum)."""
     items = sorted(((k, v) for k, v in items if math.isfinite(v)), key=lambda kv: -kv[1])
     if not items:
         return figure(plot_id, title, "", "no values to draw")
@@ -284,8 +278,7 @@ class TrialLine:
 
 def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[TrialLine], *,
                    width: int = 760, height: int = 320) -> str:
-    """Parallel coordinates: one vertical axis per entry of ``axes`` (the objective first, then the
-    parameters), one polyline per trial."""
+    """Parallel coordinates: one vertical axis per entry of ``axes``, one polyline per trial."""
     if not axes or not lines:
         return figure(plot_id, title, "", "no complete trials to draw")
     top, bottom = 28, height - 22
