@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "worker_identity"]
+__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "running", "start_time",
+           "worker_identity"]
 
 LOST_ATTR = "lost"
 """Trial user attribute ``{trial, why}``; ``trial`` tells the lost trial from a retry that inherited it."""
@@ -61,9 +62,8 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 def worker_identity(launch: str) -> dict[str, Any]:
     """Which process runs a trial: enough to tell later, on this host, that it is gone."""
     pid = os.getpid()
-    stat = _proc_stat(pid)
     return {"host": socket.gethostname(), "pid": pid, "launch": launch, "boot": _boot_id(),
-            "pidns": _pid_namespace(), "started": None if stat is None else stat[1]}
+            "pidns": _pid_namespace(), "started": start_time(pid)}
 
 
 def process_gone(who: Mapping[str, Any]) -> bool:
@@ -83,12 +83,19 @@ def process_gone(who: Mapping[str, Any]) -> bool:
         return True
     except PermissionError:
         pass  # it exists, as another user's
+    return _proc_stat(pid) is not None and not running(pid, who.get("started"))
+
+
+def running(pid: int, started: Any = None) -> bool:
+    """Whether ``pid`` runs here and, with ``started``, is the process that started then: a zombie ran
+    its last instruction, another start time is another process under that pid."""
     stat = _proc_stat(pid)
-    if stat is None:
-        return False
-    state, started = stat
-    # a zombie ran its last instruction; another start time is another process under that pid
-    return state == "Z" or (isinstance(who.get("started"), int) and started != who["started"])
+    return stat is not None and stat[0] != "Z" and (not isinstance(started, int) or stat[1] == started)
+
+
+def start_time(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
 
 
 def lost_why(trial: FrozenTrial) -> str | None:

@@ -11,6 +11,7 @@ next ``fsmtrain hpo`` on the study runs it first.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
 from fsmtrain.app.hpo.monitor import Monitor
 from fsmtrain.app.hpo.plan import StudyPlan
-from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim
+from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim, running, start_time
 from fsmtrain.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
@@ -154,6 +155,10 @@ _PRELOAD = [
 ]
 
 
+class HelperDied(Exception):
+    """The forkserver that starts the workers died: it reports every worker it started as ended."""
+
+
 @dataclass
 class _Workers:
     plan: StudyPlan
@@ -169,6 +174,7 @@ class _Workers:
         self.ctx.set_forkserver_preload(_PRELOAD)
         self.shared = self.ctx.Value("i", self.plan.n_trials)
         self.procs: dict[int, Any] = {}
+        self.started: dict[int, int | None] = {}  # pid: start time, to tell the worker from a reused pid
         self.crashed: list[str] = []
         self.spawned = 0
 
@@ -176,14 +182,20 @@ class _Workers:
         proc = self.ctx.Process(target=worker_main, args=(self.plan, self.shared, index), name=f"fsmtrain-hpo-{index}")
         proc.start()
         self.procs[index] = proc
+        self.started[proc.pid] = start_time(proc.pid)
         self.spawned += 1
+
+    def _running(self, proc: Any) -> bool:
+        return running(proc.pid, self.started[proc.pid])
 
     def reap(self, study: optuna.study.Study) -> None:
         """Note workers that died; FAIL (and re-enqueue) the trials they left RUNNING; replace them
-        while trials remain."""
-        for index, proc in list(self.procs.items()):
-            if proc.exitcode is None or proc.exitcode in (0, INTERRUPTED):
-                continue
+        while trials remain. A worker reported ended while its process still runs means the forkserver
+        died (it reports its children's exits): :class:`HelperDied`."""
+        ended = {i: p for i, p in self.procs.items() if p.exitcode not in (None, 0, INTERRUPTED)}
+        if any(self._running(p) for p in ended.values()):
+            raise HelperDied
+        for index, proc in ended.items():
             del self.procs[index]
             how = f"signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0 else f"code {proc.exitcode}"
             if release_dead_holders_lock(self.plan.storage):
@@ -198,23 +210,25 @@ class _Workers:
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())
 
-    def interrupt(self, study: optuna.study.Study, signum: int) -> None:
-        """Ctrl-C or SIGTERM: every worker gets the signal (a terminal sends Ctrl-C to the group; a
-        kill to this pid only reaches us), ends its trial as its worker rules say, and exits."""
+    def stop(self, study: optuna.study.Study, signum: int) -> list[int]:
+        """Send every worker ``signum``; each ends its trial as its worker rules say, and exits (one
+        that does not within 60 s is killed). Waits on the pids, not on the forkserver's reports.
+        Returns the trials left RUNNING, now FAILed (stopped, not retried)."""
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HANDLED}  # a second one must not orphan them
         try:
-            for proc in self.procs.values():
-                if proc.exitcode is None and proc.pid is not None:
-                    os.kill(proc.pid, signum)
-            for proc in self.procs.values():
-                proc.join(timeout=60)
-                if proc.exitcode is None:  # stuck: a worker catches SIGTERM as it does SIGINT, so SIGKILL
-                    print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
-                          f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
-                    proc.kill()
-                    proc.join(timeout=10)
-                    release_dead_holders_lock(self.plan.storage)
-            fail_orphaned_trials(study, [p.pid for p in self.procs.values()], retry=False)  # stopped, not lost
+            for sig, wait in ((signum, 60.0), (signal.SIGKILL, 10.0)):
+                live = [p for p in self.procs.values() if self._running(p)]
+                for proc in live:
+                    if sig == signal.SIGKILL:  # stuck: a worker catches SIGTERM as it does SIGINT
+                        print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
+                              f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, sig)
+                end = time.monotonic() + wait
+                while any(self._running(p) for p in live) and time.monotonic() < end:
+                    time.sleep(0.05)
+            release_dead_holders_lock(self.plan.storage)
+            return fail_orphaned_trials(study, list(self.started), retry=False)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -269,7 +283,14 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
                 workers.reap(study)
             except KeyboardInterrupt as exc:
                 stopped_by = Interrupted.signal_of(exc)
-                workers.interrupt(study, stopped_by)
+                workers.stop(study, stopped_by)
+            except HelperDied:
+                failed = workers.stop(study, signal.SIGTERM)
+                workers.crashed.append("the forkserver")
+                print(f"error: the forkserver process that starts this command's workers died; the study was "
+                      f"stopped: its workers stopped (SIGTERM), their running trials FAIL as lost "
+                      f"({sorted(failed) or 'each worker failed its own'}), and the next `fsmtrain hpo` on the "
+                      f"study retries them", file=out, flush=True)
         crashed = workers.crashed
     monitor.poll()
     counts = monitor.finish(plan, interrupted=stopped_by is not None)
