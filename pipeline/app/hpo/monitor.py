@@ -8,6 +8,7 @@ import shlex
 import threading
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.app.hpo.plan import StudyPlan
@@ -33,8 +34,12 @@ def format_params(params: Mapping[str, Any]) -> str:
 
 
 def _first_run_dir(trial: FrozenTrial) -> str | None:
+    """The trial's first run dir, relative to the working directory when it lies under it."""
     dirs = trial.user_attrs.get(RUN_DIRS_ATTR)
-    return next(iter(dirs.values()), None) if isinstance(dirs, dict) and dirs else None
+    if not (isinstance(dirs, dict) and dirs):
+        return None
+    path = Path(next(iter(dirs.values())))
+    return str(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path)
 
 
 def describe_trial(trial: FrozenTrial) -> str:

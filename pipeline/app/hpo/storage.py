@@ -121,7 +121,9 @@ def _is_sqlite_file(path: Path) -> bool:
 
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
-    if workers > 1:
+    """The study folder's journal file when it holds one and no SQLite file, or for several workers;
+    else its SQLite file. A journal serves one process too, so ``validate`` finds a ``--workers`` study."""
+    if workers > 1 or ((study_dir / JOURNAL_FILE).is_file() and not (study_dir / DB_FILE).is_file()):
         return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
 

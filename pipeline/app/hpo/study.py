@@ -90,7 +90,7 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
         # the trials of the study stored elsewhere: every trial would fail to claim its dir.
         held = [f for f in (DB_FILE, JOURNAL_FILE) if (study_dir / f).is_file()]
         where = f" ({', '.join(held)} there)" if held else ""
-        blamed = source if text is not None else "--workers"
+        blamed = "--workers" if text is None and workers > 1 else source
         raise _problem(blamed, f"the storage that holds the trials already in {study_dir}{where}, or another --study "
                        "name", f"{spec.shown}, which holds no study {name!r}", config_path)
     if directions is not None and directions != [opt.direction]:
