@@ -3,16 +3,18 @@ cleanly (no trial RUNNING, no process left, one line, exit 1) instead of taking 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hpo_support import journal, load, popen, study_config, wait_for
 from optuna.trial import TrialState
 
-SLOW_TRIALS = {
+SLOW_TRIALS: dict[str, Any] = {
     "epochs": 200, "early_stopping": {"enabled": False},
     "callbacks": {"extra": [{"target": "tests.hpo_callbacks.SlowEpochs", "kwargs": {"seconds": 0.1}}]},
 }
@@ -49,10 +51,8 @@ def _live_in_group(pgid: int) -> list[int]:
 
 def _kill_group(pgid: int) -> None:
     for pid in _live_in_group(pgid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.slow

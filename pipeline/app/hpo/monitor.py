@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.hpo.plan import StudyPlan
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
+from fsmtrain.app.hpo.worker import StudyPlan
 
 if TYPE_CHECKING:
     import optuna

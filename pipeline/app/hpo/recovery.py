@@ -1,10 +1,6 @@
-"""Trials whose process stopped under them (Ctrl-C, a killed worker): found, failed, and run again.
-
-A *lost* trial is FAILed with the ``lost`` user attribute, and a retry with its parameters is
-enqueued, which resumes each seed from its last checkpoint. A local worker that dies is retried at
-once by its command; Ctrl-C enqueues nothing. :func:`reclaim` retries every lost trial without a
-retry, and fails a RUNNING trial whose process is provably gone (same host, boot and pid namespace,
-and the pid absent, a zombie or another process); any doubt is left to the heartbeat.
+"""Trials whose process stopped under them: FAILed as *lost* (``lost`` user attribute) and retried
+with their parameters, each seed resuming from its checkpoint. A RUNNING trial is failed only when
+its process is provably gone (same host, boot and pid namespace); any doubt is left to the heartbeat.
 """
 
 from __future__ import annotations
@@ -71,11 +67,8 @@ def process_gone(who: Mapping[str, Any]) -> bool:
     pid = who.get("pid")
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    if who.get("host") != socket.gethostname():
-        return False
-    if who.get("boot") is None or who.get("boot") != _boot_id():
-        return False
-    if who.get("pidns") is None or who.get("pidns") != _pid_namespace():
+    here = (socket.gethostname(), _boot_id(), _pid_namespace())
+    if None in here or (who.get("host"), who.get("boot"), who.get("pidns")) != here:
         return False
     try:
         os.kill(pid, 0)

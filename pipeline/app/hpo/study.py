@@ -1,12 +1,7 @@
-"""Running a study: checks before anything exists, the study, its workers, and what they leave.
-
-``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
-for every mistake before a file, folder or table is created. ``run_study`` creates the study,
-retries what earlier runs lost (:mod:`fsmtrain.app.hpo.recovery`), and runs its trials in this
-process (``workers=1``) or in K worker processes. Every trial a worker runs, a retry included,
-takes one of the command's ``n_trials`` from a shared count: the command runs that many trials,
-no more. A retry left over when the count is used up stays WAITING, and the summary says so; the
-next ``fsmtrain hpo`` on the study runs it first.
+"""Running a study: ``prepare`` checks everything before a file, folder or table exists;
+``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials (a
+retry included) in this process or in K worker processes. A retry left over stays WAITING for the
+next ``fsmtrain hpo``, and the summary says so.
 """
 
 from __future__ import annotations
@@ -19,13 +14,12 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
 from fsmtrain.app.hpo.monitor import Monitor
-from fsmtrain.app.hpo.plan import StudyPlan
 from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim, running, start_time
 from fsmtrain.app.hpo.storage import (
     DB_FILE,
@@ -41,7 +35,7 @@ from fsmtrain.app.hpo.storage import (
     release_dead_holders_lock,
 )
 from fsmtrain.app.hpo.trial import TrialPlan
-from fsmtrain.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
+from fsmtrain.app.hpo.worker import INTERRUPTED, StudyPlan, Tickets, quiet_optuna, work, worker_main
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.signals import HANDLED, sigterm_interrupts
 
@@ -159,18 +153,13 @@ class HelperDied(Exception):
     """The forkserver that starts the workers died: it reports every worker it started as ended."""
 
 
-@dataclass
 class _Workers:
-    plan: StudyPlan
-    out: TextIO
-    ctx: Any = None
-    shared: Any = None
-
-    def __post_init__(self) -> None:
+    def __init__(self, plan: StudyPlan, out: TextIO) -> None:
+        self.plan, self.out = plan, out
         # Not fork: this process holds storage connections (and torch's state) a child must not
         # share. A fork server imports torch and the trial code once and forks every worker from
         # that clean process, so K workers start in about the time of one import, not K of them.
-        self.ctx = mp.get_context("forkserver")
+        self.ctx: Any = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(_PRELOAD)
         self.shared = self.ctx.Value("i", self.plan.n_trials)
         self.procs: dict[int, Any] = {}
@@ -264,7 +253,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
         watcher.start()
         try:
-            work(plan, LocalTickets(plan.n_trials))
+            work(plan, Tickets(mp.Value("i", plan.n_trials)))
         except KeyboardInterrupt as exc:
             stopped_by = Interrupted.signal_of(exc)
         finally:
