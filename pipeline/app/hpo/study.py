@@ -224,8 +224,8 @@ class _Workers:
 
 
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
-    """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
-    every trial of this command failed, 128 + the signal when one stopped it (130 Ctrl-C, 143 SIGTERM)."""
+    """Create (or load) the study and run it; returns the exit code: 0; 1 when a worker or the
+    forkserver died or every trial of this command failed; 128 + the signal that stopped it."""
     try:
         with sigterm_interrupts():
             Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
