@@ -114,10 +114,8 @@ class Monitor:
 
     def _best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
         done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-        if not done:
-            return None
-        maximize = self.study.direction.name == "MAXIMIZE"
-        return max(done, key=lambda t: t.value) if maximize else min(done, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+        pick = max if self.study.direction.name == "MAXIMIZE" else min
+        return pick(done, key=lambda t: t.value, default=None)  # type: ignore[arg-type, return-value]
 
     def finish(self, plan: StudyPlan, *, interrupted: bool) -> Counter[str]:
         """The summary; returns this command's trials by state."""

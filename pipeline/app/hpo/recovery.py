@@ -32,15 +32,13 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _boot_id() -> str | None:
-    return _read("/proc/sys/kernel/random/boot_id")
-
-
-def _pid_namespace() -> str | None:
+def _where() -> dict[str, Any]:
+    """This host, boot and pid namespace: within them a pid names one process."""
     try:
-        return os.readlink("/proc/self/ns/pid")
+        pidns: str | None = os.readlink("/proc/self/ns/pid")
     except OSError:
-        return None
+        pidns = None
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -58,8 +56,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 def worker_identity(launch: str) -> dict[str, Any]:
     """Which process runs a trial: enough to tell later, on this host, that it is gone."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "launch": launch, "boot": _boot_id(),
-            "pidns": _pid_namespace(), "started": start_time(pid)}
+    return {**_where(), "pid": pid, "launch": launch, "started": start_time(pid)}
 
 
 def process_gone(who: Mapping[str, Any]) -> bool:
@@ -67,8 +64,8 @@ def process_gone(who: Mapping[str, Any]) -> bool:
     pid = who.get("pid")
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    here = (socket.gethostname(), _boot_id(), _pid_namespace())
-    if None in here or (who.get("host"), who.get("boot"), who.get("pidns")) != here:
+    here = _where()
+    if None in here.values() or any(who.get(key) != value for key, value in here.items()):
         return False
     try:
         os.kill(pid, 0)

@@ -60,10 +60,6 @@ class Tickets:
             return True
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.time() >= deadline
-
-
 def quiet_optuna() -> None:
     import optuna
 
@@ -122,7 +118,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
 
-    while not _past(plan.deadline):
+    while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
         if exhausted():
@@ -144,7 +140,11 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
                 continue
         if not tickets.take():
             reclaim_gone()
-            _say_retries_left(study)
+            waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+            if waiting:  # retries this command leaves for the next one
+                print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this "
+                      "command has run its --n-trials; `fsmtrain hpo` again on the study runs them",
+                      file=sys.stderr, flush=True)
             return
         taken: list[int] = []
         try:
@@ -176,16 +176,6 @@ def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
             "the study enqueued no retry of it (its max_retry is used up)")
     return (f"trial {frozen.number} was ended ({frozen.state.name}) by another process while this worker ran it; "
             f"{then}; its run keeps what it trained (its log says where it stopped); this worker goes on")
-
-
-def _say_retries_left(study: optuna.study.Study) -> None:
-    """A worker with no trial left says which retries it leaves waiting for the next worker."""
-    from optuna.trial import TrialState
-
-    waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    if waiting:
-        print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this command has "
-              "run its --n-trials; `fsmtrain hpo` again on the study runs them", file=sys.stderr, flush=True)
 
 
 def worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
