@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from fsmtrain.app.arg_types import positive_float, positive_int
+from fsmtrain.app.commands import config_args
 
 __all__ = ["cmd_hpo", "register_cli"]
 
@@ -30,17 +31,12 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add ``fsmtrain hpo`` to the ``fsmtrain`` parser."""
     p = subparsers.add_parser(
         "hpo", help="run the Optuna study of a config's optimize: section (one audited run per trial and seed)",
-        description="Run the hyper-parameter study a config's optimize: section describes. Storage: a SQLite "
-                    "file for one process, a journal file with --workers, or a database URL (PostgreSQL) "
-                    "for workers on many machines.")
-    p.add_argument("config", help="path to the YAML run config with an optimize: section")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
-                   help="override a config value (YAML scalar), repeatable")
-    p.add_argument("--device", help="shorthand for --set device=D")
+        description="Run the hyper-parameter study a config's optimize: section describes (storage: see --storage).")
+    config_args(p)
     p.add_argument("--storage", metavar="URL_OR_FILE",
-                   help="sqlite:///f.db or f.db, a journal file, or a database URL such as "
-                        "postgresql://user:pass@host/db (default: runs/<project>/<study>/study.db, "
-                        "or study.journal with --workers)")
+                   help="sqlite:///f.db or f.db (one process), a journal file (--workers on one machine), or a "
+                        "database URL such as postgresql://user:pass@host/db (workers on many machines; default: "
+                        "runs/<project>/<study>/study.db, or study.journal with --workers or when the study has one)")
     p.add_argument("--study", metavar="NAME", help="study name (default: optimize.study_name, the config's name)")
     p.add_argument("--n-trials", type=positive_int, metavar="N",
                    help="trials this command runs, over all its workers (default: optimize.n_trials)")

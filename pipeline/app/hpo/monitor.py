@@ -8,11 +8,12 @@ import shlex
 import threading
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.hpo.plan import StudyPlan
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
+from fsmtrain.app.hpo.worker import StudyPlan
 
 if TYPE_CHECKING:
     import optuna
@@ -33,8 +34,12 @@ def format_params(params: Mapping[str, Any]) -> str:
 
 
 def _first_run_dir(trial: FrozenTrial) -> str | None:
+    """The trial's first run dir, relative to the working directory when it lies under it."""
     dirs = trial.user_attrs.get(RUN_DIRS_ATTR)
-    return next(iter(dirs.values()), None) if isinstance(dirs, dict) and dirs else None
+    if not (isinstance(dirs, dict) and dirs):
+        return None
+    path = Path(next(iter(dirs.values())))
+    return str(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path)
 
 
 def describe_trial(trial: FrozenTrial) -> str:
@@ -109,10 +114,8 @@ class Monitor:
 
     def _best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
         done = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-        if not done:
-            return None
-        maximize = self.study.direction.name == "MAXIMIZE"
-        return max(done, key=lambda t: t.value) if maximize else min(done, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+        pick = max if self.study.direction.name == "MAXIMIZE" else min
+        return pick(done, key=lambda t: t.value, default=None)  # type: ignore[arg-type, return-value]
 
     def finish(self, plan: StudyPlan, *, interrupted: bool) -> Counter[str]:
         """The summary; returns this command's trials by state."""

@@ -1,10 +1,6 @@
-"""Trials whose process stopped under them (Ctrl-C, a killed worker): found, failed, and run again.
-
-A *lost* trial is FAILed with the ``lost`` user attribute, and a retry with its parameters is
-enqueued, which resumes each seed from its last checkpoint. A local worker that dies is retried at
-once by its command; Ctrl-C enqueues nothing. :func:`reclaim` retries every lost trial without a
-retry, and fails a RUNNING trial whose process is provably gone (same host, boot and pid namespace,
-and the pid absent, a zombie or another process); any doubt is left to the heartbeat.
+"""Trials whose process stopped under them: FAILed as *lost* (``lost`` user attribute) and retried
+with their parameters, each seed resuming from its checkpoint. A RUNNING trial is failed only when
+its process is provably gone (same host, boot and pid namespace); any doubt is left to the heartbeat.
 """
 
 from __future__ import annotations
@@ -22,7 +18,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "worker_identity"]
+__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "running", "start_time",
+           "worker_identity"]
 
 LOST_ATTR = "lost"
 """Trial user attribute ``{trial, why}``; ``trial`` tells the lost trial from a retry that inherited it."""
@@ -35,15 +32,13 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _boot_id() -> str | None:
-    return _read("/proc/sys/kernel/random/boot_id")
-
-
-def _pid_namespace() -> str | None:
+def _where() -> dict[str, Any]:
+    """This host, boot and pid namespace: within them a pid names one process."""
     try:
-        return os.readlink("/proc/self/ns/pid")
+        pidns: str | None = os.readlink("/proc/self/ns/pid")
     except OSError:
-        return None
+        pidns = None
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -61,9 +56,7 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 def worker_identity(launch: str) -> dict[str, Any]:
     """Which process runs a trial: enough to tell later, on this host, that it is gone."""
     pid = os.getpid()
-    stat = _proc_stat(pid)
-    return {"host": socket.gethostname(), "pid": pid, "launch": launch, "boot": _boot_id(),
-            "pidns": _pid_namespace(), "started": None if stat is None else stat[1]}
+    return {**_where(), "pid": pid, "launch": launch, "started": start_time(pid)}
 
 
 def process_gone(who: Mapping[str, Any]) -> bool:
@@ -71,11 +64,8 @@ def process_gone(who: Mapping[str, Any]) -> bool:
     pid = who.get("pid")
     if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    if who.get("host") != socket.gethostname():
-        return False
-    if who.get("boot") is None or who.get("boot") != _boot_id():
-        return False
-    if who.get("pidns") is None or who.get("pidns") != _pid_namespace():
+    here = _where()
+    if None in here.values() or any(who.get(key) != value for key, value in here.items()):
         return False
     try:
         os.kill(pid, 0)
@@ -83,12 +73,19 @@ def process_gone(who: Mapping[str, Any]) -> bool:
         return True
     except PermissionError:
         pass  # it exists, as another user's
+    return _proc_stat(pid) is not None and not running(pid, who.get("started"))
+
+
+def running(pid: int, started: Any = None) -> bool:
+    """Whether ``pid`` runs here and, with ``started``, is the process that started then: a zombie ran
+    its last instruction, another start time is another process under that pid."""
     stat = _proc_stat(pid)
-    if stat is None:
-        return False
-    state, started = stat
-    # a zombie ran its last instruction; another start time is another process under that pid
-    return state == "Z" or (isinstance(who.get("started"), int) and started != who["started"])
+    return stat is not None and stat[0] != "Z" and (not isinstance(started, int) or stat[1] == started)
+
+
+def start_time(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
 
 
 def lost_why(trial: FrozenTrial) -> str | None:

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "Heartbeat", "StorageError", "StorageKind",
     "StorageSpec", "default_storage", "existing_directions", "open_storage", "parse_storage", "pick_study",
-    "previous_run_dirs", "release_dead_holders_lock", "retried_trial", "retry_callback", "system_attrs",
+    "release_dead_holders_lock", "retry_callback",
 ]
 
 DB_FILE = "study.db"
@@ -121,7 +121,9 @@ def _is_sqlite_file(path: Path) -> bool:
 
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
-    if workers > 1:
+    """The study folder's journal file when it holds one and no SQLite file, or for several workers;
+    else its SQLite file. A journal serves one process too, so ``validate`` finds a ``--workers`` study."""
+    if workers > 1 or ((study_dir / JOURNAL_FILE).is_file() and not (study_dir / DB_FILE).is_file()):
         return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
 
@@ -285,29 +287,6 @@ def pick_study(storage: BaseStorage, name: str | None, shown: str) -> str:
         raise StorageError("--study", f"a study name: {shown} holds {len(names)} ({', '.join(names) or 'none'})",
                            "none given")
     return names[0]
-
-
-def system_attrs(trial: optuna.trial.Trial | FrozenTrial) -> dict[str, Any]:
-    """A trial's system attributes (a live ``Trial`` does not expose them)."""
-    attrs = getattr(trial, "system_attrs", None)
-    if isinstance(attrs, dict):
-        return attrs
-    return dict(trial.storage.get_trial_system_attrs(trial._trial_id))  # type: ignore[union-attr]
-
-
-def retried_trial(trial: optuna.trial.Trial | FrozenTrial) -> int | None:
-    """The number of the trial this one retries (set by Optuna's retry callback), else None."""
-    number = system_attrs(trial).get("failed_trial")
-    return number if isinstance(number, int) else None
-
-
-def previous_run_dirs(trial: optuna.trial.Trial | FrozenTrial) -> dict[int, Path]:
-    """For a retry, the run directories of the trial it retries (``{seed: run dir}``); ``{}`` for a
-    fresh trial."""
-    if retried_trial(trial) is None:
-        return {}
-    dirs = trial.user_attrs.get(RUN_DIRS_ATTR) or {}
-    return {int(seed): Path(path) for seed, path in dirs.items()} if isinstance(dirs, Mapping) else {}
 
 
 def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:

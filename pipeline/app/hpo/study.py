@@ -1,16 +1,12 @@
-"""Running a study: checks before anything exists, the study, its workers, and what they leave.
-
-``prepare`` turns a config and the command line into a ``StudyPlan`` and raises ``ConfigError``
-for every mistake before a file, folder or table is created. ``run_study`` creates the study,
-retries what earlier runs lost (:mod:`fsmtrain.app.hpo.recovery`), and runs its trials in this
-process (``workers=1``) or in K worker processes. Every trial a worker runs, a retry included,
-takes one of the command's ``n_trials`` from a shared count: the command runs that many trials,
-no more. A retry left over when the count is used up stays WAITING, and the summary says so; the
-next ``fsmtrain hpo`` on the study runs it first.
+"""Running a study: ``prepare`` checks everything before a file, folder or table exists;
+``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials (a
+retry included) in this process or in K worker processes. A retry left over stays WAITING for the
+next ``fsmtrain hpo``, and the summary says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -18,14 +14,13 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
 from fsmtrain.app.hpo.monitor import Monitor
-from fsmtrain.app.hpo.plan import StudyPlan
-from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim
+from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim, running, start_time
 from fsmtrain.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
@@ -40,7 +35,7 @@ from fsmtrain.app.hpo.storage import (
     release_dead_holders_lock,
 )
 from fsmtrain.app.hpo.trial import TrialPlan
-from fsmtrain.app.hpo.worker import INTERRUPTED, LocalTickets, quiet_optuna, work, worker_main
+from fsmtrain.app.hpo.worker import INTERRUPTED, StudyPlan, Tickets, quiet_optuna, work, worker_main
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.signals import HANDLED, sigterm_interrupts
 
@@ -89,7 +84,7 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
         # the trials of the study stored elsewhere: every trial would fail to claim its dir.
         held = [f for f in (DB_FILE, JOURNAL_FILE) if (study_dir / f).is_file()]
         where = f" ({', '.join(held)} there)" if held else ""
-        blamed = source if text is not None else "--workers"
+        blamed = "--workers" if text is None and workers > 1 else source
         raise _problem(blamed, f"the storage that holds the trials already in {study_dir}{where}, or another --study "
                        "name", f"{spec.shown}, which holds no study {name!r}", config_path)
     if directions is not None and directions != [opt.direction]:
@@ -154,21 +149,21 @@ _PRELOAD = [
 ]
 
 
-@dataclass
-class _Workers:
-    plan: StudyPlan
-    out: TextIO
-    ctx: Any = None
-    shared: Any = None
+class HelperDied(Exception):
+    """The forkserver that starts the workers died: it reports every worker it started as ended."""
 
-    def __post_init__(self) -> None:
+
+class _Workers:
+    def __init__(self, plan: StudyPlan, out: TextIO) -> None:
+        self.plan, self.out = plan, out
         # Not fork: this process holds storage connections (and torch's state) a child must not
         # share. A fork server imports torch and the trial code once and forks every worker from
         # that clean process, so K workers start in about the time of one import, not K of them.
-        self.ctx = mp.get_context("forkserver")
+        self.ctx: Any = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(_PRELOAD)
         self.shared = self.ctx.Value("i", self.plan.n_trials)
         self.procs: dict[int, Any] = {}
+        self.started: dict[int, int | None] = {}  # pid: start time, to tell the worker from a reused pid
         self.crashed: list[str] = []
         self.spawned = 0
 
@@ -176,14 +171,20 @@ class _Workers:
         proc = self.ctx.Process(target=worker_main, args=(self.plan, self.shared, index), name=f"fsmtrain-hpo-{index}")
         proc.start()
         self.procs[index] = proc
+        self.started[proc.pid] = start_time(proc.pid)
         self.spawned += 1
+
+    def _running(self, proc: Any) -> bool:
+        return running(proc.pid, self.started[proc.pid])
 
     def reap(self, study: optuna.study.Study) -> None:
         """Note workers that died; FAIL (and re-enqueue) the trials they left RUNNING; replace them
-        while trials remain."""
-        for index, proc in list(self.procs.items()):
-            if proc.exitcode is None or proc.exitcode in (0, INTERRUPTED):
-                continue
+        while trials remain. A worker reported ended while its process still runs means the forkserver
+        died (it reports its children's exits): :class:`HelperDied`."""
+        ended = {i: p for i, p in self.procs.items() if p.exitcode not in (None, 0, INTERRUPTED)}
+        if any(self._running(p) for p in ended.values()):
+            raise HelperDied
+        for index, proc in ended.items():
             del self.procs[index]
             how = f"signal {signal.Signals(-proc.exitcode).name}" if proc.exitcode < 0 else f"code {proc.exitcode}"
             if release_dead_holders_lock(self.plan.storage):
@@ -198,31 +199,33 @@ class _Workers:
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())
 
-    def interrupt(self, study: optuna.study.Study, signum: int) -> None:
-        """Ctrl-C or SIGTERM: every worker gets the signal (a terminal sends Ctrl-C to the group; a
-        kill to this pid only reaches us), ends its trial as its worker rules say, and exits."""
+    def stop(self, study: optuna.study.Study, signum: int) -> list[int]:
+        """Send every worker ``signum``; each ends its trial as its worker rules say, and exits (one
+        that does not within 60 s is killed). Waits on the pids, not on the forkserver's reports.
+        Returns the trials left RUNNING, now FAILed (stopped, not retried)."""
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HANDLED}  # a second one must not orphan them
         try:
-            for proc in self.procs.values():
-                if proc.exitcode is None and proc.pid is not None:
-                    os.kill(proc.pid, signum)
-            for proc in self.procs.values():
-                proc.join(timeout=60)
-                if proc.exitcode is None:  # stuck: a worker catches SIGTERM as it does SIGINT, so SIGKILL
-                    print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
-                          f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
-                    proc.kill()
-                    proc.join(timeout=10)
-                    release_dead_holders_lock(self.plan.storage)
-            fail_orphaned_trials(study, [p.pid for p in self.procs.values()], retry=False)  # stopped, not lost
+            for sig, wait in ((signum, 60.0), (signal.SIGKILL, 10.0)):
+                live = [p for p in self.procs.values() if self._running(p)]
+                for proc in live:
+                    if sig == signal.SIGKILL:  # stuck: a worker catches SIGTERM as it does SIGINT
+                        print(f"warning: worker pid {proc.pid} did not stop within 60 s of "
+                              f"{signal.Signals(signum).name}; killed (SIGKILL)", file=self.out, flush=True)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, sig)
+                end = time.monotonic() + wait
+                while any(self._running(p) for p in live) and time.monotonic() < end:
+                    time.sleep(0.05)
+            release_dead_holders_lock(self.plan.storage)
+            return fail_orphaned_trials(study, list(self.started), retry=False)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
 
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
-    """Create (or load) the study and run it; returns the exit code: 0, 1 when a worker crashed or
-    every trial of this command failed, 128 + the signal when one stopped it (130 Ctrl-C, 143 SIGTERM)."""
+    """Create (or load) the study and run it; returns the exit code: 0; 1 when a worker or the
+    forkserver died or every trial of this command failed; 128 + the signal that stopped it."""
     try:
         with sigterm_interrupts():
             Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
@@ -250,7 +253,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
         watcher.start()
         try:
-            work(plan, LocalTickets(plan.n_trials))
+            work(plan, Tickets(mp.Value("i", plan.n_trials)))
         except KeyboardInterrupt as exc:
             stopped_by = Interrupted.signal_of(exc)
         finally:
@@ -269,7 +272,14 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
                 workers.reap(study)
             except KeyboardInterrupt as exc:
                 stopped_by = Interrupted.signal_of(exc)
-                workers.interrupt(study, stopped_by)
+                workers.stop(study, stopped_by)
+            except HelperDied:
+                failed = workers.stop(study, signal.SIGTERM)
+                workers.crashed.append("the forkserver")
+                print(f"error: the forkserver process that starts this command's workers died; the study was "
+                      f"stopped: its workers stopped (SIGTERM), their running trials FAIL as lost "
+                      f"({sorted(failed) or 'each worker failed its own'}), and the next `fsmtrain hpo` on the "
+                      f"study retries them", file=out, flush=True)
         crashed = workers.crashed
     monitor.poll()
     counts = monitor.finish(plan, interrupted=stopped_by is not None)

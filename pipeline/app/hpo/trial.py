@@ -1,20 +1,9 @@
 """One trial of a study: its parameters set in the config, each seed an ordinary, audited run.
 
-Semantics (DESIGN.md section 8):
-
-- the trial's value is the mean over its seeds of the run objective (best finite ``val_loss``);
-- a seed that diverges (NaN stop, or no finite objective) makes the value ``inf`` (``-inf`` when
-  maximizing: the worst), the trial COMPLETE with the NaN recorded in its ``seed_objectives`` user
-  attribute, and the remaining seeds do not run;
-- the first seed reports each epoch to the trial (pruning); a pruned run ends through
-  ``train_end`` and ``optuna.TrialPruned`` is raised after it, so teardown always ran;
-- an exception FAILs the trial with the traceback in the ``traceback`` user attribute (the study
-  goes on); a signal in a run, or between two seeds, FAILs it as lost and stops the study (the
-  next ``fsmtrain hpo`` retries it, each seed resuming from its checkpoint; see
-  :mod:`fsmtrain.app.hpo.worker`).
-
-Each seed runs in ``<study dir>/trial-<n>-seed<s>/``; its ``run_start`` event carries
-``hpo: {study, trial, params, retry_of}`` and the trial's ``run_dirs`` attribute names the dirs.
+The value is the mean of the seeds' objectives; a diverged seed makes it the worst value (the NaN
+kept in ``seed_objectives``) and ends the trial; the first seed reports each epoch for pruning; an
+exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8).
+Each seed runs in ``<study dir>/trial-<n>-seed<s>/``, named by the trial's ``run_dirs`` attribute.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
 from fsmtrain.app.hpo.recovery import LOST_ATTR, worker_identity
-from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR, previous_run_dirs, retried_trial
+from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.app.rundir import in_use
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import jsonable
@@ -98,6 +87,15 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
 
 
+def _retry_of(trial: optuna.trial.Trial) -> tuple[int | None, dict[int, Path]]:
+    """The number of the trial this one retries (set by Optuna's retry callback), and its run dirs."""
+    number = trial.storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+    if not isinstance(number, int):
+        return None, {}
+    dirs = trial.user_attrs.get(RUN_DIRS_ATTR)
+    return number, {int(seed): Path(path) for seed, path in dirs.items()} if isinstance(dirs, Mapping) else {}
+
+
 def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: int) -> Path | None:
     """A retried trial inherits the run dirs of the trial whose worker died: a seed whose run there
     committed a checkpoint continues from it in place (its log shows the ``resume``); otherwise the
@@ -152,8 +150,7 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     run_dirs: dict[str, str] = {}
     try:
         trial.set_user_attr(WORKER_ATTR, worker_identity(plan.launch))
-        retry_of = retried_trial(trial)
-        previous = previous_run_dirs(trial)
+        retry_of, previous = _retry_of(trial)
         params = {path: suggest(trial, path, p) for path, p in plan.space.items()}
         cfg = trial_config(plan, params)
         hpo = {"study": plan.study, "trial": trial.number, "params": params, "retry_of": retry_of}

@@ -1,10 +1,8 @@
 """One worker of a study: one trial a ticket, until the tickets or the time run out.
 
-A worker handles SIGINT and SIGTERM (:mod:`fsmtrain.core.signals`) while it runs trials, so a
-signal never lands in a storage write. In a run, the run ends INTERRUPTED and its trial FAILs as
-lost (the next ``fsmtrain hpo`` retries it from its checkpoints); after the trial's last run ended
-for its own reason, the trial keeps its outcome; either way no further trial starts, and the worker
-raises :class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
+A worker catches SIGINT and SIGTERM, so a signal never lands in a storage write: a trial it stops
+FAILs as lost (the next ``fsmtrain hpo`` retries it), no further trial starts, and the worker raises
+:class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
 """
 
 from __future__ import annotations
@@ -14,43 +12,42 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from fsmtrain.app.config import build_pruner, build_sampler
-from fsmtrain.app.hpo.plan import StudyPlan
+from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
 from fsmtrain.app.hpo.recovery import reclaim, worker_identity
 from fsmtrain.app.hpo.seeds import claim_sampler_seed
-from fsmtrain.app.hpo.storage import open_storage
-from fsmtrain.app.hpo.trial import run_trial
+from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec, open_storage
+from fsmtrain.app.hpo.trial import TrialPlan, run_trial
 from fsmtrain.core.signals import caught
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["INTERRUPTED", "LocalTickets", "SharedTickets", "Tickets", "ended_elsewhere", "quiet_optuna", "work",
-           "worker_main"]
+__all__ = ["INTERRUPTED", "StudyPlan", "Tickets", "ended_elsewhere", "quiet_optuna", "work", "worker_main"]
 
 INTERRUPTED = 130
 
 
-class Tickets(Protocol):
-    def take(self) -> bool: ...
+@dataclass(frozen=True)
+class StudyPlan:
+    """What one ``fsmtrain hpo`` command runs: the study, its storage, its budget and its workers."""
+
+    trial: TrialPlan
+    storage: StorageSpec
+    heartbeat: Heartbeat | None
+    optimize: OptimizeConfig
+    n_trials: int
+    deadline: float | None  # time.time() after which no trial starts
+    workers: int
+    config: str  # the config file as given, for the printed commands
+    prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
 
 
-class LocalTickets:
-    def __init__(self, n: int) -> None:
-        self.left = n
-
-    def take(self) -> bool:
-        if self.left <= 0:
-            return False
-        self.left -= 1
-        return True
-
-
-class SharedTickets:
-    """A count shared by the worker processes of one command (a ``multiprocessing.Value``)."""
+class Tickets:
+    """The trials a command may still start: a ``multiprocessing.Value`` its workers share."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -61,10 +58,6 @@ class SharedTickets:
                 return False
             self.value.value -= 1
             return True
-
-
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.time() >= deadline
 
 
 def quiet_optuna() -> None:
@@ -99,13 +92,9 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
     trials running elsewhere, whose retries it may still have to run. A caught signal raises
     :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
     with caught(escalate=False) as signals:
-        stop_here = signals.raise_if_signalled if signals is not None else _go_on
+        stop_here = signals.raise_if_signalled if signals is not None else lambda: None  # off the main thread
         _run_trials(plan, tickets, index, stop_here)
         stop_here()  # a signal after the last trial ended: the command still ends interrupted
-
-
-def _go_on() -> None:
-    """Off the main thread no signals are caught, and the process's own handlers stay."""
 
 
 def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
@@ -129,7 +118,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
 
-    while not _past(plan.deadline):
+    while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
         if exhausted():
@@ -151,7 +140,11 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
                 continue
         if not tickets.take():
             reclaim_gone()
-            _say_retries_left(study)
+            waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+            if waiting:  # retries this command leaves for the next one
+                print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this "
+                      "command has run its --n-trials; `fsmtrain hpo` again on the study runs them",
+                      file=sys.stderr, flush=True)
             return
         taken: list[int] = []
         try:
@@ -185,19 +178,9 @@ def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
             f"{then}; its run keeps what it trained (its log says where it stopped); this worker goes on")
 
 
-def _say_retries_left(study: optuna.study.Study) -> None:
-    """A worker with no trial left says which retries it leaves waiting for the next worker."""
-    from optuna.trial import TrialState
-
-    waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
-    if waiting:
-        print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this command has "
-              "run its --n-trials; `fsmtrain hpo` again on the study runs them", file=sys.stderr, flush=True)
-
-
 def worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
     try:
-        work(plan, SharedTickets(shared), index)
+        work(plan, Tickets(shared), index)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)
 
