@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fsmtrain.app import run_commands
-from fsmtrain.app.run_commands import ExitCode, UsageError, config_args, exit_code_for, load_config_of, print_warnings
+from fsmtrain.app.arg_types import config_args
+from fsmtrain.app.run_commands import ExitCode, UsageError, exit_code_for, load_config_of, print_warnings
 
 __all__ = ["ExitCode", "UsageError", "build_parser", "exit_code_for", "main"]
 

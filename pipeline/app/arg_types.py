@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_float", "positive_int"]
+__all__ = ["config_args", "positive_float", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -28,3 +28,10 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}")
     return value
+
+
+def config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="path to the YAML run config")
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
+                   help="override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")
+    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")

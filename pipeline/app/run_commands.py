@@ -18,7 +18,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.arg_types import positive_int
+from fsmtrain.app.arg_types import config_args, positive_int
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fsmtrain.app.job import SeedRun
     from fsmtrain.app.launch import ElasticAttempt
 
-__all__ = ["ExitCode", "UsageError", "cmd_resume", "cmd_train", "config_args", "exit_code_for", "load_config_of",
+__all__ = ["ExitCode", "UsageError", "cmd_resume", "cmd_train", "exit_code_for", "load_config_of",
            "print_warnings", "register_cli", "worst"]
 
 
@@ -63,13 +63,6 @@ def _severity(code: ExitCode) -> int:
 def worst(codes: Sequence[ExitCode]) -> ExitCode:
     """The status of a command that ran several seeds: the most severe of theirs (OK for none)."""
     return max(codes, key=_severity, default=ExitCode.OK)
-
-
-def config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="path to the YAML run config")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
-                   help="override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")
-    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:

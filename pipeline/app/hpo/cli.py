@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from fsmtrain.app.arg_types import positive_float, positive_int
-from fsmtrain.app.commands import config_args
+from fsmtrain.app.arg_types import config_args, positive_float, positive_int
 
 __all__ = ["cmd_hpo", "register_cli"]
 
