@@ -196,7 +196,7 @@ def test_a_start_killed_before_the_run_began_is_continued_in_the_same_folder(tmp
         work = tmp_path / ("resume" if extra else "train")
         work.mkdir()
         proc = fsmtrain("train", str(QUICK), *sets, *slow, cwd=work)
-        wait_for(lambda work=work: (work / RUN / ".lock").exists(), proc)  # claimed; its callbacks build
+        wait_for(lambda work=work: (work / RUN / "config.yaml").exists(), proc)  # claimed; its callbacks build
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert _files(work / RUN) == [LOCK_FILE, "config.yaml"] or (work / RUN / ".lock").exists()

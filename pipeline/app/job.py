@@ -182,12 +182,19 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
 
     claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
     path = claim.path if isinstance(claim, RunDirClaim) else claim
+
+    def write_config() -> None:
+        if collective is None or collective.rank == 0:  # rank 0 owns the run dir and what is in it
+            atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
+
     try:
+        if not resume:  # a new folder says at once what it was claimed for, while the callbacks build
+            write_config()
         callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
         if header is not None:
             header.say(claim, resume)
-        if collective is None or collective.rank == 0:  # rank 0 owns the run dir and what is in it
-            atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
+        if resume:  # rewritten only once the resumed run's parts are all built
+            write_config()
         cleared = {"reused_run_dir": list(claim.cleared)} if isinstance(claim, RunDirClaim) and claim.cleared else {}
         trainer = Trainer(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
