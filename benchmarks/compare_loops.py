@@ -21,7 +21,11 @@ equivalent and are not reproduced by hand: they are fsmtrain-only work inside ``
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -104,7 +108,30 @@ def raw(job: Job) -> dict[str, Any]:
     return {}
 
 
-def raw_all(job: Job) -> dict[str, Any]:
+def _durable_save(state: dict[str, Any], path: Path, commits: Any) -> None:
+    """What fsmtrain does for each checkpoint, by hand: sha256 of the bytes, a temp file fsync'd and
+    renamed over the old one, the folder fsync'd, and an fsync'd commit line naming the digest."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getbuffer()
+    digest = hashlib.sha256(data).hexdigest()
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    commits.write(json.dumps({"event": "checkpoint_committed", "path": path.name, "sha256": digest}) + "\n")
+    commits.flush()
+    os.fsync(commits.fileno())
+
+
+def raw_all(job: Job, durable: bool = False) -> dict[str, Any]:
     import wandb
 
     trial = _trial()
@@ -129,15 +156,25 @@ def raw_all(job: Job) -> dict[str, Any]:
         run.log({"train_loss": train_loss, "val_loss": val_loss, "lr": job.optimizer.param_groups[0]["lr"],
                  "max_grad_norm": max_grad_norm}, step=epoch)
         t0 = time.perf_counter()
-        torch.save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}, ckpt)
+        state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
+        if durable:
+            _durable_save(state, ckpt, commits)
+        else:
+            torch.save(state, ckpt)
         saves.append(time.perf_counter() - t0)
         return bad >= job.patience
 
+    commits = open(job.scratch / "commits.jsonl", "a")  # noqa: SIM115 (closed below, beside W&B)
     try:
         _raw_epochs(job, per_epoch)
     finally:
         run.finish()
+        commits.close()
     return {"stall_ms": 1e3 * statistics.median(saves[1:] or saves)}
+
+
+def raw_all_durable(job: Job) -> dict[str, Any]:
+    return raw_all(job, durable=True)
 
 
 # --- fsmtrain -------------------------------------------------------------------------------------
@@ -389,6 +426,8 @@ def lightning_all(job: Job) -> dict[str, Any]:
 LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] = {
     "raw": (raw, "raw PyTorch loop", ()),
     "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
+    "raw_all_durable": (raw_all_durable, "raw_all + fsmtrain's durability by hand (sha256, fsync, rename, commit)",
+                        ("wandb", "optuna")),
     "fsm": (fsm, "fsmtrain core, no callbacks", ("fsmtrain.app.trainer",)),
     "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)

@@ -23,7 +23,7 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "compare.py"), "--quick", "--rounds", "1", "--scale", "0.02",
-         "--frameworks", "raw,fsm,raw_all,fsm_all", "--workloads", "tiny", "--cli-runs", "0",
+         "--frameworks", "raw,fsm,raw_all,raw_all_durable,fsm_all", "--workloads", "tiny", "--cli-runs", "0",
          "--output", str(out), "--json", str(raw)],
         env=env, capture_output=True, text=True, timeout=380, cwd=tmp_path,
     )
@@ -31,24 +31,28 @@ def test_compare_smoke_run_writes_the_report(tmp_path: Path) -> None:
     report = out.read_text(encoding="utf-8")
     assert report.startswith("# fsmtrain vs raw PyTorch, Ignite and Lightning")
     for heading in ("## Machine", "## Summary: ratio of steady-state time", "## tiny: ", "## How to read it",
-                    "### The same, from the 10th percentile of each run's steady epoch times"):
+                    "### The same, from the 10th percentile of each run's steady epoch times",
+                    "### The whole fit (`fit` called to returned", "### Against `raw_all_durable`"):
         assert heading in report
     assert re.search(r"versions: torch \S+", report)
     # what the machine gives at once: on a VM less than its cores, and background threads are not free
     assert re.search(r"- CPU capacity before/after: \d+\.\d\d / \d+\.\d\d CPUs", report)
     assert "Final weights: identical in every framework and round (sha256 `" in report
     # summary: one row for the core ratio, with a number and the per-epoch difference
-    # (the summary and its 10th-percentile twin: one row each)
+    # (the summary, its 10th-percentile twin and the whole fit: one row each)
     core = re.findall(r"^\| fsmtrain core, no callbacks / raw \| \d+\.\d\d \([+-]\d+\.\d\d ms/epoch\) \|$",
                       report, re.M)
-    assert len(core) == 2, report
+    assert len(core) == 3, report
+    # the nine against the loop that does fsmtrain's durability by hand: steady and whole fit
+    ms = r"\d+\.\d\d \([+-]\d+\.\d\d ms/epoch\)"
+    assert re.search(rf"^\| fsmtrain \+ nine built-ins / raw_all_durable \| {ms}; {ms} \|$", report, re.M), report
     rows = [line for line in report.splitlines() if line.startswith(("| raw PyTorch loop |", "| fsmtrain core"))]
     detail = [r for r in rows if r.count("|") == 13]
     assert len(detail) == 2, rows  # raw and fsm, twelve columns each
     assert detail[0].split("|")[2].strip() == "1.000"  # raw against itself
     data = json.loads(raw.read_text())
     runs = {r["framework"]: r for r in data["results"]}
-    assert set(runs) == {"raw", "fsm", "raw_all", "fsm_all"}, proc.stderr[-3000:]
+    assert set(runs) == {"raw", "fsm", "raw_all", "raw_all_durable", "fsm_all"}, proc.stderr[-3000:]
     assert len({r["sha256"] for r in runs.values()}) == 1  # the same final weights everywhere
     assert all(r["rss_mb"] > 0 and 0 < r["epoch_p10_ms"] <= r["epoch_ms"] * 1.5 for r in runs.values())
     assert "skipping" not in proc.stderr  # only raw and fsmtrain were asked for: no peer to skip
