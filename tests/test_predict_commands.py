@@ -55,9 +55,9 @@ def mae(output, target):
     return (output - target).abs().mean()
 '''
 
-CONFIG = {"project": "p", "name": "reg", "num_threads": 1, "data": "mydata.build", "net": "fsmtrain.training.models.MLP",
-          "net_config": {"in_features": 4, "out_features": 2, "hidden": [8]}, "criterion": "torch.nn.MSELoss",
-          "metrics": {"val_mae": "mydata.mae"}, "epochs": 2, "batch_size": 8, "wandb": {"enabled": False}}
+CONFIG = {"project": "p", "name": "reg", "num_threads": 1, "data": "mydata.build", "epochs": 2, "batch_size": 8,
+          "net": "fsmtrain.training.models.MLP", "net_config": {"in_features": 4, "out_features": 2, "hidden": [8]},
+          "criterion": "torch.nn.MSELoss", "metrics": {"val_mae": "mydata.mae"}, "wandb": {"enabled": False}}
 
 
 def _env() -> dict[str, str]:
