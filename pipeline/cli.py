@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
 _USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
-                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"))
+                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"),
+                ("fsmtrain.training.inference", "InferenceError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:

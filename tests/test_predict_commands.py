@@ -48,7 +48,11 @@ def other(*, batch_size, seed, n=23):
 def keyed(*, batch_size, seed):
     x, y = rows(16, 0)
     data = [{"x": x[i], "y": y[i]} for i in range(16)]
-    return DataLoader(data, batch_size=batch_size), None
+    return DataLoader(data, batch_size=batch_size), DataLoader(data, batch_size=batch_size)
+
+
+def no_val(*, batch_size, seed):
+    return DataLoader(TensorDataset(*rows(16, 0)), batch_size=batch_size), None
 
 
 def mae(output, target):
@@ -162,7 +166,14 @@ def test_predict_and_evaluate_refuse_user_mistakes_in_one_line(world: dict[str, 
     out = _fsmtrain("evaluate", run, "--set", "net_config.hidden=[3]", cwd=here, code=2)
     _one_line(out, "fsmtrain evaluate: --set net_config.hidden=[3]: evaluate may change only data, data_config, "
                    "batch_size, device, num_threads; the model and its training are the run's")
-    _fsmtrain("predict", run, "--out", tmp_path / "no" / "p.pt", cwd=here, code=2)
+    out = _fsmtrain("predict", run, "--out", tmp_path / "no" / "p.pt", cwd=here, code=2)
+    _one_line(out, f"fsmtrain predict: --out {tmp_path / 'no' / 'p.pt'}: the folder {tmp_path / 'no'} does not exist")
+    out = _fsmtrain("evaluate", run, "--data", "mydata.no_val", cwd=here, code=2)
+    _one_line(out, "fsmtrain evaluate: there is no data to run over: the data builder gave no val loader; name a "
+                   "builder whose val loader has the examples")
+    out = _fsmtrain("predict", run, "--data", "mydata.keyed", "--out", "p.pt", cwd=here, code=2)
+    _one_line(out, "fsmtrain predict: val batch 0 of the data: a batch must be (inputs, targets) or a mapping with "
+                   "'inputs' and 'targets'; got dict")
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     best = copy / "checkpoints" / "best.pt"
@@ -188,6 +199,18 @@ def test_a_batch_that_breaks_the_contract_is_named_by_validate_data_and_prefligh
     out = _fsmtrain("validate", config, "--set", "net_config.in_features=5", "--data", cwd=world["elsewhere"], code=2)
     assert "net: expected a net that takes the data's first training batch; found the step failed at the forward " \
            "of fsmtrain.training.models.MLP, in module net.0 " in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_without_a_best_checkpoint_predicts_with_its_latest_and_says_so(world: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    _fsmtrain("train", world["project"] / "reg.yaml", "--set", "checkpoint.save_best=false", "--set", "epochs=1",
+              "--run-dir", tmp_path, cwd=world["elsewhere"])
+    run = tmp_path / "reg-seed0"
+    out = _fsmtrain("predict", run, "--out", tmp_path / "p.pt", cwd=world["elsewhere"])
+    _one_line(out, f"note: {run} committed no best checkpoint (checkpoint.save_best off): using the latest")
+    assert _predictions(tmp_path / "p.pt")["checkpoint"] == "checkpoints/latest.pt"
 
 
 def test_trainer_predict_keeps_dataset_order_over_its_val_data_or_any(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ import io
 import json
 import sys
 from collections.abc import Callable, Sized
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,16 +26,13 @@ __all__ = ["cmd_evaluate", "cmd_predict", "register_cli"]
 _MAY_SET = ("data", "data_config", "batch_size", "device", "num_threads")
 
 
-@dataclass(frozen=True)
-class _Loaded:
-    cfg: RunConfig
-    trainer: Trainer
-    checkpoint: str  # as the log names it
-    sha256: str
-    lead: bool  # rank 0 (or the only process): prints and writes
+# What a command's work gets: the Trainer over the data, what the output says of where it came from, and
+# whether this process leads (the only one, or rank 0: it prints and writes).
+Work = Callable[["Trainer", dict[str, str], bool], None]
 
-    def said(self, args: argparse.Namespace) -> str:
-        return f"{args.run_dir} (checkpoint {self.checkpoint}) on the val data of {self.cfg.data}"
+
+def _said(about: dict[str, str]) -> str:
+    return f"{about['run_dir']} (checkpoint {about['checkpoint']}) on the val data of {about['data']}"
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -71,7 +67,7 @@ def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
     return run_dir / found.path, found.path, found.sha256
 
 
-def _on_ranks(args: argparse.Namespace, work: Callable[[_Loaded], None]) -> int:
+def _on_ranks(args: argparse.Namespace, work: Work) -> int:
     """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data
     (one rank of several under torchrun: the group is left once the objects that hold it are gone)."""
     from fsmtrain.app.config import load_run_config
@@ -88,82 +84,77 @@ def _on_ranks(args: argparse.Namespace, work: Callable[[_Loaded], None]) -> int:
                 f"holds no {need}"
             raise UsageError(f"{run_dir} {found}: expected the run directory of an fsmtrain run "
                              "(runs/<project>/<name>-seed<s>)")
+    for option in ("--out", "--json"):
+        target = Path(getattr(args, option[2:], None) or ".")
+        if not target.parent.is_dir():
+            raise UsageError(f"{option} {target}: the folder {target.parent} does not exist")
     path, shown, sha = _checkpoint(run_dir, args.checkpoint)
     cfg = load_run_config(run_dir, _overrides(args))  # with the folders the run's own modules came from
     try:
         state = load_checkpoint(path, expected_sha256=sha)
     except CheckpointError as exc:
         raise UsageError(f"--checkpoint {args.checkpoint}: {exc}") from None
+    about = {"run_dir": str(run_dir), "checkpoint": shown, "checkpoint_sha256": sha, "data": cfg.data}
     collective = join_ranks(cfg.distributed, cfg.device)
     try:
-        _run(cfg, recorded_start(run_dir).seed, state, collective, work, shown, sha)
+        _run(cfg, recorded_start(run_dir).seed, state["model"], collective, lambda t, lead: work(t, about, lead))
     finally:
         leave_ranks(collective)
     return int(ExitCode.OK)
 
 
-def _run(cfg: RunConfig, seed: int, state: dict[str, Any], collective: Any, work: Callable[[_Loaded], None], shown: str,
-         sha: str) -> None:
+def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callable[[Trainer, bool], None]) -> None:
     from fsmtrain.app.job import build_parts
     from fsmtrain.app.trainer import Trainer
 
     parts = build_parts(cfg, seed)  # the run's seed: a builder's own split or order is the run's
-    parts.model.load_state_dict(state["model"])
+    parts.model.load_state_dict(weights)
     trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
                       metrics=parts.metrics, device=cfg.device, precision=cfg.precision, collective=collective,
                       default_callbacks=False)
     try:
-        work(_Loaded(cfg, trainer, shown, sha, collective is None or collective.rank == 0))
+        work(trainer, collective is None or collective.rank == 0)
     finally:
         trainer.close()
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: the folder {out.parent} does not exist")
+def _write(option: str, path: str, data: bytes) -> None:
+    from fsmtrain.training.checkpoint_file import atomic_write_bytes
 
-    def work(got: _Loaded) -> None:
+    try:
+        atomic_write_bytes(Path(path), data)
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot write it: {exc.strerror or exc}") from None
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         import torch
 
-        from fsmtrain.training.checkpoint_file import atomic_write_bytes
-
-        outputs = got.trainer.predict()
-        if not got.lead:
-            return
-        buffer = io.BytesIO()
-        torch.save({"predictions": outputs, "run_dir": str(args.run_dir), "checkpoint": got.checkpoint,
-                    "checkpoint_sha256": got.sha256, "data": got.cfg.data}, buffer)
-        try:
-            atomic_write_bytes(out, buffer.getvalue())
-        except OSError as exc:
-            raise UsageError(f"--out {out}: cannot write it: {exc.strerror or exc}") from None
-        rows = len(outputs) if isinstance(outputs, torch.Tensor) else "the"
-        print(f"wrote {rows} predictions of {got.said(args)} to {out}")
+        outputs = trainer.predict()
+        if lead:
+            buffer = io.BytesIO()
+            torch.save({"predictions": outputs, **about}, buffer)
+            _write("--out", args.out, buffer.getvalue())
+            rows = len(outputs) if isinstance(outputs, torch.Tensor) else "the"
+            print(f"wrote {rows} predictions of {_said(about)} to {args.out}")
 
     return _on_ranks(args, work)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    def work(got: _Loaded) -> None:
+    def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         from fsmtrain.training.inference import run_over
 
-        trainer = got.trainer
         metrics = run_over(trainer.driver, trainer.run, trainer.collective, keep=False).metrics
-        if not got.lead:
-            return
         dataset = getattr(trainer.driver.val_loader, "dataset", None)
         examples = len(dataset) if isinstance(dataset, Sized) else None
-        print(f"{got.said(args)}" + (f", {examples} examples" if examples is not None else "") + ":")
-        for name, value in metrics.items():
-            print(f"  {name} {value:.6g}")
-        if args.json:
-            record = {"run_dir": str(args.run_dir), "checkpoint": got.checkpoint, "checkpoint_sha256": got.sha256,
-                      "data": got.cfg.data, "examples": examples, "metrics": metrics}
-            try:
-                Path(args.json).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(f"--json {args.json}: cannot write it: {exc.strerror or exc}") from None
+        if lead:
+            print(_said(about) + (f", {examples} examples" if examples is not None else "") + ":")
+            print("\n".join(f"  {name} {value:.6g}" for name, value in metrics.items()))
+            if args.json:
+                record = {**about, "examples": examples, "metrics": metrics}
+                _write("--json", args.json, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
 
     return _on_ranks(args, work)
 
