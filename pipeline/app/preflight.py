@@ -88,8 +88,8 @@ def _batch_error(cfg: RunConfig, found: str) -> ConfigError:
 
 
 def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[Any, Any, Any, torch.Tensor]:
-    """The first training batch through forward and loss: inputs, targets, output, loss. A batch that
-    cannot be read or breaks the contract is a ConfigError naming the data builder."""
+    """The first training batch through forward, loss and backward: inputs, targets, output, loss. A
+    batch that cannot be read or breaks the contract is a ConfigError naming the data builder."""
     try:
         batch = next(iter(parts.train_loader))
     except StopIteration:
