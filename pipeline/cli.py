@@ -30,11 +30,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_study(cfg, args.config)
     from fsmtrain.app.config.checks import check_builds
 
-    built, data = check_builds(cfg, data=args.data)  # what train would reject when it builds, found now
+    built, data = check_builds(cfg)  # what train would reject when it builds, found now
+    if args.data:  # the data builder called once, its first batch through the step on the CPU
+        from fsmtrain.app.preflight import check_first_batch
+
+        data = check_first_batch(cfg)
     print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs} epochs, net {cfg.net}, "
           f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s)); built {', '.join(built)} and {data}; "
-          f"no batch was run: `fsmtrain preflight {args.config}` runs one step")
+          f"{'' if args.data else 'no batch was run: '}`fsmtrain preflight {args.config}` runs one step")
     return int(ExitCode.OK)
 
 
@@ -71,7 +75,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 _PLUGINS = ("fsmtrain.tools.diagrams.cli", "fsmtrain.tools.audit.cli", "fsmtrain.tools.replay.cli",
-            "fsmtrain.tools.report.cli", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report")
+            "fsmtrain.tools.report.cli", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report",
+            "fsmtrain.app.predict")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
     config_args(p)
     p.add_argument("--data", action="store_true",
-                   help="also call the data builder once (a missing data file is then found here, exit 2)")
+                   help="also call the data builder once and run its first batch through the step on the CPU "
+                        "(a missing data file or a batch the step cannot take is then found here, exit 2)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("preflight", help="build everything and run one forward/backward/optimizer step")
@@ -105,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 # A user's mistake, reported in one line: (module, error class). Checked without importing the
 # modules: if one was never imported, nothing raised its error.
 _USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
-                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"))
+                ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"),
+                ("fsmtrain.training.inference", "InferenceError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:

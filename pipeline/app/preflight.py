@@ -1,12 +1,14 @@
 """``fsmtrain preflight``: build everything a config names and run one training step on one batch,
 reporting shapes, parameter counts, finiteness and the callback order. A stage that fails is named in
-one message (for a forward, the innermost module and the shapes it got); exit 4, no traceback.
+one message (for a forward, the innermost module and the shapes it got); exit 4, no traceback. A first
+batch that breaks the batch contract is the data's mistake: a ConfigError (exit 2), here and in
+``validate --data``, which runs that batch through the step on the CPU.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO, TypeVar
 
@@ -15,18 +17,26 @@ from torch import nn
 
 from fsmtrain.app.config import RunConfig
 from fsmtrain.app.config.checks import batches, checked_callbacks
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.defaults import console_callbacks
-from fsmtrain.app.job import build_parts
+from fsmtrain.app.job import RunParts, build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
 
-__all__ = ["PreflightFailed", "run_preflight", "shape_of"]
+__all__ = ["BATCH_CONTRACT", "PreflightFailed", "check_first_batch", "run_preflight", "shape_of"]
 
 T = TypeVar("T")
 
 
+BATCH_CONTRACT = "batches that are (inputs, targets) or a mapping with 'inputs' and 'targets'"
+
+
 class PreflightFailed(Exception):
     """One stage of the step failed; ``str()`` is the one-line report."""
+
+    def __init__(self, stage: str, text: str) -> None:
+        super().__init__(f"preflight FAILED at the {text}")
+        self.stage, self.text = stage, text
 
 
 def shape_of(x: Any) -> str:
@@ -34,6 +44,8 @@ def shape_of(x: Any) -> str:
         return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
     if isinstance(x, (tuple, list)):
         return "(" + ", ".join(shape_of(v) for v in x) + ")"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k!r}: {shape_of(v)}" for k, v in x.items()) + "}"
     return type(x).__name__
 
 
@@ -67,24 +79,30 @@ def _stage(name: str, fn: Callable[[], T], detail: Callable[[], str] = lambda: "
     except Exception as exc:  # torch's words, in one line, with where it happened
         where = detail()
         text = " ".join(str(exc).split())
-        raise PreflightFailed(f"preflight FAILED at the {name}{where}: {type(exc).__name__}: {text}") from None
+        raise PreflightFailed(name, f"{name}{where}: {type(exc).__name__}: {text}") from None
 
 
-def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
-    """Print the preflight report; True when the step ran and everything is finite. A stage that
-    fails raises :class:`PreflightFailed`."""
-    # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
-    # the data builder, called once, whose failure (a missing file) names it.
-    callbacks = checked_callbacks(cfg, extra=console_callbacks())  # train adds the console's too
-    parts = build_parts(cfg, cfg.seeds[0])
-    model, device = parts.model, torch.device(cfg.device)
-    n_params = sum(p.numel() for p in model.parameters())
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    batch = _stage("first training batch", lambda: next(iter(parts.train_loader)))
-    inputs, targets = _stage("first training batch", lambda: split_batch(batch))
+def _batch_error(cfg: RunConfig, found: str) -> ConfigError:
+    return ConfigError([ConfigProblem("data", BATCH_CONTRACT,
+                                      f"{cfg.data}'s first training batch {found}")], cfg.source_of("data"))
+
+
+def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[Any, Any, Any, torch.Tensor]:
+    """The first training batch through forward, loss and backward: inputs, targets, output, loss. A
+    batch that cannot be read or breaks the contract is a ConfigError naming the data builder."""
+    try:
+        batch = next(iter(parts.train_loader))
+    except StopIteration:
+        raise _batch_error(cfg, "is missing: the training loader is empty") from None
+    except Exception as exc:
+        raise _batch_error(cfg, f"could not be read: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    try:
+        inputs, targets = split_batch(batch)
+    except TypeError:
+        raise _batch_error(cfg, f"is {type(batch).__name__} {shape_of(batch)}") from None
     inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
     targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
-    model.train()
+    model = parts.model.train()
     stack: list[tuple[str, nn.Module, str]] = []
 
     def in_module() -> str:
@@ -98,6 +116,36 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     loss = _stage("loss", lambda: parts.criterion(output, targets),
                   lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
     _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
+    return inputs, targets, output, loss
+
+
+def check_first_batch(cfg: RunConfig) -> str:
+    """``validate --data``: the data builder called once, its first training batch through the step
+    (forward, loss, backward) on the CPU; a stage that fails is a ConfigError naming it. What was done."""
+    parts = build_parts(cfg, cfg.seeds[0])
+    parts.model.cpu()
+    try:
+        inputs, _, output, loss = _first_step(cfg, parts, torch.device("cpu"))
+    except PreflightFailed as exc:
+        at = "net" if exc.stage == "forward" else "criterion"
+        raise ConfigError([ConfigProblem(at, f"a {at} that takes the data's first training batch",
+                                         f"the step failed at the {exc.text}")], cfg.source_of(at)) from None
+    return (f"called the data builder (batches: train {batches(parts.train_loader)}, val {batches(parts.val_loader)}) "
+            f"and ran its first training batch through the step on the CPU (input {shape_of(inputs)}, output "
+            f"{shape_of(output)}, loss {float(loss.detach()):.6g})")
+
+
+def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
+    """Print the preflight report; True when the step ran and everything is finite. A stage that
+    fails raises :class:`PreflightFailed`."""
+    # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
+    # the data builder, called once, whose failure (a missing file) names it.
+    callbacks = checked_callbacks(cfg, extra=console_callbacks())  # train adds the console's too
+    parts = build_parts(cfg, cfg.seeds[0])
+    model, device = parts.model, torch.device(cfg.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    inputs, targets, output, loss = _first_step(cfg, parts, device)
     grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
     missing = [n for n, g in grads if g is None]
     bad = [n for n, g in grads if g is not None and not bool(torch.isfinite(g).all())]

@@ -37,6 +37,7 @@ from fsmtrain.training.distributed import (
     wrap_model,
 )
 from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
+from fsmtrain.training.inference import run_over
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
@@ -238,6 +239,11 @@ class Trainer:
             return result
         finally:
             self.close()
+
+    def predict(self, data: Iterable[Any] | None = None) -> Any:
+        """The model's outputs over ``data`` (default: the val data) through the validation step, one
+        row per example in dataset order, gathered across the ranks (every rank gets them all)."""
+        return run_over(self.driver, self.run, self.collective, data).outputs
 
     def _write_outputs(self, run: RunContext, finished: bool) -> None:
         """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the

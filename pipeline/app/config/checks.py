@@ -112,9 +112,9 @@ def _fits(value: Any, want: type) -> bool:
     return isinstance(value, want)
 
 
-def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]:
-    """What ``validate`` builds (with ``data``, it calls the data builder once); returns what was built
-    and what was done with the data, for the summary line."""
+def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
+    """What ``validate`` builds, and what it did with the data (its builder's arguments checked), for the
+    summary line; ``validate --data`` also runs the first batch (:func:`fsmtrain.app.preflight.check_first_batch`)."""
     import torch
 
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")
@@ -131,8 +131,5 @@ def check_builds(cfg: RunConfig, *, data: bool = False) -> tuple[list[str], str]
     checked_callbacks(cfg)
     if cfg.callbacks.extra:
         built.append("extra callbacks")
-    if not data:
-        check_data_arguments(cfg, cfg.seeds[0])
-        return built, "checked the data builder's arguments (the data was not built: --data builds it)"
-    train, val = check_data(cfg, cfg.seeds[0])
-    return built, f"called the data builder (batches: train {batches(train)}, val {batches(val)})"
+    check_data_arguments(cfg, cfg.seeds[0])
+    return built, "checked the data builder's arguments (the data was not built: --data builds it)"

@@ -1,0 +1,101 @@
+"""A model over data in dataset order: the run's validation step (the driver's ``val_batch``, whose
+forward is the one a user's step replaces) on every batch, its outputs kept row by row and gathered
+across the ranks (``fsmtrain predict`` and ``evaluate``, ``Trainer.predict``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from fsmtrain.core.context import EpochContext, RunContext, ValStepContext
+from fsmtrain.training.distributed import TorchCollective, shard_val_loader
+from fsmtrain.training.driver import TorchDriver
+
+__all__ = ["Inference", "InferenceError", "run_over"]
+
+
+class InferenceError(ValueError):
+    """Data or outputs that cannot be run over or kept row by row (one line, exit 2)."""
+
+
+class Inference(NamedTuple):
+    outputs: Any  # a tensor (or a tuple, list or mapping of them) with one row per example; None if not kept
+    metrics: dict[str, float]  # val_loss and the metrics, over every example on every rank
+
+
+def _tree(fn: Callable[[torch.Tensor], Any], x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, Mapping):
+        return {k: _tree(fn, v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return [_tree(fn, v) for v in x] if isinstance(x, list) else tuple(_tree(fn, v) for v in x)
+    raise InferenceError(f"a prediction is a tensor or a tuple, list or mapping of tensors; the step's output holds a "
+                    f"{type(x).__name__}")
+
+
+def _rows(x: Any) -> int:
+    counts: set[int] = set()
+    _tree(lambda t: counts.add(t.shape[0] if t.ndim else -1), x)
+    if len(counts) != 1 or -1 in counts:
+        raise InferenceError(f"the step's output has no one row per example (first dimensions {sorted(counts)}): "
+                         "predictions are kept row by row")
+    return counts.pop()
+
+
+def _cat(parts: list[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if isinstance(first, Mapping):
+        return {k: _cat([p[k] for p in parts]) for k in first}
+    joined = [_cat(list(column)) for column in zip(*parts, strict=True)]
+    return joined if isinstance(first, list) else tuple(joined)
+
+
+def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective | None,
+             data: Iterable[Any] | None = None, *, keep: bool = True) -> Inference:
+    """``data`` (default: the driver's val loader) through the driver's validation step. A torch
+    DataLoader is read in dataset order (rank ``r`` of ``w`` takes examples ``r, r+w, ...``, unpadded);
+    any other iterable as it iterates, on one rank."""
+    rank, world = (0, 1) if collective is None else (collective.rank, collective.world_size)
+    ours = copy.copy(driver)  # its forward, loss, metrics, device and precision; the loader is ours
+    if driver.val_loader is None and data is None:
+        raise InferenceError("there is no data to run over: the data builder gave no val loader; name a builder "
+                         "whose val loader has the examples")
+    if data is not None or collective is None:  # the driver's own loader is this rank's share already
+        loader = driver.val_loader if data is None else data
+        if world > 1 or (isinstance(loader, DataLoader) and loader.batch_size is not None):
+            loader = shard_val_loader(loader, rank, world)
+        ours.val_loader = loader
+    epoch = EpochContext(run, run.epoch)
+    step, parts, rows = ValStepContext(run, epoch), [], 0
+    for index, batch in enumerate(ours.val_batches(epoch)):
+        step.reset(index, batch)
+        try:
+            ours.val_batch(step)
+        except TypeError as exc:  # a batch the step cannot take (README: the batch contract)
+            raise InferenceError(f"val batch {index} of the data: {exc}") from exc
+        if keep:
+            parts.append(_tree(lambda t: t.detach().cpu(), step.output))
+            rows += _rows(parts[-1])
+    metrics = ours.end_validation(epoch)
+    mine = (_cat(parts) if parts else None, rows)
+    if collective is None or not keep:
+        return Inference(mine[0], metrics)
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine)
+    counts = [n for _, n in every]
+    total = sum(counts)
+    if counts != [len(range(r, total, world)) for r in range(world)]:
+        raise InferenceError(f"the ranks' predictions ({counts} rows) are not one row per example")
+    if not total:
+        return Inference(None, metrics)
+    order = torch.cat([torch.arange(r, total, world) for r in range(world)])  # where each gathered row belongs
+    where = torch.argsort(order)
+    return Inference(_tree(lambda t: t[where], _cat([p for p, n in every if n])), metrics)
