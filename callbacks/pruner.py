@@ -1,4 +1,5 @@
-"""Report each epoch to an Optuna trial and stop the run when the trial's pruner says so."""
+"""Report each validation to an Optuna trial at its global step, and stop the run when the trial's
+pruner says so."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from fsmtrain.core.stop import StopReason
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere"]
+__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere", "pruned_at", "step_label"]
 
 PREDICTION_ATTR = "predicted_final_loss"
-"""Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction."""
+"""Trial user attribute: ``{step, epoch, value, fit_ok}`` of the latest loss prediction (``step``: the
+global step Optuna's ``trial.report`` got, ``epoch`` counted from 1)."""
 PRUNED_ATTR = "pruned"
-"""Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason, decided_at}``
+"""Trial user attribute of a pruned trial: ``{step, epoch, value, monitor, pruner, reason, decided_at}``
 (``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
 
 
@@ -34,9 +36,9 @@ def _finite_or_none(x: float) -> float | None:
 
 class PrunerCallback(TrainingCallback):
     """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value,
-    epoch)``, a ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``.
-    The run still ends through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after
-    ``fit()`` returns."""
+    global_step)`` (the step of that validation, counted from 1), a ``trial_report`` event, and a
+    stop request PRUNED when ``trial.should_prune()``. The run still ends through
+    ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
 
     priority = 85
     tier = Tier.CORE
@@ -73,29 +75,44 @@ class PrunerCallback(TrainingCallback):
             state = "finished"
         return (f"trial {number} is already finished in the study ({state}): another process ended it while this "
                 "one trained it (a heartbeat storage fails a trial whose last heartbeat is older than the grace "
-                f"period), so epoch {epoch.number} cannot be reported; the run stops here, and the study's retry of "
+                f"period), so {_at(epoch)} cannot be reported; the run stops here, and the study's retry of "
                 "the trial runs it again from this run's last checkpoint")
 
     def _report(self, epoch: EpochContext, value: float) -> None:
-        prediction = epoch.get(LOSS_PREDICTION)
+        prediction, step = epoch.get(LOSS_PREDICTION), epoch.run.global_step
         if prediction is not None:
-            self._set_attr(PREDICTION_ATTR, {"epoch": epoch.index, "value": _finite_or_none(prediction.predicted_loss),
+            self._set_attr(PREDICTION_ATTR, {"step": step, "epoch": epoch.number,
+                                             "value": _finite_or_none(prediction.predicted_loss),
                                              "fit_ok": prediction.fit_ok})
-        self.trial.report(float(value), epoch.index)
+        self.trial.report(float(value), step)
         asked = time.time()
         should_prune = bool(self.trial.should_prune())
         number = getattr(self.trial, "number", None)  # replay passes a recorded stand-in
-        epoch.emit("trial_report", epoch=epoch.index, value=float(value), should_prune=should_prune, trial=number)
+        epoch.emit("trial_report", step=step, value=float(value), should_prune=should_prune, trial=number)
         if should_prune:
             pruner = getattr(getattr(self.trial, "study", None), "pruner", None)
             self._set_attr(PRUNED_ATTR, {
-                "epoch": epoch.index, "value": _finite_or_none(float(value)), "monitor": self.monitor,
+                "step": step, "epoch": epoch.number, "value": _finite_or_none(float(value)), "monitor": self.monitor,
                 "pruner": None if pruner is None else repr(pruner) if _own_repr(pruner) else type(pruner).__name__,
                 "reason": getattr(pruner, "last_reason", None), "decided_at": asked,
             })
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
-                               f"trial {number} pruned in epoch {epoch.number} ({self.monitor}={shown})")
+                               f"trial {number} pruned at {_at(epoch)} ({self.monitor}={shown})")
+
+
+def _at(epoch: EpochContext) -> str:
+    return step_label(epoch.run.global_step, epoch.number)
+
+
+def step_label(step: int | None, epoch: Any = None) -> str:
+    """``step 40 (epoch 4)``: a validation's global step, and its epoch (both from 1) when known."""
+    return ("?" if step is None else f"step {step}") + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
+
+
+def pruned_at(attr: dict[str, Any], last_step: int | None) -> str:
+    """Where a pruned trial stopped, from its ``pruned`` attribute (Optuna's last step without one)."""
+    return step_label(attr.get("step", last_step), attr.get("epoch") if "step" in attr else None)
 
 
 def _own_repr(obj: object) -> bool:

@@ -176,7 +176,8 @@ def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial
     assert resume["previous_run_dir"] == old_dir and resume["resumed"] is True, resume
     assert retry.user_attrs["run_dirs"]["0"] == old_dir
     events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
-    assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
+    # the log keeps the 0-based index; the attribute a person reads counts epochs from 1
+    assert [e["payload"]["next_epoch"] + 1 for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
     report = audit_file(Path(old_dir) / "events.jsonl")
     assert report.ok, report.render()
     return retry

@@ -65,7 +65,7 @@ class RecordedEpoch:
 
 @dataclass(frozen=True)
 class TrialReport:
-    epoch: int
+    step: int  # the global step the validation reported at (Optuna's ``step``)
     value: float
     should_prune: bool
     trial: int | None = None  # the Optuna trial number
@@ -73,7 +73,7 @@ class TrialReport:
 
 class RecordedTrial:
     """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
-    at that epoch; an epoch without a recorded decision is answered ``False`` and listed in
+    at that step; a step without a recorded decision is answered ``False`` and listed in
     ``unknown_steps``."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
@@ -210,7 +210,7 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             step_at_epoch_start = int(e.get("global_step") or first + batches)
             step_events.clear()
         elif kind == "trial_report":
-            ep = int(payload["epoch"])
+            ep = int(e["global_step"])
             reports[ep] = TrialReport(ep, as_float(payload.get("value")), bool(payload.get("should_prune")),
                                       payload.get("trial") if isinstance(payload.get("trial"), int) else None)
         elif kind == "result":

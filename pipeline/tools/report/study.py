@@ -229,7 +229,7 @@ def _intermediate(complete: list[Any], pruned: list[Any]) -> str:
     if not series:
         return figure("plot-intermediate", "Intermediate values", "", "no trial reported intermediate values")
     return line_chart("plot-intermediate", "Intermediate values: pruned (orange) vs complete (blue) trials", series,
-                      x_label="step (epoch)", y_label="reported value",
+                      x_label="global step (training batches, from 1)", y_label="reported value",
                       log_y=_positive([v for s in series for v in s.y]),
                       legend=[("complete trial", PALETTE[0], False), ("pruned trial", PALETTE[1], False)])
 
