@@ -171,9 +171,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _decision(p: dict[str, Any]) -> str:
-    """``step 30 (epoch 3) (val_loss 0.2) by MedianPruner (median at that step over the 4 trials ...)``."""
-    from fsmtrain.callbacks.pruner import step_label
-
+    """``step 30 (epoch 3, val_loss 0.2) by MedianPruner (median at that step over the 4 trials ...)``."""
     others = p["others_at_step"]
     if p["reason"]:
         why = f": {p['reason']}"
@@ -184,8 +182,8 @@ def _decision(p: dict[str, Any]) -> str:
         why = f" (no trial {others['basis']} had reached that step)"
     best = p.get("best_so_far")
     best_shown = f"; best so far {_short(best)}" if best is not None and best != p["value"] else ""
-    at = step_label(p["step"], p["epoch"])
-    return f"{at} ({p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
+    epoch = f"epoch {p['epoch']}, " if p["epoch"] is not None else ""
+    return f"step {p['step']} ({epoch}{p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
