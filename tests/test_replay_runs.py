@@ -56,9 +56,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     early = _train(root, "early_stop", ["epochs=30", "early_stopping.patience=3", "early_stopping.min_delta=0.05"])
     nan = _train(root, "nan", ["epochs=8", "optimizer=torch.optim.SGD", "optimizer_config.lr=3.0"])
     db = root / "study.db"
-    # Optuna's steps are global steps (26 batches an epoch): no decision before epoch 4 (step 104)
+    # Optuna's steps are global steps (7 batches an epoch): no decision before epoch 4 (step 28)
     study = optuna.create_study(storage=f"sqlite:///{db}", study_name="replay",
-                                pruner=optuna.pruners.ThresholdPruner(upper=0.1, n_warmup_steps=79))
+                                pruner=optuna.pruners.ThresholdPruner(upper=0.1, n_warmup_steps=22))
     trial = study.ask()
     pruned = _train(root, "pruned", ["epochs=20"], trial=trial)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
