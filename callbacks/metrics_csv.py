@@ -33,8 +33,8 @@ def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
 
 
 def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
-    """The row of one epoch: ``epoch`` (1-based, as the console counts), ``global_step`` (its last
-    step, W&B's and TensorBoard's ``step``), every epoch metric, and every numeric slot value present."""
+    """The row of one epoch: ``epoch`` (from 1, as the console counts), ``global_step`` (W&B's and
+    TensorBoard's ``step``), every epoch metric, and every numeric slot value present."""
     row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step}
     row.update({k: float(v) for k, v in epoch.metrics.items()})
     for key, value in _flat_slots(epoch.run.slot_values()).items():
@@ -59,7 +59,7 @@ class MetricsCsvCallback(TrainingCallback):
 
     Priority 85: after every built-in slot writer, and before the checkpoint (95), so every epoch a
     checkpoint holds has its row; a resume keeps the rows up to the epoch it starts from. Columns:
-    ``epoch``, ``global_step``, ``train_loss``, ``val_loss``, ``lr``, then the others as they first appear. A new
+    ``epoch``, ``global_step``, ``train_loss``, ``val_loss``, ``lr``, then the others as they appear. A new
     column rewrites the file atomically with the wider header (earlier rows get empty cells), so it
     always has one header and rows of one width.
     """

@@ -1,5 +1,4 @@
-"""Report each validation to an Optuna trial at its global step, and stop the run when the trial's
-pruner says so."""
+"""Report each validation to an Optuna trial at its global step; stop the run when its pruner says so."""
 
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ from fsmtrain.core.stop import StopReason
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere", "pruned_at", "step_label"]
+__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere", "step_label"]
 
 PREDICTION_ATTR = "predicted_final_loss"
-"""Trial user attribute: ``{step, epoch, value, fit_ok}`` of the latest loss prediction (``step``: the
-global step Optuna's ``trial.report`` got, ``epoch`` counted from 1)."""
+"""Trial user attribute: ``{step, epoch, value, fit_ok}`` of the latest loss prediction (Optuna's step)."""
 PRUNED_ATTR = "pruned"
 """Trial user attribute of a pruned trial: ``{step, epoch, value, monitor, pruner, reason, decided_at}``
 (``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
@@ -36,9 +34,9 @@ def _finite_or_none(x: float) -> float | None:
 
 class PrunerCallback(TrainingCallback):
     """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value,
-    global_step)`` (the step of that validation, counted from 1), a ``trial_report`` event, and a
-    stop request PRUNED when ``trial.should_prune()``. The run still ends through
-    ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
+    global_step)``, a ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``.
+    The run still ends through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after
+    ``fit()`` returns."""
 
     priority = 85
     tier = Tier.CORE
@@ -75,8 +73,8 @@ class PrunerCallback(TrainingCallback):
             state = "finished"
         return (f"trial {number} is already finished in the study ({state}): another process ended it while this "
                 "one trained it (a heartbeat storage fails a trial whose last heartbeat is older than the grace "
-                f"period), so {_at(epoch)} cannot be reported; the run stops here, and the study's retry of "
-                "the trial runs it again from this run's last checkpoint")
+                f"period), so {step_label(epoch.run.global_step, epoch.number)} cannot be reported; the run stops "
+                "here, and the study's retry of the trial runs it again from this run's last checkpoint")
 
     def _report(self, epoch: EpochContext, value: float) -> None:
         prediction, step = epoch.get(LOSS_PREDICTION), epoch.run.global_step
@@ -98,21 +96,12 @@ class PrunerCallback(TrainingCallback):
             })
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
-                               f"trial {number} pruned at {_at(epoch)} ({self.monitor}={shown})")
+                               f"trial {number} pruned at {step_label(step, epoch.number)} ({self.monitor}={shown})")
 
 
-def _at(epoch: EpochContext) -> str:
-    return step_label(epoch.run.global_step, epoch.number)
-
-
-def step_label(step: int | None, epoch: Any = None) -> str:
-    """``step 40 (epoch 4)``: a validation's global step, and its epoch (both from 1) when known."""
-    return ("?" if step is None else f"step {step}") + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
-
-
-def pruned_at(attr: dict[str, Any], last_step: int | None) -> str:
-    """Where a pruned trial stopped, from its ``pruned`` attribute (Optuna's last step without one)."""
-    return step_label(attr.get("step", last_step), attr.get("epoch") if "step" in attr else None)
+def step_label(step: Any, epoch: Any = None) -> str:
+    """``step 40 (epoch 4)``: a validation's global step, and its epoch when known (both from 1)."""
+    return f"step {step}" + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
 
 
 def _own_repr(obj: object) -> bool:

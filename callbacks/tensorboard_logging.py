@@ -13,9 +13,8 @@ __all__ = ["TensorBoardLoggingCallback"]
 
 
 class TensorBoardLoggingCallback(TrainingCallback):
-    """On ``on_epoch_end``: every metric and numeric slot, and ``epoch`` (from 1), as TensorBoard
-    scalars at step = the global step (as W&B's ``step``), flushed at once, to ``log_dir``. Priority
-    86: after the slot writers."""
+    """On ``on_epoch_end``: ``epoch`` (from 1), every metric and numeric slot as TensorBoard scalars at
+    the global step (W&B's ``step``), flushed at once, to ``log_dir``. Priority 86: after the slot writers."""
 
     priority = 86
     tier = Tier.CORE

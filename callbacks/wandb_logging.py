@@ -30,11 +30,10 @@ def wandb_run_id(run: RunContext) -> str:
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch (every metric,
-    numeric slot, and ``epoch`` counted from 1 as the console and ``metrics.csv`` count), and
-    ``finish`` at train end (``exit_code=1`` when the reason failed). The run lands under
-    ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the console. In replay
-    nothing is sent; the dicts are kept in ``self.logged``."""
+    """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch (``epoch`` from 1,
+    every metric and numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed).
+    The run lands under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the
+    console. In replay nothing is sent; the dicts are kept in ``self.logged``."""
 
     priority = 80
     tier = Tier.CORE

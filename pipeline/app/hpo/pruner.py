@@ -22,9 +22,8 @@ __all__ = ["PredictedFinalLossPruner"]
 class PredictedFinalLossPruner(BasePruner):
     """Prune when the predicted final loss is worse than the best completed value by more than
     ``margin`` (relative: ``best + margin·|best|`` when minimizing). Nothing is pruned before global
-    step ``n_warmup_steps`` (Optuna's steps are the validations' global steps), before
-    ``n_startup_trials`` finite completions, or on a failed fit unless ``use_failed_fits``.
-    ``last_reason`` explains the latest decision."""
+    step ``n_warmup_steps``, before ``n_startup_trials`` finite completions, or on a failed fit unless
+    ``use_failed_fits``. ``last_reason`` explains the latest decision."""
 
     def __init__(self, margin: float = 0.1, n_warmup_steps: int = 10, n_startup_trials: int = 1,
                  use_failed_fits: bool = False) -> None:

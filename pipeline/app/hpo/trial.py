@@ -1,9 +1,8 @@
 """One trial of a study: its parameters set in the config, each seed an ordinary, audited run.
 
 The value is the mean of the seeds' objectives; a diverged seed makes it the worst value (the NaN
-kept in ``seed_objectives``) and ends the trial; the first seed reports each validation, at its
-global step, for pruning; an exception FAILs the trial with its traceback; a signal FAILs it as
-lost (DESIGN.md section 8).
+kept in ``seed_objectives``) and ends the trial; the first seed reports its validations for pruning;
+an exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8).
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``, named by the trial's ``run_dirs`` attribute.
 """
 

@@ -182,7 +182,7 @@ def _decision(p: dict[str, Any]) -> str:
         why = f" (no trial {others['basis']} had reached that step)"
     best = p.get("best_so_far")
     best_shown = f"; best so far {_short(best)}" if best is not None and best != p["value"] else ""
-    epoch = f"epoch {p['epoch']}, " if p["epoch"] is not None else ""
+    epoch = f"epoch {p['epoch']}, " if p["epoch"] is not None else ""  # none in a study older than steps
     return f"step {p['step']} ({epoch}{p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
 
 
