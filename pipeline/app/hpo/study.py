@@ -141,10 +141,6 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
     for hint in hints[1:]:
         print(f"         {hint}", file=out)
     print(f"runs:    {plan.trial.study_dir}/trial-<n>-seed<s>/", file=out, flush=True)
-    if "batch_size" in opt.search_space and opt.pruner.rsplit(".", 1)[-1] not in (
-            "NopPruner", "ThresholdPruner", "PredictedFinalLossPruner"):  # these compare no trials' steps
-        print(f"note:    batch_size is searched, so trials validate at different global steps (Optuna's step), "
-              f"and {opt.pruner} compares a trial only with the trials that reported at the same step", file=out)
 
 
 _PRELOAD = [
