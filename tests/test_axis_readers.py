@@ -1,8 +1,8 @@
 """One axis everywhere (issue 41, item 5), read by each ecosystem's own program: W&B's offline run
-(``wandb leet inspect``), TensorBoard's ``EventAccumulator``, ``metrics.csv`` through pandas, and
-``optuna.load_study(...).trials[i].intermediate_values`` all put a validation at the same global step,
-and say its epoch counted from 1; a pruned trial's attribute, the hpo console, ``hpo-report`` and the
-study page name the same step and epoch."""
+(``wandb leet inspect``), TensorBoard's ``EventAccumulator`` and ``metrics.csv`` through pandas
+put a validation at the same global step and say its epoch counted from 1; Optuna's step
+(``optuna.load_study(...).trials[i].intermediate_values``) counts validations from 1, and a pruned trial's
+attribute, the hpo console, ``hpo-report`` and the study page name the same validation, epoch and step."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 
 
 @pytest.mark.timeout(180)
-def test_wandb_tensorboard_csv_and_optuna_put_each_validation_at_one_global_step(tmp_path: Path) -> None:
+def test_wandb_tensorboard_csv_put_each_validation_at_one_global_step_and_optuna_counts_validations(tmp_path: Path) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(24, 4), torch.randn(24, 1)
     train = DataLoader(TensorDataset(x, y), batch_size=8)  # 3 batches an epoch: steps 3, 6, 9
@@ -51,16 +51,16 @@ def test_wandb_tensorboard_csv_and_optuna_put_each_validation_at_one_global_step
     csv = pd.read_csv(run_dir / "metrics.csv")
     assert list(zip(csv["global_step"], csv["epoch"], strict=True)) == [(3, 1), (6, 2), (9, 3)]
     (frozen,) = optuna.load_study(study_name="axis", storage=storage).trials
-    assert sorted(frozen.intermediate_values.items()) == pytest.approx(list(zip(steps, val, strict=True)))
+    assert sorted(frozen.intermediate_values.items()) == pytest.approx(list(zip([1, 2, 3], val, strict=True)))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_pruned_trial_is_named_at_one_step_and_epoch_by_its_attribute_console_report_and_page(
+def test_a_pruned_trial_is_named_at_one_validation_by_its_attribute_console_report_and_page(
         tmp_path: Path) -> None:
     space = {"optimizer_config.lr": {"type": "float", "low": 1e-8, "high": 0.1, "log": True}}
     cfg = study_config(tmp_path, {"n_trials": 2, "search_space": space, "pruner": "MedianPruner",
-                                  "pruner_config": {"n_startup_trials": 1, "n_warmup_steps": 5}})
+                                  "pruner_config": {"n_startup_trials": 1, "n_warmup_steps": 2}})
     db = tmp_path / "runs" / "quickstart" / "s" / "study.db"
     db.parent.mkdir(parents=True)
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
@@ -70,21 +70,24 @@ def test_a_pruned_trial_is_named_at_one_step_and_epoch_by_its_attribute_console_
     assert hpo.returncode == 0, hpo.stdout + hpo.stderr
     pruned = optuna.load_study(study_name="s", storage=f"sqlite:///{db}").trials[1]
     assert pruned.state is optuna.trial.TrialState.PRUNED, hpo.stdout
-    step = pruned.last_step
+    n = pruned.last_step
     events = read_events(tmp_path / pruned.user_attrs["run_dirs"]["0"] / "events.jsonl")
     (report,) = [e for e in events if e["event"] == "trial_report" and e["payload"]["should_prune"]]
-    epoch = report["epoch"] + 1  # the log keeps the 0-based index; people read epochs from 1
-    assert report["payload"]["step"] == report["global_step"] == step == 8 and epoch == 2  # 4 batches an epoch
-    assert {k: pruned.user_attrs["pruned"][k] for k in ("step", "epoch")} == {"step": step, "epoch": epoch}
-    assert f"trial 1 PRUNED at step {step} (epoch {epoch}) by MedianPruner" in hpo.stdout
+    epoch, step = report["epoch"] + 1, report["global_step"]  # the log keeps the 0-based epoch index
+    assert report["payload"]["validation"] == n == epoch == 2 and step == 8  # 4 batches an epoch
+    at = {"validation": n, "epoch": epoch, "step": step}
+    assert {k: pruned.user_attrs["pruned"][k] for k in at} == at
+    assert f"trial 1 PRUNED at validation {n} (epoch {epoch}, step {step}) by MedianPruner" in hpo.stdout
     text = fsmtrain("hpo-report", db.parent, cwd=tmp_path)
-    assert f"trial 1 pruned at step {step} (epoch {epoch}, val_loss " in text.stdout, text.stdout + text.stderr
-    assert "median at that step" in text.stdout
+    assert f"trial 1 pruned at validation {n} (epoch {epoch}, step {step}, val_loss " in text.stdout, \
+        text.stdout + text.stderr
+    assert "median at that validation" in text.stdout
     page = fsmtrain("report", db, "--study", "s", cwd=tmp_path)
     assert page.returncode == 0, page.stdout + page.stderr
     html = (db.parent / "s-report.html").read_text(encoding="utf-8")
     figure = html[html.index('id="plot-intermediate"'):]
     figure = figure[:figure.index("</figure>")]
-    assert "global step (training batches, from 1)" in figure
+    assert "validation (from 1)" in figure
     ticks = [float(t) for t in re.findall(r'text-anchor="middle">([\d.]+)</text>', figure)]
-    assert ticks and min(ticks) >= 1, ticks  # the x-axis counts steps from 1, as the run pages count epochs
+    assert ticks and min(ticks) >= 1, ticks  # counted from 1, as the run pages count epochs
+    assert f"pruned at validation {n} (epoch {epoch}, step {step})</td>" in html  # the table of trials

@@ -238,7 +238,8 @@ def test_a_trial_failed_under_its_live_worker_stops_its_run_and_the_worker_goes_
     (first_end,) = [e for e in events if e["event"] == "transition" and e["to"] == "train_end"][:1]
     assert first_end["payload"]["reason"] == "error" and first_end["epoch"] == 1
     assert "trial 0 is already finished in the study (FAIL)" in first_end["payload"]["message"]
-    assert f"so step {first_end['global_step']} (epoch 2) cannot be reported" in first_end["payload"]["message"]
+    assert f"so validation 2 (epoch 2, step {first_end['global_step']}) cannot be reported" in \
+        first_end["payload"]["message"]
     # --n-trials 3: the trial stopped under the worker, its retry, one more; the worker went on to both
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
 
