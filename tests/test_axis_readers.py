@@ -25,7 +25,8 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 
 
 @pytest.mark.timeout(180)
-def test_wandb_tensorboard_csv_put_each_validation_at_one_global_step_and_optuna_counts_validations(tmp_path: Path) -> None:
+def test_wandb_tensorboard_csv_put_each_validation_at_one_global_step_and_optuna_counts_validations(
+        tmp_path: Path) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(24, 4), torch.randn(24, 1)
     train = DataLoader(TensorDataset(x, y), batch_size=8)  # 3 batches an epoch: steps 3, 6, 9

@@ -17,10 +17,10 @@ from fsmtrain.tools.replay.recording import recording_from_events
 from fsmtrain.training.checkpoint import load_checkpoint
 
 
-def _fit(run_dir: Path, epochs: int, trial: optuna.trial.Trial | None, **kw: object) -> None:
+def _fit(run_dir: Path, epochs: int, trial: optuna.trial.Trial | None, resume_from: str | None = None) -> None:
     pruner = [] if trial is None else [PrunerCallback(trial)]
     make_trainer(run_dir, [CheckpointCallback(run_dir / "checkpoints", keep_last_k=1), *pruner],
-                 epochs=epochs, **kw).fit()
+                 epochs=epochs, resume_from=resume_from).fit()
 
 
 def _trial() -> tuple[optuna.study.Study, optuna.trial.Trial]:
@@ -51,7 +51,7 @@ def test_a_checkpoint_without_the_pruner_state_continues_from_its_epochs(tmp_pat
 
 @pytest.mark.timeout(120)
 def test_a_log_and_a_study_from_before_the_count_still_read(tmp_path: Path) -> None:
-    study, trial = _trial()
+    _, trial = _trial()
     _fit(tmp_path, 3, trial)
     events = read_events(tmp_path / "events.jsonl")
     now = recording_from_events(events).trial_reports

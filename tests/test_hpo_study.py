@@ -123,7 +123,8 @@ def test_median_pruner_prunes_bad_trials(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir(tmp_path)
     assert main(["hpo-report", str(db)]) == 0
     text = capsys.readouterr().out
-    assert f"trial {pruned[0].number} pruned at validation 2 (epoch 2, step 8, val_loss" in text and "by MedianPruner" in text
+    assert f"trial {pruned[0].number} pruned at validation 2 (epoch 2, step 8, val_loss" in text
+    assert "by MedianPruner" in text
 
 
 def load_or_create(url: str) -> optuna.study.Study:
@@ -255,7 +256,8 @@ def test_live_display_on_a_terminal() -> None:
     text = out.getvalue()
     assert text.startswith("\r\x1b[K")
     assert "trial 1 COMPLETE 0.25  optimizer_config.lr=0.01" in text
-    assert "trial 2 PRUNED at validation 1 (epoch 1, step 4) by MedianPruner" in text and "trial 3 FAIL ValueError: nope" in text
+    assert "trial 2 PRUNED at validation 1 (epoch 1, step 4) by MedianPruner" in text
+    assert "trial 3 FAIL ValueError: nope" in text
     assert text.endswith("[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)")
     monitor.poll()  # nothing new: only the status line again
     assert out.getvalue()[len(text):] == "\r\x1b[K[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)"
