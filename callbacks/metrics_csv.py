@@ -17,7 +17,7 @@ from fsmtrain.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_N
 
 __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
 
-FIRST_COLUMNS = ("epoch", "train_loss", "val_loss", "lr")
+FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
 
 
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
@@ -33,9 +33,9 @@ def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
 
 
 def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
-    """The row of one epoch: ``epoch`` (1-based, as the console counts), every epoch metric, and
-    every numeric slot value present."""
-    row: dict[str, float | int] = {"epoch": epoch.index + 1}
+    """The row of one epoch: ``epoch`` (from 1, as the console counts), ``global_step`` (W&B's and
+    TensorBoard's ``step``), every epoch metric, and every numeric slot value present."""
+    row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step}
     row.update({k: float(v) for k, v in epoch.metrics.items()})
     for key, value in _flat_slots(epoch.run.slot_values()).items():
         row.setdefault(key, value)
@@ -59,7 +59,7 @@ class MetricsCsvCallback(TrainingCallback):
 
     Priority 85: after every built-in slot writer, and before the checkpoint (95), so every epoch a
     checkpoint holds has its row; a resume keeps the rows up to the epoch it starts from. Columns:
-    ``epoch``, ``train_loss``, ``val_loss``, ``lr``, then the others as they first appear. A new
+    ``epoch``, ``global_step``, ``train_loss``, ``val_loss``, ``lr``, then the others as they appear. A new
     column rewrites the file atomically with the wider header (earlier rows get empty cells), so it
     always has one header and rows of one width.
     """

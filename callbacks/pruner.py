@@ -1,9 +1,11 @@
-"""Report each epoch to an Optuna trial and stop the run when the trial's pruner says so."""
+"""Report each validation to an Optuna trial, its step the validation count (from 1); stop the run when its
+pruner says so."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.core.context import EpochContext
@@ -14,12 +16,13 @@ from fsmtrain.core.stop import StopReason
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere"]
+__all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere", "validation_label"]
 
 PREDICTION_ATTR = "predicted_final_loss"
-"""Trial user attribute: ``{epoch, value, fit_ok}`` of the latest loss prediction."""
+"""Trial user attribute: ``{validation, epoch, step, value, fit_ok}`` of the latest loss prediction."""
 PRUNED_ATTR = "pruned"
-"""Trial user attribute of a pruned trial: ``{epoch, value, monitor, pruner, reason, decided_at}``
+"""Trial user attribute of a pruned trial: ``{validation, epoch, step, value, monitor, pruner, reason,
+decided_at}``
 (``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
 
 
@@ -33,10 +36,10 @@ def _finite_or_none(x: float) -> float | None:
 
 
 class PrunerCallback(TrainingCallback):
-    """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value,
-    epoch)``, a ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``.
-    The run still ends through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after
-    ``fit()`` returns."""
+    """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value, n)`` for
+    the run's n-th validation (from 1; kept in its checkpoints, so a resumed run continues the count), a
+    ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``. The run still ends
+    through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
 
     priority = 85
     tier = Tier.CORE
@@ -48,6 +51,13 @@ class PrunerCallback(TrainingCallback):
             raise TypeError(f"trial must be an optuna.trial.Trial, got {type(trial).__name__}")
         self.trial = trial
         self.monitor = monitor
+        self.validations: int | None = None  # None until the first: a state-less resume counts its epochs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"validations": self.validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.validations = state.get("validations")
 
     def _set_attr(self, key: str, value: Any) -> None:
         setter = getattr(self.trial, "set_user_attr", None)  # replay's recorded stand-in has one too
@@ -55,6 +65,7 @@ class PrunerCallback(TrainingCallback):
             setter(key, value)
 
     def on_val_end(self, epoch: EpochContext) -> None:
+        self.validations = (len(epoch.run.history) if self.validations is None else self.validations) + 1
         value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
             return
@@ -73,29 +84,43 @@ class PrunerCallback(TrainingCallback):
             state = "finished"
         return (f"trial {number} is already finished in the study ({state}): another process ended it while this "
                 "one trained it (a heartbeat storage fails a trial whose last heartbeat is older than the grace "
-                f"period), so epoch {epoch.number} cannot be reported; the run stops here, and the study's retry of "
-                "the trial runs it again from this run's last checkpoint")
+                f"period), so {validation_label(self._at(epoch))} cannot be reported; the run stops "
+                "here, and the study's retry of the trial runs it again from this run's last checkpoint")
+
+    def _at(self, epoch: EpochContext) -> dict[str, Any]:
+        return {"validation": self.validations, "epoch": epoch.number, "step": epoch.run.global_step}
 
     def _report(self, epoch: EpochContext, value: float) -> None:
-        prediction = epoch.get(LOSS_PREDICTION)
+        prediction, at = epoch.get(LOSS_PREDICTION), self._at(epoch)
         if prediction is not None:
-            self._set_attr(PREDICTION_ATTR, {"epoch": epoch.index, "value": _finite_or_none(prediction.predicted_loss),
+            self._set_attr(PREDICTION_ATTR, {**at, "value": _finite_or_none(prediction.predicted_loss),
                                              "fit_ok": prediction.fit_ok})
-        self.trial.report(float(value), epoch.index)
+        self.trial.report(float(value), at["validation"])
         asked = time.time()
         should_prune = bool(self.trial.should_prune())
         number = getattr(self.trial, "number", None)  # replay passes a recorded stand-in
-        epoch.emit("trial_report", epoch=epoch.index, value=float(value), should_prune=should_prune, trial=number)
+        epoch.emit("trial_report", validation=at["validation"], value=float(value), should_prune=should_prune,
+                   trial=number)
         if should_prune:
             pruner = getattr(getattr(self.trial, "study", None), "pruner", None)
             self._set_attr(PRUNED_ATTR, {
-                "epoch": epoch.index, "value": _finite_or_none(float(value)), "monitor": self.monitor,
+                **at, "value": _finite_or_none(float(value)), "monitor": self.monitor,
                 "pruner": None if pruner is None else repr(pruner) if _own_repr(pruner) else type(pruner).__name__,
                 "reason": getattr(pruner, "last_reason", None), "decided_at": asked,
             })
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
-                               f"trial {number} pruned in epoch {epoch.number} ({self.monitor}={shown})")
+                               f"trial {number} pruned at {validation_label(at)} ({self.monitor}={shown})")
+
+
+def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = None) -> str:
+    """``validation 4 (epoch 4, step 32)``: Optuna's step (the validation count) with its epoch and global
+    step (all from 1) as W&B and TensorBoard show them; an attribute without ``validation`` (a study older
+    than this count) is named by Optuna's ``last_step`` alone."""
+    known = "validation" in at
+    info = [f"{k} {at[k]}" for k in ("epoch", "step") if known and isinstance(at.get(k), int)] + list(more)
+    return (f"validation {at['validation']}" if known else f"Optuna step {last_step}") + \
+        (f" ({', '.join(info)})" if info else "")
 
 
 def _own_repr(obj: object) -> bool:

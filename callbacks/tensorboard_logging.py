@@ -13,8 +13,8 @@ __all__ = ["TensorBoardLoggingCallback"]
 
 
 class TensorBoardLoggingCallback(TrainingCallback):
-    """On ``on_epoch_end``: every metric and numeric slot as a TensorBoard scalar at step = the
-    1-based epoch number, flushed at once, to ``log_dir``. Priority 86: after the slot writers."""
+    """On ``on_epoch_end``: ``epoch`` (from 1), every metric and numeric slot as TensorBoard scalars at
+    the global step (W&B's ``step``), flushed at once, to ``log_dir``. Priority 86: after the slot writers."""
 
     priority = 86
     tier = Tier.CORE
@@ -40,8 +40,8 @@ class TensorBoardLoggingCallback(TrainingCallback):
         writer = self._writer
         if writer is None:
             return
-        step = epoch.number
-        for name, value in epoch_scalars(epoch).items():
+        step = epoch.run.global_step
+        for name, value in {"epoch": epoch.number, **epoch_scalars(epoch)}.items():
             writer.add_scalar(name, value, global_step=step)
         writer.flush()
 

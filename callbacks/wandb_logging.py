@@ -30,10 +30,10 @@ def wandb_run_id(run: RunContext) -> str:
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, one ``run.log(..., step=epoch)`` per epoch (every metric and
-    numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed). The run lands
-    under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the console. In
-    replay nothing is sent; the dicts are kept in ``self.logged``."""
+    """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch (``epoch`` from 1,
+    every metric and numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed).
+    The run lands under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the
+    console. In replay nothing is sent; the dicts are kept in ``self.logged``."""
 
     priority = 80
     tier = Tier.CORE
@@ -105,10 +105,10 @@ class WandbLoggingCallback(TrainingCallback):
             handler.handleError = kept  # type: ignore[method-assign]
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
-        data = epoch_scalars(epoch)
+        data = {"epoch": epoch.number, **epoch_scalars(epoch)}
         self.logged.append(data)
         if self.wandb_run is not None:
-            self.wandb_run.log(data, step=epoch.index)
+            self.wandb_run.log(data, step=epoch.run.global_step)
 
     def on_train_end(self, run: RunContext) -> None:
         wb = self.wandb_run

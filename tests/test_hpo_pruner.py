@@ -50,19 +50,20 @@ def test_prunes_a_hopeless_trial_and_keeps_good_ones(study: optuna.study.Study) 
 
     hopeless, out = _run(study, _curve(2.0, 0.01))  # heads for ~1.35 at the last epoch
     assert hopeless.state is TrialState.PRUNED
-    assert out.stop_reason is StopReason.PRUNED and out.epochs_completed == 11  # epoch index 10: the first prediction
-    assert hopeless.last_step == 10
+    assert out.stop_reason is StopReason.PRUNED and out.epochs_completed == 11  # epoch 11: the first prediction
+    assert hopeless.last_step == 11  # Optuna's step: the 11th validation (one an epoch)
     # The pruner decided on the number the run's log records.
     logged = out.events("epoch")[-1]["payload"]["slots"]["loss_prediction"]
     attr = hopeless.user_attrs[PREDICTION_ATTR]
-    assert attr == {"epoch": 10, "value": logged["predicted_loss"], "fit_ok": True}
+    assert attr == {"validation": 11, "epoch": 11, "step": 11, "value": logged["predicted_loss"], "fit_ok": True}
     assert attr["value"] > best * 1.1
     assert hopeless.user_attrs[PRUNED_ATTR]["pruner"].startswith("PredictedFinalLossPruner(margin=0.1")
     assert "predicted final loss" in hopeless.user_attrs[PRUNED_ATTR]["reason"]
+    assert " at validation 11 is worse than the best" in hopeless.user_attrs[PRUNED_ATTR]["reason"]
 
     good, out = _run(study, _curve(1.1, 0.12, 0.011))  # a little worse than the best, within the margin
     assert good.state is TrialState.COMPLETE and out.epochs_completed == EPOCHS
-    assert good.user_attrs[PREDICTION_ATTR]["epoch"] == EPOCHS - 1
+    assert good.user_attrs[PREDICTION_ATTR]["validation"] == EPOCHS
 
 
 def test_nothing_is_pruned_before_the_warm_up(study: optuna.study.Study) -> None:
@@ -70,7 +71,7 @@ def test_nothing_is_pruned_before_the_warm_up(study: optuna.study.Study) -> None
     pruner = PredictedFinalLossPruner(margin=0.1, n_warmup_steps=20)
     study.pruner = pruner
     late, out = _run(study, _curve(2.0, 0.01))
-    assert late.state is TrialState.PRUNED and late.last_step == 20 and out.epochs_completed == 21
+    assert late.state is TrialState.PRUNED and late.last_step == 20 and out.epochs_completed == 20
 
 
 def _frozen(prediction: dict[str, Any] | None, step: int = 12) -> optuna.trial.FrozenTrial:
@@ -91,7 +92,7 @@ def test_decision_follows_direction_and_margin(direction: Literal["minimize", "m
     study = optuna.create_study(direction=direction)
     study.add_trial(create_trial(value=best, params={"x": 0.1}, distributions={"x": FloatDistribution(0, 1)}))
     pruner = PredictedFinalLossPruner(margin=0.1, n_warmup_steps=10)
-    assert pruner.prune(study, _frozen({"epoch": 12, "value": predicted, "fit_ok": True})) is prunes
+    assert pruner.prune(study, _frozen({"validation": 12, "value": predicted, "fit_ok": True})) is prunes
     assert (pruner.last_reason is not None) is prunes
 
 
@@ -101,12 +102,12 @@ def test_stale_failed_or_missing_predictions_do_not_prune() -> None:
     study.add_trial(create_trial(value=1.0, params={"x": 0.1}, distributions={"x": FloatDistribution(0, 1)}))
     pruner = PredictedFinalLossPruner(margin=0.1, n_warmup_steps=10)
     assert not pruner.prune(study, _frozen(None))
-    assert not pruner.prune(study, _frozen({"epoch": 11, "value": 9.0, "fit_ok": True}))  # not this epoch's
-    assert not pruner.prune(study, _frozen({"epoch": 12, "value": 9.0, "fit_ok": False}))  # only the last loss
-    assert PredictedFinalLossPruner(use_failed_fits=True).prune(study, _frozen({"epoch": 12, "value": 9.0,
+    assert not pruner.prune(study, _frozen({"validation": 11, "value": 9.0, "fit_ok": True}))  # not this validation's
+    assert not pruner.prune(study, _frozen({"validation": 12, "value": 9.0, "fit_ok": False}))  # only the last loss
+    assert PredictedFinalLossPruner(use_failed_fits=True).prune(study, _frozen({"validation": 12, "value": 9.0,
                                                                                 "fit_ok": False}))
-    assert not pruner.prune(study, _frozen({"epoch": 12, "value": None, "fit_ok": True}))
-    assert not PredictedFinalLossPruner(n_startup_trials=2).prune(study, _frozen({"epoch": 12, "value": 9.0,
+    assert not pruner.prune(study, _frozen({"validation": 12, "value": None, "fit_ok": True}))
+    assert not PredictedFinalLossPruner(n_startup_trials=2).prune(study, _frozen({"validation": 12, "value": 9.0,
                                                                                   "fit_ok": True}))
 
 

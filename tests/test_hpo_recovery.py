@@ -176,7 +176,8 @@ def _resumed(study: optuna.study.Study, number: int) -> optuna.trial.FrozenTrial
     assert resume["previous_run_dir"] == old_dir and resume["resumed"] is True, resume
     assert retry.user_attrs["run_dirs"]["0"] == old_dir
     events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
-    assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
+    # the log keeps the 0-based index; the attribute a person reads counts epochs from 1
+    assert [e["payload"]["next_epoch"] + 1 for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
     report = audit_file(Path(old_dir) / "events.jsonl")
     assert report.ok, report.render()
     return retry
@@ -237,6 +238,8 @@ def test_a_trial_failed_under_its_live_worker_stops_its_run_and_the_worker_goes_
     (first_end,) = [e for e in events if e["event"] == "transition" and e["to"] == "train_end"][:1]
     assert first_end["payload"]["reason"] == "error" and first_end["epoch"] == 1
     assert "trial 0 is already finished in the study (FAIL)" in first_end["payload"]["message"]
+    assert f"so validation 2 (epoch 2, step {first_end['global_step']}) cannot be reported" in \
+        first_end["payload"]["message"]
     # --n-trials 3: the trial stopped under the worker, its retry, one more; the worker went on to both
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
 

@@ -107,21 +107,24 @@ def test_median_pruner_prunes_bad_trials(tmp_path: Path, monkeypatch: pytest.Mon
     space = {"optimizer_config.lr": {"type": "float", "low": 1e-8, "high": 0.1, "log": True}}
     cfg = study_config(tmp_path, {"n_trials": 5, "storage": str(db), "search_space": space,
                                   "pruner": "MedianPruner", "pruner_config": {"n_startup_trials": 2,
-                                                                              "n_warmup_steps": 1}}, epochs=4)
+                                                                              "n_warmup_steps": 2}}, epochs=4)
     _hpo(tmp_path, monkeypatch, capsys, cfg)
     trials = load(f"sqlite:///{db}").trials
     assert [t.state.name for t in trials[:2]] == ["COMPLETE", "COMPLETE"]
     pruned = [t for t in trials[2:] if t.state is TrialState.PRUNED]
     assert pruned, [t.state for t in trials]
     for t in pruned:
-        assert t.user_attrs["pruned"]["pruner"] == "MedianPruner" and t.user_attrs["pruned"]["epoch"] == 1
+        # Optuna's steps count validations: warm-up 2, so the first decision is at validation 2 (4 batches an epoch)
+        assert t.user_attrs["pruned"]["pruner"] == "MedianPruner" and t.last_step == 2
+        assert [t.user_attrs["pruned"][k] for k in ("validation", "epoch", "step")] == [2, 2, 8]
         events = read_events(Path(t.user_attrs["run_dirs"]["0"]) / "events.jsonl")
         assert events[-1]["payload"]["stop_reason"] == "pruned"  # ended through train_end, result written
         _audited(t, "s")
     monkeypatch.chdir(tmp_path)
     assert main(["hpo-report", str(db)]) == 0
     text = capsys.readouterr().out
-    assert f"trial {pruned[0].number} pruned at epoch 2 (val_loss" in text and "by MedianPruner" in text
+    assert f"trial {pruned[0].number} pruned at validation 2 (epoch 2, step 8, val_loss" in text
+    assert "by MedianPruner" in text
 
 
 def load_or_create(url: str) -> optuna.study.Study:
@@ -219,7 +222,9 @@ def test_every_pruner_runs_a_study(pruner: str, tmp_path: Path, monkeypatch: pyt
     study = _three_trials(tmp_path, monkeypatch, capsys, {"pruner": pruner, "pruner_config": PRUNERS[pruner],
                                                           "sampler_config": {"seed": 0}})
     for trial in study.trials:
-        assert sorted(trial.intermediate_values)[0] == 0  # the first seed reported its epochs
+        events = read_events(Path(trial.user_attrs["run_dirs"]["0"]) / "events.jsonl")
+        first = next(e["payload"]["validation"] for e in events if e["event"] == "trial_report")
+        assert first == min(trial.intermediate_values) == 1  # the first seed reported its validations, from 1
     assert study.user_attrs["fsmtrain"]["pruner"] == pruner
 
 
@@ -239,18 +244,20 @@ def test_live_display_on_a_terminal() -> None:
     out = io.StringIO()
     monitor = Monitor(study, "L", 5, out, live=True)
     for state, value, attrs in ((TrialState.COMPLETE, 0.5, {}), (TrialState.COMPLETE, 0.25, {}),
-                                (TrialState.PRUNED, None, {"pruned": {"pruner": "MedianPruner"}}),
+                                (TrialState.PRUNED, None,
+                                 {"pruned": {"pruner": "MedianPruner", "validation": 1, "epoch": 1, "step": 4}}),
                                 (TrialState.FAIL, None, {"error": "ValueError: nope"})):
         study.add_trial(create_trial(state=state, value=value, params={"optimizer_config.lr": 0.01},
                                      distributions=dist, user_attrs={**mine, **attrs},
-                                     intermediate_values={0: 1.0}))
+                                     intermediate_values={1: 1.0}))
     study.enqueue_trial({"optimizer_config.lr": 0.02}, user_attrs=mine)
     study.ask()  # RUNNING
     monitor.poll()
     text = out.getvalue()
     assert text.startswith("\r\x1b[K")
     assert "trial 1 COMPLETE 0.25  optimizer_config.lr=0.01" in text
-    assert "trial 2 PRUNED at epoch 1 by MedianPruner" in text and "trial 3 FAIL ValueError: nope" in text
+    assert "trial 2 PRUNED at validation 1 (epoch 1, step 4) by MedianPruner" in text
+    assert "trial 3 FAIL ValueError: nope" in text
     assert text.endswith("[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)")
     monitor.poll()  # nothing new: only the status line again
     assert out.getvalue()[len(text):] == "\r\x1b[K[4/5] running 1, pruned 1, failed 1 | best 0.25 (trial 1)"

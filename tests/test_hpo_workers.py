@@ -241,7 +241,8 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_retried(pg: Postgres, tmp_pa
     assert resume["previous_run_dir"] == old_dir and resume["resumed"] is True, resume
     assert retry.user_attrs["run_dirs"]["0"] == old_dir
     events = [json.loads(line) for line in (Path(old_dir) / "events.jsonl").read_text().splitlines()]
-    assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
+    # the log keeps the 0-based index; the attribute a person reads counts epochs from 1
+    assert [e["payload"]["next_epoch"] + 1 for e in events if e["event"] == "resume"] == [resume["next_epoch"]]
     assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     _check_audited(retry)
     assert f"trial {killed} FAIL" in (tmp_path / "survivor.log").read_text()

@@ -69,7 +69,8 @@ def test_one_row_per_epoch_as_pandas_reads_it(tmp_path: Path) -> None:
     df = pd.read_csv(path)
     epochs = [e for e in events_of(tmp_path) if e["event"] == "epoch"]
     assert list(df["epoch"]) == [1, 2, 3, 4, 5]
-    assert list(df.columns[:4]) == ["epoch", "train_loss", "val_loss", "lr"]
+    assert list(df.columns[:5]) == ["epoch", "global_step", "train_loss", "val_loss", "lr"]
+    assert list(df["global_step"]) == [e["global_step"] for e in epochs]  # W&B's and TensorBoard's step
     assert {"val_mae", "max_grad_norm", "early_stopping_wait", "late_user_value"} <= set(df.columns)
     for (_, row), event in zip(df.iterrows(), epochs, strict=True):
         for key, value in event["payload"]["metrics"].items():

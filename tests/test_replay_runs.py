@@ -56,8 +56,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     early = _train(root, "early_stop", ["epochs=30", "early_stopping.patience=3", "early_stopping.min_delta=0.05"])
     nan = _train(root, "nan", ["epochs=8", "optimizer=torch.optim.SGD", "optimizer_config.lr=3.0"])
     db = root / "study.db"
+    # Optuna's steps count validations (from 1): no decision before the 4th (epoch 4)
     study = optuna.create_study(storage=f"sqlite:///{db}", study_name="replay",
-                                pruner=optuna.pruners.ThresholdPruner(upper=0.1, n_warmup_steps=3))
+                                pruner=optuna.pruners.ThresholdPruner(upper=0.1, n_warmup_steps=4))
     trial = study.ask()
     pruned = _train(root, "pruned", ["epochs=20"], trial=trial)
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -97,7 +98,8 @@ def test_the_runs_exercise_what_they_should(runs: Runs) -> None:
     assert [p["should_prune"] for p in pruned][-1] is True
     study = optuna.load_study(study_name="replay", storage=f"sqlite:///{runs.study_db}")
     assert study.trials[0].state is optuna.trial.TrialState.PRUNED
-    assert sorted(study.trials[0].intermediate_values) == [p["epoch"] for p in pruned]
+    assert sorted(study.trials[0].intermediate_values) == [p["validation"] for p in pruned] == list(
+        range(1, len(pruned) + 1))  # Optuna's step: the validation count
 
 
 def test_pruning_replays_the_recorded_decisions_beyond_an_early_stop(runs: Runs) -> None:

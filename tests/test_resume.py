@@ -105,12 +105,13 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     end = [e for e in events if e["event"] == "transition" and e["to"] == "train_end"]
     assert end[-1]["payload"]["reason"] == "interrupted" and events[-1]["event"] == "result"
     _audit_ok(run)
-    logged = [e["epoch"] for e in events if e["event"] == "epoch"]
+    logged = [(e["global_step"], e["epoch"] + 1) for e in events if e["event"] == "epoch"]  # W&B: step, epoch from 1
     from callbacks_wandb_history import wandb_history  # the offline run's own record file
 
     files = sorted(str(f.relative_to(run)) for f in (run / "wandb").rglob("*"))
     assert any(f.endswith(".wandb") for f in files), files
-    assert [row["_step"] for row in wandb_history(run)] == logged  # every epoch logged before the signal
+    # every epoch logged before the signal, at its global step
+    assert [(row["_step"], row["epoch"]) for row in wandb_history(run)] == logged
     replay = subprocess.run([sys.executable, "-m", "fsmtrain", "replay", str(RUN)], cwd=work, env=env(),
                             capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr  # the interruption it recorded is no divergence

@@ -33,7 +33,7 @@ class Study:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
     """Trial 0 (lr 0.03) completes; trial 1 (lr 1e-7, learns nothing) is pruned by MedianPruner at
-    its first epoch; then three trials finish with a far worse value at that epoch (added through
+    its first validation; then three trials finish with a far worse value at that validation (added through
     Optuna's API: what trials finishing later leave in a study)."""
     root = tmp_path_factory.mktemp("study_report")
     db = root / "runs" / "quickstart" / "s" / "study.db"
@@ -55,7 +55,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Study]:
         for _ in range(3):
             done.add_trial(optuna.trial.create_trial(
                 params={"optimizer_config.lr": 0.05}, distributions=dist, value=100.0,
-                intermediate_values={0: 100.0, 1: 100.0, 2: 100.0}))
+                intermediate_values={s: 100.0 for s in done.trials[0].intermediate_values}))
         yield Study(root, db, 0, 1, (2, 3, 4))
     finally:
         os.chdir(cwd)
@@ -87,20 +87,25 @@ def test_a_pruning_is_explained_by_the_trials_complete_when_it_was_decided(
     assert main(["hpo-report", str(study.db.relative_to(study.root))]) == 0
     text = capsys.readouterr().out
     trials = load(f"sqlite:///{study.db}").trials
-    seen = trials[study.good].intermediate_values[0]  # the only trial complete at the decision
-    value = trials[study.pruned].intermediate_values[0]
+    n = trials[study.pruned].last_step  # Optuna's step: the validation count, its first validation
+    step = trials[study.pruned].user_attrs["pruned"]["step"]  # the global step W&B and TensorBoard show
+    assert n == 1 == min(trials[study.good].intermediate_values) and step > 1
+    seen = trials[study.good].intermediate_values[n]  # the only trial complete at the decision
+    value = trials[study.pruned].intermediate_values[n]
     assert value > seen  # MedianPruner's own rule, on what it saw: worse than the median, pruned
     line = next(line for line in text.splitlines() if f"trial {study.pruned} pruned" in line)
-    assert line == (f"  trial {study.pruned} pruned at epoch 1 (val_loss {value:.6g}) by MedianPruner (median at "
-                    f"that epoch over the 1 trial complete at the decision: {seen:.6g})"), text
+    assert line == (f"  trial {study.pruned} pruned at validation 1 (epoch 1, step {step}, val_loss {value:.6g}) by "
+                    f"MedianPruner (median at that validation over the 1 trial complete at the decision: {seen:.6g})")
+    assert trials[study.pruned].user_attrs["pruned"]["epoch"] == 1
     # the trials that finished later are in the study, and their values would have put the median above it
-    later = sorted([seen, *(trials[n].intermediate_values[0] for n in study.later)])
+    later = sorted([seen, *(trials[other].intermediate_values[n] for other in study.later)])
     assert len(later) == 4 and (later[1] + later[2]) / 2 > value
     assert main(["hpo-report", str(study.db.relative_to(study.root)), "--json"]) == 0
     import json
 
     report = json.loads(capsys.readouterr().out)
     (decision,) = report["pruned"]
-    assert decision["others_at_epoch"] == {"n": 1, "median": seen, "basis": "complete at the decision"}
+    assert [decision[k] for k in ("optuna_step", "validation", "epoch", "step")] == [1, 1, 1, step]
+    assert decision["others_at_validation"] == {"n": 1, "median": seen, "basis": "complete at the decision"}
     assert math.isclose(decision["best_so_far"], value)
     assert re.fullmatch(r"\d+\.\d+", str(trials[study.pruned].user_attrs["pruned"]["decided_at"]))

@@ -24,10 +24,10 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(study_name="prune", storage=storage, direction="minimize",
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2))
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=3))
 
     def good(trial):
-        # two completed trials with decreasing losses, run through the real engine
+        # two completed trials with decreasing losses, run through the real engine (one batch an epoch)
         losses = [1.0 / (e + 1) for e in range(8)]
         out = scripted([PrunerCallback(trial)], losses, losses)
         assert out.result.stop_reason is StopReason.COMPLETED
@@ -38,7 +38,7 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
     results = []
 
     def bad(trial):
-        train, _ = tiny.loaders(n=16, batch=8)
+        train, _ = tiny.loaders(n=16, batch=8)  # two batches an epoch: its global steps are not the good trials'
         far = [(torch.randn(16, 4), torch.full((16, 1), 100.0))]  # val loss ~1e4, far above the median
         model = tiny.model()
         end = EndRecorder()
@@ -57,7 +57,8 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
     reloaded = optuna.load_study(study_name="prune", storage=storage)
     trial = reloaded.trials[-1]
     assert trial.state is TrialState.PRUNED
-    assert sorted(trial.intermediate_values) == [0, 1, 2]  # warmup 2 steps: pruned at step 2
+    # Optuna's steps count validations, so the trials compare whatever their batches: warm-up 3, pruned at 3
+    assert sorted(trial.intermediate_values) == [1, 2, 3]
     assert ends[0].ended_with is StopReason.PRUNED  # on_train_end ran
     assert results[0].epochs_completed == 3
     events = read_events(tmp_path / "bad" / "events.jsonl")
@@ -66,8 +67,11 @@ def test_median_pruner_prunes_a_bad_trial(tiny, tmp_path, scripted):
     assert transitions[-1]["payload"]["reason"] == "pruned"
     assert transitions[-1]["payload"]["source"] == "PrunerCallback"
     reports = [e["payload"] for e in events if e["event"] == "trial_report"]
-    assert [(r["epoch"], r["should_prune"]) for r in reports] == [(0, False), (1, False), (2, True)]
-    assert all(math.isclose(r["value"], trial.intermediate_values[r["epoch"]]) for r in reports)
+    assert [(r["validation"], r["should_prune"]) for r in reports] == [(1, False), (2, False), (3, True)]
+    assert all(math.isclose(r["value"], trial.intermediate_values[r["validation"]]) for r in reports)
+    pruned = trial.user_attrs["pruned"]
+    assert {k: pruned[k] for k in ("validation", "epoch", "step")} == {"validation": 3, "epoch": 3, "step": 6}
+    assert results[0].stop is not None and "pruned at validation 3 (epoch 3, step 6)" in results[0].stop.message
 
 
 def test_nop_pruner_never_stops(scripted):
@@ -75,7 +79,7 @@ def test_nop_pruner_never_stops(scripted):
     trial = study.ask()
     out = scripted([PrunerCallback(trial)], [1.0] * 4, [5.0] * 4)
     assert out.result.stop_reason is StopReason.COMPLETED
-    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {0: 5.0, 1: 5.0, 2: 5.0, 3: 5.0}
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {1: 5.0, 2: 5.0, 3: 5.0, 4: 5.0}
 
 
 def test_missing_monitor_warns(scripted):

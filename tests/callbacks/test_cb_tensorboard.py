@@ -16,7 +16,7 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_epoch_metric_and_slot_is_a_scalar_at_its_epoch(tmp_path: Path) -> None:
+def test_every_epoch_metric_and_slot_is_a_scalar_at_its_global_step(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     train = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)]
@@ -27,10 +27,11 @@ def test_every_epoch_metric_and_slot_is_a_scalar_at_its_epoch(tmp_path: Path) ->
     acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train_loss", "val_loss", "lr", "max_grad_norm", "early_stopping_wait"} <= tags
+    assert {"epoch", "train_loss", "val_loss", "lr", "max_grad_norm", "early_stopping_wait"} <= tags
+    assert [(e.step, e.value) for e in acc.Scalars("epoch")] == [(3, 1), (6, 2), (9, 3)]  # 3 batches an epoch
     for key in ("train_loss", "val_loss"):
         got = [(e.step, e.value) for e in acc.Scalars(key)]
-        want = [(r.epoch + 1, r.metrics[key]) for r in result.history]
+        want = [(3 * (r.epoch + 1), r.metrics[key]) for r in result.history]
         assert [s for s, _ in got] == [s for s, _ in want]
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
     grad = [e.value for e in acc.Scalars("max_grad_norm")]

@@ -68,11 +68,11 @@ def test_one_log_per_epoch_with_the_values_the_trainer_saw(wandb_calls, tiny, tm
                       default_callbacks=False)
     result = trainer.fit()
     logs = wandb_calls["log"]
-    assert [step for _, step in logs] == list(range(12))
+    assert [step for _, step in logs] == [4 * e for e in range(1, 13)]  # the global step: 4 batches an epoch
     for epoch, (data, _) in enumerate(logs):
         assert {"train_loss", "val_loss", "lr", "max_grad_norm"} <= set(data)
         assert ("predicted_final_loss" in data) == (epoch >= 10)
-        assert data == seen.epochs[epoch]
+        assert data == {"epoch": epoch + 1, **seen.epochs[epoch]}  # epochs counted from 1
         assert data["train_loss"] == result.history[epoch].metrics["train_loss"]
         assert data["val_loss"] == result.history[epoch].metrics["val_loss"]
         assert data["max_grad_norm"] == result.history[epoch].slots["max_grad_norm"]
@@ -117,8 +117,8 @@ def test_dry_run_sends_nothing(scripted, wandb_calls):
     cb = WandbLoggingCallback()
     scripted([cb], [1.0, 0.5], [1.0, 0.5], dry_run=True)
     assert wandb_calls["log"] == [] and wandb_calls["finish"] == []
-    assert cb.logged == [{"lr": 0.1, "train_loss": 1.0, "val_loss": 1.0}, {"lr": 0.1, "train_loss": 0.5,
-                                                                         "val_loss": 0.5}]
+    assert cb.logged == [{"epoch": 1, "lr": 0.1, "train_loss": 1.0, "val_loss": 1.0},
+                         {"epoch": 2, "lr": 0.1, "train_loss": 0.5, "val_loss": 0.5}]
 
 
 def test_bad_mode_is_named():
@@ -155,7 +155,7 @@ def test_a_user_slot_and_metric_reach_wandb_history_and_the_console_every_epoch(
                       run_dir=tmp_path / "run", console_level="error", default_callbacks=False)
     result = trainer.fit()
     rows = wandb_history(tmp_path / "run")
-    assert [row["_step"] for row in rows] == [0, 1, 2]  # one log per epoch
+    assert [(row["_step"], row["epoch"]) for row in rows] == [(4, 1), (8, 2), (12, 3)]  # global step, epoch
     for epoch, row in enumerate(rows):
         record = result.history[epoch]
         assert row["my_metric"] == 100.0 + epoch == record.slots["my_metric"]

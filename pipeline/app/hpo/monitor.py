@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.app.hpo.trial import ERROR_ATTR, SEEDS_ATTR
 from fsmtrain.app.hpo.worker import StudyPlan
+from fsmtrain.callbacks.pruner import validation_label
 
 if TYPE_CHECKING:
     import optuna
@@ -53,8 +54,7 @@ def describe_trial(trial: FrozenTrial) -> str:
             what += f" (seed {bad[0]} diverged: NaN)"
     elif state == "PRUNED":
         pruned = trial.user_attrs.get("pruned") or {}
-        step = trial.last_step  # the epoch index; people read epochs from 1
-        what = (f"at epoch {step + 1}" if step is not None else "") + \
+        what = f"at {validation_label(pruned, last_step=trial.last_step)}" + \
             (f" by {pruned['pruner']}" if pruned.get("pruner") else "")
     elif state == "FAIL":
         what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))

@@ -21,9 +21,9 @@ __all__ = ["PredictedFinalLossPruner"]
 
 class PredictedFinalLossPruner(BasePruner):
     """Prune when the predicted final loss is worse than the best completed value by more than
-    ``margin`` (relative: ``best + margin·|best|`` when minimizing). Nothing is pruned before epoch
-    ``n_warmup_steps``, before ``n_startup_trials`` finite completions, or on a failed fit unless
-    ``use_failed_fits``. ``last_reason`` explains the latest decision."""
+    ``margin`` (relative: ``best + margin·|best|`` when minimizing). Nothing is pruned before validation
+    ``n_warmup_steps`` (Optuna's step: validations counted from 1), before ``n_startup_trials`` finite
+    completions, or on a failed fit unless ``use_failed_fits``. ``last_reason`` explains the latest decision."""
 
     def __init__(self, margin: float = 0.1, n_warmup_steps: int = 10, n_startup_trials: int = 1,
                  use_failed_fits: bool = False) -> None:
@@ -42,12 +42,12 @@ class PredictedFinalLossPruner(BasePruner):
         attr: Any = trial.user_attrs.get(PREDICTION_ATTR)
         if not isinstance(attr, dict):
             return None
-        epoch, value = attr.get("epoch"), attr.get("value")
-        if not isinstance(epoch, int) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        step, value = attr.get("validation"), attr.get("value")
+        if not isinstance(step, int) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return None
         if not attr.get("fit_ok", False) and not self.use_failed_fits:
             return None
-        return epoch, float(value)
+        return step, float(value)
 
     def prune(self, study: optuna.study.Study, trial: FrozenTrial) -> bool:
         self.last_reason = None
@@ -55,7 +55,7 @@ class PredictedFinalLossPruner(BasePruner):
         if step is None or step < self.n_warmup_steps:
             return False
         found = self._prediction(trial)
-        if found is None or found[0] != step:  # only a prediction made at this epoch counts
+        if found is None or found[0] != step:  # only a prediction made at this validation counts
             return False
         completed = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                      if t.value is not None and math.isfinite(t.value)]
@@ -71,7 +71,7 @@ class PredictedFinalLossPruner(BasePruner):
             limit = best + self.margin * abs(best)
             hopeless = predicted > limit
         if hopeless:
-            self.last_reason = (f"predicted final loss {predicted:.6g} at epoch {step + 1} is worse than the best "
+            self.last_reason = (f"predicted final loss {predicted:.6g} at validation {step} is worse than the best "
                                 f"completed value {best:.6g} by more than {self.margin:g} (limit {limit:.6g})")
         return hopeless
 

@@ -139,7 +139,7 @@ class Heartbeat:
 
 
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
-    """Optuna's retry of stale trials, keeping the epochs the pruner saw (the retry resumes the run).
+    """Optuna's retry of stale trials, keeping the validations the pruner saw (the retry resumes the run).
     It copies the trial's user attributes but :data:`WORKER_ATTR`, which names the dead process."""
     import copy
 

@@ -1,8 +1,8 @@
 """One trial of a study: its parameters set in the config, each seed an ordinary, audited run.
 
 The value is the mean of the seeds' objectives; a diverged seed makes it the worst value (the NaN
-kept in ``seed_objectives``) and ends the trial; the first seed reports each epoch for pruning; an
-exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8).
+kept in ``seed_objectives``) and ends the trial; the first seed reports its validations for pruning;
+an exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8).
 Each seed runs in ``<study dir>/trial-<n>-seed<s>/``, named by the trial's ``run_dirs`` attribute.
 """
 
@@ -116,7 +116,8 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
                                           "why": str(exc)})
         return None
     trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": True,
-                                      "from_checkpoint": found.shown, "next_epoch": found.next_epoch})
+                                      "from_checkpoint": found.shown, "next_epoch": found.next_epoch + 1,  # from 1
+                                      "global_step": found.global_step})
     return old
 
 

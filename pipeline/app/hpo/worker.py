@@ -66,7 +66,7 @@ def quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
-    # A retry resumes its run from the last checkpoint: an epoch the lost run had reported after
+    # A retry resumes its run from the last checkpoint: a validation the lost run had reported after
     # that checkpoint is reported again, and Optuna keeps the value it has. Nothing to warn about.
     warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
 

@@ -65,7 +65,7 @@ class RecordedEpoch:
 
 @dataclass(frozen=True)
 class TrialReport:
-    epoch: int
+    validation: int  # the run's validation count, from 1 (Optuna's ``step``)
     value: float
     should_prune: bool
     trial: int | None = None  # the Optuna trial number
@@ -73,7 +73,7 @@ class TrialReport:
 
 class RecordedTrial:
     """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
-    at that epoch; an epoch without a recorded decision is answered ``False`` and listed in
+    at that validation; a validation without a recorded decision is answered ``False`` and listed in
     ``unknown_steps``."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
@@ -210,8 +210,9 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             step_at_epoch_start = int(e.get("global_step") or first + batches)
             step_events.clear()
         elif kind == "trial_report":
-            ep = int(payload["epoch"])
-            reports[ep] = TrialReport(ep, as_float(payload.get("value")), bool(payload.get("should_prune")),
+            # an older log: one validation an epoch, named by its 0-based epoch
+            n = int(payload["validation"]) if "validation" in payload else int(payload["epoch"]) + 1
+            reports[n] = TrialReport(n, as_float(payload.get("value")), bool(payload.get("should_prune")),
                                       payload.get("trial") if isinstance(payload.get("trial"), int) else None)
         elif kind == "result":
             result = payload

@@ -70,9 +70,9 @@ def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
             and o.datetime_complete is not None and o.datetime_complete.timestamp() <= bound], basis
 
 
-def _best_so_far(trial: FrozenTrial, epoch: int, maximize: bool) -> float | None:
-    """The trial's best reported value up to ``epoch``: what Optuna's MedianPruner compares."""
-    values = [v for s, v in trial.intermediate_values.items() if s <= epoch and math.isfinite(v)]
+def _best_so_far(trial: FrozenTrial, step: int, maximize: bool) -> float | None:
+    """The trial's best reported value up to Optuna's ``step``: what Optuna's MedianPruner compares."""
+    values = [v for s, v in trial.intermediate_values.items() if s <= step and math.isfinite(v)]
     if not values:
         return None
     return max(values) if maximize else min(values)
@@ -99,18 +99,20 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         if t.state is not TrialState.PRUNED:
             continue
         attr = t.user_attrs.get("pruned") or {}
-        epoch: int = attr.get("epoch", t.last_step if t.last_step is not None else -1)
+        step: int = attr.get("validation", t.last_step if t.last_step is not None else -1)  # Optuna's step
         prediction = t.user_attrs.get("predicted_final_loss")
         seen, basis = _seen_by_pruner(trials, t, attr)
-        others = sorted(v for o in seen if (v := o.intermediate_values.get(epoch)) is not None and math.isfinite(v))
+        others = sorted(v for o in seen if (v := o.intermediate_values.get(step)) is not None and math.isfinite(v))
         pruned.append({
-            "number": t.number, "epoch_index": epoch, "value": _json_number(t.intermediate_values.get(epoch)),
-            "best_so_far": _json_number(_best_so_far(t, epoch, maximize)),
+            "number": t.number, "optuna_step": step,
+            **{k: attr.get(k) if "validation" in attr else None for k in ("validation", "epoch", "step")},
+            "value": _json_number(t.intermediate_values.get(step)),
+            "best_so_far": _json_number(_best_so_far(t, step, maximize)),
             "monitor": attr.get("monitor", "value"),
             "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
-            "others_at_epoch": {"n": len(others), "median": statistics.median(others) if others else None,
-                                "basis": basis},
+            "others_at_validation": {"n": len(others), "median": statistics.median(others) if others else None,
+                                     "basis": basis},
             "params": dict(t.params),
         })
     failed = [{"number": t.number, "error": t.user_attrs.get("error"), "params": dict(t.params),
@@ -170,18 +172,22 @@ def render(report: dict[str, Any]) -> str:
 
 
 def _decision(p: dict[str, Any]) -> str:
-    """``epoch 3 (val_loss 0.2) by MedianPruner (median at that epoch over the 4 trials ...)``."""
-    others = p["others_at_epoch"]
+    """``validation 3 (epoch 3, step 30, val_loss 0.2) by MedianPruner (median at that validation over ...)``."""
+    from fsmtrain.callbacks.pruner import validation_label  # the callbacks import torch
+
+    others = p["others_at_validation"]
     if p["reason"]:
         why = f": {p['reason']}"
     elif others["n"]:
         trials = "trial" if others["n"] == 1 else "trials"
-        why = f" (median at that epoch over the {others['n']} {trials} {others['basis']}: {others['median']:.6g})"
+        why = f" (median at that validation over the {others['n']} {trials} {others['basis']}: {others['median']:.6g})"
     else:
-        why = f" (no trial {others['basis']} had reached that epoch)"
+        why = f" (no trial {others['basis']} had reached that validation)"
     best = p.get("best_so_far")
     best_shown = f"; best so far {_short(best)}" if best is not None and best != p["value"] else ""
-    return f"epoch {p['epoch_index'] + 1} ({p['monitor']} {_short(p['value'])}{best_shown}) by {p['pruner']}{why}"
+    at = {k: p[k] for k in ("validation", "epoch", "step") if p[k] is not None}  # none in an older study
+    shown = validation_label(at, f"{p['monitor']} {_short(p['value'])}{best_shown}", last_step=p["optuna_step"])
+    return f"{shown} by {p['pruner']}{why}"
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -229,14 +229,18 @@ def _intermediate(complete: list[Any], pruned: list[Any]) -> str:
     if not series:
         return figure("plot-intermediate", "Intermediate values", "", "no trial reported intermediate values")
     return line_chart("plot-intermediate", "Intermediate values: pruned (orange) vs complete (blue) trials", series,
-                      x_label="step (epoch)", y_label="reported value",
+                      x_label="validation (from 1)", y_label="reported value",
                       log_y=_positive([v for s in series for v in s.y]),
                       legend=[("complete trial", PALETTE[0], False), ("pruned trial", PALETTE[1], False)])
 
 
 def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> str:
+    from fsmtrain.callbacks.pruner import validation_label  # the callbacks import torch
+
     rows = []
     for t in study.get_trials(deepcopy=False):
+        at = validation_label(t.user_attrs.get("pruned") or {}, last_step=t.last_step)
+        state = t.state.name.lower() + (f" at {at}" if t.state.name == "PRUNED" else "")
         v = as_float(t.value) if t.values is not None and len(t.values) == 1 else None
         links = []
         for d in run_dirs_of(t):
@@ -248,7 +252,7 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
             t.datetime_start else None
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
-        rows.append(f"<tr><td>{t.number}</td><td>{t.state.name.lower()}</td><td>{'-' if v is None else f'{v:.6g}'}</td>"
+        rows.append(f"<tr><td>{t.number}</td><td>{escape(state)}</td><td>{'-' if v is None else f'{v:.6g}'}</td>"
                     f"<td>{escape(params)}</td><td>{'-' if seconds is None else f'{seconds:.1f} s'}</td>"
                     f"<td>{' '.join(links) or '-'}</td></tr>")
     return ('<section class="panel" id="trials"><h2>Trials</h2><table><tr><th>trial</th><th>state</th><th>value</th>'
