@@ -7,16 +7,15 @@ rest by the mixins and checkers of the sibling modules; then the checkpoint file
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
-from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
+from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
@@ -34,23 +33,11 @@ from fsmtrain.tools.audit.verdict import (
     shown_epoch,
 )
 
-__all__ = ["LogAuditor", "audit_file", "parse_line", "read_log"]
+__all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
-_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
-
-
-def parse_line(raw: bytes) -> Any:
-    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
-    text = raw.decode("utf-8")
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
-    if end != len(text) and not text[end:].isspace():
-        return json.loads(text)
-    return obj
+Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
 
 
 def _when(ts: float) -> str:
@@ -71,8 +58,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 allow_missing: bool = False) -> None:
+                 allow_missing: bool = False, reader: Reader | None = None) -> None:
         self.path = path
+        self.reader = reader
         self.allow_missing = allow_missing
         # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
@@ -110,6 +98,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.chain.link_unparsed(raw)
             self.bad("json", f"expected a JSON object, found {type(rec).__name__}", n)
             return
+        if self.reader is not None:
+            self.reader(n, rec)
         if not rec.keys() >= _REQUIRED:
             self.chain.link(n, raw, rec)
             missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k not in _CHAIN_KEYS)
@@ -279,21 +269,15 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-             allow_missing: bool = False) -> LogAuditor:
-    """A :class:`LogAuditor` fed every line of ``path``, not yet finished."""
+             allow_missing: bool = False, reader: Reader | None = None) -> LogAuditor:
+    """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each
+    parsed line too (the report reads the log in the audit's pass)."""
     p = Path(path)
-    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
-    try:
-        fh = open(p, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    with fh:
-        try:
-            feed = auditor.feed
-            n = 0
-            for n, raw in enumerate(fh, 1):
-                feed(n, raw)
-            auditor.lines = n
-        except OSError as exc:
-            raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
+                         reader=reader)
+    feed = auditor.feed
+    n = 0
+    for n, raw in enumerate(read_lines(p, AuditReadError), 1):
+        feed(n, raw)
+    auditor.lines = n
     return auditor

@@ -97,10 +97,12 @@ def _is_nonfinite(value: Any) -> bool:
 
 
 @functools.cache
-def _allowed(move: Transition, facts: Facts) -> bool:
-    if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
-        return move.enabled(facts)
-    return enabled_transition(move.source, facts) is move
+def _allowed(move: Transition, stop: bool, immediate: bool, remain: bool, faulted: bool) -> bool:
+    """Whether the table allows ``move`` given the facts; ``has_batch`` is not in the log, so either value will do."""
+    for facts in (Facts(stop, immediate, remain, has_batch, faulted) for has_batch in (False, True)):
+        if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
+            return True  # abort is not an ordinary move: it needs its own guard only
+    return False
 
 
 class MoveChecks(EndingChecks):
@@ -137,8 +139,8 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not any(_allowed(move, self._facts(seg, has_batch)) for has_batch in (False, True)):
-            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value
+        elif not _allowed(move, (stop := seg.stop) is not None, stop is not None and stop.immediate,
+                          seg.next_epoch < seg.max_epochs, seg.faulted):
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
@@ -161,11 +163,6 @@ class MoveChecks(EndingChecks):
                 seg.step_val = step
         if dst == FINAL.value and src != dst:
             self._train_end(n, rec, seg)
-
-    def _facts(self, seg: Segment, has_batch: bool) -> Facts:
-        stop = seg.stop
-        return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-                     has_batch, seg.faulted)
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop
