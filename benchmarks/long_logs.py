@@ -18,7 +18,6 @@ the floor runs in a fresh process too. The load average is printed: this machine
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess

@@ -39,15 +39,16 @@ __all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
-_SRC, _DST, _TRIGGER = PER_BATCH
 _INT = rb"(0|[1-9]\d*)"  # a JSON integer
-# A per-batch line as the writer writes it; one that holds every check is taken without parsing it.
-_BATCH_LINE = re.compile(
+# A move line as the writer writes it (a transition with no payload): decoded from its bytes, not
+# parsed, and a per-batch one (the bulk of a debug log) that holds every check taken as it is.
+_MOVE_LINE = re.compile(
     rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
-    rb'"phase":"%s","from":"%s","to":"%s","trigger":"%s","epoch":%s,"global_step":%s,"payload":\{\},'
-    rb'"prev":"(\w{64})","seal":"\w{64}"\}\n' % (_INT, *(re.escape(s.encode()) for s in (_DST, *PER_BATCH)), _INT, _INT)
-).fullmatch
-_BATCH_MOVE = {"event": "transition", "from": _SRC, "to": _DST, "trigger": _TRIGGER, "payload": {}}  # for a reader
+    rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
+    rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
+_STEP = PER_BATCH[1]  # the phase a per-batch line is in
+_BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
+_BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
 
 
 def _when(ts: float) -> str:
@@ -97,23 +98,32 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         }
 
     def feed(self, n: int, raw: bytes) -> None:
-        batch = _BATCH_LINE(raw)
-        if batch is None or not self._batch_line(n, raw, batch):
-            self.feed_parsed(n, raw)
+        m = _MOVE_LINE(raw)
+        if m is None:
+            self.feed_parsed(n, raw, None)
+            return
+        fields = m.groups()
+        if fields[4:8] != _BATCH or not self._batch_line(n, raw, fields):
+            seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
+            self.feed_parsed(n, raw, {
+                "seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition",
+                "level": level.decode(), "phase": phase.decode(), "from": src.decode(), "to": dst.decode(),
+                "trigger": trigger.decode(), "epoch": int(epoch), "global_step": int(step), "payload": {},
+                "prev": prev.decode(), "seal": seal.decode()})
 
-    def _batch_line(self, n: int, raw: bytes, m: re.Match[bytes]) -> bool:
-        """A per-batch line (the bulk of a debug log) that passes every check of :meth:`feed_parsed`,
-        taken from its bytes; False, with nothing changed, for any other."""
-        seg, seq, ts, epoch, step = self.seg, int(m[1]), float(m[2]), int(m[5]), int(m[6])
-        if (seg is None or seg.result_seen or seg.phase != _SRC or seq != self.prev_seq + 1  # type: ignore[operator]
+    def _batch_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
+        """A per-batch line that passes every check of :meth:`feed_parsed`, taken as it is; False, with
+        nothing changed, for any other."""
+        seg, seq, ts, epoch, step = self.seg, int(fields[0]), float(fields[1]), int(fields[8]), int(fields[9])
+        if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
                 or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
                 or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate)
-                or m[3].decode() != seg.run_id or LEVELS.get(m[4].decode(), 99) < seg.min_level):
+                or fields[2].decode() != seg.run_id or LEVELS.get(fields[3].decode(), 99) < seg.min_level):
             return False
         if self.reader is not None:
             self.reader(n, _BATCH_MOVE)
         self.prev_seq = seq
-        self.chain.link(n, raw, {"prev": m[7].decode(), "seq": seq, "phase": _DST})
+        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": _STEP})
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
         self.batch_moves += 1
@@ -121,15 +131,16 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         seg.step_prev = step
         return True
 
-    def feed_parsed(self, n: int, raw: bytes) -> None:
-        """Line ``n``, parsed and checked."""
-        try:
-            rec = parse_line(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self.chain.link_unparsed(raw)
-            cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
-            self.bad("json", f"not valid JSON: {exc}{cut}", n)
-            return
+    def feed_parsed(self, n: int, raw: bytes, rec: Any) -> None:
+        """Line ``n`` checked; ``rec``: its value when decoded already, else None (it is parsed here)."""
+        if rec is None:
+            try:
+                rec = parse_line(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                self.chain.link_unparsed(raw)
+                cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
+                self.bad("json", f"not valid JSON: {exc}{cut}", n)
+                return
         if type(rec) is not dict:
             self.chain.link_unparsed(raw)
             self.bad("json", f"expected a JSON object, found {type(rec).__name__}", n)
