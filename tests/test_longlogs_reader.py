@@ -18,7 +18,7 @@ from fsmtrain.tools.audit import AuditReport, audit_file
 from fsmtrain.tools.audit.auditor import _MOVE_LINE, LogAuditor
 from fsmtrain.tools.report.run import run_sections
 
-Edit = Callable[[list[dict[str, Any]], int], None]  # changes the records around the batch line at index i
+Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
 
 
 def _batch_indexes(recs: list[dict[str, Any]]) -> list[int]:
