@@ -13,14 +13,15 @@ import contextlib
 import ctypes
 import errno
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "parse_line", "read_lines",
-           "write_failure"]
+__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
+           "read_lines", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -162,6 +163,7 @@ class LogFile:
         os.close(fd)
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 
 
@@ -184,3 +186,12 @@ def read_lines(path: Path, fail: Callable[[str], Exception]) -> Iterator[bytes]:
             yield from fh
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def log_number(value: Any) -> float | None:
+    """A number as a log writes it (non-finite ones as the strings NaN, Infinity, -Infinity), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return _NONFINITE.get(value) if isinstance(value, str) else None

@@ -38,7 +38,7 @@ _MOVES: Mapping[tuple[str, str, str], Transition] = {
 _PHASES = frozenset(p.value for p in Phase)
 _PER_BATCH_MOVE = next(t for t in TRANSITIONS if t.internal)  # one line per batch, at debug level
 PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATCH_MOVE.trigger)
-_STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
+_STEP, _VAL, _EPOCH_BEGIN, _FINAL = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value, FINAL.value
 
 _LOSSES = ("train_loss", "val_loss")
 # The phase whose last step writes the ``epoch`` event.
@@ -97,8 +97,9 @@ def _is_nonfinite(value: Any) -> bool:
 
 
 @functools.cache
-def _allowed(move: Transition, stop: bool, immediate: bool, remain: bool, faulted: bool) -> bool:
-    """Whether the table allows ``move`` given the facts; ``has_batch`` is not in the log, so either value will do."""
+def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: bool, faulted: bool) -> bool:
+    """Whether the table allows the move ``key`` given the facts; ``has_batch`` is not in the log: either will do."""
+    move = _MOVES[key]
     for facts in (Facts(stop, immediate, remain, has_batch, faulted) for has_batch in (False, True)):
         if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
             return True  # abort is not an ordinary move: it needs its own guard only
@@ -139,7 +140,7 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not _allowed(move, (stop := seg.stop) is not None, stop is not None and stop.immediate,
+        elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
                           seg.next_epoch < seg.max_epochs, seg.faulted):
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
@@ -161,7 +162,7 @@ class MoveChecks(EndingChecks):
                     self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
                              "(one step after the last batch line)", n)
                 seg.step_val = step
-        if dst == FINAL.value and src != dst:
+        if dst == _FINAL and src != dst:
             self._train_end(n, rec, seg)
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:

@@ -4,7 +4,6 @@ and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) 
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.drawing import DiagramError
+from fsmtrain.core.log_file import log_number as as_float
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.run_path import PathCounter
 
@@ -101,22 +101,8 @@ class EpochTable:
         return {name: column.total(len(self.index)) for name, column in self.columns.get(kind, {}).items()}
 
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
 class ReportError(ValueError):
     """Input a report cannot be made from (no log, not a log, no such study); the message says which."""
-
-
-def as_float(value: Any) -> float | None:
-    """A number of the log (non-finite floats are written as the strings NaN/Infinity), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return _NONFINITE.get(value)
-    return None
 
 
 @dataclass
@@ -145,6 +131,11 @@ class RunData:
 
     def read(self, n: int, rec: dict[str, Any]) -> None:
         """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
+        if rec.get("event") == "transition" and (
+                type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
+            # the common line, past the checks of ``record``
+            self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
+            return
         try:
             self.path.record(rec, f"line {n}")
         except DiagramError as exc:
