@@ -99,3 +99,24 @@ def test_the_report_reads_the_log_once(real_runs: RealRuns, tmp_path: Path) -> N
     writer.start()
     assert run_sections(pipe)[1] == expected
     writer.join(5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_long_log_benchmark_writes_logs_that_audit_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from long_logs import SPIKE, real_run, synthetic_epoch, write_log
+
+    steps = tmp_path / "steps.jsonl"
+    write_log(real_run(tmp_path / "debug", "debug", 2, 4), 50, steps)
+    report = audit_file(steps, verify_checkpoints=False)
+    assert report.ok_strict, report.render()
+    ex = report.explanation
+    assert ex.epochs_completed == 50 and ex.moves["train_step->train_step (batch)"] == 150
+    run = tmp_path / "epochs"
+    run.mkdir()
+    write_log(real_run(tmp_path / "info", "info", 3, 8), 3000, run / "events.jsonl", synthetic_epoch(3000))
+    _, summary, sections = run_sections(run / "events.jsonl")
+    assert "completed after 3000 epoch(s); audit OK" in summary
+    page = "".join(sections)
+    assert f": {SPIKE:.6g}</title>" in page and "reduced: " in page
