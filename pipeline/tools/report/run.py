@@ -13,10 +13,9 @@ from fsmtrain.app.global_batch import describe_global_batch
 from fsmtrain.core.drawing import DiagramError, Format, path_diagram
 from fsmtrain.core.lifecycle import TRANSITIONS, Phase
 from fsmtrain.core.run_path import RunPath
-from fsmtrain.tools.audit import AuditReadError, AuditReport
-from fsmtrain.tools.audit.auditor import read_log
+from fsmtrain.tools.audit import AuditReport
 from fsmtrain.tools.report.reduce import spans
-from fsmtrain.tools.report.run_log import ReportError, RunData, as_float
+from fsmtrain.tools.report.run_log import RunData, as_float, read_run
 from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
 
 __all__ = ["RUN_PLOTS", "run_sections"]
@@ -238,16 +237,7 @@ def _audit_panel(report: AuditReport) -> str:
 
 def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     """The page title, a one-line summary and the sections (HTML) of a run report."""
-    data = RunData(events_path)
-    try:  # one pass: the audit hands each line it parsed to the page's reader
-        auditor = read_log(events_path, reader=data.read)
-    except AuditReadError as exc:
-        raise ReportError(str(exc)) from exc
-    unparsed = next((f for f in auditor.findings if f.check == "json"), None)
-    if unparsed is not None:
-        data.path_problem = f"line {unparsed.line}: {unparsed.message}; run `fsmtrain audit`"
-    data.finish(auditor.lines)
-    report = auditor.finish()
+    data, report = read_run(events_path)
     overfit, bands = _overfit(data)
     sections = [_loss_plot(data, bands), *_metric_plots(data), _lr_plot(data), _grad_plot(data), overfit,
                 _early_stopping_plot(data), _diagram(data), _stop_panel(report, data),

@@ -12,8 +12,9 @@ from typing import Any
 
 from fsmtrain.core.drawing import DiagramError
 from fsmtrain.core.log_file import log_number as as_float
-from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.run_path import PathCounter
+from fsmtrain.tools.audit import AuditReadError, AuditReport
+from fsmtrain.tools.audit.auditor import read_log
 
 __all__ = ["Column", "EpochTable", "ReportError", "RunData", "as_float", "read_run"]
 
@@ -157,18 +158,17 @@ class RunData:
         return self.table.values("slot", name if key is None else f"{name}.{key}")
 
 
-def read_run(events_path: Path) -> RunData:
-    """Everything the page draws, from the log alone (the page reads it in the audit's pass)."""
-    data, n = RunData(events_path), 0
-    for n, raw in enumerate(read_lines(events_path, ReportError), 1):
-        try:
-            rec = parse_line(raw)
-        except ValueError as exc:  # the audit names broken lines; the diagram is not drawn
-            data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
-            continue
-        if isinstance(rec, dict):
-            data.read(n, rec)
-    return data.finish(n)
+def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
+    """Everything the page draws, and the audit, from one pass over the log."""
+    data = RunData(events_path)
+    try:
+        auditor = read_log(events_path, reader=data.read)
+    except AuditReadError as exc:
+        raise ReportError(str(exc)) from exc
+    unparsed = next((f for f in auditor.findings if f.check == "json"), None)
+    if unparsed is not None:  # the diagram is not drawn
+        data.path_problem = f"line {unparsed.line}: {unparsed.message}; run `fsmtrain audit`"
+    return data.finish(auditor.lines), auditor.finish()
 
 
 def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
