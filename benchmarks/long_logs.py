@@ -13,6 +13,7 @@ Each command runs in a fresh process, timed from outside (wall, and the child's 
 the floor runs in a fresh process too. The load average is printed: this machine is shared.
 
     python benchmarks/long_logs.py [--lines 1000000] [--epochs 200000] [--only steps|epochs] [--keep DIR]
+                                   [--reuse] [--repeat N] [--python OTHER_VENV/bin/python]
 """
 
 from __future__ import annotations
@@ -160,11 +161,11 @@ def timed(cmd: list[str]) -> tuple[float, float, int, str]:
     return wall, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status), text[-1500:]
 
 
-def measure(kind: str, run_dir: Path, repeat: int) -> bool:
+def measure(kind: str, run_dir: Path, repeat: int, python: str) -> bool:
     events = run_dir / "events.jsonl"
     with open(events, "rb") as fh:
         n = sum(1 for _ in fh)
-    py = sys.executable
+    py = python
     rows = {"floor (json.loads + sha256 a line)": [py, "-c", FLOOR, str(events)],
             "fsmtrain audit": [py, "-m", "fsmtrain", "audit", str(run_dir)],
             "fsmtrain report": [py, "-m", "fsmtrain", "report", str(run_dir)]}
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="run each command this many times; the best counts")
     parser.add_argument("--keep", type=Path, default=None, help="build the run dirs under DIR and keep them")
     parser.add_argument("--reuse", action="store_true", help="with --keep: measure the logs already there")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the Python whose fsmtrain is measured (another checkout's venv: a before figure)")
     parser.add_argument("--build-only", nargs=2, default=None, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build_only is not None:
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run([sys.executable, __file__, "--lines", str(args.lines), "--epochs", str(args.epochs),
                                 "--build-only", kind, str(run_dir)], check=True)
                 print(f"built the {kind} log in {time.perf_counter() - t0:.1f} s")
-            ok = measure(kind, run_dir, args.repeat) and ok
+            ok = measure(kind, run_dir, args.repeat, args.python) and ok
     print("targets (audit and report at most 5 s each):", "met" if ok else "NOT met")
     return 0 if ok else 1
 
