@@ -118,7 +118,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
                 or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
                 or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate)
-                or fields[2].decode() != seg.run_id or LEVELS.get(fields[3].decode(), 99) < seg.min_level):
+                or fields[2].decode() != seg.run_id
+                or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
             return False
         if self.reader is not None:
             self.reader(n, _BATCH_MOVE)
