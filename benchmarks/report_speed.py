@@ -178,7 +178,7 @@ def parts(events: Path) -> None:
     from fsmtrain.tools.report.run_log import read_run
 
     marks = [(time.perf_counter(), time.process_time())]
-    read_run(events)
+    read_run(events)  # with the audit, in one pass
     marks.append((time.perf_counter(), time.process_time()))
     audit_file(events)
     marks.append((time.perf_counter(), time.process_time()))

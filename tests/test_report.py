@@ -60,7 +60,7 @@ def test_every_way_a_run_ends_gets_a_page(real_runs: RealRuns, tmp_path: Path, n
 @pytest.mark.slow
 def test_a_run_page_shows_what_the_log_holds(real_runs: RealRuns, tmp_path: Path) -> None:
     events = real_runs.events("early_stopped")
-    data = read_run(events)
+    data = read_run(events)[0]
     html = write_run_report(events, tmp_path / "r.html").read_text(encoding="utf-8")
     records = [json.loads(line) for line in read_lines(events)]
     # every checkpoint the log committed, with its sha256

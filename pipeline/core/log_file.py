@@ -1,4 +1,5 @@
-"""The append-only file under a run log: whole lines or nothing, and room kept for the last lines.
+"""The file under a run log: written append-only, whole lines or nothing, with room kept for the
+last lines; read back (:func:`read_lines`, :func:`parse_line`) by the audit, the report and replay.
 
 A failed write cuts the file back to its last whole line and raises a :class:`LogWriteError` naming
 the file and the device. A run whose log cannot grow must still write why it ended, so the file
@@ -11,11 +12,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from json.scanner import make_scanner
 from pathlib import Path
+from typing import Any, cast
 
-__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "write_failure"]
+__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
+           "read_lines", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -155,3 +161,37 @@ class LogFile:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self.size)
         os.close(fd)
+
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
+
+
+def parse_line(raw: bytes) -> Any:
+    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
+    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
+    if end != len(text) and not text[end:].isspace():
+        return json.loads(text)
+    return obj
+
+
+def read_lines(path: Path, fail: Callable[[str], Exception]) -> Iterator[bytes]:
+    """The lines of the log at ``path``, as written; ``fail(message)`` is raised if it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            yield from fh
+    except OSError as exc:
+        raise fail(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def log_number(value: Any) -> float | None:
+    """A number as a log writes it (non-finite ones as the strings NaN, Infinity, -Infinity), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return _NONFINITE.get(value) if isinstance(value, str) else None

@@ -7,16 +7,16 @@ rest by the mixins and checkers of the sibling modules; then the checkpoint file
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
+from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
@@ -34,23 +34,21 @@ from fsmtrain.tools.audit.verdict import (
     shown_epoch,
 )
 
-__all__ = ["LogAuditor", "audit_file", "parse_line", "read_log"]
+__all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
-_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
-
-
-def parse_line(raw: bytes) -> Any:
-    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
-    text = raw.decode("utf-8")
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
-    if end != len(text) and not text[end:].isspace():
-        return json.loads(text)
-    return obj
+Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
+_INT = rb"(0|[1-9]\d*)"  # a JSON integer
+# A move line as the writer writes it (a transition with no payload): decoded from its bytes, not
+# parsed, and a per-batch one (the bulk of a debug log) that holds every check taken as it is.
+_MOVE_LINE = re.compile(
+    rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
+    rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
+    rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
+_STEP = PER_BATCH[1]  # the phase a per-batch line is in
+_BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
+_BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
 
 
 def _when(ts: float) -> str:
@@ -71,8 +69,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 allow_missing: bool = False) -> None:
+                 allow_missing: bool = False, reader: Reader | None = None) -> None:
         self.path = path
+        self.reader = reader
         self.allow_missing = allow_missing
         # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
@@ -99,17 +98,56 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         }
 
     def feed(self, n: int, raw: bytes) -> None:
-        try:
-            rec = parse_line(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self.chain.link_unparsed(raw)
-            cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
-            self.bad("json", f"not valid JSON: {exc}{cut}", n)
+        m = _MOVE_LINE(raw)
+        if m is None:
+            self.feed_parsed(n, raw, None)
             return
+        fields = m.groups()
+        if fields[4:8] != _BATCH or not self._batch_line(n, raw, fields):
+            seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
+            self.feed_parsed(n, raw, {
+                "seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition",
+                "level": level.decode(), "phase": phase.decode(), "from": src.decode(), "to": dst.decode(),
+                "trigger": trigger.decode(), "epoch": int(epoch), "global_step": int(step), "payload": {},
+                "prev": prev.decode(), "seal": seal.decode()})
+
+    def _batch_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
+        """A per-batch line that passes every check of :meth:`feed_parsed`, taken as it is; False, with
+        nothing changed, for any other."""
+        seg, seq, ts, epoch, step = self.seg, int(fields[0]), float(fields[1]), int(fields[8]), int(fields[9])
+        if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
+                or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
+                or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate)
+                or fields[2].decode() != seg.run_id
+                or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
+            return False
+        if self.reader is not None:
+            self.reader(n, _BATCH_MOVE)
+        self.prev_seq = seq
+        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": _STEP})
+        self.last_ts, self.last_ts_line = ts, n
+        seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
+        self.batch_moves += 1
+        seg.batch_lines += 1
+        seg.step_prev = step
+        return True
+
+    def feed_parsed(self, n: int, raw: bytes, rec: Any) -> None:
+        """Line ``n`` checked; ``rec``: its value when decoded already, else None (it is parsed here)."""
+        if rec is None:
+            try:
+                rec = parse_line(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                self.chain.link_unparsed(raw)
+                cut = "" if raw.endswith(b"\n") else " (the line has no end: a truncated write?)"
+                self.bad("json", f"not valid JSON: {exc}{cut}", n)
+                return
         if type(rec) is not dict:
             self.chain.link_unparsed(raw)
             self.bad("json", f"expected a JSON object, found {type(rec).__name__}", n)
             return
+        if self.reader is not None:
+            self.reader(n, rec)
         if not rec.keys() >= _REQUIRED:
             self.chain.link(n, raw, rec)
             missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k not in _CHAIN_KEYS)
@@ -279,21 +317,15 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-             allow_missing: bool = False) -> LogAuditor:
-    """A :class:`LogAuditor` fed every line of ``path``, not yet finished."""
+             allow_missing: bool = False, reader: Reader | None = None) -> LogAuditor:
+    """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each
+    parsed line too (the report reads the log in the audit's pass)."""
     p = Path(path)
-    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing)
-    try:
-        fh = open(p, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    with fh:
-        try:
-            feed = auditor.feed
-            n = 0
-            for n, raw in enumerate(fh, 1):
-                feed(n, raw)
-            auditor.lines = n
-        except OSError as exc:
-            raise AuditReadError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
+                         reader=reader)
+    feed = auditor.feed
+    n = 0
+    for n, raw in enumerate(read_lines(p, AuditReadError), 1):
+        feed(n, raw)
+    auditor.lines = n
     return auditor

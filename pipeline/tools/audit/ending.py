@@ -12,6 +12,7 @@ from typing import Any
 from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
+from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
@@ -20,7 +21,6 @@ __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop"
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # The result figures recomputed from the log, in the order the audit reports them.
 _RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
                   "best_val_loss", "best_epoch", "objective", "global_step")
@@ -98,14 +98,6 @@ class Segment:
     moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
-
-
-def number(value: Any) -> float | None:
-    """A JSON number as the event log writes it (non-finite ones as strings), else None."""
-    kind = type(value)
-    if kind is float or kind is int:
-        return float(value)
-    return _NONFINITE.get(value) if kind is str else None
 
 
 def _same_number(a: Any, b: Any) -> bool:

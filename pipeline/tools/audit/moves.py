@@ -38,7 +38,7 @@ _MOVES: Mapping[tuple[str, str, str], Transition] = {
 _PHASES = frozenset(p.value for p in Phase)
 _PER_BATCH_MOVE = next(t for t in TRANSITIONS if t.internal)  # one line per batch, at debug level
 PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATCH_MOVE.trigger)
-_STEP, _VAL, _EPOCH_BEGIN = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value
+_STEP, _VAL, _EPOCH_BEGIN, _FINAL = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value, FINAL.value
 
 _LOSSES = ("train_loss", "val_loss")
 # The phase whose last step writes the ``epoch`` event.
@@ -97,10 +97,13 @@ def _is_nonfinite(value: Any) -> bool:
 
 
 @functools.cache
-def _allowed(move: Transition, facts: Facts) -> bool:
-    if move.trigger == ABORT:  # abort is not an ordinary move: it needs its own guard only
-        return move.enabled(facts)
-    return enabled_transition(move.source, facts) is move
+def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: bool, faulted: bool) -> bool:
+    """Whether the table allows the move ``key`` given the facts; ``has_batch`` is not in the log: either will do."""
+    move = _MOVES[key]
+    for facts in (Facts(stop, immediate, remain, has_batch, faulted) for has_batch in (False, True)):
+        if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
+            return True  # abort is not an ordinary move: it needs its own guard only
+    return False
 
 
 class MoveChecks(EndingChecks):
@@ -137,8 +140,8 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not any(_allowed(move, self._facts(seg, has_batch)) for has_batch in (False, True)):
-            # ``has_batch`` is not in the log: the move is fine if the table allows it for either value
+        elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
+                          seg.next_epoch < seg.max_epochs, seg.faulted):
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
@@ -159,13 +162,8 @@ class MoveChecks(EndingChecks):
                     self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
                              "(one step after the last batch line)", n)
                 seg.step_val = step
-        if dst == FINAL.value and src != dst:
+        if dst == _FINAL and src != dst:
             self._train_end(n, rec, seg)
-
-    def _facts(self, seg: Segment, has_batch: bool) -> Facts:
-        stop = seg.stop
-        return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-                     has_batch, seg.faulted)
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop

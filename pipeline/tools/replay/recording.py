@@ -7,7 +7,6 @@ that ended the run (:class:`Interruption`). A resumed run's log reads as the run
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import signal
@@ -16,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.core.events import EVENTS_FILE, as_float, read_events
+from fsmtrain.core.events import EVENTS_FILE, as_float
 from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
+from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.stop import StopReason
 
 __all__ = [
@@ -163,10 +163,13 @@ def load_recording(path: str | Path) -> Recording:
         p = p / EVENTS_FILE
     if not p.is_file():
         raise ReplayError(f"no events log at {p}: expected a run's {EVENTS_FILE} or the run directory holding it")
-    try:
-        events = read_events(p)
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{p} is not an events log: line {exc.lineno} is not JSON ({exc.msg})") from exc
+    events = []
+    for n, raw in enumerate(read_lines(p, ReplayError), 1):
+        try:
+            if raw.strip():
+                events.append(parse_line(raw))
+        except ValueError as exc:
+            raise ReplayError(f"{p} is not an events log: line {n} is not JSON ({exc})") from exc
     return recording_from_events(events, path=p)
 
 

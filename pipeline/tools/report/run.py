@@ -13,9 +13,9 @@ from fsmtrain.app.global_batch import describe_global_batch
 from fsmtrain.core.drawing import DiagramError, Format, path_diagram
 from fsmtrain.core.lifecycle import TRANSITIONS, Phase
 from fsmtrain.core.run_path import RunPath
-from fsmtrain.tools.audit import AuditReadError, AuditReport, audit_file
+from fsmtrain.tools.audit import AuditReport
 from fsmtrain.tools.report.reduce import spans
-from fsmtrain.tools.report.run_log import ReportError, RunData, as_float, read_run
+from fsmtrain.tools.report.run_log import RunData, as_float, read_run
 from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
 
 __all__ = ["RUN_PLOTS", "run_sections"]
@@ -237,11 +237,7 @@ def _audit_panel(report: AuditReport) -> str:
 
 def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     """The page title, a one-line summary and the sections (HTML) of a run report."""
-    data = read_run(events_path)
-    try:
-        report = audit_file(events_path)
-    except AuditReadError as exc:
-        raise ReportError(str(exc)) from exc
+    data, report = read_run(events_path)
     overfit, bands = _overfit(data)
     sections = [_loss_plot(data, bands), *_metric_plots(data), _lr_plot(data), _grad_plot(data), overfit,
                 _early_stopping_plot(data), _diagram(data), _stop_panel(report, data),

@@ -4,9 +4,6 @@ and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) 
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.drawing import DiagramError
-from fsmtrain.core.lifecycle import FINAL
+from fsmtrain.core.log_file import log_number as as_float
 from fsmtrain.core.run_path import PathCounter
+from fsmtrain.tools.audit import AuditReadError, AuditReport
+from fsmtrain.tools.audit.auditor import read_log
 
 __all__ = ["Column", "EpochTable", "ReportError", "RunData", "as_float", "read_run"]
 
@@ -103,22 +102,8 @@ class EpochTable:
         return {name: column.total(len(self.index)) for name, column in self.columns.get(kind, {}).items()}
 
 
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
 class ReportError(ValueError):
     """Input a report cannot be made from (no log, not a log, no such study); the message says which."""
-
-
-def as_float(value: Any) -> float | None:
-    """A number of the log (non-finite floats are written as the strings NaN/Infinity), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        return _NONFINITE.get(value)
-    return None
 
 
 @dataclass
@@ -145,6 +130,26 @@ class RunData:
             value = node
         return as_float(value)
 
+    def read(self, n: int, rec: dict[str, Any]) -> None:
+        """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
+        if rec.get("event") == "transition" and (
+                type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
+            # the common line, past the checks of ``record``
+            self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
+            return
+        try:
+            self.path.record(rec, f"line {n}")
+        except DiagramError as exc:
+            self.path_problem = self.path_problem or str(exc)
+        _read_event(self, rec)
+
+    def finish(self, lines: int) -> RunData:
+        self.lines = lines
+        if lines == 0 or (not len(self.table) and self.run_id == "?"):
+            raise ReportError(f"{self.events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
+        self.table.finish()
+        return self
+
     def metric(self, name: str) -> list[float | None]:
         return self.table.values("metric", name)
 
@@ -153,71 +158,22 @@ class RunData:
         return self.table.values("slot", name if key is None else f"{name}.{key}")
 
 
-# The writer puts ``event`` before ``payload``, so a line's first ``"event":"`` is its own: a
-# transition's move (4 in 5 lines of an info-level log) is cut from its bytes, not parsed.
-_SKIPPED = (b"trial_report", b"stop_request")
-_FINAL_PHASE = FINAL.value.encode()
-_MOVE = re.compile(rb'"from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":(-?\d+|null),'
-                   rb'"global_step":(-?\d+|null),')
-_DECODER = json.JSONDecoder()
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads`` of one line, without its whitespace checks when there is none."""
-    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
-    try:
-        obj, end = _DECODER.raw_decode(text)
-    except ValueError:
-        return json.loads(text)  # leading whitespace, or not JSON: json.loads says which
-    return obj if end == len(text) or text[end:].isspace() else json.loads(text)
-
-
-def _int(text: bytes) -> int | None:
-    return None if text == b"null" else int(text)
-
-
-def read_run(events_path: Path) -> RunData:
-    """Everything the page draws, from the log. A resumed run's re-run epochs count once (the last)."""
+def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
+    """Everything the page draws, and the audit, from one pass over the log."""
     data = RunData(events_path)
     try:
-        fh = open(events_path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise ReportError(f"cannot read {events_path}: {exc.strerror or exc}") from exc
-    n = 0
-    path = data.path
-    with fh:
-        for raw in fh:
-            n += 1
-            at = raw.find(b'"event":"')
-            if at >= 0:
-                if raw.startswith(b'transition"', at + 9):
-                    move = _MOVE.search(raw, at)
-                    if move is not None and move[2] != _FINAL_PHASE:
-                        src, dst, trigger, epoch, step = move.groups()
-                        path.transition(src.decode(), dst.decode(), trigger.decode(), _int(step), _int(epoch), None)
-                        continue
-                elif raw.startswith(_SKIPPED, at + 9):
-                    continue
-            try:
-                rec = _loads(raw)
-            except ValueError as exc:  # the audit section names broken lines; the diagram is not drawn
-                data.path_problem = data.path_problem or f"line {n}: not a JSON line ({exc}); run `fsmtrain audit`"
-                continue
-            if isinstance(rec, dict):
-                try:
-                    path.record(rec, f"line {n}")
-                except DiagramError as exc:
-                    data.path_problem = data.path_problem or str(exc)
-                _read_event(data, rec)
-    data.lines = n
-    if n == 0 or (not len(data.table) and data.run_id == "?"):
-        raise ReportError(f"{events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
-    data.table.finish()
-    return data
+        auditor = read_log(events_path, reader=data.read)
+    except AuditReadError as exc:
+        raise ReportError(str(exc)) from exc
+    unparsed = next((f for f in auditor.findings if f.check == "json"), None)
+    if unparsed is not None:  # the diagram is not drawn
+        data.path_problem = f"line {unparsed.line}: {unparsed.message}; run `fsmtrain audit`"
+    return data.finish(auditor.lines), auditor.finish()
 
 
 def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
-    event = rec.get("event")
+    if (event := rec.get("event")) == "transition":
+        return
     payload = rec.get("payload")
     payload = payload if isinstance(payload, Mapping) else {}
     if event == "run_start":

@@ -1,0 +1,122 @@
+"""Long logs: the audit takes the writer's move lines from their bytes and a per-batch line that holds
+every check without parsing it, with the same findings as parsing every line; the report reads the
+log once, in the audit's pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from audit_runs import RealRuns, read_lines, rechain
+
+from fsmtrain.tools.audit import AuditReport, audit_file
+from fsmtrain.tools.audit.auditor import _MOVE_LINE, LogAuditor
+from fsmtrain.tools.report.run import run_sections
+
+Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
+
+
+def _batch_indexes(recs: list[dict[str, Any]]) -> list[int]:
+    return [i for i, r in enumerate(recs) if r["event"] == "transition" and r["from"] == r["to"] == "train_step"]
+
+
+def _parsing_every_line(path: Path) -> AuditReport:
+    auditor = LogAuditor(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for n, raw in enumerate(lines, 1):
+        auditor.feed_parsed(n, raw, None)
+    auditor.lines = len(lines)
+    return auditor.finish()
+
+
+def _said(report: AuditReport) -> list[tuple[str, str, int | None, str]]:
+    return [(f.check, f.message, f.line, f.severity.value) for f in report.findings]
+
+
+EDITS: dict[str, Edit] = {
+    "step": lambda recs, i: recs[i].update(global_step=recs[i]["global_step"] + 1),
+    "removed": lambda recs, i: recs.pop(i),
+    "duplicated": lambda recs, i: recs.insert(i, dict(recs[i])),
+    "swapped": lambda recs, i: recs.insert(i + 1, recs.pop(i)),
+    "ts_back": lambda recs, i: recs[i].update(ts=recs[i]["ts"] - 10.0),
+    "run_id": lambda recs, i: recs[i].update(run_id="other"),
+    "epoch": lambda recs, i: recs[i].update(epoch=recs[i]["epoch"] + 1),
+    "seq": lambda recs, i: recs[i].update(seq=recs[i]["seq"] + 5),
+    "level": lambda recs, i: recs[i].update(level="error"),  # legal: a run's config records no log level here
+    "ts_int": lambda recs, i: recs[i].update(ts=int(recs[i]["ts"]) + 1),
+}
+
+
+def test_the_writers_batch_lines_are_taken_from_their_bytes(real_runs: RealRuns) -> None:
+    raw = real_runs.events("debug").read_bytes().splitlines(keepends=True)
+    recs = [json.loads(line) for line in raw]
+    batches = _batch_indexes(recs)
+    assert len(batches) >= 6
+    assert all(_MOVE_LINE(raw[i]) is not None for i in batches)
+    assert all(_MOVE_LINE(raw[i]) is not None for i, r in enumerate(recs) if r["event"] == "transition"
+               and r["to"] != "train_end")  # train_end's move carries its reason
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("rechained", [True, False])
+def test_a_changed_batch_line_gets_the_findings_of_a_parsed_one(real_runs: RealRuns, tmp_path: Path, edit: str,
+                                                                 rechained: bool) -> None:
+    recs = [json.loads(line) for line in read_lines(real_runs.events("debug"))]
+    EDITS[edit](recs, _batch_indexes(recs)[4])
+    lines = [json.dumps(r, separators=(",", ":")) + "\n" for r in recs]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain(lines) if rechained else lines), encoding="utf-8")
+    fast, parsed = audit_file(path, verify_checkpoints=False), _parsing_every_line(path)
+    assert _said(fast) == _said(parsed)
+    assert fast.explanation == parsed.explanation
+    assert fast.ok_strict == (edit == "level" and rechained), f"{edit}: the change went unseen"
+
+
+def test_an_intact_debug_log_audits_alike_both_ways(real_runs: RealRuns) -> None:
+    path = real_runs.events("debug")
+    fast, parsed = audit_file(path, verify_checkpoints=False), _parsing_every_line(path)
+    assert fast.ok and _said(fast) == _said(parsed) and fast.explanation == parsed.explanation
+
+
+@pytest.mark.timeout(60)
+def test_the_report_reads_the_log_once(real_runs: RealRuns, tmp_path: Path) -> None:
+    """From a pipe, which can be read only once: a second pass would wait for a writer forever."""
+    src = real_runs.events("debug")
+    expected = run_sections(src)[1]
+    pipe = tmp_path / "events.jsonl"
+    os.mkfifo(pipe)
+
+    def write() -> None:
+        with open(pipe, "wb") as fh:
+            fh.write(src.read_bytes())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert run_sections(pipe)[1] == expected
+    writer.join(5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_long_log_benchmark_writes_logs_that_audit_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from long_logs import SPIKE, real_run, synthetic_epoch, write_log
+
+    steps = tmp_path / "steps.jsonl"
+    write_log(real_run(tmp_path / "debug", "debug", 2, 4), 50, steps)
+    report = audit_file(steps, verify_checkpoints=False)
+    assert report.ok_strict, report.render()
+    ex = report.explanation
+    assert ex.epochs_completed == 50 and ex.moves["train_step->train_step (batch)"] == 150
+    run = tmp_path / "epochs"
+    run.mkdir()
+    write_log(real_run(tmp_path / "info", "info", 3, 8), 3000, run / "events.jsonl", synthetic_epoch(3000))
+    _, summary, sections = run_sections(run / "events.jsonl")
+    assert "completed after 3000 epoch(s); audit OK" in summary
+    page = "".join(sections)
+    assert f": {SPIKE:.6g}</title>" in page and "reduced: " in page
