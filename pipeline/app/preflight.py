@@ -6,7 +6,7 @@ one message (for a forward, the innermost module and the shapes it got); exit 4,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO, TypeVar
 
@@ -19,6 +19,7 @@ from fsmtrain.app.defaults import console_callbacks
 from fsmtrain.app.job import build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
+from fsmtrain.training.step import step_name, step_result, to_device
 
 __all__ = ["PreflightFailed", "run_preflight", "shape_of"]
 
@@ -34,6 +35,8 @@ def shape_of(x: Any) -> str:
         return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
     if isinstance(x, (tuple, list)):
         return "(" + ", ".join(shape_of(v) for v in x) + ")"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k}: {shape_of(v)}" for k, v in x.items()) + "}"
     return type(x).__name__
 
 
@@ -81,9 +84,9 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     batch = _stage("first training batch", lambda: next(iter(parts.train_loader)))
-    inputs, targets = _stage("first training batch", lambda: split_batch(batch))
-    inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
-    targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
+    step = parts.steps[0]
+    inputs, targets = (batch, None) if step else _stage("first training batch", lambda: split_batch(batch))
+    inputs, targets = to_device(inputs, device), to_device(targets, device)
     model.train()
     stack: list[tuple[str, nn.Module, str]] = []
 
@@ -93,10 +96,16 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
         name, module, shapes = stack[-1]
         return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
 
-    with _innermost_module(model, stack):
-        output = _stage("forward", lambda: model(inputs), in_module)
-    loss = _stage("loss", lambda: parts.criterion(output, targets),
-                  lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
+    if step is not None:  # the user's step is the forward and the loss
+        with _innermost_module(model, stack):
+            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs), in_module)
+        loss, output = _stage(f"step {step_name(step)}", lambda: step_result(result, step_name(step)))
+        targets = output.get("target")
+    else:
+        with _innermost_module(model, stack):
+            output = _stage("forward", lambda: model(inputs), in_module)
+        loss = _stage("loss", lambda: parts.criterion(output, targets),
+                      lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
     _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
     grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
     missing = [n for n, g in grads if g is None]
@@ -112,7 +121,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     print(f"input      {shape_of(inputs)}   target {shape_of(targets)}", file=out)
     print(f"output     {shape_of(output)}", file=out)
     shown = f"{value:.6g}" if math.isfinite(value) else str(value)
-    print(f"loss       {shown} ({cfg.criterion})", file=out)
+    print(f"loss       {shown} ({cfg.step or cfg.criterion})", file=out)
     print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
           + (f"; non-finite: {', '.join(bad)}" if bad else "")
           + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)

@@ -105,6 +105,11 @@ def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Ten
     return {name: resolve_dotted(path) for name, path in cfg.metrics.items()}
 
 
+def build_steps(cfg: RunConfig) -> tuple[Any, Any]:
+    """The user's ``step`` and ``val_step`` functions (None: the built-in step)."""
+    return tuple(None if path is None else resolve_dotted(path) for path in (cfg.step, cfg.val_step))  # type: ignore[return-value]
+
+
 def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
                     trial: optuna.trial.Trial | Any | None = None) -> list[TrainingCallback]:
     """The run's callbacks: the built-ins as configured, clipping and accumulation, then the user's

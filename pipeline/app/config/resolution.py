@@ -24,6 +24,7 @@ class Kind(str, Enum):
     LOSS = "a loss: an nn.Module subclass or a function (output, target) -> tensor"
     DATA = "a data builder function (batch_size=, seed=, **data_config) -> (train, val)"
     METRIC = "a metric function (output, target) -> 0-d tensor"
+    STEP = "a step function (model, batch) -> the loss, or a mapping with 'loss' and named outputs"
     CALLBACK = "a TrainingCallback subclass"
 
 
@@ -123,7 +124,7 @@ def _is_kind(obj: Any, kind: Kind) -> bool:
         return (cls is not None and issubclass(cls, nn.Module)) or (cls is None and callable(obj))
     if kind is Kind.CALLBACK:
         return cls is not None and issubclass(cls, TrainingCallback)
-    return cls is None and callable(obj)  # DATA, METRIC: plain functions
+    return cls is None and callable(obj)  # DATA, METRIC, STEP: plain functions
 
 
 def _takes_output_and_target(sig: inspect.Signature) -> bool:
@@ -236,6 +237,9 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if value is None:
             continue
         problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    for key in ("step", "val_step"):
+        if data.get(key) is not None:
+            problems += _check_target(key, data[key], Kind.STEP, None, None, 0)
     metrics = data.get("metrics")
     if isinstance(metrics, Mapping):
         for name, target in metrics.items():

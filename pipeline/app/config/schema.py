@@ -20,6 +20,7 @@ from fsmtrain.core.context import BUILTIN_METRICS
 TRAINING_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
+    "step", "val_step",
 )
 
 
@@ -214,6 +215,8 @@ class RunConfig(_Section):
     data: str
     data_config: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, str] = Field(default_factory=dict)
+    step: str | None = None  # the user's fn(model, batch) -> loss or {loss, ...}; default loss_fn(model(x), y)
+    val_step: str | None = None  # the same for validation; default: step
     epochs: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
