@@ -107,7 +107,8 @@ class Trainer:
             # Everything that can fail without the run directory is built before it is claimed.
             self.runner = CallbackRunner(callbacks)
             run_extras = self._run_extras(extras, train_loader, rank)
-            self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile, (step, val_step))
+            self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile,
+                                       (step, val_step))
             self.run_dir = self._claim(run_dir, resume_from is not None)
             self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict, rank,
                         log_fsync)
