@@ -53,7 +53,7 @@ class RunParts:
     criterion: Callable[[Any, Any], torch.Tensor]
     train_loader: Any
     val_loader: Any
-    metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+    metrics: dict[str, Any]  # functions fn(output, target) and exact metric objects
     steps: tuple[Any, Any] = (None, None)  # the user's step and val_step, or None
 
 

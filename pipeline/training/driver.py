@@ -18,14 +18,16 @@ from torch import nn
 
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
+from fsmtrain.training.metrics import ExactMetrics, StatefulMetric, is_stateful
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.step import StepFn, StepRun, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor."""
+MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | StatefulMetric
+"""A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor, or an exact one
+(``update``/``compute``/``reset``, e.g. torchmetrics': :mod:`fsmtrain.training.metrics`)."""
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
@@ -89,8 +91,10 @@ class TorchDriver:
         self.val_loader = val_loader
         self.scheduler = scheduler
         self.device = device
-        self.metrics = dict(metrics or {})
-        taken = sorted(BUILTIN_METRICS & set(self.metrics))
+        self.metrics = {k: cast(Callable[[Any, Any], torch.Tensor], m) for k, m in (metrics or {}).items()
+                        if not is_stateful(m)}
+        self.exact = ExactMetrics({k: m for k, m in (metrics or {}).items() if isinstance(m, StatefulMetric)}, device)
+        taken = sorted(BUILTIN_METRICS & set(metrics or {}))
         if taken:
             raise ValueError(f"metrics named {', '.join(taken)} would replace the values fsmtrain computes under those "
                              f"names; name them otherwise (reserved: {', '.join(sorted(BUILTIN_METRICS))})")
@@ -99,7 +103,8 @@ class TorchDriver:
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
         self._val_names: list[str] = []
-        self._val_fns: list[MetricFn] = []
+        self._val_fns: list[Callable[[Any, Any], torch.Tensor]] = []
+        self._metered = False  # metrics to feed: the step's output and target are needed
         self._val_sums = torch.zeros(0, device=device)
         self._val_seen = 0
         if step is None and loss_fn is None:
@@ -216,6 +221,8 @@ class TorchDriver:
         self.model.eval()
         self._val_names = ["val_loss", *self.metrics]
         self._val_fns = list(self.metrics.values())
+        self._metered = bool(self._val_fns or self.exact)
+        self.exact.reset()
         self._val_sums = torch.zeros(len(self._val_names), device=self.device)
         self._val_seen = 0
         return self._inference(self.val_loader)
@@ -230,10 +237,11 @@ class TorchDriver:
     def val_batch(self, step: ValStepContext) -> None:
         output, loss, targets, n = self._val_run(self.model, step.batch)
         step.output, step.loss = output, loss
-        if self._val_fns:  # one fused add for all values; without metrics, the loss alone
+        if self._metered:  # one fused add for all values; without metrics, the loss alone
             output = output["output"] if self._user_val else output
             values = [loss, *(fn(output, targets) for fn in self._val_fns)]
             self._val_sums += torch.stack([v.reshape(()).float() for v in values]) * n
+            self.exact.update(output, targets)
         else:
             self._val_sums += loss * n
         self._val_seen += n
@@ -244,7 +252,7 @@ class TorchDriver:
         total, seen = self._global(self._val_sums, self._val_seen)
         if seen == 0:
             return {}
-        return dict(zip(self._val_names, (total / seen).tolist(), strict=True))
+        return {**dict(zip(self._val_names, (total / seen).tolist(), strict=True)), **self.exact.compute()}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         if self.scheduler is None:
