@@ -16,7 +16,11 @@ import torch
 import torchmetrics
 import yaml
 
+from fsmtrain import Trainer, TrainingCallback
 from fsmtrain.app.config import load_config
+from fsmtrain.callbacks import CheckpointCallback
+from fsmtrain.core.context import CheckpointContext
+from fsmtrain.training.checkpoint import load_checkpoint
 from fsmtrain.training.data import digits
 from fsmtrain.training.models import MLP
 
@@ -110,3 +114,39 @@ def test_the_config_names_an_exact_metric_that_is_not_one(tmp_path: Path) -> Non
         load_config(_config(tmp_path, metrics=bad))
     cfg = load_config(_config(tmp_path))
     assert cfg.metrics["val_accuracy"] == "fsmtrain.training.models.accuracy"
+
+
+class _Loaded(TrainingCallback):
+    """What the exact metrics hold once a resumed run has restored its checkpoint."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+
+    def on_load_checkpoint(self, ckpt: CheckpointContext) -> None:
+        self.state = ckpt.run.exact_metrics.state_dict()
+
+
+def test_the_exact_metrics_state_is_in_the_checkpoint_and_restored(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(70, 4, generator=g), torch.randint(0, 3, (70,), generator=g)
+    train = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 50, 16)]
+    val = [(x[i:i + 8], y[i:i + 8]) for i in range(50, 70, 8)]  # 20 rows: 8, 8, 4
+
+    def trainer(epochs: int, callbacks: list[TrainingCallback], resume: bool) -> Trainer:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+        return Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                       train, val, max_epochs=epochs, metrics={"val_acc": acc}, run_dir=tmp_path / "run",
+                       callbacks=[CheckpointCallback(tmp_path / "run" / "checkpoints", background=False), *callbacks],
+                       default_callbacks=False, resume_from="latest" if resume else None)
+
+    first = trainer(2, [], False)
+    first.fit()
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "latest.pt")["exact_metrics"]
+    assert set(saved) == {"val_acc"} and int(saved["val_acc"]["tp"].sum() + saved["val_acc"]["fn"].sum()) == 20
+    assert all(torch.equal(v, first.driver.exact.state_dict()["val_acc"][k]) for k, v in saved["val_acc"].items())
+    loaded = _Loaded()
+    trainer(3, [loaded], True).fit()
+    assert loaded.state is not None
+    assert all(torch.equal(v, loaded.state["val_acc"][k]) for k, v in saved["val_acc"].items())

@@ -188,6 +188,7 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
         self.run.scaler = self.precision.scaler
+        self.run.exact_metrics = self.driver.exact
         self.run.extras.update(run_extras)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start

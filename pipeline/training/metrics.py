@@ -32,6 +32,7 @@ class ExactMetrics:
 
     def __init__(self, metrics: Mapping[str, StatefulMetric], device: torch.device) -> None:
         self.metrics = {name: m.to(device) if isinstance(m, nn.Module) else m for name, m in metrics.items()}
+        self.device = device
 
     def __bool__(self) -> bool:
         return bool(self.metrics)
@@ -63,4 +64,5 @@ class ExactMetrics:
     def load_state_dict(self, state: Mapping[str, Mapping[str, Any]]) -> None:
         for name, values in state.items():
             for key, value in values.items():
-                setattr(self.metrics[name], key, value)
+                moved = [v.to(self.device) for v in value] if isinstance(value, list) else value.to(self.device)
+                setattr(self.metrics[name], key, moved)
