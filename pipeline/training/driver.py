@@ -18,7 +18,7 @@ from torch import nn
 
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
-from fsmtrain.training.metrics import ExactMetrics, StatefulMetric, is_stateful
+from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.step import StepFn, StepRun, to_device, user_step
 
@@ -92,7 +92,7 @@ class TorchDriver:
         self.scheduler = scheduler
         self.device = device
         self.metrics = {k: cast(Callable[[Any, Any], torch.Tensor], m) for k, m in (metrics or {}).items()
-                        if not is_stateful(m)}
+                        if not isinstance(m, StatefulMetric)}
         self.exact = ExactMetrics({k: m for k, m in (metrics or {}).items() if isinstance(m, StatefulMetric)}, device)
         taken = sorted(BUILTIN_METRICS & set(metrics or {}))
         if taken:

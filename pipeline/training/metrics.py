@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-__all__ = ["ExactMetrics", "StatefulMetric", "is_stateful"]
+__all__ = ["ExactMetrics", "StatefulMetric"]
 
 
 @runtime_checkable
@@ -21,10 +21,6 @@ class StatefulMetric(Protocol):
     def update(self, output: Any, target: Any) -> None: ...
     def compute(self) -> Any: ...
     def reset(self) -> None: ...
-
-
-def is_stateful(metric: Any) -> bool:
-    return all(callable(getattr(metric, name, None)) for name in ("update", "compute", "reset"))
 
 
 class ExactMetrics:
