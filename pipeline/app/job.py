@@ -53,7 +53,8 @@ class RunParts:
     criterion: Callable[[Any, Any], torch.Tensor]
     train_loader: Any
     val_loader: Any
-    metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+    metrics: dict[str, Any]  # functions fn(output, target) and exact metric objects
+    steps: tuple[Any, Any] = (None, None)  # the user's step and val_step, or None
 
 
 def build_parts(cfg: RunConfig, seed: int) -> RunParts:
@@ -70,7 +71,8 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
     metrics = builders.build_metrics(cfg)  # resolved when the config was loaded
-    return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics)
+    return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics,
+                    builders.build_steps(cfg))
 
 
 # What a resume may change: how long to train and where, and how it is logged. Everything else
@@ -204,6 +206,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
                     RECORDED_FOLDERS: user_folders(cfg), **cleared, **(extras or {})},
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
+            step=parts.steps[0], val_step=parts.steps[1],
         )
         if startup is not None and startup.signum is not None:
             trainer.close()

@@ -22,13 +22,15 @@ from fsmtrain.app.defaults import console_callbacks
 from fsmtrain.app.job import RunParts, build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
+from fsmtrain.training.step import step_name, step_result, to_device
 
 __all__ = ["BATCH_CONTRACT", "PreflightFailed", "check_first_batch", "run_preflight", "shape_of"]
 
 T = TypeVar("T")
 
 
-BATCH_CONTRACT = "batches that are (inputs, targets) or a mapping with 'inputs' and 'targets'"
+BATCH_CONTRACT = ("batches that are (inputs, targets) or a mapping with 'inputs' and 'targets' (a step: of your "
+                  "own takes any batch)")
 
 
 class PreflightFailed(Exception):
@@ -96,12 +98,15 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
         raise _batch_error(cfg, "is missing: the training loader is empty") from None
     except Exception as exc:
         raise _batch_error(cfg, f"could not be read: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    try:
-        inputs, targets = split_batch(batch)
-    except TypeError:
-        raise _batch_error(cfg, f"is {type(batch).__name__} {shape_of(batch)}") from None
-    inputs = inputs.to(device) if isinstance(inputs, torch.Tensor) else inputs
-    targets = targets.to(device) if isinstance(targets, torch.Tensor) else targets
+    step = parts.steps[0]
+    if step is None:
+        try:
+            inputs, targets = split_batch(batch)
+        except TypeError:
+            raise _batch_error(cfg, f"is {type(batch).__name__} {shape_of(batch)}") from None
+    else:  # the user's step takes the batch as it comes
+        inputs, targets = batch, None
+    inputs, targets = to_device(inputs, device), to_device(targets, device)
     model = parts.model.train()
     stack: list[tuple[str, nn.Module, str]] = []
 
@@ -111,10 +116,16 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
         name, module, shapes = stack[-1]
         return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
 
-    with _innermost_module(model, stack):
-        output = _stage("forward", lambda: model(inputs), in_module)
-    loss = _stage("loss", lambda: parts.criterion(output, targets),
-                  lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
+    if step is not None:  # the user's step is the forward and the loss
+        with _innermost_module(model, stack):
+            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs), in_module)
+        loss, output = _stage(f"step {step_name(step)}", lambda: step_result(result, step_name(step)))
+        targets = output.get("target")
+    else:
+        with _innermost_module(model, stack):
+            output = _stage("forward", lambda: model(inputs), in_module)
+        loss = _stage("loss", lambda: parts.criterion(output, targets),
+                      lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
     _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
     return inputs, targets, output, loss
 
@@ -127,7 +138,7 @@ def check_first_batch(cfg: RunConfig) -> str:
     try:
         inputs, _, output, loss = _first_step(cfg, parts, torch.device("cpu"))
     except PreflightFailed as exc:
-        at = "net" if exc.stage == "forward" else "criterion"
+        at = "net" if exc.stage == "forward" else "step" if exc.stage.startswith("step") else "criterion"
         raise ConfigError([ConfigProblem(at, f"a {at} that takes the data's first training batch",
                                          f"the step failed at the {exc.text}")], cfg.source_of(at)) from None
     return (f"called the data builder (batches: train {batches(parts.train_loader)}, val {batches(parts.val_loader)}) "
@@ -160,7 +171,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     print(f"input      {shape_of(inputs)}   target {shape_of(targets)}", file=out)
     print(f"output     {shape_of(output)}", file=out)
     shown = f"{value:.6g}" if math.isfinite(value) else str(value)
-    print(f"loss       {shown} ({cfg.criterion})", file=out)
+    print(f"loss       {shown} ({cfg.step or cfg.criterion})", file=out)
     print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
           + (f"; non-finite: {', '.join(bad)}" if bad else "")
           + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)

@@ -37,7 +37,7 @@ class UsageError(ValueError):
 class ExitCode(IntEnum):
     """Process exit status of ``fsmtrain`` (with several seeds: the most severe one)."""
 
-    OK = 0  # COMPLETED, EARLY_STOP or PRUNED; validate/preflight passed
+    OK = 0  # COMPLETED, EARLY_STOP, TARGET_REACHED or PRUNED; validate/preflight passed
     ERROR = 1  # training raised an exception (details in events.jsonl)
     CONFIG = 2  # invalid config or command line; nothing was trained or written
     NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run

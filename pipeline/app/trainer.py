@@ -41,6 +41,7 @@ from fsmtrain.training.inference import run_over
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
+from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -55,13 +56,16 @@ class Trainer:
     ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256.
     ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` (default: the same) has
     the teardown write ``model.pt`` and ``lifecycle.mmd``. A callback instance serves one Trainer.
+    ``step``: ``fn(model, batch)`` returning the loss or a mapping with ``loss`` and named outputs,
+    instead of ``loss_fn(model(inputs), targets)`` (``loss_fn`` may then be None); ``val_step``: the
+    same for validation (default: ``step``).
 
     In a process group of several ranks the trainer is one rank: DistributedDataParallel on this
     rank's shard, global metrics, agreed guards; rank 0 owns the run directory, rank ``r`` writes
     ``events-rank<r>.jsonl``.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
                  train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, max_epochs: int = 1,
                  callbacks: Sequence[TrainingCallback] = (), scheduler: Any = None,
                  device: str | torch.device = "cpu", *, metrics: Mapping[str, MetricFn] | None = None,
@@ -70,7 +74,8 @@ class Trainer:
                  strict: bool | None = None, extras: Mapping[str, Any] | None = None,
                  resume_from: str | Path | None = None, log_key: bytes | None = None,
                  collective: TorchCollective | None = None, default_callbacks: bool = True, precision: str = "32",
-                 compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None) -> None:
+                 compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
+                 step: StepFn | None = None, val_step: StepFn | None = None) -> None:
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
         if run_name is not None:
@@ -103,7 +108,8 @@ class Trainer:
             # Everything that can fail without the run directory is built before it is claimed.
             self.runner = CallbackRunner(callbacks)
             run_extras = self._run_extras(extras, train_loader, rank)
-            self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile)
+            self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile,
+                                       (step, val_step))
             self.run_dir = self._claim(run_dir, resume_from is not None)
             self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict, rank,
                         log_fsync)
@@ -125,8 +131,9 @@ class Trainer:
             run_extras.update(rank=rank, world_size=self.collective.world_size)
         return run_extras
 
-    def _driver(self, loss_fn: LossFn, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
-                metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool) -> TorchDriver:
+    def _driver(self, loss_fn: LossFn | None, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
+                metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool,
+                steps: tuple[StepFn | None, StepFn | None]) -> TorchDriver:
         train_model: nn.Module | None = None
         if self.collective is not None:
             rank, world = self.collective.rank, self.collective.world_size
@@ -141,6 +148,7 @@ class Trainer:
             precision=self.precision,
             rank=0 if self.collective is None else self.collective.rank,
             world_size=1 if self.collective is None else self.collective.world_size,
+            step=steps[0], val_step=steps[1],
         )
 
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
@@ -181,6 +189,7 @@ class Trainer:
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
         )
         self.run.scaler = self.precision.scaler
+        self.run.exact_metrics = self.driver.exact
         self.run.extras.update(run_extras)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start

@@ -102,6 +102,7 @@ class RunContext:
     run_dir: Any = None
     dry_run: bool = False  # replaying: no model, callbacks must not touch one
     scaler: Any = field(default=None, init=False)  # mixed precision's loss scaler, checkpointed with the run
+    exact_metrics: Any = field(default=None, init=False)  # the exact metrics' state, checkpointed with the run
     epoch: int = field(default=0, init=False)
     global_step: int = field(default=0, init=False)
     stop: StopRequest | None = field(default=None, init=False)

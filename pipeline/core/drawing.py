@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -163,11 +164,10 @@ def _require_graphviz_package() -> None:
 def _lifecycle_edges(notes: dict[int, list[str]] | None = None) -> list[_Edge]:
     edges: list[_Edge] = []
     for i, t in enumerate(TRANSITIONS):
-        label = t.trigger
         reasons = stop_reasons_for(t)
-        if reasons:
-            label += " {" + ", ".join(r.value for r in reasons) + "}"
-        edges.append(_Edge(t, _clean(label), list((notes or {}).get(i, []))))
+        # the reasons under the trigger, a few to a line, so a label stays narrow
+        lines = textwrap.wrap("{" + ", ".join(r.value for r in reasons) + "}", 40) if reasons else []
+        edges.append(_Edge(t, _clean(t.trigger), [*map(_clean, lines), *(notes or {}).get(i, [])]))
     return edges
 
 

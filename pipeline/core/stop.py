@@ -66,6 +66,7 @@ class StopReason(str, Enum):
     NAN = "nan"
     EARLY_STOP = "early_stop"
     PRUNED = "pruned"
+    TARGET_REACHED = "target_reached"  # a callback stopped because a goal was met
     INTERRUPTED = "interrupted"
     ERROR = "error"
 
@@ -99,6 +100,7 @@ FACTS: Mapping[StopReason, StopFacts] = {
     StopReason.NAN: StopFacts(_R.REQUEST, 1, 3, 1, True, True, _E.NONFINITE_LOSS),
     StopReason.EARLY_STOP: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.REQUEST),
     StopReason.PRUNED: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.PRUNE_DECISION),
+    StopReason.TARGET_REACHED: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.REQUEST),
     StopReason.INTERRUPTED: StopFacts(_R.FAULT, 2, 130, 3, True, False, _E.INTERRUPT),
     StopReason.ERROR: StopFacts(_R.FAULT, 2, 1, 2, True, False, _E.EXCEPTION),
 }

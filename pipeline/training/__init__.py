@@ -2,5 +2,6 @@
 precision, and the small data sets and models the examples use."""
 
 from fsmtrain.training.driver import TorchDriver
+from fsmtrain.training.step import StepFn
 
-__all__ = ["TorchDriver"]
+__all__ = ["StepFn", "TorchDriver"]

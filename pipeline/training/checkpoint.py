@@ -280,6 +280,7 @@ class CheckpointManager(CheckpointFolder):
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
             "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+            "exact_metrics": run.exact_metrics.state_dict() if run.exact_metrics else None,
             "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(run).items()},
             "rng": capture_rng_state(),
             "data_order": {"seed": run.extras.get("data_seed")},

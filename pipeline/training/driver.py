@@ -11,20 +11,23 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
+from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.precision import PrecisionPolicy
+from fsmtrain.training.step import StepFn, StepRun, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor."""
+MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | StatefulMetric
+"""A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor, or an exact one
+(``update``/``compute``/``reset``, e.g. torchmetrics': :mod:`fsmtrain.training.metrics`)."""
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
@@ -50,7 +53,7 @@ class TorchDriver:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_fn: LossFn,
+        loss_fn: LossFn | None,
         train_loader: Iterable[Any],
         val_loader: Iterable[Any] | None,
         *,
@@ -63,12 +66,15 @@ class TorchDriver:
         precision: PrecisionPolicy | None = None,
         rank: int = 0,
         world_size: int = 1,
+        step: StepFn | None = None,
+        val_step: StepFn | None = None,
     ) -> None:
         """``train_model``: what the training forward runs (``model`` wrapped, e.g. in
         DistributedDataParallel); ``all_reduce``: sums a tensor over the ranks in place, so each
         epoch's metrics are global sums over global counts (one call per epoch each for train
         and validation). ``precision``: mixed precision (autocast, and fp16's loss scaling).
-        ``rank``, ``world_size``: this process's place, to say which rank's loss went non-finite first."""
+        ``rank``, ``world_size``: this process's place, to say which rank's loss went non-finite first.
+        ``step``, ``val_step``: the user's own (:mod:`fsmtrain.training.step`); ``val_step`` defaults to ``step``."""
         self.model = model
         self.precision = precision if precision is not None and precision.enabled else None
         # fp16 overflow skips a batch's optimizer step through the step context's flags
@@ -80,13 +86,15 @@ class TorchDriver:
         no_sync = getattr(self.train_model, "no_sync", None)
         self._no_sync: Callable[[], Any] | None = no_sync if callable(no_sync) else None
         self.optimizer = optimizer
-        self.loss_fn = loss_fn
+        self.loss_fn = cast(LossFn, loss_fn)  # None only with a user step, which never calls _run
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.scheduler = scheduler
         self.device = device
-        self.metrics = dict(metrics or {})
-        taken = sorted(BUILTIN_METRICS & set(self.metrics))
+        self.metrics = {k: cast(Callable[[Any, Any], torch.Tensor], m) for k, m in (metrics or {}).items()
+                        if not isinstance(m, StatefulMetric)}
+        self.exact = ExactMetrics({k: m for k, m in (metrics or {}).items() if isinstance(m, StatefulMetric)}, device)
+        taken = sorted(BUILTIN_METRICS & set(metrics or {}))
         if taken:
             raise ValueError(f"metrics named {', '.join(taken)} would replace the values fsmtrain computes under those "
                              f"names; name them otherwise (reserved: {', '.join(sorted(BUILTIN_METRICS))})")
@@ -95,24 +103,21 @@ class TorchDriver:
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
         self._val_names: list[str] = []
-        self._val_fns: list[MetricFn] = []
+        self._val_fns: list[Callable[[Any, Any], torch.Tensor]] = []
+        self._metered = False  # metrics to feed: the step's output and target are needed
         self._val_sums = torch.zeros(0, device=device)
         self._val_seen = 0
+        if step is None and loss_fn is None:
+            raise ValueError("give a loss_fn, or a step that computes the loss itself")
+        precise = self.precision
+        self._train_run: StepRun = self._run if step is None else user_step(step, device, precise, False)
+        val_step = step if val_step is None else val_step
+        self._val_run: StepRun = self._run if val_step is None else user_step(val_step, device, precise, bool(metrics))
+        self._user_val = val_step is not None
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
         return float(groups[0]["lr"]) if groups and "lr" in groups[0] else None
-
-    def _to_device(self, value: Any) -> Any:
-        if not self._move:
-            return value
-        if isinstance(value, torch.Tensor):
-            return value.to(self.device, non_blocking=True)
-        if isinstance(value, (tuple, list)):
-            return type(value)(self._to_device(v) for v in value)
-        if isinstance(value, Mapping):
-            return {k: self._to_device(v) for k, v in value.items()}
-        return value
 
     @staticmethod
     def loader_generator(loader: Any) -> torch.Generator | None:
@@ -144,7 +149,7 @@ class TorchDriver:
         """``model`` on one batch: its output, loss, targets and row count."""
         inputs, targets = split_batch(batch)
         if self._move:
-            inputs, targets = self._to_device(inputs), self._to_device(targets)
+            inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
         if self.precision is None:
             output = model(inputs)
             loss = self.loss_fn(output, targets)
@@ -156,7 +161,7 @@ class TorchDriver:
         return output, loss, targets, n
 
     def forward(self, step: StepContext) -> None:
-        step.output, step.loss, _, n = self._run(self.train_model, step.batch)
+        step.output, step.loss, _, n = self._train_run(self.train_model, step.batch)
         self._loss_sum += step.loss.detach() * n
         self._seen += n
         if self._first_bad is not None:  # kept on the device: no synchronisation per batch
@@ -216,6 +221,8 @@ class TorchDriver:
         self.model.eval()
         self._val_names = ["val_loss", *self.metrics]
         self._val_fns = list(self.metrics.values())
+        self._metered = bool(self._val_fns or self.exact)
+        self.exact.reset()
         self._val_sums = torch.zeros(len(self._val_names), device=self.device)
         self._val_seen = 0
         return self._inference(self.val_loader)
@@ -228,11 +235,13 @@ class TorchDriver:
             yield from loader
 
     def val_batch(self, step: ValStepContext) -> None:
-        output, loss, targets, n = self._run(self.model, step.batch)
+        output, loss, targets, n = self._val_run(self.model, step.batch)
         step.output, step.loss = output, loss
-        if self._val_fns:  # one fused add for all values; without metrics, the loss alone
+        if self._metered:  # one fused add for all values; without metrics, the loss alone
+            output = output["output"] if self._user_val else output
             values = [loss, *(fn(output, targets) for fn in self._val_fns)]
             self._val_sums += torch.stack([v.reshape(()).float() for v in values]) * n
+            self.exact.update(output, targets)
         else:
             self._val_sums += loss * n
         self._val_seen += n
@@ -243,7 +252,7 @@ class TorchDriver:
         total, seen = self._global(self._val_sums, self._val_seen)
         if seen == 0:
             return {}
-        return dict(zip(self._val_names, (total / seen).tolist(), strict=True))
+        return {**dict(zip(self._val_names, (total / seen).tolist(), strict=True)), **self.exact.compute()}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         if self.scheduler is None:

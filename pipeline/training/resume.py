@@ -187,6 +187,8 @@ class Resumption:
             scheduler.load_state_dict(state["scheduler"])
         if run.scaler is not None and state.get("scaler"):
             run.scaler.load_state_dict(state["scaler"])
+        if run.exact_metrics and state.get("exact_metrics"):
+            run.exact_metrics.load_state_dict(state["exact_metrics"])
         saved = state.get("callbacks") or {}
         for key, cb in stateful_callbacks(run).items():
             if key in saved:

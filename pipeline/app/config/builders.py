@@ -101,8 +101,16 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     return train, val
 
 
-def build_metrics(cfg: RunConfig) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
-    return {name: resolve_dotted(path) for name, path in cfg.metrics.items()}
+def build_metrics(cfg: RunConfig) -> dict[str, Any]:
+    """Each metric: a function ``fn(output, target)``, or an exact metric object built from its class."""
+    return {name: resolve_dotted(m) if isinstance(m, str) else
+            blamed(cfg, f"metrics.{name}.kwargs", m.target, partial(_construct, resolve_dotted(m.target)), m.kwargs,
+                   f"metrics.{name}.target") for name, m in cfg.metrics.items()}
+
+
+def build_steps(cfg: RunConfig) -> tuple[Any, Any]:
+    """The user's ``step`` and ``val_step`` functions (None: the built-in step)."""
+    return tuple(None if path is None else resolve_dotted(path) for path in (cfg.step, cfg.val_step))  # type: ignore[return-value]
 
 
 def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,

@@ -24,6 +24,8 @@ class Kind(str, Enum):
     LOSS = "a loss: an nn.Module subclass or a function (output, target) -> tensor"
     DATA = "a data builder function (batch_size=, seed=, **data_config) -> (train, val)"
     METRIC = "a metric function (output, target) -> 0-d tensor"
+    EXACT_METRIC = "a metric class with update(output, target), compute() and reset(), e.g. a torchmetrics.Metric"
+    STEP = "a step function (model, batch) -> the loss, or a mapping with 'loss' and named outputs"
     CALLBACK = "a TrainingCallback subclass"
 
 
@@ -123,7 +125,9 @@ def _is_kind(obj: Any, kind: Kind) -> bool:
         return (cls is not None and issubclass(cls, nn.Module)) or (cls is None and callable(obj))
     if kind is Kind.CALLBACK:
         return cls is not None and issubclass(cls, TrainingCallback)
-    return cls is None and callable(obj)  # DATA, METRIC: plain functions
+    if kind is Kind.EXACT_METRIC:
+        return cls is not None and all(callable(getattr(cls, a, None)) for a in ("update", "compute", "reset"))
+    return cls is None and callable(obj)  # DATA, METRIC, STEP: plain functions
 
 
 def _takes_output_and_target(sig: inspect.Signature) -> bool:
@@ -236,10 +240,17 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if value is None:
             continue
         problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    for key in ("step", "val_step"):
+        if data.get(key) is not None:
+            problems += _check_target(key, data[key], Kind.STEP, None, None, 0)
     metrics = data.get("metrics")
     if isinstance(metrics, Mapping):
         for name, target in metrics.items():
-            problems += _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0)
+            if isinstance(target, Mapping):
+                problems += _check_target(f"metrics.{name}.target", target.get("target"), Kind.EXACT_METRIC,
+                                          target.get("kwargs", {}), f"metrics.{name}.kwargs", 0)
+            else:
+                problems += _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0)
     callbacks = data.get("callbacks")
     extra = callbacks.get("extra") if isinstance(callbacks, Mapping) else None
     if isinstance(extra, list):

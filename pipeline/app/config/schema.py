@@ -20,6 +20,7 @@ from fsmtrain.core.context import BUILTIN_METRICS
 TRAINING_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
+    "step", "val_step",
 )
 
 
@@ -75,6 +76,13 @@ class OverfitOptions(Toggle):
 
 
 class ExtraCallback(_Section):
+    target: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class MetricConfig(_Section):
+    """An exact metric: a class with update/compute/reset (torchmetrics'), built with ``kwargs``."""
+
     target: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -213,7 +221,9 @@ class RunConfig(_Section):
     criterion_config: dict[str, Any] = Field(default_factory=dict)
     data: str
     data_config: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, str] = Field(default_factory=dict)
+    metrics: dict[str, str | MetricConfig] = Field(default_factory=dict)
+    step: str | None = None  # the user's fn(model, batch) -> loss or {loss, ...}; default loss_fn(model(x), y)
+    val_step: str | None = None  # the same for validation; default: step
     epochs: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
@@ -277,7 +287,7 @@ class RunConfig(_Section):
 
     @field_validator("metrics")
     @classmethod
-    def _metric_names(cls, v: dict[str, str]) -> dict[str, str]:
+    def _metric_names(cls, v: dict[str, str | MetricConfig]) -> dict[str, str | MetricConfig]:
         taken = sorted(BUILTIN_METRICS & set(v))
         if taken:
             raise ValueError(f"metric names other than {', '.join(sorted(BUILTIN_METRICS))} (fsmtrain computes "
