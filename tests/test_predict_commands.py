@@ -194,7 +194,8 @@ def test_a_batch_that_breaks_the_contract_is_named_by_validate_data_and_prefligh
     for command, extra in (("validate", ("--data",)), ("preflight", ())):
         out = _fsmtrain(command, config, "--set", "data=mydata.keyed", *extra, cwd=world["elsewhere"], code=2)
         _one_line(out, f"fsmtrain {command}: --set data=mydata.keyed: data: expected batches that are (inputs, "
-                       "targets) or a mapping with 'inputs' and 'targets' (a step: of your own takes any batch); found mydata.keyed's first training batch "
+                       "targets) or a mapping with 'inputs' and 'targets' (a step: of your own takes any batch); "
+                       "found mydata.keyed's first training batch "
                        "is dict {'x': (8, 4) float32, 'y': (8, 2) float32}")
     out = _fsmtrain("validate", config, "--set", "net_config.in_features=5", "--data", cwd=world["elsewhere"], code=2)
     assert "net: expected a net that takes the data's first training batch; found the step failed at the forward " \
