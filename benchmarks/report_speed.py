@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import long_logs  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = 8
 SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report must still show it
@@ -31,8 +33,6 @@ SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report m
 
 def real_run(run_dir: Path) -> list[dict[str, Any]]:
     """Twelve epochs of a tiny real run at info level with the default callbacks' slots."""
-    import long_logs
-
     return long_logs.real_run(run_dir, "info", 12, BATCHES)
 
 
