@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import long_logs  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
 BATCHES = 8
 SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report must still show it
@@ -31,34 +33,7 @@ SPIKE = 9.87654  # the val loss of one epoch (at 61.7% of the run): the report m
 
 def real_run(run_dir: Path) -> list[dict[str, Any]]:
     """Twelve epochs of a tiny real run at info level with the default callbacks' slots."""
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from fsmtrain.app.trainer import Trainer
-    from fsmtrain.callbacks import (
-        EarlyStoppingCallback,
-        GradientMonitorCallback,
-        LossPredictionCallback,
-        NaNDetectionCallback,
-        OverfitDetectionCallback,
-    )
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    x = torch.randn(BATCHES * 8 + 32, 4)
-    y = x.sum(dim=1, keepdim=True)
-    train = DataLoader(TensorDataset(x[: BATCHES * 8], y[: BATCHES * 8]), batch_size=8)
-    val = DataLoader(TensorDataset(x[BATCHES * 8:], y[BATCHES * 8:]), batch_size=8)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    callbacks = [NaNDetectionCallback(), GradientMonitorCallback(), LossPredictionCallback(max_epochs=12),
-                 OverfitDetectionCallback(), EarlyStoppingCallback(patience=10**9)]
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), train, val, max_epochs=12,
-                      callbacks=callbacks, run_dir=run_dir, run_id="bench", console_level="error",
-                      default_callbacks=False)
-    trainer.fit()
-    with open(run_dir / "events.jsonl", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
+    return long_logs.real_run(run_dir, "info", 12, BATCHES)
 
 
 def curve(e: int, epochs: int) -> tuple[float, float, float]:
