@@ -140,7 +140,7 @@ def test_a_user_step_on_dict_batches_from_another_folder(project: Path, tmp_path
     assert "called the data builder (batches: train 8, val 2)" in valid, valid
     pre = _ok(_cli(elsewhere, "preflight", str(project)))
     assert "preflight passed" in pre and "ownsteps.pair_step" in pre, pre
-    assert "{left: (32, 4) float32, right: (32, 4) float32, y: (32, 1) float32}" in pre, pre
+    assert "{'left': (32, 4) float32, 'right': (32, 4) float32, 'y': (32, 1) float32}" in pre, pre
     _ok(_cli(elsewhere, "train", str(project)))
     run = elsewhere / RUN
     epochs = _epochs(run)
