@@ -22,8 +22,7 @@ PREDICTION_ATTR = "predicted_final_loss"
 """Trial user attribute: ``{validation, epoch, step, value, fit_ok}`` of the latest loss prediction."""
 PRUNED_ATTR = "pruned"
 """Trial user attribute of a pruned trial: ``{validation, epoch, step, value, monitor, pruner, reason,
-decided_at}``
-(``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
+decided_at}`` (``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
 
 
 class TrialEndedElsewhere(RuntimeError):
