@@ -20,7 +20,7 @@ from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, Ste
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.precision import PrecisionPolicy
-from fsmtrain.training.step import StepFn, StepRun, to_device, user_step
+from fsmtrain.training.step import StepFn, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
@@ -109,10 +109,11 @@ class TorchDriver:
         self._val_seen = 0
         if step is None and loss_fn is None:
             raise ValueError("give a loss_fn, or a step that computes the loss itself")
-        precise = self.precision
-        self._train_run: StepRun = self._run if step is None else user_step(step, device, precise, False)
+        if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
+            self._train_run = user_step(step, device, self.precision, False)  # type: ignore[method-assign,assignment]
         val_step = step if val_step is None else val_step
-        self._val_run: StepRun = self._run if val_step is None else user_step(val_step, device, precise, bool(metrics))
+        if val_step is not None:
+            self._val_run = user_step(val_step, device, self.precision, bool(metrics))  # type: ignore[method-assign,assignment]
         self._user_val = val_step is not None
 
     def current_lr(self) -> float | None:
@@ -159,6 +160,8 @@ class TorchDriver:
                 loss = self.loss_fn(output, targets)
         n = targets.shape[0] if isinstance(targets, torch.Tensor) and targets.ndim else 1
         return output, loss, targets, n
+
+    _train_run = _val_run = _run  # the built-in step; a user's step takes their place on the instance
 
     def forward(self, step: StepContext) -> None:
         step.output, step.loss, _, n = self._train_run(self.train_model, step.batch)
