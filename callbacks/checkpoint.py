@@ -65,7 +65,7 @@ class CheckpointCallback(TrainingCallback):
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
-        final = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        final = run.ends_after(epoch.index)
         # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
         healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:

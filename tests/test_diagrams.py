@@ -116,7 +116,7 @@ def test_edges_into_train_end_name_the_stop_reasons() -> None:
     _, edges = parse_mermaid(lifecycle_diagram(Format.MERMAID))
     label = _edge_label(edges, "epoch_end", "train_end")
     finish, abort = label.split(" | ")
-    assert "{completed, nan, early_stop, pruned}" in finish
+    assert "{completed, steps, nan, early_stop, pruned}" in finish
     assert "{interrupted, error}" in abort
     stop_now = _edge_label(edges, "val", "train_end").split(" | ")[0]
     assert stop_now.startswith("stop_now {") and "completed" not in stop_now
@@ -169,7 +169,7 @@ def test_callback_view_of_the_nine_has_short_lines(tmp_path: Path) -> None:
     too_long = [line for line in lines if len(line) > MAX_LABEL_LINE]
     assert not too_long, f"label lines longer than {MAX_LABEL_LINE} characters: {too_long}"
     # Each transition of a merged edge and its guards get lines of their own.
-    assert "finish {completed, nan, early_stop, pruned}" in lines and "  [!can_continue]" in lines
+    assert "finish {completed, steps, nan, early_stop, pruned}" in lines and "  [!can_continue]" in lines
 
 
 def test_mermaid_front_matter_names_the_title(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ class Engine:
 
     # --- guards ----------------------------------------------------------------------------
     def _can_continue(self) -> bool:
-        return self.run.stop is None and self.run.epoch < self.run.max_epochs
+        return self.run.stop is None and self.run.budget_left()
 
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
@@ -185,14 +185,16 @@ class Engine:
         agreement = self._agreement
         return Facts(stop_requested=self.run.stop is not None,
                      immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
-                     epochs_remain=self.run.epoch < self.run.max_epochs, has_batch=self._work.has_batch(),
+                     epochs_remain=self.run.budget_left(), has_batch=self._work.has_batch(),
                      faulted=self._faulted)
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
-        self.run.emit("run_start", max_epochs=self.run.max_epochs, start_epoch=self.run.epoch, strict=self.strict,
+        steps: dict[str, Any] = {} if self.run.max_steps is None else {"max_steps": self.run.max_steps}
+        self.run.emit("run_start", max_epochs=self.run.max_epochs, **steps, start_epoch=self.run.epoch,
+                      strict=self.strict,
                       callbacks=self.runner.describe(),
                       **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS})
         self._work.start_clock()

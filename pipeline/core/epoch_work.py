@@ -6,6 +6,7 @@ counters, the ``epoch`` record, the run's outputs and then the ``result``, so a 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from fsmtrain.core.driver import Driver
 from fsmtrain.core.lifecycle import FINAL, Action, HookScope, Transition
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
-from fsmtrain.core.stop import StopReason
+from fsmtrain.core.stop import budget_end
 
 __all__ = ["END", "EpochWork", "Outputs", "Work"]
 
@@ -110,8 +111,8 @@ class EpochWork:
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
         if stop is None:
-            return {"reason": StopReason.COMPLETED.value, "source": "max_epochs",
-                    "message": f"reached max_epochs={self.run.max_epochs}"}
+            reason, source, message = budget_end(self.run.max_epochs, self.run.max_steps, self.run.global_step)
+            return {"reason": reason.value, "source": source, "message": message}
         return {"reason": stop.reason.value, "source": stop.source, "message": stop.message}
 
     # --- validation batches --------------------------------------------------------------------
@@ -154,6 +155,8 @@ class EpochWork:
 
     def _load_epoch(self, epoch: EpochContext) -> None:
         self._iter = iter(self.driver.epoch_batches(epoch))
+        if self.run.max_steps is not None:  # the epoch ends early at max_steps (its last batch says so)
+            self._iter = itertools.islice(self._iter, max(0, self.run.max_steps - self.run.global_step))
         self._batch_index = 0
         self.next = next(self._iter, END)
 
@@ -190,5 +193,6 @@ class EpochWork:
 
     def _write_result(self, run: RunContext) -> None:
         stop = run.stop
-        self.result = TrainResult.from_run(run, stop.reason if stop is not None else StopReason.COMPLETED)
+        reason = stop.reason if stop is not None else budget_end(run.max_epochs, run.max_steps, run.global_step)[0]
+        self.result = TrainResult.from_run(run, reason)
         run.emit("result", **self.result.summary())

@@ -112,7 +112,7 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
     ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
 
-    out = watching_callbacks(cfg.callbacks, cfg.epochs)
+    out = watching_callbacks(cfg.callbacks, cfg.max_epochs)
     if cfg.wandb.enabled:
         out.append(cb.WandbLoggingCallback(
             project=cfg.wandb.project or cfg.project, mode=cfg.wandb.mode, tags=tuple(cfg.wandb.tags),

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from fsmtrain.app.config.loading import override_of
 from fsmtrain.app.config.problems import ConfigProblem, closest
-from fsmtrain.core.context import BUILTIN_METRICS
+from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 
 # What is trained: the fields whose values shape the weights. A resume must keep them (the run's
 # config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
@@ -214,7 +214,8 @@ class RunConfig(_Section):
     data: str
     data_config: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, str] = Field(default_factory=dict)
-    epochs: int = Field(gt=0)
+    epochs: int | None = Field(default=None, gt=0)  # None: only max_steps ends the run
+    max_steps: int | None = Field(default=None, gt=0)  # the run ends at this global step (or its epochs' end)
     batch_size: int = Field(gt=0)
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -235,6 +236,16 @@ class RunConfig(_Section):
     _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
     _source: str | None = PrivateAttr(default=None)  # the file it was read from
     _overrides: tuple[str, ...] = PrivateAttr(default=())  # the --set items applied to it
+
+    @model_validator(mode="after")
+    def _budget(self) -> RunConfig:
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set epochs or max_steps (or both: whichever is reached first ends the run)")
+        return self
+
+    @property
+    def max_epochs(self) -> int:
+        return self.epochs if self.epochs is not None else UNBOUNDED_EPOCHS
 
     def source_of(self, path: str) -> str | None:
         """Where the value at ``path`` came from: ``--set <item>`` if an override wrote it, else the file."""

@@ -137,7 +137,7 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not any(_allowed(move, self._facts(seg, has_batch)) for has_batch in (False, True)):
+        elif not any(_allowed(move, self._facts(seg, has_batch, step)) for has_batch in (False, True)):
             # ``has_batch`` is not in the log: the move is fine if the table allows it for either value
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
@@ -162,10 +162,11 @@ class MoveChecks(EndingChecks):
         if dst == FINAL.value and src != dst:
             self._train_end(n, rec, seg)
 
-    def _facts(self, seg: Segment, has_batch: bool) -> Facts:
+    def _facts(self, seg: Segment, has_batch: bool, step: Any) -> Facts:
         stop = seg.stop
-        return Facts(stop is not None, stop is not None and stop.immediate, seg.next_epoch < seg.max_epochs,
-                     has_batch, seg.faulted)
+        steps_remain = seg.max_steps is None or type(step) is not int or step < seg.max_steps
+        return Facts(stop is not None, stop is not None and stop.immediate,
+                     seg.next_epoch < seg.max_epochs and steps_remain, has_batch, seg.faulted)
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop

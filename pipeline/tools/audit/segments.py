@@ -52,6 +52,7 @@ class SegmentChecks(EndingChecks):
         seg.world = world if type(world) is int else None
         seg.launch = launch if isinstance(launch, str) else None
         seg.next_epoch = start_epoch
+        seg.max_steps = payload["max_steps"] if type(payload.get("max_steps")) is int else None
         seg.last_line = n
         step = rec.get("global_step")
         seg.global_step = step if type(step) is int else 0
