@@ -110,6 +110,10 @@ class RunContext:
     global_step: int = field(default=0, init=False)
     stop: StopRequest | None = field(default=None, init=False)
     pending_signal: int | None = field(default=None, init=False)  # set by a signal handler; the engine acts on it
+    # A resumed run's position inside its first epoch (a checkpoint at a step); its first epoch takes it.
+    resume_at: dict[str, Any] | None = field(default=None, init=False)
+    # The driver's state of the epoch in progress (its sums so far), for a checkpoint at a step.
+    epoch_state: Callable[[], dict[str, Any]] = field(default_factory=lambda: dict, init=False)
     history: list[EpochRecord] = field(default_factory=list, init=False)
     extras: dict[str, Any] = field(default_factory=dict, init=False)  # e.g. the Optuna trial, the run config
     # Set by the engine from its runner (the checkpoint store fires hooks through ``dispatch``).
@@ -221,6 +225,7 @@ class EpochContext(_Delegating):
         self.index = index
         self.metrics: dict[str, float] = {}
         self.batches = 0
+        self.resumed: dict[str, Any] | None = None  # where a resume continues it: {"batch", "epoch_state"}
 
     @property
     def number(self) -> int:

@@ -157,6 +157,7 @@ class Engine:
         run.bind_phase(lambda: _PHASES[self._model.state])
         self._fast_guard = compile_guard(self._batch_move, guards)
         run.callbacks = runner.callbacks
+        run.epoch_state = getattr(driver, "epoch_state", dict)
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
 

@@ -148,6 +148,8 @@ class EpochWork:
         self.runner.take_timings()
         self._epoch_started = time.perf_counter()
         epoch = self.epoch = EpochContext(run, run.epoch)
+        if run.resume_at is not None:  # the driver starts it after the batches the checkpoint had done
+            epoch.resumed, run.resume_at = run.resume_at, None
         self.step = StepContext(run, epoch)
         lr = self.driver.current_lr()
         if lr is not None:
@@ -155,9 +157,9 @@ class EpochWork:
 
     def _load_epoch(self, epoch: EpochContext) -> None:
         self._iter = iter(self.driver.epoch_batches(epoch))
+        self._batch_index = 0 if epoch.resumed is None else int(epoch.resumed["batch"])
         if self.run.max_steps is not None:  # the epoch ends early at max_steps (its last batch says so)
             self._iter = itertools.islice(self._iter, max(0, self.run.max_steps - self.run.global_step))
-        self._batch_index = 0
         self.next = next(self._iter, END)
 
     def _next_batch(self, step: StepContext) -> None:

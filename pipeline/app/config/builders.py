@@ -172,4 +172,4 @@ def checkpoint_callback(ck: CheckpointConfig, run_dir: Path) -> TrainingCallback
     return cb.CheckpointCallback(
         run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
         save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
-        background=ck.background)
+        background=ck.background, every_n_steps=ck.every_n_steps, every_minutes=ck.every_minutes)

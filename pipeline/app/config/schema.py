@@ -47,6 +47,8 @@ class CheckpointConfig(Toggle):
     monitor: str = "val_loss"
     mode: Literal["min", "max"] = "min"
     background: bool = True  # write on a writer thread while the next epoch trains; committed when durable
+    every_n_steps: int | None = Field(default=None, ge=1)  # also step_<n>.pt after every N-th global step
+    every_minutes: float | None = Field(default=None, gt=0)  # and after the first step M minutes after the last
 
 
 class LogConfig(_Section):

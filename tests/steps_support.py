@@ -1,0 +1,92 @@
+"""Real kills at exact steps of real ``fsmtrain`` processes, for the tests of checkpoints at steps
+and of resuming inside an epoch. ``KillAt`` (a callback every run of a test's config carries) sends
+its own process SIGKILL when ``FSMTRAIN_TEST_KILL`` says so: ``step:N`` as batch N+1 begins (N steps
+done), ``val:E`` as epoch index E's validation begins; without it, it does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fsmtrain.core.context import EpochContext, StepContext
+from fsmtrain.core.hooks import TrainingCallback
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+KILL_ENV = "FSMTRAIN_TEST_KILL"
+RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
+
+
+class KillAt(TrainingCallback):
+    priority = 99  # after the checkpoint callback (95): a step's hooks have all run
+
+    def __init__(self) -> None:
+        what, _, at = os.environ.get(KILL_ENV, ":").partition(":")
+        self.what, self.at = what, int(at) if at else -1
+
+    def on_batch_begin(self, step: StepContext) -> None:
+        if self.what == "step" and step.run.global_step == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_val_begin(self, epoch: EpochContext) -> None:
+        if self.what == "val" and epoch.index == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_config(folder: Path, **settings: Any) -> Path:
+    """The quickstart, small and fast, with ``settings`` (dotted keys) and ``KillAt`` on."""
+    cfg = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+    cfg.update(epochs=3, wandb={"enabled": False}, early_stopping={"enabled": False},
+               scheduler_config={"T_max": 3}, callbacks={"extra": [{"target": "steps_support.KillAt"}]})
+    for key, value in settings.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def fsmtrain(cwd: Path, *args: str, kill: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1"}
+    env.pop(KILL_ENV, None)
+    if kill is not None:
+        env[KILL_ENV] = kill
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)  # type: ignore[no-any-return]
+
+
+def same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def kill_and_resume(folder: Path, config: Path, kill: str) -> tuple[Path, dict[str, Any] | None]:
+    """Train ``config`` in ``folder`` until ``kill`` kills it (SIGKILL), then ``fsmtrain resume`` it to
+    its end. Returns the run directory and the resume event (None: it started over)."""
+    killed = fsmtrain(folder, "train", str(config), kill=kill)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    run_dir = folder / RUN
+    resumed = fsmtrain(folder, "resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    found = [e["payload"] for e in events(run_dir) if e["event"] == "resume"]
+    return run_dir, found[-1] if found else None
