@@ -68,7 +68,7 @@ def fsmtrain(cwd: Path, *args: str, kill: str | None = None) -> subprocess.Compl
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "model.pt", weights_only=True)  # type: ignore[no-any-return]
+    return torch.load(run_dir / "model.pt", weights_only=True)
 
 
 def same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -90,3 +90,33 @@ def kill_and_resume(folder: Path, config: Path, kill: str) -> tuple[Path, dict[s
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     found = [e["payload"] for e in events(run_dir) if e["event"] == "resume"]
     return run_dir, found[-1] if found else None
+
+
+def plain_loaders(*, batch_size: int, seed: int) -> Any:
+    """The quickstart's data, its train loader shuffled from the global RNG (no generator of its own)."""
+    from torch.utils.data import DataLoader
+
+    from fsmtrain.training.data import Loaders, synthetic_regression
+
+    made = synthetic_regression(batch_size=batch_size, seed=seed)
+    return Loaders(DataLoader(made.train.dataset, batch_size=batch_size, shuffle=True), made.val)
+
+
+class Batches:
+    """A train loader that is no DataLoader: it cannot start at a batch index."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader, self.generator = loader, loader.generator
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def iterable_loaders(*, batch_size: int, seed: int) -> Any:
+    from fsmtrain.training.data import Loaders, synthetic_regression
+
+    made = synthetic_regression(batch_size=batch_size, seed=seed)
+    return Loaders(Batches(made.train), made.val)

@@ -31,6 +31,7 @@ class CheckpointWrite:
     line: int
     epoch: int | None
     chain_head: str | None
+    step: int | None = None  # a checkpoint at a step: its epoch goes on after it
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class CheckpointLines:
             else:
                 self.chain.pinned(pinned)
         epoch = p.get("epoch") if type(p.get("epoch")) is int else None
-        self.writes[path] = CheckpointWrite(sha, n, epoch, head)
+        self.writes[path] = CheckpointWrite(sha, n, epoch, head, p["step"] if type(p.get("step")) is int else None)
         self.first_commit.setdefault(sha, (n, path, epoch))
         self.removed.pop(path, None)
         self.damaged.pop(path, None)

@@ -100,9 +100,9 @@ class SegmentChecks(EndingChecks):
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
-        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
+        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + (ckpt.step is None):
             self.bad("resume", f"resume from {seg.resumed_from} (epoch {epoch_number(ckpt.epoch)}, line {ckpt.line}) "
-                     f"must start at epoch {epoch_number(ckpt.epoch + 1)}, starts at "
+                     f"must start at epoch {epoch_number(ckpt.epoch + (ckpt.step is None))}, starts at "
                      f"{epoch_number(seg.start_epoch)}", n)
         if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
             seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
