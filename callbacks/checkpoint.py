@@ -7,10 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.core.context import CheckpointContext, EpochContext, RunContext, StepContext
+from fsmtrain.core.context import CheckpointContext, EpochContext, FaultContext, RunContext, StepContext, epoch_number
+from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 from fsmtrain.core.ledger import committed_checkpoints
+from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
 
@@ -110,6 +112,19 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=shown_path(path, run.run_dir), epoch=epoch.index, kind=kind)
             return
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
+
+    def on_exception(self, fault: FaultContext) -> None:
+        """A signal (pre-emption) stopped the run between two batches of an epoch: the state after its
+        last step is saved, so a resume loses nothing (the teardown waits for the write)."""
+        run = fault.run
+        batch = int(run.epoch_state().get("batch", 0))
+        if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
+                or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
+            return
+        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:
+            run.warn(self.name, f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
+                     f"{epoch_number(run.epoch)}) is saved as {self.manager.step_path(run.global_step).name}; "
+                     "`fsmtrain resume` continues from the next batch", step=run.global_step)
 
     def on_load_checkpoint(self, ckpt: CheckpointContext) -> None:
         """A resumed run: the files on disk are the ones its log commits."""

@@ -1,7 +1,8 @@
 """Real kills at exact steps of real ``fsmtrain`` processes, for the tests of checkpoints at steps
 and of resuming inside an epoch. ``KillAt`` (a callback every run of a test's config carries) sends
 its own process SIGKILL when ``FSMTRAIN_TEST_KILL`` says so: ``step:N`` as batch N+1 begins (N steps
-done), ``val:E`` as epoch index E's validation begins; without it, it does nothing."""
+done), ``val:E`` as epoch index E's validation begins, ``slow:S`` sleeps S seconds per batch (an
+epoch long enough for a signal to land inside it); without it, it does nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,8 @@ class KillAt(TrainingCallback):
     def on_batch_begin(self, step: StepContext) -> None:
         if self.what == "step" and step.run.global_step == self.at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.what == "slow":
+            time.sleep(self.at / 1000)
 
     def on_val_begin(self, epoch: EpochContext) -> None:
         if self.what == "val" and epoch.index == self.at:
@@ -120,3 +124,22 @@ def iterable_loaders(*, batch_size: int, seed: int) -> Any:
 
     made = synthetic_regression(batch_size=batch_size, seed=seed)
     return Loaders(Batches(made.train), made.val)  # type: ignore[arg-type]  # the point: no DataLoader
+
+
+def preempted(folder: Path, config: Path, signum: int, after_s: float) -> tuple[subprocess.Popen[str], float]:
+    """Start ``fsmtrain train`` with 20 ms batches, send ``signum`` ``after_s`` seconds after its run
+    started; returns the finished process and the seconds from the signal to its exit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", KILL_ENV: "slow:20"}
+    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(config)], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = folder / RUN / "events.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and b'"run_start"' in log.read_bytes()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.05)
+    time.sleep(after_s)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    proc.wait(timeout=120)
+    return proc, time.monotonic() - sent

@@ -42,7 +42,7 @@ from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "exit_status_of"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -53,6 +53,11 @@ _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", 
                                "reused_run_dir", *LAUNCH_FACTS})
 
 
+def exit_status_of(signum: int) -> int:
+    """128 + the signal; a pre-emption notice (SIGUSR1) exits as SIGTERM does, 143."""
+    return 128 + (signal.SIGTERM if signum == signal.SIGUSR1 else signum)
+
+
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
     never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
@@ -60,7 +65,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int, rank: int | None = None) -> None:
         self.signum = signum
         self.rank = rank  # in a multi-process run, the rank the signal was sent to
-        self.exit_code = 128 + signum
+        self.exit_code = exit_status_of(signum)
         where = "" if rank is None else f" on rank {rank}"
         super().__init__(f"signal {signal.Signals(signum).name} received{where}")
 
@@ -157,7 +162,7 @@ class Engine:
         run.bind_phase(lambda: _PHASES[self._model.state])
         self._fast_guard = compile_guard(self._batch_move, guards)
         run.callbacks = runner.callbacks
-        run.epoch_state = getattr(driver, "epoch_state", dict)
+        run.epoch_state = work.epoch_state
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
 

@@ -81,6 +81,11 @@ class EpochWork:
             Action.RESULT: self._write_result,
         }
 
+    def epoch_state(self) -> dict[str, Any]:
+        """The epoch in progress: the batches it has done, and the driver's state of it."""
+        state: dict[str, Any] = getattr(self.driver, "epoch_state", dict)()
+        return {**state, "batch": self._batch_index}
+
     def has_batch(self) -> bool:
         return self.next is not END
 

@@ -313,7 +313,8 @@ class CheckpointManager(CheckpointFolder):
             grads = [p.grad for p in model.parameters()] if model is not None else []
             state.update(step=at[0], history=files.history_text(run.history, epoch, None),
                          grads=grads if any(g is not None for g in grads) else None)
-            state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=run.epoch_state())
+            done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
+            state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
         return state
 
     def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,

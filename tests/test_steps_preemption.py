@@ -1,0 +1,44 @@
+"""Pre-emption: SIGTERM or SIGUSR1 (SLURM's ``--signal``) in the middle of an epoch, with no periodic
+checkpoint due, stops the run at the next batch boundary: it saves the state after that step,
+writes its ``result`` (INTERRUPTED, naming the signal), exits 143, and ``fsmtrain resume`` gives
+the weights of an uninterrupted run bit for bit."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from steps_support import RUN, events, fsmtrain, preempted, same_bits, weights, write_config
+
+from fsmtrain.tools.audit.auditor import audit_file
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_preemption_signal_saves_the_last_step_exits_143_and_resumes_bit_identical(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    config = write_config(tmp_path, **{"checkpoint.background": False})
+    (tmp_path / "ref").mkdir()
+    done = fsmtrain(tmp_path / "ref", "train", str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (tmp_path / "run").mkdir()
+    proc, seconds = preempted(tmp_path / "run", config, signum, after_s=0.5)
+    out = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 143, out[-3000:]
+    run_dir = tmp_path / "run" / RUN
+    log = events(run_dir)
+    result = next(e for e in log if e["event"] == "result")["payload"]
+    assert result["stop_reason"] == "interrupted" and result["stop_source"] == f"signal {signum.name}"
+    end_step = next(e for e in log if e["event"] == "transition" and e["to"] == "train_end")["global_step"]
+    saved = [e["payload"] for e in log if e["event"] == "checkpoint" and e["payload"].get("kind") == "step"]
+    assert [s["step"] for s in saved] == [end_step] and end_step % 26, "the state after the last step, mid-epoch"
+    assert f"step_{end_step}.pt" in out and "fsmtrain resume" in out  # said on the console
+    assert not audit_file(run_dir / "events.jsonl").violations
+    print(f"{signum.name}: signal to exit {seconds:.2f} s, stopped after step {end_step}")
+    resumed = fsmtrain(tmp_path / "run", "resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume = next(e for e in events(run_dir) if e["event"] == "resume")["payload"]
+    assert resume["global_step"] == end_step
+    assert same_bits(weights(tmp_path / "ref" / RUN), weights(run_dir))
