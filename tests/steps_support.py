@@ -18,12 +18,13 @@ from typing import Any
 import torch
 import yaml
 
-from fsmtrain.core.context import EpochContext, StepContext
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 KILL_ENV = "FSMTRAIN_TEST_KILL"
+PIDS_ENV = "FSMTRAIN_TEST_PIDS"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 
 
@@ -33,6 +34,11 @@ class KillAt(TrainingCallback):
     def __init__(self) -> None:
         what, _, at = os.environ.get(KILL_ENV, ":").partition(":")
         self.what, self.at = what, int(at) if at else -1
+
+    def on_train_begin(self, run: RunContext) -> None:
+        pids = os.environ.get(PIDS_ENV)
+        if pids:  # where a test finds each rank's process
+            (Path(pids) / f"rank{run.extras.get('rank', 0)}").write_text(str(os.getpid()))
 
     def on_batch_begin(self, step: StepContext) -> None:
         if self.what == "step" and step.run.global_step == self.at:
@@ -80,8 +86,8 @@ def same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
 
 
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+def events(run_dir: Path, name: str = "events.jsonl") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
 
 def kill_and_resume(folder: Path, config: Path, kill: str) -> tuple[Path, dict[str, Any] | None]:

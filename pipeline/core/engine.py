@@ -256,6 +256,13 @@ class Engine:
                 handler()
         run = self.run  # at debug level through the handler, which logs each batch move
         batch = self._batch_handler if self._debug else functools.partial(self._batch_body, self._work.step)
+        if agreement is not None:  # several ranks: a signal is agreed a batch after it is sent, never blocking
+            poll = agreement.poll_signal
+            while True:
+                poll()
+                if not guard():
+                    return
+                batch()
         while True:
             self._signal = run.pending_signal
             if not guard():

@@ -187,10 +187,9 @@ class EpochWork:
         now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
-        resumed: dict[str, Any] = {} if epoch.resumed is None else {"resumed_at_batch": int(epoch.resumed["batch"])}
         self.run.emit("epoch", metrics=record.metrics, slots=record.slots, batches=epoch.batches,
                       seconds=record.seconds, phase_seconds=self._phase_seconds,
-                      callback_seconds=self.runner.take_timings(), **resumed)
+                      callback_seconds=self.runner.take_timings())
         self.run.epoch += 1
 
 

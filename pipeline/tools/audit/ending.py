@@ -75,6 +75,7 @@ class Segment:
     end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     end_global_step: Any = None
     max_steps: int | None = None
+    resumed_batch: int = 0  # a resume inside its first epoch: the batches of it done before
     result_seen: bool = False
     result_line: int | None = None
     last_line: int = 0

@@ -232,7 +232,7 @@ class EpochChecks(EndingChecks):
         batches, begin, val = rec["payload"].get("batches"), seg.step_begin, seg.step_val
         if type(batches) is not int or begin is None or val is None:
             return
-        if val - begin != batches - rec["payload"].get("resumed_at_batch", 0):  # a resume inside it skipped those
+        if val - begin != batches - (seg.resumed_batch if rec["epoch"] == seg.start_epoch else 0):  # resumed inside
             self.bad("batches", f"the epoch says {batches} batches, but global_step went from {begin} to {val} in it",
                      n)
         elif seg.batch_lines and seg.batch_lines != batches - 1:

@@ -111,6 +111,7 @@ class SegmentChecks(EndingChecks):
         payload = rec["payload"]
         if rec["event"] == "resume":
             seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
+            seg.resumed_batch = payload["batch"] if type(payload.get("batch")) is int else 0
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
         self.report_previous_end(seg, (torn, n) if type(torn) is int else None)
