@@ -121,10 +121,11 @@ class CheckpointCallback(TrainingCallback):
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
             return
-        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:
-            run.warn(self.name, f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
+        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:  # a replay has no such line
+            run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,
+                     message=f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
                      f"{epoch_number(run.epoch)}) is saved as {self.manager.step_path(run.global_step).name}; "
-                     "`fsmtrain resume` continues from the next batch", step=run.global_step)
+                     "`fsmtrain resume` continues from the next batch")
 
     def on_load_checkpoint(self, ckpt: CheckpointContext) -> None:
         """A resumed run: the files on disk are the ones its log commits."""
