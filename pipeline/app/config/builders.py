@@ -136,6 +136,8 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
         out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
     if cfg.grad_accumulation > 1:
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
+    if cfg.log_every_n_steps is not None:
+        out.append(cb.StepLogCallback(cfg.log_every_n_steps))
     for i, extra in enumerate(cfg.callbacks.extra):  # a constructor's rejection is blamed on its leaf
         build = partial(_construct, resolve_dotted(extra.target))
         out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs,

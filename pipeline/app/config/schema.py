@@ -227,6 +227,7 @@ class RunConfig(_Section):
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_every_n_steps: int | None = Field(default=None, gt=0)  # a train_step event every N global steps
     log: LogConfig = Field(default_factory=LogConfig)
     # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
     num_threads: int | None = Field(default=None, ge=1)
