@@ -14,6 +14,7 @@ from fsmtrain.callbacks.optimizer_mode import OptimizerModeCallback
 from fsmtrain.callbacks.overfit_detection import OverfitDetectionCallback
 from fsmtrain.callbacks.progress_bar import ProgressBarCallback
 from fsmtrain.callbacks.pruner import PrunerCallback, TrialEndedElsewhere
+from fsmtrain.callbacks.step_log import StepLogCallback
 from fsmtrain.callbacks.tensorboard_logging import TensorBoardLoggingCallback
 from fsmtrain.callbacks.wandb_logging import WandbLoggingCallback
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
@@ -34,6 +35,7 @@ __all__ = [
     "PrunerCallback",
     "ProgressBarCallback",
     "ReplaySupport",
+    "StepLogCallback",
     "TensorBoardLoggingCallback",
     "Tier",
     "TrainingCallback",

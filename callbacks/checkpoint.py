@@ -1,14 +1,18 @@
-"""Write periodic, best and latest checkpoints at the end of each fully evaluated epoch."""
+"""Write periodic, best and latest checkpoints at the end of each fully evaluated epoch, and, when
+asked, at steps inside an epoch (every N steps, every M minutes)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.core.context import CheckpointContext, EpochContext, RunContext
+from fsmtrain.core.context import CheckpointContext, EpochContext, FaultContext, RunContext, StepContext, epoch_number
+from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import EVENTS_FILE
-from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 from fsmtrain.core.ledger import committed_checkpoints
+from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
 
@@ -24,7 +28,11 @@ class CheckpointCallback(TrainingCallback):
     file removed, and ``checkpoint_skipped`` for a state a slow disk left out. ``train_end`` waits
     for what is pending; ``background=False`` writes before the epoch ends. A failed write is raised
     at the next phase boundary. The policy is logged at ``train_begin`` (``checkpoint_settings``);
-    in replay (``run.dry_run``) nothing is written and ``checkpoint_planned`` records intent."""
+    in replay (``run.dry_run``) nothing is written and ``checkpoint_planned`` records intent.
+
+    ``every_n_steps`` / ``every_minutes``: also a ``step_<n>.pt`` (and ``latest``) after every N-th
+    global step / the first step M minutes after the last one, holding the data position, so a resume
+    continues with the next batch. Without them no hook runs per batch."""
 
     priority = 95
     tier = Tier.CORE
@@ -42,8 +50,15 @@ class CheckpointCallback(TrainingCallback):
         save_latest: bool = True,
         background: bool = True,
         drain_timeout_s: float = 600.0,
+        every_n_steps: int | None = None,
+        every_minutes: float | None = None,
     ) -> None:
         self.drain_timeout_s = drain_timeout_s  # how long the teardown waits for the last writes
+        self.every_n_steps = None if every_n_steps is None else int_at_least("every_n_steps", every_n_steps, 1)
+        if every_minutes is not None and not every_minutes > 0:
+            raise ValueError(f"every_minutes must be > 0, got {every_minutes!r}")
+        self.every_seconds = None if every_minutes is None else 60.0 * every_minutes
+        self._due = float("inf")  # the clock time of the next checkpoint by minutes
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
         self._log: _RunLog | None = None
@@ -55,7 +70,30 @@ class CheckpointCallback(TrainingCallback):
         settings["directory"] = shown_path(self.manager.directory, run.run_dir)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
-        self.manager.reset(lambda epoch, why: self._sink().skipped(epoch, why, True))
+        self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
+        if self.every_seconds is not None:
+            self._due = time.monotonic() + self.every_seconds
+
+    def overridden_hooks(self) -> tuple[str, ...]:
+        hooks = super().overridden_hooks()  # no per-batch hook unless checkpoints at steps are asked for
+        steps = self.every_n_steps is not None or self.every_seconds is not None
+        return hooks if steps else tuple(h for h in hooks if h != "on_train_step_end")
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        run = step.run
+        done = run.global_step + 1  # this step, counted once its hooks have run
+        n, every = self.every_n_steps, self.every_seconds
+        if not ((n is not None and done % n == 0) or (every is not None and time.monotonic() >= self._due)):
+            return
+        if self.every_seconds is not None:
+            self._due = time.monotonic() + self.every_seconds
+        if run.dry_run:
+            path = shown_path(self.manager.step_path(done), run.run_dir)
+            step.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=done)
+            return
+        self.manager.writer.raise_failure()
+        self.manager.directory.mkdir(parents=True, exist_ok=True)
+        self.manager.save_step(run, done, step.batch_index + 1, self._sink())
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         self.manager.writer.raise_failure()
@@ -65,7 +103,7 @@ class CheckpointCallback(TrainingCallback):
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
-        final = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        final = run.ends_after(epoch.index)
         # NaNDetectionCallback (priority 5) has spoken by now: a NAN epoch's weights are never `best`.
         healthy = run.stop is None or run.stop.reason is not StopReason.NAN
         if run.dry_run:
@@ -74,6 +112,20 @@ class CheckpointCallback(TrainingCallback):
                 epoch.emit("checkpoint_planned", path=shown_path(path, run.run_dir), epoch=epoch.index, kind=kind)
             return
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
+
+    def on_exception(self, fault: FaultContext) -> None:
+        """A signal (pre-emption) stopped the run between two batches of an epoch: the state after its
+        last step is saved, so a resume loses nothing (the teardown waits for the write)."""
+        run = fault.run
+        batch = int(run.epoch_state().get("batch", 0))
+        if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
+                or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
+            return
+        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:  # a replay has no such line
+            run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,
+                     message=f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
+                     f"{epoch_number(run.epoch)}) is saved as {self.manager.step_path(run.global_step).name}; "
+                     "`fsmtrain resume` continues from the next batch")
 
     def on_load_checkpoint(self, ckpt: CheckpointContext) -> None:
         """A resumed run: the files on disk are the ones its log commits."""
@@ -125,6 +177,8 @@ class _RunLog:
         unsynced = False  # one fsync of the log for the commit's lines, after the last
         for ck in written.saved:
             intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
+            if ck.step is not None:
+                intent["step"] = ck.step
             unsynced |= run.emit_at_log_position(
                 "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                 chain_head=written.chain_head, defer_sync=True, **intent)
@@ -135,9 +189,15 @@ class _RunLog:
         for path in paths:
             self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
 
-    def skipped(self, epoch: int, why: str, beside: bool) -> None:
-        # The first on the console too; a disk that stays slow would repeat it every epoch.
+    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None:
+        # The first on the console too; a writer that stays behind would repeat it every epoch.
         self.skips += 1
         first = self.skips == 1
+        extra: dict[str, Any] = {"note": "later skips are in events.jsonl only"} if first else {}
+        if step is not None:
+            extra["step"] = step
+        hpo = self.run.extras.get("hpo")
+        if isinstance(hpo, dict) and hpo.get("trial") is not None:  # which trial's run, in a study
+            why, extra["trial"] = f"trial {hpo['trial']}: {why}", hpo["trial"]
         self._emit(beside, "checkpoint_skipped", level="warning" if first else "info", epoch=epoch, reason=why,
-                   **({"note": "later skips are in events.jsonl only"} if first else {}))
+                   **extra)

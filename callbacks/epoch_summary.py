@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.context import UNBOUNDED_EPOCHS, EpochContext, RunContext
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
@@ -54,7 +54,8 @@ class SummaryTable:
         self.columns: list[str] = []
         self._seen: dict[str, int] = {}  # name -> first-seen order, for columns without a rank
         self._explained: set[str] = set()
-        self._epoch_width = max(len("epoch"), 2 * len(str(max_epochs)) + 1)
+        self._of = "" if max_epochs >= UNBOUNDED_EPOCHS else f"/{max_epochs}"  # only max_steps bounds the run
+        self._epoch_width = max(len("epoch"), len(str(max_epochs)) + len(self._of))
 
     def label(self, name: str) -> str:
         return ABBREVIATIONS[name][0] if name in ABBREVIATIONS else name
@@ -76,7 +77,7 @@ class SummaryTable:
                 out.append("columns: " + ", ".join(f"{ABBREVIATIONS[n][0]} = {ABBREVIATIONS[n][1]}" for n in legend))
             out.append("  ".join(["epoch".ljust(self._epoch_width),
                                   *(self.label(n).rjust(self._width(n)) for n in self.columns)]))
-        row = [f"{index + 1}/{self.max_epochs}".ljust(self._epoch_width),
+        row = [f"{index + 1}{self._of}".ljust(self._epoch_width),
                *(_num(n, values.get(n)).rjust(self._width(n)) for n in self.columns)]
         out.append("  ".join(row))
         return out
@@ -102,7 +103,7 @@ class EpochSummaryCallback(TrainingCallback):
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
-        last = run.stop is not None or epoch.index + 1 >= run.max_epochs
+        last = run.ends_after(epoch.index)
         if (epoch.index + 1) % self.every_n_epochs and not last:
             return
         if self._table is None:

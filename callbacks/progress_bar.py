@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO, cast
 
-from fsmtrain.core.context import EpochContext, RunContext, StepContext
+from fsmtrain.core.context import UNBOUNDED_EPOCHS, EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import Tier, TrainingCallback
 
 __all__ = ["ProgressBarCallback", "auto_enabled", "current_stderr"]
@@ -73,7 +73,8 @@ class ProgressBarCallback(TrainingCallback):
             TextColumn("{task.fields[info]}"), console=Console(file=sys.stdout), transient=False,
         )
         self._progress.start()
-        self._epochs = self._progress.add_task("epochs", total=run.max_epochs, completed=run.epoch, info="")
+        total = run.max_epochs if run.max_epochs < UNBOUNDED_EPOCHS else None
+        self._epochs = self._progress.add_task("epochs", total=total, completed=run.epoch, info="")
         self._batches = self._progress.add_task("batches", total=None, info="")
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:

@@ -68,5 +68,5 @@ def test_digits_config_reaches_90_percent(tmp_path: object) -> None:
     run = train_seed(cfg, cfg.seeds[0], Path(str(tmp_path)) / "run")
     assert run.error is None and run.result is not None
     best_acc = max(r.metrics["val_accuracy"] for r in run.result.history)
-    assert run.result.epochs_completed <= cfg.epochs
+    assert run.result.epochs_completed <= cfg.max_epochs
     assert best_acc >= 0.90, best_acc

@@ -29,7 +29,8 @@ def test_every_reason_has_exactly_one_row() -> None:
 
 def test_the_shipped_rows_say_what_the_readme_says() -> None:
     ok = {r for r in StopReason if exit_code_for(r) is ExitCode.OK}
-    assert ok == {StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.PRUNED, StopReason.TARGET_REACHED}
+    assert ok == {StopReason.COMPLETED, StopReason.STEPS, StopReason.EARLY_STOP, StopReason.PRUNED,
+                  StopReason.TARGET_REACHED}
     assert {r for r in StopReason if r.fault} == {StopReason.INTERRUPTED, StopReason.ERROR}
     assert StopReason.NAN.objective(0.5) == math.inf and StopReason.EARLY_STOP.objective(0.5) == 0.5
     assert StopReason.NAN.outranks(StopReason.EARLY_STOP)

@@ -37,7 +37,7 @@ class UsageError(ValueError):
 class ExitCode(IntEnum):
     """Process exit status of ``fsmtrain`` (with several seeds: the most severe one)."""
 
-    OK = 0  # COMPLETED, EARLY_STOP, TARGET_REACHED or PRUNED; validate/preflight passed
+    OK = 0  # COMPLETED, STEPS, EARLY_STOP, TARGET_REACHED or PRUNED; validate/preflight passed
     ERROR = 1  # training raised an exception (details in events.jsonl)
     CONFIG = 2  # invalid config or command line; nothing was trained or written
     NAN = 3  # a loss became NaN/inf and NaNDetectionCallback stopped the run
@@ -96,7 +96,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     reason = result.stop_reason
     stop = result.stop
     verb = "raised in" if reason is StopReason.ERROR else "requested by"  # an error is not asked for
-    why = f"{verb} {stop.source}: {stop.message}" if stop is not None else "all epochs ran"
+    budget = f"max_steps reached: step {result.global_step}" if reason is StopReason.STEPS else "all epochs ran"
+    why = f"{verb} {stop.source}: {stop.message}" if stop is not None else budget
     written = run.error if isinstance(run.error, FileWriteError) else None
     if written is not None and stop is not None:  # a run's file could not be written: say which, and where
         print(f"seed {run.seed}: {reason.name} in epoch {stop.epoch + 1}: {written.strerror}", file=out)
@@ -315,7 +316,7 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _
     from fsmtrain.app.launch import elastic_restart_line
 
     ranks = place.ranks
-    notes = [f"{cfg.epochs} epochs"]
+    notes = [f"{cfg.epochs or 'unbounded'} epochs" + ("" if cfg.max_steps is None else f", max_steps {cfg.max_steps}")]
     if ranks != before:
         notes.append(f"on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
                      f"committed checkpoint, and from there its data order is that of a {ranks}-process run")

@@ -84,7 +84,7 @@ def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str
     groups: list[dict[str, Any]] = []
     with warnings.catch_warnings():  # the stand-in's optimizer steps with no gradient: nothing to warn of
         warnings.simplefilter("ignore")
-        for epoch in range(cfg.epochs):
+        for epoch in range(cfg.epochs if cfg.epochs is not None else steps + 1):
             if epoch == steps:
                 state = scheduler.state_dict()
                 groups = [{k: v for k, v in g.items() if k in _SCHEDULED} for g in optimizer.param_groups]

@@ -20,7 +20,7 @@ from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_fre
 from fsmtrain.callbacks.progress_bar import current_stderr
 from fsmtrain.core.chain import key_from_env
 from fsmtrain.core.consensus import log_name_for_rank
-from fsmtrain.core.context import RunContext
+from fsmtrain.core.context import UNBOUNDED_EPOCHS, RunContext
 from fsmtrain.core.drawing import run_diagram
 from fsmtrain.core.engine import Engine, Interrupted
 from fsmtrain.core.events import FSYNC_POLICIES, EventLog, check_levels
@@ -66,7 +66,7 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
-                 train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, max_epochs: int = 1,
+                 train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, max_epochs: int | None = None,
                  callbacks: Sequence[TrainingCallback] = (), scheduler: Any = None,
                  device: str | torch.device = "cpu", *, metrics: Mapping[str, MetricFn] | None = None,
                  run_dir: str | Path | RunDirClaim | None = None, run_name: str | Path | None = None,
@@ -75,7 +75,12 @@ class Trainer:
                  resume_from: str | Path | None = None, log_key: bytes | None = None,
                  collective: TorchCollective | None = None, default_callbacks: bool = True, precision: str = "32",
                  compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
-                 step: StepFn | None = None, val_step: StepFn | None = None) -> None:
+                 step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None) -> None:
+        """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins."""
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be an integer >= 1 or None, got {max_steps!r}")
+        max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
+        self.max_steps = max_steps
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
         if run_name is not None:
@@ -187,6 +192,7 @@ class Trainer:
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
+            max_steps=self.max_steps,
         )
         self.run.scaler = self.precision.scaler
         self.run.exact_metrics = self.driver.exact

@@ -9,7 +9,7 @@ INTERRUPTED with :class:`RankFailed`, naming the rank that failed first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -106,6 +106,9 @@ class Collective(Protocol):
     def broadcast_object(self, obj: Any, src: int) -> Any:
         """``obj`` as rank ``src`` has it, on every rank."""
 
+    # Optional: ``all_reduce_max_async(values)`` starts a non-blocking element-wise max over the ranks
+    # and returns what waits for it (the per-batch signal round of :meth:`RankAgreement.poll_signal`).
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -162,6 +165,21 @@ class RankAgreement:
         self.points = agreement_points(per_batch)
         self.stop: StopRequest | None = None
         self.signal: tuple[int, int] | None = None  # (signal, rank)
+        # Per batch, without a blocking collective: each rank's signal goes out in a non-blocking
+        # all-reduce read one batch later, so every rank reads the same round and stops at the same step.
+        self._send = getattr(collective, "all_reduce_max_async", None)
+        self._round: Callable[[], list[int]] | None = None
+
+    def poll_signal(self) -> None:
+        """Before a batch: read the round sent a batch ago (every rank reads the same one), send this one."""
+        if self._send is None:
+            return
+        if self._round is not None:
+            signum, rank = self._round()
+            if signum and self.signal is None:
+                self.signal = (signum, rank - 1)
+        mine = self.run.pending_signal or 0
+        self._round = self._send([mine, self.collective.rank + 1 if mine else 0])
 
     def account(self, exc: BaseException, source: str) -> BaseException:
         """``exc``, posted as this rank's failure (an interrupt is not), or :class:`RankFailed`

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+UNBOUNDED_EPOCHS = 1 << 31  # max_epochs of a run that only max_steps ends
+
+
 def epoch_number(index: int) -> int:
     """The epoch number a person reads (1-based); the log's ``epoch`` keeps the 0-based index."""
     return index + 1
@@ -101,12 +104,17 @@ class RunContext:
     scheduler: Any = None
     run_dir: Any = None
     dry_run: bool = False  # replaying: no model, callbacks must not touch one
+    max_steps: int | None = None  # the run also ends at this global step
     scaler: Any = field(default=None, init=False)  # mixed precision's loss scaler, checkpointed with the run
     exact_metrics: Any = field(default=None, init=False)  # the exact metrics' state, checkpointed with the run
     epoch: int = field(default=0, init=False)
     global_step: int = field(default=0, init=False)
     stop: StopRequest | None = field(default=None, init=False)
     pending_signal: int | None = field(default=None, init=False)  # set by a signal handler; the engine acts on it
+    # A resumed run's position inside its first epoch (a checkpoint at a step); its first epoch takes it.
+    resume_at: dict[str, Any] | None = field(default=None, init=False)
+    # The driver's state of the epoch in progress (its sums so far), for a checkpoint at a step.
+    epoch_state: Callable[[], dict[str, Any]] = field(default_factory=lambda: dict, init=False)
     history: list[EpochRecord] = field(default_factory=list, init=False)
     extras: dict[str, Any] = field(default_factory=dict, init=False)  # e.g. the Optuna trial, the run config
     # Set by the engine from its runner (the checkpoint store fires hooks through ``dispatch``).
@@ -115,6 +123,15 @@ class RunContext:
     slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
     _phase_of: Callable[[], Phase] = field(default_factory=lambda: _created, init=False)
     _slots: dict[str, Any] = field(default_factory=dict, init=False)
+
+    def budget_left(self) -> bool:
+        """Epochs remain, and steps too when ``max_steps`` is set."""
+        return self.epoch < self.max_epochs and (self.max_steps is None or self.global_step < self.max_steps)
+
+    def ends_after(self, index: int) -> bool:
+        """At epoch ``index``'s end: it is the run's last (a stop, or the budget spent)."""
+        return (self.stop is not None or index + 1 >= self.max_epochs
+                or (self.max_steps is not None and self.global_step >= self.max_steps))
 
     @property
     def phase(self) -> Phase:
@@ -209,6 +226,7 @@ class EpochContext(_Delegating):
         self.index = index
         self.metrics: dict[str, float] = {}
         self.batches = 0
+        self.resumed: dict[str, Any] | None = None  # where a resume continues it: {"batch", "epoch_state"}
 
     @property
     def number(self) -> int:

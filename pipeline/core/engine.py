@@ -42,7 +42,7 @@ from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted"]
+__all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "exit_status_of"]
 
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -53,6 +53,11 @@ _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", 
                                "reused_run_dir", *LAUNCH_FACTS})
 
 
+def exit_status_of(signum: int) -> int:
+    """128 + the signal; a pre-emption notice (SIGUSR1) exits as SIGTERM does, 143."""
+    return 128 + (signal.SIGTERM if signum == signal.SIGUSR1 else signum)
+
+
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
     never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
@@ -60,7 +65,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int, rank: int | None = None) -> None:
         self.signum = signum
         self.rank = rank  # in a multi-process run, the rank the signal was sent to
-        self.exit_code = 128 + signum
+        self.exit_code = exit_status_of(signum)
         where = "" if rank is None else f" on rank {rank}"
         super().__init__(f"signal {signal.Signals(signum).name} received{where}")
 
@@ -157,6 +162,7 @@ class Engine:
         run.bind_phase(lambda: _PHASES[self._model.state])
         self._fast_guard = compile_guard(self._batch_move, guards)
         run.callbacks = runner.callbacks
+        run.epoch_state = work.epoch_state
         run.dispatch = runner.fire
         run.slot_guard = runner.check_write
 
@@ -172,7 +178,7 @@ class Engine:
 
     # --- guards ----------------------------------------------------------------------------
     def _can_continue(self) -> bool:
-        return self.run.stop is None and self.run.epoch < self.run.max_epochs
+        return self.run.stop is None and self.run.budget_left()
 
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
@@ -185,14 +191,16 @@ class Engine:
         agreement = self._agreement
         return Facts(stop_requested=self.run.stop is not None,
                      immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
-                     epochs_remain=self.run.epoch < self.run.max_epochs, has_batch=self._work.has_batch(),
+                     epochs_remain=self.run.budget_left(), has_batch=self._work.has_batch(),
                      faulted=self._faulted)
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
-        self.run.emit("run_start", max_epochs=self.run.max_epochs, start_epoch=self.run.epoch, strict=self.strict,
+        steps: dict[str, Any] = {} if self.run.max_steps is None else {"max_steps": self.run.max_steps}
+        self.run.emit("run_start", max_epochs=self.run.max_epochs, **steps, start_epoch=self.run.epoch,
+                      strict=self.strict,
                       callbacks=self.runner.describe(),
                       **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS})
         self._work.start_clock()
@@ -248,6 +256,13 @@ class Engine:
                 handler()
         run = self.run  # at debug level through the handler, which logs each batch move
         batch = self._batch_handler if self._debug else functools.partial(self._batch_body, self._work.step)
+        if agreement is not None:  # several ranks: a signal is agreed a batch after it is sent, never blocking
+            poll = agreement.poll_signal
+            while True:
+                poll()
+                if not guard():
+                    return
+                batch()
         while True:
             self._signal = run.pending_signal
             if not guard():

@@ -6,6 +6,7 @@ counters, the ``epoch`` record, the run's outputs and then the ``result``, so a 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from fsmtrain.core.driver import Driver
 from fsmtrain.core.lifecycle import FINAL, Action, HookScope, Transition
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
-from fsmtrain.core.stop import StopReason
+from fsmtrain.core.stop import budget_end
 
 __all__ = ["END", "EpochWork", "Outputs", "Work"]
 
@@ -80,6 +81,11 @@ class EpochWork:
             Action.RESULT: self._write_result,
         }
 
+    def epoch_state(self) -> dict[str, Any]:
+        """The epoch in progress: the batches it has done, and the driver's state of it."""
+        state: dict[str, Any] = getattr(self.driver, "epoch_state", dict)()
+        return {**state, "batch": self._batch_index}
+
     def has_batch(self) -> bool:
         return self.next is not END
 
@@ -110,8 +116,8 @@ class EpochWork:
     def _stop_payload(self) -> dict[str, Any]:
         stop = self.run.stop
         if stop is None:
-            return {"reason": StopReason.COMPLETED.value, "source": "max_epochs",
-                    "message": f"reached max_epochs={self.run.max_epochs}"}
+            reason, source, message = budget_end(self.run.max_epochs, self.run.max_steps, self.run.global_step)
+            return {"reason": reason.value, "source": source, "message": message}
         return {"reason": stop.reason.value, "source": stop.source, "message": stop.message}
 
     # --- validation batches --------------------------------------------------------------------
@@ -147,6 +153,8 @@ class EpochWork:
         self.runner.take_timings()
         self._epoch_started = time.perf_counter()
         epoch = self.epoch = EpochContext(run, run.epoch)
+        if run.resume_at is not None:  # the driver starts it after the batches the checkpoint had done
+            epoch.resumed, run.resume_at = run.resume_at, None
         self.step = StepContext(run, epoch)
         lr = self.driver.current_lr()
         if lr is not None:
@@ -154,7 +162,9 @@ class EpochWork:
 
     def _load_epoch(self, epoch: EpochContext) -> None:
         self._iter = iter(self.driver.epoch_batches(epoch))
-        self._batch_index = 0
+        self._batch_index = 0 if epoch.resumed is None else int(epoch.resumed["batch"])
+        if self.run.max_steps is not None:  # the epoch ends early at max_steps (its last batch says so)
+            self._iter = itertools.islice(self._iter, max(0, self.run.max_steps - self.run.global_step))
         self.next = next(self._iter, END)
 
     def _next_batch(self, step: StepContext) -> None:
@@ -190,5 +200,6 @@ class EpochWork:
 
     def _write_result(self, run: RunContext) -> None:
         stop = run.stop
-        self.result = TrainResult.from_run(run, stop.reason if stop is not None else StopReason.COMPLETED)
+        reason = stop.reason if stop is not None else budget_end(run.max_epochs, run.max_steps, run.global_step)[0]
+        self.result = TrainResult.from_run(run, reason)
         run.emit("result", **self.result.summary())

@@ -22,6 +22,12 @@ class CommittedFile:
     kind: str | None  # "periodic", "epoch", "latest", "best"
     seq: int | None  # the committing line's seq
     roles: tuple[str, ...] = ()  # an epoch file's other names, committed in lines after it ("latest", "best")
+    step: int | None = None  # a checkpoint at a step: its global step
+
+    @property
+    def newness(self) -> tuple[int, bool, int]:
+        """Orders states oldest first: by epoch, a checkpoint at a step before its epoch's end."""
+        return (-1 if self.epoch is None else self.epoch, self.step is None, self.step or 0)
 
 
 class CheckpointLedger:
@@ -52,7 +58,8 @@ class CheckpointLedger:
         epoch, kind, seq, roles = payload.get("epoch"), payload.get("kind"), rec.get("seq"), payload.get("roles")
         done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
                              kind if isinstance(kind, str) else None, seq if type(seq) is int else None,
-                             tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else ())
+                             tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else (),
+                             payload["step"] if type(payload.get("step")) is int else None)
         self.last[path] = done
         self.live[path] = done
 

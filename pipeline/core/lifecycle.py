@@ -30,7 +30,7 @@ FINAL = Phase.TRAIN_END
 class Guard(str, Enum):
     """Named guard predicates. Each is a pure function of the :class:`Facts` of a running machine."""
 
-    CAN_CONTINUE = "can_continue"  # no stop requested and epochs remain
+    CAN_CONTINUE = "can_continue"  # no stop requested and the budget (epochs, max_steps) remains
     HAS_BATCH = "has_batch"  # the train loader has another batch
     IMMEDIATE_STOP = "immediate_stop"  # a stop was requested with immediate=True
     FAULTED = "faulted"  # an exception or interrupt is being handled
@@ -42,7 +42,7 @@ class Facts:
 
     stop_requested: bool
     immediate_stop: bool
-    epochs_remain: bool
+    epochs_remain: bool  # and steps, under max_steps
     has_batch: bool
     faulted: bool
 

@@ -1,10 +1,12 @@
-"""SIGINT and SIGTERM: the one module that handles them, for a command or for one run.
+"""SIGINT, SIGTERM and SIGUSR1: the one module that handles them, for a command or for one run.
 
 The first signal is only recorded (a handler runs between any two bytecodes): a run ends
 INTERRUPTED at its next safe point and the command exits 128 + the signal. A second SIGINT while a
 run trains raises ``KeyboardInterrupt`` at once, so a hung batch ends (in the teardown it is only
 recorded, so it cannot cut the ``result`` short). A third gets the handler found before, or the
-default action in the ``fsmtrain`` process.
+default action in the ``fsmtrain`` process. SIGUSR1 (what SLURM's ``--signal`` sends before its
+kill) is a pre-emption notice as SIGTERM is: the run saves the state after its last step and the
+command exits 143.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from fsmtrain.core.engine import Interrupted
+from fsmtrain.core.engine import Interrupted, exit_status_of
 from fsmtrain.core.lifecycle import FINAL
 
 if TYPE_CHECKING:
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["HANDLED", "Signals", "caught", "install", "installed", "sigterm_interrupts", "stop_on_signals",
            "uninstall"]
 
-HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 class Signals:
@@ -71,7 +73,7 @@ class Signals:
 
     def exit_status(self, code: int) -> int:
         """The command's exit status: 128 + the first signal when one was received, else ``code``."""
-        return code if self.signum is None else 128 + self.signum
+        return code if self.signum is None else exit_status_of(self.signum)
 
 
 def _handler(previous: dict[signal.Signals, Any], sig: int) -> Any:

@@ -1,8 +1,8 @@
 """Why a run reached ``train_end``: :class:`StopReason`, and every fact about each reason in one
 row of :data:`FACTS`, read by every consumer and written nowhere else. The columns:
 
-- **route**: how it reaches ``train_end``: the epochs ran out, a callback's ``request_stop``, or a
-  ``fault`` the engine forces on an exception or signal (``abort``).
+- **route**: how it reaches ``train_end``: the budget (epochs, ``max_steps``) ran out, a callback's
+  ``request_stop``, or a ``fault`` the engine forces on an exception or signal (``abort``).
 - **precedence**: a later request replaces one not yet in force only if it ranks higher.
 - **exit**, **severity**: the ``fsmtrain train`` exit status, and which wins over several seeds.
 - **failed**: W&B marks the run failed. **objective**: ``inf``, or the best finite ``val_loss``.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["FACTS", "Evidence", "Route", "StopFacts", "StopReason"]
+__all__ = ["FACTS", "Evidence", "Route", "StopFacts", "StopReason", "budget_end"]
 
 
 class Route(str, Enum):
@@ -32,6 +32,7 @@ class Evidence(str, Enum):
     """What the audit must find in a log that ended for a reason."""
 
     LAST_EPOCH = "last_epoch"  # every epoch up to max_epochs ran
+    LAST_STEP = "last_step"  # the steps reached max_steps
     NONFINITE_LOSS = "nonfinite_loss"  # a loss of the stopping epoch is not finite
     REQUEST = "request"  # the stop_request in force names the reason
     PRUNE_DECISION = "prune_decision"  # and the last trial_report said should_prune
@@ -63,6 +64,7 @@ class StopReason(str, Enum):
     evidence: Evidence
 
     COMPLETED = "completed"
+    STEPS = "steps"  # max_steps reached
     NAN = "nan"
     EARLY_STOP = "early_stop"
     PRUNED = "pruned"
@@ -97,6 +99,7 @@ _R, _E = Route, Evidence
 FACTS: Mapping[StopReason, StopFacts] = {
     #                                route       prec exit sev  failed inf-objective evidence
     StopReason.COMPLETED: StopFacts(_R.EPOCHS, 0, 0, 0, False, False, _E.LAST_EPOCH),
+    StopReason.STEPS: StopFacts(_R.EPOCHS, 0, 0, 0, False, False, _E.LAST_STEP),
     StopReason.NAN: StopFacts(_R.REQUEST, 1, 3, 1, True, True, _E.NONFINITE_LOSS),
     StopReason.EARLY_STOP: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.REQUEST),
     StopReason.PRUNED: StopFacts(_R.REQUEST, 0, 0, 0, False, False, _E.PRUNE_DECISION),
@@ -104,3 +107,10 @@ FACTS: Mapping[StopReason, StopFacts] = {
     StopReason.INTERRUPTED: StopFacts(_R.FAULT, 2, 130, 3, True, False, _E.INTERRUPT),
     StopReason.ERROR: StopFacts(_R.FAULT, 2, 1, 2, True, False, _E.EXCEPTION),
 }
+
+
+def budget_end(max_epochs: int, max_steps: int | None, global_step: int) -> tuple[StopReason, str, str]:
+    """Why a run with no stop requested ended (its reason, source, message): whichever budget ran out."""
+    if max_steps is not None and global_step >= max_steps:
+        return StopReason.STEPS, "max_steps", f"reached max_steps={max_steps}"
+    return StopReason.COMPLETED, "max_epochs", f"reached max_epochs={max_epochs}"

@@ -36,6 +36,7 @@ __all__ = [
 DAMAGED_DIR = "damaged"
 UNCOMMITTED_DIR = "uncommitted"  # files in the folder the log never committed, kept as evidence
 _PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
+_STEP = re.compile(r"^step_(\d+)\.pt$")
 
 
 def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
@@ -67,6 +68,8 @@ class WritePlan:
     roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
     staged: Staged  # the state, in host buffers no one else writes while it is pending
     chain_head: str | None  # the log's head the state stores
+    path: Path  # epoch_<n>.pt, or step_<n>.pt
+    step: int | None = None  # a checkpoint at a step: its global step
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class CheckpointLog(Protocol):
 
     def removed(self, paths: tuple[Path, ...], beside: bool) -> None: ...  # before the files go
 
-    def skipped(self, epoch: int, why: str, beside: bool) -> None: ...  # a state that is never written
+    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None: ...  # never written
 
 
 class CheckpointFolder:
@@ -98,6 +101,7 @@ class CheckpointFolder:
         self.periodic: list[int] = []  # epochs whose periodic file is kept, oldest first
         self.transient: list[int] = []  # epochs whose non-periodic epoch file is kept
         self.newest: int | None = None  # the newest epoch committed
+        self.steps: list[int] = []  # global steps whose step_<n>.pt is kept, oldest first
 
     def name_for(self, kind: str, epoch: int) -> str:
         """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``."""
@@ -105,6 +109,16 @@ class CheckpointFolder:
 
     def periodic_path(self, epoch: int) -> Path:
         return self.directory / self.name_for("periodic", epoch)
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / f"step_{step}.pt"
+
+    def _redundant_steps(self) -> tuple[Path, ...]:
+        """Forget and return the step files beyond the newest ``keep_last_k`` (and never the newest two:
+        the newest state and the one a resume falls back to)."""
+        keep = max(self.keep_last_k, 2) if self.keep_last_k else len(self.steps)
+        gone, self.steps = self.steps[:-keep], self.steps[-keep:]
+        return tuple(self.step_path(s) for s in gone)
 
     def list_periodic(self) -> list[Path]:
         """Periodic checkpoint files in the folder, oldest epoch first (by number, not by name)."""
@@ -143,17 +157,21 @@ class CheckpointFolder:
     def adopt(self, committed: Mapping[str, CommittedFile], run_dir: Path | None) -> None:
         """A resumed run: what is on disk, from the files its log commits (not from the checkpoint,
         which cannot know of the writes that came after it was staged)."""
-        self.periodic, self.transient, self.newest = [], [], None
+        self.periodic, self.transient, self.newest, self.steps = [], [], None, []
         folder = self.directory.resolve()
         for shown, done in committed.items():
             if done.epoch is None:
                 continue
             path = Path(shown) if Path(shown).is_absolute() or run_dir is None else run_dir / shown
+            if (step := _STEP.match(path.name)) and path.parent.resolve() == folder and path.is_file():
+                self.steps.append(int(step.group(1)))
+                continue
             self.newest = max(done.epoch, self.newest if self.newest is not None else done.epoch)
             if _PERIODIC.match(path.name) and path.parent.resolve() == folder and path.is_file():
                 (self.periodic if done.kind == "periodic" else self.transient).append(done.epoch)
         self.periodic.sort()
         self.transient.sort()
+        self.steps.sort()
 
 
 @dataclass(frozen=True)
@@ -264,10 +282,13 @@ class CheckpointManager(CheckpointFolder):
                 "monitor": self.monitor, "mode": self.mode}
 
     # --- the training thread -------------------------------------------------------------------
-    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float]) -> dict[str, Any]:
-        """The checkpoint of ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts."""
+    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float],
+                    at: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The checkpoint of ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts.
+        ``at``: a checkpoint inside the epoch, after (global step, batches of the epoch done): it holds
+        the data position, the driver's epoch sums and any gradient still accumulating."""
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-        return {
+        state: dict[str, Any] = {
             "format": files.FORMAT_VERSION,
             "run_id": run.run_id,
             "epoch": epoch,
@@ -289,6 +310,13 @@ class CheckpointManager(CheckpointFolder):
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }
+        if at is not None:
+            grads = [p.grad for p in model.parameters()] if model is not None else []
+            state.update(step=at[0], history=files.history_text(run.history, epoch, None),
+                         grads=grads if any(g is not None for g in grads) else None)
+            done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
+            state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
+        return state
 
     def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,
              healthy: bool = True) -> WritePlan | None:
@@ -298,21 +326,32 @@ class CheckpointManager(CheckpointFolder):
         kinds = self.decide(epoch, metrics, final, healthy)
         if not kinds:
             return None
-        claim = self.writer.claim_slot(epoch, "best" in kinds, final)
+        return self._stage(run, epoch, metrics, kinds, final, log, None)
+
+    def save_step(self, run: RunContext, step: int, batch: int, log: CheckpointLog) -> WritePlan | None:
+        """A checkpoint inside epoch ``run.epoch``, after global step ``step`` (its ``batch``-th batch):
+        ``step_<step>.pt``, and ``latest`` (a resume continues from the batch after it)."""
+        return self._stage(run, run.epoch, {}, ["step", "latest"], False, log, (step, batch))
+
+    def _stage(self, run: RunContext, epoch: int, metrics: Mapping[str, float], kinds: list[str], final: bool,
+               log: CheckpointLog, at: tuple[int, int] | None) -> WritePlan | None:
+        step = None if at is None else at[0]
+        claim = self.writer.claim_slot(epoch, "best" in kinds, final, step)
         if claim.dropped is not None:
-            log.skipped(claim.dropped, claim.dropped_why, False)
+            log.skipped(claim.dropped, claim.dropped_why, False, claim.dropped_step)
         if claim.slot is None:
-            log.skipped(epoch, claim.skipped, False)
+            log.skipped(epoch, claim.skipped, False, step)
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
-        state = self.build_state(run, epoch, metrics)
-        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(self.periodic_path(epoch))))
+        state = self.build_state(run, epoch, metrics, at)
+        path = self.periodic_path(epoch) if at is None else self.step_path(at[0])
+        run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
         staged = (stage(state, self.buffers[claim.slot]) if self.background
                   else Staged(state, staged_bytes=tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
-                         state.get("chain_head"))
-        self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log)))
+                         state.get("chain_head"), path, None if at is None else at[0])
+        self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log), step))
         return plan
 
     def close(self, timeout: float | None = None) -> bool:
@@ -323,7 +362,7 @@ class CheckpointManager(CheckpointFolder):
             buffers.release()
         return stopped
 
-    def reset(self, on_dropped: Callable[[int, str], None] | None = None) -> None:
+    def reset(self, on_dropped: Callable[[int, str, int | None], None] | None = None) -> None:
         """A fresh writer for a new run (``train_begin``): an earlier run's failure does not carry over."""
         self.writer.close()
         self.writer = CheckpointWriter(self.background, on_dropped)
@@ -332,7 +371,7 @@ class CheckpointManager(CheckpointFolder):
     def write(self, plan: WritePlan) -> Written:
         """``plan``'s epoch file, durable, with the roles it is to get (:meth:`link_roles`, once committed)."""
         plan.staged.wait()
-        epoch_file = self.periodic_path(plan.epoch)
+        epoch_file = plan.path
         try:
             files.check_free_space(epoch_file, plan.staged.staged_bytes)
         except OSError as exc:
@@ -342,8 +381,9 @@ class CheckpointManager(CheckpointFolder):
             files.fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc
-        kind = "periodic" if plan.periodic else "epoch"
-        return Written((files.SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles),), plan.chain_head)
+        kind = "step" if plan.step is not None else "periodic" if plan.periodic else "epoch"
+        return Written((files.SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles, plan.step),),
+                       plan.chain_head)
 
     def link_roles(self, epoch_file: files.SavedCheckpoint, chain_head: str | None) -> Written:
         """Point each role of the committed ``epoch_file`` at it, one fsync for all (a kill before: resume finishes)."""
@@ -352,7 +392,8 @@ class CheckpointManager(CheckpointFolder):
             for role in epoch_file.roles:
                 writing = self.directory / self.name_for(role, epoch_file.epoch)
                 files.atomic_link(epoch_file.path, writing, sync_dir=False)
-                saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role))
+                saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role,
+                                                   step=epoch_file.step))
             writing = self.directory
             files.fsync_dir(self.directory)
         except OSError as exc:
@@ -363,6 +404,10 @@ class CheckpointManager(CheckpointFolder):
         log.committed(written := self.write(plan))  # first the epoch file, with the roles it is to get
         if plan.roles:
             log.committed(self.link_roles(written.saved[0], written.chain_head))
+        if plan.step is not None:
+            self.steps.append(plan.step)
+            self._remove(self._redundant_steps(), log, beside=True)
+            return
         self.committed(plan.epoch, plan.periodic)
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 

@@ -133,6 +133,7 @@ class SavedCheckpoint:
     epoch: int
     kind: str
     roles: tuple[str, ...] = ()  # an epoch file: the other names it gets once it is committed
+    step: int | None = None  # a checkpoint at a step (``step_<n>.pt``): its global step
 
 
 def sha256_of(path: str | Path) -> str:
@@ -181,11 +182,11 @@ def save_state(path: Path, state: Any) -> str:
     return digest
 
 
-def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float]) -> str:
+def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float] | None) -> str:
     """A checkpoint's ``history``: the epochs before ``epoch`` and ``epoch`` itself, as one JSON text
     (one string pickles as one object; a list of dicts costs ``torch.save`` a call per number).
     ``json`` writes floats exactly, and non-finite ones as NaN/Infinity, which it reads back."""
-    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + [(epoch, metrics)]
+    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + ([] if metrics is None else [(epoch, metrics)])
     return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
                       separators=(",", ":"))
 

@@ -139,6 +139,16 @@ class Job:
     slot: int
     best: bool
     run: Callable[[], None]
+    step: int | None = None  # a checkpoint at a step: its global step
+
+    @property
+    def named(self) -> str:
+        return named_state(self.epoch, self.step)
+
+
+def named_state(epoch: int, step: int | None) -> str:
+    """A state as a person reads it: ``epoch 5``, or ``step 120 (in epoch 5)``."""
+    return f"epoch {epoch_number(epoch)}" if step is None else f"step {step} (in epoch {epoch_number(epoch)})"
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,7 @@ class SlotClaim:
 
     slot: int | None  # where to stage it; None: it is left out (``skipped`` says why)
     dropped: int | None = None  # the waiting state's epoch, dropped for it
+    dropped_step: int | None = None  # and its step, when it was a checkpoint at a step
     dropped_why: str = ""
     skipped: str = ""  # why the new state itself is left out
 
@@ -156,7 +167,7 @@ class CheckpointWriter:
     calling thread. A failed write is raised on the training thread at its next look; from then on
     nothing more is written."""
 
-    def __init__(self, background: bool, on_dropped: Callable[[int, str], None] | None = None) -> None:
+    def __init__(self, background: bool, on_dropped: Callable[[int, str, int | None], None] | None = None) -> None:
         self.background = background
         self._on_dropped = on_dropped  # a waiting state dropped on the writer thread (after a failure)
         self._cond = threading.Condition()
@@ -169,7 +180,7 @@ class CheckpointWriter:
         self.written = 0  # jobs done, for tests and benchmarks
 
     # --- the training thread ---------------------------------------------------------------
-    def claim_slot(self, epoch: int, best: bool, final: bool) -> SlotClaim:
+    def claim_slot(self, epoch: int, best: bool, final: bool, step: int | None = None) -> SlotClaim:
         """A slot to stage the state of ``epoch`` into. A waiting state is dropped for it (the newest
         is written), except that a waiting ``best`` is never dropped for a state that is not: then
         this one is left out. The run's ``final`` state is never left out: it waits for a slot."""
@@ -182,19 +193,21 @@ class CheckpointWriter:
             waiting = self._waiting
             if waiting.best and not best:
                 if not final:
-                    return SlotClaim(None, skipped=f"the best state of epoch {epoch_number(waiting.epoch)} is still "
-                                                   "waiting to be written behind the write of epoch "
-                                                   f"{epoch_number(self._in_flight.epoch)} (a slow disk); a best "
-                                                   "state is never dropped for a newer one that is not")
+                    return SlotClaim(None, skipped=f"the state of {named_state(epoch, step)} was left out: the best "
+                                                   f"state of {waiting.named} still waits to be written behind the "
+                                                   f"write of {self._in_flight.named} (the writer is behind: a slow "
+                                                   "disk or a busy CPU); a best state is never dropped for a newer "
+                                                   "one that is not")
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
                 return SlotClaim(1 - self._in_flight.slot) if self._in_flight is not None else SlotClaim(0)
             self._waiting = None
-            return SlotClaim(waiting.slot, dropped=waiting.epoch,
-                             dropped_why=f"the state of epoch {epoch_number(epoch)} replaced it while it waited "
-                                         f"behind the write of epoch {epoch_number(self._in_flight.epoch)} (a slow "
-                                         "disk: the newest state is written)")
+            return SlotClaim(waiting.slot, dropped=waiting.epoch, dropped_step=waiting.step,
+                             dropped_why=f"the state of {waiting.named} was left out: the state of "
+                                         f"{named_state(epoch, step)} replaced it while it waited behind the write "
+                                         f"of {self._in_flight.named} (the writer is behind: a slow disk or a busy "
+                                         "CPU; the newest state is written)")
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""
@@ -275,8 +288,9 @@ class CheckpointWriter:
                 dropped, self._waiting, self._in_flight = self._waiting, None, None
                 self._cond.notify_all()
             if dropped is not None and self._on_dropped is not None:
-                self._on_dropped(dropped.epoch, f"the write of epoch {epoch_number(job.epoch)} failed before it "
-                                                f"({type(exc).__name__}: {exc})")
+                self._on_dropped(dropped.epoch, f"the state of {dropped.named} was left out: the write of "
+                                                f"{job.named} failed before it ({type(exc).__name__}: {exc})",
+                                 dropped.step)
             return
         with self._cond:
             self.written += 1

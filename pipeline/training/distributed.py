@@ -68,6 +68,7 @@ class TorchCollective:
         self._board = f"fsmtrain/failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._topic = "unbound"
         self._board_store: Any = None  # a torch.distributed.TCPStore client, made on first use
+        self._flags: Any = None  # the process group of the per-batch signal rounds
 
     def bind(self, topic: str) -> None:
         """Name the run whose failures this collective posts and reads (the same on every rank)."""
@@ -93,6 +94,19 @@ class TorchCollective:
         if not store.check([key]):
             return None
         return Failure.decode(bytes(store.get(key)).decode("utf-8", "replace"))
+
+    def all_reduce_max_async(self, values: Sequence[int]) -> Callable[[], list[int]]:
+        """Start a non-blocking element-wise max of ``values`` over the ranks; the call returned waits for
+        it. On the host, through gloo (a group of its own under NCCL): reading it never syncs a GPU."""
+        if self._flags is None:  # made at the first batch, on every rank in the same order
+            self._flags = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        mine = torch.tensor(list(values), dtype=torch.int64)
+        work = dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._flags, async_op=True)
+
+        def read() -> list[int]:
+            self._bounded_wait(work)
+            return [int(v) for v in mine.tolist()]
+        return read
 
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)

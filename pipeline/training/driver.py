@@ -18,6 +18,7 @@ from torch import nn
 
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
+from fsmtrain.training.data_position import batches_from
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.step import StepFn, to_device, user_step
@@ -102,6 +103,7 @@ class TorchDriver:
         self._move = device.type != "cpu"
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
+        self._epoch_rng: torch.Tensor | None = None  # the global RNG as the epoch began (a loader without a generator)
         self._val_names: list[str] = []
         self._val_fns: list[Callable[[Any, Any], torch.Tensor]] = []
         self._metered = False  # metrics to feed: the step's output and target are needed
@@ -135,6 +137,7 @@ class TorchDriver:
         if callable(set_epoch):
             set_epoch(epoch.index)
         gen, seed = self.loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
+        self._epoch_rng = torch.get_rng_state() if gen is None else None
         if gen is not None and seed is not None:
             # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
             # run draws the same batches as an uninterrupted one (a loader without its own generator
@@ -144,7 +147,25 @@ class TorchDriver:
         self._seen = 0
         if self.world_size > 1:
             self._first_bad = torch.full((), math.inf, device=self.device)
-        return iter(self.train_loader)
+        resumed = epoch.resumed
+        if resumed is None:
+            return iter(self.train_loader)
+        done = resumed.get("epoch_state") or {}  # a resume inside the epoch: its sums so far, its batches skipped
+        if "loss_sum" in done:
+            self._loss_sum, self._seen = done["loss_sum"].to(self.device), int(done["seen"])
+        if self._first_bad is not None and "first_bad" in done:
+            self._first_bad = done["first_bad"].to(self.device)
+        self._epoch_rng = done.get("epoch_rng", self._epoch_rng)  # the epoch's, for the next checkpoint in it
+        return batches_from(self.train_loader, int(resumed["batch"]), epoch, self._epoch_rng)
+
+    def epoch_state(self) -> dict[str, Any]:
+        """The epoch in progress, for a checkpoint at a step: its sums so far and its starting RNG."""
+        state: dict[str, Any] = {"loss_sum": self._loss_sum.detach().clone(), "seen": self._seen}
+        if self._first_bad is not None:
+            state["first_bad"] = self._first_bad.detach().clone()
+        if self._epoch_rng is not None:
+            state["epoch_rng"] = self._epoch_rng
+        return state
 
     def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
         """``model`` on one batch: its output, loss, targets and row count."""

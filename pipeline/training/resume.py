@@ -165,6 +165,9 @@ class Resumption:
         """Before ``run_start``: the position and the history of the epochs already done."""
         run.epoch = self.next_epoch
         run.global_step = self.global_step
+        position = self.state["position"]
+        if "epoch_state" in position:  # a checkpoint at a step: its epoch goes on after the batches it had done
+            run.resume_at = {"batch": int(position["batch"]), "epoch_state": position["epoch_state"]}
         run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
                        for h in read_history(self.state.get("history"))]
         run.extras["resumed_from"] = self.shown
@@ -180,6 +183,8 @@ class Resumption:
         state = self.state
         if run.model is not None and state.get("model") is not None:
             run.model.load_state_dict(state["model"])
+            for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
+                p.grad = None if grad is None else grad.to(p.device)
         if run.optimizer is not None and state.get("optimizer") is not None:
             run.optimizer.load_state_dict(state["optimizer"])
         scheduler = run.scheduler
@@ -200,6 +205,7 @@ class Resumption:
         run.emit(
             "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=int(state["epoch"]),
             next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
+            **_inside_epoch(run),
             torn_line_bytes=self.tail.torn_bytes, **self.notes,
         )
         for event, payload in self.notices:
@@ -236,6 +242,11 @@ class Resumption:
                          f"{self.shown} (epoch {epoch_number(int(self.state['epoch']))})")
 
 
+def _inside_epoch(run: RunContext) -> dict[str, Any]:
+    """A resume from a checkpoint at a step: the batch of its epoch it goes on from."""
+    return {} if run.resume_at is None else {"batch": run.resume_at["batch"]}
+
+
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
     """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest intact committed one) or
     a path the log committed; :class:`NothingCommitted` when none is still there. ``own_log``: a
@@ -254,7 +265,7 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
             raise ResumeError(f"{which} is not a checkpoint the log of {run_dir} committed")
     intact, damaged = find_damaged(run_dir, live)
     problems: list[str] = []
-    for done in sorted((live[s] for s in intact), key=lambda c: -1 if c.epoch is None else c.epoch, reverse=True):
+    for done in sorted((live[s] for s in intact), key=lambda c: c.newness, reverse=True):
         path = run_dir / done.path
         try:
             state = load_checkpoint(path, expected_sha256=done.sha256, verified=True)  # find_damaged hashed it

@@ -120,7 +120,7 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
     ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
 
-    out = watching_callbacks(cfg.callbacks, cfg.epochs)
+    out = watching_callbacks(cfg.callbacks, cfg.max_epochs)
     if cfg.wandb.enabled:
         out.append(cb.WandbLoggingCallback(
             project=cfg.wandb.project or cfg.project, mode=cfg.wandb.mode, tags=tuple(cfg.wandb.tags),
@@ -144,6 +144,8 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
         out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
     if cfg.grad_accumulation > 1:
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
+    if cfg.log_every_n_steps is not None:
+        out.append(cb.StepLogCallback(cfg.log_every_n_steps))
     for i, extra in enumerate(cfg.callbacks.extra):  # a constructor's rejection is blamed on its leaf
         build = partial(_construct, resolve_dotted(extra.target))
         out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs,
@@ -180,4 +182,4 @@ def checkpoint_callback(ck: CheckpointConfig, run_dir: Path) -> TrainingCallback
     return cb.CheckpointCallback(
         run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
         save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
-        background=ck.background)
+        background=ck.background, every_n_steps=ck.every_n_steps, every_minutes=ck.every_minutes)

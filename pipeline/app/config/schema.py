@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from fsmtrain.app.config.loading import override_of
 from fsmtrain.app.config.problems import ConfigProblem, closest
-from fsmtrain.core.context import BUILTIN_METRICS
+from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 
 # What is trained: the fields whose values shape the weights. A resume must keep them (the run's
 # config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
@@ -48,6 +48,8 @@ class CheckpointConfig(Toggle):
     monitor: str = "val_loss"
     mode: Literal["min", "max"] = "min"
     background: bool = True  # write on a writer thread while the next epoch trains; committed when durable
+    every_n_steps: int | None = Field(default=None, ge=1)  # also step_<n>.pt after every N-th global step
+    every_minutes: float | None = Field(default=None, gt=0)  # and after the first step M minutes after the last
 
 
 class LogConfig(_Section):
@@ -224,7 +226,8 @@ class RunConfig(_Section):
     metrics: dict[str, str | MetricConfig] = Field(default_factory=dict)
     step: str | None = None  # the user's fn(model, batch) -> loss or {loss, ...}; default loss_fn(model(x), y)
     val_step: str | None = None  # the same for validation; default: step
-    epochs: int = Field(gt=0)
+    epochs: int | None = Field(default=None, gt=0)  # None: only max_steps ends the run
+    max_steps: int | None = Field(default=None, gt=0)  # the run ends at this global step (or its epochs' end)
     batch_size: int = Field(gt=0)
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -234,6 +237,7 @@ class RunConfig(_Section):
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_every_n_steps: int | None = Field(default=None, gt=0)  # a train_step event every N global steps
     log: LogConfig = Field(default_factory=LogConfig)
     # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
     num_threads: int | None = Field(default=None, ge=1)
@@ -245,6 +249,16 @@ class RunConfig(_Section):
     _warnings: list[ConfigProblem] = PrivateAttr(default_factory=list)
     _source: str | None = PrivateAttr(default=None)  # the file it was read from
     _overrides: tuple[str, ...] = PrivateAttr(default=())  # the --set items applied to it
+
+    @model_validator(mode="after")
+    def _budget(self) -> RunConfig:
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set epochs or max_steps (or both: whichever is reached first ends the run)")
+        return self
+
+    @property
+    def max_epochs(self) -> int:
+        return self.epochs if self.epochs is not None else UNBOUNDED_EPOCHS
 
     def source_of(self, path: str) -> str | None:
         """Where the value at ``path`` came from: ``--set <item>`` if an override wrote it, else the file."""

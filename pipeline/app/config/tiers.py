@@ -22,14 +22,14 @@ def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
     es = cfg.early_stopping
     # The default patience too: early stopping is on by default, and one that can never fire is a
     # silent no-op the user should hear about (the warning says the value is the default).
-    if es.enabled and es.patience >= cfg.epochs:
+    if es.enabled and cfg.epochs is not None and es.patience >= cfg.epochs:
         chosen = "early_stopping" in cfg.model_fields_set and "patience" in es.model_fields_set
         found.append(ConfigProblem(
             "early_stopping.patience", f"patience < epochs ({cfg.epochs}) for early stopping to ever fire",
             str(es.patience) if chosen else f"{es.patience} (the default)"))
     if cfg.scheduler and cfg.scheduler.endswith("CosineAnnealingLR"):
         t_max = cfg.scheduler_config.get("T_max")
-        if t_max != cfg.epochs:
+        if t_max != cfg.epochs and cfg.epochs is not None:
             found.append(ConfigProblem(
                 "scheduler_config.T_max", f"T_max == epochs ({cfg.epochs}) so the cosine ends with training",
                 repr(t_max)))

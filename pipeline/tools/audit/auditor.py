@@ -17,10 +17,16 @@ from typing import Any
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import parse_line, read_lines
-from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
+from fsmtrain.tools.audit.ending import (
+    BUDGET_REASONS,
+    Segment,
+    best_epoch,
+    completed_epochs,
+    completed_stop,
+    ending_segment,
+)
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
@@ -301,8 +307,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if seg.stop is not None:
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
-        elif seg.end_reason == StopReason.COMPLETED.value:
-            ex.stop_source, ex.stop_message = completed_stop(ex.max_epochs)
+        elif seg.end_reason in BUDGET_REASONS:
+            ex.stop_source, ex.stop_message = completed_stop(ending_segment(self.segments))
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:

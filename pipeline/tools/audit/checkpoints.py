@@ -31,6 +31,7 @@ class CheckpointWrite:
     line: int
     epoch: int | None
     chain_head: str | None
+    step: int | None = None  # a checkpoint at a step: its epoch goes on after it
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,11 @@ class CheckpointLines:
             else:
                 self.chain.pinned(pinned)
         epoch = p.get("epoch") if type(p.get("epoch")) is int else None
-        self.writes[path] = CheckpointWrite(sha, n, epoch, head)
+        self.writes[path] = CheckpointWrite(sha, n, epoch, head, p["step"] if type(p.get("step")) is int else None)
         self.first_commit.setdefault(sha, (n, path, epoch))
         self.removed.pop(path, None)
         self.damaged.pop(path, None)
-        if epoch is None:
+        if epoch is None or "step" in p:  # a checkpoint at a step: the epoch's own state is still due
             return
         ckpts = self._of(seg)
         ckpts.committed.add(epoch)
@@ -147,7 +148,8 @@ class CheckpointLines:
         if not seg.start_epoch <= epoch <= seg.next_epoch:
             self._bad(f"checkpoint_skipped names epoch {epoch_number(epoch)}, which this process (epochs "
                       f"{epoch_number(seg.start_epoch)} to {epoch_number(seg.next_epoch)}) did not train", n)
-        self._of(seg).skipped[epoch] = n
+        if "step" not in p:
+            self._of(seg).skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
     def quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:

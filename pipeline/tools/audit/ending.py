@@ -13,12 +13,13 @@ from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.log_file import log_number as number
-from fsmtrain.core.stop import Evidence, StopReason
+from fsmtrain.core.stop import Evidence, Route, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
 __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
+BUDGET_REASONS = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
 # The result figures recomputed from the log, in the order the audit reports them.
@@ -73,6 +74,8 @@ class Segment:
     end_reason: str | None = None
     end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     end_global_step: Any = None
+    max_steps: int | None = None
+    resumed_batch: int = 0  # a resume inside its first epoch: the batches of it done before
     result_seen: bool = False
     result_line: int | None = None
     last_line: int = 0
@@ -119,9 +122,9 @@ def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     return out
 
 
-def completed_stop(max_epochs: int) -> tuple[str, str]:
-    """The stop source and message of a run that ran out of epochs (no stop requested)."""
-    return "max_epochs", f"reached max_epochs={max_epochs}"
+def completed_stop(seg: Segment) -> tuple[str, str]:
+    """The stop source and message of a run that ran out of its budget (no stop requested)."""
+    return budget_end(seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[1:]
 
 
 def ending_segment(segs: list[Segment]) -> Segment:
@@ -179,7 +182,8 @@ class EndingChecks:
             self.bad("stop_reason", f"train_end reason {reason!r} is not one of {sorted(_REASONS)}", n)
             return
         stop = seg.stop
-        expected = stop.reason if stop is not None else StopReason.COMPLETED.value
+        expected = stop.reason if stop is not None else budget_end(
+            seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[0].value
         if reason != expected:
             why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
                    else "no stop was requested, so the run completed")
@@ -204,6 +208,8 @@ class EndingChecks:
         last_epoch = seg.next_epoch - 1
         if evidence is Evidence.LAST_EPOCH and seg.next_epoch < seg.max_epochs:
             return f"only epochs up to {epoch_number(last_epoch)} ran of max_epochs={seg.max_epochs}"
+        if evidence is Evidence.LAST_STEP and (seg.max_steps is None or rec["global_step"] != seg.max_steps):
+            return f"it ended at global_step {rec['global_step']}, and max_steps is {seg.max_steps}"
         if evidence is Evidence.NONFINITE_LOSS:
             stop_epoch = stop.epoch if stop is not None else last_epoch
             mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
@@ -324,7 +330,7 @@ class EndingChecks:
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:
-            for what, got, expected in zip(("source", "message"), seg.end_said, completed_stop(seg.max_epochs),
+            for what, got, expected in zip(("source", "message"), seg.end_said, completed_stop(seg),
                                            strict=True):
                 if got != expected:
                     self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "

@@ -141,7 +141,8 @@ class MoveChecks(EndingChecks):
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
         elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
-                          seg.next_epoch < seg.max_epochs, seg.faulted):
+                          seg.next_epoch < seg.max_epochs and (seg.max_steps is None or type(step) is not int
+                                                               or step < seg.max_steps), seg.faulted):
             self.bad("guard", self._guard_message(move, seg), n)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
@@ -229,7 +230,7 @@ class EpochChecks(EndingChecks):
         batches, begin, val = rec["payload"].get("batches"), seg.step_begin, seg.step_val
         if type(batches) is not int or begin is None or val is None:
             return
-        if val - begin != batches:
+        if val - begin != batches - (seg.resumed_batch if rec["epoch"] == seg.start_epoch else 0):  # resumed inside
             self.bad("batches", f"the epoch says {batches} batches, but global_step went from {begin} to {val} in it",
                      n)
         elif seg.batch_lines and seg.batch_lines != batches - 1:

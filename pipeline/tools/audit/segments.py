@@ -52,6 +52,7 @@ class SegmentChecks(EndingChecks):
         seg.world = world if type(world) is int else None
         seg.launch = launch if isinstance(launch, str) else None
         seg.next_epoch = start_epoch
+        seg.max_steps = payload["max_steps"] if type(payload.get("max_steps")) is int else None
         seg.last_line = n
         step = rec.get("global_step")
         seg.global_step = step if type(step) is int else 0
@@ -99,9 +100,9 @@ class SegmentChecks(EndingChecks):
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
             self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
-        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + 1:
+        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + (ckpt.step is None):
             self.bad("resume", f"resume from {seg.resumed_from} (epoch {epoch_number(ckpt.epoch)}, line {ckpt.line}) "
-                     f"must start at epoch {epoch_number(ckpt.epoch + 1)}, starts at "
+                     f"must start at epoch {epoch_number(ckpt.epoch + (ckpt.step is None))}, starts at "
                      f"{epoch_number(seg.start_epoch)}", n)
         if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
             seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
@@ -110,6 +111,7 @@ class SegmentChecks(EndingChecks):
         payload = rec["payload"]
         if rec["event"] == "resume":
             seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
+            seg.resumed_batch = payload["batch"] if type(payload.get("batch")) is int else 0
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
         self.report_previous_end(seg, (torn, n) if type(torn) is int else None)

@@ -135,6 +135,11 @@ class Recording:
         return int(self.run_start.get("max_epochs", len(self.epochs)))
 
     @property
+    def max_steps(self) -> int | None:
+        steps = self.run_start.get("max_steps")
+        return steps if type(steps) is int else None
+
+    @property
     def config(self) -> Mapping[str, Any] | None:
         cfg = self.run_start.get("config")
         return cfg if isinstance(cfg, Mapping) else None
@@ -231,7 +236,8 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
     last_start = last_segment[0].get("payload") or {}
-    for key in ("max_epochs", "config"):  # a resume may extend the run: its own budget counts
+    run_start.pop("max_steps", None)  # a resume may extend the run: its own budget counts
+    for key in ("max_epochs", "max_steps", "config"):
         if key in last_start:
             run_start[key] = last_start[key]
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,

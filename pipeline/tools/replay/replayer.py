@@ -159,7 +159,7 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
-             run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
+             max_steps: int | None = None, run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
              interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
              recorded: Recording | None = None, overrides: Sequence[str] = (),
              trial: RecordedTrial | None = None) -> ReplayResult:
@@ -179,7 +179,8 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
             if name not in computed and name not in fed:
                 declared = [s for cb in dry for s in cb.writes if s.name == name]
                 fed[name] = declared[0] if declared else Slot(name)
-    run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True)
+    run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
+                     max_steps=max_steps)
     run.extras.update(extras)
     if ranks is not None:
         ranks.run = run
@@ -239,7 +240,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if rec.trial_reports:
         numbers = {r.trial for r in rec.trial_reports.values() if r.trial is not None}
         trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else None)
-    max_epochs = rec.max_epochs
+    max_epochs, max_steps = rec.max_epochs, rec.max_steps
     if callbacks is None or overrides:
         cfg_data = rec.config
         if cfg_data is None:
@@ -264,7 +265,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
-        max_epochs = cfg.epochs
+        max_epochs, max_steps = cfg.max_epochs, cfg.max_steps
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
@@ -273,8 +274,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
-    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, run_id=rec.run_id, level=rec.level,
-                    extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
+    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, run_id=rec.run_id,
+                    level=rec.level, extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
                     overrides=overrides, trial=trial)
 
 

@@ -1,0 +1,76 @@
+"""Where a resumed epoch starts: after the batches a checkpoint at a step had done, which are skipped
+without being computed. A ``DataLoader`` over a map-style dataset starts at that index of its batch
+sampler (the skipped batches are never loaded); any other loader has them loaded and dropped, and
+says so on the console and in the log."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from fsmtrain.core.context import EpochContext
+
+__all__ = ["SkippedBatches", "batches_from"]
+
+
+class SkippedBatches:
+    """A batch sampler that draws its epoch's order as ``inner`` does and starts at batch ``skip``:
+    the skipped ones cost their indices only."""
+
+    def __init__(self, inner: Iterable[list[int]], skip: int) -> None:
+        self.inner, self.skip = inner, skip
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(iter(self.inner), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.inner) - self.skip)  # type: ignore[arg-type]
+
+
+def batches_from(loader: Iterable[Any], skip: int, epoch: EpochContext,
+                 epoch_rng: torch.Tensor | None) -> Iterator[Any]:
+    """``loader``'s batches of ``epoch`` from batch ``skip`` on, drawn in the epoch's own order.
+    ``epoch_rng``: the global torch RNG state as the epoch began, which a loader without its own
+    generator draws its order (and its workers' seeds) from; restored around drawing it."""
+    now = torch.get_rng_state()
+    if epoch_rng is not None:
+        torch.set_rng_state(epoch_rng)
+    try:
+        batches = _skipping(loader, skip, epoch)
+        first = next(batches, _END)  # the epoch's order is drawn now, from the epoch's RNG
+        return iter(()) if first is _END else itertools.chain((first,), batches)
+    finally:
+        if epoch_rng is not None:
+            torch.set_rng_state(now)
+
+
+_END = object()
+
+
+def _skipping(loader: Iterable[Any], skip: int, epoch: EpochContext) -> Iterator[Any]:
+    if isinstance(loader, DataLoader) and loader.batch_sampler is not None \
+            and not isinstance(loader.dataset, IterableDataset):
+        return iter(_starting_at(loader, skip))
+    epoch.warn("resume", f"the train loader ({type(loader).__name__}) cannot start at a batch index: the "
+                   f"{skip} batch(es) this epoch had done before the checkpoint are loaded and dropped (not "
+                   "trained on); a DataLoader over a map-style dataset skips them without loading",
+               skipped_batches=skip)
+    batches = iter(loader)
+    for _ in range(skip):
+        next(batches, None)
+    return batches
+
+
+def _starting_at(loader: DataLoader[Any], skip: int) -> DataLoader[Any]:
+    """``loader`` again, its batch sampler starting at ``skip``; the same dataset, workers and generator."""
+    workers = loader.num_workers
+    return DataLoader(loader.dataset, batch_sampler=SkippedBatches(loader.batch_sampler, skip),  # type: ignore[arg-type]
+                      num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      multiprocessing_context=loader.multiprocessing_context if workers else None,
+                      generator=loader.generator, prefetch_factor=loader.prefetch_factor if workers else None,
+                      pin_memory_device=loader.pin_memory_device)
