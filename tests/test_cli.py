@@ -223,7 +223,7 @@ def test_every_stop_reason_has_an_exit_code() -> None:
 
     codes = {reason: exit_code_for(reason) for reason in StopReason}
     assert {r for r, c in codes.items() if c is ExitCode.OK} == {
-        StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.PRUNED, StopReason.TARGET_REACHED}
+        StopReason.COMPLETED, StopReason.STEPS, StopReason.EARLY_STOP, StopReason.PRUNED, StopReason.TARGET_REACHED}
     failing = [codes[StopReason.NAN], codes[StopReason.ERROR], codes[StopReason.INTERRUPTED], ExitCode.CONFIG]
     assert len(set(failing)) == 4 and ExitCode.OK not in failing
 
