@@ -99,7 +99,7 @@ class TorchCollective:
         """Start a non-blocking element-wise max of ``values`` over the ranks; the call returned waits for
         it. On the host, through gloo (a group of its own under NCCL): reading it never syncs a GPU."""
         if self._flags is None:  # made at the first batch, on every rank in the same order
-            self._flags = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self._flags = dist.new_group(backend="gloo")  # its own: never queued behind DDP's all-reduces
         mine = torch.tensor(list(values), dtype=torch.int64)
         work = dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._flags, async_op=True)
 
