@@ -15,7 +15,6 @@ from fsmtrain.core.context import EpochContext, RunContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
-from fsmtrain.core.stop import StopReason
 
 __all__ = ["WandbLoggingCallback"]
 
@@ -115,7 +114,7 @@ class WandbLoggingCallback(TrainingCallback):
         if wb is None:
             return
         self.wandb_run = None
-        reason = run.stop.reason if run.stop is not None else StopReason.COMPLETED
+        reason = run.stop_reason
         try:
             wb.summary["stop_reason"] = reason.value
             best = run.best()

@@ -11,7 +11,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from fsmtrain.core.lifecycle import Phase
-from fsmtrain.core.stop import StopReason
+from fsmtrain.core.stop import StopReason, budget_end
 
 if TYPE_CHECKING:
     import torch
@@ -127,6 +127,12 @@ class RunContext:
     def budget_left(self) -> bool:
         """Epochs remain, and steps too when ``max_steps`` is set."""
         return self.epoch < self.max_epochs and (self.max_steps is None or self.global_step < self.max_steps)
+
+    @property
+    def stop_reason(self) -> StopReason:
+        """Why the run ends (so far): the stop requested, or the budget (epochs or max_steps) spent."""
+        stop = self.stop
+        return stop.reason if stop is not None else budget_end(self.max_epochs, self.max_steps, self.global_step)[0]
 
     def ends_after(self, index: int) -> bool:
         """At epoch ``index``'s end: it is the run's last (a stop, or the budget spent)."""

@@ -199,7 +199,5 @@ class EpochWork:
             self._outputs(run, not self.teardown_failed and (stop is None or not stop.reason.fault))
 
     def _write_result(self, run: RunContext) -> None:
-        stop = run.stop
-        reason = stop.reason if stop is not None else budget_end(run.max_epochs, run.max_steps, run.global_step)[0]
-        self.result = TrainResult.from_run(run, reason)
+        self.result = TrainResult.from_run(run, run.stop_reason)
         run.emit("result", **self.result.summary())

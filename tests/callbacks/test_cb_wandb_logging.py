@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from callbacks_wandb_history import wandb_history
+from callbacks_wandb_history import wandb_history, wandb_summary
 from torch import nn
 from wandb.sdk.wandb_run import Run
 
@@ -80,6 +80,17 @@ def test_one_log_per_epoch_with_the_values_the_trainer_saw(wandb_calls, tiny, tm
     offline = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     assert list(offline[0].glob("*.wandb"))  # the file `wandb sync` uploads
+
+
+def test_a_run_ended_by_max_steps_says_steps_in_its_summary(wandb_calls, tiny, tmp_path):
+    train, val = tiny.loaders(n=32, batch=8)
+    model = tiny.model()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), train, val, max_steps=6,
+                      callbacks=[WandbLoggingCallback(directory=tmp_path)], console_level="error",
+                      default_callbacks=False)
+    assert trainer.fit().stop_reason is StopReason.STEPS
+    assert wandb_summary(tmp_path)["stop_reason"] == "steps"  # not "completed": W&B's own reader
+    assert wandb_calls["finish"] == [0]
 
 
 def test_nan_run_is_finished_as_failed(wandb_calls, tiny, tmp_path):
