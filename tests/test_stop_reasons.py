@@ -51,7 +51,8 @@ class _Finish:
 def _wandb_exit_code(reason: StopReason) -> int | None:
     cb = WandbLoggingCallback(project="p")
     wb = cb.wandb_run = _Finish()
-    run = SimpleNamespace(stop=StopRequest(reason, "cb", "msg", False, 0, 0, Phase.VAL), best=lambda: 0.5)
+    run = SimpleNamespace(stop=StopRequest(reason, "cb", "msg", False, 0, 0, Phase.VAL), stop_reason=reason,
+                          best=lambda: 0.5)
     cb.on_train_end(run)  # type: ignore[arg-type]
     return wb.exit_code
 

@@ -25,9 +25,10 @@ class CommittedFile:
     step: int | None = None  # a checkpoint at a step: its global step
 
     @property
-    def newness(self) -> tuple[int, bool, int]:
-        """Orders states oldest first: by epoch, a checkpoint at a step before its epoch's end."""
-        return (-1 if self.epoch is None else self.epoch, self.step is None, self.step or 0)
+    def newness(self) -> tuple[int, bool, int, int]:
+        """Orders states oldest first: by epoch, a checkpoint at a step before its epoch's end; the names
+        of one state by their commit (a role after its file), so the choice never rests on a set's order."""
+        return (-1 if self.epoch is None else self.epoch, self.step is None, self.step or 0, self.seq or 0)
 
 
 class CheckpointLedger:
