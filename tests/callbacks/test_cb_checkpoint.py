@@ -56,7 +56,7 @@ def test_keep_last_3_over_120_epochs_by_epoch_number(tiny, tmp_path):
     for name in ("best.pt", "latest.pt", "epoch_120.pt"):
         assert last[f"checkpoints/{name}"] == sha256_of(ck / name)
     latest = torch.load(ck / "latest.pt", weights_only=True)
-    assert latest["epoch"] == 119 and latest["position"]["next_epoch"] == 120
+    assert latest["epoch"] == 120 and latest["position"]["next_epoch"] == 120  # epoch_120.pt holds epoch 120
     assert latest["position"]["phase"] == "epoch_end" and latest["position"]["global_step"] == 120
     best = load_checkpoint(ck / "best.pt")
     assert best["epoch"] == result.best_epoch
