@@ -44,7 +44,7 @@ def _config(folder: Path, accumulation: int) -> Path:
 
 def _launch(folder: Path, *args: str, group: str = "") -> subprocess.CompletedProcess[str]:
     pids = folder / "pids"
-    pids.mkdir(exist_ok=True)
+    pids.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", GROUP_ENV: group, PIDS_ENV: str(pids)}
     proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=folder, env=env, text=True,
