@@ -81,10 +81,14 @@ def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return flat_a.keys() == flat_b.keys() and same_bits(flat_a, flat_b)
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1)  # a 0-d tensor (Adam's step) has no byte view
+
+
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    out = {f"model.{k}": v for k, v in state["model"].items()}
+    out = {f"model.{k}": _flat(v) for k, v in state["model"].items()}
     for i, s in state["optimizer"]["state"].items():
-        out.update({f"optimizer.{i}.{k}": v for k, v in s.items() if isinstance(v, torch.Tensor)})
+        out.update({f"optimizer.{i}.{k}": _flat(v) for k, v in s.items() if isinstance(v, torch.Tensor)})
     return out
 
 
