@@ -146,14 +146,14 @@ def test_kill_9_of_every_process_at_5_random_steps_resumes_bit_identical_on_2_ra
     kills = sorted(random.Random(SEED + accumulation).sample(range(1, STEPS), 5))
     said = f"2 ranks, grad_accumulation {accumulation}, kills at {kills}"
     first = "train"
-    if accumulation == 1:  # SIGTERM mid-epoch first: rank 1 signals itself before batch 7, no checkpoint due
-        done = _launch(tmp_path / "run", "train", str(config), "--nproc", "2", group="term:6")
+    if accumulation == 1:  # SIGTERM mid-epoch 2 first: rank 1 signals itself before batch 16, no checkpoint due
+        done = _launch(tmp_path / "run", "train", str(config), "--nproc", "2", group="term:15")
         assert done.returncode == 143, done.stdout[-3000:]
         run_dir = tmp_path / "run" / RUN
         ends = [next(e for e in events(run_dir, name) if e["event"] == "transition" and e["to"] == "train_end")
                 for name in ("events.jsonl", "events-rank1.jsonl")]
         stop = ends[0]["global_step"]
-        assert ends[1]["global_step"] == stop and 6 <= stop <= 6 + 16, "both ranks stop within 16 steps"
+        assert ends[1]["global_step"] == stop and 15 <= stop <= 15 + 16, "both ranks stop within 16 steps"
         assert stop % 5 and stop % 13, "mid-epoch, with no step checkpoint due"
         saved = [e["payload"]["step"] for e in events(run_dir) if e["event"] == "checkpoint"
                  and e["payload"].get("kind") == "step"]
@@ -161,7 +161,7 @@ def test_kill_9_of_every_process_at_5_random_steps_resumes_bit_identical_on_2_ra
         result = next(e for e in events(run_dir) if e["event"] == "result")["payload"]
         assert result["stop_reason"] == "interrupted" and result["stop_source"].startswith("signal SIGTERM")
         kills = sorted(random.Random(SEED).sample(range(stop + 1, STEPS), 5))
-        said, first = f"2 ranks, SIGTERM before step 7 (stopped after {stop}), then kills at {kills}", "resume"
+        said, first = f"2 ranks, SIGTERM before step 16 (stopped after {stop}), then kills at {kills}", "resume"
     run_dir = _kill_chain(tmp_path, config, kills, first)
     _check_step_files(ref, run_dir, said)
     assert same_bits(weights(ref), weights(run_dir)), said

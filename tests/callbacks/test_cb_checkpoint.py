@@ -167,7 +167,7 @@ def test_every_n_epochs_best_max_mode_and_paths(tiny, tmp_path):
                      (4, "epoch"), (4, "latest")]
     assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_2.pt", "epoch_4.pt", "latest.pt"]
     assert all(not e["path"].startswith("/") for e in events)  # relative to the run dir
-    assert load_checkpoint(ck / "best.pt")["epoch"] == 3
+    assert load_checkpoint(ck / "best.pt")["epoch"] == 4  # epoch index 3, counted from 1 in the file
 
 
 def test_absolute_paths_outside_run_dir(tiny, tmp_path):
