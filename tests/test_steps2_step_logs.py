@@ -4,6 +4,7 @@ and TensorBoard's ``EventAccumulator``; the epoch rows stay where they were."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fsmtrain import Trainer, read_events
 from fsmtrain.callbacks import StepLogCallback, TensorBoardLoggingCallback, WandbLoggingCallback
-from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.context import StepContext
+from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
+from fsmtrain.core.slots import STEP_VALUES
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -58,3 +62,14 @@ def test_the_loggers_cost_nothing_per_batch_without_a_step_log() -> None:
     on = CallbackRunner([*loggers, StepLogCallback(5)])
     assert [cb.name for _, cb in ((i, on.callbacks[i]) for i, _ in on.table("on_train_step_end"))] == \
         ["StepLogCallback", "WandbLoggingCallback", "TensorBoardLoggingCallback"]
+
+
+def test_a_reader_of_the_step_values_before_their_writer_is_refused() -> None:
+    class Early(TrainingCallback):
+        priority = 5  # before StepLogCallback (13) in on_train_step_end
+        reads = (STEP_VALUES,)
+
+        def on_train_step_end(self, step: StepContext) -> None: ...
+
+    with pytest.raises(CallbackOrderError, match=re.escape("Early (priority 5) reads slot 'step_values' in on_train_step_end")):
+        CallbackRunner([Early(), StepLogCallback(5)])

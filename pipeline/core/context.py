@@ -31,7 +31,8 @@ def epoch_number(index: int) -> int:
 class Slot(Generic[T]):
     """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``.
     It is cleared when the next epoch begins; what must outlive it is the writer's own state. A
-    ``per_step`` slot holds a step's values: read in step hooks, left out of the epoch's record."""
+    ``per_step`` slot holds a step's values, left out of the epoch's record; a reader of one uses its
+    step hooks for that alone (they are not dispatched when no callback writes it)."""
 
     name: str
     doc: str = ""
