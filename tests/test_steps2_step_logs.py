@@ -71,5 +71,6 @@ def test_a_reader_of_the_step_values_before_their_writer_is_refused() -> None:
 
         def on_train_step_end(self, step: StepContext) -> None: ...
 
-    with pytest.raises(CallbackOrderError, match=re.escape("Early (priority 5) reads slot 'step_values' in on_train_step_end")):
+    said = re.escape("Early (priority 5) reads slot 'step_values' in on_train_step_end")
+    with pytest.raises(CallbackOrderError, match=said):
         CallbackRunner([Early(), StepLogCallback(5)])
