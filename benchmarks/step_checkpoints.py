@@ -7,7 +7,8 @@ in a rotating order; the steady window (epoch 2 to the last epoch's start) holds
     python benchmarks/step_checkpoints.py [--rounds 3] [--every 100] [--scale 1.5]
 
 Printed: the median steady ms per epoch of each, the ratio of each to raw (and to raw_all), the cost
-of the step checkpoints relative to the same run without them (median of the per-round ratios), and
+of the step checkpoints relative to the same run without them (median of the per-round ratios, in
+wall time and in the process's CPU seconds, which the writer thread's work is part of), and
 each step checkpoint's own time on the training thread (its epoch's ``CheckpointCallback`` time
 over the median of the other epochs'), which over 100 steps gives the per-step share it costs.
 """
@@ -58,6 +59,10 @@ def main() -> int:
               for a, b in zip(runs["fsm_all_steps"], runs["fsm_all"], strict=True)]
     print(f"step checkpoints' cost: {100 * statistics.median(paired):+.2f}% of the run without them "
           f"(per round: {', '.join(f'{100 * p:+.2f}%' for p in paired)})")
+    cpu = [float(a["cpu_s"]) / float(b["cpu_s"]) - 1  # type: ignore[arg-type]
+           for a, b in zip(runs["fsm_all_steps"], runs["fsm_all"], strict=True)]
+    print(f"in CPU seconds of the whole run (all its threads; steadier than wall time under load): "
+          f"{100 * statistics.median(cpu):+.2f}% (per round: {', '.join(f'{100 * p:+.2f}%' for p in cpu)})")
     stalls = [float(s) for x in runs["fsm_all_steps"] for s in x.get("step_stall_ms", [])]  # type: ignore[attr-defined]
     if stalls:
         step_ms = med["fsm_all"] / work.train_steps
