@@ -169,10 +169,10 @@ def worker(framework: str, work: Workload) -> dict[str, Any]:
         if os.environ.get(MARK_CALL_ENV):
             job.marks = _CalledMarks()
         syncs = _SyncCounter(device, job.marks)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with syncs:
             extra = loop(job)
-        t_end = time.perf_counter()
+        t_end, cpu_s = time.perf_counter(), time.process_time() - c0
     if framework in ("raw_all", "raw_all_durable", "fsm_all"):
         extra.update(_copy_of_the_state_ms(model, optimizer, device))
     if device.type == "cuda":
@@ -190,7 +190,7 @@ def worker(framework: str, work: Workload) -> dict[str, Any]:
         "framework": framework, "workload": work.name, "sha256": _weights_sha256(model),
         "steady_s": steady, "epoch_ms": 1e3 * epoch_s, "epoch_p10_ms": 1e3 * durations[len(durations) // 10],
         "step_us": 1e6 * steady / (steady_epochs * work.train_steps),
-        "total_s": t_end - t0, "setup_s": (marks[1] - t0) - epoch_s, "import_s": import_s,
+        "total_s": t_end - t0, "cpu_s": cpu_s, "setup_s": (marks[1] - t0) - epoch_s, "import_s": import_s,
         "torch_import_s": t_torch - t_start,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
         **extra,

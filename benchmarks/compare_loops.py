@@ -38,6 +38,7 @@ from torch import nn
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LR = 1e-3
+EVERY_N_STEPS_ENV = "FSMTRAIN_BENCH_EVERY_N_STEPS"  # fsm_all_steps: its checkpoint.every_n_steps
 MIN_DELTA = 1e-4  # fsmtrain's relative early-stopping min_delta
 
 
@@ -198,9 +199,10 @@ def fsm(job: Job) -> dict[str, Any]:
     return {}
 
 
-def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
+def nine_builtins(job: Job, run_dir: Path, every_n_steps: int | None = None) -> list[Any]:
     """The nine built-ins exactly as ``fsmtrain train`` builds them (config defaults, W&B offline,
-    a pruner on an Optuna trial), through ``fsmtrain.app.config.build_callbacks``."""
+    a pruner on an Optuna trial), through ``fsmtrain.app.config.build_callbacks``; ``every_n_steps``:
+    ``checkpoint.every_n_steps`` too."""
     from fsmtrain.app.config import build_callbacks, config_from_dict
 
     cfg = config_from_dict({
@@ -209,6 +211,7 @@ def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
         "optimizer": "torch.optim.AdamW", "epochs": job.epochs, "batch_size": job.train[0][1].shape[0],
         "early_stopping": {"patience": job.patience},
         "wandb": {"enabled": True, "mode": "offline", "project": "bench"},
+        **({} if every_n_steps is None else {"checkpoint": {"every_n_steps": every_n_steps}}),
     })
     # metrics.csv is a tenth, not one of the nine, and no peer writes one
     callbacks = [c for c in build_callbacks(cfg, run_dir=run_dir, trial=_trial())
@@ -217,23 +220,35 @@ def nine_builtins(job: Job, run_dir: Path) -> list[Any]:
     return callbacks
 
 
-def fsm_all(job: Job, log_fsync: str = "commits") -> dict[str, Any]:
+def fsm_all(job: Job, log_fsync: str = "commits", every_n_steps: int | None = None) -> dict[str, Any]:
     from fsmtrain.core.events import read_events
 
     run_dir = job.scratch / "run"
-    _fsm(job, nine_builtins(job, run_dir), run_dir, log_fsync)
+    _fsm(job, nine_builtins(job, run_dir, every_n_steps), run_dir, log_fsync)
     per_callback: dict[str, list[float]] = {}
     epoch_seconds: list[float] = []
+    stepped: set[int] = set()  # the epochs that committed a checkpoint at a step
     for event in read_events(run_dir / "events.jsonl"):
         if event["event"] == "epoch":
             payload = event["payload"]
             epoch_seconds.append(payload["seconds"])
             for name, seconds in payload.get("callback_seconds", {}).items():
                 per_callback.setdefault(name, []).append(seconds)
+        elif event["event"] == "checkpoint" and event["payload"].get("kind") == "step":
+            stepped.add(event["epoch"])
     per_callback.pop("Mark", None)
     stall = per_callback.get("CheckpointCallback", [0.0])  # the checkpoint's time on the training thread
-    return {"callback_ms": {k: 1e3 * sum(v[1:]) / max(1, len(v) - 1) for k, v in per_callback.items()},
-            "stall_ms": 1e3 * statistics.median(stall[1:] or stall)}
+    out = {"callback_ms": {k: 1e3 * sum(v[1:]) / max(1, len(v) - 1) for k, v in per_callback.items()},
+           "stall_ms": 1e3 * statistics.median(stall[1:] or stall)}
+    if every_n_steps is not None:  # a step checkpoint's own time on the training thread, and its epochs' time
+        plain = [s for i, s in enumerate(stall) if i and i not in stepped] or [0.0]
+        out["step_stall_ms"] = [1e3 * (stall[i] - statistics.median(plain)) for i in sorted(stepped) if i < len(stall)]
+        out["stepped_epochs"] = sorted(stepped)
+    return out
+
+
+def fsm_all_steps(job: Job) -> dict[str, Any]:
+    return fsm_all(job, every_n_steps=int(os.environ.get(EVERY_N_STEPS_ENV, "100")))
 
 
 def fsm_all_fsync_never(job: Job) -> dict[str, Any]:
@@ -435,6 +450,9 @@ LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] =
                             ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every",
                             ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
+    # the nine with checkpoint.every_n_steps (benchmarks/step_checkpoints.py; default 100)
+    "fsm_all_steps": (fsm_all_steps, "fsmtrain + nine, checkpoint.every_n_steps",
+                      ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
     "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),
     "ignite_all": (ignite_all, "Ignite + equivalents",
                    ("ignite.engine", "ignite.metrics", "ignite.handlers", "ignite.handlers.wandb_logger", "wandb",

@@ -1,6 +1,7 @@
 """Step-level training values every N global steps (``log_every_n_steps``): a ``train_step`` event
-with the batch's train loss, the learning rate and the global gradient norm, the log's step series.
-They are read from the device at those steps only; without the setting the callback is not built."""
+with the batch's train loss, the learning rate and the global gradient norm, the log's step series,
+and slot ``step_values`` (what W&B and TensorBoard send at that step). They are read from the device
+at those steps only; without the setting the callback is not built."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 
 import torch
 
-from fsmtrain.core.context import RunContext, StepContext
+from fsmtrain.core.context import RunContext, StepContext, epoch_number
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
+from fsmtrain.core.slots import STEP_VALUES, StepValues
 
 __all__ = ["StepLogCallback"]
 
@@ -23,6 +25,7 @@ class StepLogCallback(TrainingCallback):
     tier = Tier.CORE
     replay = ReplaySupport.DRY  # needs live losses and gradients
     rank_zero_only = True
+    writes = (STEP_VALUES,)
 
     def __init__(self, every_n_steps: int) -> None:
         self.every_n_steps = int_at_least("every_n_steps", every_n_steps, 1)
@@ -55,3 +58,4 @@ class StepLogCallback(TrainingCallback):
             values["grad_norm"] = float(self._norm.item())
         self._norm = None
         step.emit("train_step", step=run.global_step + 1, batch=step.batch_index, **values)
+        step.set(STEP_VALUES, StepValues(run.global_step + 1, epoch_number(run.epoch), values))

@@ -1,30 +1,34 @@
-"""Per-epoch scalars to TensorBoard (optional: ``pip install 'fsmtrain[tensorboard]'``)."""
+"""Per-epoch (and ``log_every_n_steps``) scalars to TensorBoard (optional: ``pip install 'fsmtrain[tensorboard]'``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
+from fsmtrain.core.slots import STEP_VALUES, StepValues
 
 __all__ = ["TensorBoardLoggingCallback"]
 
 
 class TensorBoardLoggingCallback(TrainingCallback):
     """On ``on_epoch_end``: ``epoch`` (from 1), every metric and numeric slot as TensorBoard scalars at
-    the global step (W&B's ``step``), flushed at once, to ``log_dir``. Priority 86: after the slot writers."""
+    the global step (W&B's ``step``), flushed at once, to ``log_dir``; each ``step_values`` at its step
+    (``train_step/<name>``). Priority 86: after the slot writers."""
 
     priority = 86
     tier = Tier.CORE
     rank_zero_only = True
     reads_every_slot = True
+    reads = (STEP_VALUES,)
     replay = ReplaySupport.DRY  # writes files: a replay only records intent
 
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = Path(log_dir)
         self._writer: Any = None
+        self._step_sent: StepValues | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
@@ -36,14 +40,20 @@ class TensorBoardLoggingCallback(TrainingCallback):
                                "pip install 'fsmtrain[tensorboard]'") from exc
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
+    def on_train_step_end(self, step: StepContext) -> None:
+        values = step.get(STEP_VALUES)
+        if values is not self._step_sent and values is not None and self._writer is not None:
+            self._step_sent = values
+            self._write(values.scalars(), values.step)  # flushed at the epoch's end (or after flush_secs)
+
     def on_epoch_end(self, epoch: EpochContext) -> None:
-        writer = self._writer
-        if writer is None:
-            return
-        step = epoch.run.global_step
-        for name, value in {"epoch": epoch.number, **epoch_scalars(epoch)}.items():
-            writer.add_scalar(name, value, global_step=step)
-        writer.flush()
+        if self._writer is not None:
+            self._write({"epoch": epoch.number, **epoch_scalars(epoch)}, epoch.run.global_step)
+            self._writer.flush()
+
+    def _write(self, scalars: dict[str, float], step: int) -> None:
+        for name, value in scalars.items():
+            self._writer.add_scalar(name, value, global_step=step)
 
     def on_train_end(self, run: RunContext) -> None:
         if self._writer is not None:

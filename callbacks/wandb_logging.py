@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
-from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
+from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO, STEP_VALUES, StepValues
 
 __all__ = ["WandbLoggingCallback"]
 
@@ -30,15 +30,16 @@ def wandb_run_id(run: RunContext) -> str:
 
 class WandbLoggingCallback(TrainingCallback):
     """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch (``epoch`` from 1,
-    every metric and numeric slot), and ``finish`` at train end (``exit_code=1`` when the reason failed).
-    The run lands under ``<directory>/wandb/`` (default: the run directory); W&B writes nothing to the
-    console. In replay nothing is sent; the dicts are kept in ``self.logged``."""
+    every metric and numeric slot), each ``step_values`` at its step, and ``finish`` at train end
+    (``exit_code=1`` when the reason failed). The run lands under ``<directory>/wandb/`` (default:
+    the run directory); W&B writes nothing to the console. In replay nothing is sent; the dicts are
+    kept in ``self.logged``."""
 
     priority = 80
     tier = Tier.CORE
     rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY
-    reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION)
+    reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION, STEP_VALUES)
     reads_every_slot = True
 
     def __init__(
@@ -63,6 +64,7 @@ class WandbLoggingCallback(TrainingCallback):
         self.wandb_run: Any = None
         self.logged: list[dict[str, float]] = []
         self.log_errors: list[str] = []  # W&B's own log could not be written (a full disk): what it said
+        self._step_sent: StepValues | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
@@ -102,6 +104,12 @@ class WandbLoggingCallback(TrainingCallback):
 
         for handler in logging.getLogger("wandb").handlers:
             handler.handleError = kept  # type: ignore[method-assign]
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        values = step.get(STEP_VALUES)
+        if values is not self._step_sent and values is not None and self.wandb_run is not None:
+            self._step_sent = values
+            self.wandb_run.log(values.scalars(), step=values.step)
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         data = {"epoch": epoch.number, **epoch_scalars(epoch)}

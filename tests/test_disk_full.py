@@ -159,7 +159,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
                                                                       "latest.pt"]
     committed = {e["payload"]["path"] for e in events if e["event"] == "checkpoint"}
     assert "checkpoints/epoch_3.pt" not in committed and "checkpoints/latest.pt" in committed
-    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == 1
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == 2  # epoch_2.pt
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render(False)
 

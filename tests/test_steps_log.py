@@ -16,6 +16,7 @@ from fsmtrain.callbacks import StepLogCallback
 from fsmtrain.core.context import StepContext
 from fsmtrain.core.events import read_events
 from fsmtrain.core.hooks import TrainingCallback
+from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.tools.audit.auditor import audit_file
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -57,4 +58,5 @@ def test_the_config_setting_builds_it_and_its_absence_does_not(tmp_path: Path) -
     off = build_callbacks(load_config(QUICKSTART, []), run_dir=None)
     assert [cb.every_n_steps for cb in on if isinstance(cb, StepLogCallback)] == [50]
     assert not any(isinstance(cb, StepLogCallback) for cb in off)
-    assert not any("on_train_step_end" in cb.overridden_hooks() for cb in off)  # nothing per batch
+    assert not CallbackRunner(off).has("on_train_step_end")  # nothing per batch
+    assert CallbackRunner(on).has("on_train_step_end")

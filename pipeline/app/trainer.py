@@ -27,6 +27,7 @@ from fsmtrain.core.events import FSYNC_POLICIES, EventLog, check_levels
 from fsmtrain.core.hooks import TrainingCallback, bind_callbacks, unbind_callbacks
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackRunner
+from fsmtrain.core.signals import preemption_signals as notices_of
 from fsmtrain.core.signals import stop_on_signals
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
@@ -75,8 +76,11 @@ class Trainer:
                  resume_from: str | Path | None = None, log_key: bytes | None = None,
                  collective: TorchCollective | None = None, default_callbacks: bool = True, precision: str = "32",
                  compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
-                 step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None) -> None:
-        """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins."""
+                 step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None,
+                 preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1")) -> None:
+        """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins.
+        ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143."""
+        self.notices = notices_of(preemption_signals)
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_steps must be an integer >= 1 or None, got {max_steps!r}")
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
@@ -246,7 +250,7 @@ class Trainer:
         :class:`fsmtrain.core.engine.Interrupted` after the teardown; one that lands during the
         teardown is raised after it, and the run keeps its own reason."""
         try:
-            with stop_on_signals(self.run):
+            with stop_on_signals(self.run, self.notices):
                 result = self.engine.execute()
             late = self.run.pending_signal
             if late is not None and result.stop_reason is not StopReason.INTERRUPTED:

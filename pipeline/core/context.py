@@ -30,10 +30,13 @@ def epoch_number(index: int) -> int:
 @dataclass(frozen=True)
 class Slot(Generic[T]):
     """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``.
-    It is cleared when the next epoch begins; what must outlive it is the writer's own state."""
+    It is cleared when the next epoch begins; what must outlive it is the writer's own state. A
+    ``per_step`` slot holds a step's values, left out of the epoch's record; a reader of one uses its
+    step hooks for that alone (they are not dispatched when no callback writes it)."""
 
     name: str
     doc: str = ""
+    per_step: bool = False
 
     def __repr__(self) -> str:
         return f"Slot({self.name!r})"
@@ -123,6 +126,7 @@ class RunContext:
     slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
     _phase_of: Callable[[], Phase] = field(default_factory=lambda: _created, init=False)
     _slots: dict[str, Any] = field(default_factory=dict, init=False)
+    _step_slots: set[str] = field(default_factory=set, init=False)
 
     def budget_left(self) -> bool:
         """Epochs remain, and steps too when ``max_steps`` is set."""
@@ -154,10 +158,13 @@ class RunContext:
         guard = self.slot_guard
         if guard is not None:
             guard(slot)
+        if slot.per_step:
+            self._step_slots.add(slot.name)
         self._slots[slot.name] = value
 
     def slot_values(self) -> dict[str, Any]:
-        return dict(self._slots)
+        """The epoch's slot values (per-step slots left out)."""
+        return {k: v for k, v in self._slots.items() if k not in self._step_slots}
 
     def clear_epoch_slots(self) -> None:
         self._slots.clear()

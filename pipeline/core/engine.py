@@ -54,8 +54,8 @@ _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", 
 
 
 def exit_status_of(signum: int) -> int:
-    """128 + the signal; a pre-emption notice (SIGUSR1) exits as SIGTERM does, 143."""
-    return 128 + (signal.SIGTERM if signum == signal.SIGUSR1 else signum)
+    """130 for SIGINT; a pre-emption notice (SIGTERM, SIGUSR1 or one configured) exits as SIGTERM does, 143."""
+    return 128 + (signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -14,7 +14,7 @@ from typing import Any
 from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError, check_callback
 from fsmtrain.core.context import Slot
 from fsmtrain.core.hooks import Tier, TrainingCallback
-from fsmtrain.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES
+from fsmtrain.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES, HOOKS, HookScope
 from fsmtrain.core.registry import GlobalHandle, callbacks_for_run, register_global_callback
 
 __all__ = [
@@ -60,8 +60,10 @@ class CallbackRunner:
         self._labels = [n if n not in names[:i] else f"{n}#{i}" for i, n in enumerate(names)]
         self.failed_in: tuple[str, str] | None = None
         self.current: TrainingCallback | None = None  # the callback whose hook is running, for attribution
+        step_written = {s.name for cb in self.callbacks for s in cb.writes if s.per_step}
+        hooks = [_dispatched(cb, step_written) for cb in self.callbacks]
         self._tables: dict[str, tuple[tuple[int, Handler], ...]] = {
-            hook: tuple((i, getattr(cb, hook)) for i, cb in enumerate(self.callbacks) if hook in cb.overridden_hooks())
+            hook: tuple((i, getattr(cb, hook)) for i, cb in enumerate(self.callbacks) if hook in hooks[i])
             for hook in HOOK_NAMES}
         self._dispatchers = {hook: self.dispatcher(hook) for hook in HOOK_NAMES}
 
@@ -153,6 +155,25 @@ def _epoch_hooks(cb: TrainingCallback) -> list[str]:
     return sorted((h for h in cb.overridden_hooks() if h in EPOCH_HOOK_ORDER), key=EPOCH_HOOK_ORDER.__getitem__)
 
 
+_STEP_HOOKS = frozenset(h.name for h in HOOKS if h.scope is HookScope.STEP)
+
+
+def _dispatched(cb: TrainingCallback, step_written: set[str]) -> tuple[str, ...]:
+    """``cb``'s hooks to dispatch: a reader of per-step slots that no callback here writes has its
+    step hooks left out (a logger costs nothing per batch without ``log_every_n_steps``)."""
+    hooks, reads = cb.overridden_hooks(), {s.name for s in cb.reads if s.per_step}
+    return hooks if not reads or reads & step_written else tuple(h for h in hooks if h not in _STEP_HOOKS)
+
+
+def _read_hooks(r: TrainingCallback, per_step: bool) -> list[str]:
+    """The epoch hooks where ``r`` may read a slot: a reader of a per-step slot reads only those in
+    its step hooks, and only the others in the rest."""
+    hooks = _epoch_hooks(r)
+    if not any(s.per_step for s in r.reads):
+        return hooks
+    return [h for h in hooks if (h in _STEP_HOOKS) == per_step]
+
+
 def check_data_flow(entries: Sequence[Entry]) -> None:
     """Refuse an order in which a reader of a slot may run before its writer in the same epoch: a
     reader is safe only when its earliest epoch hook runs after its writer's latest one, compared as
@@ -161,8 +182,7 @@ def check_data_flow(entries: Sequence[Entry]) -> None:
     problems: list[str] = []
     for reader in entries:
         r = reader.callback
-        r_hooks = _epoch_hooks(r)
-        if not r_hooks:
+        if not _epoch_hooks(r):
             continue
         read_names = {s.name for s in r.reads}
         for writer in entries:
@@ -170,12 +190,11 @@ def check_data_flow(entries: Sequence[Entry]) -> None:
             w_hooks = _epoch_hooks(w)
             if w is r or not w_hooks:
                 continue
-            first_read = (EPOCH_HOOK_ORDER[r_hooks[0]], position[id(r)])
-            last_write = (EPOCH_HOOK_ORDER[w_hooks[-1]], position[id(w)])
-            if first_read > last_write:
-                continue
             for slot in w.writes:
-                if slot.name in read_names or r.reads_every_slot:
+                r_hooks = _read_hooks(r, slot.per_step)
+                if not r_hooks or not (slot.name in read_names or r.reads_every_slot):
+                    continue
+                if (EPOCH_HOOK_ORDER[r_hooks[0]], position[id(r)]) <= (EPOCH_HOOK_ORDER[w_hooks[-1]], position[id(w)]):
                     problems.append(_order_problem(r, r_hooks[0], w, w_hooks[-1], slot.name))
     if problems:
         raise CallbackOrderError("callback order breaks the data flow:\n  " + "\n  ".join(problems))

@@ -6,7 +6,7 @@ run trains raises ``KeyboardInterrupt`` at once, so a hung batch ends (in the te
 recorded, so it cannot cut the ``result`` short). A third gets the handler found before, or the
 default action in the ``fsmtrain`` process. SIGUSR1 (what SLURM's ``--signal`` sends before its
 kill) is a pre-emption notice as SIGTERM is: the run saves the state after its last step and the
-command exits 143.
+command exits 143. A run's notices are configurable (``preemption.signals``, among ``NOTICES``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,25 @@ from fsmtrain.core.lifecycle import FINAL
 if TYPE_CHECKING:
     from fsmtrain.core.context import RunContext
 
-__all__ = ["HANDLED", "Signals", "caught", "install", "installed", "sigterm_interrupts", "stop_on_signals",
-           "uninstall"]
+__all__ = ["HANDLED", "NOTICES", "PREEMPTION", "Signals", "caught", "install", "installed", "preemption_signals",
+           "sigterm_interrupts", "stop_on_signals", "uninstall"]
 
-HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)  # the default pre-emption notices
+HANDLED: tuple[signal.Signals, ...] = (signal.SIGINT, *PREEMPTION)
+# What a run may take as a pre-emption notice (SLURM's --signal, LSF and SGE send USR1, USR2 or XCPU).
+NOTICES: tuple[signal.Signals, ...] = (*PREEMPTION, signal.SIGUSR2, signal.SIGHUP, signal.SIGXCPU)
+
+
+def preemption_signals(names: Iterable[str]) -> tuple[signal.Signals, ...]:
+    """The signals ``names`` say (``SIGUSR1``, or ``USR1`` as SLURM writes it); a ValueError names a wrong one."""
+    known = {sig.name: sig for sig in NOTICES}
+    names = list(names)
+    found = [known.get(n if str(n).startswith("SIG") else f"SIG{n}") for n in names]
+    wrong = [repr(n) for n, sig in zip(names, found, strict=True) if sig is None]
+    if wrong or not names:
+        raise ValueError(f"one or more pre-emption signals of {', '.join(known)} (USR1 also reads as SIGUSR1); "
+                         f"got {', '.join(wrong) or 'none'}")
+    return tuple(dict.fromkeys(sig for sig in found if sig is not None))
 
 
 class Signals:
@@ -127,8 +142,10 @@ def caught(escalate: bool = True) -> Iterator[Signals | None]:
 
 
 @contextlib.contextmanager
-def stop_on_signals(run: RunContext) -> Iterator[None]:
-    """While the block trains ``run``, a signal (or one received before it) sets ``run.pending_signal``."""
+def stop_on_signals(run: RunContext, notices: Iterable[signal.Signals] = PREEMPTION) -> Iterator[None]:
+    """While the block trains ``run``, SIGINT or a pre-emption notice of ``notices`` (or one received
+    before it) sets ``run.pending_signal``; a default notice left out of ``notices`` gets its handler
+    found before (or the default action) for the block."""
     with caught() as signals:
         if signals is None:
             yield
@@ -136,10 +153,15 @@ def stop_on_signals(run: RunContext) -> Iterator[None]:
         if run.pending_signal is None:
             run.pending_signal = signals.signum
         signals.run = run
+        notices = set(notices)
+        swapped = {sig: signal.signal(sig, signals.handle if sig in notices else _handler(signals.previous, sig))
+                   for sig in notices.symmetric_difference(PREEMPTION)}
         try:
             yield
         finally:
             signals.run = None
+            for sig, before in swapped.items():
+                signal.signal(sig, before)
 
 
 @contextlib.contextmanager

@@ -291,7 +291,7 @@ class CheckpointManager(CheckpointFolder):
         state: dict[str, Any] = {
             "format": files.FORMAT_VERSION,
             "run_id": run.run_id,
-            "epoch": epoch,
+            "epoch": epoch_number(epoch),  # counted from 1, as its file's name (the position keeps the index)
             "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
             "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
                          "global_step": run.global_step, "max_epochs": run.max_epochs},

@@ -31,7 +31,7 @@ __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "Hashing
            "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "fsync_dir", "history_text",
            "load_checkpoint", "read_history", "save_state", "sha256_of"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
 
 
 def fsync_dir(directory: Path) -> None:

@@ -154,6 +154,11 @@ class Resumption:
     completes: list[str] = field(default_factory=list)  # role files a kill left between commit and move
 
     @property
+    def epoch(self) -> int:
+        """The checkpoint's epoch index (its content counts from 1, as its file's name)."""
+        return int(self.state["epoch"]) - 1
+
+    @property
     def next_epoch(self) -> int:
         return int(self.state["position"]["next_epoch"])
 
@@ -203,7 +208,7 @@ class Resumption:
             run.extras["data_seed"] = int(seed)
         run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
         run.emit(
-            "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=int(state["epoch"]),
+            "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,
             next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
             **_inside_epoch(run),
             torn_line_bytes=self.tail.torn_bytes, **self.notes,
@@ -218,7 +223,7 @@ class Resumption:
         the kill came before each role was moved to it or before the log committed the move."""
         if not self.completes:
             return
-        epoch = int(self.state["epoch"])
+        epoch = self.epoch
         for shown in self.completes:
             atomic_link(self.path, self.run_dir / shown, sync_dir=False)
         fsync_dir(self.path.parent)
@@ -236,10 +241,10 @@ class Resumption:
         digests = ", ".join(dict.fromkeys(d.found_sha256))
         run.emit("checkpoint_damaged", level="warning", paths=list(d.paths), moved_to=list(moved), epoch=d.epoch,
                  committed_sha256=d.committed_sha256, found_sha256=list(d.found_sha256),
-                 falls_back_to=self.shown, falls_back_to_epoch=int(self.state["epoch"]),
+                 falls_back_to=self.shown, falls_back_to_epoch=self.epoch,
                  message=f"checkpoint {first}{also} is damaged: the log committed sha256 {d.committed_sha256}, the "
                          f"file has {digests}; moved to {os.path.dirname(moved[0])}/; the run continues from "
-                         f"{self.shown} (epoch {epoch_number(int(self.state['epoch']))})")
+                         f"{self.shown} (epoch {self.state['epoch']})")
 
 
 def _inside_epoch(run: RunContext) -> dict[str, Any]:

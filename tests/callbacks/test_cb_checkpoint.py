@@ -56,10 +56,10 @@ def test_keep_last_3_over_120_epochs_by_epoch_number(tiny, tmp_path):
     for name in ("best.pt", "latest.pt", "epoch_120.pt"):
         assert last[f"checkpoints/{name}"] == sha256_of(ck / name)
     latest = torch.load(ck / "latest.pt", weights_only=True)
-    assert latest["epoch"] == 119 and latest["position"]["next_epoch"] == 120
+    assert latest["epoch"] == 120 and latest["position"]["next_epoch"] == 120  # epoch_120.pt holds epoch 120
     assert latest["position"]["phase"] == "epoch_end" and latest["position"]["global_step"] == 120
     best = load_checkpoint(ck / "best.pt")
-    assert best["epoch"] == result.best_epoch
+    assert best["epoch"] == result.best_epoch + 1  # the file counts from 1; the result keeps the index
     assert best["metrics"]["val_loss"] == pytest.approx(result.best_val_loss)
 
 
@@ -167,7 +167,7 @@ def test_every_n_epochs_best_max_mode_and_paths(tiny, tmp_path):
                      (4, "epoch"), (4, "latest")]
     assert sorted(p.name for p in ck.iterdir()) == ["best.pt", "epoch_2.pt", "epoch_4.pt", "latest.pt"]
     assert all(not e["path"].startswith("/") for e in events)  # relative to the run dir
-    assert load_checkpoint(ck / "best.pt")["epoch"] == 3
+    assert load_checkpoint(ck / "best.pt")["epoch"] == 4  # epoch index 3, counted from 1 in the file
 
 
 def test_absolute_paths_outside_run_dir(tiny, tmp_path):

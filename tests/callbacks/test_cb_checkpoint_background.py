@@ -157,4 +157,4 @@ def test_a_failed_write_ends_the_run_as_an_error_with_what_was_committed(tiny, t
     assert error["epoch"] <= 2
     committed = {e["payload"]["path"]: e["payload"]["epoch"] for e in events if e["event"] == "checkpoint"}
     assert committed == {"checkpoints/epoch_1.pt": 0, "checkpoints/latest.pt": 0}
-    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == 0  # what was committed still loads
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == 1  # what was committed loads (epoch_1)

@@ -228,8 +228,8 @@ def test_a_best_state_is_never_dropped_for_a_newer_one_that_is_not(tmp_path: Pat
     assert sorted(skips) == [1, 3, 4]
     assert "the state of epoch 3 replaced it" in skips[1]  # a best gives way to a newer best only
     assert all("the best state of epoch 3 still waits" in skips[e] for e in (3, 4))
-    assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 2
-    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == last
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 3  # counted from 1
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["epoch"] == last + 1
     report = audit_file(run / "events.jsonl")
     assert report.ok, report.render()
 

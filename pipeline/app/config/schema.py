@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from fsmtrain.app.config.loading import override_of
 from fsmtrain.app.config.problems import ConfigProblem, closest
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
+from fsmtrain.core.signals import preemption_signals
 
 # What is trained: the fields whose values shape the weights. A resume must keep them (the run's
 # config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
@@ -55,6 +56,15 @@ class CheckpointConfig(Toggle):
 class LogConfig(_Section):
     # fsync events.jsonl after each checkpoint commit and the result ("commits"), every line, or never
     fsync: Literal["commits", "every", "never"] = "commits"
+
+
+class PreemptionConfig(_Section):
+    signals: list[str] = Field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # notices: save the step, exit 143
+
+    @field_validator("signals")
+    @classmethod
+    def _signals(cls, v: list[str]) -> list[str]:
+        return [sig.name for sig in preemption_signals(v)]
 
 
 class TensorBoardConfig(_Section):
@@ -239,6 +249,7 @@ class RunConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_every_n_steps: int | None = Field(default=None, gt=0)  # a train_step event every N global steps
     log: LogConfig = Field(default_factory=LogConfig)
+    preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
     # small models on shared CPUs run much faster single-threaded (no spinning intra-op workers)
     num_threads: int | None = Field(default=None, ge=1)
     optimize: OptimizeConfig | None = None
