@@ -64,7 +64,7 @@ class PrunerCallback(TrainingCallback):
             setter(key, value)
 
     def on_val_end(self, epoch: EpochContext) -> None:
-        self.validations = (len(epoch.run.history) if self.validations is None else self.validations) + 1
+        self.validations = epoch.run.validations  # the run's count (one an epoch, more with val_every_n_steps)
         value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
             return

@@ -105,6 +105,8 @@ class RunContext:
     run_dir: Any = None
     dry_run: bool = False  # replaying: no model, callbacks must not touch one
     max_steps: int | None = None  # the run also ends at this global step
+    val_every_n_steps: int | None = None  # validation also inside an epoch, after every N-th global step
+    validations: int = field(default=0, init=False)  # validations done (a resume continues the count)
     scaler: Any = field(default=None, init=False)  # mixed precision's loss scaler, checkpointed with the run
     exact_metrics: Any = field(default=None, init=False)  # the exact metrics' state, checkpointed with the run
     epoch: int = field(default=0, init=False)

@@ -294,7 +294,8 @@ class CheckpointManager(CheckpointFolder):
             "epoch": epoch,
             "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
             "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
-                         "global_step": run.global_step, "max_epochs": run.max_epochs},
+                         "global_step": run.global_step, "max_epochs": run.max_epochs,
+                         "validations": run.validations},
             "metrics": {k: float(v) for k, v in metrics.items()},
             "history": files.history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
             "model": model.state_dict() if model is not None else None,

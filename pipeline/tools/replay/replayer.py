@@ -49,6 +49,16 @@ class RecordingExhausted(Exception):
         self.recorded = recorded
 
 
+class ValidationUnrecorded(RecordingExhausted):
+    """A what-if validates inside an epoch at a step the recording did not validate at."""
+
+    def __init__(self, epoch: int, step: int, recorded: int) -> None:
+        Exception.__init__(self, f"the recording has no validation at global step {step} (epoch "
+                           f"{epoch_number(epoch)}): a what-if on val_every_n_steps can only validate where the run "
+                           "did (a multiple of its own setting, or none)")
+        self.epoch, self.recorded = epoch, recorded
+
+
 class ReplayDriver(BaseDriver):
     """Feeds recorded epochs to the engine in place of training.
 
@@ -56,9 +66,12 @@ class ReplayDriver(BaseDriver):
     of the replay computes them (their writers need a live model, or are absent)."""
 
     def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]],
-                 interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> None:
+                 interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
+                 validations: Mapping[int, Mapping[str, float]] | None = None) -> None:
         self.run = run
         self.epochs = list(epochs)
+        self.validations = dict(validations or {})  # inside epochs, by global step
+        self._epoch_end = 0  # the global step at which the epoch in progress ends
         self.fed_slots = dict(fed_slots)
         self.interrupt = interrupt
         self.ranks = ranks
@@ -79,6 +92,9 @@ class ReplayDriver(BaseDriver):
             raise RuntimeError(symptom.partition(": ")[2] or symptom)
 
     def forward(self, step: StepContext) -> None:
+        rec = self.epochs[step.epoch.index]
+        if rec.cut and step.batch_index >= rec.batches:  # a what-if trains on past where the run cut the epoch
+            raise RecordingExhausted(step.epoch.index, sum(1 for e in self.epochs if not e.partial))
         self._broken_in(Phase.TRAIN_STEP, step.epoch.index)
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
 
@@ -98,7 +114,9 @@ class ReplayDriver(BaseDriver):
         rec = self._recorded(epoch.index)
         # A batch cut short by another rank's failure is no recorded batch; the replay goes into it again.
         cut = self.ranks is not None and self.ranks.breaks_in(Phase.TRAIN_STEP, epoch.index)
-        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut))
+        self._epoch_end = self.run.global_step + rec.batches
+        more = rec.cut  # the epoch had batches left where a stop cut it: so has the replay's
+        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut + more))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
@@ -107,6 +125,11 @@ class ReplayDriver(BaseDriver):
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._broken_in(Phase.VAL, epoch.index)
         self._signal_in(Phase.VAL, epoch.index)
+        step, steps = self.run.global_step, self.run.max_steps
+        if step < self._epoch_end and (steps is None or step < steps):  # a validation inside the epoch
+            if step not in self.validations:
+                raise ValidationUnrecorded(epoch.index, step, sum(1 for e in self.epochs if not e.partial))
+            return dict(self.validations[step])
         rec = self._recorded(epoch.index, need=_VAL_METRICS)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
@@ -159,7 +182,7 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
-             max_steps: int | None = None, run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
+             max_steps: int | None = None, val_every_n_steps: int | None = None, run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
              interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
              recorded: Recording | None = None, overrides: Sequence[str] = (),
              trial: RecordedTrial | None = None) -> ReplayResult:
@@ -180,12 +203,14 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
                 declared = [s for cb in dry for s in cb.writes if s.name == name]
                 fed[name] = declared[0] if declared else Slot(name)
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
-                     max_steps=max_steps)
+                     max_steps=max_steps, val_every_n_steps=val_every_n_steps)
     run.extras.update(extras)
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks), runner, run, strict=strict, collective=ranks)
+    validations = recorded.validations if recorded is not None else None
+    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks, validations), runner, run, strict=strict,
+                    collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
     collecting = gc.isenabled()
@@ -240,7 +265,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if rec.trial_reports:
         numbers = {r.trial for r in rec.trial_reports.values() if r.trial is not None}
         trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else None)
-    max_epochs, max_steps = rec.max_epochs, rec.max_steps
+    max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
     if callbacks is None or overrides:
         cfg_data = rec.config
         if cfg_data is None:
@@ -265,7 +290,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
-        max_epochs, max_steps = cfg.max_epochs, cfg.max_steps
+        max_epochs, max_steps, every = cfg.max_epochs, cfg.max_steps, cfg.val_every_n_steps
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
@@ -274,7 +299,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
-    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, run_id=rec.run_id,
+    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, val_every_n_steps=every,
+                    run_id=rec.run_id,
                     level=rec.level, extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
                     overrides=overrides, trial=trial)
 

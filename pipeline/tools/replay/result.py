@@ -28,7 +28,8 @@ _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "exception": ("traceback", "symptom"),  # where and how a collective broke is the machine's, not the run's
 }
 # Events the engine and the run context write themselves; other kinds come from callbacks.
-_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
+_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "validation", "warning", "exception",
+                          "result"})
 
 
 @dataclass(frozen=True)
