@@ -43,20 +43,11 @@ _VAL_METRICS = ("val_loss",)
 class RecordingExhausted(Exception):
     """The replay asked for an epoch the recording does not contain."""
 
-    def __init__(self, epoch: int, recorded: int) -> None:
-        super().__init__(f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
+    def __init__(self, epoch: int, recorded: int, why: str | None = None) -> None:
+        super().__init__(why or f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
         self.epoch = epoch
         self.recorded = recorded
-
-
-class ValidationUnrecorded(RecordingExhausted):
-    """A what-if validates inside an epoch at a step the recording did not validate at."""
-
-    def __init__(self, epoch: int, step: int, recorded: int) -> None:
-        Exception.__init__(self, f"the recording has no validation at global step {step} (epoch "
-                           f"{epoch_number(epoch)}): a what-if on val_every_n_steps can only validate where the run "
-                           "did (a multiple of its own setting, or none)")
-        self.epoch, self.recorded = epoch, recorded
+        self.why = why  # what else the replay needed and the recording lacks
 
 
 class ReplayDriver(BaseDriver):
@@ -94,15 +85,19 @@ class ReplayDriver(BaseDriver):
     def forward(self, step: StepContext) -> None:
         rec = self.epochs[step.epoch.index]
         if rec.cut and step.batch_index >= rec.batches:  # a what-if trains on past where the run cut the epoch
-            raise RecordingExhausted(step.epoch.index, sum(1 for e in self.epochs if not e.partial))
+            raise RecordingExhausted(step.epoch.index, self._complete(), f"the recorded run stopped epoch "
+                                     f"{step.epoch.number} after its batch {rec.batches}; what followed is unknown")
         self._broken_in(Phase.TRAIN_STEP, step.epoch.index)
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
+
+    def _complete(self) -> int:
+        return sum(1 for e in self.epochs if not e.partial)
 
     def _recorded(self, index: int, *, need: tuple[str, ...] = ()) -> RecordedEpoch:
         """Epoch ``index``; ``need``: metrics it must hold if the recorded run cut it short."""
         rec = self.epochs[index] if index < len(self.epochs) else None
         if rec is None or (need and rec.partial and not any(k in rec.metrics for k in need)):
-            raise RecordingExhausted(index, sum(1 for e in self.epochs if not e.partial))
+            raise RecordingExhausted(index, self._complete())
         return rec
 
     def current_lr(self) -> float | None:
@@ -128,7 +123,9 @@ class ReplayDriver(BaseDriver):
         step, steps = self.run.global_step, self.run.max_steps
         if step < self._epoch_end and (steps is None or step < steps):  # a validation inside the epoch
             if step not in self.validations:
-                raise ValidationUnrecorded(epoch.index, step, sum(1 for e in self.epochs if not e.partial))
+                raise RecordingExhausted(epoch.index, self._complete(), f"the recording has no validation at global "
+                                         f"step {step} (epoch {epoch.number}); a what-if on val_every_n_steps can "
+                                         "validate only where the run did")
             return dict(self.validations[step])
         rec = self._recorded(epoch.index, need=_VAL_METRICS)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
@@ -238,7 +235,7 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     replay = ReplayResult(trace, stop_reason, stop_epoch, list(run.history), res,
                           exhausted.recorded if exhausted is not None else None,
                           dry_events=[e for e, o in owned if o is not None and id(o) in dry_ids],
-                          overrides=tuple(overrides), error=error,
+                          overrides=tuple(overrides), error=error, unknown_why=exhausted.why if exhausted else None,
                           unknown_prune_steps=tuple(trial.unknown_steps) if trial else ())
     if recorded is not None:
         replay.recorded_epochs = recorded.complete_epochs
