@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fsmtrain.callbacks.pruner import validation_label
-from fsmtrain.core.context import EpochContext, RunContext
+from fsmtrain.core.context import EpochContext, RunContext, validation_label
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 from fsmtrain.core.stop import StopReason
@@ -26,9 +25,10 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 
 class EarlyStoppingCallback(TrainingCallback):
-    """On ``on_val_end``: after ``patience`` validations in a row without improvement (one an epoch, or
-    more with ``val_every_n_steps``), request stop EARLY_STOP (the epoch ends there). The count goes to slot ``early_stopping_wait``, and the
-    settings into the log at train begin, so a report can draw one against the other."""
+    """On ``on_val_end``: after ``patience`` validations in a row without improvement (one an epoch,
+    more with ``val_every_n_steps``), request stop EARLY_STOP (the epoch ends there). The count goes
+    to slot ``early_stopping_wait``, and the settings into the log at train begin, so a report can
+    draw one against the other."""
 
     priority = 90
     tier = Tier.CORE

@@ -6,7 +6,7 @@ never reaches into the trainer: what it needs is on a context or in a slot it de
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
@@ -25,6 +25,16 @@ UNBOUNDED_EPOCHS = 1 << 31  # max_epochs of a run that only max_steps ends
 def epoch_number(index: int) -> int:
     """The epoch number a person reads (1-based); the log's ``epoch`` keeps the 0-based index."""
     return index + 1
+
+
+def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = None) -> str:
+    """``validation 4 (epoch 4, step 32)``: Optuna's step (the validation count) with its epoch and global
+    step (all from 1) as W&B and TensorBoard show them; an attribute without ``validation`` (a study older
+    than this count) is named by Optuna's ``last_step`` alone."""
+    known = "validation" in at
+    info = [f"{k} {at[k]}" for k in ("epoch", "step") if known and isinstance(at.get(k), int)] + list(more)
+    return (f"validation {at['validation']}" if known else f"Optuna step {last_step}") + \
+        (f" ({', '.join(info)})" if info else "")
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,8 @@ class Engine:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
         run = self.run
-        steps = {k: v for k, v in (("max_steps", run.max_steps), ("val_every_n_steps", run.val_every_n_steps))
-                 if v is not None}
+        steps: dict[str, Any] = {k: v for k, v in (("max_steps", run.max_steps),
+                                                   ("val_every_n_steps", run.val_every_n_steps)) if v is not None}
         self.run.emit("run_start", max_epochs=self.run.max_epochs, **steps, start_epoch=self.run.epoch,
                       strict=self.strict,
                       callbacks=self.runner.describe(),

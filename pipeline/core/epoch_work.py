@@ -202,7 +202,7 @@ class EpochWork:
         now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
-        cut = {"cut": True} if self.has_batch() else {}  # a stop after a validation inside it cut it there
+        cut: dict[str, Any] = {"cut": True} if self.has_batch() else {}  # a stop after a validation inside cut it
         self.run.emit("epoch", metrics=record.metrics, slots=record.slots, batches=epoch.batches,
                       seconds=record.seconds, phase_seconds=self._phase_seconds,
                       callback_seconds=self.runner.take_timings(), **cut)

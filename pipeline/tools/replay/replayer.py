@@ -179,7 +179,8 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
-             max_steps: int | None = None, val_every_n_steps: int | None = None, run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
+             max_steps: int | None = None, val_every_n_steps: int | None = None, run_id: str, level: str,
+             extras: Mapping[str, Any], strict: bool | None,
              interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
              recorded: Recording | None = None, overrides: Sequence[str] = (),
              trial: RecordedTrial | None = None) -> ReplayResult:
