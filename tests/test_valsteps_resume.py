@@ -53,6 +53,7 @@ def test_kill_9_after_a_mid_epoch_validation_resumes_bit_identical_with_the_same
     assert not report.violations, [f.message for f in report.violations]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_pruner_reports_each_validation_at_its_count(tmp_path: Path) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -78,3 +79,28 @@ def test_the_pruner_reports_each_validation_at_its_count(tmp_path: Path) -> None
     assert "pruned at validation 4 (epoch 2, step 6)" in next(
         e["payload"]["message"] for e in log if e["event"] == "stop_request")
     assert not audit_file(tmp_path / "run" / "events.jsonl", verify_checkpoints=False).violations
+
+
+@pytest.mark.timeout(120)
+def test_a_best_after_a_mid_epoch_validation_is_a_step_checkpoint_with_the_best_role(tmp_path: Path) -> None:
+    from fsmtrain.callbacks import CheckpointCallback
+    from fsmtrain.training.checkpoint import load_checkpoint
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+    model = nn.Linear(3, 1)
+    ckpts = tmp_path / "checkpoints"
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), nn.MSELoss(), DataLoader(data, batch_size=8),
+            DataLoader(data, batch_size=8), max_epochs=2, val_every_n_steps=3, run_dir=tmp_path,
+            callbacks=[CheckpointCallback(ckpts, background=False)], default_callbacks=False).fit()
+    log = read_events(tmp_path / "events.jsonl")
+    vals = {e["global_step"]: e["payload"]["metrics"]["val_loss"] for e in log if e["event"] == "validation"}
+    best_step = min(vals, key=lambda s: vals[s])
+    assert best_step in (3, 6, 9)  # inside an epoch (5 batches each): the loss still falls at its last validation
+    roles = [(e["global_step"], e["payload"]["path"]) for e in log
+             if e["event"] == "checkpoint" and "best" in e["payload"].get("roles", [])]
+    assert roles[-1] == (best_step, f"checkpoints/step_{best_step}.pt")
+    best = load_checkpoint(ckpts / "best.pt")
+    assert best["step"] == best_step and best["position"]["batch"] == best_step - 5 * (best_step // 5)
+    assert best["best"]["value"] == vals[best_step]
+    assert not audit_file(tmp_path / "events.jsonl").violations

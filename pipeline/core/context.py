@@ -245,6 +245,7 @@ class EpochContext(_Delegating):
         self.metrics: dict[str, float] = {}
         self.batches = 0
         self.resumed: dict[str, Any] | None = None  # where a resume continues it: {"batch", "epoch_state"}
+        self.inside = False  # the validation in progress (or last) is one inside the epoch: batches remain
 
     @property
     def number(self) -> int:

@@ -192,6 +192,7 @@ class EpochWork:
     def _end_validation(self, epoch: EpochContext) -> None:
         metrics = self.driver.end_validation(epoch)
         epoch.metrics.update(metrics)
+        epoch.inside = self.has_batch()
         run = self.run
         run.validations += 1
         self.validated_at = run.global_step
