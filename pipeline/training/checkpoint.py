@@ -294,8 +294,7 @@ class CheckpointManager(CheckpointFolder):
             "epoch": epoch,
             "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
             "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
-                         "global_step": run.global_step, "max_epochs": run.max_epochs,
-                         "validations": run.validations},
+                         "global_step": run.global_step, "max_epochs": run.max_epochs},
             "metrics": {k: float(v) for k, v in metrics.items()},
             "history": files.history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
             "model": model.state_dict() if model is not None else None,
@@ -311,6 +310,8 @@ class CheckpointManager(CheckpointFolder):
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }
+        if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
+            state["position"]["validations"] = run.validations
         if at is not None:
             grads = [p.grad for p in model.parameters()] if model is not None else []
             state.update(step=at[0], history=files.history_text(run.history, epoch, None),
