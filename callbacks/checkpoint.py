@@ -101,6 +101,20 @@ class CheckpointCallback(TrainingCallback):
     def on_val_begin(self, epoch: EpochContext) -> None:
         self.manager.writer.raise_failure()
 
+    def on_val_end(self, epoch: EpochContext) -> None:
+        """A validation inside the epoch (val_every_n_steps) that improves on the best: a step checkpoint,
+        committed with the ``best`` role (the policy counts validations)."""
+        run, m = epoch.run, self.manager
+        if not epoch.inside or not m.save_best or (run.stop is not None and run.stop.reason is StopReason.NAN):
+            return
+        if m.improved(epoch.metrics.get(m.monitor)):
+            m.best_value, m.best_epoch = float(epoch.metrics[m.monitor]), epoch.index
+            path = shown_path(m.step_path(run.global_step), run.run_dir)
+            if run.dry_run:
+                epoch.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=run.global_step)
+                return
+            m.save_step(run, run.global_step, int(run.epoch_state()["batch"]), self._sink(), best=True)
+
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
         final = run.ends_after(epoch.index)

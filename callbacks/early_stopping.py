@@ -1,11 +1,11 @@
-"""Stop when the monitored metric has not improved by a relative margin for ``patience`` epochs."""
+"""Stop when the monitored metric has not improved by a relative margin for ``patience`` validations."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from fsmtrain.core.context import EpochContext, RunContext, epoch_number
+from fsmtrain.core.context import EpochContext, RunContext, validation_label
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 from fsmtrain.core.stop import StopReason
@@ -25,9 +25,10 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 
 class EarlyStoppingCallback(TrainingCallback):
-    """On ``on_val_end``: after ``patience`` epochs in a row without improvement, request stop
-    EARLY_STOP (the epoch still finishes). The count goes to slot ``early_stopping_wait``, and the
-    settings into the log at train begin, so a report can draw one against the other."""
+    """On ``on_val_end``: after ``patience`` validations in a row without improvement (one an epoch,
+    more with ``val_every_n_steps``), request stop EARLY_STOP (the epoch ends there). The count goes
+    to slot ``early_stopping_wait``, and the settings into the log at train begin, so a report can
+    draw one against the other."""
 
     priority = 90
     tier = Tier.CORE
@@ -46,6 +47,7 @@ class EarlyStoppingCallback(TrainingCallback):
         self.monitor = monitor
         self.best: float | None = None
         self.best_epoch: int | None = None
+        self.best_at: dict[str, int] | None = None  # the best's validation, epoch and step (from 1)
         self.wait = 0
 
     def on_train_begin(self, run: RunContext) -> None:
@@ -58,22 +60,24 @@ class EarlyStoppingCallback(TrainingCallback):
             return
         if improves(value, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = float(value), epoch.index, 0
+            self.best_at = {"validation": epoch.run.validations, "epoch": epoch.number, "step": epoch.run.global_step}
             epoch.set(EARLY_STOPPING_WAIT, 0)
             return
         self.wait += 1
         epoch.set(EARLY_STOPPING_WAIT, self.wait)
         if self.wait >= self.patience:
-            best_at = "?" if self.best_epoch is None else epoch_number(self.best_epoch)
+            best_at = "?" if self.best_at is None else validation_label(self.best_at)
             epoch.request_stop(
                 StopReason.EARLY_STOP, self.name,
-                f"{self.monitor} did not improve on {self.best} (epoch {best_at}) by more than "
-                f"{self.min_delta:g} relative for {self.wait} epochs",
+                f"{self.monitor} did not improve on {self.best} ({best_at}) by more than "
+                f"{self.min_delta:g} relative for {self.wait} validations",
             )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch, "wait": self.wait}
+        return {"best": self.best, "best_epoch": self.best_epoch, "best_at": self.best_at, "wait": self.wait}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = state.get("best")
         self.best_epoch = state.get("best_epoch")
+        self.best_at = state.get("best_at")
         self.wait = int(state.get("wait", 0))

@@ -19,7 +19,8 @@ __all__ = [
 ]
 
 FIRST_EPOCH = 10
-"""First epoch index with a prediction: at epoch index 10 the fit sees 11 val losses (t = 0..10)."""
+"""First validation index (from 0) with a prediction: the fit then sees 11 val losses (t = 0..10); with
+one validation an epoch, epoch index 10."""
 MIN_R2 = 0.5
 """A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
 REFIT_GROWTH = 0.02
@@ -131,9 +132,10 @@ def prediction_from_fit(
 
 
 class LossPredictionCallback(TrainingCallback):
-    """On ``on_val_end`` from epoch index 10 on: slot ``loss_prediction`` holds the fit of all val
-    losses so far at ``t = max_epochs - 1`` (:func:`fit_exponential`), or the last val loss when the
-    fit fails. Before epoch 10 the slot stays ``None``."""
+    """On ``on_val_end`` from the 11th validation on: slot ``loss_prediction`` holds the fit of all val
+    losses so far (``t``: the validation count) at the run's last validation (:func:`fit_exponential`;
+    ``max_epochs - 1`` with one an epoch, else estimated from the validations per epoch so far), or the
+    last val loss when the fit fails. Before it the slot stays ``None``."""
 
     priority = 70
     tier = Tier.CORE
@@ -155,13 +157,14 @@ class LossPredictionCallback(TrainingCallback):
         if value is None:
             return
         self.val_losses.append(float(value))
-        if epoch.index < FIRST_EPOCH:
+        if len(self.val_losses) <= FIRST_EPOCH:
             return
+        horizon = max(1, round(len(self.val_losses) * self.max_epochs / (epoch.index + 1)))  # validations in all
         try:
             if self._due():
                 self.fit = fit_exponential(range(len(self.val_losses)), self._array())
                 self.fitted_at = len(self.val_losses)
-            prediction = prediction_from_fit(self.fit, self.val_losses, self.max_epochs)
+            prediction = prediction_from_fit(self.fit, self.val_losses, horizon)
         except Exception:  # a prediction must never end a run
             prediction = LossPrediction(float(value), math.nan, False)
         epoch.set(LOSS_PREDICTION, prediction)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fsmtrain.core.context import EpochContext
+from fsmtrain.core.context import EpochContext, validation_label
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.slots import LOSS_PREDICTION
 from fsmtrain.core.stop import StopReason
@@ -64,7 +63,7 @@ class PrunerCallback(TrainingCallback):
             setter(key, value)
 
     def on_val_end(self, epoch: EpochContext) -> None:
-        self.validations = (len(epoch.run.history) if self.validations is None else self.validations) + 1
+        self.validations = epoch.run.validations  # the run's count (one an epoch, more with val_every_n_steps)
         value = self.monitored(epoch, self.monitor, "the trial gets no reports")
         if value is None:
             return
@@ -110,16 +109,6 @@ class PrunerCallback(TrainingCallback):
             shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
                                f"trial {number} pruned at {validation_label(at)} ({self.monitor}={shown})")
-
-
-def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = None) -> str:
-    """``validation 4 (epoch 4, step 32)``: Optuna's step (the validation count) with its epoch and global
-    step (all from 1) as W&B and TensorBoard show them; an attribute without ``validation`` (a study older
-    than this count) is named by Optuna's ``last_step`` alone."""
-    known = "validation" in at
-    info = [f"{k} {at[k]}" for k in ("epoch", "step") if known and isinstance(at.get(k), int)] + list(more)
-    return (f"validation {at['validation']}" if known else f"Optuna step {last_step}") + \
-        (f" ({', '.join(info)})" if info else "")
 
 
 def _own_repr(obj: object) -> bool:

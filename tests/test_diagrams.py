@@ -256,7 +256,8 @@ def test_config_view_lists_the_nine_in_priority_order(tmp_path: Path) -> None:
     # The order DESIGN.md section 5 fixes for the built-ins.
     assert hooks["on_epoch_end"] == ("NaNDetectionCallback(5), GradientMonitorCallback(12), "
                                      "OverfitDetectionCallback(75), WandbLoggingCallback(80), CheckpointCallback(95)")
-    assert hooks["on_val_end"] == "LossPredictionCallback(70), PrunerCallback(85), EarlyStoppingCallback(90)"
+    assert hooks["on_val_end"] == ("LossPredictionCallback(70), PrunerCallback(85), EarlyStoppingCallback(90), "
+                                   "CheckpointCallback(95)")  # a best at a validation inside an epoch
     assert hooks["on_val_begin"].startswith("OptimizerModeCallback(10)")
     assert hooks["on_train_epoch_begin"].startswith("OptimizerModeCallback(10)")
 

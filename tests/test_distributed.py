@@ -101,7 +101,8 @@ def test_verdict_prefers_precedence_then_epoch_phase_rank() -> None:
 
 
 def test_agreement_points_come_from_the_table() -> None:
-    assert agreement_points(False) == {Phase.TRAIN_BEGIN, Phase.EPOCH_END}
+    # val: resume_train and cut_epoch (after a validation inside an epoch) read can_continue
+    assert agreement_points(False) == {Phase.TRAIN_BEGIN, Phase.VAL, Phase.EPOCH_END}
     assert agreement_points(True) == {Phase.TRAIN_BEGIN, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP, Phase.VAL,
                                       Phase.EPOCH_END}
 

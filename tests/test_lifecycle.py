@@ -124,6 +124,7 @@ def test_real_transitions_machine_refuses_illegal_and_guarded_moves() -> None:
         Guard.HAS_BATCH: lambda: facts["batch"],
         Guard.IMMEDIATE_STOP: lambda: facts["stop"],
         Guard.FAULTED: lambda: False,
+        Guard.VAL_DUE: lambda: False,
     }
     m = Model()
     fired: list[str] = []

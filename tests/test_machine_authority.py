@@ -89,7 +89,8 @@ def test_a_stubbed_machine_cannot_run_a_training(monkeypatch: pytest.MonkeyPatch
 
 def _permissive(model: Any, guards: Mapping[Guard, Callable[[], bool]], handlers: Any) -> Any:
     """A real ``transitions`` machine that believes there is always another batch and never a stop."""
-    facts = {Guard.HAS_BATCH: True, Guard.IMMEDIATE_STOP: False, Guard.CAN_CONTINUE: True, Guard.FAULTED: True}
+    facts = {Guard.HAS_BATCH: True, Guard.IMMEDIATE_STOP: False, Guard.CAN_CONTINUE: True, Guard.FAULTED: True,
+             Guard.VAL_DUE: False}
     return build_machine(model, {g: facts[g].__bool__ for g in guards}, handlers)
 
 

@@ -200,7 +200,8 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
         cleared = {"reused_run_dir": list(claim.cleared)} if isinstance(claim, RunDirClaim) and claim.cleared else {}
         trainer = Trainer(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
-            max_epochs=cfg.max_epochs, max_steps=cfg.max_steps, callbacks=callbacks,
+            max_epochs=cfg.max_epochs, max_steps=cfg.max_steps, val_every_n_steps=cfg.val_every_n_steps,
+            callbacks=callbacks,
             scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),

@@ -77,12 +77,16 @@ class Trainer:
                  collective: TorchCollective | None = None, default_callbacks: bool = True, precision: str = "32",
                  compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
                  step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None,
+                 val_every_n_steps: int | None = None,
                  preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1")) -> None:
         """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins.
+        ``val_every_n_steps``: validate also inside an epoch, after every N-th global step.
         ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143."""
         self.notices = notices_of(preemption_signals)
-        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
-            raise ValueError(f"max_steps must be an integer >= 1 or None, got {max_steps!r}")
+        for name, value in (("max_steps", max_steps), ("val_every_n_steps", val_every_n_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+        self.val_every_n_steps = val_every_n_steps
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
         self.max_steps = max_steps
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
@@ -196,7 +200,7 @@ class Trainer:
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, run_dir=self.run_dir,
-            max_steps=self.max_steps,
+            max_steps=self.max_steps, val_every_n_steps=self.val_every_n_steps,
         )
         self.run.scaler = self.precision.scaler
         self.run.exact_metrics = self.driver.exact

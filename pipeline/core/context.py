@@ -6,7 +6,7 @@ never reaches into the trainer: what it needs is on a context or in a slot it de
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
@@ -25,6 +25,16 @@ UNBOUNDED_EPOCHS = 1 << 31  # max_epochs of a run that only max_steps ends
 def epoch_number(index: int) -> int:
     """The epoch number a person reads (1-based); the log's ``epoch`` keeps the 0-based index."""
     return index + 1
+
+
+def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = None) -> str:
+    """``validation 4 (epoch 4, step 32)``: Optuna's step (the validation count) with its epoch and global
+    step (all from 1) as W&B and TensorBoard show them; an attribute without ``validation`` (a study older
+    than this count) is named by Optuna's ``last_step`` alone."""
+    known = "validation" in at
+    info = [f"{k} {at[k]}" for k in ("epoch", "step") if known and isinstance(at.get(k), int)] + list(more)
+    return (f"validation {at['validation']}" if known else f"Optuna step {last_step}") + \
+        (f" ({', '.join(info)})" if info else "")
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class RunContext:
     run_dir: Any = None
     dry_run: bool = False  # replaying: no model, callbacks must not touch one
     max_steps: int | None = None  # the run also ends at this global step
+    val_every_n_steps: int | None = None  # validation also inside an epoch, after every N-th global step
+    validations: int = field(default=0, init=False)  # validations done (a resume continues the count)
     scaler: Any = field(default=None, init=False)  # mixed precision's loss scaler, checkpointed with the run
     exact_metrics: Any = field(default=None, init=False)  # the exact metrics' state, checkpointed with the run
     epoch: int = field(default=0, init=False)
@@ -240,6 +252,7 @@ class EpochContext(_Delegating):
         self.metrics: dict[str, float] = {}
         self.batches = 0
         self.resumed: dict[str, Any] | None = None  # where a resume continues it: {"batch", "epoch_state"}
+        self.inside = False  # the validation in progress (or last) is one inside the epoch: batches remain
 
     @property
     def number(self) -> int:

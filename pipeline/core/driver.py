@@ -29,6 +29,9 @@ class Driver(Protocol):
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         """Metrics of the epoch's training part (at least ``train_loss``), read once per epoch."""
 
+    def resume_train(self, epoch: EpochContext) -> None:
+        """Back to training after a validation inside the epoch (e.g. ``model.train()``)."""
+
     def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
         """The validation batches (none when there is no validation)."""
 
@@ -51,6 +54,7 @@ class BaseDriver:
     def backward(self, step: StepContext) -> None: ...
     def optimizer_step(self, step: StepContext) -> None: ...
     def zero_grad(self, step: StepContext) -> None: ...
+    def resume_train(self, epoch: EpochContext) -> None: ...
     def val_batches(self, epoch: EpochContext) -> Iterator[Any]: return iter(())
     def val_batch(self, step: ValStepContext) -> None: ...
     def end_validation(self, epoch: EpochContext) -> dict[str, float]: return {}

@@ -148,6 +148,7 @@ class Engine:
             Guard.HAS_BATCH: work.has_batch,
             Guard.IMMEDIATE_STOP: self._agreement.immediate_stop if self._agreement else self._immediate_stop,
             Guard.FAULTED: self._is_faulted,
+            Guard.VAL_DUE: work.val_due,
         }
         compiler = HandlerCompiler(work, runner, work.actions(), self._log_exception,
                                    driver_sets_flags=bool(getattr(driver, "sets_step_flags", False)))
@@ -160,7 +161,8 @@ class Engine:
         checks = MoveChecks(lambda: self._model.state, guards, self.facts)
         self.machine = build_machine(self._model, guards, [checks.handler(t, h) for t, h in self._programs.items()])
         run.bind_phase(lambda: _PHASES[self._model.state])
-        self._fast_guard = compile_guard(self._batch_move, guards)
+        never = frozenset({Guard.VAL_DUE}) if run.val_every_n_steps is None else frozenset()
+        self._fast_guard = compile_guard(self._batch_move, guards, never)
         run.callbacks = runner.callbacks
         run.epoch_state = work.epoch_state
         run.dispatch = runner.fire
@@ -192,13 +194,15 @@ class Engine:
         return Facts(stop_requested=self.run.stop is not None,
                      immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
                      epochs_remain=self.run.budget_left(), has_batch=self._work.has_batch(),
-                     faulted=self._faulted)
+                     faulted=self._faulted, val_due=self._work.val_due())
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
-        steps: dict[str, Any] = {} if self.run.max_steps is None else {"max_steps": self.run.max_steps}
+        run = self.run
+        steps: dict[str, Any] = {k: v for k, v in (("max_steps", run.max_steps),
+                                                   ("val_every_n_steps", run.val_every_n_steps)) if v is not None}
         self.run.emit("run_start", max_epochs=self.run.max_epochs, **steps, start_epoch=self.run.epoch,
                       strict=self.strict,
                       callbacks=self.runner.describe(),

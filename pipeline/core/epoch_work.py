@@ -40,6 +40,7 @@ class EpochWork:
         self._following: Any = END
         self._iter: Iterator[Any] = iter(())
         self._batch_index = 0
+        self.validated_at = -1  # the global step of the last validation
         self.epoch: EpochContext | None = None
         self.step: StepContext | None = None
         self.val_step: ValStepContext | None = None
@@ -72,6 +73,8 @@ class EpochWork:
             Action.ZERO_GRAD: d.zero_grad,
             Action.COUNT_BATCH: self._count_batch,
             Action.END_TRAIN: self._end_train,
+            Action.CUT_TRAIN: self._end_train,
+            Action.RESUME_TRAIN: d.resume_train,
             Action.VAL_BATCH: d.val_batch,
             Action.END_VALIDATION: self._end_validation,
             Action.SCHEDULER_STEP: d.step_scheduler,
@@ -84,10 +87,14 @@ class EpochWork:
     def epoch_state(self) -> dict[str, Any]:
         """The epoch in progress: the batches it has done, and the driver's state of it."""
         state: dict[str, Any] = getattr(self.driver, "epoch_state", dict)()
-        return {**state, "batch": self._batch_index}
+        return {**state, "batch": self._batch_index, "validated_at": self.validated_at}
 
     def has_batch(self) -> bool:
         return self.next is not END
+
+    def val_due(self) -> bool:
+        n, step = self.run.val_every_n_steps, self.run.global_step
+        return n is not None and step % n == 0 and step != self.validated_at
 
     def start_clock(self) -> None:
         self._phase_started = time.perf_counter()
@@ -153,8 +160,10 @@ class EpochWork:
         self.runner.take_timings()
         self._epoch_started = time.perf_counter()
         epoch = self.epoch = EpochContext(run, run.epoch)
+        self.validated_at = run.global_step  # the last epoch's end validated there
         if run.resume_at is not None:  # the driver starts it after the batches the checkpoint had done
             epoch.resumed, run.resume_at = run.resume_at, None
+            self.validated_at = int((epoch.resumed.get("epoch_state") or {}).get("validated_at", -1))
         self.step = StepContext(run, epoch)
         lr = self.driver.current_lr()
         if lr is not None:
@@ -181,17 +190,24 @@ class EpochWork:
         epoch.metrics.update(self.driver.end_train(epoch))
 
     def _end_validation(self, epoch: EpochContext) -> None:
-        epoch.metrics.update(self.driver.end_validation(epoch))
+        metrics = self.driver.end_validation(epoch)
+        epoch.metrics.update(metrics)
+        epoch.inside = self.has_batch()
+        run = self.run
+        run.validations += 1
+        self.validated_at = run.global_step
+        if run.val_every_n_steps is not None:  # each validation, mid-epoch or not, for the audit and replay
+            run.emit("validation", validation=run.validations, metrics=metrics)
 
     def _record_epoch(self, epoch: EpochContext) -> None:
         now = self._time_phase("epoch_end")
         record = EpochRecord(epoch.index, dict(epoch.metrics), self.run.slot_values(), now - self._epoch_started)
         self.run.history.append(record)
+        cut: dict[str, Any] = {"cut": True} if self.has_batch() else {}  # a stop after a validation inside cut it
         self.run.emit("epoch", metrics=record.metrics, slots=record.slots, batches=epoch.batches,
                       seconds=record.seconds, phase_seconds=self._phase_seconds,
-                      callback_seconds=self.runner.take_timings())
+                      callback_seconds=self.runner.take_timings(), **cut)
         self.run.epoch += 1
-
 
     def _write_outputs(self, run: RunContext) -> None:
         if self._outputs is not None:

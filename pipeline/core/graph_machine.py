@@ -59,11 +59,26 @@ class _DotLabels:
         text: str = super()._transition_label(tran)  # type: ignore[misc]
         head = tran.get("label", tran["trigger"])
         guards = text[len(head):].strip()  # transitions appends " [internal]" and " [a & !b]" to the label
-        lines = [head, *([f"  {guards}"] if guards else []), *_notes(self.machine, tran)]
+        lines = [head, *(f"  {g}" for g in _guard_lines(guards)), *_notes(self.machine, tran)]
         return DOT_NEWLINE.join(lines) + DOT_NEWLINE
 
     def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
         super()._add_edges(transitions, _OneLinePerTransition(container))  # type: ignore[misc]
+
+
+def _guard_lines(guards: str, width: int = 32) -> list[str]:
+    """``[internal] [a & !b & !c]`` as short lines: each bracket, broken after an ``&`` past ``width``."""
+    lines: list[str] = []
+    for group in filter(None, guards.replace("] [", "]\n[").split("\n")):
+        line = ""
+        for part in group.split(" & "):
+            if line and len(line) + len(part) > width:
+                lines.append(line + " &")
+                line = "  " + part
+            else:
+                line = f"{line} & {part}" if line else part
+        lines.append(line)
+    return lines
 
 
 class _OneLinePerTransition:

@@ -16,12 +16,18 @@ from fsmtrain.core.runner import CallbackRunner
 __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
 
 
-def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]]) -> Callable[[], bool]:
-    """One callable for transition ``t``'s guards; the common one-and-one shape avoids generator cost."""
-    conditions, unless = tuple(guards[g] for g in t.conditions), tuple(guards[g] for g in t.unless)
+def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]],
+                  never: frozenset[Guard] = frozenset()) -> Callable[[], bool]:
+    """One callable for transition ``t``'s guards; ``never``: guards false for the whole run (left out
+    of ``unless``). The common one-and-one(-and-one) shapes avoid generator cost."""
+    conditions = tuple(guards[g] for g in t.conditions)
+    unless = tuple(guards[g] for g in t.unless if g not in never)
     if len(conditions) == 1 and len(unless) == 1:
         (c,), (u,) = conditions, unless
         return lambda: c() and not u()
+    if len(conditions) == 1 and len(unless) == 2:
+        (c,), (u, v) = conditions, unless
+        return lambda: c() and not u() and not v()
     return lambda: all(g() for g in conditions) and not any(g() for g in unless)
 
 

@@ -34,6 +34,7 @@ class Guard(str, Enum):
     HAS_BATCH = "has_batch"  # the train loader has another batch
     IMMEDIATE_STOP = "immediate_stop"  # a stop was requested with immediate=True
     FAULTED = "faulted"  # an exception or interrupt is being handled
+    VAL_DUE = "val_due"  # val_every_n_steps divides the global step, not yet validated at it
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Facts:
     epochs_remain: bool  # and steps, under max_steps
     has_batch: bool
     faulted: bool
+    val_due: bool = False
 
     def holds(self, guard: Guard) -> bool:
         return GUARD_RULES[guard](self)
@@ -55,6 +57,7 @@ GUARD_RULES: Mapping[Guard, Callable[[Facts], bool]] = {
     Guard.HAS_BATCH: lambda f: f.has_batch,
     Guard.IMMEDIATE_STOP: lambda f: f.immediate_stop,
     Guard.FAULTED: lambda f: f.faulted,
+    Guard.VAL_DUE: lambda f: f.val_due,
 }
 
 
@@ -80,15 +83,21 @@ G = Guard
 ABORT = "abort"
 BATCH = "batch"
 
+VAL_CHECK = "val_check"  # a validation inside an epoch (val_every_n_steps)
+
 TRANSITIONS: tuple[Transition, ...] = (
     Transition("begin", P.CREATED, P.TRAIN_BEGIN),
     Transition("start_epoch", P.TRAIN_BEGIN, P.EPOCH_BEGIN, conditions=(G.CAN_CONTINUE,)),
     Transition("finish", P.TRAIN_BEGIN, P.TRAIN_END, unless=(G.CAN_CONTINUE,)),
-    Transition(BATCH, P.EPOCH_BEGIN, P.TRAIN_STEP, (G.HAS_BATCH,), (G.IMMEDIATE_STOP,)),
-    Transition(BATCH, P.TRAIN_STEP, P.TRAIN_STEP, (G.HAS_BATCH,), (G.IMMEDIATE_STOP,), internal=True),
+    Transition(BATCH, P.EPOCH_BEGIN, P.TRAIN_STEP, (G.HAS_BATCH,), (G.IMMEDIATE_STOP, G.VAL_DUE)),
+    Transition(BATCH, P.TRAIN_STEP, P.TRAIN_STEP, (G.HAS_BATCH,), (G.IMMEDIATE_STOP, G.VAL_DUE), internal=True),
     Transition("validate", P.TRAIN_STEP, P.VAL, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP)),
     Transition("validate", P.EPOCH_BEGIN, P.VAL, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP)),
-    Transition("end_epoch", P.VAL, P.EPOCH_END, unless=(G.IMMEDIATE_STOP,)),
+    Transition(VAL_CHECK, P.TRAIN_STEP, P.VAL, (G.HAS_BATCH, G.VAL_DUE), (G.IMMEDIATE_STOP,)),
+    Transition(VAL_CHECK, P.EPOCH_BEGIN, P.VAL, (G.HAS_BATCH, G.VAL_DUE), (G.IMMEDIATE_STOP,)),  # a resume at it
+    Transition("end_epoch", P.VAL, P.EPOCH_END, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP)),
+    Transition("resume_train", P.VAL, P.TRAIN_STEP, (G.HAS_BATCH, G.CAN_CONTINUE), (G.IMMEDIATE_STOP,)),
+    Transition("cut_epoch", P.VAL, P.EPOCH_END, (G.HAS_BATCH,), (G.CAN_CONTINUE, G.IMMEDIATE_STOP)),
     Transition("next_epoch", P.EPOCH_END, P.EPOCH_BEGIN, conditions=(G.CAN_CONTINUE,)),
     Transition("finish", P.EPOCH_END, P.TRAIN_END, unless=(G.CAN_CONTINUE,)),
     Transition("stop_now", P.EPOCH_BEGIN, P.TRAIN_END, conditions=(G.IMMEDIATE_STOP,)),
@@ -122,6 +131,8 @@ class Action(str, Enum):
     ZERO_GRAD = "zero_grad"
     COUNT_BATCH = "count_batch"  # batch index and global step move on
     END_TRAIN = "end_train"  # the epoch's training metrics, read from the device once
+    CUT_TRAIN = "cut_train"  # the same, for an epoch a stop cuts after a validation inside it
+    RESUME_TRAIN = "resume_train"  # back to training after a validation inside the epoch (train mode)
     VAL_BATCH = "val_batch"
     END_VALIDATION = "end_validation"  # validation metrics, read once
     SCHEDULER_STEP = "scheduler_step"
@@ -183,13 +194,15 @@ PROGRAM: tuple[Step, ...] = (
     _batch(A.ZERO_GRAD, _ZERO),
     _batch("on_train_step_end"),
     _batch(A.COUNT_BATCH),
-    _do(A.END_TRAIN, P.VAL, _E),
+    Step(A.END_TRAIN.value, P.VAL, _E, trigger="validate", action=A.END_TRAIN),  # not after a val_check
     Step("on_val_begin", P.VAL, _E),
     Step("on_val_batch_begin", P.VAL, _V, per_batch=True),
     Step(A.VAL_BATCH.value, P.VAL, _V, per_batch=True, action=A.VAL_BATCH),
     Step("on_val_batch_end", P.VAL, _V, per_batch=True),
     _do(A.END_VALIDATION, P.VAL, _E),
     Step("on_val_end", P.VAL, _E),
+    Step(A.RESUME_TRAIN.value, P.TRAIN_STEP, _E, trigger="resume_train", action=A.RESUME_TRAIN),
+    Step(A.CUT_TRAIN.value, P.EPOCH_END, _E, trigger="cut_epoch", action=A.CUT_TRAIN),
     Step("on_before_scheduler_step", P.EPOCH_END, _E),
     _do(A.SCHEDULER_STEP, P.EPOCH_END, _E),
     Step("on_epoch_end", P.EPOCH_END, _E),
@@ -265,10 +278,10 @@ class LifecycleError(RuntimeError):
 
 
 def _consistent_facts() -> Iterator[Facts]:
-    for stop, immediate, remain, batch in itertools.product((False, True), repeat=4):
+    for stop, immediate, remain, batch, due in itertools.product((False, True), repeat=5):
         if immediate and not stop:
             continue  # an immediate stop is a stop
-        yield Facts(stop, immediate, remain, batch, faulted=False)
+        yield Facts(stop, immediate, remain, batch, faulted=False, val_due=due)
 
 
 def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tuple[Step, ...] = PROGRAM) -> None:

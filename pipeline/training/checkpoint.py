@@ -310,6 +310,8 @@ class CheckpointManager(CheckpointFolder):
             "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
             "extra": {},
         }
+        if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
+            state["position"]["validations"] = run.validations
         if at is not None:
             grads = [p.grad for p in model.parameters()] if model is not None else []
             state.update(step=at[0], history=files.history_text(run.history, epoch, None),
@@ -328,10 +330,13 @@ class CheckpointManager(CheckpointFolder):
             return None
         return self._stage(run, epoch, metrics, kinds, final, log, None)
 
-    def save_step(self, run: RunContext, step: int, batch: int, log: CheckpointLog) -> WritePlan | None:
+    def save_step(self, run: RunContext, step: int, batch: int, log: CheckpointLog,
+                  best: bool = False) -> WritePlan | None:
         """A checkpoint inside epoch ``run.epoch``, after global step ``step`` (its ``batch``-th batch):
-        ``step_<step>.pt``, and ``latest`` (a resume continues from the batch after it)."""
-        return self._stage(run, run.epoch, {}, ["step", "latest"], False, log, (step, batch))
+        ``step_<step>.pt``, and ``latest`` (a resume continues from the batch after it); ``best`` too
+        after a validation inside the epoch that improved on the best."""
+        return self._stage(run, run.epoch, {}, ["step", "latest", *(["best"] if best else [])], False, log,
+                           (step, batch))
 
     def _stage(self, run: RunContext, epoch: int, metrics: Mapping[str, float], kinds: list[str], final: bool,
                log: CheckpointLog, at: tuple[int, int] | None) -> WritePlan | None:

@@ -239,6 +239,9 @@ class TorchDriver:
             return {}
         return {"train_loss": float((total / seen).item())}
 
+    def resume_train(self, epoch: EpochContext) -> None:
+        self.train_model.train()
+
     def val_batches(self, epoch: EpochContext) -> Iterator[Any]:
         if self.val_loader is None:
             return iter(())

@@ -176,6 +176,7 @@ class Resumption:
         run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
                        for h in read_history(self.state.get("history"))]
         run.extras["resumed_from"] = self.shown
+        run.validations = int(position.get("validations", len(run.history)))  # older files: one an epoch
 
     def restore(self, run: RunContext) -> None:
         """In ``train_begin``: damaged files moved aside (each state announced), every piece of
@@ -248,8 +249,13 @@ class Resumption:
 
 
 def _inside_epoch(run: RunContext) -> dict[str, Any]:
-    """A resume from a checkpoint at a step: the batch of its epoch it goes on from."""
-    return {} if run.resume_at is None else {"batch": run.resume_at["batch"]}
+    """A resume from a checkpoint at a step: the batch of its epoch it goes on from (with
+    val_every_n_steps: the validations done, and the step of the last)."""
+    out: dict[str, Any] = {} if run.resume_at is None else {"batch": run.resume_at["batch"]}
+    if run.val_every_n_steps is not None:
+        done = (run.resume_at or {}).get("epoch_state") or {}
+        out.update(validations=run.validations, validated_at=int(done.get("validated_at", run.global_step)))
+    return out
 
 
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:

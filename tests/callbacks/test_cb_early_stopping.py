@@ -71,7 +71,7 @@ def test_state_dict_round_trip(scripted):
     cb = EarlyStoppingCallback(patience=3)
     scripted([cb], [1.0] * 4, [1.0, 0.5, 0.6, 0.7])
     state = cb.state_dict()
-    assert state == {"best": 0.5, "best_epoch": 1, "wait": 2}
+    assert state == {"best": 0.5, "best_epoch": 1, "best_at": {"validation": 2, "epoch": 2, "step": 2}, "wait": 2}
     fresh = EarlyStoppingCallback(patience=3)
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state

@@ -238,6 +238,7 @@ class RunConfig(_Section):
     val_step: str | None = None  # the same for validation; default: step
     epochs: int | None = Field(default=None, gt=0)  # None: only max_steps ends the run
     max_steps: int | None = Field(default=None, gt=0)  # the run ends at this global step (or its epochs' end)
+    val_every_n_steps: int | None = Field(default=None, gt=0)  # validation also after every N-th global step
     batch_size: int = Field(gt=0)
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

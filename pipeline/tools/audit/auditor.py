@@ -28,7 +28,7 @@ from fsmtrain.tools.audit.ending import (
     ending_segment,
 )
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
+from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks, val_due
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     AuditReadError,
@@ -98,6 +98,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         self._handlers: dict[str, Callable[[int, Mapping[str, Any], Segment], None]] = {
             "epoch": self._epoch, "stop_request": self._stop_request, "exception": self._exception,
             "warning": self._warning, "restart": self._restart, "trial_report": self._trial_report,
+            "validation": self._validation,
             "resume": self._resume, "result": self._result, "checkpoint": self.ckpts.commit,
             "checkpoint_removed": self.ckpts.remove, "checkpoint_skipped": self.ckpts.skipped,
             "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
@@ -123,7 +124,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         seg, seq, ts, epoch, step = self.seg, int(fields[0]), float(fields[1]), int(fields[8]), int(fields[9])
         if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
                 or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
-                or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate)
+                or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate) or val_due(seg, step)
                 or fields[2].decode() != seg.run_id
                 or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
             return False

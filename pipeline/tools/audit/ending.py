@@ -75,6 +75,10 @@ class Segment:
     end_said: tuple[Any, Any] = (None, None)  # train_end's (source, message)
     end_global_step: Any = None
     max_steps: int | None = None
+    val_every: int | None = None  # val_every_n_steps: validations inside epochs
+    validations: int = 0  # the validation lines so far
+    validated_at: int = -1  # the global step of the last validation
+    val_open: bool = False  # in a validation whose line is not logged yet
     resumed_batch: int = 0  # a resume inside its first epoch: the batches of it done before
     result_seen: bool = False
     result_line: int | None = None

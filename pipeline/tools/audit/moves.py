@@ -30,7 +30,7 @@ from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "EpochChecks", "MoveChecks"]
+__all__ = ["PER_BATCH", "EpochChecks", "MoveChecks", "val_due"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -96,11 +96,17 @@ def _is_nonfinite(value: Any) -> bool:
     return x is not None and not math.isfinite(x)
 
 
+def val_due(seg: Segment, step: int) -> bool:
+    """The table's ``val_due`` at ``step``: val_every_n_steps divides it, and no validation was logged at it."""
+    n = seg.val_every
+    return n is not None and step % n == 0 and step != seg.validated_at
+
+
 @functools.cache
-def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: bool, faulted: bool) -> bool:
+def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: bool, faulted: bool, due: bool) -> bool:
     """Whether the table allows the move ``key`` given the facts; ``has_batch`` is not in the log: either will do."""
     move = _MOVES[key]
-    for facts in (Facts(stop, immediate, remain, has_batch, faulted) for has_batch in (False, True)):
+    for facts in (Facts(stop, immediate, remain, has_batch, faulted, due) for has_batch in (False, True)):
         if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
             return True  # abort is not an ordinary move: it needs its own guard only
     return False
@@ -120,6 +126,7 @@ class MoveChecks(EndingChecks):
         if (key == PER_BATCH and seg.phase == _STEP and rec["epoch"] == seg.next_epoch and rec["phase"] == _STEP
                 and (seg.stop is None or not seg.stop.immediate)):
             # The common line of a debug log: one per batch. Its guard holds unless an immediate stop.
+            self._missed(n, step, seg, inclusive=True)
             self.batch_moves += 1
             seg.batch_lines += 1
             if step != seg.step_prev + 1:
@@ -142,8 +149,11 @@ class MoveChecks(EndingChecks):
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
         elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
                           seg.next_epoch < seg.max_epochs and (seg.max_steps is None or type(step) is not int
-                                                               or step < seg.max_steps), seg.faulted):
+                                                               or step < seg.max_steps), seg.faulted,
+                          type(step) is int and val_due(seg, step)):
             self.bad("guard", self._guard_message(move, seg), n)
+        if seg.val_every is not None and type(step) is int:
+            self._validations(n, src, dst, trig, step, seg)
         epoch = rec["epoch"]
         if epoch != seg.next_epoch:
             self.bad("epoch", f"transition in epoch {shown_epoch(epoch)}, but the run is in epoch "
@@ -153,6 +163,8 @@ class MoveChecks(EndingChecks):
         seg.phase = dst
         if type(step) is int:
             if dst == _EPOCH_BEGIN:
+                if not (seg.resumed_batch and rec["epoch"] == seg.start_epoch):  # a resume inside keeps its own
+                    seg.validated_at = step  # the last epoch's end validated there
                 seg.epoch_starts += 1
                 seg.step_begin = seg.step_prev = step
                 seg.step_val = None
@@ -165,6 +177,37 @@ class MoveChecks(EndingChecks):
                 seg.step_val = step
         if dst == _FINAL and src != dst:
             self._train_end(n, rec, seg)
+
+    def _validations(self, n: int, src: str, dst: str, trig: str, step: int, seg: Segment) -> None:
+        """With val_every_n_steps: a validation at every due step, each with its line."""
+        if src == _VAL and seg.val_open and trig != ABORT and dst != _FINAL:
+            self.bad("validation", f"validation {seg.validations + 1} (epoch {epoch_number(seg.next_epoch)}, step "
+                     f"{step}) has no validation line", n)
+        seg.val_open = dst == _VAL and src != dst
+        if dst in (_VAL, _FINAL) and src != dst:
+            self._missed(n, step, seg, inclusive=False)
+
+    def _missed(self, n: int, step: int, seg: Segment, *, inclusive: bool) -> None:
+        """A step val_every_n_steps made due (before ``step``, or at it) that has no validation."""
+        every = seg.val_every
+        if every is None or type(step) is not int:
+            return
+        due = (max(seg.validated_at, 0) // every + 1) * every
+        if due < step or (inclusive and due == step):
+            self.bad("validation", f"no validation at global_step {due} (val_every_n_steps={every}; the last was at "
+                     f"step {seg.validated_at}): a mid-epoch validation missing", n)
+            seg.validated_at = due  # said once
+
+    def _validation(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        count, step = rec["payload"].get("validation"), rec["global_step"]
+        if seg.val_every is None or not seg.val_open or type(count) is not int or count != seg.validations + 1:
+            self.bad("validation", f"validation line {count!r} at global_step {step}, expected "
+                     + (f"validation {seg.validations + 1} once, inside a validation" if seg.val_every is not None
+                        else "none: run_start sets no val_every_n_steps"), n)
+        seg.val_open = False
+        seg.validations = count if type(count) is int else seg.validations + 1
+        if type(step) is int:
+            seg.validated_at = step
 
     def _guard_message(self, move: Transition, seg: Segment) -> str:
         stop = seg.stop

@@ -53,6 +53,7 @@ class SegmentChecks(EndingChecks):
         seg.launch = launch if isinstance(launch, str) else None
         seg.next_epoch = start_epoch
         seg.max_steps = payload["max_steps"] if type(payload.get("max_steps")) is int else None
+        seg.val_every = payload["val_every_n_steps"] if type(payload.get("val_every_n_steps")) is int else None
         seg.last_line = n
         step = rec.get("global_step")
         seg.global_step = step if type(step) is int else 0
@@ -112,6 +113,9 @@ class SegmentChecks(EndingChecks):
         if rec["event"] == "resume":
             seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
             seg.resumed_batch = payload["batch"] if type(payload.get("batch")) is int else 0
+            for key in ("validations", "validated_at"):
+                if type(payload.get(key)) is int:
+                    setattr(seg, key, payload[key])
         self._resumed_commit(n, payload, seg)
         torn = payload.get("torn_line_bytes")
         self.report_previous_end(seg, (torn, n) if type(torn) is int else None)

@@ -61,6 +61,7 @@ class RecordedEpoch:
     batches: int = 1
     batch_events: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     partial: bool = False
+    cut: bool = False  # a stop after a validation inside it ended it with batches left
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Recording:
     result: Mapping[str, Any] | None
     interrupt: Interruption | None = None
     segments: int = 1
+    validations: dict[int, dict[str, float]] = field(default_factory=dict)  # by global step (val_every_n_steps)
 
     @property
     def max_epochs(self) -> int:
@@ -138,6 +140,11 @@ class Recording:
     def max_steps(self) -> int | None:
         steps = self.run_start.get("max_steps")
         return steps if type(steps) is int else None
+
+    @property
+    def val_every_n_steps(self) -> int | None:
+        every = self.run_start.get("val_every_n_steps")
+        return every if type(every) is int else None
 
     @property
     def config(self) -> Mapping[str, Any] | None:
@@ -214,7 +221,8 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             batch_events = {i: tuple(step_events.pop(first + i + 1, ())) for i in range(batches)}
             slots = {str(k): _number_or_value(v) for k, v in (payload.get("slots") or {}).items()}
             epochs.append(RecordedEpoch(len(epochs), metrics, slots, batches,
-                                        {i: ev for i, ev in batch_events.items() if ev}))
+                                        {i: ev for i, ev in batch_events.items() if ev},
+                                        cut=payload.get("cut") is True))
             step_at_epoch_start = int(e.get("global_step") or first + batches)
             step_events.clear()
         elif kind == "trial_report":
@@ -237,11 +245,14 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     run_start = dict(start.get("payload") or {})
     last_start = last_segment[0].get("payload") or {}
     run_start.pop("max_steps", None)  # a resume may extend the run: its own budget counts
-    for key in ("max_epochs", "max_steps", "config"):
+    for key in ("max_epochs", "max_steps", "val_every_n_steps", "config"):
         if key in last_start:
             run_start[key] = last_start[key]
+    # every segment's, a resumed epoch's first part too (the stitched log leaves it out)
+    validations = {int(e["global_step"]): {str(k): as_float(v) for k, v in (e["payload"].get("metrics") or {}).items()}
+                   for e in original if e.get("event") == "validation" and isinstance(e.get("global_step"), int)}
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, _interruption(last_segment), segments)
+                     result, _interruption(last_segment), segments, validations)
 
 
 def split_source(source: str) -> tuple[str, int | None]:

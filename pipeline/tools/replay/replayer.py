@@ -43,10 +43,11 @@ _VAL_METRICS = ("val_loss",)
 class RecordingExhausted(Exception):
     """The replay asked for an epoch the recording does not contain."""
 
-    def __init__(self, epoch: int, recorded: int) -> None:
-        super().__init__(f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
+    def __init__(self, epoch: int, recorded: int, why: str | None = None) -> None:
+        super().__init__(why or f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
         self.epoch = epoch
         self.recorded = recorded
+        self.why = why  # what else the replay needed and the recording lacks
 
 
 class ReplayDriver(BaseDriver):
@@ -56,9 +57,12 @@ class ReplayDriver(BaseDriver):
     of the replay computes them (their writers need a live model, or are absent)."""
 
     def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]],
-                 interrupt: Interruption | None = None, ranks: RecordedRanks | None = None) -> None:
+                 interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
+                 validations: Mapping[int, Mapping[str, float]] | None = None) -> None:
         self.run = run
         self.epochs = list(epochs)
+        self.validations = dict(validations or {})  # inside epochs, by global step
+        self._epoch_end = 0  # the global step at which the epoch in progress ends
         self.fed_slots = dict(fed_slots)
         self.interrupt = interrupt
         self.ranks = ranks
@@ -79,14 +83,21 @@ class ReplayDriver(BaseDriver):
             raise RuntimeError(symptom.partition(": ")[2] or symptom)
 
     def forward(self, step: StepContext) -> None:
+        rec = self.epochs[step.epoch.index]
+        if rec.cut and step.batch_index >= rec.batches:  # a what-if trains on past where the run cut the epoch
+            raise RecordingExhausted(step.epoch.index, self._complete(), f"the recorded run stopped epoch "
+                                     f"{step.epoch.number} after its batch {rec.batches}; what followed is unknown")
         self._broken_in(Phase.TRAIN_STEP, step.epoch.index)
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
+
+    def _complete(self) -> int:
+        return sum(1 for e in self.epochs if not e.partial)
 
     def _recorded(self, index: int, *, need: tuple[str, ...] = ()) -> RecordedEpoch:
         """Epoch ``index``; ``need``: metrics it must hold if the recorded run cut it short."""
         rec = self.epochs[index] if index < len(self.epochs) else None
         if rec is None or (need and rec.partial and not any(k in rec.metrics for k in need)):
-            raise RecordingExhausted(index, sum(1 for e in self.epochs if not e.partial))
+            raise RecordingExhausted(index, self._complete())
         return rec
 
     def current_lr(self) -> float | None:
@@ -98,7 +109,9 @@ class ReplayDriver(BaseDriver):
         rec = self._recorded(epoch.index)
         # A batch cut short by another rank's failure is no recorded batch; the replay goes into it again.
         cut = self.ranks is not None and self.ranks.breaks_in(Phase.TRAIN_STEP, epoch.index)
-        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut))
+        self._epoch_end = self.run.global_step + rec.batches
+        more = rec.cut  # the epoch had batches left where a stop cut it: so has the replay's
+        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut + more))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
@@ -107,6 +120,13 @@ class ReplayDriver(BaseDriver):
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._broken_in(Phase.VAL, epoch.index)
         self._signal_in(Phase.VAL, epoch.index)
+        step, steps = self.run.global_step, self.run.max_steps
+        if step < self._epoch_end and (steps is None or step < steps):  # a validation inside the epoch
+            if step not in self.validations:
+                raise RecordingExhausted(epoch.index, self._complete(), f"the recording has no validation at global "
+                                         f"step {step} (epoch {epoch.number}); a what-if on val_every_n_steps can "
+                                         "validate only where the run did")
+            return dict(self.validations[step])
         rec = self._recorded(epoch.index, need=_VAL_METRICS)
         return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
 
@@ -159,7 +179,8 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
-             max_steps: int | None = None, run_id: str, level: str, extras: Mapping[str, Any], strict: bool | None,
+             max_steps: int | None = None, val_every_n_steps: int | None = None, run_id: str, level: str,
+             extras: Mapping[str, Any], strict: bool | None,
              interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
              recorded: Recording | None = None, overrides: Sequence[str] = (),
              trial: RecordedTrial | None = None) -> ReplayResult:
@@ -180,12 +201,14 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
                 declared = [s for cb in dry for s in cb.writes if s.name == name]
                 fed[name] = declared[0] if declared else Slot(name)
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
-                     max_steps=max_steps)
+                     max_steps=max_steps, val_every_n_steps=val_every_n_steps)
     run.extras.update(extras)
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks), runner, run, strict=strict, collective=ranks)
+    validations = recorded.validations if recorded is not None else None
+    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks, validations), runner, run, strict=strict,
+                    collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
     collecting = gc.isenabled()
@@ -213,7 +236,7 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     replay = ReplayResult(trace, stop_reason, stop_epoch, list(run.history), res,
                           exhausted.recorded if exhausted is not None else None,
                           dry_events=[e for e, o in owned if o is not None and id(o) in dry_ids],
-                          overrides=tuple(overrides), error=error,
+                          overrides=tuple(overrides), error=error, unknown_why=exhausted.why if exhausted else None,
                           unknown_prune_steps=tuple(trial.unknown_steps) if trial else ())
     if recorded is not None:
         replay.recorded_epochs = recorded.complete_epochs
@@ -240,7 +263,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if rec.trial_reports:
         numbers = {r.trial for r in rec.trial_reports.values() if r.trial is not None}
         trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else None)
-    max_epochs, max_steps = rec.max_epochs, rec.max_steps
+    max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
     if callbacks is None or overrides:
         cfg_data = rec.config
         if cfg_data is None:
@@ -265,7 +288,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
-        max_epochs, max_steps = cfg.max_epochs, cfg.max_steps
+        max_epochs, max_steps, every = cfg.max_epochs, cfg.max_steps, cfg.val_every_n_steps
     extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
     if trial is not None:
         extras["trial"] = trial
@@ -274,7 +297,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
-    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, run_id=rec.run_id,
+    return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, val_every_n_steps=every,
+                    run_id=rec.run_id,
                     level=rec.level, extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
                     overrides=overrides, trial=trial)
 

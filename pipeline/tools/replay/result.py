@@ -28,7 +28,8 @@ _IGNORED_PAYLOAD: Mapping[str, tuple[str, ...]] = {
     "exception": ("traceback", "symptom"),  # where and how a collective broke is the machine's, not the run's
 }
 # Events the engine and the run context write themselves; other kinds come from callbacks.
-_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "warning", "exception", "result"})
+_CORE_EVENTS = frozenset({"run_start", "transition", "stop_request", "epoch", "validation", "warning", "exception",
+                          "result"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class ReplayResult:
     overrides: tuple[str, ...] = ()
     unknown_prune_steps: tuple[int, ...] = ()
     error: Exception | None = None  # what a replayed callback raised (the run then ends with ERROR)
+    unknown_why: str | None = None  # what the replay needed besides more epochs, when the recording lacked it
 
     @property
     def slots(self) -> list[dict[str, Any]]:
@@ -103,7 +105,8 @@ class ReplayResult:
         prefix = f"with {setting} this run" if setting else "this run"
         if self.stop_reason is None:
             return (f"{prefix} would not have stopped within the {self.exhausted_after} recorded epochs; "
-                    f"its stop reason is unknown beyond epoch {self.exhausted_after}, where the recording ends")
+                    f"its stop reason is unknown beyond epoch {self.exhausted_after}, where the recording ends"
+                    + (f" ({self.unknown_why})" if self.unknown_why else ""))
         assert self.stop_epoch is not None
         sentence = f"{prefix} would have stopped at epoch {self.stop_epoch} with {self.stop_reason.name}"
         if self.recorded_epochs is not None:
