@@ -33,6 +33,11 @@ class LRSchedulerCallback(TrainingCallback):
         if self.plateau and interval == "step":
             raise ValueError("ReduceLROnPlateau needs a monitored value per epoch; use interval='epoch'")
 
+    def overridden_hooks(self) -> tuple[str, ...]:
+        """Per epoch, it needs no optimizer step hook (so a manual step, which leaves those out, takes it)."""
+        hooks = super().overridden_hooks()
+        return hooks if self.interval == "step" else tuple(h for h in hooks if h != "on_after_optimizer_step")
+
     def on_after_optimizer_step(self, step: StepContext) -> None:
         if self.interval == "step" and not step.run.dry_run:
             self.scheduler.step()
