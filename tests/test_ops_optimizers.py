@@ -172,7 +172,7 @@ def test_predict_on_inputs_alone_gives_one_row_per_example_in_order_and_evaluate
                  DataLoader([{"inputs": r} for r in x], batch_size=6)):
         got = trainer.predict(data)
         assert got.shape == (23, 3) and torch.allclose(got, want), type(data.dataset)
-    with pytest.raises(InferenceError, match="holds inputs alone .*evaluate compares outputs with targets"):
+    with pytest.raises(InferenceError, match=r"holds inputs alone .*evaluate compares outputs with targets"):
         run_over(trainer.driver, trainer.run, None, DataLoader(x, batch_size=7), keep=False)
     trainer.close()
 
