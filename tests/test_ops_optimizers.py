@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 import yaml
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fsmtrain import NamedOptimizers, Trainer, TrainingCallback, manual_step
 from fsmtrain.callbacks import GradientClippingCallback, GradientMonitorCallback
@@ -91,7 +91,7 @@ def two_step(model: TwoPart, batch: Any, optimizers: Mapping[str, torch.optim.Op
     loss = nn.functional.mse_loss(model(x), y)
     for name in ("body", "head"):
         optimizers[name].zero_grad()
-    loss.backward()  # type: ignore[no-untyped-call]
+    loss.backward()
     optimizers["head"].step()
     optimizers["body"].step()
     return loss.detach()
@@ -168,12 +168,13 @@ def test_predict_on_inputs_alone_gives_one_row_per_example_in_order_and_evaluate
     x = torch.randn(23, 4)
     with torch.no_grad():
         want = model(x)
-    for data in (DataLoader(x, batch_size=7), DataLoader(TensorDataset(x), batch_size=5),
-                 DataLoader([{"inputs": r} for r in x], batch_size=6)):
+    rows, keyed = cast("Dataset[Any]", x), cast("Dataset[Any]", [{"inputs": r} for r in x])
+    for data in (DataLoader(rows, batch_size=7), DataLoader(TensorDataset(x), batch_size=5),
+                 DataLoader(keyed, batch_size=6)):
         got = trainer.predict(data)
         assert got.shape == (23, 3) and torch.allclose(got, want), type(data.dataset)
     with pytest.raises(InferenceError, match=r"holds inputs alone .*evaluate compares outputs with targets"):
-        run_over(trainer.driver, trainer.run, None, DataLoader(x, batch_size=7), keep=False)
+        run_over(trainer.driver, trainer.run, None, DataLoader(rows, batch_size=7), keep=False)
     trainer.close()
 
 
