@@ -15,8 +15,8 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fsmtrain import NamedOptimizers, Trainer, TrainingCallback, manual_step
-from fsmtrain.callbacks import GradientClippingCallback, GradientMonitorCallback
+from fsmtrain import NamedOptimizers, NamedSchedulers, Trainer, TrainingCallback, manual_step
+from fsmtrain.callbacks import GradientClippingCallback, GradientMonitorCallback, LRSchedulerCallback
 from fsmtrain.cli import main
 from fsmtrain.core.context import StepContext
 from fsmtrain.training.inference import InferenceError, run_over
@@ -123,6 +123,23 @@ def test_callbacks_that_need_the_engines_step_are_refused_by_name_with_a_manual_
                 callbacks=[GradientMonitorCallback(), GradientClippingCallback(max_norm=1.0)])
     with pytest.raises(ValueError, match="share a parameter"):
         NamedOptimizers({"a": torch.optim.SGD(model.parameters()), "b": torch.optim.SGD(model.head.parameters())})
+
+
+def test_lr_scheduler_callback_steps_named_schedulers_and_a_manual_step_takes_it_per_epoch() -> None:
+    torch.manual_seed(0)
+    model = TwoPart()
+    body, head = torch.optim.SGD(model.body.parameters(), lr=0.1), torch.optim.SGD(model.head.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(head, patience=0, factor=0.5, threshold=10.0)
+    named = NamedSchedulers({"body": torch.optim.lr_scheduler.StepLR(body, 1, 0.1), "head": plateau})
+    trainer = Trainer(model, {"body": body, "head": head}, None, _data(), _data(16), max_epochs=3, step=two_step,
+                      val_step=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), default_callbacks=False,
+                      callbacks=[LRSchedulerCallback(named)])  # per epoch: no optimizer-step hook needed
+    trainer.fit()
+    assert body.param_groups[0]["lr"] == pytest.approx(1e-4)  # StepLR, three epochs
+    assert head.param_groups[0]["lr"] < 0.1  # the plateau got val_loss (no improvement by 10x: halved)
+    with pytest.raises(ValueError, match=r"LRSchedulerCallback \(on_after_optimizer_step\)"):
+        Trainer(model, {"body": body, "head": head}, None, _data(), max_epochs=1, step=two_step,
+                default_callbacks=False, callbacks=[LRSchedulerCallback(named["body"], interval="step")])
 
 
 def _validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], **changes: Any) -> tuple[int, str]:

@@ -118,7 +118,8 @@ class Trainer:
         needing = skipped_hooks(step, callbacks)
         if needing:
             raise ValueError(f"the manual step {step_name(step)} runs its own backward and optimizer steps, so the "
-                             f"hooks around them never fire; callbacks that need them: {'; '.join(needing)}")
+                             f"hooks around them never fire; callbacks that need them: {'; '.join(needing)} (leave "
+                             "them out; default_callbacks=False leaves out the built-in gradient monitor)")
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
             # Everything that can fail without the run directory is built before it is claimed.
