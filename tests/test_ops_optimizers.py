@@ -114,6 +114,23 @@ def test_a_manual_step_steps_its_optimizers_and_the_engine_does_not() -> None:
     assert result.history[-1].metrics["train_loss"] < result.history[0].metrics["train_loss"]
 
 
+def test_a_manual_step_with_one_optimizer_gets_it_by_the_name_optimizer() -> None:
+    got: list[Any] = []
+
+    @manual_step
+    def step(model: nn.Module, batch: Any, optimizers: Mapping[str, torch.optim.Optimizer]) -> torch.Tensor:
+        got.append(dict(optimizers))
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        optimizers["optimizer"].step()
+        return loss.detach()
+
+    model = TwoPart()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    Trainer(model, opt, None, _data(16), max_epochs=1, step=step, default_callbacks=False).fit()
+    assert got == [{"optimizer": opt}] * 2
+
+
 def test_callbacks_that_need_the_engines_step_are_refused_by_name_with_a_manual_step() -> None:
     model = TwoPart()
     opts = {"body": torch.optim.SGD(model.body.parameters()), "head": torch.optim.SGD(model.head.parameters())}

@@ -120,8 +120,8 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
     manual = is_manual(step)  # it runs its own backward and optimizer steps, on the optimizers by name
     if step is not None:  # the user's step is the forward and the loss
         with _innermost_module(model, stack):
-            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs, *[parts.optimizer][:manual]),
-                            in_module)
+            extra = [optimizers_of(parts.optimizer)] if manual else []
+            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs, *extra), in_module)
         loss, output = _stage(f"step {step_name(step)}", lambda: step_result(result, step_name(step)))
         targets = output.get("target")
     else:

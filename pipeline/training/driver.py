@@ -20,7 +20,7 @@ from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, Ste
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.data_position import batches_from
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
-from fsmtrain.training.optimizers import NamedSchedulers, is_manual
+from fsmtrain.training.optimizers import NamedSchedulers, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.step import StepFn, step_name, to_device, user_step
 
@@ -123,7 +123,7 @@ class TorchDriver:
             self.sets_step_flags, self.forward = True, self._manual_forward  # type: ignore[method-assign]
         if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
             self._train_run = user_step(step, device, self.precision, False,  # type: ignore[method-assign,assignment]
-                                        optimizer if manual else None)
+                                        optimizers_of(optimizer) if manual else None)
         val_step = step if val_step is None else val_step
         if val_step is not None:
             self._val_run = user_step(val_step, device, self.precision, bool(metrics))  # type: ignore[method-assign,assignment]

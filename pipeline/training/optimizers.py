@@ -19,7 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def manual_step(fn: F) -> F:
     """Declare ``fn(model, batch, optimizers)`` a manual step: it runs its own backward and optimizer
-    steps (``optimizers[name]``), and the engine's backward, optimizer step and zero_grad are left out."""
+    steps (``optimizers[name]``: a dict by name, ``optimizer`` for a run's one), and the engine's
+    backward, optimizer step and zero_grad are left out."""
     fn.manual_optimization = True  # type: ignore[attr-defined]
     return fn
 
