@@ -15,8 +15,14 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fsmtrain import NamedOptimizers, NamedSchedulers, Trainer, TrainingCallback, manual_step
-from fsmtrain.callbacks import GradientClippingCallback, GradientMonitorCallback, LRSchedulerCallback
+from fsmtrain import NamedOptimizers, NamedSchedulers, StopReason, Trainer, TrainingCallback, manual_step
+from fsmtrain.callbacks import (
+    GradientClippingCallback,
+    GradientMonitorCallback,
+    LRSchedulerCallback,
+    NaNDetectionCallback,
+    OptimizerModeCallback,
+)
 from fsmtrain.cli import main
 from fsmtrain.core.context import StepContext
 from fsmtrain.training.inference import InferenceError, run_over
@@ -129,6 +135,27 @@ def test_a_manual_step_with_one_optimizer_gets_it_by_the_name_optimizer() -> Non
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     Trainer(model, opt, None, _data(16), max_epochs=1, step=step, default_callbacks=False).fit()
     assert got == [{"optimizer": opt}] * 2
+
+
+def test_nan_detection_and_optimizer_modes_with_a_manual_step_and_two_optimizers() -> None:
+    class Modes(torch.optim.SGD):  # an optimizer with train/eval weights (SPlus, ScheduleFree)
+        def __init__(self, params: Any) -> None:
+            super().__init__(params, lr=1e9)  # diverges: the losses go non-finite
+            self.modes: list[str] = []
+
+        def train(self) -> None:
+            self.modes.append("train")
+
+        def eval(self) -> None:
+            self.modes.append("eval")
+
+    model = TwoPart()
+    body, head = Modes(model.body.parameters()), torch.optim.SGD(model.head.parameters(), lr=1e9)
+    result = Trainer(model, {"body": body, "head": head}, None, _data(), _data(16), max_epochs=5, step=two_step,
+                     val_step=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), default_callbacks=False,
+                     callbacks=[NaNDetectionCallback(), OptimizerModeCallback()]).fit()
+    assert result.stop_reason is StopReason.NAN and result.epochs_completed < 5
+    assert body.modes[:2] == ["train", "eval"]  # each of several optimizers switched, by its own modes
 
 
 def test_callbacks_that_need_the_engines_step_are_refused_by_name_with_a_manual_step() -> None:
