@@ -8,13 +8,15 @@ import torch
 
 from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.training.optimizers import NamedSchedulers
 
 __all__ = ["LRSchedulerCallback"]
 
 
 class LRSchedulerCallback(TrainingCallback):
     """``interval="epoch"``: ``scheduler.step()`` in ``on_before_scheduler_step`` (``ReduceLROnPlateau``
-    gets the epoch's ``monitor`` value); ``interval="step"``: after every optimizer step that ran.
+    gets the epoch's ``monitor`` value; so do those of a ``NamedSchedulers``); ``interval="step"``: after
+    every optimizer step that ran.
     Do not also pass the same scheduler to ``Trainer(scheduler=...)``: it would step twice."""
 
     priority = 30
@@ -29,9 +31,15 @@ class LRSchedulerCallback(TrainingCallback):
         self.scheduler = scheduler
         self.interval = interval
         self.monitor = monitor
-        self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        each = scheduler.schedulers.values() if isinstance(scheduler, NamedSchedulers) else [scheduler]
+        self.plateau = any(isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau) for s in each)
         if self.plateau and interval == "step":
             raise ValueError("ReduceLROnPlateau needs a monitored value per epoch; use interval='epoch'")
+
+    def overridden_hooks(self) -> tuple[str, ...]:
+        """Per epoch, it needs no optimizer step hook (so a manual step, which leaves those out, takes it)."""
+        hooks = super().overridden_hooks()
+        return hooks if self.interval == "step" else tuple(h for h in hooks if h != "on_after_optimizer_step")
 
     def on_after_optimizer_step(self, step: StepContext) -> None:
         if self.interval == "step" and not step.run.dry_run:
@@ -44,9 +52,8 @@ class LRSchedulerCallback(TrainingCallback):
             self.scheduler.step()
             return
         value = self.monitored(epoch, self.monitor, "ReduceLROnPlateau is not stepped")
-        if value is None:
-            return
-        self.scheduler.step(value)
+        if value is not None or isinstance(self.scheduler, NamedSchedulers):  # its others step regardless
+            self.scheduler.step(value)
 
     def state_dict(self) -> dict[str, Any]:
         sd = getattr(self.scheduler, "state_dict", None)

@@ -6,6 +6,7 @@ from typing import Any
 
 from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
+from fsmtrain.training.optimizers import optimizers_of
 
 __all__ = ["OptimizerModeCallback", "has_modes"]
 
@@ -19,18 +20,23 @@ def has_modes(optimizer: Any, model: Any) -> bool:
 
 class OptimizerModeCallback(TrainingCallback):
     """``optimizer.train()`` at epoch begin, ``optimizer.eval()`` at validation begin, so validation
-    and the checkpoint at epoch end see the evaluation weights. Other optimizers are untouched."""
+    and the checkpoint at epoch end see the evaluation weights; each of several named optimizers so.
+    Other optimizers are untouched."""
 
     priority = 10
     tier = Tier.CORE
     replay = ReplaySupport.DRY
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
-        run = epoch.run
-        if not run.dry_run and has_modes(run.optimizer, run.model):
-            run.optimizer.train()  # type: ignore[union-attr]
+        self._switch(epoch, "train")
 
     def on_val_begin(self, epoch: EpochContext) -> None:
+        self._switch(epoch, "eval")
+
+    @staticmethod
+    def _switch(epoch: EpochContext, mode: str) -> None:
         run = epoch.run
-        if not run.dry_run and has_modes(run.optimizer, run.model):
-            run.optimizer.eval()  # type: ignore[union-attr]
+        if not run.dry_run:
+            for optimizer in optimizers_of(run.optimizer).values():
+                if has_modes(optimizer, run.model):
+                    getattr(optimizer, mode)()

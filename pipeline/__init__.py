@@ -28,6 +28,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "core.result": ("TrainResult",),
     "core.runner": ("CallbackOrderError", "CallbackRunner"),
     "core.stop": ("StopReason",),
+    "training.optimizers": ("NamedOptimizers", "NamedSchedulers", "manual_step"),
     "app.trainer": ("Trainer",),
 }
 _EXPORTS: dict[str, str] = {name: f"fsmtrain.{module}" for module, names in _MODULES.items() for name in names}

@@ -37,7 +37,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         data = check_first_batch(cfg)
     print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs or 'unbounded'} epochs, net {cfg.net}, "
-          f"optimizer {cfg.optimizer}, {len(cfg.warnings)} warning(s)); built {', '.join(built)} and {data}; "
+          f"optimizer{'s ' + ', '.join(cfg.optimizers) if cfg.optimizers else ' ' + cfg.optimizer}, "
+          f"{len(cfg.warnings)} warning(s)); built {', '.join(built)} and {data}; "
           f"{'' if args.data else 'no batch was run: '}`fsmtrain preflight {args.config}` runs one step")
     return int(ExitCode.OK)
 

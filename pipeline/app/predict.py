@@ -111,7 +111,7 @@ def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callabl
     parts.model.load_state_dict(weights)
     trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
                       metrics=parts.metrics, device=cfg.device, precision=cfg.precision, collective=collective,
-                      default_callbacks=False)
+                      default_callbacks=False, step=parts.steps[0], val_step=parts.steps[1])
     try:
         work(trainer, collective is None or collective.rank == 0)
     finally:

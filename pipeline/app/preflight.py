@@ -22,6 +22,7 @@ from fsmtrain.app.defaults import console_callbacks
 from fsmtrain.app.job import RunParts, build_parts
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.training.driver import split_batch
+from fsmtrain.training.optimizers import is_manual, optimizers_of
 from fsmtrain.training.step import step_name, step_result, to_device
 
 __all__ = ["BATCH_CONTRACT", "PreflightFailed", "check_first_batch", "run_preflight", "shape_of"]
@@ -116,9 +117,11 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
         name, module, shapes = stack[-1]
         return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
 
+    manual = is_manual(step)  # it runs its own backward and optimizer steps, on the optimizers by name
     if step is not None:  # the user's step is the forward and the loss
         with _innermost_module(model, stack):
-            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs), in_module)
+            extra = [optimizers_of(parts.optimizer)] if manual else []
+            result = _stage(f"step {step_name(step)}", lambda: step(model, inputs, *extra), in_module)
         loss, output = _stage(f"step {step_name(step)}", lambda: step_result(result, step_name(step)))
         targets = output.get("target")
     else:
@@ -126,7 +129,8 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
             output = _stage("forward", lambda: model(inputs), in_module)
         loss = _stage("loss", lambda: parts.criterion(output, targets),
                       lambda: f" ({cfg.criterion}) of output {shape_of(output)} and target {shape_of(targets)}")
-    _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
+    if not manual:
+        _stage("backward", lambda: loss.backward(), lambda: f" of the loss {shape_of(loss)}")  # type: ignore[no-untyped-call]
     return inputs, targets, output, loss
 
 
@@ -160,7 +164,9 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     grads = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad]
     missing = [n for n, g in grads if g is None]
     bad = [n for n, g in grads if g is not None and not bool(torch.isfinite(g).all())]
-    _stage("optimizer step", parts.optimizer.step, lambda: f" ({cfg.optimizer})")
+    named = ", ".join(optimizers_of(parts.optimizer)) if cfg.optimizers else cfg.optimizer
+    if not is_manual(parts.steps[0]):  # a manual step stepped them itself
+        _stage("optimizer step", parts.optimizer.step, lambda: f" ({named})")
     parts.optimizer.zero_grad(set_to_none=True)
     after_ok = all(bool(torch.isfinite(p).all()) for p in model.parameters())
     value = float(loss.detach())
@@ -175,7 +181,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
     print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
           + (f"; non-finite: {', '.join(bad)}" if bad else "")
           + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)
-    print(f"optimizer  {cfg.optimizer} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}", file=out)
+    print(f"optimizer  {named} step ok, parameters {'finite' if after_ok else 'NON-FINITE'}", file=out)
     ordered = CallbackRunner(callbacks).callbacks  # the order train runs them in
     print("callbacks  " + ", ".join(f"{cb.name}({cb.priority})" for cb in ordered), file=out)
     ok = math.isfinite(value) and not bad and after_ok

@@ -39,10 +39,11 @@ from fsmtrain.training.distributed import (
 )
 from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
 from fsmtrain.training.inference import run_over
+from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, skipped_hooks
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.step import StepFn
+from fsmtrain.training.step import StepFn, step_name
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -59,14 +60,17 @@ class Trainer:
     the teardown write ``model.pt`` and ``lifecycle.mmd``. A callback instance serves one Trainer.
     ``step``: ``fn(model, batch)`` returning the loss or a mapping with ``loss`` and named outputs,
     instead of ``loss_fn(model(inputs), targets)`` (``loss_fn`` may then be None); ``val_step``: the
-    same for validation (default: ``step``).
+    same for validation (default: ``step``). ``optimizer`` and ``scheduler`` may be mappings by name
+    (several optimizers; a scheduler's name is its optimizer's); a step marked with
+    :func:`~fsmtrain.training.optimizers.manual_step` gets them as ``fn(model, batch, optimizers)``.
 
     In a process group of several ranks the trainer is one rank: DistributedDataParallel on this
     rank's shard, global metrics, agreed guards; rank 0 owns the run directory, rank ``r`` writes
     ``events-rank<r>.jsonl``.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
+                 loss_fn: LossFn | None,
                  train_loader: Iterable[Any], val_loader: Iterable[Any] | None = None, max_epochs: int | None = None,
                  callbacks: Sequence[TrainingCallback] = (), scheduler: Any = None,
                  device: str | torch.device = "cpu", *, metrics: Mapping[str, MetricFn] | None = None,
@@ -88,6 +92,9 @@ class Trainer:
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
         self.val_every_n_steps = val_every_n_steps
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
+        # several, by name (a manual step gets them so)
+        optimizer = NamedOptimizers(optimizer) if isinstance(optimizer, Mapping) else optimizer
+        scheduler = NamedSchedulers(scheduler) if isinstance(scheduler, Mapping) else scheduler
         self.max_steps = max_steps
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
                          log_level, console_level, log_fsync)
@@ -116,6 +123,11 @@ class Trainer:
         self.restart: Restart | None = None
         self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
+        needing = skipped_hooks(step, callbacks)
+        if needing:
+            raise ValueError(f"the manual step {step_name(step)} runs its own backward and optimizer steps, so the "
+                             f"hooks around them never fire; callbacks that need them: {'; '.join(needing)} (leave "
+                             "them out; default_callbacks=False leaves out the built-in gradient monitor)")
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
             # Everything that can fail without the run directory is built before it is claimed.

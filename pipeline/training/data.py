@@ -8,13 +8,13 @@ val)`` loaders or datasets. ``seed`` drives the shuffle order; the data itself c
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-__all__ = ["Loaders", "digits", "make_loaders", "synthetic_regression"]
+__all__ = ["Loaders", "digits", "make_loaders", "synthetic_regression", "two_moons"]
 
 
 class Loaders(NamedTuple):
@@ -83,3 +83,22 @@ def digits(*, batch_size: int, seed: int, val_fraction: float = 0.2, data_seed: 
     y_all = np.asarray(bunch.target, dtype=np.int64)
     order = np.random.default_rng(data_seed).permutation(len(y_all))
     return _split(torch.from_numpy(x_all[order]), torch.from_numpy(y_all[order]), val_fraction, batch_size, seed)
+
+
+def two_moons(*, batch_size: int, seed: int, n_samples: int = 512, noise: float = 0.05, val_fraction: float = 0.25,
+              data_seed: int = 0) -> Loaders:
+    """Points on two interleaved half circles (2 features), as batches of inputs alone (a tensor, no
+    targets): what a GAN learns to draw, or what predict runs a model over."""
+    if n_samples < 4:
+        raise ValueError(f"need n_samples >= 4, got {n_samples}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    g = torch.Generator().manual_seed(data_seed)
+    angle = torch.rand(n_samples, generator=g) * math.pi
+    upper = torch.rand(n_samples, generator=g) < 0.5
+    x = torch.where(upper, torch.cos(angle), 1.0 - torch.cos(angle))
+    y = torch.where(upper, torch.sin(angle), 0.5 - torch.sin(angle))
+    points = torch.stack([x, y], 1) + noise * torch.randn(n_samples, 2, generator=g)
+    n_train = n_samples - max(1, math.floor(n_samples * val_fraction))
+    return make_loaders(cast("Dataset[Any]", points[:n_train]), cast("Dataset[Any]", points[n_train:]),
+                        batch_size=batch_size, seed=seed)

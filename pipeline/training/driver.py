@@ -20,8 +20,9 @@ from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, Ste
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.data_position import batches_from
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
+from fsmtrain.training.optimizers import NamedSchedulers, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
-from fsmtrain.training.step import StepFn, to_device, user_step
+from fsmtrain.training.step import StepFn, step_name, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
 
@@ -111,8 +112,18 @@ class TorchDriver:
         self._val_seen = 0
         if step is None and loss_fn is None:
             raise ValueError("give a loss_fn, or a step that computes the loss itself")
+        manual = is_manual(step)
+        if manual:  # it steps its optimizers itself: the engine's backward, step and zero_grad are left out
+            if self.precision is not None and self.precision.scaler is not None:
+                raise ValueError(f"the manual step {step_name(step)} runs its own backward, without fp16's loss "
+                                 "scaling: use precision '32' or 'bf16-mixed'")
+            if val_step is None and val_loader is not None:
+                raise ValueError(f"the manual step {step_name(step)} steps optimizers: validation needs its own "
+                                 "val_step")
+            self.sets_step_flags, self.forward = True, self._manual_forward  # type: ignore[method-assign]
         if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
-            self._train_run = user_step(step, device, self.precision, False)  # type: ignore[method-assign,assignment]
+            self._train_run = user_step(step, device, self.precision, False,  # type: ignore[method-assign,assignment]
+                                        optimizers_of(optimizer) if manual else None)
         val_step = step if val_step is None else val_step
         if val_step is not None:
             self._val_run = user_step(val_step, device, self.precision, bool(metrics))  # type: ignore[method-assign,assignment]
@@ -191,6 +202,10 @@ class TorchDriver:
         if self._first_bad is not None:  # kept on the device: no synchronisation per batch
             here = torch.where(torch.isfinite(step.loss.detach()), math.inf, float(step.batch_index))
             self._first_bad = torch.minimum(self._first_bad, here)
+
+    def _manual_forward(self, step: StepContext) -> None:
+        step.skip_backward = step.skip_optimizer_step = step.skip_zero_grad = True
+        TorchDriver.forward(self, step)
 
     def backward(self, step: StepContext) -> None:
         if self._no_sync is not None and step.skip_optimizer_step:
@@ -284,7 +299,9 @@ class TorchDriver:
     def step_scheduler(self, epoch: EpochContext) -> None:
         if self.scheduler is None:
             return
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if isinstance(self.scheduler, NamedSchedulers):
+            self.scheduler.step(epoch.metrics.get(self.scheduler_monitor))
+        elif isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             value = epoch.metrics.get(self.scheduler_monitor)
             if value is not None:
                 self.scheduler.step(value)

@@ -1,5 +1,6 @@
 """A model over data in dataset order: the run's validation step (the driver's ``val_batch``, whose
-forward is the one a user's step replaces) on every batch, its outputs kept row by row and gathered
+forward is the one a user's step replaces) on every batch, or the model's forward alone on a batch of
+inputs without targets (predict; evaluate refuses it), its outputs kept row by row and gathered
 across the ranks (``fsmtrain predict`` and ``evaluate``, ``Trainer.predict``)."""
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from torch.utils.data import DataLoader
 from fsmtrain.core.context import EpochContext, RunContext, ValStepContext
 from fsmtrain.training.distributed import TorchCollective, shard_val_loader
 from fsmtrain.training.driver import TorchDriver
+from fsmtrain.training.step import to_device
 
-__all__ = ["Inference", "InferenceError", "run_over"]
+__all__ = ["Inference", "InferenceError", "inputs_only", "run_over"]
 
 
 class InferenceError(ValueError):
@@ -58,6 +60,26 @@ def _cat(parts: list[Any]) -> Any:
     return joined if isinstance(first, list) else tuple(joined)
 
 
+def inputs_only(batch: Any) -> Any:
+    """A batch's inputs when it holds no targets: a tensor, a one-tensor tuple or list (a
+    ``TensorDataset`` of inputs), or a mapping with ``inputs`` and no ``targets``; else None."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        return batch[0]
+    if isinstance(batch, Mapping) and "inputs" in batch and "targets" not in batch:
+        return batch["inputs"]
+    return None
+
+
+def _forward(driver: TorchDriver, inputs: Any) -> Any:
+    inputs = to_device(inputs, driver.device)
+    if driver.precision is None:
+        return driver.model(inputs)
+    with driver.precision.autocast():
+        return driver.model(inputs)
+
+
 def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective | None,
              data: Iterable[Any] | None = None, *, keep: bool = True) -> Inference:
     """``data`` (default: the driver's val loader) through the driver's validation step. A torch
@@ -77,10 +99,18 @@ def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective |
     step, parts, rows = ValStepContext(run, epoch), [], 0
     for index, batch in enumerate(ours.val_batches(epoch)):
         step.reset(index, batch)
-        try:
-            ours.val_batch(step)
-        except TypeError as exc:  # a batch the step cannot take (README: the batch contract)
-            raise InferenceError(f"val batch {index} of the data: {exc}") from exc
+        inputs = None if ours._user_val else inputs_only(batch)
+        if inputs is not None:  # no targets: the model's forward alone, which predict keeps
+            if not keep:
+                raise InferenceError(f"val batch {index} of the data holds inputs alone ({type(batch).__name__}): "
+                                     "evaluate compares outputs with targets, so its batches must be (inputs, "
+                                     "targets) or a mapping with 'inputs' and 'targets'; predict takes inputs alone")
+            step.output = _forward(ours, inputs)
+        else:
+            try:
+                ours.val_batch(step)
+            except TypeError as exc:  # a batch the step cannot take (README: the batch contract)
+                raise InferenceError(f"val batch {index} of the data: {exc}") from exc
         if keep:
             parts.append(_tree(lambda t: t.detach().cpu(), step.output))
             rows += _rows(parts[-1])

@@ -43,6 +43,14 @@ def _optimizer(saved: Any, optimizer: Any, classes: Mapping[str, Any] | None) ->
     if classes is not None and _short(classes.get("optimizer")) != _short(_class_of(optimizer)):
         return [f"optimizer: the run was trained with {_short(classes.get('optimizer'))}, this Trainer has "
                 f"{_short(_class_of(optimizer))}"]
+    named = getattr(optimizer, "optimizers", None)  # several, by name (NamedOptimizers)
+    if isinstance(named, Mapping):
+        theirs_named = saved.get("optimizers") or {}
+        if set(theirs_named) != set(named):
+            return [f"optimizer: the run was trained with optimizers {sorted(theirs_named)}, this Trainer has "
+                    f"{sorted(named)}"]
+        return [f"{out} (optimizer {name!r})" for name, opt in named.items()
+                for out in _optimizer(theirs_named[name], opt, None)]
     ours = optimizer.state_dict()["param_groups"]
     theirs = saved.get("param_groups") or []
     if len(ours) != len(theirs):

@@ -68,10 +68,15 @@ def step_result(result: Any, name: str) -> tuple[torch.Tensor, dict[str, Any]]:
                     f"it returned {type(result).__name__}{keys}")
 
 
-def user_step(fn: StepFn, device: torch.device, precision: PrecisionPolicy | None, metrics: bool) -> StepRun:
+def user_step(fn: StepFn, device: torch.device, precision: PrecisionPolicy | None, metrics: bool,
+              optimizers: Any = None) -> StepRun:
     """``fn`` as the driver runs a step: the batch on the device, under autocast when asked; its
-    result checked. ``metrics``: the run has metrics, so the step must name ``output`` and ``target``."""
+    result checked. ``metrics``: the run has metrics, so the step must name ``output`` and ``target``.
+    ``optimizers``: a manual step's (:func:`fsmtrain.training.optimizers.manual_step`), its third argument."""
     name, move = step_name(fn), device.type != "cpu"
+    if optimizers is not None:
+        manual: Callable[..., Any] = fn
+        fn = lambda model, batch: manual(model, batch, optimizers)  # noqa: E731
 
     def run(model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
         if move:

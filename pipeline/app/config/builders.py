@@ -11,8 +11,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from fsmtrain.app.config.blame import blamed
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.blame import blamed, built_from
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
 from fsmtrain.app.config.resolution import Kind, resolve_dotted
 from fsmtrain.app.config.schema import CallbacksConfig, CheckpointConfig, RunConfig, resolved_dict
 from fsmtrain.core.hooks import TrainingCallback
@@ -70,6 +70,51 @@ def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
     if isinstance(value, (list, tuple)):
         return [found for i, v in enumerate(value) for found in _non_finite(v, f"{path}.{i}")]
     return []
+
+
+def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """``cfg.optimizers``, each over the parameters of its submodule of ``model``, as one NamedOptimizers."""
+    from fsmtrain.training.optimizers import NamedOptimizers
+
+    built: dict[str, torch.optim.Optimizer] = {}
+    for name, oc in (cfg.optimizers or {}).items():
+        try:
+            part = model.get_submodule(oc.params)
+        except AttributeError:
+            known, path = [n for n, _ in model.named_modules() if n], f"optimizers.{name}.params"
+            raise ConfigError([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
+                                             repr(oc.params), closest(oc.params, known))],
+                              cfg.source_of(path)) from None
+        single = cfg.model_copy(update={"optimizer": oc.target, "optimizer_config": oc.kwargs})
+        try:
+            built[name] = built_from(single, "optimizer_config", oc.target,
+                                     partial(_optimizer_over, part), "optimizer")
+        except ConfigError as exc:  # the one optimizer's paths, as this one's
+            moved = [ConfigProblem(f"optimizers.{name}." + p.path.replace("optimizer_config", "kwargs", 1)
+                                   .replace("optimizer", "target", 1), p.expected, p.found, p.suggestion)
+                     for p in exc.problems]
+            raise ConfigError(moved, cfg.source_of(moved[0].path)) from None
+    try:
+        return NamedOptimizers(built)
+    except ValueError as exc:  # two optimizers over one parameter
+        raise ConfigError([ConfigProblem("optimizers", "optimizers over parts of the model that do not overlap",
+                                         str(exc))], cfg.source_of("optimizers")) from None
+
+
+def _optimizer_over(part: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    return build_optimizer(cfg, part.parameters())
+
+
+def build_named_schedulers(cfg: RunConfig, optimizers: Any) -> Any:
+    """``cfg.schedulers``, each over its optimizer (by name), as one NamedSchedulers; None without any."""
+    from fsmtrain.training.optimizers import NamedSchedulers
+
+    if not cfg.schedulers:
+        return None
+    return NamedSchedulers({name: blamed(cfg, f"schedulers.{name}.kwargs", sc.target,
+                                         partial(_construct, partial(resolve_dotted(sc.target), optimizers[name])),
+                                         sc.kwargs, f"schedulers.{name}.target")
+                            for name, sc in cfg.schedulers.items()})
 
 
 def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> Any:

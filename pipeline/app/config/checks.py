@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.app.config.blame import blamed, built_from
-from fsmtrain.app.config.builders import build_callbacks, build_criterion, build_data, build_optimizer, build_scheduler
+from fsmtrain.app.config.builders import (
+    build_callbacks,
+    build_criterion,
+    build_data,
+    build_named_optimizers,
+    build_named_schedulers,
+    build_optimizer,
+    build_scheduler,
+    build_steps,
+)
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import resolve_dotted
 from fsmtrain.app.config.schema import RunConfig
@@ -38,7 +47,30 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
     except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
         raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))],
                           cfg.source_of("callbacks")) from exc
+    manual_problems(cfg, callbacks)
     return callbacks
+
+
+def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback]) -> None:
+    """A manual step's needs: no callback on the hooks it leaves out, no fp16 scaling, its own val_step."""
+    from fsmtrain.training.optimizers import is_manual, skipped_hooks
+
+    step = build_steps(cfg)[0]
+    if not is_manual(step):
+        return
+    needing = skipped_hooks(step, callbacks)
+    problems = [ConfigProblem("callbacks", f"no callback on the hooks around backward and the optimizer step: the "
+                              f"manual step {cfg.step} does those itself (turn them off: callbacks.gradient_monitor."
+                              "enabled: false, grad_clip: null, grad_accumulation: 1)", "; ".join(needing))
+                ] if needing else []
+    if cfg.precision == "16-mixed":
+        problems.append(ConfigProblem("precision", f"'32' or 'bf16-mixed' (the manual step {cfg.step} runs its own "
+                                      "backward, without fp16's loss scaling)", repr(cfg.precision)))
+    if cfg.val_step is None:
+        problems.append(ConfigProblem("val_step", f"a val_step (the manual step {cfg.step} steps optimizers, so it "
+                                      "cannot validate)", "none"))
+    if problems:
+        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
 
 
 def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
@@ -123,9 +155,13 @@ def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
                                          f"{type(model).__name__}")], cfg.source)
     built_from(cfg, "criterion_config", cfg.criterion, build_criterion)
     dummy = torch.nn.Parameter(torch.zeros(1))
-    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: build_optimizer(c, [dummy]))
-    built = ["model", "loss", "optimizer"]
-    if cfg.scheduler is not None:
+    if cfg.optimizers is not None:  # several, each over its part of the model
+        build_named_schedulers(cfg, build_named_optimizers(cfg, model))
+        built = ["model", "loss", "optimizers", *(["schedulers"] if cfg.schedulers else [])]
+    else:
+        optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: build_optimizer(c, [dummy]))
+        built = ["model", "loss", "optimizer"]
+    if cfg.scheduler is not None and cfg.optimizers is None:
         built_from(cfg, "scheduler_config", cfg.scheduler, lambda c: build_scheduler(c, optimizer))
         built.append("scheduler")
     checked_callbacks(cfg)

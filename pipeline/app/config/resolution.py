@@ -233,6 +233,28 @@ def _check_target(path: str, value: Any, kind: Kind, kwargs: Any, kwargs_path: s
     return kwarg_problems(obj, kwargs, kwargs_path, positional, supplied)
 
 
+def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
+    """``optimizers.<name>.target`` and ``schedulers.<name>.target`` with their kwargs; a scheduler's
+    name must be an optimizer's."""
+    problems: list[ConfigProblem] = []
+    optimizers = data.get("optimizers")
+    names = list(optimizers) if isinstance(optimizers, Mapping) else []
+    for section, kind, default in (("optimizers", Kind.OPTIMIZER, "torch.optim.Adam"),
+                                   ("schedulers", Kind.SCHEDULER, None)):
+        items = data.get(section)
+        for name, item in (items.items() if isinstance(items, Mapping) else ()):
+            if not isinstance(item, Mapping):
+                continue
+            if section == "schedulers" and name not in names:
+                problems.append(ConfigProblem(f"schedulers.{name}", f"the name of an optimizer in optimizers "
+                                              f"({', '.join(map(str, names)) or 'none'})", f"{name!r}",
+                                              closest(str(name), names)))
+                continue
+            problems += _check_target(f"{section}.{name}.target", item.get("target", default), kind,
+                                      item.get("kwargs", {}), f"{section}.{name}.kwargs", 1)
+    return problems
+
+
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
     for key, cfg_key, kind, default, positional, supplied in _TARGETS:
@@ -240,6 +262,7 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if value is None:
             continue
         problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    problems += _named_optimizer_problems(data)
     for key in ("step", "val_step"):
         if data.get(key) is not None:
             problems += _check_target(key, data[key], Kind.STEP, None, None, 0)

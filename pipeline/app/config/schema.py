@@ -21,7 +21,7 @@ from fsmtrain.core.signals import preemption_signals
 TRAINING_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
-    "step", "val_step",
+    "step", "val_step", "optimizers", "schedulers",
 )
 
 
@@ -95,6 +95,20 @@ class ExtraCallback(_Section):
 class MetricConfig(_Section):
     """An exact metric: a class with update/compute/reset (torchmetrics'), built with ``kwargs``."""
 
+    target: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class NamedOptimizerConfig(_Section):
+    """One of several optimizers: its class, the submodule whose parameters it steps (an attribute
+    path of the model, e.g. ``generator`` or ``encoder.head``) and its arguments."""
+
+    target: str = "torch.optim.Adam"
+    params: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class SchedulerConfig(_Section):
     target: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -229,6 +243,8 @@ class RunConfig(_Section):
     optimizer_config: dict[str, Any] = Field(default_factory=dict)
     scheduler: str | None = None
     scheduler_config: dict[str, Any] = Field(default_factory=dict)
+    optimizers: dict[str, NamedOptimizerConfig] | None = None  # several, by name (in place of optimizer)
+    schedulers: dict[str, SchedulerConfig] = Field(default_factory=dict)  # by the name of the optimizer each schedules
     criterion: str = "torch.nn.MSELoss"
     criterion_config: dict[str, Any] = Field(default_factory=dict)
     data: str
@@ -266,6 +282,23 @@ class RunConfig(_Section):
     def _budget(self) -> RunConfig:
         if self.epochs is None and self.max_steps is None:
             raise ValueError("set epochs or max_steps (or both: whichever is reached first ends the run)")
+        return self
+
+    @model_validator(mode="after")
+    def _named_optimizers(self) -> RunConfig:
+        if self.optimizers is None:
+            if self.schedulers:
+                raise ValueError("schedulers by name go with optimizers by name (optimizers: {name: ...}); one "
+                                 "optimizer's scheduler is scheduler")
+            return self
+        defaults: dict[str, Any] = {"optimizer": "torch.optim.Adam", "optimizer_config": {}, "scheduler": None,
+                                    "scheduler_config": {}}
+        single = [k for k, v in defaults.items() if getattr(self, k) != v]  # a resolved config holds the defaults
+        if single:
+            raise ValueError(f"optimizers or {' and '.join(single)}, not both (a scheduler of several optimizers goes "
+                             "in schedulers, by the optimizer's name)")
+        if not self.optimizers:
+            raise ValueError("at least one optimizer in optimizers")
         return self
 
     @property

@@ -99,7 +99,8 @@ def load_recorded_config(data: Mapping[str, Any], recorded: Iterable[str], overr
 def _dotted_paths(cfg: RunConfig) -> list[str]:
     paths = [cfg.net, cfg.optimizer, cfg.criterion, cfg.data,
              *(m if isinstance(m, str) else m.target for m in cfg.metrics.values()),
-             *(extra.target for extra in cfg.callbacks.extra), *(p for p in (cfg.step, cfg.val_step) if p)]
+             *(extra.target for extra in cfg.callbacks.extra), *(p for p in (cfg.step, cfg.val_step) if p),
+             *(o.target for o in (cfg.optimizers or {}).values()), *(s.target for s in cfg.schedulers.values())]
     if cfg.scheduler is not None:
         paths.append(cfg.scheduler)
     if cfg.optimize is not None:
