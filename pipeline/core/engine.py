@@ -90,7 +90,7 @@ class ExceptionLog:
         with contextlib.suppress(LogWriteError):
             self.run.emit(
                 "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
-                interrupt=isinstance(exc, KeyboardInterrupt),
+                interrupt=isinstance(exc, (KeyboardInterrupt, RankFailed)),
                 traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
             )
 
@@ -311,7 +311,7 @@ class Engine:
         if self._work.tearing_down:
             return exc  # the fault came from the teardown itself, which has run every step
         self._faulted = True
-        reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
+        reason = StopReason.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, RankFailed)) else StopReason.ERROR
         with contextlib.suppress(LogWriteError):  # the stop is set before its line is written
             run.force_stop(reason, source, message)
         self._work.fault = FaultContext(run, exc, phase)
