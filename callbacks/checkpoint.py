@@ -37,6 +37,7 @@ class CheckpointCallback(TrainingCallback):
     priority = 95
     tier = Tier.CORE
     rank_zero_only = True  # writes what the run owns once
+    works_sharded = False  # rank 0 alone holds no sharded state
     replay = ReplaySupport.DRY
 
     def __init__(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -258,6 +259,14 @@ def shutdown() -> list[str]:
     collection frees the cycles that hold the DDP model). Returns the group threads still running."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    if "torch.distributed.tensor" in sys.modules:  # a sharded run: DTensor's caches hold its meshes, which hold
+        from torch.distributed.tensor import _collective_utils, _redistribute  # the group's threads (torch has
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache  # no public way to free them)
+
+        _clear_sharding_prop_cache()  # type: ignore[no-untyped-call]
+        _redistribute.clear_redistribute_planner_cache()
+        _redistribute._gen_transform_infos.cache_clear()
+        _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
     gc.collect()
     return group_threads()
 

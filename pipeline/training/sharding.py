@@ -1,0 +1,159 @@
+"""FSDP2 sharding of one rank's model (``distributed.strategy: fsdp``): ``fully_shard`` per unit,
+then the root; the optimizer keeps its settings over the sharded parameters; the full state is
+gathered (rank 0 holds it, on the CPU) for ``model.pt`` and checkpoints, and a full state loads back
+into a sharded model on any number of ranks."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import OffloadPolicy
+
+__all__ = ["AUTO_SHARE", "FsdpOptions", "Sharding", "full_state", "global_norm", "is_sharded", "is_sharded_tensor",
+           "load_full_state", "no_gradient_sync", "shard_model"]
+
+AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}
+
+
+@dataclass(frozen=True)
+class FsdpOptions:
+    """The config's ``distributed.fsdp`` section."""
+
+    shard: str | Sequence[str] = "auto"  # "auto" or module class names
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None  # bf16 | fp16 | fp32
+    reduce_dtype: str | None = None
+    cpu_offload: bool = False
+
+
+@dataclass
+class Sharding:
+    """What was sharded: the units (dotted names, "" the root) and each rank's parameter bytes."""
+
+    units: list[str] = field(default_factory=list)
+    bytes_per_rank: int = 0
+    bytes_total: int = 0
+
+    def line(self, world: int) -> str:
+        shown = ", ".join(u or "(root)" for u in self.units)
+        return (f"FSDP2 over {world} ranks: {len(self.units)} unit(s) sharded ({shown}); parameters "
+                f"{self.bytes_total / 2**20:.2f} MiB in all, {self.bytes_per_rank / 2**20:.2f} MiB on this rank")
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _auto_units(model: nn.Module, total: int) -> list[str]:
+    """Top down: a child holding at least ``AUTO_SHARE`` of the parameters is a unit, unless it is a
+    container (a ModuleList/ModuleDict, or one holding all of its parent's), whose children are looked at."""
+    units: list[str] = []
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        own = _count(module)
+        for name, child in module.named_children():
+            n = _count(child)
+            if n < AUTO_SHARE * total:
+                continue
+            path = f"{prefix}{name}"
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)) or (n == own and any(child.children())):
+                walk(child, path + ".")
+            else:
+                units.append(path)
+    walk(model, "")
+    return units
+
+
+def _named_units(model: nn.Module, classes: Sequence[str]) -> list[str]:
+    found = [name for name, m in model.named_modules() if name and type(m).__name__ in classes]
+    missing = sorted(set(classes) - {type(m).__name__ for _, m in model.named_modules()})
+    if missing:
+        raise ValueError(f"distributed.fsdp.shard names {', '.join(missing)}, which the model "
+                         f"({type(model).__name__}) does not hold; expected its module class names, or 'auto'")
+    return [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]  # outermost only
+
+
+def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, options: FsdpOptions) -> Sharding:
+    """``fully_shard`` each unit, then the root, in place; the optimizer's groups then hold the sharded
+    parameters (in their own order, with their own settings)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+
+    before = dict(model.named_parameters())
+    total = sum(p.numel() for p in before.values())
+    units = _auto_units(model, total) if options.shard == "auto" else _named_units(model, list(options.shard))
+    offload: OffloadPolicy = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
+    policy = MixedPrecisionPolicy(param_dtype=_DTYPES[options.param_dtype], reduce_dtype=_DTYPES[options.reduce_dtype])
+    kwargs: dict[str, Any] = {"reshard_after_forward": options.reshard_after_forward, "mp_policy": policy,
+                              "offload_policy": offload}
+    for name in units:
+        fully_shard(model.get_submodule(name), **kwargs)
+    fully_shard(model, **kwargs)
+    after = dict(model.named_parameters())
+    if optimizer is not None:
+        moved = {id(before[name]): after[name] for name in before}
+        for group in optimizer.param_groups:
+            group["params"] = [moved[id(p)] for p in group["params"]]
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in after.values())
+    return Sharding([*units, ""], local, sum(p.numel() * p.element_size() for p in before.values()))
+
+
+def is_sharded(model: Any) -> bool:
+    """``model`` is FSDP2's (never true before ``torch.distributed.fsdp`` was imported: no import cost)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
+
+
+def is_sharded_tensor(tensor: Any) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
+def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of ``tensors`` (DTensor shards: across every rank, a collective), as a plain tensor."""
+    norm = torch.nn.utils.get_total_norm(tensors, 2.0)
+    return norm.full_tensor() if is_sharded_tensor(norm) else norm  # type: ignore[attr-defined]
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Any]:
+    """The whole model's and optimizer's state, gathered (a collective: every rank calls it); rank 0
+    holds them, on the CPU, the others get empty dicts. The model's is a plain module's state dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=full)
+    optim_sd = None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=full)
+    return model_sd, optim_sd
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Mapping[str, Any],
+                    optim_sd: Any) -> None:
+    """Load a full state (every rank holds it) into the sharded model and its optimizer: each rank
+    keeps its own shard, for any number of ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, dict(model_sd), options=options)
+    if optimizer is not None and optim_sd is not None:
+        set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
+
+
+@contextmanager
+def no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's ``no_sync``: an accumulating backward keeps its gradients unreduced."""
+    assert is_sharded(model)
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
