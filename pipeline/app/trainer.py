@@ -17,6 +17,7 @@ from fsmtrain.app.defaults import default_callbacks as with_defaults
 from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
+from fsmtrain.callbacks.checkpoint import CheckpointCallback
 from fsmtrain.callbacks.progress_bar import current_stderr
 from fsmtrain.core.chain import key_from_env
 from fsmtrain.core.consensus import log_name_for_rank
@@ -41,7 +42,7 @@ from fsmtrain.training.inference import run_over
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.sharding import FsdpOptions, Sharding, full_state, shard_model
+from fsmtrain.training.sharding import FsdpOptions, GatherForCheckpoint, Sharding, full_state, shard_model
 from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
@@ -110,10 +111,7 @@ class Trainer:
         self.collective = collective if collective is not None else joined_collective(self.device)
         rank = self.collective.rank if self.collective is not None else 0
         if strategy == "fsdp" and self.collective is not None:
-            refused = [cb.name for cb in callbacks if not cb.works_sharded]
-            if refused:  # on every rank, before any collective
-                raise ValueError(f"strategy fsdp: {', '.join(refused)} cannot work on sharded parameters (it needs "
-                                 "the whole parameters or gradients on one rank); leave it out or use strategy ddp")
+            callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
         if rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.claim: RunDirClaim | None = None
@@ -330,6 +328,19 @@ class Trainer:
             events.close()
         if self.claim is not None:
             self.claim.let_go()
+
+
+def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
+    """A sharded run's callbacks: those that need whole tensors refused by name; with checkpoints, every
+    rank gathers the state at epoch ends (:class:`GatherForCheckpoint`)."""
+    refused = [cb.name for cb in callbacks if not cb.works_sharded]
+    refused += [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
+                if isinstance(cb, CheckpointCallback) and (cb.every_n_steps or cb.every_seconds)]
+    if refused:
+        raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
+                         "whole parameters or gradients on one rank); leave it out or use strategy ddp")
+    gather = any(isinstance(cb, CheckpointCallback) for cb in callbacks)
+    return [*callbacks, GatherForCheckpoint()] if gather else list(callbacks)
 
 
 def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:

@@ -47,7 +47,8 @@ __all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "exit_status_o
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 # How a process of a multi-process run was started: facts of the launch, not of the run's behaviour.
-LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before"})
+LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before",
+                          "strategy", "sharding"})
 # The run's extras its run_start records.
 _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders",
                                "reused_run_dir", *LAUNCH_FACTS})

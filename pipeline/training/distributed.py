@@ -257,6 +257,7 @@ def group_threads() -> list[str]:
 def shutdown() -> list[str]:
     """End the process group and its threads in the teardown, not in the interpreter's exit (the
     collection frees the cycles that hold the DDP model). Returns the group threads still running."""
+    gc.collect()  # first: a sharded model in a cycle (a Trainer's) still holds its mesh
     if dist.is_initialized():
         dist.destroy_process_group()
     if "torch.distributed.tensor" in sys.modules:  # a sharded run: DTensor's caches hold its meshes, which hold

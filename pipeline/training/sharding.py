@@ -6,6 +6,7 @@ into a sharded model on any number of ranks."""
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,10 +15,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
+
 if TYPE_CHECKING:
     from torch.distributed.fsdp import OffloadPolicy
 
-__all__ = ["AUTO_SHARE", "FsdpOptions", "Sharding", "full_state", "global_norm", "is_sharded", "is_sharded_tensor",
+__all__ = ["AUTO_SHARE", "FsdpOptions", "GatherForCheckpoint", "Sharding", "checkpoint_states", "full_state",
+           "load_states", "global_norm", "is_sharded", "is_sharded_tensor",
            "load_full_state", "no_gradient_sync", "shard_model"]
 
 AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
@@ -120,9 +125,14 @@ def is_sharded_tensor(tensor: Any) -> bool:
 
 
 def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of ``tensors`` (DTensor shards: across every rank, a collective), as a plain tensor."""
-    norm = torch.nn.utils.get_total_norm(tensors, 2.0)
-    return norm.full_tensor() if is_sharded_tensor(norm) else norm  # type: ignore[attr-defined]
+    """The L2 norm of ``tensors``; FSDP2's shards (``Shard(0)`` on one mesh): the squares of the local
+    shards summed over the ranks (one all-reduce), a plain tensor."""
+    if not tensors or not is_sharded_tensor(tensors[0]):
+        return torch.nn.utils.get_total_norm(tensors, 2.0)
+    shards: list[Any] = list(tensors)
+    local = torch.stack([torch.linalg.vector_norm(t.to_local(), 2.0) for t in shards]).square().sum()
+    torch.distributed.all_reduce(local, group=shards[0].device_mesh.get_group())
+    return local.sqrt()
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Any]:
@@ -157,3 +167,47 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+_GATHERED: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, Any], Any]] = weakref.WeakKeyDictionary()
+
+
+class GatherForCheckpoint(TrainingCallback):
+    """A sharded run with checkpoints: at each epoch end every rank gathers the full state (priority
+    94, just before the checkpoint's 95, after the scheduler's step), which rank 0's checkpoint holds."""
+
+    priority = 94
+    replay = ReplaySupport.DRY
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        run = epoch.run
+        if not run.dry_run and run.model is not None:
+            _GATHERED[run.model] = full_state(run.model, run.optimizer)
+
+
+def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
+    """The model's and optimizer's state a checkpoint holds: a sharded model's, gathered at this epoch's
+    end (the model's as a plain module's; the optimizer's keyed by parameter name)."""
+    if model is not None and is_sharded(model):
+        got = _GATHERED.pop(model, None)
+        if got is None:
+            raise RuntimeError("a sharded model's state is gathered at epoch ends only (GatherForCheckpoint)")
+        return got
+    return (None if model is None else model.state_dict()), (None if optimizer is None else optimizer.state_dict())
+
+
+def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:
+    """Load a checkpoint's full states into a sharded or a plain model: an optimizer state keyed by
+    parameter name (a sharded run's) or by index (a plain run's), either way."""
+    by_name = optim_sd is not None and any(isinstance(k, str) for k in optim_sd.get("state", {}))
+    if not is_sharded(model) and not by_name:
+        model.load_state_dict(model_sd)
+        if optimizer is not None and optim_sd is not None:
+            optimizer.load_state_dict(optim_sd)
+        return
+    if optim_sd is not None and not by_name:  # a plain run's, by index: the optimizer's own order names them
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = [names[id(p)] for g in (optimizer.param_groups if optimizer is not None else ()) for p in g["params"]]
+        groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+        optim_sd = {"state": {order[i]: v for i, v in optim_sd["state"].items()}, "param_groups": groups}
+    load_full_state(model, optimizer, model_sd, optim_sd)
