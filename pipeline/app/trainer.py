@@ -105,7 +105,8 @@ class Trainer:
             target = run_dir.path if isinstance(run_dir, RunDirClaim) else None if run_dir is None else Path(run_dir)
             callbacks = with_defaults(callbacks, run_dir=target, max_epochs=max_epochs)
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        meta = strategy == "fsdp" and any(p.is_meta for p in model.parameters())  # sharded, then made on the device
+        self.model = model if meta else model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
@@ -157,10 +158,13 @@ class Trainer:
             train_loader = shard_train_loader(train_loader, rank, world, int(run_extras.get("data_seed", 0)))
             val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
             if self.strategy == "fsdp":
-                self.sharding = shard_model(self.model, self.optimizer, self.fsdp)  # in place: the model trains itself
+                self.sharding = shard_model(self.model, self.optimizer, self.fsdp, self.device)  # in place
                 train_model = self.model
             else:
                 train_model = wrap_model(self.model, self.device)
+        if any(p.is_meta for p in self.model.parameters()):
+            raise ValueError("model: its parameters are on the meta device, which only strategy 'fsdp' on several "
+                             "ranks materialises (each rank its shards); build it on a real device")
         return TorchDriver(
             self.model, self.optimizer, loss_fn, train_loader, val_loader,
             scheduler=self.scheduler, device=self.device, metrics=metrics,

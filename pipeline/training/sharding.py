@@ -87,9 +87,11 @@ def _named_units(model: nn.Module, classes: Sequence[str]) -> list[str]:
     return [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]  # outermost only
 
 
-def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, options: FsdpOptions) -> Sharding:
+def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, options: FsdpOptions,
+                device: torch.device | None = None) -> Sharding:
     """``fully_shard`` each unit, then the root, in place; the optimizer's groups then hold the sharded
-    parameters (in their own order, with their own settings)."""
+    parameters (in their own order, with their own settings). A model built on the meta device (never
+    whole on any rank) gets its shards on ``device``, each module's ``reset_parameters`` initialising them."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -104,6 +106,12 @@ def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, optio
     for name in units:
         fully_shard(model.get_submodule(name), **kwargs)
     fully_shard(model, **kwargs)
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device or torch.device("cpu"))
+        for module in model.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
     after = dict(model.named_parameters())
     if optimizer is not None:
         moved = {id(before[name]): after[name] for name in before}
