@@ -94,7 +94,7 @@ def test_a_sharded_run_of_several_blocks_trains_audits_and_writes_the_gathered_w
         assert extras["strategy"] == "fsdp" and extras["sharding"]["units"] == ["net.2", "net.4", ""], extras
         total = extras["sharding"]["bytes_total"]
         assert 0 < extras["sharding"]["bytes_per_rank"] < total, extras["sharding"]
-    assert "ranks: 2 ranks agree" in _audit_ok(path)
+    assert "ranks: 2 ranks agree" in (audit := _audit_ok(path)) and "sharded (FSDP2) in segment(s) 1)" in audit
     # model.pt: a plain module's state dict, strict, equal to the gathered state of the last checkpoint
     plain = MLP(**NET)  # type: ignore[arg-type]
     plain.load_state_dict(weights(path / "model.pt"), strict=True)
@@ -122,7 +122,7 @@ def test_a_sharded_run_reshards_two_to_one(runs: _Runs) -> None:
     assert "on 1 process(es); it ran on 2" in done.stdout
     (resume,) = events(path / "events.jsonl", "resume")
     assert (resume["payload"]["world_size_before"], resume["payload"]["world_size"]) == (2, 1)
-    assert "segments on 2, 1 ranks" in _audit_ok(path)
+    assert "segments on 2, 1 ranks; sharded (FSDP2) in segment(s) 1)" in _audit_ok(path)
     MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 
 
@@ -132,7 +132,7 @@ def test_a_one_process_run_continues_sharded_on_two_ranks(runs: _Runs) -> None:
     clean(done)
     assert done.returncode == 0 and "COMPLETED after 3 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     assert "on 2 process(es); it ran on 1" in done.stdout
-    assert "segments on 1, 2 ranks" in _audit_ok(path)
+    assert "segments on 1, 2 ranks; sharded (FSDP2) in segment(s) 2)" in _audit_ok(path)
     MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 
 
