@@ -42,7 +42,14 @@ from fsmtrain.training.inference import run_over
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.sharding import FsdpOptions, GatherForCheckpoint, Sharding, full_state, shard_model
+from fsmtrain.training.sharding import (
+    FsdpOptions,
+    GatherForCheckpoint,
+    Sharding,
+    full_state,
+    shard_model,
+    unshardable,
+)
 from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
@@ -337,9 +344,7 @@ class Trainer:
 def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
     """A sharded run's callbacks: those that need whole tensors refused by name; with checkpoints, every
     rank gathers the state at epoch ends (:class:`GatherForCheckpoint`)."""
-    refused = [cb.name for cb in callbacks if not cb.works_sharded]
-    refused += [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
-                if isinstance(cb, CheckpointCallback) and (cb.every_n_steps or cb.every_seconds)]
+    refused = unshardable(callbacks)
     if refused:
         raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
                          "whole parameters or gradients on one rank); leave it out or use strategy ddp")

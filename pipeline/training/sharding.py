@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import OffloadPolicy
 
 __all__ = ["AUTO_SHARE", "FsdpOptions", "GatherForCheckpoint", "Sharding", "checkpoint_states", "full_state",
-           "load_states", "global_norm", "is_sharded", "is_sharded_tensor",
-           "load_full_state", "no_gradient_sync", "shard_model"]
+           "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_states", "no_gradient_sync",
+           "shard_model", "unshardable"]
 
 AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}
@@ -175,6 +175,13 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def unshardable(callbacks: Sequence[TrainingCallback]) -> list[str]:
+    """The callbacks (by name) that need the whole parameters or gradients on one rank: refused under FSDP."""
+    refused = [cb.name for cb in callbacks if not cb.works_sharded]
+    return refused + [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
+                      if hasattr(cb, "every_seconds") and (getattr(cb, "every_n_steps", None) or cb.every_seconds)]
 
 
 _GATHERED: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, Any], Any]] = weakref.WeakKeyDictionary()
