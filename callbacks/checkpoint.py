@@ -15,6 +15,7 @@ from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
+from fsmtrain.training.sharding import is_sharded
 
 __all__ = ["CheckpointCallback"]
 
@@ -134,6 +135,10 @@ class CheckpointCallback(TrainingCallback):
         batch = int(run.epoch_state().get("batch", 0))
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
+            return
+        if is_sharded(run.model):  # its state is gathered by every rank, at epoch ends only
+            run.warn(self.name, f"{fault.exception}: a sharded run saves no state inside an epoch; a resume "
+                     "continues from the last epoch's checkpoint")
             return
         if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:  # a replay has no such line
             run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,

@@ -9,6 +9,7 @@ import torch
 from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
+from fsmtrain.training.sharding import global_norm, is_sharded_tensor
 
 __all__ = ["GradientMonitorCallback"]
 
@@ -84,7 +85,8 @@ class GradientMonitorCallback(TrainingCallback):
         self._grad_dtype = grad.dtype
         dev = grad.device
         # Small CPU models: one copy of all gradients and one norm beats a kernel per tensor.
-        self._flat = dev.type == "cpu" and sum(p.numel() for p in self._params) <= self.flat_max_elements
+        self._flat = (dev.type == "cpu" and not is_sharded_tensor(grad)
+                      and sum(p.numel() for p in self._params) <= self.flat_max_elements)
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._slots = list(self._buf.unbind())
         self._max = torch.zeros((), dtype=torch.float64, device=dev)
@@ -117,7 +119,9 @@ class GradientMonitorCallback(TrainingCallback):
                 self._fold()
             self._allocate(first)
         k = len(self._batches)
-        if self._flat:
+        if is_sharded_tensor(first):  # FSDP: the global norm across the shards
+            self._slots[k].copy_(global_norm(grads))
+        elif self._flat:
             flat = torch.cat([g.reshape(-1) for g in grads])
             if self._grad_dtype is self._dtype:
                 torch.linalg.vector_norm(flat, 2.0, out=self._slots[k])

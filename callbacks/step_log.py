@@ -26,6 +26,7 @@ class StepLogCallback(TrainingCallback):
     replay = ReplaySupport.DRY  # needs live losses and gradients
     rank_zero_only = True
     writes = (STEP_VALUES,)
+    works_sharded = False  # its gradient norm is rank 0's alone: sharded, that is a collective
 
     def __init__(self, every_n_steps: int) -> None:
         self.every_n_steps = int_at_least("every_n_steps", every_n_steps, 1)

@@ -213,6 +213,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
             step=parts.steps[0], val_step=parts.steps[1], preemption_signals=cfg.preemption.signals,
+            strategy=cfg.distributed.strategy, fsdp=builders.fsdp_options(cfg),
         )
         if startup is not None and startup.signum is not None:
             trainer.close()

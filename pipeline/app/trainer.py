@@ -17,6 +17,7 @@ from fsmtrain.app.defaults import default_callbacks as with_defaults
 from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
+from fsmtrain.callbacks.checkpoint import CheckpointCallback
 from fsmtrain.callbacks.progress_bar import current_stderr
 from fsmtrain.core.chain import key_from_env
 from fsmtrain.core.consensus import log_name_for_rank
@@ -43,6 +44,14 @@ from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, skipp
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
+from fsmtrain.training.sharding import (
+    FsdpOptions,
+    GatherForCheckpoint,
+    Sharding,
+    full_state,
+    shard_model,
+    unshardable,
+)
 from fsmtrain.training.step import StepFn, step_name
 
 __all__ = ["TrainResult", "Trainer"]
@@ -82,11 +91,18 @@ class Trainer:
                  compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
                  step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None,
                  val_every_n_steps: int | None = None,
-                 preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1")) -> None:
+                 preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+                 strategy: str = "ddp", fsdp: FsdpOptions | None = None) -> None:
         """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins.
         ``val_every_n_steps``: validate also inside an epoch, after every N-th global step.
-        ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143."""
+        ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143.
+        ``strategy``: ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2: parameters,
+        gradients and optimizer state sharded over the ranks, as ``fsdp`` says)."""
         self.notices = notices_of(preemption_signals)
+        if strategy not in ("ddp", "fsdp"):
+            raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+        self.strategy, self.fsdp = strategy, fsdp or FsdpOptions()
+        self.sharding: Sharding | None = None
         for name, value in (("max_steps", max_steps), ("val_every_n_steps", val_every_n_steps)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -111,11 +127,14 @@ class Trainer:
             target = run_dir.path if isinstance(run_dir, RunDirClaim) else None if run_dir is None else Path(run_dir)
             callbacks = with_defaults(callbacks, run_dir=target, max_epochs=max_epochs)
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        meta = strategy == "fsdp" and any(p.is_meta for p in model.parameters())  # sharded, then made on the device
+        self.model = model if meta else model.to(self.device)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
         rank = self.collective.rank if self.collective is not None else 0
+        if strategy == "fsdp" and self.collective is not None:
+            callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
         if rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.claim: RunDirClaim | None = None
@@ -154,6 +173,7 @@ class Trainer:
             run_extras["global_batch"] = batch
         if self.collective is not None:
             run_extras.update(rank=rank, world_size=self.collective.world_size)
+        run_extras["strategy"] = self.strategy
         return run_extras
 
     def _driver(self, loss_fn: LossFn | None, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
@@ -164,7 +184,14 @@ class Trainer:
             rank, world = self.collective.rank, self.collective.world_size
             train_loader = shard_train_loader(train_loader, rank, world, int(run_extras.get("data_seed", 0)))
             val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
-            train_model = wrap_model(self.model, self.device)
+            if self.strategy == "fsdp":
+                self.sharding = shard_model(self.model, self.optimizer, self.fsdp, self.device)  # in place
+                train_model = self.model
+            else:
+                train_model = wrap_model(self.model, self.device)
+        if any(p.is_meta for p in self.model.parameters()):
+            raise ValueError("model: its parameters are on the meta device, which only strategy 'fsdp' on several "
+                             "ranks materialises (each rank its shards); build it on a real device")
         return TorchDriver(
             self.model, self.optimizer, loss_fn, train_loader, val_loader,
             scheduler=self.scheduler, device=self.device, metrics=metrics,
@@ -217,6 +244,7 @@ class Trainer:
         self.run.scaler = self.precision.scaler
         self.run.exact_metrics = self.driver.exact
         self.run.extras.update(run_extras)
+        self._say_sharding(rank)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
         if self.resumption is not None:
@@ -226,9 +254,23 @@ class Trainer:
             self.resumption.prepare(self.run)
         start = self.resumption if self.resumption is not None else self.restart
         restore = None if start is None else start.restore
-        outputs = self.write_outputs and self.run_dir is not None and rank == 0
+        outputs = self.write_outputs and self.run_dir is not None and (rank == 0 or self.sharding is not None)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
+
+    def _say_sharding(self, rank: int) -> None:
+        """The effective sharding in ``run_start`` and, from rank 0, on the console."""
+        if self.sharding is not None:
+            world = 1 if self.collective is None else self.collective.world_size
+            self.run.extras["sharding"] = {"units": self.sharding.units, "bytes_per_rank": self.sharding.bytes_per_rank,
+                                           "bytes_total": self.sharding.bytes_total}
+            line = self.sharding.line(world)
+        elif self.strategy == "fsdp":
+            line = "strategy fsdp on one process: nothing to shard, the model trains whole"
+        else:
+            return
+        if rank == 0:
+            print(f"fsmtrain: {line}", file=sys.stderr, flush=True)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
@@ -284,11 +326,31 @@ class Trainer:
         """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the
         run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
         assert self.run_dir is not None and self.events is not None and self.events.path is not None
-        if finished:
+        state = self._final_weights(run, finished)
+        if run.extras.get("rank", 0):
+            return  # a rank of a sharded run: it gave its shards to rank 0's model.pt
+        if state is not None:
             weights = io.BytesIO()
-            torch.save(self.model.state_dict(), weights)  # the plain module's, not DDP's or compile's
+            torch.save(state, weights)  # the plain module's, not DDP's, FSDP's or compile's
             atomic_write_bytes(self.run_dir / MODEL_FILE, weights.getvalue())
         atomic_write_bytes(self.run_dir / DIAGRAM_FILE, run_diagram(self.events.path).encode("utf-8"))
+
+    def _final_weights(self, run: RunContext, finished: bool) -> dict[str, Any] | None:
+        """The trained weights of a plain module. Sharded, they are gathered from every rank (rank 0
+        holds them), when every rank finished and none failed; else ``model.pt`` is not written, and
+        the log says why."""
+        if self.sharding is None or self.collective is None:
+            return self.model.state_dict() if finished else None
+        why = None
+        if self.collective.posted_failure() is not None:
+            why = "a rank failed, and the sharded weights cannot be gathered without it"
+        elif not all(row[0] for row in self.collective.all_gather_ints([int(finished)])):
+            why = "not every rank finished"
+        if why is not None:
+            if finished:
+                run.warn("trainer", f"model.pt is not written: {why}")
+            return None
+        return full_state(self.model, None)[0]
 
     def close(self) -> None:
         """Close the log and let the run directory go (``fit`` does this itself)."""
@@ -297,6 +359,17 @@ class Trainer:
             events.close()
         if self.claim is not None:
             self.claim.let_go()
+
+
+def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
+    """A sharded run's callbacks: those that need whole tensors refused by name; with checkpoints, every
+    rank gathers the state at epoch ends (:class:`GatherForCheckpoint`)."""
+    refused = unshardable(callbacks)
+    if refused:
+        raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
+                         "whole parameters or gradients on one rank); leave it out or use strategy ddp")
+    gather = any(isinstance(cb, CheckpointCallback) for cb in callbacks)
+    return [*callbacks, GatherForCheckpoint()] if gather else list(callbacks)
 
 
 def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:

@@ -67,9 +67,9 @@ class Failure:
         return cls(int(rank), source, message) if rank.isdigit() else None
 
 
-class RankFailed(KeyboardInterrupt):
+class RankFailed(Exception):
     """Another rank failed first; this rank stops (INTERRUPTED) and names it. ``symptom``: what this
-    rank met itself, or None."""
+    rank met itself, or None. An ``Exception``: user code's ``except Exception`` sees a peer's failure."""
 
     def __init__(self, failure: Failure, symptom: str | None = None) -> None:
         self.failure = failure

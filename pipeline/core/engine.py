@@ -47,7 +47,8 @@ __all__ = ["LAUNCH_FACTS", "STRICT_ENV", "Engine", "Interrupted", "exit_status_o
 STRICT_ENV = "FSMTRAIN_STRICT_FSM"
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 # How a process of a multi-process run was started: facts of the launch, not of the run's behaviour.
-LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before"})
+LAUNCH_FACTS = frozenset({"node", "local_rank", "launch", "layout", "elastic", "global_batch", "world_size_before",
+                          "strategy", "sharding"})
 # The run's extras its run_start records.
 _RUN_START_EXTRAS = frozenset({"config", "seed", "resumed_from", "hpo", "rank", "world_size", "user_folders",
                                "reused_run_dir", *LAUNCH_FACTS})
@@ -90,7 +91,7 @@ class ExceptionLog:
         with contextlib.suppress(LogWriteError):
             self.run.emit(
                 "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
-                interrupt=isinstance(exc, KeyboardInterrupt),
+                interrupt=isinstance(exc, (KeyboardInterrupt, RankFailed)),
                 traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
             )
 
@@ -315,7 +316,7 @@ class Engine:
         if self._work.tearing_down:
             return exc  # the fault came from the teardown itself, which has run every step
         self._faulted = True
-        reason = StopReason.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else StopReason.ERROR
+        reason = StopReason.INTERRUPTED if isinstance(exc, (KeyboardInterrupt, RankFailed)) else StopReason.ERROR
         with contextlib.suppress(LogWriteError):  # the stop is set before its line is written
             run.force_stop(reason, source, message)
         self._work.fault = FaultContext(run, exc, phase)

@@ -56,6 +56,7 @@ class TrainingCallback:
     # ``rank_zero_only`` one writes what the run owns once (files, console, W&B).
     may_stop_immediately: ClassVar[bool] = False
     rank_zero_only: ClassVar[bool] = False
+    works_sharded: ClassVar[bool] = True  # False: it needs whole parameters or gradients (refused under FSDP)
 
     def __init__(self, priority: int | None = None) -> None:
         """``priority`` overrides the class's for this instance; a subclass need not call this."""

@@ -26,6 +26,7 @@ from fsmtrain.training.checkpoint_file import CheckpointError, CheckpointWriteEr
 from fsmtrain.training.checkpoint_writer import SLOTS, BufferSet, CheckpointWriter, Job, Staged, stage, tensor_bytes
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.rng import capture_rng_state
+from fsmtrain.training.sharding import checkpoint_states
 
 __all__ = [
     "DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
@@ -288,6 +289,7 @@ class CheckpointManager(CheckpointFolder):
         ``at``: a checkpoint inside the epoch, after (global step, batches of the epoch done): it holds
         the data position, the driver's epoch sums and any gradient still accumulating."""
         model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
+        model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
         state: dict[str, Any] = {
             "format": files.FORMAT_VERSION,
             "run_id": run.run_id,
@@ -297,8 +299,8 @@ class CheckpointManager(CheckpointFolder):
                          "global_step": run.global_step, "max_epochs": run.max_epochs},
             "metrics": {k: float(v) for k, v in metrics.items()},
             "history": files.history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
-            "model": model.state_dict() if model is not None else None,
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "model": model_sd,
+            "optimizer": optim_sd,
             "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
             "scaler": run.scaler.state_dict() if run.scaler is not None else None,
             "exact_metrics": run.exact_metrics.state_dict() if run.exact_metrics else None,

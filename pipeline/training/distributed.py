@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
@@ -104,18 +106,18 @@ class TorchCollective:
         work = dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self._flags, async_op=True)
 
         def read() -> list[int]:
-            self._bounded_wait(work)
+            self._bounded_wait(work, "the per-batch signal round")
             return [int(v) for v in mine.tolist()]
         return read
 
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._bounded_wait(dist.all_gather(rows, mine, async_op=True))
+        self._bounded_wait(dist.all_gather(rows, mine, async_op=True), "all_gather_ints")
         return [[int(v) for v in row.tolist()] for row in rows]
 
-    def _bounded_wait(self, work: Any) -> None:
-        """Wait for ``work`` in slices; between them, read the failure board and the clock."""
+    def _bounded_wait(self, work: Any, what: str) -> None:
+        """Wait for ``work`` (the collective ``what``) in slices; between them, read the failure board and the clock."""
         deadline = time.monotonic() + self.agreement_timeout_s
         gloo = dist.get_backend() == "gloo"
         pause = 1e-4
@@ -140,21 +142,37 @@ class TorchCollective:
                 raise RankFailed(failure)
             if time.monotonic() > deadline:
                 raise AgreementTimeout(
-                    f"rank {self.rank} waited {self.agreement_timeout_s:g} s at an agreement point and not every "
-                    f"rank of {self.world_size} came, and none posted a failure: a rank hangs or died silently "
-                    "(the bound is distributed.agreement_timeout_s)")
+                    f"rank {self.rank} waited {self.agreement_timeout_s:g} s at an agreement point ({what}) and "
+                    f"not every rank of {self.world_size} came, and none posted a failure: a rank hangs or died "
+                    "silently (the bound is distributed.agreement_timeout_s)")
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=src, device=self.device if self.device.type == "cuda" else None)
-        return box[0]
+        """``obj`` as rank ``src`` has it, pickled into a tensor: both broadcasts are bounded. An object that
+        will not pickle on ``src`` reaches every rank as a ``TypeError`` that names it, never as a hang."""
+        data = b""
+        if self.rank == src:
+            try:
+                data = b"\x01" + pickle.dumps(obj)
+            except Exception as exc:
+                data = b"\x00" + f"{type(obj).__name__} will not pickle ({type(exc).__name__}: {exc})".encode()
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        self._bounded_wait(dist.broadcast(size, src=src, async_op=True), "broadcast_object (its size)")
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == src else \
+            torch.empty(int(size.item()), dtype=torch.uint8)
+        moved = buf.to(self.device)
+        self._bounded_wait(dist.broadcast(moved, src=src, async_op=True), "broadcast_object")
+        raw = bytes(moved.cpu().numpy().tobytes()) if self.rank != src else data
+        if raw[:1] != b"\x01":
+            said = raw[1:].decode(errors="replace")
+            raise TypeError(f"rank {src} could not send its object to the other ranks: {said}")
+        return pickle.loads(raw[1:])
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
-        """``tensor`` becomes the sum over the ranks (in place)."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        """``tensor`` becomes the sum over the ranks (in place), within ``agreement_timeout_s``."""
+        self._bounded_wait(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True), "all_reduce_sum")
 
     def barrier(self) -> None:
-        dist.barrier()
+        self._bounded_wait(dist.barrier(async_op=True), "barrier")
 
     def on_rank_zero(self, make: Callable[[], T], shown: Callable[[T], Any]) -> Any:
         """``make()`` on rank 0, which keeps what it made (a claim, a lock); the other ranks get
@@ -174,12 +192,20 @@ class TorchCollective:
         if self.rank == 0:
             try:
                 outcome = (True, decide())
-            except Exception as exc:  # every rank must hear of it; each raises it
-                outcome = (False, exc)
+            except Exception as exc:  # every rank must hear of it; each raises it (as text if it will not pickle)
+                outcome = (False, exc if _pickles(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"))
         ok, value = self.broadcast_object(outcome, 0)
         if not ok:
             raise value
-        return value  # type: ignore[no-any-return]
+        return cast(T, value)
+
+
+def _pickles(obj: object) -> bool:
+    try:
+        pickle.loads(pickle.dumps(obj))
+        return True
+    except Exception:
+        return False
 
 
 def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
@@ -231,8 +257,17 @@ def group_threads() -> list[str]:
 def shutdown() -> list[str]:
     """End the process group and its threads in the teardown, not in the interpreter's exit (the
     collection frees the cycles that hold the DDP model). Returns the group threads still running."""
+    gc.collect()  # first: a sharded model in a cycle (a Trainer's) still holds its mesh
     if dist.is_initialized():
         dist.destroy_process_group()
+    if "torch.distributed.tensor" in sys.modules:  # a sharded run: DTensor's caches hold its meshes, which hold
+        from torch.distributed.tensor import _collective_utils, _redistribute  # the group's threads (torch has
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache  # no public way to free them)
+
+        _clear_sharding_prop_cache()  # type: ignore[no-untyped-call]
+        _redistribute.clear_redistribute_planner_cache()
+        _redistribute._gen_transform_infos.cache_clear()
+        _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
     gc.collect()
     return group_threads()
 

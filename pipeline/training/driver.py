@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -22,6 +23,7 @@ from fsmtrain.training.data_position import batches_from
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.optimizers import NamedSchedulers, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
+from fsmtrain.training.sharding import is_sharded, no_gradient_sync
 from fsmtrain.training.step import StepFn, step_name, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
@@ -87,6 +89,8 @@ class TorchDriver:
         self._first_bad: torch.Tensor | None = None  # the first batch with a non-finite loss, on the device
         no_sync = getattr(self.train_model, "no_sync", None)
         self._no_sync: Callable[[], Any] | None = no_sync if callable(no_sync) else None
+        if is_sharded(self.train_model):  # FSDP2: set_requires_gradient_sync in place of DDP's no_sync
+            self._no_sync = partial(no_gradient_sync, self.train_model)
         self.optimizer = optimizer
         self.loss_fn = cast(LossFn, loss_fn)  # None only with a user step, which never calls _run
         self.train_loader = train_loader

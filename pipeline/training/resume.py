@@ -30,6 +30,7 @@ from fsmtrain.training.checkpoint import (
 )
 from fsmtrain.training.checkpoint_file import atomic_link, fsync_dir, read_history
 from fsmtrain.training.rng import restore_rng_state
+from fsmtrain.training.sharding import load_states
 
 __all__ = [
     "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",
@@ -188,11 +189,9 @@ class Resumption:
             run.emit(event, level="warning", **payload)
         state = self.state
         if run.model is not None and state.get("model") is not None:
-            run.model.load_state_dict(state["model"])
+            load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
             for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
                 p.grad = None if grad is None else grad.to(p.device)
-        if run.optimizer is not None and state.get("optimizer") is not None:
-            run.optimizer.load_state_dict(state["optimizer"])
         scheduler = run.scheduler
         if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
             scheduler.load_state_dict(state["scheduler"])

@@ -22,8 +22,10 @@ def test_modules_import_only_the_core():
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("fsmtrain.callbacks"), f"{path.name} imports {node.module}"
                 if node.module.startswith("fsmtrain."):
-                    assert node.module.startswith("fsmtrain.core.") or node.module == "fsmtrain.training.checkpoint", (
-                        f"{path.name} imports {node.module}: callbacks use the core and the checkpoint store only")
+                    assert node.module.startswith("fsmtrain.core.") or node.module in (
+                        "fsmtrain.training.checkpoint", "fsmtrain.training.sharding"), (
+                        f"{path.name} imports {node.module}: callbacks use the core, the checkpoint store and the "
+                        "sharded-tensor helpers only")
 
 
 def test_exports_priorities_and_tier():

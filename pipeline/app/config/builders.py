@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from fsmtrain.training.sharding import FsdpOptions
+
 
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
@@ -40,6 +42,14 @@ def build_model(cfg: RunConfig) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
     return model
+
+
+def fsdp_options(cfg: RunConfig) -> FsdpOptions:
+    from fsmtrain.training.sharding import FsdpOptions
+
+    f = cfg.distributed.fsdp
+    return FsdpOptions(f.shard, f.reshard_after_forward, f.mixed_precision.param_dtype,
+                       f.mixed_precision.reduce_dtype, f.cpu_offload)
 
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:

@@ -29,6 +29,7 @@ from fsmtrain.core.checks import CallbackDefinitionError
 from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.registry import GlobalRegistrationError
 from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
+from fsmtrain.training.sharding import unshardable
 
 __all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks",
            "data_failure"]
@@ -42,6 +43,12 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
     """The run's callbacks as ``train`` builds them, ``extra`` added; a constructor or a runner that
     rejects them is one ConfigError."""
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
+    refused = unshardable(callbacks) if cfg.distributed.strategy == "fsdp" else []
+    if refused:
+        raise ConfigError([ConfigProblem("distributed.strategy", "callbacks that work on sharded parameters (fsdp)",
+                                         f"{'; '.join(refused)}, which need(s) the whole parameters or gradients on "
+                                         "one rank; leave it out, or use strategy ddp")],
+                          cfg.source_of("distributed.strategy"))
     try:
         CallbackRunner(callbacks)
     except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:

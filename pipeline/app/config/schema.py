@@ -223,8 +223,25 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
+class FsdpPrecisionConfig(_Section):
+    param_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # None: the parameters' own
+    reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = None
+
+
+class FsdpConfig(_Section):
+    """``distributed.fsdp``: FSDP2 sharding (with ``strategy: fsdp``)."""
+
+    shard: Literal["auto"] | list[str] = "auto"  # auto: each child holding >= 10% of the parameters; or class names
+    reshard_after_forward: bool = True
+    mixed_precision: FsdpPrecisionConfig = Field(default_factory=FsdpPrecisionConfig)
+    cpu_offload: bool = False
+
+
 class DistributedConfig(_Section):
     """Multi-process runs (``torchrun`` or ``fsmtrain train --nproc N``); one process ignores it."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # fsdp: parameters, gradients and optimizer state sharded (FSDP2)
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
 
     backend: Literal["gloo", "nccl"] | None = None  # default: gloo on CPU, nccl on CUDA
     timeout_s: float = Field(default=1800.0, gt=0)  # how long a collective waits for a slow rank

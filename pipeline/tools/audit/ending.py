@@ -102,6 +102,7 @@ class Segment:
     # what the audit of a run directory compares across ranks
     world: int | None = 1  # run_start's world_size (None: not an integer)
     launch: str | None = None  # the launch this segment belongs to, the same on every rank
+    sharded: bool = False  # run_start records a sharding (strategy fsdp on several ranks)
     moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch

@@ -231,6 +231,7 @@ class RankedAudit(Outcome):
     world_size: int | None = None  # the largest rank 0's run_start lines record (None: nothing readable)
     worlds: list[int | None] = field(default_factory=list)  # each segment's, as rank 0's log records them
     ending: str = ""
+    sharded: list[bool] = field(default_factory=list)  # each segment's: parameters sharded (FSDP2)
 
     @property
     def ok(self) -> bool:
@@ -244,7 +245,7 @@ class RankedAudit(Outcome):
         return {
             "run_dir": self.run_dir, "ok": self.passes(strict),
             "world_size": self.world_size if self.world_size is not None else len(self.reports),
-            "segment_world_sizes": self.worlds, "ending": self.ending,
+            "segment_world_sizes": self.worlds, "segment_sharded": self.sharded, "ending": self.ending,
             "ranks": {str(r): rep.to_dict(strict) for r, rep in self.reports.items()},
             "agreement": [{"check": f.check, "message": f.message} for f in self.findings],
         }
@@ -259,8 +260,10 @@ class RankedAudit(Outcome):
         if not self.findings:
             sizes = "" if len(set(self.worlds)) < 2 else (
                 "; segments on " + ", ".join("?" if w is None else str(w) for w in self.worlds) + " ranks")
+            sharded = "" if not any(self.sharded) else "; sharded (FSDP2) in segment(s) " + ", ".join(
+                str(i + 1) for i, s in enumerate(self.sharded) if s)
             out.append(f"== ranks: {len(self.reports)} ranks agree "
-                       f"({self.moves} phase-level moves on rank 0, same order, same stop{sizes})")
+                       f"({self.moves} phase-level moves on rank 0, same order, same stop{sizes}{sharded})")
             out.append(f"  ended: {self.ending}")
         else:
             world = "?" if self.world_size is None else self.world_size
@@ -304,4 +307,4 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
     else:
         findings += _compare(by_rank)
     moves = sum(len(seg.moves) for seg in base)
-    return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base))
+    return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base), [s.sharded for s in base])

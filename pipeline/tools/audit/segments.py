@@ -51,6 +51,7 @@ class SegmentChecks(EndingChecks):
         seg.rank = rank if type(rank) is int else 0
         seg.world = world if type(world) is int else None
         seg.launch = launch if isinstance(launch, str) else None
+        seg.sharded = isinstance(payload.get("sharding"), dict)
         seg.next_epoch = start_epoch
         seg.max_steps = payload["max_steps"] if type(payload.get("max_steps")) is int else None
         seg.val_every = payload["val_every_n_steps"] if type(payload.get("val_every_n_steps")) is int else None

@@ -1,0 +1,228 @@
+"""FSDP2 sharding of one rank's model (``distributed.strategy: fsdp``): ``fully_shard`` per unit,
+then the root; the optimizer keeps its settings over the sharded parameters; the full state is
+gathered (rank 0 holds it, on the CPU) for ``model.pt`` and checkpoints, and a full state loads back
+into a sharded model on any number of ranks."""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import OffloadPolicy
+
+__all__ = ["AUTO_SHARE", "FsdpOptions", "GatherForCheckpoint", "Sharding", "checkpoint_states", "full_state",
+           "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_states", "no_gradient_sync",
+           "shard_model", "unshardable"]
+
+AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}
+
+
+@dataclass(frozen=True)
+class FsdpOptions:
+    """The config's ``distributed.fsdp`` section."""
+
+    shard: str | Sequence[str] = "auto"  # "auto" or module class names
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None  # bf16 | fp16 | fp32
+    reduce_dtype: str | None = None
+    cpu_offload: bool = False
+
+
+@dataclass
+class Sharding:
+    """What was sharded: the units (dotted names, "" the root) and each rank's parameter bytes."""
+
+    units: list[str] = field(default_factory=list)
+    bytes_per_rank: int = 0
+    bytes_total: int = 0
+
+    def line(self, world: int) -> str:
+        shown = ", ".join(u or "(root)" for u in self.units)
+        return (f"FSDP2 over {world} ranks: {len(self.units)} unit(s) sharded ({shown}); parameters "
+                f"{self.bytes_total / 2**20:.2f} MiB in all, {self.bytes_per_rank / 2**20:.2f} MiB on this rank")
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _auto_units(model: nn.Module, total: int) -> list[str]:
+    """Top down: a child holding at least ``AUTO_SHARE`` of the parameters is a unit, unless it is a
+    container (a ModuleList/ModuleDict, or one holding all of its parent's), whose children are looked at."""
+    units: list[str] = []
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        own = _count(module)
+        for name, child in module.named_children():
+            n = _count(child)
+            if n < AUTO_SHARE * total:
+                continue
+            path = f"{prefix}{name}"
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)) or (n == own and any(child.children())):
+                walk(child, path + ".")
+            else:
+                units.append(path)
+    walk(model, "")
+    return units
+
+
+def _named_units(model: nn.Module, classes: Sequence[str]) -> list[str]:
+    found = [name for name, m in model.named_modules() if name and type(m).__name__ in classes]
+    missing = sorted(set(classes) - {type(m).__name__ for _, m in model.named_modules()})
+    if missing:
+        raise ValueError(f"distributed.fsdp.shard names {', '.join(missing)}, which the model "
+                         f"({type(model).__name__}) does not hold; expected its module class names, or 'auto'")
+    return [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]  # outermost only
+
+
+def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, options: FsdpOptions,
+                device: torch.device | None = None) -> Sharding:
+    """``fully_shard`` each unit, then the root, in place; the optimizer's groups then hold the sharded
+    parameters (in their own order, with their own settings). A model built on the meta device (never
+    whole on any rank) gets its shards on ``device``, each module's ``reset_parameters`` initialising them."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+
+    before = dict(model.named_parameters())
+    total = sum(p.numel() for p in before.values())
+    units = _auto_units(model, total) if options.shard == "auto" else _named_units(model, list(options.shard))
+    offload: OffloadPolicy = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
+    policy = MixedPrecisionPolicy(param_dtype=_DTYPES[options.param_dtype], reduce_dtype=_DTYPES[options.reduce_dtype])
+    kwargs: dict[str, Any] = {"reshard_after_forward": options.reshard_after_forward, "mp_policy": policy,
+                              "offload_policy": offload}
+    for name in units:
+        fully_shard(model.get_submodule(name), **kwargs)
+    fully_shard(model, **kwargs)
+    if any(p.is_meta for p in model.parameters()):
+        model.to_empty(device=device or torch.device("cpu"))
+        for module in model.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    after = dict(model.named_parameters())
+    if optimizer is not None:
+        moved = {id(before[name]): after[name] for name in before}
+        for group in optimizer.param_groups:
+            group["params"] = [moved[id(p)] for p in group["params"]]
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in after.values())
+    return Sharding([*units, ""], local, sum(p.numel() * p.element_size() for p in before.values()))
+
+
+def is_sharded(model: Any) -> bool:
+    """``model`` is FSDP2's (never true before ``torch.distributed.fsdp`` was imported: no import cost)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
+
+
+def is_sharded_tensor(tensor: Any) -> bool:
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
+
+
+def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of ``tensors``; FSDP2's shards (``Shard(0)`` on one mesh): the squares of the local
+    shards summed over the ranks (one all-reduce), a plain tensor."""
+    if not tensors or not is_sharded_tensor(tensors[0]):
+        return torch.nn.utils.get_total_norm(tensors, 2.0)
+    shards: list[Any] = list(tensors)
+    local = torch.stack([torch.linalg.vector_norm(t.to_local(), 2.0) for t in shards]).square().sum()
+    torch.distributed.all_reduce(local, group=shards[0].device_mesh.get_group())
+    return local.sqrt()
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Any]:
+    """The whole model's and optimizer's state, gathered (a collective: every rank calls it); rank 0
+    holds them, on the CPU, the others get empty dicts. The model's is a plain module's state dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=full)
+    optim_sd = None if optimizer is None else get_optimizer_state_dict(model, optimizer, options=full)
+    return model_sd, optim_sd
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Mapping[str, Any],
+                    optim_sd: Any) -> None:
+    """Load a full state (every rank holds it) into the sharded model and its optimizer: each rank
+    keeps its own shard, for any number of ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, dict(model_sd), options=options)
+    if optimizer is not None and optim_sd is not None:
+        set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
+
+
+@contextmanager
+def no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's ``no_sync``: an accumulating backward keeps its gradients unreduced."""
+    assert is_sharded(model)
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def unshardable(callbacks: Sequence[TrainingCallback]) -> list[str]:
+    """The callbacks (by name) that need the whole parameters or gradients on one rank: refused under FSDP."""
+    refused = [cb.name for cb in callbacks if not cb.works_sharded]
+    return refused + [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
+                      if hasattr(cb, "every_seconds") and (getattr(cb, "every_n_steps", None) or cb.every_seconds)]
+
+
+_GATHERED: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, Any], Any]] = weakref.WeakKeyDictionary()
+
+
+class GatherForCheckpoint(TrainingCallback):
+    """A sharded run with checkpoints: at each epoch end every rank gathers the full state (priority
+    94, just before the checkpoint's 95, after the scheduler's step), which rank 0's checkpoint holds."""
+
+    priority = 94
+    replay = ReplaySupport.DRY
+
+    def on_epoch_end(self, epoch: EpochContext) -> None:
+        run = epoch.run
+        if not run.dry_run and run.model is not None:
+            _GATHERED[run.model] = full_state(run.model, run.optimizer)
+
+
+def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
+    """The model's and optimizer's state a checkpoint holds: a sharded model's, gathered at this epoch's
+    end (the model's as a plain module's; the optimizer's keyed by parameter name)."""
+    if model is not None and is_sharded(model):
+        got = _GATHERED.pop(model, None)
+        if got is None:
+            raise RuntimeError("a sharded model's state is gathered at epoch ends only (GatherForCheckpoint)")
+        return got
+    return (None if model is None else model.state_dict()), (None if optimizer is None else optimizer.state_dict())
+
+
+def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:
+    """Load a checkpoint's full states into a sharded or a plain model: an optimizer state keyed by
+    parameter name (a sharded run's) or by index (a plain run's), either way."""
+    by_name = optim_sd is not None and any(isinstance(k, str) for k in optim_sd.get("state", {}))
+    if not is_sharded(model) and not by_name:
+        model.load_state_dict(model_sd)
+        if optimizer is not None and optim_sd is not None:
+            optimizer.load_state_dict(optim_sd)
+        return
+    if optim_sd is not None and not by_name:  # a plain run's, by index: the optimizer's own order names them
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = [names[id(p)] for g in (optimizer.param_groups if optimizer is not None else ()) for p in g["params"]]
+        groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
+        optim_sd = {"state": {order[i]: v for i, v in optim_sd["state"].items()}, "param_groups": groups}
+    load_full_state(model, optimizer, model_sd, optim_sd)

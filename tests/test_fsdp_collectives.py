@@ -1,0 +1,96 @@
+"""Bounded collectives on real ``torchrun`` workers (gloo, 2 CPU ranks): an exception that will not
+pickle reaches the other rank as text; an object that will not pickle fails on every rank; a
+collective that one rank never joins ends within ``agreement_timeout_s``, naming the collective and
+the bound; a peer's failure is a ``RankFailed``, which ``except Exception`` catches."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dist_runs import config, env, finish, free_port, fsmtrain
+
+from fsmtrain.core.consensus import Failure, RankFailed
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+_WORKER = '''
+import json, os, sys, threading, time, torch
+import torch.distributed as dist
+from fsmtrain.training.distributed import DistributedOptions, init_from_env
+
+class Unpicklable(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"needs {a} and {b}")
+        self.lock = threading.Lock()
+
+c = init_from_env(DistributedOptions(agreement_timeout_s=3.0), torch.device("cpu"))
+c.bind("test")
+out = {}
+def fail():
+    raise Unpicklable(1, 2)
+try:
+    c.share(fail)
+except Exception as exc:
+    out["share"] = f"{type(exc).__name__}: {exc}"
+try:
+    c.broadcast_object(threading.Lock() if c.rank == 0 else None, 0)
+except TypeError as exc:
+    out["object"] = str(exc)
+out["value"] = c.broadcast_object({"x": [1, 2]}, 0)
+t0 = time.monotonic()
+if c.rank == 0:
+    try:
+        c.all_reduce_sum(torch.ones(1))
+    except Exception as exc:
+        out["hang"] = [type(exc).__name__, str(exc), time.monotonic() - t0]
+else:
+    time.sleep(5)  # never joins: rank 0's all-reduce waits for it
+with open(sys.argv[1] + f"/rank{c.rank}.json", "w") as fh:
+    json.dump(out, fh)
+os._exit(0)  # a collective is left pending: no teardown
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_collectives_are_bounded_and_failures_reach_every_rank_as_data(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", str(free_port()), str(script), str(tmp_path)], cwd=tmp_path, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = finish(proc, 100)
+    got = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
+    for r in (0, 1):
+        assert got[r]["share"] == "RuntimeError: Unpicklable: needs 1 and 2", (r, got[r], out[-2000:])
+        assert "rank 0 could not send its object to the other ranks: lock will not pickle" in got[r]["object"], got[r]
+        assert got[r]["value"] == {"x": [1, 2]}
+    name, said, seconds = got[0]["hang"]
+    assert name == "AgreementTimeout" and "(all_reduce_sum)" in said and "distributed.agreement_timeout_s" in said
+    assert "waited 3 s" in said and 3.0 <= seconds < 10.0, got[0]["hang"]
+
+
+def test_a_peers_failure_is_an_exception_user_code_catches() -> None:
+    try:
+        raise RankFailed(Failure(1, "forward", "ValueError: boom"))
+    except Exception as exc:  # the point: user code's own `except Exception` sees it
+        assert isinstance(exc, RankFailed) and not isinstance(exc, KeyboardInterrupt)
+        assert str(exc) == "rank 1 failed in forward: ValueError: boom"
+
+
+@pytest.mark.timeout(120)
+def test_a_callback_that_needs_whole_tensors_is_refused_by_name_when_the_run_is_built(tmp_path: Path) -> None:
+    cfg = config(tmp_path, epochs=1, log_every_n_steps=2, distributed={"strategy": "fsdp"},
+                 checkpoint={"enabled": True, "every_n_steps": 3})
+    done = fsmtrain("validate", str(cfg), cwd=tmp_path, timeout=100)
+    assert done.returncode != 0
+    assert ("distributed.strategy: expected callbacks that work on sharded parameters (fsdp); found StepLogCallback; "
+            "CheckpointCallback's step checkpoints (every_n_steps, every_minutes), which need(s) the whole") in (
+        done.stdout + done.stderr), done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
