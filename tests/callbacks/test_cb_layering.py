@@ -23,9 +23,9 @@ def test_modules_import_only_the_core():
                 assert not node.module.startswith("fsmtrain.callbacks"), f"{path.name} imports {node.module}"
                 if node.module.startswith("fsmtrain."):
                     assert node.module.startswith("fsmtrain.core.") or node.module in (
-                        "fsmtrain.training.checkpoint", "fsmtrain.training.sharding"), (
-                        f"{path.name} imports {node.module}: callbacks use the core, the checkpoint store and the "
-                        "sharded-tensor helpers only")
+                        "fsmtrain.training.checkpoint", "fsmtrain.training.sharding", "fsmtrain.training.optimizers"), (
+                        f"{path.name} imports {node.module}: callbacks use the core, the checkpoint store, the "
+                        "sharded-tensor helpers and the named optimizers only")
 
 
 def test_exports_priorities_and_tier():
