@@ -40,7 +40,7 @@ from fsmtrain.training.distributed import (
 )
 from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
 from fsmtrain.training.inference import run_over
-from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, skipped_hooks
+from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, is_manual, skipped_hooks
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
@@ -133,6 +133,10 @@ class Trainer:
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
         rank = self.collective.rank if self.collective is not None else 0
+        if is_manual(step) and self.collective is not None and self.collective.world_size > 1:
+            raise ValueError(f"the manual step {step_name(step)} runs its own backward and optimizer steps, which "
+                             "DDP's gradient averaging does not reach: it trains on one process (this run has "
+                             f"{self.collective.world_size})")
         if strategy == "fsdp" and self.collective is not None:
             callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
         if rank > 0:
