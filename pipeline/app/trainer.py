@@ -38,9 +38,9 @@ from fsmtrain.training.distributed import (
     shard_val_loader,
     wrap_model,
 )
-from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver
+from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver, loader_generator
 from fsmtrain.training.inference import run_over
-from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, is_manual, skipped_hooks
+from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, check_manual
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
 from fsmtrain.training.resume_match import mismatches
@@ -48,11 +48,12 @@ from fsmtrain.training.sharding import (
     FsdpOptions,
     GatherForCheckpoint,
     Sharding,
-    full_state,
+    gathered_weights,
     shard_model,
+    sharding_line,
     unshardable,
 )
-from fsmtrain.training.step import StepFn, step_name
+from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
 
@@ -99,13 +100,8 @@ class Trainer:
         ``strategy``: ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2: parameters,
         gradients and optimizer state sharded over the ranks, as ``fsdp`` says)."""
         self.notices = notices_of(preemption_signals)
-        if strategy not in ("ddp", "fsdp"):
-            raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
         self.strategy, self.fsdp = strategy, fsdp or FsdpOptions()
         self.sharding: Sharding | None = None
-        for name, value in (("max_steps", max_steps), ("val_every_n_steps", val_every_n_steps)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
         self.val_every_n_steps = val_every_n_steps
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
         # several, by name (a manual step gets them so)
@@ -113,7 +109,8 @@ class Trainer:
         scheduler = NamedSchedulers(scheduler) if isinstance(scheduler, Mapping) else scheduler
         self.max_steps = max_steps
         _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
-                         log_level, console_level, log_fsync)
+                         log_level, console_level, log_fsync, strategy, {"max_steps": max_steps,
+                                                                        "val_every_n_steps": val_every_n_steps})
         if run_name is not None:
             if run_dir is not None or resume_from is not None:
                 raise ValueError("run_name names a new run's folder: give it without run_dir and resume_from")
@@ -133,10 +130,6 @@ class Trainer:
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
         rank = self.collective.rank if self.collective is not None else 0
-        if is_manual(step) and self.collective is not None and self.collective.world_size > 1:
-            raise ValueError(f"the manual step {step_name(step)} runs its own backward and optimizer steps, which "
-                             "DDP's gradient averaging does not reach: it trains on one process (this run has "
-                             f"{self.collective.world_size})")
         if strategy == "fsdp" and self.collective is not None:
             callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
         if rank > 0:
@@ -146,16 +139,12 @@ class Trainer:
         self.restart: Restart | None = None
         self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
-        needing = skipped_hooks(step, callbacks)
-        if needing:
-            raise ValueError(f"the manual step {step_name(step)} runs its own backward and optimizer steps, so the "
-                             f"hooks around them never fire; callbacks that need them: {'; '.join(needing)} (leave "
-                             "them out; default_callbacks=False leaves out the built-in gradient monitor)")
+        check_manual(step, callbacks, 1 if self.collective is None else self.collective.world_size)
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
             # Everything that can fail without the run directory is built before it is claimed.
             self.runner = CallbackRunner(callbacks)
-            run_extras = self._run_extras(extras, train_loader, rank)
+            run_extras = _run_extras(extras, train_loader, self.collective, self.runner.callbacks, strategy)
             self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile,
                                        (step, val_step))
             self.run_dir = self._claim(run_dir, resume_from is not None)
@@ -165,20 +154,6 @@ class Trainer:
             self.close()  # a claim this constructor made is let go: a retry finds the folder free
             unbind_callbacks(callbacks, binding)
             raise
-
-    def _run_extras(self, extras: Mapping[str, Any] | None, train_loader: Iterable[Any], rank: int) -> dict[str, Any]:
-        run_extras = dict(extras or {})
-        gen = TorchDriver.loader_generator(train_loader)
-        if gen is not None:
-            run_extras.setdefault("data_seed", gen.initial_seed())
-        batch = global_batch(train_loader, 1 if self.collective is None else self.collective.world_size,
-                             self.runner.callbacks)
-        if batch is not None:
-            run_extras["global_batch"] = batch
-        if self.collective is not None:
-            run_extras.update(rank=rank, world_size=self.collective.world_size)
-        run_extras["strategy"] = self.strategy
-        return run_extras
 
     def _driver(self, loss_fn: LossFn | None, train_loader: Iterable[Any], val_loader: Iterable[Any] | None,
                 metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool,
@@ -215,7 +190,7 @@ class Trainer:
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
             check_log_key(self.run_dir, key)
-            found = self._find_resumption(self.run_dir, resume_from)
+            found = _find_resumption(self.collective, self.settled, self.run_dir, resume_from)
             if isinstance(found, Restart):
                 self.restart = found
             else:
@@ -248,7 +223,11 @@ class Trainer:
         self.run.scaler = self.precision.scaler
         self.run.exact_metrics = self.driver.exact
         self.run.extras.update(run_extras)
-        self._say_sharding(rank)
+        if self.sharding is not None:
+            self.run.extras["sharding"] = self.sharding.record()
+        line = sharding_line(self.sharding, self.strategy, 1 if self.collective is None else self.collective.world_size)
+        if line is not None and rank == 0:
+            print(f"fsmtrain: {line}", file=sys.stderr, flush=True)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
         if self.resumption is not None:
@@ -261,20 +240,6 @@ class Trainer:
         outputs = self.write_outputs and self.run_dir is not None and (rank == 0 or self.sharding is not None)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
-
-    def _say_sharding(self, rank: int) -> None:
-        """The effective sharding in ``run_start`` and, from rank 0, on the console."""
-        if self.sharding is not None:
-            world = 1 if self.collective is None else self.collective.world_size
-            self.run.extras["sharding"] = {"units": self.sharding.units, "bytes_per_rank": self.sharding.bytes_per_rank,
-                                           "bytes_total": self.sharding.bytes_total}
-            line = self.sharding.line(world)
-        elif self.strategy == "fsdp":
-            line = "strategy fsdp on one process: nothing to shard, the model trains whole"
-        else:
-            return
-        if rank == 0:
-            print(f"fsmtrain: {line}", file=sys.stderr, flush=True)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
@@ -292,16 +257,6 @@ class Trainer:
         self.settled = settle_claim(self.collective, claim, uuid.uuid4().hex)
         self.collective.bind(self.settled.launch)  # the run's failure board
         return self.settled.path
-
-    def _find_resumption(self, run_dir: Path, which: str | Path) -> Resumption | Restart:
-        """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
-        committed none; every other rank continues from the same one (:mod:`fsmtrain.app.ranks`)."""
-        if self.collective is None or self.settled is None:
-            found = resumption_or_restart(run_dir, which)
-            if isinstance(found, Resumption):
-                found.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
-            return found
-        return share_resumption(self.collective, run_dir, which, self.settled, recorded_world_size)
 
     @property
     def callbacks(self) -> tuple[TrainingCallback, ...]:
@@ -330,7 +285,11 @@ class Trainer:
         """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the
         run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
         assert self.run_dir is not None and self.events is not None and self.events.path is not None
-        state = self._final_weights(run, finished)
+        state: dict[str, Any] | None = self.model.state_dict() if finished else None
+        if self.sharding is not None and self.collective is not None:  # gathered from every rank (rank 0 holds it)
+            state, why = gathered_weights(self.model, self.collective, finished)
+            if why is not None and finished:
+                run.warn("trainer", f"model.pt is not written: {why}")
         if run.extras.get("rank", 0):
             return  # a rank of a sharded run: it gave its shards to rank 0's model.pt
         if state is not None:
@@ -338,23 +297,6 @@ class Trainer:
             torch.save(state, weights)  # the plain module's, not DDP's, FSDP's or compile's
             atomic_write_bytes(self.run_dir / MODEL_FILE, weights.getvalue())
         atomic_write_bytes(self.run_dir / DIAGRAM_FILE, run_diagram(self.events.path).encode("utf-8"))
-
-    def _final_weights(self, run: RunContext, finished: bool) -> dict[str, Any] | None:
-        """The trained weights of a plain module. Sharded, they are gathered from every rank (rank 0
-        holds them), when every rank finished and none failed; else ``model.pt`` is not written, and
-        the log says why."""
-        if self.sharding is None or self.collective is None:
-            return self.model.state_dict() if finished else None
-        why = None
-        if self.collective.posted_failure() is not None:
-            why = "a rank failed, and the sharded weights cannot be gathered without it"
-        elif not all(row[0] for row in self.collective.all_gather_ints([int(finished)])):
-            why = "not every rank finished"
-        if why is not None:
-            if finished:
-                run.warn("trainer", f"model.pt is not written: {why}")
-            return None
-        return full_state(self.model, None)[0]
 
     def close(self) -> None:
         """Close the log and let the run directory go (``fit`` does this itself)."""
@@ -391,8 +333,13 @@ DIAGRAM_FILE = "lifecycle.mmd"
 
 def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], max_epochs: Any,
                      callbacks: Sequence[Any], run_dir: Any, resume_from: Any, log_level: str,
-                     console_level: str, log_fsync: str) -> None:
+                     console_level: str, log_fsync: str, strategy: str, step_counts: Mapping[str, Any]) -> None:
     """The constructor's arguments, checked before anything is built or claimed."""
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+    for name, value in step_counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
         raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
     if not isinstance(model, nn.Module):
@@ -410,3 +357,30 @@ def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], ma
     if log_fsync not in FSYNC_POLICIES:
         raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
 
+
+def _run_extras(extras: Mapping[str, Any] | None, train_loader: Iterable[Any], collective: TorchCollective | None,
+                callbacks: Sequence[TrainingCallback], strategy: str) -> dict[str, Any]:
+    """What ``run_start`` records of the run beyond its config: data seed, global batch, rank layout."""
+    run_extras = dict(extras or {})
+    gen = loader_generator(train_loader)
+    if gen is not None:
+        run_extras.setdefault("data_seed", gen.initial_seed())
+    batch = global_batch(train_loader, 1 if collective is None else collective.world_size, callbacks)
+    if batch is not None:
+        run_extras["global_batch"] = batch
+    if collective is not None:
+        run_extras.update(rank=collective.rank, world_size=collective.world_size)
+    run_extras["strategy"] = strategy
+    return run_extras
+
+
+def _find_resumption(collective: TorchCollective | None, settled: Settled | None, run_dir: Path,
+                     which: str | Path) -> Resumption | Restart:
+    """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
+    committed none; every other rank continues from the same one (:mod:`fsmtrain.app.ranks`)."""
+    if collective is None or settled is None:
+        found = resumption_or_restart(run_dir, which)
+        if isinstance(found, Resumption):
+            found.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
+        return found
+    return share_resumption(collective, run_dir, which, settled, recorded_world_size)

@@ -22,11 +22,24 @@ from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
 from fsmtrain.core.hooks import int_at_least
 from fsmtrain.core.ledger import CommittedFile
 from fsmtrain.training import checkpoint_file as files
-from fsmtrain.training.checkpoint_file import CheckpointError, CheckpointWriteError, load_checkpoint, sha256_of
-from fsmtrain.training.checkpoint_writer import SLOTS, BufferSet, CheckpointWriter, Job, Staged, stage, tensor_bytes
-from fsmtrain.training.resume_match import object_classes
-from fsmtrain.training.rng import capture_rng_state
-from fsmtrain.training.sharding import checkpoint_states
+from fsmtrain.training.checkpoint_file import (
+    CheckpointError,
+    CheckpointWriteError,
+    load_checkpoint,
+    sha256_of,
+    stateful_callbacks,
+)
+from fsmtrain.training.checkpoint_writer import (
+    SLOTS,
+    BufferSet,
+    CheckpointWriter,
+    Job,
+    Staged,
+    WritePlan,
+    Written,
+    stage,
+    tensor_bytes,
+)
 
 __all__ = [
     "DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
@@ -49,36 +62,6 @@ def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
         if not relative.startswith(os.pardir):
             return relative
     return absolute
-
-
-def stateful_callbacks(run: RunContext) -> dict[str, Any]:
-    """The callbacks whose state a checkpoint holds, by key: the name, ``name#i`` for a repeated one."""
-    found: dict[str, Any] = {}
-    for i, cb in enumerate(run.callbacks):
-        if getattr(cb, "stateful", False):
-            found[cb.name if cb.name not in found else f"{cb.name}#{i}"] = cb
-    return found
-
-
-@dataclass(frozen=True)
-class WritePlan:
-    """One epoch's checkpoint, decided and staged on the training thread."""
-
-    epoch: int
-    periodic: bool
-    roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
-    staged: Staged  # the state, in host buffers no one else writes while it is pending
-    chain_head: str | None  # the log's head the state stores
-    path: Path  # epoch_<n>.pt, or step_<n>.pt
-    step: int | None = None  # a checkpoint at a step: its global step
-
-
-@dataclass(frozen=True)
-class Written:
-    """What one write left on disk, durable, for the log to commit."""
-
-    saved: tuple[files.SavedCheckpoint, ...]
-    chain_head: str | None  # the log's head the files store
 
 
 class CheckpointLog(Protocol):
@@ -283,45 +266,6 @@ class CheckpointManager(CheckpointFolder):
                 "monitor": self.monitor, "mode": self.mode}
 
     # --- the training thread -------------------------------------------------------------------
-    def build_state(self, run: RunContext, epoch: int, metrics: Mapping[str, float],
-                    at: tuple[int, int] | None = None) -> dict[str, Any]:
-        """The checkpoint of ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts.
-        ``at``: a checkpoint inside the epoch, after (global step, batches of the epoch done): it holds
-        the data position, the driver's epoch sums and any gradient still accumulating."""
-        model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-        model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
-        state: dict[str, Any] = {
-            "format": files.FORMAT_VERSION,
-            "run_id": run.run_id,
-            "epoch": epoch_number(epoch),  # counted from 1, as its file's name (the position keeps the index)
-            "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
-            "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
-                         "global_step": run.global_step, "max_epochs": run.max_epochs},
-            "metrics": {k: float(v) for k, v in metrics.items()},
-            "history": files.history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
-            "model": model_sd,
-            "optimizer": optim_sd,
-            "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
-            "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-            "exact_metrics": run.exact_metrics.state_dict() if run.exact_metrics else None,
-            "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(run).items()},
-            "rng": capture_rng_state(),
-            "data_order": {"seed": run.extras.get("data_seed")},
-            "config_fingerprint": run.extras.get("config_fingerprint"),
-            "classes": object_classes(model, optimizer, scheduler),  # what a Trainer resuming it must hold
-            "best": {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch},
-            "extra": {},
-        }
-        if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
-            state["position"]["validations"] = run.validations
-        if at is not None:
-            grads = [p.grad for p in model.parameters()] if model is not None else []
-            state.update(step=at[0], history=files.history_text(run.history, epoch, None),
-                         grads=grads if any(g is not None for g in grads) else None)
-            done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
-            state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
-        return state
-
     def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,
              healthy: bool = True) -> WritePlan | None:
         """This epoch's checkpoint: decided, staged and handed to the writer (written now, when not
@@ -350,7 +294,8 @@ class CheckpointManager(CheckpointFolder):
             log.skipped(epoch, claim.skipped, False, step)
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
-        state = self.build_state(run, epoch, metrics, at)
+        best = {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch}
+        state = files.run_state(run, epoch, metrics, best, at)
         path = self.periodic_path(epoch) if at is None else self.step_path(at[0])
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.

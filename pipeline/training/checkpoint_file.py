@@ -1,4 +1,5 @@
-"""One checkpoint file: its format (a version, the history as one JSON text), written atomically by
+"""One checkpoint file: its format (what a run's state holds, :func:`run_state`; a version; the
+history as one JSON text), written atomically by
 ``torch.save`` and hashed as it is written; read back only with the bytes its run's log committed.
 
 :func:`atomic_file` is the run's one atomic write (checkpoints, the config, the final model): a
@@ -22,14 +23,18 @@ from typing import IO, Any
 
 import torch
 
-from fsmtrain.core.context import EpochRecord, epoch_number
+from fsmtrain.core.context import EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.ledger import committed_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
+from fsmtrain.training.resume_match import object_classes
+from fsmtrain.training.rng import capture_rng_state
+from fsmtrain.training.sharding import checkpoint_states, load_states
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
            "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "fsync_dir", "history_text",
-           "load_checkpoint", "read_history", "save_state", "sha256_of"]
+           "load_checkpoint", "read_history", "restore_run_state", "run_state", "save_state", "sha256_of",
+           "stateful_callbacks"]
 
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
 
@@ -242,3 +247,74 @@ def load_checkpoint(
     if state["format"] != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
     return state
+
+
+def stateful_callbacks(run: RunContext) -> dict[str, Any]:
+    """The callbacks whose state a checkpoint holds, by key: the name, ``name#i`` for a repeated one."""
+    found: dict[str, Any] = {}
+    for i, cb in enumerate(run.callbacks):
+        if getattr(cb, "stateful", False):
+            found[cb.name if cb.name not in found else f"{cb.name}#{i}"] = cb
+    return found
+
+
+def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: dict[str, Any],
+              at: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The checkpoint of ``run`` at ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts.
+    ``at``: a checkpoint inside the epoch, after (global step, batches of the epoch done): it holds
+    the data position, the driver's epoch sums and any gradient still accumulating."""
+    model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
+    model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
+    state: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "run_id": run.run_id,
+        "epoch": epoch_number(epoch),  # counted from 1, as its file's name (the position keeps the index)
+        "chain_head": getattr(run.events, "head", None),  # pins the log as it was at this commit
+        "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
+                     "global_step": run.global_step, "max_epochs": run.max_epochs},
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "history": history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
+        "model": model_sd,
+        "optimizer": optim_sd,
+        "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
+        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+        "exact_metrics": run.exact_metrics.state_dict() if run.exact_metrics else None,
+        "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(run).items()},
+        "rng": capture_rng_state(),
+        "data_order": {"seed": run.extras.get("data_seed")},
+        "config_fingerprint": run.extras.get("config_fingerprint"),
+        "classes": object_classes(model, optimizer, scheduler),  # what a Trainer resuming it must hold
+        "best": best,  # the best-checkpoint policy's own record
+        "extra": {},
+    }
+    if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
+        state["position"]["validations"] = run.validations
+    if at is not None:
+        grads = [p.grad for p in model.parameters()] if model is not None else []
+        state.update(step=at[0], history=history_text(run.history, epoch, None),
+                     grads=grads if any(g is not None for g in grads) else None)
+        done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
+        state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
+    return state
+
+
+def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> None:
+    """:func:`run_state`'s pieces back into ``run`` (its random streams aside: the caller restores them last)."""
+    if run.model is not None and state.get("model") is not None:
+        load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
+        for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
+            p.grad = None if grad is None else grad.to(p.device)
+    scheduler = run.scheduler
+    if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
+        scheduler.load_state_dict(state["scheduler"])
+    if run.scaler is not None and state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    if run.exact_metrics and state.get("exact_metrics"):
+        run.exact_metrics.load_state_dict(state["exact_metrics"])
+    saved = state.get("callbacks") or {}
+    for key, cb in stateful_callbacks(run).items():
+        if key in saved:
+            cb.load_state_dict(saved[key])
+    seed = (state.get("data_order") or {}).get("seed")
+    if seed is not None:
+        run.extras["data_seed"] = int(seed)

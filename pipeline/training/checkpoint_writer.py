@@ -9,13 +9,16 @@ import copy
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.training.checkpoint_file import SavedCheckpoint
 
-__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "SlotClaim", "Staged", "stage", "tensor_bytes"]
+__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "SlotClaim", "Staged", "WritePlan", "Written", "stage",
+           "tensor_bytes"]
 
 SLOTS = 2  # one slot being written, one staged and waiting
 Key = tuple[Hashable, ...]
@@ -33,6 +36,27 @@ class Staged:
         """Block until every copy into the buffers has landed."""
         if self.ready is not None:
             self.ready.synchronize()
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """One epoch's checkpoint, decided and staged on the training thread."""
+
+    epoch: int
+    periodic: bool
+    roles: tuple[str, ...]  # "latest", "best": other names of the epoch's file
+    staged: Staged  # the state, in host buffers no one else writes while it is pending
+    chain_head: str | None  # the log's head the state stores
+    path: Path  # epoch_<n>.pt, or step_<n>.pt
+    step: int | None = None  # a checkpoint at a step: its global step
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one write left on disk, durable, for the log to commit."""
+
+    saved: tuple[SavedCheckpoint, ...]
+    chain_head: str | None  # the log's head the files store
 
 
 @dataclass

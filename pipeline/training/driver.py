@@ -21,12 +21,12 @@ from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, Ste
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.data_position import batches_from
 from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
-from fsmtrain.training.optimizers import NamedSchedulers, is_manual, optimizers_of
+from fsmtrain.training.optimizers import NamedSchedulers, check_manual_driver, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.sharding import is_sharded, no_gradient_sync
-from fsmtrain.training.step import StepFn, step_name, to_device, user_step
+from fsmtrain.training.step import StepFn, to_device, user_step
 
-__all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "split_batch"]
+__all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "loader_generator", "split_batch"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | StatefulMetric
@@ -50,6 +50,15 @@ def epoch_seed(seed: int, epoch: int) -> int:
     """The shuffle seed of one epoch: a hash of the run's data seed and the epoch index."""
     digest = hashlib.sha256(f"fsmtrain-data-order:{seed}:{epoch}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def loader_generator(loader: Any) -> torch.Generator | None:
+    """A loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
+    for owner in (loader, getattr(loader, "sampler", None)):
+        gen = getattr(owner, "generator", None)
+        if isinstance(gen, torch.Generator):
+            return gen
+    return None
 
 
 class TorchDriver:
@@ -118,12 +127,8 @@ class TorchDriver:
             raise ValueError("give a loss_fn, or a step that computes the loss itself")
         manual = is_manual(step)
         if manual:  # it steps its optimizers itself: the engine's backward, step and zero_grad are left out
-            if self.precision is not None and self.precision.scaler is not None:
-                raise ValueError(f"the manual step {step_name(step)} runs its own backward, without fp16's loss "
-                                 "scaling: use precision '32' or 'bf16-mixed'")
-            if val_step is None and val_loader is not None:
-                raise ValueError(f"the manual step {step_name(step)} steps optimizers: validation needs its own "
-                                 "val_step")
+            check_manual_driver(step, self.precision is not None and self.precision.scaler is not None,
+                                val_step is None and val_loader is not None)
             self.sets_step_flags, self.forward = True, self._manual_forward  # type: ignore[method-assign]
         if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
             self._train_run = user_step(step, device, self.precision, False,  # type: ignore[method-assign,assignment]
@@ -137,21 +142,12 @@ class TorchDriver:
         groups = self.optimizer.param_groups
         return float(groups[0]["lr"]) if groups and "lr" in groups[0] else None
 
-    @staticmethod
-    def loader_generator(loader: Any) -> torch.Generator | None:
-        """A loader's own shuffle generator, if it has one (the driver reseeds it per epoch)."""
-        for owner in (loader, getattr(loader, "sampler", None)):
-            gen = getattr(owner, "generator", None)
-            if isinstance(gen, torch.Generator):
-                return gen
-        return None
-
     def epoch_batches(self, epoch: EpochContext) -> Iterator[Any]:
         self.train_model.train()
         set_epoch = getattr(getattr(self.train_loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch.index)
-        gen, seed = self.loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
+        gen, seed = loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
         self._epoch_rng = torch.get_rng_state() if gen is None else None
         if gen is not None and seed is not None:
             # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed

@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 import torch
 
 from fsmtrain.core.lifecycle import PROGRAM
+from fsmtrain.training.step import step_name
 
-__all__ = ["NamedOptimizers", "NamedSchedulers", "is_manual", "manual_step", "optimizers_of", "skipped_hooks"]
+__all__ = ["NamedOptimizers", "NamedSchedulers", "check_manual", "check_manual_driver", "is_manual", "manual_step",
+           "optimizers_of", "skipped_hooks"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,3 +118,28 @@ def skipped_hooks(step: Any, callbacks: Iterable[Any]) -> list[str]:
         return []
     found = [(cb, [h for h in cb.overridden_hooks() if h in SKIPPED_HOOKS]) for cb in callbacks]
     return [f"{type(cb).__name__} ({', '.join(hooks)})" for cb, hooks in found if hooks]
+
+
+def check_manual(step: Any, callbacks: Iterable[Any], world_size: int) -> None:
+    """A manual step's limits, refused by name when the run is built: one process (its backward is out
+    of DDP's reach), and no callback on the hooks it leaves out."""
+    if not is_manual(step):
+        return
+    name = step_name(step)
+    if world_size > 1:
+        raise ValueError(f"the manual step {name} runs its own backward and optimizer steps, which DDP's gradient "
+                         f"averaging does not reach: it trains on one process (this run has {world_size})")
+    needing = skipped_hooks(step, callbacks)
+    if needing:
+        raise ValueError(f"the manual step {name} runs its own backward and optimizer steps, so the hooks around "
+                         f"them never fire; callbacks that need them: {'; '.join(needing)} (leave them out; "
+                         "default_callbacks=False leaves out the built-in gradient monitor)")
+
+
+def check_manual_driver(step: Any, fp16: bool, validates_with_it: bool) -> None:
+    """What the driver cannot do for a manual step: fp16's loss scaling, or validate with it."""
+    if fp16:
+        raise ValueError(f"the manual step {step_name(step)} runs its own backward, without fp16's loss scaling: use "
+                         "precision '32' or 'bf16-mixed'")
+    if validates_with_it:
+        raise ValueError(f"the manual step {step_name(step)} steps optimizers: validation needs its own val_step")

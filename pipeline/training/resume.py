@@ -26,11 +26,9 @@ from fsmtrain.training.checkpoint import (
     find_damaged,
     load_checkpoint,
     quarantine,
-    stateful_callbacks,
 )
-from fsmtrain.training.checkpoint_file import atomic_link, fsync_dir, read_history
+from fsmtrain.training.checkpoint_file import atomic_link, fsync_dir, read_history, restore_run_state
 from fsmtrain.training.rng import restore_rng_state
-from fsmtrain.training.sharding import load_states
 
 __all__ = [
     "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",
@@ -188,24 +186,7 @@ class Resumption:
         for event, payload in self.announce:
             run.emit(event, level="warning", **payload)
         state = self.state
-        if run.model is not None and state.get("model") is not None:
-            load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
-            for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
-                p.grad = None if grad is None else grad.to(p.device)
-        scheduler = run.scheduler
-        if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
-            scheduler.load_state_dict(state["scheduler"])
-        if run.scaler is not None and state.get("scaler"):
-            run.scaler.load_state_dict(state["scaler"])
-        if run.exact_metrics and state.get("exact_metrics"):
-            run.exact_metrics.load_state_dict(state["exact_metrics"])
-        saved = state.get("callbacks") or {}
-        for key, cb in stateful_callbacks(run).items():
-            if key in saved:
-                cb.load_state_dict(saved[key])
-        seed = (state.get("data_order") or {}).get("seed")
-        if seed is not None:
-            run.extras["data_seed"] = int(seed)
+        restore_run_state(run, state)
         run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
         run.emit(
             "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,

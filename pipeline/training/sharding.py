@@ -21,9 +21,11 @@ from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
 if TYPE_CHECKING:
     from torch.distributed.fsdp import OffloadPolicy
 
+    from fsmtrain.training.distributed import TorchCollective
+
 __all__ = ["AUTO_SHARE", "FsdpOptions", "GatherForCheckpoint", "Sharding", "checkpoint_states", "full_state",
-           "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_states", "no_gradient_sync",
-           "shard_model", "unshardable"]
+           "gathered_weights", "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_states",
+           "no_gradient_sync", "shard_model", "sharding_line", "unshardable"]
 
 AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}
@@ -47,6 +49,9 @@ class Sharding:
     units: list[str] = field(default_factory=list)
     bytes_per_rank: int = 0
     bytes_total: int = 0
+
+    def record(self) -> dict[str, Any]:
+        return {"units": self.units, "bytes_per_rank": self.bytes_per_rank, "bytes_total": self.bytes_total}
 
     def line(self, world: int) -> str:
         shown = ", ".join(u or "(root)" for u in self.units)
@@ -226,3 +231,21 @@ def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model
         groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
         optim_sd = {"state": {order[i]: v for i, v in optim_sd["state"].items()}, "param_groups": groups}
     load_full_state(model, optimizer, model_sd, optim_sd)
+
+
+def sharding_line(sharding: Sharding | None, strategy: str, world: int) -> str | None:
+    """What the console says of a run's sharding (None: a DDP run)."""
+    if sharding is not None:
+        return sharding.line(world)
+    return "strategy fsdp on one process: nothing to shard, the model trains whole" if strategy == "fsdp" else None
+
+
+def gathered_weights(model: nn.Module, collective: TorchCollective, finished: bool) -> tuple[dict[str, Any] | None,
+                                                                                              str | None]:
+    """A sharded model's whole weights (rank 0 holds them) when every rank finished and none failed;
+    else None, and why."""
+    if collective.posted_failure() is not None:
+        return None, "a rank failed, and the sharded weights cannot be gathered without it"
+    if not all(row[0] for row in collective.all_gather_ints([int(finished)])):
+        return None, "not every rank finished"
+    return full_state(model, None)[0], None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, schema_problems
 from fsmtrain.app.config.resolution import (
     ResolveError,
     describe,
@@ -21,7 +21,7 @@ from fsmtrain.app.config.resolution import (
     resolution_problems,
     resolve_dotted,
 )
-from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam, schema_problems
+from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam
 
 if TYPE_CHECKING:
     import optuna
@@ -159,7 +159,7 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
             try:
                 RunConfig.model_validate(probe)
             except ValidationError as exc:
-                problems += schema_problems(exc)
+                problems += schema_problems(exc, RunConfig)
             problems += resolution_problems(probe)
             for p in problems:
                 if not (p.path == path or p.path.startswith(f"{path}.") or str(path).startswith(f"{p.path}.")):

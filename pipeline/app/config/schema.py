@@ -1,17 +1,15 @@
 """The schema tier of a run config: the pydantic models of every section (types, ranges, unknown
-keys refused), and pydantic's errors worded as config problems (with the closest known key)."""
+keys refused); :func:`~fsmtrain.app.config.problems.schema_problems` words pydantic's errors."""
 
 from __future__ import annotations
 
 import re
-import types
-from collections.abc import Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fsmtrain.app.config.loading import override_of
-from fsmtrain.app.config.problems import ConfigProblem, closest
+from fsmtrain.app.config.problems import ConfigProblem
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 from fsmtrain.core.signals import preemption_signals
 
@@ -384,65 +382,6 @@ class RunConfig(_Section):
         if not _DEVICE_RE.match(v):
             raise ValueError("one of cpu, cuda, cuda:N, mps")
         return v
-
-
-def _unwrap(annotation: Any) -> Any:
-    """``X | None`` -> ``X``."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def _annotation_at(model: type[BaseModel], loc: Sequence[int | str]) -> tuple[type[BaseModel] | None, Any]:
-    """Walk ``loc`` through the schema: (the model that owns the last key, the annotation there)."""
-    owner: type[BaseModel] | None = model
-    ann: Any = model
-    for part in loc:
-        ann = _unwrap(ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            owner = ann
-            field = ann.model_fields.get(str(part))
-            if field is None:
-                return owner, None
-            ann = field.annotation
-        elif get_origin(ann) in (list, dict):
-            owner = None
-            ann = get_args(ann)[-1] if get_args(ann) else Any
-        else:
-            return None, None
-    return owner, _unwrap(ann)
-
-
-def schema_problems(err: ValidationError) -> list[ConfigProblem]:
-    problems: list[ConfigProblem] = []
-    for e in err.errors():
-        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        path = ".".join(str(p) for p in loc)
-        kind = e["type"]
-        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
-        found = repr(e["input"])
-        suggestion: str | None = None
-        if kind == "extra_forbidden":
-            _, section = _annotation_at(RunConfig, loc[:-1])
-            is_model = isinstance(section, type) and issubclass(section, BaseModel)
-            known = list(section.model_fields) if is_model else []
-            close = closest(str(loc[-1]), known)
-            problems.append(ConfigProblem(
-                path, f"a known key{' of ' + '.'.join(map(str, loc[:-1])) if loc[:-1] else ''}",
-                f"unknown key {str(loc[-1])!r}", close,
-            ))
-            continue
-        if kind == "missing":
-            problems.append(ConfigProblem(path, "a value (this key is required)", "nothing"))
-            continue
-        if kind == "literal_error":
-            _, ann = _annotation_at(RunConfig, loc)
-            options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
-            suggestion = closest(str(e["input"]), options)
-        problems.append(ConfigProblem(path, msg, found, suggestion))
-    return problems
 
 
 def resolved_dict(cfg: RunConfig) -> dict[str, Any]:

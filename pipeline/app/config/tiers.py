@@ -10,9 +10,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, schema_problems
 from fsmtrain.app.config.resolution import resolution_problems
-from fsmtrain.app.config.schema import RunConfig, schema_problems
+from fsmtrain.app.config.schema import RunConfig
 
 __all__ = ["config_from_dict"]
 
@@ -55,7 +55,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     try:
         cfg = RunConfig.model_validate(dict(data))
     except ValidationError as exc:
-        problems += schema_problems(exc)
+        problems += schema_problems(exc, RunConfig)
     problems += resolution_problems(data)
     problems += optimize_problems(data)
     if not problems and cfg is not None:
