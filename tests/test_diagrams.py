@@ -298,7 +298,7 @@ def test_config_cli_uses_the_config_callbacks() -> None:
     res = _cli("--config", str(REPO / "configs" / "quickstart.yaml"), "--hpo")
     assert res.returncode == 0, res.stderr
     hooks = _hook_lines(res.stdout)
-    assert hooks["on_val_end"].endswith("PrunerCallback(85), EarlyStoppingCallback(90)")
+    assert hooks["on_val_end"].endswith("PrunerCallback(85), EarlyStoppingCallback(90), CheckpointCallback(95)")
     assert hooks["on_epoch_end"].endswith("CheckpointCallback(95)")
     bad = _cli("--config", str(REPO / "configs" / "no-such.yaml"))
     assert bad.returncode == 2 and "no-such.yaml" in bad.stderr

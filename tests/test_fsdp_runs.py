@@ -99,7 +99,7 @@ def test_a_sharded_run_of_several_blocks_trains_audits_and_writes_the_gathered_w
     plain = MLP(**NET)  # type: ignore[arg-type]
     plain.load_state_dict(weights(path / "model.pt"), strict=True)
     last = torch.load(path / "checkpoints" / "latest.pt", weights_only=True)
-    assert last["epoch"] == 2
+    assert last["epoch"] == 3  # counted from 1, as its name
     for k, v in weights(path / "model.pt").items():
         assert torch.equal(v, last["model"][k]), k
     assert set(last["optimizer"]["state"]) == {k for k in plain.state_dict()}  # keyed by name, whole

@@ -114,7 +114,7 @@ def _killed_in_a_hold(folder: Path, epoch: int) -> tuple[Path, str]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("epoch", "said"), [(2, "in 2 process segments (resumed)"), (0, "1 restart(s) from epoch 0")])
+@pytest.mark.parametrize(("epoch", "said"), [(2, "in 2 process segments (resumed)"), (0, "1 restart(s) from epoch 1")])
 def test_resumed_or_restarted_after_kill_9(tmp_path: Path, epoch: int, said: str) -> None:
     run, path = _killed_in_a_hold(tmp_path, epoch)
     done = fsmtrain("resume", str(run), cwd=tmp_path, timeout=200, PYTHONPATH=path)

@@ -363,7 +363,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_in_its_own_run_dir
     assert [e["event"] for e in events].count("restart") == 1
     audit = _cli("audit", str(RUN), cwd=work)
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert "1 restart(s) from epoch 0" in audit.stdout
+    assert "1 restart(s) from epoch 1" in audit.stdout
     replay = _cli("replay", str(RUN), cwd=work)
     assert replay.returncode == 0, replay.stdout + replay.stderr
 

@@ -276,9 +276,9 @@ def explain_lines(ex: Explanation) -> list[str]:
         lines.append(f"checkpoints: {ex.checkpoints_verified} verified (sha256, {ex.checkpoints_pinned} pinning "
                      f"the chain), {ex.checkpoints_removed} removed by the run, {ex.checkpoints_missing} not present")
     if ex.checkpoints_skipped or ex.checkpoints_damaged or ex.restarts:
-        lines.append(f"checkpoints left out: {ex.checkpoints_skipped} state(s) skipped by the writer (a slow disk; "
-                     f"each named in the log), {ex.checkpoints_damaged} damaged state(s) moved to damaged/ by a "
-                     f"resume, {ex.restarts} restart(s) from epoch 0 (nothing committed to resume from)")
+        lines.append(f"checkpoints left out: {ex.checkpoints_skipped} state(s) skipped by the writer (a slow disk "
+                     f"or a busy CPU; each named in the log), {ex.checkpoints_damaged} damaged state(s) moved to "
+                     f"damaged/ by a resume, {ex.restarts} restart(s) from epoch 1 (nothing committed to resume from)")
     return lines
 
 
