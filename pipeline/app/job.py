@@ -196,7 +196,8 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
     try:
         if not resume:  # a new folder says at once what it was claimed for, while the callbacks build
             write_config()
-        callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks)
+        callbacks = checked_callbacks(cfg, run_dir=path, trial=trial, extra=extra_callbacks,
+                                      world_size=1 if collective is None else collective.world_size)
         if header is not None:
             header.say(claim, resume)
         if resume:  # rewritten only once the resumed run's parts are all built

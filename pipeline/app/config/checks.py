@@ -39,7 +39,7 @@ UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"
 
 
 def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, trial: Any = None,
-                      extra: Sequence[TrainingCallback] = ()) -> list[TrainingCallback]:
+                      extra: Sequence[TrainingCallback] = (), world_size: int = 1) -> list[TrainingCallback]:
     """The run's callbacks as ``train`` builds them, ``extra`` added; a constructor or a runner that
     rejects them is one ConfigError."""
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
@@ -54,12 +54,13 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
     except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
         raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))],
                           cfg.source_of("callbacks")) from exc
-    manual_problems(cfg, callbacks)
+    manual_problems(cfg, callbacks, world_size)
     return callbacks
 
 
-def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback]) -> None:
-    """A manual step's needs: no callback on the hooks it leaves out, no fp16 scaling, its own val_step."""
+def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback], world_size: int = 1) -> None:
+    """A manual step's needs: one process, no callback on the hooks it leaves out, no fp16 scaling, its
+    own val_step."""
     from fsmtrain.training.optimizers import is_manual, skipped_hooks
 
     step = build_steps(cfg)[0]
@@ -73,6 +74,10 @@ def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback]) -> No
     if cfg.precision == "16-mixed":
         problems.append(ConfigProblem("precision", f"'32' or 'bf16-mixed' (the manual step {cfg.step} runs its own "
                                       "backward, without fp16's loss scaling)", repr(cfg.precision)))
+    if world_size > 1:
+        problems.append(ConfigProblem("step", f"one process (the manual step {cfg.step} runs its own backward, which "
+                                      f"DDP's gradient averaging does not reach: it trains on one process (this run "
+                                      f"has {world_size}))", f"{world_size} ranks"))
     if cfg.val_step is None:
         problems.append(ConfigProblem("val_step", f"a val_step (the manual step {cfg.step} steps optimizers, so it "
                                       "cannot validate)", "none"))
