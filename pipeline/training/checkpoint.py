@@ -1,12 +1,7 @@
-"""The checkpoint store: what a checkpoint holds, which files an epoch gets and the folder keeps,
-and the damaged ones moved aside.
-
-Files: ``epoch_<n>.pt`` (``n`` the epoch number, 1-based), and ``best.pt`` and ``latest.pt``, other
-names (hard links) of an epoch's file. Kept: the periodic files of the last ``keep_last_k``
-periodic epochs (``0`` keeps all), the newest epoch's own file, and always the newest older state
-besides, since one damaged file takes every name of its epoch with it. Only files this run
-committed are removed; a committed file whose bytes changed is moved to ``damaged/``.
-"""
+"""The checkpoint folder: ``epoch_<n>.pt`` (1-based), ``best.pt`` and ``latest.pt`` (hard links to an
+epoch's file). Kept: the last ``keep_last_k`` periodic files (``0``: all), the newest epoch's file, and
+the newest older state besides, since one damaged file takes every name of its epoch with it. Only
+files this run committed are removed; a committed file whose bytes changed is moved to ``damaged/``."""
 
 from __future__ import annotations
 
@@ -54,8 +49,7 @@ _STEP = re.compile(r"^step_(\d+)\.pt$")
 
 
 def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
-    """``path`` as the log shows it: relative to ``run_dir`` when under it, else absolute (lexical:
-    no symlink resolution)."""
+    """``path`` as the log shows it: relative to ``run_dir`` when under it, else absolute (lexically)."""
     absolute = os.path.abspath(path)
     if run_dir is not None:
         relative = os.path.relpath(absolute, os.path.abspath(run_dir))
@@ -75,9 +69,8 @@ class CheckpointLog(Protocol):
 
 
 class CheckpointFolder:
-    """File names in ``directory``, and the epochs whose files this run committed and still keeps
-    there. The writer thread records each commit (:meth:`committed`); the training thread reads the
-    record only when no write is pending."""
+    """File names in ``directory`` and the epochs whose files this run committed and keeps there (recorded
+    by the writer thread; the training thread reads them only when no write is pending)."""
 
     def __init__(self, directory: str | Path, keep_last_k: int) -> None:
         self.directory = Path(directory)
@@ -98,8 +91,7 @@ class CheckpointFolder:
         return self.directory / f"step_{step}.pt"
 
     def _redundant_steps(self) -> tuple[Path, ...]:
-        """Forget and return the step files beyond the newest ``keep_last_k`` (and never the newest two:
-        the newest state and the one a resume falls back to)."""
+        """Forget and return the step files beyond the newest ``keep_last_k`` (never the newest two)."""
         keep = max(self.keep_last_k, 2) if self.keep_last_k else len(self.steps)
         gone, self.steps = self.steps[:-keep], self.steps[-keep:]
         return tuple(self.step_path(s) for s in gone)
@@ -122,8 +114,7 @@ class CheckpointFolder:
         kept.sort()
 
     def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
-        """Forget and return the epoch files no longer kept; ``keep_newest`` spares the newest
-        epoch's own file as well."""
+        """Forget and return the epoch files no longer kept; ``keep_newest`` spares the newest epoch's file."""
         on_disk = sorted({*self.periodic, *self.transient})
         if not on_disk:
             return ()
@@ -139,8 +130,7 @@ class CheckpointFolder:
         return tuple(self.periodic_path(e) for e in on_disk if e not in keep)
 
     def adopt(self, committed: Mapping[str, CommittedFile], run_dir: Path | None) -> None:
-        """A resumed run: what is on disk, from the files its log commits (not from the checkpoint,
-        which cannot know of the writes that came after it was staged)."""
+        """A resumed run: what is on disk, from the files its log commits (the checkpoint cannot know)."""
         self.periodic, self.transient, self.newest, self.steps = [], [], None, []
         folder = self.directory.resolve()
         for shown, done in committed.items():
@@ -169,9 +159,8 @@ class DamagedState:
 
 
 def find_damaged(run_dir: Path, live: Mapping[str, CommittedFile]) -> tuple[set[str], list[DamagedState]]:
-    """Hash every committed file still there (each inode once): the paths whose bytes are the
-    committed ones, and the damaged states, newest first, each with every name it has. A committed
-    file that is gone is in neither."""
+    """Hash every committed file still there (each inode once): the intact paths, and the damaged states,
+    newest first, each with every name it has. A committed file that is gone is in neither."""
     seen: dict[tuple[int, int, int, int], str] = {}
     intact: set[str] = set()
     groups: dict[str, list[tuple[str, str, CommittedFile]]] = {}
@@ -193,9 +182,8 @@ def find_damaged(run_dir: Path, live: Mapping[str, CommittedFile]) -> tuple[set[
 
 
 def quarantine(run_dir: Path, state: DamagedState, folder: str = DAMAGED_DIR) -> tuple[str, ...]:
-    """Move ``state``'s files to ``folder`` (``damaged/``) beside them (a name already there gets a number), so
-    the evidence stays and no later write replaces it; returns where each went, as the log shows
-    paths (relative to ``run_dir`` when under it)."""
+    """Move ``state``'s files into ``folder`` beside them (a name already there gets a number), so the
+    evidence stays and no later write replaces it; returns where each went, as the log shows paths."""
     moved: list[str] = []
     folders: set[Path] = set()
     for shown in state.paths:
@@ -215,14 +203,10 @@ def quarantine(run_dir: Path, state: DamagedState, folder: str = DAMAGED_DIR) ->
 
 
 class CheckpointManager(CheckpointFolder):
-    """Decides which checkpoints an epoch gets (:meth:`decide`), and writes them so that a kill at
-    any moment leaves a committed checkpoint that loads, while training goes on.
-
-    :meth:`save` (the training thread) decides, claims a writer slot, builds the state and stages
-    it. :meth:`write` (the writer thread) writes it once as ``epoch_<n>.pt``, hashed as it is
-    written, and fsyncs the folder; the log commits it with the roles it is to get, and only then
-    each role is pointed at it and committed, so a role file never holds bytes the log has not
-    committed. Only after that are older files removed: the newest committed state is never without a file."""
+    """Decides which checkpoints an epoch gets and writes them so that a kill at any moment leaves a
+    committed checkpoint that loads. :meth:`save` (training thread) stages the state; :meth:`write`
+    (writer thread) writes ``epoch_<n>.pt``; the log commits it with its roles, only then is each role
+    linked and committed, and only after that are older files removed."""
 
     def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
                  save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
@@ -244,10 +228,9 @@ class CheckpointManager(CheckpointFolder):
         return self.best_value is None or (value < self.best_value if self.mode == "min" else value > self.best_value)
 
     def decide(self, epoch: int, metrics: Mapping[str, float], final: bool, healthy: bool = True) -> list[str]:
-        """The kinds of file ``epoch`` gets: ``periodic`` every ``save_every_n_epochs``; ``best`` when
-        the monitored value strictly improves on a ``healthy`` epoch (a non-finite loss may leave
-        weights that are not finite), which then is the best so far; ``latest`` at every epoch end
-        (without ``save_latest``: with ``periodic`` and when ``final``)."""
+        """The kinds of file ``epoch`` gets: ``periodic`` every ``save_every_n_epochs``; ``best`` when the
+        monitored value strictly improves on a ``healthy`` epoch; ``latest`` at every epoch end (without
+        ``save_latest``: with ``periodic`` and when ``final``)."""
         kinds: list[str] = []
         if (epoch + 1) % self.save_every_n_epochs == 0:
             kinds.append("periodic")
@@ -268,9 +251,8 @@ class CheckpointManager(CheckpointFolder):
     # --- the training thread -------------------------------------------------------------------
     def save(self, run: RunContext, epoch: int, metrics: Mapping[str, float], final: bool, log: CheckpointLog,
              healthy: bool = True) -> WritePlan | None:
-        """This epoch's checkpoint: decided, staged and handed to the writer (written now, when not
-        ``background``). Returns the plan, or None when nothing is due or the state is left out (a
-        slow disk; ``log.skipped`` says so)."""
+        """This epoch's checkpoint, decided, staged and handed to the writer; None when nothing is due or
+        the state is left out (``log.skipped`` says so)."""
         kinds = self.decide(epoch, metrics, final, healthy)
         if not kinds:
             return None
@@ -278,9 +260,8 @@ class CheckpointManager(CheckpointFolder):
 
     def save_step(self, run: RunContext, step: int, batch: int, log: CheckpointLog,
                   best: bool = False) -> WritePlan | None:
-        """A checkpoint inside epoch ``run.epoch``, after global step ``step`` (its ``batch``-th batch):
-        ``step_<step>.pt``, and ``latest`` (a resume continues from the batch after it); ``best`` too
-        after a validation inside the epoch that improved on the best."""
+        """A checkpoint inside epoch ``run.epoch`` after global step ``step`` (its ``batch``-th batch):
+        ``step_<step>.pt`` and ``latest``, and ``best`` after an improving validation inside the epoch."""
         return self._stage(run, run.epoch, {}, ["step", "latest", *(["best"] if best else [])], False, log,
                            (step, batch))
 
@@ -307,8 +288,7 @@ class CheckpointManager(CheckpointFolder):
         return plan
 
     def close(self, timeout: float | None = None) -> bool:
-        """Stop the writer thread and free the staging buffers (``train_end``, after the drain).
-        False: the thread was still writing after ``timeout`` seconds."""
+        """Stop the writer thread and free the staging buffers; False: still writing after ``timeout``."""
         stopped = self.writer.close(timeout)
         for buffers in self.buffers:
             buffers.release()
@@ -372,8 +352,7 @@ class CheckpointManager(CheckpointFolder):
         files.fsync_dir(self.directory)
 
     def finish(self, log: CheckpointLog) -> None:
-        """Once every write is committed: remove what the last commit made redundant (the newest
-        epoch's own file when it is not periodic: ``latest.pt`` holds its bytes)."""
+        """Once every write is committed: remove what the last commit made redundant."""
         self._remove(self._redundant(keep_newest=False), log, beside=False)
 
     def state_dict(self) -> dict[str, Any]:  # the best so far, for resume

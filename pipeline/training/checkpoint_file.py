@@ -1,10 +1,6 @@
-"""One checkpoint file: its format (what a run's state holds, :func:`run_state`; a version; the
-history as one JSON text), written atomically by
-``torch.save`` and hashed as it is written; read back only with the bytes its run's log committed.
-
-:func:`atomic_file` is the run's one atomic write (checkpoints, the config, the final model): a
-reader sees the old file or the whole new one, never a part, also after a crash.
-"""
+"""One checkpoint file: its format (:func:`run_state`), written by ``torch.save`` and hashed as it is
+written, read back only with the bytes its run's log committed. :func:`atomic_file` is the run's one
+atomic write: a reader sees the old file or the whole new one, never a part, also after a crash."""
 
 from __future__ import annotations
 
@@ -53,9 +49,8 @@ def fsync_dir(directory: Path) -> None:
 
 @contextlib.contextmanager
 def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
-    """A temp name beside ``path``: what the block leaves there replaces ``path`` when the block
-    ends, and is removed when it raises. ``sync_dir=False`` leaves the folder's fsync to a caller
-    that makes several renames durable at once."""
+    """A temp name beside ``path`` that replaces it when the block ends, removed when it raises;
+    ``sync_dir=False`` leaves the folder's fsync to a caller that makes several renames durable at once."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
     try:
@@ -89,8 +84,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
-    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where the file
-    system has none."""
+    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where there is none."""
     with _replacing(path, sync_dir) as tmp:
         try:
             os.link(source, tmp)
@@ -106,13 +100,10 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointWriteError(FileWriteError):
-    """A checkpoint could not be written (a full disk, a quota, an I/O error). Nothing committed
-    before it changed: its temp file is gone and no name was moved to it."""
+    """A checkpoint could not be written (a full disk, a quota, an I/O error); nothing committed changed."""
 
     @classmethod
     def of(cls, exc: OSError, epoch: int, path: Path, needs: int | None = None) -> CheckpointWriteError:
-        """The error of writing ``path`` for ``epoch``; ``needs``: the bytes the file needs at least,
-        when that is why it was not begun."""
         need = f"; it needs at least {needs} bytes" if needs is not None else ""
         return cls(exc.errno, f"the checkpoint of epoch {epoch_number(epoch)} could not be written: "
                               f"{write_failure(exc, str(path), path)}{need}; the checkpoints committed before it "
@@ -120,9 +111,8 @@ class CheckpointWriteError(FileWriteError):
 
 
 def check_free_space(path: Path, needs: int) -> None:
-    """Raise ``OSError(ENOSPC)`` when the file system of ``path`` has fewer free bytes than ``needs``.
-    A file that cannot fit is not begun: begun, it would fill the disk to its last block before
-    failing, and starve the run's other writers (the log, W&B) meanwhile."""
+    """Raise ``OSError(ENOSPC)`` when ``path``'s file system has fewer free bytes than ``needs``: a file that
+    cannot fit is not begun, so it never fills the disk and starves the run's other writers."""
     try:
         vfs = os.statvfs(path.parent)
     except OSError:
@@ -150,9 +140,8 @@ def sha256_of(path: str | Path) -> str:
 
 
 class HashingWriter:
-    """A write-only file for ``torch.save`` that hashes what it passes on to ``out``. The first
-    failed write (a full disk) is kept and what follows dropped, so torch's zip writer never meets
-    an exception; :meth:`hexdigest` raises it."""
+    """A write-only file for ``torch.save`` that hashes what it passes on to ``out``. The first failed
+    write is kept and the rest dropped, so torch's zip writer never meets an exception; :meth:`hexdigest` raises it."""
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
@@ -178,27 +167,23 @@ class HashingWriter:
 
 
 def save_state(path: Path, state: Any) -> str:
-    """Write ``state`` to ``path`` with ``torch.save``, atomically and durably (the folder's fsync
-    is the caller's); returns the sha256 of the bytes written."""
+    """``torch.save`` of ``state`` to ``path``, atomically (the folder's fsync is the caller's); its sha256."""
     with atomic_file(path, sync_dir=False) as fh:
         hashing = HashingWriter(fh)
         torch.save(state, hashing)  # type: ignore[arg-type]  # a file object by duck typing
-        digest = hashing.hexdigest()
-    return digest
+        return hashing.hexdigest()
 
 
 def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float] | None) -> str:
-    """A checkpoint's ``history``: the epochs before ``epoch`` and ``epoch`` itself, as one JSON text
-    (one string pickles as one object; a list of dicts costs ``torch.save`` a call per number).
-    ``json`` writes floats exactly, and non-finite ones as NaN/Infinity, which it reads back."""
+    """A checkpoint's ``history`` (the epochs up to ``epoch``) as one JSON text: one string pickles as one
+    object, where a list of dicts costs ``torch.save`` a call per number."""
     done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + ([] if metrics is None else [(epoch, metrics)])
     return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
                       separators=(",", ":"))
 
 
 def read_history(value: Any) -> list[dict[str, Any]]:
-    """A checkpoint's ``history`` as a list of ``{"epoch", "metrics"}`` (the JSON text, or the list
-    older checkpoints hold)."""
+    """A checkpoint's ``history`` as ``{"epoch", "metrics"}`` dicts (older checkpoints hold the list)."""
     entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
     return entries
 
@@ -207,12 +192,9 @@ def load_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None,
     verified: bool = False,
 ) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``, after checking its bytes against the sha256 the
-    run's log (``<run>/events.jsonl`` for ``<run>/checkpoints/<file>``) committed for it, or
-    ``expected_sha256``; ``verified``: the caller has just hashed it against that (one hash pass per
-    file). The file is hashed as it streams and loaded memory-mapped, so its bytes are never held
-    in memory whole. Damage, a digest mismatch, or a pickle payload with code in it raise
-    :class:`CheckpointError` naming the file; nothing is loaded."""
+    """Load a checkpoint (``weights_only``, memory-mapped) once its bytes match the sha256 its run's log
+    committed, or ``expected_sha256`` (``verified``: the caller has just checked that). Damage, a mismatch
+    or code in the pickle raise :class:`CheckpointError` naming the file."""
     p = Path(path)
     if not p.is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
@@ -260,9 +242,8 @@ def stateful_callbacks(run: RunContext) -> dict[str, Any]:
 
 def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: dict[str, Any],
               at: tuple[int, int] | None = None) -> dict[str, Any]:
-    """The checkpoint of ``run`` at ``epoch``: a plain dict that ``torch.load(weights_only=True)`` accepts.
-    ``at``: a checkpoint inside the epoch, after (global step, batches of the epoch done): it holds
-    the data position, the driver's epoch sums and any gradient still accumulating."""
+    """The checkpoint of ``run`` at ``epoch``, a plain dict ``weights_only`` loads. ``at``: (global step,
+    batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads."""
     model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
     model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
     state: dict[str, Any] = {

@@ -1,7 +1,5 @@
-"""Checkpoint writes off the training thread: the state staged into reused host buffers (pinned,
-on a side stream, for CUDA tensors), and one writer thread with one write in flight and one state
-waiting, so a slow disk never holds training up (:meth:`CheckpointWriter.claim_slot`).
-"""
+"""Checkpoint writes off the training thread: the state staged into reused host buffers (pinned, on a side
+stream, for CUDA tensors), and one writer thread with one write in flight and one state waiting."""
 
 from __future__ import annotations
 
@@ -187,9 +185,8 @@ class SlotClaim:
 
 
 class CheckpointWriter:
-    """The writer thread and its two slots. With ``background=False`` each job runs at once on the
-    calling thread. A failed write is raised on the training thread at its next look; from then on
-    nothing more is written."""
+    """The writer thread and its two slots (``background=False``: each job runs at once on the caller). A
+    failed write is raised on the training thread at its next look; nothing more is written after it."""
 
     def __init__(self, background: bool, on_dropped: Callable[[int, str, int | None], None] | None = None) -> None:
         self.background = background
@@ -205,9 +202,8 @@ class CheckpointWriter:
 
     # --- the training thread ---------------------------------------------------------------
     def claim_slot(self, epoch: int, best: bool, final: bool, step: int | None = None) -> SlotClaim:
-        """A slot to stage the state of ``epoch`` into. A waiting state is dropped for it (the newest
-        is written), except that a waiting ``best`` is never dropped for a state that is not: then
-        this one is left out. The run's ``final`` state is never left out: it waits for a slot."""
+        """A slot to stage ``epoch``'s state into. A waiting state is dropped for it, except that a waiting
+        ``best`` is never dropped for one that is not (this one is left out); a ``final`` state waits."""
         with self._cond:
             self._check_open()
             if self._in_flight is None:
@@ -267,22 +263,19 @@ class CheckpointWriter:
             return {j.slot for j in (self._in_flight, self._waiting) if j is not None}
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is in flight or waiting (a failed write counts as done); raises nothing.
-        False: ``timeout`` seconds passed first."""
+        """Wait until nothing is in flight or waiting (a failed write counts as done); False on timeout."""
         with self._cond:
             return self._cond.wait_for(
                 lambda: (self._in_flight is None and self._waiting is None) or self._failed, timeout)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every handed-over state is written; a failed write's error is raised here.
-        False: ``timeout`` seconds passed first, and the writes go on on the (daemon) writer thread."""
+        """Wait until every handed-over state is written, raising a failed write's error; False on timeout."""
         done = self.wait_idle(timeout)
         self.raise_failure()
         return done
 
     def close(self, timeout: float | None = None) -> bool:
-        """Stop the writer thread once it is idle (after :meth:`drain`, or after a failure). False: it
-        was still writing after ``timeout`` seconds (a daemon thread: it does not hold the process)."""
+        """Stop the (daemon) writer thread once it is idle; False: still writing after ``timeout`` seconds."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()

@@ -1,9 +1,5 @@
-"""Built-in data builders for the shipped examples (no download at run time).
-
-A data builder is any callable ``builder(*, batch_size, seed, **data_config)`` returning ``(train,
-val)`` loaders or datasets. ``seed`` drives the shuffle order; the data itself comes from
-``data_seed``, so every training seed sees the same dataset.
-"""
+"""Built-in data builders for the examples (no download): ``builder(*, batch_size, seed, **data_config)``
+returns ``(train, val)``; ``seed`` drives the shuffle order, ``data_seed`` the data itself."""
 
 from __future__ import annotations
 
@@ -44,21 +40,9 @@ def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, batch_size: in
     return make_loaders(train, val, batch_size=batch_size, seed=seed)
 
 
-def synthetic_regression(
-    *,
-    batch_size: int,
-    seed: int,
-    n_samples: int = 2048,
-    n_features: int = 8,
-    noise: float = 0.1,
-    val_fraction: float = 0.2,
-    data_seed: int = 0,
-) -> Loaders:
-    """A seeded nonlinear regression task: ``y = x·w + 0.5·sin(3·x·v) + noise`` (one target column).
-
-    Learnable by a small MLP well below the noise-free variance within a few epochs, so the
-    validation loss visibly falls.
-    """
+def synthetic_regression(*, batch_size: int, seed: int, n_samples: int = 2048, n_features: int = 8,
+                         noise: float = 0.1, val_fraction: float = 0.2, data_seed: int = 0) -> Loaders:
+    """A seeded nonlinear regression task, ``y = x·w + 0.5·sin(3·x·v) + noise``, a small MLP learns in a few epochs."""
     if n_samples < 2 or n_features < 1:
         raise ValueError(f"need n_samples >= 2 and n_features >= 1, got {n_samples}, {n_features}")
     g = torch.Generator().manual_seed(data_seed)
@@ -70,10 +54,7 @@ def synthetic_regression(
 
 
 def digits(*, batch_size: int, seed: int, val_fraction: float = 0.2, data_seed: int = 0) -> Loaders:
-    """scikit-learn's bundled 8x8 handwritten digits (1797 rows, 64 features scaled to [0, 1], 10 classes).
-
-    Needs the ``[examples]`` extra (scikit-learn); the data ships with it, nothing is downloaded.
-    """
+    """scikit-learn's bundled 8x8 digits (1797 rows, 64 features in [0, 1], 10 classes; the ``[examples]`` extra)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -87,8 +68,7 @@ def digits(*, batch_size: int, seed: int, val_fraction: float = 0.2, data_seed: 
 
 def two_moons(*, batch_size: int, seed: int, n_samples: int = 512, noise: float = 0.05, val_fraction: float = 0.25,
               data_seed: int = 0) -> Loaders:
-    """Points on two interleaved half circles (2 features), as batches of inputs alone (a tensor, no
-    targets): what a GAN learns to draw, or what predict runs a model over."""
+    """Points on two interleaved half circles, as batches of inputs alone (no targets), e.g. for a GAN."""
     if n_samples < 4:
         raise ValueError(f"need n_samples >= 4, got {n_samples}")
     if not 0.0 < val_fraction < 1.0:

@@ -1,7 +1,5 @@
-"""Where a resumed epoch starts: after the batches a checkpoint at a step had done, which are skipped
-without being computed. A ``DataLoader`` over a map-style dataset starts at that index of its batch
-sampler (the skipped batches are never loaded); any other loader has them loaded and dropped, and
-says so on the console and in the log."""
+"""Where a resumed epoch starts: after the batches a checkpoint at a step had done. A map-style ``DataLoader``
+starts its batch sampler there; any other loader loads and drops them, and says so."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ __all__ = ["SkippedBatches", "batches_from"]
 
 
 class SkippedBatches:
-    """A batch sampler that draws its epoch's order as ``inner`` does and starts at batch ``skip``:
-    the skipped ones cost their indices only."""
+    """``inner``'s batches from batch ``skip`` on: the skipped ones cost their indices only."""
 
     def __init__(self, inner: Iterable[list[int]], skip: int) -> None:
         self.inner, self.skip = inner, skip
@@ -33,9 +30,8 @@ class SkippedBatches:
 
 def batches_from(loader: Iterable[Any], skip: int, epoch: EpochContext,
                  epoch_rng: torch.Tensor | None) -> Iterator[Any]:
-    """``loader``'s batches of ``epoch`` from batch ``skip`` on, drawn in the epoch's own order.
-    ``epoch_rng``: the global torch RNG state as the epoch began, which a loader without its own
-    generator draws its order (and its workers' seeds) from; restored around drawing it."""
+    """``loader``'s batches of ``epoch`` from batch ``skip`` on, in the epoch's order; ``epoch_rng``: the
+    global torch RNG state as the epoch began, set while the order is drawn."""
     now = torch.get_rng_state()
     if epoch_rng is not None:
         torch.set_rng_state(epoch_rng)

@@ -1,11 +1,6 @@
-"""Multi-process training with ``torch.distributed`` (one process per rank, started by ``torchrun``).
-
-What a rank needs beyond a one-process run: :class:`TorchCollective` (the guard agreement, the
-metric sums, and :meth:`TorchCollective.share`: rank 0 decides, the others get its answer or its
-error); the loaders of one rank (training data in equal, padded shards, so every rank takes the same
-moves; validation data in exact shards, so the summed metrics are the true mean); and the model in
-``DistributedDataParallel``. Backends: gloo on CPU, NCCL on CUDA, unless the config says otherwise.
-"""
+"""Multi-process training with ``torch.distributed`` (one process per rank, started by ``torchrun``): the
+collectives, one rank's loaders (training in equal padded shards so every rank takes the same moves,
+validation in exact shards so summed metrics are the true mean) and the model in DDP."""
 
 from __future__ import annotations
 
@@ -52,13 +47,9 @@ def launched_by_torchrun() -> bool:
 
 
 class TorchCollective:
-    """The collectives of one rank, on the process group ``torch.distributed`` was set up with.
-
-    It is also the run's :class:`~fsmtrain.core.consensus.FailureBoard`: a key in the rendezvous
-    store of ``env://`` (torchrun's agent, which outlives a failed rank), reached through a client
-    of its own. A wait at an agreement point ends as soon as another rank posts a failure
-    (``RankFailed``) or after ``agreement_timeout_s`` (``AgreementTimeout``), so no rank hangs on
-    one that failed."""
+    """The collectives of one rank, and the run's :class:`~fsmtrain.core.consensus.FailureBoard` (a key in
+    torchrun's rendezvous store, which outlives a failed rank). A wait ends as soon as another rank posts
+    a failure (``RankFailed``) or after ``agreement_timeout_s`` (``AgreementTimeout``)."""
 
     def __init__(self, device: torch.device, agreement_timeout_s: float = 600.0) -> None:
         if not dist.is_initialized():
@@ -98,8 +89,8 @@ class TorchCollective:
         return Failure.decode(bytes(store.get(key)).decode("utf-8", "replace"))
 
     def all_reduce_max_async(self, values: Sequence[int]) -> Callable[[], list[int]]:
-        """Start a non-blocking element-wise max of ``values`` over the ranks; the call returned waits for
-        it. On the host, through gloo (a group of its own under NCCL): reading it never syncs a GPU."""
+        """Start a non-blocking max of ``values`` over the ranks (on the host, through a gloo group of its
+        own: never a GPU sync); the call returned waits for it."""
         if self._flags is None:  # made at the first batch, on every rank in the same order
             self._flags = dist.new_group(backend="gloo")  # its own: never queued behind DDP's all-reduces
         mine = torch.tensor(list(values), dtype=torch.int64)
@@ -147,8 +138,8 @@ class TorchCollective:
                     "silently (the bound is distributed.agreement_timeout_s)")
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
-        """``obj`` as rank ``src`` has it, pickled into a tensor: both broadcasts are bounded. An object that
-        will not pickle on ``src`` reaches every rank as a ``TypeError`` that names it, never as a hang."""
+        """``obj`` as rank ``src`` has it, pickled into a tensor; one that will not pickle reaches every rank
+        as a ``TypeError`` that names it, never as a hang."""
         data = b""
         if self.rank == src:
             try:
@@ -175,8 +166,7 @@ class TorchCollective:
         self._bounded_wait(dist.barrier(async_op=True), "barrier")
 
     def on_rank_zero(self, make: Callable[[], T], shown: Callable[[T], Any]) -> Any:
-        """``make()`` on rank 0, which keeps what it made (a claim, a lock); the other ranks get
-        ``shown(made)`` (its path), or the error rank 0 met."""
+        """``make()`` on rank 0, which keeps it; the other ranks get ``shown(made)`` or rank 0's error."""
         kept: list[T] = []
 
         def decide() -> Any:
@@ -209,8 +199,7 @@ def _pickles(obj: object) -> bool:
 
 
 def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCollective:
-    """Join the process group ``torchrun`` describes in the environment (RANK, WORLD_SIZE, ...).
-    On CUDA each rank takes the device of its local rank."""
+    """Join the process group ``torchrun`` describes in the environment (on CUDA: the local rank's device)."""
     # Imported before the group exists, so its functions' default ``group.WORLD`` is None: else
     # those defaults keep the group alive into the interpreter's teardown (exit 134 after a good run).
     import torch.distributed.nn.functional
@@ -255,8 +244,8 @@ def group_threads() -> list[str]:
 
 
 def shutdown() -> list[str]:
-    """End the process group and its threads in the teardown, not in the interpreter's exit (the
-    collection frees the cycles that hold the DDP model). Returns the group threads still running."""
+    """End the process group and its threads in the teardown, not at interpreter exit; returns the group
+    threads still running."""
     gc.collect()  # first: a sharded model in a cycle (a Trainer's) still holds its mesh
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -281,8 +270,7 @@ def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 class _WrappingDistributedSampler(DistributedSampler[T]):
-    """A ``DistributedSampler`` whose shuffle seed ``seed + epoch`` wraps around 2**64 (torch takes
-    only seeds below it, and a run's data seed is any unsigned 64-bit number)."""
+    """A ``DistributedSampler`` whose seed ``seed + epoch`` wraps around 2**64 (torch takes none above it)."""
 
     def __iter__(self) -> Iterator[T]:
         seed = self.seed
@@ -308,9 +296,8 @@ def _loader_like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> Data
 
 
 class _ShardedSampler(Sampler[int]):
-    """One rank's share of a user's own sampler: every ``world``-th index of its draw, padded (as
-    ``DistributedSampler`` pads) to equal shards. Each rank draws the whole epoch alike: the global
-    RNG and the sampler's own generator, if it has one, are seeded by the data seed and the epoch."""
+    """One rank's share of a user's own sampler: every ``world``-th index of its draw, padded to equal
+    shards; every rank draws alike (the RNGs seeded by the data seed and the epoch)."""
 
     def __init__(self, inner: Sampler[int], rank: int, world: int, seed: int) -> None:
         self.inner, self.rank, self.world, self.seed, self.epoch = inner, rank, world, seed, 0
@@ -341,9 +328,8 @@ def _shardable(loader: Any, what: str) -> DataLoader[Any]:
 
 
 def shard_train_loader(loader: Any, rank: int, world: int, seed: int) -> DataLoader[Any]:
-    """This rank's share of the training data: equal, padded shards; shuffled (if the loader was)
-    by ``seed`` and the epoch the driver sets. A sampler of the user's own (weighted, say) is kept:
-    each rank takes its share of that sampler's draw."""
+    """This rank's share of the training data in equal, padded shards, shuffled (if the loader was) by
+    ``seed`` and the epoch; a user's own sampler is kept, each rank taking its share of its draw."""
     loader = _shardable(loader, "training")
     if type(loader.sampler) not in (RandomSampler, SequentialSampler):
         return _loader_like(loader, _ShardedSampler(loader.sampler, rank, world, seed))  # the user's own: kept

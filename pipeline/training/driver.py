@@ -1,10 +1,6 @@
-"""The torch driver the engine calls for training batches and validation.
-
-Its methods are the driver actions of the lifecycle program (``forward``, ``backward``, …,
-``val_batch``); the machine's handlers call them in the table's order, between the hooks.
-Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in
-the batch path syncs the host.
-"""
+"""The torch driver: the lifecycle program's driver actions (``forward``, ``backward``, …, ``val_batch``).
+Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in the
+batch path syncs the host."""
 
 from __future__ import annotations
 
@@ -82,12 +78,9 @@ class TorchDriver:
         step: StepFn | None = None,
         val_step: StepFn | None = None,
     ) -> None:
-        """``train_model``: what the training forward runs (``model`` wrapped, e.g. in
-        DistributedDataParallel); ``all_reduce``: sums a tensor over the ranks in place, so each
-        epoch's metrics are global sums over global counts (one call per epoch each for train
-        and validation). ``precision``: mixed precision (autocast, and fp16's loss scaling).
-        ``rank``, ``world_size``: this process's place, to say which rank's loss went non-finite first.
-        ``step``, ``val_step``: the user's own (:mod:`fsmtrain.training.step`); ``val_step`` defaults to ``step``."""
+        """``train_model``: ``model`` as the training forward runs it (e.g. in DDP); ``all_reduce``: sums a
+        tensor over the ranks in place (once per epoch for train and validation); ``step``, ``val_step``: the
+        user's own (:mod:`fsmtrain.training.step`), ``val_step`` defaulting to ``step``."""
         self.model = model
         self.precision = precision if precision is not None and precision.enabled else None
         # fp16 overflow skips a batch's optimizer step through the step context's flags
@@ -150,9 +143,7 @@ class TorchDriver:
         gen, seed = loader_generator(self.train_loader), epoch.run.extras.get("data_seed")
         self._epoch_rng = torch.get_rng_state() if gen is None else None
         if gen is not None and seed is not None:
-            # An epoch's order is a function of the run's data seed and the epoch alone, so a resumed
-            # run draws the same batches as an uninterrupted one (a loader without its own generator
-            # draws from the global RNG, which checkpoints restore).
+            # An epoch's order depends on the data seed and the epoch alone: a resumed run draws the same batches.
             gen.manual_seed(epoch_seed(int(seed), epoch.index))
         self._loss_sum = torch.zeros((), device=self.device)
         self._seen = 0
@@ -224,8 +215,8 @@ class TorchDriver:
     def optimizer_step(self, step: StepContext) -> None:
         if self.precision is not None:
             self.precision.step(self.optimizer)
-            return
-        self.optimizer.step()
+        else:
+            self.optimizer.step()
 
     def zero_grad(self, step: StepContext) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -271,8 +262,7 @@ class TorchDriver:
 
     @staticmethod
     def _inference(loader: Iterable[Any]) -> Iterator[Any]:
-        # Inference mode is thread-local state: it holds while the engine runs each batch's hooks and
-        # val_batch between the yields, and ends when the loop ends or the engine closes this.
+        # Thread-local: it holds over each batch's hooks between the yields, and ends when the loop does.
         with torch.inference_mode():
             yield from loader
 

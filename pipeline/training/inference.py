@@ -1,7 +1,5 @@
-"""A model over data in dataset order: the run's validation step (the driver's ``val_batch``, whose
-forward is the one a user's step replaces) on every batch, or the model's forward alone on a batch of
-inputs without targets (predict; evaluate refuses it), its outputs kept row by row and gathered
-across the ranks (``fsmtrain predict`` and ``evaluate``, ``Trainer.predict``)."""
+"""A model over data in dataset order (``predict``, ``evaluate``): the run's validation step on every batch,
+or the forward alone on inputs without targets (predict only); outputs kept row by row, gathered across ranks."""
 
 from __future__ import annotations
 
@@ -61,8 +59,8 @@ def _cat(parts: list[Any]) -> Any:
 
 
 def inputs_only(batch: Any) -> Any:
-    """A batch's inputs when it holds no targets: a tensor, a one-tensor tuple or list (a
-    ``TensorDataset`` of inputs), or a mapping with ``inputs`` and no ``targets``; else None."""
+    """A batch's inputs when it holds no targets (a tensor, a one-item tuple or list, a mapping without
+    ``targets``); else None."""
     if isinstance(batch, torch.Tensor):
         return batch
     if isinstance(batch, (tuple, list)) and len(batch) == 1:
@@ -82,9 +80,8 @@ def _forward(driver: TorchDriver, inputs: Any) -> Any:
 
 def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective | None,
              data: Iterable[Any] | None = None, *, keep: bool = True) -> Inference:
-    """``data`` (default: the driver's val loader) through the driver's validation step. A torch
-    DataLoader is read in dataset order (rank ``r`` of ``w`` takes examples ``r, r+w, ...``, unpadded);
-    any other iterable as it iterates, on one rank."""
+    """``data`` (default: the val loader) through the validation step; a DataLoader in dataset order (rank
+    ``r`` of ``w`` takes examples ``r, r+w, ...``), any other iterable as it iterates, on one rank."""
     rank, world = (0, 1) if collective is None else (collective.rank, collective.world_size)
     ours = copy.copy(driver)  # its forward, loss, metrics, device and precision; the loader is ours
     if driver.val_loader is None and data is None:

@@ -1,9 +1,5 @@
-"""Exact validation metrics: objects with ``update(output, target)``, ``compute()`` and ``reset()``
-(torchmetrics' ``Metric``), updated per batch and computed once at the end of validation. Across ranks
-a torchmetrics metric syncs its own state when computed; each rank's validation shard is unpadded
-(:func:`fsmtrain.training.distributed.shard_val_loader`), so the value is the whole val set's, each
-example counted once. A plain ``fn(output, target)`` stays a mean of batch values.
-"""
+"""Exact validation metrics (torchmetrics' ``update``/``compute``/``reset``), updated per batch and computed
+once per validation; across unpadded rank shards the value is the whole val set's."""
 
 from __future__ import annotations
 

@@ -12,26 +12,15 @@ from fsmtrain.training.optimizers import manual_step
 
 __all__ = ["ACTIVATIONS", "GAN", "MLP", "accuracy", "gan_step", "gan_val_step"]
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "relu": nn.ReLU,
-    "gelu": nn.GELU,
-    "tanh": nn.Tanh,
-    "silu": nn.SiLU,
-}
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
 
 class MLP(nn.Module):
     """A fully connected network ``in_features -> hidden... -> out_features`` (``hidden`` empty: a
     linear model), with ``dropout`` after every hidden activation."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        hidden: Sequence[int] = (64, 64),
-        activation: str = "relu",
-        dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, hidden: Sequence[int] = (64, 64),
+                 activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -40,8 +29,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         width = in_features
         for h in hidden:
-            layers.append(nn.Linear(width, h))
-            layers.append(ACTIVATIONS[activation]())
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
             width = h

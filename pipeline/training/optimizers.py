@@ -1,7 +1,5 @@
-"""Several named optimizers and schedulers acting, for the engine and its checkpoints, as one: the
-engine steps and zeroes them all (an automatic step) and checkpoints each by name. A manual step
-(:func:`manual_step`) gets them by name and steps them itself; the table's skip flags keep the
-engine from doing it again."""
+"""Several named optimizers and schedulers acting as one for the engine and its checkpoints; a manual step
+(:func:`manual_step`) gets them by name and steps them itself."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def manual_step(fn: F) -> F:
-    """Declare ``fn(model, batch, optimizers)`` a manual step: it runs its own backward and optimizer
-    steps (``optimizers[name]``: a dict by name, ``optimizer`` for a run's one), and the engine's
-    backward, optimizer step and zero_grad are left out."""
+    """Declare ``fn(model, batch, optimizers)`` a manual step: it runs its own backward and optimizer steps
+    (``optimizers`` by name; ``optimizer`` for a run's one), and the engine's are left out."""
     fn.manual_optimization = True  # type: ignore[attr-defined]
     return fn
 
@@ -81,8 +78,7 @@ def optimizers_of(optimizer: Any) -> dict[str, Any]:
 
 
 class NamedSchedulers:
-    """Schedulers by the name of the optimizer each schedules, stepped together once an epoch
-    (``ReduceLROnPlateau`` with the monitored value, when there is one)."""
+    """Schedulers by the name of their optimizer, stepped together once an epoch."""
 
     def __init__(self, schedulers: Mapping[str, Any]) -> None:
         for name, s in schedulers.items():
@@ -121,8 +117,7 @@ def skipped_hooks(step: Any, callbacks: Iterable[Any]) -> list[str]:
 
 
 def check_manual(step: Any, callbacks: Iterable[Any], world_size: int) -> None:
-    """A manual step's limits, refused by name when the run is built: one process (its backward is out
-    of DDP's reach), and no callback on the hooks it leaves out."""
+    """A manual step's limits, checked when the run is built: one process, no callback on the hooks it skips."""
     if not is_manual(step):
         return
     name = step_name(step)

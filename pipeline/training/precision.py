@@ -1,10 +1,5 @@
-"""Mixed precision: what the driver runs its forward under, and how it scales the loss.
-
-``"32"``: plain float32. ``"bf16-mixed"``: forward and loss under ``torch.autocast`` with bfloat16
-(float32's range: no scaling). ``"16-mixed"``: float16 with a ``GradScaler``; gradients are unscaled
-right after backward, so callbacks see true ones, and an overflow skips that batch's optimizer step
-(``skip_optimizer_step``) and shrinks the scale. Weights stay float32; checkpoints carry the scaler.
-"""
+"""Mixed precision: ``"32"``, ``"bf16-mixed"`` (autocast, no scaling) or ``"16-mixed"`` (a ``GradScaler``:
+gradients unscaled right after backward, so callbacks see true ones; an overflow skips that batch's step)."""
 
 from __future__ import annotations
 
@@ -40,8 +35,7 @@ class PrecisionPolicy:
         return torch.autocast(device_type=self.device.type, dtype=self._dtype)
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, stepping: bool) -> bool:
-        """Backward of ``loss`` (scaled under fp16). On a stepping batch the gradients are then
-        unscaled; returns False when they overflowed (the step must be skipped)."""
+        """Backward of ``loss`` (scaled under fp16, unscaled on a stepping batch); False on an overflow."""
         scaler = self.scaler
         if scaler is None:
             loss.backward()  # type: ignore[no-untyped-call]
@@ -60,6 +54,6 @@ class PrecisionPolicy:
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is None:
             optimizer.step()
-            return
-        self.scaler.step(optimizer)
-        self.scaler.update()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()

@@ -1,9 +1,6 @@
 """Continue a run in place from the newest checkpoint its log committed, or start it over in place.
-
-Resume trusts only bytes the log committed: a changed file is damaged and moved to
-``checkpoints/damaged/``, a file the log never committed to ``checkpoints/uncommitted/``, a commit
-a kill cut short is finished, and each of these is said on the console and in the ``resume`` event.
-"""
+Only committed bytes are trusted: a changed file goes to ``damaged/``, a file the log never committed to
+``uncommitted/``, a commit a kill cut short is finished, and each is said on the console and in the log."""
 
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ def recorded_start(run_dir: Path) -> RecordedStart:
 
 
 def check_log_key(run_dir: Path, key: bytes | None) -> None:
-    """A resumed log goes on with the key its run was started with: lines chained with another key
-    (or none) would leave a log that no one key verifies. Checked before a resume touches anything."""
+    """A resumed log goes on with the key its run was started with, or no one key would verify it."""
     log = run_dir / EVENTS_FILE
     payload = first_run_start(log) if log.is_file() else None
     described = payload.get("chain") if payload is not None else None
@@ -105,8 +101,7 @@ class LogTail:
 
 
 def read_log_tail(run_dir: Path, name: str = EVENTS_FILE, *, repair: bool = True) -> LogTail:
-    """Read ``run_dir/<name>``; cut off a torn last line (a process killed mid-write) when
-    ``repair`` (a rank other than 0 reads the run's log without touching it: rank 0 appends to it)."""
+    """Read ``run_dir/<name>``; with ``repair``, cut off a torn last line (a process killed mid-write)."""
     log = run_dir / name
     if not log.is_file():
         raise ResumeError(f"{run_dir} has no {name}: there is no run to resume there")
@@ -178,8 +173,7 @@ class Resumption:
         run.validations = int(position.get("validations", len(run.history)))  # older files: one an epoch
 
     def restore(self, run: RunContext) -> None:
-        """In ``train_begin``: damaged files moved aside (each state announced), every piece of
-        state, then ``on_load_checkpoint``, then the log's ``resume`` event."""
+        """In ``train_begin``: damaged files moved aside, the state restored, ``on_load_checkpoint``, ``resume``."""
         for damaged in self.damaged:
             self._quarantine(run, damaged)
         self._complete(run)
@@ -200,8 +194,7 @@ class Resumption:
         restore_rng_state(state["rng"])
 
     def _complete(self, run: RunContext) -> None:
-        """Finish the commit a kill cut short: the log committed the epoch file with its roles, and
-        the kill came before each role was moved to it or before the log committed the move."""
+        """Finish the commit a kill cut short between the epoch file's commit and its roles' moves."""
         if not self.completes:
             return
         epoch = self.epoch
@@ -229,8 +222,7 @@ class Resumption:
 
 
 def _inside_epoch(run: RunContext) -> dict[str, Any]:
-    """A resume from a checkpoint at a step: the batch of its epoch it goes on from (with
-    val_every_n_steps: the validations done, and the step of the last)."""
+    """A resume at a step: the batch it goes on from (and the validations done, with val_every_n_steps)."""
     out: dict[str, Any] = {} if run.resume_at is None else {"batch": run.resume_at["batch"]}
     if run.val_every_n_steps is not None:
         done = (run.resume_at or {}).get("epoch_state") or {}
@@ -239,10 +231,8 @@ def _inside_epoch(run: RunContext) -> dict[str, Any]:
 
 
 def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_log: str | None = None) -> Resumption:
-    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest intact committed one) or
-    a path the log committed; :class:`NothingCommitted` when none is still there. ``own_log``: a
-    rank other than 0, which continues its own log (that name) and changes neither the run's log
-    nor its files."""
+    """The checkpoint to continue ``run_dir`` from: ``"latest"`` (the newest intact committed one) or a path
+    the log committed. ``own_log``: a rank other than 0, which continues that log and changes no file."""
     run_dir = Path(run_dir)
     tail = read_log_tail(run_dir, repair=own_log is None)
     live = dict(tail.ledger.live)
@@ -304,8 +294,7 @@ class Restart:
 
 
 def resumption_or_restart(run_dir: str | Path, which: str | Path) -> Resumption | Restart:
-    """What continues ``run_dir``: the newest intact committed checkpoint (``which="latest"``) or
-    the one named; a run whose log committed none is started over in place (``"latest"`` only)."""
+    """What continues ``run_dir``: :func:`find_resumption`, or with ``"latest"`` and nothing committed a restart."""
     try:
         return find_resumption(run_dir, which)
     except NothingCommitted:
@@ -315,8 +304,7 @@ def resumption_or_restart(run_dir: str | Path, which: str | Path) -> Resumption 
 
 
 def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Restart:
-    """Start ``run_dir`` over: its log is repaired and continued; the leftovers of a checkpoint write
-    cut short in ``checkpoints/`` are removed (the log committed none of them)."""
+    """Start ``run_dir`` over: its log repaired and continued, the leftovers in ``checkpoints/`` set aside."""
     run_dir = Path(run_dir)
     if own_log is not None:
         return Restart(run_dir, rank_log_tail(run_dir, own_log))
@@ -333,8 +321,7 @@ def rank_log_tail(run_dir: Path, name: str) -> LogTail:
 
 
 def _interrupted_roles(chosen: CommittedFile, live: Mapping[str, CommittedFile]) -> list[str]:
-    """The roles the log meant ``chosen`` to get (its ``roles``) that no commit gave it: a kill in
-    the commit window, between the epoch file's commit and its roles' moves or their commits."""
+    """The roles the log meant ``chosen`` to get that no commit gave it (a kill in the commit window)."""
     folder = PurePosixPath(chosen.path).parent
     names = [str(folder / f"{role}.pt") for role in chosen.roles]
     since = chosen.seq if chosen.seq is not None else -1
@@ -343,8 +330,7 @@ def _interrupted_roles(chosen: CommittedFile, live: Mapping[str, CommittedFile])
 
 
 def _not_moved_roles(damaged: list[DamagedState], completes: list[str], sha: str) -> list[DamagedState]:
-    """``damaged`` without the role files that hold the bytes of the commit they complete: moved
-    there by the commit a kill cut short, not damaged."""
+    """``damaged`` without the role files holding the bytes of the commit they complete (not damaged)."""
     out: list[DamagedState] = []
     for d in damaged:
         left = [(p, f) for p, f in zip(d.paths, d.found_sha256, strict=True) if not (p in completes and f == sha)]
@@ -355,8 +341,7 @@ def _not_moved_roles(damaged: list[DamagedState], completes: list[str], sha: str
 
 def _missing_newer(chosen: CommittedFile, live: Mapping[str, CommittedFile], intact: set[str],
                    damaged: list[DamagedState], completes: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    """A warning naming the committed files newer than ``chosen`` that are gone (every name of a
-    newer state deleted): the run falls back to ``chosen``, and says so."""
+    """A warning naming the gone committed files newer than ``chosen``, which the run falls back to."""
     moved = {p for d in damaged for p in d.paths} | set(completes) | intact
     epoch = chosen.epoch if chosen.epoch is not None else -1
     gone = sorted(s for s, c in live.items() if s not in moved and c.epoch is not None and c.epoch > epoch)
@@ -376,10 +361,8 @@ def _moved_notice(moved: list[str]) -> tuple[str, dict[str, Any]]:
 
 
 def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple[list[str], list[str]]:
-    """Set aside the files of ours in ``folder`` but those in ``keep`` (the committed files, as the
-    log shows them), which the log never committed or no longer does: a temp file a write left is
-    removed; any other file is moved to ``uncommitted/`` beside them, kept as evidence. Returns what
-    left the folder (removed or moved) and where the moved ones went, as the log shows paths."""
+    """Set aside our files in ``folder`` but ``keep`` (the committed ones): a temp file is removed, any other
+    moved to ``uncommitted/`` as evidence. Returns what left the folder and where the moved ones went."""
     kept = {os.path.abspath(run_dir / s) for s in keep}
     removed: list[str] = []
     stray: list[str] = []

@@ -1,7 +1,5 @@
-"""Does a Trainer hold what its checkpoint was trained with? :func:`mismatches` compares the
-optimizer's and scheduler's classes and parameter groups and the model's tensor names and shapes,
-so a ``Trainer(resume_from=...)`` with other objects is refused in one line before anything loads.
-"""
+"""Does a Trainer hold what its checkpoint was trained with (classes, parameter groups, tensor names and
+shapes)? A ``Trainer(resume_from=...)`` with other objects is refused in one line before anything loads."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def object_classes(model: Any, optimizer: Any, scheduler: Any) -> dict[str, str 
 
 
 def mismatches(state: Mapping[str, Any], model: nn.Module, optimizer: Any, scheduler: Any) -> list[str]:
-    """What in ``model``, ``optimizer`` and ``scheduler`` differs from what the checkpoint ``state``
-    was trained with; empty when they match."""
+    """What in ``model``, ``optimizer`` and ``scheduler`` differs from the checkpoint ``state``'s."""
     classes = state.get("classes") if isinstance(state.get("classes"), Mapping) else None
     return [*_optimizer(state.get("optimizer"), optimizer, classes), *_scheduler(state, scheduler, classes),
             *_model(state.get("model"), model)]

@@ -1,9 +1,5 @@
-"""The random number generators' states (Python, numpy, torch, CUDA when present), captured for a
-checkpoint and restored on resume.
-
-A checkpoint must load with ``torch.load(weights_only=True)``, which accepts tensors, numbers,
-strings, lists and dicts only: so the states are converted to tensors and lists of ints here.
-"""
+"""The RNG states (Python, numpy, torch, CUDA) for a checkpoint, as tensors and plain values so that
+``torch.load(weights_only=True)`` accepts them."""
 
 from __future__ import annotations
 
@@ -21,21 +17,15 @@ def capture_rng_state() -> dict[str, Any]:
     """Python, numpy, torch (and CUDA when present) RNG states as tensors / lists of ints."""
     version, internal, gauss_next = random.getstate()
     np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
+    return {
         # one tensor, not 625 ints: each pickled object costs torch.save a persistent_id call
         "python": {"version": int(version), "state": torch.from_numpy(np.array(internal, dtype=np.int64)),
                    "gauss_next": gauss_next},
-        "numpy": {
-            "kind": str(np_kind),
-            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_cached),
-        },
+        "numpy": {"kind": str(np_kind), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    return state
 
 
 def restore_rng_state(state: Mapping[str, Any]) -> None:

@@ -1,7 +1,5 @@
-"""FSDP2 sharding of one rank's model (``distributed.strategy: fsdp``): ``fully_shard`` per unit,
-then the root; the optimizer keeps its settings over the sharded parameters; the full state is
-gathered (rank 0 holds it, on the CPU) for ``model.pt`` and checkpoints, and a full state loads back
-into a sharded model on any number of ranks."""
+"""FSDP2 sharding of one rank's model (``distributed.strategy: fsdp``); the full state is gathered (rank 0
+holds it, on the CPU) for ``model.pt`` and checkpoints, and loads back on any number of ranks."""
 
 from __future__ import annotations
 
@@ -64,8 +62,7 @@ def _count(module: nn.Module) -> int:
 
 
 def _auto_units(model: nn.Module, total: int) -> list[str]:
-    """Top down: a child holding at least ``AUTO_SHARE`` of the parameters is a unit, unless it is a
-    container (a ModuleList/ModuleDict, or one holding all of its parent's), whose children are looked at."""
+    """Top down: a child holding ``AUTO_SHARE`` of the parameters is a unit, unless a container (then its children)."""
     units: list[str] = []
 
     def walk(module: nn.Module, prefix: str) -> None:
@@ -95,11 +92,9 @@ def _named_units(model: nn.Module, classes: Sequence[str]) -> list[str]:
 def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, options: FsdpOptions,
                 device: torch.device | None = None) -> Sharding:
     """``fully_shard`` each unit, then the root, in place; the optimizer's groups then hold the sharded
-    parameters (in their own order, with their own settings). A model built on the meta device (never
-    whole on any rank) gets its shards on ``device``, each module's ``reset_parameters`` initialising them."""
+    parameters. A model on the meta device gets its shards on ``device``, initialised by ``reset_parameters``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch.distributed.tensor import DTensor
-
 
     before = dict(model.named_parameters())
     total = sum(p.numel() for p in before.values())
@@ -138,8 +133,7 @@ def is_sharded_tensor(tensor: Any) -> bool:
 
 
 def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The L2 norm of ``tensors``; FSDP2's shards (``Shard(0)`` on one mesh): the squares of the local
-    shards summed over the ranks (one all-reduce), a plain tensor."""
+    """The L2 norm of ``tensors``; of FSDP2 shards, the local squares summed over the ranks."""
     if not tensors or not is_sharded_tensor(tensors[0]):
         return torch.nn.utils.get_total_norm(tensors, 2.0)
     shards: list[Any] = list(tensors)
@@ -149,8 +143,7 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Any], Any]:
-    """The whole model's and optimizer's state, gathered (a collective: every rank calls it); rank 0
-    holds them, on the CPU, the others get empty dicts. The model's is a plain module's state dict."""
+    """The whole model's and optimizer's state, gathered (every rank calls it; rank 0 holds them, on the CPU)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -161,8 +154,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Mapping[str, Any],
                     optim_sd: Any) -> None:
-    """Load a full state (every rank holds it) into the sharded model and its optimizer: each rank
-    keeps its own shard, for any number of ranks."""
+    """Load a full state into the sharded model and its optimizer, each rank keeping its own shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, strict=True)
@@ -193,8 +185,8 @@ _GATHERED: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, Any], Any]] = we
 
 
 class GatherForCheckpoint(TrainingCallback):
-    """A sharded run with checkpoints: at each epoch end every rank gathers the full state (priority
-    94, just before the checkpoint's 95, after the scheduler's step), which rank 0's checkpoint holds."""
+    """A sharded run with checkpoints: every rank gathers the full state at each epoch end (priority 94,
+    just before the checkpoint's 95)."""
 
     priority = 94
     replay = ReplaySupport.DRY
@@ -206,8 +198,7 @@ class GatherForCheckpoint(TrainingCallback):
 
 
 def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
-    """The model's and optimizer's state a checkpoint holds: a sharded model's, gathered at this epoch's
-    end (the model's as a plain module's; the optimizer's keyed by parameter name)."""
+    """The model's and optimizer's state a checkpoint holds (a sharded model's, gathered at this epoch's end)."""
     if model is not None and is_sharded(model):
         got = _GATHERED.pop(model, None)
         if got is None:
@@ -217,8 +208,7 @@ def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer 
 
 
 def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:
-    """Load a checkpoint's full states into a sharded or a plain model: an optimizer state keyed by
-    parameter name (a sharded run's) or by index (a plain run's), either way."""
+    """Load a checkpoint's full states into a sharded or a plain model, its optimizer's keyed by name or index."""
     by_name = optim_sd is not None and any(isinstance(k, str) for k in optim_sd.get("state", {}))
     if not is_sharded(model) and not by_name:
         model.load_state_dict(model_sd)
@@ -242,8 +232,7 @@ def sharding_line(sharding: Sharding | None, strategy: str, world: int) -> str |
 
 def gathered_weights(model: nn.Module, collective: TorchCollective, finished: bool) -> tuple[dict[str, Any] | None,
                                                                                               str | None]:
-    """A sharded model's whole weights (rank 0 holds them) when every rank finished and none failed;
-    else None, and why."""
+    """A sharded model's whole weights (on rank 0) when every rank finished and none failed; else None, and why."""
     if collective.posted_failure() is not None:
         return None, "a rank failed, and the sharded weights cannot be gathered without it"
     if not all(row[0] for row in collective.all_gather_ints([int(finished)])):

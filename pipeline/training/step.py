@@ -1,7 +1,5 @@
-"""A user's own step: ``fn(model, batch)`` returns the loss, or a mapping with ``loss`` and named
-outputs (``output`` and ``target`` are what the metrics get). The driver runs it as the table's
-forward action; backward, the optimizer step, precision and the hooks around them stay the engine's.
-"""
+"""A user's own step: ``fn(model, batch)`` returns the loss, or a mapping with ``loss`` and named outputs
+(``output`` and ``target`` for the metrics); it runs as the table's forward action."""
 
 from __future__ import annotations
 
@@ -70,9 +68,8 @@ def step_result(result: Any, name: str) -> tuple[torch.Tensor, dict[str, Any]]:
 
 def user_step(fn: StepFn, device: torch.device, precision: PrecisionPolicy | None, metrics: bool,
               optimizers: Any = None) -> StepRun:
-    """``fn`` as the driver runs a step: the batch on the device, under autocast when asked; its
-    result checked. ``metrics``: the run has metrics, so the step must name ``output`` and ``target``.
-    ``optimizers``: a manual step's (:func:`fsmtrain.training.optimizers.manual_step`), its third argument."""
+    """``fn`` as the driver runs a step: the batch on the device, under autocast, its result checked
+    (``metrics``: it must name ``output`` and ``target``); ``optimizers``: a manual step's third argument."""
     name, move = step_name(fn), device.type != "cpu"
     if optimizers is not None:
         manual: Callable[..., Any] = fn
