@@ -1,6 +1,5 @@
-"""The machine, torch-free: the lifecycle table and the machine built from it, typed contexts and
-slots, ``TrainingCallback``, the global registry, the runner, the engine (its driver contract, its
-result) and the event log."""
+"""The machine, torch-free: the lifecycle table and its machine, contexts and slots, callbacks, the
+runner, the engine and the event log."""
 
 from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError
 from fsmtrain.core.context import (

@@ -1,8 +1,6 @@
-"""The hash chain that makes ``events.jsonl`` prove itself: each line's ``prev`` is the digest
-(sha256, or HMAC-SHA256 with ``FSMTRAIN_LOG_KEY``) of the line before, the first line's that of the
-run id and config; its last field, ``seal``, is the digest of the line without it, so the last line
-is covered too. The log records a *key id*, which tells a wrong key from tampering.
-"""
+"""The hash chain of ``events.jsonl``: each line's ``prev`` is the digest (sha256, or HMAC-SHA256 with
+``FSMTRAIN_LOG_KEY``) of the line before (the first's: of the run id and config), and its ``seal`` the
+digest of the line without it. The log records a *key id*, which tells a wrong key from tampering."""
 
 from __future__ import annotations
 
@@ -81,8 +79,7 @@ class Chain:
         return hexed
 
     def seal(self, body: bytes) -> tuple[bytes, str, str]:
-        """For ``body`` (a JSON object, ``prev`` its last field, no newline): the line with ``seal``
-        appended, the seal, and the line's digest (the next line's ``prev``)."""
+        """``body`` (a JSON object, no newline) with ``seal`` appended, the seal, and the line's digest."""
         prefix = body[:-1]  # without its closing brace
         state = self._inner.copy()
         state.update(prefix)
@@ -94,8 +91,7 @@ class Chain:
         return prefix + tail, seal, self._close(state)
 
     def check_seal(self, raw: bytes) -> tuple[bool | None, str]:
-        """For a line read back: whether its seal matches (None: it has none), and the digest of the
-        whole line, in one pass over the bytes."""
+        """For a line read back: whether its seal matches (None: it has none), and the line's digest."""
         tail = raw[-_SEAL_TAIL:]
         if not (tail.startswith(_SEAL_OPEN) and tail.endswith(_SEAL_CLOSE)):
             return None, self.digest(raw)

@@ -1,6 +1,5 @@
-"""Callback mistakes caught when the runner is built, each with a suggestion: an ``on_*`` method
-that is not a hook, a hook that does not take exactly one context, a hook assigned on the instance.
-"""
+"""Callback mistakes caught when the runner is built (an ``on_*`` method that is not a hook, a wrong
+signature, a hook assigned on the instance), each with a suggestion."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def suggest_hook(name: str) -> str | None:
 
 
 def check_callback(callback: Any, base: type) -> None:
-    """Raise :class:`CallbackDefinitionError` for the first mistake in ``callback`` (``base``: the
-    class whose hooks are the no-op defaults)."""
+    """Raise :class:`CallbackDefinitionError` for the first mistake in ``callback`` (``base``: the no-op class)."""
     name = callback.name
     for attr in _own_on_names(type(callback), base):
         if attr in HOOK_NAMES or not callable(getattr(callback, attr, None)):

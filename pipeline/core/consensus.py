@@ -1,11 +1,7 @@
-"""How the ranks of a multi-process run agree on the stop facts, so every rank fires the same trigger.
-
-At the phases of :func:`agreement_points` every rank contributes its new stop request and signal in
-one all-gather and applies the same verdict (:func:`decide`): a signal on any rank interrupts every
-rank; else the request of highest precedence wins, then the first by (epoch, phase, rank). A rank
-that raises posts its failure on the :class:`FailureBoard`; a rank that faults after it ends
-INTERRUPTED with :class:`RankFailed`, naming the rank that failed first.
-"""
+"""How the ranks agree on the stop facts, so every rank fires the same trigger: at each agreement point one
+all-gather of every rank's stop request and signal, and the same verdict (:func:`decide`) on every rank:
+a signal on any rank interrupts all; else the highest precedence wins, then the first by (epoch, phase, rank).
+A rank that raises posts its failure on the :class:`FailureBoard`; the others end naming it."""
 
 from __future__ import annotations
 
@@ -68,8 +64,7 @@ class Failure:
 
 
 class RankFailed(Exception):
-    """Another rank failed first; this rank stops (INTERRUPTED) and names it. ``symptom``: what this
-    rank met itself, or None. An ``Exception``: user code's ``except Exception`` sees a peer's failure."""
+    """Another rank failed first; this rank stops (INTERRUPTED) and names it (``symptom``: what it met itself)."""
 
     def __init__(self, failure: Failure, symptom: str | None = None) -> None:
         self.failure = failure
@@ -137,8 +132,7 @@ def verdict_order(reason: StopReason, epoch: int, phase: Phase, rank: int) -> tu
 
 
 def may_override(agreed: tuple[StopReason, int, Phase, int], held: tuple[StopReason, int, Phase, int]) -> bool:
-    """Whether the agreed request (reason, epoch, phase, rank) may replace the one a rank ``held``
-    (the audit checks every agreed override with this rule)."""
+    """Whether the agreed request (reason, epoch, phase, rank) may replace the one a rank ``held``."""
     return verdict_order(*agreed) < verdict_order(*held)
 
 
@@ -155,8 +149,7 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
 
 
 class RankAgreement:
-    """One rank's side: :meth:`agree` at each of :attr:`points`; the shared guards read the agreed
-    :attr:`stop` and :attr:`signal`."""
+    """One rank's side: :meth:`agree` at each of :attr:`points`; the guards read :attr:`stop`, :attr:`signal`."""
 
     def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
         self.collective = collective
@@ -165,9 +158,8 @@ class RankAgreement:
         self.points = agreement_points(per_batch)
         self.stop: StopRequest | None = None
         self.signal: tuple[int, int] | None = None  # (signal, rank)
-        # Without a blocking collective: every POLL_EVERY batches each rank's signal goes out in a
-        # non-blocking all-reduce read POLL_EVERY batches later, so every rank reads the same round and
-        # stops after the same step, at most 2 * POLL_EVERY steps after the signal.
+        # Per batch, without blocking: every POLL_EVERY batches a non-blocking all-reduce of the signals,
+        # read POLL_EVERY batches later, so every rank stops after the same step.
         self._send = getattr(collective, "all_reduce_max_async", None)
         self._round: Callable[[], list[int]] | None = None
         self._batches = 0
@@ -175,8 +167,7 @@ class RankAgreement:
     POLL_EVERY = 8  # a round costs a small all-reduce (~0.2 ms on gloo): 1 in 8 batches keeps it near 1%
 
     def poll_signal(self) -> None:
-        """Before a batch: every POLL_EVERY batches, read the round sent the time before (every rank
-        reads the same one), and send this one."""
+        """Before a batch: every POLL_EVERY batches, read the round sent the time before and send this one."""
         self._batches += 1
         if self._send is None or self._batches % self.POLL_EVERY:
             return
@@ -188,8 +179,7 @@ class RankAgreement:
         self._round = self._send([mine, self.collective.rank + 1 if mine else 0])
 
     def account(self, exc: BaseException, source: str) -> BaseException:
-        """``exc``, posted as this rank's failure (an interrupt is not), or :class:`RankFailed`
-        naming another rank's failure posted first."""
+        """``exc``, posted as this rank's failure, or :class:`RankFailed` naming another rank's, posted first."""
         board = self.collective
         if isinstance(exc, RankFailed) or not isinstance(board, FailureBoard):
             return exc

@@ -1,7 +1,5 @@
-"""Typed contexts handed to hooks (``RunContext`` for the run, ``EpochContext`` for one epoch,
-``StepContext`` for one batch), and typed slots through which callbacks share values. A callback
-never reaches into the trainer: what it needs is on a context or in a slot it declared in ``reads``.
-"""
+"""Typed contexts handed to hooks (run, epoch, step) and typed slots through which callbacks share values:
+a callback never reaches into the trainer."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def epoch_number(index: int) -> int:
 
 
 def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = None) -> str:
-    """``validation 4 (epoch 4, step 32)``: Optuna's step (the validation count) with its epoch and global
-    step (all from 1) as W&B and TensorBoard show them; an attribute without ``validation`` (a study older
-    than this count) is named by Optuna's ``last_step`` alone."""
+    """``validation 4 (epoch 4, step 32)``: Optuna's step with its epoch and global step; an attribute
+    without ``validation`` (an older study) is named by Optuna's ``last_step`` alone."""
     known = "validation" in at
     info = [f"{k} {at[k]}" for k in ("epoch", "step") if known and isinstance(at.get(k), int)] + list(more)
     return (f"validation {at['validation']}" if known else f"Optuna step {last_step}") + \
@@ -39,10 +36,8 @@ def validation_label(at: Mapping[str, Any], *more: str, last_step: int | None = 
 
 @dataclass(frozen=True)
 class Slot(Generic[T]):
-    """A named, typed value one callback writes and others read: ``Slot[float]("max_grad_norm")``.
-    It is cleared when the next epoch begins; what must outlive it is the writer's own state. A
-    ``per_step`` slot holds a step's values, left out of the epoch's record; a reader of one uses its
-    step hooks for that alone (they are not dispatched when no callback writes it)."""
+    """A named, typed value one callback writes and others read, cleared when the next epoch begins. A
+    ``per_step`` slot holds a step's values, left out of the epoch's record."""
 
     name: str
     doc: str = ""
@@ -182,8 +177,7 @@ class RunContext:
         self._slots.clear()
 
     def request_stop(self, reason: StopReason, source: str, message: str = "", immediate: bool = False) -> bool:
-        """Ask the machine to stop; returns whether this request won (the first, unless a later one
-        outranks it before it took effect). An immediate one routes to ``train_end`` at the next move."""
+        """Ask the machine to stop; whether this request won (the first, unless a later one outranks it)."""
         current = self.stop
         accepted = current is None or (reason.outranks(current.reason) and self.phase is not Phase.TRAIN_END)
         if accepted:
@@ -205,8 +199,8 @@ class RunContext:
 
     def emit_at_log_position(self, event: str, *, level: str = "info", defer_sync: bool = False,
                              **payload: Any) -> bool:
-        """``emit`` from another thread (the checkpoint writer): the line takes the phase, epoch and
-        step of the log's previous line. True when ``defer_sync`` left a durable line unsynced."""
+        """``emit`` from another thread: the line takes the position of the log's previous line. True when
+        ``defer_sync`` left a durable line unsynced."""
         needs_sync = self.events.emit(event, level=level, phase=None, epoch=None, global_step=None,
                                       payload=payload, at_last_line=True, defer_sync=defer_sync)
         return needs_sync is True
@@ -272,8 +266,7 @@ class EpochContext(_Delegating):
 
 
 class StepContext(_Delegating):
-    """One training batch. A callback sets a skip flag to leave out backward, the optimizer step or
-    zero_grad for this batch; ``loss`` is what backward runs on (a callback may rescale it)."""
+    """One training batch; a skip flag leaves out backward, the optimizer step or zero_grad for it."""
 
     __slots__ = ("batch", "batch_index", "epoch", "last_batch", "loss", "output", "run", "skip_backward",
                  "skip_optimizer_step", "skip_zero_grad")
@@ -295,8 +288,7 @@ class StepContext(_Delegating):
 
 
 class ValStepContext(_Delegating):
-    """One validation batch: after it, ``output`` and ``loss`` (detached) are set, so a callback can
-    accumulate a metric over the whole validation set (F1, AUC, a confusion matrix)."""
+    """One validation batch: after it, ``output`` and ``loss`` (detached) are set."""
 
     def __init__(self, run: RunContext, epoch: EpochContext) -> None:
         self.run = run

@@ -1,8 +1,5 @@
-"""Lifecycle diagrams drawn from the table itself, through a ``transitions`` ``GraphMachine``:
-Mermaid, DOT, and SVG (``dot -Tsvg``, carrying the sha256 of its DOT source). Three views: the
-lifecycle, the callbacks on each phase and move in dispatch order, and one run's path from its log.
-Output is deterministic, so the committed ``diagrams/`` can be compared byte for byte.
-"""
+"""Lifecycle diagrams drawn from the table through a ``transitions`` ``GraphMachine`` (Mermaid, DOT, SVG):
+the lifecycle, the callbacks on it, one run's path. Output is deterministic, compared byte for byte."""
 
 from __future__ import annotations
 
@@ -257,8 +254,7 @@ def dot_digest(dot_source: str) -> str:
 
 
 def render_svg(dot_source: str, dot_program: str = "dot") -> str:
-    """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 in a comment (the SVG's bytes depend on
-    the local Graphviz version; the staleness check compares the digest)."""
+    """``dot -Tsvg`` of ``dot_source``, with the DOT's sha256 in a comment (what the staleness check compares)."""
     exe = shutil.which(dot_program)
     if exe is None:
         raise GraphvizMissing(GRAPHVIZ_HINT)

@@ -1,10 +1,6 @@
-"""The engine offers the lifecycle machine the triggers leaving its state; the machine's conditions
-(the live guards) decide which fires, and the phase is its state. Each move is checked against the
-table before its handlers run and after the machine moved, so a broken machine stops the run
-instead of faking it. The ``batch`` move runs on a compiled fast path while its guard holds (strict
-mode, ``FSMTRAIN_STRICT_FSM=1``, sends every batch through the machine). Torch-free: training and
-replay are its drivers.
-"""
+"""The engine offers the lifecycle machine the triggers leaving its state; the live guards decide which
+fires, and each move is checked against the table. The ``batch`` move runs on a compiled fast path while
+its guard holds (``FSMTRAIN_STRICT_FSM=1`` sends every batch through the machine). Torch-free."""
 
 from __future__ import annotations
 
@@ -60,8 +56,8 @@ def exit_status_of(signum: int) -> int:
 
 
 class Interrupted(KeyboardInterrupt):
-    """A signal (SIGINT, SIGTERM) asked the run to stop; raised by the engine at a phase boundary,
-    never inside a handler, so no write is cut in half. ``exit_code`` is 128 + the signal number."""
+    """A signal asked the run to stop, raised at a phase boundary (never inside a handler, so no write is
+    cut in half); ``exit_code`` is 128 + the signal number."""
 
     def __init__(self, signum: int, rank: int | None = None) -> None:
         self.signum = signum
@@ -98,8 +94,7 @@ class ExceptionLog:
 
 def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
                      phase: Phase, refusal: str, exc: BaseException) -> NoReturn:
-    """The machine refused ``abort`` from ``phase``: run that ``abort``'s program (the teardown,
-    reason ERROR) directly, then raise the refusal, caused by the fault."""
+    """The machine refused ``abort`` from ``phase``: run its teardown directly, then raise the refusal."""
     message = (f"the machine refused {ABORT!r} from {phase.value!r} ({refusal}); the engine ran the teardown "
                f"itself. The fault was {type(exc).__name__}: {exc}")
     refused = LifecycleError(message)
@@ -125,8 +120,7 @@ class Engine:
     def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None,
                  restore: Callable[[RunContext], None] | None = None, collective: Collective | None = None,
                  outputs: Outputs | None = None) -> None:
-        """``restore``: a resumed run's load. ``outputs``: the run's files, written before its
-        ``result``. ``collective``: one rank of a multi-process run."""
+        """``restore``: a resumed run's load; ``outputs``: the run's files; ``collective``: one rank's."""
         self.driver = driver
         self.runner = runner
         self.run = run
@@ -285,8 +279,7 @@ class Engine:
 
     # --- faults ----------------------------------------------------------------------------
     def _fault(self, exc: BaseException) -> BaseException:
-        """Route an exception or interrupt to ``train_end`` through ``abort``, whose handler runs the
-        teardown. Returns what the run ends with: ``exc``, or a ``RankFailed`` naming another rank."""
+        """Route an exception to ``train_end`` through ``abort``; what the run ends with (``exc`` or ``RankFailed``)."""
         run = self.run
         where = self.runner.failed_in
         phase = _PHASES.get(self._model.state, Phase.CREATED)

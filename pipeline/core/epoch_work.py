@@ -1,8 +1,5 @@
-"""The engine's own actions in the lifecycle program: the epoch context, the batch cursor (fetched
-one ahead, so ``has_batch`` and ``StepContext.last_batch`` are known before a batch runs), the
-counters, the ``epoch`` record, the run's outputs and then the ``result``, so a log ending in its
-``result`` belongs to a run whose files are all on disk.
-"""
+"""The engine's own actions in the lifecycle program: the contexts, the batch cursor (fetched one ahead,
+so ``has_batch`` is known before a batch runs), the counters, the ``epoch`` record, outputs, ``result``."""
 
 from __future__ import annotations
 

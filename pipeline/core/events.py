@@ -78,9 +78,8 @@ def check_levels(**levels: str) -> None:
 
 
 class EventLog:
-    """Writes a run's events to ``path`` (if given), to the console through structlog, and
-    optionally keeps them in memory (``records``). ``config`` is what the first line chains to,
-    ``key`` makes the chain HMAC-SHA256."""
+    """Writes a run's events to ``path``, the console (structlog) and, with ``keep``, ``records``; ``config``
+    is what the first line chains to, ``key`` makes the chain HMAC-SHA256."""
 
     def __init__(self, path: Path | str | None, run_id: str, *, level: str = "info",
                  console: TextIO | None = sys.stderr, console_level: str = "warning", keep: bool = False,
@@ -153,9 +152,8 @@ class EventLog:
         defer_sync: bool = False,
         **transition: Any,
     ) -> bool:
-        """``at_last_line``: the line takes the phase, epoch and step of the line before it (a line
-        from another thread, whose view of the run may be ahead of the log). ``defer_sync``: a
-        durable line is not synced here; returns True when the caller must :meth:`sync` later."""
+        """``at_last_line``: the line takes the position of the line before (from another thread).
+        ``defer_sync``: a durable line is not synced here; True when the caller must :meth:`sync` later."""
         with self._lock:
             if at_last_line:
                 phase, epoch, global_step = self._position
@@ -222,8 +220,7 @@ class EventLog:
         return to_file and chained
 
     def _write(self, record: dict[str, Any]) -> None:
-        """One line, sealed and written whole (or not at all), then at once counted and made the
-        chain head. A line that found the disk full goes into the room the file keeps, then raises."""
+        """One line, sealed and written whole (or not at all), then counted and made the chain head."""
         data, seal, digest = self.chain.seal(_ENCODE(record).encode("ascii"))
         file = self._file
         assert file is not None

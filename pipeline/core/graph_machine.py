@@ -1,6 +1,5 @@
-"""The ``transitions`` ``GraphMachine`` that :mod:`fsmtrain.core.drawing` draws with: labelled
-states, a top-to-bottom layout, and label engines that put each transition, its guards and the
-callbacks on a move on lines of their own, so the drawing stays narrow."""
+"""The ``transitions`` ``GraphMachine`` the diagrams are drawn with: labelled states, top to bottom, and
+each transition, its guards and callbacks on lines of their own, so the drawing stays narrow."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class _MermaidLabels:
 
 
 class _DotLabels:
-    """Mixin for ``transitions``' graphviz engine: guards and then notes on lines of their own
-    under the trigger, and one line per transition of a merged edge."""
+    """Mixin for the graphviz engine: guards and notes on lines of their own under the trigger."""
 
     machine: Any
 

@@ -1,7 +1,5 @@
-"""The machine's handlers, compiled once per run from :func:`~fsmtrain.core.lifecycle.program_for`:
-a hook nobody overrides costs nothing and the per-batch body is one callable. The teardown runs
-every step and every callback even when one raises; the first error is raised after all ran.
-"""
+"""The machine's handlers, compiled once per run from the program: a hook nobody overrides costs nothing.
+The teardown runs every step even when one raises; the first error is raised after all ran."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ __all__ = ["HandlerCompiler", "compile_body", "compile_guard"]
 
 def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]],
                   never: frozenset[Guard] = frozenset()) -> Callable[[], bool]:
-    """One callable for transition ``t``'s guards; ``never``: guards false for the whole run (left out
-    of ``unless``). The common one-and-one(-and-one) shapes avoid generator cost."""
+    """One callable for transition ``t``'s guards; ``never``: guards false for the whole run."""
     conditions = tuple(guards[g] for g in t.conditions)
     unless = tuple(guards[g] for g in t.unless if g not in never)
     if len(conditions) == 1 and len(unless) == 1:
@@ -32,8 +29,7 @@ def compile_guard(t: Transition, guards: Mapping[Guard, Callable[[], bool]],
 
 
 def compile_body(items: Sequence[tuple[Work, str | None]], flags_can_change: bool) -> Work:
-    """One callable for a per-batch program of ``(work, skip flag)`` pairs: a pair is left out when
-    the step context has its flag set (a plain sequence of calls when nothing can set one)."""
+    """One callable for a per-batch program of ``(work, skip flag)`` pairs, each left out when its flag is set."""
     if not flags_can_change:
         plain = tuple(fn for fn, _ in items)
 

@@ -26,8 +26,7 @@ class CommittedFile:
 
     @property
     def newness(self) -> tuple[int, bool, int, int]:
-        """Orders states oldest first: by epoch, a checkpoint at a step before its epoch's end; the names
-        of one state by their commit (a role after its file), so the choice never rests on a set's order."""
+        """Orders states oldest first: by epoch, a step before its epoch's end, then by commit."""
         return (-1 if self.epoch is None else self.epoch, self.step is None, self.step or 0, self.seq or 0)
 
 

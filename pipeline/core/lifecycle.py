@@ -1,9 +1,6 @@
-"""The training lifecycle, written once as data: :data:`TRANSITIONS` (the moves, drawn by
-``fsmtrain diagram``) and :data:`PROGRAM` (every hook and piece of engine or driver work, in order;
-:func:`program_for`). The machine, the fast path, the diagrams, replay and the audit all read these
-tables. :func:`check_table` proves at import that from every phase exactly one ordinary transition
-is enabled for every consistent combination of guard facts.
-"""
+"""The training lifecycle, written once as data: :data:`TRANSITIONS` (the moves) and :data:`PROGRAM` (every
+hook and piece of work, in order), read by the machine, diagrams, replay and audit. :func:`check_table`
+proves at import that from every phase exactly one ordinary transition is enabled for any consistent facts."""
 
 from __future__ import annotations
 
@@ -144,9 +141,8 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """A hook (``action`` None) or an action of the program. ``trigger`` set: a handler of that
-    transition (into ``phase``); unset: it runs on entering ``phase``. ``skip``: the ``StepContext``
-    flag that leaves it out for one batch. CHECKPOINT hooks are fired by the checkpoint store."""
+    """A hook (``action`` None) or an action: on ``trigger`` into ``phase``, else on entering ``phase``;
+    ``skip``: the ``StepContext`` flag that leaves it out for one batch."""
 
     name: str
     phase: Phase
@@ -220,8 +216,7 @@ HOOK_NAMES: tuple[str, ...] = tuple(h.name for h in HOOKS)
 
 
 def program_for(t: Transition) -> tuple[Step, ...]:
-    """The handlers of transition ``t``, in order: the steps bound to its trigger (into its phase),
-    then, unless it is internal, the steps that run on entering its destination."""
+    """The handlers of ``t``: the steps bound to its trigger, then (unless internal) those entering its dest."""
     bound = tuple(s for s in PROGRAM if s.trigger == t.trigger and s.phase is t.dest)
     if t.internal:
         return bound
@@ -250,8 +245,7 @@ def transitions_from(phase: Phase) -> tuple[Transition, ...]:
 
 
 def enabled_transition(phase: Phase, facts: Facts) -> Transition:
-    """The one ordinary transition the table allows from ``phase`` given ``facts`` (the audit asks
-    which move a logged state allowed)."""
+    """The one ordinary transition the table allows from ``phase`` given ``facts``."""
     for t in transitions_from(phase):
         if t.enabled(facts):
             return t
@@ -340,6 +334,5 @@ check_table()
 
 
 def triggers_from(phase: Phase) -> tuple[str, ...]:
-    """The distinct triggers of the ordinary transitions leaving ``phase``, in table order: what the
-    engine offers the machine there."""
+    """The distinct triggers of the ordinary transitions leaving ``phase``, in table order."""
     return _TRIGGERS_FROM[phase]

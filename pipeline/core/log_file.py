@@ -1,11 +1,6 @@
-"""The file under a run log: written append-only, whole lines or nothing, with room kept for the
-last lines; read back (:func:`read_lines`, :func:`parse_line`) by the audit, the report and replay.
-
-A failed write cuts the file back to its last whole line and raises a :class:`LogWriteError` naming
-the file and the device. A run whose log cannot grow must still write why it ended, so the file
-keeps :data:`ROOM` bytes allocated past its end (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``): on a
-full disk the last lines go there. ``close`` gives the room back.
-"""
+"""The file under a run log, append-only, whole lines or nothing (a failed write cuts it back and raises
+:class:`LogWriteError`). A run whose log cannot grow must still say why it ended, so :data:`ROOM` bytes
+stay allocated past the end (``FALLOC_FL_KEEP_SIZE``) for the last lines; ``close`` gives them back."""
 
 from __future__ import annotations
 
@@ -99,8 +94,7 @@ class LogFile:
         self._keep_room(0)
 
     def write(self, line: bytes) -> LogWriteError | None:
-        """Append ``line`` whole, or raise :class:`LogWriteError` with the file as it was. Returns the
-        error when the line found the disk full and went into the room kept (the caller raises it)."""
+        """Append ``line`` whole, or raise :class:`LogWriteError`; the error when it went into the room kept."""
         fd = self._fd
         assert fd is not None, "the log file is closed"
         size = len(line)

@@ -1,10 +1,6 @@
-"""The lifecycle's ``transitions`` machine, built from the table, with a lean trigger path: its
-conditions are the live guards, its ``before``/``after`` callbacks each move's check and program.
-The classes here, plugged in through the library's extension points (``condition_cls``,
-``transition_cls``, ``event_cls``), skip the per-trigger logging and name lookups, and fall back to
-the library's code as soon as anything else is configured. :class:`MoveChecks` makes sure no
-handler runs for a move the table forbids.
-"""
+"""The lifecycle's ``transitions`` machine, built from the table: conditions are the live guards, each
+move's ``before`` its check and ``after`` its program. The lean classes (the library's ``*_cls`` extension
+points) skip per-trigger logging, falling back to the library's code when anything else is configured."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ class GuardCondition(Condition):
 
 
 class LeanTransition(Transition):
-    """The library's sequence (prepare, conditions, before, change of state, after) without its
-    per-step logger calls."""
+    """The library's sequence (prepare, conditions, before, change of state, after) without its logging."""
 
     condition_cls = GuardCondition
 
@@ -99,8 +94,7 @@ class LifecycleMachine(Machine):
 
 @dataclass(frozen=True)
 class MoveHandler:
-    """A transition's ``before`` (``check``: raises, before the state changes, when the table forbids
-    the move) and ``after`` callback (``run``: the move's program)."""
+    """A transition's ``before`` (``check``: raises when the table forbids the move) and ``after`` (``run``)."""
 
     check: Callable[[], None]
     run: Callable[[], None]
@@ -108,8 +102,7 @@ class MoveHandler:
 
 def build_machine(model: Any, guards: Mapping[Guard, Callable[[], bool]],
                   handlers: Sequence[Callable[[], None] | MoveHandler]) -> Machine:
-    """The machine over ``model``: conditions are the live ``guards``; ``handlers[i]`` runs when
-    ``TRANSITIONS[i]`` fires (a :class:`MoveHandler`'s check before the state changes)."""
+    """The machine over ``model``: conditions are the live ``guards``; ``handlers[i]`` runs on ``TRANSITIONS[i]``."""
     if len(handlers) != len(TRANSITIONS):
         raise LifecycleError(f"{len(handlers)} handlers for {len(TRANSITIONS)} transitions")
     spec = [{"trigger": t.trigger, "source": t.source.value, "dest": None if t.internal else t.dest.value,

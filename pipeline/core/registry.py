@@ -1,7 +1,5 @@
-"""The global-callback registry, the one piece of process-wide state: callbacks registered here join
-every run built meanwhile, in the GLOBAL tier. It carries no state between runs: an *instance* is
-deep-copied at registration and again for each run; a *factory* is called once per run.
-"""
+"""The global-callback registry, the one process-wide state: callbacks registered here join every run built
+meanwhile, each run getting a deep copy of an instance or a factory's product."""
 
 from __future__ import annotations
 
@@ -79,8 +77,8 @@ class GlobalHandle:
 def register_global_callback(
     callback: TrainingCallback | Callable[..., TrainingCallback], *args: Any, **kwargs: Any
 ) -> GlobalHandle:
-    """Add a callback instance (each run gets a deep copy of it as it is now), or a factory with its
-    arguments, to every run built until the handle's ``remove()``."""
+    """Add a callback instance (copied now and per run), or a factory with its arguments, to every run built
+    until the handle's ``remove()``."""
     if _is_callback(callback):
         if args or kwargs:
             raise TypeError(f"{_name(callback)} is already an instance; arguments go with a factory: "
@@ -123,8 +121,7 @@ def global_callbacks() -> list[TrainingCallback]:
 
 
 def callbacks_for_run(local: frozenset[int] = frozenset()) -> list[TrainingCallback]:
-    """What one run gets, in order: copies and factory products, except instances it also got as a
-    local callback (``local``: ids)."""
+    """What one run gets: copies and factory products, but instances it has as local callbacks (``local``: ids)."""
     with _lock:
         snapshot = [_registry[k] for k in sorted(_registry)]
     return [reg.make() for reg in snapshot if reg.instance is None or id(reg.instance) not in local]

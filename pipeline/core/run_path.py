@@ -34,8 +34,7 @@ class RunPath:
 
 
 class PathCounter:
-    """Counts the moves of a log fed line by line; ``batch`` moves (logged at debug level only) are
-    otherwise counted from ``global_step``."""
+    """Counts the moves of a log fed line by line (``batch`` moves, logged at debug only, from ``global_step``)."""
 
     def __init__(self) -> None:
         self.run = RunPath(Counter())

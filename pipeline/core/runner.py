@@ -1,7 +1,5 @@
-"""Orders callbacks by ``(priority, tier, registration order)``, builds the per-hook dispatch tables
-once (a hook a callback does not override costs nothing), and checks each callback's definition,
-the data flow between slot writers and readers, and that a callback writes only the slots it declared.
-"""
+"""Orders callbacks by ``(priority, tier, registration order)``, builds the per-hook dispatch tables once,
+and checks each callback's definition, the slots' data flow and that a callback writes only its slots."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ class CallbackRunner:
         return bool(self._tables[hook])
 
     def dispatcher(self, hook: str) -> Handler | None:
-        """The function that fires ``hook`` on its callbacks (timed, attributed to ``current``), or
-        None when no callback overrides it. Built once, so per-batch dispatch does no lookups."""
+        """The function that fires ``hook`` on its callbacks (timed, attributed to ``current``); None for none."""
         table = self._tables[hook]
         if not table:
             return None
@@ -109,8 +106,7 @@ class CallbackRunner:
             dispatch(ctx)
 
     def check_write(self, slot: Slot[Any]) -> None:
-        """The slot guard: refuse a write by the running callback to a slot it did not declare.
-        Writes made outside any hook (a driver replaying recorded slots) are not checked."""
+        """Refuse a write by the running callback to a slot it did not declare (outside a hook: no check)."""
         cb = self.current
         if cb is None:
             return
@@ -159,15 +155,13 @@ _STEP_HOOKS = frozenset(h.name for h in HOOKS if h.scope is HookScope.STEP)
 
 
 def _dispatched(cb: TrainingCallback, step_written: set[str]) -> tuple[str, ...]:
-    """``cb``'s hooks to dispatch: a reader of per-step slots that no callback here writes has its
-    step hooks left out (a logger costs nothing per batch without ``log_every_n_steps``)."""
+    """``cb``'s hooks to dispatch: a reader of per-step slots nobody writes has its step hooks left out."""
     hooks, reads = cb.overridden_hooks(), {s.name for s in cb.reads if s.per_step}
     return hooks if not reads or reads & step_written else tuple(h for h in hooks if h not in _STEP_HOOKS)
 
 
 def _read_hooks(r: TrainingCallback, per_step: bool) -> list[str]:
-    """The epoch hooks where ``r`` may read a slot: a reader of a per-step slot reads only those in
-    its step hooks, and only the others in the rest."""
+    """The epoch hooks where ``r`` may read a slot (a per-step slot: its step hooks; else the others)."""
     hooks = _epoch_hooks(r)
     if not any(s.per_step for s in r.reads):
         return hooks
@@ -175,9 +169,8 @@ def _read_hooks(r: TrainingCallback, per_step: bool) -> list[str]:
 
 
 def check_data_flow(entries: Sequence[Entry]) -> None:
-    """Refuse an order in which a reader of a slot may run before its writer in the same epoch: a
-    reader is safe only when its earliest epoch hook runs after its writer's latest one, compared as
-    ``(hook position in the epoch, dispatch position)``."""
+    """Refuse an order in which a slot's reader may run before its writer in an epoch: the reader's earliest
+    epoch hook must run after the writer's latest, by ``(hook position, dispatch position)``."""
     position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []
     for reader in entries:

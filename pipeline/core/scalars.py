@@ -1,6 +1,4 @@
-"""The numbers of one epoch, flat and named (every metric and numeric slot value), as the W&B logger
-and the console line show them, so a new metric or slot needs no change to either.
-"""
+"""The numbers of one epoch, flat and named (every metric and numeric slot value), as loggers show them."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ def _number(value: Any) -> float | None:
 
 
 def slot_scalars(name: str, value: Any) -> dict[str, float]:
-    """The named scalars one slot value contributes: ``{name: value}`` for a number, what its
-    ``scalars()`` returns, ``{"<name>/<field>": value}`` for each numeric field of a dataclass or
-    mapping, ``{name: float(value)}`` when that converts (a one-element tensor); else nothing."""
+    """The named scalars of one slot value: a number, its ``scalars()``, ``<name>/<field>`` for a dataclass's
+    or mapping's numeric fields, or ``float(value)`` when that converts."""
     if value is None or isinstance(value, bool):
         return {}
     number = _number(value)
@@ -48,8 +45,7 @@ def slot_scalars(name: str, value: Any) -> dict[str, float]:
 
 
 def epoch_scalars(epoch: EpochContext) -> dict[str, float]:
-    """Every epoch metric, then every numeric slot value present now; a metric keeps its name if a
-    slot scalar would take it."""
+    """Every epoch metric, then every numeric slot value present now (a metric keeps its name)."""
     data = {k: float(v) for k, v in epoch.metrics.items()}
     for name, value in epoch.run.slot_values().items():
         for key, number in slot_scalars(name, value).items():

@@ -1,13 +1,7 @@
-"""SIGINT, SIGTERM and SIGUSR1: the one module that handles them, for a command or for one run.
-
-The first signal is only recorded (a handler runs between any two bytecodes): a run ends
-INTERRUPTED at its next safe point and the command exits 128 + the signal. A second SIGINT while a
-run trains raises ``KeyboardInterrupt`` at once, so a hung batch ends (in the teardown it is only
-recorded, so it cannot cut the ``result`` short). A third gets the handler found before, or the
-default action in the ``fsmtrain`` process. SIGUSR1 (what SLURM's ``--signal`` sends before its
-kill) is a pre-emption notice as SIGTERM is: the run saves the state after its last step and the
-command exits 143. A run's notices are configurable (``preemption.signals``, among ``NOTICES``).
-"""
+"""SIGINT, SIGTERM and SIGUSR1: the one module that handles them. The first signal is recorded: the run
+ends INTERRUPTED at its next safe point, the command exits 128 + the signal. A second SIGINT while a run
+trains raises ``KeyboardInterrupt`` at once (only recorded in the teardown); a third gets the handler found
+before, or the default action. SIGUSR1 is a pre-emption notice as SIGTERM is (exit 143)."""
 
 from __future__ import annotations
 
@@ -127,9 +121,8 @@ def uninstall(default: bool = False) -> None:
 
 @contextlib.contextmanager
 def caught(escalate: bool = True) -> Iterator[Signals | None]:
-    """The process's :class:`Signals` for the block: the command's, or ones installed for the block
-    only (None off the main thread). ``escalate=False`` (an hpo worker, whose study forwards a
-    Ctrl-C it also gets from the terminal): a second SIGINT is only recorded."""
+    """The process's :class:`Signals` for the block (None off the main thread); ``escalate=False`` (an hpo
+    worker, whose study forwards a Ctrl-C): a second SIGINT is only recorded."""
     if _installed is not None:
         yield _installed
         return
@@ -143,9 +136,8 @@ def caught(escalate: bool = True) -> Iterator[Signals | None]:
 
 @contextlib.contextmanager
 def stop_on_signals(run: RunContext, notices: Iterable[signal.Signals] = PREEMPTION) -> Iterator[None]:
-    """While the block trains ``run``, SIGINT or a pre-emption notice of ``notices`` (or one received
-    before it) sets ``run.pending_signal``; a default notice left out of ``notices`` gets its handler
-    found before (or the default action) for the block."""
+    """While the block trains ``run``, SIGINT or a notice of ``notices`` sets ``run.pending_signal``; a
+    default notice left out of ``notices`` gets its handler found before for the block."""
     with caught() as signals:
         if signals is None:
             yield
@@ -166,8 +158,8 @@ def stop_on_signals(run: RunContext, notices: Iterable[signal.Signals] = PREEMPT
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted`, so a command
-    that waits on worker processes stops them instead of dying and leaving them orphaned."""
+    """While the block runs, SIGTERM raises :class:`~fsmtrain.core.engine.Interrupted`, so a command waiting
+    on workers stops them instead of leaving them orphaned."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

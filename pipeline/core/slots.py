@@ -22,8 +22,7 @@ class LossPrediction:
 
 @dataclass(frozen=True)
 class StepValues:
-    """One logged step of ``StepLogCallback`` (``log_every_n_steps``): the global step (from 1), the
-    epoch number (from 1) and the values (``loss``, ``lr``, ``grad_norm``) the log's ``train_step`` holds."""
+    """One logged step of ``StepLogCallback``: the global step and epoch (from 1) and its values."""
 
     step: int
     epoch: int

@@ -1,15 +1,6 @@
-"""Why a run reached ``train_end``: :class:`StopReason`, and every fact about each reason in one
-row of :data:`FACTS`, read by every consumer and written nowhere else. The columns:
-
-- **route**: how it reaches ``train_end``: the budget (epochs, ``max_steps``) ran out, a callback's
-  ``request_stop``, or a ``fault`` the engine forces on an exception or signal (``abort``).
-- **precedence**: a later request replaces one not yet in force only if it ranks higher.
-- **exit**, **severity**: the ``fsmtrain train`` exit status, and which wins over several seeds.
-- **failed**: W&B marks the run failed. **objective**: ``inf``, or the best finite ``val_loss``.
-- **evidence**: what the audit needs in the log before it believes the reason.
-
-A new reason is one member of :class:`StopReason` and its row in :data:`FACTS`.
-"""
+"""Why a run reached ``train_end``: :class:`StopReason`, every fact of each reason in one row of
+:data:`FACTS`: its route (budget, request, fault), precedence, exit status, severity over several seeds,
+W&B failed, infinite objective, and the evidence the audit needs. A new reason is a member and its row."""
 
 from __future__ import annotations
 
