@@ -22,10 +22,8 @@ from fsmtrain.core.result import TrainResult
 from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
 from fsmtrain.core.stop import StopReason
 
-__all__ = [
-    "HOOKS", "TRANSITIONS", "BaseDriver", "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner",
-    "CheckpointContext", "Driver", "Engine", "EpochContext", "Interrupted", "EpochRecord", "EventLog", "FaultContext",
-    "GlobalHandle", "GlobalRegistrationError", "Guard", "LifecycleError", "Phase", "ReplaySupport",
-    "RunContext", "Slot", "SlotWriteError", "StepContext", "StopReason", "StopRequest", "Tier",
-    "TrainResult", "TrainingCallback", "Transition", "read_events", "register_global_callback",
-]
+__all__ = ["HOOKS", "TRANSITIONS", "BaseDriver", "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner",
+           "CheckpointContext", "Driver", "Engine", "EpochContext", "Interrupted", "EpochRecord", "EventLog",
+           "FaultContext", "GlobalHandle", "GlobalRegistrationError", "Guard", "LifecycleError", "Phase",
+           "ReplaySupport", "RunContext", "Slot", "SlotWriteError", "StepContext", "StopReason", "StopRequest",
+           "Tier", "TrainResult", "TrainingCallback", "Transition", "read_events", "register_global_callback"]

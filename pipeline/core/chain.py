@@ -12,10 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "KEY_ENV", "SCHEME_KEYED", "SCHEME_PLAIN", "SEAL_FIELD", "Chain", "LogKeyError", "key_from_env", "last_line",
-    "read_key_file",
-]
+__all__ = ["KEY_ENV", "SCHEME_KEYED", "SCHEME_PLAIN", "Chain", "LogKeyError", "key_from_env", "last_line",
+           "read_key_file"]
 
 KEY_ENV = "FSMTRAIN_LOG_KEY"
 SCHEME_PLAIN = "sha256"
@@ -23,7 +21,6 @@ SCHEME_KEYED = "hmac-sha256"
 _GENESIS_LABEL = b"fsmtrain-chain-v1\n"
 _KEY_ID_LABEL = b"fsmtrain-key-id-v1"
 _BLOCK = 64  # sha256's block size
-SEAL_FIELD = "seal"
 # A sealed line ends with ``,"seal":"<64 hex>"}`` and its newline; without them it reads ``}\n``.
 _SEAL_OPEN = b',"seal":"'
 _SEAL_CLOSE = b'"}\n'

@@ -13,11 +13,9 @@ from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
 from fsmtrain.core.stop import StopReason
 
-__all__ = [
-    "SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement", "RankFailed",
-    "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank", "proposal_of",
-    "verdict_order",
-]
+__all__ = ["SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement",
+           "RankFailed", "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank",
+           "proposal_of", "verdict_order"]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
 _PHASES: tuple[Phase, ...] = tuple(Phase)

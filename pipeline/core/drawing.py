@@ -12,28 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.graph_machine import (
-    CALLBACK_BULLET,
-    DOT_NEWLINE,
-    MERMAID_NEWLINE,
-    DrawnModel,
-    EdgeKey,
-    LifecycleGraphMachine,
-)
+from fsmtrain.core.graph_machine import CALLBACK_BULLET, DOT_NEWLINE, MERMAID_NEWLINE, EdgeKey, LifecycleGraphMachine
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
 from fsmtrain.core.run_path import DiagramError, RunPath, read_run_path
 from fsmtrain.core.runner import CallbackRunner
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = [
-    "DiagramError", "Format", "GraphvizMissing", "callback_diagram", "dot_digest", "lifecycle_diagram",
-    "path_diagram", "read_run_path", "render_svg", "run_diagram", "stop_reasons_for", "write_lifecycle_files",
-    "write_run_diagram",
-]
+__all__ = ["DiagramError", "Format", "GraphvizMissing", "callback_diagram", "dot_digest", "lifecycle_diagram",
+           "path_diagram", "read_run_path", "render_svg", "run_diagram", "stop_reasons_for", "write_lifecycle_files",
+           "write_run_diagram"]
 
 TITLE = "fsmtrain lifecycle"
 SVG_DIGEST_MARK = "fsmtrain-dot-sha256:"
@@ -124,7 +116,7 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
                             "unless": [g.value for g in edge.t.unless] if show else [], "label": edge.label})
     if fmt is not Format.MERMAID:
         _require_graphviz_package()
-    model = DrawnModel()
+    model = SimpleNamespace()  # what the graph machine binds ``get_graph`` to
     machine = LifecycleGraphMachine(
         model=model, states=states, transitions=transitions, auto_transitions=False, title=title,
         initial=INITIAL.value if INITIAL in spec.phases else spec.phases[0].value, edge_notes=notes,
@@ -133,7 +125,7 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
     graph_obj.reset_styling()  # no "current state" highlight unless asked for
     if spec.active is not None:
         graph_obj.set_node_style(spec.active.value, "active")
-    source: str = model.get_graph().source  # type: ignore[attr-defined]
+    source: str = model.get_graph().source
     if fmt is Format.MERMAID:
         # transitions writes the title as a bare line of the front matter; Mermaid reads `title:`.
         source = source.replace(f"---\n{title}\n---\n", f"---\ntitle: {_yaml_scalar(title)}\n---\n", 1)

@@ -9,8 +9,7 @@ from typing import Any
 from transitions import State
 from transitions.extensions import GraphMachine
 
-__all__ = ["CALLBACK_BULLET", "DOT_NEWLINE", "MERMAID_NEWLINE", "DrawnModel", "EdgeKey", "LabelledState",
-           "LifecycleGraphMachine"]
+__all__ = ["CALLBACK_BULLET", "DOT_NEWLINE", "MERMAID_NEWLINE", "EdgeKey", "LabelledState", "LifecycleGraphMachine"]
 
 
 class LabelledState(State):
@@ -102,7 +101,3 @@ class LifecycleGraphMachine(GraphMachine):
         base: type = super()._init_graphviz_engine(graph_engine)
         mixin = _DotLabels if graph_engine == "graphviz" else _MermaidLabels
         return type(f"_Lifecycle{base.__name__}", (mixin, base), {})
-
-
-class DrawnModel:
-    """The model object the graph machine binds ``get_graph`` to."""

@@ -9,16 +9,13 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any
 
-from fsmtrain.core.checks import CallbackDefinitionError, SlotWriteError, check_callback
+from fsmtrain.core.checks import SlotWriteError, check_callback
 from fsmtrain.core.context import Slot
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.lifecycle import EPOCH_HOOK_ORDER, HOOK_NAMES, HOOKS, HookScope
-from fsmtrain.core.registry import GlobalHandle, callbacks_for_run, register_global_callback
+from fsmtrain.core.registry import callbacks_for_run
 
-__all__ = [
-    "CallbackDefinitionError", "CallbackOrderError", "CallbackRunner", "GlobalHandle", "Handler", "SlotWriteError",
-    "register_global_callback",
-]
+__all__ = ["CallbackOrderError", "CallbackRunner", "Handler"]
 
 Handler = Callable[[Any], None]
 

@@ -17,30 +17,13 @@ from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
 from fsmtrain.core.hooks import int_at_least
 from fsmtrain.core.ledger import CommittedFile
 from fsmtrain.training import checkpoint_file as files
-from fsmtrain.training.checkpoint_file import (
-    CheckpointError,
-    CheckpointWriteError,
-    load_checkpoint,
-    sha256_of,
-    stateful_callbacks,
-)
-from fsmtrain.training.checkpoint_writer import (
-    SLOTS,
-    BufferSet,
-    CheckpointWriter,
-    Job,
-    Staged,
-    WritePlan,
-    Written,
-    stage,
-    tensor_bytes,
-)
+from fsmtrain.training import checkpoint_writer as writing
+from fsmtrain.training.checkpoint_file import CheckpointError, CheckpointWriteError, load_checkpoint, sha256_of
+from fsmtrain.training.checkpoint_writer import WritePlan, Written
 
-__all__ = [
-    "DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
-    "CheckpointManager", "CheckpointWriteError", "DamagedState", "WritePlan", "Written",
-    "find_damaged", "load_checkpoint", "quarantine", "sha256_of", "shown_path", "stateful_callbacks",
-]
+__all__ = ["DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolder", "CheckpointLog",
+           "CheckpointManager", "CheckpointWriteError", "DamagedState", "WritePlan", "Written", "find_damaged",
+           "load_checkpoint", "quarantine", "sha256_of", "shown_path"]
 
 DAMAGED_DIR = "damaged"
 UNCOMMITTED_DIR = "uncommitted"  # files in the folder the log never committed, kept as evidence
@@ -219,8 +202,8 @@ class CheckpointManager(CheckpointFolder):
         self.monitor, self.mode = monitor, mode
         self.best_value: float | None = None
         self.best_epoch: int | None = None
-        self.writer = CheckpointWriter(background)
-        self.buffers = [BufferSet() for _ in range(SLOTS)]
+        self.writer = writing.CheckpointWriter(background)
+        self.buffers = [writing.BufferSet() for _ in range(writing.SLOTS)]
 
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
@@ -280,11 +263,11 @@ class CheckpointManager(CheckpointFolder):
         path = self.periodic_path(epoch) if at is None else self.step_path(at[0])
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
-        staged = (stage(state, self.buffers[claim.slot]) if self.background
-                  else Staged(state, staged_bytes=tensor_bytes(state)))
+        staged = (writing.stage(state, self.buffers[claim.slot]) if self.background
+                  else writing.Staged(state, staged_bytes=writing.tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"), path, None if at is None else at[0])
-        self.writer.submit(Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log), step))
+        self.writer.submit(writing.Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log), step))
         return plan
 
     def close(self, timeout: float | None = None) -> bool:
@@ -297,7 +280,7 @@ class CheckpointManager(CheckpointFolder):
     def reset(self, on_dropped: Callable[[int, str, int | None], None] | None = None) -> None:
         """A fresh writer for a new run (``train_begin``): an earlier run's failure does not carry over."""
         self.writer.close()
-        self.writer = CheckpointWriter(self.background, on_dropped)
+        self.writer = writing.CheckpointWriter(self.background, on_dropped)
 
     # --- the writer thread ---------------------------------------------------------------------
     def write(self, plan: WritePlan) -> Written:

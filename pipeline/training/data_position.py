@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fsmtrain.core.context import EpochContext
 
-__all__ = ["SkippedBatches", "batches_from"]
+__all__ = ["SkippedBatches", "batches_from", "loader_like"]
 
 
 class SkippedBatches:
@@ -50,7 +50,7 @@ _END = object()
 def _skipping(loader: Iterable[Any], skip: int, epoch: EpochContext) -> Iterator[Any]:
     if isinstance(loader, DataLoader) and loader.batch_sampler is not None \
             and not isinstance(loader.dataset, IterableDataset):
-        return iter(_starting_at(loader, skip))
+        return iter(loader_like(loader, batch_sampler=SkippedBatches(loader.batch_sampler, skip)))
     epoch.warn("resume", f"the train loader ({type(loader).__name__}) cannot start at a batch index: the "
                    f"{skip} batch(es) this epoch had done before the checkpoint are loaded and dropped (not "
                    "trained on); a DataLoader over a map-style dataset skips them without loading",
@@ -61,12 +61,12 @@ def _skipping(loader: Iterable[Any], skip: int, epoch: EpochContext) -> Iterator
     return batches
 
 
-def _starting_at(loader: DataLoader[Any], skip: int) -> DataLoader[Any]:
-    """``loader`` again, its batch sampler starting at ``skip``; the same dataset, workers and generator."""
-    workers = loader.num_workers
-    return DataLoader(loader.dataset, batch_sampler=SkippedBatches(loader.batch_sampler, skip),  # type: ignore[arg-type]
-                      num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                      multiprocessing_context=loader.multiprocessing_context if workers else None,
-                      generator=loader.generator, prefetch_factor=loader.prefetch_factor if workers else None,
-                      pin_memory_device=loader.pin_memory_device)
+def loader_like(loader: DataLoader[Any], **order: Any) -> DataLoader[Any]:
+    """``loader`` again with another ``sampler`` (and batch size) or ``batch_sampler``, every other setting its own."""
+    workers = loader.num_workers > 0
+    return DataLoader(loader.dataset, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+                      prefetch_factor=loader.prefetch_factor if workers else None,
+                      persistent_workers=loader.persistent_workers if workers else False,
+                      pin_memory_device=loader.pin_memory_device, in_order=loader.in_order, **order)

@@ -21,12 +21,11 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler
 
 from fsmtrain.core.consensus import AgreementTimeout, Failure, RankFailed
+from fsmtrain.training.data_position import loader_like
 from fsmtrain.training.driver import epoch_seed
 
-__all__ = [
-    "DistributedOptions", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
-    "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model",
-]
+__all__ = ["DistributedOptions", "TorchCollective", "group_threads", "init_from_env", "launched_by_torchrun",
+           "shard_train_loader", "shard_val_loader", "shutdown", "wrap_model"]
 
 T = TypeVar("T")
 _SLICE_S = 0.25  # how often a rank waiting at an agreement point reads the failure board
@@ -282,17 +281,7 @@ class _WrappingDistributedSampler(DistributedSampler[T]):
 
 
 def _loader_like(loader: DataLoader[Any], sampler: Sampler[int] | range) -> DataLoader[Any]:
-    """``loader`` over ``sampler``, with every other setting of its own."""
-    workers = loader.num_workers > 0
-    return DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor if workers else None,
-        persistent_workers=loader.persistent_workers if workers else False,
-        pin_memory_device=loader.pin_memory_device, in_order=loader.in_order,
-    )
+    return loader_like(loader, sampler=sampler, batch_size=loader.batch_size, drop_last=loader.drop_last)
 
 
 class _ShardedSampler(Sampler[int]):

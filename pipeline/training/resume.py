@@ -16,21 +16,13 @@ from fsmtrain.core.chain import KEY_ENV, Chain
 from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 from fsmtrain.core.ledger import CheckpointLedger, CommittedFile
-from fsmtrain.training.checkpoint import (
-    UNCOMMITTED_DIR,
-    CheckpointError,
-    DamagedState,
-    find_damaged,
-    load_checkpoint,
-    quarantine,
-)
-from fsmtrain.training.checkpoint_file import atomic_link, fsync_dir, read_history, restore_run_state
+from fsmtrain.training.checkpoint import UNCOMMITTED_DIR, DamagedState, find_damaged, load_checkpoint, quarantine
+from fsmtrain.training.checkpoint_file import CheckpointError, atomic_link, fsync_dir, read_history, restore_run_state
 from fsmtrain.training.rng import restore_rng_state
 
-__all__ = [
-    "NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption", "check_log_key",
-    "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start", "resumption_or_restart",
-]
+__all__ = ["NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption",
+           "check_log_key", "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start",
+           "resumption_or_restart"]
 
 _OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
 
