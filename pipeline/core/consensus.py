@@ -212,8 +212,7 @@ class RankAgreement:
             return
         source, message = collective.broadcast_object(
             (mine.source, mine.message) if mine is not None and collective.rank == verdict.stop_rank else None,
-            verdict.stop_rank,
-        )
+            verdict.stop_rank)
         if collective.rank != verdict.stop_rank or mine is None:
             source = on_rank(source, verdict.stop_rank)
             replaced = run.stop

@@ -88,8 +88,7 @@ class ExceptionLog:
             self.run.emit(
                 "exception", level="error", type=type(exc).__name__, message=str(exc), source=source,
                 interrupt=isinstance(exc, (KeyboardInterrupt, RankFailed)),
-                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra,
-            )
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=20)), **extra)
 
 
 def teardown_refused(run: RunContext, programs: Mapping[Transition, Callable[[], None]], log: ExceptionLog,
@@ -236,8 +235,7 @@ class Engine:
                     raise LifecycleError(
                         f"the machine fired {trigger!r} from {source.value!r} into {self._model.state!r}, "
                         f"but the table allows {trigger!r} only into {move.dest.value!r} when its guards hold "
-                        f"({move.guard_label() or 'no guard'}; facts {facts})"
-                    )
+                        f"({move.guard_label() or 'no guard'}; facts {facts})")
                 return
         raise LifecycleError(f"the machine fired none of {triggers_from(source)} from {source.value!r} ({facts})")
 

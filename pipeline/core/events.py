@@ -25,10 +25,8 @@ from fsmtrain.core.chain import Chain, last_line
 from fsmtrain.core.log_file import LogFile, LogWriteError
 
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-EVENT_KEYS: tuple[str, ...] = (
-    "seq", "ts", "run_id", "event", "level", "phase", "from", "to", "trigger", "epoch", "global_step", "payload",
-    "prev", "seal",
-)
+EVENT_KEYS: tuple[str, ...] = ("seq", "ts", "run_id", "event", "level", "phase", "from", "to", "trigger", "epoch",
+                               "global_step", "payload", "prev", "seal")
 EVENTS_FILE = "events.jsonl"
 # Events whose ``message`` is all the console shows of them (a person reads it; the log keeps the rest).
 _MESSAGE_ON_CONSOLE: frozenset[str] = frozenset({"checkpoint_damaged", "restart"})
@@ -114,8 +112,7 @@ class EventLog:
         if console is not None:
             self._console = structlog.wrap_logger(
                 structlog.PrintLogger(console),
-                processors=[self._to_console, structlog.dev.ConsoleRenderer(colors=console.isatty())],
-            )
+                processors=[self._to_console, structlog.dev.ConsoleRenderer(colors=console.isatty())])
 
     def _continue_from(self, tail: bytes) -> None:
         """Appending to a log: chain to its last line, and keep ``ts`` from going back before it."""
@@ -139,19 +136,9 @@ class EventLog:
     def enabled_for(self, level: str) -> bool:
         return LEVELS[level] >= min(self.level, self.console_level if self._console is not None else 99)
 
-    def emit(
-        self,
-        event: str,
-        *,
-        level: str = "info",
-        phase: str | None = None,
-        epoch: int | None = None,
-        global_step: int | None = None,
-        payload: Mapping[str, Any] | None = None,
-        at_last_line: bool = False,
-        defer_sync: bool = False,
-        **transition: Any,
-    ) -> bool:
+    def emit(self, event: str, *, level: str = "info", phase: str | None = None, epoch: int | None = None,
+             global_step: int | None = None, payload: Mapping[str, Any] | None = None, at_last_line: bool = False,
+             defer_sync: bool = False, **transition: Any) -> bool:
         """``at_last_line``: the line takes the position of the line before (from another thread).
         ``defer_sync``: a durable line is not synced here; True when the caller must :meth:`sync` later."""
         with self._lock:

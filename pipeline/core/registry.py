@@ -74,9 +74,8 @@ class GlobalHandle:
         self.remove()
 
 
-def register_global_callback(
-    callback: TrainingCallback | Callable[..., TrainingCallback], *args: Any, **kwargs: Any
-) -> GlobalHandle:
+def register_global_callback(callback: TrainingCallback | Callable[..., TrainingCallback], *args: Any,
+                             **kwargs: Any) -> GlobalHandle:
     """Add a callback instance (copied now and per run), or a factory with its arguments, to every run built
     until the handle's ``remove()``."""
     if _is_callback(callback):

@@ -188,10 +188,8 @@ def read_history(value: Any) -> list[dict[str, Any]]:
     return entries
 
 
-def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", *, expected_sha256: str | None = None,
-    verified: bool = False,
-) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,
+                    expected_sha256: str | None = None, verified: bool = False) -> dict[str, Any]:
     """Load a checkpoint (``weights_only``, memory-mapped) once its bytes match the sha256 its run's log
     committed, or ``expected_sha256`` (``verified``: the caller has just checked that). Damage, a mismatch
     or code in the pickle raise :class:`CheckpointError` naming the file."""
@@ -208,8 +206,7 @@ def load_checkpoint(
         if found != expected:
             raise CheckpointError(
                 f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
-                f"the file has {found} ({size} bytes); it was changed or damaged after it was written"
-            )
+                f"the file has {found} ({size} bytes); it was changed or damaged after it was written")
     try:
         state = torch.load(p, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
@@ -217,13 +214,11 @@ def load_checkpoint(
             what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
             raise CheckpointError(
                 f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
-                "it was not loaded. fsmtrain never unpickles code from a checkpoint"
-            ) from None
+                "it was not loaded. fsmtrain never unpickles code from a checkpoint") from None
         raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({size} bytes): {str(exc)[:200]}") from None
     except Exception as exc:  # every other reader failure means the same thing here
         raise CheckpointError(
-            f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}"
-        ) from None
+            f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
     if state["format"] != FORMAT_VERSION:

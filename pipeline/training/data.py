@@ -18,9 +18,8 @@ class Loaders(NamedTuple):
     val: DataLoader[Any] | None
 
 
-def make_loaders(
-    train: Dataset[Any], val: Dataset[Any] | None, *, batch_size: int, seed: int, drop_last: bool = False
-) -> Loaders:
+def make_loaders(train: Dataset[Any], val: Dataset[Any] | None, *, batch_size: int, seed: int,
+                 drop_last: bool = False) -> Loaders:
     """Wrap datasets in loaders whose shuffle order depends only on ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     train_loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator, drop_last=drop_last)

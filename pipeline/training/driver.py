@@ -36,10 +36,9 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
         return batch[0], batch[1]
     if isinstance(batch, Mapping) and "inputs" in batch and "targets" in batch:
         return batch["inputs"], batch["targets"]
-    raise TypeError(
-        "a batch must be (inputs, targets) or a mapping with 'inputs' and 'targets'; "
-        f"got {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
-    )
+    length = f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+    raise TypeError(f"a batch must be (inputs, targets) or a mapping with 'inputs' and 'targets'; "
+                    f"got {type(batch).__name__}{length}")
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -58,26 +57,13 @@ def loader_generator(loader: Any) -> torch.Generator | None:
 
 
 class TorchDriver:
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: LossFn | None,
-        train_loader: Iterable[Any],
-        val_loader: Iterable[Any] | None,
-        *,
-        scheduler: Any = None,
-        device: torch.device,
-        metrics: Mapping[str, MetricFn] | None = None,
-        scheduler_monitor: str = "val_loss",
-        train_model: nn.Module | None = None,
-        all_reduce: Callable[[torch.Tensor], None] | None = None,
-        precision: PrecisionPolicy | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        step: StepFn | None = None,
-        val_step: StepFn | None = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn | None,
+                 train_loader: Iterable[Any], val_loader: Iterable[Any] | None, *, scheduler: Any = None,
+                 device: torch.device, metrics: Mapping[str, MetricFn] | None = None,
+                 scheduler_monitor: str = "val_loss", train_model: nn.Module | None = None,
+                 all_reduce: Callable[[torch.Tensor], None] | None = None, precision: PrecisionPolicy | None = None,
+                 rank: int = 0, world_size: int = 1, step: StepFn | None = None,
+                 val_step: StepFn | None = None) -> None:
         """``train_model``: ``model`` as the training forward runs it (e.g. in DDP); ``all_reduce``: sums a
         tensor over the ranks in place (once per epoch for train and validation); ``step``, ``val_step``: the
         user's own (:mod:`fsmtrain.training.step`), ``val_step`` defaulting to ``step``."""

@@ -174,12 +174,9 @@ class Resumption:
         state = self.state
         restore_run_state(run, state)
         run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
-        run.emit(
-            "resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,
-            next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
-            **_inside_epoch(run),
-            torn_line_bytes=self.tail.torn_bytes, **self.notes,
-        )
+        run.emit("resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,
+                 next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
+                 **_inside_epoch(run), torn_line_bytes=self.tail.torn_bytes, **self.notes)
         for event, payload in self.notices:
             run.emit(event, level="warning", **payload)
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
