@@ -32,9 +32,7 @@ def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, batch_size: in
     n = len(y)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    n_train = n - max(1, math.floor(n * val_fraction))
-    if n_train < 1:
-        raise ValueError(f"n_samples={n} leaves no training rows with val_fraction={val_fraction}")
+    n_train = n - max(1, math.floor(n * val_fraction))  # at least one row each, as n >= 2
     train, val = TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
     return make_loaders(train, val, batch_size=batch_size, seed=seed)
 
