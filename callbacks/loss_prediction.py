@@ -82,7 +82,6 @@ def _least_squares(ts: Any, ys: Any) -> tuple[float, float] | None:
         e = np.exp(kappa * s)
         (a0, a1, a2), (b0, b1, b2) = np.stack((ys * e, e * e)) @ powers
         return a0, a1, a2, b0, 2.0 * b1, 4.0 * b2, -a0 * a0 / b0  # the sums and S(κ) - Σ y²
-
     a0, a1, a2, b0, b1, b2, f = terms(kappa)
     for _ in range(100):
         grad = -2.0 * a0 * a1 / b0 + a0 * a0 * b1 / (b0 * b0)

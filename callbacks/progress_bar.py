@@ -67,7 +67,6 @@ class ProgressBarCallback(TrainingCallback):
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"), console=Console(file=sys.stdout), transient=False,

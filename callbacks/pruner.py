@@ -68,7 +68,6 @@ class PrunerCallback(TrainingCallback):
         if value is None:
             return
         from optuna.exceptions import UpdateFinishedTrialError
-
         try:
             self._report(epoch, value)
         except UpdateFinishedTrialError as exc:

@@ -70,7 +70,6 @@ class WandbLoggingCallback(TrainingCallback):
         if run.dry_run:
             return
         import wandb
-
         directory = self.directory if self.directory is not None else run.run_dir
         kwargs: dict[str, Any] = {}
         if directory is not None:
@@ -101,7 +100,6 @@ class WandbLoggingCallback(TrainingCallback):
         def kept(record: logging.LogRecord) -> None:
             if len(self.log_errors) < 100:
                 self.log_errors.append(f"{record.getMessage()[:200]}")
-
         for handler in logging.getLogger("wandb").handlers:
             handler.handleError = kept  # type: ignore[method-assign]
 

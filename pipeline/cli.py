@@ -26,14 +26,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_config_of(args)
     if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
         from fsmtrain.app.hpo.study import check_study
-
         check_study(cfg, args.config)
     from fsmtrain.app.config.checks import check_builds
-
     built, data = check_builds(cfg)  # what train would reject when it builds, found now
     if args.data:  # the data builder called once, its first batch through the step on the CPU
         from fsmtrain.app.preflight import check_first_batch
-
         data = check_first_batch(cfg)
     print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs or 'unbounded'} epochs, net {cfg.net}, "
@@ -45,7 +42,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from fsmtrain.app.preflight import PreflightFailed, run_preflight
-
     cfg = load_config_of(args)
     print_warnings(cfg, sys.stdout)
     try:
@@ -58,7 +54,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from fsmtrain.app.config.starter import STARTER_CONFIG, init_problem
-
     directory = Path(args.dir)
     problem = init_problem(directory, args.name, args.force)
     if problem is not None:
@@ -84,26 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsmtrain", description="Train PyTorch models from a YAML config on an explicit lifecycle machine.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
     run_commands.register_cli(sub)  # train, resume: the commands that train come first
-
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
     config_args(p)
     p.add_argument("--data", action="store_true",
                    help="also call the data builder once and run its first batch through the step on the CPU "
                         "(a missing data file or a batch the step cannot take is then found here, exit 2)")
     p.set_defaults(func=cmd_validate)
-
     p = sub.add_parser("preflight", help="build everything and run one forward/backward/optimizer step")
     config_args(p)
     p.set_defaults(func=cmd_preflight)
-
     p = sub.add_parser("init", help="write a commented starter config")
     p.add_argument("dir", nargs="?", default=".", help="folder to write it to (default: .)")
     p.add_argument("--name", default="fsmtrain.yaml", help="file name inside DIR, not a path (default: fsmtrain.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_init)
-
     for module in _PLUGINS:
         importlib.import_module(module).register_cli(sub)
     return parser
@@ -149,7 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fsmtrain.core.engine import Interrupted
-
     try:
         return int(args.func(args))
     except ValueError as exc:
@@ -173,7 +162,6 @@ def _exit_status(code: int, owns_process: bool) -> int:
     """128 + the first signal the command caught, else ``code``. The process the command owns
     first waits (bounded) for its other threads, and ends at once when one does not end."""
     from fsmtrain.core.signals import installed
-
     stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
     signals = installed()
     _give_back_signals(owns_process)  # first: a signal from here on is the default action, not a lost one
@@ -204,5 +192,4 @@ def _give_back_signals(owns_process: bool) -> None:
     """The handlers a command found come back; its own process gets the default actions, so a
     signal after its status is decided ends it by that signal."""
     from fsmtrain.core.signals import uninstall
-
     uninstall(default=owns_process)

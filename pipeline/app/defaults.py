@@ -17,7 +17,6 @@ __all__ = ["console_callbacks", "default_callbacks"]
 def console_callbacks() -> list[TrainingCallback]:
     from fsmtrain.callbacks import EpochSummaryCallback, ProgressBarCallback
     from fsmtrain.callbacks.progress_bar import auto_enabled
-
     # On a terminal the bar redirects stdout, so each epoch's line prints above it and stays.
     return [EpochSummaryCallback(), *([ProgressBarCallback(enabled=True)] if auto_enabled() else [])]
 
@@ -28,7 +27,6 @@ def default_callbacks(given: Sequence[TrainingCallback], *, run_dir: Path | None
     import fsmtrain.callbacks as cb
     from fsmtrain.app.config.builders import checkpoint_callback, watching_callbacks
     from fsmtrain.app.config.schema import CallbacksConfig, CheckpointConfig
-
     defaults = watching_callbacks(CallbacksConfig(), max_epochs)
     if not any(isinstance(c, (cb.EpochSummaryCallback, cb.ProgressBarCallback)) for c in given):
         defaults += console_callbacks()

@@ -185,14 +185,12 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
         if callable(run_dir):
             return run_dir()
         return claim_existing(run_dir) if resume else claim_new(run_dir)
-
     claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
     path = claim.path if isinstance(claim, RunDirClaim) else claim
 
     def write_config() -> None:
         if collective is None or collective.rank == 0:  # rank 0 owns the run dir and what is in it
             atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
-
     try:
         if not resume:  # a new folder says at once what it was claimed for, while the callbacks build
             write_config()
@@ -265,7 +263,6 @@ class RunPick:
 
 def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> RunPick:
     """The run directory of one seed under ``root`` (rank 0 picks).
-
     An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
     its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
     attempt committed none, it starts from the beginning in a new run directory, and says so."""

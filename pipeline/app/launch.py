@@ -61,7 +61,6 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     if nodes is None:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
@@ -125,7 +124,6 @@ def elastic_restart_line(code: int) -> str | None:
     if attempt is None or not 0 < code < 128:
         return None
     from fsmtrain.core.signals import installed
-
     latch = installed()
     if attempt.restart >= attempt.max_restarts:
         if latch is not None:
@@ -188,13 +186,11 @@ def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | Non
     """Under an agent (several ranks): join the process group; None in one process. The rank's
     output is made whole lines, tagged with the rank on every rank but 0 (:mod:`fsmtrain.app.rank_output`)."""
     from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
-
     if not launched_by_torchrun():
         return None
     import torch
 
     from fsmtrain.app.rank_output import tag_rank_output
-
     tag_rank_output(int(os.environ.get("RANK", "0")))
     return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
                          torch.device(device))
@@ -205,7 +201,6 @@ def leave_ranks(collective: TorchCollective | None) -> None:
     if collective is None:
         return
     from fsmtrain.training.distributed import shutdown
-
     left = shutdown()
     if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
         print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "

@@ -51,7 +51,6 @@ def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
 
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.core.ledger import committed_checkpoints
-
     live = committed_checkpoints(run_dir / EVENTS_FILE)
     kinds = {c.kind: c for c in live.values() if c.kind in ("best", "latest")}
     if which == "best" and "best" not in kinds and "latest" in kinds:
@@ -76,7 +75,6 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.training.checkpoint_file import CheckpointError, load_checkpoint
     from fsmtrain.training.resume import recorded_start
-
     run_dir = Path(args.run_dir)
     for need in (CONFIG_FILE, EVENTS_FILE):
         if not (run_dir / need).is_file():
@@ -106,7 +104,6 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
 def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callable[[Trainer, bool], None]) -> None:
     from fsmtrain.app.job import build_parts
     from fsmtrain.app.trainer import Trainer
-
     parts = build_parts(cfg, seed)  # the run's seed: a builder's own split or order is the run's
     parts.model.load_state_dict(weights)
     trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
@@ -120,7 +117,6 @@ def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callabl
 
 def _write(option: str, path: str, data: bytes) -> None:
     from fsmtrain.training.checkpoint_file import atomic_write_bytes
-
     try:
         atomic_write_bytes(Path(path), data)
     except OSError as exc:
@@ -130,7 +126,6 @@ def _write(option: str, path: str, data: bytes) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         import torch
-
         outputs = trainer.predict()
         if lead:
             buffer = io.BytesIO()
@@ -138,14 +133,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
             _write("--out", args.out, buffer.getvalue())
             rows = len(outputs) if isinstance(outputs, torch.Tensor) else "the"
             print(f"wrote {rows} predictions of {_said(about)} to {args.out}")
-
     return _on_ranks(args, work)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         from fsmtrain.training.inference import run_over
-
         metrics = run_over(trainer.driver, trainer.run, trainer.collective, keep=False).metrics
         dataset = getattr(trainer.driver.val_loader, "dataset", None)
         examples = len(dataset) if isinstance(dataset, Sized) else None
@@ -155,7 +148,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if args.json:
                 record = {**about, "examples": examples, "metrics": metrics}
                 _write("--json", args.json, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-
     return _on_ranks(args, work)
 
 

@@ -64,7 +64,6 @@ def _innermost_module(model: nn.Module, seen: list[tuple[str, nn.Module, str]]) 
     def leave(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if seen:
             seen.pop()
-
     handles = []
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(enter(name)))
@@ -116,7 +115,6 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
             return f" of {cfg.net} on input {shape_of(inputs)}"
         name, module, shapes = stack[-1]
         return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
-
     manual = is_manual(step)  # it runs its own backward and optimizer steps, on the optimizers by name
     if step is not None:  # the user's step is the forward and the loss
         with _innermost_module(model, stack):

@@ -73,7 +73,6 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
         if made.fd is not None:
             os.write(made.fd, f"{token}\n".encode())  # after the pid: the mark the other ranks look for
         return made.path, token
-
     path, launch = collective.share(decide)
     if path is None:
         return Settled(None, launch, None, True)
@@ -96,7 +95,6 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
         found.append(resumption_or_restart(run_dir, which))
         chosen = found[0]
         return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world(run_dir)
-
     chosen, before = collective.share(choose)
     own = log_name_for_rank(collective.rank)
     if chosen == "":  # nothing committed: every rank starts over

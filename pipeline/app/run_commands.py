@@ -71,7 +71,6 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def load_config_of(args: argparse.Namespace) -> RunConfig:
     from fsmtrain.app.config import load_config
-
     return load_config(args.config, _overrides(args))
 
 
@@ -86,13 +85,11 @@ def _fmt(x: float) -> str:
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     from fsmtrain.core.engine import Interrupted
-
     result = run.result
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
     from fsmtrain.core.log_file import FileWriteError
-
     reason = result.stop_reason
     stop = result.stop
     verb = "raised in" if reason is StopReason.ERROR else "requested by"  # an error is not asked for
@@ -166,7 +163,6 @@ def _joined(cfg: RunConfig) -> Iterator[_Place]:
     """Under torchrun (several ranks): the process group, joined for the block and left after it,
     once the runs' objects that hold it are gone; else this one process."""
     from fsmtrain.app.launch import elastic_attempt, join_ranks, leave_ranks, worker_place
-
     collective = join_ranks(cfg.distributed, cfg.device)
     attempt = elastic_attempt()
     extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
@@ -182,7 +178,6 @@ def _joined(cfg: RunConfig) -> Iterator[_Place]:
 def _nodes(args: argparse.Namespace) -> Any:
     """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
     from fsmtrain.app.launch import Nodes
-
     count = getattr(args, "nnodes", 1)
     if count <= 1:
         return None
@@ -199,7 +194,6 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
     from fsmtrain.app.launch import launch_workers, without_launch_options
     from fsmtrain.core.signals import installed, uninstall
     from fsmtrain.training.distributed import launched_by_torchrun
-
     nodes = _nodes(args)
     if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
@@ -212,7 +206,6 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from fsmtrain.core.signals import install
-
     install(owns_process=args.owns_process)  # a command that trains handles signals first thing
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
@@ -227,7 +220,6 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     from fsmtrain.app.job import Header, RunPick, pick_run_dir, train_seed
     from fsmtrain.app.launch import elastic_restart_line
     from fsmtrain.core.engine import Interrupted
-
     out, collective, extras = place.out, place.collective, place.extras
     if place.lead:
         print_warnings(cfg, sys.stderr)
@@ -243,7 +235,6 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
 
         def pick(name: str = name) -> RunPick:
             return pick_run_dir(root, name, bool(args.resume), place.attempt)
-
         picked = pick() if collective is None else collective.share(pick)
         notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
@@ -276,7 +267,6 @@ def _global_batch_line(cfg: RunConfig, ranks: int) -> str | None:
     if ranks == 1 and cfg.grad_accumulation == 1:
         return None
     from fsmtrain.app.global_batch import describe_global_batch
-
     steps = cfg.grad_accumulation
     said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
                                   "global": cfg.batch_size * ranks * steps})
@@ -288,7 +278,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from fsmtrain.app.launch import recorded_world_size
     from fsmtrain.core.signals import install
     from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
-
     install(owns_process=args.owns_process)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -314,7 +303,6 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _
     from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import Header, train_seed
     from fsmtrain.app.launch import elastic_restart_line
-
     ranks = place.ranks
     notes = [f"{cfg.epochs or 'unbounded'} epochs" + ("" if cfg.max_steps is None else f", max_steps {cfg.max_steps}")]
     if ranks != before:
@@ -332,7 +320,6 @@ def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
     """The seed of a run dir whose log never got its run_start: the config's only seed, or the
     ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
     from fsmtrain.training.resume import ResumeError
-
     if len(cfg.seeds) == 1:
         return cfg.seeds[0]
     m = re.search(r"-seed(-?\d+)(?:-\d+)?$", run_dir.name)
@@ -363,7 +350,6 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
     _node_args(p)
     p.set_defaults(func=cmd_train)
-
     p = subparsers.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
     p.add_argument("run_dir", help="the run directory (runs/<project>/<name>-seed<s>)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],

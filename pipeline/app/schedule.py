@@ -76,7 +76,6 @@ def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str
     """``cfg``'s schedule run on a stand-in parameter: the scheduler's state and the param groups
     after ``steps`` epochs, and the lr of each epoch after them."""
     import torch
-
     optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
     scheduler = build_scheduler(cfg, optimizer)
     curve: list[tuple[int, float]] = []

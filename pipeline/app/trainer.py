@@ -250,7 +250,6 @@ class Trainer:
             elif run_dir is not None:
                 self.claim = claim_existing(run_dir) if resume else claim_new(run_dir)
             return self.claim
-
         if self.collective is None:
             made = claim()
             return made.path if made is not None else None
@@ -321,7 +320,6 @@ def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCa
 def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:
     """This process's collective, when it is one of several ranks of an initialised process group."""
     import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return TorchCollective(device, agreement_timeout_s)
     return None

@@ -29,7 +29,6 @@ def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
     import numpy as np
     import torch
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -37,7 +36,6 @@ def seed_everything(seed: int) -> None:
 
 def build_model(cfg: RunConfig) -> nn.Module:
     from torch import nn
-
     model = resolve_dotted(cfg.net)(**cfg.net_config)
     if not isinstance(model, nn.Module):
         raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
@@ -46,7 +44,6 @@ def build_model(cfg: RunConfig) -> nn.Module:
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:
     from fsmtrain.training.sharding import FsdpOptions
-
     f = cfg.distributed.fsdp
     return FsdpOptions(f.shard, f.reshard_after_forward, f.mixed_precision.param_dtype,
                        f.mixed_precision.reduce_dtype, f.cpu_offload)
@@ -54,7 +51,6 @@ def fsdp_options(cfg: RunConfig) -> FsdpOptions:
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
     import torch
-
     opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
     assert isinstance(opt, torch.optim.Optimizer)
     closure = inspect.signature(opt.step).parameters.get("closure")
@@ -85,7 +81,6 @@ def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
 def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     """``cfg.optimizers``, each over the parameters of its submodule of ``model``, as one NamedOptimizers."""
     from fsmtrain.training.optimizers import NamedOptimizers
-
     built: dict[str, torch.optim.Optimizer] = {}
     for name, oc in (cfg.optimizers or {}).items():
         try:
@@ -118,7 +113,6 @@ def _optimizer_over(part: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
 def build_named_schedulers(cfg: RunConfig, optimizers: Any) -> Any:
     """``cfg.schedulers``, each over its optimizer (by name), as one NamedSchedulers; None without any."""
     from fsmtrain.training.optimizers import NamedSchedulers
-
     if not cfg.schedulers:
         return None
     return NamedSchedulers({name: blamed(cfg, f"schedulers.{name}.kwargs", sc.target,
@@ -146,7 +140,6 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     from torch.utils.data import DataLoader
 
     from fsmtrain.training.data import make_loaders
-
     out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     if not isinstance(out, tuple) or len(out) != 2:
         raise ConfigError([ConfigProblem("data", "a builder returning (train, val)", type(out).__name__)])
@@ -174,7 +167,6 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
     extras (the runner orders them by priority). ``trial``: anything with Optuna's ``report`` and
     ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
-
     out = watching_callbacks(cfg.callbacks, cfg.max_epochs)
     if cfg.wandb.enabled:
         out.append(cb.WandbLoggingCallback(
@@ -215,7 +207,6 @@ def _construct(cls: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
 def watching_callbacks(c: CallbacksConfig, epochs: int) -> list[TrainingCallback]:
     """The built-ins that only watch a run, as ``c`` enables them."""
     import fsmtrain.callbacks as cb
-
     out: list[TrainingCallback] = []
     if c.nan_detection.enabled:
         out.append(cb.NaNDetectionCallback())
@@ -233,7 +224,6 @@ def watching_callbacks(c: CallbacksConfig, epochs: int) -> list[TrainingCallback
 
 def checkpoint_callback(ck: CheckpointConfig, run_dir: Path) -> TrainingCallback:
     import fsmtrain.callbacks as cb
-
     return cb.CheckpointCallback(
         run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
         save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,

@@ -62,7 +62,6 @@ def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback], world
     """A manual step's needs: one process, no callback on the hooks it leaves out, no fp16 scaling, its
     own val_step."""
     from fsmtrain.training.optimizers import is_manual, skipped_hooks
-
     step = build_steps(cfg)[0]
     if not is_manual(step):
         return
@@ -160,7 +159,6 @@ def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
     """What ``validate`` builds, and what it did with the data (its builder's arguments checked), for the
     summary line; ``validate --data`` also runs the first batch (:func:`fsmtrain.app.preflight.check_first_batch`)."""
     import torch
-
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")
     if not isinstance(model, torch.nn.Module):
         raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "

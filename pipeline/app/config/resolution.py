@@ -112,7 +112,6 @@ def resolve_dotted(path: str) -> Any:
 def _is_kind(obj: Any, kind: Kind) -> bool:
     import torch
     from torch import nn
-
     cls = obj if inspect.isclass(obj) else None
     if kind is Kind.MODEL:
         return cls is not None and issubclass(cls, nn.Module)
@@ -286,7 +285,6 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
         return problems  # the CPU is always there: no need to ask torch
     import torch
-
     if device.startswith("cuda") and not torch.cuda.is_available():
         problems.append(ConfigProblem("device", "a device this machine has (no CUDA GPU is visible)", repr(device),
                                       "cpu"))

@@ -14,7 +14,6 @@ __all__ = ["cmd_hpo", "register_cli"]
 def cmd_hpo(args: argparse.Namespace) -> int:
     from fsmtrain.app.config import load_config_and_data
     from fsmtrain.app.hpo.study import prepare, run_study
-
     overrides = list(args.set or [])
     if args.device:
         overrides.append(f"device={args.device}")

@@ -100,7 +100,6 @@ def _fail_lost(study: optuna.study.Study, trial: FrozenTrial, why: str) -> bool:
     """FAIL a RUNNING trial as lost; False when another process ended it first. (Optuna has no public
     call to fail another process's trial; this is what its ``fail_stale_trials`` does.)"""
     from optuna.trial import TrialState
-
     storage = study._storage
     with contextlib.suppress(Exception):  # ended meanwhile: the state change below says so
         storage.set_trial_user_attr(trial._trial_id, "error", why)
@@ -125,7 +124,6 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
     """FAIL the RUNNING trials of dead workers (``pids`` on this host) as lost and, with ``retry``,
     enqueue their retries (the journal storage has no heartbeat to do it)."""
     from optuna.trial import TrialState
-
     dead, host = set(pids), socket.gethostname()
     failed: list[int] = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -145,7 +143,6 @@ def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool
     retry of every lost trial that has none; one line per trial touched. ``not_of``: a launch whose
     workers are left to their own command."""
     from optuna.trial import TrialState
-
     lines: list[str] = []
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}

@@ -144,7 +144,6 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
     import copy
 
     from optuna import storages
-
     cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning
@@ -155,7 +154,6 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
             trial = copy.copy(trial)
             trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != WORKER_ATTR}
         retry(study, trial)
-
     return enqueue_retry
 
 
@@ -167,7 +165,6 @@ def _sqlite_connector(path: str) -> Callable[[], Any]:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
-
     return connect
 
 
@@ -205,13 +202,11 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
     """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
     with ``heartbeat``. An open that lost a set-up race is tried again, and ``say`` is told."""
     import optuna
-
     path = spec.path
     if not create and path is not None and not path.is_file():
         raise StorageError(spec.source, "an existing study storage", f"no file at {str(path)!r}")
     if spec.kind is StorageKind.JOURNAL:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
-
         try:
             if path is not None and create:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +249,6 @@ def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None
         return None  # a new file: nothing to compare with
     if spec.kind is StorageKind.RDB:
         import sqlalchemy
-
         try:
             engine = sqlalchemy.create_engine(spec.url, **_engine_kwargs(spec.url))
             with engine.connect():
@@ -302,7 +296,6 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
         except FileNotFoundError:
             return None
         return st.st_ino, st.st_mtime_ns
-
     first = identity()
     if first is None:
         return False

@@ -114,7 +114,6 @@ def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: st
 # --- the study ---------------------------------------------------------------------------------
 def _create(plan: StudyPlan) -> optuna.study.Study:
     import optuna
-
     quiet_optuna()
     storage = open_storage(plan.storage, None)
     study = optuna.create_study(study_name=plan.trial.study, storage=storage, direction=plan.optimize.direction,
@@ -249,7 +248,6 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         def watch() -> None:
             while not stop.wait(0.5):
                 monitor.poll()
-
         watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
         watcher.start()
         try:

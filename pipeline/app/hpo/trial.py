@@ -101,7 +101,6 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
     committed a checkpoint continues from it in place (its log shows the ``resume``); otherwise the
     seed starts over in the retry's own dir. Either way the trial's attributes say which."""
     from fsmtrain.training.resume import ResumeError, find_resumption
-
     old = previous.get(seed)
     if old is None or not (old / "events.jsonl").is_file():
         return None
@@ -145,7 +144,6 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     import optuna
 
     from fsmtrain.app.job import train_seed
-
     worst = -math.inf if plan.direction == "maximize" else math.inf
     objectives: dict[str, float] = {}
     run_dirs: dict[str, str] = {}

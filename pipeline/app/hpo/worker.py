@@ -62,7 +62,6 @@ class Tickets:
 
 def quiet_optuna() -> None:
     import optuna
-
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
@@ -73,7 +72,6 @@ def quiet_optuna() -> None:
 
 def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
     import optuna
-
     storage = open_storage(plan.storage, plan.heartbeat)
     seed = None
     configured = plan.optimize.sampler_config.get("seed")
@@ -100,7 +98,6 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
 def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
     import optuna
     from optuna.trial import TrialState
-
     quiet_optuna()
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
@@ -117,7 +114,6 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
-
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
