@@ -61,22 +61,16 @@ __all__ = ["TrainResult", "Trainer"]
 class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
-    ``run_dir``: the run's folder, exactly (claimed and locked for the run's life); ``run_name``: a
-    new run's folder as ``fsmtrain train`` names one, that or the next free ``-2``, ``-3``…; neither:
-    events are kept in memory. ``resume_from="latest"`` (or a checkpoint path) continues the run in
-    ``run_dir`` from its newest committed checkpoint; one that committed none starts over in place.
-    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256.
-    ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` (default: the same) has
-    the teardown write ``model.pt`` and ``lifecycle.mmd``. A callback instance serves one Trainer.
-    ``step``: ``fn(model, batch)`` returning the loss or a mapping with ``loss`` and named outputs,
-    instead of ``loss_fn(model(inputs), targets)`` (``loss_fn`` may then be None); ``val_step``: the
-    same for validation (default: ``step``). ``optimizer`` and ``scheduler`` may be mappings by name
-    (several optimizers; a scheduler's name is its optimizer's); a step marked with
-    :func:`~fsmtrain.training.optimizers.manual_step` gets them as ``fn(model, batch, optimizers)``.
-
-    In a process group of several ranks the trainer is one rank: DistributedDataParallel on this
-    rank's shard, global metrics, agreed guards; rank 0 owns the run directory, rank ``r`` writes
-    ``events-rank<r>.jsonl``.
+    ``run_dir``: the run's folder, claimed and locked for the run's life; ``run_name``: a new run's
+    folder, that or the next free ``-2``, ``-3``…; neither: events are kept in memory.
+    ``resume_from="latest"`` continues the run in ``run_dir`` from its newest committed checkpoint.
+    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256. ``step``/``val_step``:
+    ``fn(model, batch)`` returning the loss or a mapping with ``loss``, instead of ``loss_fn``.
+    ``optimizer`` and ``scheduler`` may be mappings by name. ``max_epochs`` defaults to 1, or to no
+    bound with ``max_steps``; ``val_every_n_steps`` validates inside epochs too. ``default_callbacks`` adds
+    those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and ``lifecycle.mmd``.
+    ``preemption_signals``: the notices that save the last step and exit 143. ``strategy``: ``ddp`` or
+    ``fsdp`` (FSDP2). In a process group the trainer is one rank; rank 0 owns the run directory.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
@@ -94,17 +88,11 @@ class Trainer:
                  val_every_n_steps: int | None = None,
                  preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
                  strategy: str = "ddp", fsdp: FsdpOptions | None = None) -> None:
-        """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins.
-        ``val_every_n_steps``: validate also inside an epoch, after every N-th global step.
-        ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143.
-        ``strategy``: ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2: parameters,
-        gradients and optimizer state sharded over the ranks, as ``fsdp`` says)."""
         self.notices = notices_of(preemption_signals)
         self.strategy, self.fsdp = strategy, fsdp or FsdpOptions()
         self.sharding: Sharding | None = None
         self.val_every_n_steps = val_every_n_steps
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
-        # several, by name (a manual step gets them so)
         optimizer = NamedOptimizers(optimizer) if isinstance(optimizer, Mapping) else optimizer
         scheduler = NamedSchedulers(scheduler) if isinstance(scheduler, Mapping) else scheduler
         self.max_steps = max_steps
@@ -185,7 +173,6 @@ class Trainer:
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
                log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, rank: int,
                log_fsync: str) -> None:
-        """The claimed run: what it resumes from, its log, its context and its engine."""
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
@@ -242,8 +229,7 @@ class Trainer:
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
-        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
-        error, and learn the layout: :mod:`fsmtrain.app.ranks`)."""
+        """Claim the run directory (in a process group: rank 0, the others learn its path)."""
         def claim() -> RunDirClaim | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
@@ -263,8 +249,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED and raise
-        :class:`fsmtrain.core.engine.Interrupted` after the teardown; one that lands during the
-        teardown is raised after it, and the run keeps its own reason."""
+        ``Interrupted`` after the teardown (one landing during the teardown keeps the run's reason)."""
         try:
             with stop_on_signals(self.run, self.notices):
                 result = self.engine.execute()
@@ -276,13 +261,11 @@ class Trainer:
             self.close()
 
     def predict(self, data: Iterable[Any] | None = None) -> Any:
-        """The model's outputs over ``data`` (default: the val data) through the validation step, one
-        row per example in dataset order, gathered across the ranks (every rank gets them all)."""
+        """The model's outputs over ``data`` (default: the val data), one row per example, from every rank."""
         return run_over(self.driver, self.run, self.collective, data).outputs
 
     def _write_outputs(self, run: RunContext, finished: bool) -> None:
-        """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the
-        run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
+        """The teardown's ``model.pt`` (when the run ended for its own reason) and ``lifecycle.mmd``."""
         assert self.run_dir is not None and self.events is not None and self.events.path is not None
         state: dict[str, Any] | None = self.model.state_dict() if finished else None
         if self.sharding is not None and self.collective is not None:  # gathered from every rank (rank 0 holds it)
@@ -307,8 +290,7 @@ class Trainer:
 
 
 def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
-    """A sharded run's callbacks: those that need whole tensors refused by name; with checkpoints, every
-    rank gathers the state at epoch ends (:class:`GatherForCheckpoint`)."""
+    """A sharded run's callbacks: those needing whole tensors refused; checkpoints gathered by every rank."""
     refused = unshardable(callbacks)
     if refused:
         raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
@@ -374,8 +356,7 @@ def _run_extras(extras: Mapping[str, Any] | None, train_loader: Iterable[Any], c
 
 def _find_resumption(collective: TorchCollective | None, settled: Settled | None, run_dir: Path,
                      which: str | Path) -> Resumption | Restart:
-    """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
-    committed none; every other rank continues from the same one (:mod:`fsmtrain.app.ranks`)."""
+    """The checkpoint to continue from (rank 0 chooses), or a restart in place when the log committed none."""
     if collective is None or settled is None:
         found = resumption_or_restart(run_dir, which)
         if isinstance(found, Resumption):
