@@ -39,14 +39,10 @@ def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 class GradientMonitorCallback(TrainingCallback):
-    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max
-    into slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``.
-
-    No host sync per batch: each step writes its norm into a preallocated device buffer; a full
-    buffer is folded on the device into four 0-d tensors (running max, its batch, the count over the
-    threshold, the first such batch). At epoch end those and the unfolded norms are read at once and
-    the last fold is done on the host. Memory is fixed, whatever the epoch length.
-    """
+    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max into
+    slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``. No
+    host sync per batch: norms go into a device buffer, folded on the device when full (running max,
+    its batch, the count over, the first over) and read once at epoch end."""
 
     priority = 12
     tier = Tier.CORE

@@ -132,9 +132,7 @@ def prediction_from_fit(
 
 class LossPredictionCallback(TrainingCallback):
     """On ``on_val_end`` from the 11th validation on: slot ``loss_prediction`` holds the fit of all val
-    losses so far (``t``: the validation count) at the run's last validation (:func:`fit_exponential`;
-    ``max_epochs - 1`` with one an epoch, else estimated from the validations per epoch so far), or the
-    last val loss when the fit fails. Before it the slot stays ``None``."""
+    losses so far evaluated at the run's last validation, or the last val loss when the fit fails."""
 
     priority = 70
     tier = Tier.CORE
