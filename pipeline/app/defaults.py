@@ -1,8 +1,6 @@
-"""The callbacks a run gets without asking, the same for ``fsmtrain train`` and a Python ``Trainer``:
-the console (a line per epoch, below it a live progress bar on a terminal), the built-ins that only watch
-and, with a run directory, ``metrics.csv`` and checkpoints, with the config's defaults. Early
-stopping is not one: it changes how long a run trains.
-"""
+"""The callbacks a run gets without asking, for ``fsmtrain train`` and a Python ``Trainer`` alike: the
+console, the built-ins that only watch and, with a run directory, ``metrics.csv`` and checkpoints.
+Early stopping is not one: it changes how long a run trains."""
 
 from __future__ import annotations
 

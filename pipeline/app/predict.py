@@ -1,8 +1,5 @@
-"""``fsmtrain predict`` and ``fsmtrain evaluate``: a run's model, rebuilt from its ``config.yaml`` and
-the user's modules (the one loader), with a checkpoint its log committed (verified as resume verifies
-it), over its val data or any builder's, through ``Trainer.predict``'s loop. Under torchrun the ranks
-share the data and rank 0 writes. Building the parser imports this module: torch is imported in the
-commands."""
+"""``fsmtrain predict`` and ``fsmtrain evaluate``: a run's model, rebuilt from its ``config.yaml`` with
+a checkpoint its log committed, over its val data or any builder's. Under torchrun rank 0 writes."""
 
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ __all__ = ["cmd_evaluate", "cmd_predict", "register_cli"]
 # What predict and evaluate may change of the run's config: the data and where it runs, not the model.
 _MAY_SET = ("data", "data_config", "batch_size", "device", "num_threads")
 
-
-# What a command's work gets: the Trainer over the data, what the output says of where it came from, and
-# whether this process leads (the only one, or rank 0: it prints and writes).
+# A command's work: the Trainer, where the output came from, and whether this process prints and writes.
 Work = Callable[["Trainer", dict[str, str], bool], None]
 
 
@@ -45,8 +40,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
-    """The committed checkpoint ``which`` names (best falls back to latest, and says so): its path, its
-    name in the log and the sha256 the log committed."""
+    """The committed checkpoint ``which`` names (best falls back to latest): path, name in the log, sha256."""
     import os
 
     from fsmtrain.core.events import EVENTS_FILE
@@ -67,8 +61,7 @@ def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
 
 
 def _on_ranks(args: argparse.Namespace, work: Work) -> int:
-    """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data
-    (one rank of several under torchrun: the group is left once the objects that hold it are gone)."""
+    """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data."""
     from fsmtrain.app.config import load_run_config
     from fsmtrain.app.job import CONFIG_FILE
     from fsmtrain.app.launch import join_ranks, leave_ranks
