@@ -1,7 +1,6 @@
-"""The ``fsmtrain`` command line: ``validate``, ``preflight`` and ``init`` here, ``train`` and
-``resume`` in :mod:`fsmtrain.app.run_commands`, the others in the ``_PLUGINS`` modules. Each command
-imports what it needs when it runs, so ``--help``, ``audit`` and ``diagram`` start without torch.
-"""
+"""The ``fsmtrain`` command line: ``validate``, ``preflight`` and ``init`` here, the others in
+``run_commands`` and the ``_PLUGINS`` modules. Each command imports what it needs when it runs, so
+``--help``, ``audit`` and ``diagram`` start without torch."""
 
 from __future__ import annotations
 
@@ -99,24 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# A user's mistake, reported in one line: (module, error class). Checked without importing the
-# modules: if one was never imported, nothing raised its error.
+# A user's mistake, reported in one line: (module, error class), looked up only if imported.
 _USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
                 ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"),
                 ("fsmtrain.training.inference", "InferenceError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:
-    for module, name in _USER_ERRORS:
-        mod = sys.modules.get(module)
-        if mod is not None and isinstance(exc, getattr(mod, name)):
-            return True
-    return False
+    return any(module in sys.modules and isinstance(exc, getattr(sys.modules[module], name))
+               for module, name in _USER_ERRORS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m fsmtrain``)
-    it owns the process: the signals a command catches end it with 128 + the first one."""
+    """Run one command. Without ``argv`` (the ``fsmtrain`` script) it owns the process: the signals a
+    command catches end it with 128 + the first one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
@@ -125,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows at this flush, not at exit
     except BrokenPipeError:
-        # The reader of stdout is gone (`fsmtrain audit --json | head`): what it wanted it has.
-        # Point stdout at /dev/null so the interpreter's last flush at exit cannot raise again.
+        # the reader of stdout is gone (`| head`): stdout to /dev/null, so the last flush cannot raise
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
@@ -159,8 +153,8 @@ THREADS_BOUND_S = 30.0
 
 
 def _exit_status(code: int, owns_process: bool) -> int:
-    """128 + the first signal the command caught, else ``code``. The process the command owns
-    first waits (bounded) for its other threads, and ends at once when one does not end."""
+    """128 + the first signal the command caught, else ``code``. An owned process first waits (bounded)
+    for its other threads, and ends at once when one does not end."""
     from fsmtrain.core.signals import installed
     stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
     signals = installed()
@@ -179,8 +173,7 @@ def _exit_status(code: int, owns_process: bool) -> int:
 
 
 def _unfinished_threads(bound_s: float) -> list[str]:
-    """Join the threads the interpreter waits for at exit, within ``bound_s`` in all; the names of
-    those still running."""
+    """Join the threads the interpreter waits for at exit, within ``bound_s``; those still running."""
     deadline = time.monotonic() + bound_s
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
     for thread in others:
@@ -189,7 +182,6 @@ def _unfinished_threads(bound_s: float) -> list[str]:
 
 
 def _give_back_signals(owns_process: bool) -> None:
-    """The handlers a command found come back; its own process gets the default actions, so a
-    signal after its status is decided ends it by that signal."""
+    """The handlers a command found come back; an owned process gets the default actions."""
     from fsmtrain.core.signals import uninstall
     uninstall(default=owns_process)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["config_args", "positive_float", "positive_int"]
+__all__ = ["config_args", "overrides_of", "positive_float", "positive_int"]
 
 
 def _positive(text: str, convert: type[int] | type[float], expected: str) -> Any:
@@ -26,6 +26,11 @@ def positive_int(text: str) -> int:
 def positive_float(text: str) -> float:
     """Seconds > 0 (``--timeout``)."""
     return float(_positive(text, float, "seconds > 0"))
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items of ``config_args``, ``--device`` as one more."""
+    return [*(args.set or []), *([f"device={args.device}"] if getattr(args, "device", None) else [])]
 
 
 def config_args(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,6 @@
-"""Trials whose process stopped under them: FAILed as *lost* (``lost`` user attribute) and retried
-with their parameters, each seed resuming from its checkpoint. A RUNNING trial is failed only when
-its process is provably gone (same host, boot and pid namespace); any doubt is left to the heartbeat.
-"""
+"""Trials whose process stopped under them: FAILed as *lost* and retried with their parameters, each
+seed resuming from its checkpoint. A RUNNING trial is failed only when its process is provably gone
+(same host, boot and pid namespace); any doubt is left to the heartbeat."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def process_gone(who: Mapping[str, Any]) -> bool:
 
 
 def running(pid: int, started: Any = None) -> bool:
-    """Whether ``pid`` runs here and, with ``started``, is the process that started then: a zombie ran
-    its last instruction, another start time is another process under that pid."""
+    """Whether ``pid`` runs here (not a zombie) and, with ``started``, is the process that started then."""
     stat = _proc_stat(pid)
     return stat is not None and stat[0] != "Z" and (not isinstance(started, int) or stat[1] == started)
 
@@ -139,9 +137,8 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
 
 def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True,
             not_of: str | None = None) -> list[str]:
-    """Fail the RUNNING trials whose process is provably gone and, with ``unretried``, enqueue a
-    retry of every lost trial that has none; one line per trial touched. ``not_of``: a launch whose
-    workers are left to their own command."""
+    """Fail the RUNNING trials whose process is provably gone (not those of launch ``not_of``) and, with
+    ``unretried``, retry every lost trial that has none; one line per trial touched."""
     from optuna.trial import TrialState
     lines: list[str] = []
     trials = study.get_trials(deepcopy=False)

@@ -1,6 +1,5 @@
-"""Where an Optuna study lives, by scale, and how to open it: a SQLite file for one process
-(``study.db``), Optuna's journal file for ``--workers K`` on one machine (``study.journal``: safe
-for concurrent writers), an RDB URL with heartbeats for many machines. Torch-free."""
+"""Where an Optuna study lives and how to open it: a SQLite file for one process, a journal file for
+``--workers K`` on one machine, an RDB URL with heartbeats for many machines. Torch-free."""
 
 from __future__ import annotations
 
@@ -121,8 +120,8 @@ def _is_sqlite_file(path: Path) -> bool:
 
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
-    """The study folder's journal file when it holds one and no SQLite file, or for several workers;
-    else its SQLite file. A journal serves one process too, so ``validate`` finds a ``--workers`` study."""
+    """The study folder's journal file for several workers or when it holds one and no SQLite file;
+    else its SQLite file."""
     if workers > 1 or ((study_dir / JOURNAL_FILE).is_file() and not (study_dir / DB_FILE).is_file()):
         return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
@@ -139,8 +138,8 @@ class Heartbeat:
 
 
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
-    """Optuna's retry of stale trials, keeping the validations the pruner saw (the retry resumes the run).
-    It copies the trial's user attributes but :data:`WORKER_ATTR`, which names the dead process."""
+    """Optuna's retry of stale trials, keeping the validations the pruner saw, and the user attributes
+    but :data:`WORKER_ATTR`."""
     import copy
 
     from optuna import storages
@@ -159,8 +158,7 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
 
 def _sqlite_connector(path: str) -> Callable[[], Any]:
     def connect() -> Any:
-        # WAL, synchronous=NORMAL: a commit is no fsync and readers never block the writer; only a
-        # power cut may lose the last commits.
+        # WAL, synchronous=NORMAL: no fsync per commit, readers never block the writer
         conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -184,8 +182,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
-    """Whether ``exc`` says another process was creating the same tables at the same time (then a
-    retry opens). Opening without creating, only a duplicate can be that race."""
+    """Whether ``exc`` says another process was creating the same tables at the same time."""
     name = type(exc).__name__
     if name == "IntegrityError" or (name == "ProgrammingError" and creating):  # PostgreSQL
         return True
@@ -210,8 +207,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
         try:
             if path is not None and create:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            # Absolute: the lock symlinks to it, and a relative target would dangle, so Optuna could
-            # not find a dead holder's stale lock.
+            # absolute: the lock symlinks to it, and a relative target would dangle
             return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
         except Exception as exc:
             raise StorageError(spec.source, "a journal file that can be opened",

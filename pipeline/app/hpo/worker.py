@@ -1,9 +1,6 @@
-"""One worker of a study: one trial a ticket, until the tickets or the time run out.
-
-A worker catches SIGINT and SIGTERM, so a signal never lands in a storage write: a trial it stops
-FAILs as lost (the next ``fsmtrain hpo`` retries it), no further trial starts, and the worker raises
-:class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
-"""
+"""One worker of a study: one trial a ticket, until the tickets or the time run out. It catches
+SIGINT and SIGTERM, so a signal never lands in a storage write: the trial FAILs as lost, no further
+trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)."""
 
 from __future__ import annotations
 
@@ -65,8 +62,7 @@ def quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
-    # A retry resumes its run from the last checkpoint: a validation the lost run had reported after
-    # that checkpoint is reported again, and Optuna keeps the value it has. Nothing to warn about.
+    # a retry reports again the validations its lost run reported after its last checkpoint
     warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
 
 
@@ -85,10 +81,8 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
 
 
 def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
-    """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
-    the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
-    trials running elsewhere, whose retries it may still have to run. A caught signal raises
-    :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
+    """One worker: one trial a ticket (enqueued retries first); a used-up grid on a heartbeat storage
+    waits for the trials running elsewhere, whose retries it may still have to run."""
     with caught(escalate=False) as signals:
         stop_here = signals.raise_if_signalled if signals is not None else lambda: None  # off the main thread
         _run_trials(plan, tickets, index, stop_here)
@@ -158,9 +152,8 @@ def _taking(objective: Callable[[Any], float], taken: list[int], trial: Any) -> 
 
 
 def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
-    """Why Optuna could not tell the trial this worker ran, when another process had already
-    finished it (a heartbeat storage fails a trial whose heartbeat is older than the grace period,
-    also under a live worker that stalled); None when that is not why."""
+    """Why Optuna could not tell the trial this worker ran, when another process had already finished
+    it (a stale heartbeat); None when that is not why."""
     if not taken:
         return None
     frozen = study._storage.get_trial(taken[-1])
