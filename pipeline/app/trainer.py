@@ -117,17 +117,18 @@ class Trainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
-        rank = self.collective.rank if self.collective is not None else 0
-        if strategy == "fsdp" and self.collective is not None:
+        c = self.collective
+        self.rank, self.world_size = (0, 1) if c is None else (c.rank, c.world_size)
+        if strategy == "fsdp" and c is not None:
             callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
-        if rank > 0:
+        if self.rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
         self.restart: Restart | None = None
         self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
-        check_manual(step, callbacks, 1 if self.collective is None else self.collective.world_size)
+        check_manual(step, callbacks, self.world_size)
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
             # Everything that can fail without the run directory is built before it is claimed.
@@ -136,7 +137,7 @@ class Trainer:
             self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile,
                                        (step, val_step))
             self.run_dir = self._claim(run_dir, resume_from is not None)
-            self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict, rank,
+            self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict,
                         log_fsync)
         except BaseException:
             self.close()  # a claim this constructor made is let go: a retry finds the folder free
@@ -147,8 +148,8 @@ class Trainer:
                 metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool,
                 steps: tuple[StepFn | None, StepFn | None]) -> TorchDriver:
         train_model: nn.Module | None = None
+        rank, world = self.rank, self.world_size
         if self.collective is not None:
-            rank, world = self.collective.rank, self.collective.world_size
             train_loader = shard_train_loader(train_loader, rank, world, int(run_extras.get("data_seed", 0)))
             val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
             if self.strategy == "fsdp":
@@ -164,15 +165,11 @@ class Trainer:
             scheduler=self.scheduler, device=self.device, metrics=metrics,
             train_model=torch.compile(train_model or self.model) if compile else train_model,  # type: ignore[arg-type]
             all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
-            precision=self.precision,
-            rank=0 if self.collective is None else self.collective.rank,
-            world_size=1 if self.collective is None else self.collective.world_size,
-            step=steps[0], val_step=steps[1],
+            precision=self.precision, rank=rank, world_size=world, step=steps[0], val_step=steps[1],
         )
 
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
-               log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, rank: int,
-               log_fsync: str) -> None:
+               log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, log_fsync: str) -> None:
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
@@ -191,10 +188,10 @@ class Trainer:
             run_id = found.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
-            self.run_dir / log_name_for_rank(rank) if self.run_dir is not None else None,
+            self.run_dir / log_name_for_rank(self.rank) if self.run_dir is not None else None,
             self.run_id,
             level=log_level,
-            console=current_stderr() if rank == 0 else None,  # one console: rank 0's
+            console=current_stderr() if self.rank == 0 else None,  # one console: rank 0's
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,
@@ -212,8 +209,8 @@ class Trainer:
         self.run.extras.update(run_extras)
         if self.sharding is not None:
             self.run.extras["sharding"] = self.sharding.record()
-        line = sharding_line(self.sharding, self.strategy, 1 if self.collective is None else self.collective.world_size)
-        if line is not None and rank == 0:
+        line = sharding_line(self.sharding, self.strategy, self.world_size)
+        if line is not None and self.rank == 0:
             print(f"fsmtrain: {line}", file=sys.stderr, flush=True)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
@@ -224,7 +221,7 @@ class Trainer:
             self.resumption.prepare(self.run)
         start = self.resumption if self.resumption is not None else self.restart
         restore = None if start is None else start.restore
-        outputs = self.write_outputs and self.run_dir is not None and (rank == 0 or self.sharding is not None)
+        outputs = self.write_outputs and self.run_dir is not None and (self.rank == 0 or self.sharding is not None)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
 

@@ -13,9 +13,7 @@ from fsmtrain.app.config.problems import ConfigProblem
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 from fsmtrain.core.signals import preemption_signals
 
-# What is trained: the fields whose values shape the weights. A resume must keep them (the run's
-# config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
-# cannot model a change to them.
+# What is trained: the fields that shape the weights, which a resume keeps and a replay cannot change
 TRAINING_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
@@ -192,8 +190,7 @@ class OptimizeConfig(_Section):
     search_space: dict[str, SearchParam] = Field(default_factory=dict)
     # a trial averages the run objective over the first n_seeds of `seeds` (default: all of them)
     n_seeds: int | None = Field(default=None, ge=1)
-    # RDB storages (PostgreSQL, SQLite): a trial whose worker stops beating for grace_period seconds
-    # is failed and re-enqueued, at most max_retry times
+    # RDB storages: a trial silent for grace_period seconds is failed and retried, at most max_retry times
     heartbeat_interval: int = Field(default=60, ge=1)
     grace_period: int | None = Field(default=None, ge=1)
     max_retry: int = Field(default=3, ge=0)
@@ -207,8 +204,7 @@ class OptimizeConfig(_Section):
 
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
-# What torch.manual_seed (and a torch.Generator, which seeds the loaders' shuffle) accepts: a signed or an
-# unsigned 64-bit number. random.seed takes any int and numpy gets seed % 2**32, so this range is the bound.
+# What torch.manual_seed (and the loaders' torch.Generator) accepts: a signed or unsigned 64-bit number
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 

@@ -108,7 +108,6 @@ def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: st
                      None if limit is None else time.time() + limit, workers, config_path)
 
 
-# --- the study ---------------------------------------------------------------------------------
 def _create(plan: StudyPlan) -> optuna.study.Study:
     import optuna
     quiet_optuna()

@@ -103,8 +103,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     if plan.heartbeat is not None:
         pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
         grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
-    def reclaim_gone() -> None:  # a trial whose process died on this host: failed and retried at once
-        # (a sibling worker of this command is its parent's to fail and retry, which says so)
+    def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
