@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsmtrain.core.events import first_run_start
+
 if TYPE_CHECKING:
     from fsmtrain.app.config.schema import DistributedConfig
     from fsmtrain.training.distributed import TorchCollective
@@ -27,17 +29,12 @@ _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--
 def without_launch_options(argv: Sequence[str]) -> list[str]:
     """The command line a worker runs: this one without the launch options."""
     out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
+    args = iter(argv)
+    for arg in args:
         if arg in _LAUNCH_OPTIONS:
-            skip = True
-            continue
-        if arg.split("=", 1)[0] in _LAUNCH_OPTIONS and "=" in arg:
-            continue
-        out.append(arg)
+            next(args, None)  # its value
+        elif arg.partition("=")[0] not in _LAUNCH_OPTIONS:
+            out.append(arg)
     return out
 
 
@@ -160,8 +157,7 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
         log = path / "events.jsonl"
         if not log.is_file():
             continue
-        first = next(_payloads(log, "run_start"), None)
-        elastic = first.get("elastic") if first is not None else None
+        elastic = (first_run_start(log) or {}).get("elastic")
         if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
             found = path
     return found
