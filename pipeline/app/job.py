@@ -228,11 +228,8 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
 def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
     """A run the ranks ended together ends with a barrier, so no rank exits while rank 0 still writes
     its files; a rank that failed on its own skips it."""
-    collective = trainer.collective
-    if collective is None:
-        return
-    if error is None or isinstance(error, Interrupted):
-        collective.barrier()
+    if trainer.collective is not None and (error is None or isinstance(error, Interrupted)):
+        trainer.collective.barrier()
 
 
 @dataclass(frozen=True)

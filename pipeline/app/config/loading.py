@@ -169,14 +169,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _index(part: str, items: list[Any]) -> int | None:
-    """``part`` as an index into ``items`` (``callbacks.extra.0``), or None when it is not one."""
-    if not part.isdigit():
-        return None
-    i = int(part)
-    return i if i < len(items) else None
-
-
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``"a.b=value"`` overrides to a copy of ``data``; ``value`` is parsed as YAML, and a number
     indexes a list (``callbacks.extra.0.kwargs.threshold=0.5``)."""
@@ -198,7 +190,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         for depth, part in enumerate(parts):
             where = ".".join(parts[:depth])
             if isinstance(node, list):
-                i = _index(part, node)
+                i = int(part) if part.isdigit() and int(part) < len(node) else None
                 if i is None:
                     span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
                     problems.append(ConfigProblem(key, f"an index of {where} {span}",
