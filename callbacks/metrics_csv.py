@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,15 +40,11 @@ def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
 
 
 def _cell(value: float | int | None) -> str:
+    """Empty for None (pandas reads NaN); a float's repr is the shortest text that reads back the same
+    (``nan``, ``inf`` and ``-inf`` included)."""
     if value is None:
-        return ""  # pandas reads an empty cell as NaN
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)  # the shortest text that reads back to the same float
-    return str(value)
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 class MetricsCsvCallback(TrainingCallback):

@@ -69,11 +69,7 @@ class StorageSpec:
     @property
     def path(self) -> Path | None:
         """The file of a SQLite or journal storage."""
-        if self.kind is StorageKind.JOURNAL:
-            return Path(self.url)
-        if self.kind is StorageKind.SQLITE:
-            return Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
-        return None
+        return None if self.kind is StorageKind.RDB else Path(self.url.removeprefix("sqlite:///"))
 
     def describe(self) -> str:
         what = {StorageKind.SQLITE: "SQLite file (one process)",
