@@ -21,19 +21,12 @@ __all__ = ["CheckpointCallback"]
 
 
 class CheckpointCallback(TrainingCallback):
-    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and the
-    commit protocol of :class:`fsmtrain.training.checkpoint.CheckpointManager`. With
-    ``background=True`` (the default) a writer thread writes the staged state while the next epoch
-    trains and logs it the moment it is durable: a ``checkpoint`` event per file (path, sha256,
-    epoch, kind, and the log's ``chain_head`` the file stores), a ``checkpoint_removed`` event per
-    file removed, and ``checkpoint_skipped`` for a state a slow disk left out. ``train_end`` waits
-    for what is pending; ``background=False`` writes before the epoch ends. A failed write is raised
-    at the next phase boundary. The policy is logged at ``train_begin`` (``checkpoint_settings``);
-    in replay (``run.dry_run``) nothing is written and ``checkpoint_planned`` records intent.
-
-    ``every_n_steps`` / ``every_minutes``: also a ``step_<n>.pt`` (and ``latest``) after every N-th
-    global step / the first step M minutes after the last one, holding the data position, so a resume
-    continues with the next batch. Without them no hook runs per batch."""
+    """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and commit
+    protocol of :class:`~fsmtrain.training.checkpoint.CheckpointManager`. With ``background=True`` a
+    writer thread writes while the next epoch trains and logs each file (``checkpoint``) once durable;
+    ``train_end`` waits for it. A failed write is raised at the next phase boundary; in replay only
+    ``checkpoint_planned`` records intent. ``every_n_steps`` / ``every_minutes``: also a
+    ``step_<n>.pt`` holding the data position, so a resume continues with the next batch."""
 
     priority = 95
     tier = Tier.CORE
@@ -103,8 +96,7 @@ class CheckpointCallback(TrainingCallback):
         self.manager.writer.raise_failure()
 
     def on_val_end(self, epoch: EpochContext) -> None:
-        """A validation inside the epoch (val_every_n_steps) that improves on the best: a step checkpoint,
-        committed with the ``best`` role (the policy counts validations)."""
+        """A validation inside the epoch that improves on the best: a step checkpoint with the ``best`` role."""
         run, m = epoch.run, self.manager
         if not epoch.inside or not m.save_best or (run.stop is not None and run.stop.reason is StopReason.NAN):
             return
@@ -129,8 +121,7 @@ class CheckpointCallback(TrainingCallback):
         self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
 
     def on_exception(self, fault: FaultContext) -> None:
-        """A signal (pre-emption) stopped the run between two batches of an epoch: the state after its
-        last step is saved, so a resume loses nothing (the teardown waits for the write)."""
+        """A signal stopped the run inside an epoch: the state after its last step is saved."""
         run = fault.run
         batch = int(run.epoch_state().get("batch", 0))
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
@@ -181,8 +172,7 @@ class CheckpointCallback(TrainingCallback):
 
 
 class _RunLog:
-    """What the store did, in the run's log: from the writer thread beside the training thread
-    (``beside``), or from the training thread itself."""
+    """What the store did, in the run's log, from the writer thread (``beside``) or the training thread."""
 
     def __init__(self, run: RunContext) -> None:
         self.run = run
@@ -209,7 +199,6 @@ class _RunLog:
             self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
 
     def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None:
-        # The first on the console too; a writer that stays behind would repeat it every epoch.
         self.skips += 1
         first = self.skips == 1
         extra: dict[str, Any] = {"note": "later skips are in events.jsonl only"} if first else {}

@@ -25,10 +25,8 @@ def improves(value: float, best: float | None, mode: str, min_delta: float) -> b
 
 
 class EarlyStoppingCallback(TrainingCallback):
-    """On ``on_val_end``: after ``patience`` validations in a row without improvement (one an epoch,
-    more with ``val_every_n_steps``), request stop EARLY_STOP (the epoch ends there). The count goes
-    to slot ``early_stopping_wait``, and the settings into the log at train begin, so a report can
-    draw one against the other."""
+    """On ``on_val_end``: after ``patience`` validations in a row without improvement, request stop
+    EARLY_STOP. The count goes to slot ``early_stopping_wait``, the settings into the log."""
 
     priority = 90
     tier = Tier.CORE

@@ -1,15 +1,6 @@
-"""An aligned console table, one line per epoch (or every N epochs), for runs without a terminal bar.
-
-Every metric and every numeric slot gets a column (``fsmtrain.core.scalars``), so a user's
-``val_accuracy`` metric or ``my_metric`` slot shows without a change here::
-
-    columns: train = train loss, val = validation loss, lr = learning rate, grad = max gradient norm
-    epoch       train         val          lr        grad  val_accuracy
-    1/20       0.9621      0.8712    1.00e-02       2.345        0.5313
-
-The header, with a legend of the abbreviations it introduces, is printed again whenever a new
-column appears; a column stays once it has appeared, showing ``-`` when absent.
-"""
+"""An aligned console table, one line per epoch, for runs without a terminal bar: every metric and
+numeric slot gets a column; the header (with a legend of its abbreviations) is printed again when a
+new column appears, and an absent value shows ``-``."""
 
 from __future__ import annotations
 
@@ -25,7 +16,7 @@ from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATI
 
 __all__ = ["ABBREVIATIONS", "EpochSummaryCallback", "SummaryTable"]
 
-# Short labels for the built-in columns (in this order, before any other), and what they mean.
+# Short labels for the built-in columns (in this order, before any other)
 ABBREVIATIONS: Mapping[str, tuple[str, str]] = {
     "train_loss": ("train", "train loss"),
     "val_loss": ("val", "validation loss"),

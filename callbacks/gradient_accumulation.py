@@ -11,12 +11,9 @@ __all__ = ["GradientAccumulationCallback"]
 
 
 class GradientAccumulationCallback(TrainingCallback):
-    """One optimizer step per ``steps`` micro-batches, through the step context's skip flags.
-
-    Each micro-batch loss is divided by ``steps``. A partial window at an epoch's end (``m < steps``
-    micro-batches) is flushed with its gradient rescaled by ``steps / m``, unless ``drop_last``
-    discards it. Priority 8: the gradient monitor and clipping then see the accumulated gradient.
-    """
+    """One optimizer step per ``steps`` micro-batches, each loss divided by ``steps``. A partial window
+    at an epoch's end (``m`` micro-batches) is flushed rescaled by ``steps / m``, unless ``drop_last``.
+    Priority 8: the gradient monitor and clipping then see the accumulated gradient."""
 
     priority = 8
     tier = Tier.CORE
@@ -32,11 +29,8 @@ class GradientAccumulationCallback(TrainingCallback):
         self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
 
     def on_batch_begin(self, step: StepContext) -> None:
-        full = (step.batch_index + 1) % self.steps == 0
-        if full:
-            return
-        if step.last_batch and not self.drop_last:
-            return  # flush the partial window
+        if (step.batch_index + 1) % self.steps == 0 or (step.last_batch and not self.drop_last):
+            return  # a full window, or the partial one flushed
         step.skip_optimizer_step = True
         # A dropped partial window is discarded by the zero_grad that still runs on the last batch.
         step.skip_zero_grad = not step.last_batch

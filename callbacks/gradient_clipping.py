@@ -11,9 +11,8 @@ __all__ = ["GradientClippingCallback"]
 
 
 class GradientClippingCallback(TrainingCallback):
-    """On ``on_after_backward`` of every batch whose optimizer step will run (so an accumulated
-    gradient is clipped once, whole). Priority 20: after the gradient monitor (12), which therefore
-    reports the norm before clipping."""
+    """On ``on_after_backward`` of every batch whose optimizer step will run (an accumulated gradient is
+    clipped once). Priority 20: after the gradient monitor (12), which reports the norm before clipping."""
 
     priority = 20
     tier = Tier.CORE

@@ -33,20 +33,21 @@ def _fold_on_host(
     return max_norm, argmax, over + len(flagged), first
 
 
+def _state(device: torch.device | None = None) -> list[torch.Tensor]:
+    """The running fold on ``device``: max, its batch, the count over the threshold, the first over."""
+    return [torch.zeros((), dtype=torch.float64, device=device) for _ in range(4)]
+
+
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values[index]`` for a 0-d index tensor without the host read plain indexing would do."""
     return values.index_select(0, index.reshape(1)).reshape(())
 
 
 class GradientMonitorCallback(TrainingCallback):
-    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max
-    into slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``.
-
-    No host sync per batch: each step writes its norm into a preallocated device buffer; a full
-    buffer is folded on the device into four 0-d tensors (running max, its batch, the count over the
-    threshold, the first such batch). At epoch end those and the unfolded norms are read at once and
-    the last fold is done on the host. Memory is fixed, whatever the epoch length.
-    """
+    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max into
+    slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``. No
+    host sync per batch: norms go into a device buffer, folded on the device when full (running max,
+    its batch, the count over, the first over) and read once at epoch end."""
 
     priority = 12
     tier = Tier.CORE
@@ -68,10 +69,7 @@ class GradientMonitorCallback(TrainingCallback):
         self._buf = torch.zeros(0)
         self._slots: list[torch.Tensor] = []  # views of the buffer's slots, made once
         self._batches: list[int] = []  # host-side batch index of each filled buffer slot
-        self._max = torch.zeros(())
-        self._argmax = torch.zeros((), dtype=torch.float64)
-        self._over = torch.zeros((), dtype=torch.float64)
-        self._first_over = torch.zeros((), dtype=torch.float64)
+        self._max, self._argmax, self._over, self._first_over = _state()
         self._steps = 0
 
     def on_train_begin(self, run: RunContext) -> None:
@@ -89,10 +87,7 @@ class GradientMonitorCallback(TrainingCallback):
                       and sum(p.numel() for p in self._params) <= self.flat_max_elements)
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._slots = list(self._buf.unbind())
-        self._max = torch.zeros((), dtype=torch.float64, device=dev)
-        self._argmax = torch.zeros((), dtype=torch.float64, device=dev)
-        self._over = torch.zeros((), dtype=torch.float64, device=dev)
-        self._first_over = torch.zeros((), dtype=torch.float64, device=dev)
+        self._max, self._argmax, self._over, self._first_over = _state(dev)
         self._reset()
 
     def _reset(self) -> None:

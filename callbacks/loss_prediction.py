@@ -82,7 +82,6 @@ def _least_squares(ts: Any, ys: Any) -> tuple[float, float] | None:
         e = np.exp(kappa * s)
         (a0, a1, a2), (b0, b1, b2) = np.stack((ys * e, e * e)) @ powers
         return a0, a1, a2, b0, 2.0 * b1, 4.0 * b2, -a0 * a0 / b0  # the sums and S(κ) - Σ y²
-
     a0, a1, a2, b0, b1, b2, f = terms(kappa)
     for _ in range(100):
         grad = -2.0 * a0 * a1 / b0 + a0 * a0 * b1 / (b0 * b0)
@@ -133,9 +132,7 @@ def prediction_from_fit(
 
 class LossPredictionCallback(TrainingCallback):
     """On ``on_val_end`` from the 11th validation on: slot ``loss_prediction`` holds the fit of all val
-    losses so far (``t``: the validation count) at the run's last validation (:func:`fit_exponential`;
-    ``max_epochs - 1`` with one an epoch, else estimated from the validations per epoch so far), or the
-    last val loss when the fit fails. Before it the slot stays ``None``."""
+    losses so far evaluated at the run's last validation, or the last val loss when the fit fails."""
 
     priority = 70
     tier = Tier.CORE

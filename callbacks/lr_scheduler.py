@@ -15,9 +15,8 @@ __all__ = ["LRSchedulerCallback"]
 
 class LRSchedulerCallback(TrainingCallback):
     """``interval="epoch"``: ``scheduler.step()`` in ``on_before_scheduler_step`` (``ReduceLROnPlateau``
-    gets the epoch's ``monitor`` value; so do those of a ``NamedSchedulers``); ``interval="step"``: after
-    every optimizer step that ran.
-    Do not also pass the same scheduler to ``Trainer(scheduler=...)``: it would step twice."""
+    gets the epoch's ``monitor`` value); ``interval="step"``: after every optimizer step that ran. Do
+    not also pass the scheduler to ``Trainer(scheduler=...)``: it would step twice."""
 
     priority = 30
     tier = Tier.CORE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +20,7 @@ FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
 
 
 def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
-    """Numeric slot values under the slot's name (an int stays an int); a structured value gives the
-    columns the other loggers show for it (``fsmtrain.core.scalars``)."""
+    """Numeric slot values under the slot's name (an int stays an int), structured ones as their scalars."""
     out: dict[str, float | int] = {}
     for name, value in slots.items():
         if isinstance(value, (int, float)):  # a bool too, as 0 or 1
@@ -33,8 +31,7 @@ def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
 
 
 def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
-    """The row of one epoch: ``epoch`` (from 1, as the console counts), ``global_step`` (W&B's and
-    TensorBoard's ``step``), every epoch metric, and every numeric slot value present."""
+    """The row of one epoch: ``epoch`` (from 1), ``global_step``, every metric and numeric slot value."""
     row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step}
     row.update({k: float(v) for k, v in epoch.metrics.items()})
     for key, value in _flat_slots(epoch.run.slot_values()).items():
@@ -43,26 +40,17 @@ def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
 
 
 def _cell(value: float | int | None) -> str:
+    """Empty for None (pandas reads NaN); a float's repr is the shortest text that reads back the same
+    (``nan``, ``inf`` and ``-inf`` included)."""
     if value is None:
-        return ""  # pandas reads an empty cell as NaN
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)  # the shortest text that reads back to the same float
-    return str(value)
+        return ""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 class MetricsCsvCallback(TrainingCallback):
-    """On ``on_epoch_end``: append the epoch's row to ``path`` and flush it.
-
-    Priority 85: after every built-in slot writer, and before the checkpoint (95), so every epoch a
-    checkpoint holds has its row; a resume keeps the rows up to the epoch it starts from. Columns:
-    ``epoch``, ``global_step``, ``train_loss``, ``val_loss``, ``lr``, then the others as they appear. A new
-    column rewrites the file atomically with the wider header (earlier rows get empty cells), so it
-    always has one header and rows of one width.
-    """
+    """On ``on_epoch_end``: append the epoch's row to ``path`` and flush it. Priority 85: after the
+    slot writers, before the checkpoint (95), so every epoch a checkpoint holds has its row; a resume
+    keeps the rows up to its epoch. A new column rewrites the file atomically with the wider header."""
 
     priority = 85
     tier = Tier.CORE

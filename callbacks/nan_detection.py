@@ -13,10 +13,9 @@ __all__ = ["NaNDetectionCallback"]
 
 
 class NaNDetectionCallback(TrainingCallback):
-    """On ``on_epoch_end`` (first, priority 5): a NaN or ±inf ``train_loss`` or ``val_loss``
-    requests stop NAN, not immediate, so the epoch's logging and checkpoint still run. On several
-    ranks a NaN reaches every rank's sums; only the rank whose own loss went non-finite first asks,
-    so the stop names the rank where it began."""
+    """On ``on_epoch_end`` (first, priority 5): a non-finite ``train_loss`` or ``val_loss`` requests stop
+    NAN, so the epoch's logging and checkpoint still run. On several ranks only the rank whose own loss
+    went non-finite first asks, so the stop names where it began."""
 
     priority = 5
     tier = Tier.CORE

@@ -19,9 +19,8 @@ def has_modes(optimizer: Any, model: Any) -> bool:
 
 
 class OptimizerModeCallback(TrainingCallback):
-    """``optimizer.train()`` at epoch begin, ``optimizer.eval()`` at validation begin, so validation
-    and the checkpoint at epoch end see the evaluation weights; each of several named optimizers so.
-    Other optimizers are untouched."""
+    """``optimizer.train()`` at epoch begin, ``optimizer.eval()`` at validation begin (each optimizer
+    that has modes), so validation and the epoch's checkpoint see the evaluation weights."""
 
     priority = 10
     tier = Tier.CORE

@@ -22,10 +22,9 @@ def diverging(train: list[float], val: list[float], window_size: int) -> bool:
 
 
 class OverfitDetectionCallback(TrainingCallback):
-    """On ``on_epoch_end`` at epoch index ``i >= warmup_epochs``: if the last ``window_size``
-    changes (epochs ``i - window_size`` … ``i``) diverge, flag overfitting (sticky
-    ``self.overfitting``), write ``val_loss / train_loss`` to slot ``overfit_gap_ratio`` and warn
-    (once, at the first detection); on other epochs the slot is ``None``. Never stops training."""
+    """On ``on_epoch_end`` after ``warmup_epochs``: if the last ``window_size`` changes diverge, flag
+    overfitting (sticky), write ``val_loss / train_loss`` to slot ``overfit_gap_ratio`` and warn once.
+    Never stops training."""
 
     priority = 75
     tier = Tier.CORE

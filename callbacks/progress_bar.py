@@ -67,7 +67,6 @@ class ProgressBarCallback(TrainingCallback):
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"), console=Console(file=sys.stdout), transient=False,
@@ -85,14 +84,11 @@ class ProgressBarCallback(TrainingCallback):
     def on_train_step_end(self, step: StepContext) -> None:
         if not self.active:
             return
+        self._progress.advance(self._batches)
         now = time.monotonic()
-        info: dict[str, Any] = {}
         if step.loss is not None and now - self._last_read >= self.refresh_seconds:
             self._last_read = now
-            info["info"] = f"loss {float(step.loss.detach()):.4g}"
-        self._progress.advance(self._batches)
-        if info:
-            self._progress.update(self._batches, **info)
+            self._progress.update(self._batches, info=f"loss {float(step.loss.detach()):.4g}")
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         if not self.active:

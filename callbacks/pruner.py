@@ -20,13 +20,11 @@ __all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewh
 PREDICTION_ATTR = "predicted_final_loss"
 """Trial user attribute: ``{validation, epoch, step, value, fit_ok}`` of the latest loss prediction."""
 PRUNED_ATTR = "pruned"
-"""Trial user attribute of a pruned trial: ``{validation, epoch, step, value, monitor, pruner, reason,
-decided_at}`` (``decided_at``: wall-clock time, so a report can tell which trials the pruner saw complete)."""
+"""Trial user attribute of a pruned trial: where, the value, the pruner, its reason and ``decided_at`` (wall clock)."""
 
 
 class TrialEndedElsewhere(RuntimeError):
-    """Another process finished the trial while this run trained it (a heartbeat storage fails a
-    trial whose heartbeat is too old); the run stops, and the study's retry runs the trial again."""
+    """Another process finished the trial while this run trained it (a stale heartbeat); the run stops."""
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -35,9 +33,8 @@ def _finite_or_none(x: float) -> float | None:
 
 class PrunerCallback(TrainingCallback):
     """On ``on_val_end``: the latest loss prediction as a user attribute, ``trial.report(value, n)`` for
-    the run's n-th validation (from 1; kept in its checkpoints, so a resumed run continues the count), a
-    ``trial_report`` event, and a stop request PRUNED when ``trial.should_prune()``. The run still ends
-    through ``train_end``; the HPO layer raises ``optuna.TrialPruned`` after ``fit()`` returns."""
+    the run's n-th validation (from 1, kept in checkpoints), a ``trial_report`` event, and a stop request
+    PRUNED when ``trial.should_prune()``; the HPO layer raises ``optuna.TrialPruned`` after ``fit()``."""
 
     priority = 85
     tier = Tier.CORE
@@ -68,7 +65,6 @@ class PrunerCallback(TrainingCallback):
         if value is None:
             return
         from optuna.exceptions import UpdateFinishedTrialError
-
         try:
             self._report(epoch, value)
         except UpdateFinishedTrialError as exc:

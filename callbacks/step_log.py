@@ -1,7 +1,5 @@
-"""Step-level training values every N global steps (``log_every_n_steps``): a ``train_step`` event
-with the batch's train loss, the learning rate and the global gradient norm, the log's step series,
-and slot ``step_values`` (what W&B and TensorBoard send at that step). They are read from the device
-at those steps only; without the setting the callback is not built."""
+"""Step-level training values every N global steps (``log_every_n_steps``), read from the device at
+those steps only."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ __all__ = ["StepLogCallback"]
 
 
 class StepLogCallback(TrainingCallback):
-    """Every ``every_n_steps``-th global step (counted from 1): ``train_step`` with ``step``,
-    ``loss`` (what backward ran on: divided by ``grad_accumulation``), ``lr`` and ``grad_norm`` (the
-    L2 norm of every gradient after backward, before clipping; absent on a step without one)."""
+    """Every ``every_n_steps``-th global step: a ``train_step`` event with ``loss`` (what backward ran
+    on), ``lr`` and ``grad_norm`` (before clipping), also as slot ``step_values`` for W&B and TensorBoard."""
 
     priority = 13  # after gradient accumulation's rescale (8) and the monitor (12), before clipping
     tier = Tier.CORE

@@ -14,9 +14,8 @@ __all__ = ["TensorBoardLoggingCallback"]
 
 
 class TensorBoardLoggingCallback(TrainingCallback):
-    """On ``on_epoch_end``: ``epoch`` (from 1), every metric and numeric slot as TensorBoard scalars at
-    the global step (W&B's ``step``), flushed at once, to ``log_dir``; each ``step_values`` at its step
-    (``train_step/<name>``). Priority 86: after the slot writers."""
+    """On ``on_epoch_end``: ``epoch``, every metric and numeric slot as scalars at the global step, flushed
+    at once; each ``step_values`` at its step. Priority 86: after the slot writers."""
 
     priority = 86
     tier = Tier.CORE

@@ -29,11 +29,9 @@ def wandb_run_id(run: RunContext) -> str:
 
 
 class WandbLoggingCallback(TrainingCallback):
-    """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch (``epoch`` from 1,
-    every metric and numeric slot), each ``step_values`` at its step, and ``finish`` at train end
-    (``exit_code=1`` when the reason failed). The run lands under ``<directory>/wandb/`` (default:
-    the run directory); W&B writes nothing to the console. In replay nothing is sent; the dicts are
-    kept in ``self.logged``."""
+    """``wandb.init`` at train begin, one ``run.log(..., step=global_step)`` per epoch and per
+    ``step_values``, ``finish`` at train end. The run lands under ``<directory>/wandb/`` (default: the
+    run directory), silent on the console. In replay nothing is sent; ``self.logged`` keeps the dicts."""
 
     priority = 80
     tier = Tier.CORE
@@ -70,7 +68,6 @@ class WandbLoggingCallback(TrainingCallback):
         if run.dry_run:
             return
         import wandb
-
         directory = self.directory if self.directory is not None else run.run_dir
         kwargs: dict[str, Any] = {}
         if directory is not None:
@@ -82,11 +79,9 @@ class WandbLoggingCallback(TrainingCallback):
             tags=list(self.tags),
             config=self.config or run.extras.get("config") or {},
             name=self.run_name or run.run_id,
-            # One W&B run per fsmtrain run: a resumed run continues the same W&B run id.
             id=wandb_run_id(run),
             resume="allow" if run.extras.get("resumed_from") else None,
             reinit="create_new",
-            # Nothing on the console, and sys.stdout/stderr left unwrapped.
             settings=wandb.Settings(silent=True, console="off"),
             **kwargs,
         )
@@ -101,7 +96,6 @@ class WandbLoggingCallback(TrainingCallback):
         def kept(record: logging.LogRecord) -> None:
             if len(self.log_errors) < 100:
                 self.log_errors.append(f"{record.getMessage()[:200]}")
-
         for handler in logging.getLogger("wandb").handlers:
             handler.handleError = kept  # type: ignore[method-assign]
 

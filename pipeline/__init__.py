@@ -1,11 +1,8 @@
 """fsmtrain: a PyTorch trainer whose loop is an explicit finite-state machine.
 
-Layers, bottom to top (imports only point down; ``pyproject.toml`` declares the contract):
-``fsmtrain.core`` (the torch-free machine), ``fsmtrain.training`` (the torch side),
-``fsmtrain.callbacks`` (the built-ins), ``fsmtrain.app`` (``Trainer``, configs, jobs),
-``fsmtrain.tools`` (audit, replay, diagrams, reports) and ``fsmtrain.cli``.
-
-The names below are imported when first asked for, so ``import fsmtrain`` imports no torch.
+Layers, bottom to top (imports only point down): ``core`` (the torch-free machine), ``training``
+(the torch side), ``callbacks``, ``app`` (``Trainer``, configs, jobs), ``tools`` and ``cli``. The
+names below are imported when first asked for, so ``import fsmtrain`` imports no torch.
 """
 
 from __future__ import annotations

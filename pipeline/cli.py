@@ -1,7 +1,6 @@
-"""The ``fsmtrain`` command line: ``validate``, ``preflight`` and ``init`` here, ``train`` and
-``resume`` in :mod:`fsmtrain.app.run_commands`, the others in the ``_PLUGINS`` modules. Each command
-imports what it needs when it runs, so ``--help``, ``audit`` and ``diagram`` start without torch.
-"""
+"""The ``fsmtrain`` command line: ``validate``, ``preflight`` and ``init`` here, the others in
+``run_commands`` and the ``_PLUGINS`` modules. Each command imports what it needs when it runs, so
+``--help``, ``audit`` and ``diagram`` start without torch."""
 
 from __future__ import annotations
 
@@ -26,14 +25,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg = load_config_of(args)
     if cfg.optimize is not None:  # its storage is reachable and agrees on the study's direction
         from fsmtrain.app.hpo.study import check_study
-
         check_study(cfg, args.config)
     from fsmtrain.app.config.checks import check_builds
-
     built, data = check_builds(cfg)  # what train would reject when it builds, found now
     if args.data:  # the data builder called once, its first batch through the step on the CPU
         from fsmtrain.app.preflight import check_first_batch
-
         data = check_first_batch(cfg)
     print_warnings(cfg, sys.stdout)
     print(f"{args.config}: valid ({len(cfg.seeds)} seed(s), {cfg.epochs or 'unbounded'} epochs, net {cfg.net}, "
@@ -45,7 +41,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from fsmtrain.app.preflight import PreflightFailed, run_preflight
-
     cfg = load_config_of(args)
     print_warnings(cfg, sys.stdout)
     try:
@@ -58,7 +53,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from fsmtrain.app.config.starter import STARTER_CONFIG, init_problem
-
     directory = Path(args.dir)
     problem = init_problem(directory, args.name, args.force)
     if problem is not None:
@@ -84,49 +78,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsmtrain", description="Train PyTorch models from a YAML config on an explicit lifecycle machine.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
     run_commands.register_cli(sub)  # train, resume: the commands that train come first
-
     p = sub.add_parser("validate", help="check a config (schema, imports, warnings) without training")
     config_args(p)
     p.add_argument("--data", action="store_true",
                    help="also call the data builder once and run its first batch through the step on the CPU "
                         "(a missing data file or a batch the step cannot take is then found here, exit 2)")
     p.set_defaults(func=cmd_validate)
-
     p = sub.add_parser("preflight", help="build everything and run one forward/backward/optimizer step")
     config_args(p)
     p.set_defaults(func=cmd_preflight)
-
     p = sub.add_parser("init", help="write a commented starter config")
     p.add_argument("dir", nargs="?", default=".", help="folder to write it to (default: .)")
     p.add_argument("--name", default="fsmtrain.yaml", help="file name inside DIR, not a path (default: fsmtrain.yaml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_init)
-
     for module in _PLUGINS:
         importlib.import_module(module).register_cli(sub)
     return parser
 
 
-# A user's mistake, reported in one line: (module, error class). Checked without importing the
-# modules: if one was never imported, nothing raised its error.
+# A user's mistake, reported in one line: (module, error class), looked up only if imported.
 _USER_ERRORS = (("fsmtrain.app.config.problems", "ConfigError"), ("fsmtrain.app.rundir", "RunDirError"),
                 ("fsmtrain.training.resume", "ResumeError"), ("fsmtrain.app.run_commands", "UsageError"),
                 ("fsmtrain.training.inference", "InferenceError"))
 
 
 def _is_config_error(exc: BaseException) -> bool:
-    for module, name in _USER_ERRORS:
-        mod = sys.modules.get(module)
-        if mod is not None and isinstance(exc, getattr(mod, name)):
-            return True
-    return False
+    return any(module in sys.modules and isinstance(exc, getattr(sys.modules[module], name))
+               for module, name in _USER_ERRORS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Called without ``argv`` (the ``fsmtrain`` script, ``python -m fsmtrain``)
-    it owns the process: the signals a command catches end it with 128 + the first one."""
+    """Run one command. Without ``argv`` (the ``fsmtrain`` script) it owns the process: the signals a
+    command catches end it with 128 + the first one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
@@ -135,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows at this flush, not at exit
     except BrokenPipeError:
-        # The reader of stdout is gone (`fsmtrain audit --json | head`): what it wanted it has.
-        # Point stdout at /dev/null so the interpreter's last flush at exit cannot raise again.
+        # the reader of stdout is gone (`| head`): stdout to /dev/null, so the last flush cannot raise
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
@@ -149,7 +133,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fsmtrain.core.engine import Interrupted
-
     try:
         return int(args.func(args))
     except ValueError as exc:
@@ -170,10 +153,9 @@ THREADS_BOUND_S = 30.0
 
 
 def _exit_status(code: int, owns_process: bool) -> int:
-    """128 + the first signal the command caught, else ``code``. The process the command owns
-    first waits (bounded) for its other threads, and ends at once when one does not end."""
+    """128 + the first signal the command caught, else ``code``. An owned process first waits (bounded)
+    for its other threads, and ends at once when one does not end."""
     from fsmtrain.core.signals import installed
-
     stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
     signals = installed()
     _give_back_signals(owns_process)  # first: a signal from here on is the default action, not a lost one
@@ -191,8 +173,7 @@ def _exit_status(code: int, owns_process: bool) -> int:
 
 
 def _unfinished_threads(bound_s: float) -> list[str]:
-    """Join the threads the interpreter waits for at exit, within ``bound_s`` in all; the names of
-    those still running."""
+    """Join the threads the interpreter waits for at exit, within ``bound_s``; those still running."""
     deadline = time.monotonic() + bound_s
     others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
     for thread in others:
@@ -201,8 +182,6 @@ def _unfinished_threads(bound_s: float) -> list[str]:
 
 
 def _give_back_signals(owns_process: bool) -> None:
-    """The handlers a command found come back; its own process gets the default actions, so a
-    signal after its status is decided ends it by that signal."""
+    """The handlers a command found come back; an owned process gets the default actions."""
     from fsmtrain.core.signals import uninstall
-
     uninstall(default=owns_process)

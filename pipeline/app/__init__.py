@@ -1,7 +1,5 @@
-"""What a user runs: the ``Trainer`` facade, run configs (YAML), one seed's job and HPO studies.
-
-``Trainer`` is re-exported lazily, so a torch-free module of this package imports no torch.
-"""
+"""What a user runs: the ``Trainer`` facade, run configs, one seed's job and HPO studies. ``Trainer``
+is re-exported lazily, so a torch-free module of this package imports no torch."""
 
 from __future__ import annotations
 

@@ -1,33 +1,36 @@
-"""Argument types of the command line: a number out of range is an argparse usage error (exit 2,
-naming the option), not a value the command quietly bends. Light: argparse only."""
+"""Argument types of the command line: a number out of range is a usage error (exit 2) naming the option."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-__all__ = ["config_args", "positive_float", "positive_int"]
+__all__ = ["config_args", "overrides_of", "positive_float", "positive_int"]
+
+
+def _positive(text: str, convert: type[int] | type[float], expected: str) -> Any:
+    try:
+        value = convert(text)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected {expected}; found {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """A whole number >= 1 (``--nproc``, ``--workers``, ``--top``...)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1; found {text!r}")
-    return value
+    return int(_positive(text, int, "a whole number >= 1"))
 
 
 def positive_float(text: str) -> float:
     """Seconds > 0 (``--timeout``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0; found {text!r}")
-    return value
+    return float(_positive(text, float, "seconds > 0"))
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` items of ``config_args``, ``--device`` as one more."""
+    return [*(args.set or []), *([f"device={args.device}"] if getattr(args, "device", None) else [])]
 
 
 def config_args(p: argparse.ArgumentParser) -> None:

@@ -1,8 +1,6 @@
-"""The callbacks a run gets without asking, the same for ``fsmtrain train`` and a Python ``Trainer``:
-the console (a line per epoch, below it a live progress bar on a terminal), the built-ins that only watch
-and, with a run directory, ``metrics.csv`` and checkpoints, with the config's defaults. Early
-stopping is not one: it changes how long a run trains.
-"""
+"""The callbacks a run gets without asking, for ``fsmtrain train`` and a Python ``Trainer`` alike: the
+console, the built-ins that only watch and, with a run directory, ``metrics.csv`` and checkpoints.
+Early stopping is not one: it changes how long a run trains."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ __all__ = ["console_callbacks", "default_callbacks"]
 def console_callbacks() -> list[TrainingCallback]:
     from fsmtrain.callbacks import EpochSummaryCallback, ProgressBarCallback
     from fsmtrain.callbacks.progress_bar import auto_enabled
-
     # On a terminal the bar redirects stdout, so each epoch's line prints above it and stays.
     return [EpochSummaryCallback(), *([ProgressBarCallback(enabled=True)] if auto_enabled() else [])]
 
@@ -28,7 +25,6 @@ def default_callbacks(given: Sequence[TrainingCallback], *, run_dir: Path | None
     import fsmtrain.callbacks as cb
     from fsmtrain.app.config.builders import checkpoint_callback, watching_callbacks
     from fsmtrain.app.config.schema import CallbacksConfig, CheckpointConfig
-
     defaults = watching_callbacks(CallbacksConfig(), max_epochs)
     if not any(isinstance(c, (cb.EpochSummaryCallback, cb.ProgressBarCallback)) for c in given):
         defaults += console_callbacks()

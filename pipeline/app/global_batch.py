@@ -1,6 +1,4 @@
-"""What one optimizer step sees, in words: the ``global_batch`` record a run's ``run_start`` carries
-(made by :func:`fsmtrain.app.ranks.global_batch`), as ``fsmtrain train`` prints it and ``fsmtrain
-report`` shows it. Torch-free, so the report imports no torch for it."""
+"""What one optimizer step sees, in words, from ``run_start``'s ``global_batch`` (torch-free, for the report)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One seed's job: build what a config names, claim its run directory, train (``train``, ``resume``,
-``preflight`` and the HPO trials)."""
+"""One seed's job: build what a config names, claim its run directory, train."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class RunParts:
 
 
 def build_parts(cfg: RunConfig, seed: int) -> RunParts:
-    """Seed every RNG, then build model, optimizer, scheduler, loss, loaders and metrics. A
-    constructor's or the data builder's failure is a ConfigError naming the field at fault."""
+    """Seed every RNG, then build everything; a failure is a ConfigError naming the field at fault."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     builders.seed_everything(seed)
@@ -79,9 +77,8 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
                     builders.build_steps(cfg))
 
 
-# What a resume may change: how long to train and where, and how it is logged. Everything else
-# (model, optimizer, scheduler, loss, data, batch size, the seed, the training loop's own options)
-# must be what the checkpoint was trained with, or the result is not a continuation.
+# What a resume may change: how long to train and where, and how it is logged; the rest must be what
+# the checkpoint was trained with, or the result is not a continuation.
 RESUMABLE_FIELDS: frozenset[str] = frozenset(
     {"epochs", "device", "log_level", "log", "wandb", "num_threads", "seeds", "name", "optimize", "distributed",
      "compile", "tensorboard"})
@@ -122,8 +119,7 @@ class SeedRun:
         return self.trainer.engine.result
 
 
-# Where a seed's run goes: a folder to claim (new, or the run in it when resuming), or a claimer
-# called once the run is built (``fsmtrain train``: the next free name).
+# Where a seed's run goes: a folder to claim, or a claimer called once the run is built.
 RunTarget = Path | Callable[[], RunDirClaim]
 
 
@@ -145,8 +141,7 @@ class Header:
 
 
 def _check_resume(cfg: RunConfig, seed: int, path: Path, resolved: dict[str, Any]) -> Replan | None:
-    """Refuse a resume whose config changed what the run was trained with; the schedule's re-plan
-    when an extension asks for one."""
+    """Refuse a resume whose config changed what the run was trained with; the schedule's re-plan."""
     if not (path / CONFIG_FILE).is_file():
         return None
     before = load_yaml(path / CONFIG_FILE)
@@ -166,16 +161,14 @@ def _check_resume(cfg: RunConfig, seed: int, path: Path, resolved: dict[str, Any
 def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks: Sequence[TrainingCallback] = (),
                trial: optuna.trial.Trial | None = None, resume: bool = False,
                extras: Mapping[str, Any] | None = None, header: Header | None = None) -> SeedRun:
-    """Build, claim and train one seed. Everything is built before the run directory is claimed, so
-    a build error leaves nothing on disk; an exception or a signal during ``fit()`` is returned in
-    ``SeedRun.error``, a signal during start-up raises :class:`~fsmtrain.core.engine.Interrupted`.
-    ``extras`` join what ``run_start`` records; ``resume=True`` continues the run in ``run_dir``."""
+    """Build, claim and train one seed; everything is built before the run directory is claimed. An
+    exception or a signal during ``fit()`` is returned in ``SeedRun.error``; a signal during start-up
+    raises ``Interrupted``."""
     resolved = resolved_dict(cfg)
     assert not (resume and callable(run_dir)), "a resumed run is named by its folder"
     replan = _check_resume(cfg, seed, run_dir, resolved) if resume and not callable(run_dir) else None
     collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
-    # One process honours a start-up signal before its run starts; the ranks of a multi-process
-    # run agree on a signal inside the run (a rank leaving alone would leave the others waiting).
+    # one process honours a start-up signal now; ranks agree on one inside the run
     startup = installed() if collective is None else None
     parts = build_parts(cfg, seed)
     if startup is not None:
@@ -185,14 +178,12 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
         if callable(run_dir):
             return run_dir()
         return claim_existing(run_dir) if resume else claim_new(run_dir)
-
     claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
     path = claim.path if isinstance(claim, RunDirClaim) else claim
 
     def write_config() -> None:
         if collective is None or collective.rank == 0:  # rank 0 owns the run dir and what is in it
             atomic_write_bytes(path / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False).encode("utf-8"))
-
     try:
         if not resume:  # a new folder says at once what it was claimed for, while the callbacks build
             write_config()
@@ -235,14 +226,10 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
 
 
 def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
-    """A run the ranks ended together (completed, an agreed stop or signal) ends with a barrier, so
-    no rank exits (and no launcher tears the others down) while rank 0 still writes its files. A
-    rank that failed on its own skips it: the others are not coming."""
-    collective = trainer.collective
-    if collective is None:
-        return
-    if error is None or isinstance(error, Interrupted):
-        collective.barrier()
+    """A run the ranks ended together ends with a barrier, so no rank exits while rank 0 still writes
+    its files; a rank that failed on its own skips it."""
+    if trainer.collective is not None and (error is None or isinstance(error, Interrupted)):
+        trainer.collective.barrier()
 
 
 @dataclass(frozen=True)
@@ -264,11 +251,8 @@ class RunPick:
 
 
 def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> RunPick:
-    """The run directory of one seed under ``root`` (rank 0 picks).
-
-    An elastic agent's restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continues the run directory
-    its first attempt claimed from the newest committed checkpoint, as ``--resume`` would; when that
-    attempt committed none, it starts from the beginning in a new run directory, and says so."""
+    """The run directory of one seed under ``root`` (rank 0 picks). An elastic restart continues the run
+    its first attempt claimed, as ``--resume`` would, or starts anew when that committed no checkpoint."""
     if attempt is not None and attempt.restart > 0:
         earlier = elastic_run_dir(root, name, attempt)
         if earlier is not None and has_committed_checkpoint(earlier):

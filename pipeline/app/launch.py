@@ -1,7 +1,5 @@
-"""Start a command on several processes as ``torchrun`` would (``--nproc``, ``--nnodes``: torch's
-elastic agent runs in this process, the workers run ``python -m fsmtrain <same command>``), and what
-a worker learns from the agent that started it (its place, its elastic attempt).
-"""
+"""Start a command on several processes as ``torchrun`` would (torch's elastic agent in this process,
+the workers running ``python -m fsmtrain <same command>``), and what a worker learns from the agent."""
 
 from __future__ import annotations
 
@@ -13,6 +11,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from fsmtrain.core.events import first_run_start
 
 if TYPE_CHECKING:
     from fsmtrain.app.config.schema import DistributedConfig
@@ -27,20 +27,14 @@ _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--
 
 
 def without_launch_options(argv: Sequence[str]) -> list[str]:
-    """The command line a worker runs: this one without ``--nproc N``, ``--nnodes``, ``--node-rank``,
-    ``--rdzv`` and ``--rdzv-id`` (each also as ``--option=value``)."""
+    """The command line a worker runs: this one without the launch options."""
     out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
+    args = iter(argv)
+    for arg in args:
         if arg in _LAUNCH_OPTIONS:
-            skip = True
-            continue
-        if arg.split("=", 1)[0] in _LAUNCH_OPTIONS and "=" in arg:
-            continue
-        out.append(arg)
+            next(args, None)  # its value
+        elif arg.partition("=")[0] not in _LAUNCH_OPTIONS:
+            out.append(arg)
     return out
 
 
@@ -61,7 +55,6 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     if nodes is None:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
@@ -85,8 +78,7 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
 
 
 def worker_place() -> dict[str, int]:
-    """Where this worker runs: its node (the agent's group rank) and local rank, from the environment
-    the agent gave it; empty outside an agent."""
+    """This worker's node and local rank, from the agent's environment; empty outside an agent."""
     place: dict[str, int] = {}
     for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK")):
         value = os.environ.get(env, "")
@@ -118,14 +110,12 @@ def elastic_attempt() -> ElasticAttempt | None:
 
 
 def elastic_restart_line(code: int) -> str | None:
-    """For a rank whose elastic attempt failed with ``code``: the line to print instead of the exit
-    line while restarts are left (None: print the exit line). The agent's SIGTERM that follows is
-    marked as expected, so the rank names it as such rather than as a second exit status."""
+    """For a rank whose elastic attempt failed with ``code``, while restarts are left: the line to print
+    instead of the exit line. The agent's SIGTERM that follows is marked as expected."""
     attempt = elastic_attempt()
     if attempt is None or not 0 < code < 128:
         return None
     from fsmtrain.core.signals import installed
-
     latch = installed()
     if attempt.restart >= attempt.max_restarts:
         if latch is not None:
@@ -160,16 +150,14 @@ def has_committed_checkpoint(run_dir: Path) -> bool:
 
 
 def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | None:
-    """The run directory an earlier attempt of this elastic run claimed under ``root`` (``name``,
-    ``name-2``, ...: the last whose log was started by the same agent run), or None."""
+    """The run directory an earlier attempt of this elastic run claimed under ``root``, or None."""
     found = None
     candidates = [root / name, *sorted(root.glob(f"{name}-*"), key=lambda p: p.name)] if root.is_dir() else []
     for path in candidates:
         log = path / "events.jsonl"
         if not log.is_file():
             continue
-        first = next(_payloads(log, "run_start"), None)
-        elastic = first.get("elastic") if first is not None else None
+        elastic = (first_run_start(log) or {}).get("elastic")
         if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
             found = path
     return found
@@ -185,16 +173,13 @@ def recorded_world_size(run_dir: Path) -> int:
 
 
 def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
-    """Under an agent (several ranks): join the process group; None in one process. The rank's
-    output is made whole lines, tagged with the rank on every rank but 0 (:mod:`fsmtrain.app.rank_output`)."""
+    """Under an agent: join the process group, the rank's output tagged; None in one process."""
     from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
-
     if not launched_by_torchrun():
         return None
     import torch
 
     from fsmtrain.app.rank_output import tag_rank_output
-
     tag_rank_output(int(os.environ.get("RANK", "0")))
     return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
                          torch.device(device))
@@ -205,7 +190,6 @@ def leave_ranks(collective: TorchCollective | None) -> None:
     if collective is None:
         return
     from fsmtrain.training.distributed import shutdown
-
     left = shutdown()
     if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
         print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "

@@ -1,8 +1,5 @@
-"""``fsmtrain predict`` and ``fsmtrain evaluate``: a run's model, rebuilt from its ``config.yaml`` and
-the user's modules (the one loader), with a checkpoint its log committed (verified as resume verifies
-it), over its val data or any builder's, through ``Trainer.predict``'s loop. Under torchrun the ranks
-share the data and rank 0 writes. Building the parser imports this module: torch is imported in the
-commands."""
+"""``fsmtrain predict`` and ``fsmtrain evaluate``: a run's model, rebuilt from its ``config.yaml`` with
+a checkpoint its log committed, over its val data or any builder's. Under torchrun rank 0 writes."""
 
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ __all__ = ["cmd_evaluate", "cmd_predict", "register_cli"]
 # What predict and evaluate may change of the run's config: the data and where it runs, not the model.
 _MAY_SET = ("data", "data_config", "batch_size", "device", "num_threads")
 
-
-# What a command's work gets: the Trainer over the data, what the output says of where it came from, and
-# whether this process leads (the only one, or rank 0: it prints and writes).
+# A command's work: the Trainer, where the output came from, and whether this process prints and writes.
 Work = Callable[["Trainer", dict[str, str], bool], None]
 
 
@@ -45,13 +40,11 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
-    """The committed checkpoint ``which`` names (best falls back to latest, and says so): its path, its
-    name in the log and the sha256 the log committed."""
+    """The committed checkpoint ``which`` names (best falls back to latest): path, name in the log, sha256."""
     import os
 
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.core.ledger import committed_checkpoints
-
     live = committed_checkpoints(run_dir / EVENTS_FILE)
     kinds = {c.kind: c for c in live.values() if c.kind in ("best", "latest")}
     if which == "best" and "best" not in kinds and "latest" in kinds:
@@ -68,15 +61,13 @@ def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
 
 
 def _on_ranks(args: argparse.Namespace, work: Work) -> int:
-    """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data
-    (one rank of several under torchrun: the group is left once the objects that hold it are gone)."""
+    """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data."""
     from fsmtrain.app.config import load_run_config
     from fsmtrain.app.job import CONFIG_FILE
     from fsmtrain.app.launch import join_ranks, leave_ranks
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.training.checkpoint_file import CheckpointError, load_checkpoint
     from fsmtrain.training.resume import recorded_start
-
     run_dir = Path(args.run_dir)
     for need in (CONFIG_FILE, EVENTS_FILE):
         if not (run_dir / need).is_file():
@@ -106,7 +97,6 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
 def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callable[[Trainer, bool], None]) -> None:
     from fsmtrain.app.job import build_parts
     from fsmtrain.app.trainer import Trainer
-
     parts = build_parts(cfg, seed)  # the run's seed: a builder's own split or order is the run's
     parts.model.load_state_dict(weights)
     trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
@@ -120,7 +110,6 @@ def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callabl
 
 def _write(option: str, path: str, data: bytes) -> None:
     from fsmtrain.training.checkpoint_file import atomic_write_bytes
-
     try:
         atomic_write_bytes(Path(path), data)
     except OSError as exc:
@@ -130,7 +119,6 @@ def _write(option: str, path: str, data: bytes) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         import torch
-
         outputs = trainer.predict()
         if lead:
             buffer = io.BytesIO()
@@ -138,14 +126,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
             _write("--out", args.out, buffer.getvalue())
             rows = len(outputs) if isinstance(outputs, torch.Tensor) else "the"
             print(f"wrote {rows} predictions of {_said(about)} to {args.out}")
-
     return _on_ranks(args, work)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     def work(trainer: Trainer, about: dict[str, str], lead: bool) -> None:
         from fsmtrain.training.inference import run_over
-
         metrics = run_over(trainer.driver, trainer.run, trainer.collective, keep=False).metrics
         dataset = getattr(trainer.driver.val_loader, "dataset", None)
         examples = len(dataset) if isinstance(dataset, Sized) else None
@@ -155,7 +141,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if args.json:
                 record = {**about, "examples": examples, "metrics": metrics}
                 _write("--json", args.json, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
-
     return _on_ranks(args, work)
 
 

@@ -1,9 +1,7 @@
 """``fsmtrain preflight``: build everything a config names and run one training step on one batch,
-reporting shapes, parameter counts, finiteness and the callback order. A stage that fails is named in
-one message (for a forward, the innermost module and the shapes it got); exit 4, no traceback. A first
-batch that breaks the batch contract is the data's mistake: a ConfigError (exit 2), here and in
-``validate --data``, which runs that batch through the step on the CPU.
-"""
+reporting shapes, parameter counts, finiteness and the callback order. A failing stage is one message
+(for a forward, the innermost module and the shapes it got), exit 4; a first batch that breaks the
+batch contract is a ConfigError (exit 2), here and in ``validate --data``."""
 
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ from fsmtrain.training.step import step_name, step_result, to_device
 __all__ = ["BATCH_CONTRACT", "PreflightFailed", "check_first_batch", "run_preflight", "shape_of"]
 
 T = TypeVar("T")
-
 
 BATCH_CONTRACT = ("batches that are (inputs, targets) or a mapping with 'inputs' and 'targets' (a step: of your "
                   "own takes any batch)")
@@ -55,7 +52,7 @@ def shape_of(x: Any) -> str:
 @contextmanager
 def _innermost_module(model: nn.Module, seen: list[tuple[str, nn.Module, str]]) -> Iterator[None]:
     """While the block runs, ``seen`` is the stack of modules whose forward has begun and not ended
-    (name, module, the shapes of its inputs): after a failure, its top is where it failed."""
+    (name, module, input shapes): after a failure, its top is where it failed."""
     def enter(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             seen.append((name or type(model).__name__, module, ", ".join(shape_of(a) for a in args) or "no input"))
@@ -64,7 +61,6 @@ def _innermost_module(model: nn.Module, seen: list[tuple[str, nn.Module, str]]) 
     def leave(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if seen:
             seen.pop()
-
     handles = []
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(enter(name)))
@@ -91,8 +87,7 @@ def _batch_error(cfg: RunConfig, found: str) -> ConfigError:
 
 
 def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[Any, Any, Any, torch.Tensor]:
-    """The first training batch through forward, loss and backward: inputs, targets, output, loss. A
-    batch that cannot be read or breaks the contract is a ConfigError naming the data builder."""
+    """The first training batch through forward, loss and backward: inputs, targets, output, loss."""
     try:
         batch = next(iter(parts.train_loader))
     except StopIteration:
@@ -116,7 +111,6 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
             return f" of {cfg.net} on input {shape_of(inputs)}"
         name, module, shapes = stack[-1]
         return f" of {cfg.net}, in module {name} ({module!r}) given {shapes}".replace("\n", " ")
-
     manual = is_manual(step)  # it runs its own backward and optimizer steps, on the optimizers by name
     if step is not None:  # the user's step is the forward and the loss
         with _innermost_module(model, stack):
@@ -135,8 +129,7 @@ def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[
 
 
 def check_first_batch(cfg: RunConfig) -> str:
-    """``validate --data``: the data builder called once, its first training batch through the step
-    (forward, loss, backward) on the CPU; a stage that fails is a ConfigError naming it. What was done."""
+    """``validate --data``: the first training batch through the step on the CPU; what was done."""
     parts = build_parts(cfg, cfg.seeds[0])
     parts.model.cpu()
     try:
@@ -151,10 +144,7 @@ def check_first_batch(cfg: RunConfig) -> str:
 
 
 def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
-    """Print the preflight report; True when the step ran and everything is finite. A stage that
-    fails raises :class:`PreflightFailed`."""
-    # The checks train makes, in its words (a ConfigError, exit 2): the callbacks and their runner, and
-    # the data builder, called once, whose failure (a missing file) names it.
+    """Print the preflight report; True when the step ran and everything is finite."""
     callbacks = checked_callbacks(cfg, extra=console_callbacks())  # train adds the console's too
     parts = build_parts(cfg, cfg.seeds[0])
     model, device = parts.model, torch.device(cfg.device)

@@ -1,9 +1,5 @@
-"""What the processes of a multi-process run print: whole lines, and each other rank's tagged.
-
-Every rank writes to the same terminal, and ``print`` writes text and newline in two calls, so two
-ranks' lines could land on one. So a rank's ``sys.stdout`` writes whole lines, each in one write,
-and every rank but 0 (the run's console) prefixes them with ``[rank r]``.
-"""
+"""What the ranks of a multi-process run print: whole lines, each in one write (``print`` writes text
+and newline in two calls, so two ranks' lines could land on one), tagged ``[rank r]`` but on rank 0."""
 
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ class RankLines(io.TextIOBase):
 
 
 def tag_rank_output(rank: int) -> None:
-    """This process is rank ``rank``: its standard output writes whole lines, tagged unless rank 0.
-    Rank 0 on a terminal keeps its stream as it is: a terminal's stream is line-buffered already,
-    and its progress bar redraws a line in place."""
+    """This process is rank ``rank``: its stdout writes whole lines, tagged unless rank 0. Rank 0 on a
+    terminal keeps its (line-buffered) stream, where its progress bar redraws a line in place."""
     if isinstance(sys.stdout, RankLines) or (rank == 0 and sys.stdout.isatty()):
         return
     sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")

@@ -1,13 +1,7 @@
-"""What the ranks of a multi-process ``Trainer`` settle before they train.
-
-- **The claim.** Global rank 0 claims the run directory and writes the launch's token (in every
-  rank's ``run_start``) into its lock file; every other rank looks for it there.
-- **The layout.** On a shared filesystem every rank finds that claim and writes its own
-  ``events-rank<r>.jsonl`` into the one run directory; on node-local disks a rank on another node
-  writes its log under the same path on its own node. ``run_start`` records the layout.
-- **The resumption.** Rank 0 chooses the checkpoint; a rank that reads rank 0's run directory loads
-  the same file, a rank on another node's disk gets the state from rank 0.
-"""
+"""What the ranks of a multi-process ``Trainer`` settle before they train: rank 0 claims the run
+directory and marks its lock file with the launch's token; a rank that finds the mark shares the
+folder (layout ``shared``), else writes its log under the same path on its own node (``node-local``).
+On resume rank 0 chooses the checkpoint and sends its state to the ranks that cannot read it."""
 
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ LAYOUT_NODE_LOCAL = "node-local"
 
 @dataclass(frozen=True)
 class Settled:
-    """What the ranks agreed on at the claim: the run directory, the launch, the layout, and
-    whether this rank reads rank 0's run directory (a shared filesystem) or a folder of its own node."""
+    """What the ranks agreed on at the claim, and whether this rank reads rank 0's run directory."""
 
     path: Path | None
     launch: str
@@ -63,8 +56,7 @@ def _holds_token(path: Path, token: str) -> bool:
 
 
 def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | None], token: str) -> Settled:
-    """Rank 0 claims (``claim``) and marks its claim with ``token``; every rank gets the path and
-    the token, looks for rank 0's mark, and all learn the layout."""
+    """Rank 0 claims and marks its claim with ``token``; every rank looks for the mark: the layout."""
 
     def decide() -> tuple[Path | None, str]:
         made = claim()
@@ -73,7 +65,6 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
         if made.fd is not None:
             os.write(made.fd, f"{token}\n".encode())  # after the pid: the mark the other ranks look for
         return made.path, token
-
     path, launch = collective.share(decide)
     if path is None:
         return Settled(None, launch, None, True)
@@ -86,17 +77,14 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
 
 def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Path, settled: Settled,
                      recorded_world: Callable[[Path], int]) -> Resumption | Restart:
-    """Rank 0 chooses the checkpoint (and cleans up); every other rank continues from the same one,
-    read from the shared run directory or sent by rank 0. A run whose log committed none is started
-    over in place on every rank. The resume event's ``notes`` say the world size before
-    (``recorded_world`` of rank 0's run directory) and now."""
+    """Rank 0 chooses the checkpoint; every rank continues from it, read from the shared run directory
+    or sent by rank 0 (a log that committed none restarts in place on every rank)."""
     found: list[Resumption | Restart] = []
 
     def choose() -> tuple[str, int]:
         found.append(resumption_or_restart(run_dir, which))
         chosen = found[0]
         return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world(run_dir)
-
     chosen, before = collective.share(choose)
     own = log_name_for_rank(collective.rank)
     if chosen == "":  # nothing committed: every rank starts over
@@ -122,8 +110,7 @@ def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Pa
 
 
 def global_batch(loader: Any, ranks: int, callbacks: Sequence[TrainingCallback]) -> dict[str, int] | None:
-    """The effective batch of one optimizer step: the loader's batch (per rank) times the ranks
-    times the accumulation steps; None when the loader has no fixed batch size."""
+    """The batch of one optimizer step (per rank x ranks x accumulation); None without a fixed batch size."""
     per_rank = getattr(loader, "batch_size", None)
     if type(per_rank) is not int:
         return None

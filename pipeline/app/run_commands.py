@@ -1,7 +1,5 @@
-"""``fsmtrain train`` and ``fsmtrain resume`` (on one process or launched on several), and what every
-command shares: exit statuses, the usage error, a config's options and loading. Building the parser
-imports this module, so it imports only light code at the top.
-"""
+"""``fsmtrain train`` and ``fsmtrain resume`` (on one process or several), and what every command
+shares: exit statuses, the usage error, config loading. The parser imports it: light imports only."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.arg_types import config_args, positive_int
+from fsmtrain.app.arg_types import config_args, overrides_of, positive_int
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -53,8 +51,7 @@ def exit_code_for(reason: StopReason) -> ExitCode:
 
 
 def _severity(code: ExitCode) -> int:
-    """Over several seeds the most severe status wins: the reasons' own severities, under SIGTERM's,
-    which is a signal rather than a reason and outranks them all."""
+    """The reasons' own severities, under SIGTERM's, which is a signal and outranks them all."""
     if code is ExitCode.TERMINATED:
         return max(r.severity for r in StopReason) + 1
     return max((r.severity for r in StopReason if r.exit_code == code), default=0)
@@ -65,14 +62,9 @@ def worst(codes: Sequence[ExitCode]) -> ExitCode:
     return max(codes, key=_severity, default=ExitCode.OK)
 
 
-def _overrides(args: argparse.Namespace) -> list[str]:
-    return [*(args.set or []), *([f"device={args.device}"] if getattr(args, "device", None) else [])]
-
-
 def load_config_of(args: argparse.Namespace) -> RunConfig:
     from fsmtrain.app.config import load_config
-
-    return load_config(args.config, _overrides(args))
+    return load_config(args.config, overrides_of(args))
 
 
 def print_warnings(cfg: RunConfig, out: TextIO) -> None:
@@ -86,13 +78,11 @@ def _fmt(x: float) -> str:
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
     from fsmtrain.core.engine import Interrupted
-
     result = run.result
     if result is None:  # failed before the machine started (e.g. in Trainer construction)
         print(f"seed {run.seed}: ERROR before training: {run.error!r}  run dir: {run.run_dir}", file=out)
         return ExitCode.ERROR
     from fsmtrain.core.log_file import FileWriteError
-
     reason = result.stop_reason
     stop = result.stop
     verb = "raised in" if reason is StopReason.ERROR else "requested by"  # an error is not asked for
@@ -143,9 +133,8 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
 
 @dataclass(frozen=True)
 class _Place:
-    """Where this process trains, found once by the command and handed down to every run: the
-    process group (None: one process), the console (rank 0's; the others write nowhere) and what
-    each run's ``run_start`` records of the launch."""
+    """Where this process trains, found once and handed down to every run: the process group (None:
+    one process), the console (rank 0's) and what ``run_start`` records of the launch."""
 
     collective: Any
     out: TextIO
@@ -163,10 +152,8 @@ class _Place:
 
 @contextlib.contextmanager
 def _joined(cfg: RunConfig) -> Iterator[_Place]:
-    """Under torchrun (several ranks): the process group, joined for the block and left after it,
-    once the runs' objects that hold it are gone; else this one process."""
+    """Under torchrun: the process group, joined for the block; else this one process."""
     from fsmtrain.app.launch import elastic_attempt, join_ranks, leave_ranks, worker_place
-
     collective = join_ranks(cfg.distributed, cfg.device)
     attempt = elastic_attempt()
     extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
@@ -182,7 +169,6 @@ def _joined(cfg: RunConfig) -> Iterator[_Place]:
 def _nodes(args: argparse.Namespace) -> Any:
     """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
     from fsmtrain.app.launch import Nodes
-
     count = getattr(args, "nnodes", 1)
     if count <= 1:
         return None
@@ -194,12 +180,10 @@ def _nodes(args: argparse.Namespace) -> Any:
 
 
 def _launched(args: argparse.Namespace, nproc: int) -> int | None:
-    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers and return their exit
-    status. The launcher gives its signals to torch's elastic agent, which passes them on to the workers."""
+    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers; their exit status."""
     from fsmtrain.app.launch import launch_workers, without_launch_options
     from fsmtrain.core.signals import installed, uninstall
     from fsmtrain.training.distributed import launched_by_torchrun
-
     nodes = _nodes(args)
     if (nproc <= 1 and nodes is None) or launched_by_torchrun():
         return None
@@ -212,7 +196,6 @@ def _launched(args: argparse.Namespace, nproc: int) -> int | None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from fsmtrain.core.signals import install
-
     install(owns_process=args.owns_process)  # a command that trains handles signals first thing
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
     code = _launched(args, args.nproc)
@@ -225,9 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import Header, RunPick, pick_run_dir, train_seed
-    from fsmtrain.app.launch import elastic_restart_line
     from fsmtrain.core.engine import Interrupted
-
     out, collective, extras = place.out, place.collective, place.extras
     if place.lead:
         print_warnings(cfg, sys.stderr)
@@ -243,7 +224,6 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
 
         def pick(name: str = name) -> RunPick:
             return pick_run_dir(root, name, bool(args.resume), place.attempt)
-
         picked = pick() if collective is None else collective.share(pick)
         notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
@@ -266,9 +246,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
         mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
         spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
         print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
-    code = worst(codes)
-    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
-    return int(code)
+    return _exit_line(worst(codes), out)
 
 
 def _global_batch_line(cfg: RunConfig, ranks: int) -> str | None:
@@ -276,7 +254,6 @@ def _global_batch_line(cfg: RunConfig, ranks: int) -> str | None:
     if ranks == 1 and cfg.grad_accumulation == 1:
         return None
     from fsmtrain.app.global_batch import describe_global_batch
-
     steps = cfg.grad_accumulation
     said = describe_global_batch({"per_rank": cfg.batch_size, "ranks": ranks, "accumulation": steps,
                                   "global": cfg.batch_size * ranks * steps})
@@ -288,7 +265,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from fsmtrain.app.launch import recorded_world_size
     from fsmtrain.core.signals import install
     from fsmtrain.training.resume import NeverStarted, RecordedStart, ResumeError, recorded_start
-
     install(owns_process=args.owns_process)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -297,7 +273,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                           "(runs/<project>/<name>-seed<s>)")
     if not (run_dir / "config.yaml").is_file():
         raise ResumeError(f"{run_dir} holds no config.yaml: is it a run directory of fsmtrain train?")
-    cfg = load_run_config(run_dir, _overrides(args))  # with the folders the run's own modules came from
+    cfg = load_run_config(run_dir, overrides_of(args))  # with the folders the run's own modules came from
     try:
         recorded = recorded_start(run_dir)
     except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
@@ -313,8 +289,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
     from fsmtrain.app.job import Header, train_seed
-    from fsmtrain.app.launch import elastic_restart_line
-
     ranks = place.ranks
     notes = [f"{cfg.epochs or 'unbounded'} epochs" + ("" if cfg.max_steps is None else f", max_steps {cfg.max_steps}")]
     if ranks != before:
@@ -323,16 +297,19 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _
     header = Header(place.out, f"{cfg.project}/{run_dir.name} seed {seed}", notes)
     run = train_seed(cfg, seed, run_dir, extra_callbacks=console_callbacks(), resume=True, extras=place.extras,
                      header=header)
-    code = _describe_seed(run, place.out)
-    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=place.out)
+    return _exit_line(_describe_seed(run, place.out), place.out)
+
+
+def _exit_line(code: ExitCode, out: TextIO) -> int:
+    from fsmtrain.app.launch import elastic_restart_line
+
+    print(elastic_restart_line(code) or f"exit code {int(code)} ({code.name})", file=out)
     return int(code)
 
 
 def _seed_of_unstarted(cfg: RunConfig, run_dir: Path) -> int:
-    """The seed of a run dir whose log never got its run_start: the config's only seed, or the
-    ``-seed<N>`` its folder name carries (``<name>-seed<N>``, or ``-seed<N>-<k>`` for a later copy)."""
+    """The seed of a run dir whose log never got its run_start: the config's only one, or its folder's."""
     from fsmtrain.training.resume import ResumeError
-
     if len(cfg.seeds) == 1:
         return cfg.seeds[0]
     m = re.search(r"-seed(-?\d+)(?:-\d+)?$", run_dir.name)
@@ -363,7 +340,6 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="train on N local processes (DDP: gloo on CPU, NCCL with one GPU each), like torchrun")
     _node_args(p)
     p.set_defaults(func=cmd_train)
-
     p = subparsers.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
     p.add_argument("run_dir", help="the run directory (runs/<project>/<name>-seed<s>)")
     p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],

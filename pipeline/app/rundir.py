@@ -1,8 +1,6 @@
-"""One run, one directory: claimed with an exclusive ``mkdir`` (so commands started together get
-``name``, ``name-2``… without a race) and held by a ``flock`` on ``<run>/.lock`` for the run's life.
-A run that never wrote ``run_start`` leaves nothing: letting go removes what its claim wrote, and a
-folder a killed process left so is reused by the next claim of that name.
-"""
+"""One run, one directory: claimed with an exclusive ``mkdir`` and held by a ``flock`` on
+``<run>/.lock`` for the run's life. A run that never wrote ``run_start`` leaves nothing behind, and
+such a folder a killed process left is reused by the next claim of that name."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"
-# What a claim writes before ``run_start``: the lock, the config (and its atomic write's temp file),
-# and the ranks' logs.
+# What a claim writes before ``run_start``: the lock, the config (and its temp file), the ranks' logs
 PRESTART_FILES = frozenset({LOCK_FILE, "config.yaml", EVENTS_FILE})
 _PRESTART_PATTERN = re.compile(r"^(events-rank\d+\.jsonl|\.config\.yaml\..+\.tmp)$")
 
@@ -55,8 +52,8 @@ def _never_started(path: Path) -> bool:
 
 @dataclass
 class RunDirClaim:
-    """A claimed run directory. ``created``: the folder is this claim's (made or reused), so letting
-    go of a run that never started removes it; ``resumed``: the claim continues a run."""
+    """A claimed run directory. ``created``: the folder is this claim's (made or reused);
+    ``resumed``: the claim continues a run."""
 
     path: Path
     fd: int | None = field(default=None, repr=False)
@@ -148,8 +145,8 @@ def _left_by_a_claim(path: Path) -> bool:
 
 
 def _reuse(path: Path, *, only_locked_before: bool = False) -> RunDirClaim | None:
-    """Claim ``path``, a folder left by a run that never started; None when it is not one (or a
-    live process holds it). ``only_locked_before``: only a folder whose claim had locked it."""
+    """Claim ``path``, a folder left by a run that never started; None when it is not one or is held.
+    ``only_locked_before``: only a folder whose claim had locked it."""
     if not _never_started(path) or (only_locked_before and not _left_by_a_claim(path)):
         return None
     try:
@@ -174,8 +171,7 @@ def _holds_a_run(path: Path) -> RunDirError:
 
 
 def claim_new(path: str | Path) -> RunDirClaim:
-    """Claim ``path`` for a new run: it must not exist yet, be an empty folder, or be the folder of
-    a run that never started (which is reused)."""
+    """Claim ``path`` for a new run: a new or empty folder, or one a run that never started left."""
     path = Path(path)
     if path.is_symlink() and not path.exists():
         raise RunDirError(f"run directory {path} is a dangling symbolic link (to {os.readlink(path)})")
@@ -234,8 +230,7 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
 
 
 def next_free(path: str | Path) -> Path:
-    """``path``, or the first of ``path-2``, ``path-3``… that a new run can claim (it does not exist,
-    or holds nothing but what a run that never started left); the claim itself comes later."""
+    """``path``, or the first of ``path-2``, ``path-3``… that a new run can claim (not claiming it)."""
     path = Path(path)
     n = 1
     while True:

@@ -1,7 +1,5 @@
-"""Resume keeps the schedule: extending a run whose scheduler horizon (a cosine's ``T_max``) is its
-epochs is refused unless the horizon is re-planned too; a re-planned resume continues as if planned
-for the new horizon from the start, and logs the new lr of every epoch to come.
-"""
+"""Resume keeps the schedule: extending a run past a scheduler horizon its epochs set (a cosine's
+``T_max``) is refused unless the horizon is re-planned, which continues as if planned so from the start."""
 
 from __future__ import annotations
 
@@ -73,10 +71,9 @@ def resume_schedule(before: Mapping[str, Any], after: Mapping[str, Any], where: 
 
 
 def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, float]]]:
-    """``cfg``'s schedule run on a stand-in parameter: the scheduler's state and the param groups
-    after ``steps`` epochs, and the lr of each epoch after them."""
+    """``cfg``'s schedule on a stand-in parameter: scheduler state and param groups after ``steps``
+    epochs, and the lr of each epoch after them."""
     import torch
-
     optimizer = build_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
     scheduler = build_scheduler(cfg, optimizer)
     curve: list[tuple[int, float]] = []

@@ -61,22 +61,16 @@ __all__ = ["TrainResult", "Trainer"]
 class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
-    ``run_dir``: the run's folder, exactly (claimed and locked for the run's life); ``run_name``: a
-    new run's folder as ``fsmtrain train`` names one, that or the next free ``-2``, ``-3``…; neither:
-    events are kept in memory. ``resume_from="latest"`` (or a checkpoint path) continues the run in
-    ``run_dir`` from its newest committed checkpoint; one that committed none starts over in place.
-    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256.
-    ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` (default: the same) has
-    the teardown write ``model.pt`` and ``lifecycle.mmd``. A callback instance serves one Trainer.
-    ``step``: ``fn(model, batch)`` returning the loss or a mapping with ``loss`` and named outputs,
-    instead of ``loss_fn(model(inputs), targets)`` (``loss_fn`` may then be None); ``val_step``: the
-    same for validation (default: ``step``). ``optimizer`` and ``scheduler`` may be mappings by name
-    (several optimizers; a scheduler's name is its optimizer's); a step marked with
-    :func:`~fsmtrain.training.optimizers.manual_step` gets them as ``fn(model, batch, optimizers)``.
-
-    In a process group of several ranks the trainer is one rank: DistributedDataParallel on this
-    rank's shard, global metrics, agreed guards; rank 0 owns the run directory, rank ``r`` writes
-    ``events-rank<r>.jsonl``.
+    ``run_dir``: the run's folder, claimed and locked for the run's life; ``run_name``: a new run's
+    folder, that or the next free ``-2``, ``-3``…; neither: events are kept in memory.
+    ``resume_from="latest"`` continues the run in ``run_dir`` from its newest committed checkpoint.
+    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256. ``step``/``val_step``:
+    ``fn(model, batch)`` returning the loss or a mapping with ``loss``, instead of ``loss_fn``.
+    ``optimizer`` and ``scheduler`` may be mappings by name. ``max_epochs`` defaults to 1, or to no
+    bound with ``max_steps``; ``val_every_n_steps`` validates inside epochs too. ``default_callbacks`` adds
+    those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and ``lifecycle.mmd``.
+    ``preemption_signals``: the notices that save the last step and exit 143. ``strategy``: ``ddp`` or
+    ``fsdp`` (FSDP2). In a process group the trainer is one rank; rank 0 owns the run directory.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
@@ -94,17 +88,11 @@ class Trainer:
                  val_every_n_steps: int | None = None,
                  preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
                  strategy: str = "ddp", fsdp: FsdpOptions | None = None) -> None:
-        """``max_epochs`` defaults to 1, or to no bound when ``max_steps`` is given; whichever ends first wins.
-        ``val_every_n_steps``: validate also inside an epoch, after every N-th global step.
-        ``preemption_signals``: the notices (``SIGUSR2``, or ``USR2``) that save the last step and exit 143.
-        ``strategy``: ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2: parameters,
-        gradients and optimizer state sharded over the ranks, as ``fsdp`` says)."""
         self.notices = notices_of(preemption_signals)
         self.strategy, self.fsdp = strategy, fsdp or FsdpOptions()
         self.sharding: Sharding | None = None
         self.val_every_n_steps = val_every_n_steps
         max_epochs = max_epochs if max_epochs is not None else 1 if max_steps is None else UNBOUNDED_EPOCHS
-        # several, by name (a manual step gets them so)
         optimizer = NamedOptimizers(optimizer) if isinstance(optimizer, Mapping) else optimizer
         scheduler = NamedSchedulers(scheduler) if isinstance(scheduler, Mapping) else scheduler
         self.max_steps = max_steps
@@ -129,17 +117,18 @@ class Trainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
-        rank = self.collective.rank if self.collective is not None else 0
-        if strategy == "fsdp" and self.collective is not None:
+        c = self.collective
+        self.rank, self.world_size = (0, 1) if c is None else (c.rank, c.world_size)
+        if strategy == "fsdp" and c is not None:
             callbacks = _sharded_callbacks(callbacks)  # on every rank, before any collective
-        if rank > 0:
+        if self.rank > 0:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
         self.restart: Restart | None = None
         self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
-        check_manual(step, callbacks, 1 if self.collective is None else self.collective.world_size)
+        check_manual(step, callbacks, self.world_size)
         binding = bind_callbacks(callbacks)  # one another Trainer holds is refused before anything is claimed
         try:
             # Everything that can fail without the run directory is built before it is claimed.
@@ -148,7 +137,7 @@ class Trainer:
             self.driver = self._driver(loss_fn, train_loader, val_loader, metrics, run_extras, compile,
                                        (step, val_step))
             self.run_dir = self._claim(run_dir, resume_from is not None)
-            self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict, rank,
+            self._start(max_epochs, run_id, run_extras, resume_from, log_key, log_level, console_level, strict,
                         log_fsync)
         except BaseException:
             self.close()  # a claim this constructor made is let go: a retry finds the folder free
@@ -159,8 +148,8 @@ class Trainer:
                 metrics: Mapping[str, MetricFn] | None, run_extras: Mapping[str, Any], compile: bool,
                 steps: tuple[StepFn | None, StepFn | None]) -> TorchDriver:
         train_model: nn.Module | None = None
+        rank, world = self.rank, self.world_size
         if self.collective is not None:
-            rank, world = self.collective.rank, self.collective.world_size
             train_loader = shard_train_loader(train_loader, rank, world, int(run_extras.get("data_seed", 0)))
             val_loader = None if val_loader is None else shard_val_loader(val_loader, rank, world)
             if self.strategy == "fsdp":
@@ -176,16 +165,11 @@ class Trainer:
             scheduler=self.scheduler, device=self.device, metrics=metrics,
             train_model=torch.compile(train_model or self.model) if compile else train_model,  # type: ignore[arg-type]
             all_reduce=None if self.collective is None else self.collective.all_reduce_sum,
-            precision=self.precision,
-            rank=0 if self.collective is None else self.collective.rank,
-            world_size=1 if self.collective is None else self.collective.world_size,
-            step=steps[0], val_step=steps[1],
+            precision=self.precision, rank=rank, world_size=world, step=steps[0], val_step=steps[1],
         )
 
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
-               log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, rank: int,
-               log_fsync: str) -> None:
-        """The claimed run: what it resumes from, its log, its context and its engine."""
+               log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, log_fsync: str) -> None:
         start_seq = 0
         key = log_key if log_key is not None else key_from_env()
         if resume_from is not None and self.run_dir is not None:
@@ -204,10 +188,10 @@ class Trainer:
             run_id = found.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
-            self.run_dir / log_name_for_rank(rank) if self.run_dir is not None else None,
+            self.run_dir / log_name_for_rank(self.rank) if self.run_dir is not None else None,
             self.run_id,
             level=log_level,
-            console=current_stderr() if rank == 0 else None,  # one console: rank 0's
+            console=current_stderr() if self.rank == 0 else None,  # one console: rank 0's
             console_level=console_level,
             keep=self.run_dir is None,
             start_seq=start_seq,
@@ -225,8 +209,8 @@ class Trainer:
         self.run.extras.update(run_extras)
         if self.sharding is not None:
             self.run.extras["sharding"] = self.sharding.record()
-        line = sharding_line(self.sharding, self.strategy, 1 if self.collective is None else self.collective.world_size)
-        if line is not None and rank == 0:
+        line = sharding_line(self.sharding, self.strategy, self.world_size)
+        if line is not None and self.rank == 0:
             print(f"fsmtrain: {line}", file=sys.stderr, flush=True)
         if self.settled is not None:
             self.run.extras.update(self.settled.record())  # the launch and the layout, in every rank's run_start
@@ -237,20 +221,18 @@ class Trainer:
             self.resumption.prepare(self.run)
         start = self.resumption if self.resumption is not None else self.restart
         restore = None if start is None else start.restore
-        outputs = self.write_outputs and self.run_dir is not None and (rank == 0 or self.sharding is not None)
+        outputs = self.write_outputs and self.run_dir is not None and (self.rank == 0 or self.sharding is not None)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
                              collective=self.collective, outputs=self._write_outputs if outputs else None)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
-        """Claim the run directory (rank 0 of a multi-process run; the others get its path, or its
-        error, and learn the layout: :mod:`fsmtrain.app.ranks`)."""
+        """Claim the run directory (in a process group: rank 0, the others learn its path)."""
         def claim() -> RunDirClaim | None:
             if isinstance(run_dir, RunDirClaim):
                 self.claim = run_dir
             elif run_dir is not None:
                 self.claim = claim_existing(run_dir) if resume else claim_new(run_dir)
             return self.claim
-
         if self.collective is None:
             made = claim()
             return made.path if made is not None else None
@@ -264,8 +246,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train. SIGINT and SIGTERM end the run at the next boundary with INTERRUPTED and raise
-        :class:`fsmtrain.core.engine.Interrupted` after the teardown; one that lands during the
-        teardown is raised after it, and the run keeps its own reason."""
+        ``Interrupted`` after the teardown (one landing during the teardown keeps the run's reason)."""
         try:
             with stop_on_signals(self.run, self.notices):
                 result = self.engine.execute()
@@ -277,13 +258,11 @@ class Trainer:
             self.close()
 
     def predict(self, data: Iterable[Any] | None = None) -> Any:
-        """The model's outputs over ``data`` (default: the val data) through the validation step, one
-        row per example in dataset order, gathered across the ranks (every rank gets them all)."""
+        """The model's outputs over ``data`` (default: the val data), one row per example, from every rank."""
         return run_over(self.driver, self.run, self.collective, data).outputs
 
     def _write_outputs(self, run: RunContext, finished: bool) -> None:
-        """The teardown's outputs, before the ``result``: ``model.pt`` (the trained weights, when the
-        run ended for its own reason) and ``lifecycle.mmd`` (the path it took, from its log)."""
+        """The teardown's ``model.pt`` (when the run ended for its own reason) and ``lifecycle.mmd``."""
         assert self.run_dir is not None and self.events is not None and self.events.path is not None
         state: dict[str, Any] | None = self.model.state_dict() if finished else None
         if self.sharding is not None and self.collective is not None:  # gathered from every rank (rank 0 holds it)
@@ -308,8 +287,7 @@ class Trainer:
 
 
 def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
-    """A sharded run's callbacks: those that need whole tensors refused by name; with checkpoints, every
-    rank gathers the state at epoch ends (:class:`GatherForCheckpoint`)."""
+    """A sharded run's callbacks: those needing whole tensors refused; checkpoints gathered by every rank."""
     refused = unshardable(callbacks)
     if refused:
         raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
@@ -321,7 +299,6 @@ def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCa
 def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:
     """This process's collective, when it is one of several ranks of an initialised process group."""
     import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return TorchCollective(device, agreement_timeout_s)
     return None
@@ -376,8 +353,7 @@ def _run_extras(extras: Mapping[str, Any] | None, train_loader: Iterable[Any], c
 
 def _find_resumption(collective: TorchCollective | None, settled: Settled | None, run_dir: Path,
                      which: str | Path) -> Resumption | Restart:
-    """Rank 0 chooses the checkpoint (and cleans up), or to start over in place when the log
-    committed none; every other rank continues from the same one (:mod:`fsmtrain.app.ranks`)."""
+    """The checkpoint to continue from (rank 0 chooses), or a restart in place when the log committed none."""
     if collective is None or settled is None:
         found = resumption_or_restart(run_dir, which)
         if isinstance(found, Resumption):

@@ -1,20 +1,10 @@
 """Run configs: loaded and checked in tiers (syntax, schema, resolution of dotted paths and their
-kwargs, semantic warnings) before anything is created on disk, with every problem reported at once;
-and the builders of what a config names. Commands load configs through :mod:`.world`.
-"""
+kwargs, semantic warnings) before anything is created on disk, every problem reported at once; and
+the builders of what a config names."""
 
 from __future__ import annotations
 
-from fsmtrain.app.config.builders import (
-    build_callbacks,
-    build_criterion,
-    build_data,
-    build_metrics,
-    build_model,
-    build_optimizer,
-    build_scheduler,
-    seed_everything,
-)
+from fsmtrain.app.config.builders import build_callbacks, build_optimizer, build_scheduler
 from fsmtrain.app.config.loading import apply_overrides, load_yaml
 from fsmtrain.app.config.optimize import build_pruner, build_sampler, trial_data
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
@@ -25,7 +15,7 @@ from fsmtrain.app.config.world import load_config, load_config_and_data, load_ru
 
 __all__ = [
     "ConfigError", "ConfigProblem", "OptimizeConfig", "RunConfig", "SearchParam", "apply_overrides",
-    "build_callbacks", "build_criterion", "build_data", "build_metrics", "build_model", "build_optimizer",
-    "build_pruner", "build_sampler", "build_scheduler", "config_from_dict", "load_config", "load_config_and_data",
-    "load_run_config", "load_yaml", "resolve_dotted", "resolved_dict", "seed_everything", "trial_data",
+    "build_callbacks", "build_optimizer", "build_pruner", "build_sampler", "build_scheduler", "config_from_dict",
+    "load_config", "load_config_and_data", "load_run_config", "load_yaml", "resolve_dotted", "resolved_dict",
+    "trial_data",
 ]

@@ -1,6 +1,5 @@
 """Blame a constructor's rejection on the config leaf that caused it (``optimizer_config.lr``): the
-key without which the constructor accepts the rest.
-"""
+key without which the constructor accepts the rest."""
 
 from __future__ import annotations
 

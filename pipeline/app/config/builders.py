@@ -11,6 +11,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from pydantic import BaseModel
+
 from fsmtrain.app.config.blame import blamed, built_from
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
 from fsmtrain.app.config.resolution import Kind, resolve_dotted
@@ -29,7 +31,6 @@ def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
     import numpy as np
     import torch
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -37,7 +38,6 @@ def seed_everything(seed: int) -> None:
 
 def build_model(cfg: RunConfig) -> nn.Module:
     from torch import nn
-
     model = resolve_dotted(cfg.net)(**cfg.net_config)
     if not isinstance(model, nn.Module):
         raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
@@ -46,7 +46,6 @@ def build_model(cfg: RunConfig) -> nn.Module:
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:
     from fsmtrain.training.sharding import FsdpOptions
-
     f = cfg.distributed.fsdp
     return FsdpOptions(f.shard, f.reshard_after_forward, f.mixed_precision.param_dtype,
                        f.mixed_precision.reduce_dtype, f.cpu_offload)
@@ -54,7 +53,6 @@ def fsdp_options(cfg: RunConfig) -> FsdpOptions:
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
     import torch
-
     opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
     assert isinstance(opt, torch.optim.Optimizer)
     closure = inspect.signature(opt.step).parameters.get("closure")
@@ -62,8 +60,7 @@ def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
         raise ConfigError([ConfigProblem(
             "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
             f"{cfg.optimizer}, whose step() requires a closure")], cfg.source_of("optimizer"))
-    # After the optimizer's own checks, which word what they refuse (a negative or NaN lr); torch
-    # takes lr=inf and trains to NaN at the first step, so every number it steps with must be finite.
+    # torch takes lr=inf and trains to NaN at the first step: every number it steps with must be finite
     bad = [ConfigProblem(path, f"a finite number ({cfg.optimizer} steps with it)", repr(value))
            for path, value in _non_finite(cfg.optimizer_config, "optimizer_config")]
     if bad:
@@ -85,7 +82,6 @@ def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
 def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     """``cfg.optimizers``, each over the parameters of its submodule of ``model``, as one NamedOptimizers."""
     from fsmtrain.training.optimizers import NamedOptimizers
-
     built: dict[str, torch.optim.Optimizer] = {}
     for name, oc in (cfg.optimizers or {}).items():
         try:
@@ -118,7 +114,6 @@ def _optimizer_over(part: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
 def build_named_schedulers(cfg: RunConfig, optimizers: Any) -> Any:
     """``cfg.schedulers``, each over its optimizer (by name), as one NamedSchedulers; None without any."""
     from fsmtrain.training.optimizers import NamedSchedulers
-
     if not cfg.schedulers:
         return None
     return NamedSchedulers({name: blamed(cfg, f"schedulers.{name}.kwargs", sc.target,
@@ -146,7 +141,6 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     from torch.utils.data import DataLoader
 
     from fsmtrain.training.data import make_loaders
-
     out = resolve_dotted(cfg.data)(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     if not isinstance(out, tuple) or len(out) != 2:
         raise ConfigError([ConfigProblem("data", "a builder returning (train, val)", type(out).__name__)])
@@ -170,11 +164,9 @@ def build_steps(cfg: RunConfig) -> tuple[Any, Any]:
 
 def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
                     trial: optuna.trial.Trial | Any | None = None) -> list[TrainingCallback]:
-    """The run's callbacks: the built-ins as configured, clipping and accumulation, then the user's
-    extras (the runner orders them by priority). ``trial``: anything with Optuna's ``report`` and
-    ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
+    """The run's callbacks as configured, then the user's extras. ``trial``: anything with Optuna's
+    ``report`` and ``should_prune`` (replay passes a recorded one); the pruner joins only with one."""
     import fsmtrain.callbacks as cb
-
     out = watching_callbacks(cfg.callbacks, cfg.max_epochs)
     if cfg.wandb.enabled:
         out.append(cb.WandbLoggingCallback(
@@ -186,17 +178,14 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
         out.append(cb.TensorBoardLoggingCallback(run_dir / "tensorboard"))
     if trial is not None:
         out.append(cb.PrunerCallback(trial))
-    es = cfg.early_stopping
-    if es.enabled:
-        out.append(cb.EarlyStoppingCallback(
-            patience=es.patience, mode=es.mode, min_delta=es.min_delta, monitor=es.monitor))
+    if cfg.early_stopping.enabled:
+        out.append(cb.EarlyStoppingCallback(**_options(cfg.early_stopping)))
     if run_dir is not None:
         out.append(cb.MetricsCsvCallback(run_dir / "metrics.csv"))
     if cfg.checkpoint.enabled and run_dir is not None:
         out.append(checkpoint_callback(cfg.checkpoint, run_dir))
     if cfg.grad_clip is not None:
-        gc = cfg.grad_clip
-        out.append(cb.GradientClippingCallback(max_norm=gc.max_norm, max_value=gc.max_value, norm_type=gc.norm_type))
+        out.append(cb.GradientClippingCallback(**_options(cfg.grad_clip)))
     if cfg.grad_accumulation > 1:
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
     if cfg.log_every_n_steps is not None:
@@ -212,29 +201,28 @@ def _construct(cls: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+def _options(section: BaseModel) -> dict[str, Any]:
+    """A config section's fields as its callback's keyword arguments (the names are the same)."""
+    return section.model_dump(exclude={"enabled"})
+
+
 def watching_callbacks(c: CallbacksConfig, epochs: int) -> list[TrainingCallback]:
     """The built-ins that only watch a run, as ``c`` enables them."""
     import fsmtrain.callbacks as cb
-
     out: list[TrainingCallback] = []
     if c.nan_detection.enabled:
         out.append(cb.NaNDetectionCallback())
     if c.optimizer_mode.enabled:
         out.append(cb.OptimizerModeCallback())
     if c.gradient_monitor.enabled:
-        out.append(cb.GradientMonitorCallback(warn_threshold=c.gradient_monitor.warn_threshold))
+        out.append(cb.GradientMonitorCallback(**_options(c.gradient_monitor)))
     if c.loss_prediction.enabled:
         out.append(cb.LossPredictionCallback(max_epochs=epochs))
     if c.overfit_detection.enabled:
-        out.append(cb.OverfitDetectionCallback(
-            warmup_epochs=c.overfit_detection.warmup_epochs, window_size=c.overfit_detection.window_size))
+        out.append(cb.OverfitDetectionCallback(**_options(c.overfit_detection)))
     return out
 
 
 def checkpoint_callback(ck: CheckpointConfig, run_dir: Path) -> TrainingCallback:
     import fsmtrain.callbacks as cb
-
-    return cb.CheckpointCallback(
-        run_dir / "checkpoints", save_every_n_epochs=ck.save_every_n_epochs, keep_last_k=ck.keep_last_k,
-        save_best=ck.save_best, monitor=ck.monitor, mode=ck.mode, save_latest=ck.save_latest,
-        background=ck.background, every_n_steps=ck.every_n_steps, every_minutes=ck.every_minutes)
+    return cb.CheckpointCallback(run_dir / "checkpoints", **_options(ck))

@@ -1,7 +1,5 @@
-"""The checks of the user's code that ``train``, ``validate`` and ``preflight`` share, so that what
-``train`` would refuse, the other two refuse in the same words: the constructors (cheaply, on a
-dummy parameter), the callbacks and their runner, and the data builder's arguments or one call.
-"""
+"""The checks of the user's code that ``train``, ``validate`` and ``preflight`` share, so all three
+refuse the same things in the same words: constructors, callbacks and the data builder."""
 
 from __future__ import annotations
 
@@ -34,14 +32,12 @@ from fsmtrain.training.sharding import unshardable
 __all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks",
            "data_failure"]
 
-UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"
-"""The run directory the checks build callbacks for, so the file-writing ones are checked too."""
+UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"  # so the file-writing callbacks are checked too
 
 
 def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, trial: Any = None,
                       extra: Sequence[TrainingCallback] = (), world_size: int = 1) -> list[TrainingCallback]:
-    """The run's callbacks as ``train`` builds them, ``extra`` added; a constructor or a runner that
-    rejects them is one ConfigError."""
+    """The run's callbacks as ``train`` builds them, ``extra`` added; a rejection is one ConfigError."""
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
     refused = unshardable(callbacks) if cfg.distributed.strategy == "fsdp" else []
     if refused:
@@ -62,7 +58,6 @@ def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback], world
     """A manual step's needs: one process, no callback on the hooks it leaves out, no fp16 scaling, its
     own val_step."""
     from fsmtrain.training.optimizers import is_manual, skipped_hooks
-
     step = build_steps(cfg)[0]
     if not is_manual(step):
         return
@@ -157,10 +152,8 @@ def _fits(value: Any, want: type) -> bool:
 
 
 def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
-    """What ``validate`` builds, and what it did with the data (its builder's arguments checked), for the
-    summary line; ``validate --data`` also runs the first batch (:func:`fsmtrain.app.preflight.check_first_batch`)."""
+    """What ``validate`` builds, and what it did with the data, for the summary line."""
     import torch
-
     model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")
     if not isinstance(model, torch.nn.Module):
         raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "

@@ -1,7 +1,5 @@
-"""The syntax tier of a run config: YAML with duplicate keys rejected and ``1e-3`` read as a float,
-and ``--set key.path=value`` overrides. A file over ``FSMTRAIN_MAX_CONFIG_BYTES`` (1 MB) is refused
-unread, and one whose aliases expand past ``MAX_CONFIG_NODES`` before anything walks it.
-"""
+"""The syntax tier of a run config: YAML with duplicate keys rejected, ``1e-3`` read as a float,
+size and alias-expansion bounds, and ``--set key.path=value`` overrides."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ MAX_CONFIG_BYTES_ENV = "FSMTRAIN_MAX_CONFIG_BYTES"
 DEFAULT_MAX_CONFIG_BYTES = 1_000_000
 MAX_CONFIG_NODES = 100_000
 
-# YAML 1.1 wants a dot and a signed exponent for floats, so ``1e-3`` would read as a string and
-# reach an optimizer as "1e-3". This resolver accepts the forms Python's float() accepts.
+# YAML 1.1 reads ``1e-3`` as a string; this resolver accepts the forms Python's float() accepts.
 _FLOAT_RE = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)[eE][-+]?[0-9]+
@@ -172,14 +169,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _index(part: str, items: list[Any]) -> int | None:
-    """``part`` as an index into ``items`` (``callbacks.extra.0``), or None when it is not one."""
-    if not part.isdigit():
-        return None
-    i = int(part)
-    return i if i < len(items) else None
-
-
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``"a.b=value"`` overrides to a copy of ``data``; ``value`` is parsed as YAML, and a number
     indexes a list (``callbacks.extra.0.kwargs.threshold=0.5``)."""
@@ -201,7 +190,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         for depth, part in enumerate(parts):
             where = ".".join(parts[:depth])
             if isinstance(node, list):
-                i = _index(part, node)
+                i = int(part) if part.isdigit() and int(part) < len(node) else None
                 if i is None:
                     span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
                     problems.append(ConfigProblem(key, f"an index of {where} {span}",

@@ -45,7 +45,6 @@ def _part_path(name: str, part: str) -> str:
 def _study_part_class(name: str, part: str) -> Any:
     """The sampler or pruner class ``name`` names; raises ``ResolveError``."""
     import optuna
-
     obj = import_dotted(_part_path(name, part))
     base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
     if not (inspect.isclass(obj) and issubclass(obj, base)):
@@ -70,7 +69,6 @@ def _nested(value: Any) -> Any:
 
 def _is_grid(cls: Any) -> bool:
     import optuna
-
     return inspect.isclass(cls) and issubclass(cls, optuna.samplers.GridSampler)
 
 

@@ -1,6 +1,5 @@
-"""The resolution tier of a run config: every dotted path imports (for real: that a user's module
-imports is part of the check) and is the right kind of object, its kwargs match its signature, and
-a requested accelerator exists."""
+"""The resolution tier of a run config: every dotted path imports (for real) and is the right kind of
+object, its kwargs match its signature, and a requested accelerator exists."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ _OLD_NAMES = {"pipeline": "fsmtrain", "callbacks": "fsmtrain.callbacks"}
 
 
 def _renamed(path: str) -> str | None:
-    """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists
-    (checked first: from a checkout the old folder would import as a second copy of fsmtrain)."""
+    """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists."""
     top, _, rest = path.partition(".")
     new = f"{_OLD_NAMES[top]}.{rest}" if top in _OLD_NAMES and rest else None
     if new is None:
@@ -112,7 +110,6 @@ def resolve_dotted(path: str) -> Any:
 def _is_kind(obj: Any, kind: Kind) -> bool:
     import torch
     from torch import nn
-
     cls = obj if inspect.isclass(obj) else None
     if kind is Kind.MODEL:
         return cls is not None and issubclass(cls, nn.Module)
@@ -286,11 +283,8 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
         return problems  # the CPU is always there: no need to ask torch
     import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        problems.append(ConfigProblem("device", "a device this machine has (no CUDA GPU is visible)", repr(device),
-                                      "cpu"))
-    if device == "mps" and not torch.backends.mps.is_available():
-        problems.append(ConfigProblem("device", "a device this machine has (MPS is not available)", repr(device),
-                                      "cpu"))
+    missing = ("no CUDA GPU is visible" if device.startswith("cuda") and not torch.cuda.is_available() else
+               "MPS is not available" if device == "mps" and not torch.backends.mps.is_available() else None)
+    if missing is not None:
+        problems.append(ConfigProblem("device", f"a device this machine has ({missing})", repr(device), "cpu"))
     return problems

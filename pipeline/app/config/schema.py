@@ -1,5 +1,5 @@
 """The schema tier of a run config: the pydantic models of every section (types, ranges, unknown
-keys refused); :func:`~fsmtrain.app.config.problems.schema_problems` words pydantic's errors."""
+keys refused)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from fsmtrain.app.config.problems import ConfigProblem
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 from fsmtrain.core.signals import preemption_signals
 
-# What is trained: the fields whose values shape the weights. A resume must keep them (the run's
-# config fingerprint is taken over them); a replay, which re-runs the callbacks on recorded losses,
-# cannot model a change to them.
+# What is trained: the fields that shape the weights, which a resume keeps and a replay cannot change
 TRAINING_FIELDS: tuple[str, ...] = (
     "net", "net_config", "optimizer", "optimizer_config", "scheduler", "scheduler_config", "criterion",
     "criterion_config", "data", "data_config", "batch_size", "metrics", "grad_clip", "grad_accumulation", "precision",
@@ -85,13 +83,9 @@ class OverfitOptions(Toggle):
     window_size: int = Field(default=5, ge=1)
 
 
-class ExtraCallback(_Section):
-    target: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
-class MetricConfig(_Section):
-    """An exact metric: a class with update/compute/reset (torchmetrics'), built with ``kwargs``."""
+class Target(_Section):
+    """A class named by its dotted path, built with ``kwargs``: an extra callback, an exact metric
+    (update/compute/reset, as torchmetrics'), a named optimizer's scheduler."""
 
     target: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -106,18 +100,13 @@ class NamedOptimizerConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-class SchedulerConfig(_Section):
-    target: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-
-
 class CallbacksConfig(_Section):
     nan_detection: Toggle = Field(default_factory=Toggle)
     optimizer_mode: Toggle = Field(default_factory=Toggle)
     gradient_monitor: GradientMonitorOptions = Field(default_factory=GradientMonitorOptions)
     loss_prediction: Toggle = Field(default_factory=Toggle)
     overfit_detection: OverfitOptions = Field(default_factory=OverfitOptions)
-    extra: list[ExtraCallback] = Field(default_factory=list)
+    extra: list[Target] = Field(default_factory=list)
 
 
 class GradClipConfig(_Section):
@@ -201,8 +190,7 @@ class OptimizeConfig(_Section):
     search_space: dict[str, SearchParam] = Field(default_factory=dict)
     # a trial averages the run objective over the first n_seeds of `seeds` (default: all of them)
     n_seeds: int | None = Field(default=None, ge=1)
-    # RDB storages (PostgreSQL, SQLite): a trial whose worker stops beating for grace_period seconds
-    # is failed and re-enqueued, at most max_retry times
+    # RDB storages: a trial silent for grace_period seconds is failed and retried, at most max_retry times
     heartbeat_interval: int = Field(default=60, ge=1)
     grace_period: int | None = Field(default=None, ge=1)
     max_retry: int = Field(default=3, ge=0)
@@ -216,8 +204,7 @@ class OptimizeConfig(_Section):
 
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
-# What torch.manual_seed (and a torch.Generator, which seeds the loaders' shuffle) accepts: a signed or an
-# unsigned 64-bit number. random.seed takes any int and numpy gets seed % 2**32, so this range is the bound.
+# What torch.manual_seed (and the loaders' torch.Generator) accepts: a signed or unsigned 64-bit number
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -259,12 +246,12 @@ class RunConfig(_Section):
     scheduler: str | None = None
     scheduler_config: dict[str, Any] = Field(default_factory=dict)
     optimizers: dict[str, NamedOptimizerConfig] | None = None  # several, by name (in place of optimizer)
-    schedulers: dict[str, SchedulerConfig] = Field(default_factory=dict)  # by the name of the optimizer each schedules
+    schedulers: dict[str, Target] = Field(default_factory=dict)  # by the name of the optimizer each schedules
     criterion: str = "torch.nn.MSELoss"
     criterion_config: dict[str, Any] = Field(default_factory=dict)
     data: str
     data_config: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, str | MetricConfig] = Field(default_factory=dict)
+    metrics: dict[str, str | Target] = Field(default_factory=dict)
     step: str | None = None  # the user's fn(model, batch) -> loss or {loss, ...}; default loss_fn(model(x), y)
     val_step: str | None = None  # the same for validation; default: step
     epochs: int | None = Field(default=None, gt=0)  # None: only max_steps ends the run
@@ -321,7 +308,7 @@ class RunConfig(_Section):
         return self.epochs if self.epochs is not None else UNBOUNDED_EPOCHS
 
     def source_of(self, path: str) -> str | None:
-        """Where the value at ``path`` came from: ``--set <item>`` if an override wrote it, else the file."""
+        """``--set <item>`` if an override wrote the value at ``path``, else the file."""
         item = override_of(path, self._overrides)
         return f"--set {item}" if item is not None else self._source
 
@@ -361,7 +348,7 @@ class RunConfig(_Section):
 
     @field_validator("metrics")
     @classmethod
-    def _metric_names(cls, v: dict[str, str | MetricConfig]) -> dict[str, str | MetricConfig]:
+    def _metric_names(cls, v: dict[str, str | Target]) -> dict[str, str | Target]:
         taken = sorted(BUILTIN_METRICS & set(v))
         if taken:
             raise ValueError(f"metric names other than {', '.join(sorted(BUILTIN_METRICS))} (fsmtrain computes "
@@ -371,7 +358,6 @@ class RunConfig(_Section):
     @field_validator("project", "name")
     @classmethod
     def _one_path_component(cls, v: str | None) -> str | None:
-        # Run directories are runs/<project>/<name>-seed<s>: neither may climb out of that folder.
         if v is not None and (v in (".", "..") or "/" in v or "\\" in v or "\x00" in v):
             raise ValueError(f"a single folder name (no '/', '\\', '.' or '..'), got {v!r}")
         return v

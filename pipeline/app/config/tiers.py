@@ -1,6 +1,5 @@
 """Every tier of a config at once: schema, resolution and the ``optimize:`` section, then the
-semantic warnings (never fatal). :func:`config_from_dict` is the one entry; the loader of the
-user's world (:mod:`fsmtrain.app.config.world`) calls it after the import path is set."""
+semantic warnings (never fatal)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ __all__ = ["config_from_dict"]
 def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
     found: list[ConfigProblem] = []
     es = cfg.early_stopping
-    # The default patience too: early stopping is on by default, and one that can never fire is a
-    # silent no-op the user should hear about (the warning says the value is the default).
+    # the default patience too: early stopping is on by default, and one that can never fire is silent
     if es.enabled and cfg.epochs is not None and es.patience >= cfg.epochs:
         chosen = "early_stopping" in cfg.model_fields_set and "patience" in es.model_fields_set
         found.append(ConfigProblem(

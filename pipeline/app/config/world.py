@@ -1,7 +1,5 @@
-"""One loader of the user's world for every command that takes a config or a run directory: the
-import path gets the config's folder, the folders the run recorded in its ``run_start`` and the
-working folder, so a config's dotted paths (``mynets.SmallCNN``) import the same from anywhere.
-"""
+"""Config loading for every command: the config's folder, the folders the run recorded and the
+working folder go on the import path, so a config's dotted paths import the same from anywhere."""
 
 from __future__ import annotations
 
@@ -59,9 +57,7 @@ def load_config_and_data(path: str | Path, overrides: Sequence[str] = (),
     """The config at ``path`` with ``overrides`` applied, validated, and the mapping it was made from
     (``fsmtrain hpo`` draws each trial's config from it)."""
     enter_user_world(Path(path).parent, recorded)
-    data = load_yaml(path)
-    if overrides:
-        data = apply_overrides(data, overrides)
+    data = apply_overrides(load_yaml(path), overrides)
     return _validated(data, str(path), overrides), data
 
 
@@ -82,18 +78,14 @@ def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
     """The resolved ``config.yaml`` of a run, with the run's recorded folders importable."""
     enter_user_world(None, recorded_folders(run_dir))
     path = run_dir / "config.yaml"
-    data = load_yaml(path)
-    if overrides:
-        data = apply_overrides(data, overrides)
-    return _validated(data, str(path), overrides)
+    return _validated(apply_overrides(load_yaml(path), overrides), str(path), overrides)
 
 
 def load_recorded_config(data: Mapping[str, Any], recorded: Iterable[str], overrides: Sequence[str] = (),
                          source: str = "recorded by the run") -> RunConfig:
     """A config a run's log recorded (replay rebuilds the run's callbacks from it)."""
     enter_user_world(None, recorded)
-    changed = apply_overrides(data, overrides) if overrides else dict(data)
-    return _validated(changed, source, overrides)
+    return _validated(apply_overrides(data, overrides), source, overrides)
 
 
 def _dotted_paths(cfg: RunConfig) -> list[str]:
@@ -131,7 +123,7 @@ def _import_root(module: Any) -> Path | None:
 
 def user_folders(cfg: RunConfig) -> list[str]:
     """The folders the config's own modules were imported from, outside fsmtrain and the installed
-    packages: what ``run_start`` records so that any command finds them again from anywhere."""
+    packages (``run_start`` records them)."""
     installed = _installed_roots()
     out: list[str] = []
     for path in _dotted_paths(cfg):

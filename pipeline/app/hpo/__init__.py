@@ -1,2 +1,1 @@
-"""Hyper-parameter search (``fsmtrain hpo``): the Optuna study a config's ``optimize:`` section
-describes, each trial one ordinary run per seed."""
+"""Hyper-parameter search (``fsmtrain hpo``): each trial one ordinary run per seed."""

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from fsmtrain.app.arg_types import config_args, positive_float, positive_int
+from fsmtrain.app.arg_types import config_args, overrides_of, positive_float, positive_int
 
 __all__ = ["cmd_hpo", "register_cli"]
 
@@ -14,11 +14,7 @@ __all__ = ["cmd_hpo", "register_cli"]
 def cmd_hpo(args: argparse.Namespace) -> int:
     from fsmtrain.app.config import load_config_and_data
     from fsmtrain.app.hpo.study import prepare, run_study
-
-    overrides = list(args.set or [])
-    if args.device:
-        overrides.append(f"device={args.device}")
-    cfg, data = load_config_and_data(args.config, overrides)
+    cfg, data = load_config_and_data(args.config, overrides_of(args))
     for w in cfg.warnings:
         print(f"warning: {w}", file=sys.stderr)
     plan = prepare(cfg, data, args.config, study=args.study, storage=args.storage, n_trials=args.n_trials,

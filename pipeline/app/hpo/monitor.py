@@ -75,7 +75,6 @@ class Monitor:
 
     def __init__(self, study: optuna.study.Study, launch: str, total: int, out: TextIO, *, live: bool) -> None:
         from optuna.trial import TrialState
-
         self.study, self.launch, self.total, self.out, self.live = study, launch, total, out, live
         self._finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         self.seen = {t.number for t in study.get_trials(deepcopy=False, states=self._finished)}

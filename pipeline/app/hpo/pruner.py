@@ -1,8 +1,5 @@
-"""``PredictedFinalLossPruner``: stop a trial whose extrapolated final loss cannot beat the study.
-
-It reads the prediction ``PrunerCallback`` copies into the trial's ``predicted_final_loss`` user
-attribute, so it decides on exactly the number the run's log records.
-"""
+"""``PredictedFinalLossPruner``: stop a trial whose extrapolated final loss cannot beat the study,
+read from the trial's ``predicted_final_loss`` attribute (the number the run's log records)."""
 
 from __future__ import annotations
 
@@ -61,15 +58,10 @@ class PredictedFinalLossPruner(BasePruner):
                      if t.value is not None and math.isfinite(t.value)]
         if len(completed) < max(self.n_startup_trials, 1):
             return False
-        predicted = found[1]
-        if study.direction == StudyDirection.MAXIMIZE:
-            best = max(completed)
-            limit = best - self.margin * abs(best)
-            hopeless = predicted < limit
-        else:
-            best = min(completed)
-            limit = best + self.margin * abs(best)
-            hopeless = predicted > limit
+        predicted, sign = found[1], -1 if study.direction == StudyDirection.MAXIMIZE else 1
+        best = min(completed) if sign > 0 else max(completed)
+        limit = best + sign * self.margin * abs(best)
+        hopeless = sign * (predicted - limit) > 0
         if hopeless:
             self.last_reason = (f"predicted final loss {predicted:.6g} at validation {step} is worse than the best "
                                 f"completed value {best:.6g} by more than {self.margin:g} (limit {limit:.6g})")

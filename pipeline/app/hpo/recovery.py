@@ -1,7 +1,6 @@
-"""Trials whose process stopped under them: FAILed as *lost* (``lost`` user attribute) and retried
-with their parameters, each seed resuming from its checkpoint. A RUNNING trial is failed only when
-its process is provably gone (same host, boot and pid namespace); any doubt is left to the heartbeat.
-"""
+"""Trials whose process stopped under them: FAILed as *lost* and retried with their parameters, each
+seed resuming from its checkpoint. A RUNNING trial is failed only when its process is provably gone
+(same host, boot and pid namespace); any doubt is left to the heartbeat."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def process_gone(who: Mapping[str, Any]) -> bool:
 
 
 def running(pid: int, started: Any = None) -> bool:
-    """Whether ``pid`` runs here and, with ``started``, is the process that started then: a zombie ran
-    its last instruction, another start time is another process under that pid."""
+    """Whether ``pid`` runs here (not a zombie) and, with ``started``, is the process that started then."""
     stat = _proc_stat(pid)
     return stat is not None and stat[0] != "Z" and (not isinstance(started, int) or stat[1] == started)
 
@@ -100,7 +98,6 @@ def _fail_lost(study: optuna.study.Study, trial: FrozenTrial, why: str) -> bool:
     """FAIL a RUNNING trial as lost; False when another process ended it first. (Optuna has no public
     call to fail another process's trial; this is what its ``fail_stale_trials`` does.)"""
     from optuna.trial import TrialState
-
     storage = study._storage
     with contextlib.suppress(Exception):  # ended meanwhile: the state change below says so
         storage.set_trial_user_attr(trial._trial_id, "error", why)
@@ -125,7 +122,6 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
     """FAIL the RUNNING trials of dead workers (``pids`` on this host) as lost and, with ``retry``,
     enqueue their retries (the journal storage has no heartbeat to do it)."""
     from optuna.trial import TrialState
-
     dead, host = set(pids), socket.gethostname()
     failed: list[int] = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -141,11 +137,9 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
 
 def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool = True,
             not_of: str | None = None) -> list[str]:
-    """Fail the RUNNING trials whose process is provably gone and, with ``unretried``, enqueue a
-    retry of every lost trial that has none; one line per trial touched. ``not_of``: a launch whose
-    workers are left to their own command."""
+    """Fail the RUNNING trials whose process is provably gone (not those of launch ``not_of``) and, with
+    ``unretried``, retry every lost trial that has none; one line per trial touched."""
     from optuna.trial import TrialState
-
     lines: list[str] = []
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}

@@ -1,9 +1,5 @@
-"""Sampler seeds no two workers of a study share: a seed proposes what it proposed before.
-
-Each seed taken is a study system attribute (``fsmtrain:sampler_seed:<seed>``, one key a seed, so
-claims never overwrite each other); a worker takes :func:`~fsmtrain.app.config.optimize.sampler_seed`'s
-seed unless it is taken, else one drawn from its launch, index and attempt.
-"""
+"""Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each
+taken seed is a study system attribute of its own, ``fsmtrain:sampler_seed:<seed>``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Where an Optuna study lives, by scale, and how to open it: a SQLite file for one process
-(``study.db``), Optuna's journal file for ``--workers K`` on one machine (``study.journal``: safe
-for concurrent writers), an RDB URL with heartbeats for many machines. Torch-free."""
+"""Where an Optuna study lives and how to open it: a SQLite file for one process, a journal file for
+``--workers K`` on one machine, an RDB URL with heartbeats for many machines. Torch-free."""
 
 from __future__ import annotations
 
@@ -70,11 +69,7 @@ class StorageSpec:
     @property
     def path(self) -> Path | None:
         """The file of a SQLite or journal storage."""
-        if self.kind is StorageKind.JOURNAL:
-            return Path(self.url)
-        if self.kind is StorageKind.SQLITE:
-            return Path(self.url.removeprefix("sqlite:///")) if self.url.startswith("sqlite:///") else None
-        return None
+        return None if self.kind is StorageKind.RDB else Path(self.url.removeprefix("sqlite:///"))
 
     def describe(self) -> str:
         what = {StorageKind.SQLITE: "SQLite file (one process)",
@@ -121,8 +116,8 @@ def _is_sqlite_file(path: Path) -> bool:
 
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
-    """The study folder's journal file when it holds one and no SQLite file, or for several workers;
-    else its SQLite file. A journal serves one process too, so ``validate`` finds a ``--workers`` study."""
+    """The study folder's journal file for several workers or when it holds one and no SQLite file;
+    else its SQLite file."""
     if workers > 1 or ((study_dir / JOURNAL_FILE).is_file() and not (study_dir / DB_FILE).is_file()):
         return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
@@ -139,12 +134,11 @@ class Heartbeat:
 
 
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
-    """Optuna's retry of stale trials, keeping the validations the pruner saw (the retry resumes the run).
-    It copies the trial's user attributes but :data:`WORKER_ATTR`, which names the dead process."""
+    """Optuna's retry of stale trials, keeping the validations the pruner saw, and the user attributes
+    but :data:`WORKER_ATTR`."""
     import copy
 
     from optuna import storages
-
     cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning
@@ -155,19 +149,16 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
             trial = copy.copy(trial)
             trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != WORKER_ATTR}
         retry(study, trial)
-
     return enqueue_retry
 
 
 def _sqlite_connector(path: str) -> Callable[[], Any]:
     def connect() -> Any:
-        # WAL, synchronous=NORMAL: a commit is no fsync and readers never block the writer; only a
-        # power cut may lose the last commits.
+        # WAL, synchronous=NORMAL: no fsync per commit, readers never block the writer
         conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
-
     return connect
 
 
@@ -187,8 +178,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
-    """Whether ``exc`` says another process was creating the same tables at the same time (then a
-    retry opens). Opening without creating, only a duplicate can be that race."""
+    """Whether ``exc`` says another process was creating the same tables at the same time."""
     name = type(exc).__name__
     if name == "IntegrityError" or (name == "ProgrammingError" and creating):  # PostgreSQL
         return True
@@ -205,18 +195,15 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
     """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
     with ``heartbeat``. An open that lost a set-up race is tried again, and ``say`` is told."""
     import optuna
-
     path = spec.path
     if not create and path is not None and not path.is_file():
         raise StorageError(spec.source, "an existing study storage", f"no file at {str(path)!r}")
     if spec.kind is StorageKind.JOURNAL:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
-
         try:
             if path is not None and create:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            # Absolute: the lock symlinks to it, and a relative target would dangle, so Optuna could
-            # not find a dead holder's stale lock.
+            # absolute: the lock symlinks to it, and a relative target would dangle
             return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
         except Exception as exc:
             raise StorageError(spec.source, "a journal file that can be opened",
@@ -254,7 +241,6 @@ def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None
         return None  # a new file: nothing to compare with
     if spec.kind is StorageKind.RDB:
         import sqlalchemy
-
         try:
             engine = sqlalchemy.create_engine(spec.url, **_engine_kwargs(spec.url))
             with engine.connect():
@@ -302,7 +288,6 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
         except FileNotFoundError:
             return None
         return st.st_ino, st.st_mtime_ns
-
     first = identity()
     if first is None:
         return False

@@ -1,8 +1,6 @@
 """Running a study: ``prepare`` checks everything before a file, folder or table exists;
-``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials (a
-retry included) in this process or in K worker processes. A retry left over stays WAITING for the
-next ``fsmtrain hpo``, and the summary says so.
-"""
+``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials in
+this process or in K worker processes."""
 
 from __future__ import annotations
 
@@ -56,8 +54,8 @@ def _problem(path: str, expected: str, found: str, source: str | None = None) ->
 
 def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, storage: str | None = None,
                 workers: int = 1) -> tuple[str, StorageSpec]:
-    """The checks that need the storage: it parses, it can be reached, a SQLite file is not shared by
-    several workers, and a study of that name does not exist with another direction. Reads only."""
+    """The checks that need the storage (reads only): it parses and can be reached, a SQLite file is not
+    shared by workers, and no study of that name has another direction."""
     opt = cfg.optimize
     if opt is None:
         raise _problem("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none", config_path)
@@ -80,8 +78,7 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
     except StorageError as exc:
         raise _problem(exc.source, exc.expected, exc.found, config_path) from None
     if directions is None and any(study_dir.glob("trial-*")):
-        # A new study in this storage would number its trials from 0 again, into run dirs that hold
-        # the trials of the study stored elsewhere: every trial would fail to claim its dir.
+        # a new study here would number its trials from 0 again, into the run dirs of one stored elsewhere
         held = [f for f in (DB_FILE, JOURNAL_FILE) if (study_dir / f).is_file()]
         where = f" ({', '.join(held)} there)" if held else ""
         blamed = "--workers" if text is None and workers > 1 else source
@@ -111,10 +108,8 @@ def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: st
                      None if limit is None else time.time() + limit, workers, config_path)
 
 
-# --- the study ---------------------------------------------------------------------------------
 def _create(plan: StudyPlan) -> optuna.study.Study:
     import optuna
-
     quiet_optuna()
     storage = open_storage(plan.storage, None)
     study = optuna.create_study(study_name=plan.trial.study, storage=storage, direction=plan.optimize.direction,
@@ -156,9 +151,8 @@ class HelperDied(Exception):
 class _Workers:
     def __init__(self, plan: StudyPlan, out: TextIO) -> None:
         self.plan, self.out = plan, out
-        # Not fork: this process holds storage connections (and torch's state) a child must not
-        # share. A fork server imports torch and the trial code once and forks every worker from
-        # that clean process, so K workers start in about the time of one import, not K of them.
+        # not fork: this process holds storage connections a child must not share; the fork server
+        # imports torch and the trial code once, so K workers start in about the time of one import
         self.ctx: Any = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(_PRELOAD)
         self.shared = self.ctx.Value("i", self.plan.n_trials)
@@ -178,9 +172,8 @@ class _Workers:
         return running(proc.pid, self.started[proc.pid])
 
     def reap(self, study: optuna.study.Study) -> None:
-        """Note workers that died; FAIL (and re-enqueue) the trials they left RUNNING; replace them
-        while trials remain. A worker reported ended while its process still runs means the forkserver
-        died (it reports its children's exits): :class:`HelperDied`."""
+        """FAIL (and re-enqueue) the trials of workers that died, and replace them while trials remain.
+        A worker reported ended while its process still runs means the forkserver died: HelperDied."""
         ended = {i: p for i, p in self.procs.items() if p.exitcode not in (None, 0, INTERRUPTED)}
         if any(self._running(p) for p in ended.values()):
             raise HelperDied
@@ -200,9 +193,8 @@ class _Workers:
         return any(p.exitcode is None for p in self.procs.values())
 
     def stop(self, study: optuna.study.Study, signum: int) -> list[int]:
-        """Send every worker ``signum``; each ends its trial as its worker rules say, and exits (one
-        that does not within 60 s is killed). Waits on the pids, not on the forkserver's reports.
-        Returns the trials left RUNNING, now FAILed (stopped, not retried)."""
+        """Send every worker ``signum`` (SIGKILL after 60 s), waiting on the pids; the trials left
+        RUNNING, now FAILed (not retried)."""
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HANDLED}  # a second one must not orphan them
         try:
             for sig, wait in ((signum, 60.0), (signal.SIGKILL, 10.0)):
@@ -224,8 +216,8 @@ class _Workers:
 
 
 def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
-    """Create (or load) the study and run it; returns the exit code: 0; 1 when a worker or the
-    forkserver died or every trial of this command failed; 128 + the signal that stopped it."""
+    """Create (or load) the study and run it: exit 0; 1 when a worker or the forkserver died or every
+    trial failed; 128 + the signal that stopped it."""
     try:
         with sigterm_interrupts():
             Path(plan.trial.study_dir).mkdir(parents=True, exist_ok=True)
@@ -249,7 +241,6 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         def watch() -> None:
             while not stop.wait(0.5):
                 monitor.poll()
-
         watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
         watcher.start()
         try:

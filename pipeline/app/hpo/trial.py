@@ -1,10 +1,7 @@
-"""One trial of a study: its parameters set in the config, each seed an ordinary, audited run.
-
-The value is the mean of the seeds' objectives; a diverged seed makes it the worst value (the NaN
-kept in ``seed_objectives``) and ends the trial; the first seed reports its validations for pruning;
-an exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8).
-Each seed runs in ``<study dir>/trial-<n>-seed<s>/``, named by the trial's ``run_dirs`` attribute.
-"""
+"""One trial of a study: its parameters set in the config, each seed an ordinary, audited run in
+``<study dir>/trial-<n>-seed<s>/``. The value is the mean of the seeds' objectives; a diverged seed
+makes it the worst value and ends the trial; the first seed reports its validations for pruning; an
+exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8)."""
 
 from __future__ import annotations
 
@@ -74,8 +71,7 @@ def suggest(trial: optuna.trial.Trial, path: str, param: SearchParam) -> Any:
 
 
 def trial_config(plan: TrialPlan, params: Mapping[str, Any]) -> RunConfig:
-    """The run config of a trial: the study's config with ``params`` set, without ``optimize``,
-    so the trial's ``config.yaml`` is exactly what ``fsmtrain train`` reproduces it with."""
+    """The study's config with ``params`` set, without ``optimize`` (what ``fsmtrain train`` reproduces)."""
     return config_from_dict(trial_data(plan.data, params), f"{plan.source} (trial parameters {dict(params)})")
 
 
@@ -97,11 +93,9 @@ def _retry_of(trial: optuna.trial.Trial) -> tuple[int | None, dict[int, Path]]:
 
 
 def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: int) -> Path | None:
-    """A retried trial inherits the run dirs of the trial whose worker died: a seed whose run there
-    committed a checkpoint continues from it in place (its log shows the ``resume``); otherwise the
-    seed starts over in the retry's own dir. Either way the trial's attributes say which."""
+    """A retried trial's seed continues in place the run of the trial it retries when that committed a
+    checkpoint; otherwise it starts over in its own dir. The trial's ``resume`` attribute says which."""
     from fsmtrain.training.resume import ResumeError, find_resumption
-
     old = previous.get(seed)
     if old is None or not (old / "events.jsonl").is_file():
         return None
@@ -122,8 +116,7 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
 
 
 def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
-    """Wait until no live process holds ``old``: a trial failed under a worker that had stalled past
-    the heartbeat's grace period is still running there until its next report stops it."""
+    """Wait until no live process holds ``old`` (a worker stalled past the heartbeat's grace period)."""
     if not in_use(old):
         return True
     print(f"trial {trial.number}: {old} is still in use by the process the trial it retries was failed under; "
@@ -145,7 +138,6 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     import optuna
 
     from fsmtrain.app.job import train_seed
-
     worst = -math.inf if plan.direction == "maximize" else math.inf
     objectives: dict[str, float] = {}
     run_dirs: dict[str, str] = {}
@@ -196,9 +188,8 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
 
 
 def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
-    """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal
-    stopped, and nothing for a signal that came once the run had ended for its own reason (the
-    trial keeps the run's outcome; the worker starts no further trial)."""
+    """What a seed's run raises in its trial: its error, KeyboardInterrupt for a run a signal stopped,
+    nothing for a signal after the run had ended for its own reason (the run counts)."""
     result = run.result
     if result is not None and result.stop_reason is StopReason.INTERRUPTED:
         return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()

@@ -1,9 +1,6 @@
-"""One worker of a study: one trial a ticket, until the tickets or the time run out.
-
-A worker catches SIGINT and SIGTERM, so a signal never lands in a storage write: a trial it stops
-FAILs as lost (the next ``fsmtrain hpo`` retries it), no further trial starts, and the worker raises
-:class:`~fsmtrain.core.engine.Interrupted` (a worker process exits 130).
-"""
+"""One worker of a study: one trial a ticket, until the tickets or the time run out. It catches
+SIGINT and SIGTERM, so a signal never lands in a storage write: the trial FAILs as lost, no further
+trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)."""
 
 from __future__ import annotations
 
@@ -62,18 +59,15 @@ class Tickets:
 
 def quiet_optuna() -> None:
     import optuna
-
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the monitor prints one line per trial
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="optuna")
-    # A retry resumes its run from the last checkpoint: a validation the lost run had reported after
-    # that checkpoint is reported again, and Optuna keeps the value it has. Nothing to warn about.
+    # a retry reports again the validations its lost run reported after its last checkpoint
     warnings.filterwarnings("ignore", message="The reported value is ignored because this `step=")
 
 
 def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
     import optuna
-
     storage = open_storage(plan.storage, plan.heartbeat)
     seed = None
     configured = plan.optimize.sampler_config.get("seed")
@@ -87,10 +81,8 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
 
 
 def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
-    """One worker: one trial a ticket (a retry Optuna or an earlier run enqueued comes first), until
-    the tickets or the time run out; a grid that is used up waits, on a heartbeat storage, for the
-    trials running elsewhere, whose retries it may still have to run. A caught signal raises
-    :class:`~fsmtrain.core.engine.Interrupted` before the next trial (see the module docstring)."""
+    """One worker: one trial a ticket (enqueued retries first); a used-up grid on a heartbeat storage
+    waits for the trials running elsewhere, whose retries it may still have to run."""
     with caught(escalate=False) as signals:
         stop_here = signals.raise_if_signalled if signals is not None else lambda: None  # off the main thread
         _run_trials(plan, tickets, index, stop_here)
@@ -100,7 +92,6 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
 def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
     import optuna
     from optuna.trial import TrialState
-
     quiet_optuna()
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
@@ -112,12 +103,10 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     if plan.heartbeat is not None:
         pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
         grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
-    def reclaim_gone() -> None:  # a trial whose process died on this host: failed and retried at once
-        # (a sibling worker of this command is its parent's to fail and retry, which says so)
+    def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
             print(line, file=sys.stderr, flush=True)
-
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
@@ -162,9 +151,8 @@ def _taking(objective: Callable[[Any], float], taken: list[int], trial: Any) -> 
 
 
 def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
-    """Why Optuna could not tell the trial this worker ran, when another process had already
-    finished it (a heartbeat storage fails a trial whose heartbeat is older than the grace period,
-    also under a live worker that stalled); None when that is not why."""
+    """Why Optuna could not tell the trial this worker ran, when another process had already finished
+    it (a stale heartbeat); None when that is not why."""
     if not taken:
         return None
     frozen = study._storage.get_trial(taken[-1])
