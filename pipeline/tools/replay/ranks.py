@@ -1,9 +1,6 @@
-"""One rank of a multi-process run, replayed: the other ranks as this rank's log recorded them.
-
-:class:`RecordedRanks` is the run's collective and failure board: it gives back another rank's stop
-request, signal or failure at the phase, epoch and step where this rank met it, so the engine
-agrees as it did live.
-"""
+"""One rank of a multi-process run, replayed: :class:`RecordedRanks` is the run's collective and
+failure board, as this rank's log recorded the others: it gives back another rank's stop request,
+signal or failure at the phase, epoch and step where this rank met it, so the engine agrees as it did."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from fsmtrain.core.consensus import Failure, RankFailed, proposal_of
 from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
-from fsmtrain.tools.replay.recording import signal_of, split_source
+from fsmtrain.tools.replay.recording import interrupt_of, split_source
 
 __all__ = ["RecordedRanks", "recorded_ranks"]
 
@@ -106,11 +103,8 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
                                   Phase(payload.get("requested_phase", where[0])))
             out.append(_Contribution(*where, payload["rank"], proposal_of(request, None),
                                      (source, request.message)))
-        elif e.get("event") == "exception" and payload.get("interrupt"):
-            source, origin = split_source(str(payload.get("source", "")))
-            signum = signal_of(source)
-            if origin is not None and origin != rank and signum is not None:
-                out.append(_Contribution(*where, origin, proposal_of(None, signum), None))
+        elif (sig := interrupt_of(e)) is not None and isinstance(origin := sig[1], int) and origin != rank:
+            out.append(_Contribution(*where, origin, proposal_of(None, sig[0]), None))
     return RecordedRanks(rank, world, out, _peer_failure(events))
 
 
