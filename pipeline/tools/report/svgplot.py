@@ -133,7 +133,8 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                width: int = 760, height: int = 300, integer_x: bool = True,
                legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
     """A line chart; ``log_y`` drops values <= 0 and a long series is drawn reduced, each noted below it."""
-    dropped = sum(1 for s in series for y in s.y if y is not None and not drawable(y, log_y))
+    floor = 0.0 if log_y else -math.inf  # as ``drawable``, inline: a long series is a million values
+    dropped = sum(1 for s in series for y in s.y if y is not None and not floor < y < math.inf)
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
     series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
     xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if drawable(y, log_y)]
