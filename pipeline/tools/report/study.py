@@ -140,9 +140,8 @@ def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
     if last:
         series.append(Series("pruned trial (last reported value)", [n for n, _ in last], [v for _, v in last],
                              GREY, line=False))
-    values = [v for s in series for v in s.y]
     return line_chart("plot-history", f"Optimization history ({'minimize' if minimize else 'maximize'})",
-                      series, x_label="trial", y_label="objective", log_y=_positive(values))
+                      series, x_label="trial", y_label="objective", log_y=_positive([v for s in series for v in s.y]))
 
 
 def _importances(study: Any) -> str:
