@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from html import escape
 from pathlib import Path
 
@@ -63,19 +62,15 @@ def check_output(path: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
+    """Write ``path`` whole or not at all (a temp file beside it, then a rename)."""
     check_output(path)  # else the error would name the temp file, not the path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is an ordinary file
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
