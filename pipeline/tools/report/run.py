@@ -176,27 +176,21 @@ def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:
             + "".join(rows) + "</table>")
 
 
-def _distinct_files(run_dir: Path, paths: list[str]) -> int:
-    """How many files ``paths`` are: hard links of one file count once; a missing name counts as one."""
-    files: set[tuple[int, int] | str] = set()
-    for path in paths:
-        try:
-            st = (run_dir / path).stat()
-        except OSError:
-            files.add(path)
-            continue
-        files.add((st.st_dev, st.st_ino))
-    return len(files)
+def _file_id(path: Path) -> tuple[int, int] | str:
+    """Which file ``path`` is: hard links of one file share it; a missing name is one of its own."""
+    try:
+        st = path.stat()
+    except OSError:
+        return str(path)
+    return st.st_dev, st.st_ino
 
 
 def _checkpoint_panel(data: RunData) -> str:
     """The files the run keeps (each path's last write, unless removed), then every write: one write
     under several names (hard links) is one write, named by one sha256."""
-    last: dict[str, dict[str, Any]] = {}
-    for ck in data.checkpoints:
-        last[str(ck.get("path"))] = ck
+    last = {str(ck.get("path")): ck for ck in data.checkpoints}
     kept = [ck for ck in last.values() if not ck.get("removed")]
-    files = _distinct_files(data.events_path.parent, [str(ck.get("path")) for ck in kept])
+    files = len({_file_id(data.events_path.parent / str(ck.get("path"))) for ck in kept})
     writes = len({(ck.get("sha256"), ck.get("epoch")) for ck in data.checkpoints})
     if not data.checkpoints:
         body = '<p class="note">no checkpoint was written</p>'
@@ -209,13 +203,11 @@ def _checkpoint_panel(data: RunData) -> str:
 
 
 def _time_plots(data: RunData) -> list[str]:
-    phases, callbacks = data.table.totals("phase"), data.table.totals("callback")
     # shares of the epochs' time, as the audit gives them (a callback's hooks run inside its epoch)
     total = data.table.totals("time").get("epoch", 0.0)
-    return [bar_chart("plot-phase-time", "Time per phase (share of epoch time)", list(phases.items()),
-                      color=PALETTE[0], total=total),
-            bar_chart("plot-callback-time", "Time per callback (share of epoch time)", list(callbacks.items()),
-                      color=PALETTE[1], total=total)]
+    return [bar_chart(f"plot-{kind}-time", f"Time per {kind} (share of epoch time)",
+                      list(data.table.totals(kind).items()), color=PALETTE[i], total=total)
+            for i, kind in enumerate(("phase", "callback"))]
 
 
 def _audit_panel(report: AuditReport) -> str:

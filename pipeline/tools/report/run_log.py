@@ -109,6 +109,9 @@ class RunData:
     path_problem: str | None = None  # why the path diagram cannot be drawn
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
     x: list[int] = field(default_factory=list)  # each row's epoch, from 1
+    again: Any = None  # the last internal move's line, its key and how often it came again
+    again_key: tuple[str, str, str] = ("", "", "")
+    repeats: int = 0
 
     def setting(self, source: str, key: str, *config_path: str) -> float | None:
         """A callback's setting from its ``callback_settings`` event, else from the run's config."""
@@ -122,10 +125,16 @@ class RunData:
 
     def read(self, n: int, rec: dict[str, Any]) -> None:
         """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
+        if rec is self.again:  # the audit gives each per-batch line as one dict: that internal move again
+            self.repeats += 1
+            return
         if rec.get("event") == "transition" and (
                 type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
             # the common line, past the checks of ``record``
             self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
+            if src == dst:
+                self._count_repeats()
+                self.again, self.again_key = rec, (src, dst, trig)
             return
         try:
             self.path.record(rec, f"line {n}")
@@ -133,7 +142,13 @@ class RunData:
             self.path_problem = self.path_problem or str(exc)
         _read_event(self, rec)
 
+    def _count_repeats(self) -> None:
+        if self.repeats:
+            self.path.run.counts[self.again_key] += self.repeats
+            self.repeats = 0
+
     def finish(self, lines: int) -> RunData:
+        self._count_repeats()
         self.lines = lines
         if lines == 0 or (not len(self.table) and self.run_id == "?"):
             raise ReportError(f"{self.events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
