@@ -23,6 +23,7 @@ __all__ = ["SEGMENT_ONLY", "Interruption", "RecordedEpoch", "RecordedTrial", "Re
 
 _ON_RANK = re.compile(r" on rank (\d+)$")
 SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # jsonable's spelling of non-finite floats, undone
 
 
 class ReplayError(ValueError):
@@ -194,7 +195,7 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             last_step = gs
         if kind == "epoch":
             batches = int(payload.get("batches", 0))
-            slots = {str(k): _number_or_value(v) for k, v in (payload.get("slots") or {}).items()}
+            slots = {str(k): as_float(v) if v in _NON_FINITE else v for k, v in (payload.get("slots") or {}).items()}
             epochs.append(RecordedEpoch(len(epochs), _floats(payload.get("metrics")), slots, batches,
                                         cut=payload.get("cut") is True))
             step_at_epoch_start = int(e.get("global_step") or step_at_epoch_start + batches)
@@ -280,8 +281,3 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
                 continue
             out.append(e)
     return out
-
-
-def _number_or_value(value: Any) -> Any:
-    """Undo :func:`fsmtrain.core.events.jsonable`'s spelling of non-finite floats."""
-    return as_float(value) if value in ("NaN", "Infinity", "-Infinity") else value

@@ -3,6 +3,7 @@ inline SVG, with no JavaScript; a Content-Security-Policy forbids every request,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from html import escape
@@ -78,22 +79,18 @@ def _events_of(target: str) -> Path | None:
     """The run log ``target`` names (a run directory or the log itself), or None for a study."""
     path = Path(target)
     if path.is_dir():
-        events = path / "events.jsonl"
-        if not events.is_file() and storage_arg(target) != target:
+        if (path / "events.jsonl").is_file():
+            return path / "events.jsonl"
+        if storage_arg(target) != target:
             return None  # a study folder: its storage file
-        if not events.is_file():
-            raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
-                              "or a study storage (a SQLite file, an Optuna journal file or a URL)")
-        return events
+        raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
+                          "or a study storage (a SQLite file, an Optuna journal file or a URL)")
     if path.is_file():
         with open(path, "rb") as fh:
             first = fh.readline(1 << 16)
-        try:
+        with contextlib.suppress(ValueError):
             rec = json.loads(first)
-        except ValueError:
-            return None
-        if isinstance(rec, dict) and "event" in rec:
-            return path
+            return path if isinstance(rec, dict) and "event" in rec else None
     return None
 
 
