@@ -20,14 +20,12 @@ __all__ = ["register_cli"]
 def _events_files(target: Path) -> list[Path]:
     if target.is_file():
         return [target]
-    if target.is_dir():
-        if (target / EVENTS_FILE).is_file():
-            return [target / EVENTS_FILE]
-        found = sorted(target.rglob(EVENTS_FILE))
-        if found:
-            return found
+    if not target.is_dir():
+        raise ReplayError(f"{target} does not exist: expected an {EVENTS_FILE} file or a directory of runs")
+    found = [target / EVENTS_FILE] if (target / EVENTS_FILE).is_file() else sorted(target.rglob(EVENTS_FILE))
+    if not found:
         raise ReplayError(f"no {EVENTS_FILE} under {target}: expected a run directory or a directory of runs")
-    raise ReplayError(f"{target} does not exist: expected an {EVENTS_FILE} file or a directory of runs")
+    return found
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[str]]:
