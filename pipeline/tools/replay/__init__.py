@@ -8,40 +8,17 @@ from typing import TYPE_CHECKING
 
 from fsmtrain.core.exports import lazy_exports
 
-_REPLAYER = "fsmtrain.tools.replay.replayer"
 _RECORDING = "fsmtrain.tools.replay.recording"
-_RESULT = "fsmtrain.tools.replay.result"
+__all__ = ["RecordedTrial", "Recording", "ReplayError", "ReplayResult", "TrialReport", "compare_traces",
+           "load_recording", "replay_losses", "replay_run"]
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "ReplayDriver": _REPLAYER, "RecordingExhausted": _REPLAYER, "replay_losses": _REPLAYER, "replay_run": _REPLAYER,
-    "check_replayable": _REPLAYER,
-    "RecordedEpoch": _RECORDING, "RecordedTrial": _RECORDING, "Recording": _RECORDING, "ReplayBatch": _RECORDING,
-    "ReplayError": _RECORDING, "TrialReport": _RECORDING, "load_recording": _RECORDING,
-    "recording_from_events": _RECORDING,
-    "Divergence": _RESULT, "ReplayResult": _RESULT, "compare_traces": _RESULT, "normalize_event": _RESULT,
+    "RecordedTrial": _RECORDING, "Recording": _RECORDING, "ReplayError": _RECORDING, "TrialReport": _RECORDING,
+    "load_recording": _RECORDING, "ReplayResult": "fsmtrain.tools.replay.result",
+    "compare_traces": "fsmtrain.tools.replay.result", "replay_losses": "fsmtrain.tools.replay.replayer",
+    "replay_run": "fsmtrain.tools.replay.replayer",
 })
 
-__all__ = [
-    "Divergence", "RecordedEpoch", "RecordedTrial", "Recording", "RecordingExhausted", "ReplayBatch", "ReplayDriver",
-    "ReplayError", "ReplayResult", "TrialReport", "check_replayable", "compare_traces", "load_recording",
-    "normalize_event", "recording_from_events", "replay_losses", "replay_run",
-]
-
 if TYPE_CHECKING:
-    from fsmtrain.tools.replay.recording import (
-        RecordedEpoch,
-        RecordedTrial,
-        Recording,
-        ReplayBatch,
-        ReplayError,
-        TrialReport,
-        load_recording,
-        recording_from_events,
-    )
-    from fsmtrain.tools.replay.replayer import (
-        RecordingExhausted,
-        ReplayDriver,
-        check_replayable,
-        replay_losses,
-        replay_run,
-    )
-    from fsmtrain.tools.replay.result import Divergence, ReplayResult, compare_traces, normalize_event
+    from fsmtrain.tools.replay.recording import RecordedTrial, Recording, ReplayError, TrialReport, load_recording
+    from fsmtrain.tools.replay.replayer import replay_losses, replay_run
+    from fsmtrain.tools.replay.result import ReplayResult, compare_traces

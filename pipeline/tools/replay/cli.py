@@ -20,14 +20,12 @@ __all__ = ["register_cli"]
 def _events_files(target: Path) -> list[Path]:
     if target.is_file():
         return [target]
-    if target.is_dir():
-        if (target / EVENTS_FILE).is_file():
-            return [target / EVENTS_FILE]
-        found = sorted(target.rglob(EVENTS_FILE))
-        if found:
-            return found
+    if not target.is_dir():
+        raise ReplayError(f"{target} does not exist: expected an {EVENTS_FILE} file or a directory of runs")
+    found = [target / EVENTS_FILE] if (target / EVENTS_FILE).is_file() else sorted(target.rglob(EVENTS_FILE))
+    if not found:
         raise ReplayError(f"no {EVENTS_FILE} under {target}: expected a run directory or a directory of runs")
-    raise ReplayError(f"{target} does not exist: expected an {EVENTS_FILE} file or a directory of runs")
+    return found
 
 
 def _parse_sweep(spec: str) -> tuple[str, list[str]]:
@@ -36,18 +34,6 @@ def _parse_sweep(spec: str) -> tuple[str, list[str]]:
     if not sep or not key.strip() or not items:
         raise ReplayError(f"--sweep expects KEY=V1,V2,... (e.g. early_stopping.patience=5,10,20), got {spec!r}")
     return key.strip(), items
-
-
-def _parse_sets(sets: Sequence[str]) -> list[str]:
-    for s in sets:
-        key, sep, _ = s.partition("=")
-        if not sep or not key.strip():
-            raise ReplayError(f"--set expects KEY=VALUE (e.g. early_stopping.patience=5), got {s!r}")
-    return list(sets)
-
-
-def _fmt_loss(v: float | None) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:.6g}"
 
 
 def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequence[str], as_json: bool) -> int:
@@ -63,23 +49,20 @@ def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequenc
                 print(f"fsmtrain replay: skipped {f}: {exc}", file=sys.stderr)
                 status = 2
                 break
-            rows.append({
-                "run": str(f.parent), "value": v,
-                "stop_epoch": res.stop_epoch, "stop_reason": res.stop_reason.value if res.stop_reason else None,
-                "unknown_after": res.exhausted_after, "best_val_loss": res.best_val_loss,
-                "recorded_epochs": res.recorded_epochs,
-            })
+            rows.append({"run": str(f.parent), "value": v, "stop_epoch": res.stop_epoch,
+                         "stop_reason": res.stop_reason.value if res.stop_reason else None,
+                         "unknown_after": res.exhausted_after, "best_val_loss": res.best_val_loss,
+                         "recorded_epochs": res.recorded_epochs})
     if as_json:
         print(json.dumps(jsonable({"key": key, "rows": rows}), indent=2))
         return status
-    short = key.rsplit(".", 1)[-1]
-    header = ("run", short, "stop epoch", "stop reason", "best val loss", "recorded epochs")
-    table = [header]
+    table = [("run", key.rsplit(".", 1)[-1], "stop epoch", "stop reason", "best val loss", "recorded epochs")]
     for r in rows:
         stop = str(r["stop_epoch"]) if r["stop_epoch"] is not None else f">{r['unknown_after']} (unknown)"
-        table.append((r["run"], r["value"], stop, r["stop_reason"] or "-", _fmt_loss(r["best_val_loss"]),
-                      str(r["recorded_epochs"])))
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+        loss = r["best_val_loss"]
+        table.append((r["run"], r["value"], stop, r["stop_reason"] or "-",
+                      "-" if loss is None or not math.isfinite(loss) else f"{loss:.6g}", str(r["recorded_epochs"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return status
@@ -90,10 +73,12 @@ def _cmd(args: argparse.Namespace) -> int:
 
     try:
         files = _events_files(Path(args.events))
-        sets = _parse_sets(args.set or [])
+        sets = list(args.set or [])
+        bad = next((s for s in sets if not s.partition("=")[1] or not s.partition("=")[0].strip()), None)
+        if bad is not None:
+            raise ReplayError(f"--set expects KEY=VALUE (e.g. early_stopping.patience=5), got {bad!r}")
         if args.sweep:
-            key, values = _parse_sweep(args.sweep)
-            return _sweep(files, key, values, sets, args.json)
+            return _sweep(files, *_parse_sweep(args.sweep), sets, args.json)
         status = 0
         reports = []
         for f in files:

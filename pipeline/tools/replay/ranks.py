@@ -1,9 +1,6 @@
-"""One rank of a multi-process run, replayed: the other ranks as this rank's log recorded them.
-
-:class:`RecordedRanks` is the run's collective and failure board: it gives back another rank's stop
-request, signal or failure at the phase, epoch and step where this rank met it, so the engine
-agrees as it did live.
-"""
+"""One rank of a multi-process run, replayed: :class:`RecordedRanks` is the run's collective and
+failure board, as this rank's log recorded the others: it gives back another rank's stop request,
+signal or failure at the phase, epoch and step where this rank met it, so the engine agrees as it did."""
 
 from __future__ import annotations
 
@@ -15,16 +12,14 @@ from fsmtrain.core.consensus import Failure, RankFailed, proposal_of
 from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
-from fsmtrain.tools.replay.recording import signal_of, split_source
+from fsmtrain.tools.replay.recording import interrupt_of, split_source
 
 __all__ = ["RecordedRanks", "recorded_ranks"]
 
 
 @dataclass(frozen=True)
 class _Contribution:
-    phase: str  # where the ranks agreed (the log line's phase, epoch and global step)
-    epoch: int
-    global_step: int
+    where: tuple[str, int, int]  # where the ranks agreed (the log line's phase, epoch and global step)
     rank: int
     row: list[int]
     said: tuple[str, str] | None  # the winner's source and message
@@ -36,9 +31,7 @@ class PeerFailure:
 
     failure: Failure
     symptom: str | None  # what broke here (a collective's error); None: seen at an agreement point
-    phase: str
-    epoch: int
-    global_step: int
+    where: tuple[str, int, int]  # the phase, epoch and global step
 
 
 class RecordedRanks:
@@ -61,14 +54,14 @@ class RecordedRanks:
     def breaks_in(self, phase: Phase, epoch: int) -> bool:
         """Whether another rank's failure broke this rank's collective in that phase of that epoch."""
         f = self.peer_failure
-        return f is not None and f.symptom is not None and (f.phase, f.epoch) == (phase.value, epoch)
+        return f is not None and f.symptom is not None and f.where[:2] == (phase.value, epoch)
 
     def symptom_at(self, phase: Phase, epoch: int) -> str | None:
         """The collective's error this rank met here, when another rank's failure broke it here."""
         f, run = self.peer_failure, self.run
-        if f is None or f.symptom is None or run is None or (f.phase, f.epoch) != (phase.value, epoch):
+        if f is None or run is None or not self.breaks_in(phase, epoch) or run.global_step != f.where[2]:
             return None
-        return f.symptom if run.global_step == f.global_step else None
+        return f.symptom
 
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         assert self.run is not None
@@ -76,9 +69,9 @@ class RecordedRanks:
         rows[self.rank] = list(values)
         here = (self.run.phase.value, self.run.epoch, self.run.global_step)
         f = self.peer_failure
-        if f is not None and f.symptom is None and (f.phase, f.epoch, f.global_step) == here:
+        if f is not None and f.symptom is None and f.where == here:
             raise RankFailed(f.failure)  # seen on the board while this rank waited here
-        for c in [c for c in self._todo if (c.phase, c.epoch, c.global_step) == here]:
+        for c in [c for c in self._todo if c.where == here]:
             self._todo.remove(c)
             rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
                 rows[c.rank]) else list(c.row)
@@ -104,13 +97,9 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
             request = StopRequest(StopReason(payload["reason"]), source, str(payload.get("message", "")),
                                   bool(payload.get("immediate")), int(payload.get("requested_epoch", where[1])), 0,
                                   Phase(payload.get("requested_phase", where[0])))
-            out.append(_Contribution(*where, payload["rank"], proposal_of(request, None),
-                                     (source, request.message)))
-        elif e.get("event") == "exception" and payload.get("interrupt"):
-            source, origin = split_source(str(payload.get("source", "")))
-            signum = signal_of(source)
-            if origin is not None and origin != rank and signum is not None:
-                out.append(_Contribution(*where, origin, proposal_of(None, signum), None))
+            out.append(_Contribution(where, payload["rank"], proposal_of(request, None), (source, request.message)))
+        elif (sig := interrupt_of(e)) is not None and isinstance(origin := sig[1], int) and origin != rank:
+            out.append(_Contribution(where, origin, proposal_of(None, sig[0]), None))
     return RecordedRanks(rank, world, out, _peer_failure(events))
 
 
@@ -127,6 +116,6 @@ def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
             prefix = f"rank {origin} failed in {source}: "
             symptom = payload.get("symptom")
             found = PeerFailure(Failure(payload["failed_rank"], source, said.removeprefix(prefix)),
-                                symptom if isinstance(symptom, str) else None, str(e.get("phase")),
-                                int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+                                symptom if isinstance(symptom, str) else None,
+                                (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0)))
     return found

@@ -1,9 +1,7 @@
-"""What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`.
-
-The run's setup (its ``run_start``), each epoch's values and batches (:class:`RecordedEpoch`), the
-real pruner's decisions (:class:`RecordedTrial` answers in place of an Optuna trial) and the signal
-that ended the run (:class:`Interruption`). A resumed run's log reads as the run it continues.
-"""
+"""What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`: the run's setup
+(its ``run_start``), each epoch's values (:class:`RecordedEpoch`), the real pruner's decisions
+(:class:`RecordedTrial` answers in place of an Optuna trial) and the signal that ended the run
+(:class:`Interruption`). A resumed run's log reads as the run it continues."""
 
 from __future__ import annotations
 
@@ -20,22 +18,12 @@ from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.stop import StopReason
 
-__all__ = [
-    "SEGMENT_ONLY",
-    "Interruption",
-    "RecordedEpoch",
-    "RecordedTrial",
-    "Recording",
-    "ReplayBatch",
-    "ReplayError",
-    "TrialReport",
-    "load_recording",
-    "recording_from_events",
-    "signal_of",
-    "split_source",
-]
+__all__ = ["SEGMENT_ONLY", "Interruption", "RecordedEpoch", "RecordedTrial", "Recording", "ReplayBatch",
+           "ReplayError", "TrialReport", "interrupt_of", "load_recording", "recording_from_events", "split_source"]
 
 _ON_RANK = re.compile(r" on rank (\d+)$")
+SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # jsonable's spelling of non-finite floats, undone
 
 
 class ReplayError(ValueError):
@@ -44,11 +32,10 @@ class ReplayError(ValueError):
 
 @dataclass(frozen=True)
 class ReplayBatch:
-    """``step.batch`` in a replay: its position and the events a debug-level log recorded in it."""
+    """``step.batch`` in a replay: its position."""
 
     epoch: int
     index: int
-    events: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +46,6 @@ class RecordedEpoch:
     metrics: Mapping[str, float]
     slots: Mapping[str, Any] = field(default_factory=dict)
     batches: int = 1
-    batch_events: Mapping[int, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
     partial: bool = False
     cut: bool = False  # a stop after a validation inside it ended it with batches left
 
@@ -138,18 +124,15 @@ class Recording:
 
     @property
     def max_steps(self) -> int | None:
-        steps = self.run_start.get("max_steps")
-        return steps if type(steps) is int else None
+        return steps if type(steps := self.run_start.get("max_steps")) is int else None
 
     @property
     def val_every_n_steps(self) -> int | None:
-        every = self.run_start.get("val_every_n_steps")
-        return every if type(every) is int else None
+        return every if type(every := self.run_start.get("val_every_n_steps")) is int else None
 
     @property
     def config(self) -> Mapping[str, Any] | None:
-        cfg = self.run_start.get("config")
-        return cfg if isinstance(cfg, Mapping) else None
+        return cfg if isinstance(cfg := self.run_start.get("config"), Mapping) else None
 
     @property
     def complete_epochs(self) -> int:
@@ -157,15 +140,13 @@ class Recording:
 
     @property
     def stop_reason(self) -> StopReason | None:
-        if self.result is None or "stop_reason" not in self.result:
-            return None
-        return StopReason(self.result["stop_reason"])
+        reason = None if self.result is None else self.result.get("stop_reason")
+        return None if reason is None else StopReason(reason)
 
     @property
     def best_val_loss(self) -> float:
-        vals = [e.metrics.get("val_loss", math.nan) for e in self.epochs if not e.partial]
-        finite = [v for v in vals if math.isfinite(v)]
-        return min(finite) if finite else math.inf
+        vals = (e.metrics.get("val_loss", math.nan) for e in self.epochs if not e.partial)
+        return min((v for v in vals if math.isfinite(v)), default=math.inf)
 
 
 def load_recording(path: str | Path) -> Recording:
@@ -185,6 +166,10 @@ def load_recording(path: str | Path) -> Recording:
     return recording_from_events(events, path=p)
 
 
+def _floats(values: Any) -> dict[str, float]:
+    return {str(k): as_float(v) for k, v in (values or {}).items()}
+
+
 def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = None) -> Recording:
     """A :class:`Recording` of a parsed log (one run, or one run and its resumes)."""
     where = str(path) if path is not None else "the events"
@@ -197,62 +182,51 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
         if not (events[i].get("payload") or {}).get("resumed_from") and not restarted:
             raise ReplayError(f"{where} holds two runs (a second run_start at seq {events[i].get('seq')} that is "
                               "not a resume); replay needs the log of one run")
-    start = events[starts[0]]
-    segments = len(starts)
-    original = events
-    if segments > 1:
+    start, original = events[starts[0]], events
+    if len(starts) > 1:
         events = _stitched(events, starts)
     epochs: list[RecordedEpoch] = []
     reports: dict[int, TrialReport] = {}
     result: Mapping[str, Any] | None = None
-    step_events: dict[int, list[Mapping[str, Any]]] = {}
-    step_at_epoch_start = 0
-    last_step = 0
+    step_at_epoch_start = last_step = 0
     for e in events[starts[0] + 1:]:
-        kind = e.get("event")
-        payload: Mapping[str, Any] = e.get("payload") or {}
-        gs = e.get("global_step")
-        if isinstance(gs, int):
+        kind, payload = e.get("event"), e.get("payload") or {}
+        if isinstance(gs := e.get("global_step"), int):
             last_step = gs
         if kind == "epoch":
-            metrics = {str(k): as_float(v) for k, v in (payload.get("metrics") or {}).items()}
             batches = int(payload.get("batches", 0))
-            first = step_at_epoch_start
-            batch_events = {i: tuple(step_events.pop(first + i + 1, ())) for i in range(batches)}
-            slots = {str(k): _number_or_value(v) for k, v in (payload.get("slots") or {}).items()}
-            epochs.append(RecordedEpoch(len(epochs), metrics, slots, batches,
-                                        {i: ev for i, ev in batch_events.items() if ev},
+            slots = {str(k): as_float(v) if v in _NON_FINITE else v for k, v in (payload.get("slots") or {}).items()}
+            epochs.append(RecordedEpoch(len(epochs), _floats(payload.get("metrics")), slots, batches,
                                         cut=payload.get("cut") is True))
-            step_at_epoch_start = int(e.get("global_step") or first + batches)
-            step_events.clear()
+            step_at_epoch_start = int(e.get("global_step") or step_at_epoch_start + batches)
         elif kind == "trial_report":
             # an older log: one validation an epoch, named by its 0-based epoch
             n = int(payload["validation"]) if "validation" in payload else int(payload["epoch"]) + 1
             reports[n] = TrialReport(n, as_float(payload.get("value")), bool(payload.get("should_prune")),
-                                      payload.get("trial") if isinstance(payload.get("trial"), int) else None)
+                                     payload.get("trial") if isinstance(payload.get("trial"), int) else None)
         elif kind == "result":
             result = payload
-        elif kind != "transition" and e.get("phase") == Phase.TRAIN_STEP.value and isinstance(gs, int):
-            step_events.setdefault(gs, []).append(e)
     last_segment = original[starts[-1]:]
     ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
     if ends and _cut_short(ends[-1], last_segment):
         # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
         # measured when it was cut (the exception carries it), not the rest.
-        cut = {str(k): as_float(v) for k, v in _cut_metrics(last_segment).items()}
+        cut = _floats(next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), {}))
         epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
     last_start = last_segment[0].get("payload") or {}
     run_start.pop("max_steps", None)  # a resume may extend the run: its own budget counts
-    for key in ("max_epochs", "max_steps", "val_every_n_steps", "config"):
-        if key in last_start:
-            run_start[key] = last_start[key]
+    run_start.update({k: last_start[k] for k in ("max_epochs", "max_steps", "val_every_n_steps", "config")
+                      if k in last_start})
     # every segment's, a resumed epoch's first part too (the stitched log leaves it out)
-    validations = {int(e["global_step"]): {str(k): as_float(v) for k, v in (e["payload"].get("metrics") or {}).items()}
+    validations = {int(e["global_step"]): _floats(e["payload"].get("metrics"))
                    for e in original if e.get("event") == "validation" and isinstance(e.get("global_step"), int)}
+    interrupt = next((Interruption(sig[0], str(e.get("phase")), int(e.get("epoch") or 0),
+                                   int(e.get("global_step") or 0), sig[1])
+                      for e in last_segment if (sig := interrupt_of(e)) is not None), None)
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
-                     result, _interruption(last_segment), segments, validations)
+                     result, interrupt, len(starts), validations)
 
 
 def split_source(source: str) -> tuple[str, int | None]:
@@ -261,47 +235,29 @@ def split_source(source: str) -> tuple[str, int | None]:
     return (source[: m.start()], int(m.group(1))) if m else (source, None)
 
 
-def signal_of(source: str) -> int | None:
-    """The signal number a ``signal SIGTERM`` source names (None: no signal)."""
+def interrupt_of(event: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """The signal number and rank of an ``exception`` line a signal (``signal SIGTERM``) caused."""
+    payload = event.get("payload") or {}
+    if event.get("event") != "exception" or not payload.get("interrupt"):
+        return None
+    source, rank = split_source(str(payload.get("source", "")))
     words = source.split()
     if len(words) == 2 and words[0] == "signal" and words[1] in signal.Signals.__members__:
-        return int(signal.Signals[words[1]])
+        return int(signal.Signals[words[1]]), rank
     return None
 
 
-def _interruption(events: Sequence[Mapping[str, Any]]) -> Interruption | None:
-    """The signal that ended the (last segment of the) run, if one did."""
-    for e in events:
-        payload = e.get("payload") or {}
-        if e.get("event") == "exception" and payload.get("interrupt"):
-            source, rank = split_source(str(payload.get("source", "")))
-            signum = signal_of(source)
-            if signum is not None:
-                return Interruption(signum, str(e.get("phase")), int(e.get("epoch") or 0),
-                                    int(e.get("global_step") or 0), rank)
-    return None
+def _epoch_metrics(event: Mapping[str, Any]) -> Any:
+    """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
+    return (event.get("payload") or {}).get("epoch_metrics") if event.get("event") == "exception" else None
 
 
 def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside
     an epoch, or from epoch_end when the fault carried the epoch's metrics (the line was not written)."""
-    source = move.get("from")
-    if source == Phase.EPOCH_END.value:
-        return any(isinstance((e.get("payload") or {}).get("epoch_metrics"), dict)
-                   for e in segment if e.get("event") == "exception")
-    return source in {p.value for p in EPOCH_PHASES}
-
-
-def _cut_metrics(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
-    for e in events:
-        metrics = (e.get("payload") or {}).get("epoch_metrics") if e.get("event") == "exception" else None
-        if isinstance(metrics, dict):
-            return metrics
-    return {}
-
-
-SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
+    if move.get("from") == Phase.EPOCH_END.value:
+        return any(isinstance(_epoch_metrics(e), dict) for e in segment)
+    return move.get("from") in {p.value for p in EPOCH_PHASES}
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
@@ -325,8 +281,3 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
                 continue
             out.append(e)
     return out
-
-
-def _number_or_value(value: Any) -> Any:
-    """Undo :func:`fsmtrain.core.events.jsonable`'s spelling of non-finite floats."""
-    return as_float(value) if value in ("NaN", "Infinity", "-Infinity") else value

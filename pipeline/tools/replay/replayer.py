@@ -1,8 +1,7 @@
-"""Replay: a :class:`fsmtrain.core.driver.Driver` that feeds recorded numbers (a run's
-``events.jsonl``, :func:`replay_run`, or lists, :func:`replay_losses`) to the real engine, machine
-and callbacks. A callback's ``replay`` attribute (``FULL``, ``DRY``, ``NONE``) says how it takes
-part; a what-if that outlives the recording ends with :class:`RecordingExhausted`.
-"""
+"""Replay: a driver that feeds recorded numbers (a run's ``events.jsonl``, :func:`replay_run`, or
+lists, :func:`replay_losses`) to the real engine, machine and callbacks. A callback's ``replay``
+(``FULL``, ``DRY``, ``NONE``) says how it takes part; a what-if that outlives the recording ends
+with :class:`RecordingExhausted`."""
 
 from __future__ import annotations
 
@@ -45,36 +44,27 @@ class RecordingExhausted(Exception):
 
     def __init__(self, epoch: int, recorded: int, why: str | None = None) -> None:
         super().__init__(why or f"the recording has {recorded} epochs; epoch {epoch_number(epoch)} is unknown")
-        self.epoch = epoch
         self.recorded = recorded
         self.why = why  # what else the replay needed and the recording lacks
 
 
 class ReplayDriver(BaseDriver):
-    """Feeds recorded epochs to the engine in place of training.
-
-    ``fed_slots`` are the slots whose recorded values are put back each epoch because no callback
-    of the replay computes them (their writers need a live model, or are absent)."""
+    """Feeds recorded epochs to the engine in place of training; ``fed_slots``: the slots whose recorded
+    values are put back each epoch because no callback of the replay computes them."""
 
     def __init__(self, run: RunContext, epochs: Sequence[RecordedEpoch], fed_slots: Mapping[str, Slot[Any]],
                  interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
                  validations: Mapping[int, Mapping[str, float]] | None = None) -> None:
-        self.run = run
-        self.epochs = list(epochs)
-        self.validations = dict(validations or {})  # inside epochs, by global step
+        self.run, self.epochs, self.fed_slots, self.interrupt, self.ranks = run, epochs, fed_slots, interrupt, ranks
+        self.validations = validations or {}  # inside epochs, by global step
         self._epoch_end = 0  # the global step at which the epoch in progress ends
-        self.fed_slots = dict(fed_slots)
-        self.interrupt = interrupt
-        self.ranks = ranks
 
     def _signal_in(self, phase: Phase, epoch: int) -> None:
         """Deliver a recorded signal where it arrived, so the replay ends at the same move."""
         i = self.interrupt
-        if i is None or i.phase != phase.value or i.epoch != epoch:
-            return
-        if phase is Phase.TRAIN_STEP and self.run.global_step + 1 != i.global_step:
-            return
-        self.run.pending_signal = i.signum
+        if i is not None and (i.phase, i.epoch) == (phase.value, epoch) and (
+                phase is not Phase.TRAIN_STEP or self.run.global_step + 1 == i.global_step):
+            self.run.pending_signal = i.signum
 
     def _broken_in(self, phase: Phase, epoch: int) -> None:
         """Raise the collective's error a rank met where another rank's failure broke it."""
@@ -110,8 +100,8 @@ class ReplayDriver(BaseDriver):
         # A batch cut short by another rank's failure is no recorded batch; the replay goes into it again.
         cut = self.ranks is not None and self.ranks.breaks_in(Phase.TRAIN_STEP, epoch.index)
         self._epoch_end = self.run.global_step + rec.batches
-        more = rec.cut  # the epoch had batches left where a stop cut it: so has the replay's
-        return (ReplayBatch(epoch.index, i, rec.batch_events.get(i, ())) for i in range(rec.batches + cut + more))
+        # rec.cut: the epoch had batches left where a stop cut it: so has the replay's
+        return (ReplayBatch(epoch.index, i) for i in range(rec.batches + cut + rec.cut))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
         rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
@@ -134,9 +124,7 @@ class ReplayDriver(BaseDriver):
         # Runs just before on_epoch_end, where model-derived slots are written; the engine acts on a
         # signal after epoch_end's handlers, when the epoch counter has moved on.
         self._signal_in(Phase.EPOCH_END, epoch.index + 1)
-        if not self.fed_slots:
-            return
-        slots = self._recorded(epoch.index).slots
+        slots = self._recorded(epoch.index).slots if self.fed_slots else {}
         for name, slot in self.fed_slots.items():
             if name in slots:
                 self.run.set(slot, slots[name])
@@ -180,9 +168,8 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
              max_steps: int | None = None, val_every_n_steps: int | None = None, run_id: str, level: str,
-             extras: Mapping[str, Any], strict: bool | None,
-             interrupt: Interruption | None = None, ranks: RecordedRanks | None = None,
-             recorded: Recording | None = None, overrides: Sequence[str] = (),
+             extras: Mapping[str, Any], strict: bool | None, interrupt: Interruption | None = None,
+             ranks: RecordedRanks | None = None, recorded: Recording | None = None, overrides: Sequence[str] = (),
              trial: RecordedTrial | None = None) -> ReplayResult:
     """Run the engine on ``epochs``; with ``recorded``, compare the trace with the recording's."""
     if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
@@ -195,20 +182,17 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     dry = tuple(cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.DRY)
     computed = {s.name for cb in full for s in cb.writes}
     fed: dict[str, Slot[Any]] = {}
-    for e in epochs:
-        for name in e.slots:
-            if name not in computed and name not in fed:
-                declared = [s for cb in dry for s in cb.writes if s.name == name]
-                fed[name] = declared[0] if declared else Slot(name)
+    for name in (name for e in epochs for name in e.slots if name not in computed and name not in fed):
+        declared = next((s for cb in dry for s in cb.writes if s.name == name), None)
+        fed[name] = declared if declared is not None else Slot(name)
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
                      max_steps=max_steps, val_every_n_steps=val_every_n_steps)
     run.extras.update(extras)
     if ranks is not None:
         ranks.run = run
         run.extras.update(rank=ranks.rank, world_size=ranks.world_size)
-    validations = recorded.validations if recorded is not None else None
-    engine = Engine(ReplayDriver(run, epochs, fed, interrupt, ranks, validations), runner, run, strict=strict,
-                    collective=ranks)
+    driver = ReplayDriver(run, epochs, fed, interrupt, ranks, recorded.validations if recorded else None)
+    engine = Engine(driver, runner, run, strict=strict, collective=ranks)
     exhausted: RecordingExhausted | None = None
     error: Exception | None = None
     collecting = gc.isenabled()
@@ -232,9 +216,8 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     trace = [e for e, o in owned if o is None or id(o) not in dry_ids]
     res = engine.result
     stop_reason = None if exhausted is not None or res is None else res.stop_reason
-    stop_epoch = None if stop_reason is None or res is None else res.epochs_completed
-    replay = ReplayResult(trace, stop_reason, stop_epoch, list(run.history), res,
-                          exhausted.recorded if exhausted is not None else None,
+    replay = ReplayResult(trace, stop_reason, None if stop_reason is None or res is None else res.epochs_completed,
+                          list(run.history), res, exhausted.recorded if exhausted is not None else None,
                           dry_events=[e for e, o in owned if o is not None and id(o) in dry_ids],
                           overrides=tuple(overrides), error=error, unknown_why=exhausted.why if exhausted else None,
                           unknown_prune_steps=tuple(trial.unknown_steps) if trial else ())
@@ -265,8 +248,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
         trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else None)
     max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
     if callbacks is None or overrides:
-        cfg_data = rec.config
-        if cfg_data is None:
+        if rec.config is None:
             raise ReplayError(
                 f"{rec.path}: its run_start event records no config, so the run's callbacks and settings "
                 "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
@@ -283,8 +265,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                     f"tell what another {key} would have done to them; a what-if may change the callbacks' "
                     "settings (early_stopping, checkpoint, callbacks, epochs...), not training itself")
         folders = rec.run_start.get(world.RECORDED_FOLDERS)
-        cfg = world.load_recorded_config(cfg_data, folders if isinstance(folders, list) else [], overrides,
-                                              f"recorded in {rec.path}")
+        cfg = world.load_recorded_config(rec.config, folders if isinstance(folders, list) else [], overrides,
+                                         f"recorded in {rec.path}")
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
@@ -298,21 +280,25 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement
     return _execute(rec.epochs, callbacks, max_epochs=max_epochs, max_steps=max_steps, val_every_n_steps=every,
-                    run_id=rec.run_id,
-                    level=rec.level, extras=extras, strict=strict, interrupt=interrupt, ranks=ranks, recorded=rec,
-                    overrides=overrides, trial=trial)
+                    run_id=rec.run_id, level=rec.level, extras=extras, strict=strict, interrupt=interrupt,
+                    ranks=ranks, recorded=rec, overrides=overrides, trial=trial)
 
 
-def _series(name: str, values: Sequence[float], n: int) -> list[float]:
-    """``values`` as floats, one per epoch (else a ReplayError naming ``name``)."""
-    out = []
+def _series(name: str, values: Sequence[Any], n: int, numbers: bool = True) -> list[Any]:
+    """``values``, one per epoch (as floats, when ``numbers``), else a ReplayError naming ``name``."""
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if numbers and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ReplayError(f"{name}[{i}] must be a number, got {type(v).__name__} {v!r}")
-        out.append(float(v))
+    out = [float(v) for v in values] if numbers else list(values)
     if len(out) != n:
         raise ReplayError(f"{name} has {len(out)} values but train has {n}; give one value per epoch")
     return out
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ReplayError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
 
 
 def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
@@ -331,26 +317,17 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
     columns = {"train_loss": _series("train", train, n)}
     if val is not None:
         columns["val_loss"] = _series("val", val, n)
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-        raise ReplayError(f"batches must be an integer >= 0, got {batches!r}")
-    if max_epochs is None:
-        max_epochs = n
-    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
-        raise ReplayError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
+    _count("batches", batches)
+    max_epochs = _count("max_epochs", n if max_epochs is None else max_epochs)
     if lrs is not None:
         columns = {"lr": _series("lrs", lrs, n), **columns}
     columns.update({name: _series(f"metrics[{name!r}]", series, n) for name, series in (metrics or {}).items()})
-    slot_cols = {name: list(vs) for name, vs in (slots or {}).items()}
-    for name, vs in slot_cols.items():
-        if len(vs) != n:
-            raise ReplayError(f"slots[{name!r}] has {len(vs)} values but train has {n}; give one value per epoch")
+    slot_cols = {name: _series(f"slots[{name!r}]", vs, n, numbers=False) for name, vs in (slots or {}).items()}
     for i, cb in enumerate(callbacks):
         if not isinstance(cb, TrainingCallback):
             raise ReplayError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
-    epochs = [
-        RecordedEpoch(i, {k: col[i] for k, col in columns.items()},
-                      {k: col[i] for k, col in slot_cols.items() if col[i] is not None}, batches)
-        for i in range(n)
-    ]
+    epochs = [RecordedEpoch(i, {k: col[i] for k, col in columns.items()},
+                            {k: col[i] for k, col in slot_cols.items() if col[i] is not None}, batches)
+              for i in range(n)]
     return _execute(epochs, callbacks, max_epochs=max_epochs, run_id="replay", level="info", extras={},
                     strict=strict)

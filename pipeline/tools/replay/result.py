@@ -43,11 +43,9 @@ class Divergence:
     seq: int | None = None
 
     def describe(self) -> str:
-        def show(e: Mapping[str, Any] | None) -> str:
-            return "end of trace" if e is None else json.dumps(e, sort_keys=True)
-
+        exp, got = ("end of trace" if e is None else json.dumps(e, sort_keys=True) for e in (self.expected, self.found))
         at = f"event #{self.index}" + (f" (seq {self.seq})" if self.seq is not None else "")
-        return f"first difference at {at}:\n  expected: {show(self.expected)}\n  found:    {show(self.found)}"
+        return f"first difference at {at}:\n  expected: {exp}\n  found:    {got}"
 
 
 @dataclass
@@ -82,8 +80,7 @@ class ReplayResult:
 
     @property
     def best_val_loss(self) -> float:
-        finite = [r.val_loss for r in self.history if math.isfinite(r.val_loss)]
-        return min(finite) if finite else math.inf
+        return min((r.val_loss for r in self.history if math.isfinite(r.val_loss)), default=math.inf)
 
     @property
     def stopped_by(self) -> str | None:
@@ -101,7 +98,8 @@ class ReplayResult:
 
     def what_if(self) -> str:
         """One sentence: what this replay says the run would have done."""
-        setting = _describe_overrides(self.overrides)
+        setting = ", ".join(f"{k.rsplit('.', 1)[-1].replace('_', ' ')} {v}"
+                            for k, _, v in (ov.partition("=") for ov in self.overrides))
         prefix = f"with {setting} this run" if setting else "this run"
         if self.stop_reason is None:
             return (f"{prefix} would not have stopped within the {self.exhausted_after} recorded epochs; "
@@ -111,46 +109,26 @@ class ReplayResult:
         sentence = f"{prefix} would have stopped at epoch {self.stop_epoch} with {self.stop_reason.name}"
         if self.recorded_epochs is not None:
             delta = self.recorded_epochs - self.stop_epoch
-            if delta > 0:
-                sentence += f", saving {delta} epoch{'s' if delta != 1 else ''}"
-            elif delta < 0:
-                sentence += f", running {-delta} more epoch{'s' if delta != -1 else ''}"
-            else:
-                sentence += ", the same number of epochs as recorded"
+            plural = "s" if abs(delta) != 1 else ""
+            sentence += (f", saving {delta} epoch{plural}" if delta > 0 else f", running {-delta} more epoch{plural}"
+                         if delta < 0 else ", the same number of epochs as recorded")
             if self.recorded_stop_reason is not None:
                 sentence += f" (recorded: {self.recorded_epochs} epochs, {self.recorded_stop_reason.name})"
         return sentence
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "overrides": list(self.overrides),
-            "stop_reason": self.stop_reason.value if self.stop_reason else None,
-            "stop_epoch": self.stop_epoch,
-            "stopped_by": self.stopped_by,
-            "exhausted_after": self.exhausted_after,
-            "epochs_completed": self.epochs_completed,
-            "best_val_loss": self.best_val_loss,
+        d = self.divergence
+        return dict(jsonable({
+            "overrides": list(self.overrides), "stop_reason": self.stop_reason.value if self.stop_reason else None,
+            "stop_epoch": self.stop_epoch, "stopped_by": self.stopped_by, "exhausted_after": self.exhausted_after,
+            "epochs_completed": self.epochs_completed, "best_val_loss": self.best_val_loss,
             "recorded_epochs": self.recorded_epochs,
             "recorded_stop_reason": self.recorded_stop_reason.value if self.recorded_stop_reason else None,
-            "recorded_best_val_loss": self.recorded_best_val_loss,
-            "matches_recording": self.matches,
-            "divergence": None if self.divergence is None else {
-                "index": self.divergence.index, "seq": self.divergence.seq,
-                "expected": self.divergence.expected, "found": self.divergence.found,
-            },
-            "what_if": self.what_if(),
-            "slots": self.slots,
-            "unknown_prune_steps": list(self.unknown_prune_steps),
-        }
-        return dict(jsonable(out))
-
-
-def _describe_overrides(overrides: Sequence[str]) -> str:
-    parts = []
-    for ov in overrides:
-        key, _, value = ov.partition("=")
-        parts.append(f"{key.rsplit('.', 1)[-1].replace('_', ' ')} {value}")
-    return ", ".join(parts)
+            "recorded_best_val_loss": self.recorded_best_val_loss, "matches_recording": self.matches,
+            "divergence": None if d is None else {"index": d.index, "seq": d.seq, "expected": d.expected,
+                                                  "found": d.found},
+            "what_if": self.what_if(), "slots": self.slots, "unknown_prune_steps": list(self.unknown_prune_steps),
+        }))
 
 
 def normalize_event(event: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,16 +153,9 @@ def compare_traces(expected: Sequence[Mapping[str, Any]], found: Sequence[Mappin
 
 
 def comparable_recorded(events: Sequence[Mapping[str, Any]], dry: Sequence[TrainingCallback],
-                         emitted_kinds: set[str]) -> list[Mapping[str, Any]]:
+                        emitted_kinds: set[str]) -> list[Mapping[str, Any]]:
     """The recorded events a replay can reproduce: the engine's, and the kinds the replay wrote,
     except those a dry callback wrote (by the source they name)."""
     dry_names = {cb.name for cb in dry}
-    keep = []
-    for e in events:
-        kind = str(e.get("event"))
-        payload = e.get("payload") or {}
-        if isinstance(payload, Mapping) and payload.get("source") in dry_names:
-            continue
-        if kind in _CORE_EVENTS or kind in emitted_kinds:
-            keep.append(e)
-    return keep
+    return [e for e in events if (e.get("event") in _CORE_EVENTS or e.get("event") in emitted_kinds)
+            and not (isinstance(p := e.get("payload") or {}, Mapping) and p.get("source") in dry_names)]

@@ -8,14 +8,9 @@ from typing import TYPE_CHECKING
 from fsmtrain.core.exports import lazy_exports
 
 _PAGE = "fsmtrain.tools.report.page"
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "ReportError": "fsmtrain.tools.report.run_log", "page": _PAGE, "render_report": _PAGE,
-    "write_run_report": _PAGE, "study_report": "fsmtrain.tools.report.hpo_report",
-})
-
-__all__ = ["ReportError", "page", "render_report", "study_report", "write_run_report"]
+__all__ = ["ReportError", "render_report", "write_run_report"]
+__getattr__, __dir__ = lazy_exports(__name__, {"ReportError": _PAGE, "render_report": _PAGE,
+                                               "write_run_report": _PAGE})
 
 if TYPE_CHECKING:
-    from fsmtrain.tools.report.hpo_report import study_report
-    from fsmtrain.tools.report.page import page, render_report, write_run_report
-    from fsmtrain.tools.report.run_log import ReportError
+    from fsmtrain.tools.report.page import ReportError, render_report, write_run_report

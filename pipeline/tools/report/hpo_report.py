@@ -11,6 +11,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.arg_types import positive_int
+from fsmtrain.core.context import validation_label
+from fsmtrain.core.events import jsonable
 
 if TYPE_CHECKING:
     import optuna
@@ -23,15 +25,8 @@ EDGE_FRACTION = 0.05
 _STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 
 
-def _json_number(x: float | None) -> float | str | None:
-    """JSON-safe: non-finite values as the strings the run logs use."""
-    if x is None or math.isfinite(x):
-        return x
-    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
-
-
 def _trial(t: FrozenTrial) -> dict[str, Any]:
-    return {"number": t.number, "value": _json_number(t.value), "params": dict(t.params),
+    return {"number": t.number, "value": jsonable(t.value), "params": dict(t.params),
             "run_dirs": t.user_attrs.get("run_dirs", {})}
 
 
@@ -42,10 +37,8 @@ def _edge(name: str, value: Any, dist: Any) -> dict[str, Any] | None:
     if type(dist).__name__ == "IntDistribution" and not dist.log:
         side = "lower" if value <= low else "upper" if value >= high else None
     else:
-        if dist.log:
-            pos = (math.log(value) - math.log(low)) / (math.log(high) - math.log(low))
-        else:
-            pos = (value - low) / (high - low)
+        pos = ((math.log(value) - math.log(low)) / (math.log(high) - math.log(low)) if dist.log
+               else (value - low) / (high - low))
         side = "lower" if pos <= EDGE_FRACTION else "upper" if pos >= 1 - EDGE_FRACTION else None
     if side is None:
         return None
@@ -73,9 +66,7 @@ def _seen_by_pruner(trials: list[FrozenTrial], pruned: FrozenTrial,
 def _best_so_far(trial: FrozenTrial, step: int, maximize: bool) -> float | None:
     """The trial's best reported value up to Optuna's ``step``: what Optuna's MedianPruner compares."""
     values = [v for s, v in trial.intermediate_values.items() if s <= step and math.isfinite(v)]
-    if not values:
-        return None
-    return max(values) if maximize else min(values)
+    return (max if maximize else min)(values, default=None)
 
 
 def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) -> dict[str, Any]:
@@ -106,8 +97,8 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         pruned.append({
             "number": t.number, "optuna_step": step,
             **{k: attr.get(k) if "validation" in attr else None for k in ("validation", "epoch", "step")},
-            "value": _json_number(t.intermediate_values.get(step)),
-            "best_so_far": _json_number(_best_so_far(t, step, maximize)),
+            "value": jsonable(t.intermediate_values.get(step)),
+            "best_so_far": jsonable(_best_so_far(t, step, maximize)),
             "monitor": attr.get("monitor", "value"),
             "pruner": attr.get("pruner") or settings.get("pruner"), "reason": attr.get("reason"),
             "predicted_final_loss": prediction if isinstance(prediction, dict) else None,
@@ -138,21 +129,18 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    out: list[str] = []
     counts = ", ".join(f"{n} {s.lower()}" for s, n in report["counts"].items() if n)
-    out.append(f"study {report['study']} ({report['direction']}) in {report['storage']}")
-    out.append(f"trials: {report['n_trials']} ({counts or 'none'})")
+    out = [f"study {report['study']} ({report['direction']}) in {report['storage']}",
+           f"trials: {report['n_trials']} ({counts or 'none'})"]
     best = report["best"]
     if best is None:
         out.append("best: none (no completed trial)")
     else:
         out.append(f"best: trial {best['number']}, value {_short(best['value'])}: {_params(best['params'])}")
-        for seed, run_dir in best["run_dirs"].items():
-            out.append(f"  seed {seed}: {run_dir}")
+        out += [f"  seed {seed}: {run_dir}" for seed, run_dir in best["run_dirs"].items()]
     if report["top"]:
         out.append(f"top {len(report['top'])}:")
-        for t in report["top"]:
-            out.append(f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}")
+        out += [f"  #{t['number']:<4} {_short(t['value']):<12} {_params(t['params'])}" for t in report["top"]]
     if report["importances"]:
         out.append(f"parameter importances ({report['importances_method']}):")
         out += [f"  {k:<32} {v:.3f}" for k, v in report["importances"].items()]
@@ -161,20 +149,16 @@ def render(report: dict[str, Any]) -> str:
     out += [f"warning: {e['message']}" for e in report["edge_warnings"]]
     if report["pruned"]:
         out.append("pruning decisions:")
-        for p in report["pruned"]:
-            out.append(f"  trial {p['number']} pruned at {_decision(p)}")
+        out += [f"  trial {p['number']} pruned at {_decision(p)}" for p in report["pruned"]]
     if report["failed"]:
         out.append("failed trials:")
-        for f in report["failed"]:
-            retried = f"; retried as {f['retried_by']}" if f["retried_by"] else ""
-            out.append(f"  trial {f['number']}: {f['error']}{retried}")
+        out += [f"  trial {f['number']}: {f['error']}" + (f"; retried as {f['retried_by']}" if f["retried_by"] else "")
+                for f in report["failed"]]
     return "\n".join(out) + "\n"
 
 
 def _decision(p: dict[str, Any]) -> str:
     """``validation 3 (epoch 3, step 30, val_loss 0.2) by MedianPruner (median at that validation over ...)``."""
-    from fsmtrain.callbacks.pruner import validation_label  # the callbacks import torch
-
     others = p["others_at_validation"]
     if p["reason"]:
         why = f": {p['reason']}"

@@ -3,9 +3,9 @@ inline SVG, with no JavaScript; a Content-Security-Policy forbids every request,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 from html import escape
 from pathlib import Path
 
@@ -63,19 +63,15 @@ def check_output(path: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all (temp file in the same folder, then rename)."""
+    """Write ``path`` whole or not at all (a temp file beside it, then a rename)."""
     check_output(path)  # else the error would name the temp file, not the path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is an ordinary file
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -83,22 +79,18 @@ def _events_of(target: str) -> Path | None:
     """The run log ``target`` names (a run directory or the log itself), or None for a study."""
     path = Path(target)
     if path.is_dir():
-        events = path / "events.jsonl"
-        if not events.is_file() and storage_arg(target) != target:
+        if (path / "events.jsonl").is_file():
+            return path / "events.jsonl"
+        if storage_arg(target) != target:
             return None  # a study folder: its storage file
-        if not events.is_file():
-            raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
-                              "or a study storage (a SQLite file, an Optuna journal file or a URL)")
-        return events
+        raise ReportError(f"{target}: a folder without events.jsonl; pass a run directory, its events.jsonl, "
+                          "or a study storage (a SQLite file, an Optuna journal file or a URL)")
     if path.is_file():
         with open(path, "rb") as fh:
             first = fh.readline(1 << 16)
-        try:
+        with contextlib.suppress(ValueError):
             rec = json.loads(first)
-        except ValueError:
-            return None
-        if isinstance(rec, dict) and "event" in rec:
-            return path
+            return path if isinstance(rec, dict) and "event" in rec else None
     return None
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TypeGuard
 
 __all__ = ["MAX_POINTS", "Reduced", "drawable", "reduce_curve", "spans"]
 
 MAX_POINTS = 2000
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,8 @@ class Reduced:
 
 
 def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
-    """A value a chart can place: finite, and positive on a log axis."""
-    return v is not None and math.isfinite(v) and (not log or v > 0)
+    """A value a chart can place: finite, and positive on a log axis (NaN fails both comparisons)."""
+    return v is not None and (0.0 if log else -math.inf) < v < math.inf
 
 
 def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
@@ -38,25 +40,17 @@ def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = F
     if n <= max_points:
         return Reduced(list(x), list(y), n, 0)
     buckets = max(1, max_points // 2)
+    floor = 0.0 if log else -math.inf
     out_x: list[float] = []
     out_y: list[float | None] = []
     for b in range(buckets):
         lo, hi = b * n // buckets, (b + 1) * n // buckets
-        i_min = i_max = -1
-        v_min = v_max = 0.0
-        for i in range(lo, hi):
-            v = y[i]
-            if not drawable(v, log):
-                continue
-            if i_min < 0 or v < v_min:
-                i_min, v_min = i, v
-            if i_max < 0 or v > v_max:
-                i_max, v_max = i, v
-        if i_min < 0:  # nothing to draw here: a gap, as the full curve has one
+        points = [(v, i) for i in range(lo, hi) if (v := y[i]) is not None and floor < v < math.inf]
+        if not points:  # nothing to draw here: a gap, as the full curve has one
             out_x.append(float(x[(lo + hi - 1) // 2]))
             out_y.append(None)
             continue
-        for i in sorted({i_min, i_max}):
+        for i in sorted({min(points, key=_FIRST)[1], max(points, key=_FIRST)[1]}):  # the first of equal values
             out_x.append(float(x[i]))
             out_y.append(y[i])
     return Reduced(out_x, out_y, n, buckets)

@@ -26,23 +26,17 @@ RUN_PLOTS = ("plot-loss", "plot-lr", "plot-grad-norm", "plot-overfit", "plot-ear
 _LOSSES = ("train_loss", "val_loss")
 
 
-def _epoch_axis(data: RunData) -> list[int]:
-    return [e + 1 for e in data.table.index]
-
-
 def _positive_span(values: list[float | None]) -> bool:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return bool(vals) and min(vals) > 0
+    return min((v for v in values if v is not None and -math.inf < v < math.inf), default=0.0) > 0
 
 
 def _loss_plot(data: RunData, bands: list[Band]) -> str:
-    x = _epoch_axis(data)
     losses = {k: data.metric(k) for k in _LOSSES}
-    series = [Series(k.replace("_", " "), x, losses[k], PALETTE[i]) for i, k in enumerate(_LOSSES)]
+    series = [Series(k.replace("_", " "), data.x, losses[k], PALETTE[i]) for i, k in enumerate(_LOSSES)]
     predicted = data.slot("loss_prediction", "predicted_loss")
     if any(p is not None for p in predicted):
-        series.append(Series("predicted_final_loss (the predicted final val loss, made at each epoch)", x, predicted,
-                             PALETTE[2], dashed=True))
+        series.append(Series("predicted_final_loss (the predicted final val loss, made at each epoch)", data.x,
+                             predicted, PALETTE[2], dashed=True))
     last = next((p for p in reversed(predicted) if p is not None), None)
     hlines = [HLine(last, f"last prediction {last:.4g}", PALETTE[2])] if last is not None else []
     log = all(_positive_span(v) for v in losses.values())
@@ -52,9 +46,8 @@ def _loss_plot(data: RunData, bands: list[Band]) -> str:
 
 def _metric_plots(data: RunData) -> list[str]:
     names = [k for k in data.table.columns.get("metric", {}) if k not in (*_LOSSES, "lr")]
-    x = _epoch_axis(data)
     return [line_chart(f"plot-metric-{name}", f"{name} per epoch",
-                       [Series(name, x, data.metric(name), PALETTE[(i + 3) % len(PALETTE)])], y_label=name)
+                       [Series(name, data.x, data.metric(name), PALETTE[(i + 3) % len(PALETTE)])], y_label=name)
             for i, name in enumerate(names)]
 
 
@@ -62,7 +55,7 @@ def _lr_plot(data: RunData) -> str:
     ys = data.metric("lr")
     vals = [v for v in ys if v is not None and v > 0]
     log = bool(vals) and len(vals) == len(ys) and max(vals) / min(vals) > 10
-    return line_chart("plot-lr", "Learning rate per epoch", [Series("lr", _epoch_axis(data), ys, PALETTE[4])],
+    return line_chart("plot-lr", "Learning rate per epoch", [Series("lr", data.x, ys, PALETTE[4])],
                       y_label="learning rate", log_y=log)
 
 
@@ -73,7 +66,7 @@ def _grad_plot(data: RunData) -> str:
     hlines = [HLine(threshold, f"warning threshold {threshold:g}")] if threshold is not None else []
     note = "" if threshold is not None else " (threshold not in the log)"
     return line_chart("plot-grad-norm", "Max gradient norm per epoch against the warning threshold" + note,
-                      [Series("max grad norm", _epoch_axis(data), ys, PALETTE[5])], y_label="L2 norm",
+                      [Series("max grad norm", data.x, ys, PALETTE[5])], y_label="L2 norm",
                       log_y=_positive_span(ys), hlines=hlines)
 
 
@@ -86,8 +79,7 @@ def _shown_epochs(runs: list[tuple[float, float]], limit: int = 30) -> str:
 def _overfit(data: RunData) -> tuple[str, list[Band]]:
     """val/train loss of every epoch, with the epochs ``OverfitDetectionCallback`` flagged (slot
     ``overfit_gap_ratio`` set) marked and shaded, one band a stretch of flagged epochs."""
-    x = _epoch_axis(data)
-    gap = data.slot("overfit_gap_ratio")
+    x, gap = data.x, data.slot("overfit_gap_ratio")
     flagged = [float(ep) for ep, g in zip(x, gap, strict=True) if g is not None]
     stretches = spans(flagged)
     bands = [Band(a, b, f"overfitting flagged in epoch {a:g}" if a == b else
@@ -112,7 +104,7 @@ def _early_stopping_plot(data: RunData) -> str:
         return figure("plot-early-stopping", title, "", "no early-stopping counter in the log "
                       "(early stopping off, or a log written before the counter was recorded)")
     hlines = [HLine(patience, f"patience {patience:g}")] if patience is not None else []
-    series = Series("epochs without improvement", _epoch_axis(data), ys, PALETTE[3], step=True)
+    series = Series("epochs without improvement", data.x, ys, PALETTE[3], step=True)
     return line_chart("plot-early-stopping", title, [series], y_label="epochs", hlines=hlines)
 
 
@@ -184,27 +176,21 @@ def _checkpoint_rows(data: RunData, checkpoints: list[dict[str, Any]]) -> str:
             + "".join(rows) + "</table>")
 
 
-def _distinct_files(run_dir: Path, paths: list[str]) -> int:
-    """How many files ``paths`` are: hard links of one file count once; a missing name counts as one."""
-    files: set[tuple[int, int] | str] = set()
-    for path in paths:
-        try:
-            st = (run_dir / path).stat()
-        except OSError:
-            files.add(path)
-            continue
-        files.add((st.st_dev, st.st_ino))
-    return len(files)
+def _file_id(path: Path) -> tuple[int, int] | str:
+    """Which file ``path`` is: hard links of one file share it; a missing name is one of its own."""
+    try:
+        st = path.stat()
+    except OSError:
+        return str(path)
+    return st.st_dev, st.st_ino
 
 
 def _checkpoint_panel(data: RunData) -> str:
     """The files the run keeps (each path's last write, unless removed), then every write: one write
     under several names (hard links) is one write, named by one sha256."""
-    last: dict[str, dict[str, Any]] = {}
-    for ck in data.checkpoints:
-        last[str(ck.get("path"))] = ck
+    last = {str(ck.get("path")): ck for ck in data.checkpoints}
     kept = [ck for ck in last.values() if not ck.get("removed")]
-    files = _distinct_files(data.events_path.parent, [str(ck.get("path")) for ck in kept])
+    files = len({_file_id(data.events_path.parent / str(ck.get("path"))) for ck in kept})
     writes = len({(ck.get("sha256"), ck.get("epoch")) for ck in data.checkpoints})
     if not data.checkpoints:
         body = '<p class="note">no checkpoint was written</p>'
@@ -217,13 +203,11 @@ def _checkpoint_panel(data: RunData) -> str:
 
 
 def _time_plots(data: RunData) -> list[str]:
-    phases, callbacks = data.table.totals("phase"), data.table.totals("callback")
     # shares of the epochs' time, as the audit gives them (a callback's hooks run inside its epoch)
     total = data.table.totals("time").get("epoch", 0.0)
-    return [bar_chart("plot-phase-time", "Time per phase (share of epoch time)", list(phases.items()),
-                      color=PALETTE[0], total=total),
-            bar_chart("plot-callback-time", "Time per callback (share of epoch time)", list(callbacks.items()),
-                      color=PALETTE[1], total=total)]
+    return [bar_chart(f"plot-{kind}-time", f"Time per {kind} (share of epoch time)",
+                      list(data.table.totals(kind).items()), color=PALETTE[i], total=total)
+            for i, kind in enumerate(("phase", "callback"))]
 
 
 def _audit_panel(report: AuditReport) -> str:

@@ -4,6 +4,7 @@ and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) 
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,25 +29,6 @@ class Column:
         self.values = array("d", bytes(8 * capacity))
         self.present = bytearray(capacity)
 
-    def widen(self, extra: int) -> None:
-        self.values.extend(array("d", bytes(8 * extra)))
-        self.present.extend(bytes(extra))
-
-    def as_list(self, rows: int) -> list[float | None]:
-        return [v if p else None for v, p in zip(self.values[:rows], self.present[:rows], strict=True)]
-
-    def total(self, rows: int) -> float:
-        return sum(v for v, p in zip(self.values[:rows], self.present[:rows], strict=True) if p)
-
-    def reorder(self, order: list[int] | None, rows: int) -> None:
-        """Keep the first ``rows`` rows, in ``order`` when given."""
-        values, present = self.values, self.present
-        if order is None:
-            self.values, self.present = values[:rows], present[:rows]
-            return
-        self.values = array("d", (values[i] for i in order))
-        self.present = bytearray(present[i] for i in order)
-
 
 class EpochTable:
     """Rows by 0-based epoch; columns by kind (metric, slot, time, phase, callback) and name."""
@@ -69,7 +51,8 @@ class EpochTable:
             self.index.append(epoch)
             if row == self._capacity:  # room doubles: a row costs no work per column
                 for column in self._all:
-                    column.widen(self._capacity)
+                    column.values.extend(array("d", bytes(8 * row)))
+                    column.present.extend(bytes(row))
                 self._capacity *= 2
         else:
             for column in self._all:
@@ -85,21 +68,27 @@ class EpochTable:
     def finish(self) -> None:
         """Rows in epoch order (a log writes them so, unless a resume re-ran some), no spare room."""
         rows = len(self.index)
-        order: list[int] | None = None
-        if any(a > b for a, b in zip(self.index, self.index[1:], strict=False)):
-            order = sorted(range(rows), key=self.index.__getitem__)
+        order = sorted(range(rows), key=self.index.__getitem__) if any(
+            a > b for a, b in itertools.pairwise(self.index)) else None
+        if order is not None:
             self.index = [self.index[i] for i in order]
-            self._row_of = {e: r for r, e in enumerate(self.index)}
-        for column in self._all:
-            column.reorder(order, rows)
-        self._capacity = rows
+        for c in self._all:
+            if order is None:
+                c.values, c.present = c.values[:rows], c.present[:rows]
+            else:
+                c.values = array("d", map(c.values.__getitem__, order))
+                c.present = bytearray(map(c.present.__getitem__, order))
 
     def values(self, kind: str, name: str) -> list[float | None]:
-        column = self.columns.get(kind, {}).get(name)
-        return column.as_list(len(self.index)) if column is not None else [None] * len(self.index)
+        c = self.columns.get(kind, {}).get(name)
+        if c is None:
+            return [None] * len(self.index)
+        if c.present.count(0) == 0:
+            return [*c.values]
+        return [v if p else None for v, p in zip(c.values, c.present, strict=True)]
 
     def totals(self, kind: str) -> dict[str, float]:
-        return {name: column.total(len(self.index)) for name, column in self.columns.get(kind, {}).items()}
+        return {name: sum(itertools.compress(c.values, c.present)) for name, c in self.columns.get(kind, {}).items()}
 
 
 class ReportError(ValueError):
@@ -119,6 +108,10 @@ class RunData:
     path: PathCounter = field(default_factory=PathCounter)
     path_problem: str | None = None  # why the path diagram cannot be drawn
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
+    x: list[int] = field(default_factory=list)  # each row's epoch, from 1
+    again: Any = None  # the last internal move's line, its key and how often it came again
+    again_key: tuple[str, str, str] = ("", "", "")
+    repeats: int = 0
 
     def setting(self, source: str, key: str, *config_path: str) -> float | None:
         """A callback's setting from its ``callback_settings`` event, else from the run's config."""
@@ -132,10 +125,16 @@ class RunData:
 
     def read(self, n: int, rec: dict[str, Any]) -> None:
         """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
+        if rec is self.again:  # the audit gives each per-batch line as one dict: that internal move again
+            self.repeats += 1
+            return
         if rec.get("event") == "transition" and (
                 type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
             # the common line, past the checks of ``record``
             self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
+            if src == dst:
+                self._count_repeats()
+                self.again, self.again_key = rec, (src, dst, trig)
             return
         try:
             self.path.record(rec, f"line {n}")
@@ -143,11 +142,18 @@ class RunData:
             self.path_problem = self.path_problem or str(exc)
         _read_event(self, rec)
 
+    def _count_repeats(self) -> None:
+        if self.repeats:
+            self.path.run.counts[self.again_key] += self.repeats
+            self.repeats = 0
+
     def finish(self, lines: int) -> RunData:
+        self._count_repeats()
         self.lines = lines
         if lines == 0 or (not len(self.table) and self.run_id == "?"):
             raise ReportError(f"{self.events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
         self.table.finish()
+        self.x = [e + 1 for e in self.table.index]  # the epochs as the console counts them
         return self
 
     def metric(self, name: str) -> list[float | None]:
@@ -210,17 +216,17 @@ def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any
         column.present[row] = 1
 
 
+_KINDS = (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds"), ("slot", "slots"))
+
+
 def _read_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
     # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
     row = table.row(epoch)
-    for kind, key in (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds")):
-        values = payload.get(key)
-        if isinstance(values, dict):
+    for kind, key in _KINDS:
+        if isinstance(values := payload.get(key), dict):
             _put_values(table, kind, row, values)
     _put_values(table, "time", row, {"epoch": as_float(payload.get("seconds")) or 0.0})
     slots = payload.get("slots")
-    if isinstance(slots, dict):
-        _put_values(table, "slot", row, slots)
-        for name, value in slots.items():
-            if isinstance(value, dict):
-                _put_values(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
+    for name, value in (slots.items() if isinstance(slots, dict) else ()):
+        if isinstance(value, dict):
+            _put_values(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})

@@ -3,6 +3,7 @@ importances, parallel coordinates, intermediate values, and the trials linking t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from fsmtrain.core.context import validation_label
 from fsmtrain.tools.report.run_log import ReportError, as_float
 from fsmtrain.tools.report.svgplot import (
     GREY,
@@ -53,10 +55,8 @@ def storage_url(target: str) -> tuple[Any, Path | None]:
     if not path.is_file():
         raise ReportError(f"{target}: no such run directory, events.jsonl or study storage file")
     with open(path, "rb") as fh:
-        head = fh.read(16)
-        fh.seek(0)
         first = fh.readline(1 << 16)
-    if head.startswith(b"SQLite format 3"):
+    if first.startswith(b"SQLite format 3"):
         _require_optuna_tables(path, target)
         return f"sqlite:///{path.resolve()}", path
     try:
@@ -117,18 +117,10 @@ def _seed_order(seed: Any) -> tuple[int, str]:
     return (int(text), "") if text.lstrip("-").isdigit() else (0, text)
 
 
-def _states(study: Any) -> tuple[list[Any], list[Any]]:
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and _value(t) is not None]
-    pruned = [t for t in trials if t.state == TrialState.PRUNED]
-    return complete, pruned
-
-
-def _value(trial: Any) -> float | None:
+def _value(trial: Any, finite: bool = True) -> float | None:
+    """A single-objective trial's value (``finite``: None unless finite)."""
     v = as_float(trial.value) if trial.values is not None and len(trial.values) == 1 else None
-    return v if v is not None and math.isfinite(v) else None
+    return v if v is not None and (math.isfinite(v) or not finite) else None
 
 
 def _positive(values: Sequence[float | None]) -> bool:
@@ -138,24 +130,18 @@ def _positive(values: Sequence[float | None]) -> bool:
 
 def _history(study: Any, complete: list[Any], pruned: list[Any]) -> str:
     minimize = study.direction.name == "MINIMIZE"
-    best: list[float | None] = []
-    current: float | None = None
-    for t in complete:
-        v = _value(t)
-        assert v is not None
-        current = v if current is None or (v < current if minimize else v > current) else current
-        best.append(current)
+    values = [v for v in map(_value, complete) if v is not None]  # each of them has one
+    best = list(itertools.accumulate(values, min if minimize else max))
     xs = [t.number for t in complete]
-    series = [Series("objective of a complete trial", xs, [_value(t) for t in complete], PALETTE[0], line=False),
+    series = [Series("objective of a complete trial", xs, values, PALETTE[0], line=False),
               Series("best so far", xs, best, PALETTE[1], points=False, step=True)]
     last = [(t.number, as_float(t.intermediate_values[max(t.intermediate_values)])) for t in pruned
             if t.intermediate_values]
     if last:
         series.append(Series("pruned trial (last reported value)", [n for n, _ in last], [v for _, v in last],
                              GREY, line=False))
-    values = [v for s in series for v in s.y]
     return line_chart("plot-history", f"Optimization history ({'minimize' if minimize else 'maximize'})",
-                      series, x_label="trial", y_label="objective", log_y=_positive(values))
+                      series, x_label="trial", y_label="objective", log_y=_positive([v for s in series for v in s.y]))
 
 
 def _importances(study: Any) -> str:
@@ -235,13 +221,11 @@ def _intermediate(complete: list[Any], pruned: list[Any]) -> str:
 
 
 def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> str:
-    from fsmtrain.callbacks.pruner import validation_label  # the callbacks import torch
-
     rows = []
     for t in study.get_trials(deepcopy=False):
         at = validation_label(t.user_attrs.get("pruned") or {}, last_step=t.last_step)
         state = t.state.name.lower() + (f" at {at}" if t.state.name == "PRUNED" else "")
-        v = as_float(t.value) if t.values is not None and len(t.values) == 1 else None
+        v = _value(t, finite=False)
         links = []
         for d in run_dirs_of(t):
             target = run_link(Path(d))
@@ -261,8 +245,11 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
 
 def study_sections(study: Any, out_dir: Path, run_link: Callable[[Path], Path | None]) -> tuple[str, str, list[str]]:
     """Title, summary and sections of a study report; ``run_link(run_dir)`` gives that run's report or None."""
-    complete, pruned = _states(study)
+    from optuna.trial import TrialState
+
     trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and _value(t) is not None]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
     best = f"; best {study.best_value:.6g} (trial {study.best_trial.number})" if complete else ""
     summary = f"{len(trials)} trials: {len(complete)} complete, {len(pruned)} pruned{best}"
     sections = [_history(study, complete, pruned), _importances(study), _parallel(study, complete),

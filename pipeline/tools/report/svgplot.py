@@ -19,6 +19,7 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F
 GREY = "#999999"
 _FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 64, 16, 12, 38
+_WIDTH = 760  # every chart's, in CSS pixels
 
 
 @dataclass
@@ -130,10 +131,12 @@ def _legend(items: Sequence[tuple[str, str, bool]], x: float, y: float) -> list[
 
 def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: str = "epoch", y_label: str = "",
                log_y: bool = False, hlines: Sequence[HLine] = (), bands: Sequence[Band] = (),
-               width: int = 760, height: int = 300, integer_x: bool = True,
                legend: Sequence[tuple[str, str, bool]] | None = None) -> str:
-    """A line chart; ``log_y`` drops values <= 0 and a long series is drawn reduced, each noted below it."""
-    dropped = sum(1 for s in series for y in s.y if y is not None and not drawable(y, log_y))
+    """A line chart over whole-number x (epochs, trials, steps); ``log_y`` drops values <= 0 and a long
+    series is drawn reduced, each noted below it."""
+    width, height = _WIDTH, 300
+    floor = 0.0 if log_y else -math.inf  # as ``drawable``, inline: a long series is a million values
+    dropped = sum(1 for s in series for y in s.y if y is not None and not floor < y < math.inf)
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
     series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
     xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if drawable(y, log_y)]
@@ -142,21 +145,14 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
     xs += [v for b in bands for v in (b.x0, b.x1)]
     if not xs or not ys:
         return figure(plot_id, title, "", "no values to draw")
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if not log_y:
-        pad = (y1 - y0) * 0.05 or abs(y1) * 0.05 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-    else:
-        y0, y1 = y0 / 1.15, y1 * 1.15
-    legend_h = 18
-    sx = _Scale(x0, x1, _PAD_L, width - _PAD_R)
-    sy = _Scale(y0, y1, height - _PAD_B - legend_h, _PAD_T, log=log_y)
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    pad = (y1 - y0) * 0.05 or abs(y1) * 0.05 or 1.0
+    y0, y1 = (y0 / 1.15, y1 * 1.15) if log_y else (y0 - pad, y1 + pad)
+    top, bottom = _PAD_T, height - _PAD_B - 18  # 18: the legend's row
+    sx, sy = _Scale(x0, x1, _PAD_L, width - _PAD_R), _Scale(y0, y1, bottom, top, log=log_y)
     out = [_svg_open(width, height, title)]
-    top, bottom = _PAD_T, height - _PAD_B - legend_h
     for b in bands:
-        left, right = sx(b.x0 - 0.5 if integer_x else b.x0), sx(b.x1 + 0.5 if integer_x else b.x1)
-        left, right = max(left, _PAD_L), min(right, width - _PAD_R)
+        left, right = max(sx(b.x0 - 0.5), _PAD_L), min(sx(b.x1 + 0.5), width - _PAD_R)
         out.append(f'<rect class="band" x="{left:.1f}" y="{top}" width="{max(right - left, 1):.1f}" '
                    f'height="{bottom - top}" fill="{b.color}" opacity="0.45"><title>{escape(b.label)}</title></rect>')
     for t in ticks(min(ys) if log_y else y0, max(ys) if log_y else y1, log_y):
@@ -165,10 +161,8 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
         y = sy(t)
         out.append(f'<line x1="{_PAD_L}" y1="{y:.1f}" x2="{width - _PAD_R}" y2="{y:.1f}" stroke="#e3e3e3"/>'
                    f'<text x="{_PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-    xt = ticks(x0, x1)
-    if integer_x:
-        xt = sorted({float(round(t)) for t in xt if abs(t - round(t)) < 1e-9} | ({x0} if x0 == x1 else set()))
-    for t in xt:
+    whole = {float(round(t)) for t in ticks(x0, x1) if abs(t - round(t)) < 1e-9}
+    for t in sorted(whole | ({x0} if x0 == x1 else set())):
         x = sx(t)
         out.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="#666"/>'
                    f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{_fmt(t)}</text>')
@@ -187,7 +181,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
                        f'</title></line><text x="{width - _PAD_R - 4}" y="{y - 4:.1f}" text-anchor="end" '
                        f'fill="{h.color}">{escape(h.label)}</text>')
     for s in series:
-        out += _draw_series(s, sx, sy, log_y, x1)
+        out += _draw_series(s, sx, sy, log_y)
     if legend is None:
         legend = [(s.name, s.color, s.dashed) for s in series]
         legend += [(b.legend or b.label, b.color, False) for b in bands[:1]]
@@ -208,7 +202,7 @@ def _reduced_note(cuts: Sequence[Reduced]) -> list[str]:
             f"each run of {big.per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
 
 
-def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -> list[str]:
+def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> list[str]:
     out: list[str] = []
     runs: list[list[tuple[float, float, float, float]]] = [[]]
     for x, y in zip(s.x, s.y, strict=True):
@@ -234,7 +228,7 @@ def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool, x_max: float) -
 
 
 def bar_chart(plot_id: str, title: str, items: Sequence[tuple[str, float]], *, unit: str = "s",
-              width: int = 760, color: str = PALETTE[0], total: float | None = None) -> str:
+              color: str = PALETTE[0], total: float | None = None) -> str:
     """Horizontal bars, largest first, with each value's share of ``total`` (default: their sum)."""
     items = sorted(((k, v) for k, v in items if math.isfinite(v)), key=lambda kv: -kv[1])
     if not items:
@@ -244,8 +238,8 @@ def bar_chart(plot_id: str, title: str, items: Sequence[tuple[str, float]], *, u
     height = top + row * len(items) + 8
     total = (total if total is not None and total > 0 else sum(v for _, v in items)) or 1.0
     vmax = max(v for _, v in items) or 1.0
-    bar_w = width - label_w - 150
-    out = [_svg_open(width, height, title)]
+    bar_w = _WIDTH - label_w - 150
+    out = [_svg_open(_WIDTH, height, title)]
     for i, (name, v) in enumerate(items):
         y = top + i * row
         w = max(bar_w * v / vmax, 1.0)
@@ -276,11 +270,11 @@ class TrialLine:
     tip: str
 
 
-def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[TrialLine], *,
-                   width: int = 760, height: int = 320) -> str:
+def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequence[TrialLine]) -> str:
     """Parallel coordinates: one vertical axis per entry of ``axes``, one polyline per trial."""
     if not axes or not lines:
         return figure(plot_id, title, "", "no complete trials to draw")
+    width, height = _WIDTH, 320
     top, bottom = 28, height - 22
     left, right = 70, width - 70
     step = (right - left) / max(len(axes) - 1, 1)
