@@ -28,7 +28,7 @@ from fsmtrain.tools.audit.ending import (
     ending_segment,
 )
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks, val_due
+from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     AuditReadError,
@@ -52,9 +52,17 @@ _MOVE_LINE = re.compile(
     rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
     rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
     rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
-_STEP = PER_BATCH[1]  # the phase a per-batch line is in
-_BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
+_BATCH = tuple(s.encode() for s in (PER_BATCH[1], *PER_BATCH))  # a per-batch line's phase, from, to and trigger
 _BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
+_FINAL = FINAL.value.encode()
+
+
+def _record(fields: tuple[bytes, ...]) -> dict[str, Any]:
+    """The value of a move line, from its fields."""
+    seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
+    return {"seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition", "level": level.decode(),
+            "phase": phase.decode(), "from": src.decode(), "to": dst.decode(), "trigger": trigger.decode(),
+            "epoch": int(epoch), "global_step": int(step), "payload": {}, "prev": prev.decode(), "seal": seal.decode()}
 
 
 def _when(ts: float) -> str:
@@ -106,37 +114,27 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
 
     def feed(self, n: int, raw: bytes) -> None:
         m = _MOVE_LINE(raw)
-        if m is None:
+        if m is None or not self._move_line(n, raw, m.groups()):
             self.feed_parsed(n, raw, None)
-            return
-        fields = m.groups()
-        if fields[4:8] != _BATCH or not self._batch_line(n, raw, fields):
-            seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
-            self.feed_parsed(n, raw, {
-                "seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition",
-                "level": level.decode(), "phase": phase.decode(), "from": src.decode(), "to": dst.decode(),
-                "trigger": trigger.decode(), "epoch": int(epoch), "global_step": int(step), "payload": {},
-                "prev": prev.decode(), "seal": seal.decode()})
 
-    def _batch_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
-        """A per-batch line that passes every check of :meth:`feed_parsed`, taken as it is; False, with
-        nothing changed, for any other."""
-        seg, seq, ts, epoch, step = self.seg, int(fields[0]), float(fields[1]), int(fields[8]), int(fields[9])
-        if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
-                or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
-                or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate) or val_due(seg, step)
+    def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
+        """A move line that passes every line check of :meth:`feed_parsed`, taken from its bytes; False,
+        with nothing changed, for any other (it is then parsed)."""
+        seg, seq, ts, step = self.seg, int(fields[0]), float(fields[1]), int(fields[9])
+        if (seg is None or seg.result_seen or seq != self.prev_seq + 1  # type: ignore[operator]
+                or ts < self.last_ts or step < seg.global_step or fields[6] == _FINAL
                 or fields[2].decode() != seg.run_id
                 or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
             return False
+        batch, phase, epoch = fields[4:8] == _BATCH, fields[4].decode(), int(fields[8])
         if self.reader is not None:
-            self.reader(n, _BATCH_MOVE)
+            self.reader(n, _BATCH_MOVE if batch else _record(fields))
         self.prev_seq = seq
-        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": _STEP})
+        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": phase})
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
-        self.batch_moves += 1
-        seg.batch_lines += 1
-        seg.step_prev = step
+        if not (batch and self._batch(n, step, epoch, seg)):
+            self._transition(n, seg, fields[5].decode(), fields[6].decode(), fields[7].decode(), epoch, step, phase)
         return True
 
     def feed_parsed(self, n: int, raw: bytes, rec: Any) -> None:
@@ -200,7 +198,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("level", f"a {rec['level']} line, but the run's config (line {seg.first_line}) writes this log "
                      f"at a higher level", n)
         if event == "transition":
-            self._transition(n, rec, seg)
+            if self._transition(n, seg, rec["from"], rec["to"], rec["trigger"], rec["epoch"], step, rec["phase"]):
+                self._train_end(n, rec, seg)
             return
         if rec["phase"] != seg.phase:
             self.bad("phase", f"{event!r} event says phase {rec['phase']!r}, but the last transition "

@@ -119,31 +119,20 @@ class MoveChecks(EndingChecks):
     moves: Counter[tuple[str, str, str]]
     batch_moves: int
 
-    def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        src, dst, trig = rec["from"], rec["to"], rec["trigger"]
+    def _transition(self, n: int, seg: Segment, src: Any, dst: Any, trig: Any, epoch: Any, step: Any,
+                    phase: Any) -> bool:
+        """Checks a move; True when it reached the end (its ``train_end`` is checked then)."""
         key = (src, dst, trig)
-        step = rec["global_step"]
-        if (key == PER_BATCH and seg.phase == _STEP and rec["epoch"] == seg.next_epoch and rec["phase"] == _STEP
-                and (seg.stop is None or not seg.stop.immediate)):
-            # The common line of a debug log: one per batch. Its guard holds unless an immediate stop.
-            self._missed(n, step, seg, inclusive=True)
-            self.batch_moves += 1
-            seg.batch_lines += 1
-            if step != seg.step_prev + 1:
-                self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
-                         "the line before): a batch line inserted or removed", n)
-            if type(step) is int:
-                seg.step_prev = step
-            return
+        if key == PER_BATCH and phase == _STEP and self._batch(n, step, epoch, seg):
+            return False
         if src != dst:
-            epoch = rec["epoch"]
             seg.moves.append((str(trig), str(src), str(dst), epoch if type(epoch) is int else 0))
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)
             if isinstance(dst, str) and dst in _PHASES:
                 seg.phase = dst
-            return
+            return False
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
@@ -154,16 +143,15 @@ class MoveChecks(EndingChecks):
             self.bad("guard", self._guard_message(move, seg), n)
         if seg.val_every is not None and type(step) is int:
             self._validations(n, src, dst, trig, step, seg)
-        epoch = rec["epoch"]
         if epoch != seg.next_epoch:
             self.bad("epoch", f"transition in epoch {shown_epoch(epoch)}, but the run is in epoch "
                      f"{epoch_number(seg.next_epoch)}", n)
-        if rec["phase"] != dst:
-            self.bad("phase", f"transition to {dst!r} says phase {rec['phase']!r}", n)
+        if phase != dst:
+            self.bad("phase", f"transition to {dst!r} says phase {phase!r}", n)
         seg.phase = dst
         if type(step) is int:
             if dst == _EPOCH_BEGIN:
-                if not (seg.resumed_batch and rec["epoch"] == seg.start_epoch):  # a resume inside keeps its own
+                if not (seg.resumed_batch and epoch == seg.start_epoch):  # a resume inside keeps its own
                     seg.validated_at = step  # the last epoch's end validated there
                 seg.epoch_starts += 1
                 seg.step_begin = seg.step_prev = step
@@ -175,8 +163,21 @@ class MoveChecks(EndingChecks):
                     self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
                              "(one step after the last batch line)", n)
                 seg.step_val = step
-        if dst == _FINAL and src != dst:
-            self._train_end(n, rec, seg)
+        return dst == _FINAL and src != dst
+
+    def _batch(self, n: int, step: Any, epoch: Any, seg: Segment) -> bool:
+        """The common line of a debug log, one per batch: its guard holds unless an immediate stop."""
+        if seg.phase != _STEP or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate):
+            return False
+        self._missed(n, step, seg, inclusive=True)
+        self.batch_moves += 1
+        seg.batch_lines += 1
+        if step != seg.step_prev + 1:
+            self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
+                     "the line before): a batch line inserted or removed", n)
+        if type(step) is int:
+            seg.step_prev = step
+        return True
 
     def _validations(self, n: int, src: str, dst: str, trig: str, step: int, seg: Segment) -> None:
         """With val_every_n_steps: a validation at every due step, each with its line."""
