@@ -1,8 +1,5 @@
-"""Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
-
-The log is streamed line by line: fields, ``seq``, ``ts`` and ``global_step`` are checked here, the
-rest by the mixins and checkers of the sibling modules; then the checkpoint files on disk.
-"""
+"""Audit a run's ``events.jsonl`` against the lifecycle, and explain the run. The log is streamed once:
+fields, ``seq``, ``ts`` and ``global_step`` are checked here, the rest by the sibling modules' mixins."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ from fsmtrain.tools.audit.ending import (
     ending_segment,
 )
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks
+from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     AuditReadError,
@@ -79,7 +76,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
+class LogAuditor(SegmentChecks, MoveChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,

@@ -51,6 +51,21 @@ class Unfinished:
 
 
 @dataclass
+class SegmentCheckpoints:
+    """A segment's logged checkpoint policy, and its word for each epoch the policy saves."""
+
+    every: int | None = None  # save_every_n_epochs, when the policy was logged
+    latest: bool = False  # save_latest: every epoch
+    committed: set[int] = field(default_factory=set)
+    skipped: dict[int, int] = field(default_factory=dict)  # epoch -> line of its checkpoint_skipped
+    start_line: int | None = None  # a run_start that is neither the first nor a resume: awaits its restart
+    restarted: bool = False
+
+    def expects(self, epoch: int) -> bool:
+        return self.every is not None and (self.latest or (epoch + 1) % self.every == 0)
+
+
+@dataclass
 class Segment:
     """One process's part of the log; a resume appends another."""
 
@@ -85,7 +100,6 @@ class Segment:
     last_line: int = 0
     last_epoch_field: Any = None
     global_step: int = 0
-    epochs_seen: set[int] = field(default_factory=set)
     nonfinite: dict[int, tuple[int, str]] = field(default_factory=dict)  # epoch -> (line, loss key)
     vals: list[tuple[float, int]] = field(default_factory=list)  # per logged epoch: (val_loss or nan, line)
     last_trial_report: tuple[bool, int] | None = None
@@ -106,6 +120,7 @@ class Segment:
     moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
+    ckpts: SegmentCheckpoints = field(default_factory=SegmentCheckpoints)
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -217,7 +232,7 @@ class EndingChecks:
             return f"it ended at global_step {rec['global_step']}, and max_steps is {seg.max_steps}"
         if evidence is Evidence.NONFINITE_LOSS:
             stop_epoch = stop.epoch if stop is not None else last_epoch
-            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
+            mid_epoch = stop is not None and stop.immediate and stop_epoch not in range(seg.start_epoch, seg.next_epoch)
             from_other_rank = stop is not None and stop.rank is not None
             if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
                 return f"the losses of epoch {shown_epoch(stop_epoch)} are finite"

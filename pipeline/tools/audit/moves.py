@@ -30,7 +30,7 @@ from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "EpochChecks", "MoveChecks", "val_due"]
+__all__ = ["PER_BATCH", "MoveChecks"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -75,25 +75,10 @@ def _check_for(tp: Any) -> tuple[Check, str] | None:
     return None
 
 
-def slot_checks(module: Any = _slots_module) -> dict[str, tuple[Check, str]]:
-    """For each slot ``module`` declares as ``NAME: Slot[T] = Slot("name")``: a check of a logged
-    value against ``T`` and how to say what was expected."""
-    out: dict[str, tuple[Check, str]] = {}
-    for attr, hint in typing.get_type_hints(module).items():
-        slot = getattr(module, attr, None)
-        if isinstance(slot, Slot) and typing.get_origin(hint) is Slot:
-            check = _check_for(typing.get_args(hint)[0])
-            if check is not None:
-                out[slot.name] = check
-    return out
-
-
-_SLOTS = slot_checks()
-
-
-def _is_nonfinite(value: Any) -> bool:
-    x = number(value)
-    return x is not None and not math.isfinite(x)
+# For each slot :mod:`fsmtrain.core.slots` declares as ``NAME: Slot[T] = Slot("name")``: its check against ``T``.
+_SLOTS = {slot.name: check for attr, hint in typing.get_type_hints(_slots_module).items()
+          if isinstance(slot := getattr(_slots_module, attr, None), Slot) and typing.get_origin(hint) is Slot
+          and (check := _check_for(typing.get_args(hint)[0])) is not None}
 
 
 def val_due(seg: Segment, step: int) -> bool:
@@ -113,9 +98,10 @@ def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: boo
 
 
 class MoveChecks(EndingChecks):
-    """Needs the auditor's ``chain``, ``moves`` and ``batch_moves``."""
+    """Needs the auditor's ``chain``, ``ex``, ``moves`` and ``batch_moves``."""
 
     chain: ChainCheck
+    ex: Explanation
     moves: Counter[tuple[str, str, str]]
     batch_moves: int
 
@@ -218,12 +204,6 @@ class MoveChecks(EndingChecks):
                 f"which did not hold: {state}, epoch {epoch_number(seg.next_epoch)} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")
 
-
-class EpochChecks(EndingChecks):
-    """Needs the auditor's ``ex``."""
-
-    ex: Explanation
-
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
         if seg.phase != _RECORD_PHASE:
@@ -238,18 +218,14 @@ class EpochChecks(EndingChecks):
                 self.bad("epochs", f"epoch {shown_epoch(epoch)} again or out of order (expected "
                          f"{epoch_number(seg.next_epoch)})", n)
         p = rec["payload"]
-        metrics = p.get("metrics") or {}
+        metrics = p.get("metrics") if isinstance(p.get("metrics"), dict) else {}
         cur = seg.next_epoch
-        seg.epochs_seen.add(cur)
-        if isinstance(metrics, dict):
-            for key in _LOSSES:
-                if _is_nonfinite(metrics.get(key)) and cur not in seg.nonfinite:
-                    seg.nonfinite[cur] = (n, key)
-            val = metrics.get("val_loss")
-            x = number(val) if type(val) is not bool else None
-            seg.vals.append((math.nan if x is None else x, n))
-        else:
-            seg.vals.append((math.nan, n))
+        for key in _LOSSES:
+            x = number(metrics.get(key))
+            if x is not None and not math.isfinite(x) and cur not in seg.nonfinite:
+                seg.nonfinite[cur] = (n, key)
+        x = number(metrics.get("val_loss"))
+        seg.vals.append((math.nan if x is None else x, n))
         self._batches(n, rec, seg)
         slots = p.get("slots")
         if isinstance(slots, dict):
