@@ -16,18 +16,12 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
-from fsmtrain.tools.audit.ending import (
-    BUDGET_REASONS,
-    Segment,
-    best_epoch,
-    completed_epochs,
-    completed_stop,
-    ending_segment,
-)
+from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
+    BUDGET_REASONS,
     AuditReadError,
     AuditReport,
     Explanation,

@@ -13,13 +13,12 @@ from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.log_file import log_number as number
-from fsmtrain.core.stop import Evidence, Route, StopReason, budget_end
+from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
 __all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
-BUDGET_REASONS = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
 # The result figures recomputed from the log, in the order the audit reports them.
