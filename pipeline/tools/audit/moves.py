@@ -149,7 +149,7 @@ class MoveChecks(EndingChecks):
                     self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
                              "(one step after the last batch line)", n)
                 seg.step_val = step
-        return dst == _FINAL and src != dst
+        return bool(dst == _FINAL and src != dst)
 
     def _batch(self, n: int, step: Any, epoch: Any, seg: Segment) -> bool:
         """The common line of a debug log, one per batch: its guard holds unless an immediate stop."""
