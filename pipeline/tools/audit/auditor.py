@@ -16,7 +16,7 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
-from fsmtrain.tools.audit.ending import Segment, best_epoch, completed_epochs, completed_stop, ending_segment
+from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
@@ -112,7 +112,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         """A move line that passes every line check of :meth:`feed_parsed`, taken from its bytes; False,
         with nothing changed, for any other (it is then parsed)."""
         seg, seq, ts, step = self.seg, int(fields[0]), float(fields[1]), int(fields[9])
-        if (seg is None or seg.result_seen or seq != self.prev_seq + 1  # type: ignore[operator]
+        if (seg is None or seg.result_line is not None or seq != self.prev_seq + 1  # type: ignore[operator]
                 or ts < self.last_ts or step < seg.global_step or fields[6] == _FINAL
                 or fields[2].decode() != seg.run_id
                 or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
@@ -175,7 +175,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         if rec["run_id"] != seg.run_id:
             self.bad("run_id", f"run_id {rec['run_id']!r} differs from this run's {seg.run_id!r} "
                      "(a line of another process? logs are one file per run and rank)", n)
-        if seg.result_seen:
+        if seg.result_line is not None:
             self.bad("end", f"a {event!r} line after the result (line {seg.result_line}): the result is a run's "
                      "last line, and only a resume's run_start may follow it", n)
         seg.last_line = n
@@ -248,12 +248,12 @@ class LogAuditor(SegmentChecks, MoveChecks):
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} in epoch "
                          f"{shown_epoch(seg.last_epoch_field)} (line {seg.last_line}), {seg.epochs} epoch(s) "
                          f"completed, without reaching {FINAL.value!r}", seg.last_line)
-            elif seg.end_line is not None and not seg.result_seen and not last:
+            elif seg.end_line is not None and seg.result_line is None and not last:
                 # a kill -9 in the teardown cannot be caught; the run that resumed wrote the result
                 self.warn("end", f"no result event after train_end (line {seg.end_line}): the process was killed "
                           f"in its teardown, and the run went on at line {seg.last_line + 1}", seg.last_line,
                           Verdict.KILLED)
-            elif seg.end_line is not None and not seg.result_seen:
+            elif seg.end_line is not None and seg.result_line is None:
                 self.bad("end", f"no result event after train_end (line {seg.end_line})", self.lines)
                 self._stop_said(seg, None)
             open_epochs = seg.epoch_starts - seg.epochs
@@ -272,14 +272,9 @@ class LogAuditor(SegmentChecks, MoveChecks):
                            self._segment_infos())
 
     def _segment_infos(self) -> list[SegmentInfo]:
-        chains = {c.first_line: c for c in self.chain.segments}
-        out = []
-        for seg in self.segments:
-            c = chains.get(seg.first_line)
-            out.append(SegmentInfo(seg.first_line, seg.last_line, seg.start_epoch, seg.epochs, seg.resumed_from,
-                                   seg.end_reason, c.scheme if c else None, c.key_id if c else None,
-                                   c.verified if c else False))
-        return out
+        chains = {c.first_line: (c.scheme, c.key_id, c.verified) for c in self.chain.segments}
+        return [SegmentInfo(s.first_line, s.last_line, s.start_epoch, s.epochs, s.resumed_from, s.end_reason,
+                            *chains.get(s.first_line, (None, None, False))) for s in self.segments]
 
     def _fill_explanation(self) -> None:
         ex = self.ex
@@ -299,7 +294,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason in BUDGET_REASONS:
-            ex.stop_source, ex.stop_message = completed_stop(ending_segment(self.segments))
+            ex.stop_source, ex.stop_message = budget_ended(ending_segment(self.segments))[1:]
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:

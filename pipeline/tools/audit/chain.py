@@ -289,10 +289,6 @@ class ChainCheck:
         """A checkpoint pinned ``line``: states commit in order, so no later one pins a line before it."""
         self._end_pins = {d: n for d, n in self._end_pins.items() if n >= line}
 
-    @property
-    def verifying(self) -> bool:
-        return self.active is not None and not self.unchained
-
     def locate(self, path: Path, head: str) -> int | None:
         """The line of ``path`` whose digest is ``head``: a second pass, for a checkpoint the log lacks."""
         chains = [c for c in (self.plain, self.keyed) if c is not None]

@@ -92,7 +92,7 @@ class CheckpointLines:
         if head is not None and not isinstance(head, str):
             self._bad(f"chain_head must be a digest string, found {head!r}", n)
             head = None
-        if head is not None and self.chain.verifying:
+        if head is not None and self.chain.active is not None and not self.chain.unchained:
             pinned = self.chain.pinned_line(head)
             if pinned is None:
                 self._bad(f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line logged "
@@ -170,7 +170,7 @@ class CheckpointLines:
             if ckpts.start_line is not None and not ckpts.restarted:
                 self._bad("a second run_start without resumed_from and no restart event: two runs written into one "
                           "file", ckpts.start_line, "resume")
-            ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
+            ended = seg.result_line is not None and seg.end_reason != StopReason.ERROR.value
             horizon = max(ckpts.committed, default=-1)
             for epoch, (_, line) in enumerate(seg.vals, seg.start_epoch):
                 if not ckpts.expects(epoch) or (not ended and epoch > horizon):

@@ -16,7 +16,7 @@ from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "budget_ended", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -94,8 +94,7 @@ class Segment:
     validated_at: int = -1  # the global step of the last validation
     val_open: bool = False  # in a validation whose line is not logged yet
     resumed_batch: int = 0  # a resume inside its first epoch: the batches of it done before
-    result_seen: bool = False
-    result_line: int | None = None
+    result_line: int | None = None  # its result (None: none yet)
     last_line: int = 0
     last_epoch_field: Any = None
     global_step: int = 0
@@ -141,9 +140,9 @@ def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     return out
 
 
-def completed_stop(seg: Segment) -> tuple[str, str]:
-    """The stop source and message of a run that ran out of its budget (no stop requested)."""
-    return budget_end(seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[1:]
+def budget_ended(seg: Segment) -> tuple[StopReason, str, str]:
+    """The stop reason, source and message of a run that ran out of its budget (no stop requested)."""
+    return budget_end(seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)
 
 
 def ending_segment(segs: list[Segment]) -> Segment:
@@ -201,8 +200,7 @@ class EndingChecks:
             self.bad("stop_reason", f"train_end reason {reason!r} is not one of {sorted(_REASONS)}", n)
             return
         stop = seg.stop
-        expected = stop.reason if stop is not None else budget_end(
-            seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[0].value
+        expected = stop.reason if stop is not None else budget_ended(seg)[0].value
         if reason != expected:
             why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
                    else "no stop was requested, so the run completed")
@@ -300,7 +298,6 @@ class EndingChecks:
         if seg.end_line is None:
             self.bad("result", "a result before train_end", n)
             return
-        seg.result_seen = True
         seg.result_line = n
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
         segs = self.segments[: self.segments.index(seg) + 1]
@@ -349,7 +346,7 @@ class EndingChecks:
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:
-            for what, got, expected in zip(("source", "message"), seg.end_said, completed_stop(seg),
+            for what, got, expected in zip(("source", "message"), seg.end_said, budget_ended(seg)[1:],
                                            strict=True):
                 if got != expected:
                     self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "

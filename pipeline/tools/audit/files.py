@@ -40,8 +40,8 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
     missing: list[tuple[str, int]] = []
     base = log.parent
     # A checkpoint pinning a line of a process killed before its result is a write it never logged.
-    killed = [(s.first_line, s.last_line) for s in segments if not s.result_seen]
-    if segments and not segments[-1].result_seen:
+    killed = [(s.first_line, s.last_line) for s in segments if s.result_line is None]
+    if segments and segments[-1].result_line is None:
         killed.append((segments[-1].first_line, lines))
     for rel, w in ckpts.writes.items():
         if rel in ckpts.removed:
