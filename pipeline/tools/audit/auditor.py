@@ -43,7 +43,8 @@ _MOVE_LINE = re.compile(
     rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
     rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
     rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
-_BATCH = tuple(s.encode() for s in (PER_BATCH[1], *PER_BATCH))  # a per-batch line's phase, from, to and trigger
+_STEP = PER_BATCH[1]  # the phase a per-batch line is in
+_BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
 _BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
 _FINAL = FINAL.value.encode()
 
@@ -117,7 +118,8 @@ class LogAuditor(SegmentChecks, MoveChecks):
                 or fields[2].decode() != seg.run_id
                 or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
             return False
-        batch, phase, epoch = fields[4:8] == _BATCH, fields[4].decode(), int(fields[8])
+        batch, epoch = fields[4:8] == _BATCH, int(fields[8])
+        phase = _STEP if batch else fields[4].decode()
         if self.reader is not None:
             self.reader(n, _BATCH_MOVE if batch else _record(fields))
         self.prev_seq = seq

@@ -155,7 +155,8 @@ class MoveChecks(EndingChecks):
         """The common line of a debug log, one per batch: its guard holds unless an immediate stop."""
         if seg.phase != _STEP or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate):
             return False
-        self._missed(n, step, seg, inclusive=True)
+        if seg.val_every is not None:
+            self._missed(n, step, seg, inclusive=True)
         self.batch_moves += 1
         seg.batch_lines += 1
         if step != seg.step_prev + 1:
