@@ -1,7 +1,5 @@
-"""The audit of a run's log: :func:`audit_file` checks one ``events.jsonl`` (hash chain, moves
-against the lifecycle, content, checkpoint files) and explains the run; :func:`audit_run_dir`
-audits every rank's log of a run directory and that the ranks agreed. Torch-free.
-"""
+"""The audit of a run's logs (torch-free): :func:`audit_file` checks and explains one ``events.jsonl``;
+:func:`audit_run_dir` every rank's log of a run directory, and that the ranks agreed."""
 
 from fsmtrain.tools.audit.auditor import audit_file
 from fsmtrain.tools.audit.ranks import RankedAudit, audit_run_dir

@@ -1,8 +1,5 @@
-"""Audit a run's ``events.jsonl`` against the lifecycle, and explain the run.
-
-The log is streamed line by line: fields, ``seq``, ``ts`` and ``global_step`` are checked here, the
-rest by the mixins and checkers of the sibling modules; then the checkpoint files on disk.
-"""
+"""Audit a run's ``events.jsonl`` against the lifecycle, and explain the run. The log is streamed once:
+fields, ``seq``, ``ts`` and ``global_step`` are checked here, the rest by the sibling modules' mixins."""
 
 from __future__ import annotations
 
@@ -19,18 +16,12 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
-from fsmtrain.tools.audit.ending import (
-    BUDGET_REASONS,
-    Segment,
-    best_epoch,
-    completed_epochs,
-    completed_stop,
-    ending_segment,
-)
+from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, EpochChecks, MoveChecks, val_due
+from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
 from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
+    BUDGET_REASONS,
     AuditReadError,
     AuditReport,
     Explanation,
@@ -55,6 +46,15 @@ _MOVE_LINE = re.compile(
 _STEP = PER_BATCH[1]  # the phase a per-batch line is in
 _BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
 _BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
+_FINAL = FINAL.value.encode()
+
+
+def _record(fields: tuple[bytes, ...]) -> dict[str, Any]:
+    """The value of a move line, from its fields."""
+    seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
+    return {"seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition", "level": level.decode(),
+            "phase": phase.decode(), "from": src.decode(), "to": dst.decode(), "trigger": trigger.decode(),
+            "epoch": int(epoch), "global_step": int(step), "payload": {}, "prev": prev.decode(), "seal": seal.decode()}
 
 
 def _when(ts: float) -> str:
@@ -71,7 +71,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
+class LogAuditor(SegmentChecks, MoveChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
@@ -106,37 +106,28 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
 
     def feed(self, n: int, raw: bytes) -> None:
         m = _MOVE_LINE(raw)
-        if m is None:
+        if m is None or not self._move_line(n, raw, m.groups()):
             self.feed_parsed(n, raw, None)
-            return
-        fields = m.groups()
-        if fields[4:8] != _BATCH or not self._batch_line(n, raw, fields):
-            seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
-            self.feed_parsed(n, raw, {
-                "seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition",
-                "level": level.decode(), "phase": phase.decode(), "from": src.decode(), "to": dst.decode(),
-                "trigger": trigger.decode(), "epoch": int(epoch), "global_step": int(step), "payload": {},
-                "prev": prev.decode(), "seal": seal.decode()})
 
-    def _batch_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
-        """A per-batch line that passes every check of :meth:`feed_parsed`, taken as it is; False, with
-        nothing changed, for any other."""
-        seg, seq, ts, epoch, step = self.seg, int(fields[0]), float(fields[1]), int(fields[8]), int(fields[9])
-        if (seg is None or seg.result_seen or seg.phase != _STEP or seq != self.prev_seq + 1  # type: ignore[operator]
-                or ts < self.last_ts or step != seg.step_prev + 1 or step < seg.global_step
-                or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate) or val_due(seg, step)
+    def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
+        """A move line that passes every line check of :meth:`feed_parsed`, taken from its bytes; False,
+        with nothing changed, for any other (it is then parsed)."""
+        seg, seq, ts, step = self.seg, int(fields[0]), float(fields[1]), int(fields[9])
+        if (seg is None or seg.result_line is not None or seq != self.prev_seq + 1  # type: ignore[operator]
+                or ts < self.last_ts or step < seg.global_step or fields[6] == _FINAL
                 or fields[2].decode() != seg.run_id
                 or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
             return False
+        batch, epoch = fields[4:8] == _BATCH, int(fields[8])
+        phase = _STEP if batch else fields[4].decode()
         if self.reader is not None:
-            self.reader(n, _BATCH_MOVE)
+            self.reader(n, _BATCH_MOVE if batch else _record(fields))
         self.prev_seq = seq
-        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": _STEP})
+        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": phase})
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
-        self.batch_moves += 1
-        seg.batch_lines += 1
-        seg.step_prev = step
+        if not (batch and self._batch(n, step, epoch, seg)):
+            self._transition(n, seg, fields[5].decode(), fields[6].decode(), fields[7].decode(), epoch, step, phase)
         return True
 
     def feed_parsed(self, n: int, raw: bytes, rec: Any) -> None:
@@ -186,7 +177,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
         if rec["run_id"] != seg.run_id:
             self.bad("run_id", f"run_id {rec['run_id']!r} differs from this run's {seg.run_id!r} "
                      "(a line of another process? logs are one file per run and rank)", n)
-        if seg.result_seen:
+        if seg.result_line is not None:
             self.bad("end", f"a {event!r} line after the result (line {seg.result_line}): the result is a run's "
                      "last line, and only a resume's run_start may follow it", n)
         seg.last_line = n
@@ -200,7 +191,8 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             self.bad("level", f"a {rec['level']} line, but the run's config (line {seg.first_line}) writes this log "
                      f"at a higher level", n)
         if event == "transition":
-            self._transition(n, rec, seg)
+            if self._transition(n, seg, rec["from"], rec["to"], rec["trigger"], rec["epoch"], step, rec["phase"]):
+                self._train_end(n, rec, seg)
             return
         if rec["phase"] != seg.phase:
             self.bad("phase", f"{event!r} event says phase {rec['phase']!r}, but the last transition "
@@ -258,12 +250,12 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                 self.bad("end", f"unfinished run: the log ends in phase {seg.phase!r} in epoch "
                          f"{shown_epoch(seg.last_epoch_field)} (line {seg.last_line}), {seg.epochs} epoch(s) "
                          f"completed, without reaching {FINAL.value!r}", seg.last_line)
-            elif seg.end_line is not None and not seg.result_seen and not last:
+            elif seg.end_line is not None and seg.result_line is None and not last:
                 # a kill -9 in the teardown cannot be caught; the run that resumed wrote the result
                 self.warn("end", f"no result event after train_end (line {seg.end_line}): the process was killed "
                           f"in its teardown, and the run went on at line {seg.last_line + 1}", seg.last_line,
                           Verdict.KILLED)
-            elif seg.end_line is not None and not seg.result_seen:
+            elif seg.end_line is not None and seg.result_line is None:
                 self.bad("end", f"no result event after train_end (line {seg.end_line})", self.lines)
                 self._stop_said(seg, None)
             open_epochs = seg.epoch_starts - seg.epochs
@@ -282,14 +274,9 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
                            self._segment_infos())
 
     def _segment_infos(self) -> list[SegmentInfo]:
-        chains = {c.first_line: c for c in self.chain.segments}
-        out = []
-        for seg in self.segments:
-            c = chains.get(seg.first_line)
-            out.append(SegmentInfo(seg.first_line, seg.last_line, seg.start_epoch, seg.epochs, seg.resumed_from,
-                                   seg.end_reason, c.scheme if c else None, c.key_id if c else None,
-                                   c.verified if c else False))
-        return out
+        chains = {c.first_line: (c.scheme, c.key_id, c.verified) for c in self.chain.segments}
+        return [SegmentInfo(s.first_line, s.last_line, s.start_epoch, s.epochs, s.resumed_from, s.end_reason,
+                            *chains.get(s.first_line, (None, None, False))) for s in self.segments]
 
     def _fill_explanation(self) -> None:
         ex = self.ex
@@ -309,7 +296,7 @@ class LogAuditor(SegmentChecks, MoveChecks, EpochChecks):
             ex.stop_source, ex.stop_message = seg.stop.source, seg.stop.message
             ex.stop_request_line, ex.stop_epoch = seg.stop.line, seg.stop.epoch
         elif seg.end_reason in BUDGET_REASONS:
-            ex.stop_source, ex.stop_message = completed_stop(ending_segment(self.segments))
+            ex.stop_source, ex.stop_message = budget_ended(ending_segment(self.segments))[1:]
             ex.stop_epoch = seg.next_epoch - 1
         best = best_epoch(self.segments)
         if best is not None:

@@ -1,6 +1,5 @@
-"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): each line's ``prev`` and, where
-no link covers a line (the last, or around a break), its ``seal``; the first break named with what
-happened there; a wrong or missing key told from tampering; the lines checkpoints pin."""
+"""The audit's half of the hash chain (:mod:`fsmtrain.core.chain`): links, seals where no link covers a
+line, the first break named with what happened there, a wrong key told from tampering, pinned lines."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class _Break:
     sealed: bool | None  # whether this line holds its seal
 
     def named(self, next_ok: bool, next_carried: Any, next_sealed: bool | None) -> tuple[int, str]:
-        """The line to name for this break, and what happened there, once the line after it is
-        known (``next_*``; ``next_ok`` True and ``next_sealed`` None at the end of the log)."""
+        """The line to name for this break and what happened there, given the line after it (``next_*``)."""
         n = self.line
         if self.duplicate:
             return n, f"line {n} is a second copy of line {n - 1}"
@@ -71,8 +69,7 @@ class _Break:
 
 
 def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> str:
-    """The ``prev`` line ``rec`` must carry under ``chain``: the digest of the line before it, or for
-    a first line the genesis of its run id and recorded config."""
+    """The ``prev`` ``rec`` must carry: the digest of the line before, or for a first line the genesis."""
     if prev_raw is not None:
         return chain.digest(prev_raw)
     payload = rec.get("payload")
@@ -80,8 +77,8 @@ def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> s
 
 
 class SealCheck:
-    """Seals, checked where the chain needs them (:meth:`status`); ``first``: the first that fails. A
-    log whose lines are sealed must seal every line; one with no seal at all is of the older format."""
+    """Seals, checked where no link covers a line; ``first``: the first that fails. A sealed log seals
+    every line; one with no seal at all is of the older format."""
 
     def __init__(self) -> None:
         self.plain = Chain()
@@ -90,8 +87,8 @@ class SealCheck:
         self._known: dict[int, bool | None] = {}  # a few lines, around a break and at the end
 
     def status(self, n: int, raw: bytes, chain: Chain) -> bool | None:
-        """Whether line ``n`` holds its seal under ``chain``: True, False (its seal does not match, or
-        it has none in a log that seals its lines), None (no seal: a log of the older format)."""
+        """Whether line ``n`` holds its seal: True, False (a wrong or missing seal in a sealed log), None
+        (no seal: the older format)."""
         if n in self._known:
             return self._known[n]
         sealed = chain.check_seal(raw)[0]
@@ -117,10 +114,8 @@ class SealCheck:
                 "altered after it was written), or an older fsmtrain wrote it")
 
 
-
 class ChainCheck:
-    """Fed every line in order (:meth:`link`), and each ``run_start`` payload first
-    (:meth:`segment`); :meth:`finish` gives the findings and the verdict."""
+    """Fed every line (:meth:`link`), each ``run_start`` first (:meth:`segment`); :meth:`finish` judges."""
 
     def __init__(self, key: bytes | None) -> None:
         self.plain = Chain()
@@ -202,8 +197,7 @@ class ChainCheck:
         self.pins = {}
 
     def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
-        """Check that line ``n`` carries the digest of the line before it; its own seal is checked
-        only where no link covers it (the end, before an unparsable line, around a break)."""
+        """Check that line ``n`` carries the digest of the line before it."""
         prev_raw, before = self.prev_raw, self._before_prev
         self._before_prev = prev_raw
         self.prev_raw = raw
@@ -217,7 +211,7 @@ class ChainCheck:
             self.verdict.unverified_lines += not self.unchained
             return
         self._tail, self._last_verified = self.active, n
-        if prev_raw is not None:  # every line but the first: kept short, it runs per line
+        if prev_raw is not None:
             expected = digest(prev_raw)
             (self._end_pins if prev_end else self.pins)[expected] = n - 1
             self.verified_links += 1
@@ -289,22 +283,14 @@ class ChainCheck:
 
     def pinned_line(self, head: str) -> int | None:
         """The line whose digest ``head`` is, among those a checkpoint may pin (see ``pins``)."""
-        line = self.pins.get(head)
-        if line is None:
-            line = self._pins_before.get(head)
-        return line if line is not None else self._end_pins.get(head)
+        return self.pins.get(head, self._pins_before.get(head, self._end_pins.get(head)))
 
     def pinned(self, line: int) -> None:
         """A checkpoint pinned ``line``: states commit in order, so no later one pins a line before it."""
         self._end_pins = {d: n for d, n in self._end_pins.items() if n >= line}
 
-    @property
-    def verifying(self) -> bool:
-        return self.active is not None and not self.unchained
-
     def locate(self, path: Path, head: str) -> int | None:
-        """The line of ``path`` whose digest (under any scheme used) is ``head``: a second pass, made
-        only for a checkpoint that does not match the log."""
+        """The line of ``path`` whose digest is ``head``: a second pass, for a checkpoint the log lacks."""
         chains = [c for c in (self.plain, self.keyed) if c is not None]
         with open(path, "rb") as fh:
             for n, raw in enumerate(fh, 1):

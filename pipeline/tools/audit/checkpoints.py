@@ -1,14 +1,11 @@
-"""The checkpoint lines of a log: what each path's latest commit is (or that it was removed or
-moved to ``damaged/``), and, per segment, the log's word for every epoch its logged policy saves:
-a ``checkpoint`` or a ``checkpoint_skipped`` (a slow disk). Once a segment wrote its ``result`` that
-holds for all its epochs, else up to its last commit (states are written in order). A ``restart``
-(a second ``run_start`` without ``resumed_from``) starts at epoch 0 with no commit left to resume.
-"""
+"""The checkpoint lines of a log: each path's latest commit (or its removal or quarantine), and per
+segment a ``checkpoint`` or ``checkpoint_skipped`` for every epoch its logged policy saves (all its
+epochs once it wrote its ``result``, else up to its last commit: states are written in order)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +40,6 @@ class Damaged:
     found_sha256: str | None
 
 
-@dataclass
-class _SegmentCheckpoints:
-    every: int | None = None  # save_every_n_epochs, when the policy was logged
-    latest: bool = False  # save_latest: every epoch
-    committed: set[int] = field(default_factory=set)
-    skipped: dict[int, int] = field(default_factory=dict)  # epoch -> line of its checkpoint_skipped
-    start_line: int | None = None  # a run_start that is neither the first nor a resume: awaits its restart
-    restarted: bool = False
-
-    def expects(self, epoch: int) -> bool:
-        return self.every is not None and (self.latest or (epoch + 1) % self.every == 0)
-
-
 class CheckpointLines:
     """Fed the checkpoint lines of a log; :meth:`finish` gives the findings."""
 
@@ -66,11 +50,7 @@ class CheckpointLines:
         self.removed: dict[str, int] = {}  # path -> line of a later removal
         self.damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
         self.first_commit: dict[str, tuple[int, str, int | None]] = {}  # sha256 -> (line, path, epoch)
-        self.by_segment: dict[int, _SegmentCheckpoints] = {}  # by the segment's first line
         self.findings: list[Finding] = []
-
-    def _of(self, seg: Segment) -> _SegmentCheckpoints:
-        return self.by_segment.setdefault(seg.first_line, _SegmentCheckpoints())
 
     def _bad(self, message: str, line: int | None, check: str = "checkpoint") -> None:
         self.findings.append(Finding(check, message, line))
@@ -91,7 +71,7 @@ class CheckpointLines:
 
     def second_start(self, n: int, seg: Segment) -> None:
         """A run_start after the first, without ``resumed_from``: a restart, if its ``restart`` comes."""
-        self._of(seg).start_line = n
+        seg.ckpts.start_line = n
 
     def settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
@@ -100,8 +80,7 @@ class CheckpointLines:
             return
         every = settings.get("save_every_n_epochs")
         if type(every) is int and every >= 1:
-            ckpts = self._of(seg)
-            ckpts.every, ckpts.latest = every, settings.get("save_latest") is True
+            seg.ckpts.every, seg.ckpts.latest = every, settings.get("save_latest") is True
 
     def commit(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
@@ -113,7 +92,7 @@ class CheckpointLines:
         if head is not None and not isinstance(head, str):
             self._bad(f"chain_head must be a digest string, found {head!r}", n)
             head = None
-        if head is not None and self.chain.verifying:
+        if head is not None and self.chain.active is not None and not self.chain.unchained:
             pinned = self.chain.pinned_line(head)
             if pinned is None:
                 self._bad(f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line logged "
@@ -128,7 +107,7 @@ class CheckpointLines:
         self.damaged.pop(path, None)
         if epoch is None or "step" in p:  # a checkpoint at a step: the epoch's own state is still due
             return
-        ckpts = self._of(seg)
+        ckpts = seg.ckpts
         ckpts.committed.add(epoch)
         if epoch in ckpts.skipped:
             self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {ckpts.skipped[epoch]} "
@@ -149,7 +128,7 @@ class CheckpointLines:
             self._bad(f"checkpoint_skipped names epoch {epoch_number(epoch)}, which this process (epochs "
                       f"{epoch_number(seg.start_epoch)} to {epoch_number(seg.next_epoch)}) did not train", n)
         if "step" not in p:
-            self._of(seg).skipped[epoch] = n
+            seg.ckpts.skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
     def quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
@@ -171,7 +150,7 @@ class CheckpointLines:
         self.ex.checkpoints_damaged += 1
 
     def restart(self, n: int, seg: Segment) -> None:
-        ckpts = self._of(seg)
+        ckpts = seg.ckpts
         if ckpts.start_line is None and seg.first_line != 1:
             self._bad("a restart event in a segment that is not a restart (its run_start resumes or is the first)", n,
                       "resume")
@@ -187,20 +166,16 @@ class CheckpointLines:
 
     def finish(self, segments: list[Segment]) -> list[Finding]:
         for seg in segments:
-            ckpts = self.by_segment.get(seg.first_line)
-            if ckpts is None:
-                continue
+            ckpts = seg.ckpts
             if ckpts.start_line is not None and not ckpts.restarted:
                 self._bad("a second run_start without resumed_from and no restart event: two runs written into one "
                           "file", ckpts.start_line, "resume")
-            ended = seg.result_seen and seg.end_reason != StopReason.ERROR.value
+            ended = seg.result_line is not None and seg.end_reason != StopReason.ERROR.value
             horizon = max(ckpts.committed, default=-1)
-            lines = dict(zip(sorted(seg.epochs_seen), (line for _, line in seg.vals), strict=False))
-            for epoch in sorted(seg.epochs_seen):
+            for epoch, (_, line) in enumerate(seg.vals, seg.start_epoch):
                 if not ckpts.expects(epoch) or (not ended and epoch > horizon):
                     continue
                 if epoch not in ckpts.committed and epoch not in ckpts.skipped:
                     self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why "
-                              "(the checkpoint policy this process logged saves that epoch)", lines.get(epoch),
-                              "coverage")
+                              "(the checkpoint policy this process logged saves that epoch)", line, "coverage")
         return self.findings

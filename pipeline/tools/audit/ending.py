@@ -13,13 +13,12 @@ from fsmtrain.core.consensus import may_override
 from fsmtrain.core.context import epoch_number
 from fsmtrain.core.lifecycle import ABORT, INITIAL, Phase
 from fsmtrain.core.log_file import log_number as number
-from fsmtrain.core.stop import Evidence, Route, StopReason, budget_end
+from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "completed_stop", "ending_segment", "number"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "budget_ended", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
-BUDGET_REASONS = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
 # The result figures recomputed from the log, in the order the audit reports them.
@@ -48,6 +47,21 @@ class Unfinished:
     phase: str
     next_epoch: int
     unlogged: tuple[int, str] | None  # (epoch, the commit that holds it): committed, never logged
+
+
+@dataclass
+class SegmentCheckpoints:
+    """A segment's logged checkpoint policy, and its word for each epoch the policy saves."""
+
+    every: int | None = None  # save_every_n_epochs, when the policy was logged
+    latest: bool = False  # save_latest: every epoch
+    committed: set[int] = field(default_factory=set)
+    skipped: dict[int, int] = field(default_factory=dict)  # epoch -> line of its checkpoint_skipped
+    start_line: int | None = None  # a run_start that is neither the first nor a resume: awaits its restart
+    restarted: bool = False
+
+    def expects(self, epoch: int) -> bool:
+        return self.every is not None and (self.latest or (epoch + 1) % self.every == 0)
 
 
 @dataclass
@@ -80,12 +94,10 @@ class Segment:
     validated_at: int = -1  # the global step of the last validation
     val_open: bool = False  # in a validation whose line is not logged yet
     resumed_batch: int = 0  # a resume inside its first epoch: the batches of it done before
-    result_seen: bool = False
-    result_line: int | None = None
+    result_line: int | None = None  # its result (None: none yet)
     last_line: int = 0
     last_epoch_field: Any = None
     global_step: int = 0
-    epochs_seen: set[int] = field(default_factory=set)
     nonfinite: dict[int, tuple[int, str]] = field(default_factory=dict)  # epoch -> (line, loss key)
     vals: list[tuple[float, int]] = field(default_factory=list)  # per logged epoch: (val_loss or nan, line)
     last_trial_report: tuple[bool, int] | None = None
@@ -106,6 +118,7 @@ class Segment:
     moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
+    ckpts: SegmentCheckpoints = field(default_factory=SegmentCheckpoints)
 
 
 def _same_number(a: Any, b: Any) -> bool:
@@ -127,9 +140,9 @@ def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     return out
 
 
-def completed_stop(seg: Segment) -> tuple[str, str]:
-    """The stop source and message of a run that ran out of its budget (no stop requested)."""
-    return budget_end(seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[1:]
+def budget_ended(seg: Segment) -> tuple[StopReason, str, str]:
+    """The stop reason, source and message of a run that ran out of its budget (no stop requested)."""
+    return budget_end(seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)
 
 
 def ending_segment(segs: list[Segment]) -> Segment:
@@ -187,8 +200,7 @@ class EndingChecks:
             self.bad("stop_reason", f"train_end reason {reason!r} is not one of {sorted(_REASONS)}", n)
             return
         stop = seg.stop
-        expected = stop.reason if stop is not None else budget_end(
-            seg.max_epochs, seg.max_steps, seg.end_global_step if type(seg.end_global_step) is int else 0)[0].value
+        expected = stop.reason if stop is not None else budget_ended(seg)[0].value
         if reason != expected:
             why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
                    else "no stop was requested, so the run completed")
@@ -217,7 +229,7 @@ class EndingChecks:
             return f"it ended at global_step {rec['global_step']}, and max_steps is {seg.max_steps}"
         if evidence is Evidence.NONFINITE_LOSS:
             stop_epoch = stop.epoch if stop is not None else last_epoch
-            mid_epoch = stop is not None and stop.immediate and stop_epoch not in seg.epochs_seen
+            mid_epoch = stop is not None and stop.immediate and stop_epoch not in range(seg.start_epoch, seg.next_epoch)
             from_other_rank = stop is not None and stop.rank is not None
             if stop_epoch not in seg.nonfinite and not mid_epoch and not from_other_rank:
                 return f"the losses of epoch {shown_epoch(stop_epoch)} are finite"
@@ -286,7 +298,6 @@ class EndingChecks:
         if seg.end_line is None:
             self.bad("result", "a result before train_end", n)
             return
-        seg.result_seen = True
         seg.result_line = n
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
         segs = self.segments[: self.segments.index(seg) + 1]
@@ -335,7 +346,7 @@ class EndingChecks:
         assert seg.end_line is not None
         stop = seg.stop
         if stop is None:
-            for what, got, expected in zip(("source", "message"), seg.end_said, completed_stop(seg),
+            for what, got, expected in zip(("source", "message"), seg.end_said, budget_ended(seg)[1:],
                                            strict=True):
                 if got != expected:
                     self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "

@@ -1,8 +1,5 @@
-"""The checkpoint files a log names: each file's sha256 against the log's last record of it, and
-the chain head it stores against the chain. A file that differs is named by what it holds (a
-:class:`Verdict`): an older or another write the log committed, damaged bytes, a write a killed
-process never logged, or a write at a point the log no longer has (the log was cut back or rewritten).
-"""
+"""The checkpoint files a log names: each file's sha256 and stored chain head against the log. A file
+that differs is named by what it holds (a :class:`Verdict`)."""
 
 from __future__ import annotations
 
@@ -11,9 +8,7 @@ import pickletools
 import re
 import zipfile
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.tools.audit.chain import ChainCheck
@@ -38,16 +33,15 @@ def _sha256(path: Path) -> str:
 
 def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, segments: list[Segment], lines: int,
                        ex: Explanation, *, allow_missing: bool = False) -> list[Finding]:
-    """Findings for the checkpoint files the log commits. A committed file that is gone (not removed
-    by the run) is missing state, a violation, else a consistent forgery would pass once its files
-    are deleted; a warning with ``allow_missing``, or when files were written at a point the log
-    does not hold: what came after that point may have removed it."""
+    """Findings for the checkpoint files the log commits. A committed file that is gone is a violation
+    (else deleting its files would pass a forgery); a warning with ``allow_missing``, or when files were
+    written at a point the log does not hold (what came after may have removed it)."""
     out: list[Finding] = []
     missing: list[tuple[str, int]] = []
     base = log.parent
     # A checkpoint pinning a line of a process killed before its result is a write it never logged.
-    killed = [(s.first_line, s.last_line) for s in segments if not s.result_seen]
-    if segments and not segments[-1].result_seen:
+    killed = [(s.first_line, s.last_line) for s in segments if s.result_line is None]
+    if segments and segments[-1].result_line is None:
         killed.append((segments[-1].first_line, lines))
     for rel, w in ckpts.writes.items():
         if rel in ckpts.removed:
@@ -194,32 +188,20 @@ def _short(head: str | None) -> str:
 
 
 def stored_head(path: Path) -> tuple[bool, str | None]:
-    """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
-    ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
+    """(found, head): the ``chain_head`` a checkpoint stores, read without torch by walking the opcodes
+    of the zip's ``data.pkl`` (never unpickled). The state dict's keys are pushed as text right before
+    their values, and "chain_head" comes before any nested state: its first occurrence is the key."""
     try:
         with zipfile.ZipFile(path) as zf:
             name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
             if name is None:
                 return False, None
-            data = zf.read(name)
-        return _head_in_pickle(pickletools.genops(data))
+            after_key = False
+            for op, arg, _ in pickletools.genops(zf.read(name)):
+                if after_key and op.name not in _MEMO_OPS:
+                    return True, arg if op.name in _TEXT_OPS and isinstance(arg, str) else None
+                after_key = after_key or (op.name in _TEXT_OPS and arg == "chain_head")
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        return False, None
-
-
-def _head_in_pickle(ops: Iterator[tuple[Any, Any, Any]]) -> tuple[bool, str | None]:
-    # The state dict's keys are pushed as text right before their values: "chain_head" comes
-    # before any nested state, so its first occurrence is the top-level key.
-    after_key = False
-    for op, arg, _ in ops:
-        name: str = op.name
-        if after_key:
-            if name in _MEMO_OPS:
-                continue
-            if name in _TEXT_OPS and isinstance(arg, str):
-                return True, arg
-            return True, None
-        if name in _TEXT_OPS and arg == "chain_head":
-            after_key = True
+        pass
     return False, None
 

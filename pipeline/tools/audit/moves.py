@@ -30,7 +30,7 @@ from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "EpochChecks", "MoveChecks", "val_due"]
+__all__ = ["PER_BATCH", "MoveChecks"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -75,25 +75,10 @@ def _check_for(tp: Any) -> tuple[Check, str] | None:
     return None
 
 
-def slot_checks(module: Any = _slots_module) -> dict[str, tuple[Check, str]]:
-    """For each slot ``module`` declares as ``NAME: Slot[T] = Slot("name")``: a check of a logged
-    value against ``T`` and how to say what was expected."""
-    out: dict[str, tuple[Check, str]] = {}
-    for attr, hint in typing.get_type_hints(module).items():
-        slot = getattr(module, attr, None)
-        if isinstance(slot, Slot) and typing.get_origin(hint) is Slot:
-            check = _check_for(typing.get_args(hint)[0])
-            if check is not None:
-                out[slot.name] = check
-    return out
-
-
-_SLOTS = slot_checks()
-
-
-def _is_nonfinite(value: Any) -> bool:
-    x = number(value)
-    return x is not None and not math.isfinite(x)
+# For each slot :mod:`fsmtrain.core.slots` declares as ``NAME: Slot[T] = Slot("name")``: its check against ``T``.
+_SLOTS = {slot.name: check for attr, hint in typing.get_type_hints(_slots_module).items()
+          if isinstance(slot := getattr(_slots_module, attr, None), Slot) and typing.get_origin(hint) is Slot
+          and (check := _check_for(typing.get_args(hint)[0])) is not None}
 
 
 def val_due(seg: Segment, step: int) -> bool:
@@ -113,37 +98,27 @@ def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: boo
 
 
 class MoveChecks(EndingChecks):
-    """Needs the auditor's ``chain``, ``moves`` and ``batch_moves``."""
+    """Needs the auditor's ``chain``, ``ex``, ``moves`` and ``batch_moves``."""
 
     chain: ChainCheck
+    ex: Explanation
     moves: Counter[tuple[str, str, str]]
     batch_moves: int
 
-    def _transition(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        src, dst, trig = rec["from"], rec["to"], rec["trigger"]
+    def _transition(self, n: int, seg: Segment, src: Any, dst: Any, trig: Any, epoch: Any, step: Any,
+                    phase: Any) -> bool:
+        """Checks a move; True when it reached the end (its ``train_end`` is checked then)."""
         key = (src, dst, trig)
-        step = rec["global_step"]
-        if (key == PER_BATCH and seg.phase == _STEP and rec["epoch"] == seg.next_epoch and rec["phase"] == _STEP
-                and (seg.stop is None or not seg.stop.immediate)):
-            # The common line of a debug log: one per batch. Its guard holds unless an immediate stop.
-            self._missed(n, step, seg, inclusive=True)
-            self.batch_moves += 1
-            seg.batch_lines += 1
-            if step != seg.step_prev + 1:
-                self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
-                         "the line before): a batch line inserted or removed", n)
-            if type(step) is int:
-                seg.step_prev = step
-            return
+        if key == PER_BATCH and phase == _STEP and self._batch(n, step, epoch, seg):
+            return False
         if src != dst:
-            epoch = rec["epoch"]
             seg.moves.append((str(trig), str(src), str(dst), epoch if type(epoch) is int else 0))
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)
             if isinstance(dst, str) and dst in _PHASES:
                 seg.phase = dst
-            return
+            return False
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
@@ -154,16 +129,15 @@ class MoveChecks(EndingChecks):
             self.bad("guard", self._guard_message(move, seg), n)
         if seg.val_every is not None and type(step) is int:
             self._validations(n, src, dst, trig, step, seg)
-        epoch = rec["epoch"]
         if epoch != seg.next_epoch:
             self.bad("epoch", f"transition in epoch {shown_epoch(epoch)}, but the run is in epoch "
                      f"{epoch_number(seg.next_epoch)}", n)
-        if rec["phase"] != dst:
-            self.bad("phase", f"transition to {dst!r} says phase {rec['phase']!r}", n)
+        if phase != dst:
+            self.bad("phase", f"transition to {dst!r} says phase {phase!r}", n)
         seg.phase = dst
         if type(step) is int:
             if dst == _EPOCH_BEGIN:
-                if not (seg.resumed_batch and rec["epoch"] == seg.start_epoch):  # a resume inside keeps its own
+                if not (seg.resumed_batch and epoch == seg.start_epoch):  # a resume inside keeps its own
                     seg.validated_at = step  # the last epoch's end validated there
                 seg.epoch_starts += 1
                 seg.step_begin = seg.step_prev = step
@@ -175,8 +149,22 @@ class MoveChecks(EndingChecks):
                     self.bad("global_step", f"validation begins at global_step {step}, expected {seg.step_prev + 1} "
                              "(one step after the last batch line)", n)
                 seg.step_val = step
-        if dst == _FINAL and src != dst:
-            self._train_end(n, rec, seg)
+        return bool(dst == _FINAL and src != dst)
+
+    def _batch(self, n: int, step: Any, epoch: Any, seg: Segment) -> bool:
+        """The common line of a debug log, one per batch: its guard holds unless an immediate stop."""
+        if seg.phase != _STEP or epoch != seg.next_epoch or (seg.stop is not None and seg.stop.immediate):
+            return False
+        if seg.val_every is not None:
+            self._missed(n, step, seg, inclusive=True)
+        self.batch_moves += 1
+        seg.batch_lines += 1
+        if step != seg.step_prev + 1:
+            self.bad("global_step", f"a batch at global_step {step}, expected {seg.step_prev + 1} (one step after "
+                     "the line before): a batch line inserted or removed", n)
+        if type(step) is int:
+            seg.step_prev = step
+        return True
 
     def _validations(self, n: int, src: str, dst: str, trig: str, step: int, seg: Segment) -> None:
         """With val_every_n_steps: a validation at every due step, each with its line."""
@@ -217,12 +205,6 @@ class MoveChecks(EndingChecks):
                 f"which did not hold: {state}, epoch {epoch_number(seg.next_epoch)} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")
 
-
-class EpochChecks(EndingChecks):
-    """Needs the auditor's ``ex``."""
-
-    ex: Explanation
-
     def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
         if seg.phase != _RECORD_PHASE:
@@ -237,18 +219,14 @@ class EpochChecks(EndingChecks):
                 self.bad("epochs", f"epoch {shown_epoch(epoch)} again or out of order (expected "
                          f"{epoch_number(seg.next_epoch)})", n)
         p = rec["payload"]
-        metrics = p.get("metrics") or {}
+        metrics = p.get("metrics") if isinstance(p.get("metrics"), dict) else {}
         cur = seg.next_epoch
-        seg.epochs_seen.add(cur)
-        if isinstance(metrics, dict):
-            for key in _LOSSES:
-                if _is_nonfinite(metrics.get(key)) and cur not in seg.nonfinite:
-                    seg.nonfinite[cur] = (n, key)
-            val = metrics.get("val_loss")
-            x = number(val) if type(val) is not bool else None
-            seg.vals.append((math.nan if x is None else x, n))
-        else:
-            seg.vals.append((math.nan, n))
+        for key in _LOSSES:
+            x = number(metrics.get(key))
+            if x is not None and not math.isfinite(x) and cur not in seg.nonfinite:
+                seg.nonfinite[cur] = (n, key)
+        x = number(metrics.get("val_loss"))
+        seg.vals.append((math.nan if x is None else x, n))
         self._batches(n, rec, seg)
         slots = p.get("slots")
         if isinstance(slots, dict):

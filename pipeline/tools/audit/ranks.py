@@ -1,8 +1,6 @@
-"""Audit a run directory (or the directories of its nodes): every rank's log on its own, then that
-the ranks agreed: one log per rank, and each segment (matched by its ``launch``) ran on the ranks
-its world size says, took the same phase-level moves (a prefix where a kill or a failure cut it
-short), resumed from the same checkpoint and ended as :mod:`fsmtrain.core.consensus` ends a run.
-"""
+"""Audit a run directory (or its nodes' directories): every rank's log, then that the ranks agreed: each
+segment (matched by its ``launch``) ran on the ranks its world size says, took the same phase-level
+moves, resumed from the same checkpoint and ended as :mod:`fsmtrain.core.consensus` ends a run."""
 
 from __future__ import annotations
 
@@ -20,13 +18,13 @@ from fsmtrain.tools.audit.auditor import read_log
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.verdict import FAULTS, AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
-__all__ = ["RankedAudit", "audit_run_dir", "rank_logs"]
+__all__ = ["RankedAudit", "audit_run_dir"]
 
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")
 
 
-def rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
+def _rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
     """(rank, log) of every rank's log in the run directories, in rank order."""
     found: list[tuple[int, Path]] = []
     for run_dir in run_dirs:
@@ -66,7 +64,7 @@ def _census(world: int | None, ranks: list[int]) -> list[Finding]:
 
 def _largest_world(segs: list[Segment]) -> int | None:
     worlds = [s.world for s in segs]
-    return None if not worlds or None in worlds else max(w for w in worlds if w is not None)
+    return None if not worlds or None in worlds else max(worlds)  # type: ignore[type-var]
 
 
 def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
@@ -233,13 +231,8 @@ class RankedAudit(Outcome):
     ending: str = ""
     sharded: list[bool] = field(default_factory=list)  # each segment's: parameters sharded (FSDP2)
 
-    @property
-    def ok(self) -> bool:
-        return not self.findings and all(r.ok for r in self.reports.values())
-
-    @property
-    def ok_strict(self) -> bool:
-        return not self.findings and all(r.ok_strict for r in self.reports.values())
+    def passes(self, strict: bool) -> bool:
+        return not self.findings and all(r.passes(strict) for r in self.reports.values())
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
@@ -282,7 +275,7 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
     for root in roots:
         if not root.is_dir():
             raise AuditReadError(f"{root} is not a run directory")
-    logs = rank_logs(*roots)
+    logs = _rank_logs(*roots)
     shown = " ".join(map(str, roots))
     if not logs or logs[0][0] != 0:
         where = "none of them holds" if len(roots) > 1 else "it holds no"
@@ -301,10 +294,7 @@ def audit_run_dir(run_dir: str | Path, *more: str | Path, verify_checkpoints: bo
     for rank, auditor in auditors.items():
         auditor.went_on = _went_on_without(base, by_rank[rank], rank)
     reports = {rank: auditor.finish() for rank, auditor in auditors.items()}
-    world, worlds = _largest_world(base), [s.world for s in base]  # None: no readable run_start
-    if len(seen) == 1:  # rank 0's log alone: fine for one process, not when it records more ranks
-        findings += _census(world, [0])
-    else:
-        findings += _compare(by_rank)
-    moves = sum(len(seg.moves) for seg in base)
-    return RankedAudit(shown, reports, findings, moves, world, worlds, _how_it_ended(base), [s.sharded for s in base])
+    # rank 0's log alone: fine for one process, not when it records more ranks
+    findings += _census(_largest_world(base), [0]) if len(seen) == 1 else _compare(by_rank)
+    return RankedAudit(shown, reports, findings, sum(len(seg.moves) for seg in base), _largest_world(base),
+                       [s.world for s in base], _how_it_ended(base), [s.sharded for s in base])

@@ -1,7 +1,5 @@
-"""Where a process's run begins in a log: ``run_start`` opens a segment; a later one must be a
-resume that starts where a committed checkpoint and the log allow (or a restart), and says how the
-process before it ended: killed between two lines, or in the middle of one, whose torn bytes the
-resume cut off (``torn_line_bytes``). Mixed into the auditor."""
+"""Where a process's run begins in a log, mixed into the auditor: a later ``run_start`` must be a resume
+from where a commit and the log allow (or a restart), and says how the process before it ended."""
 
 from __future__ import annotations
 
@@ -36,10 +34,9 @@ class SegmentChecks(EndingChecks):
             start_epoch = start_epoch if type(start_epoch) is int else 0
         callbacks = payload.get("callbacks")
         listed = callbacks if isinstance(callbacks, list) else []
-        names = [str(c.get("name", "?")) for c in listed if isinstance(c, dict)]
         resumed = payload.get("resumed_from")
-        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch,
-                      None if resumed is None else str(resumed), names)
+        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch, None if resumed is None else str(resumed),
+                      [str(c.get("name", "?")) for c in listed if isinstance(c, dict)])
         config = payload.get("config")
         if isinstance(config, dict):
             level = config.get("log_level")
@@ -56,8 +53,7 @@ class SegmentChecks(EndingChecks):
         seg.max_steps = payload["max_steps"] if type(payload.get("max_steps")) is int else None
         seg.val_every = payload["val_every_n_steps"] if type(payload.get("val_every_n_steps")) is int else None
         seg.last_line = n
-        step = rec.get("global_step")
-        seg.global_step = step if type(step) is int else 0
+        seg.global_step = rec["global_step"] if type(rec.get("global_step")) is int else 0
         self.segments.append(seg)
         self.seg = seg
         if self.ex.run_id is None:
@@ -76,7 +72,7 @@ class SegmentChecks(EndingChecks):
         prev = self.seg
         seg = self._open_segment(n, rec, payload)
         if prev is None:
-            if seg.resumed_from is not None and self._rank_left_out(seg, payload.get("world_size_before")):
+            if seg.resumed_from is not None and _rank_left_out(seg, payload):
                 seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
             return
         if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
@@ -97,7 +93,7 @@ class SegmentChecks(EndingChecks):
               and seg.start_epoch == prev.next_epoch + 1):
             # The same on a rank without checkpoint lines: its resume event must name that commit.
             seg.commit_unseen = prev.next_epoch
-        elif seg.start_epoch > prev.next_epoch and self._rank_left_out(seg, payload.get("world_size_before")):
+        elif seg.start_epoch > prev.next_epoch and _rank_left_out(seg, payload):
             # The run went on with fewer ranks, without this one: those epochs are in rank 0's log.
             seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
         elif seg.start_epoch > prev.next_epoch:
@@ -145,7 +141,6 @@ class SegmentChecks(EndingChecks):
                      f"{epoch_number(awaited)}", n)
 
     def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        """A run that had committed nothing started over in place (from epoch 0)."""
         self.ckpts.restart(n, seg)
         self._resume(n, rec, seg)
 
@@ -178,10 +173,11 @@ class SegmentChecks(EndingChecks):
             self.warn("resume", f"epoch {epoch_number(epoch)} was committed by {commit}, but the process {ended}: its "
                       "figures are not in the log", u.resume_line)
 
-    @staticmethod
-    def _rank_left_out(seg: Segment, before: object) -> bool:
-        """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
-        return type(before) is int and seg.rank >= before
+
+
+def _rank_left_out(seg: Segment, payload: Mapping[str, Any]) -> bool:
+    """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
+    return type(before := payload.get("world_size_before")) is int and seg.rank >= before
 
 
 def _skipped(start: int, reached: int) -> str:

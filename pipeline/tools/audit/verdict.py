@@ -10,13 +10,13 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.events import jsonable
 from fsmtrain.core.stop import Route, StopReason
 
-__all__ = ["FAULTS", "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding", "Outcome",
-           "SegmentInfo", "Severity", "Verdict", "shown_epoch"]
+__all__ = ["BUDGET_REASONS", "FAULTS", "AuditReadError", "AuditReport", "ChainVerdict", "Explanation", "Finding",
+           "Outcome", "SegmentInfo", "Severity", "Verdict", "shown_epoch"]
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_UNREADABLE = 0, 1, 2
 _MAX_TEXT_FINDINGS = 50
 FAULTS = frozenset(r.value for r in StopReason if r.fault)
-_UNREQUESTED = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)
+BUDGET_REASONS = frozenset(r.value for r in StopReason if r.route is Route.EPOCHS)  # no stop was requested
 
 
 class Severity(str, Enum):
@@ -122,16 +122,16 @@ class Explanation:
 class Outcome:
     """What passes or fails an audit: ``ok`` (no violation), ``ok_strict`` (no warning either)."""
 
+    def passes(self, strict: bool) -> bool:
+        raise NotImplementedError
+
     @property
     def ok(self) -> bool:
-        raise NotImplementedError
+        return self.passes(False)
 
     @property
     def ok_strict(self) -> bool:
-        raise NotImplementedError
-
-    def passes(self, strict: bool) -> bool:
-        return self.ok_strict if strict else self.ok
+        return self.passes(True)
 
     def exit_code(self, strict: bool = False) -> int:
         return EXIT_OK if self.passes(strict) else EXIT_VIOLATIONS
@@ -154,15 +154,8 @@ class AuditReport(Outcome):
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity is Severity.WARNING]
 
-    @property
-    def ok(self) -> bool:
-        """No violation (warnings allowed)."""
-        return not self.violations
-
-    @property
-    def ok_strict(self) -> bool:
-        """No violation and no warning."""
-        return self.ok and not self.warnings
+    def passes(self, strict: bool) -> bool:
+        return not self.violations and not (strict and self.warnings)
 
     def to_dict(self, strict: bool = False) -> dict[str, Any]:
         return {
@@ -240,7 +233,7 @@ def explain_lines(ex: Explanation) -> list[str]:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
     if ex.stop_reason is not None:
         stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason in _UNREQUESTED:
+        if ex.stop_reason in BUDGET_REASONS:
             stop += " (no stop requested)"
         elif ex.stop_source:
             stop += f" {'raised in' if ex.stop_reason in FAULTS else 'requested by'} {ex.stop_source}"

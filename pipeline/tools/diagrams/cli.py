@@ -1,5 +1,4 @@
-"""``fsmtrain diagram``: the drawings of :mod:`fsmtrain.core.drawing` on the command line, and the
-callbacks a config runs on the lifecycle."""
+"""``fsmtrain diagram``: the drawings of :mod:`fsmtrain.core.drawing`, and the callbacks a config runs."""
 
 from __future__ import annotations
 
@@ -25,8 +24,8 @@ __all__ = ["config_callbacks", "register_cli"]
 
 
 def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> list[TrainingCallback]:
-    """The callbacks ``fsmtrain train`` runs for a config. ``trial`` adds an HPO trial's
-    ``PrunerCallback`` (default: when the config has an ``optimize`` section)."""
+    """The callbacks ``fsmtrain train`` runs for a config; ``trial`` adds an HPO trial's ``PrunerCallback``
+    (default: when the config has an ``optimize`` section)."""
     from fsmtrain.app import config as config_mod
 
     cfg = config_mod.load_config(config_path)
@@ -39,9 +38,7 @@ def config_callbacks(config_path: str | Path, *, trial: bool | None = None) -> l
         optuna_trial = optuna.create_study().ask()
     # A run directory is needed for the checkpoint callback to be in the list; nothing is written.
     with tempfile.TemporaryDirectory(prefix="fsmtrain-diagram-") as tmp:
-        callbacks: list[TrainingCallback] = config_mod.build_callbacks(
-            cfg, run_dir=Path(tmp) / "run", trial=optuna_trial)
-    return callbacks
+        return config_mod.build_callbacks(cfg, run_dir=Path(tmp) / "run", trial=optuna_trial)
 
 
 # Image and document files no format of fsmtrain diagram is: -o life.png would hold Mermaid text.
@@ -65,10 +62,8 @@ def _output_problem(output: str, fmt: Format, explicit: bool) -> str | None:
     other = next((f for f, s in SUFFIXES.items() if s == suffix and f is not fmt), None)
     if other is not None or suffix in _NOT_WRITTEN:
         what = "a format fsmtrain diagram does not write" if other is None else f"the suffix of --format {other.value}"
-        if explicit:
-            expected = f"a {SUFFIXES[fmt]} file for --format {fmt.value}"
-        else:
-            expected = "a file ending in .mmd (mermaid), .dot (dot) or .svg (svg, the image format it writes)"
+        expected = (f"a {SUFFIXES[fmt]} file for --format {fmt.value}" if explicit else
+                    "a file ending in .mmd (mermaid), .dot (dot) or .svg (svg, the image format it writes)")
         return f"-o {output}: expected {expected}; found {path.suffix}, {what}"
     if path.is_dir():
         return f"-o {output}: expected a file to write; found a folder"
