@@ -26,7 +26,9 @@ _BLOCK = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_import_linter_contracts_hold() -> None:
-    proc = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # The interpreter under test, not whichever `lint-imports` is first on PATH (another install's).
+    lint = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    proc = subprocess.run([sys.executable, "-c", lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout
 
