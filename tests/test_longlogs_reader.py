@@ -120,3 +120,23 @@ def test_the_long_log_benchmark_writes_logs_that_audit_clean(tmp_path: Path, mon
     assert "completed after 3000 epoch(s); audit OK" in summary
     page = "".join(sections)
     assert f": {SPIKE:.6g}</title>" in page and "reduced: " in page
+
+
+# Every move line the writer writes is taken from its bytes, not only per-batch ones: a changed phase-level
+# move gets the findings it gets when every line is parsed. (Beside the reader's tests, so one worker builds
+# the real runs once.)
+MOVE_EDITS = {**EDITS, "illegal": lambda recs, i: recs[i].update({"to": "epoch_end", "phase": "epoch_end"})}
+
+
+@pytest.mark.parametrize("edit", sorted(MOVE_EDITS))
+def test_a_changed_phase_level_move_gets_the_findings_of_a_parsed_one(real_runs: RealRuns, tmp_path: Path,
+                                                                       edit: str) -> None:
+    recs = [json.loads(line) for line in read_lines(real_runs.events("debug"))]
+    at = [i for i, r in enumerate(recs) if r["event"] == "transition" and r["trigger"] == "validate"][1]
+    MOVE_EDITS[edit](recs, at)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
+    fast, parsed = audit_file(path, verify_checkpoints=False), _parsing_every_line(path)
+    assert _said(fast) == _said(parsed)
+    assert fast.explanation == parsed.explanation
+    assert fast.ok_strict == (edit == "level"), f"{edit}: the change went unseen"
