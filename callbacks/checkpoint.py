@@ -15,7 +15,7 @@ from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
-from fsmtrain.training.sharding import is_sharded
+from fsmtrain.training.sharding import is_sharded, writers_group
 
 __all__ = ["CheckpointCallback"]
 
@@ -64,6 +64,8 @@ class CheckpointCallback(TrainingCallback):
         settings["directory"] = shown_path(self.manager.directory, run.run_dir)
         run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
+        self.manager.sharded, self.manager.rank = is_sharded(run.model), int(run.extras.get("rank", 0))
+        self.manager.group = writers_group(run.model)
         self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
         if self.every_seconds is not None:
             self._due = time.monotonic() + self.every_seconds
@@ -127,7 +129,7 @@ class CheckpointCallback(TrainingCallback):
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
             return
-        if is_sharded(run.model):  # its state is gathered by every rank, at epoch ends only
+        if is_sharded(run.model):  # every rank writes its shards, and a signal reaches the ranks apart
             run.warn(self.name, f"{fault.exception}: a sharded run saves no state inside an epoch; a resume "
                      "continues from the last epoch's checkpoint")
             return
@@ -188,6 +190,8 @@ class _RunLog:
             intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
             if ck.step is not None:
                 intent["step"] = ck.step
+            if ck.shards is not None:  # a sharded checkpoint's folder: each of its files
+                intent["shards"] = dict(ck.shards)
             unsynced |= run.emit_at_log_position(
                 "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                 chain_head=written.chain_head, defer_sync=True, **intent)
