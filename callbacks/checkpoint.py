@@ -62,7 +62,8 @@ class CheckpointCallback(TrainingCallback):
             return
         settings = self.manager.settings()
         settings["directory"] = shown_path(self.manager.directory, run.run_dir)
-        run.emit("checkpoint_settings", source=self.name, settings=settings)
+        if not run.extras.get("rank", 0):  # a sharded run's other ranks write shards, rank 0 commits them
+            run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
         self.manager.sharded, self.manager.rank = is_sharded(run.model), int(run.extras.get("rank", 0))
         self.manager.group = writers_group(run.model)

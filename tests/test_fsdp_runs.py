@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from dist_runs import clean, config, events, fsmtrain, log, run_dir, same_weights, weights
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from fsmtrain.training.models import MLP
 
@@ -98,8 +99,9 @@ def test_a_sharded_run_of_several_blocks_trains_audits_and_writes_the_gathered_w
     # model.pt: a plain module's state dict, strict, equal to the gathered state of the last checkpoint
     plain = MLP(**NET)  # type: ignore[arg-type]
     plain.load_state_dict(weights(path / "model.pt"), strict=True)
-    last = torch.load(path / "checkpoints" / "latest.pt", weights_only=True)
-    assert last["epoch"] == 3  # counted from 1, as its name
+    assert torch.load(path / "checkpoints" / "latest" / "rank_0.pt", weights_only=True)["epoch"] == 3  # from 1
+    dcp_to_torch_save(path / "checkpoints" / "latest", path / "latest-whole.pt")  # the shards, put together
+    last = torch.load(path / "latest-whole.pt", weights_only=True)
     for k, v in weights(path / "model.pt").items():
         assert torch.equal(v, last["model"][k]), k
     assert set(last["optimizer"]["state"]) == {k for k in plain.state_dict()}  # keyed by name, whole

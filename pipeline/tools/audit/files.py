@@ -7,6 +7,7 @@ process never logged, or a write at a point the log no longer has (the log was c
 from __future__ import annotations
 
 import hashlib
+import json
 import pickletools
 import re
 import zipfile
@@ -29,6 +30,10 @@ _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8
 
 
 def _sha256(path: Path) -> str:
+    """A file's sha256; a sharded checkpoint folder's: that of its files' names and sha256s (as fsmtrain writes it)."""
+    if path.is_dir():
+        found = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
+        return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -57,7 +62,7 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
             out += _quarantined(base, rel, ckpts.damaged[rel])
             continue
         file = _file(base, rel)
-        if not file.is_file():
+        if not file.exists():  # a file, or a sharded checkpoint's folder
             ex.checkpoints_missing += 1
             missing.append((rel, w.line))
             continue
@@ -101,7 +106,7 @@ def _newest_missing(base: Path, ckpts: CheckpointLines) -> list[Finding]:
         return []
     newest = max(w.epoch or 0 for w in live.values())
     names = sorted(rel for rel, w in live.items() if w.epoch == newest)
-    if any(_file(base, rel).is_file() for rel in names):
+    if any(_file(base, rel).exists() for rel in names):
         return []
     return [Finding("checkpoint", f"the newest committed state (epoch {epoch_number(newest)}: {', '.join(names)}) "
                     "is missing, every name of it: a resume falls back to an older state",
@@ -197,7 +202,7 @@ def stored_head(path: Path) -> tuple[bool, str | None]:
     """The ``chain_head`` a checkpoint file stores, read without torch: the file is a zip whose
     ``data.pkl`` is walked opcode by opcode (never unpickled). Returns (found, head)."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(path / "rank_0.pt" if path.is_dir() else path) as zf:
             name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
             if name is None:
                 return False, None
