@@ -65,7 +65,8 @@ class CheckpointCallback(TrainingCallback):
         if not run.extras.get("rank", 0):  # a sharded run's other ranks write shards, rank 0 commits them
             run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
-        self.manager.sharded, self.manager.rank = is_sharded(run.model), int(run.extras.get("rank", 0))
+        self.manager.sharded = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), on any world size
+        self.manager.rank = int(run.extras.get("rank", 0))
         self.manager.group = writers_group(run.model)
         self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
         if self.every_seconds is not None:

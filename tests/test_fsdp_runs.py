@@ -122,6 +122,7 @@ def test_a_sharded_run_reshards_two_to_one(runs: _Runs) -> None:
     done, path = runs.get("two_to_one")
     assert done.returncode == 0 and "COMPLETED after 3 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     assert "on 1 process(es); it ran on 2" in done.stdout
+    assert "written by 2 rank(s): torch.distributed.checkpoint reshards it onto 1" in clean(done)
     (resume,) = events(path / "events.jsonl", "resume")
     assert (resume["payload"]["world_size_before"], resume["payload"]["world_size"]) == (2, 1)
     assert "segments on 2, 1 ranks; sharded (FSDP2) in segment(s) 1)" in _audit_ok(path)
@@ -134,6 +135,7 @@ def test_a_one_process_run_continues_sharded_on_two_ranks(runs: _Runs) -> None:
     clean(done)
     assert done.returncode == 0 and "COMPLETED after 3 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     assert "on 2 process(es); it ran on 1" in done.stdout
+    assert "written by 1 rank(s): torch.distributed.checkpoint reshards it onto 2" in clean(done)
     assert "segments on 1, 2 ranks; sharded (FSDP2) in segment(s) 2)" in _audit_ok(path)
     MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 

@@ -294,7 +294,7 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     """The checkpoint of ``run`` at ``epoch``, a plain dict ``weights_only`` loads. ``at``: (global step,
     batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads."""
     model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-    model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
+    model_sd, optim_sd = checkpoint_states(model, optimizer, run.extras.get("strategy") == "fsdp")  # DCP's
     state: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "run_id": run.run_id,
@@ -334,6 +334,10 @@ def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> Mapping[str,
     if state.get("folder"):  # sharded: each rank's shards, resharded to this world; its own state, when there
         folder = Path(state["folder"])
         load_shards(run.model, run.optimizer, folder) if run.model is not None else None
+        world, before = int(run.extras.get("world_size", 1)), len(list(folder.glob("rank_*.pt")))
+        if world != before:
+            run.warn("resume", f"the sharded checkpoint {folder.name} was written by {before} rank(s): "
+                               f"torch.distributed.checkpoint reshards it onto {world}", resharded=[before, world])
         own = folder / f"rank_{run.extras.get('rank', 0)}.pt"
         if own.is_file():
             mine = torch.load(own, weights_only=True)

@@ -193,9 +193,11 @@ def writers_group(model: nn.Module | None) -> Any:
     return None if model is None else _WRITERS.get(model)
 
 
-def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
-    """The model's and optimizer's state a checkpoint holds (a sharded model's: this rank's shards, by name)."""
-    if model is not None and is_sharded(model):
+def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                      by_name: bool = False) -> tuple[Any, Any]:
+    """The model's and optimizer's state a checkpoint holds (a sharded model's, or ``by_name``: as DCP saves
+    them, keyed by parameter name; a sharded model's this rank's shards)."""
+    if model is not None and (by_name or is_sharded(model)):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
         return get_model_state_dict(model), None if optimizer is None else get_optimizer_state_dict(model, optimizer)
     return (None if model is None else model.state_dict()), (None if optimizer is None else optimizer.state_dict())
