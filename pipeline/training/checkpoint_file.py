@@ -177,9 +177,9 @@ def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dic
     rank = dist.get_rank() if dist.is_initialized() else 0
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.mkdir(exist_ok=True)
-    save_state(tmp / f"rank_{rank}.pt", {**state, "model": None, "optimizer": None, "sharded": True})
-    save_shards(tmp, {"model": state["model"], **({"optimizer": state["optimizer"]} if state["optimizer"] else {})},
-                group)
+    tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name
+    save_state(tmp / f"rank_{rank}.pt", {**state, **dict.fromkeys(tensors), "sharded": True})
+    save_shards(tmp, tensors, group)
     if rank:
         return None
     fsync_dir(tmp)
@@ -294,7 +294,8 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     """The checkpoint of ``run`` at ``epoch``, a plain dict ``weights_only`` loads. ``at``: (global step,
     batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads."""
     model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-    model_sd, optim_sd = checkpoint_states(model, optimizer, run.extras.get("strategy") == "fsdp")  # DCP's
+    by_name = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), keyed by parameter name
+    model_sd, optim_sd = checkpoint_states(model, optimizer, by_name)
     state: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "run_id": run.run_id,
@@ -320,9 +321,10 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
         state["position"]["validations"] = run.validations
     if at is not None:
-        grads = [p.grad for p in model.parameters()] if model is not None else []
+        named = list(model.named_parameters()) if model is not None else []
+        grads: Any = {n: p.grad for n, p in named if p.grad is not None} if by_name else [p.grad for _, p in named]
         state.update(step=at[0], history=history_text(run.history, epoch, None),
-                     grads=grads if any(g is not None for g in grads) else None)
+                     grads=grads if any(g is not None for g in (grads.values() if by_name else grads)) else None)
         done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
         state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
     return state
@@ -338,10 +340,11 @@ def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> Mapping[str,
         if world != before:
             run.warn("resume", f"the sharded checkpoint {folder.name} was written by {before} rank(s): "
                                f"torch.distributed.checkpoint reshards it onto {world}", resharded=[before, world])
-        own = folder / f"rank_{run.extras.get('rank', 0)}.pt"
-        if own.is_file():
-            mine = torch.load(own, weights_only=True)
+        else:  # the same ranks: each its own random streams, callbacks and sums of the epoch it is in
+            mine = torch.load(folder / f"rank_{run.extras.get('rank', 0)}.pt", weights_only=True)
             state = {**state, "rng": mine["rng"], "callbacks": mine["callbacks"]}
+            if run.resume_at is not None and "epoch_state" in mine["position"]:
+                run.resume_at["epoch_state"] = mine["position"]["epoch_state"]
     elif run.model is not None and state.get("model") is not None:
         load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
         for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating

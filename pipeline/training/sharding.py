@@ -180,8 +180,9 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
 def unshardable(callbacks: Sequence[TrainingCallback]) -> list[str]:
     """The callbacks (by name) that need the whole parameters or gradients on one rank: refused under FSDP."""
     refused = [cb.name for cb in callbacks if not cb.works_sharded]
-    return refused + [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
-                      if hasattr(cb, "every_seconds") and (getattr(cb, "every_n_steps", None) or cb.every_seconds)]
+    return refused + [f"{cb.name}'s checkpoints by the clock (every_minutes: each rank's clock would decide apart, "
+                      "and every rank writes each sharded checkpoint)" for cb in callbacks
+                      if getattr(cb, "every_seconds", None)]
 
 
 _WRITERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()  # a sharded model's writers'
@@ -217,10 +218,16 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer | None, folde
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
     model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else [optimizer])
-    state: dict[str, Any] = {"model": model_sd, **({"optimizer": optim_sd} if optimizer is not None else {})}
-    load(state, storage_reader=FileSystemReader(folder), no_dist=not torch.distributed.is_initialized())
+    reader, named = FileSystemReader(folder), dict(model.named_parameters())
+    saved = reader.read_metadata().state_dict_metadata
+    grads = {n: torch.zeros_like(p) for n, p in named.items() if f"grads.{n}" in saved}  # a step's, accumulating
+    state: dict[str, Any] = {"model": model_sd, **({"optimizer": optim_sd} if optimizer is not None else {}),
+                             **({"grads": grads} if grads else {})}
+    load(state, storage_reader=reader, no_dist=not torch.distributed.is_initialized())
     set_state_dict(model, [] if optimizer is None else [optimizer], model_state_dict=state["model"],
                    optim_state_dict=state.get("optimizer", {}))
+    for n, grad in grads.items():
+        named[n].grad = grad
 
 
 def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:
