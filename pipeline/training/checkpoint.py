@@ -294,7 +294,7 @@ class CheckpointManager(CheckpointFolder):
         self.writer = writing.CheckpointWriter(self.background, on_dropped)
 
     # --- the writer thread ---------------------------------------------------------------------
-    def write(self, plan: WritePlan) -> Written | None:
+    def write(self, plan: WritePlan) -> Written:
         """``plan``'s epoch file, durable, with the roles it is to get (:meth:`link_roles`, once committed)."""
         plan.staged.wait()
         epoch_file = plan.path
@@ -304,11 +304,8 @@ class CheckpointManager(CheckpointFolder):
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
         shards: dict[str, str] | None = None
         try:
-            if self.sharded:
-                done = files.save_folder(epoch_file, plan.staged.state, self.group)
-                if done is None:  # a rank other than 0: its shards are written, rank 0 commits the folder
-                    return None
-                digest, shards = done
+            if self.sharded:  # on a rank other than 0 nothing to commit: rank 0 commits every rank's files
+                digest, shards = files.save_folder(epoch_file, plan.staged.state, self.group) or ("", None)
             else:
                 digest = files.save_state(epoch_file, plan.staged.state)
             files.fsync_dir(self.directory)
@@ -334,7 +331,8 @@ class CheckpointManager(CheckpointFolder):
         return Written(tuple(saved), chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
-        if (written := self.write(plan)) is None:
+        written = self.write(plan)
+        if self.rank:  # a sharded run's other ranks: rank 0 commits, links and removes
             return
         log.committed(written)  # first the epoch file, with the roles it is to get
         if plan.roles:
