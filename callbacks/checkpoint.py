@@ -15,7 +15,7 @@ from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
-from fsmtrain.training.sharding import is_sharded, writers_group
+from fsmtrain.training.sharding import writers_group
 
 __all__ = ["CheckpointCallback"]
 
@@ -131,11 +131,8 @@ class CheckpointCallback(TrainingCallback):
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
             return
-        if is_sharded(run.model):  # every rank writes its shards, and a signal reaches the ranks apart
-            run.warn(self.name, f"{fault.exception}: a sharded run saves no state inside an epoch; a resume "
-                     "continues from the last epoch's checkpoint")
-            return
-        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:  # a replay has no such line
+        # A sharded run's ranks were stopped by an agreed signal at the same batch: each writes its shards.
+        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None and not self.manager.rank:
             run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,
                      message=f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
                      f"{epoch_number(run.epoch)}) is saved as {self.manager.step_path(run.global_step).name}; "

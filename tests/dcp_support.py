@@ -29,3 +29,18 @@ class KillOnceCommitted(TrainingCallback):
             time.sleep(0.05)
         self.marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAt(TrainingCallback):
+    """On ``rank``, after global step ``step``: SIGTERM to its own process (the ranks agree on where to stop)."""
+
+    priority = 60
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_step_end(self, step: StepContext) -> None:
+        run = step.run
+        if (int(run.extras.get("rank", 0)), run.global_step + 1) == (self.rank, self.step) and not run.extras.get(
+                "resumed_from"):
+            os.kill(os.getpid(), signal.SIGTERM)

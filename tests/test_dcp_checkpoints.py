@@ -2,7 +2,7 @@
 ``torchrun`` workers, gloo, 2 CPU ranks: each checkpoint is a folder of every rank's shards and state, its
 commit carries each file's sha256, retention removes whole folders, and a damaged shard is quarantined with
 its folder while the resume falls back to the previous good checkpoint; a run killed after a step checkpoint
-resumes from it bitwise."""
+resumes from it bitwise, and so does one stopped by a signal (every rank saves its last step)."""
 
 from __future__ import annotations
 
@@ -67,11 +67,14 @@ def test_sharded_checkpoint_folders_commit_retain_and_survive_a_damaged_shard(cl
     for name in (path / shard, latest / shard.name):
         name.write_bytes(bytes(data))
     shutil.rmtree(folder / "best")  # best is epoch 4's too: all of the newest state is now bad or gone
+    (folder / "step_12" / ".metadata").unlink()  # a missing file fails its folder's digest too
     resumed = fsmtrain("resume", str(path), "--nproc", "2", "--set", "epochs=5", cwd=path, timeout=200)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    (damaged,) = events(path / "events.jsonl", "checkpoint_damaged")
-    assert set(damaged["payload"]["paths"]) == {"checkpoints/epoch_4", "checkpoints/latest"}
-    assert damaged["payload"]["falls_back_to"] == "checkpoints/epoch_3"
+    damaged = {frozenset(d["payload"]["paths"]): d for d in events(path / "events.jsonl", "checkpoint_damaged")}
+    both = frozenset({"checkpoints/epoch_4", "checkpoints/latest"})
+    assert set(damaged) == {both, frozenset({"checkpoints/step_12"})}
+    assert {d["payload"]["falls_back_to"] for d in damaged.values()} == {"checkpoints/epoch_3"}
+    assert (folder / "damaged" / "step_12" / "rank_1.pt").is_file()
     assert (folder / "damaged" / "epoch_4" / "__1_0.distcp").is_file()
     (resume,) = events(path / "events.jsonl", "resume")
     assert resume["payload"]["checkpoint"] == "checkpoints/epoch_3" and resume["payload"]["next_epoch"] == 3
@@ -93,3 +96,19 @@ def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(cl
     same_weights(clean / "model.pt", path / "model.pt")
     audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
     assert audit.returncode == 0, audit.stdout[-4000:]
+
+
+@pytest.mark.timeout(400)
+def test_a_preempted_sharded_run_saves_every_ranks_last_step_and_resumes_bitwise(clean: Path, tmp_path: Path) -> None:
+    signal_ = {"target": "tests.dcp_support.SignalAt", "kwargs": {"rank": 1, "step": 7}}
+    first = fsmtrain("train", str(_cfg(tmp_path, (signal_,))), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert first.returncode == 143, first.stdout[-3000:] + first.stderr[-3000:]
+    path = run_dir(tmp_path)
+    (saved,) = events(path / "events.jsonl", "checkpoint_preempted")  # where the ranks agreed to stop
+    step = saved["payload"]["step"]
+    assert (path / "checkpoints" / f"step_{step}" / "rank_1.pt").is_file()
+    done = fsmtrain("resume", str(path), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    (resume,) = events(path / "events.jsonl", "resume")
+    assert resume["payload"]["global_step"] == step
+    same_weights(clean / "model.pt", path / "model.pt")
