@@ -178,7 +178,7 @@ def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dic
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.mkdir(exist_ok=True)
     tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name
-    save_state(tmp / f"rank_{rank}.pt", {**state, **dict.fromkeys(tensors), "sharded": True})
+    save_state(tmp / f"rank_{rank}.pt", {**state, **dict.fromkeys(tensors)})
     save_shards(tmp, tensors, group)
     if rank:
         return None
