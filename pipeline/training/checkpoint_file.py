@@ -176,7 +176,7 @@ def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dic
     dist = torch.distributed
     rank = dist.get_rank() if dist.is_initialized() else 0
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.mkdir(exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name
     save_state(tmp / f"rank_{rank}.pt", {**state, **dict.fromkeys(tensors)})
     save_shards(tmp, tensors, group)
