@@ -68,6 +68,9 @@ def test_sharded_checkpoint_folders_commit_retain_and_survive_a_damaged_shard(cl
         name.write_bytes(bytes(data))
     shutil.rmtree(folder / "best")  # best is epoch 4's too: all of the newest state is now bad or gone
     (folder / "step_12" / ".metadata").unlink()  # a missing file fails its folder's digest too
+    damaged_audit = fsmtrain("audit", str(path), cwd=path, timeout=120).stdout
+    assert "checkpoints/epoch_4 is damaged" in damaged_audit and "(in the folder: __1_0.distcp)" in damaged_audit
+    assert "(in the folder: .metadata missing)" in damaged_audit
     resumed = fsmtrain("resume", str(path), "--nproc", "2", "--set", "epochs=5", cwd=path, timeout=200)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     damaged = {frozenset(d["payload"]["paths"]): d for d in events(path / "events.jsonl", "checkpoint_damaged")}

@@ -77,10 +77,20 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
                 else:
                     ex.checkpoints_pinned += 1
             continue
-        changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
+        changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}"
+                   + _shards_changed(file, w))
         out.append(_differs(log, rel, w, ckpts.first_commit.get(actual), file, chain, killed, changed))
     later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
     return out + _missing(missing, allow_missing, later) + _newest_missing(base, ckpts) + _strays(base, ckpts)
+
+
+def _shards_changed(folder: Path, w: CheckpointWrite) -> str:
+    """Which files of a sharded checkpoint's folder differ from those its commit names."""
+    if w.shards is None or not folder.is_dir():
+        return ""
+    found = {f.name: _sha256(f) for f in folder.iterdir() if f.is_file()}
+    odd = sorted(n for n in {*w.shards, *found} if found.get(n) != w.shards.get(n))
+    return f" (in the folder: {', '.join(n + ('' if n in found else ' missing') for n in odd)})"
 
 
 def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list[Finding]:
@@ -172,6 +182,8 @@ def _differs(log: Path, rel: str, w: CheckpointWrite, committed: tuple[int, str,
 def _zip_damage(file: Path) -> str | None:
     """Why ``file`` is not a whole checkpoint by its own evidence (a torch file is a zip whose
     entries carry CRC-32s), or None when every entry holds its CRC."""
+    if file.is_dir():  # a sharded checkpoint's folder: DCP's shard files are not zips (its files are named)
+        return "a file of the folder changed or is missing"
     try:
         with zipfile.ZipFile(file) as zf:
             bad = zf.testzip()
