@@ -90,6 +90,9 @@ class CheckpointCallback(TrainingCallback):
             step.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=done)
             return
         self.manager.writer.raise_failure()
+        if self.manager.sharded and step.skip_optimizer_step:
+            self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
+            return
         self.manager.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save_step(run, done, step.batch_index + 1, self._sink())
 
@@ -132,6 +135,12 @@ class CheckpointCallback(TrainingCallback):
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
             return
         # A sharded run's ranks were stopped by an agreed signal at the same batch: each writes its shards.
+        window = max([int(getattr(cb, "steps", 1)) for cb in run.callbacks if cb.name == "GradientAccumulationCallback"]
+                     or [1])
+        if self.manager.sharded and batch % window:
+            run.warn(self.name, f"{fault.exception}: " + _MID_WINDOW.format(f"the state after step {run.global_step}")
+                     + "; a resume continues from the last committed checkpoint")
+            return
         if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None and not self.manager.rank:
             run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,
                      message=f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
@@ -170,6 +179,10 @@ class CheckpointCallback(TrainingCallback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.manager.load_state_dict(state)
+
+
+_MID_WINDOW = ("{} is not saved: it falls inside a gradient accumulation window, and a sharded (FSDP2) run's "
+               "gradients there live in FSDP's unsharded buffers, which a checkpoint does not hold")
 
 
 class _RunLog:

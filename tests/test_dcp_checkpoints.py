@@ -115,3 +115,18 @@ def test_a_preempted_sharded_run_saves_every_ranks_last_step_and_resumes_bitwise
     (resume,) = events(path / "events.jsonl", "resume")
     assert resume["payload"]["global_step"] == step
     same_weights(clean / "model.pt", path / "model.pt")
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_step_checkpoint_inside_an_accumulation_window_is_skipped_and_said(tmp_path: Path) -> None:
+    cfg = config(tmp_path, epochs=1, net_config=NET, scheduler=None, scheduler_config={}, grad_accumulation=2,
+                 early_stopping={"enabled": False}, checkpoint={"enabled": True, "every_n_steps": 1},
+                 distributed={"strategy": "fsdp", "agreement_timeout_s": 20.0})
+    done = fsmtrain("train", str(cfg), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    path = run_dir(tmp_path)
+    skipped = [e["payload"] for e in events(path / "events.jsonl", "checkpoint_skipped")]
+    assert [s["step"] for s in skipped] == [1, 3], skipped  # FSDP2 keeps a window's gradients unsharded
+    assert "inside a gradient accumulation window" in skipped[0]["reason"]
+    commits = [e["payload"] for e in events(path / "events.jsonl", "checkpoint")]
+    assert [c["path"] for c in commits if c["kind"] == "step"] == ["checkpoints/step_2", "checkpoints/step_4"]
