@@ -4,9 +4,10 @@ of a sharded run's checkpoint.
 A model whose parameters dominate: an MLP of about 50M parameters (2048 -> 4096 -> 4096 -> 4096 ->
 2048), AdamW, 4 steps of batch 8 through ``fsmtrain.Trainer`` (``strategy="ddp"`` or ``"fsdp"``,
 no callbacks). Each rank records its RSS high-water mark (``getrusage``) after the steps, less its
-RSS before the model was built (torch and the process group), and, under FSDP, the time of the full
-state's gather that a checkpoint's epoch end pays (``GatherForCheckpoint``: every rank) plus the
-staging of that state into the checkpoint's buffers (rank 0).
+RSS before the model was built (torch and the process group), and, under FSDP, what a sharded
+checkpoint costs the training thread (every rank: its shards' state dicts by name, staged into the
+checkpoint's buffers), the writer thread's DCP write of the folder (shards, each rank's state, and
+rank 0's sha256 of every file), and, for comparison, the full state's gather ``model.pt`` pays.
 
     python benchmarks/fsdp_memory.py            # writes nothing; prints the table
     python benchmarks/fsdp_memory.py --append benchmarks/RESULTS.md
@@ -43,9 +44,10 @@ def worker(strategy: str, out: Path) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from fsmtrain.app.trainer import Trainer
+    from fsmtrain.training.checkpoint_file import save_folder
     from fsmtrain.training.checkpoint_writer import BufferSet, stage
     from fsmtrain.training.distributed import DistributedOptions, init_from_env, shutdown
-    from fsmtrain.training.sharding import full_state
+    from fsmtrain.training.sharding import checkpoint_states, full_state, writers_group
 
     torch.set_num_threads(1)
     collective = init_from_env(DistributedOptions(), torch.device("cpu"))
@@ -68,19 +70,22 @@ def worker(strategy: str, out: Path) -> None:
     row = {"rank": collective.rank, "strategy": strategy, "params": params, "base_mb": base, "peak_mb": peak,
            "fit_s": fit_s}
     if strategy == "fsdp":
+        buffers, folder = BufferSet(), out / "ckpt"
+        for key in ("stage_first_s", "stage_s"):
+            collective.barrier()
+            t0 = time.perf_counter()  # what the training thread pays at a sharded checkpoint
+            model_sd, optim_sd = checkpoint_states(trainer.model, opt)
+            staged = stage({"model": model_sd, "optimizer": optim_sd}, buffers)
+            row[key] = time.perf_counter() - t0
+        row["shard_mb"] = sum(t.to_local().numel() * t.element_size() for t in model_sd.values()) / 2**20
+        collective.barrier()
+        t0 = time.perf_counter()  # the writer thread's: DCP's write of every rank's shards, rank 0's hashing
+        save_folder(folder / "epoch_1", staged.state, writers_group(trainer.model))
+        row["write_s"] = time.perf_counter() - t0
         collective.barrier()
         t0 = time.perf_counter()
-        model_sd, optim_sd = full_state(trainer.model, opt)
+        full_state(trainer.model, opt)
         row["gather_s"] = time.perf_counter() - t0
-        if collective.rank == 0:
-            state = {"model": model_sd, "optimizer": optim_sd}
-            buffers = BufferSet()
-            for key in ("stage_first_s", "stage_s"):  # the first allocates the buffers, the next reuses them
-                t0 = time.perf_counter()
-                stage(state, buffers)
-                row[key] = time.perf_counter() - t0
-            row["state_mb"] = sum(t.numel() * t.element_size() for t in model_sd.values()) / 2**20
-        row["peak_after_gather_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     (out / f"{strategy}-rank{collective.rank}.json").write_text(json.dumps(row))
     del trainer, model, opt
     shutdown()
@@ -121,13 +126,13 @@ def main() -> None:
         dm, fm = d["peak_mb"] - d["base_mb"], f["peak_mb"] - f["base_mb"]
         lines.append(f"| {d['rank']} | {dm:.0f} | {fm:.0f} | {fm / dm:.2f} | {d['fit_s']:.1f} | {f['fit_s']:.1f} |")
     f0 = fsdp[0]
-    lines += ["", f"Sharded checkpoint stall (the training thread, at an epoch end): the full state's gather "
-              f"(every rank, {f0['state_mb']:.0f} MB of weights plus AdamW's moments, to rank 0's CPU) "
-              f"{max(r['gather_s'] for r in fsdp):.2f} s, then rank 0's staging into the writer's buffers "
-              f"{f0['stage_s']:.2f} s ({f0['stage_first_s']:.2f} s the first time, which allocates them); "
-              f"the write itself is the "
-              f"writer thread's. Rank 0's RSS high-water after "
-              f"the gather: {f0['peak_after_gather_mb'] - f0['base_mb']:.0f} MB (the whole state, once, on rank 0)."]
+    lines += ["", f"Sharded checkpoint stall (DCP folder, the training thread): each rank's shards by name "
+              f"({f0['shard_mb']:.0f} MB of weights a rank, plus AdamW's moments) staged into the checkpoint's "
+              f"buffers: {max(r['stage_s'] for r in fsdp):.2f} s ({max(r['stage_first_s'] for r in fsdp):.2f} s "
+              f"the first time); the writer thread's DCP write of the folder (every rank's shards and state, "
+              f"rank 0's sha256 of each file) {max(r['write_s'] for r in fsdp):.2f} s; for comparison the full "
+              f"state's gather to rank 0 (what the one-file checkpoint cost the training thread before, and "
+              f"`model.pt` still costs once) {max(r['gather_s'] for r in fsdp):.2f} s."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.append:

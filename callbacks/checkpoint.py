@@ -15,7 +15,7 @@ from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
-from fsmtrain.training.sharding import is_sharded
+from fsmtrain.training.sharding import writers_group
 
 __all__ = ["CheckpointCallback"]
 
@@ -62,8 +62,12 @@ class CheckpointCallback(TrainingCallback):
             return
         settings = self.manager.settings()
         settings["directory"] = shown_path(self.manager.directory, run.run_dir)
-        run.emit("checkpoint_settings", source=self.name, settings=settings)
+        if not run.extras.get("rank", 0):  # a sharded run's other ranks write shards, rank 0 commits them
+            run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
+        self.manager.sharded = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), on any world size
+        self.manager.rank = int(run.extras.get("rank", 0))
+        self.manager.group = writers_group(run.model)
         self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
         if self.every_seconds is not None:
             self._due = time.monotonic() + self.every_seconds
@@ -86,6 +90,9 @@ class CheckpointCallback(TrainingCallback):
             step.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=done)
             return
         self.manager.writer.raise_failure()
+        if self.manager.sharded and step.skip_optimizer_step:
+            self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
+            return
         self.manager.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save_step(run, done, step.batch_index + 1, self._sink())
 
@@ -127,11 +134,14 @@ class CheckpointCallback(TrainingCallback):
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
             return
-        if is_sharded(run.model):  # its state is gathered by every rank, at epoch ends only
-            run.warn(self.name, f"{fault.exception}: a sharded run saves no state inside an epoch; a resume "
-                     "continues from the last epoch's checkpoint")
+        # A sharded run's ranks were stopped by an agreed signal at the same batch: each writes its shards.
+        window = max([int(getattr(cb, "steps", 1)) for cb in run.callbacks if cb.name == "GradientAccumulationCallback"]
+                     or [1])
+        if self.manager.sharded and batch % window:
+            run.warn(self.name, f"{fault.exception}: " + _MID_WINDOW.format(f"the state after step {run.global_step}")
+                     + "; a resume continues from the last committed checkpoint")
             return
-        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None:  # a replay has no such line
+        if self.manager.save_step(run, run.global_step, batch, self._sink()) is not None and not self.manager.rank:
             run.emit("checkpoint_preempted", level="warning", source=self.name, step=run.global_step,
                      message=f"{fault.exception}: the state after step {run.global_step} (batch {batch} of epoch "
                      f"{epoch_number(run.epoch)}) is saved as {self.manager.step_path(run.global_step).name}; "
@@ -171,6 +181,10 @@ class CheckpointCallback(TrainingCallback):
         self.manager.load_state_dict(state)
 
 
+_MID_WINDOW = ("{} is not saved: it falls inside a gradient accumulation window, and a sharded (FSDP2) run's "
+               "gradients there live in FSDP's unsharded buffers, which a checkpoint does not hold")
+
+
 class _RunLog:
     """What the store did, in the run's log, from the writer thread (``beside``) or the training thread."""
 
@@ -188,6 +202,8 @@ class _RunLog:
             intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
             if ck.step is not None:
                 intent["step"] = ck.step
+            if ck.shards is not None:  # a sharded checkpoint's folder: each of its files
+                intent["shards"] = dict(ck.shards)
             unsynced |= run.emit_at_log_position(
                 "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
                 chain_head=written.chain_head, defer_sync=True, **intent)

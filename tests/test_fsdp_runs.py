@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from dist_runs import clean, config, events, fsmtrain, log, run_dir, same_weights, weights
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from fsmtrain.training.models import MLP
 
@@ -98,8 +99,9 @@ def test_a_sharded_run_of_several_blocks_trains_audits_and_writes_the_gathered_w
     # model.pt: a plain module's state dict, strict, equal to the gathered state of the last checkpoint
     plain = MLP(**NET)  # type: ignore[arg-type]
     plain.load_state_dict(weights(path / "model.pt"), strict=True)
-    last = torch.load(path / "checkpoints" / "latest.pt", weights_only=True)
-    assert last["epoch"] == 3  # counted from 1, as its name
+    assert torch.load(path / "checkpoints" / "latest" / "rank_0.pt", weights_only=True)["epoch"] == 3  # from 1
+    dcp_to_torch_save(path / "checkpoints" / "latest", path / "latest-whole.pt")  # the shards, put together
+    last = torch.load(path / "latest-whole.pt", weights_only=True)
     for k, v in weights(path / "model.pt").items():
         assert torch.equal(v, last["model"][k]), k
     assert set(last["optimizer"]["state"]) == {k for k in plain.state_dict()}  # keyed by name, whole
@@ -120,6 +122,7 @@ def test_a_sharded_run_reshards_two_to_one(runs: _Runs) -> None:
     done, path = runs.get("two_to_one")
     assert done.returncode == 0 and "COMPLETED after 3 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     assert "on 1 process(es); it ran on 2" in done.stdout
+    assert "written by 2 rank(s): torch.distributed.checkpoint reshards it onto 1" in clean(done)
     (resume,) = events(path / "events.jsonl", "resume")
     assert (resume["payload"]["world_size_before"], resume["payload"]["world_size"]) == (2, 1)
     assert "segments on 2, 1 ranks; sharded (FSDP2) in segment(s) 1)" in _audit_ok(path)
@@ -132,6 +135,7 @@ def test_a_one_process_run_continues_sharded_on_two_ranks(runs: _Runs) -> None:
     clean(done)
     assert done.returncode == 0 and "COMPLETED after 3 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     assert "on 2 process(es); it ran on 1" in done.stdout
+    assert "written by 1 rank(s): torch.distributed.checkpoint reshards it onto 2" in clean(done)
     assert "segments on 1, 2 ranks; sharded (FSDP2) in segment(s) 2)" in _audit_ok(path)
     MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 

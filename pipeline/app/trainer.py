@@ -46,7 +46,6 @@ from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log
 from fsmtrain.training.resume_match import mismatches
 from fsmtrain.training.sharding import (
     FsdpOptions,
-    GatherForCheckpoint,
     Sharding,
     gathered_weights,
     shard_model,
@@ -287,13 +286,15 @@ class Trainer:
 
 
 def _sharded_callbacks(callbacks: Sequence[TrainingCallback]) -> list[TrainingCallback]:
-    """A sharded run's callbacks: those needing whole tensors refused; checkpoints gathered by every rank."""
+    """A sharded run's callbacks: those needing whole tensors refused; checkpoints written by every rank."""
     refused = unshardable(callbacks)
     if refused:
         raise ValueError(f"strategy fsdp: {'; '.join(refused)} cannot work on sharded parameters (it needs the "
                          "whole parameters or gradients on one rank); leave it out or use strategy ddp")
-    gather = any(isinstance(cb, CheckpointCallback) for cb in callbacks)
-    return [*callbacks, GatherForCheckpoint()] if gather else list(callbacks)
+    for cb in callbacks:
+        if isinstance(cb, CheckpointCallback):
+            cb.rank_zero_only = False  # type: ignore[misc]  # every rank writes its shards (rank 0 commits)
+    return list(callbacks)
 
 
 def joined_collective(device: torch.device, agreement_timeout_s: float = 600.0) -> TorchCollective | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,8 @@ __all__ = ["DAMAGED_DIR", "UNCOMMITTED_DIR", "CheckpointError", "CheckpointFolde
 
 DAMAGED_DIR = "damaged"
 UNCOMMITTED_DIR = "uncommitted"  # files in the folder the log never committed, kept as evidence
-_PERIODIC = re.compile(r"^epoch_(\d+)\.pt$")
-_STEP = re.compile(r"^step_(\d+)\.pt$")
+_PERIODIC = re.compile(r"^epoch_(\d+)(?:\.pt)?$")  # a sharded run's: a folder, no suffix
+_STEP = re.compile(r"^step_(\d+)(?:\.pt)?$")
 
 
 def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
@@ -62,16 +63,23 @@ class CheckpointFolder:
         self.transient: list[int] = []  # epochs whose non-periodic epoch file is kept
         self.newest: int | None = None  # the newest epoch committed
         self.steps: list[int] = []  # global steps whose step_<n>.pt is kept, oldest first
+        self.sharded = False  # FSDP: each checkpoint a folder of every rank's shards (DCP), written by every rank
+        self.rank = 0  # a sharded run's rank: only rank 0 commits, links and removes
+        self.group: Any = None  # a sharded run's: the writers' process group (sharding.writers_group)
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.sharded else ".pt"
 
     def name_for(self, kind: str, epoch: int) -> str:
         """The file name of ``kind`` (``periodic``, ``best``, ``latest``) for ``epoch``."""
-        return f"epoch_{epoch_number(epoch)}.pt" if kind == "periodic" else f"{kind}.pt"
+        return f"epoch_{epoch_number(epoch)}{self.suffix}" if kind == "periodic" else f"{kind}{self.suffix}"
 
     def periodic_path(self, epoch: int) -> Path:
         return self.directory / self.name_for("periodic", epoch)
 
     def step_path(self, step: int) -> Path:
-        return self.directory / f"step_{step}.pt"
+        return self.directory / f"step_{step}{self.suffix}"
 
     def _redundant_steps(self) -> tuple[Path, ...]:
         """Forget and return the step files beyond the newest ``keep_last_k`` (never the newest two)."""
@@ -120,11 +128,11 @@ class CheckpointFolder:
             if done.epoch is None:
                 continue
             path = Path(shown) if Path(shown).is_absolute() or run_dir is None else run_dir / shown
-            if (step := _STEP.match(path.name)) and path.parent.resolve() == folder and path.is_file():
+            if (step := _STEP.match(path.name)) and path.parent.resolve() == folder and path.exists():
                 self.steps.append(int(step.group(1)))
                 continue
             self.newest = max(done.epoch, self.newest if self.newest is not None else done.epoch)
-            if _PERIODIC.match(path.name) and path.parent.resolve() == folder and path.is_file():
+            if _PERIODIC.match(path.name) and path.parent.resolve() == folder and path.exists():
                 (self.periodic if done.kind == "periodic" else self.transient).append(done.epoch)
         self.periodic.sort()
         self.transient.sort()
@@ -251,6 +259,8 @@ class CheckpointManager(CheckpointFolder):
     def _stage(self, run: RunContext, epoch: int, metrics: Mapping[str, float], kinds: list[str], final: bool,
                log: CheckpointLog, at: tuple[int, int] | None) -> WritePlan | None:
         step = None if at is None else at[0]
+        if self.sharded:  # every rank writes each state, in order: none is dropped or left out on one rank only
+            self.writer.wait_idle()
         claim = self.writer.claim_slot(epoch, "best" in kinds, final, step)
         if claim.dropped is not None:
             log.skipped(claim.dropped, claim.dropped_why, False, claim.dropped_step)
@@ -273,6 +283,7 @@ class CheckpointManager(CheckpointFolder):
     def close(self, timeout: float | None = None) -> bool:
         """Stop the writer thread and free the staging buffers; False: still writing after ``timeout``."""
         stopped = self.writer.close(timeout)
+        self.group = None  # the process group ends with the run
         for buffers in self.buffers:
             buffers.release()
         return stopped
@@ -291,13 +302,17 @@ class CheckpointManager(CheckpointFolder):
             files.check_free_space(epoch_file, plan.staged.staged_bytes)
         except OSError as exc:
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file, plan.staged.staged_bytes) from exc
+        shards: dict[str, str] | None = None
         try:
-            digest = files.save_state(epoch_file, plan.staged.state)
+            if self.sharded:  # on a rank other than 0 nothing to commit: rank 0 commits every rank's files
+                digest, shards = files.save_folder(epoch_file, plan.staged.state, self.group) or ("", None)
+            else:
+                digest = files.save_state(epoch_file, plan.staged.state)
             files.fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc
         kind = "step" if plan.step is not None else "periodic" if plan.periodic else "epoch"
-        return Written((files.SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles, plan.step),),
+        return Written((files.SavedCheckpoint(epoch_file, digest, plan.epoch, kind, plan.roles, plan.step, shards),),
                        plan.chain_head)
 
     def link_roles(self, epoch_file: files.SavedCheckpoint, chain_head: str | None) -> Written:
@@ -308,7 +323,7 @@ class CheckpointManager(CheckpointFolder):
                 writing = self.directory / self.name_for(role, epoch_file.epoch)
                 files.atomic_link(epoch_file.path, writing, sync_dir=False)
                 saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role,
-                                                   step=epoch_file.step))
+                                                   step=epoch_file.step, shards=epoch_file.shards))
             writing = self.directory
             files.fsync_dir(self.directory)
         except OSError as exc:
@@ -316,7 +331,10 @@ class CheckpointManager(CheckpointFolder):
         return Written(tuple(saved), chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
-        log.committed(written := self.write(plan))  # first the epoch file, with the roles it is to get
+        written = self.write(plan)
+        if self.rank:  # a sharded run's other ranks: rank 0 commits, links and removes
+            return
+        log.committed(written)  # first the epoch file, with the roles it is to get
         if plan.roles:
             log.committed(self.link_roles(written.saved[0], written.chain_head))
         if plan.step is not None:
@@ -327,11 +345,11 @@ class CheckpointManager(CheckpointFolder):
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 
     def _remove(self, paths: tuple[Path, ...], log: CheckpointLog, beside: bool) -> None:
-        if not paths:
+        if not paths or self.rank:
             return
         log.removed(paths, beside)  # first: a file the log still commits is never missing
         for path in paths:
-            path.unlink(missing_ok=True)
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         files.fsync_dir(self.directory)
 
     def finish(self, log: CheckpointLog) -> None:

@@ -25,11 +25,12 @@ from fsmtrain.core.ledger import committed_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.rng import capture_rng_state
-from fsmtrain.training.sharding import checkpoint_states, load_states
+from fsmtrain.training.sharding import checkpoint_states, load_shards, load_states, save_shards
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
-           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "fsync_dir", "history_text",
-           "load_checkpoint", "read_history", "restore_run_state", "run_state", "save_state", "sha256_of",
+           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "folder_digest", "folder_files",
+           "fsync_dir", "history_text", "load_checkpoint", "read_history", "restore_run_state", "run_state",
+           "save_folder", "save_state", "sha256_of",
            "stateful_callbacks"]
 
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
@@ -84,7 +85,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
-    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where there is none."""
+    """Make ``path`` another name of ``source``, atomically: a hard link, or a copy where there is none
+    (a folder's: a folder of its files' hard links, swapped in for the old one)."""
+    if source.is_dir():
+        tmp, old = path.with_name(f".{path.name}.new.tmp"), path.with_name(f".{path.name}.old.tmp")
+        for stale in (tmp, old):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        for f in source.iterdir():
+            os.link(f, tmp / f.name)
+        fsync_dir(tmp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        if sync_dir:
+            fsync_dir(path.parent)
+        return
     with _replacing(path, sync_dir) as tmp:
         try:
             os.link(source, tmp)
@@ -129,14 +146,48 @@ class SavedCheckpoint:
     kind: str
     roles: tuple[str, ...] = ()  # an epoch file: the other names it gets once it is committed
     step: int | None = None  # a checkpoint at a step (``step_<n>.pt``): its global step
+    shards: Mapping[str, str] | None = None  # a sharded checkpoint's folder: each file's sha256
 
 
 def sha256_of(path: str | Path) -> str:
+    """A file's sha256; a sharded checkpoint folder's: the sha256 of its files' (:func:`folder_files`)."""
+    if os.path.isdir(path):
+        return folder_digest(folder_files(Path(path)))
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def folder_files(folder: Path) -> dict[str, str]:
+    """Each file of a sharded checkpoint folder (DCP's ``.metadata`` and shards, each rank's state), its sha256."""
+    return {f.name: sha256_of(f) for f in sorted(folder.iterdir()) if f.is_file()}
+
+
+def folder_digest(found: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()
+
+
+def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dict[str, str]] | None:
+    """A sharded checkpoint: every rank writes ``rank_<r>.pt`` (its state but the tensors') and its shards
+    into ``.<name>.tmp`` beside ``path``; rank 0, once DCP says all are written, renames it ``path`` and
+    returns its digest and each file's (the others return None)."""
+    dist = torch.distributed
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name
+    save_state(tmp / f"rank_{rank}.pt", {**state, **dict.fromkeys(tensors)})
+    save_shards(tmp, tensors, group)
+    if rank:
+        return None
+    fsync_dir(tmp)
+    found = folder_files(tmp)
+    if path.exists():  # an uncommitted leftover of the same name
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return folder_digest(found), found
 
 
 class HashingWriter:
@@ -194,7 +245,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     committed, or ``expected_sha256`` (``verified``: the caller has just checked that). Damage, a mismatch
     or code in the pickle raise :class:`CheckpointError` naming the file."""
     p = Path(path)
-    if not p.is_file():
+    if not p.is_file() and not (p / "rank_0.pt").is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
     size = p.stat().st_size
     log = p.parent.parent / EVENTS_FILE
@@ -208,7 +259,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
                 f"checkpoint {p} does not match its committed sha256: the log recorded {expected}, "
                 f"the file has {found} ({size} bytes); it was changed or damaged after it was written")
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True, mmap=True)
+        state = torch.load(p / "rank_0.pt" if p.is_dir() else p, map_location=map_location, weights_only=True,
+                           mmap=True)
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc):
             what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
@@ -223,6 +275,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"checkpoint {p} is not an fsmtrain checkpoint (no 'format' key)")
     if state["format"] != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {p} has format {state['format']!r}; this fsmtrain reads {FORMAT_VERSION}")
+    if p.is_dir():  # a sharded checkpoint: its tensors load into the live model (:func:`restore_run_state`)
+        state["folder"] = str(p)
     return state
 
 
@@ -240,7 +294,8 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     """The checkpoint of ``run`` at ``epoch``, a plain dict ``weights_only`` loads. ``at``: (global step,
     batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads."""
     model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
-    model_sd, optim_sd = checkpoint_states(model, optimizer)  # a sharded model's: gathered, whole
+    by_name = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), keyed by parameter name
+    model_sd, optim_sd = checkpoint_states(model, optimizer, by_name)
     state: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "run_id": run.run_id,
@@ -266,17 +321,31 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     if run.val_every_n_steps is not None:  # else one validation an epoch: the history counts them
         state["position"]["validations"] = run.validations
     if at is not None:
-        grads = [p.grad for p in model.parameters()] if model is not None else []
+        named = list(model.named_parameters()) if model is not None else []
+        grads: Any = {n: p.grad for n, p in named if p.grad is not None} if by_name else [p.grad for _, p in named]
         state.update(step=at[0], history=history_text(run.history, epoch, None),
-                     grads=grads if any(g is not None for g in grads) else None)
+                     grads=grads if any(g is not None for g in (grads.values() if by_name else grads)) else None)
         done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
         state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)
     return state
 
 
-def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> None:
-    """:func:`run_state`'s pieces back into ``run`` (its random streams aside: the caller restores them last)."""
-    if run.model is not None and state.get("model") is not None:
+def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """:func:`run_state`'s pieces back into ``run`` (its random streams aside: the caller restores them last,
+    from the state returned: a sharded checkpoint's, this rank's own)."""
+    if state.get("folder"):  # sharded: each rank's shards, resharded to this world; its own state, when there
+        folder = Path(state["folder"])
+        load_shards(run.model, run.optimizer, folder) if run.model is not None else None
+        world, before = int(run.extras.get("world_size", 1)), len(list(folder.glob("rank_*.pt")))
+        if world != before:
+            run.warn("resume", f"the sharded checkpoint {folder.name} was written by {before} rank(s): "
+                               f"torch.distributed.checkpoint reshards it onto {world}", resharded=[before, world])
+        else:  # the same ranks: each its own random streams, callbacks and sums of the epoch it is in
+            mine = torch.load(folder / f"rank_{run.extras.get('rank', 0)}.pt", weights_only=True)
+            state = {**state, "rng": mine["rng"], "callbacks": mine["callbacks"]}
+            if run.resume_at is not None and "epoch_state" in mine["position"]:
+                run.resume_at["epoch_state"] = mine["position"]["epoch_state"]
+    elif run.model is not None and state.get("model") is not None:
         load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
         for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
             p.grad = None if grad is None else grad.to(p.device)
@@ -294,3 +363,4 @@ def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> None:
     seed = (state.get("data_order") or {}).get("seed")
     if seed is not None:
         run.extras["data_seed"] = int(seed)
+    return state

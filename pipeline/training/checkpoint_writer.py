@@ -14,6 +14,7 @@ import torch
 
 from fsmtrain.core.context import epoch_number
 from fsmtrain.training.checkpoint_file import SavedCheckpoint
+from fsmtrain.training.sharding import is_sharded_tensor
 
 __all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "SlotClaim", "Staged", "WritePlan", "Written", "stage",
            "tensor_bytes"]
@@ -87,6 +88,11 @@ class _Copier:
         self.nbytes = 0
 
     def tensor(self, key: Key, value: torch.Tensor) -> torch.Tensor:
+        if is_sharded_tensor(value):  # FSDP's shard: its local part into a reused buffer, as a DTensor again
+            dt: Any = value
+            staged: torch.Tensor = dt.from_local(self.tensor(key, dt.to_local()), dt.device_mesh, dt.placements,
+                                                 shape=dt.shape, stride=dt.stride())
+            return staged
         if value.layout is not torch.strided or value.is_quantized or type(value) is not torch.Tensor:
             return value.detach().clone().cpu()  # rare kinds: a fresh copy each time, no reuse
         self.seen.add(key)

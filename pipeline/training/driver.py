@@ -244,12 +244,14 @@ class TorchDriver:
         self.exact.reset()
         self._val_sums = torch.zeros(len(self._val_names), device=self.device)
         self._val_seen = 0
-        return self._inference(self.val_loader)
+        return self._inference(self.val_loader, is_sharded(self.train_model))
 
     @staticmethod
-    def _inference(loader: Iterable[Any]) -> Iterator[Any]:
-        # Thread-local: it holds over each batch's hooks between the yields, and ends when the loop does.
-        with torch.inference_mode():
+    def _inference(loader: Iterable[Any], sharded: bool) -> Iterator[Any]:
+        # Thread-local: it holds over each batch's hooks between the yields, and ends when the loop does. FSDP2:
+        # no_grad, since a first forward in inference mode (a resume at an epoch's last batch) makes its buffers
+        # inference tensors, which the next training step cannot update.
+        with torch.no_grad() if sharded else torch.inference_mode():
             yield from loader
 
     def val_batch(self, step: ValStepContext) -> None:

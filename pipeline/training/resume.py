@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -24,7 +25,7 @@ __all__ = ["NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "Resu
            "check_log_key", "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start",
            "resumption_or_restart"]
 
-_OURS = re.compile(r"^(epoch_\d+\.pt|latest\.pt|best\.pt|\..+\.tmp)$")
+_OURS = re.compile(r"^((epoch_\d+|latest|best)(\.pt)?|\..+\.tmp)$")  # no suffix: a sharded checkpoint's folder
 
 
 class ResumeError(ValueError):
@@ -172,7 +173,7 @@ class Resumption:
         for event, payload in self.announce:
             run.emit(event, level="warning", **payload)
         state = self.state
-        restore_run_state(run, state)
+        own = restore_run_state(run, state)
         run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
         run.emit("resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,
                  next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
@@ -180,7 +181,7 @@ class Resumption:
         for event, payload in self.notices:
             run.emit(event, level="warning", **payload)
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
-        restore_rng_state(state["rng"])
+        restore_rng_state(own["rng"])
 
     def _complete(self, run: RunContext) -> None:
         """Finish the commit a kill cut short between the epoch file's commit and its roles' moves."""
@@ -356,11 +357,11 @@ def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple
     removed: list[str] = []
     stray: list[str] = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not path.is_file() or not _OURS.match(path.name) or os.path.abspath(path) in kept:
+        if not (path.is_file() or path.is_dir()) or not _OURS.match(path.name) or os.path.abspath(path) in kept:
             continue
         removed.append(os.path.relpath(path, run_dir))
-        if path.name.endswith(".tmp"):
-            path.unlink()
+        if path.name.endswith(".tmp"):  # a sharded checkpoint's: a folder
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         else:
             stray.append(removed[-1])
     moved = list(quarantine(run_dir, DamagedState(None, "", tuple(stray), ()), UNCOMMITTED_DIR)) if stray else []

@@ -1,5 +1,6 @@
 """FSDP2 sharding of one rank's model (``distributed.strategy: fsdp``); the full state is gathered (rank 0
-holds it, on the CPU) for ``model.pt`` and checkpoints, and loads back on any number of ranks."""
+holds it, on the CPU) for ``model.pt``; checkpoints hold each rank's shards (DCP), and load back on any
+number of ranks, resharded."""
 
 from __future__ import annotations
 
@@ -8,22 +9,22 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from fsmtrain.core.context import EpochContext
-from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
+from fsmtrain.core.hooks import TrainingCallback
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import OffloadPolicy
 
     from fsmtrain.training.distributed import TorchCollective
 
-__all__ = ["AUTO_SHARE", "FsdpOptions", "GatherForCheckpoint", "Sharding", "checkpoint_states", "full_state",
-           "gathered_weights", "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_states",
-           "no_gradient_sync", "shard_model", "sharding_line", "unshardable"]
+__all__ = ["AUTO_SHARE", "FsdpOptions", "Sharding", "checkpoint_states", "full_state", "gathered_weights",
+           "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_shards", "load_states",
+           "no_gradient_sync", "save_shards", "shard_model", "sharding_line", "unshardable", "writers_group"]
 
 AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, None: None}
@@ -106,6 +107,8 @@ def shard_model(model: nn.Module, optimizer: torch.optim.Optimizer | None, optio
     for name in units:
         fully_shard(model.get_submodule(name), **kwargs)
     fully_shard(model, **kwargs)
+    if torch.distributed.is_initialized():  # every rank, in the same order
+        _WRITERS[model] = torch.distributed.new_group(backend="gloo")
     if any(p.is_meta for p in model.parameters()):
         model.to_empty(device=device or torch.device("cpu"))
         for module in model.modules():
@@ -177,34 +180,54 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
 def unshardable(callbacks: Sequence[TrainingCallback]) -> list[str]:
     """The callbacks (by name) that need the whole parameters or gradients on one rank: refused under FSDP."""
     refused = [cb.name for cb in callbacks if not cb.works_sharded]
-    return refused + [f"{cb.name}'s step checkpoints (every_n_steps, every_minutes)" for cb in callbacks
-                      if hasattr(cb, "every_seconds") and (getattr(cb, "every_n_steps", None) or cb.every_seconds)]
+    return refused + [f"{cb.name}'s checkpoints by the clock (every_minutes: each rank's clock would decide apart, "
+                      "and every rank writes each sharded checkpoint)" for cb in callbacks
+                      if getattr(cb, "every_seconds", None)]
 
 
-_GATHERED: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, Any], Any]] = weakref.WeakKeyDictionary()
+_WRITERS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()  # a sharded model's writers'
 
 
-class GatherForCheckpoint(TrainingCallback):
-    """A sharded run with checkpoints: every rank gathers the full state at each epoch end (priority 94,
-    just before the checkpoint's 95)."""
-
-    priority = 94
-    replay = ReplaySupport.DRY
-
-    def on_epoch_end(self, epoch: EpochContext) -> None:
-        run = epoch.run
-        if not run.dry_run and run.model is not None:
-            _GATHERED[run.model] = full_state(run.model, run.optimizer)
+def writers_group(model: nn.Module | None) -> Any:
+    """The process group the checkpoint writer threads of ``model``'s ranks use (their collectives, never the
+    training thread's); it lives as long as the model. None: a single process."""
+    return None if model is None else _WRITERS.get(model)
 
 
-def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> tuple[Any, Any]:
-    """The model's and optimizer's state a checkpoint holds (a sharded model's, gathered at this epoch's end)."""
-    if model is not None and is_sharded(model):
-        got = _GATHERED.pop(model, None)
-        if got is None:
-            raise RuntimeError("a sharded model's state is gathered at epoch ends only (GatherForCheckpoint)")
-        return got
+def checkpoint_states(model: nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                      by_name: bool = False) -> tuple[Any, Any]:
+    """The model's and optimizer's state a checkpoint holds (a sharded model's, or ``by_name``: as DCP saves
+    them, keyed by parameter name; a sharded model's this rank's shards)."""
+    if model is not None and (by_name or is_sharded(model)):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        return get_model_state_dict(model), None if optimizer is None else get_optimizer_state_dict(model, optimizer)
     return (None if model is None else model.state_dict()), (None if optimizer is None else optimizer.state_dict())
+
+
+def save_shards(folder: Path, state: dict[str, Any], group: Any) -> None:
+    """Every rank writes its shards of ``state`` into ``folder`` (DCP; rank 0 adds ``.metadata``), through the
+    writers' own process group: a writer thread's collectives never meet the training thread's."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+    save(state, storage_writer=FileSystemWriter(folder), process_group=group, no_dist=group is None)
+
+
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer | None, folder: Path) -> None:
+    """A sharded checkpoint into ``model`` (sharded on any number of ranks, or plain): DCP reshards on load."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
+    model_sd, optim_sd = get_state_dict(model, [] if optimizer is None else [optimizer])
+    reader, named = FileSystemReader(folder), dict(model.named_parameters())
+    saved = reader.read_metadata().state_dict_metadata
+    grads = {n: torch.zeros_like(p) for n, p in named.items() if f"grads.{n}" in saved}  # a step's, accumulating
+    state: dict[str, Any] = {"model": model_sd, **({"optimizer": optim_sd} if optimizer is not None else {}),
+                             **({"grads": grads} if grads else {})}
+    load(state, storage_reader=reader, no_dist=not torch.distributed.is_initialized())
+    set_state_dict(model, [] if optimizer is None else [optimizer], model_state_dict=state["model"],
+                   optim_state_dict=state.get("optimizer", {}))
+    for n, grad in grads.items():
+        named[n].grad = grad
 
 
 def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:

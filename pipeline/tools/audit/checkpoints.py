@@ -29,6 +29,7 @@ class CheckpointWrite:
     epoch: int | None
     chain_head: str | None
     step: int | None = None  # a checkpoint at a step: its epoch goes on after it
+    shards: Mapping[str, Any] | None = None  # a sharded checkpoint's folder: each file's sha256
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class CheckpointLines:
             else:
                 self.chain.pinned(pinned)
         epoch = p.get("epoch") if type(p.get("epoch")) is int else None
-        self.writes[path] = CheckpointWrite(sha, n, epoch, head, p["step"] if type(p.get("step")) is int else None)
+        self.writes[path] = CheckpointWrite(sha, n, epoch, head, p["step"] if type(p.get("step")) is int else None,
+                                            p["shards"] if isinstance(p.get("shards"), Mapping) else None)
         self.first_commit.setdefault(sha, (n, path, epoch))
         self.removed.pop(path, None)
         self.damaged.pop(path, None)

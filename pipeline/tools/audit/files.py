@@ -4,6 +4,7 @@ that differs is named by what it holds (a :class:`Verdict`)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import pickletools
 import re
 import zipfile
@@ -24,6 +25,10 @@ _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8
 
 
 def _sha256(path: Path) -> str:
+    """A file's sha256; a sharded checkpoint folder's: that of its files' names and sha256s (as fsmtrain writes it)."""
+    if path.is_dir():
+        found = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
+        return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -51,7 +56,7 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
             out += _quarantined(base, rel, ckpts.damaged[rel])
             continue
         file = _file(base, rel)
-        if not file.is_file():
+        if not file.exists():  # a file, or a sharded checkpoint's folder
             ex.checkpoints_missing += 1
             missing.append((rel, w.line))
             continue
@@ -66,10 +71,20 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
                 else:
                     ex.checkpoints_pinned += 1
             continue
-        changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}")
+        changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}"
+                   + _shards_changed(file, w))
         out.append(_differs(log, rel, w, ckpts.first_commit.get(actual), file, chain, killed, changed))
     later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
     return out + _missing(missing, allow_missing, later) + _newest_missing(base, ckpts) + _strays(base, ckpts)
+
+
+def _shards_changed(folder: Path, w: CheckpointWrite) -> str:
+    """Which files of a sharded checkpoint's folder differ from those its commit names."""
+    if w.shards is None or not folder.is_dir():
+        return ""
+    found = {f.name: _sha256(f) for f in folder.iterdir() if f.is_file()}
+    odd = sorted(n for n in {*w.shards, *found} if found.get(n) != w.shards.get(n))
+    return f" (in the folder: {', '.join(n + ('' if n in found else ' missing') for n in odd)})"
 
 
 def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list[Finding]:
@@ -95,7 +110,7 @@ def _newest_missing(base: Path, ckpts: CheckpointLines) -> list[Finding]:
         return []
     newest = max(w.epoch or 0 for w in live.values())
     names = sorted(rel for rel, w in live.items() if w.epoch == newest)
-    if any(_file(base, rel).is_file() for rel in names):
+    if any(_file(base, rel).exists() for rel in names):
         return []
     return [Finding("checkpoint", f"the newest committed state (epoch {epoch_number(newest)}: {', '.join(names)}) "
                     "is missing, every name of it: a resume falls back to an older state",
@@ -161,6 +176,8 @@ def _differs(log: Path, rel: str, w: CheckpointWrite, committed: tuple[int, str,
 def _zip_damage(file: Path) -> str | None:
     """Why ``file`` is not a whole checkpoint by its own evidence (a torch file is a zip whose
     entries carry CRC-32s), or None when every entry holds its CRC."""
+    if file.is_dir():  # a sharded checkpoint's folder: DCP's shard files are not zips (its files are named)
+        return "a file of the folder changed or is missing"
     try:
         with zipfile.ZipFile(file) as zf:
             bad = zf.testzip()
@@ -192,7 +209,7 @@ def stored_head(path: Path) -> tuple[bool, str | None]:
     of the zip's ``data.pkl`` (never unpickled). The state dict's keys are pushed as text right before
     their values, and "chain_head" comes before any nested state: its first occurrence is the key."""
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(path / "rank_0.pt" if path.is_dir() else path) as zf:
             name = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
             if name is None:
                 return False, None

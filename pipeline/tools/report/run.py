@@ -157,6 +157,8 @@ def _stop_panel(report: AuditReport, data: RunData) -> str:
     said = describe_global_batch(data.global_batch)
     if said is not None:
         rows.append(("global batch", said))
+    if data.strategy is not None:
+        rows.append(("strategy", data.strategy))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return f'<section class="panel" id="stop"><h2>Why the run stopped</h2><table class="kv">{body}</table></section>'
 
@@ -232,4 +234,6 @@ def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     batch = describe_global_batch(data.global_batch)
     if batch is not None:
         summary += f"; global batch {batch}"
+    if data.strategy is not None:
+        summary += f"; strategy {data.strategy}"
     return f"fsmtrain run {data.run_id}", summary, sections

@@ -108,6 +108,7 @@ class RunData:
     path: PathCounter = field(default_factory=PathCounter)
     path_problem: str | None = None  # why the path diagram cannot be drawn
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
+    strategy: str | None = None  # the newest segment's: ddp, or fsdp and what it sharded
     x: list[int] = field(default_factory=list)  # each row's epoch, from 1
     again: Any = None  # the last internal move's line, its key and how often it came again
     again_key: tuple[str, str, str] = ("", "", "")
@@ -188,6 +189,10 @@ def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
             data.config = dict(payload["config"])
         batch = payload.get("global_batch")
         data.global_batch = dict(batch) if isinstance(batch, Mapping) else None
+        units, world = (payload.get("sharding") or {}).get("units"), payload.get("world_size", 1)
+        data.strategy = (f"fsdp (FSDP2 over {world} ranks, {len(units)} unit(s) sharded; checkpoints: DCP folders)"
+                         if isinstance(units, list) else None if payload.get("strategy") is None
+                         else str(payload["strategy"]))
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
         _read_epoch(data.table, rec["epoch"], payload)
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):

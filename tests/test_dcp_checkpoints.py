@@ -1,0 +1,132 @@
+"""Sharded checkpoints (``distributed.strategy: fsdp``) through ``torch.distributed.checkpoint``, on real
+``torchrun`` workers, gloo, 2 CPU ranks: each checkpoint is a folder of every rank's shards and state, its
+commit carries each file's sha256, retention removes whole folders, and a damaged shard is quarantined with
+its folder while the resume falls back to the previous good checkpoint; a run killed after a step checkpoint
+resumes from it bitwise, and so does one stopped by a signal (every rank saves its last step)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from dist_runs import config, events, fsmtrain, run_dir, same_weights
+
+from fsmtrain.training.checkpoint_file import folder_files
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
+
+NET = {"in_features": 8, "out_features": 1, "hidden": [64, 64, 64]}
+
+
+def _cfg(folder: Path, extra: tuple[dict[str, Any], ...] = ()) -> Path:
+    return config(folder, epochs=4, net_config=NET, scheduler=None, scheduler_config={}, extra=extra,
+                  early_stopping={"enabled": False}, checkpoint={"enabled": True, "keep_last_k": 1, "every_n_steps": 6},
+                  distributed={"strategy": "fsdp", "agreement_timeout_s": 20.0})
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded run of 4 epochs of 4 steps, with a checkpoint every 6 steps."""
+    folder = tmp_path_factory.mktemp("clean")
+    done = fsmtrain("train", str(_cfg(folder)), "--nproc", "2", cwd=folder, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return run_dir(folder)
+
+
+@pytest.mark.timeout(400)
+def test_sharded_checkpoint_folders_commit_retain_and_survive_a_damaged_shard(clean: Path, tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    shutil.copytree(clean, path)
+    folder = path / "checkpoints"
+    # retention: keep_last 1, and the newest older state besides; the roles are folders of the same files
+    assert sorted(p.name for p in folder.iterdir()) == ["best", "epoch_3", "epoch_4", "latest", "step_12", "step_6"]
+    latest = folder / "latest"
+    assert {f.name for f in latest.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "rank_0.pt",
+                                                  "rank_1.pt"}
+    shard = Path("checkpoints", "epoch_4", "__1_0.distcp")  # latest/ holds its hard link
+    assert (clean / "checkpoints" / "latest" / shard.name).stat().st_ino == (clean / shard).stat().st_ino
+    commits = {c["payload"]["path"]: c["payload"] for c in events(path / "events.jsonl", "checkpoint")}
+    shards = commits["checkpoints/epoch_4"]["shards"]
+    assert shards == {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(latest.iterdir())}
+    assert commits["checkpoints/epoch_4"]["sha256"] == hashlib.sha256(json.dumps(shards).encode()).hexdigest()
+    assert folder_files(folder / "epoch_4") == shards
+    removed = [e["payload"]["path"] for e in events(path / "events.jsonl", "checkpoint_removed")]
+    assert removed == ["checkpoints/epoch_1", "checkpoints/epoch_2"]
+    assert not events(path / "events-rank1.jsonl", "checkpoint")  # rank 0 commits for all
+    audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
+    assert audit.returncode == 0, audit.stdout[-4000:]
+    # one changed byte in rank 1's shard of the newest state (in both names: the copy lost the hard link)
+    data = bytearray((path / shard).read_bytes())
+    data[-1] ^= 0xFF
+    for name in (path / shard, latest / shard.name):
+        name.write_bytes(bytes(data))
+    shutil.rmtree(folder / "best")  # best is epoch 4's too: all of the newest state is now bad or gone
+    (folder / "step_12" / ".metadata").unlink()  # a missing file fails its folder's digest too
+    damaged_audit = fsmtrain("audit", str(path), cwd=path, timeout=120).stdout
+    assert "checkpoints/epoch_4 is damaged" in damaged_audit and "(in the folder: __1_0.distcp)" in damaged_audit
+    assert "(in the folder: .metadata missing)" in damaged_audit
+    resumed = fsmtrain("resume", str(path), "--nproc", "2", "--set", "epochs=5", cwd=path, timeout=200)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    damaged = {frozenset(d["payload"]["paths"]): d for d in events(path / "events.jsonl", "checkpoint_damaged")}
+    both = frozenset({"checkpoints/epoch_4", "checkpoints/latest"})
+    assert set(damaged) == {both, frozenset({"checkpoints/step_12"})}
+    assert {d["payload"]["falls_back_to"] for d in damaged.values()} == {"checkpoints/epoch_3"}
+    assert (folder / "damaged" / "step_12" / "rank_1.pt").is_file()
+    assert (folder / "damaged" / "epoch_4" / "__1_0.distcp").is_file()
+    (resume,) = events(path / "events.jsonl", "resume")
+    assert resume["payload"]["checkpoint"] == "checkpoints/epoch_3" and resume["payload"]["next_epoch"] == 3
+    assert "COMPLETED after 5 epoch(s)" in resumed.stdout
+
+
+@pytest.mark.timeout(400)
+def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(clean: Path, tmp_path: Path) -> None:
+    kill = {"target": "tests.dcp_support.KillOnceCommitted",
+            "kwargs": {"rank": 1, "step": 7, "path": "checkpoints/step_6", "marker": str(tmp_path / "killed")}}
+    first = fsmtrain("train", str(_cfg(tmp_path, (kill,))), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert first.returncode != 0 and (tmp_path / "killed").exists(), first.stdout[-3000:] + first.stderr[-3000:]
+    path = run_dir(tmp_path)
+    done = fsmtrain("resume", str(path), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    (resume,) = events(path / "events.jsonl", "resume")
+    step6 = next(c for c in events(path / "events.jsonl", "checkpoint") if c["payload"]["path"] == "checkpoints/step_6")
+    assert resume["payload"]["sha256"] == step6["payload"]["sha256"] and resume["payload"]["batch"] == 2  # its latest
+    same_weights(clean / "model.pt", path / "model.pt")
+    audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
+    assert audit.returncode == 0, audit.stdout[-4000:]
+
+
+@pytest.mark.timeout(400)
+def test_a_preempted_sharded_run_saves_every_ranks_last_step_and_resumes_bitwise(clean: Path, tmp_path: Path) -> None:
+    signal_ = {"target": "tests.dcp_support.SignalAt", "kwargs": {"rank": 1, "step": 7}}
+    first = fsmtrain("train", str(_cfg(tmp_path, (signal_,))), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert first.returncode == 143, first.stdout[-3000:] + first.stderr[-3000:]
+    path = run_dir(tmp_path)
+    (saved,) = events(path / "events.jsonl", "checkpoint_preempted")  # where the ranks agreed to stop
+    step = saved["payload"]["step"]
+    assert (path / "checkpoints" / f"step_{step}" / "rank_1.pt").is_file()
+    done = fsmtrain("resume", str(path), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    (resume,) = events(path / "events.jsonl", "resume")
+    assert resume["payload"]["global_step"] == step
+    same_weights(clean / "model.pt", path / "model.pt")
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_step_checkpoint_inside_an_accumulation_window_is_skipped_and_said(tmp_path: Path) -> None:
+    cfg = config(tmp_path, epochs=1, net_config=NET, scheduler=None, scheduler_config={}, grad_accumulation=2,
+                 early_stopping={"enabled": False}, checkpoint={"enabled": True, "every_n_steps": 1},
+                 distributed={"strategy": "fsdp", "agreement_timeout_s": 20.0})
+    done = fsmtrain("train", str(cfg), "--nproc", "2", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    path = run_dir(tmp_path)
+    skipped = [e["payload"] for e in events(path / "events.jsonl", "checkpoint_skipped")]
+    assert [s["step"] for s in skipped] == [1, 3], skipped  # FSDP2 keeps a window's gradients unsharded
+    assert "inside a gradient accumulation window" in skipped[0]["reason"]
+    commits = [e["payload"] for e in events(path / "events.jsonl", "checkpoint")]
+    assert [c["path"] for c in commits if c["kind"] == "step"] == ["checkpoints/step_2", "checkpoints/step_4"]
