@@ -33,20 +33,10 @@ class CheckpointCallback(TrainingCallback):
     rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY
 
-    def __init__(
-        self,
-        directory: str | Path,
-        save_every_n_epochs: int = 1,
-        keep_last_k: int = 3,
-        save_best: bool = True,
-        monitor: str = "val_loss",
-        mode: str = "min",
-        save_latest: bool = True,
-        background: bool = True,
-        drain_timeout_s: float = 600.0,
-        every_n_steps: int | None = None,
-        every_minutes: float | None = None,
-    ) -> None:
+    def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
+                 save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
+                 background: bool = True, drain_timeout_s: float = 600.0, every_n_steps: int | None = None,
+                 every_minutes: float | None = None) -> None:
         self.drain_timeout_s = drain_timeout_s  # how long the teardown waits for the last writes
         self.every_n_steps = None if every_n_steps is None else int_at_least("every_n_steps", every_n_steps, 1)
         if every_minutes is not None and not every_minutes > 0:

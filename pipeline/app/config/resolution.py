@@ -109,22 +109,15 @@ def resolve_dotted(path: str) -> Any:
 
 def _is_kind(obj: Any, kind: Kind) -> bool:
     import torch
-    from torch import nn
-    cls = obj if inspect.isclass(obj) else None
-    if kind is Kind.MODEL:
-        return cls is not None and issubclass(cls, nn.Module)
-    if kind is Kind.OPTIMIZER:
-        return cls is not None and issubclass(cls, torch.optim.Optimizer)
-    if kind is Kind.SCHEDULER:
-        sched = torch.optim.lr_scheduler
-        return cls is not None and issubclass(cls, (sched.LRScheduler, sched.ReduceLROnPlateau))
-    if kind is Kind.LOSS:
-        return (cls is not None and issubclass(cls, nn.Module)) or (cls is None and callable(obj))
-    if kind is Kind.CALLBACK:
-        return cls is not None and issubclass(cls, TrainingCallback)
+    sched = torch.optim.lr_scheduler
+    bases: dict[Kind, Any] = {Kind.MODEL: torch.nn.Module, Kind.LOSS: torch.nn.Module, Kind.CALLBACK: TrainingCallback,
+                              Kind.OPTIMIZER: torch.optim.Optimizer,
+                              Kind.SCHEDULER: (sched.LRScheduler, sched.ReduceLROnPlateau)}
+    if not inspect.isclass(obj):  # a loss, data builder, metric or step may be a plain function
+        return kind in (Kind.LOSS, Kind.DATA, Kind.METRIC, Kind.STEP) and callable(obj)
     if kind is Kind.EXACT_METRIC:
-        return cls is not None and all(callable(getattr(cls, a, None)) for a in ("update", "compute", "reset"))
-    return cls is None and callable(obj)  # DATA, METRIC, STEP: plain functions
+        return all(callable(getattr(obj, a, None)) for a in ("update", "compute", "reset"))
+    return kind in bases and issubclass(obj, bases[kind])
 
 
 def _takes_output_and_target(sig: inspect.Signature) -> bool:
@@ -174,13 +167,8 @@ def kwarg_problems(obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positiona
     what = describe(obj)
     params = list(sig.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    skip = 0
-    rest = []
-    for p in params:
-        if skip < positional and p.kind in positional_kinds:
-            skip += 1
-            continue
-        rest.append(p)
+    leading = [p for p in params if p.kind in positional_kinds][:positional]
+    rest = [p for p in params if p not in leading]
     named = {p.name: p for p in rest if p.kind in (*positional_kinds, inspect.Parameter.KEYWORD_ONLY)}
     open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
     problems: list[ConfigProblem] = []
