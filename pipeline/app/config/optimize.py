@@ -88,7 +88,7 @@ def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0
                   seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
     ``sampler_config.search_space`` is given; a configured integer seed becomes ``seed`` (the one the
-    worker claimed, :mod:`fsmtrain.app.hpo.seeds`), else :func:`sampler_seed`'s."""
+    worker claimed, :func:`fsmtrain.app.hpo.worker.claim_sampler_seed`), else :func:`sampler_seed`'s."""
     cls = _configured_part(opt, "sampler")
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
