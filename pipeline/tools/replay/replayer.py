@@ -18,16 +18,17 @@ from fsmtrain.core.events import EventLog
 from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.runner import CallbackRunner
-from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
 from fsmtrain.tools.replay.recording import (
     SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
+    RecordedRanks,
     RecordedTrial,
     Recording,
     ReplayBatch,
     ReplayError,
     load_recording,
+    recorded_ranks,
 )
 from fsmtrain.tools.replay.result import ReplayResult, comparable_recorded, compare_traces
 
