@@ -22,11 +22,10 @@ __all__ = ["CheckpointCallback"]
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and commit
-    protocol of :class:`~fsmtrain.training.checkpoint.CheckpointManager`. With ``background=True`` a
-    writer thread writes while the next epoch trains and logs each file (``checkpoint``) once durable;
-    ``train_end`` waits for it. A failed write is raised at the next phase boundary; in replay only
-    ``checkpoint_planned`` records intent. ``every_n_steps`` / ``every_minutes``: also a
-    ``step_<n>.pt`` holding the data position, so a resume continues with the next batch."""
+    protocol of :class:`~fsmtrain.training.checkpoint.CheckpointManager`, its writer thread (``background``)
+    logging each file once durable and raising a failed write at the next phase boundary; a replay only
+    logs ``checkpoint_planned``. ``every_n_steps`` / ``every_minutes``: also a ``step_<n>.pt`` holding the
+    data position, so a resume continues with the next batch."""
 
     priority = 95
     tier = Tier.CORE
@@ -72,9 +71,7 @@ class CheckpointCallback(TrainingCallback):
         if self.every_seconds is not None:
             self._due = time.monotonic() + self.every_seconds
         if run.dry_run:
-            path = shown_path(self.manager.step_path(done), run.run_dir)
-            step.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=done)
-            return
+            return self._plan_step(step, done)
         self.manager.writer.raise_failure()
         self.manager.directory.mkdir(parents=True, exist_ok=True)
         self.manager.save_step(run, done, step.batch_index + 1, self._sink())
@@ -82,8 +79,7 @@ class CheckpointCallback(TrainingCallback):
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         self.manager.writer.raise_failure()
 
-    def on_val_begin(self, epoch: EpochContext) -> None:
-        self.manager.writer.raise_failure()
+    on_val_begin = on_train_epoch_begin
 
     def on_val_end(self, epoch: EpochContext) -> None:
         """A validation inside the epoch that improves on the best: a step checkpoint with the ``best`` role."""
@@ -92,11 +88,14 @@ class CheckpointCallback(TrainingCallback):
             return
         if m.improved(epoch.metrics.get(m.monitor)):
             m.best_value, m.best_epoch = float(epoch.metrics[m.monitor]), epoch.index
-            path = shown_path(m.step_path(run.global_step), run.run_dir)
             if run.dry_run:
-                epoch.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=run.global_step)
-                return
+                return self._plan_step(epoch, run.global_step)
             m.save_step(run, run.global_step, int(run.epoch_state()["batch"]), self._sink(), best=True)
+
+    def _plan_step(self, ctx: StepContext | EpochContext, step: int) -> None:
+        """A replay's step checkpoint: only its intent, in the log."""
+        path = shown_path(self.manager.step_path(step), ctx.run.run_dir)
+        ctx.emit("checkpoint_planned", path=path, epoch=ctx.run.epoch, kind="step", step=step)
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run
