@@ -1,6 +1,5 @@
-"""Run configs: loaded and checked in tiers (syntax, schema, resolution of dotted paths and their
-kwargs, semantic warnings) before anything is created on disk, every problem reported at once; and
-the builders of what a config names."""
+"""Run configs, checked in tiers (syntax, schema, dotted paths and their kwargs, semantic warnings) before
+anything is created, every problem reported at once; and the builders of what a config names."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""One trial of a study: its parameters set in the config, each seed an ordinary, audited run in
-``<study dir>/trial-<n>-seed<s>/``. The value is the mean of the seeds' objectives; a diverged seed
-makes it the worst value and ends the trial; the first seed reports its validations for pruning; an
-exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8)."""
+"""One trial of a study: each seed an ordinary run in ``<study dir>/trial-<n>-seed<s>/``, the value the
+mean of the seeds' objectives (a diverged seed: the worst value, and the trial ends); the first seed
+reports its validations for pruning; an exception FAILs the trial, a signal FAILs it as lost."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Replay: the engine, the machine and the callbacks driven by a run's recorded numbers instead of a
-model (:func:`replay_run`), or by loss curves you write down (:func:`replay_losses`). Names are
-imported when first asked for, so ``fsmtrain``'s other commands do not load the engine."""
+"""Replay: the engine, machine and callbacks driven by a run's recorded numbers (:func:`replay_run`) or by
+loss curves (:func:`replay_losses`); imported when first asked for, so other commands skip the engine."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`: the run's setup
-(its ``run_start``), each epoch's values (:class:`RecordedEpoch`), the real pruner's decisions
-(:class:`RecordedTrial` answers in place of an Optuna trial), the signal that ended the run
-(:class:`Interruption`) and, on one rank of several, the others' part (:class:`RecordedRanks`). A resumed
-run's log reads as the run it continues."""
+"""A run's ``events.jsonl`` parsed into a :class:`Recording` (a resumed run's as the run it continues): its
+setup, each epoch's values, the pruner's decisions (:class:`RecordedTrial`), the signal that ended it and,
+on one rank of several, the other ranks' part (:class:`RecordedRanks`)."""
 
 from __future__ import annotations
 
@@ -63,9 +61,8 @@ class TrialReport:
 
 
 class RecordedTrial:
-    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
-    at that validation; a validation without a recorded decision is answered ``False`` and listed in
-    ``unknown_steps``."""
+    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided there
+    (``False`` where none was recorded, listed in ``unknown_steps``)."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
                  params: Mapping[str, Any] | None = None) -> None:

@@ -1,7 +1,5 @@
-"""Replay: a driver that feeds recorded numbers (a run's ``events.jsonl``, :func:`replay_run`, or
-lists, :func:`replay_losses`) to the real engine, machine and callbacks. A callback's ``replay``
-(``FULL``, ``DRY``, ``NONE``) says how it takes part; a what-if that outlives the recording ends
-with :class:`RecordingExhausted`."""
+"""Replay: recorded numbers (a run's log, :func:`replay_run`, or lists, :func:`replay_losses`) fed to the
+real engine, machine and callbacks, each taking part as its ``replay`` (``FULL``, ``DRY``, ``NONE``) says."""
 
 from __future__ import annotations
 
