@@ -81,11 +81,11 @@ class StudyPlan:
     prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
 
 
+@dataclass(frozen=True)
 class Tickets:
     """The trials a command may still start: a ``multiprocessing.Value`` its workers share."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any
 
     def take(self) -> bool:
         with self.value.get_lock():
@@ -136,11 +136,10 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     sampler = study.sampler
     exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
         if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
-    beating, waited = plan.heartbeat is not None, False
-    pause, grace = 1.0, 0
-    if plan.heartbeat is not None:
-        pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
-        grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
+    beat, waited = plan.heartbeat, False
+    beating = beat is not None
+    pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
+    grace = 0 if beat is None else beat.grace_period or 2 * beat.interval  # Optuna's default
     def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):

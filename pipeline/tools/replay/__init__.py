@@ -11,11 +11,9 @@ _RECORDING = "fsmtrain.tools.replay.recording"
 __all__ = ["RecordedTrial", "Recording", "ReplayError", "ReplayResult", "TrialReport", "compare_traces",
            "load_recording", "replay_losses", "replay_run"]
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "RecordedTrial": _RECORDING, "Recording": _RECORDING, "ReplayError": _RECORDING, "TrialReport": _RECORDING,
-    "load_recording": _RECORDING, "ReplayResult": "fsmtrain.tools.replay.result",
-    "compare_traces": "fsmtrain.tools.replay.result", "replay_losses": "fsmtrain.tools.replay.replayer",
-    "replay_run": "fsmtrain.tools.replay.replayer",
-})
+    **dict.fromkeys(("RecordedTrial", "Recording", "ReplayError", "TrialReport", "load_recording"), _RECORDING),
+    **dict.fromkeys(("ReplayResult", "compare_traces"), "fsmtrain.tools.replay.result"),
+    **dict.fromkeys(("replay_losses", "replay_run"), "fsmtrain.tools.replay.replayer")})
 
 if TYPE_CHECKING:
     from fsmtrain.tools.replay.recording import RecordedTrial, Recording, ReplayError, TrialReport, load_recording
