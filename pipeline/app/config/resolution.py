@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from fsmtrain.app.config.schema import NamedOptimizerConfig, RunConfig
 from fsmtrain.core.hooks import TrainingCallback
 
 
@@ -188,13 +189,10 @@ def kwarg_problems(obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positiona
     return problems
 
 
-# (key, kwargs key, kind, default, leading positional args, names filled in by fsmtrain)
-_TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = (
-    ("net", "net_config", Kind.MODEL, None, 0, ()),
-    ("optimizer", "optimizer_config", Kind.OPTIMIZER, "torch.optim.Adam", 1, ()),
-    ("scheduler", "scheduler_config", Kind.SCHEDULER, None, 1, ()),
-    ("criterion", "criterion_config", Kind.LOSS, "torch.nn.MSELoss", 0, ()),
-    ("data", "data_config", Kind.DATA, None, 0, ("batch_size", "seed")),
+# (key, kind, leading positional args, names filled in by fsmtrain); the kwargs are under <key>_config
+_TARGETS: tuple[tuple[str, Kind, int, tuple[str, ...]], ...] = (
+    ("net", Kind.MODEL, 0, ()), ("optimizer", Kind.OPTIMIZER, 1, ()), ("scheduler", Kind.SCHEDULER, 1, ()),
+    ("criterion", Kind.LOSS, 0, ()), ("data", Kind.DATA, 0, ("batch_size", "seed")),
 )
 
 
@@ -224,7 +222,7 @@ def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
     optimizers = data.get("optimizers")
     names = list(optimizers) if isinstance(optimizers, Mapping) else []
-    for section, kind, default in (("optimizers", Kind.OPTIMIZER, "torch.optim.Adam"),
+    for section, kind, default in (("optimizers", Kind.OPTIMIZER, NamedOptimizerConfig.model_fields["target"].default),
                                    ("schedulers", Kind.SCHEDULER, None)):
         items = data.get(section)
         for name, item in (items.items() if isinstance(items, Mapping) else ()):
@@ -242,11 +240,11 @@ def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
 
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
-    for key, cfg_key, kind, default, positional, supplied in _TARGETS:
-        value = data.get(key, default)
-        if value is None:
-            continue
-        problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    for key, kind, positional, supplied in _TARGETS:
+        value = data.get(key, RunConfig.model_fields[key].default)  # net and data have none: the schema says so
+        if value is not None:
+            problems += _check_target(key, value, kind, data.get(f"{key}_config", {}), f"{key}_config", positional,
+                                      supplied)
     problems += _named_optimizer_problems(data)
     for key in ("step", "val_step"):
         if data.get(key) is not None:
