@@ -22,31 +22,20 @@ __all__ = ["CheckpointCallback"]
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and commit
-    protocol of :class:`~fsmtrain.training.checkpoint.CheckpointManager`. With ``background=True`` a
-    writer thread writes while the next epoch trains and logs each file (``checkpoint``) once durable;
-    ``train_end`` waits for it. A failed write is raised at the next phase boundary; in replay only
-    ``checkpoint_planned`` records intent. ``every_n_steps`` / ``every_minutes``: also a
-    ``step_<n>.pt`` holding the data position, so a resume continues with the next batch."""
+    protocol of :class:`~fsmtrain.training.checkpoint.CheckpointManager`, its writer thread (``background``)
+    logging each file once durable and raising a failed write at the next phase boundary; a replay only
+    logs ``checkpoint_planned``. ``every_n_steps`` / ``every_minutes``: also a ``step_<n>.pt`` holding the
+    data position, so a resume continues with the next batch."""
 
     priority = 95
     tier = Tier.CORE
     rank_zero_only = True  # writes what the run owns once
     replay = ReplaySupport.DRY
 
-    def __init__(
-        self,
-        directory: str | Path,
-        save_every_n_epochs: int = 1,
-        keep_last_k: int = 3,
-        save_best: bool = True,
-        monitor: str = "val_loss",
-        mode: str = "min",
-        save_latest: bool = True,
-        background: bool = True,
-        drain_timeout_s: float = 600.0,
-        every_n_steps: int | None = None,
-        every_minutes: float | None = None,
-    ) -> None:
+    def __init__(self, directory: str | Path, save_every_n_epochs: int = 1, keep_last_k: int = 3,
+                 save_best: bool = True, monitor: str = "val_loss", mode: str = "min", save_latest: bool = True,
+                 background: bool = True, drain_timeout_s: float = 600.0, every_n_steps: int | None = None,
+                 every_minutes: float | None = None) -> None:
         self.drain_timeout_s = drain_timeout_s  # how long the teardown waits for the last writes
         self.every_n_steps = None if every_n_steps is None else int_at_least("every_n_steps", every_n_steps, 1)
         if every_minutes is not None and not every_minutes > 0:
@@ -86,9 +75,7 @@ class CheckpointCallback(TrainingCallback):
         if self.every_seconds is not None:
             self._due = time.monotonic() + self.every_seconds
         if run.dry_run:
-            path = shown_path(self.manager.step_path(done), run.run_dir)
-            step.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=done)
-            return
+            return self._plan_step(step, done)
         self.manager.writer.raise_failure()
         if self.manager.sharded and step.skip_optimizer_step:
             self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
@@ -99,8 +86,7 @@ class CheckpointCallback(TrainingCallback):
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
         self.manager.writer.raise_failure()
 
-    def on_val_begin(self, epoch: EpochContext) -> None:
-        self.manager.writer.raise_failure()
+    on_val_begin = on_train_epoch_begin
 
     def on_val_end(self, epoch: EpochContext) -> None:
         """A validation inside the epoch that improves on the best: a step checkpoint with the ``best`` role."""
@@ -109,11 +95,14 @@ class CheckpointCallback(TrainingCallback):
             return
         if m.improved(epoch.metrics.get(m.monitor)):
             m.best_value, m.best_epoch = float(epoch.metrics[m.monitor]), epoch.index
-            path = shown_path(m.step_path(run.global_step), run.run_dir)
             if run.dry_run:
-                epoch.emit("checkpoint_planned", path=path, epoch=run.epoch, kind="step", step=run.global_step)
-                return
+                return self._plan_step(epoch, run.global_step)
             m.save_step(run, run.global_step, int(run.epoch_state()["batch"]), self._sink(), best=True)
+
+    def _plan_step(self, ctx: StepContext | EpochContext, step: int) -> None:
+        """A replay's step checkpoint: only its intent, in the log."""
+        path = shown_path(self.manager.step_path(step), ctx.run.run_dir)
+        ctx.emit("checkpoint_planned", path=path, epoch=ctx.run.epoch, kind="step", step=step)
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         run = epoch.run

@@ -32,17 +32,14 @@ class EarlyStoppingCallback(TrainingCallback):
     tier = Tier.CORE
     writes = (EARLY_STOPPING_WAIT,)
 
-    def __init__(
-        self, patience: int = 20, mode: str = "min", min_delta: float = 1e-4, monitor: str = "val_loss"
-    ) -> None:
+    def __init__(self, patience: int = 20, mode: str = "min", min_delta: float = 1e-4,
+                 monitor: str = "val_loss") -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
             raise ValueError(f"min_delta must be a number >= 0 (relative to the best value), got {min_delta!r}")
         self.patience = int_at_least("patience", patience, 1)
-        self.mode = mode
-        self.min_delta = float(min_delta)
-        self.monitor = monitor
+        self.mode, self.min_delta, self.monitor = mode, float(min_delta), monitor
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.best_at: dict[str, int] | None = None  # the best's validation, epoch and step (from 1)
@@ -75,7 +72,5 @@ class EarlyStoppingCallback(TrainingCallback):
         return {"best": self.best, "best_epoch": self.best_epoch, "best_at": self.best_at, "wait": self.wait}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best = state.get("best")
-        self.best_epoch = state.get("best_epoch")
-        self.best_at = state.get("best_at")
+        self.best, self.best_epoch, self.best_at = state.get("best"), state.get("best_epoch"), state.get("best_at")
         self.wait = int(state.get("wait", 0))

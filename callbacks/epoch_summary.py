@@ -1,6 +1,5 @@
-"""An aligned console table, one line per epoch, for runs without a terminal bar: every metric and
-numeric slot gets a column; the header (with a legend of its abbreviations) is printed again when a
-new column appears, and an absent value shows ``-``."""
+"""An aligned console table, one line per epoch, for runs without a terminal bar: a column per metric and
+numeric slot, the header (and a legend) again when a new column appears, ``-`` for an absent value."""
 
 from __future__ import annotations
 

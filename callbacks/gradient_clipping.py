@@ -24,9 +24,7 @@ class GradientClippingCallback(TrainingCallback):
         for field, v in (("max_norm", max_norm), ("max_value", max_value)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
                 raise ValueError(f"{field} must be a number > 0, got {v!r}")
-        self.max_norm = max_norm
-        self.max_value = max_value
-        self.norm_type = float(norm_type)
+        self.max_norm, self.max_value, self.norm_type = max_norm, max_value, float(norm_type)
         self._params: list[torch.Tensor] = []
 
     def on_train_begin(self, run: RunContext) -> None:

@@ -143,8 +143,6 @@ class LossPredictionCallback(TrainingCallback):
         self.val_losses: list[float] = []
         self.fitted_at = 0  # history length at the last fit
         self.fit: tuple[float, float] | None = None
-        self._values = np.empty(64)  # val_losses as a growing array, so a fit copies nothing
-        self._filled = 0
 
     def _due(self) -> bool:
         return len(self.val_losses) - self.fitted_at >= max(1, math.ceil(REFIT_GROWTH * self.fitted_at))
@@ -159,23 +157,12 @@ class LossPredictionCallback(TrainingCallback):
         horizon = max(1, round(len(self.val_losses) * self.max_epochs / (epoch.index + 1)))  # validations in all
         try:
             if self._due():
-                self.fit = fit_exponential(range(len(self.val_losses)), self._array())
+                self.fit = fit_exponential(range(len(self.val_losses)), self.val_losses)
                 self.fitted_at = len(self.val_losses)
             prediction = prediction_from_fit(self.fit, self.val_losses, horizon)
         except Exception:  # a prediction must never end a run
             prediction = LossPrediction(float(value), math.nan, False)
         epoch.set(LOSS_PREDICTION, prediction)
-
-    def _array(self) -> Any:
-        """``val_losses`` as an array view, copying only what was appended since the last call."""
-        n = len(self.val_losses)
-        if self._values.size < n:
-            grown = np.empty(max(n, 2 * self._values.size))
-            grown[: self._filled] = self._values[: self._filled]
-            self._values = grown
-        self._values[self._filled : n] = self.val_losses[self._filled :]
-        self._filled = n
-        return self._values[:n]
 
     def state_dict(self) -> dict[str, Any]:
         # One tensor, not a list: a checkpoint's serialisation costs a Python call per object.
@@ -185,7 +172,6 @@ class LossPredictionCallback(TrainingCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         values = state.get("val_losses", [])
         self.val_losses = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
-        self._filled = 0
         self.fitted_at = int(state.get("fitted_at", 0))
         fit = state.get("fit")
         self.fit = None if fit is None else (float(fit[0]), float(fit[1]))

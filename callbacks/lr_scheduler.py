@@ -27,9 +27,7 @@ class LRSchedulerCallback(TrainingCallback):
             raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
         if interval not in ("epoch", "step"):
             raise ValueError(f"interval must be 'epoch' or 'step', got {interval!r}")
-        self.scheduler = scheduler
-        self.interval = interval
-        self.monitor = monitor
+        self.scheduler, self.interval, self.monitor = scheduler, interval, monitor
         each = scheduler.schedulers.values() if isinstance(scheduler, NamedSchedulers) else [scheduler]
         self.plateau = any(isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau) for s in each)
         if self.plateau and interval == "step":

@@ -19,23 +19,16 @@ __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
 FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
 
 
-def _flat_slots(slots: Mapping[str, Any]) -> dict[str, float | int]:
-    """Numeric slot values under the slot's name (an int stays an int), structured ones as their scalars."""
-    out: dict[str, float | int] = {}
-    for name, value in slots.items():
-        if isinstance(value, (int, float)):  # a bool too, as 0 or 1
-            out[name] = int(value) if isinstance(value, bool) else value
-        else:
-            out.update(slot_scalars(name, value))
-    return out
-
-
 def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
-    """The row of one epoch: ``epoch`` (from 1), ``global_step``, every metric and numeric slot value."""
+    """The row of one epoch: ``epoch`` (from 1), ``global_step``, every metric, then each numeric slot
+    value under its name (an int stays an int, a bool is 0 or 1) and each structured one as its scalars."""
     row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step}
     row.update({k: float(v) for k, v in epoch.metrics.items()})
-    for key, value in _flat_slots(epoch.run.slot_values()).items():
-        row.setdefault(key, value)
+    for name, value in epoch.run.slot_values().items():
+        flat = {name: int(value) if isinstance(value, bool) else value} if isinstance(value, (int, float)) else \
+            slot_scalars(name, value)
+        for key, number in flat.items():
+            row.setdefault(key, number)
     return row
 
 
@@ -82,10 +75,9 @@ class MetricsCsvCallback(TrainingCallback):
         self.rows.append(row)
         if self._add_columns(row) or self._fh is None:
             self._rewrite()
-            return
-        assert self._fh is not None
-        self._fh.write(self._text([row]))
-        self._fh.flush()
+        else:
+            self._fh.write(self._text([row]))
+            self._fh.flush()
 
     def on_train_end(self, run: RunContext) -> None:
         self.close()

@@ -44,8 +44,7 @@ class PrunerCallback(TrainingCallback):
     def __init__(self, trial: optuna.trial.Trial, monitor: str = "val_loss") -> None:
         if not hasattr(trial, "report") or not hasattr(trial, "should_prune"):
             raise TypeError(f"trial must be an optuna.trial.Trial, got {type(trial).__name__}")
-        self.trial = trial
-        self.monitor = monitor
+        self.trial, self.monitor = trial, monitor
         self.validations: int | None = None  # None until the first: a state-less resume counts its epochs
 
     def state_dict(self) -> dict[str, Any]:

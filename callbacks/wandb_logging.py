@@ -40,25 +40,16 @@ class WandbLoggingCallback(TrainingCallback):
     reads = (MAX_GRAD_NORM, OVERFIT_GAP_RATIO, LOSS_PREDICTION, STEP_VALUES)
     reads_every_slot = True
 
-    def __init__(
-        self,
-        project: str = "fsmtrain",
-        mode: str = "offline",
-        tags: Sequence[str] = (),
-        config: Mapping[str, Any] | None = None,
-        directory: str | Path | None = None,
-        name: str | None = None,
-    ) -> None:
+    def __init__(self, project: str = "fsmtrain", mode: str = "offline", tags: Sequence[str] = (),
+                 config: Mapping[str, Any] | None = None, directory: str | Path | None = None,
+                 name: str | None = None) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if isinstance(tags, str):
             raise TypeError(f"tags must be a sequence of strings, got the string {tags!r}")
-        self.project = project
-        self.mode = mode
-        self.tags = tuple(tags)
+        self.project, self.mode, self.tags, self.run_name = project, mode, tuple(tags), name
         self.config = dict(config or {})
         self.directory = None if directory is None else Path(directory)
-        self.run_name = name
         self.wandb_run: Any = None
         self.logged: list[dict[str, float]] = []
         self.log_errors: list[str] = []  # W&B's own log could not be written (a full disk): what it said
@@ -74,17 +65,10 @@ class WandbLoggingCallback(TrainingCallback):
             Path(directory).mkdir(parents=True, exist_ok=True)
             kwargs["dir"] = str(directory)
         self.wandb_run = wandb.init(
-            project=self.project,
-            mode=self.mode,  # type: ignore[arg-type]
-            tags=list(self.tags),
-            config=self.config or run.extras.get("config") or {},
-            name=self.run_name or run.run_id,
-            id=wandb_run_id(run),
-            resume="allow" if run.extras.get("resumed_from") else None,
-            reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off"),
-            **kwargs,
-        )
+            project=self.project, mode=self.mode, tags=list(self.tags),  # type: ignore[arg-type]
+            config=self.config or run.extras.get("config") or {}, name=self.run_name or run.run_id,
+            id=wandb_run_id(run), resume="allow" if run.extras.get("resumed_from") else None, reinit="create_new",
+            settings=wandb.Settings(silent=True, console="off"), **kwargs)
         self._quiet_handlers()
         run.emit("wandb_init", mode=self.mode, project=self.project,
                  dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))

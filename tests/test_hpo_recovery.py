@@ -28,8 +28,8 @@ from hpo_support import journal, load, popen, study_config, wait_for
 from optuna.trial import TrialState
 
 from fsmtrain.app.hpo.recovery import LOST_ATTR, process_gone, reclaim, worker_identity
-from fsmtrain.app.hpo.seeds import claim_sampler_seed, seeds_used
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
+from fsmtrain.app.hpo.worker import claim_sampler_seed, seeds_used
 from fsmtrain.tools.audit import audit_file
 
 # long enough to be caught running: at least 1 s, on any machine

@@ -15,7 +15,7 @@ import yaml
 from torch import nn
 
 from fsmtrain.app.config import builders
-from fsmtrain.app.config.blame import built_from
+from fsmtrain.app.config.builders import built_from
 from fsmtrain.app.config.checks import check_data, checked_callbacks
 from fsmtrain.app.config.loading import load_yaml
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem

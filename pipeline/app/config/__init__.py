@@ -1,6 +1,5 @@
-"""Run configs: loaded and checked in tiers (syntax, schema, resolution of dotted paths and their
-kwargs, semantic warnings) before anything is created on disk, every problem reported at once; and
-the builders of what a config names."""
+"""Run configs, checked in tiers (syntax, schema, dotted paths and their kwargs, semantic warnings) before
+anything is created, every problem reported at once; and the builders of what a config names."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from fsmtrain.app.config.optimize import build_pruner, build_sampler, trial_data
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import resolve_dotted
 from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam, resolved_dict
-from fsmtrain.app.config.tiers import config_from_dict
-from fsmtrain.app.config.world import load_config, load_config_and_data, load_run_config
+from fsmtrain.app.config.world import config_from_dict, load_config, load_config_and_data, load_run_config
 
 __all__ = [
     "ConfigError", "ConfigProblem", "OptimizeConfig", "RunConfig", "SearchParam", "apply_overrides",

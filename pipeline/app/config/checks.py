@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fsmtrain.app.config.blame import blamed, built_from
 from fsmtrain.app.config.builders import (
+    blamed,
     build_callbacks,
     build_criterion,
     build_data,
@@ -19,6 +19,7 @@ from fsmtrain.app.config.builders import (
     build_optimizer,
     build_scheduler,
     build_steps,
+    built_from,
 )
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import resolve_dotted

@@ -35,17 +35,11 @@ _PART_KIND = {
 }
 
 
-def _part_path(name: str, part: str) -> str:
-    """A bare class name (``TPESampler``, ``PredictedFinalLossPruner``) is looked up where it lives."""
-    if "." in name:
-        return name
-    return _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}")
-
-
 def _study_part_class(name: str, part: str) -> Any:
-    """The sampler or pruner class ``name`` names; raises ``ResolveError``."""
+    """The sampler or pruner class ``name`` names, a bare class name (``TPESampler``,
+    ``PredictedFinalLossPruner``) looked up where it lives; raises ``ResolveError``."""
     import optuna
-    obj = import_dotted(_part_path(name, part))
+    obj = import_dotted(name if "." in name else _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}"))
     base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
     if not (inspect.isclass(obj) and issubclass(obj, base)):
         raise ResolveError(f"{name} is {describe(obj)}")
@@ -88,7 +82,7 @@ def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0
                   seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
     ``sampler_config.search_space`` is given; a configured integer seed becomes ``seed`` (the one the
-    worker claimed, :mod:`fsmtrain.app.hpo.seeds`), else :func:`sampler_seed`'s."""
+    worker claimed, :func:`fsmtrain.app.hpo.worker.claim_sampler_seed`), else :func:`sampler_seed`'s."""
     cls = _configured_part(opt, "sampler")
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
@@ -111,9 +105,8 @@ def _with_value(data: Mapping[str, Any], parts: Sequence[str], value: Any) -> di
     out = copy.deepcopy(dict(data))
     node: Any = out
     for depth, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if child is None:
-            child = node[part] = {}
+        child = node.get(part)
+        child = node[part] = {} if child is None else child
         if not isinstance(child, dict):
             return f"{'.'.join(parts[: depth + 1])} is a {type(child).__name__}, not a mapping"
         node = child
@@ -176,8 +169,8 @@ def optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         return []
     problems: list[ConfigProblem] = []
     parts: dict[str, Any] = {}
-    for part, default in (("sampler", "optuna.samplers.TPESampler"), ("pruner", "optuna.pruners.MedianPruner")):
-        name, kwargs = opt.get(part, default), opt.get(f"{part}_config", {})
+    for part in ("sampler", "pruner"):
+        name, kwargs = opt.get(part, OptimizeConfig.model_fields[part].default), opt.get(f"{part}_config", {})
         if not isinstance(name, str):
             continue
         try:

@@ -33,13 +33,8 @@ class ConfigError(ValueError):
         self.problems = list(problems)
         self.source = source
         where = source if source and source.startswith("--set") else f"config {source}" if source else "config"
-        n = len(self.problems)
-        if n == 1:  # one mistake, one line
-            super().__init__(f"{where}: {self.problems[0]}")
-            return
-        lines = [f"{where} has {n} problems:"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
+        lines = [f"{where} has {len(self.problems)} problems:", *(f"  - {p}" for p in self.problems)]
+        super().__init__(f"{where}: {self.problems[0]}" if len(self.problems) == 1 else "\n".join(lines))
 
 
 def closest(word: str, candidates: Sequence[str]) -> str | None:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from fsmtrain.app.config.schema import NamedOptimizerConfig, RunConfig
 from fsmtrain.core.hooks import TrainingCallback
 
 
@@ -109,22 +110,15 @@ def resolve_dotted(path: str) -> Any:
 
 def _is_kind(obj: Any, kind: Kind) -> bool:
     import torch
-    from torch import nn
-    cls = obj if inspect.isclass(obj) else None
-    if kind is Kind.MODEL:
-        return cls is not None and issubclass(cls, nn.Module)
-    if kind is Kind.OPTIMIZER:
-        return cls is not None and issubclass(cls, torch.optim.Optimizer)
-    if kind is Kind.SCHEDULER:
-        sched = torch.optim.lr_scheduler
-        return cls is not None and issubclass(cls, (sched.LRScheduler, sched.ReduceLROnPlateau))
-    if kind is Kind.LOSS:
-        return (cls is not None and issubclass(cls, nn.Module)) or (cls is None and callable(obj))
-    if kind is Kind.CALLBACK:
-        return cls is not None and issubclass(cls, TrainingCallback)
+    sched = torch.optim.lr_scheduler
+    bases: dict[Kind, Any] = {Kind.MODEL: torch.nn.Module, Kind.LOSS: torch.nn.Module, Kind.CALLBACK: TrainingCallback,
+                              Kind.OPTIMIZER: torch.optim.Optimizer,
+                              Kind.SCHEDULER: (sched.LRScheduler, sched.ReduceLROnPlateau)}
+    if not inspect.isclass(obj):  # a loss, data builder, metric or step may be a plain function
+        return kind in (Kind.LOSS, Kind.DATA, Kind.METRIC, Kind.STEP) and callable(obj)
     if kind is Kind.EXACT_METRIC:
-        return cls is not None and all(callable(getattr(cls, a, None)) for a in ("update", "compute", "reset"))
-    return cls is None and callable(obj)  # DATA, METRIC, STEP: plain functions
+        return all(callable(getattr(obj, a, None)) for a in ("update", "compute", "reset"))
+    return kind in bases and issubclass(obj, bases[kind])
 
 
 def _takes_output_and_target(sig: inspect.Signature) -> bool:
@@ -174,13 +168,8 @@ def kwarg_problems(obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positiona
     what = describe(obj)
     params = list(sig.parameters.values())
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    skip = 0
-    rest = []
-    for p in params:
-        if skip < positional and p.kind in positional_kinds:
-            skip += 1
-            continue
-        rest.append(p)
+    leading = [p for p in params if p.kind in positional_kinds][:positional]
+    rest = [p for p in params if p not in leading]
     named = {p.name: p for p in rest if p.kind in (*positional_kinds, inspect.Parameter.KEYWORD_ONLY)}
     open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
     problems: list[ConfigProblem] = []
@@ -200,13 +189,10 @@ def kwarg_problems(obj: Any, kwargs: Mapping[str, Any], cfg_path: str, positiona
     return problems
 
 
-# (key, kwargs key, kind, default, leading positional args, names filled in by fsmtrain)
-_TARGETS: tuple[tuple[str, str, Kind, str | None, int, tuple[str, ...]], ...] = (
-    ("net", "net_config", Kind.MODEL, None, 0, ()),
-    ("optimizer", "optimizer_config", Kind.OPTIMIZER, "torch.optim.Adam", 1, ()),
-    ("scheduler", "scheduler_config", Kind.SCHEDULER, None, 1, ()),
-    ("criterion", "criterion_config", Kind.LOSS, "torch.nn.MSELoss", 0, ()),
-    ("data", "data_config", Kind.DATA, None, 0, ("batch_size", "seed")),
+# (key, kind, leading positional args, names filled in by fsmtrain); the kwargs are under <key>_config
+_TARGETS: tuple[tuple[str, Kind, int, tuple[str, ...]], ...] = (
+    ("net", Kind.MODEL, 0, ()), ("optimizer", Kind.OPTIMIZER, 1, ()), ("scheduler", Kind.SCHEDULER, 1, ()),
+    ("criterion", Kind.LOSS, 0, ()), ("data", Kind.DATA, 0, ("batch_size", "seed")),
 )
 
 
@@ -236,7 +222,7 @@ def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
     optimizers = data.get("optimizers")
     names = list(optimizers) if isinstance(optimizers, Mapping) else []
-    for section, kind, default in (("optimizers", Kind.OPTIMIZER, "torch.optim.Adam"),
+    for section, kind, default in (("optimizers", Kind.OPTIMIZER, NamedOptimizerConfig.model_fields["target"].default),
                                    ("schedulers", Kind.SCHEDULER, None)):
         items = data.get(section)
         for name, item in (items.items() if isinstance(items, Mapping) else ()):
@@ -254,11 +240,11 @@ def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
 
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     problems: list[ConfigProblem] = []
-    for key, cfg_key, kind, default, positional, supplied in _TARGETS:
-        value = data.get(key, default)
-        if value is None:
-            continue
-        problems += _check_target(key, value, kind, data.get(cfg_key, {}), cfg_key, positional, supplied)
+    for key, kind, positional, supplied in _TARGETS:
+        value = data.get(key, RunConfig.model_fields[key].default)  # net and data have none: the schema says so
+        if value is not None:
+            problems += _check_target(key, value, kind, data.get(f"{key}_config", {}), f"{key}_config", positional,
+                                      supplied)
     problems += _named_optimizer_problems(data)
     for key in ("step", "val_step"):
         if data.get(key) is not None:

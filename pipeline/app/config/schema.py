@@ -293,9 +293,9 @@ class RunConfig(_Section):
                 raise ValueError("schedulers by name go with optimizers by name (optimizers: {name: ...}); one "
                                  "optimizer's scheduler is scheduler")
             return self
-        defaults: dict[str, Any] = {"optimizer": "torch.optim.Adam", "optimizer_config": {}, "scheduler": None,
-                                    "scheduler_config": {}}
-        single = [k for k, v in defaults.items() if getattr(self, k) != v]  # a resolved config holds the defaults
+        # the single optimizer's fields, unless they hold the defaults (as a resolved config does)
+        single = [k for k in ("optimizer", "optimizer_config", "scheduler", "scheduler_config")
+                  if getattr(self, k) != RunConfig.model_fields[k].get_default(call_default_factory=True)]
         if single:
             raise ValueError(f"optimizers or {' and '.join(single)}, not both (a scheduler of several optimizers goes "
                              "in schedulers, by the optimizer's name)")

@@ -126,9 +126,8 @@ def fail_orphaned_trials(study: optuna.study.Study, pids: Iterable[int], *, max_
     failed: list[int] = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         who = trial.user_attrs.get(WORKER_ATTR)
-        if not isinstance(who, dict) or who.get("host") != host or who.get("pid") not in dead:
-            continue
-        if _fail_lost(study, trial, f"worker process {who.get('pid')} died"):
+        if isinstance(who, dict) and who.get("host") == host and who.get("pid") in dead \
+                and _fail_lost(study, trial, f"worker process {who.get('pid')} died"):
             failed.append(trial.number)
             if retry:
                 _retry(study, trial, max_retry)

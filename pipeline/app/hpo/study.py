@@ -187,7 +187,7 @@ class _Workers:
             self.crashed.append(f"worker {index} (pid {proc.pid}) ended with {how}{left}")
             print(f"warning: {self.crashed[-1]}", file=self.out, flush=True)
             if self.spawned < 3 * self.plan.workers and self.shared.value > 0:  # a retry takes a trial too
-                self.start(index)  # with a sampler seed of its own (fsmtrain.app.hpo.seeds)
+                self.start(index)  # with a sampler seed of its own (claim_sampler_seed)
 
     def alive(self) -> bool:
         return any(p.exitcode is None for p in self.procs.values())

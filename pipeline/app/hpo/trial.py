@@ -1,7 +1,6 @@
-"""One trial of a study: its parameters set in the config, each seed an ordinary, audited run in
-``<study dir>/trial-<n>-seed<s>/``. The value is the mean of the seeds' objectives; a diverged seed
-makes it the worst value and ends the trial; the first seed reports its validations for pruning; an
-exception FAILs the trial with its traceback; a signal FAILs it as lost (DESIGN.md section 8)."""
+"""One trial of a study: each seed an ordinary run in ``<study dir>/trial-<n>-seed<s>/``, the value the
+mean of the seeds' objectives (a diverged seed: the worst value, and the trial ends); the first seed
+reports its validations for pruning; an exception FAILs the trial, a signal FAILs it as lost."""
 
 from __future__ import annotations
 
@@ -99,19 +98,17 @@ def _resume_dir(trial: optuna.trial.Trial, previous: Mapping[int, Path], seed: i
     old = previous.get(seed)
     if old is None or not (old / "events.jsonl").is_file():
         return None
+    said = {"seed": seed, "previous_run_dir": str(old), "resumed": False}
     if not _let_go(trial, old):
-        trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": False,
-                                          "why": f"still in use by another process after {LOCK_WAIT_S:.0f} s"})
+        trial.set_user_attr(RESUME_ATTR, {**said, "why": f"still in use by another process after {LOCK_WAIT_S:.0f} s"})
         return None
     try:
         found = find_resumption(old)
     except ResumeError as exc:
-        trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": False,
-                                          "why": str(exc)})
+        trial.set_user_attr(RESUME_ATTR, {**said, "why": str(exc)})
         return None
-    trial.set_user_attr(RESUME_ATTR, {"seed": seed, "previous_run_dir": str(old), "resumed": True,
-                                      "from_checkpoint": found.shown, "next_epoch": found.next_epoch + 1,  # from 1
-                                      "global_step": found.global_step})
+    trial.set_user_attr(RESUME_ATTR, {**said, "resumed": True, "from_checkpoint": found.shown,
+                                      "next_epoch": found.next_epoch + 1, "global_step": found.global_step})  # from 1
     return old
 
 

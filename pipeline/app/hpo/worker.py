@@ -8,24 +8,62 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
+from fsmtrain.app.config.optimize import drawn_seed, sampler_seed
 from fsmtrain.app.hpo.recovery import reclaim, worker_identity
-from fsmtrain.app.hpo.seeds import claim_sampler_seed
 from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec, open_storage
 from fsmtrain.app.hpo.trial import TrialPlan, run_trial
 from fsmtrain.core.signals import caught
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import BaseStorage
 
-__all__ = ["INTERRUPTED", "StudyPlan", "Tickets", "ended_elsewhere", "quiet_optuna", "work", "worker_main"]
+__all__ = ["INTERRUPTED", "SEED_ATTR_PREFIX", "StudyPlan", "Tickets", "claim_sampler_seed", "ended_elsewhere",
+           "quiet_optuna", "seeds_used", "work", "worker_main"]
 
 INTERRUPTED = 130
+# Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
+# seed is a study system attribute of its own.
+SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
+
+
+def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
+    """The seeds recorded in a study's system attributes, with who took each."""
+    out: dict[int, Any] = {}
+    for key, who in attrs.items():
+        if key.startswith(SEED_ATTR_PREFIX):
+            try:
+                out[int(key.removeprefix(SEED_ATTR_PREFIX))] = who
+            except ValueError:
+                continue
+    return out
+
+
+def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
+                       prior_trials: int, who: Mapping[str, Any],
+                       say: Callable[[str], None] | None = None) -> int:
+    """The seed worker ``worker`` of command ``launch`` takes, recorded as taken by ``who``; ``say``
+    is told when it is not :func:`sampler_seed`'s."""
+    study_id = storage.get_study_id_from_name(study)
+    used = seeds_used(storage.get_study_system_attrs(study_id))
+    first = candidate = sampler_seed(seed, worker=worker, prior_trials=prior_trials)
+    attempt = 0
+    while candidate in used:
+        candidate = drawn_seed(seed, launch, worker, attempt)
+        attempt += 1
+    storage.set_study_system_attr(study_id, f"{SEED_ATTR_PREFIX}{candidate}", {**who, "worker": worker})
+    if candidate != first and say is not None:
+        taken = used[first]
+        by = f" (by process {taken.get('pid')})" if isinstance(taken, Mapping) and taken.get("pid") else ""
+        say(f"worker {worker}: sampler seed {candidate}, since seed {first} was taken by an earlier worker of "
+            f"the study{by}: a seed proposes what it proposed before")
+    return candidate
 
 
 @dataclass(frozen=True)
@@ -43,11 +81,11 @@ class StudyPlan:
     prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
 
 
+@dataclass(frozen=True)
 class Tickets:
     """The trials a command may still start: a ``multiprocessing.Value`` its workers share."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any
 
     def take(self) -> bool:
         with self.value.get_lock():
@@ -98,11 +136,10 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     sampler = study.sampler
     exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
         if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
-    beating, waited = plan.heartbeat is not None, False
-    pause, grace = 1.0, 0
-    if plan.heartbeat is not None:
-        pause = max(0.5, min(plan.heartbeat.interval / 2, 5.0))
-        grace = plan.heartbeat.grace_period or 2 * plan.heartbeat.interval  # Optuna's default
+    beat, waited = plan.heartbeat, False
+    beating = beat is not None
+    pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
+    grace = 0 if beat is None else beat.grace_period or 2 * beat.interval  # Optuna's default
     def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):

@@ -1,6 +1,5 @@
-"""Replay: the engine, the machine and the callbacks driven by a run's recorded numbers instead of a
-model (:func:`replay_run`), or by loss curves you write down (:func:`replay_losses`). Names are
-imported when first asked for, so ``fsmtrain``'s other commands do not load the engine."""
+"""Replay: the engine, machine and callbacks driven by a run's recorded numbers (:func:`replay_run`) or by
+loss curves (:func:`replay_losses`); imported when first asked for, so other commands skip the engine."""
 
 from __future__ import annotations
 
@@ -12,11 +11,9 @@ _RECORDING = "fsmtrain.tools.replay.recording"
 __all__ = ["RecordedTrial", "Recording", "ReplayError", "ReplayResult", "TrialReport", "compare_traces",
            "load_recording", "replay_losses", "replay_run"]
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "RecordedTrial": _RECORDING, "Recording": _RECORDING, "ReplayError": _RECORDING, "TrialReport": _RECORDING,
-    "load_recording": _RECORDING, "ReplayResult": "fsmtrain.tools.replay.result",
-    "compare_traces": "fsmtrain.tools.replay.result", "replay_losses": "fsmtrain.tools.replay.replayer",
-    "replay_run": "fsmtrain.tools.replay.replayer",
-})
+    **dict.fromkeys(("RecordedTrial", "Recording", "ReplayError", "TrialReport", "load_recording"), _RECORDING),
+    **dict.fromkeys(("ReplayResult", "compare_traces"), "fsmtrain.tools.replay.result"),
+    **dict.fromkeys(("replay_losses", "replay_run"), "fsmtrain.tools.replay.replayer")})
 
 if TYPE_CHECKING:
     from fsmtrain.tools.replay.recording import RecordedTrial, Recording, ReplayError, TrialReport, load_recording

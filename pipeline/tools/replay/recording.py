@@ -1,7 +1,6 @@
-"""What a recording holds: a run's ``events.jsonl`` parsed into a :class:`Recording`: the run's setup
-(its ``run_start``), each epoch's values (:class:`RecordedEpoch`), the real pruner's decisions
-(:class:`RecordedTrial` answers in place of an Optuna trial) and the signal that ended the run
-(:class:`Interruption`). A resumed run's log reads as the run it continues."""
+"""A run's ``events.jsonl`` parsed into a :class:`Recording` (a resumed run's as the run it continues): its
+setup, each epoch's values, the pruner's decisions (:class:`RecordedTrial`), the signal that ended it and,
+on one rank of several, the other ranks' part (:class:`RecordedRanks`)."""
 
 from __future__ import annotations
 
@@ -13,13 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsmtrain.core.consensus import Failure, RankFailed, proposal_of
+from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.events import EVENTS_FILE, as_float
 from fsmtrain.core.lifecycle import EPOCH_PHASES, Phase
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["SEGMENT_ONLY", "Interruption", "RecordedEpoch", "RecordedTrial", "Recording", "ReplayBatch",
-           "ReplayError", "TrialReport", "interrupt_of", "load_recording", "recording_from_events", "split_source"]
+__all__ = ["SEGMENT_ONLY", "Interruption", "RecordedEpoch", "RecordedRanks", "RecordedTrial", "Recording",
+           "ReplayBatch", "ReplayError", "TrialReport", "interrupt_of", "load_recording", "recorded_ranks",
+           "recording_from_events", "split_source"]
 
 _ON_RANK = re.compile(r" on rank (\d+)$")
 SEGMENT_ONLY = frozenset({"run_start", "resume", "restart", "transition"})
@@ -59,9 +61,8 @@ class TrialReport:
 
 
 class RecordedTrial:
-    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided
-    at that validation; a validation without a recorded decision is answered ``False`` and listed in
-    ``unknown_steps``."""
+    """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided there
+    (``False`` where none was recorded, listed in ``unknown_steps``)."""
 
     def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
                  params: Mapping[str, Any] | None = None) -> None:
@@ -281,3 +282,107 @@ def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str,
                 continue
             out.append(e)
     return out
+
+
+@dataclass(frozen=True)
+class _Contribution:
+    where: tuple[str, int, int]  # where the ranks agreed (the log line's phase, epoch and global step)
+    rank: int
+    row: list[int]
+    said: tuple[str, str] | None  # the winner's source and message
+
+
+@dataclass(frozen=True)
+class PeerFailure:
+    """Where another rank's failure ended this rank's run, as its log recorded it."""
+
+    failure: Failure
+    symptom: str | None  # what broke here (a collective's error); None: seen at an agreement point
+    where: tuple[str, int, int]  # the phase, epoch and global step
+
+
+class RecordedRanks:
+    """The other ranks of a recorded multi-process run, for the replay of one of them."""
+
+    def __init__(self, rank: int, world_size: int, contributions: Sequence[_Contribution],
+                 peer_failure: PeerFailure | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._todo = list(contributions)
+        self._said: dict[int, tuple[str, str]] = {}
+        self.peer_failure = peer_failure
+        self.run: RunContext | None = None  # set by the replay before it runs
+
+    def post_failure(self, failure: Failure) -> Failure:
+        return self.peer_failure.failure if self.peer_failure is not None else failure
+
+    def posted_failure(self) -> Failure | None:
+        return self.peer_failure.failure if self.peer_failure is not None else None
+
+    def breaks_in(self, phase: Phase, epoch: int) -> bool:
+        """Whether another rank's failure broke this rank's collective in that phase of that epoch."""
+        f = self.peer_failure
+        return f is not None and f.symptom is not None and f.where[:2] == (phase.value, epoch)
+
+    def symptom_at(self, phase: Phase, epoch: int) -> str | None:
+        """The collective's error this rank met here, when another rank's failure broke it here."""
+        f, run = self.peer_failure, self.run
+        if f is None or run is None or not self.breaks_in(phase, epoch) or run.global_step != f.where[2]:
+            return None
+        return f.symptom
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        assert self.run is not None
+        rows = [[0] * len(values) for _ in range(self.world_size)]
+        rows[self.rank] = list(values)
+        here = (self.run.phase.value, self.run.epoch, self.run.global_step)
+        f = self.peer_failure
+        if f is not None and f.symptom is None and f.where == here:
+            raise RankFailed(f.failure)  # seen on the board while this rank waited here
+        for c in [c for c in self._todo if c.where == here]:
+            self._todo.remove(c)
+            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
+                rows[c.rank]) else list(c.row)
+            if c.said is not None:
+                self._said[c.rank] = c.said
+        return rows
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return obj if src == self.rank else self._said.get(src)
+
+
+def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> RecordedRanks | None:
+    """The other ranks of the run whose ``events`` these are; None for a one-process run."""
+    world, rank = run_start.get("world_size"), run_start.get("rank")
+    if not isinstance(world, int) or world < 2 or not isinstance(rank, int):
+        return None
+    out: list[_Contribution] = []
+    for e in events:
+        payload = e.get("payload") or {}
+        where = (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+        if e.get("event") == "stop_request" and isinstance(payload.get("rank"), int) and payload["rank"] != rank:
+            source, _ = split_source(str(payload.get("source", "")))
+            request = StopRequest(StopReason(payload["reason"]), source, str(payload.get("message", "")),
+                                  bool(payload.get("immediate")), int(payload.get("requested_epoch", where[1])), 0,
+                                  Phase(payload.get("requested_phase", where[0])))
+            out.append(_Contribution(where, payload["rank"], proposal_of(request, None), (source, request.message)))
+        elif (sig := interrupt_of(e)) is not None and isinstance(origin := sig[1], int) and origin != rank:
+            out.append(_Contribution(where, origin, proposal_of(None, sig[0]), None))
+    return RecordedRanks(rank, world, out, _peer_failure(events))
+
+
+def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
+    """The ``RankFailed`` of the log's last segment: the failing rank, its source and exception."""
+    found = None
+    for e in events:
+        payload = e.get("payload") or {}
+        if e.get("event") == "run_start":
+            found = None
+        elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
+            source, origin = split_source(str(payload.get("source", "")))
+            said = str(payload.get("message", ""))
+            prefix = f"rank {origin} failed in {source}: "
+            symptom = payload.get("symptom")
+            found = PeerFailure(Failure(payload["failed_rank"], source, said.removeprefix(prefix)),
+                                symptom if isinstance(symptom, str) else None,
+                                (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0)))
+    return found

@@ -1,7 +1,5 @@
-"""Replay: a driver that feeds recorded numbers (a run's ``events.jsonl``, :func:`replay_run`, or
-lists, :func:`replay_losses`) to the real engine, machine and callbacks. A callback's ``replay``
-(``FULL``, ``DRY``, ``NONE``) says how it takes part; a what-if that outlives the recording ends
-with :class:`RecordingExhausted`."""
+"""Replay: recorded numbers (a run's log, :func:`replay_run`, or lists, :func:`replay_losses`) fed to the
+real engine, machine and callbacks, each taking part as its ``replay`` (``FULL``, ``DRY``, ``NONE``) says."""
 
 from __future__ import annotations
 
@@ -18,16 +16,17 @@ from fsmtrain.core.events import EventLog
 from fsmtrain.core.hooks import ReplaySupport, TrainingCallback
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.runner import CallbackRunner
-from fsmtrain.tools.replay.ranks import RecordedRanks, recorded_ranks
 from fsmtrain.tools.replay.recording import (
     SEGMENT_ONLY,
     Interruption,
     RecordedEpoch,
+    RecordedRanks,
     RecordedTrial,
     Recording,
     ReplayBatch,
     ReplayError,
     load_recording,
+    recorded_ranks,
 )
 from fsmtrain.tools.replay.result import ReplayResult, comparable_recorded, compare_traces
 
@@ -159,11 +158,10 @@ def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
     refused = [cb for cb in callbacks if ReplaySupport(cb.replay) is ReplaySupport.NONE]
     if refused:
         names = ", ".join(f"{cb.name} (priority {cb.priority})" for cb in refused)
-        raise ReplayError(
-            f"cannot replay {names}: replay = ReplaySupport.NONE; leave it out of the replay's callbacks "
-            "or give it replay = ReplaySupport.FULL (it decides from contexts and slots alone) or "
-            "ReplaySupport.DRY (it needs a live model and only records intent when run.dry_run is set)"
-        )
+        raise ReplayError(f"cannot replay {names}: replay = ReplaySupport.NONE; leave it out of the replay's "
+                          "callbacks or give it replay = ReplaySupport.FULL (it decides from contexts and slots "
+                          "alone) or ReplaySupport.DRY (it needs a live model and only records intent when "
+                          "run.dry_run is set)")
 
 
 def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallback], *, max_epochs: int,
@@ -234,12 +232,9 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
 
 def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | None = None,
                overrides: Sequence[str] | None = None, *, strict: bool | None = None) -> ReplayResult:
-    """Replay a recorded run from its ``events.jsonl`` (or run directory).
-
-    Without ``callbacks`` they are rebuilt from the config its ``run_start`` recorded, with
-    ``overrides`` (``"early_stopping.patience=5"``) applied; pruning re-plays the recorded decisions.
-    ``result.divergence`` names the first event where the replay departs from the recording.
-    """
+    """Replay a recorded run from its ``events.jsonl`` (or run directory). Without ``callbacks`` they are
+    rebuilt from the config its ``run_start`` recorded, with ``overrides`` (``"early_stopping.patience=5"``)
+    applied; pruning re-plays the recorded decisions. ``result.divergence``: the first event that departs."""
     rec = load_recording(events_path)
     overrides = tuple(overrides or ())
     trial = None
@@ -249,10 +244,8 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
     if callbacks is None or overrides:
         if rec.config is None:
-            raise ReplayError(
-                f"{rec.path}: its run_start event records no config, so the run's callbacks and settings "
-                "cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it"
-            )
+            raise ReplayError(f"{rec.path}: its run_start event records no config, so the run's callbacks and "
+                              "settings cannot be rebuilt; pass callbacks=[...] (and no overrides) to replay it")
         from fsmtrain.app import config as config_mod
         from fsmtrain.app.config import world
         from fsmtrain.app.config.schema import TRAINING_FIELDS
@@ -306,13 +299,10 @@ def replay_losses(train: Sequence[float], val: Sequence[float] | None = None,
                   metrics: Mapping[str, Sequence[float]] | None = None, lrs: Sequence[float] | None = None,
                   slots: Mapping[str, Sequence[Any]] | None = None, batches: int = 1,
                   strict: bool | None = None) -> ReplayResult:
-    """Drive ``callbacks`` through the real machine with the given per-epoch values, no model.
-
-    ``train``/``val`` are per-epoch losses (``float("nan")`` allowed), ``metrics`` further per-epoch
-    validation metrics, ``lrs`` the learning rate per epoch, ``slots`` per-epoch values for slots no
-    given callback computes (e.g. ``{"max_grad_norm": [...]}``). ``max_epochs`` defaults to the
-    number of values; a larger budget the callbacks do not stop within ends as "unknown".
-    """
+    """Drive ``callbacks`` through the real machine with per-epoch values, no model: ``train``/``val``
+    losses (``float("nan")`` allowed), further validation ``metrics``, ``lrs``, and ``slots`` no given
+    callback computes (``{"max_grad_norm": [...]}``). ``max_epochs`` defaults to the number of values; a
+    larger budget the callbacks do not stop within ends as "unknown"."""
     n = len(train)
     columns = {"train_loss": _series("train", train, n)}
     if val is not None:
