@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
-from fsmtrain.training.sharding import is_sharded_tensor
 
 
 class KillOnRank(TrainingCallback):
@@ -86,7 +86,7 @@ class ModesAdam(torch.optim.Adam):
 
 def _full_norm(model: nn.Module) -> float:
     """The gradients' L2 norm from the whole gradients (each DTensor gathered: a collective)."""
-    grads = [p.grad.full_tensor() if is_sharded_tensor(p.grad) else p.grad for p in model.parameters()
+    grads = [g.full_tensor() if isinstance(g := p.grad, DTensor) else g for p in model.parameters()
              if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
 
