@@ -90,7 +90,8 @@ def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(cl
             "kwargs": {"rank": 1, "step": 7, "path": "checkpoints/step_6", "marker": str(tmp_path / "killed")}}
     first = fsmtrain("train", str(_cfg(tmp_path, (kill,))), "--nproc", "2", cwd=tmp_path, timeout=200)
     assert first.returncode != 0 and (tmp_path / "killed").exists(), first.stdout[-3000:] + first.stderr[-3000:]
-    path = run_dir(tmp_path)
+    path, copy = run_dir(tmp_path), tmp_path / "copy"
+    shutil.copytree(path, copy)
     done = fsmtrain("resume", str(path), "--nproc", "2", cwd=tmp_path, timeout=200)
     assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     (resume,) = events(path / "events.jsonl", "resume")
@@ -99,6 +100,17 @@ def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(cl
     same_weights(clean / "model.pt", path / "model.pt")
     audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
     assert audit.returncode == 0, audit.stdout[-4000:]
+    # the step folder on one process (2 -> 1), under strategy ddp: resharded, said, and audited
+    done = fsmtrain("resume", str(copy), "--nproc", "1", "--set", "distributed.strategy=ddp", cwd=tmp_path, timeout=200)
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    said = done.stdout + done.stderr
+    assert "the sharded checkpoint latest (strategy fsdp) continues under strategy ddp" in said, said[-3000:]
+    assert "the sharded checkpoint latest was written by 2 rank(s): torch.distributed.checkpoint reshards it onto 1" \
+        in said
+    (resume,) = events(copy / "events.jsonl", "resume")  # latest: step_6's files
+    assert resume["payload"]["sha256"] == step6["payload"]["sha256"] and resume["payload"]["global_step"] == 6
+    audit = fsmtrain("audit", str(copy), cwd=copy, timeout=120)
+    assert audit.returncode == 0 and "segments on 2, 1 ranks" in audit.stdout, audit.stdout[-4000:]
 
 
 @pytest.mark.timeout(400)
