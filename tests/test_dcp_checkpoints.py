@@ -121,11 +121,17 @@ def test_a_preempted_sharded_run_saves_every_ranks_last_step_and_resumes_bitwise
     path = run_dir(tmp_path)
     (saved,) = events(path / "events.jsonl", "checkpoint_preempted")  # where the ranks agreed to stop
     step = saved["payload"]["step"]
-    assert (path / "checkpoints" / f"step_{step}" / "rank_1.pt").is_file()
+    ck = path / "checkpoints"
+    assert (ck / f"step_{step}" / "rank_1.pt").is_file()
+    # a crash between the role's two renames: no latest/, its old and new folders left behind
+    shutil.copytree(ck / "latest", ck / ".latest.new.tmp")
+    (ck / "latest").rename(ck / ".latest.old.tmp")
     done = fsmtrain("resume", str(path), "--nproc", "2", cwd=tmp_path, timeout=200)
     assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     (resume,) = events(path / "events.jsonl", "resume")
-    assert resume["payload"]["global_step"] == step
+    assert resume["payload"]["global_step"] == step and resume["payload"]["checkpoint"] == f"checkpoints/step_{step}"
+    assert sorted(resume["payload"]["removed"]) == ["checkpoints/.latest.new.tmp", "checkpoints/.latest.old.tmp"]
+    assert (ck / "latest" / "rank_0.pt").is_file() and not (ck / ".latest.old.tmp").exists()
     same_weights(clean / "model.pt", path / "model.pt")
 
 
