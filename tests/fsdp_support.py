@@ -107,7 +107,8 @@ class ShardedProbe(TrainingCallback):
 
     def on_after_backward(self, step: StepContext) -> None:
         assert step.run.model is not None
-        self.norms.append([step.epoch.index, _full_norm(step.run.model)])
+        if not step.skip_optimizer_step:  # a window's last batch: its accumulated gradients, reduced
+            self.norms.append([step.epoch.index, _full_norm(step.run.model)])
 
     def on_before_optimizer_step(self, step: StepContext) -> None:
         assert step.run.model is not None
