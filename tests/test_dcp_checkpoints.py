@@ -1,5 +1,7 @@
-"""Sharded checkpoints (``distributed.strategy: fsdp``) through ``torch.distributed.checkpoint``, on real
-``torchrun`` workers, gloo, 2 CPU ranks: each checkpoint is a folder of every rank's shards and state, its
+"""Sharded runs and checkpoints (``distributed.strategy: fsdp``) through ``torch.distributed.checkpoint``, on real
+``torchrun`` workers, gloo, 2 CPU ranks: a model of several blocks trains sharded and audits; ``model.pt`` is the
+gathered weights and loads into the plain model; a run killed (SIGKILL) mid-epoch resumes on 2 ranks bitwise equal
+to an uninterrupted one, and on 1 rank (2 -> 1); each checkpoint is a folder of every rank's shards and state, its
 commit carries each file's sha256, retention removes whole folders, and a damaged shard is quarantined with
 its folder while the resume falls back to the previous good checkpoint; a run killed after a step checkpoint
 resumes from it bitwise (and on one process under strategy ddp, resharded), and so does one stopped by a signal
@@ -11,14 +13,18 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from dist_runs import config, events, fsmtrain, run_dir, same_weights
+from dist_runs import clean as no_faults
+from dist_runs import config, events, fsmtrain, run_dir, same_weights, weights
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from fsmtrain.training.checkpoint_file import folder_files
+from fsmtrain.training.models import MLP
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
@@ -32,13 +38,88 @@ def _cfg(folder: Path, extra: tuple[dict[str, Any], ...] = ()) -> Path:
                   distributed={"strategy": "fsdp", "agreement_timeout_s": 20.0})
 
 
+Done = tuple[subprocess.CompletedProcess[str], Path]
+
+
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Done:
     """A sharded run of 4 epochs of 4 steps, with a checkpoint every 6 steps."""
     folder = tmp_path_factory.mktemp("clean")
     done = fsmtrain("train", str(_cfg(folder)), "--nproc", "2", cwd=folder, timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return run_dir(folder)
+    return done, run_dir(folder)
+
+
+@pytest.fixture(scope="module")
+def clean(clean_run: Done) -> Path:
+    return clean_run[1]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Done]:
+    """A sharded run killed (SIGKILL, rank 1) mid-epoch, before any step checkpoint: resumed on 2 ranks, and a
+    copy of it on 1."""
+    folder = tmp_path_factory.mktemp("killed")
+    kill = {"target": "tests.fsdp_support.KillOnRank",
+            "kwargs": {"rank": 1, "epoch": 1, "batch": 0, "marker": str(folder / "killed")}}
+    first = fsmtrain("train", str(_cfg(folder, (kill,))), "--nproc", "2", cwd=folder, timeout=200)
+    assert first.returncode != 0 and (folder / "killed").exists(), first.stdout[-3000:] + first.stderr[-3000:]
+    path, copy = run_dir(folder), folder / "copy"
+    shutil.copytree(path, copy)
+    return {"two": (fsmtrain("resume", str(path), "--nproc", "2", cwd=folder, timeout=200), path),
+            "one": (fsmtrain("resume", str(copy), "--nproc", "1", cwd=folder, timeout=200), copy)}
+
+
+def _audit_ok(path: Path) -> str:
+    audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
+    assert audit.returncode == 0, audit.stdout[-4000:] + audit.stderr
+    return audit.stdout
+
+
+@pytest.mark.timeout(400)
+def test_a_sharded_run_of_several_blocks_trains_and_writes_the_gathered_weights(clean_run: Done,
+                                                                                 tmp_path: Path) -> None:
+    done, path = clean_run
+    out = no_faults(done)
+    assert "COMPLETED after 4 epoch(s)" in done.stdout, out[-4000:]
+    assert "FSDP2 over 2 ranks: 3 unit(s) sharded (net.2, net.4, (root))" in out  # auto: the blocks of >= 10%
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        (start,) = events(path / name, "run_start")
+        extras = start["payload"]
+        assert extras["strategy"] == "fsdp" and extras["sharding"]["units"] == ["net.2", "net.4", ""], extras
+        total = extras["sharding"]["bytes_total"]
+        assert 0 < extras["sharding"]["bytes_per_rank"] < total, extras["sharding"]
+    # model.pt: a plain module's state dict, strict, equal to the gathered state of the last checkpoint
+    plain = MLP(**NET)  # type: ignore[arg-type]
+    plain.load_state_dict(weights(path / "model.pt"), strict=True)
+    assert torch.load(path / "checkpoints" / "latest" / "rank_0.pt", weights_only=True)["epoch"] == 4  # from 1
+    dcp_to_torch_save(path / "checkpoints" / "latest", tmp_path / "latest-whole.pt")  # the shards, put together
+    last = torch.load(tmp_path / "latest-whole.pt", weights_only=True)
+    for k, v in weights(path / "model.pt").items():
+        assert torch.equal(v, last["model"][k]), k
+    assert set(last["optimizer"]["state"]) == {k for k in plain.state_dict()}  # keyed by name, whole
+    assert all(v.shape == plain.state_dict()[k].shape for k, v in last["model"].items())
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise(clean: Path, killed: dict[str, Done]) -> None:
+    done, path = killed["two"]
+    no_faults(done)
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    same_weights(clean / "model.pt", path / "model.pt")
+    _audit_ok(path)
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_run_reshards_two_to_one(killed: dict[str, Done]) -> None:
+    done, path = killed["one"]
+    assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
+    assert "on 1 process(es); it ran on 2" in done.stdout
+    assert "written by 2 rank(s): torch.distributed.checkpoint reshards it onto 1" in no_faults(done)
+    (resume,) = events(path / "events.jsonl", "resume")
+    assert (resume["payload"]["world_size_before"], resume["payload"]["world_size"]) == (2, 1)
+    assert "segments on 2, 1 ranks; sharded (FSDP2) in segment(s) 1)" in _audit_ok(path)
+    MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(400)
@@ -61,8 +142,8 @@ def test_sharded_checkpoint_folders_commit_retain_and_survive_a_damaged_shard(cl
     removed = [e["payload"]["path"] for e in events(path / "events.jsonl", "checkpoint_removed")]
     assert removed == ["checkpoints/epoch_1", "checkpoints/epoch_2"]
     assert not events(path / "events-rank1.jsonl", "checkpoint")  # rank 0 commits for all
-    audit = fsmtrain("audit", str(path), cwd=path, timeout=120)
-    assert audit.returncode == 0, audit.stdout[-4000:]
+    audit = _audit_ok(path)
+    assert "ranks: 2 ranks agree" in audit and "sharded (FSDP2) in segment(s) 1)" in audit
     # one changed byte in rank 1's shard of the newest state (in both names: the copy lost the hard link)
     data = bytearray((path / shard).read_bytes())
     data[-1] ^= 0xFF
