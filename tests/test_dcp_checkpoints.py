@@ -23,6 +23,7 @@ from dist_runs import clean as no_faults
 from dist_runs import config, events, fsmtrain, run_dir, same_weights, weights
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from fsmtrain.tools.report import write_run_report
 from fsmtrain.training.checkpoint_file import folder_files
 from fsmtrain.training.models import MLP
 
@@ -60,8 +61,8 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Done]:
     """A sharded run killed (SIGKILL, rank 1) mid-epoch, before any step checkpoint: resumed on 2 ranks, and a
     copy of it on 1."""
     folder = tmp_path_factory.mktemp("killed")
-    kill = {"target": "tests.fsdp_support.KillOnRank",
-            "kwargs": {"rank": 1, "epoch": 1, "batch": 0, "marker": str(folder / "killed")}}
+    kill = {"target": "tests.dcp_support.KillOnceCommitted",  # in epoch 2's first step, once epoch_1 is committed
+            "kwargs": {"rank": 1, "step": 5, "path": "checkpoints/epoch_1", "marker": str(folder / "killed")}}
     first = fsmtrain("train", str(_cfg(folder, (kill,))), "--nproc", "2", cwd=folder, timeout=200)
     assert first.returncode != 0 and (folder / "killed").exists(), first.stdout[-3000:] + first.stderr[-3000:]
     path, copy = run_dir(folder), folder / "copy"
@@ -99,6 +100,11 @@ def test_a_sharded_run_of_several_blocks_trains_and_writes_the_gathered_weights(
         assert torch.equal(v, last["model"][k]), k
     assert set(last["optimizer"]["state"]) == {k for k in plain.state_dict()}  # keyed by name, whole
     assert all(v.shape == plain.state_dict()[k].shape for k, v in last["model"].items())
+    # the report and the replay know it: its strategy, its folders' commits
+    html = write_run_report(path / "events.jsonl", tmp_path / "report.html").read_text()
+    assert "fsdp (FSDP2 over 2 ranks, 3 unit(s) sharded; checkpoints: DCP folders)" in html
+    replay = fsmtrain("replay", str(path / "events.jsonl"), cwd=tmp_path, timeout=120)
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
 
 
 @pytest.mark.timeout(600)
@@ -108,6 +114,13 @@ def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise(clean: Path, killed: 
     assert done.returncode == 0 and "COMPLETED after 4 epoch(s)" in done.stdout, done.stdout[-3000:] + done.stderr
     same_weights(clean / "model.pt", path / "model.pt")
     _audit_ok(path)
+    _from_epoch_1(path)
+
+
+def _from_epoch_1(path: Path) -> None:
+    (resume,) = events(path / "events.jsonl", "resume")
+    commits = {c["payload"]["path"]: c["payload"]["sha256"] for c in events(path / "events.jsonl", "checkpoint")}
+    assert resume["payload"]["sha256"] == commits["checkpoints/epoch_1"], resume
 
 
 @pytest.mark.timeout(600)
@@ -119,6 +132,7 @@ def test_a_sharded_run_reshards_two_to_one(killed: dict[str, Done]) -> None:
     (resume,) = events(path / "events.jsonl", "resume")
     assert (resume["payload"]["world_size_before"], resume["payload"]["world_size"]) == (2, 1)
     assert "segments on 2, 1 ranks; sharded (FSDP2) in segment(s) 1)" in _audit_ok(path)
+    _from_epoch_1(path)
     MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 
 
