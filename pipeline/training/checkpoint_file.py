@@ -337,6 +337,10 @@ def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> Mapping[str,
         folder = Path(state["folder"])
         load_shards(run.model, run.optimizer, folder) if run.model is not None else None
         world, before = int(run.extras.get("world_size", 1)), len(list(folder.glob("rank_*.pt")))
+        if (strategy := run.extras.get("strategy", "ddp")) != "fsdp":
+            run.warn("resume", f"the sharded checkpoint {folder.name} (strategy fsdp) continues under strategy "
+                               f"{strategy}: each rank loads the whole model from its shards",
+                     strategy=["fsdp", strategy])
         if world != before:
             run.warn("resume", f"the sharded checkpoint {folder.name} was written by {before} rank(s): "
                                f"torch.distributed.checkpoint reshards it onto {world}", resharded=[before, world])
