@@ -206,6 +206,7 @@ def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(cl
         in said
     (resume,) = events(copy / "events.jsonl", "resume")  # latest: step_6's files
     assert resume["payload"]["sha256"] == step6["payload"]["sha256"] and resume["payload"]["global_step"] == 6
+    assert resume["payload"]["batch"] == 4  # 2 batches of 2 ranks: as many examples as 4 batches of one
     assert (copy / "checkpoints" / "epoch_4.pt").is_file()  # ddp's checkpoints from there on: single files
     audit = fsmtrain("audit", str(copy), cwd=copy, timeout=120)
     assert audit.returncode == 0 and "segments on 2, 1 ranks" in audit.stdout, audit.stdout[-4000:]

@@ -1,5 +1,5 @@
 """Resume on another world size: a run recorded on N ranks continues on M ranks
-from the epoch boundary of its newest committed checkpoint.
+from its newest committed checkpoint (here, an epoch's).
 
 - A 2-rank run killed (``kill -9`` of the launcher and its workers) at epoch 3 is resumed with
   ``fsmtrain resume RUN --nproc 1``: it completes, the audit accepts its segments of 2 and 1 ranks,

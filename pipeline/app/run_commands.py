@@ -292,8 +292,9 @@ def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _
     ranks = place.ranks
     notes = [f"{cfg.epochs or 'unbounded'} epochs" + ("" if cfg.max_steps is None else f", max_steps {cfg.max_steps}")]
     if ranks != before:
-        notes.append(f"on {ranks} process(es); it ran on {before}: it continues from the epoch boundary of its newest "
-                     f"committed checkpoint, and from there its data order is that of a {ranks}-process run")
+        notes.append(f"on {ranks} process(es); it ran on {before}: it continues from its newest committed checkpoint "
+                     "(one inside an epoch after as many of the epoch's examples), and from there its data order is "
+                     f"that of a {ranks}-process run")
     header = Header(place.out, f"{cfg.project}/{run_dir.name} seed {seed}", notes)
     run = train_seed(cfg, seed, run_dir, extra_callbacks=console_callbacks(), resume=True, extras=place.extras,
                      header=header)
@@ -347,6 +348,6 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--device", help="shorthand for --set device=D")
     p.add_argument("--nproc", type=positive_int, default=None, metavar="M",
                    help="continue on M processes per node (default: as many as the run's newest segment had); "
-                        "another number continues from the epoch boundary of the newest committed checkpoint")
+                        "another number continues from the newest committed checkpoint in that world's data order")
     _node_args(p)
     p.set_defaults(func=cmd_resume)

@@ -159,7 +159,10 @@ class Resumption:
         run.global_step = self.global_step
         position = self.state["position"]
         if "epoch_state" in position:  # a checkpoint at a step: its epoch goes on after the batches it had done
-            run.resume_at = {"batch": int(position["batch"]), "epoch_state": position["epoch_state"]}
+            before, now = self.notes.get("world_size_before", 1), self.notes.get("world_size", 1)
+            # On another world size the epoch goes on after as many of its examples as were seen (a rank's
+            # batch then holds another share of them), in the new world's data order.
+            run.resume_at = {"batch": int(position["batch"]) * before // now, "epoch_state": position["epoch_state"]}
         run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
                        for h in read_history(self.state.get("history"))]
         run.extras["resumed_from"] = self.shown
