@@ -26,12 +26,12 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resume_harness import fsmtrain
+from forked_cli import ForkedProcess
+from resume_harness import forked
 from signal_support import catches_signals, signal_if_alive
 
 from fsmtrain.app.rundir import run_started
@@ -101,7 +101,7 @@ def draw(rng: random.Random, run: Path, epochs: int) -> Moment:
     return Moment(stage, delay, sig, rng.randint(1, max(1, min(3, left))))
 
 
-def _reached(moment: Moment, proc: subprocess.Popen[bytes], run: Path, base: dict[str, int]) -> bool:
+def _reached(moment: Moment, proc: ForkedProcess, run: Path, base: dict[str, int]) -> bool:
     if moment.stage == "startup":
         return catches_signals(proc.pid)
     if moment.stage == "claim":
@@ -116,7 +116,7 @@ def _reached(moment: Moment, proc: subprocess.Popen[bytes], run: Path, base: dic
     return _count(run, b'"event":"result"') > base["result"]
 
 
-def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline: float) -> bool:
+def _kill_at(moment: Moment, proc: ForkedProcess, run: Path, deadline: float) -> bool:
     """Signal ``proc`` at ``moment``; False when it exited first."""
     base = {"epoch": _count(run, b'"event":"epoch"'), "end": _count(run, b'"to":"train_end"'),
             "result": _count(run, b'"event":"result"')}
@@ -132,7 +132,7 @@ def _kill_at(moment: Moment, proc: subprocess.Popen[bytes], run: Path, deadline:
     return signal_if_alive(proc, moment.sig)
 
 
-def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes, wrote_result: bool) -> None:
+def _check_exit(moment: Moment, proc: ForkedProcess, err: bytes, wrote_result: bool) -> None:
     """A caught signal ends the process with 128 + its number. Once this process has written its
     ``result`` line (a short resume can get there before a delayed signal lands), the status is
     decided and the signal's default action may end it: a shell shows 128 + it as well."""
@@ -144,18 +144,18 @@ def _check_exit(moment: Moment, proc: subprocess.Popen[bytes], err: bytes, wrote
     assert proc.returncode == 128 + moment.sig, (str(moment), proc.returncode, err.decode()[-2000:])
 
 
-def _next_process(config: Path, cwd: Path, run: Path, sets: list[str], log: KillLog) -> subprocess.Popen[bytes]:
+def _next_process(config: Path, cwd: Path, run: Path, sets: list[str], log: KillLog) -> ForkedProcess:
     if run_started(run):
         if not _committed(run):  # nothing to resume from (yet): start again, the killed folder kept aside
             aside = run.with_name(f"{run.name}.killed-{len(log.processes)}")
             run.rename(aside)
             log.moved_aside.append(aside)
             log.processes.append("train --resume (the killed run had no checkpoint)")
-            return fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
+            return forked("train", str(config), *sets, "--resume", cwd=cwd)
         log.processes.append("resume")
-        return fsmtrain("resume", str(run), *sets, cwd=cwd)
+        return forked("resume", str(run), *sets, cwd=cwd)
     log.processes.append("train --resume")
-    return fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
+    return forked("train", str(config), *sets, "--resume", cwd=cwd)
 
 
 def kill_until_done(config: Path, cwd: Path, run: Path, kills: int, seed: int, epochs: int, *overrides: str,

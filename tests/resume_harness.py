@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from forked_cli import ForkedProcess, zygote
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -32,6 +33,12 @@ def env() -> dict[str, str]:
 def fsmtrain(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def forked(*args: str, cwd: Path) -> ForkedProcess:
+    """``fsmtrain(*args)`` forked from a zygote (tests/forked_cli.py): for the tests that start dozens."""
+    environ = env()
+    return zygote(environ).start(list(args), cwd, environ)
 
 
 @dataclass
@@ -73,7 +80,7 @@ def _epochs_logged(run_dir: Path) -> int:
         return 0
 
 
-def _run_until(proc: subprocess.Popen[bytes], kill: Kill, run_dir: Path, deadline: float) -> str | None:
+def _run_until(proc: ForkedProcess, kill: Kill, run_dir: Path, deadline: float) -> str | None:
     """Kill ``proc`` as ``kill`` says; None when it finished first."""
     started = time.time()  # the process was just started: its writes come seconds later
     armed: float | None = None
@@ -103,7 +110,7 @@ def run_with_kills(config: Path, cwd: Path, run_dir: Path, kills: list[Kill], *o
     report = KillReport()
     deadline = time.monotonic() + timeout
     sets = [a for o in overrides for a in ("--set", o)]
-    proc = fsmtrain("train", str(config), *sets, cwd=cwd)
+    proc = forked("train", str(config), *sets, cwd=cwd)
     queue = list(kills)
     while True:
         report.processes += 1
@@ -121,11 +128,11 @@ def run_with_kills(config: Path, cwd: Path, run_dir: Path, kills: list[Kill], *o
             return report
         report.kills.append(what)
         if _committed(run_dir):
-            proc = fsmtrain("resume", str(run_dir), *sets, cwd=cwd)
+            proc = forked("resume", str(run_dir), *sets, cwd=cwd)
             continue
         # Killed before the run committed a checkpoint: `train --resume` starts it over in its own
         # folder (a `restart` in its log), or starts it when the kill came before its log did.
-        proc = fsmtrain("train", str(config), *sets, "--resume", cwd=cwd)
+        proc = forked("train", str(config), *sets, "--resume", cwd=cwd)
 
 
 def random_kills(n: int, seed: int, epochs: int = 12, *, mid_write_every: int = 3) -> list[Kill]:

@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from forked_cli import ForkedProcess
+
 from fsmtrain import TrainingCallback
 from fsmtrain.core.context import RunContext
 
@@ -81,7 +83,22 @@ class SlowStart(TrainingCallback):
         time.sleep(seconds)
 
 
-def signal_if_alive(proc: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
+def _stopped(pid: int) -> bool:
+    """Whether ``pid``, just sent SIGSTOP, stopped (True) or exited first (False), for a process that is
+    not our child (forked by tests/forked_cli.py's zygote), which ``waitid`` cannot wait for."""
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False
+        if state in ("T", "t"):
+            return True
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.0005)
+
+
+def signal_if_alive(proc: subprocess.Popen[bytes] | ForkedProcess, sig: signal.Signals) -> bool:
     """Send ``sig`` to ``proc`` unless it has already exited: False then. The process is stopped
     while this is decided (a process about to exit could otherwise exit between a check and the
     signal, and its status 0 would read as a signal ignored without a word)."""
@@ -90,8 +107,11 @@ def signal_if_alive(proc: subprocess.Popen[bytes], sig: signal.Signals) -> bool:
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         # Until it is stopped or has exited (a process already on its way out is not stopped by SIGSTOP)
-        state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
-        if state is None or state.si_code != os.CLD_STOPPED:  # it exited first: the moment has passed
+        if isinstance(proc, subprocess.Popen):
+            state = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WSTOPPED | os.WNOWAIT)
+            if state is None or state.si_code != os.CLD_STOPPED:  # it exited first: the moment has passed
+                return False
+        elif not _stopped(proc.pid):
             return False
         os.kill(proc.pid, sig)
         return True

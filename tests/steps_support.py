@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import torch
 import yaml
 
@@ -73,8 +74,7 @@ def fsmtrain(cwd: Path, *args: str, kill: str | None = None) -> subprocess.Compl
     env.pop(KILL_ENV, None)
     if kill is not None:
         env[KILL_ENV] = kill
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return forked_cli.run(list(args), cwd, env, timeout=300)
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

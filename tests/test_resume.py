@@ -7,15 +7,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model
-from resume_harness import REPO, env, fsmtrain, random_kills, run_with_kills, same_weights
+from resume_harness import REPO, env, forked, random_kills, run_with_kills, same_weights
 
 from fsmtrain.app.rundir import RunDirError
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
@@ -38,7 +38,7 @@ RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 def _reference(tmp: Path, *overrides: str, config: Path = QUICK) -> Path:
     ref = tmp / "reference"
     ref.mkdir()
-    proc = fsmtrain("train", str(config), *[a for o in overrides for a in ("--set", o)], cwd=ref)
+    proc = forked("train", str(config), *[a for o in overrides for a in ("--set", o)], cwd=ref)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-3000:]
     return ref / RUN / "model.pt"
@@ -89,7 +89,7 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     work = tmp_path / "term"
     work.mkdir()
     run = work / RUN
-    proc = fsmtrain("train", str(QUICK), "--set", "epochs=6", cwd=work)
+    proc = forked("train", str(QUICK), "--set", "epochs=6", cwd=work)
     deadline = time.monotonic() + 240
     while (run / "events.jsonl").read_bytes().count(b'"event":"epoch"') < 2 if (run / "events.jsonl").exists() \
             else True:
@@ -112,18 +112,16 @@ def test_sigterm_mid_epoch_exits_143_with_a_complete_record_and_resumes_exactly(
     assert any(f.endswith(".wandb") for f in files), files
     # every epoch logged before the signal, at its global step
     assert [(row["_step"], row["epoch"]) for row in wandb_history(run)] == logged
-    replay = subprocess.run([sys.executable, "-m", "fsmtrain", "replay", str(RUN)], cwd=work, env=env(),
-                            capture_output=True, text=True, timeout=120)
+    replay = forked_cli.run(["replay", str(RUN)], work, env(), timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr  # the interruption it recorded is no divergence
-    proc = fsmtrain("resume", str(RUN), cwd=work)
+    proc = forked("resume", str(RUN), cwd=work)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert same_weights(run / "model.pt", expected)
     _audit_ok(run)
     w_runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(w_runs) == 2 and len({d.name.split("-", 3)[-1] for d in w_runs}) == 1, w_runs  # one W&B run id
-    replay = subprocess.run([sys.executable, "-m", "fsmtrain", "replay", str(RUN)], cwd=work, env=env(),
-                            capture_output=True, text=True, timeout=120)
+    replay = forked_cli.run(["replay", str(RUN)], work, env(), timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
@@ -233,7 +231,7 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_removes_uncommitted_files(
 @pytest.mark.timeout(600)
 def test_four_identical_commands_started_together_get_four_run_dirs(tmp_path: Path) -> None:
     lrs = ["0.001", "0.002", "0.003", "0.004"]
-    procs = [fsmtrain("train", str(QUICK), "--set", "epochs=2", "--set", "wandb.enabled=false",
+    procs = [forked("train", str(QUICK), "--set", "epochs=2", "--set", "wandb.enabled=false",
                       "--set", f"optimizer_config.lr={lr}", cwd=tmp_path) for lr in lrs]
     for p in procs:
         _, err = p.communicate(timeout=400)
@@ -254,8 +252,7 @@ def test_four_identical_commands_started_together_get_four_run_dirs(tmp_path: Pa
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=120)
+    return forked_cli.run(list(args), cwd, env(), timeout=120)
 
 
 @pytest.mark.parametrize("name", ["../x", "a/b", ".."])
@@ -289,7 +286,7 @@ def test_run_dir_pointing_at_a_file_and_an_unwritable_parent(tmp_path: Path) -> 
 
 
 def _train_one_epoch(work: Path) -> None:
-    proc = fsmtrain("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
+    proc = forked("train", str(QUICK), *[a for o in ("epochs=1", "wandb.enabled=false") for a in ("--set", o)],
                     cwd=work)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]
@@ -304,14 +301,14 @@ def test_resume_refuses_a_changed_seed_or_lr_naming_the_field_and_keeps_config_y
     events = (tmp_path / RUN / "events.jsonl").read_bytes()
     for change, named in (("seeds=[5]", "seeds ([5] leaves out seed 0"),
                           ("optimizer_config.lr=0.5", "optimizer_config.lr (0.003 -> 0.5)")):
-        proc = fsmtrain("resume", str(RUN), "--set", "epochs=2", "--set", change, cwd=tmp_path)
+        proc = forked("resume", str(RUN), "--set", "epochs=2", "--set", change, cwd=tmp_path)
         out, err = proc.communicate(timeout=120)
         text = out.decode() + err.decode()
         assert proc.returncode == 2, text
         assert named in text and "Traceback" not in text, text
         assert (tmp_path / RUN / "config.yaml").read_bytes() == config
         assert (tmp_path / RUN / "events.jsonl").read_bytes() == events
-    proc = fsmtrain("resume", str(RUN), "--set", "epochs=2", "--set", "seeds=[0,5]", cwd=tmp_path)
+    proc = forked("resume", str(RUN), "--set", "epochs=2", "--set", "seeds=[0,5]", cwd=tmp_path)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]  # a seed added beside this run's own is no change to it
 
@@ -333,7 +330,7 @@ def test_resume_of_a_run_dir_whose_log_is_gone_or_garbage_is_a_one_line_error(tm
         else:
             log.write_bytes(content)
         before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
-        proc = fsmtrain("resume", str(run), "--set", "epochs=2", cwd=tmp_path)
+        proc = forked("resume", str(run), "--set", "epochs=2", cwd=tmp_path)
         out, err = proc.communicate(timeout=120)
         text = out.decode() + err.decode()
         assert proc.returncode == 2 and "Traceback" not in text, (name, text)

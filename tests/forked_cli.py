@@ -1,0 +1,230 @@
+"""Real ``fsmtrain`` processes without paying, each time, for Python's start and torch's import (about
+2.5 s of CPU a process here; the kill-and-resume tests start dozens): a zygote process imports the
+command line once and forks one child per command, as Android's zygote and Chromium's do.
+
+Each child is a real process of its own: its pid, working folder, environment, open files, signal
+handlers and exit status; it is killed by real signals, and it runs ``python -m fsmtrain``'s own module
+(``runpy``) with ``sys.path[0]`` its working folder, then ends through the interpreter's own shutdown
+(atexit, the joins of non-daemon threads), as a fresh ``python -m fsmtrain`` does. What it does not
+repeat: the interpreter's start and the imports the zygote made, and the hash seed, which every child
+shares with the zygote. Tests of the start itself (the README's commands, ``test_cli.py``) keep
+launching ``python -m fsmtrain``.
+
+The zygote stays single-threaded (forking is safe only then) and never runs a tensor operation, so
+no thread pool exists to be copied half-alive into a child."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+def _serve() -> dict[str, Any]:
+    """The zygote's loop: a request per stdin line forks a child, and returns its request in the child;
+    each child's pid and then its exit status go back on stdout, a JSON line each."""
+    import torch  # noqa: F401  # what every command imports, paid once
+
+    import fsmtrain.callbacks
+    import fsmtrain.cli  # noqa: F401
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the test session ends the children, not this
+    out = sys.stdout
+    live: set[int] = set()
+    buffered = b""
+    while True:
+        ready, _, _ = select.select([sys.stdin.fileno()], [], [], 0.02 if live else 1.0)
+        if ready:
+            chunk = os.read(sys.stdin.fileno(), 1 << 16)
+            if not chunk:  # the tests are done: a child still alive is a test's leftover
+                for pid in live:
+                    os.kill(pid, signal.SIGKILL)
+                return {}
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    return dict(request)
+                live.add(pid)
+                out.write(json.dumps({"pid": pid}) + "\n")
+                out.flush()
+        for pid in list(live):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                live.discard(pid)
+                out.write(json.dumps({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+                out.flush()
+
+
+def _become(request: dict[str, Any]) -> None:
+    """In the child: the request's folder, environment, files, signals and arguments, then the command."""
+    import runpy
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if request.get("session"):
+        os.setsid()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.argv = [str(REPO / "pipeline" / "__main__.py"), *request["args"]]
+    sys.path[0] = os.getcwd()
+    runpy.run_module("fsmtrain", run_name="__main__", alter_sys=True)
+
+
+class Zygote:
+    """The test side: starts the zygote, sends it commands, and hears each child's exit."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env=env, cwd=tempfile.gettempdir())
+        self._lock = threading.Condition()
+        self._pids: list[int] = []
+        self._codes: dict[int, int] = {}
+        self._gone = False
+        threading.Thread(target=self._listen, daemon=True, name="zygote-listener").start()
+
+    def _listen(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            said = json.loads(line)
+            with self._lock:
+                if "pid" in said:
+                    self._pids.append(said["pid"])
+                else:
+                    self._codes[said["exited"]] = said["returncode"]
+                self._lock.notify_all()
+        with self._lock:
+            self._gone = True
+            self._lock.notify_all()
+
+    def start(self, args: list[str], cwd: Path, env: dict[str, str], session: bool = False) -> ForkedProcess:
+        folder = Path(tempfile.mkdtemp(prefix="fsmtrain-child-"))
+        out, err = folder / "stdout", folder / "stderr"
+        out.touch()
+        err.touch()
+        request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),
+                   "session": session}
+        assert self._proc.stdin is not None
+        with self._lock:
+            before = len(self._pids)
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+            if not self._lock.wait_for(lambda: len(self._pids) > before or self._gone, timeout=60):
+                raise RuntimeError("the zygote did not fork a child within 60 s")
+            if self._gone:
+                raise RuntimeError("the zygote is gone")
+            pid = self._pids[before]
+        return ForkedProcess(self, pid, out, err, list(args))
+
+    def returncode(self, pid: int, timeout: float | None) -> int | None:
+        with self._lock:
+            self._lock.wait_for(lambda: pid in self._codes or self._gone, timeout=timeout)
+            return self._codes.get(pid)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=30)
+
+
+class ForkedProcess:
+    """One child, as much of ``subprocess.Popen`` as the tests use (its output goes to two files)."""
+
+    def __init__(self, zygote: Zygote, pid: int, stdout: Path, stderr: Path, args: list[str]) -> None:
+        self._zygote, self.pid, self.args = zygote, pid, args
+        self.stdout_path, self.stderr_path = stdout, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.returncode(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._zygote.returncode(self.pid, timeout=timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def output(self) -> tuple[str, str]:
+        return (self.stdout_path.read_text(errors="replace"), self.stderr_path.read_text(errors="replace"))
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, bytes]:
+        """As ``Popen.communicate`` of a process started with both outputs piped, in bytes."""
+        self.wait(timeout)
+        return self.stdout_path.read_bytes(), self.stderr_path.read_bytes()
+
+    @property
+    def stderr(self) -> BinaryIO:
+        return self.stderr_path.open("rb")
+
+    def run(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Wait for the end (killing it past ``timeout``, as ``subprocess.run`` does) and collect its output."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait(30)
+            raise
+        out, err = self.output()
+        return subprocess.CompletedProcess(self.args, self.wait(), out, err)
+
+
+_ZYGOTES: dict[tuple[tuple[str, str], ...], Zygote] = {}
+
+
+def zygote(env: dict[str, str]) -> Zygote:
+    """One zygote per environment it was started with, for the test process's life."""
+    key = tuple(sorted((k, v) for k, v in env.items() if k in ("PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE")))
+    if key not in _ZYGOTES:
+        _ZYGOTES[key] = Zygote(env)
+        atexit.register(_ZYGOTES[key].close)
+    return _ZYGOTES[key]
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([python, -m, fsmtrain, *args], capture_output=True, text=True)``, forked."""
+    return zygote(env).start(args, cwd, env).run(timeout)
+
+
+if __name__ == "__main__":
+    _request = _serve()
+    if not _request:
+        while True:  # reap what is left, then go
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+        sys.exit(0)
+    del _serve
+    _become(_request)
