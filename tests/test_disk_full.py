@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from resume_harness import REPO, env, fsmtrain, same_weights
+from resume_harness import REPO, env, forked, same_weights
 
 from fsmtrain.core.events import read_events
 from fsmtrain.tools.audit import audit_file
@@ -55,7 +55,7 @@ def test_a_full_disk_ends_the_run_named_in_its_epoch_and_resume_needs_no_repair(
     # W&B on (offline), as found; checkpoints written before the epoch ends, so none is in flight
     # when the disk fills at the third epoch's begin.
     sets = ["--set", "epochs=4", "--set", "checkpoint.background=false", "--set", f"callbacks.extra=[{filler}]"]
-    proc = fsmtrain("train", str(QUICK), "--run-dir", str(runs), *sets, cwd=tmp_path)
+    proc = forked("train", str(QUICK), "--run-dir", str(runs), *sets, cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 1, out + err
     run = runs / "mlp-regression-seed0"
@@ -75,7 +75,7 @@ def test_a_full_disk_ends_the_run_named_in_its_epoch_and_resume_needs_no_repair(
     assert report.ok, report.render(False)
 
     (small_disk / "filler").unlink()  # space again
-    proc = fsmtrain("resume", str(run), cwd=tmp_path)
+    proc = forked("resume", str(run), cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 0, out + err
     resumed = [e for e in read_events(run / "events.jsonl") if e["event"] == "resume"]
@@ -98,7 +98,7 @@ def never_failed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run that never failed, on a roomy disk: the weights to reach, and the sizes to fill around
     (whether its checkpoints were written in the background changes neither)."""
     folder = tmp_path_factory.mktemp("reference")
-    proc = fsmtrain("train", str(QUICK), "--run-dir", str(folder), *_SETS, cwd=folder)
+    proc = forked("train", str(QUICK), "--run-dir", str(folder), *_SETS, cwd=folder)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 0, out + err
     return folder / "mlp-regression-seed0"
@@ -131,7 +131,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     filler = {"target": "disk_support.FillDisk",
               "kwargs": {"path": str(small_disk / "filler"), "marker": str(tmp_path / "filled"), "at_epoch": 2,
                          "leave": leave}}
-    proc = fsmtrain("train", str(QUICK), "--run-dir", str(runs), *sets, "--set", f"callbacks.extra=[{filler}]",
+    proc = forked("train", str(QUICK), "--run-dir", str(runs), *sets, "--set", f"callbacks.extra=[{filler}]",
                     cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 1, out + err
@@ -164,7 +164,7 @@ def test_a_checkpoint_that_finds_the_disk_full_is_named_and_resume_loses_nothing
     assert report.ok, report.render(False)
 
     (small_disk / "filler").unlink()
-    proc = fsmtrain("resume", str(run), cwd=tmp_path)
+    proc = forked("resume", str(run), cwd=tmp_path)
     out, err = (b.decode() for b in proc.communicate(timeout=400))
     assert proc.returncode == 0, out + err
     _no_traceback(err)

@@ -17,17 +17,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import tracemalloc
 import types
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import torch
 from core_helpers import tiny_model, tiny_task
-from resume_harness import REPO, env, fsmtrain, same_weights
+from resume_harness import REPO, env, forked, same_weights
 from torch import nn
 
 from fsmtrain import Trainer
@@ -280,8 +280,7 @@ def test_a_trainer_resumed_with_nothing_committed_starts_over_in_place(tmp_path:
 
 # --- the command line, with real processes -------------------------------------------------------
 def _cli(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return forked_cli.run(list(args), cwd, env(), timeout=timeout)
 
 
 def _sets(*overrides: str) -> list[str]:
@@ -321,7 +320,7 @@ def test_fsmtrain_resume_of_a_flipped_latest_with_keep_last_k_1_resumes_and_the_
 def _kill_before_the_first_checkpoint(tmp_path: Path, config: Path) -> Path:
     """Start `fsmtrain train` and SIGKILL it once its run has started, before anything is committed
     (the config's first epoch waits a second: a window no loaded machine misses)."""
-    proc = fsmtrain("train", str(config), *_sets("wandb.enabled=false", "epochs=3"), cwd=tmp_path)
+    proc = forked("train", str(config), *_sets("wandb.enabled=false", "epochs=3"), cwd=tmp_path)
     log = tmp_path / RUN / "events.jsonl"
     deadline = time.monotonic() + 120
     while not (log.is_file() and b'"run_start"' in log.read_bytes()):

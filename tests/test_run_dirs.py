@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import torch
 from core_helpers import make_trainer, tiny_model, tiny_task
-from resume_harness import REPO, env, fsmtrain
+from resume_harness import REPO, env, forked
 from signal_support import wait_for
 from torch import nn
 
@@ -181,8 +182,7 @@ def test_a_started_run_is_never_reused(tmp_path: Path) -> None:
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(QUICK), *args], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=300)
+    return forked_cli.run(["train", str(QUICK), *args], cwd, env(), timeout=300)
 
 
 @pytest.mark.slow
@@ -195,7 +195,7 @@ def test_a_start_killed_before_the_run_began_is_continued_in_the_same_folder(tmp
     for extra in ([], ["--resume"]):
         work = tmp_path / ("resume" if extra else "train")
         work.mkdir()
-        proc = fsmtrain("train", str(QUICK), *sets, *slow, cwd=work)
+        proc = forked("train", str(QUICK), *sets, *slow, cwd=work)
         wait_for(lambda work=work: (work / RUN / "config.yaml").exists(), proc)  # claimed; its callbacks build
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 from torch import nn
@@ -31,8 +32,7 @@ RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 def _train(cwd: Path, *sets: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1"}
     args = [a for s in ("wandb.enabled=false", *sets) for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "fsmtrain", "train", str(QUICKSTART), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return forked_cli.run(["train", str(QUICKSTART), *args], cwd, env, timeout=240)
 
 
 def _result(events: Path) -> dict[str, object]:
