@@ -10,10 +10,13 @@ import errno
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterator
 from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
+
+import orjson
 
 __all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
            "read_lines", "write_failure"]
@@ -159,10 +162,17 @@ class LogFile:
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
+_LONG = re.compile(rb"\d{19}").search  # 19 digits in a row: maybe an integer orjson cannot hold
 
 
 def parse_line(raw: bytes) -> Any:
-    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
+    """``json.loads`` of one log line: orjson reads it, unless orjson would read it otherwise (an integer
+    past 64 bits, which it reads as a float) or refuses it (NaN, lone surrogates...): then ``json`` does."""
+    if _LONG(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
     text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
     try:
         obj, end = _scan(text, 0)

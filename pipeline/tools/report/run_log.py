@@ -109,7 +109,7 @@ class RunData:
     path_problem: str | None = None  # why the path diagram cannot be drawn
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
     x: list[int] = field(default_factory=list)  # each row's epoch, from 1
-    again: Any = None  # the last internal move's line, its key and how often it came again
+    again: Any = None  # the last internal move's words, its key and how often it came again
     again_key: tuple[str, str, str] = ("", "", "")
     repeats: int = 0
 
@@ -125,22 +125,27 @@ class RunData:
 
     def read(self, n: int, rec: dict[str, Any]) -> None:
         """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
-        if rec is self.again:  # the audit gives each per-batch line as one dict: that internal move again
-            self.repeats += 1
-            return
         if rec.get("event") == "transition" and (
                 type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
             # the common line, past the checks of ``record``
-            self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
-            if src == dst:
-                self._count_repeats()
-                self.again, self.again_key = rec, (src, dst, trig)
+            self.move(n, (dst, src, dst, trig), rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
             return
         try:
             self.path.record(rec, f"line {n}")
         except DiagramError as exc:
             self.path_problem = self.path_problem or str(exc)
         _read_event(self, rec)
+
+    def move(self, n: int, words: tuple[str, ...], step: Any, epoch: Any, payload: Any = None) -> None:
+        """A move (its phase, from, to and trigger); the audit gives a per-batch line's words as one tuple."""
+        if words is self.again:  # that internal move again
+            self.repeats += 1
+            return
+        _, src, dst, trig = words
+        self.path.transition(src, dst, trig, step, epoch, payload)
+        if src == dst:
+            self._count_repeats()
+            self.again, self.again_key = words, (src, dst, trig)
 
     def _count_repeats(self) -> None:
         if self.repeats:
@@ -168,7 +173,7 @@ def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
     """Everything the page draws, and the audit, from one pass over the log."""
     data = RunData(events_path)
     try:
-        auditor = read_log(events_path, reader=data.read)
+        auditor = read_log(events_path, reader=data.read, mover=data.move)
     except AuditReadError as exc:
         raise ReportError(str(exc)) from exc
     unparsed = next((f for f in auditor.findings if f.check == "json"), None)
