@@ -191,7 +191,8 @@ class ChainCheck:
         self._pins_before = self.pins
         self.pins = {}
 
-    def link(self, n: int, raw: bytes, carried: Any, seq: Any, saving: bool, rec: Mapping[str, Any] | None = None) -> None:
+    def link(self, n: int, raw: bytes, carried: Any, seq: Any, saving: bool,
+             rec: Mapping[str, Any] | None = None) -> None:
         """Check that line ``n`` carries the digest of the line before it (``carried``: its ``prev``; ``saving``:
         its phase stages a checkpoint); ``rec``: the line's value, where it was parsed."""
         prev_raw, before = self.prev_raw, self._before_prev
