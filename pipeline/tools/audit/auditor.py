@@ -100,26 +100,21 @@ class LogAuditor(SegmentChecks, MoveChecks):
             "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
         }
 
-    def feed(self, n: int, raw: bytes) -> None:
-        m = _MOVE_LINE(raw)
-        if m is None or not self._move_line(n, raw, m.groups()):
-            self.feed_parsed(n, raw, None)
-
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
-        """A move line that passes every line check of :meth:`feed_parsed`, taken from its bytes; False,
-        with nothing changed, for any other (it is then parsed)."""
-        seg, seq, ts, step = self.seg, int(fields[0]), float(fields[1]), int(fields[9])
+        """A move line (``fields``: :data:`_MOVE_LINE`'s) that passes every line check of :meth:`feed_parsed`,
+        taken from its bytes; False, with nothing changed, for any other (it is then parsed)."""
+        seq_b, ts_b, run_id, level, _, _, dst, _, epoch_b, step_b, prev, _ = fields
+        seg, seq, ts, step = self.seg, int(seq_b), float(ts_b), int(step_b)
         if (seg is None or seg.result_line is not None or seq != self.prev_seq + 1  # type: ignore[operator]
-                or ts < self.last_ts or step < seg.global_step or fields[6] == _FINAL
-                or fields[2].decode() != seg.run_id
-                or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
+                or ts < self.last_ts or step < seg.global_step or dst == _FINAL or run_id.decode() != seg.run_id
+                or (seg.min_level and LEVELS.get(level.decode(), 99) < seg.min_level)):
             return False
-        raw_words, epoch = fields[4:8], int(fields[8])
+        raw_words, epoch = fields[4:8], int(epoch_b)
         words = _WORDS.get(raw_words) or tuple(w.decode() for w in raw_words)
         if self.mover is not None:
             self.mover(n, words, step, epoch)
         self.prev_seq = seq
-        self.chain.link(n, raw, fields[10].decode(), seq, words[0] == _SAVING)
+        self.chain.link(n, raw, prev.decode(), seq, words[0] == _SAVING)
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
         if not (raw_words == _BATCH and self._batch(n, step, epoch, seg)):
@@ -316,9 +311,11 @@ def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | 
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover)
-    feed = auditor.feed
+    move_line, parsed = auditor._move_line, auditor.feed_parsed
     n = 0
     for n, raw in enumerate(read_lines(p, AuditReadError), 1):
-        feed(n, raw)
+        m = _MOVE_LINE(raw)
+        if m is None or not move_line(n, raw, m.groups()):
+            parsed(n, raw, None)
     auditor.lines = n
     return auditor
