@@ -1,6 +1,6 @@
 """Long logs: the audit takes the writer's move lines from their bytes and a per-batch line that holds
-every check without parsing it, with the same findings as parsing every line; the report reads the
-log once, in the audit's pass."""
+every check without parsing it, with the same findings as parsing every line; other lines are read by
+orjson, with json's findings; the report reads the log once, in the audit's pass."""
 
 from __future__ import annotations
 
