@@ -200,3 +200,18 @@ def test_a_changed_epoch_line_reads_as_json_reads_it(real_runs: RealRuns, tmp_pa
     assert _said(fast) == _said(parsed)
     assert fast.explanation == parsed.explanation
     assert not fast.ok_strict, f"{edit}: the change went unseen"
+
+
+@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped"])
+def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_runs: RealRuns, run: str) -> None:
+    from fsmtrain.tools.report.run_log import RunData, read_run
+
+    path = real_runs.events(run)
+    fast = read_run(path)[0]
+    parsed = RunData(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for n, raw in enumerate(lines, 1):
+        parsed.read(n, json.loads(raw))
+    parsed.finish(len(lines))
+    assert fast.path.result() == parsed.path.result() and fast.path.result().counts
+    assert repr(fast.table.columns) == repr(parsed.table.columns) and fast.x == parsed.x and len(fast.x) >= 2
