@@ -77,7 +77,7 @@ def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
         if type(values) is dict and not names.keys() >= values.keys():
             names.update((k, None) for k, v in values.items() if k not in names and _number(v) is not None)
     rows = [values if type(values) is dict else {} for values in rows]
-    return {name: [v if v.__class__ is float else _number(v) for v in [values.get(name) for values in rows]]
+    return {name: [v if v.__class__ is float else _number(v) for v in map(operator.methodcaller("get", name), rows)]
             for name in names}
 
 
