@@ -13,7 +13,7 @@ Each command runs in a fresh process, timed from outside (wall, and the child's 
 the floor runs in a fresh process too. The load average is printed: this machine is shared.
 
     python benchmarks/long_logs.py [--lines 1000000] [--epochs 200000] [--only steps|epochs] [--keep DIR]
-                                   [--reuse] [--repeat N] [--python OTHER_VENV/bin/python]
+                                   [--reuse] [--repeat N] [--python PY [--python OTHER_VENV/bin/python]]
 """
 
 from __future__ import annotations
@@ -161,34 +161,41 @@ def timed(cmd: list[str]) -> tuple[float, float, int, str]:
     return wall, usage.ru_utime + usage.ru_stime, os.waitstatus_to_exitcode(status), text[-1500:]
 
 
-def measure(kind: str, run_dir: Path, repeat: int, python: str) -> bool:
+def measure(kind: str, run_dir: Path, repeat: int, pythons: list[str]) -> bool:
+    """Each command under each Python in turn (old and new alternated), ``repeat`` rounds; the best counts."""
     events = run_dir / "events.jsonl"
     with open(events, "rb") as fh:
         n = sum(1 for _ in fh)
-    py = python
-    rows = {"floor (json.loads + sha256 a line)": [py, "-c", FLOOR, str(events)],
-            "fsmtrain audit": [py, "-m", "fsmtrain", "audit", str(run_dir)],
-            "fsmtrain report": [py, "-m", "fsmtrain", "report", str(run_dir)]}
-    best: dict[str, tuple[float, float]] = {}
+    rows = {"floor (json.loads + sha256 a line)": ["-c", FLOOR, str(events)],
+            "fsmtrain audit": ["-m", "fsmtrain", "audit", str(run_dir)],
+            "fsmtrain report": ["-m", "fsmtrain", "report", str(run_dir)]}
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    loads: list[float] = []
     ok = True
-    for name, cmd in rows.items():
-        runs = [timed(cmd) for _ in range(repeat)]
-        best[name] = (min(r[0] for r in runs), min(r[1] for r in runs))
-        if runs[-1][2] != 0:
-            ok = False
-            print(f"{name} failed ({runs[-1][2]}):\n{runs[-1][3]}", file=sys.stderr)
-    floor = best["floor (json.loads + sha256 a line)"]
-    print(f"\n{kind}: {n:,} lines, {events.stat().st_size / 1e6:.0f} MB; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs; best of {repeat}")
-    print("| command | wall s | CPU s | wall / floor's | CPU / floor's |\n|---|---|---|---|---|")
-    for name, (wall, cpu) in best.items():
-        print(f"| {name} | {wall:.2f} | {cpu:.2f} | {wall / floor[0]:.2f} | {cpu / floor[1]:.2f} |")
+    for _ in range(repeat):
+        for name, args in rows.items():
+            for py in pythons:
+                loads.append(os.getloadavg()[0])
+                wall, cpu, code, tail = timed([py, *args])
+                old = best.get((py, name), (math.inf, math.inf))
+                best[py, name] = (min(old[0], wall), min(old[1], cpu))
+                if code != 0:
+                    ok = False
+                    print(f"{name} under {py} failed ({code}):\n{tail}", file=sys.stderr)
+    print(f"\n{kind}: {n:,} lines, {events.stat().st_size / 1e6:.0f} MB; load average {min(loads):.1f}-"
+          f"{max(loads):.1f} on {os.cpu_count()} CPUs; best of {repeat}, the Pythons alternated")
+    print("| Python | command | wall s | CPU s | wall / floor's | CPU / floor's |\n|---|---|---|---|---|---|")
+    for py in pythons:
+        floor = best[py, "floor (json.loads + sha256 a line)"]
+        for name in rows:
+            wall, cpu = best[py, name]
+            print(f"| {py} | {name} | {wall:.2f} | {cpu:.2f} | {wall / floor[0]:.2f} | {cpu / floor[1]:.2f} |")
     page = (run_dir / "report.html").read_text(encoding="utf-8") if (run_dir / "report.html").exists() else ""
     reduced = page.count("reduced: ")
     print(f"page: {len(page.encode()) / 1e6:.2f} MB, {reduced} chart(s) say they are reduced" +
           (f"; the spike {'is' if f': {SPIKE:.6g}</title>' in page else 'is NOT'} on the page"
            if kind == "epochs" else ""))
-    return ok and all(best[k][0] <= 5 for k in ("fsmtrain audit", "fsmtrain report"))
+    return ok and all(best[pythons[0], k][0] <= 5 for k in ("fsmtrain audit", "fsmtrain report"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="run each command this many times; the best counts")
     parser.add_argument("--keep", type=Path, default=None, help="build the run dirs under DIR and keep them")
     parser.add_argument("--reuse", action="store_true", help="with --keep: measure the logs already there")
-    parser.add_argument("--python", default=sys.executable,
-                        help="the Python whose fsmtrain is measured (another checkout's venv: a before figure)")
+    parser.add_argument("--python", action="append", default=None,
+                        help="a Python whose fsmtrain is measured (default: this one); given twice (another "
+                             "checkout's venv: a before figure), the two alternate; the first is judged")
     parser.add_argument("--build-only", nargs=2, default=None, metavar=("KIND", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build_only is not None:
@@ -218,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run([sys.executable, __file__, "--lines", str(args.lines), "--epochs", str(args.epochs),
                                 "--build-only", kind, str(run_dir)], check=True)
                 print(f"built the {kind} log in {time.perf_counter() - t0:.1f} s")
-            ok = measure(kind, run_dir, args.repeat, args.python) and ok
+            ok = measure(kind, run_dir, args.repeat, args.python or [sys.executable]) and ok
     print("targets (audit and report at most 5 s each):", "met" if ok else "NOT met")
     return 0 if ok else 1
 

@@ -1,6 +1,6 @@
 """Long logs: the audit takes the writer's move lines from their bytes and a per-batch line that holds
-every check without parsing it, with the same findings as parsing every line; the report reads the
-log once, in the audit's pass."""
+every check without parsing it, with the same findings as parsing every line; other lines are read by
+orjson, with json's findings; the report reads the log once, in the audit's pass."""
 
 from __future__ import annotations
 
@@ -140,3 +140,78 @@ def test_a_changed_phase_level_move_gets_the_findings_of_a_parsed_one(real_runs:
     assert _said(fast) == _said(parsed)
     assert fast.explanation == parsed.explanation
     assert fast.ok_strict == (edit == "level"), f"{edit}: the change went unseen"
+
+
+# Parsed lines are read by orjson: where it refuses a line or may read it otherwise (an integer past 64 bits,
+# which it reads as a float), json reads it. A changed epoch line gets the findings json's reading gives.
+WIDE = 2**70
+RAW_EDITS: dict[str, Callable[[bytes], bytes]] = {
+    "wide_batches": lambda b: b.replace(b'"batches":', b'"batches":%d,"x":' % WIDE),
+    "wide_negative_seq": lambda b: b.replace(b'"seq":', b'"seq":-%d,"s":' % WIDE),
+    "wide_epoch": lambda b: b.replace(b'"epoch":', b'"epoch":%d,"e":' % (2**64)),
+    "wide_slot": lambda b: b.replace(b'"slots":{', b'"slots":{"early_stopping_wait":%d},"s":{' % WIDE),
+    "nan_literal": lambda b: b.replace(b'"metrics":{', b'"metrics":{"val_loss":NaN},"m":{'),
+    "overflow": lambda b: b.replace(b'"metrics":{', b'"metrics":{"train_loss":1e400},"m":{'),
+    "lone_surrogate": lambda b: b.replace(b'"run_id":"', b'"run_id":"\\ud800'),
+    "bom": lambda b: b"\xef\xbb\xbf" + b,
+    "trailing": lambda b: b[:-1] + b" x\n",
+    "bad_utf8": lambda b: b.replace(b'"run_id":"', b'"run_id":"\xff'),
+    "control": lambda b: b.replace(b'"run_id":"', b'"run_id":"\x01'),
+    "cut": lambda b: b[: len(b) // 2] + b"\n",
+    "array": lambda b: b"[%d]\n" % WIDE,
+    "number": lambda b: b"%d\n" % WIDE,
+    "duplicate_key": lambda b: b[:-2] + b',"event":"warning"}\n',
+}
+
+
+def _json_every_line(path: Path) -> AuditReport:
+    """The audit of ``path`` with each line read by ``json.loads`` of its UTF-8 (None: refused)."""
+    auditor = LogAuditor(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for n, raw in enumerate(lines, 1):
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            rec = None
+        auditor.feed_parsed(n, raw, rec)
+    auditor.lines = len(lines)
+    return auditor.finish()
+
+
+@pytest.mark.parametrize("edit", sorted(RAW_EDITS))
+def test_a_changed_epoch_line_reads_as_json_reads_it(real_runs: RealRuns, tmp_path: Path, edit: str) -> None:
+    from fsmtrain.core.log_file import parse_line
+
+    lines = real_runs.events("debug").read_bytes().splitlines(keepends=True)
+    at = [i for i, raw in enumerate(lines) if b'"event":"epoch"' in raw][1]
+    lines[at] = RAW_EDITS[edit](lines[at])
+    try:
+        expected: object = repr(json.loads(lines[at].decode("utf-8")))
+    except ValueError as exc:
+        expected = str(exc)
+    try:
+        got: object = repr(parse_line(lines[at]))
+    except ValueError as exc:
+        got = str(exc)
+    assert got == expected
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(lines))
+    fast, parsed = audit_file(path, verify_checkpoints=False), _json_every_line(path)
+    assert _said(fast) == _said(parsed)
+    assert fast.explanation == parsed.explanation
+    assert not fast.ok_strict, f"{edit}: the change went unseen"
+
+
+@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped"])
+def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_runs: RealRuns, run: str) -> None:
+    from fsmtrain.tools.report.run_log import RunData, read_run
+
+    path = real_runs.events(run)
+    fast = read_run(path)[0]
+    parsed = RunData(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for n, raw in enumerate(lines, 1):
+        parsed.read(n, json.loads(raw))
+    parsed.finish(len(lines))
+    assert fast.path.result() == parsed.path.result() and fast.path.result().counts
+    assert repr(fast.table.columns) == repr(parsed.table.columns) and fast.x == parsed.x and len(fast.x) >= 2

@@ -15,6 +15,8 @@ from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
+
 __all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
            "read_lines", "write_failure"]
 
@@ -159,10 +161,34 @@ class LogFile:
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
+_WIDE = 9.2e18  # orjson reads an integer outside 64 bits as a float at least 2**63 in size, where json keeps it
+
+
+def _wide(value: Any) -> bool:
+    """Whether ``value`` holds a float as large as ``_WIDE`` (NaN too): it may be such an integer."""
+    cls = value.__class__
+    if cls is float:
+        return not -_WIDE < value < _WIDE
+    if cls is dict:
+        value = value.values()
+    elif cls is not list:
+        return False
+    for v in value:
+        c = v.__class__
+        if (c is float and not -_WIDE < v < _WIDE) or ((c is dict or c is list) and _wide(v)):
+            return True
+    return False
 
 
 def parse_line(raw: bytes) -> Any:
-    """``json.loads`` of one log line without its per-call overhead (decode, then scan)."""
+    """``json.loads`` of one log line: orjson reads it, unless it refuses it (NaN, lone surrogates...) or
+    may have read it otherwise (an integer past 64 bits): then ``json`` reads it, as ``fsmtrain`` wrote it."""
+    try:
+        obj = orjson.loads(raw)
+        if not _wide(obj):
+            return obj
+    except orjson.JSONDecodeError:
+        pass
     text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
     try:
         obj, end = _scan(text, 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
-from fsmtrain.core.lifecycle import FINAL
+from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines
@@ -36,6 +36,8 @@ __all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
+# given each move line read from its bytes: its number, (phase, from, to, trigger), global_step and epoch
+Mover = Callable[[int, tuple[str, ...], int, int], None]
 _INT = rb"(0|[1-9]\d*)"  # a JSON integer
 # A move line as the writer writes it (a transition with no payload): decoded from its bytes, not
 # parsed, and a per-batch one (the bulk of a debug log) that holds every check taken as it is.
@@ -43,18 +45,12 @@ _MOVE_LINE = re.compile(
     rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
     rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
     rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
-_STEP = PER_BATCH[1]  # the phase a per-batch line is in
-_BATCH = tuple(s.encode() for s in (_STEP, *PER_BATCH))  # its phase, from, to and trigger
-_BATCH_MOVE = dict(zip(("from", "to", "trigger"), PER_BATCH, strict=True), event="transition", payload={})
+_BATCH = tuple(s.encode() for s in (PER_BATCH[1], *PER_BATCH))  # a per-batch line's phase, from, to and trigger
 _FINAL = FINAL.value.encode()
-
-
-def _record(fields: tuple[bytes, ...]) -> dict[str, Any]:
-    """The value of a move line, from its fields."""
-    seq, ts, run_id, level, phase, src, dst, trigger, epoch, step, prev, seal = fields
-    return {"seq": int(seq), "ts": float(ts), "run_id": run_id.decode(), "event": "transition", "level": level.decode(),
-            "phase": phase.decode(), "from": src.decode(), "to": dst.decode(), "trigger": trigger.decode(),
-            "epoch": int(epoch), "global_step": int(step), "payload": {}, "prev": prev.decode(), "seal": seal.decode()}
+_SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  # a checkpoint is staged here
+# The words of each move of the table (phase, from, to, trigger) as bytes, and decoded: the same tuple each time.
+_WORDS = {tuple(w.encode() for w in words): words for words in
+          ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
 
 
 def _when(ts: float) -> str:
@@ -75,9 +71,9 @@ class LogAuditor(SegmentChecks, MoveChecks):
     """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 allow_missing: bool = False, reader: Reader | None = None) -> None:
+                 allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> None:
         self.path = path
-        self.reader = reader
+        self.reader, self.mover = reader, mover
         self.allow_missing = allow_missing
         # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
@@ -104,30 +100,25 @@ class LogAuditor(SegmentChecks, MoveChecks):
             "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
         }
 
-    def feed(self, n: int, raw: bytes) -> None:
-        m = _MOVE_LINE(raw)
-        if m is None or not self._move_line(n, raw, m.groups()):
-            self.feed_parsed(n, raw, None)
-
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
-        """A move line that passes every line check of :meth:`feed_parsed`, taken from its bytes; False,
-        with nothing changed, for any other (it is then parsed)."""
-        seg, seq, ts, step = self.seg, int(fields[0]), float(fields[1]), int(fields[9])
+        """A move line (``fields``: :data:`_MOVE_LINE`'s) that passes every line check of :meth:`feed_parsed`,
+        taken from its bytes; False, with nothing changed, for any other (it is then parsed)."""
+        seq_b, ts_b, run_id, level, _, _, dst, _, epoch_b, step_b, prev, _ = fields
+        seg, seq, ts, step = self.seg, int(seq_b), float(ts_b), int(step_b)
         if (seg is None or seg.result_line is not None or seq != self.prev_seq + 1  # type: ignore[operator]
-                or ts < self.last_ts or step < seg.global_step or fields[6] == _FINAL
-                or fields[2].decode() != seg.run_id
-                or (seg.min_level and LEVELS.get(fields[3].decode(), 99) < seg.min_level)):
+                or ts < self.last_ts or step < seg.global_step or dst == _FINAL or run_id.decode() != seg.run_id
+                or (seg.min_level and LEVELS.get(level.decode(), 99) < seg.min_level)):
             return False
-        batch, epoch = fields[4:8] == _BATCH, int(fields[8])
-        phase = _STEP if batch else fields[4].decode()
-        if self.reader is not None:
-            self.reader(n, _BATCH_MOVE if batch else _record(fields))
+        raw_words, epoch = fields[4:8], int(epoch_b)
+        words = _WORDS.get(raw_words) or tuple(w.decode() for w in raw_words)
+        if self.mover is not None:
+            self.mover(n, words, step, epoch)
         self.prev_seq = seq
-        self.chain.link(n, raw, {"prev": fields[10].decode(), "seq": seq, "phase": phase})
+        self.chain.link(n, raw, prev.decode(), seq, words[0] == _SAVING)
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
-        if not (batch and self._batch(n, step, epoch, seg)):
-            self._transition(n, seg, fields[5].decode(), fields[6].decode(), fields[7].decode(), epoch, step, phase)
+        if not (raw_words == _BATCH and self._batch(n, step, epoch, seg)):
+            self._transition(n, seg, words[1], words[2], words[3], epoch, step, words[0])
         return True
 
     def feed_parsed(self, n: int, raw: bytes, rec: Any) -> None:
@@ -147,19 +138,19 @@ class LogAuditor(SegmentChecks, MoveChecks):
         if self.reader is not None:
             self.reader(n, rec)
         if not rec.keys() >= _REQUIRED:
-            self.chain.link(n, raw, rec)
+            self._link(n, raw, rec)
             missing = ", ".join(k for k in EVENT_KEYS if k not in rec and k not in _CHAIN_KEYS)
             self.bad("fields", f"missing field(s) {missing}", n)
             return
         seq, event = rec["seq"], rec["event"]
         if type(seq) is not int or type(event) is not str or type(rec["payload"]) is not dict:
-            self.chain.link(n, raw, rec)
+            self._link(n, raw, rec)
             self.bad("fields", "seq must be an integer, event a string and payload an object", n)
             return
         in_order = self._seq_ok(n, seq, event, raw)
         if event == "run_start" and in_order:
             self.chain.segment(n, raw, rec)
-        self.chain.link(n, raw, rec)
+        self._link(n, raw, rec)
         ts = rec["ts"]
         if (type(ts) is float or type(ts) is int) and ts >= self.last_ts:
             self.last_ts, self.last_ts_line = ts, n
@@ -200,6 +191,9 @@ class LogAuditor(SegmentChecks, MoveChecks):
         handler = self._handlers.get(event)
         if handler is not None:
             handler(n, rec, seg)
+
+    def _link(self, n: int, raw: bytes, rec: dict[str, Any]) -> None:
+        self.chain.link(n, raw, rec.get("prev"), rec.get("seq"), rec.get("phase") == _SAVING, rec)
 
     def _ts_back(self, n: int, ts: Any) -> None:
         if type(ts) is not float and type(ts) is not int:
@@ -311,15 +305,17 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-             allow_missing: bool = False, reader: Reader | None = None) -> LogAuditor:
+             allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> LogAuditor:
     """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each
-    parsed line too (the report reads the log in the audit's pass)."""
+    parsed line too, ``mover`` each move line read from its bytes (the report reads the log in the audit's pass)."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
-                         reader=reader)
-    feed = auditor.feed
+                         reader=reader, mover=mover)
+    move_line, parsed = auditor._move_line, auditor.feed_parsed
     n = 0
     for n, raw in enumerate(read_lines(p, AuditReadError), 1):
-        feed(n, raw)
+        m = _MOVE_LINE(raw)
+        if m is None or not move_line(n, raw, m.groups()):
+            parsed(n, raw, None)
     auditor.lines = n
     return auditor

@@ -9,14 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
-from fsmtrain.core.lifecycle import HOOKS
 from fsmtrain.tools.audit.verdict import ChainVerdict, Finding, Severity
 
 __all__ = ["ChainCheck", "SealCheck", "SegmentChain"]
-
-# The phase a checkpoint is staged in: a slow disk may commit it epochs later.
-_SAVE_PHASE = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value
-
 
 @dataclass
 class SegmentChain:
@@ -196,14 +191,14 @@ class ChainCheck:
         self._pins_before = self.pins
         self.pins = {}
 
-    def link(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
-        """Check that line ``n`` carries the digest of the line before it."""
+    def link(self, n: int, raw: bytes, carried: Any, seq: Any, saving: bool,
+             rec: Mapping[str, Any] | None = None) -> None:
+        """Check that line ``n`` carries the digest of the line before it (``carried``: its ``prev``; ``saving``:
+        its phase stages a checkpoint); ``rec``: the line's value, where it was parsed."""
         prev_raw, before = self.prev_raw, self._before_prev
-        self._before_prev = prev_raw
-        self.prev_raw = raw
-        seq_before = self.prev_seq
-        self.prev_seq = rec.get("seq")
-        prev_end, self._prev_end = self._prev_end, rec.get("phase") == _SAVE_PHASE
+        self._before_prev, self.prev_raw = prev_raw, raw
+        seq_before, self.prev_seq = self.prev_seq, seq
+        prev_end, self._prev_end = self._prev_end, saving
         digest = self._digest
         if digest is None:
             if self._tail is not None:
@@ -215,9 +210,9 @@ class ChainCheck:
             expected = digest(prev_raw)
             (self._end_pins if prev_end else self.pins)[expected] = n - 1
             self.verified_links += 1
-            if rec.get("prev") == expected and self._pending is None:
+            if carried == expected and self._pending is None:
                 return
-        self._link_slow(n, raw, rec, prev_raw, before, seq_before)
+        self._link_slow(n, raw, {"prev": carried, "seq": seq} if rec is None else rec, prev_raw, before, seq_before)
 
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:

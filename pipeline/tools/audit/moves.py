@@ -125,7 +125,7 @@ class MoveChecks(EndingChecks):
         elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
                           seg.next_epoch < seg.max_epochs and (seg.max_steps is None or type(step) is not int
                                                                or step < seg.max_steps), seg.faulted,
-                          type(step) is int and val_due(seg, step)):
+                          seg.val_every is not None and type(step) is int and val_due(seg, step)):
             self.bad("guard", self._guard_message(move, seg), n)
         if seg.val_every is not None and type(step) is int:
             self._validations(n, src, dst, trig, step, seg)

@@ -1,11 +1,10 @@
 """A run's ``events.jsonl`` read for its report (:func:`read_run`): per-epoch numbers in a table by
-column (one typed array a value, so a 200,000-epoch log costs a few MB), the run's path, checkpoints
+column (built a column at a time once the log is read), the run's path, checkpoints
 and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) keeps its last record."""
 
 from __future__ import annotations
 
-import itertools
-from array import array
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,78 +16,69 @@ from fsmtrain.core.run_path import PathCounter
 from fsmtrain.tools.audit import AuditReadError, AuditReport
 from fsmtrain.tools.audit.auditor import read_log
 
-__all__ = ["Column", "EpochTable", "ReportError", "RunData", "as_float", "read_run"]
+__all__ = ["EpochTable", "ReportError", "RunData", "as_float", "read_run"]
 
 
-class Column:
-    """One float64 per row and whether the row has one; spare room past the table's rows is ignored."""
-
-    __slots__ = ("present", "values")
-
-    def __init__(self, capacity: int) -> None:
-        self.values = array("d", bytes(8 * capacity))
-        self.present = bytearray(capacity)
+def _number(value: Any) -> float | None:
+    """A value as a column holds it: an int or float as a float, NaN/Infinity strings too, else None."""
+    cls = value.__class__
+    return value if cls is float else float(value) if cls is int else as_float(value)
 
 
 class EpochTable:
-    """Rows by 0-based epoch; columns by kind (metric, slot, time, phase, callback) and name."""
+    """Rows by 0-based epoch (an epoch logged twice keeps its last record); columns by kind (metric, slot,
+    time, phase, callback) and name, in the order their first number appears, built once at the end (a
+    column at a time, not a value at a time)."""
 
     def __init__(self) -> None:
         self.index: list[int] = []
-        self._row_of: dict[int, int] = {}
-        self._all: list[Column] = []
-        self._capacity = 1024
-        self.columns: dict[str, dict[str, Column]] = {}  # kind -> name -> column
+        self.columns: dict[str, dict[str, list[float | None]]] = {}  # kind -> name -> a value per row
+        self._last: dict[int, Mapping[str, Any]] = {}  # epoch -> its last payload
+        self._seen: list[Mapping[str, Any]] = []  # every payload, in the log's order
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self._last)
 
-    def row(self, epoch: int) -> int:
-        """The row of ``epoch``, emptied for its (new or repeated) record."""
-        row = self._row_of.get(epoch)
-        if row is None:
-            row = self._row_of[epoch] = len(self.index)
-            self.index.append(epoch)
-            if row == self._capacity:  # room doubles: a row costs no work per column
-                for column in self._all:
-                    column.values.extend(array("d", bytes(8 * row)))
-                    column.present.extend(bytes(row))
-                self._capacity *= 2
-        else:
-            for column in self._all:
-                column.present[row] = 0
-        return row
-
-    def add(self, columns: dict[str, Column], name: str) -> Column:
-        """A new, empty column ``name`` in ``columns`` (one kind's)."""
-        column = columns[name] = Column(self._capacity)
-        self._all.append(column)
-        return column
+    def add(self, epoch: int, payload: Mapping[str, Any]) -> None:
+        self._last[epoch] = payload
+        self._seen.append(payload)
 
     def finish(self) -> None:
-        """Rows in epoch order (a log writes them so, unless a resume re-ran some), no spare room."""
-        rows = len(self.index)
-        order = sorted(range(rows), key=self.index.__getitem__) if any(
-            a > b for a, b in itertools.pairwise(self.index)) else None
-        if order is not None:
-            self.index = [self.index[i] for i in order]
-        for c in self._all:
-            if order is None:
-                c.values, c.present = c.values[:rows], c.present[:rows]
-            else:
-                c.values = array("d", map(c.values.__getitem__, order))
-                c.present = bytearray(map(c.present.__getitem__, order))
+        self.index = sorted(self._last)
+        rows = [self._last[e] for e in self.index]
+        for kind, key in _KINDS:
+            get = _slots if kind == "slot" else operator.methodcaller("get", key)
+            self.columns[kind] = _columns([get(p) for p in self._seen], [get(p) for p in rows])
+        self.columns["time"] = {"epoch": [as_float(p.get("seconds")) or 0.0 for p in rows]}
+        self._seen = []
 
     def values(self, kind: str, name: str) -> list[float | None]:
-        c = self.columns.get(kind, {}).get(name)
-        if c is None:
-            return [None] * len(self.index)
-        if c.present.count(0) == 0:
-            return [*c.values]
-        return [v if p else None for v, p in zip(c.values, c.present, strict=True)]
+        column = self.columns.get(kind, {}).get(name)
+        return [None] * len(self.index) if column is None else list(column)
 
     def totals(self, kind: str) -> dict[str, float]:
-        return {name: sum(itertools.compress(c.values, c.present)) for name, c in self.columns.get(kind, {}).items()}
+        return {name: sum(v for v in c if v is not None) for name, c in self.columns.get(kind, {}).items()}
+
+
+def _slots(payload: Mapping[str, Any]) -> Any:
+    """The slots of an epoch, those that hold a mapping (``loss_prediction``) flattened: ``name.key``."""
+    slots = payload.get("slots")
+    if type(slots) is not dict or dict not in map(type, slots.values()):
+        return slots
+    nested = {f"{name}.{k}": v for name, inner in slots.items() if type(inner) is dict for k, v in inner.items()}
+    return {**slots, **nested}
+
+
+def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
+    """The columns of one kind: ``seen``, its mapping in each record (names, in the order a number first
+    appears under them), ``rows``, its mapping in each row (the values)."""
+    names: dict[str, None] = {}
+    for values in seen:
+        if type(values) is dict and not names.keys() >= values.keys():
+            names.update((k, None) for k, v in values.items() if k not in names and _number(v) is not None)
+    rows = [values if type(values) is dict else {} for values in rows]
+    return {name: [v if v.__class__ is float else _number(v) for v in map(operator.methodcaller("get", name), rows)]
+            for name in names}
 
 
 class ReportError(ValueError):
@@ -110,7 +100,7 @@ class RunData:
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
     strategy: str | None = None  # the newest segment's: ddp, or fsdp and what it sharded
     x: list[int] = field(default_factory=list)  # each row's epoch, from 1
-    again: Any = None  # the last internal move's line, its key and how often it came again
+    again: Any = None  # the last internal move's words, its key and how often it came again
     again_key: tuple[str, str, str] = ("", "", "")
     repeats: int = 0
 
@@ -126,22 +116,27 @@ class RunData:
 
     def read(self, n: int, rec: dict[str, Any]) -> None:
         """One line that is a JSON object (line ``n``); a resumed run's re-run epochs count once (the last)."""
-        if rec is self.again:  # the audit gives each per-batch line as one dict: that internal move again
-            self.repeats += 1
-            return
         if rec.get("event") == "transition" and (
                 type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
             # the common line, past the checks of ``record``
-            self.path.transition(src, dst, trig, rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
-            if src == dst:
-                self._count_repeats()
-                self.again, self.again_key = rec, (src, dst, trig)
+            self.move(n, (dst, src, dst, trig), rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
             return
         try:
             self.path.record(rec, f"line {n}")
         except DiagramError as exc:
             self.path_problem = self.path_problem or str(exc)
         _read_event(self, rec)
+
+    def move(self, n: int, words: tuple[str, ...], step: Any, epoch: Any, payload: Any = None) -> None:
+        """A move (its phase, from, to and trigger); the audit gives a per-batch line's words as one tuple."""
+        if words is self.again:  # that internal move again
+            self.repeats += 1
+            return
+        _, src, dst, trig = words
+        self.path.transition(src, dst, trig, step, epoch, payload)
+        if src == dst:
+            self._count_repeats()
+            self.again, self.again_key = words, (src, dst, trig)
 
     def _count_repeats(self) -> None:
         if self.repeats:
@@ -169,7 +164,7 @@ def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
     """Everything the page draws, and the audit, from one pass over the log."""
     data = RunData(events_path)
     try:
-        auditor = read_log(events_path, reader=data.read)
+        auditor = read_log(events_path, reader=data.read, mover=data.move)
     except AuditReadError as exc:
         raise ReportError(str(exc)) from exc
     unparsed = next((f for f in auditor.findings if f.check == "json"), None)
@@ -194,7 +189,7 @@ def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
                          if isinstance(units, list) else None if payload.get("strategy") is None
                          else str(payload["strategy"]))
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
-        _read_epoch(data.table, rec["epoch"], payload)
+        data.table.add(rec["epoch"], payload)
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
         data.settings[str(payload.get("source"))] = dict(payload["settings"])
     elif event == "checkpoint":
@@ -207,31 +202,4 @@ def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
         data.result = dict(payload)
 
 
-def _put_values(table: EpochTable, kind: str, row: int, values: Mapping[str, Any]) -> None:
-    columns = table.columns.setdefault(kind, {})
-    for name, value in values.items():
-        cls = value.__class__
-        if cls is not float:
-            if cls is int:
-                value = float(value)
-            elif (value := as_float(value)) is None:
-                continue
-        column = columns.get(name) or table.add(columns, str(name))
-        column.values[row] = value
-        column.present[row] = 1
-
-
 _KINDS = (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds"), ("slot", "slots"))
-
-
-def _read_epoch(table: EpochTable, epoch: int, payload: Mapping[str, Any]) -> None:
-    # the hot path of a long log: one call per epoch, a few dozen values each (JSON gives dicts)
-    row = table.row(epoch)
-    for kind, key in _KINDS:
-        if isinstance(values := payload.get(key), dict):
-            _put_values(table, kind, row, values)
-    _put_values(table, "time", row, {"epoch": as_float(payload.get("seconds")) or 0.0})
-    slots = payload.get("slots")
-    for name, value in (slots.items() if isinstance(slots, dict) else ()):
-        if isinstance(value, dict):
-            _put_values(table, "slot", row, {f"{name}.{key}": inner for key, inner in value.items()})
