@@ -155,7 +155,7 @@ class ForkedProcess:
     def __init__(self, zygote: Zygote, pid: int, stdout: Path, stderr: Path, args: list[str]) -> None:
         self._zygote, self.pid, self.args = zygote, pid, args
         self.stdout_path, self.stderr_path = stdout, stderr
-        self.returncode: int | None = None
+        self.returncode: Any = None  # as Popen's: an int once it ended
 
     def poll(self) -> int | None:
         if self.returncode is None:

@@ -1,7 +1,7 @@
 """FSDP2 runs (``distributed.strategy: fsdp``) on real ``torchrun`` workers, gloo, 2 CPU ranks: a
-1-process run continues on 2 ranks (1 -> 2); an exception inside one rank's forward ends both ranks
-within ``distributed.agreement_timeout_s``. (The clean and killed runs, 2 -> 1 and ``model.pt``:
-tests/test_dcp_checkpoints.py, sharing its clean run.)"""
+1-process run of the quickstart's own net continues on 2 ranks (1 -> 2); an exception inside one
+rank's forward ends both ranks within ``distributed.agreement_timeout_s``. (The clean and killed
+runs, 2 -> 1 and ``model.pt``: tests/test_dcp_checkpoints.py, sharing its clean run.)"""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ pytestmark = [pytest.mark.slow,
 
 # four Linear blocks: auto shards apart the two holding >= 10% of the parameters
 NET = {"in_features": 8, "out_features": 1, "hidden": [64, 64, 64]}
+QUICK_NET = {"in_features": 8, "out_features": 1, "hidden": [64, 64]}  # the quickstart's own
 BOUND_S = 20.0
 
 
-def _cfg(folder: Path, epochs: int = 3, extra: tuple[dict[str, Any], ...] = ()) -> Path:
-    return config(folder, extra=extra, epochs=epochs, net_config=NET, scheduler=None, scheduler_config={},
+def _cfg(folder: Path, epochs: int = 3, extra: tuple[dict[str, Any], ...] = (), net: dict[str, Any] = NET) -> Path:
+    return config(folder, extra=extra, epochs=epochs, net_config=net, scheduler=None, scheduler_config={},
                   early_stopping={"enabled": False}, checkpoint={"enabled": True, "keep_last_k": 2},
                   distributed={"strategy": "fsdp", "agreement_timeout_s": BOUND_S})
 
@@ -40,7 +41,7 @@ class _Runs:
         return self.done[name]
 
     def _one_to_two(self, folder: Path) -> None:
-        first = fsmtrain("train", str(_cfg(folder, epochs=2)), cwd=folder, timeout=200)
+        first = fsmtrain("train", str(_cfg(folder, epochs=2, net=QUICK_NET)), cwd=folder, timeout=200)  # its own net
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         path = run_dir(folder)
         self.done["one_to_two"] = (fsmtrain("resume", str(path), "--nproc", "2", "--set", "epochs=3", cwd=folder,
@@ -71,7 +72,7 @@ def test_a_one_process_run_continues_sharded_on_two_ranks(runs: _Runs) -> None:
     assert "on 2 process(es); it ran on 1" in done.stdout
     assert "written by 1 rank(s): torch.distributed.checkpoint reshards it onto 2" in clean(done)
     assert "segments on 1, 2 ranks; sharded (FSDP2) in segment(s) 2)" in _audit_ok(path)
-    MLP(**NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
+    MLP(**QUICK_NET).load_state_dict(weights(path / "model.pt"), strict=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(400)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from resume_harness import REPO, fsmtrain
+from resume_harness import REPO, forked
 from signal_support import log_has, signal_if_alive, wait_for
 
 from fsmtrain.core.events import read_events
@@ -29,7 +29,7 @@ def test_sigterm_right_after_the_result_line_ends_the_process_with_143(tmp_path:
     for i, delay_ms in enumerate(DELAYS_MS):
         work = tmp_path / str(i)
         work.mkdir()
-        proc = fsmtrain("train", str(QUICK), *[a for o in FAST for a in ("--set", o)], cwd=work)
+        proc = forked("train", str(QUICK), *[a for o in FAST for a in ("--set", o)], cwd=work)
         wait_for(lambda: log_has(work / RUN, b'"event":"result"'), proc)  # noqa: B023 (used at once)
         time.sleep(delay_ms / 1000)
         sent = signal_if_alive(proc, signal.SIGTERM)  # False: it had exited already, no signal reached it

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_harness import REPO, fsmtrain
+from resume_harness import REPO, forked
 from signal_support import catches_signals, log_has, signal_if_alive, wait_for
 
 from fsmtrain.app.config import load_config
@@ -71,7 +71,7 @@ def test_a_signal_while_the_process_exits_is_the_default_action_with_every_file_
         tmp_path: Path, sig: signal.Signals) -> None:
     """Once the command's status is decided the default actions are back: a signal during the exit
     handlers ends the process by the signal (a shell shows 128 + it), and every file is written."""
-    proc = fsmtrain("train", str(QUICK), *_sets(*FAST, SLOW_EXIT), cwd=tmp_path)
+    proc = forked("train", str(QUICK), *_sets(*FAST, SLOW_EXIT), cwd=tmp_path)
     run = tmp_path / RUN
     wait_for(lambda: log_has(run, b'"event":"result"'), proc)
     wait_for(lambda: not catches_signals(proc.pid), proc)  # the status is decided: the exit handlers run
@@ -94,7 +94,7 @@ def test_a_signal_at_any_moment_after_the_result_line_never_costs_a_file(tmp_pat
         sig = (signal.SIGTERM, signal.SIGINT)[i % 2]
         work = tmp_path / str(i)
         work.mkdir()
-        proc = fsmtrain("train", str(QUICK), *_sets(*FAST), cwd=work)
+        proc = forked("train", str(QUICK), *_sets(*FAST), cwd=work)
         wait_for(lambda: log_has(work / RUN, b'"event":"result"'), proc)  # noqa: B023 (used at once)
         time.sleep(delay)
         sent = signal_if_alive(proc, sig)
@@ -116,7 +116,7 @@ def test_a_signal_at_any_moment_after_the_result_line_never_costs_a_file(tmp_pat
 def test_a_signal_during_the_teardown_is_honoured_after_it(tmp_path: Path, sig: signal.Signals) -> None:
     """The teardown finishes (files, W&B, the result), then the process exits 128 + the signal; the
     run keeps its reason."""
-    proc = fsmtrain("train", str(QUICK), *_sets(*FAST, SLOW_TEARDOWN), cwd=tmp_path)
+    proc = forked("train", str(QUICK), *_sets(*FAST, SLOW_TEARDOWN), cwd=tmp_path)
     run = tmp_path / RUN
     wait_for(lambda: log_has(run, b'"to":"train_end"'), proc)  # the teardown has begun; it sleeps 1.5 s
     proc.send_signal(sig)
@@ -135,7 +135,7 @@ def test_two_sigints_apart_exit_130(tmp_path: Path, apart: float) -> None:
     """Two SIGINTs 60-300 ms apart: the second interrupts the run or its teardown, which still
     writes the ``result``; the process exits 130, or, when the second came once that status was
     decided, ends by SIGINT (the default action, which a shell shows as 130 too)."""
-    proc = fsmtrain("train", str(QUICK), *_sets("epochs=50", "wandb.enabled=false", "data_config.n_samples=512"),
+    proc = forked("train", str(QUICK), *_sets("epochs=50", "wandb.enabled=false", "data_config.n_samples=512"),
                     cwd=tmp_path)
     run = tmp_path / RUN
     wait_for(lambda: log_has(run, b'"event":"epoch"'), proc)
@@ -156,7 +156,7 @@ def test_two_sigints_apart_exit_130(tmp_path: Path, apart: float) -> None:
 def test_a_signal_during_start_up_stops_before_anything_is_claimed(tmp_path: Path, sig: signal.Signals) -> None:
     """A signal once the command catches its signals (its first act), while it still imports and
     builds: honoured before the run directory is claimed."""
-    proc = fsmtrain("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
+    proc = forked("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
     wait_for(lambda: catches_signals(proc.pid), proc)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
@@ -172,7 +172,7 @@ def test_a_signal_during_start_up_stops_before_anything_is_claimed(tmp_path: Pat
 def test_a_signal_once_the_run_dir_is_claimed_leaves_no_lock_only_folder(tmp_path: Path, sig: signal.Signals) -> None:
     """Exit 128 + the signal, and either no run dir (the run never started, so its claim is let go
     with what it wrote) or a complete INTERRUPTED record: never a folder holding only ``.lock``."""
-    proc = fsmtrain("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
+    proc = forked("train", str(QUICK), *_sets(*FAST), cwd=tmp_path)
     run = tmp_path / RUN
     wait_for(lambda: (run / ".lock").exists(), proc)
     proc.send_signal(sig)
