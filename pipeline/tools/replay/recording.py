@@ -329,8 +329,7 @@ class RecordedRanks:
             raise RankFailed(f.failure)  # seen on the board while this rank waited here
         for c in [c for c in self._todo if c.where == here]:
             self._todo.remove(c)
-            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
-                rows[c.rank]) else list(c.row)
+            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)]  # all >= 0
             if c.said is not None:
                 self._said[c.rank] = c.said
         return rows
