@@ -203,11 +203,12 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             result = payload
     last_segment = original[starts[-1]:]
     ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-    if ends and _cut_short(ends[-1], last_segment):
-        # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
-        # measured when it was cut (the exception carries it), not the rest.
-        cut = _floats(next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), {}))
-        epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
+    left = ends[-1].get("from") if ends else None
+    measured = next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), None)
+    if left in {p.value for p in EPOCH_PHASES} and (left != Phase.EPOCH_END.value or measured is not None):
+        # An immediate stop or a signal left this epoch without its ``epoch`` line (from epoch_end: the fault
+        # carried its metrics): its batches are known, and what it had measured when it was cut, not the rest.
+        epochs.append(RecordedEpoch(len(epochs), _floats(measured), {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
     last_start = last_segment[0].get("payload") or {}
@@ -247,14 +248,6 @@ def _where(event: Mapping[str, Any]) -> tuple[str, int, int]:
 def _epoch_metrics(event: Mapping[str, Any]) -> Any:
     """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
     return (event.get("payload") or {}).get("epoch_metrics") if event.get("event") == "exception" else None
-
-
-def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside
-    an epoch, or from epoch_end when the fault carried the epoch's metrics (the line was not written)."""
-    if move.get("from") == Phase.EPOCH_END.value:
-        return any(isinstance(_epoch_metrics(e), dict) for e in segment)
-    return move.get("from") in {p.value for p in EPOCH_PHASES}
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
