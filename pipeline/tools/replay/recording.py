@@ -71,7 +71,7 @@ class RecordedTrial:
     user_attrs: dict[str, Any] = field(default_factory=dict)
     reported: dict[int, float] = field(default_factory=dict)
     unknown_steps: list[int] = field(default_factory=list)
-    _last_step: int | None = None
+    _last_step: int | None = field(default=None, init=False)
 
     def report(self, value: float, step: int) -> None:
         self.reported[step] = value
@@ -360,9 +360,8 @@ def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
             found = None
         elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
             source, origin = split_source(str(payload.get("source", "")))
-            said = str(payload.get("message", ""))
-            prefix = f"rank {origin} failed in {source}: "
+            said = str(payload.get("message", "")).removeprefix(f"rank {origin} failed in {source}: ")
             symptom = payload.get("symptom")
-            found = PeerFailure(Failure(payload["failed_rank"], source, said.removeprefix(prefix)),
+            found = PeerFailure(Failure(payload["failed_rank"], source, said),
                                 symptom if isinstance(symptom, str) else None, _where(e))
     return found
