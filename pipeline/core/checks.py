@@ -68,13 +68,9 @@ def check_callback(callback: Any, base: type) -> None:
 
 def _own_on_names(cls: type, base: type) -> list[str]:
     """``on_*`` attributes the callback's own classes define (the base's hooks are not checked)."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if klass is base or klass is object or issubclass(base, klass):
-            continue
-        # A copy: a first deepcopy adds ``__slotnames__``, possibly in another thread.
-        names += [n for n in vars(klass).copy() if n.startswith("on_") and n not in names]
-    return names
+    # A copy of each class's attributes: a first deepcopy adds ``__slotnames__``, possibly in another thread.
+    return list(dict.fromkeys(n for klass in cls.__mro__ if not issubclass(base, klass)
+                              for n in vars(klass).copy() if n.startswith("on_")))
 
 
 def _check_signature(callback: Any, hook: str) -> None:

@@ -184,10 +184,8 @@ class RankAgreement:
             return exc
         rank = self.collective.rank
         try:
-            if isinstance(exc, KeyboardInterrupt):
-                first = board.posted_failure()
-            else:
-                first = board.post_failure(Failure(rank, source, f"{type(exc).__name__}: {exc}"))
+            first = board.posted_failure() if isinstance(exc, KeyboardInterrupt) else board.post_failure(
+                Failure(rank, source, f"{type(exc).__name__}: {exc}"))
         except Exception as err:  # the board is gone too: this rank's own exception stands, and says so
             self.run.warn("engine", f"could not read or post the run's failure board: {type(err).__name__}: {err}")
             return exc

@@ -91,14 +91,6 @@ class EpochRecord:
         return self.metrics.get("val_loss", math.nan)
 
 
-def _no_dispatch(hook: str, ctx: Any) -> None:
-    return None
-
-
-def _created() -> Phase:
-    return Phase.CREATED
-
-
 @dataclass(eq=False, repr=False)
 class RunContext:
     """State of one run. ``epoch``: the 0-based index of the current (or next) epoch."""
@@ -129,9 +121,9 @@ class RunContext:
     extras: dict[str, Any] = field(default_factory=dict, init=False)  # e.g. the Optuna trial, the run config
     # Set by the engine from its runner (the checkpoint store fires hooks through ``dispatch``).
     callbacks: tuple[Any, ...] = field(default=(), init=False)
-    dispatch: Callable[[str, Any], None] = field(default_factory=lambda: _no_dispatch, init=False)
+    dispatch: Callable[[str, Any], None] = field(default_factory=lambda: lambda hook, ctx: None, init=False)
     slot_guard: Callable[[Slot[Any]], None] | None = field(default=None, init=False)
-    _phase_of: Callable[[], Phase] = field(default_factory=lambda: _created, init=False)
+    _phase_of: Callable[[], Phase] = field(default_factory=lambda: lambda: Phase.CREATED, init=False)
     _slots: dict[str, Any] = field(default_factory=dict, init=False)
     _step_slots: set[str] = field(default_factory=set, init=False)
 
@@ -211,9 +203,7 @@ class RunContext:
 
     def best(self, key: str = "val_loss", mode: str = "min") -> float:
         values = [r.metrics[key] for r in self.history if key in r.metrics and math.isfinite(r.metrics[key])]
-        if not values:
-            return math.nan
-        return min(values) if mode == "min" else max(values)
+        return (min if mode == "min" else max)(values, default=math.nan)
 
 
 class _Delegating:

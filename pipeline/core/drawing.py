@@ -87,15 +87,9 @@ class _Spec:
 
 
 def _draw(spec: _Spec, fmt: Format, title: str) -> str:
-    """``spec`` in ``fmt``: SVG is ``dot -Tsvg`` of the DOT source."""
-    if fmt is Format.SVG:
-        return render_svg(_graph_source(spec, Format.DOT, title))
-    return _graph_source(spec, fmt, title)
-
-
-def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
-    """Draw ``spec`` through ``transitions``' own graph engine for ``fmt`` (mermaid or graphviz)."""
-    newline = MERMAID_NEWLINE if fmt is Format.MERMAID else DOT_NEWLINE
+    """``spec`` in ``fmt``, drawn by ``transitions``' own graph engine (SVG: ``dot -Tsvg`` of the DOT)."""
+    mermaid = fmt is Format.MERMAID
+    newline = MERMAID_NEWLINE if mermaid else DOT_NEWLINE
     states: list[dict[str, Any]] = []
     for phase in spec.phases:
         lines = spec.node_lines.get(phase, [])
@@ -109,30 +103,29 @@ def _graph_source(spec: _Spec, fmt: Format, title: str) -> str:
         dest = None if edge.t.internal else edge.t.dest.value
         if edge.notes:
             notes[(edge.t.source.value, edge.t.trigger, dest)] = edge.notes
-        show = spec.show_conditions
         # Guard names as strings: a drawn machine is never triggered, so they are never resolved.
         transitions.append({"trigger": edge.t.trigger, "source": edge.t.source.value, "dest": dest,
-                            "conditions": [g.value for g in edge.t.conditions] if show else [],
-                            "unless": [g.value for g in edge.t.unless] if show else [], "label": edge.label})
-    if fmt is not Format.MERMAID:
+                            "conditions": [g.value for g in edge.t.conditions],
+                            "unless": [g.value for g in edge.t.unless], "label": edge.label})
+    if not mermaid:
         _require_graphviz_package()
     model = SimpleNamespace()  # what the graph machine binds ``get_graph`` to
     machine = LifecycleGraphMachine(
         model=model, states=states, transitions=transitions, auto_transitions=False, title=title,
         initial=INITIAL.value if INITIAL in spec.phases else spec.phases[0].value, edge_notes=notes,
-        show_conditions=spec.show_conditions, graph_engine="mermaid" if fmt is Format.MERMAID else "graphviz")
+        show_conditions=spec.show_conditions, graph_engine="mermaid" if mermaid else "graphviz")
     graph_obj = machine.model_graphs[id(model)]
     graph_obj.reset_styling()  # no "current state" highlight unless asked for
     if spec.active is not None:
         graph_obj.set_node_style(spec.active.value, "active")
     source: str = model.get_graph().source
-    if fmt is Format.MERMAID:
+    if mermaid:
         # transitions writes the title as a bare line of the front matter; Mermaid reads `title:`.
         source = source.replace(f"---\n{title}\n---\n", f"---\ntitle: {_yaml_scalar(title)}\n---\n", 1)
         # The flat Mermaid engine marks the initial state only; mark the final one too.
         source = source.rstrip("\n") + f"\n  {FINAL.value} --> [*]\n" if FINAL in spec.phases else source
         return source if source.endswith("\n") else source + "\n"
-    return source
+    return render_svg(source) if fmt is Format.SVG else source
 
 
 def _yaml_scalar(text: str) -> str:
@@ -261,23 +254,17 @@ def render_svg(dot_source: str, dot_program: str = "dot") -> str:
 
 def svg_recorded_digest(svg_text: str) -> str | None:
     marker = svg_text.find(SVG_DIGEST_MARK)
-    if marker < 0:
-        return None
-    return svg_text[marker + len(SVG_DIGEST_MARK):].split()[0]
+    return None if marker < 0 else svg_text[marker + len(SVG_DIGEST_MARK):].split()[0]
 
 
 def write_lifecycle_files(directory: str | Path, *, svg: bool = True) -> list[Path]:
     """Write ``lifecycle.mmd``, ``lifecycle.dot`` and (when ``dot`` is installed) ``lifecycle.svg``."""
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
     dot_text = lifecycle_diagram(Format.DOT)
-    for name, text in (("lifecycle.mmd", lifecycle_diagram(Format.MERMAID)), ("lifecycle.dot", dot_text)):
-        (out_dir / name).write_text(text, encoding="utf-8")
-        written.append(out_dir / name)
+    texts = {"lifecycle.mmd": lifecycle_diagram(Format.MERMAID), "lifecycle.dot": dot_text}
     if svg:
-        (out_dir / "lifecycle.svg").write_text(render_svg(dot_text), encoding="utf-8")
-        written.append(out_dir / "lifecycle.svg")
-    return written
-
-
+        texts["lifecycle.svg"] = render_svg(dot_text)
+    for name, text in texts.items():
+        (out_dir / name).write_text(text, encoding="utf-8")
+    return [out_dir / name for name in texts]

@@ -38,30 +38,27 @@ class CheckpointLedger:
         self.live: dict[str, CommittedFile] = {}  # path -> its last commit, while it stands
 
     def feed(self, rec: Mapping[str, Any]) -> None:
-        event = rec.get("event")
-        if event not in ("checkpoint", "checkpoint_removed", "checkpoint_damaged"):
+        event, payload = rec.get("event"), rec.get("payload")
+        if event not in ("checkpoint", "checkpoint_removed", "checkpoint_damaged") or not isinstance(payload, dict):
             return
-        payload = rec.get("payload")
-        if not isinstance(payload, dict):
-            return
-        if event == "checkpoint_damaged":
-            for path in payload.get("paths") or ():
+        if event != "checkpoint":  # withdrawn: one file removed, or several found damaged
+            for path in (payload.get("paths") or ()) if event == "checkpoint_damaged" else [payload.get("path")]:
                 if isinstance(path, str):
                     self.live.pop(path, None)
             return
-        path = payload.get("path")
+        path, kind, roles = payload.get("path"), payload.get("kind"), payload.get("roles")
         if not isinstance(path, str):
             return
-        if event == "checkpoint_removed":
-            self.live.pop(path, None)
-            return
-        epoch, kind, seq, roles = payload.get("epoch"), payload.get("kind"), rec.get("seq"), payload.get("roles")
-        done = CommittedFile(path, str(payload.get("sha256")), epoch if type(epoch) is int else None,
-                             kind if isinstance(kind, str) else None, seq if type(seq) is int else None,
+        done = CommittedFile(path, str(payload.get("sha256")), _int(payload.get("epoch")),
+                             kind if isinstance(kind, str) else None, _int(rec.get("seq")),
                              tuple(r for r in roles if isinstance(r, str)) if isinstance(roles, list) else (),
-                             payload["step"] if type(payload.get("step")) is int else None)
+                             _int(payload.get("step")))
         self.last[path] = done
         self.live[path] = done
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
 
 
 def read_ledger(path: Path | str) -> CheckpointLedger:

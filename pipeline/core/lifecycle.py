@@ -285,10 +285,9 @@ class LifecycleError(RuntimeError):
 
 
 def _consistent_facts() -> Iterator[Facts]:
-    for stop, immediate, remain, batch, due in itertools.product((False, True), repeat=5):
-        if immediate and not stop:
-            continue  # an immediate stop is a stop
-        yield Facts(stop, immediate, remain, batch, faulted=False, val_due=due)
+    return (Facts(stop, immediate, remain, batch, faulted=False, val_due=due)
+            for stop, immediate, remain, batch, due in itertools.product((False, True), repeat=5)
+            if stop or not immediate)  # an immediate stop is a stop
 
 
 def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tuple[Step, ...] = PROGRAM) -> None:
@@ -333,13 +332,10 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
 
 
 def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]:
+    """The phases reachable from ``start`` (itself included)."""
     seen = set(start)
-    todo = list(start)
-    while todo:
-        for nxt in edges[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
+    while more := {nxt for p in seen for nxt in edges[p]} - seen:
+        seen |= more
     return seen
 
 

@@ -4,6 +4,7 @@ meanwhile, each run getting a deep copy of an instance or a factory's product.""
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import threading
@@ -24,22 +25,16 @@ class GlobalRegistrationError(ValueError):
 
 @dataclass(frozen=True)
 class _Registration:
-    instance: TrainingCallback | None  # the registered instance, or
-    factory: Callable[..., TrainingCallback] | None  # a factory called once per run
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    prototype: TrainingCallback | None = None  # the registry's own copy of ``instance``, which each run copies
+    instance: TrainingCallback | None  # the registered instance (None: a factory)
+    make: Callable[[], TrainingCallback]  # one run's callback: a copy of the instance's copy, or the factory's
 
-    def make(self) -> TrainingCallback:
-        if self.instance is not None:
-            return _copy_of(self.prototype)
-        assert self.factory is not None
-        made = self.factory(*self.args, **self.kwargs)
-        if not _is_callback(made):
-            raise GlobalRegistrationError(
-                f"global callback factory {_label(self.factory)} returned {type(made).__name__}, "
-                "not a TrainingCallback")
-        return made
+
+def _made_by(factory: Callable[..., TrainingCallback], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    made = factory(*args, **kwargs)
+    if not _is_callback(made):
+        raise GlobalRegistrationError(
+            f"global callback factory {_label(factory)} returned {type(made).__name__}, not a TrainingCallback")
+    return made
 
 
 _lock = threading.Lock()
@@ -91,7 +86,7 @@ def register_global_callback(callback: TrainingCallback | Callable[..., Training
                     "instance joins the registry once at a time, so a nested `with cb:` or a second "
                     "register_global_callback(cb) is refused: remove it first or register another instance")
             key = next(_ids)
-            _registry[key] = _Registration(callback, None, prototype=prototype)
+            _registry[key] = _Registration(callback, functools.partial(_copy_of, prototype))
             _by_instance[id(callback)] = key
         return GlobalHandle(key, callback=callback)
     if not callable(callback):
@@ -107,7 +102,7 @@ def register_global_callback(callback: TrainingCallback | Callable[..., Training
         pass  # no signature to check (a builtin); the call at runner build will tell
     with _lock:
         key = next(_ids)
-        _registry[key] = _Registration(None, callback, args, dict(kwargs))
+        _registry[key] = _Registration(None, functools.partial(_made_by, callback, args, dict(kwargs)))
     return GlobalHandle(key, factory=callback)
 
 

@@ -11,6 +11,8 @@ from fsmtrain.core.stop import StopReason
 
 __all__ = ["TrainResult"]
 
+_SUMMARY_FIELDS = ("epochs_completed", "last_val_loss", "best_val_loss", "best_epoch", "objective", "global_step")
+
 
 @dataclass
 class TrainResult:
@@ -38,14 +40,6 @@ class TrainResult:
                    list(run.history), run.global_step, None if run.run_dir is None else str(run.run_dir))
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "stop_reason": self.stop_reason.value,
-            "stop_source": self.stop.source if self.stop else None,
-            "stop_message": self.stop.message if self.stop else None,
-            "epochs_completed": self.epochs_completed,
-            "last_val_loss": self.last_val_loss,
-            "best_val_loss": self.best_val_loss,
-            "best_epoch": self.best_epoch,
-            "objective": self.objective,
-            "global_step": self.global_step,
-        }
+        return {"stop_reason": self.stop_reason.value, "stop_source": self.stop.source if self.stop else None,
+                "stop_message": self.stop.message if self.stop else None,
+                **{k: getattr(self, k) for k in _SUMMARY_FIELDS}}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.lifecycle import FINAL, Phase
+from fsmtrain.core.log_file import parse_line, read_lines
 
 __all__ = ["DiagramError", "PathCounter", "RunPath", "read_run_path"]
 
@@ -92,19 +92,14 @@ def read_run_path(events_path: str | Path) -> RunPath:
     if path.is_dir():
         path = path / "events.jsonl"
     counter = PathCounter()
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise DiagramError(f"cannot read run log {path}: {exc.strerror or exc}") from exc
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except ValueError as exc:
-                raise DiagramError(f"{path}:{lineno}: not a JSON line ({exc}); run `fsmtrain audit` on it") from exc
-            if not isinstance(rec, dict):
-                raise DiagramError(f"{path}:{lineno}: expected a JSON object, found {type(rec).__name__}")
-            counter.record(rec, f"{path}:{lineno}")
+    for lineno, raw in enumerate(read_lines(path, DiagramError), 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = parse_line(raw)
+        except ValueError as exc:
+            raise DiagramError(f"{path}:{lineno}: not a JSON line ({exc}); run `fsmtrain audit` on it") from exc
+        if not isinstance(rec, dict):
+            raise DiagramError(f"{path}:{lineno}: expected a JSON object, found {type(rec).__name__}")
+        counter.record(rec, f"{path}:{lineno}")
     return counter.result()

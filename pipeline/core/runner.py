@@ -30,10 +30,6 @@ class Entry:
     tier: Tier
     seq: int
 
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.callback.priority, int(self.tier), self.seq)
-
 
 class CallbackRunner:
     def __init__(self, callbacks: Sequence[TrainingCallback] = (), *, include_global: bool = True,
@@ -42,7 +38,7 @@ class CallbackRunner:
         if include_global:  # each run its own copies (fsmtrain.core.registry)
             local = frozenset(id(cb) for cb in callbacks)
             entries += [Entry(cb, Tier.GLOBAL, i) for i, cb in enumerate(callbacks_for_run(local))]
-        self.entries: tuple[Entry, ...] = tuple(sorted(entries, key=lambda e: e.key))
+        self.entries = tuple(sorted(entries, key=lambda e: (e.callback.priority, int(e.tier), e.seq)))
         self.callbacks: tuple[TrainingCallback, ...] = tuple(e.callback for e in self.entries)
         for cb in self.callbacks:
             check_callback(cb, TrainingCallback)

@@ -48,11 +48,8 @@ _NOT_WRITTEN = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff
 def _format_of(args: argparse.Namespace) -> Format:
     if args.format is not None:
         return Format(args.format)
-    if args.output is not None:
-        for fmt, suffix in SUFFIXES.items():
-            if str(args.output).lower().endswith(suffix):
-                return fmt
-    return Format.MERMAID
+    output = str(args.output or "").lower()
+    return next((fmt for fmt, suffix in SUFFIXES.items() if output.endswith(suffix)), Format.MERMAID)
 
 
 def _output_problem(output: str, fmt: Format, explicit: bool) -> str | None:

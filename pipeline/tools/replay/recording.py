@@ -60,33 +60,28 @@ class TrialReport:
     trial: int | None = None  # the Optuna trial number
 
 
+@dataclass
 class RecordedTrial:
     """An ``optuna.trial.Trial`` for a replay: ``should_prune`` answers what the real pruner decided there
     (``False`` where none was recorded, listed in ``unknown_steps``)."""
 
-    def __init__(self, reports: Mapping[int, TrialReport], number: int | None = None,
-                 params: Mapping[str, Any] | None = None) -> None:
-        self.reports = dict(reports)
-        self.number = number if number is not None else -1
-        self.params: dict[str, Any] = dict(params or {})
-        self.user_attrs: dict[str, Any] = {}
-        self.reported: dict[int, float] = {}
-        self.unknown_steps: list[int] = []
-        self._last_step: int | None = None
+    reports: Mapping[int, TrialReport]
+    number: int = -1
+    params: dict[str, Any] = field(default_factory=dict)
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+    reported: dict[int, float] = field(default_factory=dict)
+    unknown_steps: list[int] = field(default_factory=list)
+    _last_step: int | None = field(default=None, init=False)
 
     def report(self, value: float, step: int) -> None:
         self.reported[step] = value
         self._last_step = step
 
     def should_prune(self) -> bool:
-        step = self._last_step
-        if step is None:
-            return False
-        rec = self.reports.get(step)
-        if rec is None:
-            self.unknown_steps.append(step)
-            return False
-        return rec.should_prune
+        rec = None if self._last_step is None else self.reports.get(self._last_step)
+        if rec is None and self._last_step is not None:
+            self.unknown_steps.append(self._last_step)
+        return rec is not None and rec.should_prune
 
     def set_user_attr(self, key: str, value: Any) -> None:
         self.user_attrs[key] = value
@@ -177,8 +172,7 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
     if not starts:
         raise ReplayError(f"{where} has no run_start event: not an fsmtrain events log")
-    for k, i in enumerate(starts[1:], 1):
-        end = starts[k + 1] if k + 1 < len(starts) else len(events)
+    for i, end in zip(starts[1:], [*starts[2:], len(events)], strict=False):
         restarted = any(e.get("event") == "restart" for e in events[i:end])  # started over in place: from epoch 0
         if not (events[i].get("payload") or {}).get("resumed_from") and not restarted:
             raise ReplayError(f"{where} holds two runs (a second run_start at seq {events[i].get('seq')} that is "
@@ -209,11 +203,12 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
             result = payload
     last_segment = original[starts[-1]:]
     ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
-    if ends and _cut_short(ends[-1], last_segment):
-        # An immediate stop or a signal left this epoch mid-way: its batches are known, and what it had
-        # measured when it was cut (the exception carries it), not the rest.
-        cut = _floats(next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), {}))
-        epochs.append(RecordedEpoch(len(epochs), cut, {}, last_step - step_at_epoch_start, partial=True))
+    left = ends[-1].get("from") if ends else None
+    measured = next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), None)
+    if left in {p.value for p in EPOCH_PHASES} and (left != Phase.EPOCH_END.value or measured is not None):
+        # An immediate stop or a signal left this epoch without its ``epoch`` line (from epoch_end: the fault
+        # carried its metrics): its batches are known, and what it had measured when it was cut, not the rest.
+        epochs.append(RecordedEpoch(len(epochs), _floats(measured), {}, last_step - step_at_epoch_start, partial=True))
     level = "debug" if any(e.get("level") == "debug" for e in events) else "info"
     run_start = dict(start.get("payload") or {})
     last_start = last_segment[0].get("payload") or {}
@@ -223,9 +218,8 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     # every segment's, a resumed epoch's first part too (the stitched log leaves it out)
     validations = {int(e["global_step"]): _floats(e["payload"].get("metrics"))
                    for e in original if e.get("event") == "validation" and isinstance(e.get("global_step"), int)}
-    interrupt = next((Interruption(sig[0], str(e.get("phase")), int(e.get("epoch") or 0),
-                                   int(e.get("global_step") or 0), sig[1])
-                      for e in last_segment if (sig := interrupt_of(e)) is not None), None)
+    interrupt = next((Interruption(sig[0], *_where(e), sig[1]) for e in last_segment
+                      if (sig := interrupt_of(e)) is not None), None)
     return Recording(path, str(start.get("run_id") or "replay"), run_start, epochs, reports, events, level,
                      result, interrupt, len(starts), validations)
 
@@ -242,10 +236,13 @@ def interrupt_of(event: Mapping[str, Any]) -> tuple[int, int | None] | None:
     if event.get("event") != "exception" or not payload.get("interrupt"):
         return None
     source, rank = split_source(str(payload.get("source", "")))
-    words = source.split()
-    if len(words) == 2 and words[0] == "signal" and words[1] in signal.Signals.__members__:
-        return int(signal.Signals[words[1]]), rank
-    return None
+    name = source.removeprefix("signal ")
+    return (int(signal.Signals[name]), rank) if name != source and name in signal.Signals.__members__ else None
+
+
+def _where(event: Mapping[str, Any]) -> tuple[str, int, int]:
+    """Where a log line was written: its phase, epoch and global step."""
+    return str(event.get("phase")), int(event.get("epoch") or 0), int(event.get("global_step") or 0)
 
 
 def _epoch_metrics(event: Mapping[str, Any]) -> Any:
@@ -253,34 +250,19 @@ def _epoch_metrics(event: Mapping[str, Any]) -> Any:
     return (event.get("payload") or {}).get("epoch_metrics") if event.get("event") == "exception" else None
 
 
-def _cut_short(move: Mapping[str, Any], segment: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the move into train_end left an epoch without its ``epoch`` line: a move from inside
-    an epoch, or from epoch_end when the fault carried the epoch's metrics (the line was not written)."""
-    if move.get("from") == Phase.EPOCH_END.value:
-        return any(isinstance(_epoch_metrics(e), dict) for e in segment)
-    return move.get("from") in {p.value for p in EPOCH_PHASES}
-
-
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:
     """A resumed run's log as the run it continues: of each segment, the epochs the next one did not
     redo, without what each process logs of itself (run_start, resume, transitions, teardown)."""
     out: list[dict[str, Any]] = []
-    bounds = [*starts, len(events)]
-    for k in range(len(starts)):
-        seg = events[bounds[k]:bounds[k + 1]]
-        final = k == len(starts) - 1
-        redo_from = None if final else int((events[bounds[k + 1]].get("payload") or {}).get("start_epoch", 0))
-        starts_over = int((seg[0].get("payload") or {}).get("start_epoch", 0)) == 0  # the first, or a restart
-        for e in seg:
-            if e.get("event") in SEGMENT_ONLY:
-                continue
-            if not starts_over and e.get("phase") == Phase.TRAIN_BEGIN.value:
+    firsts = [int((events[i].get("payload") or {}).get("start_epoch", 0)) for i in starts]  # 0: the first, a restart
+    for k, (begin, end) in enumerate(zip(starts, [*starts[1:], len(events)], strict=True)):
+        redo_from = firsts[k + 1] if k + 1 < len(starts) else None
+        for e in events[begin:end]:
+            epoch, phase = e.get("epoch"), e.get("phase")
+            if e.get("event") in SEGMENT_ONLY or (firsts[k] and phase == Phase.TRAIN_BEGIN.value):
                 continue  # a resumed process sets itself up again
-            epoch = e.get("epoch")
-            if redo_from is not None and (not isinstance(epoch, int) or epoch >= redo_from
-                                          or e.get("phase") == Phase.TRAIN_END.value):
-                continue
-            out.append(e)
+            if redo_from is None or (isinstance(epoch, int) and epoch < redo_from and phase != Phase.TRAIN_END.value):
+                out.append(e)
     return out
 
 
@@ -313,10 +295,10 @@ class RecordedRanks:
         self.run: RunContext | None = None  # set by the replay before it runs
 
     def post_failure(self, failure: Failure) -> Failure:
-        return self.peer_failure.failure if self.peer_failure is not None else failure
+        return self.posted_failure() or failure
 
     def posted_failure(self) -> Failure | None:
-        return self.peer_failure.failure if self.peer_failure is not None else None
+        return None if self.peer_failure is None else self.peer_failure.failure
 
     def breaks_in(self, phase: Phase, epoch: int) -> bool:
         """Whether another rank's failure broke this rank's collective in that phase of that epoch."""
@@ -340,8 +322,7 @@ class RecordedRanks:
             raise RankFailed(f.failure)  # seen on the board while this rank waited here
         for c in [c for c in self._todo if c.where == here]:
             self._todo.remove(c)
-            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)] if any(
-                rows[c.rank]) else list(c.row)
+            rows[c.rank] = [max(a, b) for a, b in zip(rows[c.rank], c.row, strict=True)]  # all >= 0
             if c.said is not None:
                 self._said[c.rank] = c.said
         return rows
@@ -358,7 +339,7 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
     out: list[_Contribution] = []
     for e in events:
         payload = e.get("payload") or {}
-        where = (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0))
+        where = _where(e)
         if e.get("event") == "stop_request" and isinstance(payload.get("rank"), int) and payload["rank"] != rank:
             source, _ = split_source(str(payload.get("source", "")))
             request = StopRequest(StopReason(payload["reason"]), source, str(payload.get("message", "")),
@@ -379,10 +360,8 @@ def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
             found = None
         elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
             source, origin = split_source(str(payload.get("source", "")))
-            said = str(payload.get("message", ""))
-            prefix = f"rank {origin} failed in {source}: "
+            said = str(payload.get("message", "")).removeprefix(f"rank {origin} failed in {source}: ")
             symptom = payload.get("symptom")
-            found = PeerFailure(Failure(payload["failed_rank"], source, said.removeprefix(prefix)),
-                                symptom if isinstance(symptom, str) else None,
-                                (str(e.get("phase")), int(e.get("epoch") or 0), int(e.get("global_step") or 0)))
+            found = PeerFailure(Failure(payload["failed_rank"], source, said),
+                                symptom if isinstance(symptom, str) else None, _where(e))
     return found

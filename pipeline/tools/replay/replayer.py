@@ -179,10 +179,8 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     full = [cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.FULL]
     dry = tuple(cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.DRY)
     computed = {s.name for cb in full for s in cb.writes}
-    fed: dict[str, Slot[Any]] = {}
-    for name in (name for e in epochs for name in e.slots if name not in computed and name not in fed):
-        declared = next((s for cb in dry for s in cb.writes if s.name == name), None)
-        fed[name] = declared if declared is not None else Slot(name)
+    declared = {s.name: s for cb in reversed(dry) for s in reversed(cb.writes)}  # the first declaration wins
+    fed = {name: declared.get(name) or Slot(name) for e in epochs for name in e.slots if name not in computed}
     run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
                      max_steps=max_steps, val_every_n_steps=val_every_n_steps)
     run.extras.update(extras)
@@ -240,7 +238,7 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     trial = None
     if rec.trial_reports:
         numbers = {r.trial for r in rec.trial_reports.values() if r.trial is not None}
-        trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else None)
+        trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else -1)
     max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
     if callbacks is None or overrides:
         if rec.config is None:
