@@ -3,6 +3,7 @@ asked, at steps inside an epoch (every N steps, every M minutes)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,7 @@ class CheckpointCallback(TrainingCallback):
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
             return
-        settings = self.manager.settings()
-        settings["directory"] = shown_path(self.manager.directory, run.run_dir)
+        settings = {**self.manager.settings(), "directory": shown_path(self.manager.directory, run.run_dir)}
         if not run.extras.get("rank", 0):  # a sharded run's other ranks write shards, rank 0 commits them
             run.emit("checkpoint_settings", source=self.name, settings=settings)
         self._log = _RunLog(run)
@@ -58,8 +58,7 @@ class CheckpointCallback(TrainingCallback):
         self.manager.rank = int(run.extras.get("rank", 0))
         self.manager.group = writers_group(run.model)
         self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
-        if self.every_seconds is not None:
-            self._due = time.monotonic() + self.every_seconds
+        self._due = time.monotonic() + (self.every_seconds or math.inf)
 
     def overridden_hooks(self) -> tuple[str, ...]:
         hooks = super().overridden_hooks()  # no per-batch hook unless checkpoints at steps are asked for
@@ -72,15 +71,12 @@ class CheckpointCallback(TrainingCallback):
         n, every = self.every_n_steps, self.every_seconds
         if not ((n is not None and done % n == 0) or (every is not None and time.monotonic() >= self._due)):
             return
-        if self.every_seconds is not None:
-            self._due = time.monotonic() + self.every_seconds
+        self._due = time.monotonic() + (every or math.inf)
         if run.dry_run:
             return self._plan_step(step, done)
         self.manager.writer.raise_failure()
         if self.manager.sharded and step.skip_optimizer_step:
-            self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
-            return
-        self.manager.directory.mkdir(parents=True, exist_ok=True)
+            return self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
         self.manager.save_step(run, done, step.batch_index + 1, self._sink())
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
