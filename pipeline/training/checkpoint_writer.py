@@ -212,13 +212,13 @@ class CheckpointWriter:
             if self._waiting is None:
                 return SlotClaim(1 - self._in_flight.slot)
             waiting = self._waiting
+            behind = f"the write of {self._in_flight.named} (the writer is behind: a slow disk or a busy CPU"
             if waiting.best and not best:
                 if not final:
                     return SlotClaim(None, skipped=f"the state of {named_state(epoch, step)} was left out: the best "
-                                                   f"state of {waiting.named} still waits to be written behind the "
-                                                   f"write of {self._in_flight.named} (the writer is behind: a slow "
-                                                   "disk or a busy CPU); a best state is never dropped for a newer "
-                                                   "one that is not")
+                                                   f"state of {waiting.named} still waits to be written behind "
+                                                   f"{behind}); a best state is never dropped for a newer one that "
+                                                   "is not")
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
@@ -226,9 +226,8 @@ class CheckpointWriter:
             self._waiting = None
             return SlotClaim(waiting.slot, dropped=waiting.epoch, dropped_step=waiting.step,
                              dropped_why=f"the state of {waiting.named} was left out: the state of "
-                                         f"{named_state(epoch, step)} replaced it while it waited behind the write "
-                                         f"of {self._in_flight.named} (the writer is behind: a slow disk or a busy "
-                                         "CPU; the newest state is written)")
+                                         f"{named_state(epoch, step)} replaced it while it waited behind {behind}; "
+                                         "the newest state is written)")
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""

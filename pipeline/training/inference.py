@@ -121,6 +121,5 @@ def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective |
         raise InferenceError(f"the ranks' predictions ({counts} rows) are not one row per example")
     if not total:
         return Inference(None, metrics)
-    order = torch.cat([torch.arange(r, total, world) for r in range(world)])  # where each gathered row belongs
-    where = torch.argsort(order)
+    where = torch.argsort(torch.cat([torch.arange(r, total, world) for r in range(world)]))  # rows to data order
     return Inference(_tree(lambda t: t[where], _cat([p for p, n in every if n])), metrics)

@@ -153,9 +153,7 @@ class Resumption:
 
     def prepare(self, run: RunContext) -> None:
         """Before ``run_start``: the position and the history of the epochs already done."""
-        run.epoch = self.next_epoch
-        run.global_step = self.global_step
-        position = self.state["position"]
+        run.epoch, run.global_step, position = self.next_epoch, self.global_step, self.state["position"]
         if "epoch_state" in position:  # a checkpoint at a step: its epoch goes on after the batches it had done
             before, now = self.notes.get("world_size_before", 1), self.notes.get("world_size", 1)
             # On another world size the epoch goes on after as many of its examples as were seen (a rank's
