@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
 from fsmtrain.core.hooks import int_at_least
@@ -42,14 +42,47 @@ def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
     return absolute
 
 
-class CheckpointLog(Protocol):
-    """Where the store reports what it did (the callback logs it)."""
+class CheckpointLog:
+    """Where the store reports what it did: the run's log, from the writer thread (``beside``) or the
+    training thread."""
 
-    def committed(self, written: Written) -> None: ...  # on the writer thread, once durable
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.skips = 0
 
-    def removed(self, paths: tuple[Path, ...], beside: bool) -> None: ...  # before the files go
+    def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
+        (self.run.emit_at_log_position if beside else self.run.emit)(event, level=level, **payload)
 
-    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None: ...  # never written
+    def committed(self, written: Written) -> None:
+        run = self.run
+        unsynced = False  # one fsync of the log for the commit's lines, after the last
+        for ck in written.saved:
+            intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
+            if ck.step is not None:
+                intent["step"] = ck.step
+            if ck.shards is not None:  # a sharded checkpoint's folder: each of its files
+                intent["shards"] = dict(ck.shards)
+            unsynced |= run.emit_at_log_position(
+                "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                chain_head=written.chain_head, defer_sync=True, **intent)
+        if unsynced and not any(ck.roles for ck in written.saved):  # the roles' lines follow: one fsync for all
+            run.events.sync()
+
+    def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
+        for path in paths:
+            self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
+
+    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None:
+        self.skips += 1
+        first = self.skips == 1
+        extra: dict[str, Any] = {"note": "later skips are in events.jsonl only"} if first else {}
+        if step is not None:
+            extra["step"] = step
+        hpo = self.run.extras.get("hpo")
+        if isinstance(hpo, dict) and hpo.get("trial") is not None:  # which trial's run, in a study
+            why, extra["trial"] = f"trial {hpo['trial']}: {why}", hpo["trial"]
+        self._emit(beside, "checkpoint_skipped", level="warning" if first else "info", epoch=epoch, reason=why,
+                   **extra)
 
 
 class CheckpointFolder:

@@ -166,8 +166,7 @@ def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dic
     """A sharded checkpoint: every rank writes ``rank_<r>.pt`` (its state but the tensors') and its shards
     into ``.<name>.tmp`` beside ``path``; rank 0, once DCP says all are written, renames it ``path`` and
     returns its digest and each file's (the others return None)."""
-    dist = torch.distributed
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name

@@ -296,9 +296,8 @@ def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Resta
     run_dir = Path(run_dir)
     if own_log is not None:
         return Restart(run_dir, rank_log_tail(run_dir, own_log))
-    tail = read_log_tail(run_dir)
-    removed, moved = _set_aside_uncommitted(run_dir, run_dir / "checkpoints", set())
-    return Restart(run_dir, tail, removed, moved)
+    tail = read_log_tail(run_dir)  # first: the log is repaired before any file is set aside
+    return Restart(run_dir, tail, *_set_aside_uncommitted(run_dir, run_dir / "checkpoints", set()))
 
 
 def rank_log_tail(run_dir: Path, name: str) -> LogTail:
