@@ -46,6 +46,7 @@ class CheckpointCallback(TrainingCallback):
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
         self._log: CheckpointLog | None = None
+        self._saved_epoch: int | None = None  # the last epoch whose end the policy saved
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
@@ -110,11 +111,19 @@ class CheckpointCallback(TrainingCallback):
                 path = self.manager.directory / self.manager.name_for(kind, epoch.index)
                 epoch.emit("checkpoint_planned", path=shown_path(path, run.run_dir), epoch=epoch.index, kind=kind)
             return
-        self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy)
+        if self.manager.save(run, epoch.index, epoch.metrics, final, self._sink(), healthy) is not None:
+            self._saved_epoch = epoch.index
 
     def on_exception(self, fault: FaultContext) -> None:
-        """A signal stopped the run inside an epoch: the state after its last step is saved."""
+        """A signal stopped the run inside an epoch: the state after its last step is saved. At an epoch's
+        end (a signal during its validation waits for it), the epoch is saved if its policy left it out."""
         run = fault.run
+        if fault.phase is Phase.EPOCH_END and isinstance(fault.exception, Interrupted) and not run.dry_run:
+            done = run.history[-1] if run.history else None
+            if done is not None and done.epoch == run.epoch - 1 != self._saved_epoch and self._log is not None:
+                healthy = run.stop is None or run.stop.reason is not StopReason.NAN
+                self.manager.save(run, done.epoch, done.metrics, True, self._sink(), healthy)
+            return
         batch = int(run.epoch_state().get("batch", 0))
         if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
                 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):

@@ -2,7 +2,8 @@
 (every rank of the test's runs carries it) reads ``FSMTRAIN_TEST_GROUP``: ``kill:N``: as batch N+1
 begins on rank 0 (N steps done), rank 0 sends SIGKILL to the launcher (its parent, the elastic agent),
 to rank 1 and to itself; ``term:N``: rank 1 sends itself SIGTERM there (the step of the signal is
-then known exactly). Each rank writes its pid to ``FSMTRAIN_TEST_PIDS``/rank<r> first."""
+then known exactly); ``termval:E``: rank 1 sends itself SIGTERM as epoch E's last validation ends.
+Each rank writes its pid to ``FSMTRAIN_TEST_PIDS``/rank<r> first."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-from fsmtrain.core.context import RunContext, StepContext
+from fsmtrain.core.context import EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import TrainingCallback
 
 GROUP_ENV = "FSMTRAIN_TEST_GROUP"
@@ -37,4 +38,8 @@ class KillGroupAt(TrainingCallback):
             os.kill(int((self.pids / "rank1").read_text()), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.what == "term" and self.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        if self.what == "termval" and self.rank == 1 and not epoch.inside and epoch.index == self.at:
             os.kill(os.getpid(), signal.SIGTERM)

@@ -147,9 +147,9 @@ def test_a_second_run_appended_without_resume_is_refused(tmp_path: Path) -> None
 
 
 def test_a_signal_during_validation_replays_to_the_same_interruption(tmp_path: Path) -> None:
-    """SIGTERM landing in validation: the run finishes the phase and stops at its boundary, so the cut
-    epoch has val losses but no `epoch` line; the replay reproduces the interruption there instead of
-    running out of recording ("epoch 3 is unknown")."""
+    """SIGTERM landing in an epoch's last validation: the run finishes that epoch (a checkpoint before its
+    end would validate it again on resume) and stops at the epoch's end; the replay reproduces the
+    interruption there instead of running out of recording ("epoch 3 is unknown")."""
     import os
     import signal
 
@@ -162,7 +162,8 @@ def test_a_signal_during_validation_replays_to_the_same_interruption(tmp_path: P
         make_trainer(tmp_path, [TermInVal()], epochs=3).fit()
     events = read_events(tmp_path / "events.jsonl")
     cut = next(e for e in events if e["event"] == "exception")
-    assert (cut["phase"], cut["payload"]["source"]) == ("val", "signal SIGTERM")
+    assert (cut["phase"], cut["payload"]["source"]) == ("epoch_end", "signal SIGTERM")
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [0, 1]  # the signalled epoch ended
     res = replay_run(tmp_path, callbacks=[TermInVal()])
     assert res.divergence is None, res.divergence.describe()
     assert res.stop_reason is StopReason.INTERRUPTED

@@ -19,7 +19,10 @@ from resume_harness import REPO, env, forked, random_kills, run_with_kills, same
 
 from fsmtrain.app.rundir import RunDirError
 from fsmtrain.callbacks import CheckpointCallback, EarlyStoppingCallback
+from fsmtrain.core.context import EpochContext
+from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.events import read_events
+from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointError, load_checkpoint
 from fsmtrain.training.resume import find_resumption
@@ -147,6 +150,50 @@ def test_resume_at_an_epoch_end_in_python_is_exact_even_with_another_lr(tmp_path
     assert [e["event"] for e in events].count("run_start") == 2
     assert [e["payload"]["next_epoch"] for e in events if e["event"] == "resume"] == [3]
     _audit_ok(tmp_path / "part")
+
+
+class _SignalAfterValidation(TrainingCallback):
+    """A SIGTERM that arrives as epoch ``at``'s last validation ends, after every other on_val_end."""
+
+    priority = 99
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_val_end(self, epoch: EpochContext) -> None:
+        if epoch.index == self.at:
+            epoch.run.pending_signal = signal.SIGTERM
+
+
+def _waits(run_dir: Path) -> list[Any]:
+    return [e["payload"]["slots"].get("early_stopping_wait") for e in read_events(run_dir / "events.jsonl")
+            if e["event"] == "epoch"]
+
+
+@pytest.mark.parametrize("save_latest", [True, False])
+def test_a_signal_during_an_epochs_last_validation_ends_the_epoch_and_resume_does_not_validate_it_again(
+        tmp_path: Path, save_latest: bool) -> None:
+    def fit(tmp: Path, at: int, **kw: Any) -> Any:
+        callbacks = [CheckpointCallback(tmp / "checkpoints", keep_last_k=1, save_latest=save_latest,
+                                        save_every_n_epochs=5),
+                     EarlyStoppingCallback(patience=50, min_delta=0.0), _SignalAfterValidation(at)]
+        trainer = make_trainer(tmp, callbacks, epochs=6, model=tiny_model(), **kw)
+        trainer.fit()
+        return trainer
+
+    full = fit(tmp_path / "full", -1)
+    with pytest.raises(Interrupted):
+        fit(tmp_path / "part", 2)
+    events = read_events(tmp_path / "part" / "events.jsonl")
+    assert [e["epoch"] for e in events if e["event"] == "epoch"] == [0, 1, 2]  # the signalled epoch ended
+    assert next(e for e in events if e["event"] == "exception")["phase"] == "epoch_end"
+    assert [e["payload"]["epoch"] for e in events if e["event"] == "checkpoint"][-1] == 2  # and was saved
+    resumed = fit(tmp_path / "part", -1, resume_from="latest")
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    # the resumed run went on with epoch 4: early stopping counted each validation once
+    assert _waits(tmp_path / "part") == _waits(tmp_path / "full")
+    assert not audit_file(tmp_path / "part" / "events.jsonl").violations
 
 
 def test_a_finished_run_resumed_without_more_epochs_ends_at_once(tmp_path: Path) -> None:

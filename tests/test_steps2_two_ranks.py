@@ -170,3 +170,26 @@ def test_kill_9_of_every_process_at_5_random_steps_resumes_bit_identical_on_2_ra
     _check_step_files(ref, run_dir, said, stop)
     assert same_bits(weights(ref), weights(run_dir)), said
     _audit(run_dir, said)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigterm_during_an_epochs_last_validation_on_one_rank_ends_that_epoch_on_both_and_resumes_at_the_next(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path / "run", 1)
+    ref = _reference(tmp_path, config)
+    done = _launch(tmp_path / "run", "train", str(config), "--nproc", "2", group="termval:1")
+    assert done.returncode == 143, done.stdout[-3000:]
+    run_dir = tmp_path / "run" / RUN
+    for name in ("events.jsonl", "events-rank1.jsonl"):
+        log = events(run_dir, name)
+        assert [e["epoch"] for e in log if e["event"] == "epoch"] == [0, 1], name  # the signalled epoch ended
+        end = next(e for e in log if e["event"] == "transition" and e["to"] == "train_end")
+        assert (end["from"], end["global_step"]) == ("epoch_end", 26), (name, end)
+    done = _launch(tmp_path / "run", "resume", str(run_dir))
+    assert done.returncode == 0, done.stdout[-3000:]
+    (resume,) = _resumes(run_dir)
+    assert (resume["global_step"], resume["next_epoch"]) == (26, 2), resume  # epoch 2's validation is not redone
+    assert [e["epoch"] for e in events(run_dir) if e["event"] == "epoch"] == [0, 1, 2]
+    assert same_bits(weights(ref), weights(run_dir))
+    _audit(run_dir, "SIGTERM during epoch 2's validation on rank 1")

@@ -156,6 +156,7 @@ class RankAgreement:
         self.points = agreement_points(per_batch)
         self.stop: StopRequest | None = None
         self.signal: tuple[int, int] | None = None  # (signal, rank)
+        self.held = False  # the engine holds the agreed signal for one move (a move the table marks signal_after)
         # Per batch, without blocking: every POLL_EVERY batches a non-blocking all-reduce of the signals,
         # read POLL_EVERY batches later, so every rank stops after the same step.
         self._send = getattr(collective, "all_reduce_max_async", None)
@@ -198,7 +199,7 @@ class RankAgreement:
 
     def immediate_stop(self) -> bool:
         stop = self.stop
-        return (stop is not None and stop.immediate) or self.signal is not None
+        return (stop is not None and stop.immediate) or (self.signal is not None and not self.held)
 
     def agree(self) -> None:
         """One all-gather of every rank's new stop request and signal; every rank applies the same verdict."""

@@ -5,6 +5,7 @@ its guard holds (``FSMTRAIN_STRICT_FSM=1`` sends every batch through the machine
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import signal
@@ -29,6 +30,7 @@ from fsmtrain.core.lifecycle import (
     Phase,
     Transition,
     program_for,
+    signal_waits,
     transition_for,
     triggers_from,
 )
@@ -225,7 +227,17 @@ class Engine:
             assert self._agreement is not None
             self._agreement.agree()
         self._agreed_here = False
-        self._raise_if_signalled()
+        agreement = self._agreement
+        if agreement is not None:
+            agreement.held = False
+        if self._signal is not None or (agreement is not None and agreement.signal is not None):
+            stop = self.run.stop if agreement is None else agreement.stop
+            unsignalled = dataclasses.replace(self.facts(), immediate_stop=stop is not None and stop.immediate)
+            if not signal_waits(source, unsignalled):
+                self._raise_if_signalled()
+            self._signal = None  # held: the guards see the run as without it; the next boundary raises it
+            if agreement is not None:
+                agreement.held = True
         facts = self.facts()
         for trigger in triggers_from(source):
             if self._model.trigger(trigger):

@@ -66,6 +66,9 @@ class Transition:
     conditions: tuple[Guard, ...] = ()
     unless: tuple[Guard, ...] = ()
     internal: bool = False  # a self-loop that does not leave or re-enter its phase
+    # A signal seen at the source is honoured after this move: it completes what the source began (an epoch
+    # after its last validation), and a checkpoint before it would run that validation again on resume.
+    signal_after: bool = False
 
     def enabled(self, facts: Facts) -> bool:
         return all(facts.holds(g) for g in self.conditions) and not any(facts.holds(g) for g in self.unless)
@@ -92,7 +95,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("validate", P.EPOCH_BEGIN, P.VAL, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP)),
     Transition(VAL_CHECK, P.TRAIN_STEP, P.VAL, (G.HAS_BATCH, G.VAL_DUE), (G.IMMEDIATE_STOP,)),
     Transition(VAL_CHECK, P.EPOCH_BEGIN, P.VAL, (G.HAS_BATCH, G.VAL_DUE), (G.IMMEDIATE_STOP,)),  # a resume at it
-    Transition("end_epoch", P.VAL, P.EPOCH_END, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP)),
+    Transition("end_epoch", P.VAL, P.EPOCH_END, unless=(G.HAS_BATCH, G.IMMEDIATE_STOP), signal_after=True),
     Transition("resume_train", P.VAL, P.TRAIN_STEP, (G.HAS_BATCH, G.CAN_CONTINUE), (G.IMMEDIATE_STOP,)),
     Transition("cut_epoch", P.VAL, P.EPOCH_END, (G.HAS_BATCH,), (G.CAN_CONTINUE, G.IMMEDIATE_STOP)),
     Transition("next_epoch", P.EPOCH_END, P.EPOCH_BEGIN, conditions=(G.CAN_CONTINUE,)),
@@ -254,6 +257,16 @@ def enabled_transition(phase: Phase, facts: Facts) -> Transition:
 
 # Indexes of the table, built once: the engine looks a move up at every phase boundary.
 _BY_TRIGGER: Mapping[tuple[str, Phase], Transition] = {(t.trigger, t.source): t for t in reversed(TRANSITIONS)}
+_SIGNAL_AFTER: Mapping[Phase, tuple[Transition, ...]] = {
+    phase: tuple(t for t in moves if t.signal_after) for phase, moves in _FROM.items()
+}
+
+
+def signal_waits(phase: Phase, facts: Facts) -> bool:
+    """Whether a signal seen at ``phase`` waits for the next boundary: the move ``facts`` enable is ``signal_after``."""
+    return any(t.enabled(facts) for t in _SIGNAL_AFTER[phase])
+
+
 _TRIGGERS_FROM: Mapping[Phase, tuple[str, ...]] = {
     phase: tuple(dict.fromkeys(t.trigger for t in moves)) for phase, moves in _FROM.items()
 }
