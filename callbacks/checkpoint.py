@@ -3,6 +3,7 @@ asked, at steps inside an epoch (every N steps, every M minutes)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_le
 from fsmtrain.core.ledger import committed_checkpoints
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
-from fsmtrain.training.checkpoint import CheckpointManager, Written, shown_path
+from fsmtrain.training.checkpoint import CheckpointLog, CheckpointManager, shown_path
 from fsmtrain.training.sharding import writers_group
 
 __all__ = ["CheckpointCallback"]
@@ -44,23 +45,21 @@ class CheckpointCallback(TrainingCallback):
         self._due = float("inf")  # the clock time of the next checkpoint by minutes
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
-        self._log: _RunLog | None = None
+        self._log: CheckpointLog | None = None
         self._saved_epoch: int | None = None  # the last epoch whose end the policy saved
 
     def on_train_begin(self, run: RunContext) -> None:
         if run.dry_run:
             return
-        settings = self.manager.settings()
-        settings["directory"] = shown_path(self.manager.directory, run.run_dir)
+        settings = {**self.manager.settings(), "directory": shown_path(self.manager.directory, run.run_dir)}
         if not run.extras.get("rank", 0):  # a sharded run's other ranks write shards, rank 0 commits them
             run.emit("checkpoint_settings", source=self.name, settings=settings)
-        self._log = _RunLog(run)
+        self._log = CheckpointLog(run)
         self.manager.sharded = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), on any world size
         self.manager.rank = int(run.extras.get("rank", 0))
         self.manager.group = writers_group(run.model)
         self.manager.reset(lambda epoch, why, step: self._sink().skipped(epoch, why, True, step))
-        if self.every_seconds is not None:
-            self._due = time.monotonic() + self.every_seconds
+        self._due = time.monotonic() + (self.every_seconds or math.inf)
 
     def overridden_hooks(self) -> tuple[str, ...]:
         hooks = super().overridden_hooks()  # no per-batch hook unless checkpoints at steps are asked for
@@ -73,15 +72,12 @@ class CheckpointCallback(TrainingCallback):
         n, every = self.every_n_steps, self.every_seconds
         if not ((n is not None and done % n == 0) or (every is not None and time.monotonic() >= self._due)):
             return
-        if self.every_seconds is not None:
-            self._due = time.monotonic() + self.every_seconds
+        self._due = time.monotonic() + (every or math.inf)
         if run.dry_run:
             return self._plan_step(step, done)
         self.manager.writer.raise_failure()
         if self.manager.sharded and step.skip_optimizer_step:
-            self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
-            return
-        self.manager.directory.mkdir(parents=True, exist_ok=True)
+            return self._sink().skipped(run.epoch, _MID_WINDOW.format(f"step {done}"), False, done)
         self.manager.save_step(run, done, step.batch_index + 1, self._sink())
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
@@ -167,7 +163,7 @@ class CheckpointCallback(TrainingCallback):
         if self._log is not None and self._log.run is run:  # else the run failed before on_train_begin reached us
             self.manager.finish(self._log)
 
-    def _sink(self) -> _RunLog:
+    def _sink(self) -> CheckpointLog:
         if self._log is None:
             raise RuntimeError("CheckpointCallback: on_train_begin has not run for this run")
         return self._log
@@ -181,45 +177,3 @@ class CheckpointCallback(TrainingCallback):
 
 _MID_WINDOW = ("{} is not saved: it falls inside a gradient accumulation window, and a sharded (FSDP2) run's "
                "gradients there live in FSDP's unsharded buffers, which a checkpoint does not hold")
-
-
-class _RunLog:
-    """What the store did, in the run's log, from the writer thread (``beside``) or the training thread."""
-
-    def __init__(self, run: RunContext) -> None:
-        self.run = run
-        self.skips = 0
-
-    def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
-        (self.run.emit_at_log_position if beside else self.run.emit)(event, level=level, **payload)
-
-    def committed(self, written: Written) -> None:
-        run = self.run
-        unsynced = False  # one fsync of the log for the commit's lines, after the last
-        for ck in written.saved:
-            intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
-            if ck.step is not None:
-                intent["step"] = ck.step
-            if ck.shards is not None:  # a sharded checkpoint's folder: each of its files
-                intent["shards"] = dict(ck.shards)
-            unsynced |= run.emit_at_log_position(
-                "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
-                chain_head=written.chain_head, defer_sync=True, **intent)
-        if unsynced and not any(ck.roles for ck in written.saved):  # the roles' lines follow: one fsync for all
-            run.events.sync()
-
-    def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
-        for path in paths:
-            self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
-
-    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None:
-        self.skips += 1
-        first = self.skips == 1
-        extra: dict[str, Any] = {"note": "later skips are in events.jsonl only"} if first else {}
-        if step is not None:
-            extra["step"] = step
-        hpo = self.run.extras.get("hpo")
-        if isinstance(hpo, dict) and hpo.get("trial") is not None:  # which trial's run, in a study
-            why, extra["trial"] = f"trial {hpo['trial']}: {why}", hpo["trial"]
-        self._emit(beside, "checkpoint_skipped", level="warning" if first else "info", epoch=epoch, reason=why,
-                   **extra)

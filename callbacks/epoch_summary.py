@@ -58,8 +58,7 @@ class SummaryTable:
         out: list[str] = []
         new = [n for n in values if n not in self._seen]
         if new or not self.columns:
-            for name in new:
-                self._seen[name] = len(self._seen)
+            self._seen.update((name, len(self._seen) + i) for i, name in enumerate(new))
             self.columns = sorted(self._seen, key=lambda n: (_RANK.get(n, len(_RANK)), self._seen[n]))
             legend = [n for n in self.columns if n in ABBREVIATIONS and n not in self._explained]
             if legend:

@@ -79,9 +79,8 @@ class GradientMonitorCallback(TrainingCallback):
 
     def _allocate(self, grad: torch.Tensor) -> None:
         # Norms are taken in at least float32: an fp16 gradient of norm 1e5 (fp16 ends at 65504) is finite.
-        self._device, self._dtype = grad.device, torch.promote_types(grad.dtype, torch.float32)
-        self._grad_dtype = grad.dtype
-        dev = grad.device
+        dev, self._grad_dtype, self._dtype = grad.device, grad.dtype, torch.promote_types(grad.dtype, torch.float32)
+        self._device = dev
         # Small CPU models: one copy of all gradients and one norm beats a kernel per tensor.
         self._flat = (dev.type == "cpu" and not is_sharded_tensor(grad)
                       and sum(p.numel() for p in self._params) <= self.flat_max_elements)

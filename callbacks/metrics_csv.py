@@ -117,19 +117,16 @@ class MetricsCsvCallback(TrainingCallback):
 
     @staticmethod
     def _read(path: Path) -> list[dict[str, float | int]]:
-        rows: list[dict[str, float | int]] = []
         with open(path, encoding="utf-8", newline="") as fh:
-            for raw in csv.DictReader(fh):
-                row: dict[str, float | int] = {}
-                for key, text in raw.items():
-                    if key is None or text in (None, ""):
-                        continue
-                    try:  # a whole-number cell (epoch, a count slot) stays an int, as _cell wrote it
-                        row[key] = int(text)
-                    except ValueError:
-                        try:
-                            row[key] = float(text)
-                        except ValueError:
-                            continue
-                rows.append(row)
-        return rows
+            return [{k: v for k, t in raw.items() if k is not None and t and (v := _number(t)) is not None}
+                    for raw in csv.DictReader(fh)]
+
+
+def _number(text: str) -> float | int | None:
+    """A cell as :func:`_cell` wrote it: a whole number (epoch, a count slot) stays an int; no number is None."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None

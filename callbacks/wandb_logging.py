@@ -60,15 +60,13 @@ class WandbLoggingCallback(TrainingCallback):
             return
         import wandb
         directory = self.directory if self.directory is not None else run.run_dir
-        kwargs: dict[str, Any] = {}
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            kwargs["dir"] = str(directory)
         self.wandb_run = wandb.init(
             project=self.project, mode=self.mode, tags=list(self.tags),  # type: ignore[arg-type]
             config=self.config or run.extras.get("config") or {}, name=self.run_name or run.run_id,
             id=wandb_run_id(run), resume="allow" if run.extras.get("resumed_from") else None, reinit="create_new",
-            settings=wandb.Settings(silent=True, console="off"), **kwargs)
+            settings=wandb.Settings(silent=True, console="off"), dir=None if directory is None else str(directory))
         self._quiet_handlers()
         run.emit("wandb_init", mode=self.mode, project=self.project,
                  dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))

@@ -17,8 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from fsmtrain.training.checkpoint_file import HashingWriter, save_state
-from fsmtrain.training.rng import capture_rng_state
+from fsmtrain.training.checkpoint_file import HashingWriter, capture_rng_state, save_state
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="needs a CUDA device; none here (CPU-only machine)"))

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fsmtrain.core.context import CheckpointContext, RunContext, epoch_number
 from fsmtrain.core.hooks import int_at_least
@@ -42,14 +42,47 @@ def shown_path(path: str | Path, run_dir: str | Path | None) -> str:
     return absolute
 
 
-class CheckpointLog(Protocol):
-    """Where the store reports what it did (the callback logs it)."""
+class CheckpointLog:
+    """Where the store reports what it did: the run's log, from the writer thread (``beside``) or the
+    training thread."""
 
-    def committed(self, written: Written) -> None: ...  # on the writer thread, once durable
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.skips = 0
 
-    def removed(self, paths: tuple[Path, ...], beside: bool) -> None: ...  # before the files go
+    def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
+        (self.run.emit_at_log_position if beside else self.run.emit)(event, level=level, **payload)
 
-    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None: ...  # never written
+    def committed(self, written: Written) -> None:
+        run = self.run
+        unsynced = False  # one fsync of the log for the commit's lines, after the last
+        for ck in written.saved:
+            intent: dict[str, Any] = {"roles": list(ck.roles)} if ck.roles else {}  # the names it gets next
+            if ck.step is not None:
+                intent["step"] = ck.step
+            if ck.shards is not None:  # a sharded checkpoint's folder: each of its files
+                intent["shards"] = dict(ck.shards)
+            unsynced |= run.emit_at_log_position(
+                "checkpoint", path=shown_path(ck.path, run.run_dir), sha256=ck.sha256, epoch=ck.epoch, kind=ck.kind,
+                chain_head=written.chain_head, defer_sync=True, **intent)
+        if unsynced and not any(ck.roles for ck in written.saved):  # the roles' lines follow: one fsync for all
+            run.events.sync()
+
+    def removed(self, paths: tuple[Path, ...], beside: bool) -> None:
+        for path in paths:
+            self._emit(beside, "checkpoint_removed", path=shown_path(path, self.run.run_dir))
+
+    def skipped(self, epoch: int, why: str, beside: bool, step: int | None = None) -> None:
+        self.skips += 1
+        first = self.skips == 1
+        extra: dict[str, Any] = {"note": "later skips are in events.jsonl only"} if first else {}
+        if step is not None:
+            extra["step"] = step
+        hpo = self.run.extras.get("hpo")
+        if isinstance(hpo, dict) and hpo.get("trial") is not None:  # which trial's run, in a study
+            why, extra["trial"] = f"trial {hpo['trial']}: {why}", hpo["trial"]
+        self._emit(beside, "checkpoint_skipped", level="warning" if first else "info", epoch=epoch, reason=why,
+                   **extra)
 
 
 class CheckpointFolder:
@@ -97,12 +130,8 @@ class CheckpointFolder:
     def committed(self, epoch: int, periodic: bool) -> None:
         """The log committed ``epoch``'s files: it is the newest state on disk."""
         self.newest = epoch
-        for kept in (self.periodic, self.transient):
-            if epoch in kept:
-                kept.remove(epoch)
-        kept = self.periodic if periodic else self.transient
-        kept.append(epoch)
-        kept.sort()
+        self.periodic = sorted(e for e in {*self.periodic, epoch} if periodic or e != epoch)
+        self.transient = sorted(e for e in {*self.transient, epoch} if not periodic or e != epoch)
 
     def _redundant(self, *, keep_newest: bool) -> tuple[Path, ...]:
         """Forget and return the epoch files no longer kept; ``keep_newest`` spares the newest epoch's file."""
@@ -128,15 +157,14 @@ class CheckpointFolder:
             if done.epoch is None:
                 continue
             path = Path(shown) if Path(shown).is_absolute() or run_dir is None else run_dir / shown
-            if (step := _STEP.match(path.name)) and path.parent.resolve() == folder and path.exists():
+            here = path.parent.resolve() == folder and path.exists()
+            if (step := _STEP.match(path.name)) and here:
                 self.steps.append(int(step.group(1)))
                 continue
             self.newest = max(done.epoch, self.newest if self.newest is not None else done.epoch)
-            if _PERIODIC.match(path.name) and path.parent.resolve() == folder and path.exists():
+            if _PERIODIC.match(path.name) and here:
                 (self.periodic if done.kind == "periodic" else self.transient).append(done.epoch)
-        self.periodic.sort()
-        self.transient.sort()
-        self.steps.sort()
+        self.periodic, self.transient, self.steps = sorted(self.periodic), sorted(self.transient), sorted(self.steps)
 
 
 @dataclass(frozen=True)
@@ -168,8 +196,7 @@ def find_damaged(run_dir: Path, live: Mapping[str, CommittedFile]) -> tuple[set[
             groups.setdefault(done.sha256, []).append((shown, found, done))
     states = [DamagedState(files[0][2].epoch, sha, tuple(f[0] for f in files), tuple(f[1] for f in files))
               for sha, files in groups.items()]
-    states.sort(key=lambda d: -1 if d.epoch is None else d.epoch, reverse=True)
-    return intact, states
+    return intact, sorted(states, key=lambda d: -1 if d.epoch is None else d.epoch, reverse=True)
 
 
 def quarantine(run_dir: Path, state: DamagedState, folder: str = DAMAGED_DIR) -> tuple[str, ...]:
@@ -245,9 +272,7 @@ class CheckpointManager(CheckpointFolder):
         """This epoch's checkpoint, decided, staged and handed to the writer; None when nothing is due or
         the state is left out (``log.skipped`` says so)."""
         kinds = self.decide(epoch, metrics, final, healthy)
-        if not kinds:
-            return None
-        return self._stage(run, epoch, metrics, kinds, final, log, None)
+        return self._stage(run, epoch, metrics, kinds, final, log, None) if kinds else None
 
     def save_step(self, run: RunContext, step: int, batch: int, log: CheckpointLog,
                   best: bool = False) -> WritePlan | None:
@@ -270,13 +295,13 @@ class CheckpointManager(CheckpointFolder):
         self.directory.mkdir(parents=True, exist_ok=True)
         best = {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch}
         state = files.run_state(run, epoch, metrics, best, at)
-        path = self.periodic_path(epoch) if at is None else self.step_path(at[0])
+        path = self.periodic_path(epoch) if step is None else self.step_path(step)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
         staged = (writing.stage(state, self.buffers[claim.slot]) if self.background
                   else writing.Staged(state, staged_bytes=writing.tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
-                         state.get("chain_head"), path, None if at is None else at[0])
+                         state.get("chain_head"), path, step)
         self.writer.submit(writing.Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log), step))
         return plan
 

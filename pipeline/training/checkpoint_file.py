@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pickle
+import random
 import shutil
 import threading
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 
 from fsmtrain.core.context import EpochRecord, RunContext, epoch_number
@@ -24,14 +26,12 @@ from fsmtrain.core.events import EVENTS_FILE
 from fsmtrain.core.ledger import committed_sha256
 from fsmtrain.core.log_file import FileWriteError, write_failure
 from fsmtrain.training.resume_match import object_classes
-from fsmtrain.training.rng import capture_rng_state
 from fsmtrain.training.sharding import checkpoint_states, load_shards, load_states, save_shards
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
-           "atomic_file", "atomic_link", "atomic_write_bytes", "check_free_space", "folder_digest", "folder_files",
-           "fsync_dir", "history_text", "load_checkpoint", "read_history", "restore_run_state", "run_state",
-           "save_folder", "save_state", "sha256_of",
-           "stateful_callbacks"]
+           "atomic_file", "atomic_link", "atomic_write_bytes", "capture_rng_state", "check_free_space", "folder_digest",
+           "folder_files", "fsync_dir", "history_text", "load_checkpoint", "read_history", "restore_rng_state",
+           "restore_run_state", "run_state", "save_folder", "save_state", "sha256_of", "stateful_callbacks"]
 
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
 
@@ -65,15 +65,10 @@ def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
         fsync_dir(path.parent)
 
 
-def _private(tmp: Path) -> IO[bytes]:
-    """A new file that only its owner can read, as ``tempfile.mkstemp`` makes one."""
-    return open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, 0o600))
-
-
 @contextlib.contextmanager
 def atomic_file(path: Path, *, sync_dir: bool = True) -> Iterator[IO[bytes]]:
-    """A file to write that replaces ``path``, fsync'd, once the block ends (see :func:`_replacing`)."""
-    with _replacing(path, sync_dir) as tmp, _private(tmp) as fh:
+    """A new file, readable by its owner only, that replaces ``path`` fsync'd once the block ends."""
+    with _replacing(path, sync_dir) as tmp, open(tmp, "wb", opener=lambda n, f: os.open(n, f, 0o600)) as fh:
         yield fh
         fh.flush()
         os.fsync(fh.fileno())
@@ -102,14 +97,12 @@ def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
         if sync_dir:
             fsync_dir(path.parent)
         return
-    with _replacing(path, sync_dir) as tmp:
-        try:
+    try:
+        with _replacing(path, sync_dir) as tmp:
             os.link(source, tmp)
-        except OSError:
-            with open(source, "rb") as src, _private(tmp) as fh:
-                shutil.copyfileobj(src, fh, 1 << 20)
-                fh.flush()
-                os.fsync(fh.fileno())
+    except OSError:  # a file system without hard links
+        with open(source, "rb") as src, atomic_file(path, sync_dir=sync_dir) as fh:
+            shutil.copyfileobj(src, fh, 1 << 20)
 
 
 class CheckpointError(RuntimeError):
@@ -173,8 +166,7 @@ def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dic
     """A sharded checkpoint: every rank writes ``rank_<r>.pt`` (its state but the tensors') and its shards
     into ``.<name>.tmp`` beside ``path``; rank 0, once DCP says all are written, renames it ``path`` and
     returns its digest and each file's (the others return None)."""
-    dist = torch.distributed
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     tensors = {k: state[k] for k in ("model", "optimizer", "grads") if state.get(k)}  # grads: by name
@@ -235,8 +227,7 @@ def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, f
 
 def read_history(value: Any) -> list[dict[str, Any]]:
     """A checkpoint's ``history`` as ``{"epoch", "metrics"}`` dicts (older checkpoints hold the list)."""
-    entries: list[dict[str, Any]] = json.loads(value) if isinstance(value, str) else list(value or [])
-    return entries
+    return json.loads(value) if isinstance(value, str) else list(value or [])
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,
@@ -247,11 +238,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     p = Path(path)
     if not p.is_file() and not (p / "rank_0.pt").is_file():
         raise CheckpointError(f"checkpoint {p} does not exist")
-    size = p.stat().st_size
-    log = p.parent.parent / EVENTS_FILE
-    expected = expected_sha256
-    if expected is None and log.is_file():
-        expected = committed_sha256(log, p)
+    size, log = p.stat().st_size, p.parent.parent / EVENTS_FILE
+    expected = expected_sha256 or (committed_sha256(log, p) if log.is_file() else None)
     if expected is not None and not verified:
         found = sha256_of(p)
         if found != expected:
@@ -261,14 +249,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     try:
         state = torch.load(p / "rank_0.pt" if p.is_dir() else p, map_location=map_location, weights_only=True,
                            mmap=True)
-    except pickle.UnpicklingError as exc:
-        if "Weights only load failed" in str(exc):
+    except Exception as exc:  # every reader failure means damage, but code in the pickle
+        if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in str(exc):
             what = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln), "a pickled object")
             raise CheckpointError(
                 f"checkpoint {p} contains code, not only tensors and plain values ({what}); "
                 "it was not loaded. fsmtrain never unpickles code from a checkpoint") from None
-        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({size} bytes): {str(exc)[:200]}") from None
-    except Exception as exc:  # every other reader failure means the same thing here
         raise CheckpointError(
             f"checkpoint {p} is corrupt or truncated ({size} bytes): {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(state, dict) or "format" not in state:
@@ -278,6 +264,36 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if p.is_dir():  # a sharded checkpoint: its tensors load into the live model (:func:`restore_run_state`)
         state["folder"] = str(p)
     return state
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, numpy, torch (and CUDA when present) RNG states as tensors and plain values, which
+    ``torch.load(weights_only=True)`` accepts."""
+    version, internal, gauss_next = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state(legacy=True)
+    return {
+        # one tensor, not 625 ints: each pickled object costs torch.save a persistent_id call
+        "python": {"version": int(version), "state": torch.from_numpy(np.array(internal, dtype=np.int64)),
+                   "gauss_next": gauss_next},
+        "numpy": {"kind": str(np_kind), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (used by resume)."""
+    py = state["python"]
+    internal = py["state"].tolist() if isinstance(py["state"], torch.Tensor) else py["state"]
+    random.setstate((py["version"], tuple(int(v) for v in internal), py["gauss_next"]))
+    npst = state["numpy"]
+    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def stateful_callbacks(run: RunContext) -> dict[str, Any]:
@@ -353,13 +369,9 @@ def restore_run_state(run: RunContext, state: Mapping[str, Any]) -> Mapping[str,
         load_states(run.model, run.optimizer, state["model"], state.get("optimizer"))  # sharded or plain
         for p, grad in zip(run.model.parameters(), state.get("grads") or (), strict=False):  # accumulating
             p.grad = None if grad is None else grad.to(p.device)
-    scheduler = run.scheduler
-    if scheduler is not None and state.get("scheduler") is not None and hasattr(scheduler, "load_state_dict"):
-        scheduler.load_state_dict(state["scheduler"])
-    if run.scaler is not None and state.get("scaler"):
-        run.scaler.load_state_dict(state["scaler"])
-    if run.exact_metrics and state.get("exact_metrics"):
-        run.exact_metrics.load_state_dict(state["exact_metrics"])
+    for key, part in (("scheduler", run.scheduler), ("scaler", run.scaler), ("exact_metrics", run.exact_metrics)):
+        if part and state.get(key) and hasattr(part, "load_state_dict"):
+            part.load_state_dict(state[key])
     saved = state.get("callbacks") or {}
     for key, cb in stateful_callbacks(run).items():
         if key in saved:

@@ -3,6 +3,7 @@ stream, for CUDA tensors), and one writer thread with one write in flight and on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections.abc import Callable, Hashable
@@ -97,18 +98,14 @@ class _Copier:
             return value.detach().clone().cpu()  # rare kinds: a fresh copy each time, no reuse
         self.seen.add(key)
         self.nbytes += value.numel() * value.element_size()
-        if value.device.type != "cuda":
-            buf = self.out.buffer_for(key, value, pinned=False)
-            buf.copy_(value.detach())  # a CPU tensor: a memcpy; another device (mps): a blocking copy
-            return buf
-        if self.side is None:
+        cuda = value.device.type == "cuda"  # else a CPU tensor: a memcpy; another device (mps): a blocking copy
+        if cuda and self.side is None:
             self.device = value.device
             self.side = torch.cuda.Stream(device=value.device)  # type: ignore[no-untyped-call]
             self.side.wait_stream(torch.cuda.current_stream(value.device))  # after the last optimizer step
-        buf = self.out.buffer_for(key, value, pinned=True)
-        with torch.cuda.stream(self.side):
-            buf.copy_(value.detach(), non_blocking=True)
-        # No record_stream: the training stream waits for these copies (finish).
+        buf = self.out.buffer_for(key, value, pinned=cuda)
+        with torch.cuda.stream(self.side) if cuda else contextlib.nullcontext():
+            buf.copy_(value.detach(), non_blocking=cuda)  # no record_stream: the training stream waits (finish)
         return buf
 
     def finish(self) -> Any:
@@ -152,10 +149,8 @@ def tensor_bytes(state: Any) -> int:
     """The bytes of the tensors in ``state``: what a file of it holds at least."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(v) for v in state)
+    if isinstance(state, (dict, list, tuple)):
+        return sum(tensor_bytes(v) for v in (state.values() if isinstance(state, dict) else state))
     return 0
 
 
@@ -217,13 +212,13 @@ class CheckpointWriter:
             if self._waiting is None:
                 return SlotClaim(1 - self._in_flight.slot)
             waiting = self._waiting
+            behind = f"the write of {self._in_flight.named} (the writer is behind: a slow disk or a busy CPU"
             if waiting.best and not best:
                 if not final:
                     return SlotClaim(None, skipped=f"the state of {named_state(epoch, step)} was left out: the best "
-                                                   f"state of {waiting.named} still waits to be written behind the "
-                                                   f"write of {self._in_flight.named} (the writer is behind: a slow "
-                                                   "disk or a busy CPU); a best state is never dropped for a newer "
-                                                   "one that is not")
+                                                   f"state of {waiting.named} still waits to be written behind "
+                                                   f"{behind}); a best state is never dropped for a newer one that "
+                                                   "is not")
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
@@ -231,9 +226,8 @@ class CheckpointWriter:
             self._waiting = None
             return SlotClaim(waiting.slot, dropped=waiting.epoch, dropped_step=waiting.step,
                              dropped_why=f"the state of {waiting.named} was left out: the state of "
-                                         f"{named_state(epoch, step)} replaced it while it waited behind the write "
-                                         f"of {self._in_flight.named} (the writer is behind: a slow disk or a busy "
-                                         "CPU; the newest state is written)")
+                                         f"{named_state(epoch, step)} replaced it while it waited behind {behind}; "
+                                         "the newest state is written)")
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""
@@ -262,7 +256,9 @@ class CheckpointWriter:
     def raise_failure(self) -> None:
         """Raise a failed write's error (once); never waits."""
         with self._cond:
-            self._raise_pending()
+            failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def busy_slots(self) -> set[int]:
         with self._cond:
@@ -288,15 +284,13 @@ class CheckpointWriter:
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return thread is None or not thread.is_alive()
 
     # --- the writer thread -----------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while self._in_flight is None and not self._closing:
-                    self._cond.wait()
+                self._cond.wait_for(lambda: self._in_flight is not None or self._closing)
                 job = self._in_flight
                 if job is None:
                     return
@@ -321,12 +315,7 @@ class CheckpointWriter:
                 self._in_flight, self._waiting = self._waiting, None
             self._cond.notify_all()
 
-    def _raise_pending(self) -> None:
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
-
     def _check_open(self) -> None:
-        self._raise_pending()
+        self.raise_failure()
         if self._failed:
             raise RuntimeError("an earlier checkpoint write failed: nothing more is written in this run")

@@ -27,13 +27,15 @@ def make_loaders(train: Dataset[Any], val: Dataset[Any] | None, *, batch_size: i
     return Loaders(train_loader, val_loader)
 
 
-def _split(x: torch.Tensor, y: torch.Tensor, val_fraction: float, batch_size: int, seed: int) -> Loaders:
-    """The last ``val_fraction`` of the rows (at least one) for validation, the rest for training."""
-    n = len(y)
+def _split(x: torch.Tensor, y: torch.Tensor | None, val_fraction: float, batch_size: int, seed: int) -> Loaders:
+    """The last ``val_fraction`` of the rows (at least one) for validation, the rest for training; without
+    ``y`` the batches are the rows of ``x`` alone."""
+    n = len(x)
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     n_train = n - max(1, math.floor(n * val_fraction))  # at least one row each, as n >= 2
-    train, val = TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+    train, val = ((cast("Dataset[Any]", x[part]) if y is None else TensorDataset(x[part], y[part]))
+                  for part in (slice(None, n_train), slice(n_train, None)))
     return make_loaders(train, val, batch_size=batch_size, seed=seed)
 
 
@@ -68,14 +70,10 @@ def two_moons(*, batch_size: int, seed: int, n_samples: int = 512, noise: float 
     """Points on two interleaved half circles, as batches of inputs alone (no targets), e.g. for a GAN."""
     if n_samples < 4:
         raise ValueError(f"need n_samples >= 4, got {n_samples}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     g = torch.Generator().manual_seed(data_seed)
     angle = torch.rand(n_samples, generator=g) * math.pi
     upper = torch.rand(n_samples, generator=g) < 0.5
     x = torch.where(upper, torch.cos(angle), 1.0 - torch.cos(angle))
     y = torch.where(upper, torch.sin(angle), 0.5 - torch.sin(angle))
     points = torch.stack([x, y], 1) + noise * torch.randn(n_samples, 2, generator=g)
-    n_train = n_samples - max(1, math.floor(n_samples * val_fraction))
-    return make_loaders(cast("Dataset[Any]", points[:n_train]), cast("Dataset[Any]", points[n_train:]),
-                        batch_size=batch_size, seed=seed)
+    return _split(points, None, val_fraction, batch_size, seed)

@@ -228,18 +228,17 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
 _GROUP_THREADS = frozenset({"gloo_tcp_loop", "pt_gloo_runloop"})
 
 
+def _thread_name(task: Path) -> str:
+    try:
+        return (task / "comm").read_text().strip()
+    except OSError:
+        return ""  # the thread ended while we looked
+
+
 def group_threads() -> list[str]:
     """The native threads of a process group still running in this process (Linux; elsewhere [])."""
     tasks = Path("/proc/self/task")
-    names: list[str] = []
-    for task in tasks.iterdir() if tasks.is_dir() else ():
-        try:
-            name = (task / "comm").read_text().strip()
-        except OSError:
-            continue  # the thread ended while we looked
-        if name in _GROUP_THREADS:
-            names.append(name)
-    return sorted(names)
+    return sorted(n for t in (tasks.iterdir() if tasks.is_dir() else ()) if (n := _thread_name(t)) in _GROUP_THREADS)
 
 
 def shutdown() -> list[str]:

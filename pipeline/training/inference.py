@@ -3,6 +3,7 @@ or the forward alone on inputs without targets (predict only); outputs kept row 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -71,11 +72,8 @@ def inputs_only(batch: Any) -> Any:
 
 
 def _forward(driver: TorchDriver, inputs: Any) -> Any:
-    inputs = to_device(inputs, driver.device)
-    if driver.precision is None:
-        return driver.model(inputs)
-    with driver.precision.autocast():
-        return driver.model(inputs)
+    with driver.precision.autocast() if driver.precision is not None else contextlib.nullcontext():
+        return driver.model(to_device(inputs, driver.device))
 
 
 def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective | None,
@@ -123,6 +121,5 @@ def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective |
         raise InferenceError(f"the ranks' predictions ({counts} rows) are not one row per example")
     if not total:
         return Inference(None, metrics)
-    order = torch.cat([torch.arange(r, total, world) for r in range(world)])  # where each gathered row belongs
-    where = torch.argsort(order)
+    where = torch.argsort(torch.cat([torch.arange(r, total, world) for r in range(world)]))  # rows to data order
     return Inference(_tree(lambda t: t[where], _cat([p for p, n in every if n])), metrics)

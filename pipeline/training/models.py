@@ -74,14 +74,13 @@ def gan_step(model: GAN, batch: torch.Tensor,
              optimizers: Mapping[str, torch.optim.Optimizer]) -> dict[str, torch.Tensor]:
     """One GAN step on a batch of real rows: the discriminator (optimizer ``disc``), then the
     generator (``gen``), each with its own backward and step."""
-    d_loss, _ = _gan_losses(model, batch, torch.randn(batch.shape[0], model.latent, device=batch.device))
-    optimizers["disc"].zero_grad(set_to_none=True)
-    d_loss.backward()  # type: ignore[no-untyped-call]
-    optimizers["disc"].step()
-    _, g_loss = _gan_losses(model, batch, torch.randn(batch.shape[0], model.latent, device=batch.device))
-    optimizers["gen"].zero_grad(set_to_none=True)
-    g_loss.backward()  # type: ignore[no-untyped-call]
-    optimizers["gen"].step()
+    losses: list[torch.Tensor] = []
+    for name, which in (("disc", 0), ("gen", 1)):
+        losses.append(_gan_losses(model, batch, torch.randn(batch.shape[0], model.latent, device=batch.device))[which])
+        optimizers[name].zero_grad(set_to_none=True)
+        losses[-1].backward()  # type: ignore[no-untyped-call]
+        optimizers[name].step()
+    d_loss, g_loss = losses
     return {"loss": (d_loss + g_loss).detach(), "d_loss": d_loss.detach(), "g_loss": g_loss.detach()}
 
 

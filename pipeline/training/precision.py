@@ -21,9 +21,7 @@ class PrecisionPolicy:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         self.device = device
         self._dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-        self.scaler: torch.amp.GradScaler | None = None
-        if precision == "16-mixed":
-            self.scaler = torch.amp.GradScaler(device.type)
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
 
     @property
     def enabled(self) -> bool:

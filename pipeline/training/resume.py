@@ -17,9 +17,8 @@ from fsmtrain.core.chain import KEY_ENV, Chain
 from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 from fsmtrain.core.ledger import CheckpointLedger, CommittedFile
-from fsmtrain.training.checkpoint import UNCOMMITTED_DIR, DamagedState, find_damaged, load_checkpoint, quarantine
-from fsmtrain.training.checkpoint_file import CheckpointError, atomic_link, fsync_dir, read_history, restore_run_state
-from fsmtrain.training.rng import restore_rng_state
+from fsmtrain.training import checkpoint_file as files
+from fsmtrain.training.checkpoint import UNCOMMITTED_DIR, DamagedState, find_damaged, quarantine
 
 __all__ = ["NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "ResumeError", "Resumption",
            "check_log_key", "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start",
@@ -104,7 +103,6 @@ def read_log_tail(run_dir: Path, name: str = EVENTS_FILE, *, repair: bool = True
     if torn and repair:
         with open(log, "r+b") as fh:
             fh.truncate(cut)
-            fh.flush()
             os.fsync(fh.fileno())
     ledger = CheckpointLedger()
     next_seq, run_id = 0, None
@@ -155,16 +153,14 @@ class Resumption:
 
     def prepare(self, run: RunContext) -> None:
         """Before ``run_start``: the position and the history of the epochs already done."""
-        run.epoch = self.next_epoch
-        run.global_step = self.global_step
-        position = self.state["position"]
+        run.epoch, run.global_step, position = self.next_epoch, self.global_step, self.state["position"]
         if "epoch_state" in position:  # a checkpoint at a step: its epoch goes on after the batches it had done
             before, now = self.notes.get("world_size_before", 1), self.notes.get("world_size", 1)
             # On another world size the epoch goes on after as many of its examples as were seen (a rank's
             # batch then holds another share of them), in the new world's data order.
             run.resume_at = {"batch": int(position["batch"]) * before // now, "epoch_state": position["epoch_state"]}
         run.history = [EpochRecord(int(h["epoch"]), {k: float(v) for k, v in h["metrics"].items()})
-                       for h in read_history(self.state.get("history"))]
+                       for h in files.read_history(self.state.get("history"))]
         run.extras["resumed_from"] = self.shown
         run.validations = int(position.get("validations", len(run.history)))  # older files: one an epoch
 
@@ -176,7 +172,7 @@ class Resumption:
         for event, payload in self.announce:
             run.emit(event, level="warning", **payload)
         state = self.state
-        own = restore_run_state(run, state)
+        own = files.restore_run_state(run, state)
         run.dispatch("on_load_checkpoint", CheckpointContext(run, state, str(self.path)))
         run.emit("resume", checkpoint=self.shown, sha256=self.sha256, checkpoint_epoch=self.epoch,
                  next_epoch=self.next_epoch, global_step=self.global_step, removed=self.removed,
@@ -184,7 +180,7 @@ class Resumption:
         for event, payload in self.notices:
             run.emit(event, level="warning", **payload)
         # Last, after every callback's own set-up: the random streams continue exactly where they were.
-        restore_rng_state(own["rng"])
+        files.restore_rng_state(own["rng"])
 
     def _complete(self, run: RunContext) -> None:
         """Finish the commit a kill cut short between the epoch file's commit and its roles' moves."""
@@ -192,8 +188,8 @@ class Resumption:
             return
         epoch = self.epoch
         for shown in self.completes:
-            atomic_link(self.path, self.run_dir / shown, sync_dir=False)
-        fsync_dir(self.path.parent)
+            files.atomic_link(self.path, self.run_dir / shown, sync_dir=False)
+        files.fsync_dir(self.path.parent)
         for shown in self.completes:
             run.emit("checkpoint", path=shown, sha256=self.sha256, epoch=epoch, kind=Path(shown).stem,
                      completes=self.shown)
@@ -242,8 +238,8 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
     for done in sorted((live[s] for s in intact), key=lambda c: c.newness, reverse=True):
         path = run_dir / done.path
         try:
-            state = load_checkpoint(path, expected_sha256=done.sha256, verified=True)  # find_damaged hashed it
-        except CheckpointError as exc:  # the committed bytes themselves do not load
+            state = files.load_checkpoint(path, expected_sha256=done.sha256, verified=True)  # find_damaged hashed it
+        except files.CheckpointError as exc:  # the committed bytes themselves do not load
             problems.append(str(exc))
             continue
         if own_log is not None:
@@ -253,10 +249,9 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
         res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged, completes=completes)
         keep = intact | {p for d in damaged for p in d.paths} | set(completes)  # damaged files are moved aside
         res.removed, moved = _set_aside_uncommitted(run_dir, path.parent, keep)
-        res.announce += _missing_newer(done, live, intact, damaged, completes)
-        for _, said in res.announce:  # the resume event names the missing commit and the fallback too
-            res.notes.update({k: v for k, v in said.items() if k in ("missing", "missing_epoch",
-                                                                     "falls_back_to_epoch")})
+        if missing := _missing_newer(done, live, intact, damaged, completes):
+            res.announce.append(("warning", missing))  # the resume event names it and the fallback too
+            res.notes.update({k: missing[k] for k in ("missing", "missing_epoch", "falls_back_to_epoch")})
         if moved:
             res.announce.append(_moved_notice(moved))
             res.notes["uncommitted_moved_to"] = moved
@@ -301,9 +296,8 @@ def prepare_restart(run_dir: str | Path, *, own_log: str | None = None) -> Resta
     run_dir = Path(run_dir)
     if own_log is not None:
         return Restart(run_dir, rank_log_tail(run_dir, own_log))
-    tail = read_log_tail(run_dir)
-    removed, moved = _set_aside_uncommitted(run_dir, run_dir / "checkpoints", set())
-    return Restart(run_dir, tail, removed, moved)
+    tail = read_log_tail(run_dir)  # first: the log is repaired before any file is set aside
+    return Restart(run_dir, tail, *_set_aside_uncommitted(run_dir, run_dir / "checkpoints", set()))
 
 
 def rank_log_tail(run_dir: Path, name: str) -> LogTail:
@@ -333,18 +327,17 @@ def _not_moved_roles(damaged: list[DamagedState], completes: list[str], sha: str
 
 
 def _missing_newer(chosen: CommittedFile, live: Mapping[str, CommittedFile], intact: set[str],
-                   damaged: list[DamagedState], completes: list[str]) -> list[tuple[str, dict[str, Any]]]:
+                   damaged: list[DamagedState], completes: list[str]) -> dict[str, Any] | None:
     """A warning naming the gone committed files newer than ``chosen``, which the run falls back to."""
     moved = {p for d in damaged for p in d.paths} | set(completes) | intact
     epoch = chosen.epoch if chosen.epoch is not None else -1
     gone = sorted(s for s, c in live.items() if s not in moved and c.epoch is not None and c.epoch > epoch)
     if not gone:
-        return []
+        return None
     newest = max(live[s].epoch or 0 for s in gone)
-    return [("warning", {"source": "resume", "missing": gone, "missing_epoch": newest,
-                         "falls_back_to": chosen.path, "falls_back_to_epoch": epoch,
-                         "message": f"committed checkpoint {', '.join(gone)} (epoch {epoch_number(newest)}) is "
-                                    f"missing: the run falls back to {chosen.path} (epoch {epoch_number(epoch)})"})]
+    return {"source": "resume", "missing": gone, "missing_epoch": newest, "falls_back_to": chosen.path,
+            "falls_back_to_epoch": epoch, "message": f"committed checkpoint {', '.join(gone)} (epoch "
+            f"{epoch_number(newest)}) is missing: the run falls back to {chosen.path} (epoch {epoch_number(epoch)})"}
 
 
 def _moved_notice(moved: list[str]) -> tuple[str, dict[str, Any]]:

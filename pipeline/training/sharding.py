@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from fsmtrain.training.distributed import TorchCollective
 
 __all__ = ["AUTO_SHARE", "FsdpOptions", "Sharding", "checkpoint_states", "full_state", "gathered_weights",
-           "global_norm", "is_sharded", "is_sharded_tensor", "load_full_state", "load_shards", "load_states",
+           "global_norm", "is_sharded", "is_sharded_tensor", "load_shards", "load_states",
            "no_gradient_sync", "save_shards", "shard_model", "sharding_line", "unshardable", "writers_group"]
 
 AUTO_SHARE = 0.1  # ``shard: auto``: a unit is a module holding at least this share of the parameters
@@ -155,17 +155,6 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
     return model_sd, optim_sd
 
 
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Mapping[str, Any],
-                    optim_sd: Any) -> None:
-    """Load a full state into the sharded model and its optimizer, each rank keeping its own shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, strict=True)
-    set_model_state_dict(model, dict(model_sd), options=options)
-    if optimizer is not None and optim_sd is not None:
-        set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
-
-
 @contextmanager
 def no_gradient_sync(model: nn.Module) -> Iterator[None]:
     """FSDP2's ``no_sync``: an accumulating backward keeps its gradients unreduced."""
@@ -231,7 +220,10 @@ def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer | None, folde
 
 
 def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: Any, optim_sd: Any) -> None:
-    """Load a checkpoint's full states into a sharded or a plain model, its optimizer's keyed by name or index."""
+    """Load a checkpoint's full states into a sharded or a plain model, its optimizer's keyed by name or index;
+    a sharded model's rank keeps its own shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     by_name = optim_sd is not None and any(isinstance(k, str) for k in optim_sd.get("state", {}))
     if not is_sharded(model) and not by_name:
         model.load_state_dict(model_sd)
@@ -243,7 +235,10 @@ def load_states(model: nn.Module, optimizer: torch.optim.Optimizer | None, model
         order = [names[id(p)] for g in (optimizer.param_groups if optimizer is not None else ()) for p in g["params"]]
         groups = [{**g, "params": [order[i] for i in g["params"]]} for g in optim_sd["param_groups"]]
         optim_sd = {"state": {order[i]: v for i, v in optim_sd["state"].items()}, "param_groups": groups}
-    load_full_state(model, optimizer, model_sd, optim_sd)
+    options = StateDictOptions(full_state_dict=True, strict=True)
+    set_model_state_dict(model, dict(model_sd), options=options)
+    if optimizer is not None and optim_sd is not None:
+        set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
 
 
 def sharding_line(sharding: Sharding | None, strategy: str, world: int) -> str | None:

@@ -13,7 +13,7 @@ from fsmtrain.training.checkpoint import (
     load_checkpoint,
     sha256_of,
 )
-from fsmtrain.training.rng import capture_rng_state, restore_rng_state
+from fsmtrain.training.checkpoint_file import capture_rng_state, restore_rng_state
 
 
 class AddsState(TrainingCallback):
