@@ -176,29 +176,30 @@ def test_a_missing_newest_state_is_said_on_the_console_and_in_the_resume_event(
         assert torch.equal(undamaged[name], value)
 
 
+@pytest.mark.parametrize("stray", ["epoch_9.pt", "step_999.pt"])
 def test_a_stray_file_in_checkpoints_is_set_aside_and_said_not_deleted(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]]
-) -> None:
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], trained: tuple[dict[str, torch.Tensor], dict[int, Path]],
+        stray: str) -> None:
     """A file of ours the log never committed is moved to ``checkpoints/uncommitted/``, said on the
     console and in the ``resume`` event; a temp file a write left is removed."""
     _, parts = trained
     run = tmp_path / "part"
     _copy_run(parts[3], run)
     ck = run / "checkpoints"
-    (ck / "epoch_9.pt").write_bytes(b"planted")
+    (ck / stray).write_bytes(b"planted")
     (ck / ".latest.pt.1.2.tmp").write_bytes(b"a write cut short")
     before = audit_file(run / "events.jsonl").render()
-    assert "checkpoints/epoch_9.pt is in the checkpoint folder, but the log does not commit it" in before, before
+    assert f"checkpoints/{stray} is in the checkpoint folder, but the log does not commit it" in before, before
     capfd.readouterr()
 
     _trainer(run, 4, 3, resume_from="latest").fit()
 
     err = capfd.readouterr().err
-    assert "checkpoints/uncommitted/epoch_9.pt" in err and "never committed" in err, err
-    assert (ck / "uncommitted" / "epoch_9.pt").read_bytes() == b"planted"
+    assert f"checkpoints/uncommitted/{stray}" in err and "never committed" in err, err
+    assert (ck / "uncommitted" / stray).read_bytes() == b"planted"
     resume = next(e["payload"] for e in read_events(run / "events.jsonl") if e["event"] == "resume")
-    assert resume["uncommitted_moved_to"] == ["checkpoints/uncommitted/epoch_9.pt"]
-    assert resume["removed"] == ["checkpoints/.latest.pt.1.2.tmp", "checkpoints/epoch_9.pt"]  # out of the folder
+    assert resume["uncommitted_moved_to"] == [f"checkpoints/uncommitted/{stray}"]
+    assert resume["removed"] == ["checkpoints/.latest.pt.1.2.tmp", f"checkpoints/{stray}"]  # out of the folder
 
 
 class _CountingHash:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CheckpointLedger", "CommittedFile", "committed_checkpoints", "committed_sha256", "read_ledger"]
+__all__ = ["CHECKPOINT_NAME", "CheckpointLedger", "CommittedFile", "committed_checkpoints", "committed_sha256",
+           "read_ledger"]
+
+# A checkpoint's name in its folder: a file (``.pt``), or a sharded checkpoint's folder (no suffix).
+CHECKPOINT_NAME = re.compile(r"^(epoch_\d+|step_\d+|latest|best)(\.pt)?$")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 from fsmtrain.core.chain import KEY_ENV, Chain
 from fsmtrain.core.context import CheckpointContext, EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
-from fsmtrain.core.ledger import CheckpointLedger, CommittedFile
+from fsmtrain.core.ledger import CHECKPOINT_NAME, CheckpointLedger, CommittedFile
 from fsmtrain.training import checkpoint_file as files
 from fsmtrain.training.checkpoint import UNCOMMITTED_DIR, DamagedState, find_damaged, quarantine
 
@@ -24,7 +24,7 @@ __all__ = ["NeverStarted", "NothingCommitted", "RecordedStart", "Restart", "Resu
            "check_log_key", "find_resumption", "prepare_restart", "rank_log_tail", "read_log_tail", "recorded_start",
            "resumption_or_restart"]
 
-_OURS = re.compile(r"^((epoch_\d+|latest|best)(\.pt)?|\..+\.tmp)$")  # no suffix: a sharded checkpoint's folder
+_TEMP = re.compile(r"^\..+\.tmp$")  # a write cut short
 
 
 class ResumeError(ValueError):
@@ -353,7 +353,8 @@ def _set_aside_uncommitted(run_dir: Path, folder: Path, keep: set[str]) -> tuple
     removed: list[str] = []
     stray: list[str] = []
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not (path.is_file() or path.is_dir()) or not _OURS.match(path.name) or os.path.abspath(path) in kept:
+        ours = CHECKPOINT_NAME.match(path.name) or _TEMP.match(path.name)
+        if not (path.is_file() or path.is_dir()) or not ours or os.path.abspath(path) in kept:
             continue
         removed.append(os.path.relpath(path, run_dir))
         if path.name.endswith(".tmp"):  # a sharded checkpoint's: a folder

@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import pickletools
-import re
 import zipfile
 import zlib
 from pathlib import Path
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.ledger import CHECKPOINT_NAME
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, CheckpointWrite, Damaged
 from fsmtrain.tools.audit.ending import Segment
@@ -19,7 +19,6 @@ from fsmtrain.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
 __all__ = ["verify_checkpoints"]
 
-_CHECKPOINT_NAME = re.compile(r"^(epoch_\d+|latest|best)\.pt$")
 _MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
 _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
 
@@ -126,7 +125,7 @@ def _strays(base: Path, ckpts: CheckpointLines) -> list[Finding]:
     for folder in sorted(f for f in folders if f.is_dir()):
         for path in sorted(folder.iterdir()):
             rel = str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
-            if path.is_file() and _CHECKPOINT_NAME.match(path.name) and (rel not in writes or rel in removed):
+            if path.is_file() and CHECKPOINT_NAME.match(path.name) and (rel not in writes or rel in removed):
                 out.append(Finding("checkpoint", f"{rel} is in the checkpoint folder, but the log does not commit "
                                    "it: a write a kill cut short, or a file put there; a resume moves it to "
                                    "uncommitted/", None, Severity.WARNING))
