@@ -62,14 +62,7 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
         torch.set_num_threads(cfg.num_threads)
     builders.seed_everything(seed)
     model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
-    if cfg.optimizers is not None:  # several, by name
-        optimizer = builders.build_named_optimizers(cfg, model)
-        scheduler = builders.build_named_schedulers(cfg, optimizer)
-    else:
-        optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,
-                               lambda c: builders.build_optimizer(c, model.parameters()))  # a fresh iterator per try
-        scheduler = built_from(cfg, "scheduler_config", str(cfg.scheduler),
-                               lambda c: builders.build_scheduler(c, optimizer))
+    optimizer, scheduler = builders.build_optimization(cfg, model)
     criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
     metrics = builders.build_metrics(cfg)  # resolved when the config was loaded

@@ -177,41 +177,46 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        parts = key.split(".")
-        if not sep or not key or any(not p for p in parts):
+        if not sep or not key or not all(key.split(".")):
             problems.append(ConfigProblem(key or item, "an override of the form key.path=value", repr(item)))
             continue
         try:
-            value = _parse_yaml(raw, f"--set {item}")
+            problem = set_at(out, key, _parse_yaml(raw, f"--set {item}"))
         except ConfigError as exc:
             problems.extend(ConfigProblem(key, p.expected, p.found) for p in exc.problems)
             continue
-        node: Any = out
-        for depth, part in enumerate(parts):
-            where = ".".join(parts[:depth])
-            if isinstance(node, list):
-                i = int(part) if part.isdigit() and int(part) < len(node) else None
-                if i is None:
-                    span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
-                    problems.append(ConfigProblem(key, f"an index of {where} {span}",
-                                                  repr(part) if not part.isdigit() else f"{part} ({len(node)} items)"))
-                    break
-                part_key: Any = i
-            elif isinstance(node, dict):
-                part_key = part
-            else:
-                problems.append(ConfigProblem(key, f"{where} to be a mapping or a list", type(node).__name__))
-                break
-            if depth == len(parts) - 1:
-                node[part_key] = value
-                break
-            child = node[part_key] if isinstance(node, list) else node.get(part_key)
-            if child is None:
-                child = node[part_key] = {}
-            node = child
+        if problem is not None:
+            problems.append(problem)
     if problems:
         raise ConfigError(problems, "overrides")
     return out
+
+
+def set_at(data: dict[str, Any], key: str, value: Any) -> ConfigProblem | None:
+    """Set ``value`` at the dotted path ``key`` of ``data`` in place (a missing or null mapping is made,
+    a number indexes a list); the problem, at ``key``, when the path cannot be set."""
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth])
+        if isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
+                return ConfigProblem(key, f"an index of {where} {span}",
+                                     repr(part) if not part.isdigit() else f"{part} ({len(node)} items)")
+            part_key: Any = int(part)
+        elif isinstance(node, dict):
+            part_key = part
+        else:
+            return ConfigProblem(key, f"{where} to be a mapping or a list", type(node).__name__)
+        if depth == len(parts) - 1:
+            node[part_key] = value
+            return None
+        child = node[part_key] if isinstance(node, list) else node.get(part_key)
+        if child is None:
+            child = node[part_key] = {}
+        node = child
+    return None
 
 
 def override_of(path: str, overrides: Sequence[str]) -> str | None:

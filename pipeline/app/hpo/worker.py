@@ -4,6 +4,7 @@ trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 import warnings
@@ -14,7 +15,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
-from fsmtrain.app.config.optimize import drawn_seed, sampler_seed
 from fsmtrain.app.hpo.recovery import reclaim, worker_identity
 from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec, open_storage
 from fsmtrain.app.hpo.trial import TrialPlan, run_trial
@@ -31,6 +31,18 @@ INTERRUPTED = 130
 # Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
+
+
+def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
+    """The seed one worker's sampler gets: ``seed + worker`` on a new study; on one that holds trials,
+    drawn from (seed, trials, worker), since the same seed would propose the same parameters again."""
+    return seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
+
+
+def drawn_seed(*parts: object) -> int:
+    """A sampler seed drawn from ``parts``, below 2**32 (what numpy's RandomState takes)."""
+    digest = hashlib.sha256(":".join(["fsmtrain-sampler-seed", *map(str, parts)]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
@@ -113,7 +125,7 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
         seed = claim_sampler_seed(storage, plan.trial.study, configured, worker=index, launch=plan.trial.launch,
                                   prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch),
                                   say=lambda line: print(line, file=sys.stderr, flush=True))
-    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials, seed=seed)
+    sampler = build_sampler(plan.optimize, seed=seed)
     return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
                              pruner=build_pruner(plan.optimize))
 
