@@ -3,12 +3,13 @@ the workers running ``python -m fsmtrain <same command>``), and what a worker le
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_restart_line", "elastic_run_dir", "has_committed_checkpoint",
-    "join_ranks", "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
+    "joined_ranks", "launch_workers", "recorded_world_size", "worker_place", "without_launch_options",
 ]
 
 _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--rdzv-id"})
@@ -55,17 +56,12 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    if nodes is None:
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=monitor_interval,
-        )
-    else:
-        config = LaunchConfig(
-            min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id,
-            rdzv_backend="c10d", rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0},
-            max_restarts=0, monitor_interval=monitor_interval,
-        )
+    nodes = nodes or Nodes(1, 0, "localhost:0", uuid.uuid4().hex)  # one node: a store on a free local port
+    config = LaunchConfig(
+        min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id, rdzv_backend="c10d",
+        rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0}, max_restarts=0,
+        monitor_interval=monitor_interval,
+    )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
     except ChildFailedError as err:
@@ -96,7 +92,7 @@ class ElasticAttempt:
     max_restarts: int
 
     def record(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "restart": self.restart, "max_restarts": self.max_restarts}
+        return asdict(self)
 
 
 def elastic_attempt() -> ElasticAttempt | None:
@@ -172,26 +168,24 @@ def recorded_world_size(run_dir: Path) -> int:
     return world
 
 
-def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
-    """Under an agent: join the process group, the rank's output tagged; None in one process."""
-    from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+@contextlib.contextmanager
+def joined_ranks(section: DistributedConfig, device: str) -> Iterator[TorchCollective | None]:
+    """Under an agent: the process group, joined for the block (the rank's output tagged) and ended after
+    it with its threads; None in one process."""
+    from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun, shutdown
     if not launched_by_torchrun():
-        return None
+        yield None
+        return
     import torch
 
     from fsmtrain.app.rank_output import tag_rank_output
     tag_rank_output(int(os.environ.get("RANK", "0")))
-    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
-                         torch.device(device))
-
-
-def leave_ranks(collective: TorchCollective | None) -> None:
-    """End the process group and its threads, after the run's objects are gone (they hold it)."""
-    if collective is None:
-        return
-    from fsmtrain.training.distributed import shutdown
-    left = shutdown()
-    if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
-        print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
-              f"{', '.join(left)}", file=sys.stderr)
-
+    collective = init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
+                               torch.device(device))
+    try:
+        yield collective
+    finally:  # after the run's objects are gone (they hold the group)
+        left = shutdown()
+        if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
+            print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
+                  f"{', '.join(left)}", file=sys.stderr)
