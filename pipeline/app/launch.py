@@ -1,9 +1,11 @@
 """Start a command on several processes as ``torchrun`` would (torch's elastic agent in this process,
-the workers running ``python -m fsmtrain <same command>``), and what a worker learns from the agent."""
+the workers running ``python -m fsmtrain <same command>``), what a worker learns from the agent, and
+how the ranks print: whole lines, each in one write, tagged ``[rank r]`` but on rank 0."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -11,7 +13,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.core.events import first_run_start
 
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_restart_line", "elastic_run_dir", "has_committed_checkpoint",
-    "joined_ranks", "launch_workers", "recorded_world_size", "worker_place", "without_launch_options",
+    "RankLines", "joined_ranks", "launch_workers", "recorded_world_size", "tag_rank_output", "worker_place",
+    "without_launch_options",
 ]
 
 _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--rdzv-id"})
@@ -177,8 +180,6 @@ def joined_ranks(section: DistributedConfig, device: str) -> Iterator[TorchColle
         yield None
         return
     import torch
-
-    from fsmtrain.app.rank_output import tag_rank_output
     tag_rank_output(int(os.environ.get("RANK", "0")))
     collective = init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
                                torch.device(device))
@@ -189,3 +190,47 @@ def joined_ranks(section: DistributedConfig, device: str) -> Iterator[TorchColle
         if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
             print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
                   f"{', '.join(left)}", file=sys.stderr)
+
+
+class RankLines(io.TextIOBase):
+    """A text stream that passes on whole lines only, each in one write, prefixed with ``prefix``."""
+
+    def __init__(self, target: TextIO, prefix: str) -> None:
+        super().__init__()
+        self.target, self.prefix = target, prefix
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            done, _, self._pending = self._pending.rpartition("\n")
+            self.target.write("".join(f"{self.prefix}{line}\n" for line in done.split("\n")))
+            self.target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:  # a line without its end yet: passed on whole, so it is not lost
+            self.target.write(f"{self.prefix}{self._pending}")
+            self._pending = ""
+        self.target.flush()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
+
+def tag_rank_output(rank: int) -> None:
+    """This process is rank ``rank``: its stdout writes whole lines, tagged unless rank 0. Rank 0 on a
+    terminal keeps its (line-buffered) stream, where its progress bar redraws a line in place."""
+    if isinstance(sys.stdout, RankLines) or (rank == 0 and sys.stdout.isatty()):
+        return
+    sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")
