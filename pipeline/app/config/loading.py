@@ -70,32 +70,26 @@ def _expanded_size(root: yaml.Node, budget: int) -> int | None:
     """How many nodes ``root`` is with every alias expanded (capped past ``budget``), counted without
     expanding; ``None`` for a document that contains itself."""
     sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        children: list[yaml.Node] = []
-        if isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        if done:
-            open_nodes.discard(key)
-            sizes[key] = min(budget + 1, 1 + sum(sizes[id(c)] for c in children))
-            continue
-        if key in sizes:
-            continue
-        if key in open_nodes:
-            return None
-        open_nodes.add(key)
-        stack.append((node, True))
+    inside: set[int] = set()
+
+    def size(node: yaml.Node) -> int | None:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in inside:
+            return None  # an alias to a node that holds it: endless
+        inside.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else \
+            [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
+        total = 1
         for child in children:
-            if id(child) in open_nodes:
-                return None  # an alias to a node that holds it: endless
-            if id(child) not in sizes:
-                stack.append((child, False))
-    return sizes[id(root)]
+            n = size(child)
+            if n is None:
+                return None
+            total = min(budget + 1, total + n)
+        inside.discard(id(node))
+        sizes[id(node)] = total
+        return total
+    return size(root)
 
 
 def _check_bounded(node: yaml.Node, source: str) -> None:
