@@ -52,8 +52,7 @@ class Nodes:
     run_id: str = "fsmtrain"  # the same on every node (``--rdzv-id``)
 
 
-def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None,
-                   monitor_interval: float = 0.1) -> int:
+def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None) -> int:
     """Run ``python -m fsmtrain *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
     first failure's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -62,8 +61,7 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
     nodes = nodes or Nodes(1, 0, "localhost:0", uuid.uuid4().hex)  # one node: a store on a free local port
     config = LaunchConfig(
         min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id, rdzv_backend="c10d",
-        rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0}, max_restarts=0,
-        monitor_interval=monitor_interval,
+        rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0}, max_restarts=0, monitor_interval=0.1,
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
