@@ -50,16 +50,13 @@ def exit_code_for(reason: StopReason) -> ExitCode:
     return ExitCode(reason.exit_code)
 
 
-def _severity(code: ExitCode) -> int:
-    """The reasons' own severities, under SIGTERM's, which is a signal and outranks them all."""
-    if code is ExitCode.TERMINATED:
-        return max(r.severity for r in StopReason) + 1
-    return max((r.severity for r in StopReason if r.exit_code == code), default=0)
-
-
 def worst(codes: Sequence[ExitCode]) -> ExitCode:
-    """The status of a command that ran several seeds: the most severe of theirs (OK for none)."""
-    return max(codes, key=_severity, default=ExitCode.OK)
+    """The status of a command that ran several seeds: the most severe of theirs (OK for none), by their
+    reasons' severities; SIGTERM's, a signal, outranks them all."""
+    def severity(code: ExitCode) -> float:
+        return math.inf if code is ExitCode.TERMINATED else max(
+            (r.severity for r in StopReason if r.exit_code == code), default=0)
+    return max(codes, key=severity, default=ExitCode.OK)
 
 
 def load_config_of(args: argparse.Namespace) -> RunConfig:
@@ -70,10 +67,6 @@ def load_config_of(args: argparse.Namespace) -> RunConfig:
 def print_warnings(cfg: RunConfig, out: TextIO) -> None:
     for w in cfg.warnings:
         print(f"warning: {w}", file=out)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.6g}" if math.isfinite(x) else str(x)
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
@@ -95,14 +88,14 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
         print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
     if result.history:
         best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
-        print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
+        print(f"  best val_loss {result.best_val_loss:.6g}{best_at}, final val_loss {result.last_val_loss:.6g}",
               file=out)
     else:  # not "best inf, final nan": there is no loss at all
         print("  no epoch completed: no val_loss to report", file=out)
     last = result.history[-1].metrics if result.history else {}
     extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
     if extra:
-        print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+        print("  final " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(extra.items())), file=out)
     failed = getattr(run.error, "failure", None)  # another rank failed first (consensus.RankFailed)
     if failed is not None:
         print(f"  rank {failed.rank} failed: {failed.message} (in {failed.source}); every other rank stopped with it",
@@ -228,8 +221,8 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
             break  # the user asked to stop, or a rank failed (the others are not coming): no next seed
     if len(cfg.seeds) > 1 and objectives:
         mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
-        spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
-        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
+        spread = f" ± {statistics.stdev(objectives):.6g}" if len(objectives) > 1 and math.isfinite(mean) else ""
+        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {mean:.6g}{spread}", file=out)
     return _exit_line(worst(codes), out)
 
 

@@ -3,7 +3,6 @@ terminal, and a summary. It reads the study's storage, so every kind of worker s
 
 from __future__ import annotations
 
-import math
 import shlex
 import threading
 from collections import Counter
@@ -25,9 +24,7 @@ __all__ = ["Monitor", "describe_trial", "format_params"]
 
 
 def _number(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.6g}" if math.isfinite(x) else str(x)
+    return "-" if x is None else f"{x:.6g}"
 
 
 def format_params(params: Mapping[str, Any]) -> str:

@@ -146,8 +146,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
     sampler = study.sampler
-    exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
-        if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
+    grid = isinstance(sampler, optuna.samplers.GridSampler)
     beat, waited = plan.heartbeat, False
     beating = beat is not None
     pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
@@ -159,7 +158,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
-        if exhausted():
+        if grid and sampler.is_exhausted(study):
             if beating:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
                     print(line, file=sys.stderr, flush=True)
