@@ -76,12 +76,8 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
 
 def worker_place() -> dict[str, int]:
     """This worker's node and local rank, from the agent's environment; empty outside an agent."""
-    place: dict[str, int] = {}
-    for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK")):
-        value = os.environ.get(env, "")
-        if value.isdigit():
-            place[key] = int(value)
-    return place
+    return {key: int(os.environ[env]) for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK"))
+            if os.environ.get(env, "").isdigit()}
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,7 @@ class Settled:
 
     def record(self) -> dict[str, Any]:
         """What ``run_start`` records of it."""
-        out: dict[str, Any] = {"launch": self.launch}
-        if self.layout is not None:
-            out["layout"] = self.layout
-        return out
+        return {"launch": self.launch, **({} if self.layout is None else {"layout": self.layout})}
 
 
 def _holds_token(path: Path, token: str) -> bool:

@@ -109,8 +109,7 @@ class Trainer:
         self.device = torch.device(device)
         meta = strategy == "fsdp" and any(p.is_meta for p in model.parameters())  # sharded, then made on the device
         self.model = model if meta else model.to(self.device)
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
         c = self.collective
         self.rank, self.world_size = (0, 1) if c is None else (c.rank, c.world_size)

@@ -46,9 +46,8 @@ def describe_trial(trial: FrozenTrial) -> str:
     if state == "COMPLETE":
         what = _number(trial.value)
         seeds = trial.user_attrs.get(SEEDS_ATTR)
-        if isinstance(seeds, dict) and "NaN" in seeds.values():
-            bad = [s for s, v in seeds.items() if v == "NaN"]
-            what += f" (seed {bad[0]} diverged: NaN)"
+        bad = [s for s, v in seeds.items() if v == "NaN"] if isinstance(seeds, dict) else []
+        what += f" (seed {bad[0]} diverged: NaN)" if bad else ""
     elif state == "PRUNED":
         pruned = trial.user_attrs.get("pruned") or {}
         what = f"at {validation_label(pruned, last_step=trial.last_step)}" + \

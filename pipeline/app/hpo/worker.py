@@ -5,6 +5,7 @@ trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import time
 import warnings
@@ -31,6 +32,7 @@ INTERRUPTED = 130
 # Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
+_SEED_KEY = re.compile(rf"^{re.escape(SEED_ATTR_PREFIX)}(-?\d+)$")
 
 
 def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
@@ -47,14 +49,7 @@ def drawn_seed(*parts: object) -> int:
 
 def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
     """The seeds recorded in a study's system attributes, with who took each."""
-    out: dict[int, Any] = {}
-    for key, who in attrs.items():
-        if key.startswith(SEED_ATTR_PREFIX):
-            try:
-                out[int(key.removeprefix(SEED_ATTR_PREFIX))] = who
-            except ValueError:
-                continue
-    return out
+    return {int(m[1]): who for key, who in attrs.items() if (m := _SEED_KEY.match(key))}
 
 
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
