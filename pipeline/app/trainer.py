@@ -119,6 +119,7 @@ class Trainer:
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
         self.claim: RunDirClaim | None = None
         self.resumption: Resumption | None = None
+        self.restart: Restart | None = None
         self.settled: Settled | None = None  # a multi-process run: the claim the ranks agreed on
         self.events: EventLog | None = None
         check_manual(step, callbacks, self.world_size)
@@ -168,7 +169,9 @@ class Trainer:
         if resume_from is not None and self.run_dir is not None:
             check_log_key(self.run_dir, key)
             found = share_resumption(self.collective, self.run_dir, resume_from, self.settled, recorded_world_size)
-            if isinstance(found, Resumption):
+            if isinstance(found, Restart):
+                self.restart = found
+            else:
                 self.resumption = found
                 problems = mismatches(found.state, self.model, self.optimizer, self.scheduler)
                 if problems:

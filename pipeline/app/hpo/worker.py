@@ -140,8 +140,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     quiet_optuna()
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
-    sampler = study.sampler
-    grid = isinstance(sampler, optuna.samplers.GridSampler)
+    grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     beat, waited = plan.heartbeat, False
     beating = beat is not None
     pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
@@ -153,7 +152,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
-        if grid and sampler.is_exhausted(study):
+        if grid is not None and grid.is_exhausted(study):
             if beating:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
                     print(line, file=sys.stderr, flush=True)
