@@ -120,7 +120,7 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
     except (TypeError, ValueError):
         return  # a builtin or extension: nothing to check before calling it
     try:
-        bound = sig.bind(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
+        sig.bind(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     except TypeError as exc:
         text = str(exc)
         leaf = next((k for k in cfg.data_config if f"'{k}'" in text), None)
@@ -130,13 +130,9 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
         hints = typing.get_type_hints(builder)
     except Exception:
         return
-    problems = []
-    for name, value in bound.arguments.items():
-        if name not in cfg.data_config:
-            continue
-        want = hints.get(name)
-        if want in _SIMPLE and not _fits(value, want):
-            problems.append(ConfigProblem(f"data_config.{name}", f"{want.__name__} ({cfg.data} says so)", repr(value)))
+    problems = [ConfigProblem(f"data_config.{name}", f"{want.__name__} ({cfg.data} says so)", repr(value))
+                for name, value in cfg.data_config.items() if (want := hints.get(name)) in _SIMPLE
+                and not _fits(value, want)]
     if problems:
         raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
 
