@@ -85,13 +85,14 @@ def build_model(cfg: RunConfig) -> nn.Module:
     return model
 
 
-def build_optimization(cfg: RunConfig, model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimizer (or several, by name) over ``model``'s parameters, and its scheduler(s) or None."""
+def build_optimization(cfg: RunConfig, model: nn.Module, params: Any = None) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer (or several, by name) over ``model``'s parameters, and its scheduler(s) or None.
+    ``params``: what a single optimizer steps instead (validate's stand-in, for a model without any)."""
     if cfg.optimizers is not None:
         optimizer = build_named_optimizers(cfg, model)
         return optimizer, build_named_schedulers(cfg, optimizer)
-    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,
-                           lambda c: build_optimizer(c, model.parameters()))  # a fresh iterator per try
+    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,  # a fresh iterator per try
+                           lambda c: build_optimizer(c, model.parameters() if params is None else params))
     return optimizer, built_from(cfg, "scheduler_config", str(cfg.scheduler), lambda c: build_scheduler(c, optimizer))
 
 

@@ -147,7 +147,9 @@ def _fits(value: Any, want: type) -> bool:
 
 def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
     """What ``validate`` builds, and what it did with the data, for the summary line."""
-    build_optimization(cfg, built_from(cfg, "net_config", cfg.net, build_model, "net"))
+    import torch
+    build_optimization(cfg, built_from(cfg, "net_config", cfg.net, build_model, "net"),
+                       [torch.nn.Parameter(torch.zeros(1))])
     built_from(cfg, "criterion_config", cfg.criterion, build_criterion)
     named = "s" if cfg.optimizers is not None else ""
     built = ["model", "loss", f"optimizer{named}", *([f"scheduler{named}"] if cfg.scheduler or cfg.schedulers else [])]
