@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         code = int(ExitCode.BROKEN_PIPE)
     except BaseException:
-        _give_back_signals(args.owns_process)
+        from fsmtrain.core.signals import uninstall
+        uninstall(default=args.owns_process)  # the handlers a command found come back (owned: the defaults)
         raise
     return _exit_status(code, args.owns_process)
 
@@ -155,10 +156,10 @@ THREADS_BOUND_S = 30.0
 def _exit_status(code: int, owns_process: bool) -> int:
     """128 + the first signal the command caught, else ``code``. An owned process first waits (bounded)
     for its other threads, and ends at once when one does not end."""
-    from fsmtrain.core.signals import installed
+    from fsmtrain.core.signals import installed, uninstall
     stuck = _unfinished_threads(THREADS_BOUND_S) if owns_process else []
     signals = installed()
-    _give_back_signals(owns_process)  # first: a signal from here on is the default action, not a lost one
+    uninstall(default=owns_process)  # first: a signal from here on is the default action, not a lost one
     final = code if signals is None else signals.exit_status(code)
     if final != code and signals is not None:
         print(signals.said(final), file=sys.stderr, flush=True)
@@ -180,8 +181,3 @@ def _unfinished_threads(bound_s: float) -> list[str]:
         thread.join(max(0.0, deadline - time.monotonic()))
     return [t.name for t in others if t.is_alive()]
 
-
-def _give_back_signals(owns_process: bool) -> None:
-    """The handlers a command found come back; an owned process gets the default actions."""
-    from fsmtrain.core.signals import uninstall
-    uninstall(default=owns_process)

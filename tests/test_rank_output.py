@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from fsmtrain.app.rank_output import RankLines
+from fsmtrain.app.launch import RankLines
 
 
 class _Writes(io.StringIO):

@@ -62,14 +62,7 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
         torch.set_num_threads(cfg.num_threads)
     builders.seed_everything(seed)
     model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
-    if cfg.optimizers is not None:  # several, by name
-        optimizer = builders.build_named_optimizers(cfg, model)
-        scheduler = builders.build_named_schedulers(cfg, optimizer)
-    else:
-        optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,
-                               lambda c: builders.build_optimizer(c, model.parameters()))  # a fresh iterator per try
-        scheduler = built_from(cfg, "scheduler_config", str(cfg.scheduler),
-                               lambda c: builders.build_scheduler(c, optimizer))
+    optimizer, scheduler = builders.build_optimization(cfg, model)
     criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
     metrics = builders.build_metrics(cfg)  # resolved when the config was loaded
@@ -174,10 +167,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
     if startup is not None:
         startup.raise_if_signalled()
 
-    def take() -> RunDirClaim:
-        if callable(run_dir):
-            return run_dir()
-        return claim_existing(run_dir) if resume else claim_new(run_dir)
+    take = run_dir if callable(run_dir) else partial(claim_existing if resume else claim_new, run_dir)
     claim: RunDirClaim | Path = take() if collective is None else collective.on_rank_zero(take, lambda c: c.path)
     path = claim.path if isinstance(claim, RunDirClaim) else claim
 
@@ -197,8 +187,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
         trainer = Trainer(
             parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
             max_epochs=cfg.max_epochs, max_steps=cfg.max_steps, val_every_n_steps=cfg.val_every_n_steps,
-            callbacks=callbacks,
-            scheduler=parts.scheduler, device=cfg.device,
+            callbacks=callbacks, scheduler=parts.scheduler, device=cfg.device,
             metrics=parts.metrics, run_dir=claim, run_id=path.name, log_level=cfg.log_level,
             extras={"config": resolved, "seed": seed, "config_fingerprint": config_fingerprint(resolved, seed),
                     RECORDED_FOLDERS: user_folders(cfg), **cleared, **(extras or {})},
@@ -216,20 +205,16 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
         raise
     if replan is not None and trainer.resumption is not None:
         replan_schedule(cfg, trainer.resumption, replan)
+    error: BaseException | None = None
     try:
         trainer.fit()
     except (Exception, KeyboardInterrupt) as exc:
-        _all_ranks_done(trainer, exc)
-        return SeedRun(seed, path, trainer, exc)
-    _all_ranks_done(trainer, None)
-    return SeedRun(seed, path, trainer)
-
-
-def _all_ranks_done(trainer: Trainer, error: BaseException | None) -> None:
-    """A run the ranks ended together ends with a barrier, so no rank exits while rank 0 still writes
-    its files; a rank that failed on its own skips it."""
-    if trainer.collective is not None and (error is None or isinstance(error, Interrupted)):
-        trainer.collective.barrier()
+        error = exc
+    # A run the ranks ended together ends with a barrier, so no rank exits while rank 0 still writes its
+    # files; a rank that failed on its own skips it.
+    if collective is not None and (error is None or isinstance(error, Interrupted)):
+        collective.barrier()
+    return SeedRun(seed, path, trainer, error)
 
 
 @dataclass(frozen=True)

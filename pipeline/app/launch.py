@@ -1,16 +1,19 @@
 """Start a command on several processes as ``torchrun`` would (torch's elastic agent in this process,
-the workers running ``python -m fsmtrain <same command>``), and what a worker learns from the agent."""
+the workers running ``python -m fsmtrain <same command>``), what a worker learns from the agent, and
+how the ranks print: whole lines, each in one write, tagged ``[rank r]`` but on rank 0."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fsmtrain.core.events import first_run_start
 
@@ -20,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ElasticAttempt", "Nodes", "elastic_attempt", "elastic_restart_line", "elastic_run_dir", "has_committed_checkpoint",
-    "join_ranks", "launch_workers", "leave_ranks", "recorded_world_size", "worker_place", "without_launch_options",
+    "RankLines", "joined_ranks", "launch_workers", "recorded_world_size", "tag_rank_output", "worker_place",
+    "without_launch_options",
 ]
 
 _LAUNCH_OPTIONS = frozenset({"--nproc", "--nnodes", "--node-rank", "--rdzv", "--rdzv-id"})
@@ -48,24 +52,17 @@ class Nodes:
     run_id: str = "fsmtrain"  # the same on every node (``--rdzv-id``)
 
 
-def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None,
-                   monitor_interval: float = 0.1) -> int:
+def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None) -> int:
     """Run ``python -m fsmtrain *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
     first failure's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    if nodes is None:
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=monitor_interval,
-        )
-    else:
-        config = LaunchConfig(
-            min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id,
-            rdzv_backend="c10d", rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0},
-            max_restarts=0, monitor_interval=monitor_interval,
-        )
+    nodes = nodes or Nodes(1, 0, "localhost:0", uuid.uuid4().hex)  # one node: a store on a free local port
+    config = LaunchConfig(
+        min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id, rdzv_backend="c10d",
+        rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0}, max_restarts=0, monitor_interval=0.1,
+    )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
     except ChildFailedError as err:
@@ -79,12 +76,8 @@ def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = Non
 
 def worker_place() -> dict[str, int]:
     """This worker's node and local rank, from the agent's environment; empty outside an agent."""
-    place: dict[str, int] = {}
-    for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK")):
-        value = os.environ.get(env, "")
-        if value.isdigit():
-            place[key] = int(value)
-    return place
+    return {key: int(os.environ[env]) for key, env in (("node", "GROUP_RANK"), ("local_rank", "LOCAL_RANK"))
+            if os.environ.get(env, "").isdigit()}
 
 
 @dataclass(frozen=True)
@@ -96,7 +89,7 @@ class ElasticAttempt:
     max_restarts: int
 
     def record(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "restart": self.restart, "max_restarts": self.max_restarts}
+        return asdict(self)
 
 
 def elastic_attempt() -> ElasticAttempt | None:
@@ -172,26 +165,66 @@ def recorded_world_size(run_dir: Path) -> int:
     return world
 
 
-def join_ranks(section: DistributedConfig, device: str) -> TorchCollective | None:
-    """Under an agent: join the process group, the rank's output tagged; None in one process."""
-    from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun
+@contextlib.contextmanager
+def joined_ranks(section: DistributedConfig, device: str) -> Iterator[TorchCollective | None]:
+    """Under an agent: the process group, joined for the block (the rank's output tagged) and ended after
+    it with its threads; None in one process."""
+    from fsmtrain.training.distributed import DistributedOptions, init_from_env, launched_by_torchrun, shutdown
     if not launched_by_torchrun():
-        return None
-    import torch
-
-    from fsmtrain.app.rank_output import tag_rank_output
-    tag_rank_output(int(os.environ.get("RANK", "0")))
-    return init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
-                         torch.device(device))
-
-
-def leave_ranks(collective: TorchCollective | None) -> None:
-    """End the process group and its threads, after the run's objects are gone (they hold it)."""
-    if collective is None:
+        yield None
         return
-    from fsmtrain.training.distributed import shutdown
-    left = shutdown()
-    if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
-        print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
-              f"{', '.join(left)}", file=sys.stderr)
+    import torch
+    tag_rank_output(int(os.environ.get("RANK", "0")))
+    collective = init_from_env(DistributedOptions(section.backend, section.timeout_s, section.agreement_timeout_s),
+                               torch.device(device))
+    try:
+        yield collective
+    finally:  # after the run's objects are gone (they hold the group)
+        left = shutdown()
+        if left:  # the interpreter's exit would join them half torn down (a crash after a good run)
+            print(f"warning: rank {collective.rank}: the process group's threads still run after its shutdown: "
+                  f"{', '.join(left)}", file=sys.stderr)
 
+
+class RankLines(io.TextIOBase):
+    """A text stream that passes on whole lines only, each in one write, prefixed with ``prefix``."""
+
+    def __init__(self, target: TextIO, prefix: str) -> None:
+        super().__init__()
+        self.target, self.prefix = target, prefix
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            done, _, self._pending = self._pending.rpartition("\n")
+            self.target.write("".join(f"{self.prefix}{line}\n" for line in done.split("\n")))
+            self.target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:  # a line without its end yet: passed on whole, so it is not lost
+            self.target.write(f"{self.prefix}{self._pending}")
+            self._pending = ""
+        self.target.flush()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
+
+def tag_rank_output(rank: int) -> None:
+    """This process is rank ``rank``: its stdout writes whole lines, tagged unless rank 0. Rank 0 on a
+    terminal keeps its (line-buffered) stream, where its progress bar redraws a line in place."""
+    if isinstance(sys.stdout, RankLines) or (rank == 0 and sys.stdout.isatty()):
+        return
+    sys.stdout = RankLines(sys.stdout, "" if rank == 0 else f"[rank {rank}] ")

@@ -64,7 +64,7 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
     """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data."""
     from fsmtrain.app.config import load_run_config
     from fsmtrain.app.job import CONFIG_FILE
-    from fsmtrain.app.launch import join_ranks, leave_ranks
+    from fsmtrain.app.launch import joined_ranks
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.training.checkpoint_file import CheckpointError, load_checkpoint
     from fsmtrain.training.resume import recorded_start
@@ -86,11 +86,8 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
     except CheckpointError as exc:
         raise UsageError(f"--checkpoint {args.checkpoint}: {exc}") from None
     about = {"run_dir": str(run_dir), "checkpoint": shown, "checkpoint_sha256": sha, "data": cfg.data}
-    collective = join_ranks(cfg.distributed, cfg.device)
-    try:
+    with joined_ranks(cfg.distributed, cfg.device) as collective:
         _run(cfg, recorded_start(run_dir).seed, state["model"], collective, lambda t, lead: work(t, about, lead))
-    finally:
-        leave_ranks(collective)
     return int(ExitCode.OK)
 
 

@@ -166,8 +166,7 @@ def run_preflight(cfg: RunConfig, out: TextIO) -> bool:
           file=out)
     print(f"input      {shape_of(inputs)}   target {shape_of(targets)}", file=out)
     print(f"output     {shape_of(output)}", file=out)
-    shown = f"{value:.6g}" if math.isfinite(value) else str(value)
-    print(f"loss       {shown} ({cfg.step or cfg.criterion})", file=out)
+    print(f"loss       {value:.6g} ({cfg.step or cfg.criterion})", file=out)
     print(f"gradients  {len(grads) - len(missing) - len(bad)}/{len(grads)} tensors finite"
           + (f"; non-finite: {', '.join(bad)}" if bad else "")
           + (f"; no gradient: {', '.join(missing)}" if missing else ""), file=out)

@@ -42,10 +42,7 @@ class Settled:
 
     def record(self) -> dict[str, Any]:
         """What ``run_start`` records of it."""
-        out: dict[str, Any] = {"launch": self.launch}
-        if self.layout is not None:
-            out["layout"] = self.layout
-        return out
+        return {"launch": self.launch, **({} if self.layout is None else {"layout": self.layout})}
 
 
 def _holds_token(path: Path, token: str) -> bool:
@@ -75,10 +72,15 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
     return Settled(path, launch, LAYOUT_SHARED if all(seen) else LAYOUT_NODE_LOCAL, sees)
 
 
-def share_resumption(collective: TorchCollective, run_dir: Path, which: str | Path, settled: Settled,
+def share_resumption(collective: TorchCollective | None, run_dir: Path, which: str | Path, settled: Settled | None,
                      recorded_world: Callable[[Path], int]) -> Resumption | Restart:
-    """Rank 0 chooses the checkpoint; every rank continues from it, read from the shared run directory
-    or sent by rank 0 (a log that committed none restarts in place on every rank)."""
+    """The checkpoint to continue from, or a restart in place when the log committed none. With several
+    ranks rank 0 chooses; the others read it from the shared run directory or are sent it by rank 0."""
+    if collective is None or settled is None:
+        alone = resumption_or_restart(run_dir, which)
+        if isinstance(alone, Resumption):
+            alone.notes.update(world_size_before=recorded_world(run_dir), world_size=1)
+        return alone
     found: list[Resumption | Restart] = []
 
     def choose() -> tuple[str, int]:

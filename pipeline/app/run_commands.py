@@ -4,15 +4,15 @@ shares: exit statuses, the usage error, config loading. The parser imports it: l
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import math
 import re
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -50,16 +50,13 @@ def exit_code_for(reason: StopReason) -> ExitCode:
     return ExitCode(reason.exit_code)
 
 
-def _severity(code: ExitCode) -> int:
-    """The reasons' own severities, under SIGTERM's, which is a signal and outranks them all."""
-    if code is ExitCode.TERMINATED:
-        return max(r.severity for r in StopReason) + 1
-    return max((r.severity for r in StopReason if r.exit_code == code), default=0)
-
-
 def worst(codes: Sequence[ExitCode]) -> ExitCode:
-    """The status of a command that ran several seeds: the most severe of theirs (OK for none)."""
-    return max(codes, key=_severity, default=ExitCode.OK)
+    """The status of a command that ran several seeds: the most severe of theirs (OK for none), by their
+    reasons' severities; SIGTERM's, a signal, outranks them all."""
+    def severity(code: ExitCode) -> float:
+        return math.inf if code is ExitCode.TERMINATED else max(
+            (r.severity for r in StopReason if r.exit_code == code), default=0)
+    return max(codes, key=severity, default=ExitCode.OK)
 
 
 def load_config_of(args: argparse.Namespace) -> RunConfig:
@@ -70,10 +67,6 @@ def load_config_of(args: argparse.Namespace) -> RunConfig:
 def print_warnings(cfg: RunConfig, out: TextIO) -> None:
     for w in cfg.warnings:
         print(f"warning: {w}", file=out)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.6g}" if math.isfinite(x) else str(x)
 
 
 def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
@@ -95,14 +88,14 @@ def _describe_seed(run: SeedRun, out: TextIO) -> ExitCode:
         print(f"seed {run.seed}: {reason.name} after {result.epochs_completed} epoch(s) ({why})", file=out)
     if result.history:
         best_at = f" (epoch {result.best_epoch + 1})" if result.best_epoch is not None else ""
-        print(f"  best val_loss {_fmt(result.best_val_loss)}{best_at}, final val_loss {_fmt(result.last_val_loss)}",
+        print(f"  best val_loss {result.best_val_loss:.6g}{best_at}, final val_loss {result.last_val_loss:.6g}",
               file=out)
     else:  # not "best inf, final nan": there is no loss at all
         print("  no epoch completed: no val_loss to report", file=out)
     last = result.history[-1].metrics if result.history else {}
     extra = {k: v for k, v in last.items() if k.startswith("val_") and k != "val_loss"}
     if extra:
-        print("  final " + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(extra.items())), file=out)
+        print("  final " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(extra.items())), file=out)
     failed = getattr(run.error, "failure", None)  # another rank failed first (consensus.RankFailed)
     if failed is not None:
         print(f"  rank {failed.rank} failed: {failed.message} (in {failed.source}); every other rank stopped with it",
@@ -150,22 +143,6 @@ class _Place:
         return self.collective is None or self.collective.rank == 0
 
 
-@contextlib.contextmanager
-def _joined(cfg: RunConfig) -> Iterator[_Place]:
-    """Under torchrun: the process group, joined for the block; else this one process."""
-    from fsmtrain.app.launch import elastic_attempt, join_ranks, leave_ranks, worker_place
-    collective = join_ranks(cfg.distributed, cfg.device)
-    attempt = elastic_attempt()
-    extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
-    if attempt is not None:
-        extras["elastic"] = attempt.record()
-    out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
-    try:
-        yield _Place(collective, out, extras, attempt)
-    finally:
-        leave_ranks(collective)
-
-
 def _nodes(args: argparse.Namespace) -> Any:
     """The nodes of ``--nnodes N --node-rank R --rdzv HOST:PORT``; None on one node."""
     from fsmtrain.app.launch import Nodes
@@ -179,30 +156,33 @@ def _nodes(args: argparse.Namespace) -> Any:
     return Nodes(count, args.node_rank, args.rdzv, args.rdzv_id)
 
 
-def _launched(args: argparse.Namespace, nproc: int) -> int | None:
-    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers; their exit status."""
-    from fsmtrain.app.launch import launch_workers, without_launch_options
+def _on_ranks(args: argparse.Namespace, cfg: RunConfig, nproc: int, body: Callable[[_Place], int]) -> int:
+    """With ``nproc`` > 1 or several nodes, in a plain process: start the workers, and return their exit
+    status; else ``body`` here (under torchrun: joined to the process group for it)."""
+    from fsmtrain.app.launch import elastic_attempt, joined_ranks, launch_workers, without_launch_options, worker_place
     from fsmtrain.core.signals import installed, uninstall
     from fsmtrain.training.distributed import launched_by_torchrun
     nodes = _nodes(args)
-    if (nproc <= 1 and nodes is None) or launched_by_torchrun():
-        return None
-    caught = installed()
-    uninstall()
-    if caught is not None and caught.signum is not None:  # it came during start-up: start nothing
-        return caught.exit_status(0)
-    return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
+    if (nproc > 1 or nodes is not None) and not launched_by_torchrun():
+        caught = installed()
+        uninstall()
+        if caught is not None and caught.signum is not None:  # it came during start-up: start nothing
+            return caught.exit_status(0)
+        return launch_workers(nproc, without_launch_options(args.argv), nodes=nodes)
+    with joined_ranks(cfg.distributed, cfg.device) as collective:
+        attempt = elastic_attempt()
+        extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
+        if attempt is not None:
+            extras["elastic"] = attempt.record()
+        out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
+        return body(_Place(collective, out, extras, attempt))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from fsmtrain.core.signals import install
     install(owns_process=args.owns_process)  # a command that trains handles signals first thing
     cfg = load_config_of(args)  # checked once here, so a config mistake is one line, not one per rank
-    code = _launched(args, args.nproc)
-    if code is not None:
-        return code
-    with _joined(cfg) as place:
-        return _train_seeds(args, cfg, place)
+    return _on_ranks(args, cfg, args.nproc, partial(_train_seeds, args, cfg))
 
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
@@ -220,11 +200,8 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     objectives: list[float] = []
     root = Path(args.run_dir) if args.run_dir else Path("runs") / cfg.project
     for seed in cfg.seeds:
-        name = f"{run_name}-seed{seed}"
-
-        def pick(name: str = name) -> RunPick:
-            return pick_run_dir(root, name, bool(args.resume), place.attempt)
-        picked = pick() if collective is None else collective.share(pick)
+        pick = partial(pick_run_dir, root, f"{run_name}-seed{seed}", bool(args.resume), place.attempt)
+        picked: RunPick = pick() if collective is None else collective.share(pick)
         notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
         seed_extras = extras
@@ -244,8 +221,8 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
             break  # the user asked to stop, or a rank failed (the others are not coming): no next seed
     if len(cfg.seeds) > 1 and objectives:
         mean = statistics.fmean(objectives) if all(map(math.isfinite, objectives)) else math.inf
-        spread = f" ± {_fmt(statistics.stdev(objectives))}" if len(objectives) > 1 and math.isfinite(mean) else ""
-        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {_fmt(mean)}{spread}", file=out)
+        spread = f" ± {statistics.stdev(objectives):.6g}" if len(objectives) > 1 and math.isfinite(mean) else ""
+        print(f"mean objective (best val_loss) over {len(objectives)} seeds: {mean:.6g}{spread}", file=out)
     return _exit_line(worst(codes), out)
 
 
@@ -279,11 +256,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     except NeverStarted:  # stopped before its run_start: it starts over in place (train_seed says so)
         recorded = RecordedStart(_seed_of_unstarted(cfg, run_dir), 1)
     before = recorded_world_size(run_dir)  # the newest segment's; a run may have changed size before
-    code = _launched(args, args.nproc or before)  # as many ranks as it had, unless --nproc says otherwise
-    if code is not None:
-        return code
-    with _joined(cfg) as place:
-        return _resume_seed(run_dir, cfg, recorded.seed, before, place)
+    # as many ranks as it had, unless --nproc says otherwise
+    return _on_ranks(args, cfg, args.nproc or before, partial(_resume_seed, run_dir, cfg, recorded.seed, before))
 
 
 def _resume_seed(run_dir: Path, cfg: RunConfig, seed: int, before: int, place: _Place) -> int:

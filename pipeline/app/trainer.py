@@ -42,7 +42,7 @@ from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver, loader_gener
 from fsmtrain.training.inference import run_over
 from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, check_manual
 from fsmtrain.training.precision import PrecisionPolicy
-from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key, resumption_or_restart
+from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key
 from fsmtrain.training.resume_match import mismatches
 from fsmtrain.training.sharding import (
     FsdpOptions,
@@ -60,16 +60,13 @@ __all__ = ["TrainResult", "Trainer"]
 class Trainer:
     """Train ``model`` by walking the lifecycle machine.
 
-    ``run_dir``: the run's folder, claimed and locked for the run's life; ``run_name``: a new run's
-    folder, that or the next free ``-2``, ``-3``…; neither: events are kept in memory.
-    ``resume_from="latest"`` continues the run in ``run_dir`` from its newest committed checkpoint.
-    ``log_key`` (default ``FSMTRAIN_LOG_KEY``) makes the log's chain HMAC-SHA256. ``step``/``val_step``:
-    ``fn(model, batch)`` returning the loss or a mapping with ``loss``, instead of ``loss_fn``.
-    ``optimizer`` and ``scheduler`` may be mappings by name. ``max_epochs`` defaults to 1, or to no
-    bound with ``max_steps``; ``val_every_n_steps`` validates inside epochs too. ``default_callbacks`` adds
-    those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and ``lifecycle.mmd``.
-    ``preemption_signals``: the notices that save the last step and exit 143. ``strategy``: ``ddp`` or
-    ``fsdp`` (FSDP2). In a process group the trainer is one rank; rank 0 owns the run directory.
+    ``run_dir`` is claimed and locked for the run's life (``run_name``: a new run's folder, or the next
+    free ``-2``, ``-3``…; neither: events in memory); ``resume_from="latest"`` continues it. ``step`` and
+    ``val_step`` replace ``loss_fn`` with ``fn(model, batch)``; ``optimizer`` and ``scheduler`` may be
+    mappings by name; ``max_epochs`` defaults to 1, or unbounded with ``max_steps``. ``default_callbacks``
+    adds those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and ``lifecycle.mmd``;
+    ``preemption_signals`` save the last step and exit 143; ``log_key`` (default ``FSMTRAIN_LOG_KEY``)
+    makes the log's chain an HMAC. In a process group (``strategy`` ddp or fsdp) rank 0 owns the run dir.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
@@ -95,9 +92,10 @@ class Trainer:
         optimizer = NamedOptimizers(optimizer) if isinstance(optimizer, Mapping) else optimizer
         scheduler = NamedSchedulers(scheduler) if isinstance(scheduler, Mapping) else scheduler
         self.max_steps = max_steps
-        _check_arguments(model, optimizer, train_loader, max_epochs, callbacks, run_dir, resume_from,
-                         log_level, console_level, log_fsync, strategy, {"max_steps": max_steps,
-                                                                        "val_every_n_steps": val_every_n_steps})
+        _check_arguments(model, optimizer, train_loader, callbacks, run_dir, resume_from, strategy, log_fsync,
+                         {"level": log_level, "console_level": console_level},
+                         {"max_steps": (max_steps, 1, True), "val_every_n_steps": (val_every_n_steps, 1, True),
+                          "max_epochs": (max_epochs, 0, False)})
         if run_name is not None:
             if run_dir is not None or resume_from is not None:
                 raise ValueError("run_name names a new run's folder: give it without run_dir and resume_from")
@@ -113,8 +111,7 @@ class Trainer:
         self.device = torch.device(device)
         meta = strategy == "fsdp" and any(p.is_meta for p in model.parameters())  # sharded, then made on the device
         self.model = model if meta else model.to(self.device)
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.collective = collective if collective is not None else joined_collective(self.device)
         c = self.collective
         self.rank, self.world_size = (0, 1) if c is None else (c.rank, c.world_size)
@@ -169,11 +166,11 @@ class Trainer:
 
     def _start(self, max_epochs: int, run_id: str | None, run_extras: dict[str, Any], resume_from: str | Path | None,
                log_key: bytes | None, log_level: str, console_level: str, strict: bool | None, log_fsync: str) -> None:
-        start_seq = 0
         key = log_key if log_key is not None else key_from_env()
+        found: Resumption | Restart | None = None
         if resume_from is not None and self.run_dir is not None:
             check_log_key(self.run_dir, key)
-            found = _find_resumption(self.collective, self.settled, self.run_dir, resume_from)
+            found = share_resumption(self.collective, self.run_dir, resume_from, self.settled, recorded_world_size)
             if isinstance(found, Restart):
                 self.restart = found
             else:
@@ -183,20 +180,14 @@ class Trainer:
                     raise ResumeError(f"{self.run_dir}: cannot resume from {found.shown}: {'; '.join(problems)}; "
                                       "build the Trainer with the model, optimizer and scheduler the run was trained "
                                       "with")
-            start_seq = found.tail.next_seq
             run_id = found.tail.run_id or run_id
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events = EventLog(
-            self.run_dir / log_name_for_rank(self.rank) if self.run_dir is not None else None,
-            self.run_id,
-            level=log_level,
-            console=current_stderr() if self.rank == 0 else None,  # one console: rank 0's
-            console_level=console_level,
-            keep=self.run_dir is None,
-            start_seq=start_seq,
+            self.run_dir / log_name_for_rank(self.rank) if self.run_dir is not None else None, self.run_id,
+            level=log_level, console=current_stderr() if self.rank == 0 else None,  # one console: rank 0's
+            console_level=console_level, keep=self.run_dir is None, key=key, fsync=log_fsync,
+            start_seq=0 if found is None else found.tail.next_seq,
             config=run_extras.get("config"),  # the chain's genesis: run id and resolved config
-            key=key,
-            fsync=log_fsync,
         )
         self.run = RunContext(
             self.run_id, max_epochs, self.events,
@@ -218,11 +209,10 @@ class Trainer:
             if isinstance(self.run.extras.get("elastic"), dict):
                 self.resumption.notes["restart"] = self.run.extras["elastic"]["restart"]
             self.resumption.prepare(self.run)
-        start = self.resumption if self.resumption is not None else self.restart
-        restore = None if start is None else start.restore
         outputs = self.write_outputs and self.run_dir is not None and (self.rank == 0 or self.sharding is not None)
-        self.engine = Engine(self.driver, self.runner, self.run, strict=strict, restore=restore,
-                             collective=self.collective, outputs=self._write_outputs if outputs else None)
+        self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
+                             restore=None if found is None else found.restore, collective=self.collective,
+                             outputs=self._write_outputs if outputs else None)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (in a process group: rank 0, the others learn its path)."""
@@ -309,21 +299,19 @@ MODEL_FILE = "model.pt"
 DIAGRAM_FILE = "lifecycle.mmd"
 
 
-def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], max_epochs: Any,
-                     callbacks: Sequence[Any], run_dir: Any, resume_from: Any, log_level: str,
-                     console_level: str, log_fsync: str, strategy: str, step_counts: Mapping[str, Any]) -> None:
+def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], callbacks: Sequence[Any],
+                     run_dir: Any, resume_from: Any, strategy: str, log_fsync: str, levels: Mapping[str, str],
+                     counts: Mapping[str, tuple[Any, int, bool]]) -> None:
     """The constructor's arguments, checked before anything is built or claimed."""
     if strategy not in ("ddp", "fsdp"):
         raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
-    for name, value in step_counts.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
-    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 0:
-        raise ValueError(f"max_epochs must be an integer >= 0, got {max_epochs!r}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    for name, (value, low, optional) in counts.items():  # whole numbers >= low (or None where optional)
+        if not (optional and value is None) and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"{name} must be an integer >= {low}{' or None' if optional else ''}, got {value!r}")
+    for what, value, kind, shown in (("model", model, nn.Module, "torch.nn.Module"),
+                                     ("optimizer", optimizer, torch.optim.Optimizer, "torch.optim.Optimizer")):
+        if not isinstance(value, kind):
+            raise TypeError(f"{what} must be a {shown}, got {type(value).__name__}")
     if hasattr(train_loader, "__len__") and len(train_loader) == 0:  # type: ignore[arg-type]
         raise ValueError("train_loader yields no batches (is the dataset smaller than one batch with drop_last?)")
     for i, cb in enumerate(callbacks):
@@ -331,7 +319,7 @@ def _check_arguments(model: Any, optimizer: Any, train_loader: Iterable[Any], ma
             raise TypeError(f"callbacks[{i}] must be a TrainingCallback, got {type(cb).__name__}")
     if resume_from is not None and run_dir is None:
         raise ValueError("resume_from needs the run_dir of the run to continue")
-    check_levels(level=log_level, console_level=console_level)
+    check_levels(**levels)
     if log_fsync not in FSYNC_POLICIES:
         raise ValueError(f"log_fsync: fsync must be one of {', '.join(FSYNC_POLICIES)}, got {log_fsync!r}")
 
@@ -350,14 +338,3 @@ def _run_extras(extras: Mapping[str, Any] | None, train_loader: Iterable[Any], c
         run_extras.update(rank=collective.rank, world_size=collective.world_size)
     run_extras["strategy"] = strategy
     return run_extras
-
-
-def _find_resumption(collective: TorchCollective | None, settled: Settled | None, run_dir: Path,
-                     which: str | Path) -> Resumption | Restart:
-    """The checkpoint to continue from (rank 0 chooses), or a restart in place when the log committed none."""
-    if collective is None or settled is None:
-        found = resumption_or_restart(run_dir, which)
-        if isinstance(found, Resumption):
-            found.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
-        return found
-    return share_resumption(collective, run_dir, which, settled, recorded_world_size)

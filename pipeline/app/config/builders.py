@@ -80,8 +80,20 @@ def build_model(cfg: RunConfig) -> nn.Module:
     from torch import nn
     model = resolve_dotted(cfg.net)(**cfg.net_config)
     if not isinstance(model, nn.Module):
-        raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")])
+        raise ConfigError([ConfigProblem("net", Kind.MODEL.value, f"{cfg.net} built a {type(model).__name__}")],
+                          cfg.source)
     return model
+
+
+def build_optimization(cfg: RunConfig, model: nn.Module, params: Any = None) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer (or several, by name) over ``model``'s parameters, and its scheduler(s) or None.
+    ``params``: what a single optimizer steps instead (validate's stand-in, for a model without any)."""
+    if cfg.optimizers is not None:
+        optimizer = build_named_optimizers(cfg, model)
+        return optimizer, build_named_schedulers(cfg, optimizer)
+    optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,  # a fresh iterator per try
+                           lambda c: build_optimizer(c, model.parameters() if params is None else params))
+    return optimizer, built_from(cfg, "scheduler_config", str(cfg.scheduler), lambda c: build_scheduler(c, optimizer))
 
 
 def fsdp_options(cfg: RunConfig) -> FsdpOptions:
@@ -156,9 +168,7 @@ def build_named_schedulers(cfg: RunConfig, optimizers: Any) -> Any:
     from fsmtrain.training.optimizers import NamedSchedulers
     if not cfg.schedulers:
         return None
-    return NamedSchedulers({name: blamed(cfg, f"schedulers.{name}.kwargs", sc.target,
-                                         partial(_construct, partial(resolve_dotted(sc.target), optimizers[name])),
-                                         sc.kwargs, f"schedulers.{name}.target")
+    return NamedSchedulers({name: built_target(cfg, f"schedulers.{name}", sc.target, sc.kwargs, optimizers[name])
                             for name, sc in cfg.schedulers.items()})
 
 
@@ -192,9 +202,8 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
 
 def build_metrics(cfg: RunConfig) -> dict[str, Any]:
     """Each metric: a function ``fn(output, target)``, or an exact metric object built from its class."""
-    return {name: resolve_dotted(m) if isinstance(m, str) else
-            blamed(cfg, f"metrics.{name}.kwargs", m.target, partial(_construct, resolve_dotted(m.target)), m.kwargs,
-                   f"metrics.{name}.target") for name, m in cfg.metrics.items()}
+    return {name: resolve_dotted(m) if isinstance(m, str) else built_target(cfg, f"metrics.{name}", m.target, m.kwargs)
+            for name, m in cfg.metrics.items()}
 
 
 def build_steps(cfg: RunConfig) -> tuple[Any, Any]:
@@ -230,15 +239,16 @@ def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,
         out.append(cb.GradientAccumulationCallback(steps=cfg.grad_accumulation))
     if cfg.log_every_n_steps is not None:
         out.append(cb.StepLogCallback(cfg.log_every_n_steps))
-    for i, extra in enumerate(cfg.callbacks.extra):  # a constructor's rejection is blamed on its leaf
-        build = partial(_construct, resolve_dotted(extra.target))
-        out.append(blamed(cfg, f"callbacks.extra.{i}.kwargs", extra.target, build, extra.kwargs,
-                          f"callbacks.extra.{i}.target"))
+    out += [built_target(cfg, f"callbacks.extra.{i}", extra.target, extra.kwargs)
+            for i, extra in enumerate(cfg.callbacks.extra)]
     return out
 
 
-def _construct(cls: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
-    return cls(**kwargs)
+def built_target(cfg: RunConfig, where: str, target: str, kwargs: Mapping[str, Any], *leading: Any) -> Any:
+    """``target(*leading, **kwargs)`` of a ``{target, kwargs}`` entry at ``where``, a rejection blamed as
+    :func:`blamed` does (on ``where.kwargs.<leaf>``)."""
+    cls = resolve_dotted(target)
+    return blamed(cfg, f"{where}.kwargs", target, lambda kw: cls(*leading, **kw), kwargs, f"{where}.target")
 
 
 def _options(section: BaseModel) -> dict[str, Any]:

@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.app.config.builders import (
-    blamed,
     build_callbacks,
     build_criterion,
     build_data,
-    build_named_optimizers,
-    build_named_schedulers,
-    build_optimizer,
-    build_scheduler,
+    build_model,
+    build_optimization,
     build_steps,
     built_from,
 )
@@ -123,7 +120,7 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
     except (TypeError, ValueError):
         return  # a builtin or extension: nothing to check before calling it
     try:
-        bound = sig.bind(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
+        sig.bind(batch_size=cfg.batch_size, seed=seed, **cfg.data_config)
     except TypeError as exc:
         text = str(exc)
         leaf = next((k for k in cfg.data_config if f"'{k}'" in text), None)
@@ -133,13 +130,9 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
         hints = typing.get_type_hints(builder)
     except Exception:
         return
-    problems = []
-    for name, value in bound.arguments.items():
-        if name not in cfg.data_config:
-            continue
-        want = hints.get(name)
-        if want in _SIMPLE and not _fits(value, want):
-            problems.append(ConfigProblem(f"data_config.{name}", f"{want.__name__} ({cfg.data} says so)", repr(value)))
+    problems = [ConfigProblem(f"data_config.{name}", f"{want.__name__} ({cfg.data} says so)", repr(value))
+                for name, value in cfg.data_config.items() if (want := hints.get(name)) in _SIMPLE
+                and not _fits(value, want)]
     if problems:
         raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
 
@@ -155,21 +148,11 @@ def _fits(value: Any, want: type) -> bool:
 def check_builds(cfg: RunConfig) -> tuple[list[str], str]:
     """What ``validate`` builds, and what it did with the data, for the summary line."""
     import torch
-    model = blamed(cfg, "net_config", cfg.net, lambda kw: resolve_dotted(cfg.net)(**kw), cfg.net_config, "net")
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError([ConfigProblem("net", "a torch.nn.Module subclass", f"{cfg.net} built a "
-                                         f"{type(model).__name__}")], cfg.source)
+    build_optimization(cfg, built_from(cfg, "net_config", cfg.net, build_model, "net"),
+                       [torch.nn.Parameter(torch.zeros(1))])
     built_from(cfg, "criterion_config", cfg.criterion, build_criterion)
-    dummy = torch.nn.Parameter(torch.zeros(1))
-    if cfg.optimizers is not None:  # several, each over its part of the model
-        build_named_schedulers(cfg, build_named_optimizers(cfg, model))
-        built = ["model", "loss", "optimizers", *(["schedulers"] if cfg.schedulers else [])]
-    else:
-        optimizer = built_from(cfg, "optimizer_config", cfg.optimizer, lambda c: build_optimizer(c, [dummy]))
-        built = ["model", "loss", "optimizer"]
-    if cfg.scheduler is not None and cfg.optimizers is None:
-        built_from(cfg, "scheduler_config", cfg.scheduler, lambda c: build_scheduler(c, optimizer))
-        built.append("scheduler")
+    named = "s" if cfg.optimizers is not None else ""
+    built = ["model", "loss", f"optimizer{named}", *([f"scheduler{named}"] if cfg.scheduler or cfg.schedulers else [])]
     checked_callbacks(cfg)
     if cfg.callbacks.extra:
         built.append("extra callbacks")

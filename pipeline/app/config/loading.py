@@ -70,32 +70,26 @@ def _expanded_size(root: yaml.Node, budget: int) -> int | None:
     """How many nodes ``root`` is with every alias expanded (capped past ``budget``), counted without
     expanding; ``None`` for a document that contains itself."""
     sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        children: list[yaml.Node] = []
-        if isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        if done:
-            open_nodes.discard(key)
-            sizes[key] = min(budget + 1, 1 + sum(sizes[id(c)] for c in children))
-            continue
-        if key in sizes:
-            continue
-        if key in open_nodes:
-            return None
-        open_nodes.add(key)
-        stack.append((node, True))
+    inside: set[int] = set()
+
+    def size(node: yaml.Node) -> int | None:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in inside:
+            return None  # an alias to a node that holds it: endless
+        inside.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else \
+            [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
+        total = 1
         for child in children:
-            if id(child) in open_nodes:
-                return None  # an alias to a node that holds it: endless
-            if id(child) not in sizes:
-                stack.append((child, False))
-    return sizes[id(root)]
+            n = size(child)
+            if n is None:
+                return None
+            total = min(budget + 1, total + n)
+        inside.discard(id(node))
+        sizes[id(node)] = total
+        return total
+    return size(root)
 
 
 def _check_bounded(node: yaml.Node, source: str) -> None:
@@ -177,41 +171,46 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        parts = key.split(".")
-        if not sep or not key or any(not p for p in parts):
+        if not sep or not key or not all(key.split(".")):
             problems.append(ConfigProblem(key or item, "an override of the form key.path=value", repr(item)))
             continue
         try:
-            value = _parse_yaml(raw, f"--set {item}")
+            problem = set_at(out, key, _parse_yaml(raw, f"--set {item}"))
         except ConfigError as exc:
             problems.extend(ConfigProblem(key, p.expected, p.found) for p in exc.problems)
             continue
-        node: Any = out
-        for depth, part in enumerate(parts):
-            where = ".".join(parts[:depth])
-            if isinstance(node, list):
-                i = int(part) if part.isdigit() and int(part) < len(node) else None
-                if i is None:
-                    span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
-                    problems.append(ConfigProblem(key, f"an index of {where} {span}",
-                                                  repr(part) if not part.isdigit() else f"{part} ({len(node)} items)"))
-                    break
-                part_key: Any = i
-            elif isinstance(node, dict):
-                part_key = part
-            else:
-                problems.append(ConfigProblem(key, f"{where} to be a mapping or a list", type(node).__name__))
-                break
-            if depth == len(parts) - 1:
-                node[part_key] = value
-                break
-            child = node[part_key] if isinstance(node, list) else node.get(part_key)
-            if child is None:
-                child = node[part_key] = {}
-            node = child
+        if problem is not None:
+            problems.append(problem)
     if problems:
         raise ConfigError(problems, "overrides")
     return out
+
+
+def set_at(data: dict[str, Any], key: str, value: Any) -> ConfigProblem | None:
+    """Set ``value`` at the dotted path ``key`` of ``data`` in place (a missing or null mapping is made,
+    a number indexes a list); the problem, at ``key``, when the path cannot be set."""
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth])
+        if isinstance(node, list):
+            if not (part.isdigit() and int(part) < len(node)):
+                span = f"from 0 to {len(node) - 1}" if node else "(it is empty)"
+                return ConfigProblem(key, f"an index of {where} {span}",
+                                     repr(part) if not part.isdigit() else f"{part} ({len(node)} items)")
+            part_key: Any = int(part)
+        elif isinstance(node, dict):
+            part_key = part
+        else:
+            return ConfigProblem(key, f"{where} to be a mapping or a list", type(node).__name__)
+        if depth == len(parts) - 1:
+            node[part_key] = value
+            return None
+        child = node[part_key] if isinstance(node, list) else node.get(part_key)
+        if child is None:
+            child = node[part_key] = {}
+        node = child
+    return None
 
 
 def override_of(path: str, overrides: Sequence[str]) -> str | None:

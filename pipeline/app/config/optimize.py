@@ -4,14 +4,14 @@ and its search space, each path of which must give a valid config at both ends o
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
+from fsmtrain.app.config.loading import set_at
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem, schema_problems
 from fsmtrain.app.config.resolution import (
     ResolveError,
@@ -66,32 +66,17 @@ def _is_grid(cls: Any) -> bool:
     return inspect.isclass(cls) and issubclass(cls, optuna.samplers.GridSampler)
 
 
-def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
-    """The seed one worker's sampler gets: ``seed + worker`` on a new study; on one that holds trials,
-    drawn from (seed, trials, worker), since the same seed would propose the same parameters again."""
-    return seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
-
-
-def drawn_seed(*parts: object) -> int:
-    """A sampler seed drawn from ``parts``, below 2**32 (what numpy's RandomState takes)."""
-    digest = hashlib.sha256(":".join(["fsmtrain-sampler-seed", *map(str, parts)]).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def build_sampler(opt: OptimizeConfig, *, worker: int = 0, prior_trials: int = 0,
-                  seed: int | None = None) -> optuna.samplers.BaseSampler:
+def build_sampler(opt: OptimizeConfig, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
-    ``sampler_config.search_space`` is given; a configured integer seed becomes ``seed`` (the one the
-    worker claimed, :func:`fsmtrain.app.hpo.worker.claim_sampler_seed`), else :func:`sampler_seed`'s."""
+    ``sampler_config.search_space`` is given; ``seed`` (the one a worker claimed) replaces a configured
+    integer seed."""
     cls = _configured_part(opt, "sampler")
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
         kwargs["search_space"] = {path: list(p.choices or []) for path, p in opt.search_space.items()
                                   if p.type == "categorical"}
-    configured = kwargs.get("seed")
-    if type(configured) is int:
-        kwargs["seed"] = seed if seed is not None else sampler_seed(configured, worker=worker,
-                                                                    prior_trials=prior_trials)
+    if seed is not None and type(kwargs.get("seed")) is int:
+        kwargs["seed"] = seed
     return cast("optuna.samplers.BaseSampler", cls(**kwargs))
 
 
@@ -100,17 +85,12 @@ def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
     return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
 
 
-def _with_value(data: Mapping[str, Any], parts: Sequence[str], value: Any) -> dict[str, Any] | str:
-    """A copy of ``data`` with ``value`` at the path ``parts``; a string says why it cannot be set."""
-    out = copy.deepcopy(dict(data))
-    node: Any = out
-    for depth, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        child = node[part] = {} if child is None else child
-        if not isinstance(child, dict):
-            return f"{'.'.join(parts[: depth + 1])} is a {type(child).__name__}, not a mapping"
-        node = child
-    node[parts[-1]] = value
+def _with_value(data: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``data`` without its ``optimize`` section, with ``value`` at ``path``."""
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "optimize"})
+    problem = set_at(out, path, value)
+    if problem is not None:
+        raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", problem.expected, problem.found)])
     return out
 
 
@@ -119,17 +99,13 @@ def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, 
     ``params`` value set at its path (``{"optimizer_config.lr": 0.01}``)."""
     out: dict[str, Any] = {k: v for k, v in data.items() if k != "optimize"}
     for path, value in params.items():
-        probe = _with_value(out, path.split("."), value)
-        if isinstance(probe, str):
-            raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", "a config path that can be set", probe)])
-        out = probe
+        out = _with_value(out, path, value)
     return out
 
 
 def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) -> list[ConfigProblem]:
     """Each search-space path, set to both ends of its range (or each choice), must give a config
     that passes the schema and resolution tiers; a failure is reported at the search path."""
-    base = {k: v for k, v in data.items() if k != "optimize"}
     found: dict[str, ConfigProblem] = {}
     for path, spec in space.items():
         where = f"optimize.search_space.{path}"
@@ -142,9 +118,10 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
         except ValidationError:
             continue  # the schema tier reports it
         for value in param.probe_values():
-            probe = _with_value(base, parts, value)
-            if isinstance(probe, str):
-                found[where] = ConfigProblem(where, "a config path that can be set", probe)
+            try:
+                probe = _with_value(data, str(path), value)
+            except ConfigError as exc:
+                found[where] = exc.problems[0]
                 break
             problems: list[ConfigProblem] = []
             try:

@@ -233,9 +233,15 @@ def _named_optimizer_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
                                               f"({', '.join(map(str, names)) or 'none'})", f"{name!r}",
                                               closest(str(name), names)))
                 continue
-            problems += _check_target(f"{section}.{name}.target", item.get("target", default), kind,
-                                      item.get("kwargs", {}), f"{section}.{name}.kwargs", 1)
+            problems += _entry_problems(f"{section}.{name}", item, kind, 1, default)
     return problems
+
+
+def _entry_problems(where: str, item: Mapping[str, Any], kind: Kind, positional: int = 0,
+                    default: str | None = None) -> list[ConfigProblem]:
+    """A ``{target, kwargs}`` entry at ``where``: its target and the kwargs it is built with."""
+    return _check_target(f"{where}.target", item.get("target", default), kind, item.get("kwargs", {}),
+                         f"{where}.kwargs", positional)
 
 
 def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
@@ -253,8 +259,7 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if isinstance(metrics, Mapping):
         for name, target in metrics.items():
             if isinstance(target, Mapping):
-                problems += _check_target(f"metrics.{name}.target", target.get("target"), Kind.EXACT_METRIC,
-                                          target.get("kwargs", {}), f"metrics.{name}.kwargs", 0)
+                problems += _entry_problems(f"metrics.{name}", target, Kind.EXACT_METRIC)
             else:
                 problems += _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0)
     callbacks = data.get("callbacks")
@@ -262,9 +267,7 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if isinstance(extra, list):
         for i, item in enumerate(extra):
             if isinstance(item, Mapping):
-                problems += _check_target(
-                    f"callbacks.extra.{i}.target", item.get("target"), Kind.CALLBACK,
-                    item.get("kwargs", {}), f"callbacks.extra.{i}.kwargs", 0)
+                problems += _entry_problems(f"callbacks.extra.{i}", item, Kind.CALLBACK)
     device = data.get("device", "cpu")
     if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
         return problems  # the CPU is always there: no need to ask torch

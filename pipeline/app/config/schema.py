@@ -281,13 +281,9 @@ class RunConfig(_Section):
     _overrides: tuple[str, ...] = PrivateAttr(default=())  # the --set items applied to it
 
     @model_validator(mode="after")
-    def _budget(self) -> RunConfig:
+    def _consistent(self) -> RunConfig:
         if self.epochs is None and self.max_steps is None:
             raise ValueError("set epochs or max_steps (or both: whichever is reached first ends the run)")
-        return self
-
-    @model_validator(mode="after")
-    def _named_optimizers(self) -> RunConfig:
         if self.optimizers is None:
             if self.schedulers:
                 raise ValueError("schedulers by name go with optimizers by name (optimizers: {name: ...}); one "

@@ -3,7 +3,6 @@ terminal, and a summary. It reads the study's storage, so every kind of worker s
 
 from __future__ import annotations
 
-import math
 import shlex
 import threading
 from collections import Counter
@@ -25,9 +24,7 @@ __all__ = ["Monitor", "describe_trial", "format_params"]
 
 
 def _number(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.6g}" if math.isfinite(x) else str(x)
+    return "-" if x is None else f"{x:.6g}"
 
 
 def format_params(params: Mapping[str, Any]) -> str:
@@ -49,9 +46,8 @@ def describe_trial(trial: FrozenTrial) -> str:
     if state == "COMPLETE":
         what = _number(trial.value)
         seeds = trial.user_attrs.get(SEEDS_ATTR)
-        if isinstance(seeds, dict) and "NaN" in seeds.values():
-            bad = [s for s, v in seeds.items() if v == "NaN"]
-            what += f" (seed {bad[0]} diverged: NaN)"
+        bad = [s for s, v in seeds.items() if v == "NaN"] if isinstance(seeds, dict) else []
+        what += f" (seed {bad[0]} diverged: NaN)" if bad else ""
     elif state == "PRUNED":
         pruned = trial.user_attrs.get("pruned") or {}
         what = f"at {validation_label(pruned, last_step=trial.last_step)}" + \

@@ -143,21 +143,15 @@ def reclaim(study: optuna.study.Study, max_retry: int | None, *, unretried: bool
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in (t.system_attrs.get("retry_history") or [])}
     for trial in trials:
-        if trial.state is TrialState.RUNNING:
-            who = trial.user_attrs.get(WORKER_ATTR)
-            if not (isinstance(who, Mapping) and process_gone(who)):
-                continue
-            if not_of is not None and who.get("launch") == not_of:
-                continue
+        who = trial.user_attrs.get(WORKER_ATTR)
+        if trial.state is TrialState.RUNNING and isinstance(who, Mapping) and process_gone(who) \
+                and (not_of is None or who.get("launch") != not_of):
             why = f"its worker process {who['pid']} on this host is gone"
             if not _fail_lost(study, trial, why):
                 continue
             what = f"trial {trial.number} was RUNNING, but {why}: FAIL"
-        elif unretried and trial.state is TrialState.FAIL and trial.number not in retried:
-            lost = lost_why(trial)
-            if lost is None:
-                continue
-            what = f"trial {trial.number} was lost ({lost})"
+        elif unretried and trial.state is TrialState.FAIL and trial.number not in retried and lost_why(trial):
+            what = f"trial {trial.number} was lost ({lost_why(trial)})"
         else:
             continue
         if _retry(study, trial, max_retry):

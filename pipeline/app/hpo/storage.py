@@ -186,30 +186,23 @@ def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
     return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True,
-                 say: Callable[[str], None] = _to_stderr) -> BaseStorage:
+def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
     """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
-    with ``heartbeat``. An open that lost a set-up race is tried again, and ``say`` is told."""
+    with ``heartbeat``. An open that lost a set-up race is tried again, with a warning on stderr."""
     import optuna
     path = spec.path
     if not create and path is not None and not path.is_file():
         raise StorageError(spec.source, "an existing study storage", f"no file at {str(path)!r}")
-    if spec.kind is StorageKind.JOURNAL:
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
-        try:
-            if path is not None and create:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            # absolute: the lock symlinks to it, and a relative target would dangle
+    journal = spec.kind is StorageKind.JOURNAL
+    try:
+        if path is not None and create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if journal:  # absolute: the lock symlinks to it, and a relative target would dangle
+            from optuna.storages.journal import JournalFileBackend, JournalStorage
             return JournalStorage(JournalFileBackend(os.path.abspath(str(path))))
-        except Exception as exc:
-            raise StorageError(spec.source, "a journal file that can be opened",
-                               f"{spec.shown!r}: {_one_line(exc)}") from None
-    if path is not None and create:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    except Exception as exc:
+        raise StorageError(spec.source, f"a {'journal file' if journal else 'database'} that can be opened",
+                           f"{spec.shown!r}: {_one_line(exc)}") from None
     kwargs: dict[str, Any] = {}
     if heartbeat is not None:
         kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
@@ -225,8 +218,9 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
             # create=False races too: Optuna stamps the schema version of tables just made.
             if attempt < 4 and _lost_creation_race(exc, creating=create):
                 delay = 0.2 + 0.3 * attempt
-                say(f"warning: {spec.shown}: another process was setting up this database at the same time "
-                    f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)")
+                print(f"warning: {spec.shown}: another process was setting up this database at the same time "
+                      f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)",
+                      file=sys.stderr, flush=True)
                 time.sleep(delay)
                 continue
             raise StorageError(spec.source, "a database that can be opened",
@@ -234,7 +228,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
     raise AssertionError("unreachable")
 
 
-def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None] = _to_stderr) -> list[str] | None:
+def existing_directions(spec: StorageSpec, study: str) -> list[str] | None:
     """The directions of study ``study`` if ``spec`` holds it, else None; creates nothing."""
     path = spec.path
     if path is not None and not path.is_file():
@@ -250,7 +244,7 @@ def existing_directions(spec: StorageSpec, study: str, say: Callable[[str], None
             raise StorageError(spec.source, "a reachable database", f"{spec.shown!r}: {_one_line(exc)}") from None
         if not has_tables:
             return None
-    storage = open_storage(spec, create=False, say=say)
+    storage = open_storage(spec, create=False)
     try:
         study_id = storage.get_study_id_from_name(study)
         return [d.name.lower() for d in storage.get_study_directions(study_id)]

@@ -131,10 +131,7 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
     print(f"study {name} ({opt.direction}): {plan.n_trials} trials, {workers}, "
           f"{len(plan.trial.seeds)} seed(s) a trial, sampler {opt.sampler}, pruner {opt.pruner}", file=out)
     print(f"storage: {plan.storage.describe()}", file=out)
-    hints = plan.storage.open_hints(name)
-    print(f"open it: {hints[0]}", file=out)
-    for hint in hints[1:]:
-        print(f"         {hint}", file=out)
+    print("open it: " + "\n         ".join(plan.storage.open_hints(name)), file=out)
     print(f"runs:    {plan.trial.study_dir}/trial-<n>-seed<s>/", file=out, flush=True)
 
 

@@ -157,16 +157,14 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
             if error is not None:
                 raise error
             assert result is not None
-            if result.stop_reason is StopReason.PRUNED:
-                objectives[str(seed)] = result.objective
-                trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+            pruned = result.stop_reason is StopReason.PRUNED
+            diverged = not pruned and not math.isfinite(result.objective)  # its reason's objective is inf
+            objectives[str(seed)] = math.nan if diverged else result.objective
+            trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+            if pruned:
                 raise optuna.TrialPruned(result.stop.message if result.stop else "pruned")
-            if not math.isfinite(result.objective):  # a diverged seed (its reason's objective is inf)
-                objectives[str(seed)] = math.nan
-                trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
+            if diverged:
                 return worst  # the remaining seeds are not run
-            objectives[str(seed)] = result.objective
-        trial.set_user_attr(SEEDS_ATTR, jsonable(objectives))
         return statistics.fmean(objectives.values())
     except KeyboardInterrupt as exc:
         why = _interrupted(exc)

@@ -4,6 +4,8 @@ trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)
 
 from __future__ import annotations
 
+import hashlib
+import re
 import sys
 import time
 import warnings
@@ -14,7 +16,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
-from fsmtrain.app.config.optimize import drawn_seed, sampler_seed
 from fsmtrain.app.hpo.recovery import reclaim, worker_identity
 from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec, open_storage
 from fsmtrain.app.hpo.trial import TrialPlan, run_trial
@@ -31,18 +32,24 @@ INTERRUPTED = 130
 # Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
+_SEED_KEY = re.compile(rf"^{re.escape(SEED_ATTR_PREFIX)}(-?\d+)$")
+
+
+def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
+    """The seed one worker's sampler gets: ``seed + worker`` on a new study; on one that holds trials,
+    drawn from (seed, trials, worker), since the same seed would propose the same parameters again."""
+    return seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
+
+
+def drawn_seed(*parts: object) -> int:
+    """A sampler seed drawn from ``parts``, below 2**32 (what numpy's RandomState takes)."""
+    digest = hashlib.sha256(":".join(["fsmtrain-sampler-seed", *map(str, parts)]).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
     """The seeds recorded in a study's system attributes, with who took each."""
-    out: dict[int, Any] = {}
-    for key, who in attrs.items():
-        if key.startswith(SEED_ATTR_PREFIX):
-            try:
-                out[int(key.removeprefix(SEED_ATTR_PREFIX))] = who
-            except ValueError:
-                continue
-    return out
+    return {int(m[1]): who for key, who in attrs.items() if (m := _SEED_KEY.match(key))}
 
 
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
@@ -113,7 +120,7 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
         seed = claim_sampler_seed(storage, plan.trial.study, configured, worker=index, launch=plan.trial.launch,
                                   prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch),
                                   say=lambda line: print(line, file=sys.stderr, flush=True))
-    sampler = build_sampler(plan.optimize, worker=index, prior_trials=plan.prior_trials, seed=seed)
+    sampler = build_sampler(plan.optimize, seed=seed)
     return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
                              pruner=build_pruner(plan.optimize))
 
@@ -133,9 +140,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     quiet_optuna()
     study = _load(plan, index)
     objective = partial(run_trial, plan=plan.trial)
-    sampler = study.sampler
-    exhausted: Callable[[], bool] = (lambda: bool(sampler.is_exhausted(study))) \
-        if isinstance(sampler, optuna.samplers.GridSampler) else (lambda: False)
+    grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     beat, waited = plan.heartbeat, False
     beating = beat is not None
     pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
@@ -147,7 +152,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
         reclaim_gone()
-        if exhausted():
+        if grid is not None and grid.is_exhausted(study):
             if beating:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
                     print(line, file=sys.stderr, flush=True)
