@@ -75,8 +75,16 @@ class HandlerCompiler:
     def per_batch(self, steps: Sequence[Step]) -> Work:
         """The body of a batch: its steps as one callable of the step (or validation step) context."""
         items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
-        hooked = any(s.action is None and self.runner.has(s.name) for s in steps)
-        return compile_body(items, flags_can_change=hooked or self.driver_sets_flags)
+        return compile_body(items, flags_can_change=self._flags_can_change(steps))
+
+    def plain_batch(self, steps: Sequence[Step]) -> tuple[Work, ...] | None:
+        """A batch's work in order, for a loop that calls it itself; None when a skip flag may leave some out."""
+        if self._flags_can_change(steps):
+            return None
+        return tuple(w for s in steps if (w := self._work(s)) is not None)
+
+    def _flags_can_change(self, steps: Sequence[Step]) -> bool:
+        return self.driver_sets_flags or any(s.action is None and self.runner.has(s.name) for s in steps)
 
     def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
         """The handler of transition ``t``: log the move, then run its program."""

@@ -116,6 +116,8 @@ class TorchDriver:
         if val_step is not None:
             self._val_run = user_step(val_step, device, self.precision, bool(metrics))  # type: ignore[method-assign,assignment]
         self._user_val = val_step is not None
+        if self._no_sync is None:  # nothing to wrap backward in: the action is the plain one
+            self.backward = self._backward  # type: ignore[method-assign]
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
@@ -157,7 +159,7 @@ class TorchDriver:
 
     def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
         """``model`` on one batch: its output, loss, targets and row count."""
-        inputs, targets = split_batch(batch)
+        inputs, targets = batch if type(batch) is tuple and len(batch) == 2 else split_batch(batch)
         if self._move:
             inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
         if self.precision is None:
