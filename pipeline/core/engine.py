@@ -189,11 +189,11 @@ class Engine:
         return self._faulted
 
     def facts(self) -> Facts:
-        agreement = self._agreement
-        return Facts(stop_requested=self.run.stop is not None,
+        agreement, run, work = self._agreement, self.run, self._work
+        return Facts(stop_requested=run.stop is not None,
                      immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
-                     epochs_remain=self.run.budget_left(), has_batch=self._work.has_batch(),
-                     faulted=self._faulted, val_due=self._work.val_due())
+                     epochs_remain=run.budget_left(), has_batch=work.next is not END,
+                     faulted=self._faulted, val_due=run.val_every_n_steps is not None and work.val_due())
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:

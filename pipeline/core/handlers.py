@@ -89,13 +89,13 @@ class HandlerCompiler:
     def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
         """The handler of transition ``t``: log the move, then run its program."""
         steps = program_for(t)
-        log_move, work = self.work.log_move, self.work
         if t.dest is FINAL:
             return self._teardown(t, steps)
+        log_move, work = self.work.move_logger(t), self.work
         if t.trigger == BATCH:
 
             def batch_handler() -> None:
-                log_move(t)
+                log_move()
                 batch_body(work.step)
 
             return batch_handler
@@ -110,7 +110,7 @@ class HandlerCompiler:
                     segments.append(_bind(fn, self.work.contexts[s.scope]))
 
         def handler() -> None:
-            log_move(t)
+            log_move()
             for segment in segments:
                 segment()
 
@@ -124,13 +124,14 @@ class HandlerCompiler:
                 continue
             for i, fn in self.runner.table(s.name):
                 items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
-        work, contexts, log_move, log_exception = self.work, self.work.contexts, self.work.log_move, self.log_exception
+        work, contexts, log_exception = self.work, self.work.contexts, self.log_exception
+        log_move = work.move_logger(t)
 
         def teardown() -> None:
             work.tearing_down = True
             first: BaseException | None = None
             try:
-                log_move(t)
+                log_move()
             except BaseException as exc:
                 work.teardown_failed = True
                 first = exc
