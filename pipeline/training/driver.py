@@ -219,6 +219,9 @@ class TorchDriver:
         return both[:-1], float(both[-1].item())
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
+        if self._first_bad is None and self.all_reduce is None:  # one process: the sum as it is, one read
+            seen = float(self._seen)
+            return {"train_loss": float((self._loss_sum / seen).item())} if seen else {}
         sums = self._loss_sum.reshape(1)
         if self._first_bad is not None:  # each rank's first non-finite batch, in its own slot
             slots = torch.zeros(self.world_size, device=self.device)
