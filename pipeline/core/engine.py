@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from fsmtrain.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from fsmtrain.core.context import FaultContext, RunContext
 from fsmtrain.core.driver import Driver
-from fsmtrain.core.epoch_work import EpochWork, Outputs
+from fsmtrain.core.epoch_work import END, EpochWork, Outputs, Work
 from fsmtrain.core.handlers import HandlerCompiler, compile_guard
 from fsmtrain.core.lifecycle import (
     ABORT,
@@ -159,6 +159,11 @@ class Engine:
         run.bind_phase(lambda: _PHASES[self._model.state])
         never = frozenset({Guard.VAL_DUE}) if run.val_every_n_steps is None else frozenset()
         self._fast_guard = compile_guard(self._batch_move, guards, never)
+        # One rank, not at debug level: a loop that reads the move's guard itself and calls its program's steps.
+        plain = compiler.plain_batch(program_for(self._batch_move)) or (self._batch_body,)
+        inline = (self._batch_move.conditions == (Guard.HAS_BATCH,)
+                  and set(self._batch_move.unless) == {Guard.IMMEDIATE_STOP, Guard.VAL_DUE})
+        self._solo_steps = plain if inline and self._agreement is None and not self._debug else None
         run.callbacks = runner.callbacks
         run.epoch_state = work.epoch_state
         run.dispatch = runner.fire
@@ -186,11 +191,11 @@ class Engine:
         return self._faulted
 
     def facts(self) -> Facts:
-        agreement = self._agreement
-        return Facts(stop_requested=self.run.stop is not None,
+        agreement, run, work = self._agreement, self.run, self._work
+        return Facts(stop_requested=run.stop is not None,
                      immediate_stop=agreement.immediate_stop() if agreement is not None else self._immediate_stop(),
-                     epochs_remain=self.run.budget_left(), has_batch=self._work.has_batch(),
-                     faulted=self._faulted, val_due=self._work.val_due())
+                     epochs_remain=run.budget_left(), has_batch=work.next is not END,
+                     faulted=self._faulted, val_due=run.val_every_n_steps is not None and work.val_due())
 
     # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
@@ -272,11 +277,29 @@ class Engine:
                 if not guard():
                     return
                 batch()
+        if self._solo_steps is not None:
+            self._solo_batches(self._solo_steps)
+            return
         while True:
             self._signal = run.pending_signal
             if not guard():
                 return
             batch()
+
+    def _solo_batches(self, steps: tuple[Work, ...]) -> None:
+        """The batch move while its guard holds (``has_batch``, not ``immediate_stop``, not ``val_due``), that
+        guard read here and the program's steps called in turn: one rank's loop, without a call per check."""
+        run, work = self.run, self._work
+        step = work.step
+        val_due = None if run.val_every_n_steps is None else work.val_due
+        while True:
+            signal = self._signal = run.pending_signal
+            stop = run.stop
+            if (work.next is END or signal is not None or (stop is not None and stop.immediate)
+                    or (val_due is not None and val_due())):
+                return
+            for fn in steps:
+                fn(step)
 
     def _raise_if_signalled(self) -> None:
         """At a boundary, a signal routes the run through abort (with several ranks, an agreed one)."""

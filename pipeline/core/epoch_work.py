@@ -34,6 +34,7 @@ class EpochWork:
         self._outputs = outputs
         self.result: TrainResult | None = None
         self.next: Any = END  # the batch the next ``batch`` move takes
+        self._last_loss: Any = None  # the last batch's loss, until this one's forward has run
         self._following: Any = END
         self._iter: Iterator[Any] = iter(())
         self._batch_index = 0
@@ -97,18 +98,22 @@ class EpochWork:
         self._phase_started = time.perf_counter()
 
     # --- the log of moves ----------------------------------------------------------------------
-    def log_move(self, move: Transition) -> None:
-        source = move.source.value
-        if not move.internal:
-            self._time_phase(source)
-        elif not self._debug:
-            return
-        payload: dict[str, Any] = self._stop_payload() if move.dest is FINAL else {}
-        dest = move.dest.value
-        run = self.run
-        run.events.emit("transition", level="debug" if move.internal else "info", phase=dest, epoch=run.epoch,
-                        global_step=run.global_step, payload=payload, from_phase=source, to_phase=dest,
-                        trigger=move.trigger)
+    def move_logger(self, move: Transition) -> Callable[[], None]:
+        """What ``move``'s handler does first: time the phase it leaves and log it (an internal move only
+        at debug level). The move's words are read once, here."""
+        source, dest, trigger, internal = move.source.value, move.dest.value, move.trigger, move.internal
+        final, level, run = move.dest is FINAL, "debug" if move.internal else "info", self.run
+
+        def log_move() -> None:
+            if not internal:
+                self._time_phase(source)
+            elif not self._debug:
+                return
+            payload: dict[str, Any] = self._stop_payload() if final else {}
+            run.events.emit("transition", level=level, phase=dest, epoch=run.epoch, global_step=run.global_step,
+                            payload=payload, from_phase=source, to_phase=dest, trigger=trigger)
+
+        return log_move
 
     def _time_phase(self, phase: str) -> float:
         """Add the time since the last mark to ``phase``'s seconds; returns the new mark."""
@@ -175,9 +180,13 @@ class EpochWork:
 
     def _next_batch(self, step: StepContext) -> None:
         following = self._following = next(self._iter, END)
+        # The last batch's graph (its backward done) lives on through this batch's forward, as a plain loop's
+        # `loss` does: the parameters' gradient accumulators in it are reused, not built again each batch.
+        self._last_loss = None if step.skip_backward else step.loss
         step.reset(self._batch_index, self.next, following is END)
 
     def _count_batch(self, step: StepContext) -> None:
+        self._last_loss = None
         self._batch_index += 1
         self.run.global_step += 1
         self.next = self._following

@@ -38,8 +38,12 @@ DURABLE_EVENTS: frozenset[str] = frozenset({"checkpoint", "result"})
 def jsonable(value: Any) -> Any:
     """Make ``value`` strict-JSON safe: non-finite floats to strings, tensors and paths to plain values."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:  # the common case first
+    if kind is str or kind is int or kind is bool or value is None:  # the common cases first
         return value
+    if kind is float and value - value == 0.0:  # finite (inf - inf and NaN - NaN are NaN)
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, float):
         number = float(value)
         if math.isfinite(number):

@@ -75,19 +75,27 @@ class HandlerCompiler:
     def per_batch(self, steps: Sequence[Step]) -> Work:
         """The body of a batch: its steps as one callable of the step (or validation step) context."""
         items = [(w, s.skip) for s in steps if (w := self._work(s)) is not None]
-        hooked = any(s.action is None and self.runner.has(s.name) for s in steps)
-        return compile_body(items, flags_can_change=hooked or self.driver_sets_flags)
+        return compile_body(items, flags_can_change=self._flags_can_change(steps))
+
+    def plain_batch(self, steps: Sequence[Step]) -> tuple[Work, ...] | None:
+        """A batch's work in order, for a loop that calls it itself; None when a skip flag may leave some out."""
+        if self._flags_can_change(steps):
+            return None
+        return tuple(w for s in steps if (w := self._work(s)) is not None)
+
+    def _flags_can_change(self, steps: Sequence[Step]) -> bool:
+        return self.driver_sets_flags or any(s.action is None and self.runner.has(s.name) for s in steps)
 
     def compile(self, t: Transition, batch_body: Work) -> Callable[[], None]:
         """The handler of transition ``t``: log the move, then run its program."""
         steps = program_for(t)
-        log_move, work = self.work.log_move, self.work
         if t.dest is FINAL:
             return self._teardown(t, steps)
+        log_move, work = self.work.move_logger(t), self.work
         if t.trigger == BATCH:
 
             def batch_handler() -> None:
-                log_move(t)
+                log_move()
                 batch_body(work.step)
 
             return batch_handler
@@ -102,7 +110,7 @@ class HandlerCompiler:
                     segments.append(_bind(fn, self.work.contexts[s.scope]))
 
         def handler() -> None:
-            log_move(t)
+            log_move()
             for segment in segments:
                 segment()
 
@@ -116,13 +124,14 @@ class HandlerCompiler:
                 continue
             for i, fn in self.runner.table(s.name):
                 items.append((f"{self.runner.callbacks[i].name}.{s.name}", fn, s.scope))
-        work, contexts, log_move, log_exception = self.work, self.work.contexts, self.work.log_move, self.log_exception
+        work, contexts, log_exception = self.work, self.work.contexts, self.log_exception
+        log_move = work.move_logger(t)
 
         def teardown() -> None:
             work.tearing_down = True
             first: BaseException | None = None
             try:
-                log_move(t)
+                log_move()
             except BaseException as exc:
                 work.teardown_failed = True
                 first = exc

@@ -36,8 +36,9 @@ class LeanTransition(Transition):
 
     def execute(self, event_data: EventData) -> bool:
         machine = event_data.machine
-        source = machine.get_state(self.source)
-        dest = None if self.dest is None else machine.get_state(self.dest)  # None: an internal transition
+        states = machine.states  # the names of a built machine's own transitions (``get_state``'s lookup)
+        source = states[self.source]
+        dest = None if self.dest is None else states[self.dest]  # None: an internal transition
         if machine.send_event or source.on_exit or (dest is not None and (dest.on_enter or dest.final)):
             return bool(super().execute(event_data))
         if self.prepare:

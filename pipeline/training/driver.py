@@ -116,6 +116,8 @@ class TorchDriver:
         if val_step is not None:
             self._val_run = user_step(val_step, device, self.precision, bool(metrics))  # type: ignore[method-assign,assignment]
         self._user_val = val_step is not None
+        if self._no_sync is None:  # nothing to wrap backward in: the action is the plain one
+            self.backward = self._backward  # type: ignore[method-assign]
 
     def current_lr(self) -> float | None:
         groups = self.optimizer.param_groups
@@ -157,7 +159,7 @@ class TorchDriver:
 
     def _run(self, model: nn.Module, batch: Any) -> tuple[Any, torch.Tensor, Any, int]:
         """``model`` on one batch: its output, loss, targets and row count."""
-        inputs, targets = split_batch(batch)
+        inputs, targets = batch if type(batch) is tuple and len(batch) == 2 else split_batch(batch)
         if self._move:
             inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
         if self.precision is None:
@@ -217,6 +219,9 @@ class TorchDriver:
         return both[:-1], float(both[-1].item())
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
+        if self._first_bad is None and self.all_reduce is None:  # one process: the sum as it is, one read
+            seen = float(self._seen)
+            return {"train_loss": float((self._loss_sum / seen).item())} if seen else {}
         sums = self._loss_sum.reshape(1)
         if self._first_bad is not None:  # each rank's first non-finite batch, in its own slot
             slots = torch.zeros(self.world_size, device=self.device)
