@@ -44,3 +44,11 @@ class SignalAt(TrainingCallback):
         if (int(run.extras.get("rank", 0)), run.global_step + 1) == (self.rank, self.step) and not run.extras.get(
                 "resumed_from"):
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalMidEpoch(SignalAt):
+    """:class:`SignalAt`, in a run whose ranks agree before every batch (``may_stop_immediately``): they stop
+    together after the next step, inside the epoch. (Agreed once per epoch instead, a signal is honoured at the
+    epoch's end: tests/test_steps2_two_ranks.py.)"""
+
+    may_stop_immediately = True

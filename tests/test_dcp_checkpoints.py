@@ -5,8 +5,8 @@ to an uninterrupted one, and on 1 rank (2 -> 1); each checkpoint is a folder of 
 commit carries each file's sha256, retention removes whole folders, and a damaged shard is quarantined with
 its folder while the resume falls back to the previous good checkpoint; a run killed after a step checkpoint
 resumes from it bitwise (and on one process under strategy ddp, resharded), and so does one stopped by a signal
-(every rank saves its last step), after a crash between a folder role's two renames. (A step checkpoint inside an
-accumulation window: tests/test_fsdp_params.py, in its one run.)"""
+mid-epoch (every rank saves its last step), after a crash between a folder role's two renames. (A step checkpoint
+inside an accumulation window: tests/test_fsdp_params.py, in its one run.)"""
 
 from __future__ import annotations
 
@@ -214,12 +214,13 @@ def test_a_sharded_run_killed_after_a_step_checkpoint_resumes_from_it_bitwise(cl
 
 @pytest.mark.timeout(400)
 def test_a_preempted_sharded_run_saves_every_ranks_last_step_and_resumes_bitwise(clean: Path, tmp_path: Path) -> None:
-    signal_ = {"target": "tests.dcp_support.SignalAt", "kwargs": {"rank": 1, "step": 7}}
+    signal_ = {"target": "tests.dcp_support.SignalMidEpoch", "kwargs": {"rank": 1, "step": 7}}
     first = fsmtrain("train", str(_cfg(tmp_path, (signal_,))), "--nproc", "2", cwd=tmp_path, timeout=200)
     assert first.returncode == 143, first.stdout[-3000:] + first.stderr[-3000:]
     path = run_dir(tmp_path)
     (saved,) = events(path / "events.jsonl", "checkpoint_preempted")  # where the ranks agreed to stop
     step = saved["payload"]["step"]
+    assert step == 7  # agreed before the next batch: batch 3 of epoch 2's 4
     ck = path / "checkpoints"
     assert (ck / f"step_{step}" / "rank_1.pt").is_file()
     # a crash between the role's two renames: no latest/, its old and new folders left behind
