@@ -79,8 +79,8 @@ class GradientMonitorCallback(TrainingCallback):
 
     def _allocate(self, grad: torch.Tensor) -> None:
         # Norms are taken in at least float32: an fp16 gradient of norm 1e5 (fp16 ends at 65504) is finite.
-        dev, self._grad_dtype, self._dtype = grad.device, grad.dtype, torch.promote_types(grad.dtype, torch.float32)
-        self._device = dev
+        dev = self._device = grad.device
+        self._grad_dtype, self._dtype = grad.dtype, torch.promote_types(grad.dtype, torch.float32)
         # Small CPU models: one copy of all gradients and one norm beats a kernel per tensor.
         self._flat = (dev.type == "cpu" and not is_sharded_tensor(grad)
                       and sum(p.numel() for p in self._params) <= self.flat_max_elements)
@@ -117,10 +117,7 @@ class GradientMonitorCallback(TrainingCallback):
             self._slots[k].copy_(global_norm(grads))
         elif self._flat:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            if self._grad_dtype is self._dtype:
-                torch.linalg.vector_norm(flat, 2.0, out=self._slots[k])
-            else:
-                torch.linalg.vector_norm(flat, 2.0, dtype=self._dtype, out=self._slots[k])
+            torch.linalg.vector_norm(flat, 2.0, dtype=self._dtype, out=self._slots[k])
         elif self._grad_dtype is self._dtype:  # one fused kernel per device and dtype on CUDA
             self._slots[k].copy_(torch.nn.utils.get_total_norm(grads, 2.0))
         else:  # fp16/bf16 gradients: each norm taken in float32, so a norm past 65504 stays finite

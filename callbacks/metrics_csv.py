@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from fsmtrain.core.context import EpochContext, RunContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
-from fsmtrain.core.scalars import slot_scalars
+from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
 __all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
@@ -22,14 +22,8 @@ FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
 def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
     """The row of one epoch: ``epoch`` (from 1), ``global_step``, every metric, then each numeric slot
     value under its name (an int stays an int, a bool is 0 or 1) and each structured one as its scalars."""
-    row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step}
-    row.update({k: float(v) for k, v in epoch.metrics.items()})
-    for name, value in epoch.run.slot_values().items():
-        flat = {name: int(value) if isinstance(value, bool) else value} if isinstance(value, (int, float)) else \
-            slot_scalars(name, value)
-        for key, number in flat.items():
-            row.setdefault(key, number)
-    return row
+    ints = {k: int(v) for k, v in epoch.run.slot_values().items() if isinstance(v, int) and k not in epoch.metrics}
+    return {"epoch": epoch.number, "global_step": epoch.run.global_step, **epoch_scalars(epoch), **ints}
 
 
 def _cell(value: float | int | None) -> str:

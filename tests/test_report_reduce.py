@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from fsmtrain.tools.report import write_run_report
-from fsmtrain.tools.report.reduce import MAX_POINTS, reduce_curve, spans
-from fsmtrain.tools.report.svgplot import Series, line_chart
+from fsmtrain.tools.report.svgplot import MAX_POINTS, Series, line_chart, reduce_curve, spans
 
 REPO = Path(__file__).resolve().parents[1]
 

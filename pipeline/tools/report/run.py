@@ -14,9 +14,8 @@ from fsmtrain.core.drawing import DiagramError, Format, path_diagram
 from fsmtrain.core.lifecycle import TRANSITIONS, Phase
 from fsmtrain.core.run_path import RunPath
 from fsmtrain.tools.audit import AuditReport
-from fsmtrain.tools.report.reduce import spans
 from fsmtrain.tools.report.run_log import RunData, as_float, read_run
-from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart
+from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart, spans
 
 __all__ = ["RUN_PLOTS", "run_sections"]
 
@@ -144,6 +143,12 @@ def _path_drawing(run: RunPath, title: str) -> str:
     return figure("diagram-lifecycle", title, "".join(out), "Graphviz is not installed: a plain drawing")
 
 
+def _setup(data: RunData) -> list[tuple[str, str]]:
+    """The global batch and the strategy of the run's newest segment, where its log says them."""
+    facts = (("global batch", describe_global_batch(data.global_batch)), ("strategy", data.strategy))
+    return [(k, v) for k, v in facts if v is not None]
+
+
 def _stop_panel(report: AuditReport, data: RunData) -> str:
     ex = report.explanation
     rows = [("stop reason", ex.stop_reason or "the run never reached train_end"),
@@ -152,14 +157,9 @@ def _stop_panel(report: AuditReport, data: RunData) -> str:
             ("epochs completed", f"{ex.epochs_completed}" + (f" of {ex.max_epochs}" if ex.max_epochs else "")),
             ("best val loss", "-" if ex.best_val_loss is None else
              f"{ex.best_val_loss:.6g} (epoch {(ex.best_epoch or 0) + 1})")]
-    if data.result is not None and as_float(data.result.get("objective")) is not None:
-        rows.append(("objective", f"{as_float(data.result.get('objective')):.6g}"))
-    said = describe_global_batch(data.global_batch)
-    if said is not None:
-        rows.append(("global batch", said))
-    if data.strategy is not None:
-        rows.append(("strategy", data.strategy))
-    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    if data.result is not None and (objective := as_float(data.result.get("objective"))) is not None:
+        rows.append(("objective", f"{objective:.6g}"))
+    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows + _setup(data))
     return f'<section class="panel" id="stop"><h2>Why the run stopped</h2><table class="kv">{body}</table></section>'
 
 
@@ -231,9 +231,5 @@ def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     ex = report.explanation
     summary = (f"{ex.stop_reason or 'unfinished'} after {ex.epochs_completed} epoch(s); audit "
                f"{'OK' if report.ok else 'FAILED'}; {data.lines} log lines")
-    batch = describe_global_batch(data.global_batch)
-    if batch is not None:
-        summary += f"; global batch {batch}"
-    if data.strategy is not None:
-        summary += f"; strategy {data.strategy}"
+    summary += "".join(f"; {k} {v}" for k, v in _setup(data))
     return f"fsmtrain run {data.run_id}", summary, sections

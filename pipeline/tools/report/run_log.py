@@ -100,8 +100,7 @@ class RunData:
     global_batch: dict[str, Any] | None = None  # the newest segment's (per rank x ranks x accumulation)
     strategy: str | None = None  # the newest segment's: ddp, or fsdp and what it sharded
     x: list[int] = field(default_factory=list)  # each row's epoch, from 1
-    again: Any = None  # the last internal move's words, its key and how often it came again
-    again_key: tuple[str, str, str] = ("", "", "")
+    again: tuple[str, ...] = ()  # the last internal move's words (phase, from, to, trigger), and its repeats
     repeats: int = 0
 
     def setting(self, source: str, key: str, *config_path: str) -> float | None:
@@ -136,11 +135,11 @@ class RunData:
         self.path.transition(src, dst, trig, step, epoch, payload)
         if src == dst:
             self._count_repeats()
-            self.again, self.again_key = words, (src, dst, trig)
+            self.again = words
 
     def _count_repeats(self) -> None:
         if self.repeats:
-            self.path.run.counts[self.again_key] += self.repeats
+            self.path.run.counts[(self.again[1], self.again[2], self.again[3])] += self.repeats
             self.repeats = 0
 
     def finish(self, lines: int) -> RunData:

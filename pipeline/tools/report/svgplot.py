@@ -1,19 +1,22 @@
 """Inline SVG charts for ``fsmtrain report`` (lines, bars, parallel coordinates), each a ``<figure>``;
-every point has a ``<title>`` tooltip, so exact values stay readable without scripts."""
+every point has a ``<title>`` tooltip, so exact values stay readable without scripts. A curve past
+``MAX_POINTS`` is drawn by each bucket's smallest and largest value, so a spike survives, and the note says so."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from html import escape
+from operator import itemgetter
+from typing import TypeGuard
 
-from fsmtrain.tools.report.reduce import Reduced, drawable, reduce_curve
+__all__ = ["GREY", "MAX_POINTS", "PALETTE", "Axis", "Band", "HLine", "Reduced", "Series", "TrialLine", "bar_chart",
+           "colormap", "drawable", "figure", "line_chart", "parallel_chart", "reduce_curve", "spans", "ticks"]
 
-__all__ = ["GREY", "PALETTE", "Axis", "Band", "HLine", "Series", "TrialLine", "bar_chart", "colormap", "figure",
-           "line_chart", "parallel_chart", "ticks"]
-
+MAX_POINTS = 2000
+_FIRST = itemgetter(0)
 # Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 GREY = "#999999"
@@ -94,18 +97,13 @@ def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[floa
     return out
 
 
-class _Scale:
-    def __init__(self, lo: float, hi: float, a: float, b: float, log: bool = False) -> None:
-        if log:
-            lo, hi = math.log10(lo), math.log10(hi)
-        if hi == lo:
-            lo, hi = lo - 0.5, hi + 0.5
-        self.lo, self.hi, self.a, self.b, self.log = lo, hi, a, b, log
-
-    def __call__(self, v: float) -> float:
-        if self.log:
-            v = math.log10(v)
-        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
+def _scale(lo: float, hi: float, a: float, b: float, log: bool = False) -> Callable[[float], float]:
+    """The map of [lo, hi] (log10 of it on a log axis) onto pixels [a, b]; one value is widened to a span."""
+    f: Callable[[float], float] = math.log10 if log else float
+    lo, hi = f(lo), f(hi)
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    return lambda v: a + (f(v) - lo) / (hi - lo) * (b - a)
 
 
 def figure(plot_id: str, title: str, svg: str, note: str = "") -> str:
@@ -149,7 +147,7 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
     pad = (y1 - y0) * 0.05 or abs(y1) * 0.05 or 1.0
     y0, y1 = (y0 / 1.15, y1 * 1.15) if log_y else (y0 - pad, y1 + pad)
     top, bottom = _PAD_T, height - _PAD_B - 18  # 18: the legend's row
-    sx, sy = _Scale(x0, x1, _PAD_L, width - _PAD_R), _Scale(y0, y1, bottom, top, log=log_y)
+    sx, sy = _scale(x0, x1, _PAD_L, width - _PAD_R), _scale(y0, y1, bottom, top, log=log_y)
     out = [_svg_open(width, height, title)]
     for b in bands:
         left, right = max(sx(b.x0 - 0.5), _PAD_L), min(sx(b.x1 + 0.5), width - _PAD_R)
@@ -202,7 +200,7 @@ def _reduced_note(cuts: Sequence[Reduced]) -> list[str]:
             f"each run of {big.per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
 
 
-def _draw_series(s: Series, sx: _Scale, sy: _Scale, log_y: bool) -> list[str]:
+def _draw_series(s: Series, sx: Callable[[float], float], sy: Callable[[float], float], log_y: bool) -> list[str]:
     out: list[str] = []
     runs: list[list[tuple[float, float, float, float]]] = [[]]
     for x, y in zip(s.x, s.y, strict=True):
@@ -278,14 +276,14 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
     top, bottom = 28, height - 22
     left, right = 70, width - 70
     step = (right - left) / max(len(axes) - 1, 1)
-    scales: list[_Scale] = []
+    scales: list[Callable[[float], float]] = []
     out = [_svg_open(width, height, title)]
     for i, ax in enumerate(axes):
         vals = [v for v in (ln.values[i] for ln in lines) if drawable(v, ax.log)]
         lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
         if ax.categories:
             lo, hi = -0.5, len(ax.categories) - 0.5
-        scales.append(_Scale(lo, hi, bottom, top, log=ax.log and lo > 0))
+        scales.append(_scale(lo, hi, bottom, top, log=ax.log and lo > 0))
         x = left + i * step
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#444"/>'
                    f'<text x="{x:.1f}" y="{top - 12}" text-anchor="middle" font-weight="bold">'
@@ -313,3 +311,66 @@ def colormap(t: float) -> str:
             r, g, bl = (round(ca[k] + f * (cb[k] - ca[k])) for k in range(3))
             return f"#{r:02x}{g:02x}{bl:02x}"
     return "#f0f921"
+
+
+
+@dataclass(frozen=True)
+class Reduced:
+    x: list[float]
+    y: list[float | None]
+    points: int  # how many the curve had
+    buckets: int  # 0: not reduced
+
+    @property
+    def per_bucket(self) -> int:
+        return math.ceil(self.points / self.buckets) if self.buckets else 1
+
+
+def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
+    """A value a chart can place: finite, and positive on a log axis (NaN fails both comparisons)."""
+    return v is not None and (0.0 if log else -math.inf) < v < math.inf
+
+
+def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
+                 max_points: int = MAX_POINTS) -> Reduced:
+    """``(x, y)`` unchanged up to ``max_points`` points; else the min and max of ``max_points // 2`` buckets."""
+    n = len(y)
+    if n <= max_points:
+        return Reduced(list(x), list(y), n, 0)
+    buckets = max(1, max_points // 2)
+    floor = 0.0 if log else -math.inf
+    out_x: list[float] = []
+    out_y: list[float | None] = []
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        points = [(v, i) for i in range(lo, hi) if (v := y[i]) is not None and floor < v < math.inf]
+        if not points:  # nothing to draw here: a gap, as the full curve has one
+            out_x.append(float(x[(lo + hi - 1) // 2]))
+            out_y.append(None)
+            continue
+        for i in sorted({min(points, key=_FIRST)[1], max(points, key=_FIRST)[1]}):  # the first of equal values
+            out_x.append(float(x[i]))
+            out_y.append(y[i])
+    return Reduced(out_x, out_y, n, buckets)
+
+
+def spans(xs: Sequence[float], *, step: float = 1.0, max_spans: int = MAX_POINTS // 4) -> list[tuple[float, float]]:
+    """Sorted x values (flagged epochs) as ``(first, last)`` runs of consecutive values; more than
+    ``max_spans`` runs are merged across the smallest gaps until that many are left."""
+    runs: list[tuple[float, float]] = []
+    for v in xs:
+        if runs and v - runs[-1][1] <= step:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    if len(runs) <= max_spans:
+        return runs
+    gaps = sorted(range(len(runs) - 1), key=lambda i: runs[i + 1][0] - runs[i][1])
+    joined = set(gaps[: len(runs) - max_spans])  # close the smallest gaps first
+    merged: list[tuple[float, float]] = []
+    for i, run in enumerate(runs):
+        if merged and i - 1 in joined:
+            merged[-1] = (merged[-1][0], run[1])
+        else:
+            merged.append(run)
+    return merged
