@@ -70,7 +70,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 _PLUGINS = ("fsmtrain.tools.diagrams.cli", "fsmtrain.tools.audit.cli", "fsmtrain.tools.replay.cli",
-            "fsmtrain.tools.report.cli", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report",
+            "fsmtrain.tools.report.page", "fsmtrain.app.hpo.cli", "fsmtrain.tools.report.hpo_report",
             "fsmtrain.app.predict")
 
 

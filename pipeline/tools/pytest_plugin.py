@@ -1,11 +1,5 @@
-"""pytest fixtures for testing callbacks against loss curves, installed with the package (the
-``pytest11`` entry point ``fsmtrain``; nothing to add to ``conftest.py``)::
-
-    def test_my_stopper(replay_losses):
-        assert replay_losses(train=[3, 2, 1, 1, 1], val=[3, 2, 2, 2, 2], callbacks=[MyStopper(2)]).stop_epoch == 4
-
-Replay is imported only when a test asks for a fixture, so other test suites pay nothing.
-"""
+"""pytest fixtures for testing callbacks against loss curves (``replay_losses``, ``replay_run``), installed with
+the package by its ``pytest11`` entry point; replay is imported only when a test asks for a fixture."""
 
 from __future__ import annotations
 

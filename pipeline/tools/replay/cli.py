@@ -1,5 +1,4 @@
-"""``fsmtrain replay``: the command line of :mod:`fsmtrain.tools.replay`. Every ``fsmtrain`` command
-registers it, so the driver and the engine are imported only when ``fsmtrain replay`` runs."""
+"""``fsmtrain replay``: the command line of :mod:`fsmtrain.tools.replay`."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from typing import Any
 
 from fsmtrain.core.events import EVENTS_FILE, jsonable
 from fsmtrain.tools.replay.recording import ReplayError
+from fsmtrain.tools.replay.replayer import replay_run
 
 __all__ = ["register_cli"]
 
@@ -37,8 +37,6 @@ def _parse_sweep(spec: str) -> tuple[str, list[str]]:
 
 
 def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequence[str], as_json: bool) -> int:
-    from fsmtrain.tools.replay.replayer import replay_run
-
     rows: list[dict[str, Any]] = []
     status = 0
     for f in files:
@@ -69,8 +67,6 @@ def _sweep(files: Sequence[Path], key: str, values: Sequence[str], sets: Sequenc
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from fsmtrain.tools.replay.replayer import replay_run
-
     try:
         files = _events_files(Path(args.events))
         sets = list(args.set or [])

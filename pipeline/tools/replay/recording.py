@@ -204,7 +204,8 @@ def recording_from_events(events: list[dict[str, Any]], *, path: Path | None = N
     last_segment = original[starts[-1]:]
     ends = [e for e in last_segment if e.get("event") == "transition" and e.get("to") == Phase.TRAIN_END.value]
     left = ends[-1].get("from") if ends else None
-    measured = next((m for e in last_segment if isinstance(m := _epoch_metrics(e), dict)), None)
+    measured = next((m for e in last_segment if e.get("event") == "exception"
+                     and isinstance(m := (e.get("payload") or {}).get("epoch_metrics"), dict)), None)
     if left in {p.value for p in EPOCH_PHASES} and (left != Phase.EPOCH_END.value or measured is not None):
         # An immediate stop or a signal left this epoch without its ``epoch`` line (from epoch_end: the fault
         # carried its metrics): its batches are known, and what it had measured when it was cut, not the rest.
@@ -243,11 +244,6 @@ def interrupt_of(event: Mapping[str, Any]) -> tuple[int, int | None] | None:
 def _where(event: Mapping[str, Any]) -> tuple[str, int, int]:
     """Where a log line was written: its phase, epoch and global step."""
     return str(event.get("phase")), int(event.get("epoch") or 0), int(event.get("global_step") or 0)
-
-
-def _epoch_metrics(event: Mapping[str, Any]) -> Any:
-    """What the epoch a fault cut short had measured, from the fault's ``exception`` event."""
-    return (event.get("payload") or {}).get("epoch_metrics") if event.get("event") == "exception" else None
 
 
 def _stitched(events: list[dict[str, Any]], starts: list[int]) -> list[dict[str, Any]]:

@@ -33,9 +33,7 @@ from fsmtrain.tools.replay.result import ReplayResult, comparable_recorded, comp
 __all__ = ["RecordingExhausted", "ReplayDriver", "check_replayable", "replay_losses", "replay_run"]
 
 # Metrics the engine collects before validation; everything else in an epoch's metrics is validation's.
-_BEGIN_METRICS = ("lr",)
-_TRAIN_METRICS = ("train_loss",)
-_VAL_METRICS = ("val_loss",)
+_BEFORE_VALIDATION = ("lr", "train_loss")
 
 
 class RecordingExhausted(Exception):
@@ -56,6 +54,7 @@ class ReplayDriver(BaseDriver):
                  validations: Mapping[int, Mapping[str, float]] | None = None) -> None:
         self.run, self.epochs, self.fed_slots, self.interrupt, self.ranks = run, epochs, fed_slots, interrupt, ranks
         self.validations = validations or {}  # inside epochs, by global step
+        self.complete = sum(1 for e in epochs if not e.partial)
         self._epoch_end = 0  # the global step at which the epoch in progress ends
 
     def _signal_in(self, phase: Phase, epoch: int) -> None:
@@ -74,19 +73,16 @@ class ReplayDriver(BaseDriver):
     def forward(self, step: StepContext) -> None:
         rec = self.epochs[step.epoch.index]
         if rec.cut and step.batch_index >= rec.batches:  # a what-if trains on past where the run cut the epoch
-            raise RecordingExhausted(step.epoch.index, self._complete(), f"the recorded run stopped epoch "
+            raise RecordingExhausted(step.epoch.index, self.complete, f"the recorded run stopped epoch "
                                      f"{step.epoch.number} after its batch {rec.batches}; what followed is unknown")
         self._broken_in(Phase.TRAIN_STEP, step.epoch.index)
         self._signal_in(Phase.TRAIN_STEP, step.epoch.index)
 
-    def _complete(self) -> int:
-        return sum(1 for e in self.epochs if not e.partial)
-
-    def _recorded(self, index: int, *, need: tuple[str, ...] = ()) -> RecordedEpoch:
-        """Epoch ``index``; ``need``: metrics it must hold if the recorded run cut it short."""
+    def _recorded(self, index: int, need: str = "") -> RecordedEpoch:
+        """Epoch ``index``; ``need``: a metric it must hold if the recorded run cut it short."""
         rec = self.epochs[index] if index < len(self.epochs) else None
-        if rec is None or (need and rec.partial and not any(k in rec.metrics for k in need)):
-            raise RecordingExhausted(index, self._complete())
+        if rec is None or (need and rec.partial and need not in rec.metrics):
+            raise RecordingExhausted(index, self.complete)
         return rec
 
     def current_lr(self) -> float | None:
@@ -103,8 +99,8 @@ class ReplayDriver(BaseDriver):
         return (ReplayBatch(epoch.index, i) for i in range(rec.batches + cut + rec.cut))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        rec = self._recorded(epoch.index, need=_TRAIN_METRICS)
-        return {k: v for k, v in rec.metrics.items() if k in _TRAIN_METRICS}
+        rec = self._recorded(epoch.index, "train_loss")
+        return {k: v for k, v in rec.metrics.items() if k == "train_loss"}
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._broken_in(Phase.VAL, epoch.index)
@@ -112,12 +108,12 @@ class ReplayDriver(BaseDriver):
         step, steps = self.run.global_step, self.run.max_steps
         if step < self._epoch_end and (steps is None or step < steps):  # a validation inside the epoch
             if step not in self.validations:
-                raise RecordingExhausted(epoch.index, self._complete(), f"the recording has no validation at global "
+                raise RecordingExhausted(epoch.index, self.complete, f"the recording has no validation at global "
                                          f"step {step} (epoch {epoch.number}); a what-if on val_every_n_steps can "
                                          "validate only where the run did")
             return dict(self.validations[step])
-        rec = self._recorded(epoch.index, need=_VAL_METRICS)
-        return {k: v for k, v in rec.metrics.items() if k not in _BEGIN_METRICS and k not in _TRAIN_METRICS}
+        rec = self._recorded(epoch.index, "val_loss")
+        return {k: v for k, v in rec.metrics.items() if k not in _BEFORE_VALIDATION}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
         # Runs just before on_epoch_end, where model-derived slots are written; the engine acts on a
@@ -129,28 +125,21 @@ class ReplayDriver(BaseDriver):
                 self.run.set(slot, slots[name])
 
 
-class _AttributingSink:
-    """Keeps every event in memory and, for each, the callback that emitted it (None: the engine)."""
+class _AttributingLog(EventLog):
+    """An in-memory event log that keeps, for each event, the callback that emitted it (None: the engine)."""
 
-    def __init__(self, log: EventLog, runner: CallbackRunner) -> None:
-        self.log = log
+    def __init__(self, run_id: str, level: str, runner: CallbackRunner) -> None:
+        super().__init__(None, run_id, level=level, console=None, keep=True)
         self.owners: list[TrainingCallback | None] = []
         self._runner = runner
 
-    def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool:
-        records = self.log.records
-        assert records is not None
-        before = len(records)
-        sync_owed = self.log.emit(event, level=level, **fields)
-        if len(records) > before:
+    def emit(self, event: str, **fields: Any) -> bool:
+        assert self.records is not None
+        before = len(self.records)
+        sync_owed = super().emit(event, **fields)
+        if len(self.records) > before:
             self.owners.append(self._runner.current)
         return sync_owed
-
-    def enabled_for(self, level: str) -> bool:
-        return self.log.enabled_for(level)
-
-    def sync(self) -> None:
-        self.log.sync()
 
 
 def check_replayable(callbacks: Sequence[TrainingCallback]) -> None:
@@ -173,15 +162,14 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
     if ranks is not None and ranks.rank > 0:  # as the Trainer does on that rank
         callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
     runner = CallbackRunner(callbacks)
-    log = EventLog(None, run_id, level=level, console=None, keep=True)
-    sink = _AttributingSink(log, runner)
+    log = _AttributingLog(run_id, level, runner)
     check_replayable(runner.callbacks)
     full = [cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.FULL]
     dry = tuple(cb for cb in runner.callbacks if ReplaySupport(cb.replay) is ReplaySupport.DRY)
     computed = {s.name for cb in full for s in cb.writes}
     declared = {s.name: s for cb in reversed(dry) for s in reversed(cb.writes)}  # the first declaration wins
     fed = {name: declared.get(name) or Slot(name) for e in epochs for name in e.slots if name not in computed}
-    run = RunContext(run_id, max_epochs, sink, model=None, optimizer=None, run_dir=None, dry_run=True,
+    run = RunContext(run_id, max_epochs, log, model=None, optimizer=None, run_dir=None, dry_run=True,
                      max_steps=max_steps, val_every_n_steps=val_every_n_steps)
     run.extras.update(extras)
     if ranks is not None:
@@ -208,7 +196,7 @@ def _execute(epochs: Sequence[RecordedEpoch], callbacks: Sequence[TrainingCallba
             gc.enable()
     assert log.records is not None
     dry_ids = {id(cb) for cb in dry}
-    owned = list(zip(log.records, sink.owners, strict=True))
+    owned = list(zip(log.records, log.owners, strict=True))
     trace = [e for e, o in owned if o is None or id(o) not in dry_ids]
     res = engine.result
     stop_reason = None if exhausted is not None or res is None else res.stop_reason

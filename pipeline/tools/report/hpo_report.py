@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fsmtrain.app.arg_types import positive_int
 from fsmtrain.core.context import validation_label
 from fsmtrain.core.events import jsonable
+from fsmtrain.tools.report.study import IMPORTANCE_METHOD, param_importances, storage_arg
 
 if TYPE_CHECKING:
     import optuna
@@ -72,8 +73,6 @@ def _best_so_far(trial: FrozenTrial, step: int, maximize: bool) -> float | None:
 def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) -> dict[str, Any]:
     """The report as plain data (what ``--json`` prints)."""
     from optuna.trial import TrialState
-
-    from fsmtrain.tools.report.study import IMPORTANCE_METHOD, param_importances
 
     trials = study.get_trials(deepcopy=False)
     counts = {s: sum(1 for t in trials if t.state.name == s) for s in _STATES}
@@ -178,7 +177,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import optuna
 
     from fsmtrain.app.hpo.storage import StorageError, open_storage, parse_storage, pick_study
-    from fsmtrain.tools.report.study import storage_arg
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

@@ -1,19 +1,22 @@
-"""The page of ``fsmtrain report``: one self-contained HTML file for a run or a study. Charts are
+"""``fsmtrain report`` and its page: one self-contained HTML file for a run or a study. Charts are
 inline SVG, with no JavaScript; a Content-Security-Policy forbids every request, so nothing leaks."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import sys
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from fsmtrain.tools.report.run import run_sections
 from fsmtrain.tools.report.run_log import ReportError
-from fsmtrain.tools.report.study import storage_arg
+from fsmtrain.tools.report.study import open_study, storage_arg, storage_url, study_sections
 
-__all__ = ["ReportError", "page", "render_report", "write_run_report"]
+__all__ = ["ReportError", "page", "register_cli", "render_report", "write_run_report"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1000px;padding:1rem 1.5rem;color:#222}
@@ -108,8 +111,6 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     events = _events_of(target) if study is None else None
     if events is not None:
         return write_run_report(events, out), []
-    from fsmtrain.tools.report.study import open_study, storage_url, study_sections
-
     target = storage_arg(target)
     opened = open_study(target, study)
     _, storage_file = storage_url(target)
@@ -132,3 +133,41 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     title, summary, sections = study_sections(opened, dest.resolve().parent, run_link)
     _atomic_write(dest, page(title, summary, target, sections))
     return dest, made
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    try:
+        if args.output is not None:
+            check_output(Path(args.output))  # before the work, not after it
+        out, made = render_report(args.target, study=args.study, out=None if args.output is None else Path(args.output),
+                                  run_reports=not args.no_runs)
+    except ReportError as exc:
+        print(f"fsmtrain report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fsmtrain report: {exc.filename or args.target}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    for path in made:
+        print(f"wrote {path}")
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB)")
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``fsmtrain report`` to the ``fsmtrain`` parser."""
+    parser = subparsers.add_parser(
+        "report", help="a self-contained HTML page with the plots of a run or a study",
+        description="Write one self-contained HTML page (inline SVG charts, no network) for a run, from its "
+                    "events.jsonl, or for an Optuna study, from its storage.",
+    )
+    parser.add_argument("target", metavar="RUN_DIR|EVENTS_JSONL|STUDY",
+                        help="a run directory or its events.jsonl; or an Optuna storage (SQLite file, journal "
+                             "file or URL)")
+    parser.add_argument("--study", metavar="NAME", default=None,
+                        help="the study in the storage (needed when it holds more than one)")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None,
+                        help="where to write the page (default: RUN_DIR/report.html, or NAME-report.html next "
+                             "to the study file)")
+    parser.add_argument("--no-runs", action="store_true",
+                        help="study: link only the run reports that exist; do not make missing ones")
+    parser.set_defaults(func=_cmd_report)

@@ -181,7 +181,7 @@ def _on_axis(trial: Any, axis: Axis) -> float | None:
 
 
 def _parallel(study: Any, complete: list[Any]) -> str:
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import CategoricalDistribution
 
     names = sorted({p for t in complete for p in t.params})
     axes = [Axis("objective")]
@@ -190,7 +190,7 @@ def _parallel(study: Any, complete: list[Any]) -> str:
         if isinstance(dist, CategoricalDistribution):
             axes.append(Axis(p, categories=[str(c) for c in dist.choices]))
         else:
-            axes.append(Axis(p, log=isinstance(dist, (FloatDistribution, IntDistribution)) and dist.log))
+            axes.append(Axis(p, log=bool(getattr(dist, "log", False))))
     values = [_value(t) for t in complete]
     finite = [v for v in values if v is not None]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -233,8 +233,7 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
                 links.append(f'<span class="missing">{escape(d)} (not found)</span>')
             else:
                 links.append(f'<a href="{escape(os.path.relpath(target, out_dir))}">{escape(Path(d).name)}</a>')
-        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and \
-            t.datetime_start else None
+        seconds = None if t.duration is None else t.duration.total_seconds()
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
         rows.append(f"<tr><td>{t.number}</td><td>{escape(state)}</td><td>{'-' if v is None else f'{v:.6g}'}</td>"
                     f"<td>{escape(params)}</td><td>{'-' if seconds is None else f'{seconds:.1f} s'}</td>"
