@@ -14,7 +14,7 @@ from typing import Any
 
 from fsmtrain.tools.report.run import run_sections
 from fsmtrain.tools.report.run_log import ReportError
-from fsmtrain.tools.report.study import open_study, storage_arg, storage_url, study_sections
+from fsmtrain.tools.report.study import open_study, storage_arg, study_sections
 
 __all__ = ["ReportError", "page", "register_cli", "render_report", "write_run_report"]
 
@@ -112,8 +112,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
     if events is not None:
         return write_run_report(events, out), []
     target = storage_arg(target)
-    opened = open_study(target, study)
-    _, storage_file = storage_url(target)
+    opened, storage_file = open_study(target, study)
     dest = out or (storage_file.parent if storage_file else Path.cwd()) / f"{opened.study_name}-report.html"
     made: list[Path] = []
 

@@ -83,12 +83,12 @@ def _require_optuna_tables(path: Path, target: str) -> None:
         raise ReportError(f"{target}: a SQLite file without Optuna's tables, not a study storage")
 
 
-def open_study(target: str, name: str | None) -> Any:
-    """Load study ``name`` (or the storage's only study) from ``target``."""
+def open_study(target: str, name: str | None) -> tuple[Any, Path | None]:
+    """Study ``name`` (or the storage's only study) loaded from ``target``, and the storage's file, if any."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage, _ = storage_url(target)
+    storage, path = storage_url(target)
     try:
         names = optuna.get_all_study_names(storage=storage)
     except Exception as exc:  # a file that is no Optuna storage, a bad URL, an unreachable server
@@ -101,7 +101,7 @@ def open_study(target: str, name: str | None) -> Any:
         name = names[0]
     elif name not in names:
         raise ReportError(f"{target}: no study {name!r}; it has: {', '.join(sorted(names)) or 'none'}")
-    return optuna.load_study(study_name=name, storage=storage)
+    return optuna.load_study(study_name=name, storage=storage), path
 
 
 def run_dirs_of(trial: Any) -> list[str]:
