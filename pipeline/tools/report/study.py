@@ -226,13 +226,9 @@ def _trial_table(study: Any, out_dir: Path, run_link: Callable[[Path], Path | No
         at = validation_label(t.user_attrs.get("pruned") or {}, last_step=t.last_step)
         state = t.state.name.lower() + (f" at {at}" if t.state.name == "PRUNED" else "")
         v = _value(t, finite=False)
-        links = []
-        for d in run_dirs_of(t):
-            target = run_link(Path(d))
-            if target is None:
-                links.append(f'<span class="missing">{escape(d)} (not found)</span>')
-            else:
-                links.append(f'<a href="{escape(os.path.relpath(target, out_dir))}">{escape(Path(d).name)}</a>')
+        links = [f'<span class="missing">{escape(d)} (not found)</span>' if (target := run_link(Path(d))) is None
+                 else f'<a href="{escape(os.path.relpath(target, out_dir))}">{escape(Path(d).name)}</a>'
+                 for d in run_dirs_of(t)]
         seconds = None if t.duration is None else t.duration.total_seconds()
         params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
         rows.append(f"<tr><td>{t.number}</td><td>{escape(state)}</td><td>{'-' if v is None else f'{v:.6g}'}</td>"
