@@ -91,11 +91,9 @@ class EpochSummaryCallback(TrainingCallback):
         self._table = SummaryTable(run.max_epochs)  # each run prints its own header
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
-        run = epoch.run
-        last = run.ends_after(epoch.index)
-        if (epoch.index + 1) % self.every_n_epochs and not last:
+        if (epoch.index + 1) % self.every_n_epochs and not epoch.run.ends_after(epoch.index):
             return
         if self._table is None:
-            self._table = SummaryTable(run.max_epochs)
+            self._table = SummaryTable(epoch.run.max_epochs)
         stream = self.stream if self.stream is not None else sys.stdout
         print("\n".join(self._table.lines(epoch.index, epoch_scalars(epoch))), file=stream, flush=True)

@@ -25,8 +25,7 @@ class GradientAccumulationCallback(TrainingCallback):
         self._params: list[torch.Tensor] = []
 
     def on_train_begin(self, run: RunContext) -> None:
-        model = run.model
-        self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+        self._params = [p for p in run.model.parameters() if p.requires_grad] if run.model is not None else []
 
     def on_batch_begin(self, step: StepContext) -> None:
         if (step.batch_index + 1) % self.steps == 0 or (step.last_batch and not self.drop_last):

@@ -28,8 +28,7 @@ class GradientClippingCallback(TrainingCallback):
         self._params: list[torch.Tensor] = []
 
     def on_train_begin(self, run: RunContext) -> None:
-        model = run.model
-        self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+        self._params = [p for p in run.model.parameters() if p.requires_grad] if run.model is not None else []
 
     def on_after_backward(self, step: StepContext) -> None:
         if step.skip_optimizer_step or not self._params:

@@ -74,8 +74,7 @@ class GradientMonitorCallback(TrainingCallback):
 
     def on_train_begin(self, run: RunContext) -> None:
         run.emit("callback_settings", source=self.name, settings={"warn_threshold": self.warn_threshold})
-        model = run.model
-        self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+        self._params = [p for p in run.model.parameters() if p.requires_grad] if run.model is not None else []
 
     def _allocate(self, grad: torch.Tensor) -> None:
         # Norms are taken in at least float32: an fp16 gradient of norm 1e5 (fp16 ends at 65504) is finite.

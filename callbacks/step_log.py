@@ -31,8 +31,7 @@ class StepLogCallback(TrainingCallback):
         self._norm: torch.Tensor | None = None
 
     def on_train_begin(self, run: RunContext) -> None:
-        model = run.model
-        self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+        self._params = [p for p in run.model.parameters() if p.requires_grad] if run.model is not None else []
 
     def _due(self, step: StepContext) -> bool:
         return (step.run.global_step + 1) % self.every_n_steps == 0
