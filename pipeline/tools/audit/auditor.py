@@ -15,11 +15,10 @@ from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.checkpoints import CheckpointLines
+from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
-from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     BUDGET_REASONS,
     AuditReadError,
@@ -208,20 +207,12 @@ class LogAuditor(SegmentChecks, MoveChecks):
 
     def _seq_ok(self, n: int, seq: int, event: str, raw: bytes) -> bool:
         prev = self.prev_seq
-        if prev is None:
-            if seq != 0:
+        restarted = seq == 0 and event == "run_start"  # a resume that restarted numbering: _run_start checks it
+        if prev is None or seq >= prev + 1 or restarted:
+            if prev is None and seq != 0:
                 self.bad("seq", f"seq starts at {seq}, not 0: {seq} line(s) lost before this one", n)
-            self.prev_seq = seq
-            return True
-        if seq == prev + 1:
-            self.prev_seq = seq
-            return True
-        if seq == 0 and event == "run_start":
-            self.prev_seq = seq  # a resume that restarted numbering; _run_start checks it is a resume
-            return True
-        if seq > prev + 1:
-            lost = seq - prev - 1
-            self.bad("seq", f"seq jumps from {prev} to {seq}: {lost} line(s) lost before this one", n)
+            elif prev is not None and seq > prev + 1 and not restarted:
+                self.bad("seq", f"seq jumps from {prev} to {seq}: {seq - prev - 1} line(s) lost before this one", n)
             self.prev_seq = seq
             return True
         if raw == self.chain.prev_raw:  # the chain has not taken this line yet: that is line n - 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import types
 import typing
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -58,11 +57,6 @@ def _check_for(tp: Any) -> tuple[Check, str] | None:
     """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
     if tp in _SCALARS:
         return _SCALARS[tp]
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        parts = [a for a in typing.get_args(tp) if a is not type(None)]
-        inner = _check_for(parts[0]) if len(parts) == 1 else None
-        return None if inner is None else ((lambda v: v is None or inner[0](v)), inner[1])
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
         fields = {f.name: _check_for(hints[f.name]) for f in dataclasses.fields(tp)}
