@@ -89,14 +89,14 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.last_ts_line = 0
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
-        self.ckpts = CheckpointLines(self.ex, self.chain)
+        self.ckpts = CheckpointLines()
         self._handlers: dict[str, Callable[[int, Mapping[str, Any], Segment], None]] = {
             "epoch": self._epoch, "stop_request": self._stop_request, "exception": self._exception,
             "warning": self._warning, "restart": self._restart, "trial_report": self._trial_report,
             "validation": self._validation,
-            "resume": self._resume, "result": self._result, "checkpoint": self.ckpts.commit,
-            "checkpoint_removed": self.ckpts.remove, "checkpoint_skipped": self.ckpts.skipped,
-            "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
+            "resume": self._resume, "result": self._result, "checkpoint": self._commit,
+            "checkpoint_removed": self._removed, "checkpoint_skipped": self._skipped,
+            "checkpoint_damaged": self._quarantined, "checkpoint_settings": self._settings,
         }
 
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
@@ -248,7 +248,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
-        self.findings += self.ckpts.finish(self.segments)
+        self._coverage()
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpts, self.chain, self.segments, self.lines, self.ex,
                                                 allow_missing=self.allow_missing)

@@ -16,7 +16,7 @@ from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "budget_ended", "ending_segment", "number"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "as_int", "budget_ended", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -134,6 +134,11 @@ def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> 
     a field the result does not carry is not compared."""
     return [(key, found[key], expected[key]) for key in _RESULT_FIELDS
             if key in found and key in expected and not _same(found[key], expected[key])]
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` where the log holds an integer there (``bool`` is not one), else None."""
+    return value if type(value) is int else None
 
 
 def budget_ended(seg: Segment) -> tuple[StopReason, str, str]:

@@ -26,7 +26,7 @@ from fsmtrain.core.lifecycle import (
     enabled_transition,
 )
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["PER_BATCH", "MoveChecks"]
@@ -256,8 +256,7 @@ class MoveChecks(EndingChecks):
                      n)
 
     def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        failed = rec["payload"].get("failed_rank")
-        seg.failed_rank = failed if type(failed) is int else None
+        seg.failed_rank = as_int(rec["payload"].get("failed_rank"))
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
         seg.faulted = True
