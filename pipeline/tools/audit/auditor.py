@@ -243,8 +243,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
             elif seg.end_line is not None and seg.result_line is None:
                 self.bad("end", f"no result event after train_end (line {seg.end_line})", self.lines)
                 self._stop_said(seg, None)
-            open_epochs = seg.epoch_starts - seg.epochs
-            if open_epochs < 0 or open_epochs > 1:
+            if not 0 <= seg.epoch_starts - seg.epochs <= 1:
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()

@@ -261,8 +261,8 @@ def explain_lines(ex: Explanation) -> list[str]:
             f"{k} {v:.4f} s ({_pct(v, total)})" for k, v in ranked))
     if ex.warning_counts:
         lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
-        for w in ex.warnings[:10]:
-            lines.append(f"  line {w['line']} epoch {shown_epoch(w['epoch'])} {w['source']}: {w['message']}")
+        lines += [f"  line {w['line']} epoch {shown_epoch(w['epoch'])} {w['source']}: {w['message']}"
+                  for w in ex.warnings[:10]]
     else:
         lines.append("warnings raised: none")
     if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
