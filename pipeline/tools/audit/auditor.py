@@ -15,11 +15,10 @@ from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
 from fsmtrain.core.log_file import parse_line, read_lines
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.checkpoints import CheckpointLines
+from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
-from fsmtrain.tools.audit.segments import SegmentChecks
 from fsmtrain.tools.audit.verdict import (
     BUDGET_REASONS,
     AuditReadError,
@@ -90,14 +89,14 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.last_ts_line = 0
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
-        self.ckpts = CheckpointLines(self.ex, self.chain)
+        self.ckpts = CheckpointLines()
         self._handlers: dict[str, Callable[[int, Mapping[str, Any], Segment], None]] = {
             "epoch": self._epoch, "stop_request": self._stop_request, "exception": self._exception,
             "warning": self._warning, "restart": self._restart, "trial_report": self._trial_report,
             "validation": self._validation,
-            "resume": self._resume, "result": self._result, "checkpoint": self.ckpts.commit,
-            "checkpoint_removed": self.ckpts.remove, "checkpoint_skipped": self.ckpts.skipped,
-            "checkpoint_damaged": self.ckpts.quarantined, "checkpoint_settings": self.ckpts.settings,
+            "resume": self._resume, "result": self._result, "checkpoint": self._commit,
+            "checkpoint_removed": self._removed, "checkpoint_skipped": self._skipped,
+            "checkpoint_damaged": self._quarantined, "checkpoint_settings": self._settings,
         }
 
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
@@ -208,20 +207,12 @@ class LogAuditor(SegmentChecks, MoveChecks):
 
     def _seq_ok(self, n: int, seq: int, event: str, raw: bytes) -> bool:
         prev = self.prev_seq
-        if prev is None:
-            if seq != 0:
+        restarted = seq == 0 and event == "run_start"  # a resume that restarted numbering: _run_start checks it
+        if prev is None or seq >= prev + 1 or restarted:
+            if prev is None and seq != 0:
                 self.bad("seq", f"seq starts at {seq}, not 0: {seq} line(s) lost before this one", n)
-            self.prev_seq = seq
-            return True
-        if seq == prev + 1:
-            self.prev_seq = seq
-            return True
-        if seq == 0 and event == "run_start":
-            self.prev_seq = seq  # a resume that restarted numbering; _run_start checks it is a resume
-            return True
-        if seq > prev + 1:
-            lost = seq - prev - 1
-            self.bad("seq", f"seq jumps from {prev} to {seq}: {lost} line(s) lost before this one", n)
+            elif prev is not None and seq > prev + 1 and not restarted:
+                self.bad("seq", f"seq jumps from {prev} to {seq}: {seq - prev - 1} line(s) lost before this one", n)
             self.prev_seq = seq
             return True
         if raw == self.chain.prev_raw:  # the chain has not taken this line yet: that is line n - 1
@@ -252,12 +243,11 @@ class LogAuditor(SegmentChecks, MoveChecks):
             elif seg.end_line is not None and seg.result_line is None:
                 self.bad("end", f"no result event after train_end (line {seg.end_line})", self.lines)
                 self._stop_said(seg, None)
-            open_epochs = seg.epoch_starts - seg.epochs
-            if open_epochs < 0 or open_epochs > 1:
+            if not 0 <= seg.epoch_starts - seg.epochs <= 1:
                 self.bad("epochs", f"{seg.epoch_starts} epoch(s) began but {seg.epochs} epoch event(s) were logged "
                          f"between line {seg.first_line} and line {seg.last_line}", seg.last_line)
         self.findings += self.chain.finish()
-        self.findings += self.ckpts.finish(self.segments)
+        self._coverage()
         if self.verify_checkpoints:
             self.findings += verify_checkpoints(self.path, self.ckpts, self.chain, self.segments, self.lines, self.ex,
                                                 allow_missing=self.allow_missing)

@@ -142,10 +142,8 @@ class ChainCheck:
         self.pins, self._pins_before, self._end_pins = {}, {}, {}
         if self.unchained:
             return
-        payload = rec["payload"]
-        desc = payload.get("chain")
-        scheme = desc.get("scheme") if isinstance(desc, dict) else None
-        key_id = Chain.key_id_of(desc) if isinstance(desc, dict) else None
+        desc = rec["payload"].get("chain")
+        scheme, key_id = (desc.get("scheme"), Chain.key_id_of(desc)) if isinstance(desc, dict) else (None, None)
         seg = SegmentChain(n, scheme if isinstance(scheme, str) else None, key_id)
         self.segments.append(seg)
         if isinstance(scheme, str) and scheme not in self.verdict.schemes:
@@ -176,7 +174,7 @@ class ChainCheck:
                           f"{key_id}); a key is needed to verify them: pass --key-file or set {KEY_ENV}. "
                           "Without it the log cannot prove authorship, nor that it is what was written", n)
         else:
-            self._use(self.plain if self.keyed is None else self.keyed)
+            self._use(keyed or self.plain)
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
         if self.active is not None:  # a sealed run_start: every line its process writes is sealed
@@ -188,8 +186,7 @@ class ChainCheck:
 
     def new_epoch(self) -> None:
         """An epoch began: pins older than the previous epoch are no longer looked up."""
-        self._pins_before = self.pins
-        self.pins = {}
+        self._pins_before, self.pins = self.pins, {}
 
     def link(self, n: int, raw: bytes, carried: Any, seq: Any, saving: bool,
              rec: Mapping[str, Any] | None = None) -> None:
@@ -221,9 +218,7 @@ class ChainCheck:
         carried = rec.get("prev")
         if prev_raw is None:
             if carried is None and "prev" not in rec:
-                self.unchained = True
-                self._digest = None
-                self._tail = None
+                self.unchained, self._digest, self._tail = True, None, None
                 self._bad("chain", "the log is not hash-chained (its lines carry no prev digest): it cannot "
                           "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
                 return
@@ -251,8 +246,7 @@ class ChainCheck:
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
         self._uncovered(self.prev_raw)
-        self.prev_raw, self._before_prev = raw, self.prev_raw
-        self.prev_seq = None
+        self.prev_raw, self._before_prev, self.prev_seq = raw, self.prev_raw, None
 
     def _uncovered(self, last: bytes | None) -> None:
         """The line before (``last``) gets no successor whose link covers it: its seal must."""

@@ -1,21 +1,25 @@
-"""The checkpoint lines of a log: each path's latest commit (or its removal or quarantine), and per
-segment a ``checkpoint`` or ``checkpoint_skipped`` for every epoch its logged policy saves (all its
-epochs once it wrote its ``result``, else up to its last commit: states are written in order)."""
+"""The checkpoint and resume lines of a log. :class:`CheckpointLines`: each path's latest commit (or its
+removal or quarantine), and per segment a ``checkpoint`` or ``checkpoint_skipped`` for every epoch its
+logged policy saves (all its epochs once it wrote its ``result``, else up to its last commit).
+:class:`SegmentChecks`, mixed into the auditor: a later ``run_start`` must be a resume from where a commit
+and the log allow (or a restart), and says how the process before it ended."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.context import epoch_number
+from fsmtrain.core.events import LEVELS
+from fsmtrain.core.lifecycle import INITIAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.verdict import Explanation, Finding
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished, as_int
+from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
 
-__all__ = ["CheckpointLines", "CheckpointWrite", "Damaged"]
+__all__ = ["CheckpointChecks", "CheckpointLines", "CheckpointWrite", "Damaged", "SegmentChecks"]
 
 CHECKPOINT_SOURCE = "CheckpointCallback"
 
@@ -41,20 +45,14 @@ class Damaged:
     found_sha256: str | None
 
 
+@dataclass
 class CheckpointLines:
-    """Fed the checkpoint lines of a log; :meth:`finish` gives the findings."""
+    """Each path's latest commit, removal or quarantine, as the log's checkpoint lines say them."""
 
-    def __init__(self, ex: Explanation, chain: ChainCheck) -> None:
-        self.ex = ex
-        self.chain = chain
-        self.writes: dict[str, CheckpointWrite] = {}  # path -> its latest write
-        self.removed: dict[str, int] = {}  # path -> line of a later removal
-        self.damaged: dict[str, Damaged] = {}  # path -> the resume that moved it to damaged/
-        self.first_commit: dict[str, tuple[int, str, int | None]] = {}  # sha256 -> (line, path, epoch)
-        self.findings: list[Finding] = []
-
-    def _bad(self, message: str, line: int | None, check: str = "checkpoint") -> None:
-        self.findings.append(Finding(check, message, line))
+    writes: dict[str, CheckpointWrite] = field(default_factory=dict)  # path -> its latest write
+    removed: dict[str, int] = field(default_factory=dict)  # path -> line of a later removal
+    damaged: dict[str, Damaged] = field(default_factory=dict)  # path -> the resume that moved it to damaged/
+    first_commit: dict[str, tuple[int, str, int | None]] = field(default_factory=dict)  # sha256 -> (line, path, epoch)
 
     def live(self) -> list[str]:
         """The paths whose latest commit still stands."""
@@ -70,11 +68,15 @@ class CheckpointLines:
                 return info
         return None
 
-    def second_start(self, n: int, seg: Segment) -> None:
-        """A run_start after the first, without ``resumed_from``: a restart, if its ``restart`` comes."""
-        seg.ckpts.start_line = n
 
-    def settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+class CheckpointChecks(EndingChecks):
+    """The checkpoint lines, mixed into the auditor; needs its ``ex``, ``chain`` and ``ckpts``."""
+
+    ex: Explanation
+    chain: ChainCheck
+    ckpts: CheckpointLines
+
+    def _settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         settings = p.get("settings")
         if p.get("source") != CHECKPOINT_SOURCE or not isinstance(settings, dict):
@@ -83,101 +85,253 @@ class CheckpointLines:
         if type(every) is int and every >= 1:
             seg.ckpts.every, seg.ckpts.latest = every, settings.get("save_latest") is True
 
-    def commit(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        p = rec["payload"]
+    def _commit(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        p, ck = rec["payload"], self.ckpts
         path, sha = p.get("path"), p.get("sha256")
         if not isinstance(path, str) or not isinstance(sha, str):
-            self._bad("a checkpoint event needs string path and sha256", n)
+            self.bad("checkpoint", "a checkpoint event needs string path and sha256", n)
             return
         head = p.get("chain_head")
         if head is not None and not isinstance(head, str):
-            self._bad(f"chain_head must be a digest string, found {head!r}", n)
+            self.bad("checkpoint", f"chain_head must be a digest string, found {head!r}", n)
             head = None
         if head is not None and self.chain.active is not None and not self.chain.unchained:
             pinned = self.chain.pinned_line(head)
             if pinned is None:
-                self._bad(f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no line logged "
-                          "since the previous epoch began (nor of an epoch's end since the last commit): the lines "
-                          "before it were altered after the checkpoint was committed", n)
+                self.bad("checkpoint", f"checkpoint {path} pins chain head {head[:12]}..., which is the digest of no "
+                         "line logged since the previous epoch began (nor of an epoch's end since the last commit): "
+                         "the lines before it were altered after the checkpoint was committed", n)
             else:
                 self.chain.pinned(pinned)
-        epoch = p.get("epoch") if type(p.get("epoch")) is int else None
-        self.writes[path] = CheckpointWrite(sha, n, epoch, head, p["step"] if type(p.get("step")) is int else None,
-                                            p["shards"] if isinstance(p.get("shards"), Mapping) else None)
-        self.first_commit.setdefault(sha, (n, path, epoch))
-        self.removed.pop(path, None)
-        self.damaged.pop(path, None)
+        epoch = as_int(p.get("epoch"))
+        ck.writes[path] = CheckpointWrite(sha, n, epoch, head, as_int(p.get("step")),
+                                          p["shards"] if isinstance(p.get("shards"), Mapping) else None)
+        ck.first_commit.setdefault(sha, (n, path, epoch))
+        ck.removed.pop(path, None)
+        ck.damaged.pop(path, None)
         if epoch is None or "step" in p:  # a checkpoint at a step: the epoch's own state is still due
             return
-        ckpts = seg.ckpts
-        ckpts.committed.add(epoch)
-        if epoch in ckpts.skipped:
-            self._bad(f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line {ckpts.skipped[epoch]} "
-                      "says was skipped (never written)", n)
+        seg.ckpts.committed.add(epoch)
+        if epoch in seg.ckpts.skipped:
+            self.bad("checkpoint", f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line "
+                     f"{seg.ckpts.skipped[epoch]} says was skipped (never written)", n)
 
-    def remove(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
-            self.removed[path] = n
+            self.ckpts.removed[path] = n
 
-    def skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         epoch, reason = p.get("epoch"), p.get("reason")
         if type(epoch) is not int or not isinstance(reason, str) or not reason:
-            self._bad("checkpoint_skipped needs the epoch left out (an integer) and the reason (a text)", n)
+            self.bad("checkpoint", "checkpoint_skipped needs the epoch left out (an integer) and the reason (a text)",
+                     n)
             return
         if not seg.start_epoch <= epoch <= seg.next_epoch:
-            self._bad(f"checkpoint_skipped names epoch {epoch_number(epoch)}, which this process (epochs "
-                      f"{epoch_number(seg.start_epoch)} to {epoch_number(seg.next_epoch)}) did not train", n)
+            self.bad("checkpoint", f"checkpoint_skipped names epoch {epoch_number(epoch)}, which this process (epochs "
+                     f"{epoch_number(seg.start_epoch)} to {epoch_number(seg.next_epoch)}) did not train", n)
         if "step" not in p:
             seg.ckpts.skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
-    def quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """``checkpoint_damaged``: committed files a resume moved to ``damaged/``."""
         p = rec["payload"]
-        paths, moved = p.get("paths"), p.get("moved_to")
+        paths = p.get("paths")
         if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths) or not paths:
-            self._bad("checkpoint_damaged needs the damaged files' paths (a list of texts)", n)
+            self.bad("checkpoint", "checkpoint_damaged needs the damaged files' paths (a list of texts)", n)
             return
-        moved_to = moved if isinstance(moved, list) and len(moved) == len(paths) else [None] * len(paths)
-        found = p.get("found_sha256")
-        digests = found if isinstance(found, list) and len(found) == len(paths) else [None] * len(paths)
-        for path, target, digest in zip(paths, moved_to, digests, strict=True):
-            if path not in self.writes:
-                self._bad(f"checkpoint_damaged names {path}, which the log never committed", n)
+        per_path = [v if isinstance(v, list) and len(v) == len(paths) else [None] * len(paths)
+                    for v in (p.get("moved_to"), p.get("found_sha256"))]
+        for path, target, digest in zip(paths, *per_path, strict=True):
+            if path not in self.ckpts.writes:
+                self.bad("checkpoint", f"checkpoint_damaged names {path}, which the log never committed", n)
                 continue
-            self.damaged[path] = Damaged(n, target if isinstance(target, str) else None,
-                                         digest if isinstance(digest, str) else None)
+            self.ckpts.damaged[path] = Damaged(n, target if isinstance(target, str) else None,
+                                               digest if isinstance(digest, str) else None)
         self.ex.checkpoints_damaged += 1
 
-    def restart(self, n: int, seg: Segment) -> None:
-        ckpts = seg.ckpts
-        if ckpts.start_line is None and seg.first_line != 1:
-            self._bad("a restart event in a segment that is not a restart (its run_start resumes or is the first)", n,
-                      "resume")
-        ckpts.restarted = True
-        self.ex.restarts += 1
-        if seg.start_epoch != 0:
-            self._bad(f"a restart starts the run over at epoch 1; this one starts at epoch "
-                      f"{epoch_number(seg.start_epoch)}", n, "resume")
-        left = sorted(self.live())
-        if left:
-            self._bad(f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint to "
-                      "resume from", n, "resume")
-
-    def finish(self, segments: list[Segment]) -> list[Finding]:
-        for seg in segments:
+    def _coverage(self) -> None:
+        """Each segment's ``checkpoint`` or ``checkpoint_skipped`` for every epoch its logged policy saves."""
+        for seg in self.segments:
             ckpts = seg.ckpts
             if ckpts.start_line is not None and not ckpts.restarted:
-                self._bad("a second run_start without resumed_from and no restart event: two runs written into one "
-                          "file", ckpts.start_line, "resume")
+                self.bad("resume", "a second run_start without resumed_from and no restart event: two runs written "
+                         "into one file", ckpts.start_line)
             ended = seg.result_line is not None and seg.end_reason != StopReason.ERROR.value
             horizon = max(ckpts.committed, default=-1)
             for epoch, (_, line) in enumerate(seg.vals, seg.start_epoch):
-                if not ckpts.expects(epoch) or (not ended and epoch > horizon):
-                    continue
-                if epoch not in ckpts.committed and epoch not in ckpts.skipped:
-                    self._bad(f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped says why "
-                              "(the checkpoint policy this process logged saves that epoch)", line, "coverage")
-        return self.findings
+                due = ckpts.expects(epoch) and (ended or epoch <= horizon)
+                if due and epoch not in ckpts.committed and epoch not in ckpts.skipped:
+                    self.bad("coverage", f"epoch {epoch_number(epoch)} has no checkpoint, and no checkpoint_skipped "
+                             "says why (the checkpoint policy this process logged saves that epoch)", line)
+
+
+class SegmentChecks(CheckpointChecks):
+    """Needs the auditor's ``seg`` and ``first_ts`` too."""
+
+    seg: Segment | None
+    first_ts: float | None
+
+    def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
+        max_epochs = payload.get("max_epochs")
+        start_epoch = payload.get("start_epoch", 0)
+        if type(max_epochs) is not int or type(start_epoch) is not int:
+            self.bad("run_start", "run_start needs integer max_epochs and start_epoch in its payload", n)
+            max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
+            start_epoch = start_epoch if type(start_epoch) is int else 0
+        callbacks = payload.get("callbacks")
+        listed = callbacks if isinstance(callbacks, list) else []
+        resumed = payload.get("resumed_from")
+        launch, rank, world = payload.get("launch"), as_int(payload.get("rank")), as_int(payload.get("world_size", 1))
+        seg = Segment(n, str(rec.get("run_id")), max_epochs, start_epoch, None if resumed is None else str(resumed),
+                      [str(c.get("name", "?")) for c in listed if isinstance(c, dict)], rank=rank or 0, world=world,
+                      launch=launch if isinstance(launch, str) else None, next_epoch=start_epoch,
+                      sharded=isinstance(payload.get("sharding"), dict), max_steps=as_int(payload.get("max_steps")),
+                      val_every=as_int(payload.get("val_every_n_steps")), last_line=n,
+                      global_step=as_int(rec.get("global_step")) or 0)
+        config = payload.get("config")
+        if isinstance(config, dict):
+            level = config.get("log_level")
+            seg.min_level = LEVELS.get(level, 0) if isinstance(level, str) else 0
+            epochs = config.get("epochs")
+            if type(epochs) is int and epochs != max_epochs:
+                self.bad("run_start", f"max_epochs={max_epochs}, but the recorded config says epochs={epochs}", n)
+        self.segments.append(seg)
+        self.seg = seg
+        if self.ex.run_id is None:
+            self.ex.run_id = seg.run_id
+            if rank is not None and "world_size" in payload and world is not None:  # one rank of several
+                self.ex.rank, self.ex.world_size = rank, world
+        return seg
+
+    def _run_start(self, n: int, rec: Mapping[str, Any]) -> None:
+        payload = rec["payload"]
+        if self.first_ts is None and isinstance(rec["ts"], (int, float)):
+            self.first_ts = float(rec["ts"])
+        if rec["phase"] not in (None, INITIAL.value):
+            self.bad("start", f"run_start in phase {rec['phase']!r}; a run starts in {INITIAL.value!r}", n)
+        prev = self.seg
+        seg = self._open_segment(n, rec, payload)
+        if prev is None:
+            if seg.resumed_from is not None and _rank_left_out(seg, payload):
+                seg.unlogged.update(range(seg.start_epoch))  # this rank joined the run at a resume on more ranks
+            return
+        if seg.resumed_from is None:  # a restart, if its restart event follows; else two runs in one file
+            seg.ckpts.start_line = n
+            if prev.end_line is None:
+                seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, None)
+            return
+        ckpt = self.ckpts.named(seg.resumed_from)
+        if ckpt is not None:
+            seg.resumed_write = (ckpt.line, ckpt.sha256, ckpt.epoch)
+        unlogged = None
+        if (ckpt is not None and ckpt.epoch == prev.next_epoch and seg.start_epoch == ckpt.epoch + 1
+                and prev.end_line is None and ckpt.line > prev.first_line):
+            # Killed between committing the epoch's checkpoint and logging the epoch: done, unlogged.
+            seg.unlogged.add(ckpt.epoch)
+            unlogged = (ckpt.epoch, f"its checkpoint (line {ckpt.line})")
+        elif (ckpt is None and seg.rank != 0 and not self.ckpts.writes and prev.end_line is None
+              and seg.start_epoch == prev.next_epoch + 1):
+            # The same on a rank without checkpoint lines: its resume event must name that commit.
+            seg.commit_unseen = prev.next_epoch
+        elif seg.start_epoch > prev.next_epoch and _rank_left_out(seg, payload):
+            # The run went on with fewer ranks, without this one: those epochs are in rank 0's log.
+            seg.unlogged.update(range(prev.next_epoch, seg.start_epoch))
+        elif seg.start_epoch > prev.next_epoch:
+            self.bad("resume", _skipped(seg.start_epoch, prev.next_epoch), n)
+        if ckpt is not None and ckpt.epoch is not None and seg.start_epoch != ckpt.epoch + (ckpt.step is None):
+            self.bad("resume", f"resume from {seg.resumed_from} (epoch {epoch_number(ckpt.epoch)}, line {ckpt.line}) "
+                     f"must start at epoch {epoch_number(ckpt.epoch + (ckpt.step is None))}, starts at "
+                     f"{epoch_number(seg.start_epoch)}", n)
+        if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
+            seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
+
+    def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        payload = rec["payload"]
+        if rec["event"] == "resume":
+            seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
+            seg.resumed_batch = as_int(payload.get("batch")) or 0
+            for key in ("validations", "validated_at"):
+                if type(payload.get(key)) is int:
+                    setattr(seg, key, payload[key])
+        self._resumed_commit(n, payload, seg)
+        torn = payload.get("torn_line_bytes")
+        self.report_previous_end(seg, (torn, n) if type(torn) is int else None)
+
+    def _resumed_commit(self, n: int, p: Mapping[str, Any], seg: Segment) -> None:
+        """The checkpoint the ``resume`` event says it loaded is the commit its ``run_start`` named."""
+        name, sha, epoch = p.get("checkpoint"), p.get("sha256"), p.get("checkpoint_epoch")
+        if seg.resumed_write is not None:
+            line, want_sha, want_epoch = seg.resumed_write
+            if sha != want_sha or epoch != want_epoch:
+                self.bad("resume", f"the resume loaded {name} with sha256 {str(sha)[:12]}... (epoch "
+                         f"{shown_epoch(epoch)}), but line {line} committed {want_sha[:12]}... (epoch "
+                         f"{shown_epoch(want_epoch)})", n)
+        awaited, seg.commit_unseen = seg.commit_unseen, None
+        if awaited is None or seg.after is None:
+            return
+        if (name == seg.resumed_from and isinstance(sha, str) and epoch == awaited
+                and p.get("next_epoch") == seg.start_epoch):
+            seg.unlogged.add(awaited)
+            where = (f"rank 0's checkpoint {name} (sha256 {sha[:12]}..., as this rank's resume event at line {n} "
+                     "records; the audit of the run directory checks it against rank 0's log)")
+            seg.after = replace(seg.after, unlogged=(awaited, where))
+        else:
+            self.bad("resume", f"{_skipped(seg.start_epoch, awaited)}, and the resume event (line {n}) names "
+                     f"checkpoint {name!r} of epoch {shown_epoch(epoch)}, not {seg.resumed_from!r} of epoch "
+                     f"{epoch_number(awaited)}", n)
+
+    def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self._resume(n, rec, seg)
+        if seg.ckpts.start_line is None and seg.first_line != 1:
+            self.bad("resume", "a restart event in a segment that is not a restart (its run_start resumes or is the "
+                     "first)", n)
+        seg.ckpts.restarted = True
+        self.ex.restarts += 1
+        if seg.start_epoch != 0:
+            self.bad("resume", f"a restart starts the run over at epoch 1; this one starts at epoch "
+                     f"{epoch_number(seg.start_epoch)}", n)
+        left = sorted(self.ckpts.live())
+        if left:
+            self.bad("resume", f"a restart, but the log still commits {', '.join(left[:3])}: the run had a checkpoint "
+                     "to resume from", n)
+
+    def report_previous_end(self, seg: Segment, torn: tuple[int, int] | None) -> None:
+        """Say how the process before ``seg`` ended, once known: ``torn`` is (bytes of a torn last line
+        the resume cut off, the line of its ``resume`` event); None when no resume event says."""
+        u, seg.after = seg.after, None
+        if u is None:
+            return
+        if seg.commit_unseen is not None:  # no resume event says which commit this rank went on from
+            self.bad("resume", f"{_skipped(seg.start_epoch, seg.commit_unseen)}, and no resume event names the "
+                     "checkpoint it continued from", u.resume_line)
+            seg.commit_unseen = None
+        again = "resume" if seg.resumed_from is not None else "restart"
+        where = f"phase {u.phase!r}, epoch {epoch_number(u.next_epoch)}"
+        if torn is not None and torn[0] > 0:
+            self.warn("resume", f"the run before this {again} ended in the middle of writing a line (a kill, or a full "
+                      f"disk), and the resume repaired the log: it cut off its torn line ({torn[0]} bytes), as line "
+                      f"{torn[1]} records; the log goes on from line {u.last_line}, the last whole line ({where})",
+                      u.resume_line, Verdict.TORN_LINE_REPAIRED)
+            ended = "ended while it was writing the log (the torn line the resume cut off)"
+        else:
+            how = "killed" if torn is None else (f"killed between two lines (the resume at line {torn[1]} found no "
+                                                 "torn line)")
+            self.warn("resume", f"the run before this {again} never reached train_end (last line {u.last_line}, "
+                      f"{where}): the process was {how}", u.resume_line, Verdict.KILLED)
+            ended = "was killed before it logged the epoch"
+        if u.unlogged is not None:
+            epoch, commit = u.unlogged
+            self.warn("resume", f"epoch {epoch_number(epoch)} was committed by {commit}, but the process {ended}: its "
+                      "figures are not in the log", u.resume_line)
+
+
+def _rank_left_out(seg: Segment, payload: Mapping[str, Any]) -> bool:
+    """This rank's log resumes a run that ran on fewer ranks than its rank needs in between."""
+    return type(before := payload.get("world_size_before")) is int and seg.rank >= before
+
+
+def _skipped(start: int, reached: int) -> str:
+    return f"resume starts at epoch {epoch_number(start)}, but the log never logged epoch {epoch_number(reached)}"

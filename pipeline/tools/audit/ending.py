@@ -16,7 +16,7 @@ from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "budget_ended", "ending_segment", "number"]
+__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "as_int", "budget_ended", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 _PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -121,23 +121,24 @@ class Segment:
     ckpts: SegmentCheckpoints = field(default_factory=SegmentCheckpoints)
 
 
-def _same_number(a: Any, b: Any) -> bool:
-    x, y = number(a), number(b)
+def _same(got: Any, want: Any) -> bool:
+    """Equal as the result writes it: a float by value (NaN equal to NaN), anything else by value and type."""
+    if not isinstance(want, float):
+        return bool(got == want and type(got) is type(want))
+    x, y = number(got), number(want)
     return x is not None and y is not None and (x == y or (math.isnan(x) and math.isnan(y)))
 
 
 def result_mismatches(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(field, found, expected) for each ``result`` figure that differs from the recomputed one;
     a field the result does not carry is not compared."""
-    out = []
-    for key in _RESULT_FIELDS:
-        if key not in found or key not in expected:
-            continue
-        want, got = expected[key], found[key]
-        exact = got == want and type(got) is type(want)
-        if not (_same_number(got, want) if isinstance(want, float) else exact):
-            out.append((key, got, want))
-    return out
+    return [(key, found[key], expected[key]) for key in _RESULT_FIELDS
+            if key in found and key in expected and not _same(found[key], expected[key])]
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` where the log holds an integer there (``bool`` is not one), else None."""
+    return value if type(value) is int else None
 
 
 def budget_ended(seg: Segment) -> tuple[StopReason, str, str]:
@@ -345,21 +346,18 @@ class EndingChecks:
         is named when the other two agree against it)."""
         assert seg.end_line is not None
         stop = seg.stop
+        said = result[:2] if result is not None else (None, None)
         if stop is None:
-            for what, got, expected in zip(("source", "message"), seg.end_said, budget_ended(seg)[1:],
-                                           strict=True):
-                if got != expected:
-                    self.bad("stop", f"train_end says the stop {what} was {got!r}; with no stop requested it is "
+            for what, told, expected, res in zip(("source", "message"), seg.end_said, budget_ended(seg)[1:], said,
+                                                 strict=True):
+                if told != expected:
+                    self.bad("stop", f"train_end says the stop {what} was {told!r}; with no stop requested it is "
                              f"{expected!r}", seg.end_line)
-            if result is not None:
-                for what, got in zip(("stop_source", "stop_message"), result[:2], strict=True):
-                    if got is not None:
-                        self.bad("stop", f"the result gives {what} {got!r}, but no stop was requested", result[2])
+                if res is not None and result is not None:
+                    self.bad("stop", f"the result gives stop_{what} {res!r}, but no stop was requested", result[2])
             return
-        for i, what in enumerate(("source", "message")):
-            asked = (stop.source, stop.message)[i]
-            told = seg.end_said[i]
-            res = result[i] if result is not None else told
+        for what, asked, told, res in zip(("source", "message"), (stop.source, stop.message), seg.end_said,
+                                          said if result is not None else seg.end_said, strict=True):
             if asked == told == res:
                 continue
             if told == res and result is not None:

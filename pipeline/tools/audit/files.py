@@ -26,13 +26,17 @@ _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8
 def _sha256(path: Path) -> str:
     """A file's sha256; a sharded checkpoint folder's: that of its files' names and sha256s (as fsmtrain writes it)."""
     if path.is_dir():
-        found = {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
-        return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(_folder(path)).encode()).hexdigest()
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _folder(path: Path) -> dict[str, str]:
+    """Each file of a sharded checkpoint's folder, by name (in order), its sha256."""
+    return {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
 
 
 def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, segments: list[Segment], lines: int,
@@ -81,7 +85,7 @@ def _shards_changed(folder: Path, w: CheckpointWrite) -> str:
     """Which files of a sharded checkpoint's folder differ from those its commit names."""
     if w.shards is None or not folder.is_dir():
         return ""
-    found = {f.name: _sha256(f) for f in folder.iterdir() if f.is_file()}
+    found = _folder(folder)
     odd = sorted(n for n in {*w.shards, *found} if found.get(n) != w.shards.get(n))
     return f" (in the folder: {', '.join(n + ('' if n in found else ' missing') for n in odd)})"
 
@@ -189,7 +193,7 @@ def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
     """A file a resume moved to ``damaged/``: the evidence is kept as the log says it found it."""
     if d.moved_to is None:
         return []
-    kept = Path(d.moved_to) if Path(d.moved_to).is_absolute() else base / d.moved_to
+    kept = _file(base, d.moved_to)
     if not kept.is_file():
         return [Finding("checkpoint", f"damaged checkpoint {rel} was moved to {d.moved_to} (line {d.line}), which "
                         "is not there", d.line, Severity.WARNING)]

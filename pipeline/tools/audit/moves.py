@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import types
 import typing
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -27,7 +26,7 @@ from fsmtrain.core.lifecycle import (
     enabled_transition,
 )
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import EndingChecks, Segment, number
+from fsmtrain.tools.audit.ending import EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["PER_BATCH", "MoveChecks"]
@@ -58,11 +57,6 @@ def _check_for(tp: Any) -> tuple[Check, str] | None:
     """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
     if tp in _SCALARS:
         return _SCALARS[tp]
-    origin = typing.get_origin(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        parts = [a for a in typing.get_args(tp) if a is not type(None)]
-        inner = _check_for(parts[0]) if len(parts) == 1 else None
-        return None if inner is None else ((lambda v: v is None or inner[0](v)), inner[1])
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         hints = typing.get_type_hints(tp)
         fields = {f.name: _check_for(hints[f.name]) for f in dataclasses.fields(tp)}
@@ -262,8 +256,7 @@ class MoveChecks(EndingChecks):
                      n)
 
     def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        failed = rec["payload"].get("failed_rank")
-        seg.failed_rank = failed if type(failed) is int else None
+        seg.failed_rank = as_int(rec["payload"].get("failed_rank"))
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
         seg.faulted = True

@@ -68,10 +68,7 @@ def _largest_world(segs: list[Segment]) -> int | None:
 
 
 def _move(moves: list[tuple[str, str, str, int]], i: int) -> str:
-    if i >= len(moves):
-        return "no move"
-    trigger, src, dst, epoch = moves[i]
-    return f"{src}->{dst} ({trigger}) at epoch index {epoch}"
+    return "no move" if i >= len(moves) else "{1}->{2} ({0}) at epoch index {3}".format(*moves[i])
 
 
 def _named_rank(source: Any) -> int | None:
@@ -112,8 +109,7 @@ def _moves_agree(base: Segment, other: Segment) -> int | None:
     a, b = base.moves, other.moves
     cut_short = not (base.end_line is not None and other.end_line is not None) or _failed_rank(base) is not None
     if cut_short:  # each rank aborted where it was when the run broke off
-        a = [m for m in a if m[0] != ABORT]
-        b = [m for m in b if m[0] != ABORT]
+        a, b = ([m for m in moves if m[0] != ABORT] for moves in (a, b))
     if (a[:len(b)] == b[:len(a)]) if cut_short else a == b:
         return None
     return next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
@@ -192,10 +188,8 @@ def _resumed(seg: Segment) -> str:
 
 def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str | None:
     """How the run went on without rank ``rank`` after its log ends (on fewer ranks), or None."""
-    if rank == 0 or not segs or segs[-1].launch is None:
-        return None
     launches = [s.launch for s in base]
-    if segs[-1].launch not in launches:
+    if rank == 0 or not segs or segs[-1].launch is None or segs[-1].launch not in launches:
         return None
     later = base[launches.index(segs[-1].launch) + 1:]
     if not later or any(s.world is None or rank < s.world for s in later):
@@ -206,11 +200,10 @@ def _went_on_without(base: list[Segment], segs: list[Segment], rank: int) -> str
 
 def _how_it_ended(base: list[Segment]) -> str:
     """The last segment's stop and the rank that caused it."""
-    if not base or base[-1].end_line is None:
+    seg = base[-1] if base else None
+    if seg is None or seg.end_line is None:
         return "unfinished"
-    seg = base[-1]
-    failed = _failed_rank(seg)
-    source, message = seg.end_said
+    failed, (source, message) = _failed_rank(seg), seg.end_said
     if failed is not None:
         return f"rank {failed} failed ({message}, in {source}); every other rank was interrupted"
     if seg.end_reason == StopReason.COMPLETED.value:
@@ -246,10 +239,8 @@ class RankedAudit(Outcome):
     def render(self, strict: bool = False) -> str:
         if len(self.reports) == 1 and not self.findings:  # a one-process run: its log's audit
             return self.reports[0].render(strict)
-        out = []
-        for rank, report in self.reports.items():
-            out.append(f"== rank {rank}")
-            out.append(report.render(strict).rstrip("\n"))
+        out = [line for rank, report in self.reports.items()
+               for line in (f"== rank {rank}", report.render(strict).rstrip("\n"))]
         if not self.findings:
             sizes = "" if len(set(self.worlds)) < 2 else (
                 "; segments on " + ", ".join("?" if w is None else str(w) for w in self.worlds) + " ranks")

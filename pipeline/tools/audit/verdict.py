@@ -217,40 +217,29 @@ def _pct(part: float, whole: float) -> str:
 
 def explain_lines(ex: Explanation) -> list[str]:
     """The run's story, one sentence a line."""
-    lines: list[str] = []
-    epochs = f"{ex.epochs_completed} epoch(s) completed"
-    if ex.max_epochs is not None:
-        epochs += f" of max_epochs={ex.max_epochs}"
-    if ex.last_epoch is not None:
-        epochs += f" (the last is epoch {epoch_number(ex.last_epoch)})"
-    if ex.segments > 1:
-        epochs += f", in {ex.segments} process segments (resumed)"
-    lines.append(epochs)
+    lines = ["".join([f"{ex.epochs_completed} epoch(s) completed",
+                      "" if ex.max_epochs is None else f" of max_epochs={ex.max_epochs}",
+                      "" if ex.last_epoch is None else f" (the last is epoch {epoch_number(ex.last_epoch)})",
+                      f", in {ex.segments} process segments (resumed)" if ex.segments > 1 else ""])]
     if ex.world_size is not None and ex.world_size > 1:
         lines.append(f"rank {ex.rank} of {ex.world_size}: this log only; the audit of the run directory checks "
                      "every rank's log and that the ranks agreed")
     if ex.moves:
         lines.append("moves: " + ", ".join(f"{k} x{v}" for k, v in ex.moves.items()))
-    if ex.stop_reason is not None:
-        stop = f"stop: {ex.stop_reason}"
-        if ex.stop_reason in BUDGET_REASONS:
-            stop += " (no stop requested)"
-        elif ex.stop_source:
-            stop += f" {'raised in' if ex.stop_reason in FAULTS else 'requested by'} {ex.stop_source}"
-        if ex.stop_epoch is not None:
-            stop += f" in epoch {epoch_number(ex.stop_epoch)}"
-        if ex.stop_request_line is not None:
-            stop += f" (request at line {ex.stop_request_line})"
-        if ex.stop_message:
-            stop += f": {ex.stop_message}"
-        if ex.train_end_line is not None:
-            stop += f"; train_end at line {ex.train_end_line}"
-        lines.append(stop)
-    else:
+    if ex.stop_reason is None:
         lines.append("stop: the run never reached train_end")
+    else:
+        verb = "raised in" if ex.stop_reason in FAULTS else "requested by"
+        by = f" {verb} {ex.stop_source}" if ex.stop_source else ""
+        lines.append("".join([
+            f"stop: {ex.stop_reason}", " (no stop requested)" if ex.stop_reason in BUDGET_REASONS else by,
+            "" if ex.stop_epoch is None else f" in epoch {epoch_number(ex.stop_epoch)}",
+            "" if ex.stop_request_line is None else f" (request at line {ex.stop_request_line})",
+            f": {ex.stop_message}" if ex.stop_message else "",
+            "" if ex.train_end_line is None else f"; train_end at line {ex.train_end_line}"]))
     if ex.best_epoch is not None:
-        best = epoch_number(ex.best_epoch)
-        lines.append(f"best epoch: {best} (val_loss {ex.best_val_loss:.6g}, line {ex.best_line})")
+        lines.append(f"best epoch: {epoch_number(ex.best_epoch)} (val_loss {ex.best_val_loss:.6g}, line "
+                     f"{ex.best_line})")
     total = ex.total_epoch_seconds
     if ex.phase_seconds:
         lines.append(f"time in epochs: {total:.3f} s; per phase: " + ", ".join(
@@ -261,8 +250,8 @@ def explain_lines(ex: Explanation) -> list[str]:
             f"{k} {v:.4f} s ({_pct(v, total)})" for k, v in ranked))
     if ex.warning_counts:
         lines.append("warnings raised: " + ", ".join(f"{k} x{v}" for k, v in ex.warning_counts.items()))
-        for w in ex.warnings[:10]:
-            lines.append(f"  line {w['line']} epoch {shown_epoch(w['epoch'])} {w['source']}: {w['message']}")
+        lines += [f"  line {w['line']} epoch {shown_epoch(w['epoch'])} {w['source']}: {w['message']}"
+                  for w in ex.warnings[:10]]
     else:
         lines.append("warnings raised: none")
     if ex.checkpoints_verified or ex.checkpoints_removed or ex.checkpoints_missing:
