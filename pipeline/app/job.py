@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunPick", "RunTarget", "SeedRun", "build_parts", "config_differences",
+    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunTarget", "SeedRun", "build_parts", "config_differences",
     "config_fingerprint", "pick_run_dir", "train_seed",
 ]
 
@@ -217,36 +217,20 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
     return SeedRun(seed, path, trainer, error)
 
 
-@dataclass(frozen=True)
-class RunPick:
-    """Where one seed's run goes, as rank 0 decided it (the same on every rank)."""
-
-    path: Path  # the run to resume, or the folder name a new claim starts from
-    resume: bool
-    next_free: bool  # a new run takes the next free name (name, name-2, ...); else exactly ``path``
-    note: str | None = None  # what to say of the choice (an elastic restart)
-
-    def target(self) -> RunTarget:
-        """For :func:`train_seed`: a new run is claimed only once it is built."""
-        if self.resume:
-            return self.path
-        if self.next_free:
-            return partial(claim_next_free, self.path.parent, self.path.name)
-        return partial(claim_new, self.path)
-
-
-def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> RunPick:
-    """The run directory of one seed under ``root`` (rank 0 picks). An elastic restart continues the run
-    its first attempt claimed, as ``--resume`` would, or starts anew when that committed no checkpoint."""
+def pick_run_dir(root: Path, name: str, resume: bool,
+                 attempt: ElasticAttempt | None) -> tuple[RunTarget, bool, str | None]:
+    """Where one seed's run goes under ``root`` (rank 0 picks): the run to resume or the claimer of a new
+    one (a new name: the next free one), whether it resumes, and what to say of the choice. An elastic
+    restart continues the run its first attempt claimed, or starts anew when that committed no checkpoint."""
     if attempt is not None and attempt.restart > 0:
         earlier = elastic_run_dir(root, name, attempt)
+        said = f"elastic restart {attempt.restart} of {attempt.max_restarts}: "
         if earlier is not None and has_committed_checkpoint(earlier):
-            return RunPick(earlier, True, False, f"elastic restart {attempt.restart} of {attempt.max_restarts}: "
-                                                 f"continuing {earlier} from its newest committed checkpoint")
+            return earlier, True, f"{said}continuing {earlier} from its newest committed checkpoint"
         if earlier is not None:
-            return RunPick(root / name, False, True,
-                           f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before committed "
-                           f"no checkpoint in {earlier}; this run starts from the beginning in a new run directory")
+            return partial(claim_next_free, root, name), False, (
+                f"{said}the attempt before committed no checkpoint in {earlier}; this run starts from the beginning "
+                "in a new run directory")
     if resume and run_started(root / name):
-        return RunPick(root / name, True, False)
-    return RunPick(root / name, False, not resume)
+        return root / name, True, None
+    return partial(claim_new, root / name) if resume else partial(claim_next_free, root, name), False, None

@@ -187,7 +187,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
-    from fsmtrain.app.job import Header, RunPick, pick_run_dir, train_seed
+    from fsmtrain.app.job import Header, pick_run_dir, train_seed
     from fsmtrain.core.engine import Interrupted
     out, collective, extras = place.out, place.collective, place.extras
     if place.lead:
@@ -201,14 +201,14 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     root = Path(args.run_dir) if args.run_dir else Path("runs") / cfg.project
     for seed in cfg.seeds:
         pick = partial(pick_run_dir, root, f"{run_name}-seed{seed}", bool(args.resume), place.attempt)
-        picked: RunPick = pick() if collective is None else collective.share(pick)
-        notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
+        target, resume, note = pick() if collective is None else collective.share(pick)
+        notes = [n for n in (note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
         seed_extras = extras
-        if picked.note is not None:
-            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
+        if note is not None:
+            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": note}}
         try:
-            run = train_seed(cfg, seed, picked.target(), extra_callbacks=console_callbacks(), resume=picked.resume,
+            run = train_seed(cfg, seed, target, extra_callbacks=console_callbacks(), resume=resume,
                              extras=seed_extras, header=header)
         except Interrupted as exc:  # caught during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)

@@ -46,7 +46,7 @@ def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str
             problem = ConfigProblem(section, f"arguments {what} accepts", why)
         else:
             problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")
-        raise ConfigError([problem], cfg.source_of(problem.path)) from exc
+        raise cfg.error([problem]) from exc
 
 
 def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any], exc: Exception) -> str | None:
@@ -109,14 +109,14 @@ def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
     assert isinstance(opt, torch.optim.Optimizer)
     closure = inspect.signature(opt.step).parameters.get("closure")
     if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS: re-evaluates the loss itself
-        raise ConfigError([ConfigProblem(
+        raise cfg.error([ConfigProblem(
             "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
-            f"{cfg.optimizer}, whose step() requires a closure")], cfg.source_of("optimizer"))
+            f"{cfg.optimizer}, whose step() requires a closure")])
     # torch takes lr=inf and trains to NaN at the first step: every number it steps with must be finite
     bad = [ConfigProblem(path, f"a finite number ({cfg.optimizer} steps with it)", repr(value))
            for path, value in _non_finite(cfg.optimizer_config, "optimizer_config")]
     if bad:
-        raise ConfigError(bad, cfg.source_of(bad[0].path) if len(bad) == 1 else cfg.source)
+        raise cfg.error(bad)
     return opt
 
 
@@ -140,9 +140,8 @@ def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Opti
             part = model.get_submodule(oc.params)
         except AttributeError:
             known, path = [n for n, _ in model.named_modules() if n], f"optimizers.{name}.params"
-            raise ConfigError([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
-                                             repr(oc.params), closest(oc.params, known))],
-                              cfg.source_of(path)) from None
+            raise cfg.error([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
+                                           repr(oc.params), closest(oc.params, known))]) from None
         single = cfg.model_copy(update={"optimizer": oc.target, "optimizer_config": oc.kwargs})
         try:
             built[name] = built_from(single, "optimizer_config", oc.target,
@@ -155,8 +154,8 @@ def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Opti
     try:
         return NamedOptimizers(built)
     except ValueError as exc:  # two optimizers over one parameter
-        raise ConfigError([ConfigProblem("optimizers", "optimizers over parts of the model that do not overlap",
-                                         str(exc))], cfg.source_of("optimizers")) from None
+        raise cfg.error([ConfigProblem("optimizers", "optimizers over parts of the model that do not overlap",
+                                       str(exc))]) from None
 
 
 def _optimizer_over(part: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:

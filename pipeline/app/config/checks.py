@@ -39,15 +39,13 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
     refused = unshardable(callbacks) if cfg.distributed.strategy == "fsdp" else []
     if refused:
-        raise ConfigError([ConfigProblem("distributed.strategy", "callbacks that work on sharded parameters (fsdp)",
-                                         f"{'; '.join(refused)}, which need(s) the whole parameters or gradients on "
-                                         "one rank; leave it out, or use strategy ddp")],
-                          cfg.source_of("distributed.strategy"))
+        raise cfg.error([ConfigProblem("distributed.strategy", "callbacks that work on sharded parameters (fsdp)",
+                                       f"{'; '.join(refused)}, which need(s) the whole parameters or gradients on "
+                                       "one rank; leave it out, or use strategy ddp")])
     try:
         CallbackRunner(callbacks)
     except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
-        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))],
-                          cfg.source_of("callbacks")) from exc
+        raise cfg.error([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
     manual_problems(cfg, callbacks, world_size)
     return callbacks
 
@@ -75,7 +73,7 @@ def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback], world
         problems.append(ConfigProblem("val_step", f"a val_step (the manual step {cfg.step} steps optimizers, so it "
                                       "cannot validate)", "none"))
     if problems:
-        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
+        raise cfg.error(problems)
 
 
 def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
@@ -83,9 +81,8 @@ def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
     text = " ".join(f"{type(error).__name__}: {error}".split())
     leaf = next((k for k, v in cfg.data_config.items() if isinstance(v, str) and v and v in text), None)
     path = f"data_config.{leaf}" if leaf else "data"
-    return ConfigError([ConfigProblem(path, f"a data builder call that returns (train, val) ({cfg.data} with "
-                                            "batch_size, seed and data_config)", f"{cfg.data} raised {text}")],
-                       cfg.source_of(path))
+    return cfg.error([ConfigProblem(path, f"a data builder call that returns (train, val) ({cfg.data} with "
+                                          "batch_size, seed and data_config)", f"{cfg.data} raised {text}")])
 
 
 def check_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
@@ -125,7 +122,7 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
         text = str(exc)
         leaf = next((k for k in cfg.data_config if f"'{k}'" in text), None)
         path = f"data_config.{leaf}" if leaf else "data_config"
-        raise ConfigError([ConfigProblem(path, f"arguments {cfg.data} accepts", text)], cfg.source_of(path)) from None
+        raise cfg.error([ConfigProblem(path, f"arguments {cfg.data} accepts", text)]) from None
     try:
         hints = typing.get_type_hints(builder)
     except Exception:
@@ -134,15 +131,12 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
                 for name, value in cfg.data_config.items() if (want := hints.get(name)) in _SIMPLE
                 and not _fits(value, want)]
     if problems:
-        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
+        raise cfg.error(problems)
 
 
 def _fits(value: Any, want: type) -> bool:
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if want is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, want)
+    """An int passes for a float; a bool passes for a bool only."""
+    return isinstance(value, (int, float) if want is float else want) and (want is bool or not isinstance(value, bool))
 
 
 def check_builds(cfg: RunConfig) -> tuple[list[str], str]:

@@ -85,21 +85,14 @@ def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
     return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
 
 
-def _with_value(data: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """A copy of ``data`` without its ``optimize`` section, with ``value`` at ``path``."""
-    out = copy.deepcopy({k: v for k, v in data.items() if k != "optimize"})
-    problem = set_at(out, path, value)
-    if problem is not None:
-        raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", problem.expected, problem.found)])
-    return out
-
-
 def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The config mapping of one trial: ``data`` without its ``optimize`` section, each
+    """The config mapping of one trial: a copy of ``data`` without its ``optimize`` section, each
     ``params`` value set at its path (``{"optimizer_config.lr": 0.01}``)."""
-    out: dict[str, Any] = {k: v for k, v in data.items() if k != "optimize"}
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "optimize"})
     for path, value in params.items():
-        out = _with_value(out, path, value)
+        problem = set_at(out, path, value)
+        if problem is not None:
+            raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", problem.expected, problem.found)])
     return out
 
 
@@ -119,7 +112,7 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
             continue  # the schema tier reports it
         for value in param.probe_values():
             try:
-                probe = _with_value(data, str(path), value)
+                probe = trial_data(data, {str(path): value})
             except ConfigError as exc:
                 found[where] = exc.problems[0]
                 break

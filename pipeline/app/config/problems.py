@@ -37,6 +37,11 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {self.problems[0]}" if len(self.problems) == 1 else "\n".join(lines))
 
 
+def config_error(path: str, expected: str, found: str, source: str | None = None) -> ConfigError:
+    """A ConfigError of one problem."""
+    return ConfigError([ConfigProblem(path, expected, found)], source)
+
+
 def closest(word: str, candidates: Sequence[str]) -> str | None:
     matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     if not matches:  # case slips ("adam" for "Adam") score low on ratio alone

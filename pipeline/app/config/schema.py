@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fsmtrain.app.config.loading import override_of
-from fsmtrain.app.config.problems import ConfigProblem
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 from fsmtrain.core.signals import preemption_signals
 
@@ -311,6 +311,10 @@ class RunConfig(_Section):
     @property
     def source(self) -> str | None:
         return self._source
+
+    def error(self, problems: list[ConfigProblem]) -> ConfigError:
+        """A ConfigError from where the value at fault came (``--set`` or the file), for a single problem."""
+        return ConfigError(problems, self.source_of(problems[0].path) if len(problems) == 1 else self.source)
 
     def __eq__(self, other: object) -> bool:
         """Equal settings (where they were read from is not part of a config's value)."""

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from fsmtrain.app.config.loading import apply_overrides, load_yaml, override_of
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, schema_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error, schema_problems
 from fsmtrain.app.config.resolution import resolution_problems
 from fsmtrain.app.config.schema import RunConfig
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
@@ -61,7 +61,7 @@ def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
 def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunConfig:
     """Validate an already-loaded mapping through every tier; raise ``ConfigError`` listing all problems."""
     if not isinstance(data, Mapping):
-        raise ConfigError([ConfigProblem("", "a mapping of config keys", type(data).__name__)], source)
+        raise config_error("", "a mapping of config keys", type(data).__name__, source)
     problems: list[ConfigProblem] = []
     cfg: RunConfig | None = None
     try:

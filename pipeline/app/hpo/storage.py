@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
+    from fsmtrain.app.config import OptimizeConfig
+
 __all__ = [
-    "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "Heartbeat", "StorageError", "StorageKind",
+    "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "StorageError", "StorageKind",
     "StorageSpec", "default_storage", "existing_directions", "open_storage", "parse_storage", "pick_study",
     "release_dead_holders_lock", "retry_callback",
 ]
@@ -123,16 +125,6 @@ def default_storage(study_dir: Path, workers: int) -> StorageSpec:
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
 
 
-@dataclass(frozen=True)
-class Heartbeat:
-    """RDB heartbeats: ``interval`` seconds between beats, stale after ``grace_period`` (Optuna's
-    default: twice the interval), at most ``max_retry`` retries of one trial."""
-
-    interval: int = 60
-    grace_period: int | None = None
-    max_retry: int | None = 3
-
-
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
     """Optuna's retry of stale trials, keeping the validations the pruner saw, and the user attributes
     but :data:`WORKER_ATTR`."""
@@ -186,9 +178,9 @@ def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
     return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
-def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
-    """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
-    with ``heartbeat``. An open that lost a set-up race is tried again, with a warning on stderr."""
+def open_storage(spec: StorageSpec, heartbeat: OptimizeConfig | None = None, *, create: bool = True) -> BaseStorage:
+    """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat as
+    ``heartbeat`` says. An open that lost a set-up race is tried again, with a warning on stderr."""
     import optuna
     path = spec.path
     if not create and path is not None and not path.is_file():
@@ -205,7 +197,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                            f"{spec.shown!r}: {_one_line(exc)}") from None
     kwargs: dict[str, Any] = {}
     if heartbeat is not None:
-        kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
+        kwargs = {"heartbeat_interval": heartbeat.heartbeat_interval, "grace_period": heartbeat.grace_period,
                   "heartbeat_stale_trial_callback": retry_callback(heartbeat.max_retry)}
     for attempt in range(5):
         try:
