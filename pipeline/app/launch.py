@@ -11,9 +11,9 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 from fsmtrain.core.ledger import read_ledger
@@ -89,9 +89,6 @@ class ElasticAttempt:
     restart: int  # 0: the first start; n: the n-th restart after a failure
     max_restarts: int
 
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def elastic_attempt() -> ElasticAttempt | None:
     """This worker's attempt, from the agent's environment; None outside an agent."""
@@ -134,9 +131,7 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
     candidates = [root / name, *sorted(root.glob(f"{name}-*"), key=lambda p: p.name)] if root.is_dir() else []
     for path in candidates:
         log = path / EVENTS_FILE
-        if not log.is_file():
-            continue
-        elastic = (first_run_start(log) or {}).get("elastic")
+        elastic = (first_run_start(log) or {}).get("elastic") if log.is_file() else None
         if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
             found = path
     return found

@@ -1,7 +1,6 @@
-"""``fsmtrain preflight``: build everything a config names and run one training step on one batch,
-reporting shapes, parameter counts, finiteness and the callback order. A failing stage is one message
-(for a forward, the innermost module and the shapes it got), exit 4; a first batch that breaks the
-batch contract is a ConfigError (exit 2), here and in ``validate --data``."""
+"""``fsmtrain preflight``: build everything a config names and run one training step on one batch. A
+failing stage is one message (for a forward, the innermost module and its input shapes), exit 4; a first
+batch that breaks the batch contract is a ConfigError (exit 2), here and in ``validate --data``."""
 
 from __future__ import annotations
 

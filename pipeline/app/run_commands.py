@@ -10,7 +10,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 from functools import partial
 from pathlib import Path
@@ -133,14 +133,8 @@ class _Place:
     out: TextIO
     extras: dict[str, Any]
     attempt: ElasticAttempt | None
-
-    @property
-    def ranks(self) -> int:
-        return 1 if self.collective is None else int(self.collective.world_size)
-
-    @property
-    def lead(self) -> bool:
-        return self.collective is None or self.collective.rank == 0
+    ranks: int
+    lead: bool  # rank 0, or the only process
 
 
 def _nodes(args: argparse.Namespace) -> Any:
@@ -173,9 +167,10 @@ def _on_ranks(args: argparse.Namespace, cfg: RunConfig, nproc: int, body: Callab
         attempt = elastic_attempt()
         extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
         if attempt is not None:
-            extras["elastic"] = attempt.record()
-        out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
-        return body(_Place(collective, out, extras, attempt))
+            extras["elastic"] = asdict(attempt)
+        lead = collective is None or collective.rank == 0
+        ranks = 1 if collective is None else int(collective.world_size)
+        return body(_Place(collective, sys.stdout if lead else io.StringIO(), extras, attempt, ranks, lead))
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -92,26 +92,23 @@ def _expanded_size(root: yaml.Node, budget: int) -> int | None:
     return size(root)
 
 
-def _check_bounded(node: yaml.Node, source: str) -> None:
-    size = _expanded_size(node, MAX_CONFIG_NODES)
-    if size is None:
-        raise config_error("", "a config that does not contain itself",
-                           "config contains itself (a recursive YAML alias)", source)
-    if size > MAX_CONFIG_NODES:
-        raise config_error("", f"at most {MAX_CONFIG_NODES:,} nodes with its aliases expanded",
-                           f"config expands to more than {MAX_CONFIG_NODES:,} nodes (YAML aliases)", source)
-
-
 def _parse_yaml(text: str, source: str) -> Any:
     loader = ConfigLoader(text)
     try:
         node = loader.get_single_node()
-        if node is not None:
-            _check_bounded(node, source)
-        problems = _duplicates(node) if node is not None else []
+        if node is None:
+            return None
+        size = _expanded_size(node, MAX_CONFIG_NODES)
+        if size is None:
+            raise config_error("", "a config that does not contain itself",
+                               "config contains itself (a recursive YAML alias)", source)
+        if size > MAX_CONFIG_NODES:
+            raise config_error("", f"at most {MAX_CONFIG_NODES:,} nodes with its aliases expanded",
+                               f"config expands to more than {MAX_CONFIG_NODES:,} nodes (YAML aliases)", source)
+        problems = _duplicates(node)
         if problems:
             raise ConfigError(problems, source)
-        return None if node is None else loader.construct_document(node)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise config_error("", "valid YAML", _yaml_error(exc), source) from None
     except RecursionError:  # PyYAML composes nested collections recursively

@@ -63,10 +63,6 @@ class PreemptionConfig(_Section):
         return [sig.name for sig in preemption_signals(v)]
 
 
-class TensorBoardConfig(_Section):
-    enabled: bool = False  # event files in <run dir>/tensorboard (needs the tensorboard extra)
-
-
 class WandbConfig(_Section):
     enabled: bool = False
     mode: Literal["offline", "online", "disabled"] = "offline"
@@ -122,7 +118,7 @@ class GradClipConfig(_Section):
 
 
 _SCALAR_CHOICE = (type(None), bool, int, float, str)
-_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class SearchParam(_Section):
@@ -198,7 +194,7 @@ class OptimizeConfig(_Section):
     @field_validator("study_name")
     @classmethod
     def _study_name(cls, v: str | None) -> str | None:
-        if v is not None and not _STUDY_NAME_RE.match(v):
+        if v is not None and not STUDY_NAME_RE.match(v):
             raise ValueError("a study name that is one folder name: letters, digits, '.', '_', '-'")
         return v
 
@@ -261,7 +257,8 @@ class RunConfig(_Section):
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
+    # event files in <run dir>/tensorboard (needs the tensorboard extra)
+    tensorboard: Toggle = Field(default_factory=lambda: Toggle(enabled=False))
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)

@@ -45,10 +45,12 @@ class StorageError(Exception):
         self.source, self.expected, self.found = source, expected, found
 
 
-class StorageKind(str, Enum):
-    SQLITE = "sqlite"
-    JOURNAL = "journal"
-    RDB = "rdb"
+class StorageKind(Enum):
+    """What a storage is, in the words its description uses."""
+
+    SQLITE = "SQLite file (one process)"
+    JOURNAL = "Optuna journal file (several worker processes)"
+    RDB = "RDB database (workers on many machines, heartbeats on)"
 
 
 def _masked(url: str) -> str:
@@ -74,10 +76,7 @@ class StorageSpec:
         return None if self.kind is StorageKind.RDB else Path(self.url.removeprefix("sqlite:///"))
 
     def describe(self) -> str:
-        what = {StorageKind.SQLITE: "SQLite file (one process)",
-                StorageKind.JOURNAL: "Optuna journal file (several worker processes)",
-                StorageKind.RDB: "RDB database (workers on many machines, heartbeats on)"}[self.kind]
-        return f"{what}: {self.shown}"
+        return f"{self.kind.value}: {self.shown}"
 
     def open_hints(self, study: str) -> list[str]:
         """Commands that open the study (the password, if any, left for the reader to fill in)."""
@@ -208,15 +207,14 @@ def open_storage(spec: StorageSpec, heartbeat: OptimizeConfig | None = None, *, 
                     **kwargs)
         except Exception as exc:
             # create=False races too: Optuna stamps the schema version of tables just made.
-            if attempt < 4 and _lost_creation_race(exc, creating=create):
-                delay = 0.2 + 0.3 * attempt
-                print(f"warning: {spec.shown}: another process was setting up this database at the same time "
-                      f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)",
-                      file=sys.stderr, flush=True)
-                time.sleep(delay)
-                continue
-            raise StorageError(spec.source, "a database that can be opened",
-                               f"{spec.shown!r}: {_one_line(exc)}") from None
+            if attempt == 4 or not _lost_creation_race(exc, creating=create):
+                raise StorageError(spec.source, "a database that can be opened",
+                                   f"{spec.shown!r}: {_one_line(exc)}") from None
+            delay = 0.2 + 0.3 * attempt
+            print(f"warning: {spec.shown}: another process was setting up this database at the same time "
+                  f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
     raise AssertionError("unreachable")
 
 

@@ -1,6 +1,5 @@
-"""Running a study: ``prepare`` checks everything before a file, folder or table exists;
-``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials in
-this process or in K worker processes."""
+"""Running a study: ``prepare`` checks everything before a file, folder or table exists; ``run_study``
+creates it, retries what earlier runs lost, and runs its trials here or in K worker processes."""
 
 from __future__ import annotations
 
@@ -16,8 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.config import OptimizeConfig, RunConfig
+from fsmtrain.app.config import RunConfig
 from fsmtrain.app.config.problems import config_error
+from fsmtrain.app.config.schema import STUDY_NAME_RE
 from fsmtrain.app.hpo.monitor import Monitor
 from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim, running, start_time
 from fsmtrain.app.hpo.storage import (
@@ -57,12 +57,9 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
         raise config_error("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none",
                            config_path)
     name = study_name_for(cfg, config_path, study)
-    if study is not None:
-        try:
-            OptimizeConfig(study_name=study)
-        except ValueError:
-            raise config_error("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
-                               repr(study), config_path) from None
+    if study is not None and not STUDY_NAME_RE.match(study):
+        raise config_error("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
+                           repr(study), config_path)
     source = "--storage" if storage is not None else "optimize.storage"
     text = storage if storage is not None else opt.storage
     study_dir = Path("runs") / cfg.project / name
@@ -95,12 +92,11 @@ def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: st
     opt = cfg.optimize
     assert opt is not None
     seeds = tuple(cfg.seeds[: opt.n_seeds] if opt.n_seeds else cfg.seeds)
-    launch = uuid.uuid4().hex[:12]
     trial = TrialPlan(data, config_path, name, str(Path("runs") / cfg.project / name), seeds, opt.direction,
-                      launch, dict(opt.search_space))
+                      uuid.uuid4().hex[:12], dict(opt.search_space))
     limit = timeout if timeout is not None else opt.timeout
-    return StudyPlan(trial, spec, opt, n_trials or opt.n_trials,
-                     None if limit is None else time.time() + limit, workers, config_path)
+    return StudyPlan(trial, spec, opt, n_trials or opt.n_trials, None if limit is None else time.time() + limit,
+                     workers)
 
 
 def _create(plan: StudyPlan) -> optuna.study.Study:
@@ -112,7 +108,7 @@ def _create(plan: StudyPlan) -> optuna.study.Study:
     if "fsmtrain" not in study.user_attrs:
         opt = plan.optimize
         study.set_user_attr("fsmtrain", {
-            "config": plan.config, "study_dir": plan.trial.study_dir, "seeds": list(plan.trial.seeds),
+            "config": plan.trial.source, "study_dir": plan.trial.study_dir, "seeds": list(plan.trial.seeds),
             "sampler": opt.sampler, "sampler_config": opt.sampler_config,
             "pruner": opt.pruner, "pruner_config": opt.pruner_config,
             "search_space": {k: v.model_dump(exclude_defaults=True) for k, v in opt.search_space.items()},

@@ -78,7 +78,6 @@ class StudyPlan:
     n_trials: int
     deadline: float | None  # time.time() after which no trial starts
     workers: int
-    config: str  # the config file as given, for the printed commands
     prior_trials: int = 0  # trials the study held when this command started (see claim_sampler_seed)
 
     @property
@@ -136,7 +135,6 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
     objective = partial(run_trial, plan=plan.trial)
     grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     beat, waited = plan.heartbeat, False
-    beating = beat is not None
     pause = 1.0 if beat is None else max(0.5, min(beat.heartbeat_interval / 2, 5.0))
     grace = 0 if beat is None else beat.grace_period or 2 * beat.heartbeat_interval  # Optuna's default
     def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
@@ -147,7 +145,7 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
         stop_here()
         reclaim_gone()
         if grid is not None and grid.is_exhausted(study):
-            if beating:
+            if beat is not None:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
                     print(line, file=sys.stderr, flush=True)
                 with warnings.catch_warnings():
@@ -155,7 +153,7 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
                     optuna.storages.fail_stale_trials(study)
             states = Counter(t.state for t in study.get_trials(deepcopy=False))
             if not states[TrialState.WAITING]:
-                if not (beating and states[TrialState.RUNNING]):
+                if not (beat is not None and states[TrialState.RUNNING]):
                     return
                 if not waited:
                     print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
