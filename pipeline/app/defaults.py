@@ -1,6 +1,5 @@
-"""The callbacks a run gets without asking, for ``fsmtrain train`` and a Python ``Trainer`` alike: the
-console, the built-ins that only watch and, with a run directory, ``metrics.csv`` and checkpoints.
-Early stopping is not one: it changes how long a run trains."""
+"""The callbacks a run gets without asking (``fsmtrain train`` and a ``Trainer`` alike): the console, the
+watching built-ins and, with a run directory, ``metrics.csv`` and checkpoints; never early stopping."""
 
 from __future__ import annotations
 

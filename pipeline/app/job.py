@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -19,6 +21,7 @@ from fsmtrain.app.config.builders import built_from
 from fsmtrain.app.config.checks import check_data, checked_callbacks
 from fsmtrain.app.config.loading import load_yaml
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.resolution import resolve_dotted
 from fsmtrain.app.config.schema import TRAINING_FIELDS, RunConfig, resolved_dict
 from fsmtrain.app.config.world import RECORDED_FOLDERS, user_folders
 from fsmtrain.app.launch import ElasticAttempt, elastic_run_dir, has_committed_checkpoint
@@ -30,12 +33,13 @@ from fsmtrain.core.hooks import TrainingCallback
 from fsmtrain.core.result import TrainResult
 from fsmtrain.core.signals import installed
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
+from fsmtrain.training.sharding import FsdpOptions
 
 if TYPE_CHECKING:
     import optuna
 
 __all__ = [
-    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunPick", "RunTarget", "SeedRun", "build_parts", "config_differences",
+    "CONFIG_FILE", "MODEL_FILE", "RunParts", "RunTarget", "SeedRun", "build_parts", "config_differences",
     "config_fingerprint", "pick_run_dir", "train_seed",
 ]
 
@@ -60,14 +64,18 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     """Seed every RNG, then build everything; a failure is a ConfigError naming the field at fault."""
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
-    builders.seed_everything(seed)
+    random.seed(seed)  # python, numpy and torch: model init and dropout repeat for the same seed
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
     model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
     optimizer, scheduler = builders.build_optimization(cfg, model)
     criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
-    metrics = builders.build_metrics(cfg)  # resolved when the config was loaded
-    return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics,
-                    builders.build_steps(cfg))
+    # a metric: a function fn(output, target), or an exact metric object built from its class
+    metrics = {name: resolve_dotted(m) if isinstance(m, str) else
+               builders.built_target(cfg, f"metrics.{name}", m.target, m.kwargs) for name, m in cfg.metrics.items()}
+    step, val_step = (None if path is None else resolve_dotted(path) for path in (cfg.step, cfg.val_step))
+    return RunParts(model, optimizer, scheduler, criterion, train_loader, val_loader, metrics, (step, val_step))
 
 
 # What a resume may change: how long to train and where, and how it is logged; the rest must be what
@@ -157,7 +165,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
     """Build, claim and train one seed; everything is built before the run directory is claimed. An
     exception or a signal during ``fit()`` is returned in ``SeedRun.error``; a signal during start-up
     raises ``Interrupted``."""
-    resolved = resolved_dict(cfg)
+    resolved, fsdp = resolved_dict(cfg), cfg.distributed.fsdp
     assert not (resume and callable(run_dir)), "a resumed run is named by its folder"
     replan = _check_resume(cfg, seed, run_dir, resolved) if resume and not callable(run_dir) else None
     collective = joined_collective(torch.device(cfg.device), cfg.distributed.agreement_timeout_s)
@@ -194,7 +202,9 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
             step=parts.steps[0], val_step=parts.steps[1], preemption_signals=cfg.preemption.signals,
-            strategy=cfg.distributed.strategy, fsdp=builders.fsdp_options(cfg),
+            strategy=cfg.distributed.strategy, fsdp=FsdpOptions(
+                fsdp.shard, fsdp.reshard_after_forward, fsdp.mixed_precision.param_dtype,
+                fsdp.mixed_precision.reduce_dtype, fsdp.cpu_offload),
         )
         if startup is not None and startup.signum is not None:
             trainer.close()
@@ -217,36 +227,20 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
     return SeedRun(seed, path, trainer, error)
 
 
-@dataclass(frozen=True)
-class RunPick:
-    """Where one seed's run goes, as rank 0 decided it (the same on every rank)."""
-
-    path: Path  # the run to resume, or the folder name a new claim starts from
-    resume: bool
-    next_free: bool  # a new run takes the next free name (name, name-2, ...); else exactly ``path``
-    note: str | None = None  # what to say of the choice (an elastic restart)
-
-    def target(self) -> RunTarget:
-        """For :func:`train_seed`: a new run is claimed only once it is built."""
-        if self.resume:
-            return self.path
-        if self.next_free:
-            return partial(claim_next_free, self.path.parent, self.path.name)
-        return partial(claim_new, self.path)
-
-
-def pick_run_dir(root: Path, name: str, resume: bool, attempt: ElasticAttempt | None) -> RunPick:
-    """The run directory of one seed under ``root`` (rank 0 picks). An elastic restart continues the run
-    its first attempt claimed, as ``--resume`` would, or starts anew when that committed no checkpoint."""
+def pick_run_dir(root: Path, name: str, resume: bool,
+                 attempt: ElasticAttempt | None) -> tuple[RunTarget, bool, str | None]:
+    """Where one seed's run goes under ``root`` (rank 0 picks): the run to resume or the claimer of a new
+    one (a new name: the next free one), whether it resumes, and what to say of the choice. An elastic
+    restart continues the run its first attempt claimed, or starts anew when that committed no checkpoint."""
     if attempt is not None and attempt.restart > 0:
         earlier = elastic_run_dir(root, name, attempt)
+        said = f"elastic restart {attempt.restart} of {attempt.max_restarts}: "
         if earlier is not None and has_committed_checkpoint(earlier):
-            return RunPick(earlier, True, False, f"elastic restart {attempt.restart} of {attempt.max_restarts}: "
-                                                 f"continuing {earlier} from its newest committed checkpoint")
+            return earlier, True, f"{said}continuing {earlier} from its newest committed checkpoint"
         if earlier is not None:
-            return RunPick(root / name, False, True,
-                           f"elastic restart {attempt.restart} of {attempt.max_restarts}: the attempt before committed "
-                           f"no checkpoint in {earlier}; this run starts from the beginning in a new run directory")
+            return partial(claim_next_free, root, name), False, (
+                f"{said}the attempt before committed no checkpoint in {earlier}; this run starts from the beginning "
+                "in a new run directory")
     if resume and run_started(root / name):
-        return RunPick(root / name, True, False)
-    return RunPick(root / name, False, not resume)
+        return root / name, True, None
+    return partial(claim_new, root / name) if resume else partial(claim_next_free, root, name), False, None

@@ -11,11 +11,12 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from fsmtrain.core.events import first_run_start
+from fsmtrain.core.events import EVENTS_FILE, first_run_start
+from fsmtrain.core.ledger import read_ledger
 
 if TYPE_CHECKING:
     from fsmtrain.app.config.schema import DistributedConfig
@@ -88,9 +89,6 @@ class ElasticAttempt:
     restart: int  # 0: the first start; n: the n-th restart after a failure
     max_restarts: int
 
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def elastic_attempt() -> ElasticAttempt | None:
     """This worker's attempt, from the agent's environment; None outside an agent."""
@@ -121,25 +119,10 @@ def elastic_restart_line(code: int) -> str | None:
             f"goes on in the next attempt")
 
 
-def _payloads(log: Path, event: str) -> Iterator[dict[str, Any]]:
-    """The payloads of a log's ``event`` lines (unreadable lines skipped: the audit reports them)."""
-    marker = f'"{event}"'.encode()
-    with open(log, "rb") as fh:
-        for line in fh:
-            if marker not in line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == event and isinstance(rec.get("payload"), dict):
-                yield rec["payload"]
-
-
 def has_committed_checkpoint(run_dir: Path) -> bool:
     """Whether the run's log committed a checkpoint (a resume can continue it)."""
-    log = run_dir / "events.jsonl"
-    return log.is_file() and next(_payloads(log, "checkpoint"), None) is not None
+    log = run_dir / EVENTS_FILE
+    return log.is_file() and bool(read_ledger(log).last)
 
 
 def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | None:
@@ -147,10 +130,8 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
     found = None
     candidates = [root / name, *sorted(root.glob(f"{name}-*"), key=lambda p: p.name)] if root.is_dir() else []
     for path in candidates:
-        log = path / "events.jsonl"
-        if not log.is_file():
-            continue
-        elastic = (first_run_start(log) or {}).get("elastic")
+        log = path / EVENTS_FILE
+        elastic = (first_run_start(log) or {}).get("elastic") if log.is_file() else None
         if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
             found = path
     return found
@@ -159,9 +140,15 @@ def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | No
 def recorded_world_size(run_dir: Path) -> int:
     """How many ranks the newest segment of the run in ``run_dir`` ran on (1 when its log names none)."""
     world = 1
-    for payload in _payloads(run_dir / "events.jsonl", "run_start"):
-        value = payload.get("world_size", 1)
-        world = value if type(value) is int and value > 0 else 1
+    with open(run_dir / EVENTS_FILE, "rb") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line) if b'"run_start"' in line else None
+            except ValueError:  # unreadable: the audit reports it
+                continue
+            if isinstance(rec, dict) and rec.get("event") == "run_start" and isinstance(rec.get("payload"), dict):
+                value = rec["payload"].get("world_size", 1)
+                world = value if type(value) is int and value > 0 else 1
     return world
 
 

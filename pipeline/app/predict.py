@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from fsmtrain.app.run_commands import ExitCode, UsageError
 
 if TYPE_CHECKING:
-    from fsmtrain.app.config import RunConfig
     from fsmtrain.app.trainer import Trainer
 
 __all__ = ["cmd_evaluate", "cmd_predict", "register_cli"]
@@ -63,8 +62,9 @@ def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
 def _on_ranks(args: argparse.Namespace, work: Work) -> int:
     """``work`` on the run's model with the chosen checkpoint's weights, in a Trainer over the data."""
     from fsmtrain.app.config import load_run_config
-    from fsmtrain.app.job import CONFIG_FILE
+    from fsmtrain.app.job import CONFIG_FILE, build_parts
     from fsmtrain.app.launch import joined_ranks
+    from fsmtrain.app.trainer import Trainer
     from fsmtrain.core.events import EVENTS_FILE
     from fsmtrain.training.checkpoint_file import CheckpointError, load_checkpoint
     from fsmtrain.training.resume import recorded_start
@@ -87,22 +87,16 @@ def _on_ranks(args: argparse.Namespace, work: Work) -> int:
         raise UsageError(f"--checkpoint {args.checkpoint}: {exc}") from None
     about = {"run_dir": str(run_dir), "checkpoint": shown, "checkpoint_sha256": sha, "data": cfg.data}
     with joined_ranks(cfg.distributed, cfg.device) as collective:
-        _run(cfg, recorded_start(run_dir).seed, state["model"], collective, lambda t, lead: work(t, about, lead))
+        parts = build_parts(cfg, recorded_start(run_dir).seed)  # the run's seed: a builder's own split is the run's
+        parts.model.load_state_dict(state["model"])
+        trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
+                          metrics=parts.metrics, device=cfg.device, precision=cfg.precision, collective=collective,
+                          default_callbacks=False, step=parts.steps[0], val_step=parts.steps[1])
+        try:
+            work(trainer, about, collective is None or collective.rank == 0)
+        finally:
+            trainer.close()
     return int(ExitCode.OK)
-
-
-def _run(cfg: RunConfig, seed: int, weights: Any, collective: Any, work: Callable[[Trainer, bool], None]) -> None:
-    from fsmtrain.app.job import build_parts
-    from fsmtrain.app.trainer import Trainer
-    parts = build_parts(cfg, seed)  # the run's seed: a builder's own split or order is the run's
-    parts.model.load_state_dict(weights)
-    trainer = Trainer(parts.model, parts.optimizer, parts.criterion, parts.train_loader, parts.val_loader,
-                      metrics=parts.metrics, device=cfg.device, precision=cfg.precision, collective=collective,
-                      default_callbacks=False, step=parts.steps[0], val_step=parts.steps[1])
-    try:
-        work(trainer, collective is None or collective.rank == 0)
-    finally:
-        trainer.close()
 
 
 def _write(option: str, path: str, data: bytes) -> None:

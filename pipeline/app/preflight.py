@@ -1,7 +1,6 @@
-"""``fsmtrain preflight``: build everything a config names and run one training step on one batch,
-reporting shapes, parameter counts, finiteness and the callback order. A failing stage is one message
-(for a forward, the innermost module and the shapes it got), exit 4; a first batch that breaks the
-batch contract is a ConfigError (exit 2), here and in ``validate --data``."""
+"""``fsmtrain preflight``: build everything a config names and run one training step on one batch. A
+failing stage is one message (for a forward, the innermost module and its input shapes), exit 4; a first
+batch that breaks the batch contract is a ConfigError (exit 2), here and in ``validate --data``."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def _stage(name: str, fn: Callable[[], T], detail: Callable[[], str] = lambda: "
 
 
 def _batch_error(cfg: RunConfig, found: str) -> ConfigError:
-    return ConfigError([ConfigProblem("data", BATCH_CONTRACT,
-                                      f"{cfg.data}'s first training batch {found}")], cfg.source_of("data"))
+    return cfg.error([ConfigProblem("data", BATCH_CONTRACT, f"{cfg.data}'s first training batch {found}")])
 
 
 def _first_step(cfg: RunConfig, parts: RunParts, device: torch.device) -> tuple[Any, Any, Any, torch.Tensor]:
@@ -136,8 +134,8 @@ def check_first_batch(cfg: RunConfig) -> str:
         inputs, _, output, loss = _first_step(cfg, parts, torch.device("cpu"))
     except PreflightFailed as exc:
         at = "net" if exc.stage == "forward" else "step" if exc.stage.startswith("step") else "criterion"
-        raise ConfigError([ConfigProblem(at, f"a {at} that takes the data's first training batch",
-                                         f"the step failed at the {exc.text}")], cfg.source_of(at)) from None
+        raise cfg.error([ConfigProblem(at, f"a {at} that takes the data's first training batch",
+                                       f"the step failed at the {exc.text}")]) from None
     return (f"called the data builder (batches: train {batches(parts.train_loader)}, val {batches(parts.val_loader)}) "
             f"and ran its first training batch through the step on the CPU (input {shape_of(inputs)}, output "
             f"{shape_of(output)}, loss {float(loss.detach()):.6g})")

@@ -1,7 +1,6 @@
-"""What the ranks of a multi-process ``Trainer`` settle before they train: rank 0 claims the run
-directory and marks its lock file with the launch's token; a rank that finds the mark shares the
-folder (layout ``shared``), else writes its log under the same path on its own node (``node-local``).
-On resume rank 0 chooses the checkpoint and sends its state to the ranks that cannot read it."""
+"""What the ranks of a multi-process ``Trainer`` settle before they train: rank 0 claims the run directory
+and marks its lock with the launch's token; a rank that sees the mark shares the folder, else logs on its own
+node. On resume rank 0 chooses the checkpoint and sends its state to the ranks that cannot read it."""
 
 from __future__ import annotations
 
@@ -88,19 +87,16 @@ def share_resumption(collective: TorchCollective | None, run_dir: Path, which: s
         chosen = found[0]
         return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world(run_dir)
     chosen, before = collective.share(choose)
-    own = log_name_for_rank(collective.rank)
+    own, mine = log_name_for_rank(collective.rank), found[0] if found else None  # mine: rank 0's
     if chosen == "":  # nothing committed: every rank starts over
-        return found[0] if found else prepare_restart(run_dir, own_log=own)
+        return mine or prepare_restart(run_dir, own_log=own)
+    assert not isinstance(mine, Restart)
     need = [row[0] for row in collective.all_gather_ints([int(not settled.reads_rank_zero_dir)])]
     sent = None
     if any(need):  # node-local disks: rank 0 sends the state to the ranks that cannot read it
-        res = found[0] if found else None
-        assert not isinstance(res, Restart)
-        sent = collective.broadcast_object((res.shown, res.sha256, res.state) if res is not None else None, 0)
-    resumption: Resumption
-    if found:
-        assert isinstance(found[0], Resumption)
-        resumption = found[0]
+        sent = collective.broadcast_object(None if mine is None else (mine.shown, mine.sha256, mine.state), 0)
+    if mine is not None:
+        resumption = mine
     elif settled.reads_rank_zero_dir:
         resumption = find_resumption(run_dir, chosen, own_log=own)
     else:

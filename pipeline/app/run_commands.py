@@ -10,7 +10,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 from functools import partial
 from pathlib import Path
@@ -133,14 +133,8 @@ class _Place:
     out: TextIO
     extras: dict[str, Any]
     attempt: ElasticAttempt | None
-
-    @property
-    def ranks(self) -> int:
-        return 1 if self.collective is None else int(self.collective.world_size)
-
-    @property
-    def lead(self) -> bool:
-        return self.collective is None or self.collective.rank == 0
+    ranks: int
+    lead: bool  # rank 0, or the only process
 
 
 def _nodes(args: argparse.Namespace) -> Any:
@@ -173,9 +167,10 @@ def _on_ranks(args: argparse.Namespace, cfg: RunConfig, nproc: int, body: Callab
         attempt = elastic_attempt()
         extras: dict[str, Any] = dict(worker_place()) if collective is not None else {}
         if attempt is not None:
-            extras["elastic"] = attempt.record()
-        out = sys.stdout if collective is None or collective.rank == 0 else io.StringIO()
-        return body(_Place(collective, out, extras, attempt))
+            extras["elastic"] = asdict(attempt)
+        lead = collective is None or collective.rank == 0
+        ranks = 1 if collective is None else int(collective.world_size)
+        return body(_Place(collective, sys.stdout if lead else io.StringIO(), extras, attempt, ranks, lead))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -187,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int:
     from fsmtrain.app.defaults import console_callbacks
-    from fsmtrain.app.job import Header, RunPick, pick_run_dir, train_seed
+    from fsmtrain.app.job import Header, pick_run_dir, train_seed
     from fsmtrain.core.engine import Interrupted
     out, collective, extras = place.out, place.collective, place.extras
     if place.lead:
@@ -201,14 +196,14 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
     root = Path(args.run_dir) if args.run_dir else Path("runs") / cfg.project
     for seed in cfg.seeds:
         pick = partial(pick_run_dir, root, f"{run_name}-seed{seed}", bool(args.resume), place.attempt)
-        picked: RunPick = pick() if collective is None else collective.share(pick)
-        notes = [n for n in (picked.note, _global_batch_line(cfg, place.ranks)) if n is not None]
+        target, resume, note = pick() if collective is None else collective.share(pick)
+        notes = [n for n in (note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
         seed_extras = extras
-        if picked.note is not None:
-            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": picked.note}}
+        if note is not None:
+            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": note}}
         try:
-            run = train_seed(cfg, seed, picked.target(), extra_callbacks=console_callbacks(), resume=picked.resume,
+            run = train_seed(cfg, seed, target, extra_callbacks=console_callbacks(), resume=resume,
                              extras=seed_extras, header=header)
         except Interrupted as exc:  # caught during this seed's start-up: honoured before its run began
             print(f"seed {seed}: {exc} before its run started; nothing was trained", file=out)

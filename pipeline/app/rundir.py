@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -232,12 +233,8 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
 def next_free(path: str | Path) -> Path:
     """``path``, or the first of ``path-2``, ``path-3``… that a new run can claim (not claiming it)."""
     path = Path(path)
-    n = 1
-    while True:
-        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
-        if not candidate.exists() or (candidate.is_dir() and _never_started(candidate) and not in_use(candidate)):
-            return candidate
-        n += 1
+    names = itertools.chain([path], (path.with_name(f"{path.name}-{n}") for n in itertools.count(2)))
+    return next(c for c in names if not c.exists() or (c.is_dir() and _never_started(c) and not in_use(c)))
 
 
 def in_use(path: str | Path) -> bool:

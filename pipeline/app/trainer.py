@@ -58,16 +58,14 @@ __all__ = ["TrainResult", "Trainer"]
 
 
 class Trainer:
-    """Train ``model`` by walking the lifecycle machine.
-
-    ``run_dir`` is claimed and locked for the run's life (``run_name``: a new run's folder, or the next
-    free ``-2``, ``-3``…; neither: events in memory); ``resume_from="latest"`` continues it. ``step`` and
-    ``val_step`` replace ``loss_fn`` with ``fn(model, batch)``; ``optimizer`` and ``scheduler`` may be
-    mappings by name; ``max_epochs`` defaults to 1, or unbounded with ``max_steps``. ``default_callbacks``
-    adds those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and ``lifecycle.mmd``;
-    ``preemption_signals`` save the last step and exit 143; ``log_key`` (default ``FSMTRAIN_LOG_KEY``)
-    makes the log's chain an HMAC. In a process group (``strategy`` ddp or fsdp) rank 0 owns the run dir.
-    """
+    """Train ``model`` by walking the lifecycle machine. ``run_dir`` is claimed and locked for the run's life
+    (``run_name``: a new run's folder, or the next free ``-2``, ``-3``…; neither: events in memory);
+    ``resume_from="latest"`` continues it. ``step`` and ``val_step`` replace ``loss_fn`` with ``fn(model, batch)``;
+    ``optimizer`` and ``scheduler`` may be mappings by name; ``max_epochs`` defaults to 1, or unbounded with
+    ``max_steps``. ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and
+    ``lifecycle.mmd``; ``preemption_signals`` save the last step and exit 143; ``log_key`` (default
+    ``FSMTRAIN_LOG_KEY``) makes the log's chain an HMAC. In a process group (``strategy`` ddp or fsdp) rank 0 owns
+    the run dir."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer],
                  loss_fn: LossFn | None,
@@ -268,9 +266,8 @@ class Trainer:
 
     def close(self) -> None:
         """Close the log and let the run directory go (``fit`` does this itself)."""
-        events = getattr(self, "events", None)
-        if events is not None:
-            events.close()
+        if self.events is not None:
+            self.events.close()
         if self.claim is not None:
             self.claim.let_go()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import random
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from fsmtrain.training.sharding import FsdpOptions
+    from fsmtrain.training.optimizers import NamedOptimizers
 
 
 # A constructor's rejection is blamed on the config leaf that caused it (``optimizer_config.lr``): the key
@@ -46,7 +45,7 @@ def blamed(cfg: RunConfig, section: str, what: str, build: Callable[[Mapping[str
             problem = ConfigProblem(section, f"arguments {what} accepts", why)
         else:
             problem = ConfigProblem(f"{section}.{leaf}", f"a value {what} accepts", f"{kwargs[leaf]!r} ({why})")
-        raise ConfigError([problem], cfg.source_of(problem.path)) from exc
+        raise cfg.error([problem]) from exc
 
 
 def _culprit(kwargs: Mapping[str, Any], build: Callable[[Mapping[str, Any]], Any], exc: Exception) -> str | None:
@@ -67,15 +66,6 @@ def built_from(cfg: RunConfig, section: str, what: str, build: Callable[[RunConf
                   getattr(cfg, section), target)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch so model init and dropout repeat for the same seed."""
-    import numpy as np
-    import torch
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def build_model(cfg: RunConfig) -> nn.Module:
     from torch import nn
     model = resolve_dotted(cfg.net)(**cfg.net_config)
@@ -88,19 +78,15 @@ def build_model(cfg: RunConfig) -> nn.Module:
 def build_optimization(cfg: RunConfig, model: nn.Module, params: Any = None) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer (or several, by name) over ``model``'s parameters, and its scheduler(s) or None.
     ``params``: what a single optimizer steps instead (validate's stand-in, for a model without any)."""
-    if cfg.optimizers is not None:
-        optimizer = build_named_optimizers(cfg, model)
-        return optimizer, build_named_schedulers(cfg, optimizer)
+    if cfg.optimizers is not None:  # and their schedulers, by the name of the optimizer each schedules
+        from fsmtrain.training.optimizers import NamedSchedulers
+        named = build_named_optimizers(cfg, model)
+        schedulers = {name: built_target(cfg, f"schedulers.{name}", sc.target, sc.kwargs, named[name])
+                      for name, sc in cfg.schedulers.items()}
+        return named, NamedSchedulers(schedulers) if schedulers else None
     optimizer = built_from(cfg, "optimizer_config", cfg.optimizer,  # a fresh iterator per try
                            lambda c: build_optimizer(c, model.parameters() if params is None else params))
     return optimizer, built_from(cfg, "scheduler_config", str(cfg.scheduler), lambda c: build_scheduler(c, optimizer))
-
-
-def fsdp_options(cfg: RunConfig) -> FsdpOptions:
-    from fsmtrain.training.sharding import FsdpOptions
-    f = cfg.distributed.fsdp
-    return FsdpOptions(f.shard, f.reshard_after_forward, f.mixed_precision.param_dtype,
-                       f.mixed_precision.reduce_dtype, f.cpu_offload)
 
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
@@ -109,14 +95,14 @@ def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
     assert isinstance(opt, torch.optim.Optimizer)
     closure = inspect.signature(opt.step).parameters.get("closure")
     if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS: re-evaluates the loss itself
-        raise ConfigError([ConfigProblem(
+        raise cfg.error([ConfigProblem(
             "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
-            f"{cfg.optimizer}, whose step() requires a closure")], cfg.source_of("optimizer"))
+            f"{cfg.optimizer}, whose step() requires a closure")])
     # torch takes lr=inf and trains to NaN at the first step: every number it steps with must be finite
     bad = [ConfigProblem(path, f"a finite number ({cfg.optimizer} steps with it)", repr(value))
            for path, value in _non_finite(cfg.optimizer_config, "optimizer_config")]
     if bad:
-        raise ConfigError(bad, cfg.source_of(bad[0].path) if len(bad) == 1 else cfg.source)
+        raise cfg.error(bad)
     return opt
 
 
@@ -131,7 +117,7 @@ def _non_finite(value: Any, path: str) -> list[tuple[str, float]]:
     return []
 
 
-def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> NamedOptimizers:
     """``cfg.optimizers``, each over the parameters of its submodule of ``model``, as one NamedOptimizers."""
     from fsmtrain.training.optimizers import NamedOptimizers
     built: dict[str, torch.optim.Optimizer] = {}
@@ -140,13 +126,12 @@ def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Opti
             part = model.get_submodule(oc.params)
         except AttributeError:
             known, path = [n for n, _ in model.named_modules() if n], f"optimizers.{name}.params"
-            raise ConfigError([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
-                                             repr(oc.params), closest(oc.params, known))],
-                              cfg.source_of(path)) from None
+            raise cfg.error([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
+                                           repr(oc.params), closest(oc.params, known))]) from None
         single = cfg.model_copy(update={"optimizer": oc.target, "optimizer_config": oc.kwargs})
         try:
             built[name] = built_from(single, "optimizer_config", oc.target,
-                                     partial(_optimizer_over, part), "optimizer")
+                                     partial(build_optimizer, params=list(part.parameters())), "optimizer")
         except ConfigError as exc:  # the one optimizer's paths, as this one's
             moved = [ConfigProblem(f"optimizers.{name}." + p.path.replace("optimizer_config", "kwargs", 1)
                                    .replace("optimizer", "target", 1), p.expected, p.found, p.suggestion)
@@ -155,21 +140,8 @@ def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> torch.optim.Opti
     try:
         return NamedOptimizers(built)
     except ValueError as exc:  # two optimizers over one parameter
-        raise ConfigError([ConfigProblem("optimizers", "optimizers over parts of the model that do not overlap",
-                                         str(exc))], cfg.source_of("optimizers")) from None
-
-
-def _optimizer_over(part: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    return build_optimizer(cfg, part.parameters())
-
-
-def build_named_schedulers(cfg: RunConfig, optimizers: Any) -> Any:
-    """``cfg.schedulers``, each over its optimizer (by name), as one NamedSchedulers; None without any."""
-    from fsmtrain.training.optimizers import NamedSchedulers
-    if not cfg.schedulers:
-        return None
-    return NamedSchedulers({name: built_target(cfg, f"schedulers.{name}", sc.target, sc.kwargs, optimizers[name])
-                            for name, sc in cfg.schedulers.items()})
+        raise cfg.error([ConfigProblem("optimizers", "optimizers over parts of the model that do not overlap",
+                                       str(exc))]) from None
 
 
 def build_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> Any:
@@ -198,17 +170,6 @@ def build_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
     if not isinstance(train, DataLoader) and hasattr(train, "__getitem__"):
         return tuple(make_loaders(train, val, batch_size=cfg.batch_size, seed=seed))  # type: ignore[return-value]
     return train, val
-
-
-def build_metrics(cfg: RunConfig) -> dict[str, Any]:
-    """Each metric: a function ``fn(output, target)``, or an exact metric object built from its class."""
-    return {name: resolve_dotted(m) if isinstance(m, str) else built_target(cfg, f"metrics.{name}", m.target, m.kwargs)
-            for name, m in cfg.metrics.items()}
-
-
-def build_steps(cfg: RunConfig) -> tuple[Any, Any]:
-    """The user's ``step`` and ``val_step`` functions (None: the built-in step)."""
-    return tuple(None if path is None else resolve_dotted(path) for path in (cfg.step, cfg.val_step))  # type: ignore[return-value]
 
 
 def build_callbacks(cfg: RunConfig, *, run_dir: Path | None,

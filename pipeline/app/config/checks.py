@@ -15,7 +15,6 @@ from fsmtrain.app.config.builders import (
     build_data,
     build_model,
     build_optimization,
-    build_steps,
     built_from,
 )
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
@@ -27,8 +26,7 @@ from fsmtrain.core.registry import GlobalRegistrationError
 from fsmtrain.core.runner import CallbackOrderError, CallbackRunner
 from fsmtrain.training.sharding import unshardable
 
-__all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks",
-           "data_failure"]
+__all__ = ["UNWRITTEN_RUN_DIR", "check_builds", "check_data", "check_data_arguments", "checked_callbacks"]
 
 UNWRITTEN_RUN_DIR = Path("runs") / "(checked, never created)"  # so the file-writing callbacks are checked too
 
@@ -39,15 +37,13 @@ def checked_callbacks(cfg: RunConfig, *, run_dir: Path = UNWRITTEN_RUN_DIR, tria
     callbacks = [*build_callbacks(cfg, run_dir=run_dir, trial=trial), *extra]
     refused = unshardable(callbacks) if cfg.distributed.strategy == "fsdp" else []
     if refused:
-        raise ConfigError([ConfigProblem("distributed.strategy", "callbacks that work on sharded parameters (fsdp)",
-                                         f"{'; '.join(refused)}, which need(s) the whole parameters or gradients on "
-                                         "one rank; leave it out, or use strategy ddp")],
-                          cfg.source_of("distributed.strategy"))
+        raise cfg.error([ConfigProblem("distributed.strategy", "callbacks that work on sharded parameters (fsdp)",
+                                       f"{'; '.join(refused)}, which need(s) the whole parameters or gradients on "
+                                       "one rank; leave it out, or use strategy ddp")])
     try:
         CallbackRunner(callbacks)
     except (CallbackDefinitionError, CallbackOrderError, GlobalRegistrationError) as exc:
-        raise ConfigError([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))],
-                          cfg.source_of("callbacks")) from exc
+        raise cfg.error([ConfigProblem("callbacks", "callbacks the runner accepts", str(exc))]) from exc
     manual_problems(cfg, callbacks, world_size)
     return callbacks
 
@@ -56,47 +52,38 @@ def manual_problems(cfg: RunConfig, callbacks: Sequence[TrainingCallback], world
     """A manual step's needs: one process, no callback on the hooks it leaves out, no fp16 scaling, its
     own val_step."""
     from fsmtrain.training.optimizers import is_manual, skipped_hooks
-    step = build_steps(cfg)[0]
+    step = None if cfg.step is None else resolve_dotted(cfg.step)
     if not is_manual(step):
         return
-    needing = skipped_hooks(step, callbacks)
-    problems = [ConfigProblem("callbacks", f"no callback on the hooks around backward and the optimizer step: the "
-                              f"manual step {cfg.step} does those itself (turn them off: callbacks.gradient_monitor."
-                              "enabled: false, grad_clip: null, grad_accumulation: 1)", "; ".join(needing))
-                ] if needing else []
-    if cfg.precision == "16-mixed":
-        problems.append(ConfigProblem("precision", f"'32' or 'bf16-mixed' (the manual step {cfg.step} runs its own "
-                                      "backward, without fp16's loss scaling)", repr(cfg.precision)))
-    if world_size > 1:
-        problems.append(ConfigProblem("step", f"one process (the manual step {cfg.step} runs its own backward, which "
-                                      f"DDP's gradient averaging does not reach: it trains on one process (this run "
-                                      f"has {world_size}))", f"{world_size} ranks"))
-    if cfg.val_step is None:
-        problems.append(ConfigProblem("val_step", f"a val_step (the manual step {cfg.step} steps optimizers, so it "
-                                      "cannot validate)", "none"))
+    needing, manual = skipped_hooks(step, callbacks), f"the manual step {cfg.step}"
+    problems = [ConfigProblem(path, expected, found) for wrong, path, expected, found in (
+        (needing, "callbacks", f"no callback on the hooks around backward and the optimizer step: {manual} does "
+         "those itself (turn them off: callbacks.gradient_monitor.enabled: false, grad_clip: null, "
+         "grad_accumulation: 1)", "; ".join(needing)),
+        (cfg.precision == "16-mixed", "precision", f"'32' or 'bf16-mixed' ({manual} runs its own backward, without "
+         "fp16's loss scaling)", repr(cfg.precision)),
+        (world_size > 1, "step", f"one process ({manual} runs its own backward, which DDP's gradient averaging does "
+         f"not reach: it trains on one process (this run has {world_size}))", f"{world_size} ranks"),
+        (cfg.val_step is None, "val_step", f"a val_step ({manual} steps optimizers, so it cannot validate)", "none"),
+    ) if wrong]
     if problems:
-        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
-
-
-def data_failure(cfg: RunConfig, error: BaseException) -> ConfigError:
-    """The data builder raised: a config error at the ``data_config`` value its message names, if any."""
-    text = " ".join(f"{type(error).__name__}: {error}".split())
-    leaf = next((k for k, v in cfg.data_config.items() if isinstance(v, str) and v and v in text), None)
-    path = f"data_config.{leaf}" if leaf else "data"
-    return ConfigError([ConfigProblem(path, f"a data builder call that returns (train, val) ({cfg.data} with "
-                                            "batch_size, seed and data_config)", f"{cfg.data} raised {text}")],
-                       cfg.source_of(path))
+        raise cfg.error(problems)
 
 
 def check_data(cfg: RunConfig, seed: int) -> tuple[Any, Any]:
-    """Call the data builder once, as ``train`` will: its (train, val) loaders, or a ConfigError."""
+    """Call the data builder once, as ``train`` will: its (train, val) loaders, or a ConfigError (at the
+    ``data_config`` value the builder's message names, if any)."""
     check_data_arguments(cfg, seed)
     try:
         return build_data(cfg, seed)
     except ConfigError:
         raise
     except Exception as exc:
-        raise data_failure(cfg, exc) from exc
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        leaf = next((k for k, v in cfg.data_config.items() if isinstance(v, str) and v and v in text), None)
+        path = f"data_config.{leaf}" if leaf else "data"
+        expected = f"a data builder call that returns (train, val) ({cfg.data} with batch_size, seed and data_config)"
+        raise cfg.error([ConfigProblem(path, expected, f"{cfg.data} raised {text}")]) from exc
 
 
 def batches(loader: Any) -> str:
@@ -125,7 +112,7 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
         text = str(exc)
         leaf = next((k for k in cfg.data_config if f"'{k}'" in text), None)
         path = f"data_config.{leaf}" if leaf else "data_config"
-        raise ConfigError([ConfigProblem(path, f"arguments {cfg.data} accepts", text)], cfg.source_of(path)) from None
+        raise cfg.error([ConfigProblem(path, f"arguments {cfg.data} accepts", text)]) from None
     try:
         hints = typing.get_type_hints(builder)
     except Exception:
@@ -134,15 +121,12 @@ def check_data_arguments(cfg: RunConfig, seed: int) -> None:
                 for name, value in cfg.data_config.items() if (want := hints.get(name)) in _SIMPLE
                 and not _fits(value, want)]
     if problems:
-        raise ConfigError(problems, cfg.source_of(problems[0].path) if len(problems) == 1 else cfg.source)
+        raise cfg.error(problems)
 
 
 def _fits(value: Any, want: type) -> bool:
-    if want is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if want is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, want)
+    """An int passes for a float; a bool passes for a bool only."""
+    return isinstance(value, (int, float) if want is float else want) and (want is bool or not isinstance(value, bool))
 
 
 def check_builds(cfg: RunConfig) -> tuple[list[str], str]:

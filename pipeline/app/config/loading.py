@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, config_error
 
 MAX_CONFIG_BYTES_ENV = "FSMTRAIN_MAX_CONFIG_BYTES"
 DEFAULT_MAX_CONFIG_BYTES = 1_000_000
@@ -92,32 +92,27 @@ def _expanded_size(root: yaml.Node, budget: int) -> int | None:
     return size(root)
 
 
-def _check_bounded(node: yaml.Node, source: str) -> None:
-    size = _expanded_size(node, MAX_CONFIG_NODES)
-    if size is None:
-        raise ConfigError([ConfigProblem("", "a config that does not contain itself",
-                                         "config contains itself (a recursive YAML alias)")], source)
-    if size > MAX_CONFIG_NODES:
-        raise ConfigError([ConfigProblem("", f"at most {MAX_CONFIG_NODES:,} nodes with its aliases expanded",
-                                         f"config expands to more than {MAX_CONFIG_NODES:,} nodes (YAML aliases)")],
-                          source)
-
-
 def _parse_yaml(text: str, source: str) -> Any:
     loader = ConfigLoader(text)
     try:
         node = loader.get_single_node()
-        if node is not None:
-            _check_bounded(node, source)
-        problems = _duplicates(node) if node is not None else []
+        if node is None:
+            return None
+        size = _expanded_size(node, MAX_CONFIG_NODES)
+        if size is None:
+            raise config_error("", "a config that does not contain itself",
+                               "config contains itself (a recursive YAML alias)", source)
+        if size > MAX_CONFIG_NODES:
+            raise config_error("", f"at most {MAX_CONFIG_NODES:,} nodes with its aliases expanded",
+                               f"config expands to more than {MAX_CONFIG_NODES:,} nodes (YAML aliases)", source)
+        problems = _duplicates(node)
         if problems:
             raise ConfigError(problems, source)
-        return None if node is None else loader.construct_document(node)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem("", "valid YAML", _yaml_error(exc))], source) from None
+        raise config_error("", "valid YAML", _yaml_error(exc), source) from None
     except RecursionError:  # PyYAML composes nested collections recursively
-        raise ConfigError([ConfigProblem("", "YAML nested less deeply",
-                                         "collections nested too deeply to read")], source) from None
+        raise config_error("", "YAML nested less deeply", "collections nested too deeply to read", source) from None
     finally:
         loader.dispose()
 
@@ -132,8 +127,8 @@ def max_config_bytes(source: str | None = None) -> int:
     except ValueError:
         limit = 0
     if limit <= 0:
-        raise ConfigError([ConfigProblem(f"${MAX_CONFIG_BYTES_ENV} (environment)", "a positive whole number of "
-                                         "bytes", repr(raw))], source)
+        raise config_error(f"${MAX_CONFIG_BYTES_ENV} (environment)", "a positive whole number of bytes", repr(raw),
+                           source)
     return limit
 
 
@@ -142,24 +137,23 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         found = "a directory" if p.is_dir() else "a path that does not exist" if not p.exists() else "not a file"
-        raise ConfigError([ConfigProblem("", "a YAML file", f"{found}: {str(p)!r}")], str(p))
+        raise config_error("", "a YAML file", f"{found}: {str(p)!r}", str(p))
     limit, size = max_config_bytes(str(p)), p.stat().st_size
     if size > limit:
-        raise ConfigError([ConfigProblem("", f"a config file of at most {limit:,} bytes ({MAX_CONFIG_BYTES_ENV} "
-                                             "sets the limit)", f"{size:,} bytes")], str(p))
+        raise config_error("", f"a config file of at most {limit:,} bytes ({MAX_CONFIG_BYTES_ENV} sets the limit)",
+                           f"{size:,} bytes", str(p))
     raw = p.read_bytes()
     try:
         if b"\x00" in raw:
             raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError([ConfigProblem("", "a YAML text file (UTF-8)", f"binary content ({exc.reason} at byte "
-                                                                            f"{exc.start})")], str(p)) from None
+        raise config_error("", "a YAML text file (UTF-8)", f"binary content ({exc.reason} at byte {exc.start})",
+                           str(p)) from None
     data = _parse_yaml(text, str(p))
-    if data is None:
-        raise ConfigError([ConfigProblem("", "a mapping of config keys", "an empty file (no keys at all)")], str(p))
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem("", "a mapping of config keys", type(data).__name__)], str(p))
+        found = "an empty file (no keys at all)" if data is None else type(data).__name__
+        raise config_error("", "a mapping of config keys", found, str(p))
     return data
 
 

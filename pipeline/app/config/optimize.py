@@ -37,20 +37,16 @@ _PART_KIND = {
 
 def _study_part_class(name: str, part: str) -> Any:
     """The sampler or pruner class ``name`` names, a bare class name (``TPESampler``,
-    ``PredictedFinalLossPruner``) looked up where it lives; raises ``ResolveError``."""
+    ``PredictedFinalLossPruner``) looked up where it lives; a ConfigError at ``optimize.<part>``."""
     import optuna
-    obj = import_dotted(name if "." in name else _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}"))
-    base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
-    if not (inspect.isclass(obj) and issubclass(obj, base)):
-        raise ResolveError(f"{name} is {describe(obj)}")
-    return obj
-
-
-def _configured_part(opt: OptimizeConfig, part: str) -> Any:
     try:
-        return _study_part_class(getattr(opt, part), part)
+        obj = import_dotted(name if "." in name else _OWN_PARTS.get(name, f"{_PART_MODULES[part]}.{name}"))
     except ResolveError as exc:
         raise ConfigError([ConfigProblem(f"optimize.{part}", _PART_KIND[part], exc.found, exc.suggestion)]) from None
+    base = optuna.samplers.BaseSampler if part == "sampler" else optuna.pruners.BasePruner
+    if not (inspect.isclass(obj) and issubclass(obj, base)):
+        raise ConfigError([ConfigProblem(f"optimize.{part}", _PART_KIND[part], f"{name} is {describe(obj)}")])
+    return obj
 
 
 def _nested(value: Any) -> Any:
@@ -67,10 +63,9 @@ def _is_grid(cls: Any) -> bool:
 
 
 def build_sampler(opt: OptimizeConfig, *, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """The configured sampler. ``GridSampler`` gets its grid from the categorical parameters unless
-    ``sampler_config.search_space`` is given; ``seed`` (the one a worker claimed) replaces a configured
-    integer seed."""
-    cls = _configured_part(opt, "sampler")
+    """The configured sampler (a GridSampler's grid: the categorical parameters, unless given);
+    ``seed``, the one a worker claimed, replaces a configured integer seed."""
+    cls = _study_part_class(opt.sampler, "sampler")
     kwargs = {k: _nested(v) for k, v in opt.sampler_config.items()}
     if _is_grid(cls) and "search_space" not in kwargs:
         kwargs["search_space"] = {path: list(p.choices or []) for path, p in opt.search_space.items()
@@ -81,25 +76,18 @@ def build_sampler(opt: OptimizeConfig, *, seed: int | None = None) -> optuna.sam
 
 
 def build_pruner(opt: OptimizeConfig) -> optuna.pruners.BasePruner:
-    cls = _configured_part(opt, "pruner")
+    cls = _study_part_class(opt.pruner, "pruner")
     return cast("optuna.pruners.BasePruner", cls(**{k: _nested(v) for k, v in opt.pruner_config.items()}))
 
 
-def _with_value(data: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """A copy of ``data`` without its ``optimize`` section, with ``value`` at ``path``."""
-    out = copy.deepcopy({k: v for k, v in data.items() if k != "optimize"})
-    problem = set_at(out, path, value)
-    if problem is not None:
-        raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", problem.expected, problem.found)])
-    return out
-
-
 def trial_data(data: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The config mapping of one trial: ``data`` without its ``optimize`` section, each
+    """The config mapping of one trial: a copy of ``data`` without its ``optimize`` section, each
     ``params`` value set at its path (``{"optimizer_config.lr": 0.01}``)."""
-    out: dict[str, Any] = {k: v for k, v in data.items() if k != "optimize"}
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "optimize"})
     for path, value in params.items():
-        out = _with_value(out, path, value)
+        problem = set_at(out, path, value)
+        if problem is not None:
+            raise ConfigError([ConfigProblem(f"optimize.search_space.{path}", problem.expected, problem.found)])
     return out
 
 
@@ -119,7 +107,7 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
             continue  # the schema tier reports it
         for value in param.probe_values():
             try:
-                probe = _with_value(data, str(path), value)
+                probe = trial_data(data, {str(path): value})
             except ConfigError as exc:
                 found[where] = exc.problems[0]
                 break
@@ -152,8 +140,8 @@ def optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
             continue
         try:
             parts[part] = cls = _study_part_class(name, part)
-        except ResolveError as exc:
-            problems.append(ConfigProblem(f"optimize.{part}", _PART_KIND[part], exc.found, exc.suggestion))
+        except ConfigError as exc:
+            problems += exc.problems
             continue
         if isinstance(kwargs, Mapping):
             supplied = ("search_space",) if part == "sampler" and _is_grid(cls) else ()

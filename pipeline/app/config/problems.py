@@ -37,6 +37,11 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {self.problems[0]}" if len(self.problems) == 1 else "\n".join(lines))
 
 
+def config_error(path: str, expected: str, found: str, source: str | None = None) -> ConfigError:
+    """A ConfigError of one problem."""
+    return ConfigError([ConfigProblem(path, expected, found)], source)
+
+
 def closest(word: str, candidates: Sequence[str]) -> str | None:
     matches = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     if not matches:  # case slips ("adam" for "Adam") score low on ratio alone
@@ -54,24 +59,21 @@ def _unwrap(annotation: Any) -> Any:
     return annotation
 
 
-def _annotation_at(model: type[BaseModel], loc: Sequence[int | str]) -> tuple[type[BaseModel] | None, Any]:
-    """Walk ``loc`` through the schema: (the model that owns the last key, the annotation there)."""
-    owner: type[BaseModel] | None = model
+def _annotation_at(model: type[BaseModel], loc: Sequence[int | str]) -> Any:
+    """Walk ``loc`` through the schema: the annotation there (None where ``loc`` leaves it)."""
     ann: Any = model
     for part in loc:
         ann = _unwrap(ann)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            owner = ann
             field = ann.model_fields.get(str(part))
             if field is None:
-                return owner, None
+                return None
             ann = field.annotation
         elif get_origin(ann) in (list, dict):
-            owner = None
             ann = get_args(ann)[-1] if get_args(ann) else Any
         else:
-            return None, None
-    return owner, _unwrap(ann)
+            return None
+    return _unwrap(ann)
 
 
 def schema_problems(err: ValidationError, schema: type[BaseModel]) -> list[ConfigProblem]:
@@ -80,26 +82,17 @@ def schema_problems(err: ValidationError, schema: type[BaseModel]) -> list[Confi
     for e in err.errors():
         loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         path = ".".join(str(p) for p in loc)
-        kind = e["type"]
-        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
-        found = repr(e["input"])
-        suggestion: str | None = None
-        if kind == "extra_forbidden":
-            _, section = _annotation_at(schema, loc[:-1])
-            is_model = isinstance(section, type) and issubclass(section, BaseModel)
-            known = list(section.model_fields) if is_model else []
-            close = closest(str(loc[-1]), known)
-            problems.append(ConfigProblem(
-                path, f"a known key{' of ' + '.'.join(map(str, loc[:-1])) if loc[:-1] else ''}",
-                f"unknown key {str(loc[-1])!r}", close,
-            ))
-            continue
-        if kind == "missing":
+        if e["type"] == "extra_forbidden":
+            section = _annotation_at(schema, loc[:-1])
+            known = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
+            where = f" of {'.'.join(map(str, loc[:-1]))}" if loc[:-1] else ""
+            problems.append(ConfigProblem(path, f"a known key{where}", f"unknown key {str(loc[-1])!r}",
+                                          closest(str(loc[-1]), known)))
+        elif e["type"] == "missing":
             problems.append(ConfigProblem(path, "a value (this key is required)", "nothing"))
-            continue
-        if kind == "literal_error":
-            _, ann = _annotation_at(schema, loc)
+        else:
+            ann = _annotation_at(schema, loc) if e["type"] == "literal_error" else None
             options = [str(a) for a in get_args(ann)] if get_origin(ann) is Literal else []
-            suggestion = closest(str(e["input"]), options)
-        problems.append(ConfigProblem(path, msg, found, suggestion))
+            msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+            problems.append(ConfigProblem(path, msg, repr(e["input"]), closest(str(e["input"]), options)))
     return problems

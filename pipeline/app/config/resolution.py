@@ -256,18 +256,14 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if data.get(key) is not None:
             problems += _check_target(key, data[key], Kind.STEP, None, None, 0)
     metrics = data.get("metrics")
-    if isinstance(metrics, Mapping):
-        for name, target in metrics.items():
-            if isinstance(target, Mapping):
-                problems += _entry_problems(f"metrics.{name}", target, Kind.EXACT_METRIC)
-            else:
-                problems += _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0)
+    for name, target in (metrics.items() if isinstance(metrics, Mapping) else ()):
+        problems += (_entry_problems(f"metrics.{name}", target, Kind.EXACT_METRIC) if isinstance(target, Mapping)
+                     else _check_target(f"metrics.{name}", target, Kind.METRIC, None, None, 0))
     callbacks = data.get("callbacks")
     extra = callbacks.get("extra") if isinstance(callbacks, Mapping) else None
-    if isinstance(extra, list):
-        for i, item in enumerate(extra):
-            if isinstance(item, Mapping):
-                problems += _entry_problems(f"callbacks.extra.{i}", item, Kind.CALLBACK)
+    for i, item in enumerate(extra if isinstance(extra, list) else ()):
+        if isinstance(item, Mapping):
+            problems += _entry_problems(f"callbacks.extra.{i}", item, Kind.CALLBACK)
     device = data.get("device", "cpu")
     if not isinstance(device, str) or not (device.startswith("cuda") or device == "mps"):
         return problems  # the CPU is always there: no need to ask torch

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from fsmtrain.app.config.loading import override_of
-from fsmtrain.app.config.problems import ConfigProblem
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.core.context import BUILTIN_METRICS, UNBOUNDED_EPOCHS
 from fsmtrain.core.signals import preemption_signals
 
@@ -61,10 +61,6 @@ class PreemptionConfig(_Section):
     @classmethod
     def _signals(cls, v: list[str]) -> list[str]:
         return [sig.name for sig in preemption_signals(v)]
-
-
-class TensorBoardConfig(_Section):
-    enabled: bool = False  # event files in <run dir>/tensorboard (needs the tensorboard extra)
 
 
 class WandbConfig(_Section):
@@ -122,7 +118,7 @@ class GradClipConfig(_Section):
 
 
 _SCALAR_CHOICE = (type(None), bool, int, float, str)
-_STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class SearchParam(_Section):
@@ -198,7 +194,7 @@ class OptimizeConfig(_Section):
     @field_validator("study_name")
     @classmethod
     def _study_name(cls, v: str | None) -> str | None:
-        if v is not None and not _STUDY_NAME_RE.match(v):
+        if v is not None and not STUDY_NAME_RE.match(v):
             raise ValueError("a study name that is one folder name: letters, digits, '.', '_', '-'")
         return v
 
@@ -261,7 +257,8 @@ class RunConfig(_Section):
     early_stopping: EarlyStoppingConfig = Field(default_factory=EarlyStoppingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    tensorboard: TensorBoardConfig = Field(default_factory=TensorBoardConfig)
+    # event files in <run dir>/tensorboard (needs the tensorboard extra)
+    tensorboard: Toggle = Field(default_factory=lambda: Toggle(enabled=False))
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
     grad_clip: GradClipConfig | None = None
     grad_accumulation: int = Field(default=1, ge=1)
@@ -311,6 +308,10 @@ class RunConfig(_Section):
     @property
     def source(self) -> str | None:
         return self._source
+
+    def error(self, problems: list[ConfigProblem]) -> ConfigError:
+        """A ConfigError from where the value at fault came (``--set`` or the file), for a single problem."""
+        return ConfigError(problems, self.source_of(problems[0].path) if len(problems) == 1 else self.source)
 
     def __eq__(self, other: object) -> bool:
         """Equal settings (where they were read from is not part of a config's value)."""

@@ -1,6 +1,5 @@
-"""Config loading for every command: every tier at once (schema, resolution, the ``optimize:`` section,
-then the semantic warnings), with the config's folder, the folders the run recorded and the working
-folder on the import path, so a config's dotted paths import the same from anywhere."""
+"""Config loading for every command: every tier at once, with the config's folder, the folders the run
+recorded and the working folder on the import path, so its dotted paths import the same from anywhere."""
 
 from __future__ import annotations
 
@@ -16,14 +15,14 @@ from pydantic import ValidationError
 
 from fsmtrain.app.config.loading import apply_overrides, load_yaml, override_of
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, schema_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error, schema_problems
 from fsmtrain.app.config.resolution import resolution_problems
 from fsmtrain.app.config.schema import RunConfig
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
 __all__ = [
     "RECORDED_FOLDERS", "config_from_dict", "enter_user_world", "load_config", "load_config_and_data",
-    "load_recorded_config", "load_run_config", "recorded_folders", "user_folders",
+    "load_recorded_config", "load_run_config", "user_folders",
 ]
 
 RECORDED_FOLDERS = "user_folders"
@@ -61,7 +60,7 @@ def _semantic_warnings(cfg: RunConfig) -> list[ConfigProblem]:
 def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunConfig:
     """Validate an already-loaded mapping through every tier; raise ``ConfigError`` listing all problems."""
     if not isinstance(data, Mapping):
-        raise ConfigError([ConfigProblem("", "a mapping of config keys", type(data).__name__)], source)
+        raise config_error("", "a mapping of config keys", type(data).__name__, source)
     problems: list[ConfigProblem] = []
     cfg: RunConfig | None = None
     try:
@@ -79,17 +78,14 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     return cfg
 
 
-def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = ()) -> list[Path]:
+def enter_user_world(config_dir: Path | None = None, recorded: Iterable[str] = ()) -> None:
     """Put the config's folder, the recorded folders and the working folder at the front of the
-    import path (in that order of precedence); return them."""
+    import path (in that order of precedence)."""
     given = (config_dir, *(Path(f) for f in recorded), Path.cwd())
-    folders = list(dict.fromkeys(f.resolve() for f in given if f is not None))
-    for folder in reversed(folders):
-        text = str(folder)
-        if text not in sys.path:
-            sys.path.insert(0, text)
+    for folder in reversed(list(dict.fromkeys(str(f.resolve()) for f in given if f is not None))):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     importlib.invalidate_caches()
-    return folders
 
 
 def _validated(data: Mapping[str, Any], source: str, overrides: Sequence[str]) -> RunConfig:
@@ -119,18 +115,12 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     return load_config_and_data(path, overrides)[0]
 
 
-def recorded_folders(run_dir: Path) -> list[str]:
-    """The folders a run's ``run_start`` recorded for its own modules (none for a run without)."""
-    log = run_dir / EVENTS_FILE
-    payload = first_run_start(log) if log.is_file() else None
-    found = (payload or {}).get(RECORDED_FOLDERS)
-    return [str(f) for f in found] if isinstance(found, list) else []
-
-
 def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The resolved ``config.yaml`` of a run, with the run's recorded folders importable."""
-    path = run_dir / "config.yaml"
-    return load_recorded_config(load_yaml(path), recorded_folders(run_dir), overrides, str(path))
+    """The resolved ``config.yaml`` of a run, with the folders its ``run_start`` recorded importable."""
+    path, log = run_dir / "config.yaml", run_dir / EVENTS_FILE
+    found = ((first_run_start(log) if log.is_file() else None) or {}).get(RECORDED_FOLDERS)
+    recorded = [str(f) for f in found] if isinstance(found, list) else []
+    return load_recorded_config(load_yaml(path), recorded, overrides, str(path))
 
 
 def load_recorded_config(data: Mapping[str, Any], recorded: Iterable[str], overrides: Sequence[str] = (),
@@ -152,14 +142,6 @@ def _dotted_paths(cfg: RunConfig) -> list[str]:
     return paths
 
 
-def _installed_roots() -> list[Path]:
-    """Where the interpreter's own and installed packages live: never a user's folder."""
-    roots = [*site.getsitepackages(), site.getusersitepackages()]
-    paths = sysconfig.get_paths()
-    roots += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    return [Path(r).resolve() for r in roots]
-
-
 def _import_root(module: Any) -> Path | None:
     """The folder a top-level module was imported from (the one holding ``m.py`` or ``m/``)."""
     spec = getattr(module, "__spec__", None)
@@ -176,7 +158,10 @@ def _import_root(module: Any) -> Path | None:
 def user_folders(cfg: RunConfig) -> list[str]:
     """The folders the config's own modules were imported from, outside fsmtrain and the installed
     packages (``run_start`` records them)."""
-    installed = _installed_roots()
+    paths = sysconfig.get_paths()  # the interpreter's own and installed packages: never a user's folder
+    roots = [*site.getsitepackages(), site.getusersitepackages(),
+             *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)]
+    installed = [Path(r).resolve() for r in roots]
     out: list[str] = []
     for path in _dotted_paths(cfg):
         top = path.split(".", 1)[0]

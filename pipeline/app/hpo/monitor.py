@@ -75,7 +75,6 @@ class Monitor:
         self._finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         self.seen = {t.number for t in study.get_trials(deepcopy=False, states=self._finished)}
         self._lock = threading.Lock()  # the in-process watcher thread and the final poll
-        self._status = ""
 
     def _launched_here(self, trial: FrozenTrial) -> bool:
         who = trial.user_attrs.get(WORKER_ATTR)
@@ -89,15 +88,9 @@ class Monitor:
                 return
             lines = [describe_trial(t) for t in trials if t.state in self._finished and t.number not in self.seen]
             self.seen.update(t.number for t in trials if t.state in self._finished)
-            status = self._status_line(trials)
-            if self.live:
-                self.out.write("\r\x1b[K")
-            for line in lines:
-                self.out.write(line + "\n")
-            if self.live:
-                self.out.write(status)
+            clear, status = ("\r\x1b[K", self._status_line(trials)) if self.live else ("", "")
+            self.out.write(clear + "".join(line + "\n" for line in lines) + status)
             self.out.flush()
-            self._status = status
 
     def _status_line(self, trials: list[FrozenTrial]) -> str:
         mine = Counter(t.state.name for t in trials if self._launched_here(t))
@@ -139,6 +132,6 @@ class Monitor:
                 if run_dir:
                     print(f"  run dir: {run_dir}", file=out)
                 sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in best.params.items())
-                print(f"  train it: fsmtrain train {shlex.quote(plan.config)} {sets}", file=out)
+                print(f"  train it: fsmtrain train {shlex.quote(plan.trial.source)} {sets}", file=out)
             print(f"report: {plan.storage.open_hints(plan.trial.study)[-1]}", file=out, flush=True)
             return mine

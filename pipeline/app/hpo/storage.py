@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
+    from fsmtrain.app.config import OptimizeConfig
+
 __all__ = [
-    "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "Heartbeat", "StorageError", "StorageKind",
+    "DB_FILE", "JOURNAL_FILE", "RUN_DIRS_ATTR", "WORKER_ATTR", "StorageError", "StorageKind",
     "StorageSpec", "default_storage", "existing_directions", "open_storage", "parse_storage", "pick_study",
     "release_dead_holders_lock", "retry_callback",
 ]
@@ -43,10 +45,12 @@ class StorageError(Exception):
         self.source, self.expected, self.found = source, expected, found
 
 
-class StorageKind(str, Enum):
-    SQLITE = "sqlite"
-    JOURNAL = "journal"
-    RDB = "rdb"
+class StorageKind(Enum):
+    """What a storage is, in the words its description uses."""
+
+    SQLITE = "SQLite file (one process)"
+    JOURNAL = "Optuna journal file (several worker processes)"
+    RDB = "RDB database (workers on many machines, heartbeats on)"
 
 
 def _masked(url: str) -> str:
@@ -72,10 +76,7 @@ class StorageSpec:
         return None if self.kind is StorageKind.RDB else Path(self.url.removeprefix("sqlite:///"))
 
     def describe(self) -> str:
-        what = {StorageKind.SQLITE: "SQLite file (one process)",
-                StorageKind.JOURNAL: "Optuna journal file (several worker processes)",
-                StorageKind.RDB: "RDB database (workers on many machines, heartbeats on)"}[self.kind]
-        return f"{what}: {self.shown}"
+        return f"{self.kind.value}: {self.shown}"
 
     def open_hints(self, study: str) -> list[str]:
         """Commands that open the study (the password, if any, left for the reader to fill in)."""
@@ -121,16 +122,6 @@ def default_storage(study_dir: Path, workers: int) -> StorageSpec:
     if workers > 1 or ((study_dir / JOURNAL_FILE).is_file() and not (study_dir / DB_FILE).is_file()):
         return StorageSpec(StorageKind.JOURNAL, str(study_dir / JOURNAL_FILE), "optimize.storage")
     return StorageSpec(StorageKind.SQLITE, f"sqlite:///{study_dir / DB_FILE}", "optimize.storage")
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """RDB heartbeats: ``interval`` seconds between beats, stale after ``grace_period`` (Optuna's
-    default: twice the interval), at most ``max_retry`` retries of one trial."""
-
-    interval: int = 60
-    grace_period: int | None = None
-    max_retry: int | None = 3
 
 
 def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, FrozenTrial], None]:
@@ -186,9 +177,9 @@ def _lost_creation_race(exc: BaseException, creating: bool = True) -> bool:
     return name == "OperationalError" and ("already exists" in str(exc) or "database is locked" in str(exc))
 
 
-def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, create: bool = True) -> BaseStorage:
-    """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat
-    with ``heartbeat``. An open that lost a set-up race is tried again, with a warning on stderr."""
+def open_storage(spec: StorageSpec, heartbeat: OptimizeConfig | None = None, *, create: bool = True) -> BaseStorage:
+    """Open ``spec`` (``create=False``: a missing file or database is an error); RDB storages beat as
+    ``heartbeat`` says. An open that lost a set-up race is tried again, with a warning on stderr."""
     import optuna
     path = spec.path
     if not create and path is not None and not path.is_file():
@@ -205,7 +196,7 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                            f"{spec.shown!r}: {_one_line(exc)}") from None
     kwargs: dict[str, Any] = {}
     if heartbeat is not None:
-        kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace_period,
+        kwargs = {"heartbeat_interval": heartbeat.heartbeat_interval, "grace_period": heartbeat.grace_period,
                   "heartbeat_stale_trial_callback": retry_callback(heartbeat.max_retry)}
     for attempt in range(5):
         try:
@@ -216,15 +207,14 @@ def open_storage(spec: StorageSpec, heartbeat: Heartbeat | None = None, *, creat
                     **kwargs)
         except Exception as exc:
             # create=False races too: Optuna stamps the schema version of tables just made.
-            if attempt < 4 and _lost_creation_race(exc, creating=create):
-                delay = 0.2 + 0.3 * attempt
-                print(f"warning: {spec.shown}: another process was setting up this database at the same time "
-                      f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)",
-                      file=sys.stderr, flush=True)
-                time.sleep(delay)
-                continue
-            raise StorageError(spec.source, "a database that can be opened",
-                               f"{spec.shown!r}: {_one_line(exc)}") from None
+            if attempt == 4 or not _lost_creation_race(exc, creating=create):
+                raise StorageError(spec.source, "a database that can be opened",
+                                   f"{spec.shown!r}: {_one_line(exc)}") from None
+            delay = 0.2 + 0.3 * attempt
+            print(f"warning: {spec.shown}: another process was setting up this database at the same time "
+                  f"({_one_line(exc)}); opening it again in {delay:.1f} s (attempt {attempt + 2} of 5)",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
     raise AssertionError("unreachable")
 
 

@@ -1,6 +1,5 @@
-"""Running a study: ``prepare`` checks everything before a file, folder or table exists;
-``run_study`` creates the study, retries what earlier runs lost, and runs ``n_trials`` trials in
-this process or in K worker processes."""
+"""Running a study: ``prepare`` checks everything before a file, folder or table exists; ``run_study``
+creates it, retries what earlier runs lost, and runs its trials here or in K worker processes."""
 
 from __future__ import annotations
 
@@ -16,13 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.config import ConfigError, ConfigProblem, OptimizeConfig, RunConfig
+from fsmtrain.app.config import RunConfig
+from fsmtrain.app.config.problems import config_error
+from fsmtrain.app.config.schema import STUDY_NAME_RE
 from fsmtrain.app.hpo.monitor import Monitor
 from fsmtrain.app.hpo.recovery import fail_orphaned_trials, reclaim, running, start_time
 from fsmtrain.app.hpo.storage import (
     DB_FILE,
     JOURNAL_FILE,
-    Heartbeat,
     StorageError,
     StorageKind,
     StorageSpec,
@@ -33,7 +33,7 @@ from fsmtrain.app.hpo.storage import (
     release_dead_holders_lock,
 )
 from fsmtrain.app.hpo.trial import TrialPlan
-from fsmtrain.app.hpo.worker import INTERRUPTED, StudyPlan, Tickets, quiet_optuna, work, worker_main
+from fsmtrain.app.hpo.worker import INTERRUPTED, StudyPlan, quiet_optuna, work, worker_main
 from fsmtrain.core.engine import Interrupted
 from fsmtrain.core.signals import HANDLED, sigterm_interrupts
 
@@ -48,45 +48,39 @@ def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
     return name or cfg.optimize.study_name or cfg.name or Path(config_path).stem
 
 
-def _problem(path: str, expected: str, found: str, source: str | None = None) -> ConfigError:
-    return ConfigError([ConfigProblem(path, expected, found)], source)
-
-
 def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, storage: str | None = None,
                 workers: int = 1) -> tuple[str, StorageSpec]:
     """The checks that need the storage (reads only): it parses and can be reached, a SQLite file is not
     shared by workers, and no study of that name has another direction."""
     opt = cfg.optimize
     if opt is None:
-        raise _problem("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none", config_path)
+        raise config_error("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none",
+                           config_path)
     name = study_name_for(cfg, config_path, study)
-    if study is not None:
-        try:
-            OptimizeConfig(study_name=study)
-        except ValueError:
-            raise _problem("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
-                           repr(study), config_path) from None
+    if study is not None and not STUDY_NAME_RE.match(study):
+        raise config_error("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
+                           repr(study), config_path)
     source = "--storage" if storage is not None else "optimize.storage"
     text = storage if storage is not None else opt.storage
     study_dir = Path("runs") / cfg.project / name
     try:
         spec = default_storage(study_dir, workers) if text is None else parse_storage(text, source)
         if spec.kind is StorageKind.SQLITE and workers > 1:
-            raise _problem("--workers", "1 with a SQLite storage, which is not safe for concurrent writers "
-                           "(leave out --storage for a journal file, or use a database URL)", str(workers), config_path)
+            raise config_error("--workers", "1 with a SQLite storage, which is not safe for concurrent writers (leave "
+                               "out --storage for a journal file, or use a database URL)", str(workers), config_path)
         directions = existing_directions(spec, name)
     except StorageError as exc:
-        raise _problem(exc.source, exc.expected, exc.found, config_path) from None
+        raise config_error(exc.source, exc.expected, exc.found, config_path) from None
     if directions is None and any(study_dir.glob("trial-*")):
         # a new study here would number its trials from 0 again, into the run dirs of one stored elsewhere
         held = [f for f in (DB_FILE, JOURNAL_FILE) if (study_dir / f).is_file()]
         where = f" ({', '.join(held)} there)" if held else ""
         blamed = "--workers" if text is None and workers > 1 else source
-        raise _problem(blamed, f"the storage that holds the trials already in {study_dir}{where}, or another --study "
-                       "name", f"{spec.shown}, which holds no study {name!r}", config_path)
+        raise config_error(blamed, f"the storage that holds the trials already in {study_dir}{where}, or another "
+                           "--study name", f"{spec.shown}, which holds no study {name!r}", config_path)
     if directions is not None and directions != [opt.direction]:
-        raise _problem("optimize.direction", f"{directions[0]}, the direction of the existing study {name!r} in "
-                       f"{spec.shown} (or another --study name)", opt.direction, config_path)
+        raise config_error("optimize.direction", f"{directions[0]}, the direction of the existing study {name!r} in "
+                           f"{spec.shown} (or another --study name)", opt.direction, config_path)
     return name, spec
 
 
@@ -98,14 +92,11 @@ def prepare(cfg: RunConfig, data: dict[str, Any], config_path: str, *, study: st
     opt = cfg.optimize
     assert opt is not None
     seeds = tuple(cfg.seeds[: opt.n_seeds] if opt.n_seeds else cfg.seeds)
-    launch = uuid.uuid4().hex[:12]
     trial = TrialPlan(data, config_path, name, str(Path("runs") / cfg.project / name), seeds, opt.direction,
-                      launch, dict(opt.search_space))
-    heartbeat = None if spec.kind is StorageKind.JOURNAL else Heartbeat(opt.heartbeat_interval, opt.grace_period,
-                                                                        opt.max_retry)
+                      uuid.uuid4().hex[:12], dict(opt.search_space))
     limit = timeout if timeout is not None else opt.timeout
-    return StudyPlan(trial, spec, heartbeat, opt, n_trials or opt.n_trials,
-                     None if limit is None else time.time() + limit, workers, config_path)
+    return StudyPlan(trial, spec, opt, n_trials or opt.n_trials, None if limit is None else time.time() + limit,
+                     workers)
 
 
 def _create(plan: StudyPlan) -> optuna.study.Study:
@@ -117,7 +108,7 @@ def _create(plan: StudyPlan) -> optuna.study.Study:
     if "fsmtrain" not in study.user_attrs:
         opt = plan.optimize
         study.set_user_attr("fsmtrain", {
-            "config": plan.config, "study_dir": plan.trial.study_dir, "seeds": list(plan.trial.seeds),
+            "config": plan.trial.source, "study_dir": plan.trial.study_dir, "seeds": list(plan.trial.seeds),
             "sampler": opt.sampler, "sampler_config": opt.sampler_config,
             "pruner": opt.pruner, "pruner_config": opt.pruner_config,
             "search_space": {k: v.model_dump(exclude_defaults=True) for k, v in opt.search_space.items()},
@@ -241,7 +232,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         watcher = threading.Thread(target=watch, name="fsmtrain-hpo-monitor", daemon=True)
         watcher.start()
         try:
-            work(plan, Tickets(mp.Value("i", plan.n_trials)))
+            work(plan, mp.Value("i", plan.n_trials))
         except KeyboardInterrupt as exc:
             stopped_by = Interrupted.signal_of(exc)
         finally:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_ATTR", "RESUME_ATTR", "SEEDS_ATTR", "TRACEBACK_ATTR", "TrialPlan", "run_trial", "suggest",
-    "trial_config", "trial_run_dir",
+    "trial_config",
 ]
 
 SEEDS_ATTR = "seed_objectives"
@@ -49,7 +49,7 @@ class TrialPlan:
     """What a worker needs to run trials (picklable: it crosses into spawned workers)."""
 
     data: Mapping[str, Any]  # the config mapping, --set overrides applied
-    source: str  # the config file, for messages
+    source: str  # the config file as given, for messages and the printed commands
     study: str
     study_dir: str  # runs/<project>/<study>
     seeds: tuple[int, ...]
@@ -72,14 +72,6 @@ def suggest(trial: optuna.trial.Trial, path: str, param: SearchParam) -> Any:
 def trial_config(plan: TrialPlan, params: Mapping[str, Any]) -> RunConfig:
     """The study's config with ``params`` set, without ``optimize`` (what ``fsmtrain train`` reproduces)."""
     return config_from_dict(trial_data(plan.data, params), f"{plan.source} (trial parameters {dict(params)})")
-
-
-def trial_run_dir(plan: TrialPlan, number: int, seed: int) -> Path:
-    return Path(plan.study_dir) / f"trial-{number}-seed{seed}"
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
 
 
 def _retry_of(trial: optuna.trial.Trial) -> tuple[int | None, dict[int, Path]]:
@@ -147,7 +139,7 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
         for index, seed in enumerate(plan.seeds):
             _stop_if_signalled()  # a signal after an earlier seed's run ended: the trial is lost, not run on
             resume_from = _resume_dir(trial, previous, seed)
-            run_dir = resume_from or trial_run_dir(plan, trial.number, seed)
+            run_dir = resume_from or Path(plan.study_dir) / f"trial-{trial.number}-seed{seed}"
             run_dirs[str(seed)] = str(run_dir.absolute())
             trial.set_user_attr(RUN_DIRS_ATTR, dict(run_dirs))  # before training: a killed trial still names it
             run = train_seed(cfg, seed, run_dir, trial=trial if index == 0 else None, extras={"hpo": hpo},
@@ -167,7 +159,8 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
                 return worst  # the remaining seeds are not run
         return statistics.fmean(objectives.values())
     except KeyboardInterrupt as exc:
-        why = _interrupted(exc)
+        signum = Interrupted.signal_of(exc)
+        why = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"interrupted ({signal.Signals(signum).name})"
         trial.set_user_attr(ERROR_ATTR, why)
         trial.set_user_attr(LOST_ATTR, {"trial": trial.number, "why": why})  # retried next run
         raise
@@ -176,8 +169,9 @@ def run_trial(trial: optuna.trial.Trial, plan: TrialPlan) -> float:
     except Exception as exc:
         # A trial another process already finished takes no more attributes: the worker says why it ended.
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            trial.set_user_attr(ERROR_ATTR, _one_line(exc) if not isinstance(exc, ConfigError) else
-                                " ".join(str(exc).split())[:500])
+            said = " ".join(str(exc).split())
+            trial.set_user_attr(ERROR_ATTR, (said if isinstance(exc, ConfigError) else
+                                             f"{type(exc).__name__}: {said}")[:500])
             trial.set_user_attr(TRACEBACK_ATTR, "".join(traceback.format_exception(exc)))
         raise
 
@@ -200,8 +194,3 @@ def _stop_if_signalled() -> None:
     signals = installed()
     if signals is not None:
         signals.raise_if_signalled()
-
-
-def _interrupted(exc: KeyboardInterrupt) -> str:
-    signum = Interrupted.signal_of(exc)
-    return "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"interrupted ({signal.Signals(signum).name})"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
 from fsmtrain.app.hpo.recovery import reclaim, worker_identity
-from fsmtrain.app.hpo.storage import Heartbeat, StorageSpec, open_storage
+from fsmtrain.app.hpo.storage import StorageKind, StorageSpec, open_storage
 from fsmtrain.app.hpo.trial import TrialPlan, run_trial
 from fsmtrain.core.signals import caught
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage
 
-__all__ = ["INTERRUPTED", "SEED_ATTR_PREFIX", "StudyPlan", "Tickets", "claim_sampler_seed", "ended_elsewhere",
+__all__ = ["INTERRUPTED", "SEED_ATTR_PREFIX", "StudyPlan", "claim_sampler_seed", "ended_elsewhere",
            "quiet_optuna", "seeds_used", "work", "worker_main"]
 
 INTERRUPTED = 130
@@ -33,12 +33,6 @@ INTERRUPTED = 130
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
 _SEED_KEY = re.compile(rf"^{re.escape(SEED_ATTR_PREFIX)}(-?\d+)$")
-
-
-def sampler_seed(seed: int, *, worker: int = 0, prior_trials: int = 0) -> int:
-    """The seed one worker's sampler gets: ``seed + worker`` on a new study; on one that holds trials,
-    drawn from (seed, trials, worker), since the same seed would propose the same parameters again."""
-    return seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
 
 
 def drawn_seed(*parts: object) -> int:
@@ -55,11 +49,12 @@ def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
                        prior_trials: int, who: Mapping[str, Any],
                        say: Callable[[str], None] | None = None) -> int:
-    """The seed worker ``worker`` of command ``launch`` takes, recorded as taken by ``who``; ``say``
-    is told when it is not :func:`sampler_seed`'s."""
+    """The seed worker ``worker`` of command ``launch`` takes, recorded as taken by ``who``: ``seed + worker``
+    on a new study, else drawn from (seed, trials, worker), since a seed proposes what it proposed before;
+    another drawn one if that is taken, and then ``say`` is told."""
     study_id = storage.get_study_id_from_name(study)
     used = seeds_used(storage.get_study_system_attrs(study_id))
-    first = candidate = sampler_seed(seed, worker=worker, prior_trials=prior_trials)
+    first = candidate = seed + worker if prior_trials == 0 else drawn_seed(seed, prior_trials, worker)
     attempt = 0
     while candidate in used:
         candidate = drawn_seed(seed, launch, worker, attempt)
@@ -79,27 +74,25 @@ class StudyPlan:
 
     trial: TrialPlan
     storage: StorageSpec
-    heartbeat: Heartbeat | None
     optimize: OptimizeConfig
     n_trials: int
     deadline: float | None  # time.time() after which no trial starts
     workers: int
-    config: str  # the config file as given, for the printed commands
-    prior_trials: int = 0  # trials the study held when this command started (see sampler_seed)
+    prior_trials: int = 0  # trials the study held when this command started (see claim_sampler_seed)
+
+    @property
+    def heartbeat(self) -> OptimizeConfig | None:
+        """Where the heartbeat settings are: a database storage's; a journal file has no heartbeat."""
+        return None if self.storage.kind is StorageKind.JOURNAL else self.optimize
 
 
-@dataclass(frozen=True)
-class Tickets:
-    """The trials a command may still start: a ``multiprocessing.Value`` its workers share."""
-
-    value: Any
-
-    def take(self) -> bool:
-        with self.value.get_lock():
-            if self.value.value <= 0:
-                return False
-            self.value.value -= 1
-            return True
+def take_ticket(tickets: Any) -> bool:
+    """Take one of the trials a command may still start (a ``multiprocessing.Value`` its workers share)."""
+    with tickets.get_lock():
+        if tickets.value <= 0:
+            return False
+        tickets.value -= 1
+        return True
 
 
 def quiet_optuna() -> None:
@@ -125,7 +118,7 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
                              pruner=build_pruner(plan.optimize))
 
 
-def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
+def work(plan: StudyPlan, tickets: Any, index: int = 0) -> None:
     """One worker: one trial a ticket (enqueued retries first); a used-up grid on a heartbeat storage
     waits for the trials running elsewhere, whose retries it may still have to run."""
     with caught(escalate=False) as signals:
@@ -134,7 +127,7 @@ def work(plan: StudyPlan, tickets: Tickets, index: int = 0) -> None:
         stop_here()  # a signal after the last trial ended: the command still ends interrupted
 
 
-def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callable[[], None]) -> None:
+def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[], None]) -> None:
     import optuna
     from optuna.trial import TrialState
     quiet_optuna()
@@ -142,9 +135,8 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
     objective = partial(run_trial, plan=plan.trial)
     grid = study.sampler if isinstance(study.sampler, optuna.samplers.GridSampler) else None
     beat, waited = plan.heartbeat, False
-    beating = beat is not None
-    pause = 1.0 if beat is None else max(0.5, min(beat.interval / 2, 5.0))
-    grace = 0 if beat is None else beat.grace_period or 2 * beat.interval  # Optuna's default
+    pause = 1.0 if beat is None else max(0.5, min(beat.heartbeat_interval / 2, 5.0))
+    grace = 0 if beat is None else beat.grace_period or 2 * beat.heartbeat_interval  # Optuna's default
     def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
         launch = plan.trial.launch if plan.workers > 1 else None
         for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
@@ -153,7 +145,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
         stop_here()
         reclaim_gone()
         if grid is not None and grid.is_exhausted(study):
-            if beating:
+            if beat is not None:
                 for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
                     print(line, file=sys.stderr, flush=True)
                 with warnings.catch_warnings():
@@ -161,7 +153,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
                     optuna.storages.fail_stale_trials(study)
             states = Counter(t.state for t in study.get_trials(deepcopy=False))
             if not states[TrialState.WAITING]:
-                if not (beating and states[TrialState.RUNNING]):
+                if not (beat is not None and states[TrialState.RUNNING]):
                     return
                 if not waited:
                     print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
@@ -169,7 +161,7 @@ def _run_trials(plan: StudyPlan, tickets: Tickets, index: int, stop_here: Callab
                     waited = True
                 time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
                 continue
-        if not tickets.take():
+        if not take_ticket(tickets):
             reclaim_gone()
             waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
             if waiting:  # retries this command leaves for the next one
@@ -210,7 +202,7 @@ def ended_elsewhere(study: optuna.study.Study, taken: list[int]) -> str | None:
 
 def worker_main(plan: StudyPlan, shared: Any, index: int) -> None:
     try:
-        work(plan, Tickets(shared), index)
+        work(plan, shared, index)
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED)
 
