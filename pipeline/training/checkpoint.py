@@ -239,6 +239,7 @@ class CheckpointManager(CheckpointFolder):
         self.best_epoch: int | None = None
         self.writer = writing.CheckpointWriter(background)
         self.buffers = [writing.BufferSet() for _ in range(writing.SLOTS)]
+        self.history_texts: files.HistoryTexts = {}
 
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
@@ -294,7 +295,7 @@ class CheckpointManager(CheckpointFolder):
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         best = {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch}
-        state = files.run_state(run, epoch, metrics, best, at)
+        state = files.run_state(run, epoch, metrics, best, at, self.history_texts)
         path = self.periodic_path(epoch) if step is None else self.step_path(step)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.

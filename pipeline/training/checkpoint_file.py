@@ -28,11 +28,13 @@ from fsmtrain.core.log_file import FileWriteError, write_failure
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.sharding import checkpoint_states, load_shards, load_states, save_shards
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "SavedCheckpoint",
-           "atomic_file", "atomic_link", "atomic_write_bytes", "capture_rng_state", "check_free_space", "folder_digest",
-           "folder_files", "fsync_dir", "history_text", "load_checkpoint", "read_history", "restore_rng_state",
-           "restore_run_state", "run_state", "save_folder", "save_state", "sha256_of", "stateful_callbacks"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "HistoryTexts",
+           "SavedCheckpoint", "atomic_file", "atomic_link", "atomic_write_bytes", "capture_rng_state",
+           "check_free_space", "folder_digest", "folder_files", "fsync_dir", "history_text", "load_checkpoint",
+           "read_history", "restore_rng_state", "restore_run_state", "run_state", "save_folder", "save_state",
+           "sha256_of", "stateful_callbacks"]
 
+HistoryTexts = dict[int, tuple[dict[str, float], str]]  # epoch -> (its metrics as encoded, the text)
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
 
 
@@ -217,12 +219,25 @@ def save_state(path: Path, state: Any) -> str:
         return hashing.hexdigest()
 
 
-def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float] | None) -> str:
+def history_text(history: list[EpochRecord], epoch: int, metrics: Mapping[str, float] | None,
+                 texts: HistoryTexts | None = None) -> str:
     """A checkpoint's ``history`` (the epochs up to ``epoch``) as one JSON text: one string pickles as one
-    object, where a list of dicts costs ``torch.save`` a call per number."""
-    done = [(r.epoch, r.metrics) for r in history if r.epoch < epoch] + ([] if metrics is None else [(epoch, metrics)])
-    return json.dumps([{"epoch": e, "metrics": {k: float(v) for k, v in m.items()}} for e, m in done],
-                      separators=(",", ":"))
+    object, where a list of dicts costs ``torch.save`` a call per number. ``texts``, kept by the run from one
+    checkpoint to the next, holds each finished epoch's text: encoding the whole history at every checkpoint
+    would cost a long run time quadratic in its length."""
+    texts = {} if texts is None else texts
+    parts: list[str] = []
+    for r in history:
+        if r.epoch < epoch:
+            kept = texts.get(r.epoch)
+            if kept is None or kept[0] != r.metrics:  # a record replaced (by a resume) or changed: encoded again
+                kept = texts[r.epoch] = (dict(r.metrics), _epoch_text(r.epoch, r.metrics))
+            parts.append(kept[1])
+    return "[" + ",".join(parts + ([] if metrics is None else [_epoch_text(epoch, metrics)])) + "]"
+
+
+def _epoch_text(epoch: int, metrics: Mapping[str, float]) -> str:
+    return json.dumps({"epoch": epoch, "metrics": {k: float(v) for k, v in metrics.items()}}, separators=(",", ":"))
 
 
 def read_history(value: Any) -> list[dict[str, Any]]:
@@ -306,9 +321,10 @@ def stateful_callbacks(run: RunContext) -> dict[str, Any]:
 
 
 def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: dict[str, Any],
-              at: tuple[int, int] | None = None) -> dict[str, Any]:
+              at: tuple[int, int] | None = None, texts: HistoryTexts | None = None) -> dict[str, Any]:
     """The checkpoint of ``run`` at ``epoch``, a plain dict ``weights_only`` loads. ``at``: (global step,
-    batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads."""
+    batches done) of a checkpoint inside the epoch, which adds the driver's sums and accumulating grads;
+    ``texts``: the run's history texts (:func:`history_text`)."""
     model, optimizer, scheduler = run.model, run.optimizer, run.scheduler
     by_name = run.extras.get("strategy") == "fsdp"  # a folder of shards (DCP), keyed by parameter name
     model_sd, optim_sd = checkpoint_states(model, optimizer, by_name)
@@ -320,7 +336,8 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
         "position": {"phase": run.phase.value, "epoch": epoch, "next_epoch": epoch + 1, "batch": 0,
                      "global_step": run.global_step, "max_epochs": run.max_epochs},
         "metrics": {k: float(v) for k, v in metrics.items()},
-        "history": history_text(run.history, epoch, metrics),  # this epoch's record is not in it yet
+        # this epoch's record is not in it yet; a checkpoint at a step holds the finished epochs only
+        "history": history_text(run.history, epoch, metrics if at is None else None, texts),
         "model": model_sd,
         "optimizer": optim_sd,
         "scheduler": scheduler.state_dict() if scheduler is not None and hasattr(scheduler, "state_dict") else None,
@@ -339,7 +356,7 @@ def run_state(run: RunContext, epoch: int, metrics: Mapping[str, float], best: d
     if at is not None:
         named = list(model.named_parameters()) if model is not None else []
         grads: Any = {n: p.grad for n, p in named if p.grad is not None} if by_name else [p.grad for _, p in named]
-        state.update(step=at[0], history=history_text(run.history, epoch, None),
+        state.update(step=at[0],
                      grads=grads if any(g is not None for g in (grads.values() if by_name else grads)) else None)
         done = {k: v for k, v in run.epoch_state().items() if k != "batch"}  # the driver's own
         state["position"].update(next_epoch=epoch, batch=at[1], global_step=at[0], epoch_state=done)

@@ -220,3 +220,30 @@ def test_history_text_reads_back_exactly():
         {"train_loss": 9.0}, {"train_loss": 9.0}, {"train_loss": 1.0}]
     # older checkpoints hold the list itself
     assert read_history([{"epoch": 0, "metrics": {}}]) == [{"epoch": 0, "metrics": {}}]
+
+
+def test_a_runs_checkpoints_encode_each_finished_epoch_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsmtrain.core.context import EpochRecord
+    from fsmtrain.training import checkpoint_file
+    from fsmtrain.training.checkpoint_file import HistoryTexts, history_text
+
+    encoded: list[int] = []
+    encode = checkpoint_file._epoch_text
+    monkeypatch.setattr(checkpoint_file, "_epoch_text", lambda e, m: encoded.append(e) or encode(e, m))
+    history: list[EpochRecord] = []
+    texts: HistoryTexts = {}
+    for e in range(50):  # a checkpoint at every epoch's end
+        metrics = {"train_loss": 1 / (e + 1)}
+        whole = history_text(history, e, metrics)
+        encoded.clear()
+        assert history_text(history, e, metrics, texts) == whole
+        assert encoded == [e - 1, e][e == 0:]  # the epoch finished since the last checkpoint, and this one
+        history.append(EpochRecord(e, metrics))
+    encoded.clear()
+    history_text(history, 50, None, texts)
+    history_text(history, 50, None, texts)
+    assert encoded == [49]  # the last finished epoch, once; nothing else again
+    encoded.clear()
+    history[3] = EpochRecord(3, {"train_loss": 7.0})  # a resume replaced a record: that one is encoded again
+    assert '{"epoch":3,"metrics":{"train_loss":7.0}}' in history_text(history, 50, None, texts)
+    assert encoded == [3]
