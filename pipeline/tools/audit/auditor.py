@@ -7,7 +7,7 @@ import datetime as _dt
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +90,6 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
         self.ckpts = CheckpointLines()
-        self._handlers: dict[str, Callable[[int, Mapping[str, Any], Segment], None]] = {
-            "epoch": self._epoch, "stop_request": self._stop_request, "exception": self._exception,
-            "warning": self._warning, "restart": self._restart, "trial_report": self._trial_report,
-            "validation": self._validation,
-            "resume": self._resume, "result": self._result, "checkpoint": self._commit,
-            "checkpoint_removed": self._removed, "checkpoint_skipped": self._skipped,
-            "checkpoint_damaged": self._quarantined, "checkpoint_settings": self._settings,
-        }
 
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
         """A move line (``fields``: :data:`_MOVE_LINE`'s) that passes every line check of :meth:`feed_parsed`,
@@ -187,7 +179,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         if rec["phase"] != seg.phase:
             self.bad("phase", f"{event!r} event says phase {rec['phase']!r}, but the last transition "
                      f"reached {seg.phase!r}", n)
-        handler = self._handlers.get(event)
+        handler = getattr(self, f"_on_{event}", None)  # each event's checks: a method named for it
         if handler is not None:
             handler(n, rec, seg)
 

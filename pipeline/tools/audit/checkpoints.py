@@ -76,7 +76,7 @@ class CheckpointChecks(EndingChecks):
     chain: ChainCheck
     ckpts: CheckpointLines
 
-    def _settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_checkpoint_settings(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         settings = p.get("settings")
         if p.get("source") != CHECKPOINT_SOURCE or not isinstance(settings, dict):
@@ -85,7 +85,7 @@ class CheckpointChecks(EndingChecks):
         if type(every) is int and every >= 1:
             seg.ckpts.every, seg.ckpts.latest = every, settings.get("save_latest") is True
 
-    def _commit(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_checkpoint(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p, ck = rec["payload"], self.ckpts
         path, sha = p.get("path"), p.get("sha256")
         if not isinstance(path, str) or not isinstance(sha, str):
@@ -116,12 +116,12 @@ class CheckpointChecks(EndingChecks):
             self.bad("checkpoint", f"checkpoint {path} commits epoch {epoch_number(epoch)}, whose state line "
                      f"{seg.ckpts.skipped[epoch]} says was skipped (never written)", n)
 
-    def _removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_checkpoint_removed(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         path = rec["payload"].get("path")
         if isinstance(path, str):
             self.ckpts.removed[path] = n
 
-    def _skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_checkpoint_skipped(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         epoch, reason = p.get("epoch"), p.get("reason")
         if type(epoch) is not int or not isinstance(reason, str) or not reason:
@@ -135,7 +135,7 @@ class CheckpointChecks(EndingChecks):
             seg.ckpts.skipped[epoch] = n
         self.ex.checkpoints_skipped += 1
 
-    def _quarantined(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_checkpoint_damaged(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """``checkpoint_damaged``: committed files a resume moved to ``damaged/``."""
         p = rec["payload"]
         paths = p.get("paths")
@@ -248,7 +248,7 @@ class SegmentChecks(CheckpointChecks):
         if prev.end_line is None:  # said once the resume event tells whether it cut off a torn line
             seg.after = Unfinished(n, prev.last_line, prev.phase, prev.next_epoch, unlogged)
 
-    def _resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_resume(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         payload = rec["payload"]
         if rec["event"] == "resume":
             seg.resumed = tuple(payload.get(k) for k in ("checkpoint", "sha256", "checkpoint_epoch", "next_epoch"))
@@ -283,8 +283,8 @@ class SegmentChecks(CheckpointChecks):
                      f"checkpoint {name!r} of epoch {shown_epoch(epoch)}, not {seg.resumed_from!r} of epoch "
                      f"{epoch_number(awaited)}", n)
 
-    def _restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
-        self._resume(n, rec, seg)
+    def _on_restart(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+        self._on_resume(n, rec, seg)
         if seg.ckpts.start_line is None and seg.first_line != 1:
             self.bad("resume", "a restart event in a segment that is not a restart (its run_start resumes or is the "
                      "first)", n)

@@ -247,7 +247,7 @@ class EndingChecks:
                 return f"the exception at line {seg.exception_line} is {exc.get('type')}"
         return None
 
-    def _stop_request(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_stop_request(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         reason = p.get("reason")
         if reason not in _REASONS:
@@ -294,7 +294,7 @@ class EndingChecks:
             self.bad("stop_request", f"an agreed {reason.value} request from rank {rank} replaces the "
                      f"{held.reason!r} request in force (line {held.line}), which the ranks' verdict ranks first", n)
 
-    def _result(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_result(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         if seg.end_line is None:
             self.bad("result", "a result before train_end", n)

@@ -75,15 +75,17 @@ _SLOTS = {slot.name: check for attr, hint in typing.get_type_hints(_slots_module
           and (check := _check_for(typing.get_args(hint)[0])) is not None}
 
 
-def val_due(seg: Segment, step: int) -> bool:
-    """The table's ``val_due`` at ``step``: val_every_n_steps divides it, and no validation was logged at it."""
-    n = seg.val_every
-    return n is not None and step % n == 0 and step != seg.validated_at
+def _facts(seg: Segment, step: Any) -> tuple[bool, bool, bool, bool, bool]:
+    """The table's facts but ``has_batch`` (not in the log), as the log says them at ``step``."""
+    stop, counted = seg.stop, type(step) is int
+    remain = seg.next_epoch < seg.max_epochs and (seg.max_steps is None or not counted or step < seg.max_steps)
+    due = seg.val_every is not None and counted and step % seg.val_every == 0 and step != seg.validated_at
+    return stop is not None, stop is not None and stop.immediate, remain, seg.faulted, due
 
 
 @functools.cache
 def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: bool, faulted: bool, due: bool) -> bool:
-    """Whether the table allows the move ``key`` given the facts; ``has_batch`` is not in the log: either will do."""
+    """Whether the table allows the move ``key`` given the facts, with or without a next batch."""
     move = _MOVES[key]
     for facts in (Facts(stop, immediate, remain, has_batch, faulted, due) for has_batch in (False, True)):
         if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
@@ -116,10 +118,7 @@ class MoveChecks(EndingChecks):
         self.moves[key] += 1
         if src != seg.phase:
             self.bad("transition", f"{src} -> {dst} ({trig}) leaves {src!r}, but the run is in {seg.phase!r}", n)
-        elif not _allowed(key, (stop := seg.stop) is not None, stop is not None and stop.immediate,
-                          seg.next_epoch < seg.max_epochs and (seg.max_steps is None or type(step) is not int
-                                                               or step < seg.max_steps), seg.faulted,
-                          seg.val_every is not None and type(step) is int and val_due(seg, step)):
+        elif not _allowed(key, *_facts(seg, step)):
             self.bad("guard", self._guard_message(move, seg), n)
         if seg.val_every is not None and type(step) is int:
             self._validations(n, src, dst, trig, step, seg)
@@ -180,7 +179,7 @@ class MoveChecks(EndingChecks):
                      f"step {seg.validated_at}): a mid-epoch validation missing", n)
             seg.validated_at = due  # said once
 
-    def _validation(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_validation(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         count, step = rec["payload"].get("validation"), rec["global_step"]
         if seg.val_every is None or not seg.val_open or type(count) is not int or count != seg.validations + 1:
             self.bad("validation", f"validation line {count!r} at global_step {step}, expected "
@@ -199,7 +198,7 @@ class MoveChecks(EndingChecks):
                 f"which did not hold: {state}, epoch {epoch_number(seg.next_epoch)} of max_epochs={seg.max_epochs}"
                 f"{', faulted' if seg.faulted else ''}")
 
-    def _epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_epoch(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         epoch = rec["epoch"]
         if seg.phase != _RECORD_PHASE:
             return  # already reported as a phase mismatch
@@ -255,7 +254,7 @@ class MoveChecks(EndingChecks):
             self.bad("global_step", f"the epoch event says global_step {rec['global_step']}, validation began at {val}",
                      n)
 
-    def _exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_exception(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.failed_rank = as_int(rec["payload"].get("failed_rank"))
         if seg.end_line is not None:
             return  # a teardown failure after train_end, logged for people
@@ -264,7 +263,7 @@ class MoveChecks(EndingChecks):
             seg.exception = dict(rec["payload"])
             seg.exception_line = n
 
-    def _warning(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_warning(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         p = rec["payload"]
         source = str(p.get("source", "?"))
         self.ex.warning_counts[source] = self.ex.warning_counts.get(source, 0) + 1
@@ -272,5 +271,5 @@ class MoveChecks(EndingChecks):
             self.ex.warnings.append({"line": n, "epoch": rec["epoch"], "source": source,
                                      "message": str(p.get("message", ""))})
 
-    def _trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
+    def _on_trial_report(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         seg.last_trial_report = (bool(rec["payload"].get("should_prune")), n)

@@ -22,19 +22,13 @@ __all__ = ["RankedAudit", "audit_run_dir"]
 
 _NAMED = 8  # missing rank logs named one by one; the rest are counted
 _ON_RANK = re.compile(r" on rank (\d+)$")
+_LOG_NAME = re.compile(r"events(?:-rank(\d+))?\.jsonl")
 
 
 def _rank_logs(*run_dirs: Path) -> list[tuple[int, Path]]:
-    """(rank, log) of every rank's log in the run directories, in rank order."""
-    found: list[tuple[int, Path]] = []
-    for run_dir in run_dirs:
-        if (run_dir / log_name_for_rank(0)).is_file():
-            found.append((0, run_dir / log_name_for_rank(0)))
-        for path in run_dir.glob("events-rank*.jsonl"):
-            digits = path.stem.removeprefix("events-rank")
-            if digits.isdigit():
-                found.append((int(digits), path))
-    return sorted(found)
+    """(rank, log) of every rank's log (:func:`~fsmtrain.core.consensus.log_name_for_rank`), in rank order."""
+    logs = [(path, _LOG_NAME.fullmatch(path.name)) for run_dir in run_dirs for path in run_dir.glob("events*.jsonl")]
+    return sorted((int(m[1] or 0), path) for path, m in logs if m is not None)
 
 
 def _files(ranks: Sequence[int]) -> str:
