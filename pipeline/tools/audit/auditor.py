@@ -67,7 +67,7 @@ def _span(seconds: float) -> str:
 
 
 class LogAuditor(SegmentChecks, MoveChecks):
-    """Checks a log one line at a time (:meth:`feed`); :meth:`finish` runs the whole-file checks."""
+    """Checks a log one line at a time (:meth:`feed_parsed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
                  allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> None:

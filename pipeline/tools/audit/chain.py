@@ -11,7 +11,7 @@ from typing import Any
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
 from fsmtrain.tools.audit.verdict import ChainVerdict, Finding, Severity
 
-__all__ = ["ChainCheck", "SealCheck", "SegmentChain"]
+__all__ = ["ChainCheck", "SegmentChain"]
 
 @dataclass
 class SegmentChain:
@@ -71,44 +71,6 @@ def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> s
     return chain.genesis(str(rec.get("run_id")), payload.get("config") if isinstance(payload, dict) else None)
 
 
-class SealCheck:
-    """Seals, checked where no link covers a line; ``first``: the first that fails. A sealed log seals
-    every line; one with no seal at all is of the older format."""
-
-    def __init__(self) -> None:
-        self.plain = Chain()
-        self.seen = False  # a line carried a seal: the log seals its lines
-        self.first: Finding | None = None
-        self._known: dict[int, bool | None] = {}  # a few lines, around a break and at the end
-
-    def status(self, n: int, raw: bytes, chain: Chain) -> bool | None:
-        """Whether line ``n`` holds its seal: True, False (a wrong or missing seal in a sealed log), None
-        (no seal: the older format)."""
-        if n in self._known:
-            return self._known[n]
-        sealed = chain.check_seal(raw)[0]
-        if sealed:
-            self.seen = True
-        elif sealed is False or self.seen:
-            if self.first is None:
-                self.first = Finding("chain", self._why(n, raw, chain, sealed), n)
-            sealed = False
-        self._known[n] = sealed
-        return sealed
-
-    def _why(self, n: int, raw: bytes, chain: Chain, sealed: bool | None) -> str:
-        if sealed is False:
-            if chain is not self.plain and self.plain.check_seal(raw)[0]:
-                return (f"line {n} was altered and resealed without the key (its seal is the plain sha256 of its "
-                        "bytes, not their HMAC)")
-            return f"line {n} was altered after it was written: the seal it carries is not the digest of its bytes"
-        if b'"seal":' in raw:
-            return (f"line {n} was altered after it was written: its seal is not its last field (a field was "
-                    "added after it)")
-        return (f"line {n} carries no seal, but this log seals its lines: its seal was removed (the line was "
-                "altered after it was written), or an older fsmtrain wrote it")
-
-
 class ChainCheck:
     """Fed every line (:meth:`link`), each ``run_start`` first (:meth:`segment`); :meth:`finish` judges."""
 
@@ -121,7 +83,10 @@ class ChainCheck:
         self.findings: list[Finding] = []
         self.prev_raw: bytes | None = None
         self._before_prev: bytes | None = None
-        self.seals = SealCheck()
+        # Seals, checked where no link covers a line. A sealed log seals every line; one with none is the older format.
+        self.sealed_seen = False  # a line carried a seal: the log seals its lines
+        self.first_seal: Finding | None = None
+        self._seal_known: dict[int, bool | None] = {}  # a few lines, around a break and at the end
         self._last_verified = 0  # the last line linked under a chain, and that chain until a line follows
         self._tail: Chain | None = None
         self.prev_seq: Any = None
@@ -178,7 +143,34 @@ class ChainCheck:
             self._bad("chain", f"run_start records no known chain scheme (payload chain={desc!r}; expected "
                       f"scheme {SCHEME_PLAIN!r} or {SCHEME_KEYED!r})", n)
         if self.active is not None:  # a sealed run_start: every line its process writes is sealed
-            self.seals.status(n, raw, self.active)
+            self._seal(n, raw, self.active)
+
+    def _seal(self, n: int, raw: bytes, chain: Chain) -> bool | None:
+        """Whether line ``n`` holds its seal: True, False (a wrong or missing seal in a sealed log), None
+        (no seal: the older format)."""
+        if n in self._seal_known:
+            return self._seal_known[n]
+        sealed = chain.check_seal(raw)[0]
+        if sealed:
+            self.sealed_seen = True
+        elif sealed is False or self.sealed_seen:
+            if self.first_seal is None:
+                self.first_seal = Finding("chain", self._unsealed(n, raw, chain, sealed), n)
+            sealed = False
+        self._seal_known[n] = sealed
+        return sealed
+
+    def _unsealed(self, n: int, raw: bytes, chain: Chain, sealed: bool | None) -> str:
+        if sealed is False:
+            if chain is not self.plain and self.plain.check_seal(raw)[0]:
+                return (f"line {n} was altered and resealed without the key (its seal is the plain sha256 of its "
+                        "bytes, not their HMAC)")
+            return f"line {n} was altered after it was written: the seal it carries is not the digest of its bytes"
+        if b'"seal":' in raw:
+            return (f"line {n} was altered after it was written: its seal is not its last field (a field was "
+                    "added after it)")
+        return (f"line {n} carries no seal, but this log seals its lines: its seal was removed (the line was "
+                "altered after it was written), or an older fsmtrain wrote it")
 
     def _use(self, chain: Chain | None) -> None:
         self.active = chain
@@ -223,13 +215,13 @@ class ChainCheck:
                           "prove itself; it was written by an older fsmtrain, or its chain was stripped", n)
                 return
             self.verified_links += 1
-            self.seals.status(n, raw, chain)  # whether this log seals its lines
+            self._seal(n, raw, chain)  # whether this log seals its lines
         expected = _expected(chain, rec, prev_raw)
         ok = carried == expected
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._first_break(*pending.named(ok, carried, self.seals.status(n, raw, chain)))
+            self._first_break(*pending.named(ok, carried, self._seal(n, raw, chain)))
         if ok:
             return
         self.verdict.broken_links += 1
@@ -241,7 +233,7 @@ class ChainCheck:
                 dup = raw == prev_raw
                 skips = not dup and before is not None and carried == chain.digest(before)
                 self._pending = _Break(n, seq_before, rec.get("seq"), rebuilt, skips, dup, expected,
-                                       self.seals.status(n - 1, prev_raw, chain), self.seals.status(n, raw, chain))
+                                       self._seal(n - 1, prev_raw, chain), self._seal(n, raw, chain))
 
     def link_unparsed(self, raw: bytes) -> None:
         """A line that is not a JSON object: it cannot be checked, but the next line chains to it."""
@@ -251,7 +243,7 @@ class ChainCheck:
     def _uncovered(self, last: bytes | None) -> None:
         """The line before (``last``) gets no successor whose link covers it: its seal must."""
         if self._tail is not None and last is not None:
-            self.seals.status(self._last_verified, last, self._tail)
+            self._seal(self._last_verified, last, self._tail)
         self._tail = None
 
     def _genesis_message(self, rec: Mapping[str, Any], chain: Chain, carried: Any) -> str:
@@ -297,15 +289,15 @@ class ChainCheck:
             first = Finding(first.check, f"{first.message} ({v.broken_links} broken links in all; the first is "
                             "named)", first.line, first.severity)
         self._uncovered(self.prev_raw)  # the last line
-        seal = self.seals.first
+        seal = self.first_seal
         if seal is not None and (first is None or (seal.line or 0) < (first.line or 0)):
             first = seal  # a line that fails its seal with every link holding: the last line, or resealed
             v.first_break = seal.line
         if first is not None:
             self.findings.append(first)
         if self._last_verified and not self.unchained:
-            v.sealed = self.seals.seen
-            if not self.seals.seen:
+            v.sealed = self.sealed_seen
+            if not self.sealed_seen:
                 last = self._last_verified
                 self.findings.append(Finding(
                     "chain", f"line {last}, the last line, is not sealed: no line of this log carries a seal (it was "

@@ -1,8 +1,6 @@
-"""The checkpoint and resume lines of a log. :class:`CheckpointLines`: each path's latest commit (or its
-removal or quarantine), and per segment a ``checkpoint`` or ``checkpoint_skipped`` for every epoch its
-logged policy saves (all its epochs once it wrote its ``result``, else up to its last commit).
-:class:`SegmentChecks`, mixed into the auditor: a later ``run_start`` must be a resume from where a commit
-and the log allow (or a restart), and says how the process before it ended."""
+"""The checkpoint and resume lines of a log, mixed into the auditor: each path's latest commit, removal or
+quarantine; a ``checkpoint`` or ``checkpoint_skipped`` for every epoch the logged policy saves; and each later
+``run_start`` a resume from where a commit and the log allow (or a restart), saying how the process before ended."""
 
 from __future__ import annotations
 
@@ -63,10 +61,8 @@ class CheckpointLines:
         if resumed_from is None:
             return None
         want = Path(resumed_from)
-        for path, info in self.writes.items():
-            if resumed_from == path or (want.name, want.parent.name) == (Path(path).name, Path(path).parent.name):
-                return info
-        return None
+        return next((info for path, info in self.writes.items() if path == resumed_from
+                     or (Path(path).name, Path(path).parent.name) == (want.name, want.parent.name)), None)
 
 
 class CheckpointChecks(EndingChecks):
@@ -175,12 +171,10 @@ class SegmentChecks(CheckpointChecks):
     first_ts: float | None
 
     def _open_segment(self, n: int, rec: Mapping[str, Any], payload: Mapping[str, Any]) -> Segment:
-        max_epochs = payload.get("max_epochs")
-        start_epoch = payload.get("start_epoch", 0)
-        if type(max_epochs) is not int or type(start_epoch) is not int:
+        max_epochs, start_epoch = as_int(payload.get("max_epochs")), as_int(payload.get("start_epoch", 0))
+        if max_epochs is None or start_epoch is None:
             self.bad("run_start", "run_start needs integer max_epochs and start_epoch in its payload", n)
-            max_epochs = max_epochs if type(max_epochs) is int else 1 << 62
-            start_epoch = start_epoch if type(start_epoch) is int else 0
+            max_epochs, start_epoch = 1 << 62 if max_epochs is None else max_epochs, start_epoch or 0
         callbacks = payload.get("callbacks")
         listed = callbacks if isinstance(callbacks, list) else []
         resumed = payload.get("resumed_from")

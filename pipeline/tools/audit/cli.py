@@ -18,9 +18,9 @@ __all__ = ["register_cli"]
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
+    paths = [args.events, *args.more]
     try:
         key = read_key_file(args.key_file) if args.key_file is not None else key_from_env()
-        paths = [args.events, *args.more]
         opts: dict[str, Any] = {"verify_checkpoints": not args.no_checkpoints, "key": key,
                                 "allow_missing": args.allow_missing}
         report: AuditReport | RankedAudit = (
@@ -28,7 +28,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             else audit_file(args.events, **opts))
     except (AuditReadError, LogKeyError) as exc:
         if args.json:
-            print(json.dumps({"path": " ".join(map(str, [args.events, *args.more])), "ok": False, "error": str(exc)}))
+            print(json.dumps({"path": " ".join(paths), "ok": False, "error": str(exc)}))
         else:
             print(f"fsmtrain audit: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE

@@ -16,10 +16,10 @@ from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["EndingChecks", "Segment", "StopInfo", "Unfinished", "as_int", "budget_ended", "ending_segment", "number"]
+__all__ = ["PHASES", "EndingChecks", "Segment", "Unfinished", "as_int", "budget_ended", "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
-_PHASES: dict[str, Phase] = {p.value: p for p in Phase}
+PHASES: dict[str, Phase] = {p.value: p for p in Phase}
 _NAN_DETECTOR = "NaNDetectionCallback"
 # The result figures recomputed from the log, in the order the audit reports them.
 _RESULT_FIELDS = ("stop_reason", "stop_source", "stop_message", "epochs_completed", "last_val_loss",
@@ -206,14 +206,14 @@ class EndingChecks:
             why = (f"the stop request in force (line {stop.line}) is {stop.reason!r}" if stop is not None
                    else "no stop was requested, so the run completed")
             self.bad("stop_reason", f"train_end gives reason {reason!r}, but {why}", n)
-        why_not = self._missing_evidence(StopReason(reason), rec, seg)
+        ended = StopReason(reason)
+        why_not = self._missing_evidence(ended, rec, seg)
         if why_not:
             self.bad("stop_reason", f"reason {reason}, but {why_not}", n)
-        stops_on_nan = StopReason(reason).evidence is Evidence.NONFINITE_LOSS
-        if not stops_on_nan and seg.nonfinite:
+        if ended.evidence is not Evidence.NONFINITE_LOSS and seg.nonfinite:
             epoch, (line, key) = min(seg.nonfinite.items())
             won_before = stop is not None and stop.epoch is not None and stop.epoch < epoch
-            if _NAN_DETECTOR in seg.callbacks and not won_before and not StopReason(reason).fault:
+            if _NAN_DETECTOR in seg.callbacks and not won_before and not ended.fault:
                 self.bad("stop_reason", f"reason {reason}, but {key} of epoch {epoch_number(epoch)} (line {line}) is "
                          f"not finite and {_NAN_DETECTOR} was running", n)
             else:
@@ -280,7 +280,7 @@ class EndingChecks:
         """An agreed request that replaced the one in force is legal by
         :func:`fsmtrain.core.consensus.may_override`, and names what it replaced."""
         epoch, phase, rank = where
-        if type(epoch) is not int or phase not in _PHASES:
+        if type(epoch) is not int or phase not in PHASES:
             self.bad("stop_request", f"an agreed stop request needs its requested_epoch and requested_phase, found "
                      f"{epoch!r} and {phase!r}", n)
             return
@@ -289,8 +289,8 @@ class EndingChecks:
                      f"in force (line {held.line}) but says it overrides {overrides!r}", n)
             return
         held_at = (StopReason(held.reason), held.epoch if held.epoch is not None else -1,
-                   _PHASES.get(held.phase or "", INITIAL), held.rank if held.rank is not None else own_rank)
-        if not may_override((reason, epoch, _PHASES[phase], rank), held_at):
+                   PHASES.get(held.phase or "", INITIAL), held.rank if held.rank is not None else own_rank)
+        if not may_override((reason, epoch, PHASES[phase], rank), held_at):
             self.bad("stop_request", f"an agreed {reason.value} request from rank {rank} replaces the "
                      f"{held.reason!r} request in force (line {held.line}), which the ranks' verdict ranks first", n)
 

@@ -58,7 +58,7 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
         if rel in ckpts.damaged:
             out += _quarantined(base, rel, ckpts.damaged[rel])
             continue
-        file = _file(base, rel)
+        file = base / rel
         if not file.exists():  # a file, or a sharded checkpoint's folder
             ex.checkpoints_missing += 1
             missing.append((rel, w.line))
@@ -76,7 +76,7 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
             continue
         changed = (f"sha256 {actual[:12]}... but the log recorded {w.sha256[:12]}... at line {w.line}"
                    + _shards_changed(file, w))
-        out.append(_differs(log, rel, w, ckpts.first_commit.get(actual), file, chain, killed, changed))
+        out.append(_differs(log, rel, w, ckpts.first_commit.get(actual), file, head, chain, killed, changed))
     later = any(f.verdict in (Verdict.LOG_REWRITTEN, Verdict.UNCOMMITTED_WRITE) for f in out)
     return out + _missing(missing, allow_missing, later) + _newest_missing(base, ckpts) + _strays(base, ckpts)
 
@@ -102,10 +102,6 @@ def _missing(missing: list[tuple[str, int]], allowed: bool, later: bool) -> list
             for rel, line in missing]
 
 
-def _file(base: Path, rel: str) -> Path:
-    return Path(rel) if Path(rel).is_absolute() else base / rel
-
-
 def _newest_missing(base: Path, ckpts: CheckpointLines) -> list[Finding]:
     """Every name of the newest state the log commits is gone: a resume falls back to an older one."""
     live = {rel: w for rel in ckpts.live() if (w := ckpts.writes[rel]).epoch is not None}
@@ -113,7 +109,7 @@ def _newest_missing(base: Path, ckpts: CheckpointLines) -> list[Finding]:
         return []
     newest = max(w.epoch or 0 for w in live.values())
     names = sorted(rel for rel, w in live.items() if w.epoch == newest)
-    if any(_file(base, rel).exists() for rel in names):
+    if any((base / rel).exists() for rel in names):
         return []
     return [Finding("checkpoint", f"the newest committed state (epoch {epoch_number(newest)}: {', '.join(names)}) "
                     "is missing, every name of it: a resume falls back to an older state",
@@ -124,7 +120,7 @@ def _strays(base: Path, ckpts: CheckpointLines) -> list[Finding]:
     """Checkpoint files beside the committed ones that the log does not commit (never, or no
     longer): a write a kill cut short, or a planted file. A resume moves them to ``uncommitted/``."""
     writes, removed = ckpts.writes, ckpts.removed
-    folders = {_file(base, rel).parent for rel in writes}
+    folders = {(base / rel).parent for rel in writes}
     out: list[Finding] = []
     for folder in sorted(f for f in folders if f.is_dir()):
         for path in sorted(folder.iterdir()):
@@ -137,9 +133,9 @@ def _strays(base: Path, ckpts: CheckpointLines) -> list[Finding]:
 
 
 def _differs(log: Path, rel: str, w: CheckpointWrite, committed: tuple[int, str, int | None] | None, file: Path,
-             chain: ChainCheck, killed: list[tuple[int, int]], changed: str) -> Finding:
+             head: str | None, chain: ChainCheck, killed: list[tuple[int, int]], changed: str) -> Finding:
     """What a file whose sha256 is not the one the log last recorded for it holds (``committed``:
-    the first commit of the bytes it holds, if any)."""
+    the first commit of the bytes it holds, if any; ``head``: the chain head it stores)."""
     if committed is not None:
         line, path, epoch = committed
         shown = "?" if epoch is None else epoch_number(epoch)
@@ -151,8 +147,7 @@ def _differs(log: Path, rel: str, w: CheckpointWrite, committed: tuple[int, str,
                        f"records ({changed})", w.line, verdict=Verdict.OTHER_WRITE)
     no_write = f"its sha256 matches no write the log committed ({changed})"
     broken = _zip_damage(file)
-    found, head = stored_head(file)
-    if broken is not None or not found or head is None:
+    if broken is not None or head is None:
         why = broken or "it stores no chain head"
         return Finding("checkpoint", f"checkpoint {rel} is damaged: {no_write}; {why}", w.line,
                        verdict=Verdict.DAMAGED)
@@ -193,7 +188,7 @@ def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
     """A file a resume moved to ``damaged/``: the evidence is kept as the log says it found it."""
     if d.moved_to is None:
         return []
-    kept = _file(base, d.moved_to)
+    kept = base / d.moved_to
     if not kept.is_file():
         return [Finding("checkpoint", f"damaged checkpoint {rel} was moved to {d.moved_to} (line {d.line}), which "
                         "is not there", d.line, Severity.WARNING)]

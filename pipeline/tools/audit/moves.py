@@ -26,7 +26,7 @@ from fsmtrain.core.lifecycle import (
     enabled_transition,
 )
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import EndingChecks, Segment, as_int, number
+from fsmtrain.tools.audit.ending import PHASES, EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["PER_BATCH", "MoveChecks"]
@@ -34,7 +34,6 @@ __all__ = ["PER_BATCH", "MoveChecks"]
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
 }
-_PHASES = frozenset(p.value for p in Phase)
 _PER_BATCH_MOVE = next(t for t in TRANSITIONS if t.internal)  # one line per batch, at debug level
 PER_BATCH = (_PER_BATCH_MOVE.source.value, _PER_BATCH_MOVE.dest.value, _PER_BATCH_MOVE.trigger)
 _STEP, _VAL, _EPOCH_BEGIN, _FINAL = PER_BATCH[0], Phase.VAL.value, Phase.EPOCH_BEGIN.value, FINAL.value
@@ -112,7 +111,7 @@ class MoveChecks(EndingChecks):
         move = _MOVES.get(key)
         if move is None:
             self.bad("transition", f"{src} -> {dst} ({trig}) is not a move of the lifecycle table", n)
-            if isinstance(dst, str) and dst in _PHASES:
+            if isinstance(dst, str) and dst in PHASES:
                 seg.phase = dst
             return False
         self.moves[key] += 1

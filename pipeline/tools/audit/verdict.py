@@ -205,10 +205,8 @@ def _chain_line(c: ChainVerdict) -> str:
 
 
 def _finding_dict(f: Finding) -> dict[str, Any]:
-    out: dict[str, Any] = {"line": f.line, "check": f.check, "message": f.message}
-    if f.verdict is not None:
-        out["verdict"] = f.verdict.value
-    return out
+    verdict = {} if f.verdict is None else {"verdict": f.verdict.value}
+    return {"line": f.line, "check": f.check, "message": f.message, **verdict}
 
 
 def _pct(part: float, whole: float) -> str:
