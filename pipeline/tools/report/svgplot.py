@@ -4,7 +4,6 @@ every point has a ``<title>`` tooltip, so exact values stay readable without scr
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ _FIRST = itemgetter(0)
 # Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 GREY = "#999999"
+_STOPS = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))  # colormap's
 _FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 64, 16, 12, 38
 _WIDTH = 760  # every chart's, in CSS pixels
@@ -195,9 +195,9 @@ def _reduced_note(cuts: Sequence[Reduced]) -> list[str]:
     if not done:
         return []
     big = max(done, key=lambda r: r.points)
-    drawn = sum(len(r.y) for r in done)
+    drawn, per_bucket = sum(len(r.y) for r in done), math.ceil(big.points / big.buckets)
     return [f"reduced: {sum(r.points for r in done):,} points drawn as {drawn:,}, the smallest and largest value of "
-            f"each run of {big.per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
+            f"each run of {per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
 
 
 def _draw_series(s: Series, sx: Callable[[float], float], sy: Callable[[float], float], log_y: bool) -> list[str]:
@@ -303,15 +303,10 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
 
 def colormap(t: float) -> str:
     """``t`` in [0, 1] to a colour from dark blue (0, best) to yellow (1)."""
-    stops = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))
     t = min(max(t, 0.0), 1.0)
-    for (a, ca), (b, cb) in itertools.pairwise(stops):
-        if t <= b:
-            f = (t - a) / (b - a)
-            r, g, bl = (round(ca[k] + f * (cb[k] - ca[k])) for k in range(3))
-            return f"#{r:02x}{g:02x}{bl:02x}"
-    return "#f0f921"
-
+    (a, ca), (b, cb) = _STOPS[:2] if t <= 0.5 else _STOPS[1:]
+    f = (t - a) / (b - a)
+    return "#" + "".join(f"{round(c0 + f * (c1 - c0)):02x}" for c0, c1 in zip(ca, cb, strict=True))
 
 
 @dataclass(frozen=True)
@@ -320,10 +315,6 @@ class Reduced:
     y: list[float | None]
     points: int  # how many the curve had
     buckets: int  # 0: not reduced
-
-    @property
-    def per_bucket(self) -> int:
-        return math.ceil(self.points / self.buckets) if self.buckets else 1
 
 
 def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
