@@ -192,12 +192,9 @@ def _checkpoint_panel(data: RunData) -> str:
     kept = [ck for ck in last.values() if not ck.get("removed")]
     files = len({_file_id(data.events_path.parent / str(ck.get("path"))) for ck in kept})
     writes = len({(ck.get("sha256"), ck.get("epoch")) for ck in data.checkpoints})
-    if not data.checkpoints:
-        body = '<p class="note">no checkpoint was written</p>'
-    else:
-        body = (f"{_checkpoint_rows(data, kept)}<details><summary>all {writes} checkpoint writes of the log "
-                f"({len(data.checkpoints)} names committed)</summary>{_checkpoint_rows(data, data.checkpoints)}"
-                "</details>")
+    body = ('<p class="note">no checkpoint was written</p>' if not data.checkpoints else
+            f"{_checkpoint_rows(data, kept)}<details><summary>all {writes} checkpoint writes of the log "
+            f"({len(data.checkpoints)} names committed)</summary>{_checkpoint_rows(data, data.checkpoints)}</details>")
     return (f'<section class="panel" id="checkpoints"><h2>Checkpoints: {files} file(s) kept under {len(kept)} '
             f"name(s), sha256 as the log recorded them</h2>{body}</section>")
 
