@@ -115,18 +115,6 @@ class Recording:
     validations: dict[int, dict[str, float]] = field(default_factory=dict)  # by global step (val_every_n_steps)
 
     @property
-    def max_epochs(self) -> int:
-        return int(self.run_start.get("max_epochs", len(self.epochs)))
-
-    @property
-    def max_steps(self) -> int | None:
-        return steps if type(steps := self.run_start.get("max_steps")) is int else None
-
-    @property
-    def val_every_n_steps(self) -> int | None:
-        return every if type(every := self.run_start.get("val_every_n_steps")) is int else None
-
-    @property
     def config(self) -> Mapping[str, Any] | None:
         return cfg if isinstance(cfg := self.run_start.get("config"), Mapping) else None
 

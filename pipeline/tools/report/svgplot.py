@@ -75,22 +75,20 @@ def _tip_x(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else _fmt(x)
 
 
-def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[float]:
+def ticks(lo: float, hi: float, log: bool = False) -> list[float]:
     """Round ticks covering [lo, hi]: 1-2-5 steps, or powers of ten on a log axis."""
     if log:
         a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
         if b - a <= 2:
             out = [m * 10.0**e for e in range(a, b + 1) for m in (1, 2, 5)]
             return [t for t in out if lo / 1.0001 <= t <= hi * 1.0001] or [lo, hi]
-        stride = max(1, math.ceil((b - a) / 8))
-        return [10.0**e for e in range(a, b + 1, stride)]
+        return [10.0**e for e in range(a, b + 1, math.ceil((b - a) / 8))]
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / target
+    raw = (hi - lo) / 5  # about five ticks
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step - 1e-9) * step
-    out, t = [], start
+    out, t = [], math.ceil(lo / step - 1e-9) * step
     while t <= hi + step * 1e-9:
         out.append(0.0 if abs(t) < step * 1e-9 else t)
         t += step
