@@ -321,6 +321,7 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
     if not isinstance(world, int) or world < 2 or not isinstance(rank, int):
         return None
     out: list[_Contribution] = []
+    failed = None  # the RankFailed of the log's last segment: the failing rank, its source and exception
     for e in events:
         payload = e.get("payload") or {}
         where = _where(e)
@@ -332,20 +333,12 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
             out.append(_Contribution(where, payload["rank"], proposal_of(request, None), (source, request.message)))
         elif (sig := interrupt_of(e)) is not None and isinstance(origin := sig[1], int) and origin != rank:
             out.append(_Contribution(where, origin, proposal_of(None, sig[0]), None))
-    return RecordedRanks(rank, world, out, _peer_failure(events))
-
-
-def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
-    """The ``RankFailed`` of the log's last segment: the failing rank, its source and exception."""
-    found = None
-    for e in events:
-        payload = e.get("payload") or {}
         if e.get("event") == "run_start":
-            found = None
+            failed = None
         elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
             source, origin = split_source(str(payload.get("source", "")))
             said = str(payload.get("message", "")).removeprefix(f"rank {origin} failed in {source}: ")
             symptom = payload.get("symptom")
-            found = PeerFailure(Failure(payload["failed_rank"], source, said),
-                                symptom if isinstance(symptom, str) else None, _where(e))
-    return found
+            failed = PeerFailure(Failure(payload["failed_rank"], source, said),
+                                 symptom if isinstance(symptom, str) else None, where)
+    return RecordedRanks(rank, world, out, failed)
