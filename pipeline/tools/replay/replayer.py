@@ -99,8 +99,7 @@ class ReplayDriver(BaseDriver):
         return (ReplayBatch(epoch.index, i) for i in range(rec.batches + cut + rec.cut))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        rec = self._recorded(epoch.index, "train_loss")
-        return {k: v for k, v in rec.metrics.items() if k == "train_loss"}
+        return {k: v for k, v in self._recorded(epoch.index, "train_loss").metrics.items() if k == "train_loss"}
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._broken_in(Phase.VAL, epoch.index)

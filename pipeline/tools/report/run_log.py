@@ -164,9 +164,7 @@ def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
 
 
 def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
-    if (event := rec.get("event")) == "transition":
-        return
-    payload = rec.get("payload")
+    event, payload = rec.get("event"), rec.get("payload")
     payload = payload if isinstance(payload, Mapping) else {}
     if event == "run_start":
         data.run_id = str(rec.get("run_id", data.run_id))
