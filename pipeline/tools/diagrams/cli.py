@@ -64,27 +64,26 @@ def _output_problem(output: str, fmt: Format, explicit: bool) -> str | None:
         return f"-o {output}: expected {expected}; found {path.suffix}, {what}"
     if path.is_dir():
         return f"-o {output}: expected a file to write; found a folder"
-    parent = path.parent
-    for folder in (parent, *parent.parents):
+    for folder in path.parents:
         if folder.exists() and not folder.is_dir():
             return f"-o {output}: expected a file in a folder; found {folder}, a file"
-    if not parent.is_dir():
-        return f"-o {output}: expected a file in an existing folder; found that {parent} does not exist"
+    if not path.parent.is_dir():
+        return f"-o {output}: expected a file in an existing folder; found that {path.parent} does not exist"
     return None
 
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
-    if args.output is not None and args.write is None:
-        problem = _output_problem(args.output, _format_of(args), args.format is not None)
-        if problem is not None:
-            print(f"fsmtrain diagram: {problem}", file=sys.stderr)
-            return 2
+    fmt = _format_of(args)
+    problem = (None if args.output is None or args.write is not None
+               else _output_problem(args.output, fmt, args.format is not None))
+    if problem is not None:
+        print(f"fsmtrain diagram: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.write is not None:
             for path in write_lifecycle_files(args.write):
                 print(f"wrote {path}")
             return 0
-        fmt = _format_of(args)
         if args.run is not None:
             text = run_diagram(args.run, fmt)
         elif args.config is not None:

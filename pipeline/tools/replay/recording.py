@@ -115,18 +115,6 @@ class Recording:
     validations: dict[int, dict[str, float]] = field(default_factory=dict)  # by global step (val_every_n_steps)
 
     @property
-    def max_epochs(self) -> int:
-        return int(self.run_start.get("max_epochs", len(self.epochs)))
-
-    @property
-    def max_steps(self) -> int | None:
-        return steps if type(steps := self.run_start.get("max_steps")) is int else None
-
-    @property
-    def val_every_n_steps(self) -> int | None:
-        return every if type(every := self.run_start.get("val_every_n_steps")) is int else None
-
-    @property
     def config(self) -> Mapping[str, Any] | None:
         return cfg if isinstance(cfg := self.run_start.get("config"), Mapping) else None
 
@@ -333,6 +321,7 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
     if not isinstance(world, int) or world < 2 or not isinstance(rank, int):
         return None
     out: list[_Contribution] = []
+    failed = None  # the RankFailed of the log's last segment: the failing rank, its source and exception
     for e in events:
         payload = e.get("payload") or {}
         where = _where(e)
@@ -344,20 +333,12 @@ def recorded_ranks(run_start: Mapping[str, Any], events: Sequence[Mapping[str, A
             out.append(_Contribution(where, payload["rank"], proposal_of(request, None), (source, request.message)))
         elif (sig := interrupt_of(e)) is not None and isinstance(origin := sig[1], int) and origin != rank:
             out.append(_Contribution(where, origin, proposal_of(None, sig[0]), None))
-    return RecordedRanks(rank, world, out, _peer_failure(events))
-
-
-def _peer_failure(events: Sequence[Mapping[str, Any]]) -> PeerFailure | None:
-    """The ``RankFailed`` of the log's last segment: the failing rank, its source and exception."""
-    found = None
-    for e in events:
-        payload = e.get("payload") or {}
         if e.get("event") == "run_start":
-            found = None
+            failed = None
         elif e.get("event") == "exception" and isinstance(payload.get("failed_rank"), int):
             source, origin = split_source(str(payload.get("source", "")))
             said = str(payload.get("message", "")).removeprefix(f"rank {origin} failed in {source}: ")
             symptom = payload.get("symptom")
-            found = PeerFailure(Failure(payload["failed_rank"], source, said),
-                                symptom if isinstance(symptom, str) else None, _where(e))
-    return found
+            failed = PeerFailure(Failure(payload["failed_rank"], source, said),
+                                 symptom if isinstance(symptom, str) else None, where)
+    return RecordedRanks(rank, world, out, failed)

@@ -99,8 +99,7 @@ class ReplayDriver(BaseDriver):
         return (ReplayBatch(epoch.index, i) for i in range(rec.batches + cut + rec.cut))
 
     def end_train(self, epoch: EpochContext) -> dict[str, float]:
-        rec = self._recorded(epoch.index, "train_loss")
-        return {k: v for k, v in rec.metrics.items() if k == "train_loss"}
+        return {k: v for k, v in self._recorded(epoch.index, "train_loss").metrics.items() if k == "train_loss"}
 
     def end_validation(self, epoch: EpochContext) -> dict[str, float]:
         self._broken_in(Phase.VAL, epoch.index)
@@ -227,7 +226,9 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
     if rec.trial_reports:
         numbers = {r.trial for r in rec.trial_reports.values() if r.trial is not None}
         trial = RecordedTrial(rec.trial_reports, number=numbers.pop() if len(numbers) == 1 else -1)
-    max_epochs, max_steps, every = rec.max_epochs, rec.max_steps, rec.val_every_n_steps
+    start = rec.run_start
+    max_epochs = int(start.get("max_epochs", len(rec.epochs)))
+    max_steps, every = (n if type(n := start.get(k)) is int else None for k in ("max_steps", "val_every_n_steps"))
     if callbacks is None or overrides:
         if rec.config is None:
             raise ReplayError(f"{rec.path}: its run_start event records no config, so the run's callbacks and "
@@ -243,18 +244,18 @@ def replay_run(events_path: str | Path, callbacks: Sequence[TrainingCallback] | 
                     f"--set {item}: a replay re-runs the callbacks on the losses this run recorded, so it cannot "
                     f"tell what another {key} would have done to them; a what-if may change the callbacks' "
                     "settings (early_stopping, checkpoint, callbacks, epochs...), not training itself")
-        folders = rec.run_start.get(world.RECORDED_FOLDERS)
+        folders = start.get(world.RECORDED_FOLDERS)
         cfg = world.load_recorded_config(rec.config, folders if isinstance(folders, list) else [], overrides,
                                          f"recorded in {rec.path}")
         if callbacks is None:
             # RecordedTrial answers the two calls PrunerCallback makes on an optuna Trial.
             callbacks = config_mod.build_callbacks(cfg, run_dir=None, trial=cast(Any, trial))
         max_epochs, max_steps, every = cfg.max_epochs, cfg.max_steps, cfg.val_every_n_steps
-    extras: dict[str, Any] = {k: rec.run_start[k] for k in ("config", "seed", "hpo") if k in rec.run_start}
+    extras: dict[str, Any] = {k: start[k] for k in ("config", "seed", "hpo") if k in start}
     if trial is not None:
         extras["trial"] = trial
     # One rank of a multi-process run: the other ranks' part in the agreements, as its log recorded it.
-    ranks = recorded_ranks(rec.run_start, rec.events)
+    ranks = recorded_ranks(start, rec.events)
     interrupt = rec.interrupt
     if ranks is not None and interrupt is not None and interrupt.rank not in (None, ranks.rank):
         interrupt = None  # sent to another rank: it comes back through the agreement

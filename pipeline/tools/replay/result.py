@@ -118,16 +118,15 @@ class ReplayResult:
 
     def to_json(self) -> dict[str, Any]:
         d = self.divergence
-        return dict(jsonable({
-            "overrides": list(self.overrides), "stop_reason": self.stop_reason.value if self.stop_reason else None,
-            "stop_epoch": self.stop_epoch, "stopped_by": self.stopped_by, "exhausted_after": self.exhausted_after,
+        return dict(jsonable({  # enums as their values, tuples as lists
+            "overrides": self.overrides, "stop_reason": self.stop_reason, "stop_epoch": self.stop_epoch,
+            "stopped_by": self.stopped_by, "exhausted_after": self.exhausted_after,
             "epochs_completed": self.epochs_completed, "best_val_loss": self.best_val_loss,
-            "recorded_epochs": self.recorded_epochs,
-            "recorded_stop_reason": self.recorded_stop_reason.value if self.recorded_stop_reason else None,
+            "recorded_epochs": self.recorded_epochs, "recorded_stop_reason": self.recorded_stop_reason,
             "recorded_best_val_loss": self.recorded_best_val_loss, "matches_recording": self.matches,
             "divergence": None if d is None else {"index": d.index, "seq": d.seq, "expected": d.expected,
                                                   "found": d.found},
-            "what_if": self.what_if(), "slots": self.slots, "unknown_prune_steps": list(self.unknown_prune_steps),
+            "what_if": self.what_if(), "slots": self.slots, "unknown_prune_steps": self.unknown_prune_steps,
         }))
 
 

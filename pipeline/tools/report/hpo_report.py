@@ -85,9 +85,7 @@ def study_report(study: optuna.study.Study, storage_shown: str, top: int = 5) ->
         e for name, value in best.params.items() if (e := _edge(name, value, best.distributions[name])) is not None]
     settings = study.user_attrs.get("fsmtrain", {})
     pruned = []
-    for t in trials:
-        if t.state is not TrialState.PRUNED:
-            continue
+    for t in [t for t in trials if t.state is TrialState.PRUNED]:
         attr = t.user_attrs.get("pruned") or {}
         step: int = attr.get("validation", t.last_step if t.last_step is not None else -1)  # Optuna's step
         prediction = t.user_attrs.get("predicted_final_loss")

@@ -118,7 +118,7 @@ def render_report(target: str, *, study: str | None = None, out: Path | None = N
 
     def run_link(run_dir: Path) -> Path | None:
         for base in (Path.cwd(), *([storage_file.parent] if storage_file is not None else [])):
-            candidate = run_dir if run_dir.is_absolute() else base / run_dir
+            candidate = base / run_dir  # an absolute run_dir stays itself
             log = candidate / "events.jsonl"
             if not log.is_file():
                 continue

@@ -69,10 +69,9 @@ def _grad_plot(data: RunData) -> str:
                       log_y=_positive_span(ys), hlines=hlines)
 
 
-def _shown_epochs(runs: list[tuple[float, float]], limit: int = 30) -> str:
-    parts = [f"{a:g}" if a == b else f"{a:g}-{b:g}" for a, b in runs[:limit]]
-    more = f" and {len(runs) - limit:,} more stretches" if len(runs) > limit else ""
-    return ", ".join(parts) + more
+def _shown_epochs(runs: list[tuple[float, float]]) -> str:
+    parts = [f"{a:g}" if a == b else f"{a:g}-{b:g}" for a, b in runs[:30]]
+    return ", ".join(parts) + (f" and {len(runs) - 30:,} more stretches" if len(runs) > 30 else "")
 
 
 def _overfit(data: RunData) -> tuple[str, list[Band]]:
@@ -80,16 +79,15 @@ def _overfit(data: RunData) -> tuple[str, list[Band]]:
     ``overfit_gap_ratio`` set) marked and shaded, one band a stretch of flagged epochs."""
     x, gap = data.x, data.slot("overfit_gap_ratio")
     flagged = [float(ep) for ep, g in zip(x, gap, strict=True) if g is not None]
-    stretches = spans(flagged)
     bands = [Band(a, b, f"overfitting flagged in epoch {a:g}" if a == b else
                   f"overfitting flagged in epochs {a:g}-{b:g}", legend="epochs flagged as overfitting")
-             for a, b in stretches]
+             for a, b in spans(flagged)]
     ratio = [val / train if train and val is not None and math.isfinite(train) else None
              for train, val in zip(data.metric("train_loss"), data.metric("val_loss"), strict=True)]
     series = [Series("val loss / train loss", x, ratio, GREY, points=False),
               Series("flagged as overfitting", x, gap, "#B00020", line=False)]
-    exact = spans(flagged, max_spans=len(flagged) or 1)
-    note = (f"flagged epochs: {_shown_epochs(exact)}" if flagged else "no epoch was flagged as overfitting")
+    note = (f"flagged epochs: {_shown_epochs(spans(flagged, max_spans=len(flagged)))}" if flagged
+            else "no epoch was flagged as overfitting")
     svg = line_chart("plot-overfit", "Overfitting: val/train loss ratio and the epochs flagged", series,
                      y_label="val / train", bands=bands)
     return svg.replace("</figure>", f'<p class="note">{escape(note)}</p></figure>'), bands
@@ -194,12 +192,9 @@ def _checkpoint_panel(data: RunData) -> str:
     kept = [ck for ck in last.values() if not ck.get("removed")]
     files = len({_file_id(data.events_path.parent / str(ck.get("path"))) for ck in kept})
     writes = len({(ck.get("sha256"), ck.get("epoch")) for ck in data.checkpoints})
-    if not data.checkpoints:
-        body = '<p class="note">no checkpoint was written</p>'
-    else:
-        body = (f"{_checkpoint_rows(data, kept)}<details><summary>all {writes} checkpoint writes of the log "
-                f"({len(data.checkpoints)} names committed)</summary>{_checkpoint_rows(data, data.checkpoints)}"
-                "</details>")
+    body = ('<p class="note">no checkpoint was written</p>' if not data.checkpoints else
+            f"{_checkpoint_rows(data, kept)}<details><summary>all {writes} checkpoint writes of the log "
+            f"({len(data.checkpoints)} names committed)</summary>{_checkpoint_rows(data, data.checkpoints)}</details>")
     return (f'<section class="panel" id="checkpoints"><h2>Checkpoints: {files} file(s) kept under {len(kept)} '
             f"name(s), sha256 as the log recorded them</h2>{body}</section>")
 

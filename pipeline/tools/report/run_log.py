@@ -1,6 +1,5 @@
-"""A run's ``events.jsonl`` read for its report (:func:`read_run`): per-epoch numbers in a table by
-column (built a column at a time once the log is read), the run's path, checkpoints
-and settings. Missing stays distinct from NaN; an epoch logged twice (a resume) keeps its last record."""
+"""A run's ``events.jsonl`` read for its report (:func:`read_run`): per-epoch numbers by column, the run's
+path, checkpoints and settings. Missing stays distinct from NaN."""
 
 from __future__ import annotations
 
@@ -19,16 +18,9 @@ from fsmtrain.tools.audit.auditor import read_log
 __all__ = ["EpochTable", "ReportError", "RunData", "as_float", "read_run"]
 
 
-def _number(value: Any) -> float | None:
-    """A value as a column holds it: an int or float as a float, NaN/Infinity strings too, else None."""
-    cls = value.__class__
-    return value if cls is float else float(value) if cls is int else as_float(value)
-
-
 class EpochTable:
-    """Rows by 0-based epoch (an epoch logged twice keeps its last record); columns by kind (metric, slot,
-    time, phase, callback) and name, in the order their first number appears, built once at the end (a
-    column at a time, not a value at a time)."""
+    """Rows by 0-based epoch (an epoch logged twice, by a resume, keeps its last record); columns by kind and
+    name, in the order their first number appears, built a column at a time once the log is read."""
 
     def __init__(self) -> None:
         self.index: list[int] = []
@@ -53,8 +45,7 @@ class EpochTable:
         self._seen = []
 
     def values(self, kind: str, name: str) -> list[float | None]:
-        column = self.columns.get(kind, {}).get(name)
-        return [None] * len(self.index) if column is None else list(column)
+        return self.columns.get(kind, {}).get(name) or [None] * len(self.index)
 
     def totals(self, kind: str) -> dict[str, float]:
         return {name: sum(v for v in c if v is not None) for name, c in self.columns.get(kind, {}).items()}
@@ -75,9 +66,9 @@ def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
     names: dict[str, None] = {}
     for values in seen:
         if type(values) is dict and not names.keys() >= values.keys():
-            names.update((k, None) for k, v in values.items() if k not in names and _number(v) is not None)
+            names.update((k, None) for k, v in values.items() if k not in names and as_float(v) is not None)
     rows = [values if type(values) is dict else {} for values in rows]
-    return {name: [v if v.__class__ is float else _number(v) for v in map(operator.methodcaller("get", name), rows)]
+    return {name: [v if v.__class__ is float else as_float(v) for v in map(operator.methodcaller("get", name), rows)]
             for name in names}
 
 
@@ -173,9 +164,7 @@ def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
 
 
 def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
-    if (event := rec.get("event")) == "transition":
-        return
-    payload = rec.get("payload")
+    event, payload = rec.get("event"), rec.get("payload")
     payload = payload if isinstance(payload, Mapping) else {}
     if event == "run_start":
         data.run_id = str(rec.get("run_id", data.run_id))

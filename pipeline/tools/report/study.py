@@ -94,13 +94,13 @@ def open_study(target: str, name: str | None) -> tuple[Any, Path | None]:
     except Exception as exc:  # a file that is no Optuna storage, a bad URL, an unreachable server
         raise ReportError(f"{target}: not an Optuna storage Optuna can read ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    listed = ", ".join(sorted(names)) or "none"
     if name is None:
         if len(names) != 1:
-            listed = ", ".join(sorted(names)) or "none"
             raise ReportError(f"{target}: pass --study NAME; the storage has {len(names)} studies ({listed})")
         name = names[0]
     elif name not in names:
-        raise ReportError(f"{target}: no study {name!r}; it has: {', '.join(sorted(names)) or 'none'}")
+        raise ReportError(f"{target}: no study {name!r}; it has: {listed}")
     return optuna.load_study(study_name=name, storage=storage), path
 
 

@@ -4,7 +4,6 @@ every point has a ``<title>`` tooltip, so exact values stay readable without scr
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ _FIRST = itemgetter(0)
 # Colour-blind-safe (Okabe-Ito) colours, in the order series take them.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 GREY = "#999999"
+_STOPS = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))  # colormap's
 _FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 64, 16, 12, 38
 _WIDTH = 760  # every chart's, in CSS pixels
@@ -75,22 +75,20 @@ def _tip_x(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else _fmt(x)
 
 
-def ticks(lo: float, hi: float, log: bool = False, target: int = 5) -> list[float]:
+def ticks(lo: float, hi: float, log: bool = False) -> list[float]:
     """Round ticks covering [lo, hi]: 1-2-5 steps, or powers of ten on a log axis."""
     if log:
         a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
         if b - a <= 2:
             out = [m * 10.0**e for e in range(a, b + 1) for m in (1, 2, 5)]
             return [t for t in out if lo / 1.0001 <= t <= hi * 1.0001] or [lo, hi]
-        stride = max(1, math.ceil((b - a) / 8))
-        return [10.0**e for e in range(a, b + 1, stride)]
+        return [10.0**e for e in range(a, b + 1, math.ceil((b - a) / 8))]
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / target
+    raw = (hi - lo) / 5  # about five ticks
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step - 1e-9) * step
-    out, t = [], start
+    out, t = [], math.ceil(lo / step - 1e-9) * step
     while t <= hi + step * 1e-9:
         out.append(0.0 if abs(t) < step * 1e-9 else t)
         t += step
@@ -195,9 +193,9 @@ def _reduced_note(cuts: Sequence[Reduced]) -> list[str]:
     if not done:
         return []
     big = max(done, key=lambda r: r.points)
-    drawn = sum(len(r.y) for r in done)
+    drawn, per_bucket = sum(len(r.y) for r in done), math.ceil(big.points / big.buckets)
     return [f"reduced: {sum(r.points for r in done):,} points drawn as {drawn:,}, the smallest and largest value of "
-            f"each run of {big.per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
+            f"each run of {per_bucket:,} consecutive points ({big.buckets:,} runs a curve), so spikes stay"]
 
 
 def _draw_series(s: Series, sx: Callable[[float], float], sy: Callable[[float], float], log_y: bool) -> list[str]:
@@ -303,15 +301,10 @@ def parallel_chart(plot_id: str, title: str, axes: Sequence[Axis], lines: Sequen
 
 def colormap(t: float) -> str:
     """``t`` in [0, 1] to a colour from dark blue (0, best) to yellow (1)."""
-    stops = ((0.0, (13, 8, 135)), (0.5, (204, 71, 120)), (1.0, (240, 249, 33)))
     t = min(max(t, 0.0), 1.0)
-    for (a, ca), (b, cb) in itertools.pairwise(stops):
-        if t <= b:
-            f = (t - a) / (b - a)
-            r, g, bl = (round(ca[k] + f * (cb[k] - ca[k])) for k in range(3))
-            return f"#{r:02x}{g:02x}{bl:02x}"
-    return "#f0f921"
-
+    (a, ca), (b, cb) = _STOPS[:2] if t <= 0.5 else _STOPS[1:]
+    f = (t - a) / (b - a)
+    return "#" + "".join(f"{round(c0 + f * (c1 - c0)):02x}" for c0, c1 in zip(ca, cb, strict=True))
 
 
 @dataclass(frozen=True)
@@ -320,10 +313,6 @@ class Reduced:
     y: list[float | None]
     points: int  # how many the curve had
     buckets: int  # 0: not reduced
-
-    @property
-    def per_bucket(self) -> int:
-        return math.ceil(self.points / self.buckets) if self.buckets else 1
 
 
 def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
