@@ -50,7 +50,6 @@ class GraphvizMissing(RuntimeError):
     """SVG was asked for but Graphviz's ``dot`` is not installed."""
 
 
-# --- the graph machine ---------------------------------------------------------------------------
 class LabelledState(State):
     """A ``transitions`` state with a ``label`` (MarkupMachine exports it; the graph engines draw it)."""
 
@@ -142,7 +141,6 @@ class LifecycleGraphMachine(GraphMachine):
         return type(f"_Lifecycle{base.__name__}", (mixin, base), {})
 
 
-# --- stop reasons on the edges into train_end -----------------------------------------------------
 def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
     """Which stop reasons can take transition ``t`` into ``train_end``, read from its guards."""
     if t.dest is not FINAL:
@@ -253,7 +251,6 @@ def lifecycle_diagram(fmt: Format = Format.MERMAID) -> str:
     return _draw(_Spec(list(Phase), edges=_lifecycle_edges()), fmt, TITLE)
 
 
-# --- callbacks on hooks ---------------------------------------------------------------------------
 def _callback_label(runner: CallbackRunner, index: int) -> str:
     entry = runner.entries[index]
     tier = "" if entry.tier is Tier.CORE else f" {entry.tier.name.lower()}"
@@ -282,7 +279,6 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
                  f"{TITLE} with callbacks")
 
 
-# --- one run's path -------------------------------------------------------------------------------
 def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
     """The path one run took: each taken edge with its count, the final one with its stop reason."""
     return path_diagram(read_run_path(events_path), events_path, fmt)
@@ -328,7 +324,6 @@ def write_run_diagram(events_path: str | Path, out_path: str | Path | None = Non
     return out
 
 
-# --- SVG ------------------------------------------------------------------------------------------
 def dot_digest(dot_source: str) -> str:
     return hashlib.sha256(dot_source.encode("utf-8")).hexdigest()
 

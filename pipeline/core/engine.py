@@ -189,7 +189,6 @@ class Engine:
                      epochs_remain=run.budget_left(), has_batch=work.next is not END,
                      faulted=self._faulted, val_due=run.val_every_n_steps is not None and work.val_due())
 
-    # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
@@ -296,7 +295,6 @@ class Engine:
         elif self._signal is not None:
             raise Interrupted(self._signal)
 
-    # --- faults ----------------------------------------------------------------------------
     def _fault(self, exc: BaseException) -> BaseException:
         """Route an exception to ``train_end`` through ``abort``; what the run ends with (``exc`` or ``RankFailed``)."""
         run = self.run
@@ -320,9 +318,8 @@ class Engine:
                 source = on_rank(source, agreement.collective.rank)
             exc = ended
         epoch = self._work.epoch
-        cut = epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES
         # An epoch cut short gets no `epoch` line: its metrics go with the exception, for replay.
-        if cut and epoch:
+        if epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES:
             extra["epoch_metrics"] = dict(epoch.metrics)
         self._log_exception(exc, source, **extra)
         if self._work.tearing_down:

@@ -97,7 +97,6 @@ class EpochWork:
     def start_clock(self) -> None:
         self._phase_started = time.perf_counter()
 
-    # --- the log of moves ----------------------------------------------------------------------
     def move_logger(self, move: Transition) -> Callable[[], None]:
         """What ``move``'s handler does first: time the phase it leaves and log it (an internal move only
         at debug level). The move's words are read once, here."""
@@ -128,7 +127,6 @@ class EpochWork:
                                    else (stop.reason, stop.source, stop.message))
         return {"reason": reason.value, "source": source, "message": message}
 
-    # --- validation batches --------------------------------------------------------------------
     def val_loop(self, body: Work) -> Callable[[], None]:
         """A phase-entry segment running ``body`` over the driver's validation batches."""
 
@@ -148,7 +146,6 @@ class EpochWork:
 
         return loop
 
-    # --- actions ---------------------------------------------------------------------------
     def _begin_epoch(self, _: Any) -> None:
         run = self.run
         run.clear_epoch_slots()

@@ -305,7 +305,6 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
             if len(enabled) != 1:
                 names = [f"{t.trigger}->{t.dest.value}" for t in enabled] or ["none"]
                 problems.append(f"from {phase.value!r} with {facts}: enabled {', '.join(names)}")
-    triggers = {t.trigger for t in transitions}
     for step in program:
         if step.trigger is not None and not any(t.trigger == step.trigger and t.dest is step.phase
                                                 for t in transitions):
@@ -315,8 +314,6 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
     names = [s.name for s in program]
     if len(names) != len(set(names)):
         problems.append("program steps repeat")
-    if not triggers >= {BATCH, ABORT}:
-        problems.append(f"the table lacks the {BATCH!r} or {ABORT!r} trigger")
     if problems:
         raise LifecycleError("invalid lifecycle table:\n  " + "\n  ".join(problems))
 
