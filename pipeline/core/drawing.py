@@ -183,13 +183,8 @@ def _draw(spec: _Spec, fmt: Format, title: str) -> str:
     """``spec`` in ``fmt``, drawn by ``transitions``' own graph engine (SVG: ``dot -Tsvg`` of the DOT)."""
     mermaid = fmt is Format.MERMAID
     newline = MERMAID_NEWLINE if mermaid else DOT_NEWLINE
-    states: list[dict[str, Any]] = []
-    for phase in spec.phases:
-        lines = spec.node_lines.get(phase, [])
-        state: dict[str, Any] = {"name": phase.value}
-        if lines:
-            state["label"] = newline.join([phase.value, *lines])
-        states.append(state)
+    labels = {phase: newline.join([phase.value, *lines]) for phase, lines in spec.node_lines.items() if lines}
+    states = [{"name": phase.value, "label": labels.get(phase)} for phase in spec.phases]
     transitions: list[dict[str, Any]] = []
     notes: dict[EdgeKey, list[str]] = {}
     for edge in spec.edges:
