@@ -170,10 +170,7 @@ class EventLog:
         if not (to_file or to_console):
             return False
         self._position = (phase, epoch, global_step)
-        now = time.time()
-        if now < self._last_ts:
-            now = self._last_ts
-        self._last_ts = now
+        now = self._last_ts = max(time.time(), self._last_ts)  # ts never goes back
         body = jsonable(payload) if payload else {}
         if event == "run_start" and chained:
             body["chain"] = self.chain.describe()
