@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +20,21 @@ SCHEME_PLAIN = "sha256"
 SCHEME_KEYED = "hmac-sha256"
 _GENESIS_LABEL = b"fsmtrain-chain-v1\n"
 _KEY_ID_LABEL = b"fsmtrain-key-id-v1"
-_BLOCK = 64  # sha256's block size
 # A sealed line ends with ``,"seal":"<64 hex>"}`` and its newline; without them it reads ``}\n``.
 _SEAL_OPEN = b',"seal":"'
 _SEAL_CLOSE = b'"}\n'
 _UNSEALED_END = b"}\n"
-_HEX = 64
-_SEAL_TAIL = len(_SEAL_OPEN) + _HEX + len(_SEAL_CLOSE)
-_SEAL_AT, _SEAL_END = len(_SEAL_OPEN), len(_SEAL_OPEN) + _HEX  # the seal's digits within that tail
+_SEAL_TAIL = len(_SEAL_OPEN) + 64 + len(_SEAL_CLOSE)
 
 
 class LogKeyError(ValueError):
     """A log key that cannot be used (empty, or its file unreadable); the message says which."""
 
 
-def _sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 class Chain:
     """Links lines with sha256 (no key) or HMAC-SHA256 (``key``)."""
 
-    __slots__ = ("_inner", "_outer", "digest", "key", "key_id", "scheme")
+    __slots__ = ("_base", "key", "key_id", "scheme")
 
     def __init__(self, key: bytes | None = None) -> None:
         if key is not None and not key:
@@ -49,62 +42,39 @@ class Chain:
         self.key = key
         self.scheme = SCHEME_PLAIN if key is None else SCHEME_KEYED
         self.key_id = None if key is None else hmac.digest(key, _KEY_ID_LABEL, "sha256").hex()[:16]
-        self._inner: Any = hashlib.sha256()  # the state every digest starts from
-        self._outer: Any = None
-        # The digest of one line's bytes (newline included): a plain function, called per line.
-        self.digest: Callable[[bytes], str] = _sha256_hex
-        if key is not None:
-            # HMAC (RFC 2104) with its two padded-key states hashed once; a line costs two copies.
-            block = (hashlib.sha256(key).digest() if len(key) > _BLOCK else key).ljust(_BLOCK, b"\0")
-            self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-            self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
-            self.digest = self._hmac_hex
+        # The state every digest starts from: a line's digest costs a copy of it.
+        self._base: Any = hashlib.sha256() if key is None else hmac.new(key, digestmod="sha256")
 
-    def _hmac_hex(self, data: bytes) -> str:
-        inner = self._inner.copy()
-        inner.update(data)
-        return self._close(inner)
-
-    def _close(self, state: Any) -> str:
-        """The hex digest of a hash state begun as a copy of ``self._inner``."""
-        if self._outer is None:
-            plain: str = state.hexdigest()
-            return plain
-        outer = self._outer.copy()
-        outer.update(state.digest())
-        hexed: str = outer.hexdigest()
+    def digest(self, data: bytes) -> str:
+        """The digest of one line's bytes (newline included)."""
+        state = self._base.copy()
+        state.update(data)
+        hexed: str = state.hexdigest()
         return hexed
+
+    def _sealed(self, prefix: bytes, tail: bytes | None) -> tuple[str, Any]:
+        """The seal of a line whose bytes before its seal are ``prefix``, and its state past ``tail``."""
+        state = self._base.copy()
+        state.update(prefix)
+        unsealed = state.copy()
+        unsealed.update(_UNSEALED_END)
+        seal: str = unsealed.hexdigest()
+        state.update(_SEAL_OPEN + seal.encode("ascii") + _SEAL_CLOSE if tail is None else tail)
+        return seal, state
 
     def seal(self, body: bytes) -> tuple[bytes, str, str]:
         """``body`` (a JSON object, no newline) with ``seal`` appended, the seal, and the line's digest."""
         prefix = body[:-1]  # without its closing brace
-        state = self._inner.copy()
-        state.update(prefix)
-        unsealed = state.copy()
-        unsealed.update(_UNSEALED_END)
-        seal = self._close(unsealed)
-        tail = _SEAL_OPEN + seal.encode("ascii") + _SEAL_CLOSE
-        state.update(tail)
-        return prefix + tail, seal, self._close(state)
+        seal, state = self._sealed(prefix, None)
+        return prefix + _SEAL_OPEN + seal.encode("ascii") + _SEAL_CLOSE, seal, state.hexdigest()
 
     def check_seal(self, raw: bytes) -> tuple[bool | None, str]:
         """For a line read back: whether its seal matches (None: it has none), and the line's digest."""
         tail = raw[-_SEAL_TAIL:]
         if not (tail.startswith(_SEAL_OPEN) and tail.endswith(_SEAL_CLOSE)):
             return None, self.digest(raw)
-        state = self._inner.copy()
-        state.update(raw[:-_SEAL_TAIL])
-        unsealed = state.copy()
-        unsealed.update(_UNSEALED_END)
-        state.update(tail)
-        carried = tail[_SEAL_AT:_SEAL_END]
-        outer = self._outer
-        if outer is None:
-            return unsealed.hexdigest().encode("ascii") == carried, state.hexdigest()
-        seal, line = outer.copy(), outer.copy()
-        seal.update(unsealed.digest())
-        line.update(state.digest())
-        return seal.hexdigest().encode("ascii") == carried, line.hexdigest()
+        seal, state = self._sealed(raw[:-_SEAL_TAIL], tail)
+        return seal.encode("ascii") == tail[len(_SEAL_OPEN):-len(_SEAL_CLOSE)], state.hexdigest()
 
     def genesis(self, run_id: str, config: Any) -> str:
         """What the first line chains to: the run id and the JSON-safe resolved config (or None)."""

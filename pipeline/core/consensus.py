@@ -13,7 +13,7 @@ from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["SHARED_GUARDS", "AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement",
+__all__ = ["AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement",
            "RankFailed", "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank",
            "proposal_of", "verdict_order"]
 
@@ -22,13 +22,10 @@ _PHASES: tuple[Phase, ...] = tuple(Phase)
 _WIDTH = 6  # has_request, reason, epoch, phase, immediate, signal
 
 
-# Guards whose facts can differ between ranks (HAS_BATCH is equal by construction; FAULTED is a rank's own).
-SHARED_GUARDS: frozenset[Guard] = frozenset({Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP})
-
-
 def agreement_points(per_batch: bool) -> frozenset[Phase]:
-    """The phases whose moves read ``can_continue`` (with ``per_batch``: any shared guard)."""
-    wanted = SHARED_GUARDS if per_batch else frozenset({Guard.CAN_CONTINUE})
+    """The phases whose moves read ``can_continue`` (with ``per_batch``: ``immediate_stop`` too), the guards
+    whose facts can differ between ranks."""
+    wanted = {Guard.CAN_CONTINUE, Guard.IMMEDIATE_STOP} if per_batch else {Guard.CAN_CONTINUE}
     return frozenset(t.source for t in TRANSITIONS
                      if t.trigger != ABORT and wanted & {*t.conditions, *t.unless})
 

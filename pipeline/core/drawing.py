@@ -3,6 +3,7 @@ the lifecycle, the callbacks on it, one run's path. Output is deterministic, com
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -15,8 +16,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from transitions import State
+from transitions.extensions import GraphMachine
+
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.graph_machine import CALLBACK_BULLET, DOT_NEWLINE, MERMAID_NEWLINE, EdgeKey, LifecycleGraphMachine
 from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.lifecycle import FINAL, HOOKS, INITIAL, TRANSITIONS, Guard, Phase, Transition
 from fsmtrain.core.run_path import DiagramError, RunPath, read_run_path
@@ -47,7 +50,97 @@ class GraphvizMissing(RuntimeError):
     """SVG was asked for but Graphviz's ``dot`` is not installed."""
 
 
-# --- stop reasons on the edges into train_end -----------------------------------------------------
+class LabelledState(State):
+    """A ``transitions`` state with a ``label`` (MarkupMachine exports it; the graph engines draw it)."""
+
+    def __init__(self, *args: Any, label: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if label:
+            self.label = label
+
+
+# Top to bottom, with a smaller edge font, so the diagram fits a screen.
+_MACHINE_ATTRIBUTES: dict[str, str] = {**GraphMachine.machine_attributes, "rankdir": "TB"}
+_STYLE_ATTRIBUTES = copy.deepcopy(GraphMachine.style_attributes)
+_STYLE_ATTRIBUTES["edge"]["default"]["fontsize"] = "12"  # type: ignore[index]
+CALLBACK_BULLET = "- "  # marks a callback line under its hook in the callback view
+DOT_NEWLINE = "\\l"  # Graphviz: end a left-aligned line
+MERMAID_NEWLINE = "<br/>"
+
+EdgeKey = tuple[str, str, str | None]  # (source, trigger, dest); dest None for an internal move
+
+
+def _notes(machine: Any, tran: dict[str, Any]) -> list[str]:
+    notes: list[str] = machine.edge_notes.get((tran["source"], tran["trigger"], tran.get("dest")), [])
+    return notes
+
+
+class _MermaidLabels:
+    """Mixin for ``transitions``' Mermaid engine: a move's ``edge_notes`` go under its label."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        return MERMAID_NEWLINE.join([text, *_notes(self.machine, tran)])
+
+
+class _DotLabels:
+    """Mixin for the graphviz engine: guards and notes on lines of their own under the trigger."""
+
+    machine: Any
+
+    def _transition_label(self, tran: dict[str, Any]) -> str:
+        text: str = super()._transition_label(tran)  # type: ignore[misc]
+        head = tran.get("label", tran["trigger"])
+        guards = text[len(head):].strip()  # transitions appends " [internal]" and " [a & !b]" to the label
+        lines = [head, *(f"  {g}" for g in _guard_lines(guards)), *_notes(self.machine, tran)]
+        return DOT_NEWLINE.join(lines) + DOT_NEWLINE
+
+    def _add_edges(self, transitions: list[dict[str, Any]], container: Any) -> None:
+        super()._add_edges(transitions, _OneLinePerTransition(container))  # type: ignore[misc]
+
+
+def _guard_lines(guards: str, width: int = 32) -> list[str]:
+    """``[internal] [a & !b & !c]`` as short lines: each bracket, broken after an ``&`` past ``width``."""
+    lines: list[str] = []
+    for group in filter(None, guards.replace("] [", "]\n[").split("\n")):
+        line = ""
+        for part in group.split(" & "):
+            if line and len(line) + len(part) > width:
+                lines.append(line + " &")
+                line = "  " + part
+            else:
+                line = f"{line} & {part}" if line else part
+        lines.append(line)
+    return lines
+
+
+class _OneLinePerTransition:
+    """Passes edges on to the graphviz graph without the `` | `` between merged transitions."""
+
+    def __init__(self, graph: Any) -> None:
+        self._graph = graph
+
+    def edge(self, src: str, dst: str, label: str = "", **attrs: Any) -> None:
+        self._graph.edge(src, dst, label=label.replace(DOT_NEWLINE + " | ", DOT_NEWLINE), **attrs)
+
+
+class LifecycleGraphMachine(GraphMachine):
+    state_cls = LabelledState
+    machine_attributes = _MACHINE_ATTRIBUTES
+    style_attributes = _STYLE_ATTRIBUTES
+
+    def __init__(self, *args: Any, edge_notes: dict[EdgeKey, list[str]] | None = None, **kwargs: Any) -> None:
+        self.edge_notes = dict(edge_notes or {})
+        super().__init__(*args, **kwargs)
+
+    def _init_graphviz_engine(self, graph_engine: str) -> type:
+        base: type = super()._init_graphviz_engine(graph_engine)
+        mixin = _DotLabels if graph_engine == "graphviz" else _MermaidLabels
+        return type(f"_Lifecycle{base.__name__}", (mixin, base), {})
+
+
 def stop_reasons_for(t: Transition) -> tuple[StopReason, ...]:
     """Which stop reasons can take transition ``t`` into ``train_end``, read from its guards."""
     if t.dest is not FINAL:
@@ -90,13 +183,8 @@ def _draw(spec: _Spec, fmt: Format, title: str) -> str:
     """``spec`` in ``fmt``, drawn by ``transitions``' own graph engine (SVG: ``dot -Tsvg`` of the DOT)."""
     mermaid = fmt is Format.MERMAID
     newline = MERMAID_NEWLINE if mermaid else DOT_NEWLINE
-    states: list[dict[str, Any]] = []
-    for phase in spec.phases:
-        lines = spec.node_lines.get(phase, [])
-        state: dict[str, Any] = {"name": phase.value}
-        if lines:
-            state["label"] = newline.join([phase.value, *lines])
-        states.append(state)
+    labels = {phase: newline.join([phase.value, *lines]) for phase, lines in spec.node_lines.items() if lines}
+    states = [{"name": phase.value, "label": labels.get(phase)} for phase in spec.phases]
     transitions: list[dict[str, Any]] = []
     notes: dict[EdgeKey, list[str]] = {}
     for edge in spec.edges:
@@ -158,7 +246,6 @@ def lifecycle_diagram(fmt: Format = Format.MERMAID) -> str:
     return _draw(_Spec(list(Phase), edges=_lifecycle_edges()), fmt, TITLE)
 
 
-# --- callbacks on hooks ---------------------------------------------------------------------------
 def _callback_label(runner: CallbackRunner, index: int) -> str:
     entry = runner.entries[index]
     tier = "" if entry.tier is Tier.CORE else f" {entry.tier.name.lower()}"
@@ -187,7 +274,6 @@ def callback_diagram(callbacks: Sequence[TrainingCallback], fmt: Format = Format
                  f"{TITLE} with callbacks")
 
 
-# --- one run's path -------------------------------------------------------------------------------
 def run_diagram(events_path: str | Path, fmt: Format = Format.MERMAID) -> str:
     """The path one run took: each taken edge with its count, the final one with its stop reason."""
     return path_diagram(read_run_path(events_path), events_path, fmt)
@@ -233,7 +319,6 @@ def write_run_diagram(events_path: str | Path, out_path: str | Path | None = Non
     return out
 
 
-# --- SVG ------------------------------------------------------------------------------------------
 def dot_digest(dot_source: str) -> str:
     return hashlib.sha256(dot_source.encode("utf-8")).hexdigest()
 

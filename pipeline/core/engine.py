@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from fsmtrain.core.consensus import Collective, RankAgreement, RankFailed, on_rank
 from fsmtrain.core.context import FaultContext, RunContext
 from fsmtrain.core.driver import Driver
-from fsmtrain.core.epoch_work import END, EpochWork, Outputs, Work
+from fsmtrain.core.epoch_work import END, EpochWork, Outputs
 from fsmtrain.core.handlers import HandlerCompiler, compile_guard
 from fsmtrain.core.lifecycle import (
     ABORT,
@@ -132,18 +132,17 @@ class Engine:
         self._log_exception = ExceptionLog(run)
         self._debug = run.events.enabled_for("debug")
         work = self._work = EpochWork(driver, runner, run, restore, outputs)
-        shared = collective is not None and collective.world_size > 1
         self._agreement = (RankAgreement(collective, run, per_batch=runner.may_stop_immediately)
-                           if shared and collective is not None else None)
+                           if collective is not None and collective.world_size > 1 else None)
         self._agree_at = self._agreement.points if self._agreement is not None else frozenset()
         self._agreed_here = False  # the fast batch loop agreed just before handing back
         self._signal: int | None = None  # run.pending_signal as of the last boundary
         self._source = Phase.CREATED  # the phase the engine offers the machine its triggers from
         guards: dict[Guard, Callable[[], bool]] = {
-            Guard.CAN_CONTINUE: self._can_continue,
+            Guard.CAN_CONTINUE: lambda: run.stop is None and run.budget_left(),
             Guard.HAS_BATCH: work.has_batch,
             Guard.IMMEDIATE_STOP: self._agreement.immediate_stop if self._agreement else self._immediate_stop,
-            Guard.FAULTED: self._is_faulted,
+            Guard.FAULTED: lambda: self._faulted,
             Guard.VAL_DUE: work.val_due,
         }
         compiler = HandlerCompiler(work, runner, work.actions(), self._log_exception,
@@ -179,16 +178,9 @@ class Engine:
         """What the run ended with, once its ``result`` is written."""
         return self._work.result
 
-    # --- guards ----------------------------------------------------------------------------
-    def _can_continue(self) -> bool:
-        return self.run.stop is None and self.run.budget_left()
-
     def _immediate_stop(self) -> bool:
         stop = self.run.stop
         return (stop is not None and stop.immediate) or self._signal is not None
-
-    def _is_faulted(self) -> bool:
-        return self._faulted
 
     def facts(self) -> Facts:
         agreement, run, work = self._agreement, self.run, self._work
@@ -197,17 +189,14 @@ class Engine:
                      epochs_remain=run.budget_left(), has_batch=work.next is not END,
                      faulted=self._faulted, val_due=run.val_every_n_steps is not None and work.val_due())
 
-    # --- the walk --------------------------------------------------------------------------
     def execute(self) -> TrainResult:
         if self._model.state != Phase.CREATED.value:
             raise LifecycleError("this run has already been executed; build a new Trainer to train again")
         run = self.run
-        steps: dict[str, Any] = {k: v for k, v in (("max_steps", run.max_steps),
-                                                   ("val_every_n_steps", run.val_every_n_steps)) if v is not None}
-        self.run.emit("run_start", max_epochs=self.run.max_epochs, **steps, start_epoch=self.run.epoch,
-                      strict=self.strict,
-                      callbacks=self.runner.describe(),
-                      **{k: v for k, v in self.run.extras.items() if k in _RUN_START_EXTRAS})
+        steps: dict[str, Any] = {"max_steps": run.max_steps, "val_every_n_steps": run.val_every_n_steps}
+        steps = {k: v for k, v in steps.items() if v is not None}
+        run.emit("run_start", max_epochs=run.max_epochs, **steps, start_epoch=run.epoch, strict=self.strict,
+                 callbacks=self.runner.describe(), **{k: v for k, v in run.extras.items() if k in _RUN_START_EXTRAS})
         self._work.start_clock()
         final, train_step = FINAL.value, Phase.TRAIN_STEP.value
         try:
@@ -277,19 +266,15 @@ class Engine:
                 if not guard():
                     return
                 batch()
-        if self._solo_steps is not None:
-            self._solo_batches(self._solo_steps)
-            return
-        while True:
-            self._signal = run.pending_signal
-            if not guard():
-                return
-            batch()
-
-    def _solo_batches(self, steps: tuple[Work, ...]) -> None:
-        """The batch move while its guard holds (``has_batch``, not ``immediate_stop``, not ``val_due``), that
-        guard read here and the program's steps called in turn: one rank's loop, without a call per check."""
-        run, work = self.run, self._work
+        steps = self._solo_steps
+        if steps is None:
+            while True:
+                self._signal = run.pending_signal
+                if not guard():
+                    return
+                batch()
+        # One rank: the guard (has_batch, not immediate_stop, not val_due) read here, the steps called in turn.
+        work = self._work
         step = work.step
         val_due = None if run.val_every_n_steps is None else work.val_due
         while True:
@@ -310,7 +295,6 @@ class Engine:
         elif self._signal is not None:
             raise Interrupted(self._signal)
 
-    # --- faults ----------------------------------------------------------------------------
     def _fault(self, exc: BaseException) -> BaseException:
         """Route an exception to ``train_end`` through ``abort``; what the run ends with (``exc`` or ``RankFailed``)."""
         run = self.run
@@ -334,9 +318,8 @@ class Engine:
                 source = on_rank(source, agreement.collective.rank)
             exc = ended
         epoch = self._work.epoch
-        cut = epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES
         # An epoch cut short gets no `epoch` line: its metrics go with the exception, for replay.
-        if cut and epoch:
+        if epoch is not None and epoch.index == run.epoch and phase in EPOCH_PHASES:
             extra["epoch_metrics"] = dict(epoch.metrics)
         self._log_exception(exc, source, **extra)
         if self._work.tearing_down:

@@ -61,7 +61,7 @@ class EpochWork:
         """Every action of the program, the driver's included, by name."""
         d = self.driver
         return {
-            Action.RESTORE: self._restore_run,
+            Action.RESTORE: self._restore or (lambda run: None),
             Action.BEGIN_EPOCH: self._begin_epoch,
             Action.LOAD_EPOCH: self._load_epoch,
             Action.NEXT_BATCH: self._next_batch,
@@ -97,7 +97,6 @@ class EpochWork:
     def start_clock(self) -> None:
         self._phase_started = time.perf_counter()
 
-    # --- the log of moves ----------------------------------------------------------------------
     def move_logger(self, move: Transition) -> Callable[[], None]:
         """What ``move``'s handler does first: time the phase it leaves and log it (an internal move only
         at debug level). The move's words are read once, here."""
@@ -116,20 +115,18 @@ class EpochWork:
         return log_move
 
     def _time_phase(self, phase: str) -> float:
-        """Add the time since the last mark to ``phase``'s seconds; returns the new mark."""
+        """Add the time since the last mark to ``phase``'s seconds; the new mark."""
         now = time.perf_counter()
         self._phase_seconds[phase] = self._phase_seconds.get(phase, 0.0) + now - self._phase_started
         self._phase_started = now
         return now
 
     def _stop_payload(self) -> dict[str, Any]:
-        stop = self.run.stop
-        if stop is None:
-            reason, source, message = budget_end(self.run.max_epochs, self.run.max_steps, self.run.global_step)
-            return {"reason": reason.value, "source": source, "message": message}
-        return {"reason": stop.reason.value, "source": stop.source, "message": stop.message}
+        run, stop = self.run, self.run.stop
+        reason, source, message = (budget_end(run.max_epochs, run.max_steps, run.global_step) if stop is None
+                                   else (stop.reason, stop.source, stop.message))
+        return {"reason": reason.value, "source": source, "message": message}
 
-    # --- validation batches --------------------------------------------------------------------
     def val_loop(self, body: Work) -> Callable[[], None]:
         """A phase-entry segment running ``body`` over the driver's validation batches."""
 
@@ -148,11 +145,6 @@ class EpochWork:
                     close()
 
         return loop
-
-    # --- actions ---------------------------------------------------------------------------
-    def _restore_run(self, run: RunContext) -> None:
-        if self._restore is not None:
-            self._restore(run)
 
     def _begin_epoch(self, _: Any) -> None:
         run = self.run

@@ -1,12 +1,11 @@
-"""Structured run logs: ``events.jsonl`` (one strict-JSON object a line, with the keys of
-:data:`EVENT_KEYS`; ``seq`` has no gaps, ``ts`` never decreases; non-finite floats are written as
-``"NaN"``, ``"Infinity"``, ``"-Infinity"``) and a readable console. ``prev`` and ``seal`` chain the
-file (:mod:`fsmtrain.core.chain`). ``fsync="commits"`` syncs after each ``checkpoint`` line and the
-``result``, so a checkpoint on disk never loses the line that commits it.
-"""
+"""Structured run logs: ``events.jsonl`` (one strict-JSON object a line, keys :data:`EVENT_KEYS`; ``seq`` has
+no gaps, ``ts`` never decreases; non-finite floats are written as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``;
+``prev`` and ``seal`` chain the file) and a readable console. ``fsync="commits"`` syncs after each
+``checkpoint`` line and the ``result``, so a checkpoint on disk never loses the line that commits it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -31,7 +30,6 @@ EVENTS_FILE = "events.jsonl"
 # Events whose ``message`` is all the console shows of them (a person reads it; the log keeps the rest).
 _MESSAGE_ON_CONSOLE: frozenset[str] = frozenset({"checkpoint_damaged", "restart"})
 FSYNC_POLICIES: tuple[str, ...] = ("commits", "every", "never")
-# The lines "commits" makes durable: a checkpoint's commit, and the run's last word.
 DURABLE_EVENTS: frozenset[str] = frozenset({"checkpoint", "result"})
 
 
@@ -42,8 +40,6 @@ def jsonable(value: Any) -> Any:
         return value
     if kind is float and value - value == 0.0:  # finite (inf - inf and NaN - NaN are NaN)
         return value
-    if kind is dict:
-        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, float):
         number = float(value)
         if math.isfinite(number):
@@ -159,16 +155,14 @@ class EventLog:
     def sync(self) -> None:
         """Make every line written so far durable (fsync). A closed log has nothing left to sync."""
         file = self._file
-        if file is None:
-            return
-        try:
-            os.fsync(file.fileno())
-        except ValueError:  # closed by the other thread meanwhile (a write is never buffered)
-            return
+        # ValueError: closed by the other thread meanwhile (a write is never buffered).
+        with contextlib.suppress(ValueError):
+            if file is not None:
+                os.fsync(file.fileno())
 
     def _emit(self, event: str, level: str, phase: str | None, epoch: int | None, global_step: int | None,
               payload: Mapping[str, Any] | None, transition: Mapping[str, Any]) -> bool:
-        """Returns whether a line went to the file."""
+        """Whether a line went to the file."""
         lvl = LEVELS[level]
         chained = self._file is not None
         to_file = lvl >= self.level and (chained or self.records is not None)
@@ -176,10 +170,7 @@ class EventLog:
         if not (to_file or to_console):
             return False
         self._position = (phase, epoch, global_step)
-        now = time.time()
-        if now < self._last_ts:
-            now = self._last_ts
-        self._last_ts = now
+        now = self._last_ts = max(time.time(), self._last_ts)  # ts never goes back
         body = jsonable(payload) if payload else {}
         if event == "run_start" and chained:
             body["chain"] = self.chain.describe()
@@ -270,7 +261,7 @@ _ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def read_events(path: Path | str) -> list[dict[str, Any]]:
-    """All events of a log, in file order (a convenience for tests and small tools)."""
+    """All events of a log, in file order."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 

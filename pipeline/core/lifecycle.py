@@ -1,11 +1,11 @@
-"""The training lifecycle, written once as data: :data:`TRANSITIONS` (the moves) and :data:`PROGRAM` (every
-hook and piece of work, in order), read by the machine, diagrams, replay and audit. :func:`check_table`
-proves at import that from every phase exactly one ordinary transition is enabled for any consistent facts."""
+"""The training lifecycle as data: :data:`TRANSITIONS` (the moves) and :data:`PROGRAM` (every hook and piece
+of work, in order). :func:`check_table` proves at import that from every phase exactly one ordinary transition
+is enabled for any consistent facts."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -25,7 +25,7 @@ FINAL = Phase.TRAIN_END
 
 
 class Guard(str, Enum):
-    """Named guard predicates. Each is a pure function of the :class:`Facts` of a running machine."""
+    """Named guard predicates, each a pure function of the :class:`Facts`."""
 
     CAN_CONTINUE = "can_continue"  # no stop requested and the budget (epochs, max_steps) remains
     HAS_BATCH = "has_batch"  # the train loader has another batch
@@ -46,16 +46,9 @@ class Facts:
     val_due: bool = False
 
     def holds(self, guard: Guard) -> bool:
-        return GUARD_RULES[guard](self)
-
-
-GUARD_RULES: Mapping[Guard, Callable[[Facts], bool]] = {
-    Guard.CAN_CONTINUE: lambda f: f.epochs_remain and not f.stop_requested,
-    Guard.HAS_BATCH: lambda f: f.has_batch,
-    Guard.IMMEDIATE_STOP: lambda f: f.immediate_stop,
-    Guard.FAULTED: lambda f: f.faulted,
-    Guard.VAL_DUE: lambda f: f.val_due,
-}
+        if guard is Guard.CAN_CONTINUE:
+            return self.epochs_remain and not self.stop_requested
+        return bool(getattr(self, guard.value))  # every other guard is the fact of its name
 
 
 @dataclass(frozen=True)
@@ -240,11 +233,20 @@ EPOCH_HOOK_ORDER: Mapping[str, int] = {
 _FROM: Mapping[Phase, tuple[Transition, ...]] = {
     phase: tuple(t for t in TRANSITIONS if t.source is phase and t.trigger != ABORT) for phase in Phase
 }
+_TRIGGERS_FROM: Mapping[Phase, tuple[str, ...]] = {
+    phase: tuple(dict.fromkeys(t.trigger for t in moves)) for phase, moves in _FROM.items()
+}
+_BY_TRIGGER: Mapping[tuple[str, Phase], Transition] = {(t.trigger, t.source): t for t in reversed(TRANSITIONS)}
 
 
 def transitions_from(phase: Phase) -> tuple[Transition, ...]:
     """Ordinary (non-abort) transitions leaving ``phase``, in table order."""
     return _FROM[phase]
+
+
+def triggers_from(phase: Phase) -> tuple[str, ...]:
+    """The distinct triggers of the ordinary transitions leaving ``phase``, in table order."""
+    return _TRIGGERS_FROM[phase]
 
 
 def enabled_transition(phase: Phase, facts: Facts) -> Transition:
@@ -255,21 +257,9 @@ def enabled_transition(phase: Phase, facts: Facts) -> Transition:
     raise LifecycleError(f"no transition enabled from {phase.value!r} with {facts}")
 
 
-# Indexes of the table, built once: the engine looks a move up at every phase boundary.
-_BY_TRIGGER: Mapping[tuple[str, Phase], Transition] = {(t.trigger, t.source): t for t in reversed(TRANSITIONS)}
-_SIGNAL_AFTER: Mapping[Phase, tuple[Transition, ...]] = {
-    phase: tuple(t for t in moves if t.signal_after) for phase, moves in _FROM.items()
-}
-
-
 def signal_waits(phase: Phase, facts: Facts) -> bool:
     """Whether a signal seen at ``phase`` waits for the next boundary: the move ``facts`` enable is ``signal_after``."""
-    return any(t.enabled(facts) for t in _SIGNAL_AFTER[phase])
-
-
-_TRIGGERS_FROM: Mapping[Phase, tuple[str, ...]] = {
-    phase: tuple(dict.fromkeys(t.trigger for t in moves)) for phase, moves in _FROM.items()
-}
+    return any(t.signal_after and t.enabled(facts) for t in _FROM[phase])
 
 
 def transition_for(trigger: str, source: Phase) -> Transition:
@@ -315,7 +305,6 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
             if len(enabled) != 1:
                 names = [f"{t.trigger}->{t.dest.value}" for t in enabled] or ["none"]
                 problems.append(f"from {phase.value!r} with {facts}: enabled {', '.join(names)}")
-    triggers = {t.trigger for t in transitions}
     for step in program:
         if step.trigger is not None and not any(t.trigger == step.trigger and t.dest is step.phase
                                                 for t in transitions):
@@ -325,8 +314,6 @@ def check_table(transitions: tuple[Transition, ...] = TRANSITIONS, program: tupl
     names = [s.name for s in program]
     if len(names) != len(set(names)):
         problems.append("program steps repeat")
-    if not triggers >= {BATCH, ABORT}:
-        problems.append(f"the table lacks the {BATCH!r} or {ABORT!r} trigger")
     if problems:
         raise LifecycleError("invalid lifecycle table:\n  " + "\n  ".join(problems))
 
@@ -340,8 +327,3 @@ def _closure(start: set[Phase], edges: Mapping[Phase, set[Phase]]) -> set[Phase]
 
 
 check_table()
-
-
-def triggers_from(phase: Phase) -> tuple[str, ...]:
-    """The distinct triggers of the ordinary transitions leaving ``phase``, in table order."""
-    return _TRIGGERS_FROM[phase]

@@ -11,9 +11,8 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator
-from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
@@ -80,7 +79,7 @@ def describe_device(path: Path) -> str:
 
 
 class LogFile:
-    """``path`` opened for appending whole lines (see the module docstring)."""
+    """``path`` opened for appending whole lines."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -104,11 +103,9 @@ class LogFile:
         if self.full is None and self.size + size + ROOM > self._room_end:
             found_full = self._keep_room(size)
         try:
-            written = os.write(fd, line)
-            if written < size:  # a partial write (a signal, a pipe): the rest, in as many as it takes
-                view = memoryview(line)[written:]
-                while view:
-                    view = view[os.write(fd, view):]
+            view = memoryview(line)
+            while view:  # a partial write (a signal, a pipe): the rest, in as many as it takes
+                view = view[os.write(fd, view):]
         except BaseException as exc:
             self._cut_back()
             if isinstance(exc, OSError):
@@ -160,7 +157,6 @@ class LogFile:
 
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))  # C scanner
 _WIDE = 9.2e18  # orjson reads an integer outside 64 bits as a float at least 2**63 in size, where json keeps it
 
 
@@ -189,14 +185,7 @@ def parse_line(raw: bytes) -> Any:
             return obj
     except orjson.JSONDecodeError:
         pass
-    text = raw.decode("utf-8")  # a UnicodeDecodeError is a ValueError
-    try:
-        obj, end = _scan(text, 0)
-    except StopIteration:
-        return json.loads(text)  # leading whitespace or worse: let json say what is wrong
-    if end != len(text) and not text[end:].isspace():
-        return json.loads(text)
-    return obj
+    return json.loads(raw.decode("utf-8"))  # a UnicodeDecodeError is a ValueError
 
 
 def read_lines(path: Path, fail: Callable[[str], Exception]) -> Iterator[bytes]:

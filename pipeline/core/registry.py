@@ -39,7 +39,6 @@ def _made_by(factory: Callable[..., TrainingCallback], args: tuple[Any, ...], kw
 
 _lock = threading.Lock()
 _registry: dict[int, _Registration] = {}
-_by_instance: dict[int, int] = {}  # id(instance) -> key, for the re-entry check
 _ids = itertools.count()
 
 
@@ -53,9 +52,7 @@ class GlobalHandle:
 
     def remove(self) -> None:
         with _lock:
-            reg = _registry.pop(self.key, None)
-            if reg is not None and reg.instance is not None:
-                _by_instance.pop(id(reg.instance), None)
+            _registry.pop(self.key, None)
 
     @property
     def active(self) -> bool:
@@ -79,7 +76,7 @@ def register_global_callback(callback: TrainingCallback | Callable[..., Training
                             f"register_global_callback({type(callback).__name__}, ...)")
         prototype = _copy_of(callback)  # one that cannot be copied is refused now, not when a run starts
         with _lock:
-            key = _by_instance.get(id(callback))
+            key = next((k for k, reg in _registry.items() if reg.instance is callback), None)
             if key is not None:
                 raise GlobalRegistrationError(
                     f"{_name(callback)} is already registered as a global callback (handle {key}); a callback "
@@ -87,7 +84,6 @@ def register_global_callback(callback: TrainingCallback | Callable[..., Training
                     "register_global_callback(cb) is refused: remove it first or register another instance")
             key = next(_ids)
             _registry[key] = _Registration(callback, functools.partial(_copy_of, prototype))
-            _by_instance[id(callback)] = key
         return GlobalHandle(key, callback=callback)
     if not callable(callback):
         raise TypeError(f"register_global_callback takes a TrainingCallback instance or a factory of one; "

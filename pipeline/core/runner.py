@@ -164,14 +164,13 @@ def _read_hooks(r: TrainingCallback, per_step: bool) -> list[str]:
 def check_data_flow(entries: Sequence[Entry]) -> None:
     """Refuse an order in which a slot's reader may run before its writer in an epoch: the reader's earliest
     epoch hook must run after the writer's latest, by ``(hook position, dispatch position)``."""
-    position = {id(e.callback): n for n, e in enumerate(entries)}
     problems: list[str] = []
-    for reader in entries:
+    for r_at, reader in enumerate(entries):
         r = reader.callback
         if not _epoch_hooks(r):
             continue
         read_names = {s.name for s in r.reads}
-        for writer in entries:
+        for w_at, writer in enumerate(entries):
             w = writer.callback
             w_hooks = _epoch_hooks(w)
             if w is r or not w_hooks:
@@ -180,7 +179,7 @@ def check_data_flow(entries: Sequence[Entry]) -> None:
                 r_hooks = _read_hooks(r, slot.per_step)
                 if not r_hooks or not (slot.name in read_names or r.reads_every_slot):
                     continue
-                if (EPOCH_HOOK_ORDER[r_hooks[0]], position[id(r)]) <= (EPOCH_HOOK_ORDER[w_hooks[-1]], position[id(w)]):
+                if (EPOCH_HOOK_ORDER[r_hooks[0]], r_at) <= (EPOCH_HOOK_ORDER[w_hooks[-1]], w_at):
                     problems.append(_order_problem(r, r_hooks[0], w, w_hooks[-1], slot.name))
     if problems:
         raise CallbackOrderError("callback order breaks the data flow:\n  " + "\n  ".join(problems))
