@@ -88,9 +88,7 @@ def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
         tmp, old = path.with_name(f".{path.name}.new.tmp"), path.with_name(f".{path.name}.old.tmp")
         for stale in (tmp, old):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-        for f in source.iterdir():
-            os.link(f, tmp / f.name)
+        shutil.copytree(source, tmp, copy_function=os.link)
         fsync_dir(tmp)
         if path.exists():
             os.replace(path, old)
@@ -300,8 +298,7 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Inverse of :func:`capture_rng_state` (used by resume)."""
     py = state["python"]
-    internal = py["state"].tolist() if isinstance(py["state"], torch.Tensor) else py["state"]
-    random.setstate((py["version"], tuple(int(v) for v in internal), py["gauss_next"]))
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     npst = state["numpy"]
     np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
                          npst["has_gauss"], npst["cached_gaussian"]))

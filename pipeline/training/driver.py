@@ -1,6 +1,7 @@
 """The torch driver: the lifecycle program's driver actions (``forward``, ``backward``, …, ``val_batch``).
 Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in the
-batch path syncs the host."""
+batch path syncs the host. Exact metrics (torchmetrics') are updated per batch and computed once per
+validation; across unpadded rank shards the value is the whole val set's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -16,7 +17,6 @@ from torch import nn
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.data_position import batches_from
-from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.optimizers import NamedSchedulers, check_manual_driver, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.sharding import is_sharded, no_gradient_sync
@@ -24,10 +24,60 @@ from fsmtrain.training.step import StepFn, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "loader_generator", "split_batch"]
 
+
+@runtime_checkable
+class StatefulMetric(Protocol):
+    def update(self, output: Any, target: Any) -> None: ...
+    def compute(self) -> Any: ...
+    def reset(self) -> None: ...
+
+
+class ExactMetrics:
+    """The run's stateful metrics, by name, on the run's device."""
+
+    def __init__(self, metrics: Mapping[str, StatefulMetric], device: torch.device) -> None:
+        self.metrics = {name: m.to(device) if isinstance(m, nn.Module) else m for name, m in metrics.items()}
+        self.device = device
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics)
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()
+
+    def update(self, output: Any, target: Any) -> None:
+        for metric in self.metrics.values():
+            metric.update(output, target)
+
+    def compute(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, metric in self.metrics.items():
+            value = metric.compute()
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                shown = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"metric {name!r} ({type(metric).__name__}) computed {shown}, not one number; "
+                                 "give it the settings that reduce it to one (average='micro' or 'macro')")
+            out[name] = float(value.item())
+        return out
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Each metric's accumulated state (torchmetrics' ``metric_state``), for a checkpoint."""
+        return {name: {k: v.detach().clone() if isinstance(v, torch.Tensor) else list(v)
+                       for k, v in getattr(m, "metric_state", {}).items()} for name, m in self.metrics.items()}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, values in state.items():
+            for key, value in values.items():
+                moved = [v.to(self.device) for v in value] if isinstance(value, list) else value.to(self.device)
+                setattr(self.metrics[name], key, moved)
+
+
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | StatefulMetric
 """A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor, or an exact one
-(``update``/``compute``/``reset``, e.g. torchmetrics': :mod:`fsmtrain.training.metrics`)."""
+(a :class:`StatefulMetric`, e.g. torchmetrics')."""
+
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
@@ -97,9 +147,9 @@ class TorchDriver:
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
         self._epoch_rng: torch.Tensor | None = None  # the global RNG as the epoch began (a loader without a generator)
-        self._val_names: list[str] = []
-        self._val_fns: list[Callable[[Any, Any], torch.Tensor]] = []
-        self._metered = False  # metrics to feed: the step's output and target are needed
+        self._val_names = ["val_loss", *self.metrics]
+        self._val_fns = list(self.metrics.values())
+        self._metered = bool(self._val_fns or self.exact)  # metrics to feed: the step's output and target are needed
         self._val_sums = torch.zeros(0, device=device)
         self._val_seen = 0
         if step is None and loss_fn is None:
@@ -243,9 +293,6 @@ class TorchDriver:
         if self.val_loader is None:
             return iter(())
         self.model.eval()
-        self._val_names = ["val_loss", *self.metrics]
-        self._val_fns = list(self.metrics.values())
-        self._metered = bool(self._val_fns or self.exact)
         self.exact.reset()
         self._val_sums = torch.zeros(len(self._val_names), device=self.device)
         self._val_seen = 0
@@ -280,15 +327,13 @@ class TorchDriver:
         return {**dict(zip(self._val_names, (total / seen).tolist(), strict=True)), **self.exact.compute()}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
-        if self.scheduler is None:
-            return
+        value = epoch.metrics.get(self.scheduler_monitor)
         if isinstance(self.scheduler, NamedSchedulers):
-            self.scheduler.step(epoch.metrics.get(self.scheduler_monitor))
+            self.scheduler.step(value)
         elif isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            value = epoch.metrics.get(self.scheduler_monitor)
             if value is not None:
                 self.scheduler.step(value)
-        else:
+        elif self.scheduler is not None:
             self.scheduler.step()
 
     def end_run(self, run: RunContext) -> None:
