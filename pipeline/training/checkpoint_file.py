@@ -30,9 +30,8 @@ from fsmtrain.training.sharding import checkpoint_states, load_shards, load_stat
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "HistoryTexts",
            "SavedCheckpoint", "atomic_file", "atomic_link", "atomic_write_bytes", "capture_rng_state",
-           "check_free_space", "folder_digest", "folder_files", "fsync_dir", "history_text", "load_checkpoint",
-           "read_history", "restore_rng_state", "restore_run_state", "run_state", "save_folder", "save_state",
-           "sha256_of", "stateful_callbacks"]
+           "check_free_space", "folder_files", "fsync_dir", "history_text", "load_checkpoint", "read_history",
+           "restore_rng_state", "restore_run_state", "run_state", "save_folder", "save_state", "sha256_of"]
 
 HistoryTexts = dict[int, tuple[dict[str, float], str]]  # epoch -> (its metrics as encoded, the text)
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do

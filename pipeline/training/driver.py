@@ -119,8 +119,8 @@ class TorchDriver:
         user's own (:mod:`fsmtrain.training.step`), ``val_step`` defaulting to ``step``."""
         self.model = model
         self.precision = precision if precision is not None and precision.enabled else None
-        # fp16 overflow skips a batch's optimizer step through the step context's flags
-        self.sets_step_flags = self.precision is not None and self.precision.scaler is not None
+        fp16 = self.precision is not None and self.precision.scaler is not None
+        self.sets_step_flags = fp16  # fp16 overflow skips a batch's optimizer step through the step context's flags
         self.train_model = model if train_model is None else train_model
         self.all_reduce = all_reduce
         self.rank, self.world_size = rank, world_size
@@ -148,16 +148,14 @@ class TorchDriver:
         self._seen = 0
         self._epoch_rng: torch.Tensor | None = None  # the global RNG as the epoch began (a loader without a generator)
         self._val_names = ["val_loss", *self.metrics]
-        self._val_fns = list(self.metrics.values())
-        self._metered = bool(self._val_fns or self.exact)  # metrics to feed: the step's output and target are needed
+        self._metered = bool(self.metrics or self.exact)  # metrics to feed: the step's output and target are needed
         self._val_sums = torch.zeros(0, device=device)
         self._val_seen = 0
         if step is None and loss_fn is None:
             raise ValueError("give a loss_fn, or a step that computes the loss itself")
         manual = is_manual(step)
         if manual:  # it steps its optimizers itself: the engine's backward, step and zero_grad are left out
-            check_manual_driver(step, self.precision is not None and self.precision.scaler is not None,
-                                val_step is None and val_loader is not None)
+            check_manual_driver(step, fp16, val_step is None and val_loader is not None)
             self.sets_step_flags, self.forward = True, self._manual_forward  # type: ignore[method-assign]
         if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
             self._train_run = user_step(step, device, self.precision, False,  # type: ignore[method-assign,assignment]
@@ -282,9 +280,7 @@ class TorchDriver:
         if firsts and min(firsts) < math.inf:
             batch, rank = min((int(b), r) for r, b in enumerate(firsts) if b < math.inf)
             epoch.run.set(NONFINITE_ORIGIN, [rank, batch])
-        if seen == 0:
-            return {}
-        return {"train_loss": float((total / seen).item())}
+        return {"train_loss": float((total / seen).item())} if seen else {}
 
     def resume_train(self, epoch: EpochContext) -> None:
         self.train_model.train()
@@ -311,7 +307,7 @@ class TorchDriver:
         step.output, step.loss = output, loss
         if self._metered:  # one fused add for all values; without metrics, the loss alone
             output = output["output"] if self._user_val else output
-            values = [loss, *(fn(output, targets) for fn in self._val_fns)]
+            values = [loss, *(fn(output, targets) for fn in self.metrics.values())]
             self._val_sums += torch.stack([v.reshape(()).float() for v in values]) * n
             self.exact.update(output, targets)
         else:
