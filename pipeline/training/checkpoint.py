@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -347,8 +347,7 @@ class CheckpointManager(CheckpointFolder):
             for role in epoch_file.roles:
                 writing = self.directory / self.name_for(role, epoch_file.epoch)
                 files.atomic_link(epoch_file.path, writing, sync_dir=False)
-                saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role,
-                                                   step=epoch_file.step, shards=epoch_file.shards))
+                saved.append(replace(epoch_file, path=writing, kind=role, roles=()))
             writing = self.directory
             files.fsync_dir(self.directory)
         except OSError as exc:
