@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,11 +287,10 @@ class CheckpointManager(CheckpointFolder):
         step = None if at is None else at[0]
         if self.sharded:  # every rank writes each state, in order: none is dropped or left out on one rank only
             self.writer.wait_idle()
-        claim = self.writer.claim_slot(epoch, "best" in kinds, final, step)
-        if claim.dropped is not None:
-            log.skipped(claim.dropped, claim.dropped_why, False, claim.dropped_step)
-        if claim.slot is None:
-            log.skipped(epoch, claim.skipped, False, step)
+        slot, left_out = self.writer.claim_slot(epoch, "best" in kinds, final, step)
+        if left_out is not None:
+            log.skipped(left_out[0], left_out[1], False, left_out[2])
+        if slot is None:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         best = {"monitor": self.monitor, "mode": self.mode, "value": self.best_value, "epoch": self.best_epoch}
@@ -299,11 +298,11 @@ class CheckpointManager(CheckpointFolder):
         path = self.periodic_path(epoch) if step is None else self.step_path(step)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
-        staged = (writing.stage(state, self.buffers[claim.slot]) if self.background
+        staged = (writing.stage(state, self.buffers[slot]) if self.background
                   else writing.Staged(state, staged_bytes=writing.tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"), path, step)
-        self.writer.submit(writing.Job(epoch, claim.slot, "best" in kinds, lambda: self._commit(plan, log), step))
+        self.writer.submit(writing.Job(epoch, slot, "best" in kinds, lambda: self._commit(plan, log), step))
         return plan
 
     def close(self, timeout: float | None = None) -> bool:
@@ -348,8 +347,7 @@ class CheckpointManager(CheckpointFolder):
             for role in epoch_file.roles:
                 writing = self.directory / self.name_for(role, epoch_file.epoch)
                 files.atomic_link(epoch_file.path, writing, sync_dir=False)
-                saved.append(files.SavedCheckpoint(writing, epoch_file.sha256, epoch_file.epoch, role,
-                                                   step=epoch_file.step, shards=epoch_file.shards))
+                saved.append(replace(epoch_file, path=writing, kind=role, roles=()))
             writing = self.directory
             files.fsync_dir(self.directory)
         except OSError as exc:

@@ -30,9 +30,8 @@ from fsmtrain.training.sharding import checkpoint_states, load_shards, load_stat
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointWriteError", "HashingWriter", "HistoryTexts",
            "SavedCheckpoint", "atomic_file", "atomic_link", "atomic_write_bytes", "capture_rng_state",
-           "check_free_space", "folder_digest", "folder_files", "fsync_dir", "history_text", "load_checkpoint",
-           "read_history", "restore_rng_state", "restore_run_state", "run_state", "save_folder", "save_state",
-           "sha256_of", "stateful_callbacks"]
+           "check_free_space", "folder_files", "fsync_dir", "history_text", "load_checkpoint", "read_history",
+           "restore_rng_state", "restore_run_state", "run_state", "save_folder", "save_state", "sha256_of"]
 
 HistoryTexts = dict[int, tuple[dict[str, float], str]]  # epoch -> (its metrics as encoded, the text)
 FORMAT_VERSION = 2  # 2: "epoch" counts from 1, as the file names do
@@ -88,9 +87,7 @@ def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
         tmp, old = path.with_name(f".{path.name}.new.tmp"), path.with_name(f".{path.name}.old.tmp")
         for stale in (tmp, old):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-        for f in source.iterdir():
-            os.link(f, tmp / f.name)
+        shutil.copytree(source, tmp, copy_function=os.link)
         fsync_dir(tmp)
         if path.exists():
             os.replace(path, old)
@@ -300,8 +297,7 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Inverse of :func:`capture_rng_state` (used by resume)."""
     py = state["python"]
-    internal = py["state"].tolist() if isinstance(py["state"], torch.Tensor) else py["state"]
-    random.setstate((py["version"], tuple(int(v) for v in internal), py["gauss_next"]))
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     npst = state["numpy"]
     np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
                          npst["has_gauss"], npst["cached_gaussian"]))

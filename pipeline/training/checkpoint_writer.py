@@ -17,11 +17,12 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.training.checkpoint_file import SavedCheckpoint
 from fsmtrain.training.sharding import is_sharded_tensor
 
-__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "SlotClaim", "Staged", "WritePlan", "Written", "stage",
+__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "LeftOut", "Staged", "WritePlan", "Written", "stage",
            "tensor_bytes"]
 
 SLOTS = 2  # one slot being written, one staged and waiting
 Key = tuple[Hashable, ...]
+LeftOut = tuple[int, str, int | None]  # a state left out: its epoch, why, and its step (a checkpoint at a step)
 
 
 @dataclass
@@ -174,17 +175,6 @@ def named_state(epoch: int, step: int | None) -> str:
     return f"epoch {epoch_number(epoch)}" if step is None else f"step {step} (in epoch {epoch_number(epoch)})"
 
 
-@dataclass(frozen=True)
-class SlotClaim:
-    """What :meth:`CheckpointWriter.claim_slot` decided for a new state."""
-
-    slot: int | None  # where to stage it; None: it is left out (``skipped`` says why)
-    dropped: int | None = None  # the waiting state's epoch, dropped for it
-    dropped_step: int | None = None  # and its step, when it was a checkpoint at a step
-    dropped_why: str = ""
-    skipped: str = ""  # why the new state itself is left out
-
-
 class CheckpointWriter:
     """The writer thread and its two slots (``background=False``: each job runs at once on the caller). A
     failed write is raised on the training thread at its next look; nothing more is written after it."""
@@ -202,32 +192,32 @@ class CheckpointWriter:
         self.written = 0  # jobs done, for tests and benchmarks
 
     # --- the training thread ---------------------------------------------------------------
-    def claim_slot(self, epoch: int, best: bool, final: bool, step: int | None = None) -> SlotClaim:
-        """A slot to stage ``epoch``'s state into. A waiting state is dropped for it, except that a waiting
-        ``best`` is never dropped for one that is not (this one is left out); a ``final`` state waits."""
+    def claim_slot(self, epoch: int, best: bool, final: bool,
+                   step: int | None = None) -> tuple[int | None, LeftOut | None]:
+        """A slot to stage ``epoch``'s state into (None: it is left out), and the state left out, if any. A
+        waiting state is dropped for it, except that a waiting ``best`` is never dropped for one that is not
+        (this one is left out); a ``final`` state waits."""
         with self._cond:
             self._check_open()
             if self._in_flight is None:
-                return SlotClaim(0)
+                return 0, None
             if self._waiting is None:
-                return SlotClaim(1 - self._in_flight.slot)
+                return 1 - self._in_flight.slot, None
             waiting = self._waiting
             behind = f"the write of {self._in_flight.named} (the writer is behind: a slow disk or a busy CPU"
             if waiting.best and not best:
                 if not final:
-                    return SlotClaim(None, skipped=f"the state of {named_state(epoch, step)} was left out: the best "
-                                                   f"state of {waiting.named} still waits to be written behind "
-                                                   f"{behind}); a best state is never dropped for a newer one that "
-                                                   "is not")
+                    return None, (epoch, f"the state of {named_state(epoch, step)} was left out: the best state of "
+                                         f"{waiting.named} still waits to be written behind {behind}); a best "
+                                         "state is never dropped for a newer one that is not", step)
                 while self._waiting is waiting and not self._failed:  # the run's last state: worth a wait
                     self._cond.wait()
                 self._check_open()
-                return SlotClaim(1 - self._in_flight.slot) if self._in_flight is not None else SlotClaim(0)
+                return (0 if self._in_flight is None else 1 - self._in_flight.slot), None
             self._waiting = None
-            return SlotClaim(waiting.slot, dropped=waiting.epoch, dropped_step=waiting.step,
-                             dropped_why=f"the state of {waiting.named} was left out: the state of "
-                                         f"{named_state(epoch, step)} replaced it while it waited behind {behind}; "
-                                         "the newest state is written)")
+            return waiting.slot, (waiting.epoch, f"the state of {waiting.named} was left out: the state of "
+                                                 f"{named_state(epoch, step)} replaced it while it waited behind "
+                                                 f"{behind}; the newest state is written)", waiting.step)
 
     def submit(self, job: Job) -> None:
         """Write ``job`` now (foreground), or hand it to the writer thread."""

@@ -4,6 +4,7 @@ validation in exact shards so summed metrics are the true mean) and the model in
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -215,12 +216,11 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
         else:
             # A restarted agent reuses its store: each attempt gets keys of its own, or a rank could
             # read a dead attempt's address and fail to connect.
-            from torch.distributed.distributed_c10d import PrefixStore
             from torch.distributed.rendezvous import rendezvous
 
             store, rank, world = next(rendezvous("env://", timeout=timeout))
-            dist.init_process_group(backend=backend, store=PrefixStore(f"fsmtrain/attempt/{attempt}", store),
-                                    rank=rank, world_size=world, timeout=timeout)
+            prefixed = dist.PrefixStore(f"fsmtrain/attempt/{attempt}", store)  # type: ignore[attr-defined]
+            dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
     return TorchCollective(device, options.agreement_timeout_s)
 
 
@@ -228,17 +228,13 @@ def init_from_env(options: DistributedOptions, device: torch.device) -> TorchCol
 _GROUP_THREADS = frozenset({"gloo_tcp_loop", "pt_gloo_runloop"})
 
 
-def _thread_name(task: Path) -> str:
-    try:
-        return (task / "comm").read_text().strip()
-    except OSError:
-        return ""  # the thread ended while we looked
-
-
 def group_threads() -> list[str]:
     """The native threads of a process group still running in this process (Linux; elsewhere [])."""
-    tasks = Path("/proc/self/task")
-    return sorted(n for t in (tasks.iterdir() if tasks.is_dir() else ()) if (n := _thread_name(t)) in _GROUP_THREADS)
+    names: list[str] = []
+    for comm in Path("/proc/self/task").glob("*/comm"):
+        with contextlib.suppress(OSError):  # the thread ended while we looked
+            names.append(comm.read_text().strip())
+    return sorted(n for n in names if n in _GROUP_THREADS)
 
 
 def shutdown() -> list[str]:

@@ -1,6 +1,7 @@
 """The torch driver: the lifecycle program's driver actions (``forward``, ``backward``, …, ``val_batch``).
 Losses are summed on the device and read once per epoch: outside fp16's overflow check, nothing in the
-batch path syncs the host."""
+batch path syncs the host. Exact metrics (torchmetrics') are updated per batch and computed once per
+validation; across unpadded rank shards the value is the whole val set's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -16,7 +17,6 @@ from torch import nn
 from fsmtrain.core.context import BUILTIN_METRICS, EpochContext, RunContext, StepContext, ValStepContext
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.training.data_position import batches_from
-from fsmtrain.training.metrics import ExactMetrics, StatefulMetric
 from fsmtrain.training.optimizers import NamedSchedulers, check_manual_driver, is_manual, optimizers_of
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.sharding import is_sharded, no_gradient_sync
@@ -24,10 +24,60 @@ from fsmtrain.training.step import StepFn, to_device, user_step
 
 __all__ = ["LossFn", "MetricFn", "TorchDriver", "epoch_seed", "loader_generator", "split_batch"]
 
+
+@runtime_checkable
+class StatefulMetric(Protocol):
+    def update(self, output: Any, target: Any) -> None: ...
+    def compute(self) -> Any: ...
+    def reset(self) -> None: ...
+
+
+class ExactMetrics:
+    """The run's stateful metrics, by name, on the run's device."""
+
+    def __init__(self, metrics: Mapping[str, StatefulMetric], device: torch.device) -> None:
+        self.metrics = {name: m.to(device) if isinstance(m, nn.Module) else m for name, m in metrics.items()}
+        self.device = device
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics)
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()
+
+    def update(self, output: Any, target: Any) -> None:
+        for metric in self.metrics.values():
+            metric.update(output, target)
+
+    def compute(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, metric in self.metrics.items():
+            value = metric.compute()
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                shown = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"metric {name!r} ({type(metric).__name__}) computed {shown}, not one number; "
+                                 "give it the settings that reduce it to one (average='micro' or 'macro')")
+            out[name] = float(value.item())
+        return out
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Each metric's accumulated state (torchmetrics' ``metric_state``), for a checkpoint."""
+        return {name: {k: v.detach().clone() if isinstance(v, torch.Tensor) else list(v)
+                       for k, v in getattr(m, "metric_state", {}).items()} for name, m in self.metrics.items()}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, values in state.items():
+            for key, value in values.items():
+                moved = [v.to(self.device) for v in value] if isinstance(value, list) else value.to(self.device)
+                setattr(self.metrics[name], key, moved)
+
+
 LossFn = Callable[[Any, Any], torch.Tensor]
 MetricFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | StatefulMetric
 """A validation metric: ``fn(output, target)`` gives the batch mean as a 0-d tensor, or an exact one
-(``update``/``compute``/``reset``, e.g. torchmetrics': :mod:`fsmtrain.training.metrics`)."""
+(a :class:`StatefulMetric`, e.g. torchmetrics')."""
+
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
     if type(batch) is tuple and len(batch) == 2:
@@ -69,8 +119,8 @@ class TorchDriver:
         user's own (:mod:`fsmtrain.training.step`), ``val_step`` defaulting to ``step``."""
         self.model = model
         self.precision = precision if precision is not None and precision.enabled else None
-        # fp16 overflow skips a batch's optimizer step through the step context's flags
-        self.sets_step_flags = self.precision is not None and self.precision.scaler is not None
+        fp16 = self.precision is not None and self.precision.scaler is not None
+        self.sets_step_flags = fp16  # fp16 overflow skips a batch's optimizer step through the step context's flags
         self.train_model = model if train_model is None else train_model
         self.all_reduce = all_reduce
         self.rank, self.world_size = rank, world_size
@@ -97,17 +147,15 @@ class TorchDriver:
         self._loss_sum = torch.zeros((), device=device)
         self._seen = 0
         self._epoch_rng: torch.Tensor | None = None  # the global RNG as the epoch began (a loader without a generator)
-        self._val_names: list[str] = []
-        self._val_fns: list[Callable[[Any, Any], torch.Tensor]] = []
-        self._metered = False  # metrics to feed: the step's output and target are needed
+        self._val_names = ["val_loss", *self.metrics]
+        self._metered = bool(self.metrics or self.exact)  # metrics to feed: the step's output and target are needed
         self._val_sums = torch.zeros(0, device=device)
         self._val_seen = 0
         if step is None and loss_fn is None:
             raise ValueError("give a loss_fn, or a step that computes the loss itself")
         manual = is_manual(step)
         if manual:  # it steps its optimizers itself: the engine's backward, step and zero_grad are left out
-            check_manual_driver(step, self.precision is not None and self.precision.scaler is not None,
-                                val_step is None and val_loader is not None)
+            check_manual_driver(step, fp16, val_step is None and val_loader is not None)
             self.sets_step_flags, self.forward = True, self._manual_forward  # type: ignore[method-assign]
         if step is not None:  # on the instance, in place of the built-in step: its calls stay as they were
             self._train_run = user_step(step, device, self.precision, False,  # type: ignore[method-assign,assignment]
@@ -232,9 +280,7 @@ class TorchDriver:
         if firsts and min(firsts) < math.inf:
             batch, rank = min((int(b), r) for r, b in enumerate(firsts) if b < math.inf)
             epoch.run.set(NONFINITE_ORIGIN, [rank, batch])
-        if seen == 0:
-            return {}
-        return {"train_loss": float((total / seen).item())}
+        return {"train_loss": float((total / seen).item())} if seen else {}
 
     def resume_train(self, epoch: EpochContext) -> None:
         self.train_model.train()
@@ -243,9 +289,6 @@ class TorchDriver:
         if self.val_loader is None:
             return iter(())
         self.model.eval()
-        self._val_names = ["val_loss", *self.metrics]
-        self._val_fns = list(self.metrics.values())
-        self._metered = bool(self._val_fns or self.exact)
         self.exact.reset()
         self._val_sums = torch.zeros(len(self._val_names), device=self.device)
         self._val_seen = 0
@@ -264,7 +307,7 @@ class TorchDriver:
         step.output, step.loss = output, loss
         if self._metered:  # one fused add for all values; without metrics, the loss alone
             output = output["output"] if self._user_val else output
-            values = [loss, *(fn(output, targets) for fn in self._val_fns)]
+            values = [loss, *(fn(output, targets) for fn in self.metrics.values())]
             self._val_sums += torch.stack([v.reshape(()).float() for v in values]) * n
             self.exact.update(output, targets)
         else:
@@ -280,15 +323,13 @@ class TorchDriver:
         return {**dict(zip(self._val_names, (total / seen).tolist(), strict=True)), **self.exact.compute()}
 
     def step_scheduler(self, epoch: EpochContext) -> None:
-        if self.scheduler is None:
-            return
+        value = epoch.metrics.get(self.scheduler_monitor)
         if isinstance(self.scheduler, NamedSchedulers):
-            self.scheduler.step(epoch.metrics.get(self.scheduler_monitor))
+            self.scheduler.step(value)
         elif isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            value = epoch.metrics.get(self.scheduler_monitor)
             if value is not None:
                 self.scheduler.step(value)
-        else:
+        elif self.scheduler is not None:
             self.scheduler.step()
 
     def end_run(self, run: RunContext) -> None:

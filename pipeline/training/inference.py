@@ -71,11 +71,6 @@ def inputs_only(batch: Any) -> Any:
     return None
 
 
-def _forward(driver: TorchDriver, inputs: Any) -> Any:
-    with driver.precision.autocast() if driver.precision is not None else contextlib.nullcontext():
-        return driver.model(to_device(inputs, driver.device))
-
-
 def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective | None,
              data: Iterable[Any] | None = None, *, keep: bool = True) -> Inference:
     """``data`` (default: the val loader) through the validation step; a DataLoader in dataset order (rank
@@ -100,7 +95,8 @@ def run_over(driver: TorchDriver, run: RunContext, collective: TorchCollective |
                 raise InferenceError(f"val batch {index} of the data holds inputs alone ({type(batch).__name__}): "
                                      "evaluate compares outputs with targets, so its batches must be (inputs, "
                                      "targets) or a mapping with 'inputs' and 'targets'; predict takes inputs alone")
-            step.output = _forward(ours, inputs)
+            with ours.precision.autocast() if ours.precision is not None else contextlib.nullcontext():
+                step.output = ours.model(to_device(inputs, ours.device))
         else:
             try:
                 ours.val_batch(step)

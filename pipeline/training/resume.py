@@ -249,7 +249,7 @@ def find_resumption(run_dir: str | Path, which: str | Path = "latest", *, own_lo
         res = Resumption(run_dir, path, done.path, done.sha256, state, tail, damaged=damaged, completes=completes)
         keep = intact | {p for d in damaged for p in d.paths} | set(completes)  # damaged files are moved aside
         res.removed, moved = _set_aside_uncommitted(run_dir, path.parent, keep)
-        if missing := _missing_newer(done, live, intact, damaged, completes):
+        if missing := _missing_newer(done, live, keep):
             res.announce.append(("warning", missing))  # the resume event names it and the fallback too
             res.notes.update({k: missing[k] for k in ("missing", "missing_epoch", "falls_back_to_epoch")})
         if moved:
@@ -326,12 +326,10 @@ def _not_moved_roles(damaged: list[DamagedState], completes: list[str], sha: str
     return out
 
 
-def _missing_newer(chosen: CommittedFile, live: Mapping[str, CommittedFile], intact: set[str],
-                   damaged: list[DamagedState], completes: list[str]) -> dict[str, Any] | None:
-    """A warning naming the gone committed files newer than ``chosen``, which the run falls back to."""
-    moved = {p for d in damaged for p in d.paths} | set(completes) | intact
+def _missing_newer(chosen: CommittedFile, live: Mapping[str, CommittedFile], there: set[str]) -> dict[str, Any] | None:
+    """A warning naming the committed files newer than ``chosen`` not ``there`` (gone): the run falls back."""
     epoch = chosen.epoch if chosen.epoch is not None else -1
-    gone = sorted(s for s, c in live.items() if s not in moved and c.epoch is not None and c.epoch > epoch)
+    gone = sorted(s for s, c in live.items() if s not in there and c.epoch is not None and c.epoch > epoch)
     if not gone:
         return None
     newest = max(live[s].epoch or 0 for s in gone)
