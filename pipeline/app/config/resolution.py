@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from pydantic import ValidationError
+
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, schema_problems
 from fsmtrain.app.config.schema import NamedOptimizerConfig, RunConfig
 from fsmtrain.core.hooks import TrainingCallback
 
@@ -273,3 +275,12 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if missing is not None:
         problems.append(ConfigProblem("device", f"a device this machine has ({missing})", repr(device), "cpu"))
     return problems
+
+
+def checked(data: Mapping[str, Any]) -> tuple[RunConfig | None, list[ConfigProblem]]:
+    """The config ``data`` makes (None when the schema refuses it) and the problems of the schema and
+    resolution tiers."""
+    try:
+        return RunConfig.model_validate(dict(data)), resolution_problems(data)
+    except ValidationError as exc:
+        return None, schema_problems(exc, RunConfig) + resolution_problems(data)

@@ -11,12 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from fsmtrain.app.config.loading import apply_overrides, load_yaml, override_of
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error, schema_problems
-from fsmtrain.app.config.resolution import resolution_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error
+from fsmtrain.app.config.resolution import checked
 from fsmtrain.app.config.schema import RunConfig
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
@@ -61,13 +59,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     """Validate an already-loaded mapping through every tier; raise ``ConfigError`` listing all problems."""
     if not isinstance(data, Mapping):
         raise config_error("", "a mapping of config keys", type(data).__name__, source)
-    problems: list[ConfigProblem] = []
-    cfg: RunConfig | None = None
-    try:
-        cfg = RunConfig.model_validate(dict(data))
-    except ValidationError as exc:
-        problems += schema_problems(exc, RunConfig)
-    problems += resolution_problems(data)
+    cfg, problems = checked(data)
     problems += optimize_problems(data)
     if not problems and cfg is not None:
         problems += optimize_build_problems(cfg)
