@@ -145,10 +145,8 @@ def optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if not space:
             problems.append(ConfigProblem("optimize.search_space", "at least one parameter to search", "none"))
         problems += _search_space_problems(data, space)
-        grid = parts.get("sampler")
-        sampler_config = opt.get("sampler_config", {})
-        if grid is not None and _is_grid(grid) and isinstance(sampler_config, Mapping) \
-                and "search_space" not in sampler_config:
+        grid_config = opt.get("sampler_config", {})
+        if _is_grid(parts.get("sampler")) and isinstance(grid_config, Mapping) and "search_space" not in grid_config:
             for path, spec in space.items():
                 if isinstance(spec, Mapping) and spec.get("type") != "categorical":
                     problems.append(ConfigProblem(

@@ -34,8 +34,7 @@ class Kind(str, Enum):
 class ResolveError(Exception):
     def __init__(self, found: str, suggestion: str | None = None) -> None:
         super().__init__(found)
-        self.found = found
-        self.suggestion = suggestion
+        self.found, self.suggestion = found, suggestion
 
 
 def _names_in(obj: Any) -> list[str]:

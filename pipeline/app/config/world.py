@@ -139,11 +139,10 @@ def _import_root(module: Any) -> Path | None:
     spec = getattr(module, "__spec__", None)
     origin = getattr(spec, "origin", None)
     locations = list(getattr(spec, "submodule_search_locations", None) or [])
-    if isinstance(origin, str) and origin not in ("built-in", "frozen"):
-        place = Path(origin).parent
-        return (place.parent if locations else place).resolve()
-    if locations:  # a namespace package
+    if locations:  # a package (a namespace package has no origin)
         return Path(locations[0]).parent.resolve()
+    if isinstance(origin, str) and origin not in ("built-in", "frozen"):
+        return Path(origin).parent.resolve()
     return None
 
 

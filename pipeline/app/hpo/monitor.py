@@ -56,9 +56,7 @@ def describe_trial(trial: FrozenTrial) -> str:
         what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))
     else:
         what = ""
-    took = ""
-    if trial.datetime_start is not None and trial.datetime_complete is not None:
-        took = f" ({(trial.datetime_complete - trial.datetime_start).total_seconds():.1f} s)"
+    took = "" if trial.duration is None else f" ({trial.duration.total_seconds():.1f} s)"
     run_dir = _first_run_dir(trial)
     tail = f" -> {run_dir}" if run_dir and state != "FAIL" else ""
     retry = trial.system_attrs.get("failed_trial")

@@ -5,7 +5,6 @@ trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
 import time
 import warnings
@@ -32,7 +31,6 @@ INTERRUPTED = 130
 # Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
-_SEED_KEY = re.compile(rf"^{re.escape(SEED_ATTR_PREFIX)}(-?\d+)$")
 
 
 def drawn_seed(*parts: object) -> int:
@@ -43,7 +41,8 @@ def drawn_seed(*parts: object) -> int:
 
 def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
     """The seeds recorded in a study's system attributes, with who took each."""
-    return {int(m[1]): who for key, who in attrs.items() if (m := _SEED_KEY.match(key))}
+    return {int(key.removeprefix(SEED_ATTR_PREFIX)): who for key, who in attrs.items()
+            if key.startswith(SEED_ATTR_PREFIX)}
 
 
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
