@@ -3,6 +3,7 @@ object, its kwargs match its signature, and a requested accelerator exists."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import pkgutil
@@ -51,14 +52,13 @@ _OLD_NAMES = {"pipeline": "fsmtrain", "callbacks": "fsmtrain.callbacks"}
 def _renamed(path: str) -> str | None:
     """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists."""
     top, _, rest = path.partition(".")
-    new = f"{_OLD_NAMES[top]}.{rest}" if top in _OLD_NAMES and rest else None
-    if new is None:
+    if top not in _OLD_NAMES or not rest:
         return None
-    try:
+    new = f"{_OLD_NAMES[top]}.{rest}"
+    with contextlib.suppress(ResolveError):
         import_dotted(new)
-    except ResolveError:
-        return None
-    return new
+        return new
+    return None
 
 
 def import_dotted(path: str) -> Any:

@@ -93,11 +93,10 @@ def _validated(data: Mapping[str, Any], source: str, overrides: Sequence[str]) -
     return cfg
 
 
-def load_config_and_data(path: str | Path, overrides: Sequence[str] = (),
-                         recorded: Iterable[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
+def load_config_and_data(path: str | Path, overrides: Sequence[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
     """The config at ``path`` with ``overrides`` applied, validated, and the mapping it was made from
     (``fsmtrain hpo`` draws each trial's config from it)."""
-    enter_user_world(Path(path).parent, recorded)
+    enter_user_world(Path(path).parent)
     data = apply_overrides(load_yaml(path), overrides)
     return _validated(data, str(path), overrides), data
 

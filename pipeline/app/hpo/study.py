@@ -198,7 +198,7 @@ class _Workers:
                 signal.signal(sig, handler)
 
 
-def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
+def run_study(plan: StudyPlan, out: TextIO = sys.stdout) -> int:
     """Create (or load) the study and run it: exit 0; 1 when a worker or the forkserver died or every
     trial failed; 128 + the signal that stopped it."""
     try:
@@ -214,8 +214,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         print(f"interrupted: study {plan.trial.study}: {signal.Signals(signum).name} while the study was being "
               "opened; no trial started", file=out, flush=True)
         return 128 + signum
-    monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
-                      live=out.isatty() if live is None else live)
+    monitor = Monitor(study, plan.trial.launch, plan.n_trials, out, live=out.isatty())
     stopped_by: int | None = None  # the signal that stopped the study
     crashed: list[str] = []
     if plan.workers == 1:
