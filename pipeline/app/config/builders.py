@@ -90,17 +90,24 @@ def build_optimization(cfg: RunConfig, model: nn.Module, params: Any = None) -> 
 
 
 def build_optimizer(cfg: RunConfig, params: Any) -> torch.optim.Optimizer:
+    return _optimizer(cfg, cfg.optimizer, cfg.optimizer_config, params, "optimizer", "optimizer_config")
+
+
+def _optimizer(cfg: RunConfig, target: str, kwargs: Mapping[str, Any], params: Any, where: str,
+               kwargs_where: str) -> torch.optim.Optimizer:
+    """``target(params, **kwargs)``, refused (at ``where`` or ``kwargs_where``) when its step needs a closure
+    or a number it steps with is not finite."""
     import torch
-    opt = resolve_dotted(cfg.optimizer)(params, **cfg.optimizer_config)
+    opt = resolve_dotted(target)(params, **kwargs)
     assert isinstance(opt, torch.optim.Optimizer)
     closure = inspect.signature(opt.step).parameters.get("closure")
     if closure is not None and closure.default is inspect.Parameter.empty:  # LBFGS: re-evaluates the loss itself
         raise cfg.error([ConfigProblem(
-            "optimizer", "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
-            f"{cfg.optimizer}, whose step() requires a closure")])
+            where, "an optimizer whose step() needs no closure (fsmtrain calls optimizer.step() once a batch)",
+            f"{target}, whose step() requires a closure")])
     # torch takes lr=inf and trains to NaN at the first step: every number it steps with must be finite
-    bad = [ConfigProblem(path, f"a finite number ({cfg.optimizer} steps with it)", repr(value))
-           for path, value in _non_finite(cfg.optimizer_config, "optimizer_config")]
+    bad = [ConfigProblem(path, f"a finite number ({target} steps with it)", repr(value))
+           for path, value in _non_finite(kwargs, kwargs_where)]
     if bad:
         raise cfg.error(bad)
     return opt
@@ -128,15 +135,10 @@ def build_named_optimizers(cfg: RunConfig, model: nn.Module) -> NamedOptimizers:
             known, path = [n for n, _ in model.named_modules() if n], f"optimizers.{name}.params"
             raise cfg.error([ConfigProblem(path, f"a submodule of the model ({', '.join(known[:12]) or 'none'})",
                                            repr(oc.params), closest(oc.params, known))]) from None
-        single = cfg.model_copy(update={"optimizer": oc.target, "optimizer_config": oc.kwargs})
-        try:
-            built[name] = built_from(single, "optimizer_config", oc.target,
-                                     partial(build_optimizer, params=list(part.parameters())), "optimizer")
-        except ConfigError as exc:  # the one optimizer's paths, as this one's
-            moved = [ConfigProblem(f"optimizers.{name}." + p.path.replace("optimizer_config", "kwargs", 1)
-                                   .replace("optimizer", "target", 1), p.expected, p.found, p.suggestion)
-                     for p in exc.problems]
-            raise ConfigError(moved, cfg.source_of(moved[0].path)) from None
+        where = f"optimizers.{name}"
+        build = partial(_optimizer, cfg, oc.target, params=list(part.parameters()), where=f"{where}.target",
+                        kwargs_where=f"{where}.kwargs")
+        built[name] = blamed(cfg, f"{where}.kwargs", oc.target, build, oc.kwargs, f"{where}.target")
     try:
         return NamedOptimizers(built)
     except ValueError as exc:  # two optimizers over one parameter

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import ValidationError
 
 from fsmtrain.app.config.loading import set_at
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, schema_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem
 from fsmtrain.app.config.resolution import (
     ResolveError,
+    checked,
     describe,
     import_dotted,
     kwarg_problems,
-    resolution_problems,
     resolve_dotted,
 )
 from fsmtrain.app.config.schema import OptimizeConfig, RunConfig, SearchParam
@@ -111,13 +111,7 @@ def _search_space_problems(data: Mapping[str, Any], space: Mapping[str, Any]) ->
             except ConfigError as exc:
                 found[where] = exc.problems[0]
                 break
-            problems: list[ConfigProblem] = []
-            try:
-                RunConfig.model_validate(probe)
-            except ValidationError as exc:
-                problems += schema_problems(exc, RunConfig)
-            problems += resolution_problems(probe)
-            for p in problems:
+            for p in checked(probe)[1]:
                 if not (p.path == path or p.path.startswith(f"{path}.") or str(path).startswith(f"{p.path}.")):
                     continue
                 fix = p.suggestion
@@ -151,10 +145,8 @@ def optimize_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
         if not space:
             problems.append(ConfigProblem("optimize.search_space", "at least one parameter to search", "none"))
         problems += _search_space_problems(data, space)
-        grid = parts.get("sampler")
-        sampler_config = opt.get("sampler_config", {})
-        if grid is not None and _is_grid(grid) and isinstance(sampler_config, Mapping) \
-                and "search_space" not in sampler_config:
+        grid_config = opt.get("sampler_config", {})
+        if _is_grid(parts.get("sampler")) and isinstance(grid_config, Mapping) and "search_space" not in grid_config:
             for path, spec in space.items():
                 if isinstance(spec, Mapping) and spec.get("type") != "categorical":
                     problems.append(ConfigProblem(

@@ -3,6 +3,7 @@ object, its kwargs match its signature, and a requested accelerator exists."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import pkgutil
@@ -12,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest
+from pydantic import ValidationError
+
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, schema_problems
 from fsmtrain.app.config.schema import NamedOptimizerConfig, RunConfig
 from fsmtrain.core.hooks import TrainingCallback
 
@@ -32,8 +35,7 @@ class Kind(str, Enum):
 class ResolveError(Exception):
     def __init__(self, found: str, suggestion: str | None = None) -> None:
         super().__init__(found)
-        self.found = found
-        self.suggestion = suggestion
+        self.found, self.suggestion = found, suggestion
 
 
 def _names_in(obj: Any) -> list[str]:
@@ -50,14 +52,13 @@ _OLD_NAMES = {"pipeline": "fsmtrain", "callbacks": "fsmtrain.callbacks"}
 def _renamed(path: str) -> str | None:
     """The ``fsmtrain.…`` path an old ``pipeline.…``/``callbacks.…`` path means, when that exists."""
     top, _, rest = path.partition(".")
-    new = f"{_OLD_NAMES[top]}.{rest}" if top in _OLD_NAMES and rest else None
-    if new is None:
+    if top not in _OLD_NAMES or not rest:
         return None
-    try:
+    new = f"{_OLD_NAMES[top]}.{rest}"
+    with contextlib.suppress(ResolveError):
         import_dotted(new)
-    except ResolveError:
-        return None
-    return new
+        return new
+    return None
 
 
 def import_dotted(path: str) -> Any:
@@ -273,3 +274,12 @@ def resolution_problems(data: Mapping[str, Any]) -> list[ConfigProblem]:
     if missing is not None:
         problems.append(ConfigProblem("device", f"a device this machine has ({missing})", repr(device), "cpu"))
     return problems
+
+
+def checked(data: Mapping[str, Any]) -> tuple[RunConfig | None, list[ConfigProblem]]:
+    """The config ``data`` makes (None when the schema refuses it) and the problems of the schema and
+    resolution tiers."""
+    try:
+        return RunConfig.model_validate(dict(data)), resolution_problems(data)
+    except ValidationError as exc:
+        return None, schema_problems(exc, RunConfig) + resolution_problems(data)

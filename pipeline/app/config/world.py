@@ -11,12 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from fsmtrain.app.config.loading import apply_overrides, load_yaml, override_of
 from fsmtrain.app.config.optimize import optimize_build_problems, optimize_problems
-from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error, schema_problems
-from fsmtrain.app.config.resolution import resolution_problems
+from fsmtrain.app.config.problems import ConfigError, ConfigProblem, closest, config_error
+from fsmtrain.app.config.resolution import checked
 from fsmtrain.app.config.schema import RunConfig
 from fsmtrain.core.events import EVENTS_FILE, first_run_start
 
@@ -61,13 +59,7 @@ def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> RunC
     """Validate an already-loaded mapping through every tier; raise ``ConfigError`` listing all problems."""
     if not isinstance(data, Mapping):
         raise config_error("", "a mapping of config keys", type(data).__name__, source)
-    problems: list[ConfigProblem] = []
-    cfg: RunConfig | None = None
-    try:
-        cfg = RunConfig.model_validate(dict(data))
-    except ValidationError as exc:
-        problems += schema_problems(exc, RunConfig)
-    problems += resolution_problems(data)
+    cfg, problems = checked(data)
     problems += optimize_problems(data)
     if not problems and cfg is not None:
         problems += optimize_build_problems(cfg)
@@ -101,11 +93,10 @@ def _validated(data: Mapping[str, Any], source: str, overrides: Sequence[str]) -
     return cfg
 
 
-def load_config_and_data(path: str | Path, overrides: Sequence[str] = (),
-                         recorded: Iterable[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
+def load_config_and_data(path: str | Path, overrides: Sequence[str] = ()) -> tuple[RunConfig, dict[str, Any]]:
     """The config at ``path`` with ``overrides`` applied, validated, and the mapping it was made from
     (``fsmtrain hpo`` draws each trial's config from it)."""
-    enter_user_world(Path(path).parent, recorded)
+    enter_user_world(Path(path).parent)
     data = apply_overrides(load_yaml(path), overrides)
     return _validated(data, str(path), overrides), data
 
@@ -147,11 +138,10 @@ def _import_root(module: Any) -> Path | None:
     spec = getattr(module, "__spec__", None)
     origin = getattr(spec, "origin", None)
     locations = list(getattr(spec, "submodule_search_locations", None) or [])
-    if isinstance(origin, str) and origin not in ("built-in", "frozen"):
-        place = Path(origin).parent
-        return (place.parent if locations else place).resolve()
-    if locations:  # a namespace package
+    if locations:  # a package (a namespace package has no origin)
         return Path(locations[0]).parent.resolve()
+    if isinstance(origin, str) and origin not in ("built-in", "frozen"):
+        return Path(origin).parent.resolve()
     return None
 
 

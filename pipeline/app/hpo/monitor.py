@@ -56,9 +56,7 @@ def describe_trial(trial: FrozenTrial) -> str:
         what = str(trial.user_attrs.get(ERROR_ATTR, "its worker stopped beating (heartbeat stale): retried"))
     else:
         what = ""
-    took = ""
-    if trial.datetime_start is not None and trial.datetime_complete is not None:
-        took = f" ({(trial.datetime_complete - trial.datetime_start).total_seconds():.1f} s)"
+    took = "" if trial.duration is None else f" ({trial.duration.total_seconds():.1f} s)"
     run_dir = _first_run_dir(trial)
     tail = f" -> {run_dir}" if run_dir and state != "FAIL" else ""
     retry = trial.system_attrs.get("failed_trial")
@@ -108,30 +106,27 @@ class Monitor:
     def finish(self, plan: StudyPlan, *, interrupted: bool) -> Counter[str]:
         """The summary; returns this command's trials by state."""
         with self._lock:
-            if self.live:
-                self.out.write("\r\x1b[K")
             trials = self.study.get_trials(deepcopy=False)
             mine = Counter(t.state.name for t in trials if self._launched_here(t))
             total = Counter(t.state.name for t in trials)
-            out = self.out
-            head = "interrupted: " if interrupted else ""
             parts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(mine.items()))
-            print(f"{head}study {plan.trial.study}: this run {sum(mine.values())} trial(s) ({parts or 'none'}); "
-                  f"the study holds {sum(total.values())}", file=out)
+            lines = [f"{'interrupted: ' if interrupted else ''}study {plan.trial.study}: this run "
+                     f"{sum(mine.values())} trial(s) ({parts or 'none'}); the study holds {sum(total.values())}"]
             if total["RUNNING"]:
-                print(f"  {total['RUNNING']} trial(s) still RUNNING on other workers", file=out)
+                lines.append(f"  {total['RUNNING']} trial(s) still RUNNING on other workers")
             if total["WAITING"]:
-                print(f"  {total['WAITING']} trial(s) WAITING (retries, with their parameters): the next "
-                      f"`fsmtrain hpo` on this study runs them first, resuming their runs", file=out)
+                lines.append(f"  {total['WAITING']} trial(s) WAITING (retries, with their parameters): the next "
+                             "`fsmtrain hpo` on this study runs them first, resuming their runs")
             best = self._best(trials)
             if best is None:
-                print("  no completed trial yet", file=out)
+                lines.append("  no completed trial yet")
             else:
-                print(f"best: trial {best.number}, value {_number(best.value)}: {format_params(best.params)}", file=out)
                 run_dir = _first_run_dir(best)
-                if run_dir:
-                    print(f"  run dir: {run_dir}", file=out)
                 sets = " ".join(f"--set {shlex.quote(f'{k}={v}')}" for k, v in best.params.items())
-                print(f"  train it: fsmtrain train {shlex.quote(plan.trial.source)} {sets}", file=out)
-            print(f"report: {plan.storage.open_hints(plan.trial.study)[-1]}", file=out, flush=True)
+                lines += [f"best: trial {best.number}, value {_number(best.value)}: {format_params(best.params)}",
+                          *([f"  run dir: {run_dir}"] if run_dir else []),
+                          f"  train it: fsmtrain train {shlex.quote(plan.trial.source)} {sets}"]
+            lines.append(f"report: {plan.storage.open_hints(plan.trial.study)[-1]}")
+            self.out.write(("\r\x1b[K" if self.live else "") + "".join(line + "\n" for line in lines))
+            self.out.flush()
             return mine

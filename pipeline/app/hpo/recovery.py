@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,11 +18,17 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "running", "start_time",
+__all__ = ["LOST_ATTR", "fail_orphaned_trials", "lost_why", "process_gone", "reclaim", "running", "say", "start_time",
            "worker_identity"]
 
 LOST_ATTR = "lost"
 """Trial user attribute ``{trial, why}``; ``trial`` tells the lost trial from a retry that inherited it."""
+
+
+def say(*lines: str) -> None:
+    """Tell the person running the study, on stderr (the monitor owns stdout)."""
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _read(path: str) -> str | None:
@@ -33,10 +40,9 @@ def _read(path: str) -> str | None:
 
 def _where() -> dict[str, Any]:
     """This host, boot and pid namespace: within them a pid names one process."""
-    try:
-        pidns: str | None = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pidns = None
+    pidns = None
+    with contextlib.suppress(OSError):
+        pidns = os.readlink("/proc/self/ns/pid")
     return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -75,9 +76,6 @@ class StorageSpec:
         """The file of a SQLite or journal storage."""
         return None if self.kind is StorageKind.RDB else Path(self.url.removeprefix("sqlite:///"))
 
-    def describe(self) -> str:
-        return f"{self.kind.value}: {self.shown}"
-
     def open_hints(self, study: str) -> list[str]:
         """Commands that open the study (the password, if any, left for the reader to fill in)."""
         arg = self.shown
@@ -103,17 +101,12 @@ def parse_storage(text: str, source: str) -> StorageSpec:
                                repr(_masked(text)))
         return StorageSpec(StorageKind.RDB, text, source)
     path = Path(text)
-    if path.suffix in (".db", ".sqlite", ".sqlite3") or _is_sqlite_file(path):
+    header = b""
+    with contextlib.suppress(OSError), open(path, "rb") as fh:
+        header = fh.read(len(_SQLITE_HEADER))
+    if path.suffix in (".db", ".sqlite", ".sqlite3") or header == _SQLITE_HEADER:
         return StorageSpec(StorageKind.SQLITE, f"sqlite:///{path}", source)
     return StorageSpec(StorageKind.JOURNAL, str(path), source)
-
-
-def _is_sqlite_file(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
-    except OSError:
-        return False
 
 
 def default_storage(study_dir: Path, workers: int) -> StorageSpec:
@@ -143,21 +136,17 @@ def retry_callback(max_retry: int | None) -> Callable[[optuna.study.Study, Froze
     return enqueue_retry
 
 
-def _sqlite_connector(path: str) -> Callable[[], Any]:
-    def connect() -> Any:
-        # WAL, synchronous=NORMAL: no fsync per commit, readers never block the writer
-        conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
-    return connect
-
-
 def _engine_kwargs(url: str, *, create: bool = True) -> dict[str, Any]:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         if not create:  # reading only: leave the file's journal mode as it is
             return {"connect_args": {"timeout": 60}}
-        return {"creator": _sqlite_connector(url.removeprefix("sqlite:///"))}
+
+        def connect() -> Any:  # WAL, synchronous=NORMAL: no fsync per commit, readers never block the writer
+            conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=60, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return conn
+        return {"creator": connect}
     if url.startswith(("postgresql", "postgres")):
         return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
     return {"pool_pre_ping": True}
@@ -267,11 +256,10 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
     lock = Path(os.path.abspath(spec.url) + ".lock")  # Optuna's JournalFileSymlinkLock
 
     def identity() -> tuple[int, int] | None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             st = lock.lstat()
-        except FileNotFoundError:
-            return None
-        return st.st_ino, st.st_mtime_ns
+            return st.st_ino, st.st_mtime_ns
+        return None
     first = identity()
     if first is None:
         return False
@@ -280,8 +268,7 @@ def release_dead_holders_lock(spec: StorageSpec, hold: float = 2.0) -> bool:
         time.sleep(0.05)
         if identity() != first:
             return False  # released (or taken anew): a live worker's
-    try:
+    with contextlib.suppress(FileNotFoundError):
         lock.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+        return True
+    return False

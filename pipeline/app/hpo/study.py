@@ -40,12 +40,7 @@ from fsmtrain.core.signals import HANDLED, sigterm_interrupts
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["StudyPlan", "check_study", "prepare", "run_study", "study_name_for"]
-
-
-def study_name_for(cfg: RunConfig, config_path: str, name: str | None) -> str:
-    assert cfg.optimize is not None
-    return name or cfg.optimize.study_name or cfg.name or Path(config_path).stem
+__all__ = ["StudyPlan", "check_study", "prepare", "run_study"]
 
 
 def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, storage: str | None = None,
@@ -56,7 +51,7 @@ def check_study(cfg: RunConfig, config_path: str, *, study: str | None = None, s
     if opt is None:
         raise config_error("optimize", "an optimize: section (study, search space) for fsmtrain hpo", "none",
                            config_path)
-    name = study_name_for(cfg, config_path, study)
+    name = study or opt.study_name or cfg.name or Path(config_path).stem
     if study is not None and not STUDY_NAME_RE.match(study):
         raise config_error("--study", "a study name that is one folder name: letters, digits, '.', '_', '-'",
                            repr(study), config_path)
@@ -121,7 +116,7 @@ def _header(plan: StudyPlan, out: TextIO) -> None:
     workers = f"{plan.workers} worker processes" if plan.workers > 1 else "1 process"
     print(f"study {name} ({opt.direction}): {plan.n_trials} trials, {workers}, "
           f"{len(plan.trial.seeds)} seed(s) a trial, sampler {opt.sampler}, pruner {opt.pruner}", file=out)
-    print(f"storage: {plan.storage.describe()}", file=out)
+    print(f"storage: {plan.storage.kind.value}: {plan.storage.shown}", file=out)
     print("open it: " + "\n         ".join(plan.storage.open_hints(name)), file=out)
     print(f"runs:    {plan.trial.study_dir}/trial-<n>-seed<s>/", file=out, flush=True)
 
@@ -203,7 +198,7 @@ class _Workers:
                 signal.signal(sig, handler)
 
 
-def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = None) -> int:
+def run_study(plan: StudyPlan, out: TextIO = sys.stdout) -> int:
     """Create (or load) the study and run it: exit 0; 1 when a worker or the forkserver died or every
     trial failed; 128 + the signal that stopped it."""
     try:
@@ -219,8 +214,7 @@ def run_study(plan: StudyPlan, out: TextIO = sys.stdout, *, live: bool | None = 
         print(f"interrupted: study {plan.trial.study}: {signal.Signals(signum).name} while the study was being "
               "opened; no trial started", file=out, flush=True)
         return 128 + signum
-    monitor = Monitor(study, plan.trial.launch, plan.n_trials, out,
-                      live=out.isatty() if live is None else live)
+    monitor = Monitor(study, plan.trial.launch, plan.n_trials, out, live=out.isatty())
     stopped_by: int | None = None  # the signal that stopped the study
     crashed: list[str] = []
     if plan.workers == 1:

@@ -8,7 +8,6 @@ import contextlib
 import math
 import signal
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import ConfigError, RunConfig, SearchParam, config_from_dict, trial_data
-from fsmtrain.app.hpo.recovery import LOST_ATTR, worker_identity
+from fsmtrain.app.hpo.recovery import LOST_ATTR, say, worker_identity
 from fsmtrain.app.hpo.storage import RUN_DIRS_ATTR, WORKER_ATTR
 from fsmtrain.app.rundir import in_use
 from fsmtrain.core.engine import Interrupted
@@ -108,17 +107,17 @@ def _let_go(trial: optuna.trial.Trial, old: Path) -> bool:
     """Wait until no live process holds ``old`` (a worker stalled past the heartbeat's grace period)."""
     if not in_use(old):
         return True
-    print(f"trial {trial.number}: {old} is still in use by the process the trial it retries was failed under; "
-          f"waiting for that run to stop (at most {LOCK_WAIT_S:.0f} s)", file=sys.stderr, flush=True)
+    say(f"trial {trial.number}: {old} is still in use by the process the trial it retries was failed under; "
+        f"waiting for that run to stop (at most {LOCK_WAIT_S:.0f} s)")
     deadline = time.monotonic() + LOCK_WAIT_S
     while time.monotonic() < deadline:
         time.sleep(0.5)
         _stop_if_signalled()
         if not in_use(old):
-            print(f"trial {trial.number}: {old} was let go; resuming there", file=sys.stderr, flush=True)
+            say(f"trial {trial.number}: {old} was let go; resuming there")
             return True
-    print(f"trial {trial.number}: {old} is still in use after {LOCK_WAIT_S:.0f} s; this retry starts over in its own "
-          "run dir", file=sys.stderr, flush=True)
+    say(f"trial {trial.number}: {old} is still in use after {LOCK_WAIT_S:.0f} s; this retry starts over in its own "
+        "run dir")
     return False
 
 
@@ -184,8 +183,8 @@ def _error_of(trial: optuna.trial.Trial, run: SeedRun) -> BaseException | None:
         return run.error if isinstance(run.error, KeyboardInterrupt) else KeyboardInterrupt()
     signals = installed()
     if isinstance(run.error, KeyboardInterrupt) and result is not None and signals is not None and signals.signum:
-        print(f"trial {trial.number}: {signals.name} came after the run of seed {run.seed} had ended "
-              f"({result.stop_reason.value}): the run counts; no further trial starts", file=sys.stderr, flush=True)
+        say(f"trial {trial.number}: {signals.name} came after the run of seed {run.seed} had ended "
+            f"({result.stop_reason.value}): the run counts; no further trial starts")
         return None
     return run.error
 

@@ -5,7 +5,6 @@ trial starts, and the worker raises ``Interrupted`` (a worker process exits 130)
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
 import time
 import warnings
@@ -16,7 +15,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fsmtrain.app.config import OptimizeConfig, build_pruner, build_sampler
-from fsmtrain.app.hpo.recovery import reclaim, worker_identity
+from fsmtrain.app.hpo.recovery import reclaim, say, worker_identity
 from fsmtrain.app.hpo.storage import StorageKind, StorageSpec, open_storage
 from fsmtrain.app.hpo.trial import TrialPlan, run_trial
 from fsmtrain.core.signals import caught
@@ -32,7 +31,6 @@ INTERRUPTED = 130
 # Sampler seeds no two workers of a study share (a seed proposes what it proposed before): each taken
 # seed is a study system attribute of its own.
 SEED_ATTR_PREFIX = "fsmtrain:sampler_seed:"
-_SEED_KEY = re.compile(rf"^{re.escape(SEED_ATTR_PREFIX)}(-?\d+)$")
 
 
 def drawn_seed(*parts: object) -> int:
@@ -43,7 +41,8 @@ def drawn_seed(*parts: object) -> int:
 
 def seeds_used(attrs: Mapping[str, Any]) -> dict[int, Any]:
     """The seeds recorded in a study's system attributes, with who took each."""
-    return {int(m[1]): who for key, who in attrs.items() if (m := _SEED_KEY.match(key))}
+    return {int(key.removeprefix(SEED_ATTR_PREFIX)): who for key, who in attrs.items()
+            if key.startswith(SEED_ATTR_PREFIX)}
 
 
 def claim_sampler_seed(storage: BaseStorage, study: str, seed: int, *, worker: int, launch: str,
@@ -111,8 +110,7 @@ def _load(plan: StudyPlan, index: int) -> optuna.study.Study:
     configured = plan.optimize.sampler_config.get("seed")
     if type(configured) is int:  # a seed no earlier worker of the study took (a replacement gets a new one)
         seed = claim_sampler_seed(storage, plan.trial.study, configured, worker=index, launch=plan.trial.launch,
-                                  prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch),
-                                  say=lambda line: print(line, file=sys.stderr, flush=True))
+                                  prior_trials=plan.prior_trials, who=worker_identity(plan.trial.launch), say=say)
     sampler = build_sampler(plan.optimize, seed=seed)
     return optuna.load_study(study_name=plan.trial.study, storage=storage, sampler=sampler,
                              pruner=build_pruner(plan.optimize))
@@ -137,17 +135,13 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
     beat, waited = plan.heartbeat, False
     pause = 1.0 if beat is None else max(0.5, min(beat.heartbeat_interval / 2, 5.0))
     grace = 0 if beat is None else beat.grace_period or 2 * beat.heartbeat_interval  # Optuna's default
-    def reclaim_gone() -> None:  # a trial whose process died on this host (a sibling's is its parent's)
-        launch = plan.trial.launch if plan.workers > 1 else None
-        for line in reclaim(study, plan.optimize.max_retry, unretried=False, not_of=launch):
-            print(line, file=sys.stderr, flush=True)
+    siblings = plan.trial.launch if plan.workers > 1 else None  # a sibling's dead worker is its parent's to reclaim
     while plan.deadline is None or time.time() < plan.deadline:
         stop_here()
-        reclaim_gone()
+        say(*reclaim(study, plan.optimize.max_retry, unretried=False, not_of=siblings))
         if grid is not None and grid.is_exhausted(study):
             if beat is not None:
-                for line in reclaim(study, plan.optimize.max_retry):  # a process gone here: no need to wait
-                    print(line, file=sys.stderr, flush=True)
+                say(*reclaim(study, plan.optimize.max_retry))  # a process gone here: no need to wait
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     optuna.storages.fail_stale_trials(study)
@@ -156,18 +150,17 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
                 if not (beat is not None and states[TrialState.RUNNING]):
                     return
                 if not waited:
-                    print(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
-                          f"(grace period {grace} s)", file=sys.stderr, flush=True)
+                    say(f"waiting for {states[TrialState.RUNNING]} trial(s) running elsewhere to end or go stale "
+                        f"(grace period {grace} s)")
                     waited = True
                 time.sleep(pause)  # another worker's trial: wait until it ends or goes stale
                 continue
         if not take_ticket(tickets):
-            reclaim_gone()
+            say(*reclaim(study, plan.optimize.max_retry, unretried=False, not_of=siblings))
             waiting = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
             if waiting:  # retries this command leaves for the next one
-                print(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this "
-                      "command has run its --n-trials; `fsmtrain hpo` again on the study runs them",
-                      file=sys.stderr, flush=True)
+                say(f"trial(s) {', '.join(map(str, waiting))} wait to be run (retries, or enqueued): this "
+                    "command has run its --n-trials; `fsmtrain hpo` again on the study runs them")
             return
         taken: list[int] = []
         try:
@@ -176,7 +169,7 @@ def _run_trials(plan: StudyPlan, tickets: Any, index: int, stop_here: Callable[[
             why = ended_elsewhere(study, taken)
             if why is None:
                 raise
-            print(why, file=sys.stderr, flush=True)
+            say(why)
 
 
 def _taking(objective: Callable[[Any], float], taken: list[int], trial: Any) -> float:
