@@ -41,10 +41,12 @@ class MetricsCsvCallback(TrainingCallback):
         if run.dry_run:
             return
         if run.epoch > 0 and self.path.exists():
-            for row in self._read(self.path):
-                if 0 < row.get("epoch", 0) <= run.epoch:
-                    self._add_columns(row)
-                    self.rows.append(row)
+            with open(self.path, encoding="utf-8", newline="") as fh:
+                for raw in csv.DictReader(fh):
+                    row = {k: v for k, t in raw.items() if k is not None and t and (v := _number(t)) is not None}
+                    if 0 < row.get("epoch", 0) <= run.epoch:
+                        self._add_columns(row)
+                        self.rows.append(row)
         self._rewrite()
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
@@ -90,12 +92,6 @@ class MetricsCsvCallback(TrainingCallback):
                 writer.writerows(self.rows)
         os.replace(tmp, self.path)
         self._fh = open(self.path, "a", encoding="utf-8", newline="")  # noqa: SIM115 - kept open for the run
-
-    @staticmethod
-    def _read(path: Path) -> list[dict[str, float | int]]:
-        with open(path, encoding="utf-8", newline="") as fh:
-            return [{k: v for k, t in raw.items() if k is not None and t and (v := _number(t)) is not None}
-                    for raw in csv.DictReader(fh)]
 
 
 def _number(text: str) -> float | int | None:

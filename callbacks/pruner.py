@@ -1,5 +1,4 @@
-"""Report each validation to an Optuna trial, its step the validation count (from 1); stop the run when its
-pruner says so."""
+"""Report each validation to an Optuna trial; stop the run when its pruner says so."""
 
 from __future__ import annotations
 
