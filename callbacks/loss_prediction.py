@@ -143,8 +143,7 @@ class LossPredictionCallback(TrainingCallback):
                 "fit": None if self.fit is None else list(self.fit)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = state.get("val_losses", [])
-        self.val_losses = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
+        self.val_losses = torch.as_tensor(state.get("val_losses", []), dtype=torch.float64).tolist()
         self.fitted_at = int(state.get("fitted_at", 0))
         fit = state.get("fit")
         self.fit = None if fit is None else (float(fit[0]), float(fit[1]))
