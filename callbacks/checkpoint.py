@@ -1,5 +1,4 @@
-"""Write periodic, best and latest checkpoints at the end of each fully evaluated epoch, and, when
-asked, at steps inside an epoch (every N steps, every M minutes)."""
+"""Periodic, best and latest checkpoints at each fully evaluated epoch's end, and at steps when asked."""
 
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointLog, CheckpointManager, shown_path
 from fsmtrain.training.sharding import writers_group
-
-__all__ = ["CheckpointCallback"]
 
 
 class CheckpointCallback(TrainingCallback):
@@ -42,7 +39,7 @@ class CheckpointCallback(TrainingCallback):
         if every_minutes is not None and not every_minutes > 0:
             raise ValueError(f"every_minutes must be > 0, got {every_minutes!r}")
         self.every_seconds = None if every_minutes is None else 60.0 * every_minutes
-        self._due = float("inf")  # the clock time of the next checkpoint by minutes
+        self._due = math.inf  # the clock time of the next checkpoint by minutes
         self.manager = CheckpointManager(directory, save_every_n_epochs, keep_last_k, save_best, monitor, mode,
                                          save_latest, background)
         self._log: CheckpointLog | None = None
@@ -118,15 +115,16 @@ class CheckpointCallback(TrainingCallback):
         """A signal stopped the run inside an epoch: the state after its last step is saved. At an epoch's
         end (a signal during its validation waits for it), the epoch is saved if its policy left it out."""
         run = fault.run
-        if fault.phase is Phase.EPOCH_END and isinstance(fault.exception, Interrupted) and not run.dry_run:
+        if run.dry_run or not isinstance(fault.exception, Interrupted) or self._log is None:
+            return
+        if fault.phase is Phase.EPOCH_END:
             done = run.history[-1] if run.history else None
-            if done is not None and done.epoch == run.epoch - 1 != self._saved_epoch and self._log is not None:
+            if done is not None and done.epoch == run.epoch - 1 != self._saved_epoch:
                 healthy = run.stop is None or run.stop.reason is not StopReason.NAN
                 self.manager.save(run, done.epoch, done.metrics, True, self._sink(), healthy)
             return
         batch = int(run.epoch_state().get("batch", 0))
-        if (run.dry_run or not isinstance(fault.exception, Interrupted) or batch < 1
-                or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL) or self._log is None):
+        if batch < 1 or fault.phase not in (Phase.TRAIN_STEP, Phase.VAL):
             return
         # A sharded run's ranks were stopped by an agreed signal at the same batch: each writes its shards.
         window = max([int(getattr(cb, "steps", 1)) for cb in run.callbacks if cb.name == "GradientAccumulationCallback"]

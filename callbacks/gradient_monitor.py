@@ -11,8 +11,6 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
 from fsmtrain.training.sharding import global_norm, is_sharded_tensor
 
-__all__ = ["GradientMonitorCallback"]
-
 
 def _fold_on_host(
     state: list[float], norms: list[float], batches: list[int], threshold: float
@@ -33,21 +31,15 @@ def _fold_on_host(
     return max_norm, argmax, over + len(flagged), first
 
 
-def _state(device: torch.device | None = None) -> list[torch.Tensor]:
-    """The running fold on ``device``: max, its batch, the count over the threshold, the first over."""
-    return [torch.zeros((), dtype=torch.float64, device=device) for _ in range(4)]
-
-
 def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values[index]`` for a 0-d index tensor without the host read plain indexing would do."""
     return values.index_select(0, index.reshape(1)).reshape(())
 
 
 class GradientMonitorCallback(TrainingCallback):
-    """Global L2 norm of all gradients at every optimizer step (before clipping), the epoch's max into
-    slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds ``warn_threshold``. No
-    host sync per batch: norms go into a device buffer, folded on the device when full (running max,
-    its batch, the count over, the first over) and read once at epoch end."""
+    """The epoch's max norm into slot ``max_grad_norm``, and a warning naming the batch when a norm exceeds
+    ``warn_threshold``. Norms go into a device buffer, folded on the device when full (running max, its
+    batch, the count over, the first over) and read once at epoch end."""
 
     priority = 12
     tier = Tier.CORE
@@ -69,7 +61,8 @@ class GradientMonitorCallback(TrainingCallback):
         self._buf = torch.zeros(0)
         self._slots: list[torch.Tensor] = []  # views of the buffer's slots, made once
         self._batches: list[int] = []  # host-side batch index of each filled buffer slot
-        self._max, self._argmax, self._over, self._first_over = _state()
+        self._state = torch.zeros(4, dtype=torch.float64)  # the running fold, in the four views below
+        self._max, self._argmax, self._over, self._first_over = self._state.unbind()
         self._steps = 0
 
     def on_train_begin(self, run: RunContext) -> None:
@@ -85,14 +78,13 @@ class GradientMonitorCallback(TrainingCallback):
                       and sum(p.numel() for p in self._params) <= self.flat_max_elements)
         self._buf = torch.zeros(self.buffer_size, dtype=self._dtype, device=dev)
         self._slots = list(self._buf.unbind())
-        self._max, self._argmax, self._over, self._first_over = _state(dev)
+        self._state = torch.zeros(4, dtype=torch.float64, device=dev)
+        self._max, self._argmax, self._over, self._first_over = self._state.unbind()
         self._reset()
 
     def _reset(self) -> None:
-        self._max.fill_(-1.0)  # below any norm, so the first step always becomes the max
-        self._argmax.fill_(-1.0)
+        self._state.fill_(-1.0)  # below any norm (the first step becomes the max), and no batch
         self._over.zero_()
-        self._first_over.fill_(-1.0)
         self._batches.clear()
 
     def on_train_epoch_begin(self, epoch: EpochContext) -> None:
@@ -149,8 +141,7 @@ class GradientMonitorCallback(TrainingCallback):
         if self._steps == 0:
             return
         n = len(self._batches)
-        state = torch.cat([torch.stack([self._max, self._argmax, self._over, self._first_over]),
-                           self._buf[:n].double()]).tolist()  # the one host read of the epoch
+        state = torch.cat([self._state, self._buf[:n].double()]).tolist()  # the one host read of the epoch
         max_norm, argmax, over, first = _fold_on_host(state[:4], state[4:], self._batches, self.warn_threshold)
         self._batches.clear()
         epoch.set(MAX_GRAD_NORM, max_norm)

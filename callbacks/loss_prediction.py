@@ -13,19 +13,11 @@ from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
-__all__ = [
-    "FIRST_EPOCH", "MIN_R2", "REFIT_GROWTH", "LossPredictionCallback", "fit_exponential", "predict_final_loss",
-    "prediction_from_fit",
-]
-
-FIRST_EPOCH = 10
-"""First validation index (from 0) with a prediction: the fit then sees 11 val losses (t = 0..10); with
-one validation an epoch, epoch index 10."""
-MIN_R2 = 0.5
-"""A fit that explains less than this share of the variance (flat or noisy curves) is rejected."""
+FIRST_EPOCH = 10  # the first validation index with a prediction: the fit then sees 11 val losses
+MIN_R2 = 0.5  # a fit that explains less of the variance (flat or noisy curves) is rejected
+# Refit once the history has grown by this share since the last fit (every epoch up to 50), so a long run
+# stays linear in its length; between refits the last fit's (A, K) is carried.
 REFIT_GROWTH = 0.02
-"""Refit once the history has grown by this share since the last fit (every epoch up to 50), so a
-long run stays linear in its length; between refits the last fit's (A, K) is carried."""
 
 
 def _exp(t: Any, a: float, k: float) -> Any:
@@ -40,27 +32,18 @@ def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, floa
         try:
             ts = np.arange(len(t), dtype=np.float64) if isinstance(t, range) and t.start == 0 and t.step == 1 \
                 else np.asarray(t, dtype=np.float64)
-            return _fit(ts, np.asarray(y, dtype=np.float64))
+            ys = np.asarray(y, dtype=np.float64)
+            if ts.ndim != 1 or ts.size < 3 or ts.shape != ys.shape or not np.all(np.isfinite(ys)) or np.any(ys <= 0):
+                return None
+            if float(np.ptp(ys)) <= 1e-12 * float(np.max(ys)):
+                return None  # a flat curve has no trend to extrapolate (rounding noise is not a trend)
+            ss_tot = float(np.sum((ys - ys.mean()) ** 2))
+            fit = _least_squares(ts, ys) if math.isfinite(ss_tot) and ss_tot > 0 else None
+            if fit is None or not 1.0 - float(np.sum((ys - _exp(ts, *fit)) ** 2)) / ss_tot >= MIN_R2:
+                return None  # not fitted, or R² too low (or NaN)
+            return fit
         except Exception:  # any fitting failure means "no prediction"
             return None
-
-
-def _fit(ts: Any, ys: Any) -> tuple[float, float] | None:
-    if ts.ndim != 1 or ts.size < 3 or ts.shape != ys.shape or not np.all(np.isfinite(ys)) or np.any(ys <= 0):
-        return None
-    if float(np.ptp(ys)) <= 1e-12 * float(np.max(ys)):
-        return None  # a flat curve has no trend to extrapolate (rounding noise is not a trend)
-    ss_tot = float(np.sum((ys - ys.mean()) ** 2))
-    if not (math.isfinite(ss_tot) and ss_tot > 0):
-        return None
-    fit = _least_squares(ts, ys)
-    if fit is None:
-        return None
-    a, k = fit
-    r2 = 1.0 - float(np.sum((ys - _exp(ts, a, k)) ** 2)) / ss_tot
-    if not math.isfinite(r2) or r2 < MIN_R2:
-        return None
-    return a, k
 
 
 def _least_squares(ts: Any, ys: Any) -> tuple[float, float] | None:
@@ -104,9 +87,7 @@ def _least_squares(ts: Any, ys: Any) -> tuple[float, float] | None:
     # A at the origin of s, moved to t = 0
     k = float(kappa) / span
     a = float(a0 / b0) * math.exp(-k * origin)
-    if not (math.isfinite(a) and math.isfinite(k)):
-        return None
-    return a, k
+    return (a, k) if math.isfinite(a) and math.isfinite(k) else None
 
 
 def predict_final_loss(val_losses: Sequence[float], max_epochs: int) -> LossPrediction:
@@ -115,17 +96,12 @@ def predict_final_loss(val_losses: Sequence[float], max_epochs: int) -> LossPred
     return prediction_from_fit(fit_exponential(range(len(val_losses)), val_losses), val_losses, max_epochs)
 
 
-def prediction_from_fit(
-    fit: tuple[float, float] | None, val_losses: Sequence[float], max_epochs: int
-) -> LossPrediction:
-    fallback = float(val_losses[-1]) if val_losses else math.nan
-    predicted = math.nan
-    if fit is not None:
-        a, k = fit
-        with np.errstate(all="ignore"):
-            predicted = float(_exp(np.float64(max_epochs - 1), a, k))
-    ok = fit is not None and math.isfinite(predicted)
-    value = predicted if ok else fallback
+def prediction_from_fit(fit: tuple[float, float] | None, val_losses: Sequence[float],
+                        max_epochs: int) -> LossPrediction:
+    with np.errstate(all="ignore"):
+        predicted = math.nan if fit is None else float(_exp(np.float64(max_epochs - 1), *fit))
+    ok = math.isfinite(predicted)
+    value = predicted if ok else float(val_losses[-1]) if val_losses else math.nan
     neg_log10 = -math.log10(value) if value > 0 and math.isfinite(value) else math.nan
     return LossPrediction(predicted_loss=value, neg_log10=neg_log10, fit_ok=ok)
 
@@ -144,9 +120,6 @@ class LossPredictionCallback(TrainingCallback):
         self.fitted_at = 0  # history length at the last fit
         self.fit: tuple[float, float] | None = None
 
-    def _due(self) -> bool:
-        return len(self.val_losses) - self.fitted_at >= max(1, math.ceil(REFIT_GROWTH * self.fitted_at))
-
     def on_val_end(self, epoch: EpochContext) -> None:
         value = epoch.metrics.get("val_loss")
         if value is None:
@@ -156,7 +129,7 @@ class LossPredictionCallback(TrainingCallback):
             return
         horizon = max(1, round(len(self.val_losses) * self.max_epochs / (epoch.index + 1)))  # validations in all
         try:
-            if self._due():
+            if len(self.val_losses) - self.fitted_at >= max(1, math.ceil(REFIT_GROWTH * self.fitted_at)):
                 self.fit = fit_exponential(range(len(self.val_losses)), self.val_losses)
                 self.fitted_at = len(self.val_losses)
             prediction = prediction_from_fit(self.fit, self.val_losses, horizon)
@@ -170,8 +143,7 @@ class LossPredictionCallback(TrainingCallback):
                 "fit": None if self.fit is None else list(self.fit)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        values = state.get("val_losses", [])
-        self.val_losses = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
+        self.val_losses = torch.as_tensor(state.get("val_losses", []), dtype=torch.float64).tolist()
         self.fitted_at = int(state.get("fitted_at", 0))
         fit = state.get("fit")
         self.fit = None if fit is None else (float(fit[0]), float(fit[1]))

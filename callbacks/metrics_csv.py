@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,30 +13,14 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
-__all__ = ["FIRST_COLUMNS", "MetricsCsvCallback", "epoch_row"]
-
 FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
-
-
-def epoch_row(epoch: EpochContext) -> dict[str, float | int]:
-    """The row of one epoch: ``epoch`` (from 1), ``global_step``, every metric, then each numeric slot
-    value under its name (an int stays an int, a bool is 0 or 1) and each structured one as its scalars."""
-    ints = {k: int(v) for k, v in epoch.run.slot_values().items() if isinstance(v, int) and k not in epoch.metrics}
-    return {"epoch": epoch.number, "global_step": epoch.run.global_step, **epoch_scalars(epoch), **ints}
-
-
-def _cell(value: float | int | None) -> str:
-    """Empty for None (pandas reads NaN); a float's repr is the shortest text that reads back the same
-    (``nan``, ``inf`` and ``-inf`` included)."""
-    if value is None:
-        return ""
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 class MetricsCsvCallback(TrainingCallback):
     """On ``on_epoch_end``: append the epoch's row to ``path`` and flush it. Priority 85: after the
     slot writers, before the checkpoint (95), so every epoch a checkpoint holds has its row; a resume
-    keeps the rows up to its epoch. A new column rewrites the file atomically with the wider header."""
+    keeps the rows up to its epoch. A new column rewrites the file atomically with the wider header.
+    A float cell is its repr (what reads back the same, ``nan`` and ``inf`` included); an absent one is empty."""
 
     priority = 85
     tier = Tier.CORE
@@ -56,21 +39,26 @@ class MetricsCsvCallback(TrainingCallback):
         if run.dry_run:
             return
         if run.epoch > 0 and self.path.exists():
-            for row in self._read(self.path):
-                if 0 < row.get("epoch", 0) <= run.epoch:
-                    self._add_columns(row)
-                    self.rows.append(row)
+            with open(self.path, encoding="utf-8", newline="") as fh:
+                for raw in csv.DictReader(fh):
+                    row = {k: v for k, t in raw.items() if k is not None and t and (v := _number(t)) is not None}
+                    if 0 < row.get("epoch", 0) <= run.epoch:
+                        self._add_columns(row)
+                        self.rows.append(row)
         self._rewrite()
 
     def on_epoch_end(self, epoch: EpochContext) -> None:
         if epoch.run.dry_run:
             return
-        row = epoch_row(epoch)
+        # every metric and numeric slot (an int slot stays an int, a bool is 0 or 1), a structured one as its scalars
+        ints = {k: int(v) for k, v in epoch.run.slot_values().items() if isinstance(v, int) and k not in epoch.metrics}
+        row: dict[str, float | int] = {"epoch": epoch.number, "global_step": epoch.run.global_step,
+                                       **epoch_scalars(epoch), **ints}
         self.rows.append(row)
         if self._add_columns(row) or self._fh is None:
             self._rewrite()
         else:
-            self._fh.write(self._text([row]))
+            csv.DictWriter(self._fh, self.columns, lineterminator="\n").writerow(row)
             self._fh.flush()
 
     def on_train_end(self, run: RunContext) -> None:
@@ -90,34 +78,22 @@ class MetricsCsvCallback(TrainingCallback):
         self.columns = first + [c for c in [*self.columns, *new] if c not in first]
         return True
 
-    def _text(self, rows: list[dict[str, float | int]], *, header: bool = False) -> str:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        if header:
-            writer.writerow(self.columns)
-        for row in rows:
-            writer.writerow([_cell(row.get(c)) for c in self.columns])
-        return buf.getvalue()
-
     def _rewrite(self) -> None:
         """The whole file anew (header and every row kept so far), replacing the old one atomically."""
         self.close()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(self._text(self.rows, header=bool(self.columns)))
+            if self.columns:
+                writer = csv.DictWriter(fh, self.columns, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(self.rows)
         os.replace(tmp, self.path)
         self._fh = open(self.path, "a", encoding="utf-8", newline="")  # noqa: SIM115 - kept open for the run
 
-    @staticmethod
-    def _read(path: Path) -> list[dict[str, float | int]]:
-        with open(path, encoding="utf-8", newline="") as fh:
-            return [{k: v for k, t in raw.items() if k is not None and t and (v := _number(t)) is not None}
-                    for raw in csv.DictReader(fh)]
-
 
 def _number(text: str) -> float | int | None:
-    """A cell as :func:`_cell` wrote it: a whole number (epoch, a count slot) stays an int; no number is None."""
+    """A cell as written: a whole number (epoch, a count slot) stays an int; no number is None."""
     for kind in (int, float):
         try:
             return kind(text)

@@ -1,5 +1,4 @@
-"""Report each validation to an Optuna trial, its step the validation count (from 1); stop the run when its
-pruner says so."""
+"""Report each validation to an Optuna trial; stop the run when its pruner says so."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PREDICTION_ATTR", "PRUNED_ATTR", "PrunerCallback", "TrialEndedElsewhere", "validation_label"]
 
-PREDICTION_ATTR = "predicted_final_loss"
-"""Trial user attribute: ``{validation, epoch, step, value, fit_ok}`` of the latest loss prediction."""
-PRUNED_ATTR = "pruned"
-"""Trial user attribute of a pruned trial: where, the value, the pruner, its reason and ``decided_at`` (wall clock)."""
+PREDICTION_ATTR = "predicted_final_loss"  # trial user attribute: where and what the latest loss prediction said
+PRUNED_ATTR = "pruned"  # of a pruned trial: where, the value, the pruner, its reason and `decided_at` (wall clock)
 
 
 class TrialEndedElsewhere(RuntimeError):
@@ -64,12 +61,13 @@ class PrunerCallback(TrainingCallback):
         if value is None:
             return
         from optuna.exceptions import UpdateFinishedTrialError
+        at = {"validation": self.validations, "epoch": epoch.number, "step": epoch.run.global_step}
         try:
-            self._report(epoch, value)
+            self._report(epoch, float(value), at)
         except UpdateFinishedTrialError as exc:
-            raise TrialEndedElsewhere(self._ended_why(epoch)) from exc
+            raise TrialEndedElsewhere(self._ended_why(validation_label(at))) from exc
 
-    def _ended_why(self, epoch: EpochContext) -> str:
+    def _ended_why(self, where: str) -> str:
         number = getattr(self.trial, "number", None)
         try:
             state = next(t.state.name for t in self.trial.study.get_trials(deepcopy=False) if t.number == number)
@@ -77,35 +75,26 @@ class PrunerCallback(TrainingCallback):
             state = "finished"
         return (f"trial {number} is already finished in the study ({state}): another process ended it while this "
                 "one trained it (a heartbeat storage fails a trial whose last heartbeat is older than the grace "
-                f"period), so {validation_label(self._at(epoch))} cannot be reported; the run stops "
+                f"period), so {where} cannot be reported; the run stops "
                 "here, and the study's retry of the trial runs it again from this run's last checkpoint")
 
-    def _at(self, epoch: EpochContext) -> dict[str, Any]:
-        return {"validation": self.validations, "epoch": epoch.number, "step": epoch.run.global_step}
-
-    def _report(self, epoch: EpochContext, value: float) -> None:
-        prediction, at = epoch.get(LOSS_PREDICTION), self._at(epoch)
+    def _report(self, epoch: EpochContext, value: float, at: dict[str, Any]) -> None:
+        prediction = epoch.get(LOSS_PREDICTION)
         if prediction is not None:
             self._set_attr(PREDICTION_ATTR, {**at, "value": _finite_or_none(prediction.predicted_loss),
                                              "fit_ok": prediction.fit_ok})
-        self.trial.report(float(value), at["validation"])
+        self.trial.report(value, at["validation"])
         asked = time.time()
         should_prune = bool(self.trial.should_prune())
         number = getattr(self.trial, "number", None)  # replay passes a recorded stand-in
-        epoch.emit("trial_report", validation=at["validation"], value=float(value), should_prune=should_prune,
-                   trial=number)
+        epoch.emit("trial_report", validation=at["validation"], value=value, should_prune=should_prune, trial=number)
         if should_prune:
-            pruner = getattr(getattr(self.trial, "study", None), "pruner", None)
+            pruner: object = getattr(getattr(self.trial, "study", None), "pruner", None)
+            own_repr = type(pruner).__repr__ is not object.__repr__  # Optuna's pruners only have object's
             self._set_attr(PRUNED_ATTR, {
-                **at, "value": _finite_or_none(float(value)), "monitor": self.monitor,
-                "pruner": None if pruner is None else repr(pruner) if _own_repr(pruner) else type(pruner).__name__,
+                **at, "value": _finite_or_none(value), "monitor": self.monitor,
+                "pruner": None if pruner is None else repr(pruner) if own_repr else type(pruner).__name__,
                 "reason": getattr(pruner, "last_reason", None), "decided_at": asked,
             })
-            shown = f"{value:.6g}" if math.isfinite(value) else str(value)
             epoch.request_stop(StopReason.PRUNED, self.name,
-                               f"trial {number} pruned at {validation_label(at)} ({self.monitor}={shown})")
-
-
-def _own_repr(obj: object) -> bool:
-    """Whether ``obj`` has a ``__repr__`` of its own (Optuna's pruners only have object's)."""
-    return type(obj).__repr__ is not object.__repr__
+                               f"trial {number} pruned at {validation_label(at)} ({self.monitor}={value:.6g})")

@@ -1,5 +1,4 @@
-"""Step-level training values every N global steps (``log_every_n_steps``), read from the device at
-those steps only."""
+"""Step-level training values every N global steps (``log_every_n_steps``), read from the device then only."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ import torch
 from fsmtrain.core.context import RunContext, StepContext, epoch_number
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import STEP_VALUES, StepValues
-
-__all__ = ["StepLogCallback"]
 
 
 class StepLogCallback(TrainingCallback):
@@ -39,9 +36,8 @@ class StepLogCallback(TrainingCallback):
     def on_after_backward(self, step: StepContext) -> None:
         if not self._due(step) or step.run.dry_run:
             return
-        grads = [p.grad.detach() for p in self._params if p.grad is not None]
-        self._norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) \
-            if grads else None
+        grads = [p.grad for p in self._params if p.grad is not None]
+        self._norm = torch.nn.utils.get_total_norm(grads) if grads else None
 
     def on_train_step_end(self, step: StepContext) -> None:
         if not self._due(step) or step.run.dry_run:

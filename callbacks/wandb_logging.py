@@ -16,8 +16,6 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO, STEP_VALUES, StepValues
 
-__all__ = ["WandbLoggingCallback"]
-
 _MODES = ("offline", "online", "disabled", "shared")
 
 
@@ -67,19 +65,16 @@ class WandbLoggingCallback(TrainingCallback):
             config=self.config or run.extras.get("config") or {}, name=self.run_name or run.run_id,
             id=wandb_run_id(run), resume="allow" if run.extras.get("resumed_from") else None, reinit="create_new",
             settings=wandb.Settings(silent=True, console="off"), dir=None if directory is None else str(directory))
-        self._quiet_handlers()
-        run.emit("wandb_init", mode=self.mode, project=self.project,
-                 dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))
 
-    def _quiet_handlers(self) -> None:
-        """A failed write of W&B's own log (a full disk) is kept and said once at train end, not
-        printed with its traceback in the middle of the console."""
-
+        # A failed write of W&B's own log (a full disk) is said once at train end, not printed with its
+        # traceback in the middle of the console.
         def kept(record: logging.LogRecord) -> None:
             if len(self.log_errors) < 100:
-                self.log_errors.append(f"{record.getMessage()[:200]}")
+                self.log_errors.append(record.getMessage()[:200])
         for handler in logging.getLogger("wandb").handlers:
             handler.handleError = kept  # type: ignore[method-assign]
+        run.emit("wandb_init", mode=self.mode, project=self.project,
+                 dir=None if self.wandb_run is None else str(getattr(self.wandb_run, "dir", "")))
 
     def on_train_step_end(self, step: StepContext) -> None:
         values = step.get(STEP_VALUES)
@@ -94,11 +89,9 @@ class WandbLoggingCallback(TrainingCallback):
             self.wandb_run.log(data, step=epoch.run.global_step)
 
     def on_train_end(self, run: RunContext) -> None:
-        wb = self.wandb_run
+        wb, self.wandb_run, reason = self.wandb_run, None, run.stop_reason
         if wb is None:
             return
-        self.wandb_run = None
-        reason = run.stop_reason
         try:
             wb.summary["stop_reason"] = reason.value
             best = run.best()
