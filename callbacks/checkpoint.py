@@ -17,6 +17,8 @@ from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint import CheckpointLog, CheckpointManager, shown_path
 from fsmtrain.training.sharding import writers_group
 
+__all__ = ["CheckpointCallback"]
+
 
 class CheckpointCallback(TrainingCallback):
     """On ``on_epoch_end`` (priority 95, last, so the epoch is fully evaluated): the policy and commit

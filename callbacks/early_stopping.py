@@ -10,6 +10,8 @@ from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT
 from fsmtrain.core.stop import StopReason
 
+__all__ = ["EarlyStoppingCallback", "improves"]
+
 
 def improves(value: float, best: float | None, mode: str, min_delta: float) -> bool:
     """``min_delta`` is relative to ``|best|``: in min mode ``value < best - |best|·min_delta``

@@ -11,6 +11,8 @@ from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
+__all__ = ["EpochSummaryCallback"]
+
 # Short labels for the built-in columns (in this order, before any other)
 _ABBREVIATIONS = {
     "train_loss": ("train", "train loss"),

@@ -7,6 +7,8 @@ import torch
 from fsmtrain.core.context import RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 
+__all__ = ["GradientAccumulationCallback"]
+
 
 class GradientAccumulationCallback(TrainingCallback):
     """One optimizer step per ``steps`` micro-batches, each loss divided by ``steps``. A partial window

@@ -7,6 +7,8 @@ import torch
 from fsmtrain.core.context import RunContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 
+__all__ = ["GradientClippingCallback"]
+
 
 class GradientClippingCallback(TrainingCallback):
     """On ``on_after_backward`` of every batch whose optimizer step will run (an accumulated gradient is

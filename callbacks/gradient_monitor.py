@@ -11,6 +11,8 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.slots import MAX_GRAD_NORM
 from fsmtrain.training.sharding import global_norm, is_sharded_tensor
 
+__all__ = ["GradientMonitorCallback"]
+
 
 def _fold_on_host(
     state: list[float], norms: list[float], batches: list[int], threshold: float

@@ -13,6 +13,8 @@ from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import LOSS_PREDICTION, LossPrediction
 
+__all__ = ["FIRST_EPOCH", "LossPredictionCallback", "fit_exponential", "predict_final_loss"]
+
 FIRST_EPOCH = 10  # the first validation index with a prediction: the fit then sees 11 val losses
 MIN_R2 = 0.5  # a fit that explains less of the variance (flat or noisy curves) is rejected
 # Refit once the history has grown by this share since the last fit (every epoch up to 50), so a long run

@@ -10,6 +10,8 @@ from fsmtrain.core.context import EpochContext, StepContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.training.optimizers import NamedSchedulers
 
+__all__ = ["LRSchedulerCallback"]
+
 
 class LRSchedulerCallback(TrainingCallback):
     """``interval="epoch"``: ``scheduler.step()`` in ``on_before_scheduler_step`` (``ReduceLROnPlateau``

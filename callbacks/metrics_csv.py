@@ -13,6 +13,8 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import EARLY_STOPPING_WAIT, LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO
 
+__all__ = ["MetricsCsvCallback"]
+
 FIRST_COLUMNS = ("epoch", "global_step", "train_loss", "val_loss", "lr")
 
 

@@ -9,6 +9,8 @@ from fsmtrain.core.hooks import Tier, TrainingCallback
 from fsmtrain.core.slots import NONFINITE_ORIGIN
 from fsmtrain.core.stop import StopReason
 
+__all__ = ["NaNDetectionCallback"]
+
 
 class NaNDetectionCallback(TrainingCallback):
     """On ``on_epoch_end`` (first, priority 5): a non-finite ``train_loss`` or ``val_loss`` requests stop

@@ -8,6 +8,8 @@ from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.training.optimizers import optimizers_of
 
+__all__ = ["OptimizerModeCallback", "has_modes"]
+
 
 def has_modes(optimizer: Any, model: Any) -> bool:
     """True for an optimizer with callable ``train``/``eval`` that is not the model itself."""

@@ -9,6 +9,8 @@ from fsmtrain.core.context import EpochContext
 from fsmtrain.core.hooks import Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import OVERFIT_GAP_RATIO
 
+__all__ = ["OverfitDetectionCallback", "diverging"]
+
 
 def diverging(train: list[float], val: list[float], window_size: int) -> bool:
     """Over the last ``window_size`` epoch-to-epoch changes, train strictly fell and val strictly

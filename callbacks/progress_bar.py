@@ -12,6 +12,8 @@ from typing import Any, TextIO, cast
 from fsmtrain.core.context import UNBOUNDED_EPOCHS, EpochContext, RunContext, StepContext
 from fsmtrain.core.hooks import Tier, TrainingCallback
 
+__all__ = ["ProgressBarCallback", "auto_enabled", "current_stderr"]
+
 
 def auto_enabled() -> bool:
     """On only when stdout is a terminal and the ``CI`` variable is unset."""

@@ -10,6 +10,8 @@ from fsmtrain.core.context import RunContext, StepContext, epoch_number
 from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback, int_at_least
 from fsmtrain.core.slots import STEP_VALUES, StepValues
 
+__all__ = ["StepLogCallback"]
+
 
 class StepLogCallback(TrainingCallback):
     """Every ``every_n_steps``-th global step: a ``train_step`` event with ``loss`` (what backward ran

@@ -10,6 +10,8 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import STEP_VALUES, StepValues
 
+__all__ = ["TensorBoardLoggingCallback"]
+
 
 class TensorBoardLoggingCallback(TrainingCallback):
     """On ``on_epoch_end``: ``epoch``, every metric and numeric slot as scalars at the global step, flushed

@@ -16,6 +16,8 @@ from fsmtrain.core.hooks import ReplaySupport, Tier, TrainingCallback
 from fsmtrain.core.scalars import epoch_scalars
 from fsmtrain.core.slots import LOSS_PREDICTION, MAX_GRAD_NORM, OVERFIT_GAP_RATIO, STEP_VALUES, StepValues
 
+__all__ = ["WandbLoggingCallback"]
+
 _MODES = ("offline", "online", "disabled", "shared")
 
 
