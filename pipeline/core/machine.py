@@ -41,23 +41,29 @@ class LeanTransition(Transition):
         dest = None if self.dest is None else states[self.dest]  # None: an internal transition
         if machine.send_event or source.on_exit or (dest is not None and (dest.on_enter or dest.final)):
             return bool(super().execute(event_data))
-        _call_each(self.prepare, machine, event_data)
+        if self.prepare:
+            _call_each(self.prepare, machine, event_data)
         for condition in self.conditions:
             if not condition.check(event_data):
                 return False
-        _call_each(machine.before_state_change + self.before, machine, event_data)
+        for callbacks in (machine.before_state_change, self.before):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
         if dest is not None:
             setattr(event_data.model, machine.model_attribute, dest.value)
             event_data.state = dest
-        _call_each(self.after + machine.after_state_change, machine, event_data)
+        for callbacks in (self.after, machine.after_state_change):
+            if callbacks:
+                _call_each(callbacks, machine, event_data)
         return True
 
 
 def _call_each(callbacks: list[Any], machine: Machine, event_data: EventData) -> None:
     """A callback list as ``Machine.callbacks`` runs it with ``send_event`` off."""
+    args, kwargs = event_data.args, event_data.kwargs
     for callback in callbacks:
         if callable(callback):
-            callback(*event_data.args, **event_data.kwargs)
+            callback(*args, **kwargs)
         else:
             machine.callback(callback, event_data)
 
