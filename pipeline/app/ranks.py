@@ -24,10 +24,7 @@ from fsmtrain.training.resume import (
     resumption_or_restart,
 )
 
-__all__ = ["LAYOUT_NODE_LOCAL", "LAYOUT_SHARED", "Settled", "global_batch", "settle_claim", "share_resumption"]
-
-LAYOUT_SHARED = "shared"
-LAYOUT_NODE_LOCAL = "node-local"
+__all__ = ["Settled", "global_batch", "settle_claim", "share_resumption"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
     if not sees:
         path.mkdir(parents=True, exist_ok=True)  # this node's own folder of the run, for this rank's log
     seen = [row[0] for row in collective.all_gather_ints([int(sees)])]
-    return Settled(path, launch, LAYOUT_SHARED if all(seen) else LAYOUT_NODE_LOCAL, sees)
+    return Settled(path, launch, "shared" if all(seen) else "node-local", sees)
 
 
 def share_resumption(collective: TorchCollective | None, run_dir: Path, which: str | Path, settled: Settled | None,

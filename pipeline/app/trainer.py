@@ -32,26 +32,14 @@ from fsmtrain.core.signals import preemption_signals as notices_of
 from fsmtrain.core.signals import stop_on_signals
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
-from fsmtrain.training.distributed import (
-    TorchCollective,
-    shard_train_loader,
-    shard_val_loader,
-    wrap_model,
-)
+from fsmtrain.training.distributed import TorchCollective, shard_train_loader, shard_val_loader, wrap_model
 from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver, loader_generator
 from fsmtrain.training.inference import run_over
 from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, check_manual
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.sharding import (
-    FsdpOptions,
-    Sharding,
-    gathered_weights,
-    shard_model,
-    sharding_line,
-    unshardable,
-)
+from fsmtrain.training.sharding import FsdpOptions, Sharding, gathered_weights, shard_model, sharding_line, unshardable
 from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
