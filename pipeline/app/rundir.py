@@ -78,15 +78,14 @@ class RunDirClaim:
 
     def let_go(self) -> None:
         """Release the folder; if its run never started, remove what the claim left in it."""
-        if self.resumed or not self.path.is_dir() or not _never_started(self.path):
-            self.release()
-            return
-        with contextlib.suppress(OSError):
-            for entry in self.path.iterdir():
-                if entry.name != LOCK_FILE and _prestart(entry):
-                    entry.unlink()
+        unstarted = not self.resumed and self.path.is_dir() and _never_started(self.path)
+        if unstarted:
+            with contextlib.suppress(OSError):
+                for entry in self.path.iterdir():
+                    if entry.name != LOCK_FILE and _prestart(entry):
+                        entry.unlink()
         self.release()
-        if self.created:
+        if unstarted and self.created:
             with contextlib.suppress(OSError):
                 self.path.rmdir()  # only while empty
                 for parent in self.made:
