@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from fsmtrain.app.defaults import default_callbacks as with_defaults
-from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
 from fsmtrain.callbacks.checkpoint import CheckpointCallback
@@ -156,7 +155,7 @@ class Trainer:
         found: Resumption | Restart | None = None
         if resume_from is not None and self.run_dir is not None:
             check_log_key(self.run_dir, key)
-            found = share_resumption(self.collective, self.run_dir, resume_from, self.settled, recorded_world_size)
+            found = share_resumption(self.collective, self.run_dir, resume_from, self.settled)
             if isinstance(found, Restart):
                 self.restart = found
             else:
