@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["config_args", "overrides_of", "positive_float", "positive_int"]
+__all__ = ["config_args", "overrides_of", "positive_float", "positive_int", "set_args"]
 
 
 def _positive(text: str, convert: type[int] | type[float], expected: str) -> Any:
@@ -33,8 +33,12 @@ def overrides_of(args: argparse.Namespace) -> list[str]:
     return [*(args.set or []), *([f"device={args.device}"] if getattr(args, "device", None) else [])]
 
 
+def set_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``--set`` (``what`` it may change) and its ``--device`` shorthand."""
+    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[], help=what)
+    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
+
+
 def config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="path to the YAML run config")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
-                   help="override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")
-    p.add_argument("--device", help="shorthand for --set device=D (cpu, cuda, cuda:N, mps)")
+    set_args(p, "override a config value (YAML scalar), repeatable: --set optimizer_config.lr=0.01")

@@ -17,7 +17,6 @@ import yaml
 from torch import nn
 
 from fsmtrain.app.config import builders
-from fsmtrain.app.config.builders import built_from
 from fsmtrain.app.config.checks import check_data, checked_callbacks
 from fsmtrain.app.config.loading import load_yaml
 from fsmtrain.app.config.problems import ConfigError, ConfigProblem
@@ -67,9 +66,9 @@ def build_parts(cfg: RunConfig, seed: int) -> RunParts:
     random.seed(seed)  # python, numpy and torch: model init and dropout repeat for the same seed
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    model = built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
+    model = builders.built_from(cfg, "net_config", cfg.net, builders.build_model, "net").to(torch.device(cfg.device))
     optimizer, scheduler = builders.build_optimization(cfg, model)
-    criterion = built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
+    criterion = builders.built_from(cfg, "criterion_config", cfg.criterion, builders.build_criterion)
     train_loader, val_loader = check_data(cfg, seed)
     # a metric: a function fn(output, target), or an exact metric object built from its class
     metrics = {name: resolve_dotted(m) if isinstance(m, str) else

@@ -127,14 +127,12 @@ def has_committed_checkpoint(run_dir: Path) -> bool:
 
 def elastic_run_dir(root: Path, name: str, attempt: ElasticAttempt) -> Path | None:
     """The run directory an earlier attempt of this elastic run claimed under ``root``, or None."""
-    found = None
-    candidates = [root / name, *sorted(root.glob(f"{name}-*"), key=lambda p: p.name)] if root.is_dir() else []
-    for path in candidates:
+    def claimed(path: Path) -> bool:
         log = path / EVENTS_FILE
         elastic = (first_run_start(log) or {}).get("elastic") if log.is_file() else None
-        if isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id:
-            found = path
-    return found
+        return isinstance(elastic, dict) and elastic.get("run_id") == attempt.run_id
+    candidates = [root / name, *sorted(root.glob(f"{name}-*"))] if root.is_dir() else []
+    return next((path for path in reversed(candidates) if claimed(path)), None)
 
 
 def recorded_world_size(run_dir: Path) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fsmtrain.app.arg_types import overrides_of, set_args
 from fsmtrain.app.run_commands import ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
             raise UsageError(f"--set {item}: {args.command} may change only {', '.join(_MAY_SET)}; the model and "
                              "its training are the run's")
     data = [f"data={args.data}", "data_config={}"] if args.data else []  # the run's arguments were its builder's
-    return [*data, *args.set, *([f"device={args.device}"] if args.device else [])]
+    return [*data, *overrides_of(args)]
 
 
 def _checkpoint(run_dir: Path, which: str) -> tuple[Path, str, str]:
@@ -144,9 +145,7 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
                                                          "with --set data_config.K=V)")
         p.add_argument("--checkpoint", default="best", metavar="best|latest|FILE",
                        help="a checkpoint the run's log committed (default best; latest if it saved no best)")
-        p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help=f"change {', '.join(_MAY_SET)}")
-        p.add_argument("--device", help="shorthand for --set device=D")
+        set_args(p, f"change {', '.join(_MAY_SET)}")
         if name == "predict":
             p.add_argument("--out", required=True, metavar="FILE", help="where to write them (torch.save)")
         else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.rundir import LOCK_FILE, RunDirClaim
 from fsmtrain.callbacks.gradient_accumulation import GradientAccumulationCallback
 from fsmtrain.core.consensus import log_name_for_rank
@@ -24,10 +25,7 @@ from fsmtrain.training.resume import (
     resumption_or_restart,
 )
 
-__all__ = ["LAYOUT_NODE_LOCAL", "LAYOUT_SHARED", "Settled", "global_batch", "settle_claim", "share_resumption"]
-
-LAYOUT_SHARED = "shared"
-LAYOUT_NODE_LOCAL = "node-local"
+__all__ = ["Settled", "global_batch", "settle_claim", "share_resumption"]
 
 
 @dataclass(frozen=True)
@@ -68,24 +66,24 @@ def settle_claim(collective: TorchCollective, claim: Callable[[], RunDirClaim | 
     if not sees:
         path.mkdir(parents=True, exist_ok=True)  # this node's own folder of the run, for this rank's log
     seen = [row[0] for row in collective.all_gather_ints([int(sees)])]
-    return Settled(path, launch, LAYOUT_SHARED if all(seen) else LAYOUT_NODE_LOCAL, sees)
+    return Settled(path, launch, "shared" if all(seen) else "node-local", sees)
 
 
-def share_resumption(collective: TorchCollective | None, run_dir: Path, which: str | Path, settled: Settled | None,
-                     recorded_world: Callable[[Path], int]) -> Resumption | Restart:
+def share_resumption(collective: TorchCollective | None, run_dir: Path, which: str | Path,
+                     settled: Settled | None) -> Resumption | Restart:
     """The checkpoint to continue from, or a restart in place when the log committed none. With several
     ranks rank 0 chooses; the others read it from the shared run directory or are sent it by rank 0."""
     if collective is None or settled is None:
         alone = resumption_or_restart(run_dir, which)
         if isinstance(alone, Resumption):
-            alone.notes.update(world_size_before=recorded_world(run_dir), world_size=1)
+            alone.notes.update(world_size_before=recorded_world_size(run_dir), world_size=1)
         return alone
     found: list[Resumption | Restart] = []
 
     def choose() -> tuple[str, int]:
         found.append(resumption_or_restart(run_dir, which))
         chosen = found[0]
-        return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world(run_dir)
+        return ("" if isinstance(chosen, Restart) else str(chosen.path)), recorded_world_size(run_dir)
     chosen, before = collective.share(choose)
     own, mine = log_name_for_rank(collective.rank), found[0] if found else None  # mine: rank 0's
     if chosen == "":  # nothing committed: every rank starts over

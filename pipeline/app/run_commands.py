@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from fsmtrain.app.arg_types import config_args, overrides_of, positive_int
+from fsmtrain.app.arg_types import config_args, overrides_of, positive_int, set_args
 from fsmtrain.core.stop import StopReason
 
 if TYPE_CHECKING:
@@ -199,9 +199,7 @@ def _train_seeds(args: argparse.Namespace, cfg: RunConfig, place: _Place) -> int
         target, resume, note = pick() if collective is None else collective.share(pick)
         notes = [n for n in (note, _global_batch_line(cfg, place.ranks)) if n is not None]
         header = Header(out, f"{cfg.project}/{run_name} seed {seed}", notes)
-        seed_extras = extras
-        if note is not None:
-            seed_extras = {**extras, "elastic": {**extras["elastic"], "note": note}}
+        seed_extras = extras if note is None else {**extras, "elastic": {**extras["elastic"], "note": note}}
         try:
             run = train_seed(cfg, seed, target, extra_callbacks=console_callbacks(), resume=resume,
                              extras=seed_extras, header=header)
@@ -312,9 +310,7 @@ def register_cli(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(func=cmd_train)
     p = subparsers.add_parser("resume", help="continue a run in place from its newest committed checkpoint")
     p.add_argument("run_dir", help="the run directory (runs/<project>/<name>-seed<s>)")
-    p.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", default=[],
-                   help="change what a resume may change, e.g. --set epochs=40 to extend a finished run")
-    p.add_argument("--device", help="shorthand for --set device=D")
+    set_args(p, "change what a resume may change, e.g. --set epochs=40 to extend a finished run")
     p.add_argument("--nproc", type=positive_int, default=None, metavar="M",
                    help="continue on M processes per node (default: as many as the run's newest segment had); "
                         "another number continues from the newest committed checkpoint in that world's data order")

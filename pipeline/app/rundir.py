@@ -78,15 +78,14 @@ class RunDirClaim:
 
     def let_go(self) -> None:
         """Release the folder; if its run never started, remove what the claim left in it."""
-        if self.resumed or not self.path.is_dir() or not _never_started(self.path):
-            self.release()
-            return
-        with contextlib.suppress(OSError):
-            for entry in self.path.iterdir():
-                if entry.name != LOCK_FILE and _prestart(entry):
-                    entry.unlink()
+        unstarted = not self.resumed and self.path.is_dir() and _never_started(self.path)
+        if unstarted:
+            with contextlib.suppress(OSError):
+                for entry in self.path.iterdir():
+                    if entry.name != LOCK_FILE and _prestart(entry):
+                        entry.unlink()
         self.release()
-        if self.created:
+        if unstarted and self.created:
             with contextlib.suppress(OSError):
                 self.path.rmdir()  # only while empty
                 for parent in self.made:
@@ -101,7 +100,7 @@ def _same_file(path: Path, fd: int) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _lock(path: Path) -> RunDirClaim:
+def _lock(path: Path, made: tuple[Path, ...] = (), created: bool = False) -> RunDirClaim:
     while True:
         try:
             fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -119,7 +118,7 @@ def _lock(path: Path) -> RunDirClaim:
         os.close(fd)  # the claim that held it removed it as it let go: lock the folder's new one
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
-    return RunDirClaim(path, fd)
+    return RunDirClaim(path, fd, made, created)
 
 
 def _make_parent(path: Path) -> tuple[Path, ...]:
@@ -190,16 +189,14 @@ def claim_new(path: str | Path) -> RunDirClaim:
             raise RunDirError(f"run directory {path} exists and is not empty; choose a new folder") from None
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
-    if not created and any(True for _ in path.iterdir()):
+    if not created and any(path.iterdir()):
         reused = _reuse(path)
         if reused is None:  # a live claim holds it (a Trainer built on it, a run starting)
-            if (path / EVENTS_FILE).exists():
-                raise _holds_a_run(path)
-            raise RunDirError(f"run directory {path} is in use by another running process")
+            busy = RunDirError(f"run directory {path} is in use by another running process")
+            raise _holds_a_run(path) if (path / EVENTS_FILE).exists() else busy
         reused.made = made
         return reused
-    claim = _lock(path)
-    claim.made, claim.created = made, created
+    claim = _lock(path, made, created)
     if run_started(path):  # another process claimed the empty folder first and started
         claim.release()
         raise RunDirError(f"run directory {path} already holds a run ({EVENTS_FILE}); choose a new folder")
@@ -225,9 +222,7 @@ def claim_next_free(root: str | Path, name: str) -> RunDirClaim:
             continue
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {candidate}: {exc.strerror or exc}") from None
-        claim = _lock(candidate)
-        claim.made, claim.created = made, True
-        return claim
+        return _lock(candidate, made, created=True)
 
 
 def next_free(path: str | Path) -> Path:

@@ -92,14 +92,14 @@ def _lr_curve(cfg: RunConfig, steps: int) -> tuple[dict[str, Any], list[dict[str
     return state, groups, curve
 
 
-def replan_schedule(cfg: RunConfig, resumption: Resumption, replan: Replan) -> list[tuple[int, float]]:
+def replan_schedule(cfg: RunConfig, resumption: Resumption, replan: Replan) -> None:
     """Set the checkpoint's scheduler and lr to the re-planned schedule, and have the resume say so."""
     state = resumption.state
     recorded = state.get("scheduler") or {}
     steps = int(recorded.get("last_epoch", resumption.next_epoch))
     sched_state, groups, curve = _lr_curve(cfg, steps)
     if not sched_state:  # resumed at or past the new horizon's last epoch: nothing left to plan
-        return []
+        return
     state["scheduler"] = sched_state
     for target, planned in zip((state.get("optimizer") or {}).get("param_groups", []), groups, strict=False):
         target.update(planned)
@@ -110,4 +110,3 @@ def replan_schedule(cfg: RunConfig, resumption: Resumption, replan: Replan) -> l
                    f"lr by epoch: {shown}",
         "key": replan.path, "before": replan.before, "after": replan.after,
     }))  # the exact lr of every epoch is in its `epoch` event, as always
-    return curve

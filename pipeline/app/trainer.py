@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from fsmtrain.app.defaults import default_callbacks as with_defaults
-from fsmtrain.app.launch import recorded_world_size
 from fsmtrain.app.ranks import Settled, global_batch, settle_claim, share_resumption
 from fsmtrain.app.rundir import RunDirClaim, claim_existing, claim_new, next_free
 from fsmtrain.callbacks.checkpoint import CheckpointCallback
@@ -32,26 +31,14 @@ from fsmtrain.core.signals import preemption_signals as notices_of
 from fsmtrain.core.signals import stop_on_signals
 from fsmtrain.core.stop import StopReason
 from fsmtrain.training.checkpoint_file import atomic_write_bytes
-from fsmtrain.training.distributed import (
-    TorchCollective,
-    shard_train_loader,
-    shard_val_loader,
-    wrap_model,
-)
+from fsmtrain.training.distributed import TorchCollective, shard_train_loader, shard_val_loader, wrap_model
 from fsmtrain.training.driver import LossFn, MetricFn, TorchDriver, loader_generator
 from fsmtrain.training.inference import run_over
 from fsmtrain.training.optimizers import NamedOptimizers, NamedSchedulers, check_manual
 from fsmtrain.training.precision import PrecisionPolicy
 from fsmtrain.training.resume import Restart, ResumeError, Resumption, check_log_key
 from fsmtrain.training.resume_match import mismatches
-from fsmtrain.training.sharding import (
-    FsdpOptions,
-    Sharding,
-    gathered_weights,
-    shard_model,
-    sharding_line,
-    unshardable,
-)
+from fsmtrain.training.sharding import FsdpOptions, Sharding, gathered_weights, shard_model, sharding_line, unshardable
 from fsmtrain.training.step import StepFn
 
 __all__ = ["TrainResult", "Trainer"]
@@ -168,7 +155,7 @@ class Trainer:
         found: Resumption | Restart | None = None
         if resume_from is not None and self.run_dir is not None:
             check_log_key(self.run_dir, key)
-            found = share_resumption(self.collective, self.run_dir, resume_from, self.settled, recorded_world_size)
+            found = share_resumption(self.collective, self.run_dir, resume_from, self.settled)
             if isinstance(found, Restart):
                 self.restart = found
             else:
