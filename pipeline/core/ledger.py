@@ -1,8 +1,10 @@
-"""The checkpoint files a run's log committed, read from its ``checkpoint*`` lines."""
+"""The checkpoint files a run's log committed, read from its ``checkpoint*`` lines, and the sha256 each
+line records of its file (:func:`sha256_of`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHECKPOINT_NAME", "CheckpointLedger", "CommittedFile", "committed_checkpoints", "committed_sha256",
-           "read_ledger"]
+           "folder_digest", "folder_files", "read_ledger", "sha256_of"]
 
 # A checkpoint's name in its folder: a file (``.pt``), or a sharded checkpoint's folder (no suffix).
 CHECKPOINT_NAME = re.compile(r"^(epoch_\d+|step_\d+|latest|best)(\.pt)?$")
@@ -95,3 +97,23 @@ def committed_sha256(log: Path | str, target: Path | str) -> str | None:
         if os.path.abspath(os.path.join(log.parent, shown)) == wanted:
             return done.sha256
     return None
+
+
+def sha256_of(path: str | Path) -> str:
+    """A file's sha256; a sharded checkpoint folder's: the sha256 of its files' (:func:`folder_files`)."""
+    if os.path.isdir(path):
+        return folder_digest(folder_files(Path(path)))
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_files(folder: Path) -> dict[str, str]:
+    """Each file of a sharded checkpoint folder (DCP's ``.metadata`` and shards, each rank's state), its sha256."""
+    return {f.name: sha256_of(f) for f in sorted(folder.iterdir()) if f.is_file()}
+
+
+def folder_digest(found: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()

@@ -23,7 +23,7 @@ import torch
 
 from fsmtrain.core.context import EpochRecord, RunContext, epoch_number
 from fsmtrain.core.events import EVENTS_FILE
-from fsmtrain.core.ledger import committed_sha256
+from fsmtrain.core.ledger import committed_sha256, folder_digest, folder_files, sha256_of
 from fsmtrain.core.log_file import FileWriteError, write_failure
 from fsmtrain.training.resume_match import object_classes
 from fsmtrain.training.sharding import checkpoint_states, load_shards, load_states, save_shards
@@ -139,26 +139,6 @@ class SavedCheckpoint:
     roles: tuple[str, ...] = ()  # an epoch file: the other names it gets once it is committed
     step: int | None = None  # a checkpoint at a step (``step_<n>.pt``): its global step
     shards: Mapping[str, str] | None = None  # a sharded checkpoint's folder: each file's sha256
-
-
-def sha256_of(path: str | Path) -> str:
-    """A file's sha256; a sharded checkpoint folder's: the sha256 of its files' (:func:`folder_files`)."""
-    if os.path.isdir(path):
-        return folder_digest(folder_files(Path(path)))
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def folder_files(folder: Path) -> dict[str, str]:
-    """Each file of a sharded checkpoint folder (DCP's ``.metadata`` and shards, each rank's state), its sha256."""
-    return {f.name: sha256_of(f) for f in sorted(folder.iterdir()) if f.is_file()}
-
-
-def folder_digest(found: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(sorted(found.items()))).encode()).hexdigest()
 
 
 def save_folder(path: Path, state: dict[str, Any], group: Any) -> tuple[str, dict[str, str]] | None:

@@ -3,15 +3,13 @@ that differs is named by what it holds (a :class:`Verdict`)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import pickletools
 import zipfile
 import zlib
 from pathlib import Path
 
 from fsmtrain.core.context import epoch_number
-from fsmtrain.core.ledger import CHECKPOINT_NAME
+from fsmtrain.core.ledger import CHECKPOINT_NAME, folder_files, sha256_of
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, CheckpointWrite, Damaged
 from fsmtrain.tools.audit.ending import Segment
@@ -21,22 +19,6 @@ __all__ = ["verify_checkpoints"]
 
 _MEMO_OPS = frozenset({"BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"})
 _TEXT_OPS = frozenset({"BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"})
-
-
-def _sha256(path: Path) -> str:
-    """A file's sha256; a sharded checkpoint folder's: that of its files' names and sha256s (as fsmtrain writes it)."""
-    if path.is_dir():
-        return hashlib.sha256(json.dumps(_folder(path)).encode()).hexdigest()
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _folder(path: Path) -> dict[str, str]:
-    """Each file of a sharded checkpoint's folder, by name (in order), its sha256."""
-    return {f.name: _sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
 
 
 def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, segments: list[Segment], lines: int,
@@ -63,7 +45,7 @@ def verify_checkpoints(log: Path, ckpts: CheckpointLines, chain: ChainCheck, seg
             ex.checkpoints_missing += 1
             missing.append((rel, w.line))
             continue
-        actual = _sha256(file)
+        actual = sha256_of(file)
         found, head = stored_head(file)
         if actual == w.sha256:
             ex.checkpoints_verified += 1
@@ -85,7 +67,7 @@ def _shards_changed(folder: Path, w: CheckpointWrite) -> str:
     """Which files of a sharded checkpoint's folder differ from those its commit names."""
     if w.shards is None or not folder.is_dir():
         return ""
-    found = _folder(folder)
+    found = folder_files(folder)
     odd = sorted(n for n in {*w.shards, *found} if found.get(n) != w.shards.get(n))
     return f" (in the folder: {', '.join(n + ('' if n in found else ' missing') for n in odd)})"
 
@@ -192,7 +174,7 @@ def _quarantined(base: Path, rel: str, d: Damaged) -> list[Finding]:
     if not kept.is_file():
         return [Finding("checkpoint", f"damaged checkpoint {rel} was moved to {d.moved_to} (line {d.line}), which "
                         "is not there", d.line, Severity.WARNING)]
-    if d.found_sha256 is not None and _sha256(kept) != d.found_sha256:
+    if d.found_sha256 is not None and sha256_of(kept) != d.found_sha256:
         return [Finding("checkpoint", f"{d.moved_to} (damaged {rel}, line {d.line}) changed after it was moved "
                         "aside", d.line, Severity.WARNING)]
     return []
