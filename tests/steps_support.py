@@ -1,8 +1,9 @@
 """Real kills at exact steps of real ``fsmtrain`` processes, for the tests of checkpoints at steps
 and of resuming inside an epoch. ``KillAt`` (a callback every run of a test's config carries) sends
 its own process SIGKILL when ``FSMTRAIN_TEST_KILL`` says so: ``step:N`` as batch N+1 begins (N steps
-done), ``val:E`` as epoch index E's validation begins, ``slow:S`` sleeps S seconds per batch (an
-epoch long enough for a signal to land inside it); without it, it does nothing."""
+done), ``val:E`` as epoch index E's validation begins, ``slow:S`` sleeps S milliseconds per batch (an
+epoch long enough for a signal to land inside it); without it, it does nothing. ``FSMTRAIN_TEST_HOLD``
+(``N:FOLDER``) holds the run as batch N+1 begins until the test has sent its signal (:func:`preempted`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 KILL_ENV = "FSMTRAIN_TEST_KILL"
 PIDS_ENV = "FSMTRAIN_TEST_PIDS"
+HOLD_ENV = "FSMTRAIN_TEST_HOLD"
 RUN = Path("runs") / "quickstart" / "mlp-regression-seed0"
 
 
@@ -35,6 +37,8 @@ class KillAt(TrainingCallback):
     def __init__(self) -> None:
         what, _, at = os.environ.get(KILL_ENV, ":").partition(":")
         self.what, self.at = what, int(at) if at else -1
+        step, _, folder = os.environ.get(HOLD_ENV, ":").partition(":")
+        self.hold_at, self.hold = int(step) if step else -1, Path(folder)
 
     def on_train_begin(self, run: RunContext) -> None:
         pids = os.environ.get(PIDS_ENV)
@@ -46,6 +50,11 @@ class KillAt(TrainingCallback):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.what == "slow":
             time.sleep(self.at / 1000)
+        if step.run.global_step == self.hold_at:  # mid-epoch for sure: the signal lands here, whatever the load
+            (self.hold / "held").touch()
+            deadline = time.monotonic() + 120
+            while not (self.hold / "sent").exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
 
     def on_val_begin(self, epoch: EpochContext) -> None:
         if self.what == "val" and epoch.index == self.at:
@@ -132,20 +141,21 @@ def iterable_loaders(*, batch_size: int, seed: int) -> Any:
     return Loaders(Batches(made.train), made.val)  # type: ignore[arg-type]  # the point: no DataLoader
 
 
-def preempted(folder: Path, config: Path, signum: int, after_s: float) -> tuple[subprocess.Popen[str], float]:
-    """Start ``fsmtrain train`` with 20 ms batches, send ``signum`` ``after_s`` seconds after its run
-    started; returns the finished process and the seconds from the signal to its exit."""
+def preempted(folder: Path, config: Path, signum: int, at_step: int) -> tuple[subprocess.Popen[str], float]:
+    """Start ``fsmtrain train`` with 20 ms batches and send ``signum`` as it holds before batch
+    ``at_step`` + 1 (a time after the start raced the epoch's end on a fast machine); returns the
+    finished process and the seconds from the signal to its exit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", KILL_ENV: "slow:20"}
+           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", KILL_ENV: "slow:20",
+           HOLD_ENV: f"{at_step}:{folder}"}
     proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(config)], cwd=folder, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = folder / RUN / "events.jsonl"
     deadline = time.monotonic() + 120
-    while not (log.is_file() and b'"run_start"' in log.read_bytes()):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
-        time.sleep(0.05)
-    time.sleep(after_s)
+    while not (folder / "held").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach the step"
+        time.sleep(0.01)
     sent = time.monotonic()
     proc.send_signal(signum)
+    (folder / "sent").touch()
     proc.wait(timeout=120)
     return proc, time.monotonic() - sent

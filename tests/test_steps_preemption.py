@@ -40,7 +40,7 @@ def test_a_preemption_signal_saves_the_last_step_exits_143_and_resumes_bit_ident
     done = fsmtrain(tmp_path / "ref", "train", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     (tmp_path / "run").mkdir()
-    proc, seconds = preempted(tmp_path / "run", config, signum, after_s=0.5)
+    proc, seconds = preempted(tmp_path / "run", config, signum, at_step=8)
     out = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 143, out[-3000:]
     run_dir = tmp_path / "run" / RUN
