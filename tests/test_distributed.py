@@ -296,6 +296,7 @@ def test_every_rank_killed_after_the_commit_before_its_epoch_line_audits_clean(t
     proc = _start(tmp_path, _config(tmp_path, extra=extra))
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode != 0, out[-3000:]
+    assert list((tmp_path / "runs").rglob("events.jsonl")), out[-3000:]  # killed, not failed before its run began
     run_dir = _run_dir(tmp_path)
     for name in ("events.jsonl", "events-rank1.jsonl"):
         assert not [r for r in _log(run_dir / name) if r["event"] == "epoch" and r["epoch"] == epoch], name

@@ -119,7 +119,10 @@ class TorchCollective:
                     return
                 except RuntimeError:
                     if work.is_completed():
-                        raise  # the collective itself failed (a rank left): the caller's fault path
+                        # It may have completed just after the slice ran out (the error was the slice's):
+                        # waiting again returns, or raises the collective's own error (a rank left).
+                        work.wait()
+                        return
             elif work.is_completed():
                 work.wait()
                 return
