@@ -83,6 +83,50 @@ def test_an_intact_debug_log_audits_alike_both_ways(real_runs: RealRuns) -> None
     assert fast.ok and _said(fast) == _said(parsed) and fast.explanation == parsed.explanation
 
 
+class _CountingRuns(LogAuditor):
+    """The audit, counting the lines it took a run of per-batch lines at a time."""
+
+    taken = 0
+
+    def _batch_run(self, n: int, lines: list[bytes], found: list[Any]) -> bool:
+        ok = super()._batch_run(n, lines, found)
+        self.taken += len(lines) if ok else 0
+        return ok
+
+
+def _fed_in_blocks(path: Path, size: int) -> tuple[AuditReport, int]:
+    """The audit of ``path`` fed ``size`` lines at a time, and how many lines it took a run at a time."""
+    auditor = _CountingRuns(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for i in range(0, len(lines), size):
+        auditor.feed_block(i + 1, lines[i:i + size])
+    auditor.lines = len(lines)
+    return auditor.finish(), auditor.taken
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 10**6])
+def test_runs_of_batch_lines_are_taken_in_one_go_and_audit_alike_however_the_log_is_cut(real_runs: RealRuns,
+                                                                                         size: int) -> None:
+    path = real_runs.events("debug")
+    recs = [json.loads(line) for line in read_lines(path)]
+    (fast, taken), parsed = _fed_in_blocks(path, size), _parsing_every_line(path)
+    assert fast.ok and _said(fast) == _said(parsed) and fast.explanation == parsed.explanation
+    assert taken == len(_batch_indexes(recs))  # every per-batch line of an intact log, in runs
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+@pytest.mark.parametrize("size", [3, 10**6])
+def test_a_changed_line_inside_a_run_of_batch_lines_gets_the_findings_of_a_parsed_one(
+        real_runs: RealRuns, tmp_path: Path, edit: str, size: int) -> None:
+    recs = [json.loads(line) for line in read_lines(real_runs.events("debug"))]
+    EDITS[edit](recs, _batch_indexes(recs)[-3])  # inside the last epoch's run
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
+    (fast, _), parsed = _fed_in_blocks(path, size), _parsing_every_line(path)
+    assert _said(fast) == _said(parsed) and fast.explanation == parsed.explanation
+    assert fast.ok_strict == (edit == "level"), f"{edit}: the change went unseen"
+
+
 @pytest.mark.timeout(60)
 def test_the_report_reads_the_log_once(real_runs: RealRuns, tmp_path: Path) -> None:
     """From a pipe, which can be read only once: a second pass would wait for a writer forever."""

@@ -8,7 +8,8 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ _SEAL_OPEN = b',"seal":"'
 _SEAL_CLOSE = b'"}\n'
 _UNSEALED_END = b"}\n"
 _SEAL_TAIL = len(_SEAL_OPEN) + 64 + len(_SEAL_CLOSE)
+_HEXDIGEST = methodcaller("hexdigest")
 
 
 class LogKeyError(ValueError):
@@ -51,6 +53,12 @@ class Chain:
         state.update(data)
         hexed: str = state.hexdigest()
         return hexed
+
+    def digests(self, lines: Sequence[bytes]) -> list[str]:
+        """:meth:`digest` of each line, in one call (a long log's lines, a run of them at a time)."""
+        if self.key is None:
+            return list(map(_HEXDIGEST, map(hashlib.sha256, lines)))
+        return [hmac.digest(self.key, line, "sha256").hex() for line in lines]
 
     def _sealed(self, prefix: bytes, tail: bytes | None) -> tuple[str, Any]:
         """The seal of a line whose bytes before its seal are ``prefix``, and its state past ``tail``."""

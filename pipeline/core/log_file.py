@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 __all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
-           "read_lines", "write_failure"]
+           "read_blocks", "read_lines", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -190,9 +190,17 @@ def parse_line(raw: bytes) -> Any:
 
 def read_lines(path: Path, fail: Callable[[str], Exception]) -> Iterator[bytes]:
     """The lines of the log at ``path``, as written; ``fail(message)`` is raised if it cannot be read."""
+    for block in read_blocks(path, fail):
+        yield from block
+
+
+def read_blocks(path: Path, fail: Callable[[str], Exception], size: int = 1 << 22) -> Iterator[list[bytes]]:
+    """The lines of the log at ``path``, as written, some ``size`` bytes of them at a time (a reader that
+    takes many lines in one step); ``fail(message)`` is raised if it cannot be read."""
     try:
         with open(path, "rb") as fh:
-            yield from fh
+            while block := fh.readlines(size):
+                yield block
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror or exc}") from exc
 

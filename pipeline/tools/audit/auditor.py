@@ -8,12 +8,13 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
-from fsmtrain.core.log_file import parse_line, read_lines
+from fsmtrain.core.log_file import parse_line, read_blocks
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
@@ -35,8 +36,10 @@ __all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
-# given each move line read from its bytes: its number, (phase, from, to, trigger), global_step and epoch
-Mover = Callable[[int, tuple[str, ...], int, int], None]
+# given each move read from its bytes: its line's number, (phase, from, to, trigger), global_step, epoch and
+# how many times it was made (by as many lines, each a step after the one before: a run of per-batch lines)
+Mover = Callable[[int, tuple[str, ...], int, int, int], None]
+Matcher = Callable[[bytes], "re.Match[bytes] | None"]
 _INT = rb"(0|[1-9]\d*)"  # a JSON integer
 # A move line as the writer writes it (a transition with no payload): decoded from its bytes, not
 # parsed, and a per-batch one (the bulk of a debug log) that holds every check taken as it is.
@@ -45,6 +48,14 @@ _MOVE_LINE = re.compile(
     rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
     rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
 _BATCH = tuple(s.encode() for s in (PER_BATCH[1], *PER_BATCH))  # a per-batch line's phase, from, to and trigger
+# A per-batch line of the run whose id is spliced in, as the writer writes it at debug level (a run of them is
+# checked in one go): its seq, ts, epoch, global_step and prev captured.
+_BATCH_LINE = (rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"%%s","event":"transition","level":"debug",'
+               rb'"phase":"%s","from":"%s","to":"%s","trigger":"%s","epoch":%s,"global_step":%s,"payload":\{\},'
+               rb'"prev":"(\w{64})","seal":"\w{64}"\}\n' % (_INT, *_BATCH, _INT, _INT))
+_VERBATIM_ID = re.compile(r"[ !#-\[\]-~]*").fullmatch  # a run id its log holds as it is (no escapes)
+_DEBUG, _STEP = LEVELS["debug"], PER_BATCH[0]
+_COLUMNS = tuple(itemgetter(i) for i in range(1, 6))
 _FINAL = FINAL.value.encode()
 _SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  # a checkpoint is staged here
 # The words of each move of the table (phase, from, to, trigger) as bytes, and decoded: the same tuple each time.
@@ -90,6 +101,76 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
         self.ckpts = CheckpointLines()
+        self._matchers: dict[str, Matcher] = {}
+
+    def _batch_matcher(self) -> Matcher | None:
+        """The current segment's per-batch line (:data:`_BATCH_LINE`); None where no such line can pass."""
+        seg = self.seg
+        if seg is None or seg.min_level > _DEBUG or not _VERBATIM_ID(seg.run_id):
+            return None
+        found = self._matchers.get(seg.run_id)
+        if found is None:
+            found = self._matchers[seg.run_id] = re.compile(_BATCH_LINE % re.escape(seg.run_id.encode())).fullmatch
+        return found
+
+    def feed_block(self, n: int, block: list[bytes]) -> None:
+        """Lines ``n``, ``n + 1``... (``block``): a run of per-batch lines in one go where every line of it passes
+        every check (:meth:`_batch_run`), any other line one at a time (:meth:`feed_line`)."""
+        i, size = 0, len(block)
+        while i < size:
+            seg, matcher = self.seg, self._batch_matcher()
+            if matcher is None:
+                while i < size and self.seg is seg:
+                    self.feed_line(n + i, block[i])
+                    i += 1
+                continue
+            found, base = [*map(matcher, block[i:]), None], i
+            while i < size and self.seg is seg:  # a run_start opens another segment: its run id may differ
+                if found[i - base] is None:
+                    self.feed_line(n + i, block[i])
+                    i += 1
+                    continue
+                end = found.index(None, i - base) + base  # at most size: found ends with None
+                if not self._batch_run(n + i, block[i:end], found[i - base:end - base]):
+                    for j in range(i, end):
+                        self.feed_line(n + j, block[j])
+                i = end
+
+    def feed_line(self, n: int, raw: bytes) -> None:
+        """Line ``n``: a move line taken from its bytes where it can be, else parsed (:meth:`feed_parsed`)."""
+        m = _MOVE_LINE(raw)
+        if m is None or not self._move_line(n, raw, m.groups()):
+            self.feed_parsed(n, raw, None)
+
+    def _batch_run(self, n: int, lines: list[bytes], found: list[Any]) -> bool:
+        """Lines ``n``, ``n + 1``... (``lines``, each a :data:`_BATCH_LINE`) checked as :meth:`_move_line` would
+        one at a time, when each passes every check; False, with nothing changed, for any other run."""
+        seg, prev_seq = self.seg, self.prev_seq
+        if (seg is None or seg.result_line is not None or seg.phase != _STEP or prev_seq is None
+                or (seg.stop is not None and seg.stop.immediate)):
+            return False
+        seq_b, ts_b, epoch_b, step_b, prev_b = (list(map(column, found)) for column in _COLUMNS)
+        size, first = len(lines), int(step_b[0])
+        seqs, steps, ts = list(map(int, seq_b)), list(map(int, step_b)), list(map(float, ts_b))
+        if (seqs != list(range(prev_seq + 1, prev_seq + 1 + size)) or first < seg.global_step
+                or steps != list(range(seg.step_prev + 1, seg.step_prev + 1 + size))
+                or int(epoch_b[0]) != seg.next_epoch or epoch_b.count(epoch_b[0]) != size
+                or ts[0] < self.last_ts or ts != sorted(ts)):
+            return False
+        every = seg.val_every
+        if every is not None and (max(seg.validated_at, 0) // every + 1) * every <= steps[-1]:
+            return False  # a validation is missed: said line by line
+        if not self.chain.link_run(n, lines, list(map(bytes.decode, prev_b)), seqs[-1]):
+            return False
+        last = n + size - 1
+        if self.mover is not None:
+            self.mover(n, _WORDS[_BATCH], first, seg.next_epoch, size)
+        self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
+        seg.last_line, seg.last_epoch_field, seg.global_step = last, seg.next_epoch, steps[-1]
+        seg.step_prev = steps[-1]
+        seg.batch_lines += size
+        self.batch_moves += size
+        return True
 
     def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
         """A move line (``fields``: :data:`_MOVE_LINE`'s) that passes every line check of :meth:`feed_parsed`,
@@ -103,7 +184,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         raw_words, epoch = fields[4:8], int(epoch_b)
         words = _WORDS.get(raw_words) or tuple(w.decode() for w in raw_words)
         if self.mover is not None:
-            self.mover(n, words, step, epoch)
+            self.mover(n, words, step, epoch, 1)
         self.prev_seq = seq
         self.chain.link(n, raw, prev.decode(), seq, words[0] == _SAVING)
         self.last_ts, self.last_ts_line = ts, n
@@ -293,11 +374,9 @@ def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | 
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover)
-    move_line, parsed = auditor._move_line, auditor.feed_parsed
     n = 0
-    for n, raw in enumerate(read_lines(p, AuditReadError), 1):
-        m = _MOVE_LINE(raw)
-        if m is None or not move_line(n, raw, m.groups()):
-            parsed(n, raw, None)
+    for block in read_blocks(p, AuditReadError):
+        auditor.feed_block(n + 1, block)
+        n += len(block)
     auditor.lines = n
     return auditor

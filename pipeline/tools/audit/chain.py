@@ -203,6 +203,24 @@ class ChainCheck:
                 return
         self._link_slow(n, raw, {"prev": carried, "seq": seq} if rec is None else rec, prev_raw, before, seq_before)
 
+    def link_run(self, n: int, lines: list[bytes], carried: list[str], last_seq: int) -> bool:
+        """:meth:`link` of lines ``n``, ``n + 1``... (``lines``, none of a save phase, carrying ``carried``)
+        at once, when every link holds; False, with nothing changed, when one does not (or the chain is not
+        verified here): they are then linked one at a time, which names what went wrong."""
+        chain, prev_raw = self.active, self.prev_raw
+        if chain is None or self._digest is None or prev_raw is None or self._pending is not None:
+            return False
+        expected = chain.digests([prev_raw, *lines[:-1]])
+        if expected != carried:
+            return False
+        (self._end_pins if self._prev_end else self.pins)[expected[0]] = n - 1
+        self.pins.update(zip(expected[1:], range(n, n + len(lines) - 1), strict=True))
+        self._before_prev = lines[-2] if len(lines) > 1 else prev_raw
+        self.prev_raw, self.prev_seq, self._prev_end = lines[-1], last_seq, False
+        self._tail, self._last_verified = self.active, n + len(lines) - 1
+        self.verified_links += len(lines)
+        return True
+
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:
         chain = self.active

@@ -109,7 +109,7 @@ class RunData:
         if rec.get("event") == "transition" and (
                 type(src := rec.get("from")) is type(dst := rec.get("to")) is type(trig := rec.get("trigger")) is str):
             # the common line, past the checks of ``record``
-            self.move(n, (dst, src, dst, trig), rec.get("global_step"), rec.get("epoch"), rec.get("payload"))
+            self.move(n, (dst, src, dst, trig), rec.get("global_step"), rec.get("epoch"), 1, rec.get("payload"))
             return
         try:
             self.path.record(rec, f"line {n}")
@@ -117,16 +117,17 @@ class RunData:
             self.path_problem = self.path_problem or str(exc)
         _read_event(self, rec)
 
-    def move(self, n: int, words: tuple[str, ...], step: Any, epoch: Any, payload: Any = None) -> None:
-        """A move (its phase, from, to and trigger); the audit gives a per-batch line's words as one tuple."""
+    def move(self, n: int, words: tuple[str, ...], step: Any, epoch: Any, times: int = 1, payload: Any = None) -> None:
+        """A move (its phase, from, to and trigger) made ``times`` times in a row; the audit gives a per-batch
+        line's words as one tuple."""
         if words is self.again:  # that internal move again
-            self.repeats += 1
+            self.repeats += times
             return
         _, src, dst, trig = words
         self.path.transition(src, dst, trig, step, epoch, payload)
         if src == dst:
             self._count_repeats()
-            self.again = words
+            self.again, self.repeats = words, times - 1
 
     def _count_repeats(self) -> None:
         if self.repeats:
