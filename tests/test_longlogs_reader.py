@@ -1,6 +1,6 @@
-"""Long logs: the audit takes the writer's move lines from their bytes and a per-batch line that holds
-every check without parsing it, with the same findings as parsing every line; other lines are read by
-orjson, with json's findings; the report reads the log once, in the audit's pass."""
+"""Long logs: the audit reads lines in bulk as typed lines (msgspec) and takes move lines from their fields
+and runs of per-batch lines at once, with the same findings as parsing every line; other lines are parsed
+with json's findings; the report reads the log once, in the audit's pass."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from audit_runs import RealRuns, read_lines, rechain
 
+from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
 from fsmtrain.tools.audit import AuditReport, audit_file
-from fsmtrain.tools.audit.auditor import _MOVE_LINE, LogAuditor
+from fsmtrain.tools.audit.auditor import LogAuditor
 from fsmtrain.tools.report.run import run_sections
 
 Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
@@ -57,9 +58,11 @@ def test_the_writers_batch_lines_are_taken_from_their_bytes(real_runs: RealRuns)
     recs = [json.loads(line) for line in raw]
     batches = _batch_indexes(recs)
     assert len(batches) >= 6
-    assert all(_MOVE_LINE(raw[i]) is not None for i in batches)
-    assert all(_MOVE_LINE(raw[i]) is not None for i, r in enumerate(recs) if r["event"] == "transition"
-               and r["to"] != "train_end")  # train_end's move carries its reason
+    typed = typed_lines(raw)
+    moves = [i for i, r in enumerate(recs) if r["event"] == "transition" and r["to"] != "train_end"]
+    assert set(batches) <= set(moves)
+    assert all(rec is not None and rec.payload == EMPTY_PAYLOAD for rec in map(typed.__getitem__, moves))  # train_end's
+    # move carries its reason
 
 
 @pytest.mark.parametrize("edit", sorted(EDITS))
@@ -88,8 +91,8 @@ class _CountingRuns(LogAuditor):
 
     taken = 0
 
-    def _batch_run(self, n: int, lines: list[bytes], found: list[Any]) -> bool:
-        ok = super()._batch_run(n, lines, found)
+    def _batch_run(self, n: int, lines: list[bytes], recs: list[Any]) -> bool:
+        ok = super()._batch_run(n, lines, recs)
         self.taken += len(lines) if ok else 0
         return ok
 
@@ -186,8 +189,8 @@ def test_a_changed_phase_level_move_gets_the_findings_of_a_parsed_one(real_runs:
     assert fast.ok_strict == (edit == "level"), f"{edit}: the change went unseen"
 
 
-# Parsed lines are read by orjson: where it refuses a line or may read it otherwise (an integer past 64 bits,
-# which it reads as a float), json reads it. A changed epoch line gets the findings json's reading gives.
+# Parsed lines are read by msgspec: where it refuses a line (NaN, a number out of range, a lone surrogate...),
+# json reads it. A changed epoch line gets the findings json's reading gives.
 WIDE = 2**70
 RAW_EDITS: dict[str, Callable[[bytes], bytes]] = {
     "wide_batches": lambda b: b.replace(b'"batches":', b'"batches":%d,"x":' % WIDE),

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
-__all__ = ["ROOM", "FileWriteError", "LogFile", "LogWriteError", "describe_device", "log_number", "parse_line",
-           "read_blocks", "read_lines", "write_failure"]
+__all__ = ["ROOM", "FileWriteError", "LogFile", "LogLine", "LogWriteError", "describe_device", "log_number",
+           "parse_line", "read_blocks", "read_lines", "typed_lines", "write_failure", "EMPTY_PAYLOAD"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -157,35 +157,56 @@ class LogFile:
 
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-_WIDE = 9.2e18  # orjson reads an integer outside 64 bits as a float at least 2**63 in size, where json keeps it
-
-
-def _wide(value: Any) -> bool:
-    """Whether ``value`` holds a float as large as ``_WIDE`` (NaN too): it may be such an integer."""
-    cls = value.__class__
-    if cls is float:
-        return not -_WIDE < value < _WIDE
-    if cls is dict:
-        value = value.values()
-    elif cls is not list:
-        return False
-    for v in value:
-        c = v.__class__
-        if (c is float and not -_WIDE < v < _WIDE) or ((c is dict or c is list) and _wide(v)):
-            return True
-    return False
 
 
 def parse_line(raw: bytes) -> Any:
-    """``json.loads`` of one log line: orjson reads it, unless it refuses it (NaN, lone surrogates...) or
-    may have read it otherwise (an integer past 64 bits): then ``json`` reads it, as ``fsmtrain`` wrote it."""
+    """``json.loads`` of one log line: msgspec reads it (integers of any size, as json), unless it refuses it
+    (NaN, lone surrogates, a number out of range...): then ``json`` reads it, as ``fsmtrain`` wrote it."""
     try:
-        obj = orjson.loads(raw)
-        if not _wide(obj):
-            return obj
-    except orjson.JSONDecodeError:
-        pass
-    return json.loads(raw.decode("utf-8"))  # a UnicodeDecodeError is a ValueError
+        return _DECODE_ANY(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw.decode("utf-8"))  # a UnicodeDecodeError is a ValueError
+
+
+class LogLine(msgspec.Struct, rename={"from_": "from"}, gc=False):
+    """A line that holds every field with the type the writer gives it (``payload`` left unread); a reader of
+    long logs takes such lines from :func:`typed_lines` in bulk and parses any other (:func:`parse_line`)."""
+
+    seq: int
+    ts: int | float
+    run_id: str
+    event: str
+    level: str
+    phase: str
+    from_: str | None
+    to: str | None
+    trigger: str | None
+    epoch: int
+    global_step: int
+    payload: msgspec.Raw
+    prev: str
+    seal: str
+
+
+EMPTY_PAYLOAD = msgspec.Raw(b"{}")
+_DECODE = msgspec.json.Decoder(LogLine).decode
+_DECODE_ANY = msgspec.json.Decoder().decode
+
+
+def _typed(raw: bytes) -> LogLine | None:
+    try:
+        return _DECODE(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def typed_lines(lines: list[bytes]) -> list[LogLine | None]:
+    """Each line as a :class:`LogLine`, or None where it is none (any JSON error, a missing field, another type:
+    such a line is for :func:`parse_line`). Values are json's: the last of a repeated key, integers of any size."""
+    try:
+        return list(map(_DECODE, lines))  # one call for a block whose lines all decode
+    except msgspec.DecodeError:
+        return list(map(_typed, lines))
 
 
 def read_lines(path: Path, fail: Callable[[str], Exception]) -> Iterator[bytes]:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import re
 from collections import Counter
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
-from fsmtrain.core.log_file import parse_line, read_blocks
+from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line, read_blocks, typed_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
@@ -36,31 +36,17 @@ __all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
-# given each move read from its bytes: its line's number, (phase, from, to, trigger), global_step, epoch and
+# given each move read from its typed line: its line's number, (phase, from, to, trigger), global_step, epoch and
 # how many times it was made (by as many lines, each a step after the one before: a run of per-batch lines)
 Mover = Callable[[int, tuple[str, ...], int, int, int], None]
-Matcher = Callable[[bytes], "re.Match[bytes] | None"]
-_INT = rb"(0|[1-9]\d*)"  # a JSON integer
-# A move line as the writer writes it (a transition with no payload): decoded from its bytes, not
-# parsed, and a per-batch one (the bulk of a debug log) that holds every check taken as it is.
-_MOVE_LINE = re.compile(
-    rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"([ !#-\[\]-~]*)","event":"transition","level":"(\w+)",'
-    rb'"phase":"(\w+)","from":"(\w+)","to":"(\w+)","trigger":"(\w+)","epoch":%s,"global_step":%s,"payload":\{\},'
-    rb'"prev":"(\w{64})","seal":"(\w{64})"\}\n' % (_INT, _INT, _INT)).fullmatch
-_BATCH = tuple(s.encode() for s in (PER_BATCH[1], *PER_BATCH))  # a per-batch line's phase, from, to and trigger
-# A per-batch line of the run whose id is spliced in, as the writer writes it at debug level (a run of them is
-# checked in one go): its seq, ts, epoch, global_step and prev captured.
-_BATCH_LINE = (rb'\{"seq":%s,"ts":((?:0|[1-9]\d*)\.\d+),"run_id":"%%s","event":"transition","level":"debug",'
-               rb'"phase":"%s","from":"%s","to":"%s","trigger":"%s","epoch":%s,"global_step":%s,"payload":\{\},'
-               rb'"prev":"(\w{64})","seal":"\w{64}"\}\n' % (_INT, *_BATCH, _INT, _INT))
-_VERBATIM_ID = re.compile(r"[ !#-\[\]-~]*").fullmatch  # a run id its log holds as it is (no escapes)
+_BATCH = ("transition", "debug", PER_BATCH[1], *PER_BATCH)  # a per-batch line's event, level, phase, from, to, trigger
+_KEY = attrgetter("event", "level", "phase", "from_", "to", "trigger", "run_id", "payload")
+_COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
 _DEBUG, _STEP = LEVELS["debug"], PER_BATCH[0]
-_COLUMNS = tuple(itemgetter(i) for i in range(1, 6))
-_FINAL = FINAL.value.encode()
+_FINAL = FINAL.value
 _SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  # a checkpoint is staged here
-# The words of each move of the table (phase, from, to, trigger) as bytes, and decoded: the same tuple each time.
-_WORDS = {tuple(w.encode() for w in words): words for words in
-          ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
+# The words of each move of the table (phase, from, to, trigger): the same tuple each time.
+_WORDS = {words: words for words in ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
 
 
 def _when(ts: float) -> str:
@@ -101,70 +87,68 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.batch_moves = 0
         self.moves: Counter[tuple[str, str, str]] = Counter()
         self.ckpts = CheckpointLines()
-        self._matchers: dict[str, Matcher] = {}
-
-    def _batch_matcher(self) -> Matcher | None:
-        """The current segment's per-batch line (:data:`_BATCH_LINE`); None where no such line can pass."""
-        seg = self.seg
-        if seg is None or seg.min_level > _DEBUG or not _VERBATIM_ID(seg.run_id):
-            return None
-        found = self._matchers.get(seg.run_id)
-        if found is None:
-            found = self._matchers[seg.run_id] = re.compile(_BATCH_LINE % re.escape(seg.run_id.encode())).fullmatch
-        return found
 
     def feed_block(self, n: int, block: list[bytes]) -> None:
-        """Lines ``n``, ``n + 1``... (``block``): a run of per-batch lines in one go where every line of it passes
-        every check (:meth:`_batch_run`), any other line one at a time (:meth:`feed_line`)."""
+        """Lines ``n``, ``n + 1``... (``block``), decoded in bulk (:func:`typed_lines`): a run of per-batch lines in
+        one go where every line of it passes every check (:meth:`_batch_run`), any other line one at a time."""
+        typed = typed_lines(block)
+        keys = (list(map(_KEY, typed)) if None not in typed
+                else [None if rec is None else _KEY(rec) for rec in typed])
         i, size = 0, len(block)
         while i < size:
-            seg, matcher = self.seg, self._batch_matcher()
-            if matcher is None:
+            seg = self.seg
+            if seg is None or seg.min_level > _DEBUG:  # no per-batch line can pass here
                 while i < size and self.seg is seg:
-                    self.feed_line(n + i, block[i])
+                    self._feed(n + i, block[i], typed[i])
                     i += 1
                 continue
-            found, base = [*map(matcher, block[i:]), None], i
+            batch, base = (*_BATCH, seg.run_id, EMPTY_PAYLOAD), i
+            is_batch = [*map(eq, keys[i:], repeat(batch)), False]
             while i < size and self.seg is seg:  # a run_start opens another segment: its run id may differ
-                if found[i - base] is None:
-                    self.feed_line(n + i, block[i])
+                if not is_batch[i - base]:
+                    self._feed(n + i, block[i], typed[i])
                     i += 1
                     continue
-                end = found.index(None, i - base) + base  # at most size: found ends with None
-                if not self._batch_run(n + i, block[i:end], found[i - base:end - base]):
+                end = is_batch.index(False, i - base) + base  # at most size: is_batch ends with False
+                if not self._batch_run(n + i, block[i:end], typed[i:end]):
                     for j in range(i, end):
-                        self.feed_line(n + j, block[j])
+                        self._feed(n + j, block[j], typed[j])
                 i = end
 
-    def feed_line(self, n: int, raw: bytes) -> None:
-        """Line ``n``: a move line taken from its bytes where it can be, else parsed (:meth:`feed_parsed`)."""
-        m = _MOVE_LINE(raw)
-        if m is None or not self._move_line(n, raw, m.groups()):
+    def _feed(self, n: int, raw: bytes, rec: LogLine | None) -> None:
+        if rec is None:
+            self.feed_parsed(n, raw, None)
+        else:
+            self.feed_typed(n, raw, rec)
+
+    def feed_typed(self, n: int, raw: bytes, rec: LogLine) -> None:
+        """Line ``n`` (``rec``: as :func:`typed_lines` read it): a move taken from its fields where it can be,
+        any other line parsed (:meth:`feed_parsed`)."""
+        if rec.event != "transition" or rec.payload != EMPTY_PAYLOAD or not self._move_line(n, raw, rec):
             self.feed_parsed(n, raw, None)
 
-    def _batch_run(self, n: int, lines: list[bytes], found: list[Any]) -> bool:
-        """Lines ``n``, ``n + 1``... (``lines``, each a :data:`_BATCH_LINE`) checked as :meth:`_move_line` would
-        one at a time, when each passes every check; False, with nothing changed, for any other run."""
+    def _batch_run(self, n: int, lines: list[bytes], recs: list[LogLine | None]) -> bool:
+        """Lines ``n``, ``n + 1``... (``lines``, each a per-batch move of this run, ``recs`` as typed) checked as
+        :meth:`_move_line` would one at a time, when each passes every check; False, with nothing changed, else."""
         seg, prev_seq = self.seg, self.prev_seq
         if (seg is None or seg.result_line is not None or seg.phase != _STEP or prev_seq is None
                 or (seg.stop is not None and seg.stop.immediate)):
             return False
-        seq_b, ts_b, epoch_b, step_b, prev_b = (list(map(column, found)) for column in _COLUMNS)
-        size, first = len(lines), int(step_b[0])
-        seqs, steps, ts = list(map(int, seq_b)), list(map(int, step_b)), list(map(float, ts_b))
+        seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in _COLUMNS)
+        size, first = len(lines), steps[0]
         if (seqs != list(range(prev_seq + 1, prev_seq + 1 + size)) or first < seg.global_step
                 or steps != list(range(seg.step_prev + 1, seg.step_prev + 1 + size))
-                or int(epoch_b[0]) != seg.next_epoch or epoch_b.count(epoch_b[0]) != size
+                or epochs[0] != seg.next_epoch or epochs.count(epochs[0]) != size
                 or ts[0] < self.last_ts or ts != sorted(ts)):
             return False
         every = seg.val_every
         if every is not None and (max(seg.validated_at, 0) // every + 1) * every <= steps[-1]:
             return False  # a validation is missed: said line by line
-        if not self.chain.link_run(n, lines, list(map(bytes.decode, prev_b)), seqs[-1]):
+        if not self.chain.link_run(n, lines, prevs, seqs[-1]):
             return False
         last = n + size - 1
         if self.mover is not None:
-            self.mover(n, _WORDS[_BATCH], first, seg.next_epoch, size)
+            self.mover(n, _WORDS[_BATCH[2:]], first, seg.next_epoch, size)
         self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
         seg.last_line, seg.last_epoch_field, seg.global_step = last, seg.next_epoch, steps[-1]
         seg.step_prev = steps[-1]
@@ -172,24 +156,26 @@ class LogAuditor(SegmentChecks, MoveChecks):
         self.batch_moves += size
         return True
 
-    def _move_line(self, n: int, raw: bytes, fields: tuple[bytes, ...]) -> bool:
-        """A move line (``fields``: :data:`_MOVE_LINE`'s) that passes every line check of :meth:`feed_parsed`,
-        taken from its bytes; False, with nothing changed, for any other (it is then parsed)."""
-        seq_b, ts_b, run_id, level, _, _, dst, _, epoch_b, step_b, prev, _ = fields
-        seg, seq, ts, step = self.seg, int(seq_b), float(ts_b), int(step_b)
+    def _move_line(self, n: int, raw: bytes, rec: LogLine) -> bool:
+        """A move line (``rec``, with an empty payload) that passes every line check of :meth:`feed_parsed`, taken
+        from its fields; False, with nothing changed, for any other (it is then parsed)."""
+        seg, seq, ts, step, dst = self.seg, rec.seq, rec.ts, rec.global_step, rec.to
         if (seg is None or seg.result_line is not None or seq != self.prev_seq + 1  # type: ignore[operator]
-                or ts < self.last_ts or step < seg.global_step or dst == _FINAL or run_id.decode() != seg.run_id
-                or (seg.min_level and LEVELS.get(level.decode(), 99) < seg.min_level)):
+                or ts < self.last_ts or step < seg.global_step or dst == _FINAL or rec.run_id != seg.run_id
+                or (seg.min_level and LEVELS.get(rec.level, 99) < seg.min_level)):
             return False
-        raw_words, epoch = fields[4:8], int(epoch_b)
-        words = _WORDS.get(raw_words) or tuple(w.decode() for w in raw_words)
+        src, trig, epoch = rec.from_, rec.trigger, rec.epoch
+        if src is None or dst is None or trig is None:
+            return False  # not a move as the writer writes one: parsed, as such a line is
+        raw_words = (rec.phase, src, dst, trig)
+        words = _WORDS.get(raw_words, raw_words)
         if self.mover is not None:
             self.mover(n, words, step, epoch, 1)
         self.prev_seq = seq
-        self.chain.link(n, raw, prev.decode(), seq, words[0] == _SAVING)
+        self.chain.link(n, raw, rec.prev, seq, words[0] == _SAVING)
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
-        if not (raw_words == _BATCH and self._batch(n, step, epoch, seg)):
+        if not (raw_words == _BATCH[2:] and self._batch(n, step, epoch, seg)):
             self._transition(n, seg, words[1], words[2], words[3], epoch, step, words[0])
         return True
 
@@ -369,8 +355,8 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
              allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> LogAuditor:
-    """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each
-    parsed line too, ``mover`` each move line read from its bytes (the report reads the log in the audit's pass)."""
+    """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each parsed
+    line too, ``mover`` each move read from its typed fields (the report reads the log in the audit's pass)."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover)
