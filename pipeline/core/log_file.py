@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["ROOM", "FileWriteError", "LogFile", "LogLine", "LogWriteError", "describe_device", "log_number",
-           "parse_line", "read_blocks", "read_lines", "typed_lines", "write_failure", "EMPTY_PAYLOAD"]
+__all__ = ["EMPTY_PAYLOAD", "ROOM", "FileWriteError", "LogFile", "LogLine", "LogWriteError", "describe_device",
+           "log_number", "parse_line", "read_blocks", "read_lines", "typed_lines", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
