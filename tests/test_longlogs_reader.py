@@ -117,6 +117,18 @@ def test_runs_of_batch_lines_are_taken_in_one_go_and_audit_alike_however_the_log
     assert taken == len(_batch_indexes(recs))  # every per-batch line of an intact log, in runs
 
 
+def test_a_run_id_written_with_escapes_is_taken_a_run_at_a_time_too(real_runs: RealRuns, tmp_path: Path) -> None:
+    recs = [json.loads(line) for line in read_lines(real_runs.events("debug"))]
+    for rec in recs:
+        rec["run_id"] = 'run "\u00e9\\1'
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
+    assert b'"run_id":"run \\"\\u00e9\\\\1"' in path.read_bytes()  # escaped as json writes it
+    (fast, taken), parsed = _fed_in_blocks(path, 10**6), _parsing_every_line(path)
+    assert fast.ok and _said(fast) == _said(parsed) and fast.explanation == parsed.explanation
+    assert taken == len(_batch_indexes(recs))  # not only a run id the log holds as it is
+
+
 @pytest.mark.parametrize("edit", sorted(EDITS))
 @pytest.mark.parametrize("size", [3, 10**6])
 def test_a_changed_line_inside_a_run_of_batch_lines_gets_the_findings_of_a_parsed_one(
