@@ -1,6 +1,7 @@
-"""Real ``fsmtrain`` processes without paying, each time, for Python's start and torch's import (about
-2.5 s of CPU a process here; the kill-and-resume tests start dozens): a zygote process imports the
-command line once and forks one child per command, as Android's zygote and Chromium's do.
+"""Real ``fsmtrain`` processes without paying, each time, for Python's start and torch's imports (about
+3.5 s of CPU a process here: 2 s for ``import torch``, 1.5 s for ``torch._dynamo``, which the first
+optimizer imports; the kill-and-resume tests start dozens): a zygote process imports the command line
+once and forks one child per command, as Android's zygote and Chromium's do.
 
 Each child is a real process of its own: its pid, working folder, environment, open files, signal
 handlers and exit status; it is killed by real signals, and it runs ``python -m fsmtrain``'s own module
@@ -34,7 +35,8 @@ REPO = TESTS.parent
 def _serve() -> dict[str, Any]:
     """The zygote's loop: a request per stdin line forks a child, and returns its request in the child;
     each child's pid and then its exit status go back on stdout, a JSON line each."""
-    import torch  # noqa: F401  # what every command imports, paid once
+    import torch  # what every command imports, paid once
+    import torch._dynamo  # noqa: F401  # the first optimizer's import (Optimizer.add_param_group), 1.5 s of CPU
 
     import fsmtrain.callbacks
     import fsmtrain.cli  # noqa: F401
