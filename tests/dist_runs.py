@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import torch
 import yaml
 
@@ -50,10 +52,9 @@ def config(folder: Path, *, extra: Sequence[dict[str, Any]] = (), epochs: int = 
 
 
 def fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(**extra_env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = finish(proc, timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """``python -m fsmtrain ARGS``, forked from a zygote (tests/forked_cli.py; the workers an elastic agent
+    starts are fresh processes); past ``timeout`` stopped as :func:`finish` stops a process."""
+    return forked_cli.run(list(args), cwd, env(**extra_env), timeout, stop=signal.SIGTERM)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:

@@ -190,13 +190,19 @@ class ForkedProcess:
     def stderr(self) -> BinaryIO:
         return self.stderr_path.open("rb")
 
-    def run(self, timeout: float) -> subprocess.CompletedProcess[str]:
-        """Wait for the end (killing it past ``timeout``, as ``subprocess.run`` does) and collect its output."""
+    def run(self, timeout: float, stop: int = signal.SIGKILL) -> subprocess.CompletedProcess[str]:
+        """Wait for the end and collect its output. Past ``timeout`` the child gets ``stop`` (SIGKILL, as
+        ``subprocess.run`` sends; SIGTERM lets an elastic agent end the workers it started), then SIGKILL
+        60 s later, and the timeout is raised."""
         try:
             self.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.kill()
-            self.wait(30)
+            self.send_signal(stop)
+            try:
+                self.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.wait(30)
             raise
         out, err = self.output()
         return subprocess.CompletedProcess(self.args, self.wait(), out, err)
@@ -214,9 +220,11 @@ def zygote(env: dict[str, str]) -> Zygote:
     return _ZYGOTES[key]
 
 
-def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run([python, -m, fsmtrain, *args], capture_output=True, text=True)``, forked."""
-    return zygote(env).start(args, cwd, env).run(timeout)
+def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
+        stop: int = signal.SIGKILL) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([python, -m, fsmtrain, *args], capture_output=True, text=True)``, forked (``stop``: as
+    :meth:`ForkedProcess.run`)."""
+    return zygote(env).start(args, cwd, env).run(timeout, stop)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import optuna
 import yaml
 from system_parts import POSTGRES, find_postgres_bin, missing_reason
@@ -49,8 +50,7 @@ def env() -> dict[str, str]:
 
 
 def fsmtrain(*args: str | Path, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *map(str, args)], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return forked_cli.run(list(map(str, args)), cwd, env(), timeout)  # forked: see tests/forked_cli.py
 
 
 def _default_sigint() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import torch
 import yaml
@@ -51,8 +52,7 @@ def _config(tmp: Path, *, extra: Sequence[dict[str, Any]] = (), **changes: Any) 
 
 
 def _fsmtrain(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return forked_cli.run(list(args), cwd, _env(), timeout, stop=signal.SIGTERM)  # see tests/forked_cli.py
 
 
 def _torchrun(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:

@@ -9,11 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import optuna
 import pytest
 
@@ -156,8 +156,7 @@ def test_explicit_callbacks_and_errors(runs: Runs, tmp_path: Path) -> None:
 # --- the command line ----------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=300, check=False)
+    return forked_cli.run(list(args), REPO, env, 300)  # forked: see tests/forked_cli.py
 
 
 def test_cli_determinism_check_and_divergence_exit_code(runs: Runs, tmp_path: Path) -> None:
