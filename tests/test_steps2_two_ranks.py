@@ -15,10 +15,10 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import torch
 import yaml
@@ -47,21 +47,21 @@ def _launch(folder: Path, *args: str, group: str = "") -> subprocess.CompletedPr
     pids.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", GROUP_ENV: group, PIDS_ENV: str(pids)}
-    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", *args], cwd=folder, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # the launcher forked from a zygote (tests/forked_cli.py) in a session of its own; its workers are fresh
+    proc = forked_cli.zygote(env).start(list(args), folder, env, session=True)
     try:
-        out, _ = proc.communicate(timeout=300)
+        done = proc.run(300)
     finally:
         left = [pid for pid in (int(p.read_text()) for p in pids.glob("rank*")) if _ours(pid, pids)]
         for pid in left:  # a worker that outlived its launch (a hang, a timeout): killed, and a failure
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(30)
         for p in pids.glob("rank*"):
             p.unlink()
     assert not left, f"workers {left} outlived their launch"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout + done.stderr, "")
 
 
 def _ours(pid: int, pids: Path) -> bool:
@@ -132,10 +132,17 @@ def _kill_chain(root: Path, config: Path, kills: list[int], first: str = "train"
     return run_dir
 
 
+_REFERENCES: dict[bytes, Path] = {}
+
+
 def _reference(root: Path, config: Path) -> Path:
-    done = _launch(root / "ref", "train", str(config), "--nproc", "2")
-    assert done.returncode == 0, done.stdout[-3000:]
-    return root / "ref" / RUN
+    """The uninterrupted run of ``config``: run once for the module, per config's contents."""
+    key = config.read_bytes()
+    if key not in _REFERENCES:
+        done = _launch(root / "ref", "train", str(config), "--nproc", "2")
+        assert done.returncode == 0, done.stdout[-3000:]
+        _REFERENCES[key] = root / "ref" / RUN
+    return _REFERENCES[key]
 
 
 @pytest.mark.slow
