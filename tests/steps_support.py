@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -141,15 +140,14 @@ def iterable_loaders(*, batch_size: int, seed: int) -> Any:
     return Loaders(Batches(made.train), made.val)  # type: ignore[arg-type]  # the point: no DataLoader
 
 
-def preempted(folder: Path, config: Path, signum: int, at_step: int) -> tuple[subprocess.Popen[str], float]:
+def preempted(folder: Path, config: Path, signum: int, at_step: int) -> tuple[forked_cli.ForkedProcess, float]:
     """Start ``fsmtrain train`` with 20 ms batches and send ``signum`` as it holds before batch
     ``at_step`` + 1 (a time after the start raced the epoch's end on a fast machine); returns the
     finished process and the seconds from the signal to its exit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", KILL_ENV: "slow:20",
            HOLD_ENV: f"{at_step}:{folder}"}
-    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(config)], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked_cli.zygote(env).start(["train", str(config)], folder, env)  # see tests/forked_cli.py
     deadline = time.monotonic() + 120
     while not (folder / "held").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach the step"

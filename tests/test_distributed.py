@@ -213,7 +213,7 @@ def test_an_immediate_stop_on_one_rank_stops_every_rank_at_the_same_batch(tmp_pa
     _replays(run_dir, tmp_path)
 
 
-def _wait_for(path: Path, epoch: int, proc: subprocess.Popen[str], limit: float = 90) -> int:
+def _wait_for(path: Path, epoch: int, proc: forked_cli.ForkedProcess, limit: float = 90) -> int:
     """Wait until ``path`` says the run reached epoch index ``epoch``; the writer's pid."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -228,10 +228,10 @@ def _wait_for(path: Path, epoch: int, proc: subprocess.Popen[str], limit: float 
     raise AssertionError(f"{path} never reached epoch {epoch}")
 
 
-def _start(tmp: Path, config: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(config), "--nproc", "2"], cwd=tmp,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def _start(tmp: Path, config: Path) -> forked_cli.ForkedProcess:
+    """``fsmtrain train CONFIG --nproc 2`` in a session of its own, forked from the zygote (tests/forked_cli.py)."""
+    env = _env()
+    return forked_cli.zygote(env).start(["train", str(config), "--nproc", "2"], tmp, env, session=True)
 
 
 @pytest.mark.slow

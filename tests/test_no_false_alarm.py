@@ -26,11 +26,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 import test_disk_full
 import torch
@@ -102,8 +102,8 @@ def _killed_in_a_hold(folder: Path, epoch: int) -> tuple[Path, str]:
     marker = folder / "held"
     cfg = config(folder, extra=[_cb("alarm_support.HoldEpoch", epoch=epoch, marker=str(marker))])
     path = f"{Path(__file__).parent}{os.pathsep}{env()['PYTHONPATH']}"
-    proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(cfg)], cwd=folder,
-                            env=env(PYTHONPATH=path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environ = env(PYTHONPATH=path)
+    proc = forked_cli.zygote(environ).start(["train", str(cfg)], folder, environ)  # see tests/forked_cli.py
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline

@@ -60,7 +60,7 @@ def test_a_configured_sigusr2_saves_the_last_step_exits_143_and_resumes_bit_iden
     assert done.returncode == 0, done.stderr[-3000:]
     (tmp_path / "run").mkdir()
     proc, _ = preempted(tmp_path / "run", config, signal.SIGUSR2, at_step=8)
-    out = proc.stderr.read() if proc.stderr else ""
+    out = proc.output()[1]  # its stderr
     assert proc.returncode == 143, out[-3000:]
     run_dir = tmp_path / "run" / RUN
     log = events(run_dir)

@@ -41,7 +41,7 @@ def test_a_preemption_signal_saves_the_last_step_exits_143_and_resumes_bit_ident
     assert done.returncode == 0, done.stderr[-3000:]
     (tmp_path / "run").mkdir()
     proc, seconds = preempted(tmp_path / "run", config, signum, at_step=8)
-    out = proc.stderr.read() if proc.stderr else ""
+    out = proc.output()[1]  # its stderr
     assert proc.returncode == 143, out[-3000:]
     run_dir = tmp_path / "run" / RUN
     log = events(run_dir)
