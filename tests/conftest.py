@@ -5,6 +5,7 @@ from __future__ import annotations
 import compileall
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
         for folder in (Path(fsmtrain.__file__).parent, REPO / "benchmarks"):
             compileall.compile_dir(folder, quiet=1)
+    if hasattr(config.option, "loadscopereorder"):
+        # xdist would hand out the files with the most tests first, which leaves the few long ones
+        # (kill harnesses, torchrun) to the end on one worker; the order below goes to the workers as is.
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files whose tests declare the longest time limits (their ``timeout`` marks, summed) first,
+    each file's tests kept together and in order: the longest work starts while the short files can
+    still fill the other workers' time."""
+    limits: Counter[Path] = Counter()
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        limits[item.path] += int(mark.args[0]) if mark is not None and mark.args else 0
+    items.sort(key=lambda item: -limits[item.path])  # stable: a file's tests stay in their order
 
 
 # --- real runs for the audit and diagram tests (built once per session; see tests/audit_runs.py) ---

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import forked_cli
 import pytest
 import torch
 from resume_harness import env, same_weights
@@ -118,7 +118,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cwd.mkdir(parents=True, exist_ok=True)
-    return forked_cli.run(list(args), cwd, env(), 300)  # forked: see tests/forked_cli.py
+    return subprocess.run([sys.executable, "-m", "fsmtrain", *args], cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=300)
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:
