@@ -87,6 +87,7 @@ class RealRuns:
     interrupted_callback: Path
     interrupted_sigint: Path
     debug: Path
+    steady: Path
 
     def events(self, name: str) -> Path:
         path: Path = getattr(self, name) / "events.jsonl"
@@ -141,7 +142,7 @@ def make_real_runs(root: Path) -> RealRuns:
     root.mkdir(parents=True, exist_ok=True)
     runs = RealRuns(root, *(root / n for n in (
         "completed", "early_stopped", "nan", "pruned", "errored", "interrupted_callback", "interrupted_sigint",
-        "debug")))
+        "debug", "steady")))
 
     # 4 epochs, periodic checkpoints with keep_last_k=2: two are removed again. Written in the
     # epoch, not behind it: a busy machine's writer thread rightly drops states that wait behind a
@@ -186,6 +187,9 @@ def make_real_runs(root: Path) -> RealRuns:
 
     d = runs.debug  # debug level: every per-batch internal move is logged too
     _trainer(d, [NaNDetectionCallback()], epochs=3, log_level="debug").fit()
+
+    d = runs.steady  # info level, no checkpoints: after the first epochs, each epoch's lines repeat the last's words
+    _trainer(d, [NaNDetectionCallback(), EarlyStoppingCallback(patience=100)], epochs=12).fit()
     return runs
 
 

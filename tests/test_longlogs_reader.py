@@ -1,6 +1,7 @@
-"""Long logs: the audit reads lines in bulk as typed lines (msgspec) and takes move lines from their fields
-and runs of per-batch lines at once, with the same findings as parsing every line; other lines are parsed
-with json's findings; the report reads the log once, in the audit's pass."""
+"""Long logs: the audit reads lines in bulk as typed lines (msgspec) and takes move lines from their fields,
+runs of per-batch lines at once and whole epochs that repeat the one before together, with the same findings
+as parsing every line; other lines are parsed with json's findings; the report reads the log once, in the
+audit's pass."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from audit_runs import RealRuns, read_lines, rechain
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
 from fsmtrain.tools.audit import AuditReport, audit_file
 from fsmtrain.tools.audit.auditor import LogAuditor
+from fsmtrain.tools.audit.cycles import Cycle
 from fsmtrain.tools.report.run import run_sections
 
 Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
@@ -261,7 +263,7 @@ def test_a_changed_epoch_line_reads_as_json_reads_it(real_runs: RealRuns, tmp_pa
     assert not fast.ok_strict, f"{edit}: the change went unseen"
 
 
-@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped"])
+@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped", "steady"])
 def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_runs: RealRuns, run: str) -> None:
     from fsmtrain.tools.report.run_log import RunData, read_run
 
@@ -274,3 +276,94 @@ def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_run
     parsed.finish(len(lines))
     assert fast.path.result() == parsed.path.result() and fast.path.result().counts
     assert repr(fast.table.columns) == repr(parsed.table.columns) and fast.x == parsed.x and len(fast.x) >= 2
+
+
+# Whole epochs: at info level an epoch is its moves and its epoch line; once one passed every check, the epochs
+# whose lines repeat its words are checked together (``EpochCycles``), with the state and the findings that
+# checking them a line at a time gives.
+class _CountingEpochs(LogAuditor):
+    """The audit, counting the lines it took a group of whole epochs at a time."""
+
+    taken = 0
+
+    def _epoch_group(self, n: int, lines: list[bytes], recs: list[Any], count: int, cycle: Cycle) -> bool:
+        ok = super()._epoch_group(n, lines, recs, count, cycle)
+        self.taken += len(lines) if ok else 0
+        return ok
+
+
+def _state(auditor: LogAuditor) -> str:
+    """What a later line's checks read: each segment, the chain's pins and links, the counts."""
+    chain = auditor.chain
+    pins = [sorted(d.items()) for d in (chain.pins, chain._pins_before, chain._end_pins)]
+    return repr(([vars(seg) for seg in auditor.segments], pins, chain.prev_raw, chain.prev_seq, chain.verified_links,
+                 auditor.prev_seq, auditor.last_ts, auditor.last_ts_line, sorted(auditor.moves.items())))
+
+
+def _both_ways(path: Path, size: int) -> tuple[_CountingEpochs, LogAuditor]:
+    """The audit of ``path`` fed ``size`` lines at a time, and the one that parses every line; not finished."""
+    fast, parsed = _CountingEpochs(path), LogAuditor(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    for i in range(0, len(lines), size):
+        fast.feed_block(i + 1, lines[i:i + size])
+    for n, raw in enumerate(lines, 1):
+        parsed.feed_parsed(n, raw, None)
+    fast.lines = parsed.lines = len(lines)
+    return fast, parsed
+
+
+@pytest.mark.parametrize("size", [1, 4, 11, 10**6])
+def test_whole_epochs_are_taken_together_and_audit_alike_however_the_log_is_cut(real_runs: RealRuns,
+                                                                                 size: int) -> None:
+    path = real_runs.events("steady")
+    recs = [json.loads(line) for line in read_lines(path)]
+    epochs = [i for i, r in enumerate(recs) if r["event"] == "epoch"]
+    assert len(epochs) == 12 and recs[epochs[0] + 1]["to"] == "epoch_begin"
+    fast, parsed = _both_ways(path, size)
+    assert _state(fast) == _state(parsed)
+    fast_report, parsed_report = fast.finish(), parsed.finish()
+    assert fast_report.ok_strict and _said(fast_report) == _said(parsed_report)
+    assert fast_report.explanation == parsed_report.explanation
+    cycle = epochs[2] - epochs[1]  # from the third epoch on, each repeats the second's words
+    if size == 10**6:
+        assert fast.taken == epochs[-1] - epochs[1]  # every epoch after the one it learned from
+    else:  # only whole epochs inside one block are taken together
+        assert fast.taken == 0 if size < 2 * cycle else fast.taken > 0
+
+
+EPOCH_EDITS: dict[str, Edit] = {
+    **EDITS,
+    "illegal": lambda recs, i: recs[i].update({"to": "epoch_end", "phase": "epoch_end"}),
+    "batches": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"].update(batches=3),
+    "nan_loss": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"]["metrics"].update(val_loss="NaN"),
+    "int_loss": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"]["metrics"].update(val_loss=2),
+    "slot_type": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"]["slots"].update(early_stopping_wait="x"),
+    "no_slots": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"].pop("slots"),
+    "bool_seconds": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"].update(seconds=True),
+    "epoch_line_step": lambda recs, i: recs[_next_epoch_line(recs, i)].update(global_step=1),
+    "max_epochs": lambda recs, i: recs[0]["payload"].update(max_epochs=8),
+}
+_QUIET_EDITS = {"level", "int_loss", "no_slots", "bool_seconds"}  # legal, or no check looks there
+
+
+def _next_epoch_line(recs: list[dict[str, Any]], i: int) -> int:
+    return next(j for j in range(i, len(recs)) if recs[j]["event"] == "epoch")
+
+
+@pytest.mark.parametrize("edit", sorted(EPOCH_EDITS))
+@pytest.mark.parametrize("size", [4, 10**6])
+def test_a_changed_line_among_whole_epochs_gets_the_findings_of_a_parsed_one(real_runs: RealRuns, tmp_path: Path,
+                                                                              edit: str, size: int) -> None:
+    recs = [json.loads(line) for line in read_lines(real_runs.events("steady"))]
+    at = [i for i, r in enumerate(recs) if r["event"] == "transition" and r["trigger"] == "validate"][7]
+    EPOCH_EDITS[edit](recs, at)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
+    fast, parsed = _both_ways(path, size)
+    assert _state(fast) == _state(parsed)
+    fast_report, parsed_report = fast.finish(), parsed.finish()
+    assert _said(fast_report) == _said(parsed_report)
+    assert fast_report.explanation == parsed_report.explanation
+    assert fast_report.ok_strict == (edit in _QUIET_EDITS), f"{edit}: the change went unseen"
+    if size == 10**6:
+        assert fast.taken > 0  # the epochs before the changed one, or after it

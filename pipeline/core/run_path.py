@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,20 @@ class PathCounter:
             if isinstance(epoch, int):
                 # From epoch_end the epoch counter has moved past the finished epoch.
                 run.stop_epoch = epoch - 1 if src == _EPOCH_END else epoch
+
+    def epochs(self, keys: Sequence[tuple[str, str, str]], steps: Sequence[list[int]], times: int) -> None:
+        """Whole epochs' moves at once, as :meth:`transition` of each line would count them: move ``keys[k]``
+        made ``times`` times, at the global steps ``steps[k]``; none internal, none into the end, and
+        ``train_step`` entered in each epoch before it is left."""
+        run, entered = self.run, None
+        for key, at in zip(keys, steps, strict=True):
+            run.counts[key] += times
+            src, dst, _ = key
+            if dst == _TRAIN_STEP:
+                entered = at
+            elif src == _TRAIN_STEP and entered is not None:
+                self._derived_internal += sum(max(b - a - 1, 0) for a, b in zip(entered, at, strict=True))
+        run.last_phase, self._entered_step = keys[-1][1], None
 
     def record(self, rec: Mapping[str, Any], where: str = "") -> None:
         """One parsed line of any kind."""

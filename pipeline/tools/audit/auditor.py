@@ -4,6 +4,7 @@ fields, ``seq``, ``ts`` and ``global_step`` are checked here, the rest by the si
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -13,13 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
-from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS
+from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line, read_blocks, typed_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
-from fsmtrain.tools.audit.ending import Segment, best_epoch, budget_ended, completed_epochs, ending_segment
+from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, EpochCycles, Reader
+from fsmtrain.tools.audit.ending import (
+    Segment,
+    best_epoch,
+    budget_ended,
+    completed_epochs,
+    counted_epochs,
+    ending_segment,
+)
 from fsmtrain.tools.audit.files import verify_checkpoints
-from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks
+from fsmtrain.tools.audit.moves import PER_BATCH
 from fsmtrain.tools.audit.verdict import (
     BUDGET_REASONS,
     AuditReadError,
@@ -31,22 +40,17 @@ from fsmtrain.tools.audit.verdict import (
     shown_epoch,
 )
 
-__all__ = ["LogAuditor", "Reader", "audit_file", "read_log"]
+__all__ = ["Cycler", "LogAuditor", "Reader", "audit_file", "read_log"]
 
 _CHAIN_KEYS = ("prev", "seal")  # a missing prev or seal is the chain's finding
 _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
-Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
 # given each move read from its typed line: its line's number, (phase, from, to, trigger), global_step, epoch and
 # how many times it was made (by as many lines, each a step after the one before: a run of per-batch lines)
 Mover = Callable[[int, tuple[str, ...], int, int, int], None]
 _BATCH = ("transition", "debug", PER_BATCH[1], *PER_BATCH)  # a per-batch line's event, level, phase, from, to, trigger
 _KEY = attrgetter("event", "level", "phase", "from_", "to", "trigger", "run_id", "payload")
-_COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
 _DEBUG, _STEP = LEVELS["debug"], PER_BATCH[0]
 _FINAL = FINAL.value
-_SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  # a checkpoint is staged here
-# The words of each move of the table (phase, from, to, trigger): the same tuple each time.
-_WORDS = {words: words for words in ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
 
 
 def _when(ts: float) -> str:
@@ -63,13 +67,14 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class LogAuditor(SegmentChecks, MoveChecks):
+class LogAuditor(SegmentChecks, EpochCycles):
     """Checks a log one line at a time (:meth:`feed_parsed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-                 allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> None:
+                 allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None,
+                 cycler: Cycler | None = None) -> None:
         self.path = path
-        self.reader, self.mover = reader, mover
+        self.reader, self.mover, self.cycler = reader, mover, cycler
         self.allow_missing = allow_missing
         # Set by the run directory's audit: a last segment cut by a kill is then no unfinished run.
         self.went_on: str | None = None
@@ -90,24 +95,25 @@ class LogAuditor(SegmentChecks, MoveChecks):
 
     def feed_block(self, n: int, block: list[bytes]) -> None:
         """Lines ``n``, ``n + 1``... (``block``), decoded in bulk (:func:`typed_lines`): a run of per-batch lines in
-        one go where every line of it passes every check (:meth:`_batch_run`), any other line one at a time."""
+        one go where every line of it passes every check (:meth:`_batch_run`), whole epochs that repeat one that
+        did (:meth:`_epochs_after`), any other line one at a time."""
+        self._block_no += 1
         typed = typed_lines(block)
         keys = (list(map(_KEY, typed)) if None not in typed
                 else [None if rec is None else _KEY(rec) for rec in typed])
         i, size = 0, len(block)
         while i < size:
             seg = self.seg
-            if seg is None or seg.min_level > _DEBUG:  # no per-batch line can pass here
-                while i < size and self.seg is seg:
-                    self._feed(n + i, block[i], typed[i])
-                    i += 1
-                continue
-            batch, base = (*_BATCH, seg.run_id, EMPTY_PAYLOAD), i
-            is_batch = [*map(eq, keys[i:], repeat(batch)), False]
+            base, is_batch = i, None  # None: no per-batch line can pass here
+            if seg is not None and seg.min_level <= _DEBUG:
+                is_batch = [*map(eq, keys[i:], repeat((*_BATCH, seg.run_id, EMPTY_PAYLOAD))), False]
             while i < size and self.seg is seg:  # a run_start opens another segment: its run id may differ
-                if not is_batch[i - base]:
-                    self._feed(n + i, block[i], typed[i])
+                if is_batch is None or not is_batch[i - base]:
+                    rec = typed[i]
+                    self._feed(n + i, block[i], rec)
                     i += 1
+                    if rec is not None and rec.event == "epoch" and self.seg is seg:  # whole epochs may follow
+                        i += self._epochs_after(n, i, block, typed, keys)
                     continue
                 end = is_batch.index(False, i - base) + base  # at most size: is_batch ends with False
                 if not self._batch_run(n + i, block[i:end], typed[i:end]):
@@ -134,7 +140,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         if (seg is None or seg.result_line is not None or seg.phase != _STEP or prev_seq is None
                 or (seg.stop is not None and seg.stop.immediate)):
             return False
-        seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in _COLUMNS)
+        seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in COLUMNS)
         size, first = len(lines), steps[0]
         if (seqs != list(range(prev_seq + 1, prev_seq + 1 + size)) or first < seg.global_step
                 or steps != list(range(seg.step_prev + 1, seg.step_prev + 1 + size))
@@ -148,7 +154,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
             return False
         last = n + size - 1
         if self.mover is not None:
-            self.mover(n, _WORDS[_BATCH[2:]], first, seg.next_epoch, size)
+            self.mover(n, WORDS[_BATCH[2:]], first, seg.next_epoch, size)
         self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
         seg.last_line, seg.last_epoch_field, seg.global_step = last, seg.next_epoch, steps[-1]
         seg.step_prev = steps[-1]
@@ -168,11 +174,11 @@ class LogAuditor(SegmentChecks, MoveChecks):
         if src is None or dst is None or trig is None:
             return False  # not a move as the writer writes one: parsed, as such a line is
         raw_words = (rec.phase, src, dst, trig)
-        words = _WORDS.get(raw_words, raw_words)
+        words = WORDS.get(raw_words, raw_words)
         if self.mover is not None:
             self.mover(n, words, step, epoch, 1)
         self.prev_seq = seq
-        self.chain.link(n, raw, rec.prev, seq, words[0] == _SAVING)
+        self.chain.link(n, raw, rec.prev, seq, words[0] == SAVING)
         self.last_ts, self.last_ts_line = ts, n
         seg.last_line, seg.last_epoch_field, seg.global_step = n, epoch, step
         if not (raw_words == _BATCH[2:] and self._batch(n, step, epoch, seg)):
@@ -251,7 +257,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
             handler(n, rec, seg)
 
     def _link(self, n: int, raw: bytes, rec: dict[str, Any]) -> None:
-        self.chain.link(n, raw, rec.get("prev"), rec.get("seq"), rec.get("phase") == _SAVING, rec)
+        self.chain.link(n, raw, rec.get("prev"), rec.get("seq"), rec.get("phase") == SAVING, rec)
 
     def _ts_back(self, n: int, ts: Any) -> None:
         if type(ts) is not float and type(ts) is not int:
@@ -331,7 +337,8 @@ class LogAuditor(SegmentChecks, MoveChecks):
             return
         seg = self.segments[-1]
         ex.max_epochs = ending_segment(self.segments).max_epochs
-        ex.epochs_completed = completed_epochs(self.segments)
+        counted = counted_epochs(self.segments)
+        ex.epochs_completed = completed_epochs(self.segments, counted)
         ex.last_epoch = seg.next_epoch - 1 if seg.next_epoch > 0 else None
         ex.stop_reason = seg.end_reason
         ex.train_end_line = seg.end_line
@@ -341,7 +348,7 @@ class LogAuditor(SegmentChecks, MoveChecks):
         elif seg.end_reason in BUDGET_REASONS:
             ex.stop_source, ex.stop_message = budget_ended(ending_segment(self.segments))[1:]
             ex.stop_epoch = seg.next_epoch - 1
-        best = best_epoch(self.segments)
+        best = best_epoch(self.segments, counted)
         if best is not None:
             ex.best_val_loss, ex.best_epoch, ex.best_line = best
 
@@ -354,15 +361,24 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-             allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None) -> LogAuditor:
+             allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None,
+             cycler: Cycler | None = None) -> LogAuditor:
     """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each parsed
-    line too, ``mover`` each move read from its typed fields (the report reads the log in the audit's pass)."""
+    line too, ``mover`` each move read from its typed fields, ``cycler`` the moves of whole epochs checked
+    together (the report reads the log in the audit's pass)."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
-                         reader=reader, mover=mover)
-    n = 0
-    for block in read_blocks(p, AuditReadError):
-        auditor.feed_block(n + 1, block)
-        n += len(block)
+                         reader=reader, mover=mover, cycler=cycler)
+    n, collecting = 0, gc.isenabled()
+    # A long log's reading makes millions of small objects and no cycles among them; the collector's passes
+    # over what was kept (the epochs' numbers, the moves) cost a quarter of the reading, and find nothing.
+    gc.disable()
+    try:
+        for block in read_blocks(p, AuditReadError):
+            auditor.feed_block(n + 1, block)
+            n += len(block)
+    finally:
+        if collecting:
+            gc.enable()
     auditor.lines = n
     return auditor

@@ -221,6 +221,38 @@ class ChainCheck:
         self.verified_links += len(lines)
         return True
 
+    def link_cycles(self, n: int, lines: list[bytes], carried: list[str], saving: tuple[bool, ...],
+                    last_seq: int) -> bool:
+        """:meth:`link` of lines ``n``, ``n + 1``... (``lines``: whole epochs of ``len(saving)`` lines each, each
+        beginning with the move that turns the epoch, carrying ``carried``; ``saving[p]``: line ``p`` of an epoch
+        is of a save phase) at once, when every link holds; False, with nothing changed, as :meth:`link_run`."""
+        chain, prev_raw, size, total = self.active, self.prev_raw, len(saving), len(lines)
+        before_saving = (saving[-1], *saving[:-1])  # line p follows line p - 1 of its epoch, line 0 the last line
+        if (chain is None or self._digest is None or prev_raw is None or self._pending is not None
+                or self._prev_end != before_saving[0]):
+            return False
+        expected = chain.digests([prev_raw, *lines[:-1]])
+        if expected != carried:
+            return False
+        # As link files each digest (the line before's) and new_epoch turns the pins at each epoch's first line:
+        # what follows a save phase's line goes to end_pins; of the rest, only the last two epochs' are kept.
+        count, lines_before = total // size, range(n - 1, n - 1 + total)
+
+        def filed(epoch: int, at: list[int]) -> dict[str, int]:
+            return {expected[epoch * size + p]: lines_before[epoch * size + p] for p in at}
+
+        for p in (p for p, end in enumerate(before_saving) if end):
+            self._end_pins.update(zip(expected[p::size], lines_before[p::size], strict=True))
+        later = [p for p in range(1, size) if not before_saving[p]]
+        turned = self.pins if count == 1 else filed(count - 2, later)
+        turned.update(filed(count - 1, [] if before_saving[0] else [0]))
+        self._pins_before, self.pins = turned, filed(count - 1, later)
+        self._before_prev = lines[-2] if total > 1 else prev_raw
+        self.prev_raw, self.prev_seq, self._prev_end = lines[-1], last_seq, saving[-1]
+        self._tail, self._last_verified = self.active, n + total - 1
+        self.verified_links += total
+        return True
+
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:
         chain = self.active

@@ -16,7 +16,8 @@ from fsmtrain.core.log_file import log_number as number
 from fsmtrain.core.stop import Evidence, StopReason, budget_end
 from fsmtrain.tools.audit.verdict import Finding, Severity, Verdict, shown_epoch
 
-__all__ = ["PHASES", "EndingChecks", "Segment", "Unfinished", "as_int", "budget_ended", "ending_segment", "number"]
+__all__ = ["PHASES", "EndingChecks", "Segment", "Unfinished", "as_int", "budget_ended", "counted_epochs",
+           "ending_segment", "number"]
 
 _REASONS = frozenset(r.value for r in StopReason)
 PHASES: dict[str, Phase] = {p.value: p for p in Phase}
@@ -154,7 +155,7 @@ def ending_segment(segs: list[Segment]) -> Segment:
     return next((s for s in reversed(segs[:-1]) if s.epochs), last)
 
 
-def _counted(segs: list[Segment]) -> list[tuple[int, float, int]]:
+def counted_epochs(segs: list[Segment]) -> list[tuple[int, float, int]]:
     """(epoch, val_loss, line) of each logged epoch that counts: a resume from an older checkpoint
     does epochs over, and only the later doing counts."""
     out: list[tuple[int, float, int]] = []
@@ -164,18 +165,22 @@ def _counted(segs: list[Segment]) -> list[tuple[int, float, int]]:
     return out
 
 
-def completed_epochs(segs: list[Segment]) -> int:
-    return len(_counted(segs)) + sum(len(seg.unlogged) for seg in segs)
+def completed_epochs(segs: list[Segment], counted: list[tuple[int, float, int]] | None = None) -> int:
+    """``counted``: :func:`_counted` of ``segs``, where the caller has it."""
+    return len(counted_epochs(segs) if counted is None else counted) + sum(len(seg.unlogged) for seg in segs)
 
 
-def best_epoch(segs: list[Segment]) -> tuple[float, int, int] | None:
+def best_epoch(segs: list[Segment], counted: list[tuple[int, float, int]] | None = None
+               ) -> tuple[float, int, int] | None:
     """(val_loss, epoch, line) of the counted epoch with the lowest finite val_loss."""
-    return min(((x, epoch, line) for epoch, x, line in _counted(segs) if math.isfinite(x)), default=None)
+    counted = counted_epochs(segs) if counted is None else counted
+    return min(((x, epoch, line) for epoch, x, line in counted if math.isfinite(x)), default=None)
 
 
 def last_epoch(segs: list[Segment]) -> int | None:
     """The latest counted epoch, logged or only committed."""
-    return max([*(epoch for epoch, _, _ in _counted(segs)), *(e for seg in segs for e in seg.unlogged)], default=None)
+    logged = (epoch for epoch, _, _ in counted_epochs(segs))
+    return max([*logged, *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
 class EndingChecks:
@@ -325,11 +330,11 @@ class EndingChecks:
             self.bad("result", f"the result disagrees with the epoch events: {said}", n)
 
     def _expected_result(self, seg: Segment, segs: list[Segment]) -> dict[str, Any]:
-        best = best_epoch(segs)
+        counted = counted_epochs(segs)
+        best = best_epoch(segs, counted)
         best_val = best[0] if best is not None else math.inf
-        counted = _counted(segs)
         out: dict[str, Any] = {
-            "epochs_completed": completed_epochs(segs),
+            "epochs_completed": completed_epochs(segs, counted),
             "last_val_loss": counted[-1][1] if counted else math.nan,
             "best_val_loss": best_val,
             "best_epoch": best[1] if best is not None else None,

@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import typing
 from collections import Counter
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from fsmtrain.core import slots as _slots_module
@@ -29,7 +31,7 @@ from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import PHASES, EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "MoveChecks"]
+__all__ = ["PER_BATCH", "MoveChecks", "allowed_steadily"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -90,6 +92,42 @@ def _allowed(key: tuple[str, str, str], stop: bool, immediate: bool, remain: boo
         if move.enabled(facts) if move.trigger == ABORT else enabled_transition(move.source, facts) is move:
             return True  # abort is not an ordinary move: it needs its own guard only
     return False
+
+
+def allowed_steadily(key: tuple[str, str, str]) -> bool:
+    """Whether ``key`` is a move of the table that its guards allow in an epoch of a run that goes on: no stop,
+    no fault, epochs and steps left, no validation due inside the epoch."""
+    return key in _MOVES and _allowed(key, False, False, True, False, False)
+
+
+_RECORDED = ("metrics", "slots", "phase_seconds", "callback_seconds", "seconds")
+_SUMMED = ("phase_seconds", "callback_seconds", "seconds")
+
+
+def _columns(payloads: list[dict[str, Any]], field: str) -> dict[str, list[Any]] | None:
+    """The values under ``field`` of each payload, by name (a number's own name: ``seconds``), when every payload
+    holds the same names there (or none holds a mapping there); else None."""
+    held = [p.get(field) for p in payloads]
+    if field == "seconds":
+        return {field: held}
+    first = held[0]
+    if type(first) is not dict:
+        return {} if not any(type(h) is dict for h in held) else None
+    names = first.keys()
+    maps: list[dict[str, Any]] = [h for h in held if type(h) is dict and h.keys() == names]
+    if len(maps) < len(held):
+        return None
+    return {k: [m[k] for m in maps] for k in names}
+
+
+def _finite(col: list[Any] | None) -> bool:
+    """No loss in ``col`` (None: none logged) is other than a finite float."""
+    return col is None or (set(map(type, col)) == {float} and math.isfinite(sum(col)))
+
+
+def _plain(col: list[Any]) -> bool:
+    """Every value of ``col`` is an int or a float (not a bool): summed as they are."""
+    return set(map(type, col)) <= {int, float}
 
 
 class MoveChecks(EndingChecks):
@@ -210,8 +248,15 @@ class MoveChecks(EndingChecks):
             else:
                 self.bad("epochs", f"epoch {shown_epoch(epoch)} again or out of order (expected "
                          f"{epoch_number(seg.next_epoch)})", n)
-        p = rec["payload"]
-        metrics = p.get("metrics") if isinstance(p.get("metrics"), dict) else {}
+        self._batches(n, rec, seg)
+        self._epoch_record(n, rec["payload"], seg)
+
+    def _epoch_record(self, n: int, p: Mapping[str, Any], seg: Segment) -> None:
+        """What an ``epoch`` line (line ``n``, payload ``p``) of the run's next epoch records: its losses, slots and
+        timings; then the run is past that epoch."""
+        metrics = p.get("metrics")
+        if not isinstance(metrics, dict):
+            metrics = {}
         cur = seg.next_epoch
         for key in _LOSSES:
             x = number(metrics.get(key))
@@ -219,7 +264,6 @@ class MoveChecks(EndingChecks):
                 seg.nonfinite[cur] = (n, key)
         x = number(metrics.get("val_loss"))
         seg.vals.append((math.nan if x is None else x, n))
-        self._batches(n, rec, seg)
         slots = p.get("slots")
         if isinstance(slots, dict):
             for name, value in slots.items():
@@ -237,6 +281,27 @@ class MoveChecks(EndingChecks):
             self.ex.total_epoch_seconds += seconds
         seg.next_epoch = cur + 1
         seg.epochs += 1
+
+    def _epoch_records(self, lines: list[int], payloads: list[dict[str, Any]], seg: Segment) -> None:
+        """:meth:`_epoch_record` of the run's next epochs (their lines ``lines``, payloads ``payloads``): a column at
+        a time where every epoch has the same names with plain values and there is nothing to say, else a line at
+        a time (which says it)."""
+        columns = {field: cols for field in _RECORDED if (cols := _columns(payloads, field)) is not None}
+        if (len(columns) < len(_RECORDED) or not all(map(_finite, map(columns["metrics"].get, _LOSSES)))
+                or not all(_SLOTS[k][0](v) for k, col in columns["slots"].items() if k in _SLOTS for v in col)
+                or not all(_plain(col) for field in _SUMMED for col in columns[field].values())):
+            for n, p in zip(lines, payloads, strict=True):
+                self._epoch_record(n, p, seg)
+            return
+        val = columns["metrics"].get("val_loss")
+        seg.vals.extend(zip(repeat(math.nan) if val is None else val, lines, strict=False))
+        ex = self.ex
+        for name, target in (("phase_seconds", ex.phase_seconds), ("callback_seconds", ex.callback_seconds)):
+            for k, col in columns[name].items():  # each summed in the lines' order, as one line at a time does
+                target[k] = functools.reduce(operator.add, col, target.get(k, 0.0))
+        ex.total_epoch_seconds = functools.reduce(operator.add, columns["seconds"]["seconds"], ex.total_epoch_seconds)
+        seg.next_epoch += len(lines)
+        seg.epochs += len(lines)
 
     def _batches(self, n: int, rec: Mapping[str, Any], seg: Segment) -> None:
         """The epoch's ``batches`` against the global steps it took (and its per-batch lines)."""

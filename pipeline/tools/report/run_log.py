@@ -4,7 +4,7 @@ path, checkpoints and settings. Missing stays distinct from NaN."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,10 @@ class RunData:
             self._count_repeats()
             self.again, self.repeats = words, times - 1
 
+    def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]], times: int) -> None:
+        """Whole epochs of moves (each move's words, its global step in each epoch), ``times`` epochs."""
+        self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, times)
+
     def _count_repeats(self) -> None:
         if self.repeats:
             self.path.run.counts[(self.again[1], self.again[2], self.again[3])] += self.repeats
@@ -155,7 +159,7 @@ def read_run(events_path: Path) -> tuple[RunData, AuditReport]:
     """Everything the page draws, and the audit, from one pass over the log."""
     data = RunData(events_path)
     try:
-        auditor = read_log(events_path, reader=data.read, mover=data.move)
+        auditor = read_log(events_path, reader=data.read, mover=data.move, cycler=data.epochs)
     except AuditReadError as exc:
         raise ReportError(str(exc)) from exc
     unparsed = next((f for f in auditor.findings if f.check == "json"), None)

@@ -1,0 +1,168 @@
+"""Steady epochs checked together, mixed into the auditor. Once an epoch's lines (its moves, then its ``epoch``
+line) have passed every check one line at a time with nothing to say, the epochs after it whose lines repeat
+those words are checked a group at a time: ``seq``, ``ts``, ``epoch``, ``global_step`` and the chain's digests as
+columns, the moves by the table once for the group (the facts their guards read cannot change inside it), and
+each ``epoch`` line's numbers as one line would record them. When any column does not hold, the group's lines go
+through the checks a line at a time, which name what is wrong; both readings find the same."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Any
+
+from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
+from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
+from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.moves import MoveChecks, allowed_steadily
+
+__all__ = ["SAVING", "WORDS", "Cycler", "EpochCycles", "Reader"]
+
+SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  # a checkpoint is staged here
+# The words of each move of the table (phase, from, to, trigger): the same tuple each time.
+WORDS = {words: words for words in ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
+Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
+# given whole epochs of moves from their first line's number: each move's words, the global step of each of its
+# lines (one per epoch), and how many epochs
+Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], int], None]
+COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
+_RECORD, _BEGIN, _STEP, _VAL, _FINAL = (p.value for p in (Phase.EPOCH_END, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP,
+                                                           Phase.VAL, FINAL))
+_GROUP = 64  # epochs checked together at most
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """The lines of one epoch that passed every check: what the epochs after it must repeat."""
+
+    seg: Segment
+    moves: list[tuple[Any, ...]]  # each move line's words as the auditor keys them (event ... run_id, payload)
+    epoch_key: tuple[Any, ...]  # the epoch line's, less its payload
+    words: tuple[tuple[str, ...], ...]  # each move's (phase, from, to, trigger)
+    saving: tuple[bool, ...]  # each line's phase stages a checkpoint
+    val_at: int  # the move into validation: the epoch's steps were taken before it
+
+    @property
+    def size(self) -> int:
+        return len(self.moves) + 1
+
+
+class EpochCycles(MoveChecks):
+    """Needs the auditor's ``seg``, ``prev_seq``, ``last_ts``, ``last_ts_line``, ``findings``, ``reader`` and
+    ``cycler``."""
+
+    seg: Segment | None
+    prev_seq: int | None
+    last_ts: float
+    last_ts_line: int
+    reader: Reader | None
+    cycler: Cycler | None
+    _cycle: Cycle | None = None
+    _last_epoch: tuple[int, int, tuple[int, int, int]] | None = None  # block, index and findings at an epoch line
+    _block_no = 0
+    _group = 1  # epochs the next group may hold: doubles after each group that holds, back to 1 after a fault
+
+    def _epochs_after(self, n: int, i: int, block: list[bytes], typed: list[LogLine | None],
+                      keys: list[Any]) -> int:
+        """After the epoch line ``block[i - 1]`` was checked alone (the block's lines are ``n``...): how many lines
+        from ``block[i]`` on were checked as whole epochs."""
+        last, self._last_epoch = self._last_epoch, (self._block_no, i - 1, self._mark())
+        if last is not None and last[0] == self._block_no and last[2] == self._mark():  # nothing found in that epoch
+            learned = self._learn(typed[last[1] + 1:i], keys[last[1] + 1:i])
+            self._cycle = learned or self._cycle
+        cycle = self._cycle
+        if cycle is None or cycle.seg is not self.seg:
+            return 0
+        size, end, done = cycle.size, len(block), i
+        while True:
+            j, count = done, 0
+            while (count < self._group and j + size <= end and keys[j:j + size - 1] == cycle.moves
+                   and (k := keys[j + size - 1]) is not None and k[:-1] == cycle.epoch_key):
+                j, count = j + size, count + 1
+            if count and self._epoch_group(n + done, block[done:j], typed[done:j], count, cycle):
+                done, self._group = j, min(2 * self._group, _GROUP)
+                self._last_epoch = (self._block_no, j - 1, self._mark())
+                continue
+            if count > 1:  # a fault in the group: from its start again, an epoch at a time first
+                self._group = 1
+                continue
+            self._group = 1
+            return done - i  # the next epoch (none that repeats, or the faulty one) is read a line at a time
+
+    def _mark(self) -> tuple[int, int, int]:
+        """What has been found so far, in a form that changes whenever anything more is."""
+        return len(self.findings), len(self.chain.findings), self.chain.verdict.broken_links
+
+    def _learn(self, recs: list[LogLine | None], keys: list[Any]) -> Cycle | None:
+        """The epoch whose lines are ``recs``, that passed every check, as a cycle the next ones may repeat."""
+        seg = self.seg
+        if (seg is None or len(recs) < 2 or seg.phase != _RECORD or seg.stop is not None or seg.faulted
+                or seg.val_every is not None or seg.result_line is not None or seg.batch_lines):
+            return None
+        *moves, last = recs
+        if last is None or last.event != "epoch" or last.phase != _RECORD:
+            return None
+        words, phase = [], _RECORD
+        for rec in moves:
+            if (rec is None or rec.event != "transition" or rec.payload != EMPTY_PAYLOAD or rec.from_ != phase
+                    or rec.to in (None, phase, _FINAL) or rec.phase != rec.to or rec.trigger is None
+                    or not allowed_steadily((phase, rec.to, rec.trigger))):
+                return None
+            said = (rec.phase, rec.from_, rec.to, rec.trigger)
+            words.append(WORDS.get(said, said))
+            phase = rec.to
+        dsts = [w[2] for w in words]
+        if phase != _RECORD or dsts[0] != _BEGIN or dsts.count(_BEGIN) != 1 or dsts.count(_VAL) != 1:
+            return None
+        val_at = dsts.index(_VAL)
+        if words[val_at][1] != _STEP or _STEP not in dsts[:val_at]:
+            return None  # the epoch's steps are taken in train_step, entered after it began
+        saving = tuple(rec.phase == SAVING for rec in recs if rec is not None)
+        return Cycle(seg, keys[:-1], keys[-1][:-1], tuple(words), saving, val_at)
+
+    def _epoch_group(self, n: int, lines: list[bytes], recs: list[LogLine | None], count: int, cycle: Cycle) -> bool:
+        """Lines ``n``... (``lines``: ``count`` epochs whose words repeat ``cycle``'s) checked together; False, with
+        nothing changed, unless every line passes every check."""
+        seg, size, prev_seq = self.seg, cycle.size, self.prev_seq
+        if (seg is not cycle.seg or prev_seq is None or seg.phase != _RECORD or seg.stop is not None or seg.faulted
+                or seg.result_line is not None or seg.batch_lines):
+            return False
+        seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in COLUMNS)
+        first, total = seg.next_epoch, len(lines)
+        begins, vals = steps[::size], steps[cycle.val_at::size]
+        # every guard of the group's moves holds as it held in ``cycle``: the run does not reach its budget in it
+        if (first + count > seg.max_epochs or (seg.max_steps is not None and steps[-1] >= seg.max_steps)
+                or seqs != list(range(prev_seq + 1, prev_seq + 1 + total)) or ts[0] < self.last_ts
+                or ts != sorted(ts) or steps[0] < seg.global_step or steps != sorted(steps)
+                or epochs != list(chain.from_iterable(repeat(e, size) for e in range(first, first + count)))
+                or steps != list(chain.from_iterable((b,) * cycle.val_at + (v,) * (size - cycle.val_at)
+                                                     for b, v in zip(begins, vals, strict=True)))):
+            return False
+        reader, read = self.reader, []
+        for c, at in enumerate(range(size - 1, total, size)):  # the epoch lines
+            rec = parse_line(lines[at]) if reader is not None else None
+            payload = rec["payload"] if rec is not None else parse_line(bytes(recs[at].payload))  # type: ignore[union-attr]
+            batches = payload.get("batches") if type(payload) is dict else None
+            if type(batches) is not int or batches != vals[c] - begins[c]:
+                return False
+            read.append((n + at, rec, payload))
+        if not self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1]):
+            return False
+        if self.cycler is not None:
+            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)], count)
+        for _, src, dst, trig in cycle.words:
+            self.moves[(src, dst, trig)] += count
+        seg.moves.extend((trig, src, dst, e) for e in range(first, first + count) for _, src, dst, trig in cycle.words)
+        if reader is not None:
+            for line, rec, _ in read:
+                reader(line, rec)  # type: ignore[arg-type]
+        self._epoch_records([line for line, _, _ in read], [payload for _, _, payload in read], seg)
+        last = n + total - 1
+        self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
+        seg.epoch_starts += count
+        seg.validated_at = seg.step_begin = seg.step_prev = begins[-1]
+        seg.step_val = vals[-1]
+        seg.last_line, seg.last_epoch_field, seg.global_step = last, first + count - 1, steps[-1]
+        return True
