@@ -169,8 +169,8 @@ def parse_line(raw: bytes) -> Any:
 
 
 class LogLine(msgspec.Struct, rename={"from_": "from"}, gc=False):
-    """A line that holds every field with the type the writer gives it (``payload`` left unread); a reader of
-    long logs takes such lines from :func:`typed_lines` in bulk and parses any other (:func:`parse_line`)."""
+    """A line that holds every field but its seal with the type the writer gives it (``payload`` left unread); a
+    reader of long logs takes such lines from :func:`typed_lines` in bulk and parses any other (:func:`parse_line`)."""
 
     seq: int
     ts: int | float
@@ -184,8 +184,7 @@ class LogLine(msgspec.Struct, rename={"from_": "from"}, gc=False):
     epoch: int
     global_step: int
     payload: msgspec.Raw
-    prev: str
-    seal: str
+    prev: str  # (its seal is not read here: a seal is checked from the line's bytes, where no link covers it)
 
 
 EMPTY_PAYLOAD = msgspec.Raw(b"{}")

@@ -104,9 +104,9 @@ class LogAuditor(SegmentChecks, EpochCycles):
         i, size = 0, len(block)
         while i < size:
             seg = self.seg
-            base, is_batch = i, None  # None: no per-batch line can pass here
-            if seg is not None and seg.min_level <= _DEBUG:
-                is_batch = [*map(eq, keys[i:], repeat((*_BATCH, seg.run_id, EMPTY_PAYLOAD))), False]
+            base, is_batch = i, None  # None: no per-batch line here, or none can pass
+            if seg is not None and seg.min_level <= _DEBUG and (batch := (*_BATCH, seg.run_id, EMPTY_PAYLOAD)) in keys:
+                is_batch = [*map(eq, keys[i:], repeat(batch)), False]
             while i < size and self.seg is seg:  # a run_start opens another segment: its run id may differ
                 if is_batch is None or not is_batch[i - base]:
                     rec = typed[i]

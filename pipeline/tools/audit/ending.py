@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,10 +159,15 @@ def counted_epochs(segs: list[Segment]) -> list[tuple[int, float, int]]:
     """(epoch, val_loss, line) of each logged epoch that counts: a resume from an older checkpoint
     does epochs over, and only the later doing counts."""
     out: list[tuple[int, float, int]] = []
-    for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
-        kept = seg.epochs if nxt is None else max(0, min(seg.epochs, nxt.start_epoch - seg.start_epoch))
+    for seg, kept in _kept(segs):
         out += [(seg.start_epoch + i, x, line) for i, (x, line) in enumerate(seg.vals[:kept])]
     return out
+
+
+def _kept(segs: list[Segment]) -> Iterator[tuple[Segment, int]]:
+    """Each segment and how many of its logged epochs count (a later resume may do some over)."""
+    for seg, nxt in zip(segs, [*segs[1:], None], strict=True):
+        yield seg, seg.epochs if nxt is None else max(0, min(seg.epochs, nxt.start_epoch - seg.start_epoch))
 
 
 def completed_epochs(segs: list[Segment], counted: list[tuple[int, float, int]] | None = None) -> int:
@@ -179,7 +184,7 @@ def best_epoch(segs: list[Segment], counted: list[tuple[int, float, int]] | None
 
 def last_epoch(segs: list[Segment]) -> int | None:
     """The latest counted epoch, logged or only committed."""
-    logged = (epoch for epoch, _, _ in counted_epochs(segs))
+    logged = (seg.start_epoch + min(kept, len(seg.vals)) - 1 for seg, kept in _kept(segs) if kept and seg.vals)
     return max([*logged, *(e for seg in segs for e in seg.unlogged)], default=None)
 
 
@@ -307,7 +312,8 @@ class EndingChecks:
         seg.result_line = n
         self._stop_said(seg, (p.get("stop_source"), p.get("stop_message"), n))
         segs = self.segments[: self.segments.index(seg) + 1]
-        own, whole = self._expected_result(seg, [seg]), self._expected_result(seg, segs)
+        own = self._expected_result(seg, [seg])
+        whole = own if len(segs) == 1 else self._expected_result(seg, segs)  # segs ends with seg
         wrong = result_mismatches(p, whole)
         unlogged = set().union(*(s.unlogged for s in segs))
         # An epoch committed but never logged (a kill in between): what the result takes from it is unchecked.

@@ -40,7 +40,8 @@ class EpochTable:
         rows = [self._last[e] for e in self.index]
         for kind, key in _KINDS:
             get = _slots if kind == "slot" else operator.methodcaller("get", key)
-            self.columns[kind] = _columns([get(p) for p in self._seen], [get(p) for p in rows])
+            seen = {id(p): get(p) for p in self._seen}  # a row is one of the payloads seen: each is read once
+            self.columns[kind] = _columns(list(seen.values()), [seen[id(p)] for p in rows])
         self.columns["time"] = {"epoch": [as_float(p.get("seconds")) or 0.0 for p in rows]}
         self._seen = []
 
@@ -68,8 +69,14 @@ def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
         if type(values) is dict and not names.keys() >= values.keys():
             names.update((k, None) for k, v in values.items() if k not in names and as_float(v) is not None)
     rows = [values if type(values) is dict else {} for values in rows]
-    return {name: [v if v.__class__ is float else as_float(v) for v in map(operator.methodcaller("get", name), rows)]
-            for name in names}
+    return {name: _numbers(list(map(operator.methodcaller("get", name), rows))) for name in names}
+
+
+def _numbers(values: list[Any]) -> list[float | None]:
+    """``values`` as numbers (:func:`as_float`); a column of floats, the common one, as it is."""
+    if set(map(type, values)) == {float}:
+        return values
+    return [v if v.__class__ is float else as_float(v) for v in values]
 
 
 class ReportError(ValueError):
