@@ -160,7 +160,9 @@ def counted_epochs(segs: list[Segment]) -> list[tuple[int, float, int]]:
     does epochs over, and only the later doing counts."""
     out: list[tuple[int, float, int]] = []
     for seg, kept in _kept(segs):
-        out += [(seg.start_epoch + i, x, line) for i, (x, line) in enumerate(seg.vals[:kept])]
+        if vals := seg.vals[:kept]:
+            losses, lines = zip(*vals, strict=True)
+            out += zip(range(seg.start_epoch, seg.start_epoch + len(vals)), losses, lines, strict=True)
     return out
 
 

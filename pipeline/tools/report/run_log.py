@@ -38,10 +38,12 @@ class EpochTable:
     def finish(self) -> None:
         self.index = sorted(self._last)
         rows = [self._last[e] for e in self.index]
+        once = len(rows) == len(self._seen) and all(map(operator.is_, rows, self._seen))  # each epoch once, in order
         for kind, key in _KINDS:
             get = _slots if kind == "slot" else operator.methodcaller("get", key)
-            seen = {id(p): get(p) for p in self._seen}  # a row is one of the payloads seen: each is read once
-            self.columns[kind] = _columns(list(seen.values()), [seen[id(p)] for p in rows])
+            seen = list(map(get, self._seen))  # a row is one of the payloads seen: each is read once
+            by_id = {} if once else dict(zip(map(id, self._seen), seen, strict=True))
+            self.columns[kind] = _columns(seen, seen if once else [by_id[id(p)] for p in rows])
         self.columns["time"] = {"epoch": [as_float(p.get("seconds")) or 0.0 for p in rows]}
         self._seen = []
 
@@ -74,8 +76,11 @@ def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
 
 def _numbers(values: list[Any]) -> list[float | None]:
     """``values`` as numbers (:func:`as_float`); a column of floats, the common one, as it is."""
-    if set(map(type, values)) == {float}:
+    types = set(map(type, values))
+    if types == {float}:
         return values
+    if types <= {int, float}:
+        return list(map(float, values))
     return [v if v.__class__ is float else as_float(v) for v in values]
 
 
