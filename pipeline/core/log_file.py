@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import gc
 import json
 import math
 import os
@@ -223,6 +224,20 @@ def read_blocks(path: Path, fail: Callable[[str], Exception], size: int = 1 << 2
                 yield block
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a long log is read and tabulated: that makes millions of small objects
+    and no cycles among them, and the collector's passes over what is kept (a number per epoch, a move per
+    line) cost a quarter of the time, and find nothing."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def log_number(value: Any) -> float | None:

@@ -4,7 +4,6 @@ fields, ``seq``, ``ts`` and ``global_step`` are checked here, the rest by the si
 from __future__ import annotations
 
 import datetime as _dt
-import gc
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
-from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line, read_blocks, typed_lines
+from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, collector_paused, parse_line, read_blocks, typed_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, EpochCycles, Reader
@@ -287,6 +286,10 @@ class LogAuditor(SegmentChecks, EpochCycles):
         return False
 
     def finish(self) -> AuditReport:
+        with collector_paused():
+            return self._finish()
+
+    def _finish(self) -> AuditReport:
         if self.lines == 0 or not self.segments:
             self.bad("start", "the log has no events", None if self.lines == 0 else 1)
         for i, seg in enumerate(self.segments):
@@ -369,16 +372,10 @@ def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | 
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover, cycler=cycler)
-    n, collecting = 0, gc.isenabled()
-    # A long log's reading makes millions of small objects and no cycles among them; the collector's passes
-    # over what was kept (the epochs' numbers, the moves) cost a quarter of the reading, and find nothing.
-    gc.disable()
-    try:
+    n = 0
+    with collector_paused():
         for block in read_blocks(p, AuditReadError):
             auditor.feed_block(n + 1, block)
             n += len(block)
-    finally:
-        if collecting:
-            gc.enable()
     auditor.lines = n
     return auditor

@@ -24,9 +24,9 @@ SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  #
 # The words of each move of the table (phase, from, to, trigger): the same tuple each time.
 WORDS = {words: words for words in ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
-# given whole epochs of moves from their first line's number: each move's words, the global step of each of its
-# lines (one per epoch), and how many epochs
-Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], int], None]
+# given whole epochs from their first line's number: each move's words, the global step of each of its lines (one
+# per epoch), and each epoch line's epoch and payload (a reader is not given these lines)
+Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], list[tuple[int, dict[str, Any]]]], None]
 COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
 _RECORD, _BEGIN, _STEP, _VAL, _FINAL = (p.value for p in (Phase.EPOCH_END, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP,
                                                            Phase.VAL, FINAL))
@@ -73,8 +73,8 @@ class EpochCycles(MoveChecks):
             learned = self._learn(typed[last[1] + 1:i], keys[last[1] + 1:i])
             self._cycle = learned or self._cycle
         cycle = self._cycle
-        if cycle is None or cycle.seg is not self.seg:
-            return 0
+        if cycle is None or cycle.seg is not self.seg or (self.reader is not None and self.cycler is None):
+            return 0  # (a reader is given every line that is not in whole epochs taken together: those, a cycler)
         size, end, done = cycle.size, len(block), i
         while True:
             j, count = done, 0
@@ -140,25 +140,22 @@ class EpochCycles(MoveChecks):
                 or steps != list(chain.from_iterable((b,) * cycle.val_at + (v,) * (size - cycle.val_at)
                                                      for b, v in zip(begins, vals, strict=True)))):
             return False
-        reader, read = self.reader, []
-        for c, at in enumerate(range(size - 1, total, size)):  # the epoch lines
-            rec = parse_line(lines[at]) if reader is not None else None
-            payload = rec["payload"] if rec is not None else parse_line(bytes(recs[at].payload))  # type: ignore[union-attr]
+        payloads = []
+        for c, rec in enumerate(recs[size - 1::size]):  # the epoch lines
+            payload = parse_line(bytes(rec.payload))  # type: ignore[union-attr]
             batches = payload.get("batches") if type(payload) is dict else None
             if type(batches) is not int or batches != vals[c] - begins[c]:
                 return False
-            read.append((n + at, rec, payload))
+            payloads.append(payload)
         if not self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1]):
             return False
         if self.cycler is not None:
-            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)], count)
+            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)],
+                        list(zip(range(first, first + count), payloads, strict=True)))
         for _, src, dst, trig in cycle.words:
             self.moves[(src, dst, trig)] += count
         seg.moves.extend((trig, src, dst, e) for e in range(first, first + count) for _, src, dst, trig in cycle.words)
-        if reader is not None:
-            for line, rec, _ in read:
-                reader(line, rec)  # type: ignore[arg-type]
-        self._epoch_records([line for line, _, _ in read], [payload for _, _, payload in read], seg)
+        self._epoch_records(list(range(n + size - 1, n + total, size)), payloads, seg)
         last = n + total - 1
         self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
         seg.epoch_starts += count

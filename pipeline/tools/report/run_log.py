@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.drawing import DiagramError
+from fsmtrain.core.log_file import collector_paused
 from fsmtrain.core.log_file import log_number as as_float
 from fsmtrain.core.run_path import PathCounter
 from fsmtrain.tools.audit import AuditReadError, AuditReport
@@ -141,9 +142,14 @@ class RunData:
             self._count_repeats()
             self.again, self.repeats = words, times - 1
 
-    def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]], times: int) -> None:
-        """Whole epochs of moves (each move's words, its global step in each epoch), ``times`` epochs."""
-        self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, times)
+    def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]],
+               records: list[tuple[int, dict[str, Any]]]) -> None:
+        """Whole epochs (their moves' words, each move's global step in each epoch, each epoch's record), as
+        :meth:`move` and :meth:`read` of each line would take them."""
+        self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, len(records))
+        self.path.run.epochs_done += len(records)
+        for epoch, payload in records:
+            self.table.add(epoch, payload)
 
     def _count_repeats(self) -> None:
         if self.repeats:
@@ -155,7 +161,8 @@ class RunData:
         self.lines = lines
         if lines == 0 or (not len(self.table) and self.run_id == "?"):
             raise ReportError(f"{self.events_path}: no fsmtrain events in it; is this a run's events.jsonl?")
-        self.table.finish()
+        with collector_paused():
+            self.table.finish()
         self.x = [e + 1 for e in self.table.index]  # the epochs as the console counts them
         return self
 
