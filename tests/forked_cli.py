@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +82,7 @@ def _become(request: dict[str, Any]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # read from TMPDIR again, as a fresh process does
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -105,6 +107,7 @@ class Zygote:
         self._pids: list[int] = []
         self._codes: dict[int, int] = {}
         self._gone = False
+        self._folders: list[Path] = []  # each child's output files, removed when the tests are done
         threading.Thread(target=self._listen, daemon=True, name="zygote-listener").start()
 
     def _listen(self) -> None:
@@ -123,6 +126,7 @@ class Zygote:
 
     def start(self, args: list[str], cwd: Path, env: dict[str, str], session: bool = False) -> ForkedProcess:
         folder = Path(tempfile.mkdtemp(prefix="fsmtrain-child-"))
+        self._folders.append(folder)
         out, err = folder / "stdout", folder / "stderr"
         out.touch()
         err.touch()
@@ -149,6 +153,8 @@ class Zygote:
         if self._proc.stdin is not None:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class ForkedProcess:

@@ -51,8 +51,9 @@ def _config(tmp: Path, *, extra: Sequence[dict[str, Any]] = (), **changes: Any) 
     return path
 
 
-def _fsmtrain(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    return forked_cli.run(list(args), cwd, _env(), timeout, stop=signal.SIGTERM)  # see tests/forked_cli.py
+def _fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**_env(), **extra_env}
+    return forked_cli.run(list(args), cwd, env, timeout, stop=signal.SIGTERM)  # see tests/forked_cli.py
 
 
 def _torchrun(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
@@ -203,8 +204,11 @@ def _replays(run_dir: Path, cwd: Path) -> None:
 def test_an_immediate_stop_on_one_rank_stops_every_rank_at_the_same_batch(tmp_path: Path) -> None:
     config = _config(tmp_path, extra=[{"target": "tests.dist_support.ImmediateStopOnRank",
                                        "kwargs": {"rank": 1, "epoch": 1, "batch": 2}}])
-    done = _fsmtrain("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=100)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    done = _fsmtrain("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=100, TMPDIR=str(temp))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not list(temp.iterdir())  # the agent's folder for the workers' error files is gone (torch's stays)
     run_dir = _run_dir(tmp_path)
     ends = [_ending(run_dir / name) for name in ("events.jsonl", "events-rank1.jsonl")]
     batches = 512 * 8 // 10 // 2 // 64 + 1  # train rows per rank, in batches of 64

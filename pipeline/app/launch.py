@@ -9,6 +9,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,22 +57,27 @@ class Nodes:
 def launch_workers(nproc: int, argv: Sequence[str], *, nodes: Nodes | None = None) -> int:
     """Run ``python -m fsmtrain *argv`` on ``nproc`` local ranks (of every node in ``nodes``); the
     first failure's exit status."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     nodes = nodes or Nodes(1, 0, "localhost:0", uuid.uuid4().hex)  # one node: a store on a free local port
-    config = LaunchConfig(
-        min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id, rdzv_backend="c10d",
-        rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0}, max_restarts=0, monitor_interval=0.1,
-    )
-    try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
-    except ChildFailedError as err:
-        _, failure = err.get_first_failure()
-        code = failure.exitcode
-        return code if code > 0 else 128 - code  # killed by a signal: -15 is reported as 143
-    except SignalException as exc:  # the launcher itself was signalled; its workers were told too
-        return 128 + int(exc.sigval)
+    # The agent's folder for the workers' error files: torch's default is a temp folder it never removes, one a
+    # launch; the run's own log holds what a worker raised.
+    with tempfile.TemporaryDirectory(prefix="fsmtrain-launch-") as agent_files:
+        config = LaunchConfig(
+            min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, run_id=nodes.run_id,
+            rdzv_backend="c10d", rdzv_endpoint=nodes.endpoint, rdzv_configs={"is_host": nodes.rank == 0},
+            max_restarts=0, monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=agent_files),
+        )
+        try:
+            elastic_launch(config, entrypoint=sys.executable)("-m", "fsmtrain", *argv)
+        except ChildFailedError as err:
+            _, failure = err.get_first_failure()
+            code = failure.exitcode
+            return code if code > 0 else 128 - code  # killed by a signal: -15 is reported as 143
+        except SignalException as exc:  # the launcher itself was signalled; its workers were told too
+            return 128 + int(exc.sigval)
     return 0
 
 
