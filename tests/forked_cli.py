@@ -150,11 +150,13 @@ class Zygote:
             return self._codes.get(pid)
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        self._proc.wait(timeout=30)
-        for folder in self._folders:
-            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            self._proc.wait(timeout=30)
+        finally:
+            for folder in self._folders:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class ForkedProcess:

@@ -367,8 +367,8 @@ def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | 
              allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None,
              cycler: Cycler | None = None) -> LogAuditor:
     """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each parsed
-    line too, ``mover`` each move read from its typed fields, ``cycler`` the moves of whole epochs checked
-    together (the report reads the log in the audit's pass)."""
+    line too, ``mover`` each move read from its typed fields, ``cycler`` whole epochs checked together (their
+    moves and epoch records, which then reach neither): the report reads the log in the audit's pass."""
     p = Path(path)
     auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover, cycler=cycler)
