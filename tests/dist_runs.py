@@ -52,8 +52,8 @@ def config(folder: Path, *, extra: Sequence[dict[str, Any]] = (), epochs: int = 
 
 
 def fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m fsmtrain ARGS``, forked from a zygote (tests/forked_cli.py; the workers an elastic agent
-    starts are fresh processes); past ``timeout`` stopped as :func:`finish` stops a process."""
+    """``python -m fsmtrain ARGS``, forked from a zygote (tests/forked_cli.py; so are the workers its elastic
+    agent starts); past ``timeout`` stopped as :func:`finish` stops a process."""
     return forked_cli.run(list(args), cwd, env(**extra_env), timeout, stop=signal.SIGTERM)
 
 
@@ -74,10 +74,16 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
     return out or "", err or ""
 
 
+def torchrun_command(cwd: Path, *args: str) -> list[str]:
+    """``python -m torch.distributed.run ARGS``, its agent's files in ``cwd`` (torch's default is a temp folder it
+    never removes, one a launch)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(cwd / "torchrun-logs"), *args]
+
+
 def torchrun(*args: str, cwd: Path) -> subprocess.Popen[str]:
     """``python -m torch.distributed.run ARGS``, started (not waited for)."""
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(torchrun_command(cwd, *args), cwd=cwd, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def free_port() -> int:

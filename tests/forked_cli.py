@@ -17,6 +17,7 @@ no thread pool exists to be copied half-alive into a child."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -27,31 +28,25 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 
-def _serve() -> dict[str, Any]:
-    """The zygote's loop: a request per stdin line forks a child, and returns its request in the child;
-    each child's pid and then its exit status go back on stdout, a JSON line each."""
-    import torch  # what every command imports, paid once
-    import torch._dynamo  # noqa: F401  # the first optimizer's import (Optimizer.add_param_group), 1.5 s of CPU
-
-    import fsmtrain.callbacks
-    import fsmtrain.cli  # noqa: F401
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the test session ends the children, not this
-    out = sys.stdout
+def _serve(requests: int = 0, replies: int = 1, *, orphans: bool = False) -> dict[str, Any]:
+    """The zygote's loop: a request per line read from ``requests`` forks a child, and returns its request in the
+    child; each child's pid and then its exit status go back on ``replies``, a JSON line each. When ``requests``
+    ends, the children left are killed, or with ``orphans`` left to run as a dead agent's workers do (and
+    waited for); then ``{}`` is returned."""
     live: set[int] = set()
     buffered = b""
     while True:
-        ready, _, _ = select.select([sys.stdin.fileno()], [], [], 0.02 if live else 1.0)
+        ready, _, _ = select.select([requests], [], [], 0.02 if live else 1.0)
         if ready:
-            chunk = os.read(sys.stdin.fileno(), 1 << 16)
-            if not chunk:  # the tests are done: a child still alive is a test's leftover
-                for pid in live:
+            chunk = os.read(requests, 1 << 16)
+            if not chunk:  # the tests are done (or the launcher is gone): a child still alive is a leftover
+                for pid in live if not orphans else ():
                     os.kill(pid, signal.SIGKILL)
                 return {}
             buffered += chunk
@@ -62,14 +57,25 @@ def _serve() -> dict[str, Any]:
                 if pid == 0:
                     return dict(request)
                 live.add(pid)
-                out.write(json.dumps({"pid": pid}) + "\n")
-                out.flush()
+                _reply(replies, {"pid": pid})
         for pid in list(live):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 live.discard(pid)
-                out.write(json.dumps({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)}) + "\n")
-                out.flush()
+                _reply(replies, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def _reply(fd: int, said: dict[str, int]) -> None:
+    with contextlib.suppress(BrokenPipeError):  # nobody listens any more (a killed launcher): the child runs on
+        os.write(fd, (json.dumps(said) + "\n").encode())
+
+
+def _imports() -> None:
+    import torch  # what every command imports, paid once
+    import torch._dynamo  # noqa: F401  # the first optimizer's import (Optimizer.add_param_group), 1.5 s of CPU
+
+    import fsmtrain.callbacks
+    import fsmtrain.cli  # noqa: F401
 
 
 def _become(request: dict[str, Any]) -> None:
@@ -77,6 +83,8 @@ def _become(request: dict[str, Any]) -> None:
     import runpy
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in _IGNORED_BY_ZYGOTES:  # a launch's zygote ignores them (see _fork_workers); a fresh process does not
+        signal.signal(sig, signal.SIG_DFL)
     if request.get("session"):
         os.setsid()
     os.chdir(request["cwd"])
@@ -92,27 +100,97 @@ def _become(request: dict[str, Any]) -> None:
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    if request.get("fork_workers") and _launches(request["args"]):
+        _fork_workers(request["stdout"], request["stderr"])
     sys.argv = [str(REPO / "pipeline" / "__main__.py"), *request["args"]]
     sys.path[0] = os.getcwd()
     runpy.run_module("fsmtrain", run_name="__main__", alter_sys=True)
 
 
+def _launches(args: list[str]) -> bool:
+    """Whether ``fsmtrain *args``, run in this folder, may start workers: ``--nproc`` or ``--nnodes`` says so, or
+    it resumes a run that ran on several processes (a resume starts as many as the run's newest segment had)."""
+    if any(arg.partition("=")[0] in ("--nproc", "--nnodes") for arg in args):
+        return True
+    if args[:1] != ["resume"]:
+        return False
+    from fsmtrain.app.launch import recorded_world_size
+    runs = [Path(arg) for arg in args[1:] if (Path(arg) / "events.jsonl").is_file()]
+    return any(recorded_world_size(run) > 1 for run in runs)
+
+
+_IGNORED_BY_ZYGOTES = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _fork_workers(launcher_out: str, launcher_err: str) -> None:
+    """In a launcher (``--nproc``), before it runs: the workers its elastic agent starts as ``python -m fsmtrain
+    ...`` are forked instead, from a zygote of this launch, forked now while this process is still one thread.
+
+    The agent gets, for each worker, an object with what it uses of ``subprocess.Popen`` (its pid, ``poll``,
+    ``wait``), and signals the worker's session as it would a fresh one's (``os.killpg``). The worker runs in a
+    session of its own, with the agent's environment and arguments, writing to the launcher's output, as a fresh
+    worker does. What differs: its parent is the launch's zygote, not the agent, and its exit status reaches the
+    agent through that zygote (within 20 ms). That zygote ignores the signals sent to the launcher's process
+    group, and ends when the launcher is gone and its workers have ended: a worker outlives a killed agent, as
+    a fresh one does. The hook is torch's own name for the ``Popen`` its ``SubprocessHandler`` calls."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    if os.fork() == 0:  # the launch's zygote
+        os.close(requests_w)
+        os.close(replies_r)
+        for sig in (signal.SIGINT, *_IGNORED_BY_ZYGOTES):
+            signal.signal(sig, signal.SIG_IGN)
+        worker = _serve(requests_r, replies_w, orphans=True)
+        if not worker:
+            with contextlib.suppress(ChildProcessError):
+                while True:
+                    os.waitpid(-1, 0)
+            os._exit(0)
+        os.close(requests_r)
+        os.close(replies_w)
+        _become(worker)
+        sys.exit(0)  # not back into the launcher's frames below
+    os.close(requests_r)
+    os.close(replies_w)
+    workers = Zygote(open(requests_w, "wb"), open(replies_r, "rb"))  # noqa: SIM115
+    fresh = subprocess.Popen
+    command = (sys.executable, "-m", "fsmtrain")
+
+    def popen(args: tuple[str, ...], env: dict[str, str], stdout: Any = None, stderr: Any = None,
+              **kwargs: Any) -> Any:
+        if tuple(args[:3]) != command:
+            return fresh(args, env=env, stdout=stdout, stderr=stderr, **kwargs)
+        return workers.start(list(args[3:]), Path.cwd(), dict(env), session=True,
+                             outputs=(getattr(stdout, "name", None) or launcher_out,
+                                      getattr(stderr, "name", None) or launcher_err))
+
+    setattr(subprocess_handler, "Popen", popen)  # noqa: B010  # (not an attribute torch exports: see above)
+
+
 class Zygote:
     """The test side: starts the zygote, sends it commands, and hears each child's exit."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self._proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      env=env, cwd=tempfile.gettempdir())
+    def __init__(self, requests: IO[bytes], replies: IO[bytes], proc: subprocess.Popen[bytes] | None = None) -> None:
+        self._requests, self._proc = requests, proc
         self._lock = threading.Condition()
         self._pids: list[int] = []
         self._codes: dict[int, int] = {}
         self._gone = False
         self._folders: list[Path] = []  # each child's output files, removed when the tests are done
-        threading.Thread(target=self._listen, daemon=True, name="zygote-listener").start()
+        threading.Thread(target=self._listen, args=(replies,), daemon=True, name="zygote-listener").start()
 
-    def _listen(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
+    @classmethod
+    def started(cls, env: dict[str, str]) -> Zygote:
+        """A zygote process of its own (``env`` its environment)."""
+        proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                cwd=tempfile.gettempdir())
+        assert proc.stdin is not None and proc.stdout is not None
+        return cls(proc.stdin, proc.stdout, proc)
+
+    def _listen(self, replies: IO[bytes]) -> None:
+        for line in replies:
             said = json.loads(line)
             with self._lock:
                 if "pid" in said:
@@ -124,19 +202,25 @@ class Zygote:
             self._gone = True
             self._lock.notify_all()
 
-    def start(self, args: list[str], cwd: Path, env: dict[str, str], session: bool = False) -> ForkedProcess:
-        folder = Path(tempfile.mkdtemp(prefix="fsmtrain-child-"))
-        self._folders.append(folder)
-        out, err = folder / "stdout", folder / "stderr"
-        out.touch()
-        err.touch()
+    def start(self, args: list[str], cwd: Path, env: dict[str, str], session: bool = False,
+              fresh_workers: bool = False, outputs: tuple[str, str] | None = None) -> ForkedProcess:
+        """Fork ``fsmtrain *args``; a command that launches workers (see :func:`_launches`) forks them too unless
+        ``fresh_workers``.
+        ``outputs``: the files its output is appended to (else two new ones)."""
+        if outputs is None:
+            folder = Path(tempfile.mkdtemp(prefix="fsmtrain-child-"))
+            self._folders.append(folder)
+            out, err = folder / "stdout", folder / "stderr"
+            out.touch()
+            err.touch()
+        else:
+            out, err = map(Path, outputs)
         request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),
-                   "session": session}
-        assert self._proc.stdin is not None
+                   "session": session, "fork_workers": not fresh_workers}
         with self._lock:
             before = len(self._pids)
-            self._proc.stdin.write((json.dumps(request) + "\n").encode())
-            self._proc.stdin.flush()
+            self._requests.write((json.dumps(request) + "\n").encode())
+            self._requests.flush()
             if not self._lock.wait_for(lambda: len(self._pids) > before or self._gone, timeout=60):
                 raise RuntimeError("the zygote did not fork a child within 60 s")
             if self._gone:
@@ -151,9 +235,9 @@ class Zygote:
 
     def close(self) -> None:
         try:
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-            self._proc.wait(timeout=30)
+            self._requests.close()
+            if self._proc is not None:
+                self._proc.wait(timeout=30)
         finally:
             for folder in self._folders:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -223,7 +307,7 @@ def zygote(env: dict[str, str]) -> Zygote:
     """One zygote per environment it was started with, for the test process's life."""
     key = tuple(sorted((k, v) for k, v in env.items() if k in ("PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE")))
     if key not in _ZYGOTES:
-        _ZYGOTES[key] = Zygote(env)
+        _ZYGOTES[key] = Zygote.started(env)
         atexit.register(_ZYGOTES[key].close)
     return _ZYGOTES[key]
 
@@ -236,6 +320,8 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
 
 
 if __name__ == "__main__":
+    _imports()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the test session ends the children, not this
     _request = _serve()
     if not _request:
         while True:  # reap what is left, then go
@@ -244,5 +330,4 @@ if __name__ == "__main__":
             except ChildProcessError:
                 break
         sys.exit(0)
-    del _serve
     _become(_request)

@@ -1,6 +1,7 @@
 """Real kills of a whole 2-rank run at an exact step, for tests/test_steps2_two_ranks.py. ``KillGroupAt``
 (every rank of the test's runs carries it) reads ``FSMTRAIN_TEST_GROUP``: ``kill:N``: as batch N+1
-begins on rank 0 (N steps done), rank 0 sends SIGKILL to the launcher (its parent, the elastic agent),
+begins on rank 0 (N steps done), rank 0 sends SIGKILL to the launcher (the elastic agent, leading its own
+session: the worker's parent, or the parent of the launch's zygote that forked the worker, tests/forked_cli.py),
 to rank 1 and to itself; ``term:N``: rank 1 sends itself SIGTERM there (the step of the signal is
 then known exactly); ``termval:E``: rank 1 sends itself SIGTERM as epoch E's last validation ends.
 Each rank writes its pid to ``FSMTRAIN_TEST_PIDS``/rank<r> first."""
@@ -34,7 +35,7 @@ class KillGroupAt(TrainingCallback):
         if step.run.global_step != self.at:
             return
         if self.what == "kill" and self.rank == 0:
-            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpgid(os.getppid()), signal.SIGKILL)  # the launcher: the leader of its parent's group
             os.kill(int((self.pids / "rank1").read_text()), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.what == "term" and self.rank == 1:

@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import forked_cli
 import pytest
 import torch
 import yaml
+from dist_runs import torchrun_command
 
 from fsmtrain.core.consensus import agreement_points, decide, proposal_of
 from fsmtrain.core.context import StopRequest
@@ -57,8 +57,7 @@ def _fsmtrain(*args: str, cwd: Path, timeout: float = 150, **extra_env: str) -> 
 
 
 def _torchrun(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "fsmtrain", *args]
+    cmd = torchrun_command(cwd, "--standalone", "--nproc-per-node", "2", "-m", "fsmtrain", *args)
     return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
 
 

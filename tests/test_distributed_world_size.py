@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from dist_runs import clean, config, env, events, finish, fsmtrain, run_dir, same_weights
+from dist_runs import clean, config, env, events, finish, fsmtrain, run_dir, same_weights, torchrun_command
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")]
@@ -125,8 +125,8 @@ class _Runs:
             if after == 1:
                 cmd = [sys.executable, "-c", _RESUME_IN_PROCESS, str(copy)]
             else:
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(after),
-                       "-m", "fsmtrain", "resume", str(copy)]
+                cmd = torchrun_command(self.root, "--standalone", "--nproc-per-node", str(after), "-m", "fsmtrain",
+                                       "resume", str(copy))
             ref = subprocess.Popen(cmd, cwd=self.root, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
             out, err = finish(ref, 300)

@@ -6,12 +6,11 @@ the bound; a peer's failure is a ``RankFailed``, which ``except Exception`` catc
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from dist_runs import config, env, finish, free_port, fsmtrain
+from dist_runs import config, finish, free_port, fsmtrain, torchrun
 
 from fsmtrain.core.consensus import Failure, RankFailed
 
@@ -58,13 +57,11 @@ os._exit(0)  # a collective is left pending: no teardown
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_collectives_are_bounded_and_failures_reach_every_rank_as_data(tmp_path: Path) -> None:
-    import subprocess
 
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(free_port()), str(script), str(tmp_path)], cwd=tmp_path, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), str(script), str(tmp_path),
+                    cwd=tmp_path)
     out, _ = finish(proc, 100)
     got = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)}
     for r in (0, 1):
@@ -106,13 +103,11 @@ def test_a_collective_that_completes_as_a_wait_slice_runs_out_is_done_not_a_fail
     collective completes just after a slice's wait ran out, gloo's wait has already raised "Operation
     timed out!": that is a finished collective, not a failed one. Found in the stress rounds: a 2-rank
     run exited 1 while claiming its run directory, its peer reporting "Connection closed by peer"."""
-    import subprocess
 
     script, rounds = tmp_path / "worker.py", 600
     script.write_text(_BOUNDARY_WORKER)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             str(script), str(tmp_path), "0.005", str(rounds)], cwd=tmp_path, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = torchrun("--standalone", "--nproc-per-node", "2", str(script), str(tmp_path), "0.005", str(rounds),
+                    cwd=tmp_path)
     out, _ = finish(proc, 100)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert got == [{"done": rounds, "error": None}] * 2, (got, out[-2000:])

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,12 @@ def _launch(folder: Path, *args: str, group: str = "") -> subprocess.CompletedPr
     pids.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", GROUP_ENV: group, PIDS_ENV: str(pids)}
-    # the launcher forked from a zygote (tests/forked_cli.py) in a session of its own; its workers are fresh
+    # the launcher forked from a zygote (tests/forked_cli.py) in a session of its own, and its workers from its own
     proc = forked_cli.zygote(env).start(list(args), folder, env, session=True)
     try:
         done = proc.run(300)
     finally:
-        left = [pid for pid in (int(p.read_text()) for p in pids.glob("rank*")) if _ours(pid, pids)]
+        left = _outliving([int(p.read_text()) for p in pids.glob("rank*")], pids)
         for pid in left:  # a worker that outlived its launch (a hang, a timeout): killed, and a failure
             os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
@@ -64,10 +65,20 @@ def _launch(folder: Path, *args: str, group: str = "") -> subprocess.CompletedPr
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout + done.stderr, "")
 
 
+def _outliving(ranks: list[int], pids: Path, grace: float = 10.0) -> list[int]:
+    """The workers still running ``grace`` seconds after their launch ended (a worker killed with the launcher
+    may still be dying as its launch is seen to end)."""
+    end = time.monotonic() + grace
+    while (left := [pid for pid in ranks if _ours(pid, pids)]) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
 def _ours(pid: int, pids: Path) -> bool:
-    """``pid`` is still a worker of this test (a pid the system gave to another process is not)."""
+    """``pid`` is still a worker of this test (a pid the system gave to another process is not): it works in the
+    launch's folder (a forked worker's ``/proc/PID/environ`` is its zygote's first environment, not its own)."""
     try:
-        return f"{PIDS_ENV}={pids}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        return os.readlink(f"/proc/{pid}/cwd") == str(pids.parent.resolve())
     except OSError:
         return False
 
