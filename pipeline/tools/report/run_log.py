@@ -74,8 +74,8 @@ def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
     rows = [values if type(values) is dict else {} for values in rows]
     if len(names) > 1 and rows:
         try:  # every row holds every name (the common case): one call a row, and the rows turned into columns
-            return dict(zip(names, map(_numbers, map(list, zip(*map(operator.itemgetter(*names), rows)))),
-                            strict=True))
+            columns = zip(*map(operator.itemgetter(*names), rows), strict=True)
+            return dict(zip(names, map(_numbers, map(list, columns)), strict=True))
         except KeyError:
             pass
     return {name: _numbers(list(map(operator.methodcaller("get", name), rows))) for name in names}
