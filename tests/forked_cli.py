@@ -8,8 +8,9 @@ handlers and exit status; it is killed by real signals, and it runs ``python -m 
 (``runpy``) with ``sys.path[0]`` its working folder, then ends through the interpreter's own shutdown
 (atexit, the joins of non-daemon threads), as a fresh ``python -m fsmtrain`` does. What it does not
 repeat: the interpreter's start and the imports the zygote made, and the hash seed, which every child
-shares with the zygote. Tests of the start itself (the README's commands, ``test_cli.py``) keep
-launching ``python -m fsmtrain``.
+shares with the zygote. A launch's workers are forked too, from a zygote of the launch (:func:`_fork_workers`).
+Tests of the start itself (the README's commands, ``test_cli.py``) keep launching ``python -m fsmtrain``, and
+those that start ``torchrun`` themselves keep its fresh workers.
 
 The zygote stays single-threaded (forking is safe only then) and never runs a tensor operation, so
 no thread pool exists to be copied half-alive into a child."""
@@ -100,7 +101,7 @@ def _become(request: dict[str, Any]) -> None:
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    if request.get("fork_workers") and _launches(request["args"]):
+    if _launches(request["args"]):
         _fork_workers(request["stdout"], request["stderr"])
     sys.argv = [str(REPO / "pipeline" / "__main__.py"), *request["args"]]
     sys.path[0] = os.getcwd()
@@ -203,10 +204,9 @@ class Zygote:
             self._lock.notify_all()
 
     def start(self, args: list[str], cwd: Path, env: dict[str, str], session: bool = False,
-              fresh_workers: bool = False, outputs: tuple[str, str] | None = None) -> ForkedProcess:
-        """Fork ``fsmtrain *args``; a command that launches workers (see :func:`_launches`) forks them too unless
-        ``fresh_workers``.
-        ``outputs``: the files its output is appended to (else two new ones)."""
+              outputs: tuple[str, str] | None = None) -> ForkedProcess:
+        """Fork ``fsmtrain *args`` (a command that launches workers forks them too: :func:`_fork_workers`), its
+        output appended to ``outputs`` (else to two new files)."""
         if outputs is None:
             folder = Path(tempfile.mkdtemp(prefix="fsmtrain-child-"))
             self._folders.append(folder)
@@ -216,7 +216,7 @@ class Zygote:
         else:
             out, err = map(Path, outputs)
         request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err),
-                   "session": session, "fork_workers": not fresh_workers}
+                   "session": session}
         with self._lock:
             before = len(self._pids)
             self._requests.write((json.dumps(request) + "\n").encode())
