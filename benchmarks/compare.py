@@ -658,6 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also write the raw results here (rewritten after every run: a run cut short keeps them)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cuda: the gpu_mlp and epochs workloads on the GPU (needs one)")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="a --json file of an invocation cut short: its runs count, only the missing ones run "
+                         "(for a GPU lease too short for all rounds in one command)")
     args = ap.parse_args(argv)
 
     if args.worker:
@@ -692,13 +695,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     capacity_before = cpu_capacity()
     started = time.perf_counter()
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = json.loads(args.resume.read_text())["results"] if args.resume else []
+    done = {(r["round"], r["workload"], r["framework"]) for r in results if "error" not in r}
+    results = [r for r in results if (r["round"], r["workload"], r["framework"]) in done]
+    if args.resume:
+        print(f"resuming from {args.resume}: {len(results)} run(s) done, kept", file=sys.stderr)
     for r in range(rounds):
         for work in workloads:
             order = frameworks[r % len(frameworks):] + frameworks[: r % len(frameworks)]  # rotate who goes first
             if work.name == "epochs" and "fsm_all" in order and args.device == "cpu":
                 order += list(FSYNC_VARIANTS)  # the log's fsync cost, next to fsm_all in the same round
-            for fw in order:
+            for fw in (f for f in order if (r, work.name, f) not in done):
                 res = {**_run_worker(fw, work, args.timeout), "round": r}
                 results.append(res)
                 state = res.get("error") or f"{res['epoch_ms']:.2f} ms/epoch, {res['step_us']:.1f} µs/step"
