@@ -34,6 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The forked children's zygotes and output folders go with the process that made them (see
+    ``forked_cli.close_all``); a process that never forked one has not imported the module."""
+    forked_cli = sys.modules.get("forked_cli")
+    if forked_cli is not None:
+        forked_cli.close_all()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files whose tests declare the longest time limits (their ``timeout`` marks, summed) first,
     each file's tests kept together and in order: the longest work starts while the short files can

@@ -17,7 +17,6 @@ no thread pool exists to be copied half-alive into a child."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -234,13 +233,13 @@ class Zygote:
             return self._codes.get(pid)
 
     def close(self) -> None:
-        try:
-            self._requests.close()
-            if self._proc is not None:
-                self._proc.wait(timeout=30)
-        finally:
-            for folder in self._folders:
-                shutil.rmtree(folder, ignore_errors=True)
+        """Remove the children's output folders, then end the zygote (it exits once its children have)."""
+        for folder in self._folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._folders.clear()
+        self._requests.close()
+        if self._proc is not None:
+            self._proc.wait(timeout=30)
 
 
 class ForkedProcess:
@@ -308,8 +307,14 @@ def zygote(env: dict[str, str]) -> Zygote:
     key = tuple(sorted((k, v) for k, v in env.items() if k in ("PYTHONPATH", "OMP_NUM_THREADS", "WANDB_MODE")))
     if key not in _ZYGOTES:
         _ZYGOTES[key] = Zygote.started(env)
-        atexit.register(_ZYGOTES[key].close)
     return _ZYGOTES[key]
+
+
+def close_all() -> None:
+    """Close the zygotes this process started. conftest's ``pytest_unconfigure`` calls it: an xdist worker
+    may be ended (``os._exit``) before its ``atexit`` handlers finish, which left every output folder behind."""
+    while _ZYGOTES:
+        _ZYGOTES.popitem()[1].close()
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
