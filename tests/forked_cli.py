@@ -36,9 +36,12 @@ REPO = TESTS.parent
 
 def _serve(requests: int = 0, replies: int = 1, *, orphans: bool = False) -> dict[str, Any]:
     """The zygote's loop: a request per line read from ``requests`` forks a child, and returns its request in the
-    child; each child's pid and then its exit status go back on ``replies``, a JSON line each. When ``requests``
-    ends, the children left are killed, or with ``orphans`` left to run as a dead agent's workers do (and
-    waited for); then ``{}`` is returned."""
+    child; each child's pid and then its exit status go back on ``replies``, a JSON line each. An exited child
+    stays a zombie until a ``{"reap": pid}`` request says its exit was seen, as a ``Popen`` child stays until
+    ``poll`` or ``wait`` sees it: until then its pid and process group still take a signal (found: torch's agent
+    ``killpg``s a worker its ``poll`` saw running, and the zygote had reaped it meanwhile: ESRCH). When
+    ``requests`` ends, the children left are killed, or with ``orphans`` left to run as a dead agent's workers do
+    (and waited for); then ``{}`` is returned."""
     live: set[int] = set()
     buffered = b""
     while True:
@@ -53,16 +56,21 @@ def _serve(requests: int = 0, replies: int = 1, *, orphans: bool = False) -> dic
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
                 request = json.loads(line)
+                if "reap" in request:
+                    with contextlib.suppress(ChildProcessError):  # asked twice: reaped the first time
+                        os.waitpid(request["reap"], 0)
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     return dict(request)
                 live.add(pid)
                 _reply(replies, {"pid": pid})
         for pid in list(live):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
+            exit_ = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if exit_ is not None:
                 live.discard(pid)
-                _reply(replies, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+                code = exit_.si_status if exit_.si_code == os.CLD_EXITED else -exit_.si_status
+                _reply(replies, {"exited": pid, "returncode": code})
 
 
 def _reply(fd: int, said: dict[str, int]) -> None:
@@ -228,9 +236,15 @@ class Zygote:
         return ForkedProcess(self, pid, out, err, list(args))
 
     def returncode(self, pid: int, timeout: float | None) -> int | None:
+        """``pid``'s exit status once it has ended (within ``timeout``); the zygote may then reap it."""
         with self._lock:
             self._lock.wait_for(lambda: pid in self._codes or self._gone, timeout=timeout)
-            return self._codes.get(pid)
+            code = self._codes.get(pid)
+            if code is not None and not self._gone:
+                with contextlib.suppress(OSError, ValueError):  # a zygote gone meanwhile has reaped it
+                    self._requests.write((json.dumps({"reap": pid}) + "\n").encode())
+                    self._requests.flush()
+            return code
 
     def close(self) -> None:
         """Remove the children's output folders, then end the zygote (it exits once its children have)."""
