@@ -246,11 +246,15 @@ class Zygote:
                     self._requests.flush()
             return code
 
-    def close(self) -> None:
-        """Remove the children's output folders, then end the zygote (it exits once its children have)."""
+    def remove_outputs(self) -> None:
+        """Remove the children's output folders (the tests are done with them)."""
         for folder in self._folders:
             shutil.rmtree(folder, ignore_errors=True)
         self._folders.clear()
+
+    def close(self) -> None:
+        """Remove the outputs, then end the zygote (it kills its children left and exits once they have)."""
+        self.remove_outputs()
         self._requests.close()
         if self._proc is not None:
             self._proc.wait(timeout=30)
@@ -325,10 +329,15 @@ def zygote(env: dict[str, str]) -> Zygote:
 
 
 def close_all() -> None:
-    """Close the zygotes this process started. conftest's ``pytest_unconfigure`` calls it: an xdist worker
-    may be ended (``os._exit``) before its ``atexit`` handlers finish, which left every output folder behind."""
-    while _ZYGOTES:
-        _ZYGOTES.popitem()[1].close()
+    """Close the zygotes this process started, every one's outputs removed first. conftest's
+    ``pytest_unconfigure`` calls it: an xdist worker is ended (``os._exit``) some 15 s after it is told to stop,
+    and with ``atexit``, or a zygote's wait before the next one's folders went, hundreds were left behind."""
+    zygotes = list(_ZYGOTES.values())
+    _ZYGOTES.clear()
+    for zygote_ in zygotes:
+        zygote_.remove_outputs()
+    for zygote_ in zygotes:
+        zygote_.close()
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300,
