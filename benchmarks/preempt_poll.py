@@ -82,6 +82,17 @@ def _rank(rank: int, steps: int, port: int, device_name: str, shape: str) -> Non
             sync()
             results.setdefault(name, []).append((time.perf_counter() - t) / steps)
             cpu.setdefault(name, []).append((time.process_time() - c) / steps)
+    # The agreement alone: POLL_EVERY back-to-back polls make a round; CPU of the training thread and of the
+    # whole process (gloo's threads too), best of 3.
+    rounds = max(1, steps // RankAgreement.POLL_EVERY)
+    alone: dict[str, list[float]] = {"thread": [], "process": []}
+    for _ in range(3):
+        dist.barrier()
+        t, c = time.thread_time(), time.process_time()
+        for _ in range(rounds * RankAgreement.POLL_EVERY):
+            agreement.poll_signal()
+        alone["thread"].append((time.thread_time() - t) / rounds)
+        alone["process"].append((time.process_time() - c) / rounds)
     checked = device.type == "cuda"
     if checked:  # raises at the first poll that syncs the host with the GPU
         for _ in range(4 * RankAgreement.POLL_EVERY):
@@ -97,6 +108,12 @@ def _rank(rank: int, steps: int, port: int, device_name: str, shape: str) -> Non
         base, polled = min(cpu["without"]), min(cpu["with"])
         print(f"  rank 0's CPU (all its threads) a step: {base * 1e6:.0f} us without, {polled * 1e6:.0f} us with: "
               f"{(polled - base) / base * 100:+.1f}% ({(polled - base) * 1e6:+.0f} us)")
+        thread, process = min(alone["thread"]), min(alone["process"])
+        every = RankAgreement.POLL_EVERY
+        print(f"  the agreement alone ({rounds} rounds of {every} polls): a round costs {thread * 1e6:.0f} us of the "
+              f"training thread and {process * 1e6:.0f} us of the process's CPU: {thread / every * 1e6:.1f} and "
+              f"{process / every * 1e6:.1f} us a step, {thread / every / base * 100:.2f}% and "
+              f"{process / every / base * 100:.2f}% of the step's CPU without it")
     dist.destroy_process_group()
 
 
