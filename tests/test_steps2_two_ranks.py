@@ -36,7 +36,8 @@ def _config(folder: Path, accumulation: int) -> Path:
     cfg = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
     cfg.update(epochs=3, wandb={"enabled": False}, early_stopping={"enabled": False}, scheduler_config={"T_max": 3},
                grad_accumulation=accumulation, callbacks={"extra": [{"target": "steps2_support.KillGroupAt"}]},
-               checkpoint={"every_n_steps": 5, "background": False, "keep_last_k": 100})
+               checkpoint={"every_n_steps": 5, "background": False, "keep_last_k": 100},
+               preemption={"rounds_every": 8})  # the SIGTERM case's bound: 2 x 8 steps
     folder.mkdir(parents=True)
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -201,6 +201,7 @@ def train_seed(cfg: RunConfig, seed: int, run_dir: RunTarget, *, extra_callbacks
             resume_from="latest" if resume else None, default_callbacks=False, precision=cfg.precision,
             compile=cfg.compile, log_fsync=cfg.log.fsync, write_outputs=True, collective=collective,
             step=parts.steps[0], val_step=parts.steps[1], preemption_signals=cfg.preemption.signals,
+            preemption_rounds_every=None if cfg.preemption.rounds_every == "auto" else cfg.preemption.rounds_every,
             strategy=cfg.distributed.strategy, fsdp=FsdpOptions(
                 fsdp.shard, fsdp.reshard_after_forward, fsdp.mixed_precision.param_dtype,
                 fsdp.mixed_precision.reduce_dtype, fsdp.cpu_offload),

@@ -50,7 +50,8 @@ class Trainer:
     ``resume_from="latest"`` continues it. ``step`` and ``val_step`` replace ``loss_fn`` with ``fn(model, batch)``;
     ``optimizer`` and ``scheduler`` may be mappings by name; ``max_epochs`` defaults to 1, or unbounded with
     ``max_steps``. ``default_callbacks`` adds those of ``fsmtrain train``; ``write_outputs`` writes ``model.pt`` and
-    ``lifecycle.mmd``; ``preemption_signals`` save the last step and exit 143; ``log_key`` (default
+    ``lifecycle.mmd``; ``preemption_signals`` save the last step and exit 143 (with several ranks, compared in a
+    round every ``preemption_rounds_every`` batches; None: about every 500 ms); ``log_key`` (default
     ``FSMTRAIN_LOG_KEY``) makes the log's chain an HMAC. In a process group (``strategy`` ddp or fsdp) rank 0 owns
     the run dir."""
 
@@ -67,9 +68,10 @@ class Trainer:
                  compile: bool = False, log_fsync: str = "commits", write_outputs: bool | None = None,
                  step: StepFn | None = None, val_step: StepFn | None = None, max_steps: int | None = None,
                  val_every_n_steps: int | None = None,
-                 preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+                 preemption_signals: Sequence[str] = ("SIGTERM", "SIGUSR1"), preemption_rounds_every: int | None = None,
                  strategy: str = "ddp", fsdp: FsdpOptions | None = None) -> None:
         self.notices = notices_of(preemption_signals)
+        self.rounds_every = preemption_rounds_every
         self.strategy, self.fsdp = strategy, fsdp or FsdpOptions()
         self.sharding: Sharding | None = None
         self.val_every_n_steps = val_every_n_steps
@@ -80,7 +82,8 @@ class Trainer:
         _check_arguments(model, optimizer, train_loader, callbacks, run_dir, resume_from, strategy, log_fsync,
                          {"level": log_level, "console_level": console_level},
                          {"max_steps": (max_steps, 1, True), "val_every_n_steps": (val_every_n_steps, 1, True),
-                          "max_epochs": (max_epochs, 0, False)})
+                          "max_epochs": (max_epochs, 0, False),
+                          "preemption_rounds_every": (preemption_rounds_every, 1, True)})
         if run_name is not None:
             if run_dir is not None or resume_from is not None:
                 raise ValueError("run_name names a new run's folder: give it without run_dir and resume_from")
@@ -197,7 +200,8 @@ class Trainer:
         outputs = self.write_outputs and self.run_dir is not None and (self.rank == 0 or self.sharding is not None)
         self.engine = Engine(self.driver, self.runner, self.run, strict=strict,
                              restore=None if found is None else found.restore, collective=self.collective,
-                             outputs=self._write_outputs if outputs else None)
+                             outputs=self._write_outputs if outputs else None,
+                             rounds_every=self.rounds_every)
 
     def _claim(self, run_dir: str | Path | RunDirClaim | None, resume: bool) -> Path | None:
         """Claim the run directory (in a process group: rank 0, the others learn its path)."""

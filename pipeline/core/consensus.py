@@ -5,6 +5,7 @@ A rank that raises posts its failure on the :class:`FailureBoard`; the others en
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -13,9 +14,9 @@ from fsmtrain.core.context import RunContext, StopRequest
 from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Guard, Phase
 from fsmtrain.core.stop import StopReason
 
-__all__ = ["AgreementTimeout", "Collective", "Failure", "FailureBoard", "RankAgreement",
-           "RankFailed", "Verdict", "agreement_points", "decide", "log_name_for_rank", "may_override", "on_rank",
-           "proposal_of", "verdict_order"]
+__all__ = ["FIRST_ROUNDS_EVERY", "MAX_ROUNDS_EVERY", "ROUND_SPACING_S", "AgreementTimeout", "Collective",
+           "Failure", "FailureBoard", "RankAgreement", "RankFailed", "Verdict", "agreement_points", "decide",
+           "log_name_for_rank", "may_override", "on_rank", "proposal_of", "rounds_every_for", "verdict_order"]
 
 _REASONS: tuple[StopReason, ...] = tuple(StopReason)
 _PHASES: tuple[Phase, ...] = tuple(Phase)
@@ -143,10 +144,25 @@ def decide(rows: Sequence[Sequence[int]]) -> Verdict:
     return Verdict(signal, signal_rank, rank, _REASONS[row[1]], bool(row[4]), row[2], _PHASES[row[3]])
 
 
-class RankAgreement:
-    """One rank's side: :meth:`agree` at each of :attr:`points`; the guards read :attr:`stop`, :attr:`signal`."""
+FIRST_ROUNDS_EVERY = 8  # the spacing of the first two rounds, before any batch time is known
+ROUND_SPACING_S = 0.5  # auto: a round (0.6-1.6 ms of CPU with gloo's threads on 2 CPU ranks) every 500 ms
+MAX_ROUNDS_EVERY = 256  # auto never spaces two rounds further apart: a signal is agreed within 512 steps
 
-    def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool) -> None:
+
+def rounds_every_for(seconds_per_batch: float) -> int:
+    """Auto's spacing of the signal rounds, in batches: about :data:`ROUND_SPACING_S` of training, 1 to
+    :data:`MAX_ROUNDS_EVERY`, so a round costs under 1% of the time between rounds however long a step is."""
+    if not seconds_per_batch > 0:
+        return MAX_ROUNDS_EVERY
+    return max(1, min(MAX_ROUNDS_EVERY, round(ROUND_SPACING_S / seconds_per_batch)))
+
+
+class RankAgreement:
+    """One rank's side: :meth:`agree` at each of :attr:`points`; the guards read :attr:`stop`, :attr:`signal`.
+    ``rounds_every``: the batches between the per-batch signal rounds (None: auto, :func:`rounds_every_for`)."""
+
+    def __init__(self, collective: Collective, run: RunContext, *, per_batch: bool, rounds_every: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.collective = collective
         self.run = run
         self.per_batch = per_batch
@@ -154,25 +170,33 @@ class RankAgreement:
         self.stop: StopRequest | None = None
         self.signal: tuple[int, int] | None = None  # (signal, rank)
         self.held = False  # the engine holds the agreed signal for one move (a move the table marks signal_after)
-        # Per batch, without blocking: every POLL_EVERY batches a non-blocking all-reduce of the signals,
-        # read POLL_EVERY batches later, so every rank stops after the same step.
+        # Per batch, without blocking: a round (a non-blocking all-reduce of the signals) every `every` batches,
+        # read at the next round, so every rank stops after the same step. The round also carries each rank's
+        # proposal for the spacing after it (auto: from its own batch time), and the ranks take the largest.
+        self.rounds_every = rounds_every  # None: auto
+        self.every = rounds_every or FIRST_ROUNDS_EVERY  # the batches from this round to the next
         self._send = getattr(collective, "all_reduce_max_async", None)
         self._round: Callable[[], list[int]] | None = None
-        self._batches = 0
-
-    POLL_EVERY = 8  # a round costs a small all-reduce (~0.2 ms on gloo): 1 in 8 batches keeps it near 1%
+        self._left = self.every
+        self._sent_at: float | None = None
+        self._clock = clock
 
     def poll_signal(self) -> None:
-        """Before a batch: every POLL_EVERY batches, read the round sent the time before and send this one."""
-        self._batches += 1
-        if self._send is None or self._batches % self.POLL_EVERY:
+        """Before a batch: at a round, read the round before (a signal, the spacing agreed) and send this one."""
+        self._left -= 1
+        if self._left > 0 or self._send is None:
             return
+        since, now = self.every, self._clock()
         if self._round is not None:
-            signum, rank = self._round()
+            signum, rank, every = self._round()
             if signum and self.signal is None:
                 self.signal = (signum, rank - 1)
+            self.every = every
+        proposal = self.rounds_every or (FIRST_ROUNDS_EVERY if self._sent_at is None
+                                         else rounds_every_for((now - self._sent_at) / since))
         mine = self.run.pending_signal or 0
-        self._round = self._send([mine, self.collective.rank + 1 if mine else 0])
+        self._round = self._send([mine, self.collective.rank + 1 if mine else 0, proposal])
+        self._sent_at, self._left = now, self.every
 
     def account(self, exc: BaseException, source: str) -> BaseException:
         """``exc``, posted as this rank's failure, or :class:`RankFailed` naming another rank's, posted first."""

@@ -120,8 +120,9 @@ class _MachineModel:
 class Engine:
     def __init__(self, driver: Driver, runner: CallbackRunner, run: RunContext, *, strict: bool | None = None,
                  restore: Callable[[RunContext], None] | None = None, collective: Collective | None = None,
-                 outputs: Outputs | None = None) -> None:
-        """``restore``: a resumed run's load; ``outputs``: the run's files; ``collective``: one rank's."""
+                 outputs: Outputs | None = None, rounds_every: int | None = None) -> None:
+        """``restore``: a resumed run's load; ``outputs``: the run's files; ``collective``: one rank's;
+        ``rounds_every``: the batches between the ranks' signal rounds (None: auto)."""
         self.driver = driver
         self.runner = runner
         self.run = run
@@ -132,7 +133,8 @@ class Engine:
         self._log_exception = ExceptionLog(run)
         self._debug = run.events.enabled_for("debug")
         work = self._work = EpochWork(driver, runner, run, restore, outputs)
-        self._agreement = (RankAgreement(collective, run, per_batch=runner.may_stop_immediately)
+        self._agreement = (RankAgreement(collective, run, per_batch=runner.may_stop_immediately,
+                                         rounds_every=rounds_every)
                            if collective is not None and collective.world_size > 1 else None)
         self._agree_at = self._agreement.points if self._agreement is not None else frozenset()
         self._agreed_here = False  # the fast batch loop agreed just before handing back

@@ -56,11 +56,20 @@ class LogConfig(_Section):
 
 class PreemptionConfig(_Section):
     signals: list[str] = Field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # notices: save the step, exit 143
+    # several ranks: the batches between the rounds that compare their signals (auto: about every 500 ms)
+    rounds_every: Literal["auto"] | int = "auto"
 
     @field_validator("signals")
     @classmethod
     def _signals(cls, v: list[str]) -> list[str]:
         return [sig.name for sig in preemption_signals(v)]
+
+    @field_validator("rounds_every", mode="before")
+    @classmethod
+    def _rounds_every(cls, v: object) -> object:
+        if v == "auto" or (type(v) is int and v >= 1):
+            return v
+        raise ValueError("'auto' or a whole number of batches >= 1")
 
 
 class WandbConfig(_Section):
