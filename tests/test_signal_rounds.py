@@ -5,16 +5,24 @@ on one rank stops every rank after the same batch, within two spacings.
 
 The two ranks run in one process, batch by batch in turn, over a test double of the one collective call the
 rounds make (a max over the ranks, started without blocking and read later): the real gloo round runs in
-``test_steps_preemption.py`` and ``test_steps2_two_ranks.py``, with real processes and real signals."""
+``test_steps_preemption.py`` and ``test_steps2_two_ranks.py``, with real processes and real signals. The spacing
+is ``preemption.rounds_every`` (``auto`` or a whole number), refused with the field named where it is wrong."""
 
 from __future__ import annotations
 
 import functools
 import itertools
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
+from fsmtrain import Trainer
+from fsmtrain.app.config import ConfigError, load_config
 from fsmtrain.core.consensus import (
     FIRST_ROUNDS_EVERY,
     MAX_ROUNDS_EVERY,
@@ -24,6 +32,8 @@ from fsmtrain.core.consensus import (
 )
 from fsmtrain.core.context import RunContext
 from fsmtrain.core.events import EventLog
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 
 
 class _Rounds:
@@ -127,3 +137,26 @@ def test_auto_spacing_is_about_the_round_spacing_of_training_within_its_limits()
     assert rounds_every_for(0.003) == round(ROUND_SPACING_S / 0.003)  # the quickstart's step on 2 CPU ranks
     assert rounds_every_for(1e-6) == MAX_ROUNDS_EVERY
     assert rounds_every_for(0.0) == MAX_ROUNDS_EVERY
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("8", 8), ("1", 1)])
+def test_the_spacing_is_a_config_setting(value: str, expected: object) -> None:
+    assert load_config(QUICKSTART, [f"preemption.rounds_every={value}"]).preemption.rounds_every == expected
+
+
+@pytest.mark.parametrize("value", ["0", "often", "2.5", "true", "-3"])
+def test_a_bad_spacing_is_refused_naming_the_field_the_rule_and_the_value(value: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [f"preemption.rounds_every={value}"])
+    said = str(info.value)
+    assert "preemption.rounds_every: expected 'auto' or a whole number of batches >= 1; found" in said, said
+    config = tmp_path / "config.yaml"  # and from the command, with no traceback
+    config.write_text(QUICKSTART.read_text() + f"\npreemption:\n  rounds_every: {value}\n")
+    done = subprocess.run([sys.executable, "-m", "fsmtrain", "validate", str(config)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and "preemption.rounds_every: expected" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    with pytest.raises(ValueError, match="preemption_rounds_every must be an integer >= 1 or None, got 0"):
+        model = nn.Linear(1, 1)
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), [(torch.ones(1, 1),) * 2],
+                preemption_rounds_every=0)
