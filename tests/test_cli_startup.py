@@ -1,7 +1,8 @@
-"""The tools start at once: ``fsmtrain --help``, ``audit`` and ``diagram`` import no torch, W&B or
-Optuna, and ``validate`` (which builds the model, so it needs torch) no W&B or Optuna. Checked on
+"""The tools start at once: ``fsmtrain --help``, ``audit`` and ``diagram`` import no torch, W&B, Optuna or
+structlog (a run's console: 0.1 s), and ``validate`` (which builds the model, so it needs torch) none of the
+others. Checked on
 ``sys.modules`` after the real command ran in a fresh interpreter, never by timing; a command that
-does train (``preflight``) is the control that the probe sees torch."""
+does train (``preflight``, ``train``) is the control that the probe sees torch and structlog."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "wandb", "optuna")
+HEAVY = ("torch", "wandb", "optuna", "structlog")
 
 # Runs the real CLI entry point in this interpreter, then reports what the command imported.
 _PROBE = """
@@ -116,3 +117,6 @@ def test_control_a_command_that_trains_does_import_torch(tmp_path: Path) -> None
     out = probe("preflight", REPO / "configs" / "quickstart.yaml", cwd=tmp_path)
     assert out["code"] == 0, out["stderr"]
     assert "torch" in out["heavy"]
+    trained = probe("train", REPO / "configs" / "quickstart.yaml", "--set", "epochs=1", cwd=tmp_path)
+    assert trained["code"] == 0, trained["stderr"]
+    assert "structlog" in trained["heavy"]  # a run prints its console through it

@@ -18,8 +18,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TextIO
 
-import structlog
-
 from fsmtrain.core.chain import Chain, last_line
 from fsmtrain.core.log_file import LogFile, LogWriteError
 
@@ -110,6 +108,8 @@ class EventLog:
                 self._continue_from(tail)
         self._console: Any = None
         if console is not None:
+            import structlog  # here: a command that prints no run (audit, report...) starts 0.1 s sooner
+
             self._console = structlog.wrap_logger(
                 structlog.PrintLogger(console),
                 processors=[self._to_console, structlog.dev.ConsoleRenderer(colors=console.isatty())])
@@ -239,6 +239,8 @@ class EventLog:
     def _to_console(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
         r = event_dict["record"]
         if r["event"] == "exception" and r["payload"].get("interrupt"):
+            import structlog  # loaded by the constructor that made the console
+
             raise structlog.DropEvent  # a requested stop, not a fault: the run's summary names it
         out: dict[str, Any] = {"event": r["event"], "level": "warning" if method_name == "warn" else method_name}
         if r["event"] == "transition":
