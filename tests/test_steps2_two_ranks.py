@@ -45,10 +45,12 @@ def _config(folder: Path, accumulation: int) -> Path:
 
 
 def _launch(folder: Path, *args: str, group: str = "") -> subprocess.CompletedProcess[str]:
-    pids = folder / "pids"
+    pids, temp = folder / "pids", folder / "tmp"
     pids.mkdir(parents=True, exist_ok=True)
+    temp.mkdir(exist_ok=True)  # a launcher killed with SIGKILL leaves its agent's folder: here, not in /tmp
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", GROUP_ENV: group, PIDS_ENV: str(pids)}
+           "WANDB_MODE": "offline", "CI": "1", "OMP_NUM_THREADS": "1", GROUP_ENV: group, PIDS_ENV: str(pids),
+           "TMPDIR": str(temp)}
     # the launcher forked from a zygote (tests/forked_cli.py) in a session of its own, and its workers from its own
     proc = forked_cli.zygote(env).start(list(args), folder, env, session=True)
     try:
