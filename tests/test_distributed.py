@@ -233,8 +233,10 @@ def _wait_for(path: Path, epoch: int, proc: forked_cli.ForkedProcess, limit: flo
 
 
 def _start(tmp: Path, config: Path) -> forked_cli.ForkedProcess:
-    """``fsmtrain train CONFIG --nproc 2`` in a session of its own, forked from the zygote (tests/forked_cli.py)."""
-    env = _env()
+    """``fsmtrain train CONFIG --nproc 2`` in a session of its own, forked from the zygote (tests/forked_cli.py); its
+    temporary folders in ``tmp`` (a launcher the test kills with SIGKILL leaves its agent's folder there)."""
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env = {**_env(), "TMPDIR": str(tmp / "tmp")}
     return forked_cli.zygote(env).start(["train", str(config), "--nproc", "2"], tmp, env, session=True)
 
 

@@ -44,9 +44,10 @@ def _killed_at_epoch_3(folder: Path, nproc: int) -> Path:
     """Train on ``nproc`` ranks, kill every process (``kill -9``) once epoch index KILL_AT is done;
     the run dir."""
     cfg = _config(folder)
+    (folder / "tmp").mkdir(exist_ok=True)  # the killed launcher's agent folder stays here, not in /tmp
     proc = subprocess.Popen([sys.executable, "-m", "fsmtrain", "train", str(cfg), "--nproc", str(nproc)], cwd=folder,
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            env=env(TMPDIR=str(folder / "tmp")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     marker = folder / "at-rank0"
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
