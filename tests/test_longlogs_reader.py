@@ -367,3 +367,101 @@ def test_a_changed_line_among_whole_epochs_gets_the_findings_of_a_parsed_one(rea
     assert fast_report.ok_strict == (edit in _QUIET_EDITS), f"{edit}: the change went unseen"
     if size == 10**6:
         assert fast.taken > 0  # the epochs before the changed one, or after it
+
+
+# The report's epoch table, taken a group of whole epochs at a time (by the audit's columns) and a record at a time,
+# against the table written out by hand: an epoch's last record, names in the order a number first appears under
+# them, missing as None, numbers as a log writes them.
+_KINDS = (("metric", "metrics"), ("phase", "phase_seconds"), ("callback", "callback_seconds"), ("slot", "slots"))
+
+
+def _flat(values: Any, kind: str) -> dict[str, Any]:
+    if type(values) is not dict:
+        return {}
+    if kind != "slot":
+        return values
+    return {**values, **{f"{n}.{k}": v for n, inner in values.items() if type(inner) is dict for k, v in inner.items()}}
+
+
+def _table_by_hand(path: Path) -> tuple[list[int], str]:
+    from fsmtrain.core.log_file import log_number
+
+    last: dict[int, dict[str, Any]] = {}
+    names: dict[str, dict[str, None]] = {kind: {} for kind, _ in _KINDS}
+    for line in read_lines(path):
+        rec = json.loads(line)
+        if rec["event"] != "epoch" or type(rec["epoch"]) is not int:
+            continue
+        payload = rec["payload"] if type(rec["payload"]) is dict else {}
+        last[rec["epoch"]] = payload
+        for kind, key in _KINDS:
+            for name, value in _flat(payload.get(key), kind).items():
+                if log_number(value) is not None:
+                    names[kind].setdefault(name)
+    index = sorted(last)
+    columns: dict[str, dict[str, list[float | None]]] = {
+        kind: {name: [log_number(_flat(last[e].get(key), kind).get(name)) for e in index] for name in names[kind]}
+        for kind, key in _KINDS}
+    columns["time"] = {"epoch": [log_number(last[e].get("seconds")) or 0.0 for e in index]}
+    return index, repr(columns)
+
+
+def _from(at: int, change: Callable[[dict[str, Any], int], object]) -> Edit:
+    """``change`` applied to the payload of every epoch line from the ``at``-th (0-based) on, with its number."""
+    def edit(recs: list[dict[str, Any]], _: int) -> None:
+        for k, rec in enumerate(r for r in recs if r["event"] == "epoch"):
+            if k >= at:
+                change(rec["payload"], k)
+    return edit
+
+
+def _relog(recs: list[dict[str, Any]], _: int) -> None:
+    """The 6th epoch's line logged again after the 8th's, with other numbers (as a resume that re-ran it)."""
+    lines = [i for i, r in enumerate(recs) if r["event"] == "epoch"]
+    again = json.loads(json.dumps(recs[lines[5]]))
+    again["payload"]["metrics"]["val_loss"] = 9.5
+    recs.insert(lines[7] + 1, again)
+
+
+TABLE_EDITS: dict[str, Edit] = {
+    "none": lambda recs, i: None,
+    "metric_added": _from(6, lambda p, k: p["metrics"].update(acc=0.5 + k)),
+    # two names new in one group: the first in key order has no number in the group's first records
+    "metric_named_first_without_number": _from(5, lambda p, k: p["metrics"].update(acc="n/a" if k < 7 else 0.1 * k,
+                                                                                    f1=0.2 * k)),
+    "metric_gone": _from(5, lambda p, k: p["metrics"].pop("val_loss")),
+    "metric_in_one_epoch": _from(8, lambda p, k: k == 8 and p["metrics"].update(acc=1.0)),
+    "nan_loss": _from(4, lambda p, k: p["metrics"].update(val_loss="NaN")),
+    "mapping_slot": _from(0, lambda p, k: p["slots"].update(
+        loss_prediction={"predicted_loss": 1.0 / (k + 1), "neg_log10": 0.1 * k, "fit_ok": k > 3})),
+    "int_seconds": _from(3, lambda p, k: p.update(seconds=k)),
+    "bool_seconds": _from(3, lambda p, k: p.update(seconds=True)),
+    "negative_zero_seconds": _from(3, lambda p, k: p.update(seconds=-0.0)),
+    "no_slots": _from(2, lambda p, k: p.pop("slots")),
+    "slots_not_a_mapping": _from(2, lambda p, k: p.update(slots=[1, 2])),
+    "relogged_epoch": _relog,
+}
+
+
+@pytest.mark.parametrize("edit", sorted(TABLE_EDITS))
+def test_the_reports_epoch_table_is_each_epochs_last_record(real_runs: RealRuns, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, edit: str) -> None:
+    from fsmtrain.tools.audit.cycles import EpochCycles
+    from fsmtrain.tools.report.run_log import read_run
+
+    recs = [json.loads(line) for line in read_lines(real_runs.events("steady"))]
+    TABLE_EDITS[edit](recs, 0)
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
+    taken: list[int] = []
+    group = EpochCycles._epoch_group
+
+    def counted(self: EpochCycles, n: int, lines: list[bytes], recs: list[Any], count: int, cycle: Cycle) -> bool:
+        ok = group(self, n, lines, recs, count, cycle)
+        taken.append(count if ok else 0)
+        return ok
+
+    monkeypatch.setattr(EpochCycles, "_epoch_group", counted)
+    data = read_run(path)[0]
+    assert (data.table.index, repr(data.table.columns)) == _table_by_hand(path)
+    assert len(data.table.index) == 12 and sum(taken) >= 3, taken  # some epochs were taken as a group

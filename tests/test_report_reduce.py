@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fsmtrain.tools.report import write_run_report
-from fsmtrain.tools.report.svgplot import MAX_POINTS, Series, line_chart, reduce_curve, spans
+from fsmtrain.tools.report.svgplot import MAX_POINTS, Series, all_drawable, drawable, line_chart, reduce_curve, spans
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +43,44 @@ def test_a_reduced_curve_keeps_its_spike_its_floor_and_its_gaps() -> None:
     assert cut.x == sorted(cut.x)
     short = reduce_curve(x[:MAX_POINTS], y[:MAX_POINTS])
     assert short.buckets == 0 and short.y == y[:MAX_POINTS]  # short curves are drawn as they are
+
+
+def _reduced_by_hand(x: list[float], y: list[float | None], log: bool) -> tuple[list[float], list[float | None]]:
+    """Each bucket's least and greatest drawable value, the first of equals, in order; a gap where it has none."""
+    n, buckets = len(y), MAX_POINTS // 2
+    out_x: list[float] = []
+    out_y: list[float | None] = []
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        at = [i for i in range(lo, hi) if drawable(y[i], log)]
+        if not at:
+            out_x.append(x[(lo + hi - 1) // 2])
+            out_y.append(None)
+            continue
+        least = min(at, key=lambda i: (y[i], i))
+        greatest = min(at, key=lambda i: (-y[i], i))  # type: ignore[operator]
+        for i in sorted({least, greatest}):
+            out_x.append(x[i])
+            out_y.append(y[i])
+    return out_x, out_y
+
+
+@pytest.mark.parametrize("case", ["drawable", "ties", "negative_zero", "nan", "none", "log_nonpositive"])
+def test_a_curve_is_reduced_alike_whether_every_value_is_drawable_or_not(case: str) -> None:
+    """Every value drawable (checked in bulk, each bucket's min and max found in C) or not (one at a time): the
+    same buckets, points and first-of-equal choices as written out by hand."""
+    x, y = _curve(30_011, spike=20_000)
+    log = case == "log_nonpositive"
+    if case == "ties":
+        y = [round(v, 1) for v in y]  # type: ignore[arg-type]
+    elif case == "negative_zero":
+        y = [-0.0 if i % 7 == 0 else 0.0 for i in range(len(y))]
+    elif case in ("nan", "none", "log_nonpositive"):
+        y[15] = {"nan": math.nan, "none": None, "log_nonpositive": 0.0}[case]
+    assert all_drawable(y, log) == (case in ("drawable", "ties", "negative_zero"))
+    cut = reduce_curve(x, y, log=log)
+    expected = _reduced_by_hand(x, y, log)
+    assert (cut.x, repr(cut.y)) == (expected[0], repr(expected[1]))
 
 
 def test_a_long_curve_is_a_small_chart_that_says_it_was_reduced() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["EMPTY_PAYLOAD", "ROOM", "FileWriteError", "LogFile", "LogLine", "LogWriteError", "describe_device",
-           "log_number", "parse_line", "read_blocks", "read_lines", "typed_lines", "write_failure"]
+__all__ = ["EMPTY_PAYLOAD", "ROOM", "FileWriteError", "LogFile", "LogLine", "LogWriteError", "by_name",
+           "describe_device", "log_number", "parse_line", "read_blocks", "read_lines", "typed_lines", "write_failure"]
 
 ROOM = 64 * 1024  # what the end of a run writes (an exception with its traceback, the teardown, the result)
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE (linux/falloc.h)
@@ -238,6 +238,21 @@ def collector_paused() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
+
+def by_name(held: list[Any]) -> dict[str, list[Any]] | None:
+    """The values of mappings read from a run of log lines (``held``: one per line, as each holds it), by name:
+    when every one is a dict with the same names (in the first one's order), or none is a dict (``{}``); else
+    None (then read them one at a time)."""
+    if not held:
+        return {}
+    first = held[0]
+    if type(first) is not dict:
+        return {} if dict not in set(map(type, held)) else None
+    names = first.keys()
+    if [h for h in held if type(h) is not dict or h.keys() != names]:
+        return None
+    return {name: [h[name] for h in held] for name in names}
 
 
 def log_number(value: Any) -> float | None:

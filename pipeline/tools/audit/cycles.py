@@ -16,7 +16,7 @@ from typing import Any
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
 from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.moves import MoveChecks, allowed_steadily
+from fsmtrain.tools.audit.moves import MoveChecks, allowed_steadily, record_columns
 
 __all__ = ["SAVING", "WORDS", "Cycler", "EpochCycles", "Reader"]
 
@@ -25,8 +25,10 @@ SAVING = next(h.phase for h in HOOKS if h.name == "on_save_checkpoint").value  #
 WORDS = {words: words for words in ((t.dest.value, t.source.value, t.dest.value, t.trigger) for t in TRANSITIONS)}
 Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON object, with its number
 # given whole epochs from their first line's number: each move's words, the global step of each of its lines (one
-# per epoch), and each epoch line's epoch and payload (a reader is not given these lines)
-Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], list[tuple[int, dict[str, Any]]]], None]
+# per epoch), the epochs, each one's payload and the payloads by column (``record_columns``; a reader is not given
+# these lines)
+Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], range, list[dict[str, Any]],
+                   dict[str, dict[str, list[Any]]]], None]
 COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
 _RECORD, _BEGIN, _STEP, _VAL, _FINAL = (p.value for p in (Phase.EPOCH_END, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP,
                                                            Phase.VAL, FINAL))
@@ -149,13 +151,14 @@ class EpochCycles(MoveChecks):
             payloads.append(payload)
         if not self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1]):
             return False
+        columns = record_columns(payloads)
         if self.cycler is not None:
-            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)],
-                        list(zip(range(first, first + count), payloads, strict=True)))
+            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)], range(first, first + count),
+                        payloads, columns)
         for _, src, dst, trig in cycle.words:
             self.moves[(src, dst, trig)] += count
         seg.moves.extend((trig, src, dst, e) for e in range(first, first + count) for _, src, dst, trig in cycle.words)
-        self._epoch_records(list(range(n + size - 1, n + total, size)), payloads, seg)
+        self._epoch_records(list(range(n + size - 1, n + total, size)), payloads, columns, seg)
         last = n + total - 1
         self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
         seg.epoch_starts += count

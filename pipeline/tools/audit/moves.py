@@ -27,11 +27,12 @@ from fsmtrain.core.lifecycle import (
     Transition,
     enabled_transition,
 )
+from fsmtrain.core.log_file import by_name
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import PHASES, EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "MoveChecks", "allowed_steadily"]
+__all__ = ["PER_BATCH", "MoveChecks", "allowed_steadily", "record_columns"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -104,20 +105,13 @@ _RECORDED = ("metrics", "slots", "phase_seconds", "callback_seconds", "seconds")
 _SUMMED = ("phase_seconds", "callback_seconds", "seconds")
 
 
-def _columns(payloads: list[dict[str, Any]], field: str) -> dict[str, list[Any]] | None:
-    """The values under ``field`` of each payload, by name (a number's own name: ``seconds``), when every payload
-    holds the same names there (or none holds a mapping there); else None."""
-    held = [p.get(field) for p in payloads]
-    if field == "seconds":
-        return {field: held}
-    first = held[0]
-    if type(first) is not dict:
-        return {} if not any(type(h) is dict for h in held) else None
-    names = first.keys()
-    maps: list[dict[str, Any]] = [h for h in held if type(h) is dict and h.keys() == names]
-    if len(maps) < len(held):
-        return None
-    return {k: [m[k] for m in maps] for k in names}
+def record_columns(payloads: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
+    """What ``epoch`` lines' payloads record, by field and then name (a number's own name: ``seconds``); a field
+    is left out where the payloads do not all hold the same names there (and some hold a mapping there)."""
+    columns = {field: cols for field in _RECORDED[:-1] if (cols := by_name([p.get(field) for p in payloads]))
+               is not None}
+    columns["seconds"] = {"seconds": [p.get("seconds") for p in payloads]}
+    return columns
 
 
 def _finite(col: list[Any] | None) -> bool:
@@ -282,11 +276,11 @@ class MoveChecks(EndingChecks):
         seg.next_epoch = cur + 1
         seg.epochs += 1
 
-    def _epoch_records(self, lines: list[int], payloads: list[dict[str, Any]], seg: Segment) -> None:
-        """:meth:`_epoch_record` of the run's next epochs (their lines ``lines``, payloads ``payloads``): a column at
-        a time where every epoch has the same names with plain values and there is nothing to say, else a line at
-        a time (which says it)."""
-        columns = {field: cols for field in _RECORDED if (cols := _columns(payloads, field)) is not None}
+    def _epoch_records(self, lines: list[int], payloads: list[dict[str, Any]],
+                       columns: dict[str, dict[str, list[Any]]], seg: Segment) -> None:
+        """:meth:`_epoch_record` of the run's next epochs (their lines ``lines``, payloads ``payloads``, by column
+        ``columns``: :func:`record_columns`): a column at a time where every epoch has the same names with plain
+        values and there is nothing to say, else a line at a time (which says it)."""
         if (len(columns) < len(_RECORDED) or not all(map(_finite, map(columns["metrics"].get, _LOSSES)))
                 or not all(_SLOTS[k][0](v) for k, col in columns["slots"].items() if k in _SLOTS for v in col)
                 or not all(_plain(col) for field in _SUMMED for col in columns[field].values())):

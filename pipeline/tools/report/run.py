@@ -15,7 +15,18 @@ from fsmtrain.core.lifecycle import TRANSITIONS, Phase
 from fsmtrain.core.run_path import RunPath
 from fsmtrain.tools.audit import AuditReport
 from fsmtrain.tools.report.run_log import RunData, as_float, read_run
-from fsmtrain.tools.report.svgplot import GREY, PALETTE, Band, HLine, Series, bar_chart, figure, line_chart, spans
+from fsmtrain.tools.report.svgplot import (
+    GREY,
+    PALETTE,
+    Band,
+    HLine,
+    Series,
+    all_drawable,
+    bar_chart,
+    figure,
+    line_chart,
+    spans,
+)
 
 __all__ = ["RUN_PLOTS", "run_sections"]
 
@@ -26,6 +37,8 @@ _LOSSES = ("train_loss", "val_loss")
 
 
 def _positive_span(values: list[float | None]) -> bool:
+    if values and all_drawable(values):
+        return min(values) > 0
     return min((v for v in values if v is not None and -math.inf < v < math.inf), default=0.0) > 0
 
 

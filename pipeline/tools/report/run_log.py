@@ -6,11 +6,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from fsmtrain.core.drawing import DiagramError
-from fsmtrain.core.log_file import collector_paused
+from fsmtrain.core.log_file import by_name, collector_paused
 from fsmtrain.core.log_file import log_number as as_float
 from fsmtrain.core.run_path import PathCounter
 from fsmtrain.tools.audit import AuditReadError, AuditReport
@@ -21,38 +22,75 @@ __all__ = ["EpochTable", "ReportError", "RunData", "as_float", "read_run"]
 
 class EpochTable:
     """Rows by 0-based epoch (an epoch logged twice, by a resume, keeps its last record); columns by kind and
-    name, in the order their first number appears, built a column at a time once the log is read."""
+    name, in the order their first number appears. A record's values are taken as it is read (whole epochs read
+    together, a column at a time), so a long log's records are not kept."""
 
     def __init__(self) -> None:
         self.index: list[int] = []
         self.columns: dict[str, dict[str, list[float | None]]] = {}  # kind -> name -> a value per row
-        self._last: dict[int, Mapping[str, Any]] = {}  # epoch -> its last payload
-        self._seen: list[Mapping[str, Any]] = []  # every payload, in the log's order
+        self._epochs: list[int] = []  # each record's epoch, in the log's order
+        self._held: dict[str, dict[str, list[Any]]] = {kind: {} for kind, _ in _KINDS}  # a value per record
+        self._seconds: list[float | None] = []  # typed as a column; a missing one is 0, never None
 
     def __len__(self) -> int:
-        return len(self._last)
+        return len(self.index or set(self._epochs))  # (the records are let go when the table is finished)
 
-    def add(self, epoch: int, payload: Mapping[str, Any]) -> None:
-        self._last[epoch] = payload
-        self._seen.append(payload)
+    def add(self, epochs: list[int], payloads: Sequence[Mapping[str, Any]],
+            columns: Mapping[str, Mapping[str, list[Any]]] | None = None) -> None:
+        """The records of ``epochs``, one each (``payloads``, also by column where the audit has them: ``columns``),
+        in the log's order."""
+        before, size, columns = len(self._epochs), len(payloads), columns or {}
+        self._epochs += epochs
+        for kind, key in _KINDS:
+            cols = columns.get(key)
+            if cols is None or (kind == "slot" and any(dict in set(map(type, col)) for col in cols.values())):
+                cols = by_name(list(map(_slots if kind == "slot" else operator.methodcaller("get", key), payloads)))
+            if not _take(self._held[kind], cols, before, size):  # records that differ: one at a time
+                for i, p in enumerate(payloads):
+                    values = _slots(p) if kind == "slot" else p.get(key)
+                    _take(self._held[kind], {k: [v] for k, v in values.items()} if type(values) is dict else {},
+                          before + i, 1)
+        seconds = columns["seconds"]["seconds"] if "seconds" in columns else [p.get("seconds") for p in payloads]
+        if set(map(type, seconds)) == {float} and 0.0 not in seconds:  # as they are
+            self._seconds += seconds
+        else:
+            self._seconds += [as_float(s) or 0.0 for s in seconds]
 
     def finish(self) -> None:
-        self.index = sorted(self._last)
-        rows = [self._last[e] for e in self.index]
-        once = len(rows) == len(self._seen) and all(map(operator.is_, rows, self._seen))  # each epoch once, in order
-        for kind, key in _KINDS:
-            get = _slots if kind == "slot" else operator.methodcaller("get", key)
-            seen = list(map(get, self._seen))  # a row is one of the payloads seen: each is read once
-            by_id = {} if once else dict(zip(map(id, self._seen), seen, strict=True))
-            self.columns[kind] = _columns(seen, seen if once else [by_id[id(p)] for p in rows])
-        self.columns["time"] = {"epoch": [as_float(p.get("seconds")) or 0.0 for p in rows]}
-        self._seen = []
+        last = dict(zip(self._epochs, range(len(self._epochs)), strict=True))  # each epoch's last record
+        self.index = sorted(last)
+        rows = [last[e] for e in self.index]
+        pick = None if rows == list(range(len(self._epochs))) else rows  # None: each epoch once, in order
+        for kind, held in self._held.items():
+            self.columns[kind] = {name: _numbers(col if pick is None else [col[i] for i in pick])
+                                  for name, col in held.items()}
+        self.columns["time"] = {"epoch": self._seconds if pick is None else [self._seconds[i] for i in pick]}
+        self._held, self._seconds, self._epochs = {}, [], []
 
     def values(self, kind: str, name: str) -> list[float | None]:
         return self.columns.get(kind, {}).get(name) or [None] * len(self.index)
 
     def totals(self, kind: str) -> dict[str, float]:
-        return {name: sum(v for v in c if v is not None) for name, c in self.columns.get(kind, {}).items()}
+        return {name: sum(c if None not in c else (v for v in c if v is not None))  # type: ignore[arg-type,misc]
+                for name, c in self.columns.get(kind, {}).items()}
+
+
+def _take(table: dict[str, list[Any]], cols: Mapping[str, list[Any]] | None, before: int, size: int) -> bool:
+    """``cols`` (records ``before``... by name, ``size`` values each) added to ``table``: a name is added where a
+    number first appears under it; False, with nothing changed, where that order is not the names' order in the
+    first record (read the records one at a time then)."""
+    if cols is None:
+        return False
+    firsts = {name: next((i for i, v in enumerate(col) if as_float(v) is not None), None)
+              for name, col in cols.items() if name not in table}
+    if any(firsts.values()):  # a new name's first number is past the first record
+        return False
+    for name, first in firsts.items():
+        if first is not None:
+            table[name] = [None] * before
+    for name, col in table.items():
+        col.extend(cols.get(name) or repeat(None, size))
+    return True
 
 
 def _slots(payload: Mapping[str, Any]) -> Any:
@@ -62,23 +100,6 @@ def _slots(payload: Mapping[str, Any]) -> Any:
         return slots
     nested = {f"{name}.{k}": v for name, inner in slots.items() if type(inner) is dict for k, v in inner.items()}
     return {**slots, **nested}
-
-
-def _columns(seen: list[Any], rows: list[Any]) -> dict[str, list[float | None]]:
-    """The columns of one kind: ``seen``, its mapping in each record (names, in the order a number first
-    appears under them), ``rows``, its mapping in each row (the values)."""
-    names: dict[str, None] = {}
-    for values in seen:
-        if type(values) is dict and not names.keys() >= values.keys():
-            names.update((k, None) for k, v in values.items() if k not in names and as_float(v) is not None)
-    rows = [values if type(values) is dict else {} for values in rows]
-    if len(names) > 1 and rows:
-        try:  # every row holds every name (the common case): one call a row, and the rows turned into columns
-            columns = zip(*map(operator.itemgetter(*names), rows), strict=True)
-            return dict(zip(names, map(_numbers, map(list, columns)), strict=True))
-        except KeyError:
-            pass
-    return {name: _numbers(list(map(operator.methodcaller("get", name), rows))) for name in names}
 
 
 def _numbers(values: list[Any]) -> list[float | None]:
@@ -148,14 +169,13 @@ class RunData:
             self._count_repeats()
             self.again, self.repeats = words, times - 1
 
-    def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]],
-               records: list[tuple[int, dict[str, Any]]]) -> None:
-        """Whole epochs (their moves' words, each move's global step in each epoch, each epoch's record), as
-        :meth:`move` and :meth:`read` of each line would take them."""
-        self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, len(records))
-        self.path.run.epochs_done += len(records)
-        for epoch, payload in records:
-            self.table.add(epoch, payload)
+    def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]], epochs: range,
+               payloads: list[dict[str, Any]], columns: dict[str, dict[str, list[Any]]]) -> None:
+        """Whole epochs (their moves' words, each move's global step in each epoch, the epochs and their records,
+        also by column), as :meth:`move` and :meth:`read` of each line would take them."""
+        self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, len(payloads))
+        self.path.run.epochs_done += len(payloads)
+        self.table.add(list(epochs), payloads, columns)
 
     def _count_repeats(self) -> None:
         if self.repeats:
@@ -207,7 +227,7 @@ def _read_event(data: RunData, rec: Mapping[str, Any]) -> None:
                          if isinstance(units, list) else None if payload.get("strategy") is None
                          else str(payload["strategy"]))
     elif event == "epoch" and isinstance(rec.get("epoch"), int):
-        data.table.add(rec["epoch"], payload)
+        data.table.add([rec["epoch"]], [payload])
     elif event == "callback_settings" and isinstance(payload.get("settings"), Mapping):
         data.settings[str(payload.get("source"))] = dict(payload["settings"])
     elif event == "checkpoint":

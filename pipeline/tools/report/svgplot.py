@@ -11,8 +11,9 @@ from html import escape
 from operator import itemgetter
 from typing import TypeGuard
 
-__all__ = ["GREY", "MAX_POINTS", "PALETTE", "Axis", "Band", "HLine", "Reduced", "Series", "TrialLine", "bar_chart",
-           "colormap", "drawable", "figure", "line_chart", "parallel_chart", "reduce_curve", "spans", "ticks"]
+__all__ = ["GREY", "MAX_POINTS", "PALETTE", "Axis", "Band", "HLine", "Reduced", "Series", "TrialLine", "all_drawable",
+           "bar_chart", "colormap", "drawable", "figure", "line_chart", "parallel_chart", "reduce_curve", "spans",
+           "ticks"]
 
 MAX_POINTS = 2000
 _FIRST = itemgetter(0)
@@ -132,7 +133,8 @@ def line_chart(plot_id: str, title: str, series: Sequence[Series], *, x_label: s
     series is drawn reduced, each noted below it."""
     width, height = _WIDTH, 300
     floor = 0.0 if log_y else -math.inf  # as ``drawable``, inline: a long series is a million values
-    dropped = sum(1 for s in series for y in s.y if y is not None and not floor < y < math.inf)
+    dropped = sum(1 for s in series if not all_drawable(s.y, log_y)
+                  for y in s.y if y is not None and not floor < y < math.inf)
     cuts = [reduce_curve(s.x, s.y, log=log_y) for s in series]
     series = [replace(s, x=r.x, y=r.y) if r.buckets else s for s, r in zip(series, cuts, strict=True)]
     xs = [float(x) for s in series for x, y in zip(s.x, s.y, strict=True) if drawable(y, log_y)]
@@ -320,6 +322,13 @@ def drawable(v: float | None, log: bool = False) -> TypeGuard[float]:
     return v is not None and (0.0 if log else -math.inf) < v < math.inf
 
 
+def all_drawable(y: Sequence[float | None], log: bool = False) -> TypeGuard[Sequence[float]]:
+    """Whether every value of ``y`` is :func:`drawable`, found by a few calls that each run in C (a long series is a
+    million values): no None, a finite sum (an inf or a NaN makes it inf or NaN) and, on a log axis, a positive
+    least. False can also mean that it could not tell (a sum that overflows): ask :func:`drawable` then."""
+    return None not in y and math.isfinite(sum(y)) and (not log or not y or min(y) > 0)  # type: ignore[arg-type,type-var,operator]
+
+
 def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
                  max_points: int = MAX_POINTS) -> Reduced:
     """``(x, y)`` unchanged up to ``max_points`` points; else the min and max of ``max_points // 2`` buckets."""
@@ -330,8 +339,15 @@ def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = F
     floor = 0.0 if log else -math.inf
     out_x: list[float] = []
     out_y: list[float | None] = []
+    whole = y if all_drawable(y, log) else None
     for b in range(buckets):
         lo, hi = b * n // buckets, (b + 1) * n // buckets
+        if whole is not None:  # every value drawable: the bucket's least and greatest, each the first of its equals
+            part = whole[lo:hi]
+            for i in sorted({lo + part.index(min(part)), lo + part.index(max(part))}):
+                out_x.append(float(x[i]))
+                out_y.append(y[i])
+            continue
         points = [(v, i) for i in range(lo, hi) if (v := y[i]) is not None and floor < v < math.inf]
         if not points:  # nothing to draw here: a gap, as the full curve has one
             out_x.append(float(x[(lo + hi - 1) // 2]))
