@@ -34,12 +34,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+def _close_zygotes() -> None:
     """The forked children's zygotes and output folders go with the process that made them (see
     ``forked_cli.close_all``); a process that never forked one has not imported the module."""
     forked_cli = sys.modules.get("forked_cli")
     if forked_cli is not None:
         forked_cli.close_all()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """As the tests end, before an xdist worker says it has finished: from then on the worker has 5 s to end
+    before execnet SIGINTs it, and what it frees on its way out (torch's caches, with weakref callbacks) takes
+    some of them."""
+    _close_zygotes()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _close_zygotes()  # a session cut short may not finish
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -339,13 +339,13 @@ _CLOSING_S = 3.0  # how long the test process waits for its zygotes' ends, all t
 
 def close_all() -> None:
     """Close the zygotes this process started, every one's outputs removed first, all of them told at once and
-    waited for together for at most ``_CLOSING_S``. conftest's ``pytest_unconfigure`` calls it: an xdist worker is
-    ended some 5 s after it is told to stop (execnet sends it a SIGINT, whose ``KeyboardInterrupt`` lands wherever
-    the worker is), and with ``atexit``, or a zygote's wait before the next one's folders went, hundreds of folders
-    were left behind. A zygote's end takes about 0.6 s of CPU (an interpreter with torch imported), and a worker
-    holds one per environment (5 in a full run here): one after the other, beside the other workers' ends, they
-    could take longer than those 5 s. One still ending after the wait ends on its own (its children killed, as it
-    exits); nothing of it is on disk."""
+    waited for together for at most ``_CLOSING_S``. conftest calls it as the session finishes, before an xdist
+    worker says it has finished: from then on the worker has 5 s to end, after which execnet sends it a SIGINT
+    whose ``KeyboardInterrupt`` lands wherever the worker is. Closed later (``atexit``, ``pytest_unconfigure``),
+    they took part of those 5 s: a zygote's end takes about 0.6 s of CPU (an interpreter with torch imported), a
+    worker holds one per environment (5 in a full run here), and freeing the worker's own objects takes 2 s more.
+    With ``atexit``, or a zygote's wait before the next one's folders went, hundreds of folders were left behind.
+    One still ending after the wait ends on its own (its children killed, as it exits); nothing of it is on disk."""
     zygotes = list(_ZYGOTES.values())
     _ZYGOTES.clear()
     for zygote_ in zygotes:
