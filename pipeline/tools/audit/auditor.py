@@ -8,7 +8,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
-from operator import attrgetter, eq
+from operator import eq
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from fsmtrain.core.lifecycle import FINAL
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, collector_paused, parse_line, read_blocks, typed_lines
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
-from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, EpochCycles, Reader
+from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, EpochCycles, Reader, line_keys
 from fsmtrain.tools.audit.ending import (
     Segment,
     best_epoch,
@@ -47,7 +47,6 @@ _REQUIRED = frozenset(k for k in EVENT_KEYS if k not in _CHAIN_KEYS)
 # how many times it was made (by as many lines, each a step after the one before: a run of per-batch lines)
 Mover = Callable[[int, tuple[str, ...], int, int, int], None]
 _BATCH = ("transition", "debug", PER_BATCH[1], *PER_BATCH)  # a per-batch line's event, level, phase, from, to, trigger
-_KEY = attrgetter("event", "level", "phase", "from_", "to", "trigger", "run_id", "payload")
 _DEBUG, _STEP = LEVELS["debug"], PER_BATCH[0]
 _FINAL = FINAL.value
 
@@ -98,8 +97,7 @@ class LogAuditor(SegmentChecks, EpochCycles):
         did (:meth:`_epochs_after`), any other line one at a time."""
         self._block_no += 1
         typed = typed_lines(block)
-        keys = (list(map(_KEY, typed)) if None not in typed
-                else [None if rec is None else _KEY(rec) for rec in typed])
+        keys = line_keys(typed)
         i, size = 0, len(block)
         while i < size:
             seg = self.seg

@@ -234,24 +234,46 @@ class ChainCheck:
         expected = chain.digests([prev_raw, *lines[:-1]])
         if expected != carried:
             return False
-        # As link files each digest (the line before's) and new_epoch turns the pins at each epoch's first line:
-        # what follows a save phase's line goes to end_pins; of the rest, only the last two epochs' are kept.
-        count, lines_before = total // size, range(n - 1, n - 1 + total)
-
-        def filed(epoch: int, at: list[int]) -> dict[str, int]:
-            return {expected[epoch * size + p]: lines_before[epoch * size + p] for p in at}
-
-        for p in (p for p, end in enumerate(before_saving) if end):
+        lines_before = range(n - 1, n - 1 + total)
+        for p in (p for p, end in enumerate(before_saving) if end):  # what follows a save phase's line
             self._end_pins.update(zip(expected[p::size], lines_before[p::size], strict=True))
+        self.take_cycles(n, total, expected[-2 * size:], lines[-2:], saving, last_seq)
+        return True
+
+    def can_take(self, prev_raw: bytes, chain: Chain | None) -> bool:
+        """Whether epochs linked elsewhere (:meth:`take_cycles`), whose first line follows ``prev_raw`` under
+        ``chain``, with no line of a save phase, can follow the lines linked here."""
+        return (chain is not None and chain is self.active and self._digest is not None and self._pending is None
+                and not self._prev_end and self.prev_raw == prev_raw)
+
+    def take_cycles(self, n: int, total: int, tail: list[str], last: list[bytes], saving: tuple[bool, ...],
+                    last_seq: int) -> None:
+        """Lines ``n``... (``total``, whole epochs of ``len(saving)`` lines) linked, each link found to hold (by
+        :meth:`link_cycles`, or in a second process): ``tail``, the digests carried by their last two epochs' lines
+        (by the last one's, when there is one), ``last`` their last two lines."""
+        size, count = len(saving), total // len(saving)
+        before_saving = (saving[-1], *saving[:-1])
+        # As link files each digest (the line before's) and new_epoch turns the pins at each epoch's first line:
+        # of what follows no save phase's line, only the last two epochs' are kept.
+        lines_before = range(n - 1 + total - len(tail), n - 1 + total)
+
+        def filed(epoch: int, at: list[int]) -> dict[str, int]:  # epoch: 0, the last one; -1, the one before
+            base = len(tail) + (epoch - 1) * size
+            return {tail[base + p]: lines_before[base + p] for p in at}
+
         later = [p for p in range(1, size) if not before_saving[p]]
-        turned = self.pins if count == 1 else filed(count - 2, later)
-        turned.update(filed(count - 1, [] if before_saving[0] else [0]))
-        self._pins_before, self.pins = turned, filed(count - 1, later)
-        self._before_prev = lines[-2] if total > 1 else prev_raw
-        self.prev_raw, self.prev_seq, self._prev_end = lines[-1], last_seq, saving[-1]
+        turned = self.pins if count == 1 else filed(-1, later)
+        turned.update(filed(0, [] if before_saving[0] else [0]))
+        self._pins_before, self.pins = turned, filed(0, later)
+        self._before_prev = last[-2] if total > 1 else self.prev_raw
+        self.prev_raw, self.prev_seq, self._prev_end = last[-1], last_seq, saving[-1]
         self._tail, self._last_verified = self.active, n + total - 1
         self.verified_links += total
-        return True
+
+    def restart_at(self, prev_raw: bytes) -> None:
+        """Link the next lines as if they followed ``prev_raw``, all linked before it: a second process's start,
+        part-way through the log (:meth:`take_cycles` then takes what it linked)."""
+        self.prev_raw, self._pending, self._prev_end, self.pins, self._pins_before = prev_raw, None, False, {}, {}
 
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:

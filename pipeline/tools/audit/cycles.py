@@ -7,7 +7,7 @@ through the checks a line at a time, which name what is wrong; both readings fin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import attrgetter
@@ -27,12 +27,34 @@ Reader = Callable[[int, dict[str, Any]], None]  # given each line that is a JSON
 # given whole epochs from their first line's number: each move's words, the global step of each of its lines (one
 # per epoch), the epochs, each one's payload and the payloads by column (``record_columns``; a reader is not given
 # these lines)
-Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], range, list[dict[str, Any]],
+Cycler = Callable[[int, Sequence[tuple[str, ...]], list[list[int]], range, Sequence[Mapping[str, Any]],
                    dict[str, dict[str, list[Any]]]], None]
 COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
+_KEY = attrgetter("event", "level", "phase", "from_", "to", "trigger", "run_id", "payload")
 _RECORD, _BEGIN, _STEP, _VAL, _FINAL = (p.value for p in (Phase.EPOCH_END, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP,
                                                            Phase.VAL, FINAL))
 _GROUP = 64  # epochs checked together at most
+
+
+def line_keys(typed: list[LogLine | None]) -> list[tuple[Any, ...] | None]:
+    """Each typed line's words, as the auditor compares them (its event ... run_id and payload; None: untyped)."""
+    return list(map(_KEY, typed)) if None not in typed else [None if rec is None else _KEY(rec) for rec in typed]
+
+
+@dataclass
+class EpochRun:
+    """Whole epochs that passed every check together: what the auditor takes from them."""
+
+    n: int  # the first line's number
+    first: int  # the first epoch
+    count: int
+    steps: list[list[int]]  # each move's global step, an epoch at a time
+    payloads: Sequence[Mapping[str, Any]]  # the epoch lines'
+    columns: dict[str, dict[str, list[Any]]]  # the same by column (``record_columns``)
+    last_seq: int
+    last_ts: float
+    tail: list[str]  # the digests carried by the last two epochs' lines (the last one's, when there is one)
+    last: list[bytes]  # the last two lines
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,14 @@ class Cycle:
     @property
     def size(self) -> int:
         return len(self.moves) + 1
+
+    def repeats(self, keys: list[Any], i: int, most: int) -> int:
+        """How many whole epochs (``most`` at most) repeat this one's words from line ``keys[i]`` on."""
+        size, end, count = self.size, len(keys), 0
+        while (count < most and i + size <= end and keys[i:i + size - 1] == self.moves
+               and (k := keys[i + size - 1]) is not None and k[:-1] == self.epoch_key):
+            i, count = i + size, count + 1
+        return count
 
 
 class EpochCycles(MoveChecks):
@@ -77,12 +107,10 @@ class EpochCycles(MoveChecks):
         cycle = self._cycle
         if cycle is None or cycle.seg is not self.seg or (self.reader is not None and self.cycler is None):
             return 0  # (a reader is given every line that is not in whole epochs taken together: those, a cycler)
-        size, end, done = cycle.size, len(block), i
+        size, done = cycle.size, i
         while True:
-            j, count = done, 0
-            while (count < self._group and j + size <= end and keys[j:j + size - 1] == cycle.moves
-                   and (k := keys[j + size - 1]) is not None and k[:-1] == cycle.epoch_key):
-                j, count = j + size, count + 1
+            count = cycle.repeats(keys, done, self._group)
+            j = done + count * size
             if count and self._epoch_group(n + done, block[done:j], typed[done:j], count, cycle):
                 done, self._group = j, min(2 * self._group, _GROUP)
                 self._last_epoch = (self._block_no, j - 1, self._mark())
@@ -127,10 +155,18 @@ class EpochCycles(MoveChecks):
     def _epoch_group(self, n: int, lines: list[bytes], recs: list[LogLine | None], count: int, cycle: Cycle) -> bool:
         """Lines ``n``... (``lines``: ``count`` epochs whose words repeat ``cycle``'s) checked together; False, with
         nothing changed, unless every line passes every check."""
-        seg, size, prev_seq = self.seg, cycle.size, self.prev_seq
-        if (seg is not cycle.seg or prev_seq is None or seg.phase != _RECORD or seg.stop is not None or seg.faulted
-                or seg.result_line is not None or seg.batch_lines):
+        run = self._checked_epochs(n, lines, recs, count, cycle)
+        if run is None:
             return False
+        self._take_epochs(run, cycle)
+        return True
+
+    def _checked_epochs(self, n: int, lines: list[bytes], recs: list[LogLine | None], count: int,
+                        cycle: Cycle) -> EpochRun | None:
+        """:meth:`_epoch_group`'s checks, the chain's links taken: what the epochs give the auditor, or None."""
+        seg, size, prev_seq = self.seg, cycle.size, self.prev_seq
+        if not self._steady(cycle) or seg is None or prev_seq is None:
+            return None
         seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in COLUMNS)
         first, total = seg.next_epoch, len(lines)
         begins, vals = steps[::size], steps[cycle.val_at::size]
@@ -141,28 +177,40 @@ class EpochCycles(MoveChecks):
                 or epochs != list(chain.from_iterable(repeat(e, size) for e in range(first, first + count)))
                 or steps != list(chain.from_iterable((b,) * cycle.val_at + (v,) * (size - cycle.val_at)
                                                      for b, v in zip(begins, vals, strict=True)))):
-            return False
+            return None
         payloads = []
         for c, rec in enumerate(recs[size - 1::size]):  # the epoch lines
             payload = parse_line(bytes(rec.payload))  # type: ignore[union-attr]
             batches = payload.get("batches") if type(payload) is dict else None
             if type(batches) is not int or batches != vals[c] - begins[c]:
-                return False
+                return None
             payloads.append(payload)
         if not self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1]):
-            return False
-        columns = record_columns(payloads)
+            return None
+        return EpochRun(n, first, count, [steps[p::size] for p in range(size - 1)], payloads,
+                        record_columns(payloads), seqs[-1], ts[-1], prevs[-2 * size:], lines[-2:])
+
+    def _steady(self, cycle: Cycle) -> bool:
+        """Whether the run is where ``cycle``'s epochs may follow: its segment, past an epoch's record, nothing
+        stopping it."""
+        seg = self.seg
+        return (seg is cycle.seg and self.prev_seq is not None and seg.phase == _RECORD and seg.stop is None
+                and not seg.faulted and seg.result_line is None and not seg.batch_lines)
+
+    def _take_epochs(self, run: EpochRun, cycle: Cycle) -> None:
+        """Whole epochs that repeat ``cycle`` and passed every check (their links taken): the run is past them."""
+        seg, size, count, first = self.seg, cycle.size, run.count, run.first
+        assert seg is not None
         if self.cycler is not None:
-            self.cycler(n, cycle.words, [steps[p::size] for p in range(size - 1)], range(first, first + count),
-                        payloads, columns)
+            self.cycler(run.n, cycle.words, run.steps, range(first, first + count), run.payloads, run.columns)
         for _, src, dst, trig in cycle.words:
             self.moves[(src, dst, trig)] += count
         seg.moves.extend((trig, src, dst, e) for e in range(first, first + count) for _, src, dst, trig in cycle.words)
-        self._epoch_records(list(range(n + size - 1, n + total, size)), payloads, columns, seg)
-        last = n + total - 1
-        self.prev_seq, self.last_ts, self.last_ts_line = seqs[-1], ts[-1], last
+        total = count * size
+        self._epoch_records(list(range(run.n + size - 1, run.n + total, size)), run.payloads, run.columns, seg)
+        last, begin, val = run.n + total - 1, run.steps[0][-1], run.steps[cycle.val_at][-1]
+        self.prev_seq, self.last_ts, self.last_ts_line = run.last_seq, run.last_ts, last
         seg.epoch_starts += count
-        seg.validated_at = seg.step_begin = seg.step_prev = begins[-1]
-        seg.step_val = vals[-1]
-        seg.last_line, seg.last_epoch_field, seg.global_step = last, first + count - 1, steps[-1]
-        return True
+        seg.validated_at = seg.step_begin = seg.step_prev = begin
+        seg.step_val = val
+        seg.last_line, seg.last_epoch_field, seg.global_step = last, first + count - 1, val

@@ -10,7 +10,7 @@ import math
 import operator
 import typing
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -276,7 +276,7 @@ class MoveChecks(EndingChecks):
         seg.next_epoch = cur + 1
         seg.epochs += 1
 
-    def _epoch_records(self, lines: list[int], payloads: list[dict[str, Any]],
+    def _epoch_records(self, lines: list[int], payloads: Sequence[Mapping[str, Any]],
                        columns: dict[str, dict[str, list[Any]]], seg: Segment) -> None:
         """:meth:`_epoch_record` of the run's next epochs (their lines ``lines``, payloads ``payloads``, by column
         ``columns``: :func:`record_columns`): a column at a time where every epoch has the same names with plain

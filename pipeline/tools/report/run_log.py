@@ -170,7 +170,7 @@ class RunData:
             self.again, self.repeats = words, times - 1
 
     def epochs(self, n: int, words: Sequence[tuple[str, ...]], steps: list[list[int]], epochs: range,
-               payloads: list[dict[str, Any]], columns: dict[str, dict[str, list[Any]]]) -> None:
+               payloads: Sequence[Mapping[str, Any]], columns: dict[str, dict[str, list[Any]]]) -> None:
         """Whole epochs (their moves' words, each move's global step in each epoch, the epochs and their records,
         also by column), as :meth:`move` and :meth:`read` of each line would take them."""
         self.path.epochs([(src, dst, trig) for _, src, dst, trig in words], steps, len(payloads))
