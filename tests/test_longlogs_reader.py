@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ahead_check import auditor_state
 from audit_runs import RealRuns, read_lines, rechain
 
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
@@ -292,14 +293,6 @@ class _CountingEpochs(LogAuditor):
         return ok
 
 
-def _state(auditor: LogAuditor) -> str:
-    """What a later line's checks read: each segment, the chain's pins and links, the counts."""
-    chain = auditor.chain
-    pins = [sorted(d.items()) for d in (chain.pins, chain._pins_before, chain._end_pins)]
-    return repr(([vars(seg) for seg in auditor.segments], pins, chain.prev_raw, chain.prev_seq, chain.verified_links,
-                 auditor.prev_seq, auditor.last_ts, auditor.last_ts_line, sorted(auditor.moves.items())))
-
-
 def _both_ways(path: Path, size: int) -> tuple[_CountingEpochs, LogAuditor]:
     """The audit of ``path`` fed ``size`` lines at a time, and the one that parses every line; not finished."""
     fast, parsed = _CountingEpochs(path), LogAuditor(path)
@@ -320,7 +313,7 @@ def test_whole_epochs_are_taken_together_and_audit_alike_however_the_log_is_cut(
     epochs = [i for i, r in enumerate(recs) if r["event"] == "epoch"]
     assert len(epochs) == 12 and recs[epochs[0] + 1]["to"] == "epoch_begin"
     fast, parsed = _both_ways(path, size)
-    assert _state(fast) == _state(parsed)
+    assert auditor_state(fast) == auditor_state(parsed)
     fast_report, parsed_report = fast.finish(), parsed.finish()
     assert fast_report.ok_strict and _said(fast_report) == _said(parsed_report)
     assert fast_report.explanation == parsed_report.explanation
@@ -360,7 +353,7 @@ def test_a_changed_line_among_whole_epochs_gets_the_findings_of_a_parsed_one(rea
     path = tmp_path / "events.jsonl"
     path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
     fast, parsed = _both_ways(path, size)
-    assert _state(fast) == _state(parsed)
+    assert auditor_state(fast) == auditor_state(parsed)
     fast_report, parsed_report = fast.finish(), parsed.finish()
     assert _said(fast_report) == _said(parsed_report)
     assert fast_report.explanation == parsed_report.explanation

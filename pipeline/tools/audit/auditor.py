@@ -14,10 +14,11 @@ from typing import Any
 
 from fsmtrain.core.events import EVENT_KEYS, LEVELS
 from fsmtrain.core.lifecycle import FINAL
-from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, collector_paused, parse_line, read_blocks, typed_lines
+from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, collector_paused, parse_line, typed_lines
+from fsmtrain.tools.audit.ahead import AHEAD, Ahead, ReadAhead
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
-from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, EpochCycles, Reader, line_keys
+from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, Reader, line_keys
 from fsmtrain.tools.audit.ending import (
     Segment,
     best_epoch,
@@ -30,7 +31,6 @@ from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH
 from fsmtrain.tools.audit.verdict import (
     BUDGET_REASONS,
-    AuditReadError,
     AuditReport,
     Explanation,
     Finding,
@@ -65,7 +65,7 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
-class LogAuditor(SegmentChecks, EpochCycles):
+class LogAuditor(SegmentChecks, ReadAhead):
     """Checks a log one line at a time (:meth:`feed_parsed`); :meth:`finish` runs the whole-file checks."""
 
     def __init__(self, path: Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
@@ -363,17 +363,13 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
              allow_missing: bool = False, reader: Reader | None = None, mover: Mover | None = None,
-             cycler: Cycler | None = None) -> LogAuditor:
+             cycler: Cycler | None = None, ahead: Ahead | None = AHEAD) -> LogAuditor:
     """A :class:`LogAuditor` fed every line of ``path``, not yet finished; ``reader`` is given each parsed
     line too, ``mover`` each move read from its typed fields, ``cycler`` whole epochs checked together (their
-    moves and epoch records, which then reach neither): the report reads the log in the audit's pass."""
-    p = Path(path)
-    auditor = LogAuditor(p, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
+    moves and epoch records, which then reach neither): the report reads the log in the audit's pass.
+    ``ahead``: when a second process reads a long log's second half (None: never)."""
+    auditor = LogAuditor(Path(path), verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
                          reader=reader, mover=mover, cycler=cycler)
-    n = 0
     with collector_paused():
-        for block in read_blocks(p, AuditReadError):
-            auditor.feed_block(n + 1, block)
-            n += len(block)
-    auditor.lines = n
+        auditor.lines = auditor.read_file(ahead)
     return auditor

@@ -222,35 +222,39 @@ class ChainCheck:
         return True
 
     def link_cycles(self, n: int, lines: list[bytes], carried: list[str], saving: tuple[bool, ...],
-                    last_seq: int) -> bool:
+                    last_seq: int) -> dict[str, int] | None:
         """:meth:`link` of lines ``n``, ``n + 1``... (``lines``: whole epochs of ``len(saving)`` lines each, each
         beginning with the move that turns the epoch, carrying ``carried``; ``saving[p]``: line ``p`` of an epoch
-        is of a save phase) at once, when every link holds; False, with nothing changed, as :meth:`link_run`."""
+        is of a save phase) at once, when every link holds: the digests then pinned as following a save phase's
+        line, and their lines. None, with nothing changed, when one does not hold, as :meth:`link_run`."""
         chain, prev_raw, size, total = self.active, self.prev_raw, len(saving), len(lines)
         before_saving = (saving[-1], *saving[:-1])  # line p follows line p - 1 of its epoch, line 0 the last line
         if (chain is None or self._digest is None or prev_raw is None or self._pending is not None
                 or self._prev_end != before_saving[0]):
-            return False
+            return None
         expected = chain.digests([prev_raw, *lines[:-1]])
         if expected != carried:
-            return False
+            return None
         lines_before = range(n - 1, n - 1 + total)
+        ends: dict[str, int] = {}
         for p in (p for p, end in enumerate(before_saving) if end):  # what follows a save phase's line
-            self._end_pins.update(zip(expected[p::size], lines_before[p::size], strict=True))
-        self.take_cycles(n, total, expected[-2 * size:], lines[-2:], saving, last_seq)
-        return True
+            ends.update(zip(expected[p::size], lines_before[p::size], strict=True))
+        self.take_cycles(n, total, expected[-2 * size:], lines[-2:], saving, last_seq, ends)
+        return ends
 
-    def can_take(self, prev_raw: bytes, chain: Chain | None) -> bool:
-        """Whether epochs linked elsewhere (:meth:`take_cycles`), whose first line follows ``prev_raw`` under
-        ``chain``, with no line of a save phase, can follow the lines linked here."""
+    def can_take(self, prev_raw: bytes, chain: Chain | None, prev_end: bool) -> bool:
+        """Whether epochs linked elsewhere (:meth:`take_cycles`), whose first line follows ``prev_raw`` (of a save
+        phase: ``prev_end``) under ``chain``, can follow the lines linked here."""
         return (chain is not None and chain is self.active and self._digest is not None and self._pending is None
-                and not self._prev_end and self.prev_raw == prev_raw)
+                and self._prev_end == prev_end and self.prev_raw == prev_raw)
 
     def take_cycles(self, n: int, total: int, tail: list[str], last: list[bytes], saving: tuple[bool, ...],
-                    last_seq: int) -> None:
+                    last_seq: int, ends: dict[str, int]) -> None:
         """Lines ``n``... (``total``, whole epochs of ``len(saving)`` lines) linked, each link found to hold (by
         :meth:`link_cycles`, or in a second process): ``tail``, the digests carried by their last two epochs' lines
-        (by the last one's, when there is one), ``last`` their last two lines."""
+        (by the last one's, when there is one), ``last`` their last two lines, ``ends`` the digests carried by
+        those that follow a save phase's line, and the lines they are the digests of."""
+        self._end_pins.update(ends)
         size, count = len(saving), total // len(saving)
         before_saving = (saving[-1], *saving[:-1])
         # As link files each digest (the line before's) and new_epoch turns the pins at each epoch's first line:
@@ -270,10 +274,11 @@ class ChainCheck:
         self._tail, self._last_verified = self.active, n + total - 1
         self.verified_links += total
 
-    def restart_at(self, prev_raw: bytes) -> None:
-        """Link the next lines as if they followed ``prev_raw``, all linked before it: a second process's start,
-        part-way through the log (:meth:`take_cycles` then takes what it linked)."""
-        self.prev_raw, self._pending, self._prev_end, self.pins, self._pins_before = prev_raw, None, False, {}, {}
+    def restart_at(self, prev_raw: bytes, prev_end: bool) -> None:
+        """Link the next lines as if they followed ``prev_raw`` (of a save phase: ``prev_end``), all linked before
+        it: a second process's start, part-way through the log (:meth:`take_cycles` then takes what it linked)."""
+        self.prev_raw, self._pending, self._prev_end = prev_raw, None, prev_end
+        self.pins, self._pins_before, self._end_pins = {}, {}, {}
 
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:

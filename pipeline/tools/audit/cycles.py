@@ -55,6 +55,7 @@ class EpochRun:
     last_ts: float
     tail: list[str]  # the digests carried by the last two epochs' lines (the last one's, when there is one)
     last: list[bytes]  # the last two lines
+    ends: dict[str, int]  # the digests carried by the lines that follow a save phase's, and their lines'
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,11 @@ class EpochCycles(MoveChecks):
             if type(batches) is not int or batches != vals[c] - begins[c]:
                 return None
             payloads.append(payload)
-        if not self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1]):
+        ends = self.chain.link_cycles(n, lines, prevs, cycle.saving, seqs[-1])
+        if ends is None:
             return None
         return EpochRun(n, first, count, [steps[p::size] for p in range(size - 1)], payloads,
-                        record_columns(payloads), seqs[-1], ts[-1], prevs[-2 * size:], lines[-2:])
+                        record_columns(payloads), seqs[-1], ts[-1], prevs[-2 * size:], lines[-2:], ends)
 
     def _steady(self, cycle: Cycle) -> bool:
         """Whether the run is where ``cycle``'s epochs may follow: its segment, past an epoch's record, nothing

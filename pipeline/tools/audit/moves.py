@@ -32,7 +32,7 @@ from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.ending import PHASES, EndingChecks, Segment, as_int, number
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
-__all__ = ["PER_BATCH", "MoveChecks", "allowed_steadily", "record_columns"]
+__all__ = ["PER_BATCH", "RECORDED", "MoveChecks", "allowed_steadily", "record_columns"]
 
 _MOVES: Mapping[tuple[str, str, str], Transition] = {
     (t.source.value, t.dest.value, t.trigger): t for t in TRANSITIONS
@@ -101,14 +101,14 @@ def allowed_steadily(key: tuple[str, str, str]) -> bool:
     return key in _MOVES and _allowed(key, False, False, True, False, False)
 
 
-_RECORDED = ("metrics", "slots", "phase_seconds", "callback_seconds", "seconds")
+RECORDED = ("metrics", "slots", "phase_seconds", "callback_seconds", "seconds")
 _SUMMED = ("phase_seconds", "callback_seconds", "seconds")
 
 
 def record_columns(payloads: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
     """What ``epoch`` lines' payloads record, by field and then name (a number's own name: ``seconds``); a field
     is left out where the payloads do not all hold the same names there (and some hold a mapping there)."""
-    columns = {field: cols for field in _RECORDED[:-1] if (cols := by_name([p.get(field) for p in payloads]))
+    columns = {field: cols for field in RECORDED[:-1] if (cols := by_name([p.get(field) for p in payloads]))
                is not None}
     columns["seconds"] = {"seconds": [p.get("seconds") for p in payloads]}
     return columns
@@ -281,7 +281,7 @@ class MoveChecks(EndingChecks):
         """:meth:`_epoch_record` of the run's next epochs (their lines ``lines``, payloads ``payloads``, by column
         ``columns``: :func:`record_columns`): a column at a time where every epoch has the same names with plain
         values and there is nothing to say, else a line at a time (which says it)."""
-        if (len(columns) < len(_RECORDED) or not all(map(_finite, map(columns["metrics"].get, _LOSSES)))
+        if (len(columns) < len(RECORDED) or not all(map(_finite, map(columns["metrics"].get, _LOSSES)))
                 or not all(_SLOTS[k][0](v) for k, col in columns["slots"].items() if k in _SLOTS for v in col)
                 or not all(_plain(col) for field in _SUMMED for col in columns[field].values())):
             for n, p in zip(lines, payloads, strict=True):
