@@ -15,7 +15,7 @@ import warnings
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import IO, Any, overload
@@ -24,7 +24,7 @@ from fsmtrain.core.chain import Chain
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.log_file import LogLine, parse_line, typed_lines
 from fsmtrain.tools.audit.cycles import _GROUP, Cycle, EpochCycles, EpochRun, line_keys
-from fsmtrain.tools.audit.moves import RECORDED
+from fsmtrain.tools.audit.moves import RECORDED, record_columns
 from fsmtrain.tools.audit.verdict import AuditReadError
 
 __all__ = ["AHEAD", "Ahead", "Handover", "LinePayloads", "ReadAhead"]
@@ -38,7 +38,7 @@ class Ahead:
     epoch's cycle, when those are ``min_bytes`` at least (below that a fork and the handover cost more than they
     save); ``block``: the bytes of a read."""
 
-    at: float = 0.5
+    at: float = 0.55  # (the second process also packs what it hands over: measured, benchmarks/RESULTS.md)
     min_bytes: int = 48 << 20
     block: int = 1 << 22
 
@@ -84,8 +84,11 @@ def _payload(fh: IO[bytes], at: int) -> Mapping[str, Any]:
 
 @dataclass
 class Handover:
-    """What the second process found: whole epochs from the line after ``prev_raw`` (at byte ``start``, its
-    numbers read from that line: ``first_seq``, ``first_ts``), ``lines`` lines ending at byte ``end``."""
+    """What the second process found: whole epochs from the line after ``prev_raw`` (their first line's numbers:
+    ``first_seq``, ``first_ts``), ``lines`` lines ending at byte ``end``, as runs whose records have the same
+    names; the digests carried by the last two epochs' lines (``tail``), the last two lines, and the digests
+    carried by those that follow a save phase's line (``ends``, raw, ``digest_size`` hex digits each) and the lines
+    they are the digests of."""
 
     runs: list[EpochRun]
     prev_raw: bytes
@@ -93,6 +96,11 @@ class Handover:
     first_ts: float
     lines: int
     end: int
+    tail: list[str]
+    last: list[bytes]
+    ends: bytes
+    digest_size: int
+    end_lines: list[int]
 
 
 class _Helper:
@@ -211,12 +219,12 @@ class ReadAhead(EpochCycles):
     def _read_ahead(self, cycle: Cycle, prev_raw: bytes, start: int, block_size: int) -> Handover | None:
         """In the second process: the whole epochs from byte ``start`` (``prev_raw``: the line before it) that
         repeat ``cycle``, checked a group at a time as :meth:`_epochs_after` checks them, up to the first that
-        does not pass every check, as runs whose records have the same names; their lines numbered from 1."""
+        does not pass every check; their lines numbered from 1."""
         self.cycler = None  # what the epochs give a report is handed over
         seg, size = self.seg, cycle.size
         self.chain.restart_at(prev_raw, cycle.saving[-1])
-        runs: list[tuple[EpochRun, list[int]]] = []  # each with its epoch lines' offsets
-        n, carry, first = 1, list[bytes](), None  # carry: the lines of an epoch cut by a read's end
+        found: _Found | None = None
+        n, carry = 1, list[bytes]()  # carry: the lines of an epoch cut by a read's end
         with open(self.path, "rb") as fh:
             fh.seek(start)
             pos = start  # the byte carry[0] (else the next read) begins at
@@ -224,10 +232,11 @@ class ReadAhead(EpochCycles):
                 lines = carry + block
                 typed = typed_lines(lines)
                 keys = line_keys(typed)
-                if first is None:
+                if found is None:
                     first = typed[0]
                     if first is None or seg is None:
                         return None
+                    found = _Found(self.path, prev_raw, first)
                     # the state these epochs need, from their first line: the auditor checks that it is its own
                     self.prev_seq, self.last_ts, self._group = first.seq - 1, first.ts, 1
                     seg.next_epoch, seg.global_step, seg.phase, seg.batch_lines = (first.epoch, first.global_step,
@@ -243,15 +252,13 @@ class ReadAhead(EpochCycles):
                     if got is not None:
                         self._take_epochs(got, cycle)
                     if got is None or self._mark() != mark:
-                        return _handover(runs, size, self.path, prev_raw, first, starts[i])
-                    offsets = starts[i + size - 1:j:size]  # the epoch lines'
-                    if not (runs and _joined(*runs[-1], got, offsets, size)):
-                        runs.append((got, offsets))
+                        return found.handover(starts[i])
+                    found.add(got, starts[i + size - 1:j:size], size)
                     i, self._group = j, min(2 * self._group, _GROUP)
                 if i + size <= len(lines):  # an epoch that does not repeat the cycle
-                    return _handover(runs, size, self.path, prev_raw, first, starts[i])
+                    return found.handover(starts[i])
                 carry, n, pos = lines[i:], n + i, starts[i]
-        return None if first is None else _handover(runs, size, self.path, prev_raw, first, pos)
+        return None if found is None else found.handover(pos)
 
     def _take_ahead(self, done: Handover, n: int, cycle: Cycle, chain: Chain | None) -> bool:
         """The second process's epochs, from line ``n``, taken where the run is as they assumed: False, with
@@ -262,16 +269,72 @@ class ReadAhead(EpochCycles):
                 or not self.chain.can_take(done.prev_raw, chain, cycle.saving[-1])):
             return False
         shift = n - 1  # (its lines were numbered from 1)
+        hexed = done.ends.hex()
+        digests = [hexed[i:i + done.digest_size] for i in range(0, len(hexed), done.digest_size)]
+        self.chain.take_cycles(n, done.lines, done.tail, done.last, cycle.saving, done.runs[-1].last_seq,
+                               dict(zip(digests, [line + shift for line in done.end_lines], strict=True)))
         for run in done.runs:
             run.n += shift
             run.steps = list(map(_unpacked, run.steps))
             run.columns = {field: {name: _unpacked(col) for name, col in cols.items()}
                            for field, cols in run.columns.items()}
-            self.chain.take_cycles(run.n, run.count * cycle.size, run.tail, run.last, cycle.saving, run.last_seq,
-                                   {digest: line + shift for digest, line in run.ends.items()})
             self._take_epochs(run, cycle)
         self._last_epoch, self.ahead_lines = None, done.lines
         return True
+
+
+class _Found:
+    """What the second process found so far: runs of whole epochs whose records have the same names (held by
+    column), and what the chain takes from them all."""
+
+    def __init__(self, path: Path, prev_raw: bytes, first: LogLine) -> None:
+        self.path, self.prev_raw, self.first = path, prev_raw, first
+        self.runs: list[tuple[EpochRun, list[int]]] = []  # each with its epoch lines' offsets
+        self.tail: list[str] = []
+        self.last: list[bytes] = []
+        self.ends: dict[str, int] = {}
+        self.lines = 0
+
+    def add(self, run: EpochRun, offsets: list[int], size: int) -> None:
+        """The epochs of ``run`` (its epoch lines at ``offsets``), checked and taken after those found so far."""
+        self.tail, self.last = (self.tail + run.tail)[-2 * size:], (self.last + run.last)[-2:]
+        self.ends.update(run.ends)
+        self.lines += run.count * size
+        for part, at in _by_names(run, offsets, size):
+            if not (self.runs and _joined(*self.runs[-1], part, at)):
+                self.runs.append((part, at))
+
+    def handover(self, end: int) -> Handover | None:
+        """What the auditor takes: the runs found, the lines up to byte ``end``; None where none was."""
+        if not self.runs:
+            return None
+        for run, offsets in self.runs:  # a run's records, where its columns hold them all, are read when asked for
+            if _whole(run):
+                run.payloads = LinePayloads(self.path, offsets)
+                run.columns = {field: {name: _packed(col) for name, col in cols.items()}
+                               for field, cols in run.columns.items()}
+            run.steps = [_packed(steps) for steps in run.steps]
+        size = len(next(iter(self.ends), "-"))  # (the chain's digests, hex; as bytes they cross a hundred times faster)
+        return Handover([run for run, _ in self.runs], self.prev_raw, self.first.seq, self.first.ts, self.lines, end,
+                        self.tail, self.last, bytes.fromhex("".join(self.ends)), size,
+                        _packed(list(self.ends.values())))
+
+
+def _by_names(run: EpochRun, offsets: list[int], size: int) -> list[tuple[EpochRun, list[int]]]:
+    """``run`` cut where its records' names change (a record that holds one slot more, or one less), each part
+    with its columns."""
+    if _whole(run) or len(run.payloads) < 2:
+        return [(run, offsets)]
+    names = [tuple(tuple(v) if type(v := p.get(field)) is dict else type(v) for field in RECORDED)
+             for p in run.payloads]
+    cuts = [k for k in range(1, run.count) if names[k] != names[k - 1]]
+    parts = []
+    for a, b in zip([0, *cuts], [*cuts, run.count], strict=True):
+        payloads = run.payloads[a:b]
+        parts.append((replace(run, n=run.n + a * size, first=run.first + a, count=b - a,
+                              steps=[steps[a:b] for steps in run.steps], payloads=payloads,
+                              columns=record_columns(payloads)), offsets[a:b]))
+    return parts
 
 
 def _whole(run: EpochRun) -> bool:
@@ -280,7 +343,7 @@ def _whole(run: EpochRun) -> bool:
         dict in set(map(type, col)) for cols in run.columns.values() for col in cols.values())
 
 
-def _joined(run: EpochRun, offsets: list[int], more: EpochRun, more_offsets: list[int], size: int) -> bool:
+def _joined(run: EpochRun, offsets: list[int], more: EpochRun, more_offsets: list[int]) -> bool:
     """``run`` (its epoch lines at ``offsets``) extended by the epochs after it (``more``), where the columns of
     both hold all their records say, under the same names; False, with nothing changed, else."""
     if not (_whole(run) and _whole(more)) or any(
@@ -293,8 +356,6 @@ def _joined(run: EpochRun, offsets: list[int], more: EpochRun, more_offsets: lis
         steps += later
     run.count += more.count
     run.last_seq, run.last_ts = more.last_seq, more.last_ts
-    run.tail, run.last = (run.tail + more.tail)[-2 * size:], (run.last + more.last)[-2:]
-    run.ends.update(more.ends)
     offsets += more_offsets
     return True
 
@@ -311,17 +372,3 @@ def _packed(values: list[Any]) -> list[Any]:
 
 def _unpacked(values: list[Any]) -> list[Any]:
     return values.tolist() if isinstance(values, array) else values
-
-
-def _handover(runs: list[tuple[EpochRun, list[int]]], size: int, path: Path, prev_raw: bytes, first: LogLine,
-              end: int) -> Handover | None:
-    if not runs:
-        return None
-    for run, offsets in runs:  # a run's records, where its columns hold them all, are read when asked for
-        if _whole(run):
-            run.payloads = LinePayloads(path, offsets)
-            run.columns = {field: {name: _packed(col) for name, col in cols.items()}
-                           for field, cols in run.columns.items()}
-        run.steps = [_packed(steps) for steps in run.steps]
-    return Handover([run for run, _ in runs], prev_raw, first.seq, first.ts, size * sum(r.count for r, _ in runs),
-                    end)

@@ -47,16 +47,17 @@ _RECORD_PHASE = next(s.phase for s in PROGRAM if s.name == Action.RECORD_EPOCH.v
 
 
 Check = Callable[[Any], bool]
-_SCALARS: dict[Any, tuple[Check, str]] = {
-    float: (lambda v: number(v) is not None, "a number"),
-    int: (lambda v: type(v) is int, "an integer"),
-    bool: (lambda v: type(v) is bool, "true or false"),
-    str: (lambda v: type(v) is str, "a string"),
+# a check of a JSON value, what it expects, and the types whose every value passes it (a column of them at once)
+_SCALARS: dict[Any, tuple[Check, str, frozenset[type]]] = {
+    float: (lambda v: number(v) is not None, "a number", frozenset({int, float})),
+    int: (lambda v: type(v) is int, "an integer", frozenset({int})),
+    bool: (lambda v: type(v) is bool, "true or false", frozenset({bool})),
+    str: (lambda v: type(v) is str, "a string", frozenset({str})),
 }
 
 
-def _check_for(tp: Any) -> tuple[Check, str] | None:
-    """A check of a JSON value of declared type ``tp`` and what it expects (None: not checkable)."""
+def _check_for(tp: Any) -> tuple[Check, str, frozenset[type]] | None:
+    """A check of a JSON value of declared type ``tp``, as :data:`_SCALARS` (None: not checkable)."""
     if tp in _SCALARS:
         return _SCALARS[tp]
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
@@ -67,7 +68,7 @@ def _check_for(tp: Any) -> tuple[Check, str] | None:
             return (type(v) is dict and v.keys() == fields.keys()
                     and all(c is None or c[0](v[k]) for k, c in fields.items()))
         said = ", ".join(f"{k} ({c[1] if c else getattr(hints[k], '__name__', hints[k])})" for k, c in fields.items())
-        return check, f"an object with {said}"
+        return check, f"an object with {said}", frozenset()
     return None
 
 
@@ -105,7 +106,7 @@ RECORDED = ("metrics", "slots", "phase_seconds", "callback_seconds", "seconds")
 _SUMMED = ("phase_seconds", "callback_seconds", "seconds")
 
 
-def record_columns(payloads: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
+def record_columns(payloads: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[Any]]]:
     """What ``epoch`` lines' payloads record, by field and then name (a number's own name: ``seconds``); a field
     is left out where the payloads do not all hold the same names there (and some hold a mapping there)."""
     columns = {field: cols for field in RECORDED[:-1] if (cols := by_name([p.get(field) for p in payloads]))
@@ -282,7 +283,8 @@ class MoveChecks(EndingChecks):
         ``columns``: :func:`record_columns`): a column at a time where every epoch has the same names with plain
         values and there is nothing to say, else a line at a time (which says it)."""
         if (len(columns) < len(RECORDED) or not all(map(_finite, map(columns["metrics"].get, _LOSSES)))
-                or not all(_SLOTS[k][0](v) for k, col in columns["slots"].items() if k in _SLOTS for v in col)
+                or not all(set(map(type, col)) <= _SLOTS[k][2] or all(map(_SLOTS[k][0], col))
+                           for k, col in columns["slots"].items() if k in _SLOTS)
                 or not all(_plain(col) for field in _SUMMED for col in columns[field].values())):
             for n, p in zip(lines, payloads, strict=True):
                 self._epoch_record(n, p, seg)
