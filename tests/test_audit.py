@@ -7,6 +7,7 @@ must fail naming that line.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -16,10 +17,13 @@ from typing import Any
 
 import pytest
 from audit_runs import REPO, RealRuns, line_of, read_lines, rechain
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.cli import main as cli_main
 from fsmtrain.tools.audit import AuditReport, Finding, Severity, audit_file, audit_run_dir
+from fsmtrain.tools.audit.ending import best_epoch
 
 pytestmark = pytest.mark.slow  # the session fixture trains seven tiny runs (~10 s, once)
 
@@ -366,3 +370,11 @@ def test_an_extended_run_is_explained_by_the_segment_that_ended_it(tmp_path: Pat
     ex = report.explanation
     assert (ex.segments, ex.epochs_completed, ex.max_epochs) == (3, 3, 3), report.render()
     assert ex.stop_message == "reached max_epochs=3" and "max_epochs=2" not in report.render(), report.render()
+
+
+@given(st.lists(st.sampled_from([0.5, 0.25, -0.0, 0.0, 1e308, math.inf, -math.inf, math.nan, 2.0]), max_size=12))
+# (found from the losses by a few calls in C where they are all finite and one is least)
+def test_the_best_epoch_is_the_first_least_finite_val_loss_however_it_is_found(losses: list[float]) -> None:
+    counted = [(e, x, 10 + e) for e, x in enumerate(losses)]
+    by_hand = min(((x, e, line) for e, x, line in counted if math.isfinite(x)), default=None)
+    assert repr(best_epoch([], counted)) == repr(by_hand)

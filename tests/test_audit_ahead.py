@@ -153,3 +153,4 @@ def test_the_second_process_epochs_are_not_taken_where_the_run_before_them_is_no
     (case,) = _checked(path, ("0.5",))
     assert case["state"] and case["said"] and case["page"] and case["findings"] > 0, case
     assert case["ahead_lines"] == 0, case  # the auditor read them itself
+

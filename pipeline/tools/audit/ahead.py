@@ -220,7 +220,6 @@ class ReadAhead(EpochCycles):
         """In the second process: the whole epochs from byte ``start`` (``prev_raw``: the line before it) that
         repeat ``cycle``, checked a group at a time as :meth:`_epochs_after` checks them, up to the first that
         does not pass every check; their lines numbered from 1."""
-        self.cycler = None  # what the epochs give a report is handed over
         seg, size = self.seg, cycle.size
         self.chain.restart_at(prev_raw, cycle.saving[-1])
         found: _Found | None = None
@@ -250,7 +249,7 @@ class ReadAhead(EpochCycles):
                         self._group = 1  # from the group's start again, an epoch at a time
                         continue
                     if got is not None:
-                        self._take_epochs(got, cycle)
+                        self._take_epochs(got, cycle, tally=False)
                     if got is None or self._mark() != mark:
                         return found.handover(starts[i])
                     found.add(got, starts[i + size - 1:j:size], size)

@@ -155,6 +155,8 @@ class CheckpointChecks(EndingChecks):
             if ckpts.start_line is not None and not ckpts.restarted:
                 self.bad("resume", "a second run_start without resumed_from and no restart event: two runs written "
                          "into one file", ckpts.start_line)
+            if ckpts.every is None:
+                continue  # no policy logged: none is due
             ended = seg.result_line is not None and seg.end_reason != StopReason.ERROR.value
             horizon = max(ckpts.committed, default=-1)
             for epoch, (_, line) in enumerate(seg.vals, seg.start_epoch):

@@ -199,15 +199,18 @@ class EpochCycles(MoveChecks):
         return (seg is cycle.seg and self.prev_seq is not None and seg.phase == _RECORD and seg.stop is None
                 and not seg.faulted and seg.result_line is None and not seg.batch_lines)
 
-    def _take_epochs(self, run: EpochRun, cycle: Cycle) -> None:
-        """Whole epochs that repeat ``cycle`` and passed every check (their links taken): the run is past them."""
+    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> None:
+        """Whole epochs that repeat ``cycle`` and passed every check (their links taken): the run is past them.
+        ``tally``: their moves are counted and given to a cycler (a second process leaves that to the auditor)."""
         seg, size, count, first = self.seg, cycle.size, run.count, run.first
         assert seg is not None
-        if self.cycler is not None:
-            self.cycler(run.n, cycle.words, run.steps, range(first, first + count), run.payloads, run.columns)
-        for _, src, dst, trig in cycle.words:
-            self.moves[(src, dst, trig)] += count
-        seg.moves.extend((trig, src, dst, e) for e in range(first, first + count) for _, src, dst, trig in cycle.words)
+        if tally:
+            if self.cycler is not None:
+                self.cycler(run.n, cycle.words, run.steps, range(first, first + count), run.payloads, run.columns)
+            for _, src, dst, trig in cycle.words:
+                self.moves[(src, dst, trig)] += count
+            seg.moves.extend((trig, src, dst, e) for e in range(first, first + count)
+                             for _, src, dst, trig in cycle.words)
         total = count * size
         self._epoch_records(list(range(run.n + size - 1, run.n + total, size)), run.payloads, run.columns, seg)
         last, begin, val = run.n + total - 1, run.steps[0][-1], run.steps[cycle.val_at][-1]
