@@ -22,7 +22,7 @@ from fsmtrain.tools.report.run import run_sections
 def auditor_state(auditor: LogAuditor) -> str:
     """What a later line's checks read: each segment, the chain's pins and links, the counts."""
     chain = auditor.chain
-    pins = [sorted(d.items()) for d in (chain.pins, chain._pins_before, chain._end_pins)]
+    pins = [sorted(d.items()) for d in (chain.pins, chain._pins_before, chain._end_pins.mapping())]
     return repr(([vars(seg) for seg in auditor.segments], pins, chain.prev_raw, chain.prev_seq, chain.verified_links,
                  auditor.prev_seq, auditor.last_ts, auditor.last_ts_line, sorted(auditor.moves.items())))
 

@@ -1,7 +1,8 @@
 """A long log's second half read ahead in a second process (a real fork, in a fresh process: ``ahead_check.py``):
 the audit and the report leave the same state, find and say the same and draw the same page as one process
 reading it all, wherever the second process starts and whatever it meets there: a changed, removed, repeated or
-tampered line, a NaN, a slot of the wrong type, records whose names change."""
+tampered line, a NaN, a slot of the wrong type, records whose names change. The pins a long log's lines leave
+(kept as they came until one is looked up) are the dict that filing each at once gives."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 from audit_runs import read_lines, rechain
+from hypothesis import given
+from hypothesis import strategies as st
 
 TESTS = Path(__file__).resolve().parent
 EPOCHS, BLOCK = 600, 16 * 1024
@@ -154,3 +157,27 @@ def test_the_second_process_epochs_are_not_taken_where_the_run_before_them_is_no
     assert case["state"] and case["said"] and case["page"] and case["findings"] > 0, case
     assert case["ahead_lines"] == 0, case  # the auditor read them itself
 
+
+
+# The pins of the lines that follow a save phase's line, kept as they came until one is looked up: the dict that
+# filing each at once gives, repeated digests (a line copied) included, however they came.
+_Op = tuple[str, list[tuple[int, int]]]  # "one", "run" or "raw", and (digest number, line) pairs
+
+
+@given(st.lists(st.tuples(st.sampled_from(["one", "run", "raw"]),
+                          st.lists(st.tuples(st.integers(0, 5), st.integers(1, 99)), min_size=1, max_size=4)),
+                max_size=8), st.integers(0, 50))
+def test_the_pins_kept_as_they_came_are_the_dict_filed_in_order(ops: list[_Op], shift: int) -> None:
+    from fsmtrain.tools.audit.chain import _EndPins
+
+    pins, by_hand = _EndPins(), {}
+    for how, pairs in ops:
+        hexes = [f"{d:064x}" for d, _ in pairs]
+        if how == "one":
+            for digest, (_, line) in zip(hexes, pairs, strict=True):
+                pins[digest] = line
+                by_hand[digest] = line
+        else:
+            pins.add(bytes.fromhex("".join(hexes)) if how == "raw" else hexes, [line for _, line in pairs], shift)
+            by_hand.update((digest, line + shift) for digest, (_, line) in zip(hexes, pairs, strict=True))
+    assert list(pins.mapping().items()) == list(by_hand.items())

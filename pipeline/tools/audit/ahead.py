@@ -6,6 +6,7 @@ Every check is made by the same code, once; both readings find the same."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import signal
@@ -18,11 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
-from typing import IO, Any, overload
+from typing import IO, Any, cast, overload
 
 from fsmtrain.core.chain import Chain
 from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.log_file import LogLine, parse_line, typed_lines
+from fsmtrain.tools.audit.chain import Digests
 from fsmtrain.tools.audit.cycles import _GROUP, Cycle, EpochCycles, EpochRun, line_keys
 from fsmtrain.tools.audit.moves import RECORDED, record_columns
 from fsmtrain.tools.audit.verdict import AuditReadError
@@ -87,8 +89,7 @@ class Handover:
     """What the second process found: whole epochs from the line after ``prev_raw`` (their first line's numbers:
     ``first_seq``, ``first_ts``), ``lines`` lines ending at byte ``end``, as runs whose records have the same
     names; the digests carried by the last two epochs' lines (``tail``), the last two lines, and the digests
-    carried by those that follow a save phase's line (``ends``, raw, ``digest_size`` hex digits each) and the lines
-    they are the digests of."""
+    carried by those that follow a save phase's line (``ends``, raw) and the lines they are the digests of."""
 
     runs: list[EpochRun]
     prev_raw: bytes
@@ -99,7 +100,6 @@ class Handover:
     tail: list[str]
     last: list[bytes]
     ends: bytes
-    digest_size: int
     end_lines: list[int]
 
 
@@ -268,10 +268,8 @@ class ReadAhead(EpochCycles):
                 or not self.chain.can_take(done.prev_raw, chain, cycle.saving[-1])):
             return False
         shift = n - 1  # (its lines were numbered from 1)
-        hexed = done.ends.hex()
-        digests = [hexed[i:i + done.digest_size] for i in range(0, len(hexed), done.digest_size)]
         self.chain.take_cycles(n, done.lines, done.tail, done.last, cycle.saving, done.runs[-1].last_seq,
-                               dict(zip(digests, [line + shift for line in done.end_lines], strict=True)))
+                               [(done.ends, done.end_lines, shift)])
         for run in done.runs:
             run.n += shift
             run.steps = list(map(_unpacked, run.steps))
@@ -291,13 +289,13 @@ class _Found:
         self.runs: list[tuple[EpochRun, list[int]]] = []  # each with its epoch lines' offsets
         self.tail: list[str] = []
         self.last: list[bytes] = []
-        self.ends: dict[str, int] = {}
+        self.ends: list[tuple[Digests, Sequence[int], int]] = []
         self.lines = 0
 
     def add(self, run: EpochRun, offsets: list[int], size: int) -> None:
         """The epochs of ``run`` (its epoch lines at ``offsets``), checked and taken after those found so far."""
         self.tail, self.last = (self.tail + run.tail)[-2 * size:], (self.last + run.last)[-2:]
-        self.ends.update(run.ends)
+        self.ends += run.ends
         self.lines += run.count * size
         for part, at in _by_names(run, offsets, size):
             if not (self.runs and _joined(*self.runs[-1], part, at)):
@@ -313,10 +311,11 @@ class _Found:
                 run.columns = {field: {name: _packed(col) for name, col in cols.items()}
                                for field, cols in run.columns.items()}
             run.steps = [_packed(steps) for steps in run.steps]
-        size = len(next(iter(self.ends), "-"))  # (the chain's digests, hex; as bytes they cross a hundred times faster)
+        hexed = "".join(itertools.chain.from_iterable(cast("list[str]", ds) for ds, _, _ in self.ends))
+        digests = bytes.fromhex(hexed)  # (as bytes: crossed at once)
+        lines = _packed([line for _, ls, _ in self.ends for line in ls])
         return Handover([run for run, _ in self.runs], self.prev_raw, self.first.seq, self.first.ts, self.lines, end,
-                        self.tail, self.last, bytes.fromhex("".join(self.ends)), size,
-                        _packed(list(self.ends.values())))
+                        self.tail, self.last, digests, lines)
 
 
 def _by_names(run: EpochRun, offsets: list[int], size: int) -> list[tuple[EpochRun, list[int]]]:

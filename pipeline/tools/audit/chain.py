@@ -3,7 +3,7 @@ line, the first break named with what happened there, a wrong key told from tamp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 from fsmtrain.core.chain import KEY_ENV, SCHEME_KEYED, SCHEME_PLAIN, Chain
 from fsmtrain.tools.audit.verdict import ChainVerdict, Finding, Severity
 
-__all__ = ["ChainCheck", "SegmentChain"]
+__all__ = ["ChainCheck", "Digests", "SegmentChain"]
 
 @dataclass
 class SegmentChain:
@@ -71,6 +71,36 @@ def _expected(chain: Chain, rec: Mapping[str, Any], prev_raw: bytes | None) -> s
     return chain.genesis(str(rec.get("run_id")), payload.get("config") if isinstance(payload, dict) else None)
 
 
+Digests = Sequence[str] | bytes  # hex digests, or the raw bytes of as many digests of one size
+
+
+class _EndPins:
+    """The lines that follow a save phase's line, by the digest of the line before them (:meth:`mapping`). A long
+    run without checkpoints has two an epoch and never looks one up, so they are kept as they came (digests and
+    lines, in order) and made a dict when one is looked up: the same dict, at a fraction of the cost."""
+
+    def __init__(self, start: dict[str, int] | None = None) -> None:
+        self._dict = {} if start is None else start
+        self._runs: list[tuple[Digests, Sequence[int], int]] = []
+
+    def __setitem__(self, digest: str, line: int) -> None:
+        self._runs.append(((digest,), (line,), 0))
+
+    def add(self, digests: Digests, lines: Sequence[int], shift: int = 0) -> None:
+        """Pins of ``lines`` (each plus ``shift``), in order."""
+        self._runs.append((digests, lines, shift))
+
+    def mapping(self) -> dict[str, int]:
+        for digests, lines, shift in self._runs:
+            if isinstance(digests, bytes):
+                hexed = digests.hex()
+                size = len(hexed) // max(len(lines), 1)
+                digests = [hexed[i:i + size] for i in range(0, len(hexed), size)]
+            self._dict.update(zip(digests, map(shift.__add__, lines) if shift else lines, strict=True))
+        self._runs.clear()
+        return self._dict
+
+
 class ChainCheck:
     """Fed every line (:meth:`link`), each ``run_start`` first (:meth:`segment`); :meth:`finish` judges."""
 
@@ -98,13 +128,13 @@ class ChainCheck:
         # digest -> line: this epoch's, the epoch before's, and each save-phase line since the last pin
         self.pins: dict[str, int] = {}
         self._pins_before: dict[str, int] = {}
-        self._end_pins: dict[str, int] = {}
+        self._end_pins = _EndPins()
         self._prev_end = False
         self.segments: list[SegmentChain] = []
 
     def segment(self, n: int, raw: bytes, rec: Mapping[str, Any]) -> None:
         """A ``run_start`` at line ``n``: its writer's scheme applies from this line's own link on."""
-        self.pins, self._pins_before, self._end_pins = {}, {}, {}
+        self.pins, self._pins_before, self._end_pins = {}, {}, _EndPins()
         if self.unchained:
             return
         desc = rec["payload"].get("chain")
@@ -222,11 +252,12 @@ class ChainCheck:
         return True
 
     def link_cycles(self, n: int, lines: list[bytes], carried: list[str], saving: tuple[bool, ...],
-                    last_seq: int) -> dict[str, int] | None:
+                    last_seq: int) -> list[tuple[Digests, Sequence[int], int]] | None:
         """:meth:`link` of lines ``n``, ``n + 1``... (``lines``: whole epochs of ``len(saving)`` lines each, each
         beginning with the move that turns the epoch, carrying ``carried``; ``saving[p]``: line ``p`` of an epoch
         is of a save phase) at once, when every link holds: the digests then pinned as following a save phase's
-        line, and their lines. None, with nothing changed, when one does not hold, as :meth:`link_run`."""
+        line, and their lines (as :meth:`take_cycles` takes them). None, with nothing changed, when one does not
+        hold, as :meth:`link_run`."""
         chain, prev_raw, size, total = self.active, self.prev_raw, len(saving), len(lines)
         before_saving = (saving[-1], *saving[:-1])  # line p follows line p - 1 of its epoch, line 0 the last line
         if (chain is None or self._digest is None or prev_raw is None or self._pending is not None
@@ -236,9 +267,8 @@ class ChainCheck:
         if expected != carried:
             return None
         lines_before = range(n - 1, n - 1 + total)
-        ends: dict[str, int] = {}
-        for p in (p for p, end in enumerate(before_saving) if end):  # what follows a save phase's line
-            ends.update(zip(expected[p::size], lines_before[p::size], strict=True))
+        ends: list[tuple[Digests, Sequence[int], int]] = [(expected[p::size], lines_before[p::size], 0)
+                                                          for p, end in enumerate(before_saving) if end]
         self.take_cycles(n, total, expected[-2 * size:], lines[-2:], saving, last_seq, ends)
         return ends
 
@@ -249,12 +279,13 @@ class ChainCheck:
                 and self._prev_end == prev_end and self.prev_raw == prev_raw)
 
     def take_cycles(self, n: int, total: int, tail: list[str], last: list[bytes], saving: tuple[bool, ...],
-                    last_seq: int, ends: dict[str, int]) -> None:
+                    last_seq: int, ends: list[tuple[Digests, Sequence[int], int]]) -> None:
         """Lines ``n``... (``total``, whole epochs of ``len(saving)`` lines) linked, each link found to hold (by
         :meth:`link_cycles`, or in a second process): ``tail``, the digests carried by their last two epochs' lines
         (by the last one's, when there is one), ``last`` their last two lines, ``ends`` the digests carried by
-        those that follow a save phase's line, and the lines they are the digests of."""
-        self._end_pins.update(ends)
+        those that follow a save phase's line, the lines they are the digests of and a number to add to those."""
+        for digests, lines, shift in ends:
+            self._end_pins.add(digests, lines, shift)
         size, count = len(saving), total // len(saving)
         before_saving = (saving[-1], *saving[:-1])
         # As link files each digest (the line before's) and new_epoch turns the pins at each epoch's first line:
@@ -278,7 +309,7 @@ class ChainCheck:
         """Link the next lines as if they followed ``prev_raw`` (of a save phase: ``prev_end``), all linked before
         it: a second process's start, part-way through the log (:meth:`take_cycles` then takes what it linked)."""
         self.prev_raw, self._pending, self._prev_end = prev_raw, None, prev_end
-        self.pins, self._pins_before, self._end_pins = {}, {}, {}
+        self.pins, self._pins_before, self._end_pins = {}, {}, _EndPins()
 
     def _link_slow(self, n: int, raw: bytes, rec: Mapping[str, Any], prev_raw: bytes | None, before: bytes | None,
                    seq_before: Any) -> None:
@@ -341,11 +372,11 @@ class ChainCheck:
 
     def pinned_line(self, head: str) -> int | None:
         """The line whose digest ``head`` is, among those a checkpoint may pin (see ``pins``)."""
-        return self.pins.get(head, self._pins_before.get(head, self._end_pins.get(head)))
+        return self.pins.get(head, self._pins_before.get(head, self._end_pins.mapping().get(head)))
 
     def pinned(self, line: int) -> None:
         """A checkpoint pinned ``line``: states commit in order, so no later one pins a line before it."""
-        self._end_pins = {d: n for d, n in self._end_pins.items() if n >= line}
+        self._end_pins = _EndPins({d: n for d, n in self._end_pins.mapping().items() if n >= line})
 
     def locate(self, path: Path, head: str) -> int | None:
         """The line of ``path`` whose digest is ``head``: a second pass, for a checkpoint the log lacks."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
+from fsmtrain.tools.audit.chain import Digests
 from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.moves import MoveChecks, allowed_steadily, record_columns
 
@@ -55,7 +56,7 @@ class EpochRun:
     last_ts: float
     tail: list[str]  # the digests carried by the last two epochs' lines (the last one's, when there is one)
     last: list[bytes]  # the last two lines
-    ends: dict[str, int]  # the digests carried by the lines that follow a save phase's, and their lines'
+    ends: list[tuple[Digests, Sequence[int], int]]  # the digests carried by the lines that follow a save phase's
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def best_epoch(segs: list[Segment], counted: list[tuple[int, float, int]] | None
     """(val_loss, epoch, line) of the counted epoch with the lowest finite val_loss."""
     counted = counted_epochs(segs) if counted is None else counted
     losses = [x for _, x, _ in counted]
-    if losses and math.isfinite(sum(losses)) and losses.count(least := min(losses)) == 1:  # (all finite, one best)  # (all finite, one best)
+    if losses and math.isfinite(sum(losses)) and losses.count(least := min(losses)) == 1:  # (all finite, one best)
         epoch, x, line = counted[losses.index(least)]
         return x, epoch, line
     return min(((x, epoch, line) for epoch, x, line in counted if math.isfinite(x)), default=None)
