@@ -71,7 +71,7 @@ class LinePayloads(Sequence[Mapping[str, Any]]):
         return self._values[i]
 
     def __getstate__(self) -> tuple[Path, list[int]]:
-        return self.path, self.offsets
+        return self.path, _packed(self.offsets)
 
     def __setstate__(self, state: tuple[Path, list[int]]) -> None:
         self.path, self.offsets = state
