@@ -181,3 +181,53 @@ def test_the_pins_kept_as_they_came_are_the_dict_filed_in_order(ops: list[_Op], 
             pins.add(bytes.fromhex("".join(hexes)) if how == "raw" else hexes, [line for _, line in pairs], shift)
             by_hand.update((digest, line + shift) for digest, (_, line) in zip(hexes, pairs, strict=True))
     assert list(pins.mapping().items()) == list(by_hand.items())
+
+
+# The commands, each noting each fork it makes in a file (os.fork wrapped: the fork is real).
+_COUNTING_FORKS = ("import os, runpy, sys\nmark, real = sys.argv.pop(1), os.fork\n"
+                   "def fork():\n    pid = real()\n    if pid:\n        open(mark, 'a').write('fork\\n')\n"
+                   "    return pid\n"
+                   "os.fork = fork\nsys.argv[0] = 'fsmtrain'\nrunpy.run_module('fsmtrain', run_name='__main__')\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_audit_and_report_commands_read_a_long_log_with_a_second_process_as_one_process_does(
+        tmp_path: Path) -> None:
+    """Past ``Ahead.min_bytes`` (48 MB after the first read) the commands fork: what they print and draw is what
+    one process reads."""
+    from fsmtrain.tools.audit import auditor
+    from fsmtrain.tools.audit.ahead import AHEAD
+    from fsmtrain.tools.report.run import run_sections
+
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    try:
+        from long_logs import real_run, synthetic_epoch, write_log
+    finally:
+        sys.path.remove(str(TESTS.parent / "benchmarks"))
+    run, events, epochs = tmp_path / "run", tmp_path / "run" / "events.jsonl", 30_000
+    run.mkdir()
+    write_log(real_run(tmp_path / "real", "info", 3, 8), epochs, events, synthetic_epoch(epochs))
+    assert events.stat().st_size > AHEAD.min_bytes + 2 * AHEAD.block
+
+    def command(*args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+        mark = tmp_path / f"forks-{args[0]}"
+        out = subprocess.run([sys.executable, "-c", _COUNTING_FORKS, str(mark), *args], capture_output=True,
+                             text=True, timeout=120, check=False)
+        return out, mark.read_text() if mark.exists() else ""
+
+    (audit, audit_forks), (page, page_forks) = (command("audit", str(events), "--json"),
+                                                command("report", str(run), "--out", str(tmp_path / "r.html")))
+    assert audit.returncode == 0 and page.returncode == 0 and not audit.stderr and not page.stderr, (audit, page)
+    assert audit_forks == page_forks == "fork\n"
+    one = auditor.audit_file(events, ahead=None)
+    assert json.loads(audit.stdout) == json.loads(json.dumps(one.to_dict(False))) and one.lines > 150_000
+    defaults = auditor.read_log.__kwdefaults__
+    assert defaults is not None
+    defaults["ahead"] = None  # (restored below: the report read in one process here)
+    try:
+        _, summary, sections = run_sections(events)
+    finally:
+        defaults["ahead"] = AHEAD
+    html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert f"completed after {epochs} epoch(s); audit OK" in summary and all(s in html for s in sections)

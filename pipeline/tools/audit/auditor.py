@@ -355,10 +355,12 @@ class LogAuditor(SegmentChecks, ReadAhead):
 
 
 def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
-               allow_missing: bool = False) -> AuditReport:
+               allow_missing: bool = False, ahead: Ahead | None = AHEAD) -> AuditReport:
     """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed chain; ``allow_missing``: a
-    committed checkpoint file that is gone is a warning. :class:`AuditReadError` if it is unreadable."""
-    return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing).finish()
+    committed checkpoint file that is gone is a warning; ``ahead`` as :func:`read_log`.
+    :class:`AuditReadError` if it is unreadable."""
+    return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
+                    ahead=ahead).finish()
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,
