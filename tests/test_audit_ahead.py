@@ -231,3 +231,18 @@ def test_the_audit_and_report_commands_read_a_long_log_with_a_second_process_as_
         defaults["ahead"] = AHEAD
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert f"completed after {epochs} epoch(s); audit OK" in summary and all(s in html for s in sections)
+
+
+@pytest.mark.timeout(120)
+def test_a_long_log_read_where_other_threads_run_is_read_in_one_process_and_says_so(long_log: list[dict[str, Any]],
+                                                                                   tmp_path: Path) -> None:
+    path = _written(long_log, tmp_path / "events.jsonl")
+    code = ("import sys, threading, time\nfrom fsmtrain.tools.audit.ahead import Ahead\n"
+            "from fsmtrain.tools.audit.auditor import read_log\n"
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            f"a = read_log(sys.argv[1], ahead=Ahead(min_bytes=0, block={BLOCK}))\n"
+            "print(a.ahead_lines, a.finish().ok_strict)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "True"], out
+    assert f"{path} (1 MB) is read in one process (other threads run here: a fork is not safe)" in out.stderr

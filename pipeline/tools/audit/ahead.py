@@ -182,8 +182,12 @@ class ReadAhead(EpochCycles):
         """A fork that reads ahead from the first epoch past ``ahead.at`` of the bytes after ``pos``; None where the
         log is too short, or a fork is not safe (other threads run here)."""
         cycle = self._cycle
-        if (cycle is None or size - pos < ahead.min_bytes or not hasattr(os, "fork")
-                or threading.active_count() > 1):
+        if cycle is None or size - pos < ahead.min_bytes:
+            return None
+        if not hasattr(os, "fork") or threading.active_count() > 1:
+            why = "no fork here" if not hasattr(os, "fork") else "other threads run here: a fork is not safe"
+            warnings.warn(f"{self.path} ({size / 1e6:.0f} MB) is read in one process ({why}); the command line "
+                          "reads a long log in two", RuntimeWarning, stacklevel=4)
             return None
         with open(self.path, "rb") as fh:
             fh.seek(max(pos, pos + int((size - pos) * ahead.at) - 1))
