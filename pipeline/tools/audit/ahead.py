@@ -47,6 +47,7 @@ class Ahead:
 
 AHEAD = Ahead()
 
+
 class LinePayloads(Sequence[Mapping[str, Any]]):
     """The payloads of the lines of ``path`` that begin at ``offsets``, read when first asked for: epochs read
     ahead hand over their records by column, and a reader that needs them one at a time reads them."""
@@ -156,16 +157,16 @@ class ReadAhead(EpochCycles):
                         if k:
                             self.feed_block(n + 1, block[:k])
                             n, block = n + k, block[k:]
-                        if starts[k] != helper.cut - pos:  # the log changed under the second process
-                            helper.close()
+                        ended, helper = helper, None
+                        if starts[k] != ended.cut - pos:  # the log changed under the second process
+                            ended.close()
                             done = None
                         else:
-                            done = helper.join(n + 1)
-                        if done is not None and self._take_ahead(done, n + 1, helper.cycle, helper.chain):
-                            n, pos, helper = n + done.lines, done.end, None
+                            done = ended.join(n + 1)
+                        if done is not None and self._take_ahead(done, n + 1, ended.cycle, ended.chain):
+                            n, pos = n + done.lines, done.end
                             fh.seek(pos)
                             continue
-                        helper = None
                     if block:
                         self.feed_block(n + 1, block)
                     n, pos = n + len(block), end
@@ -315,6 +316,7 @@ class _Found:
                 run.columns = {field: {name: _packed(col) for name, col in cols.items()}
                                for field, cols in run.columns.items()}
             run.steps = [_packed(steps) for steps in run.steps]
+            run.tail, run.last, run.ends = [], [], []  # (the chain's are handed over for all the runs at once)
         hexed = "".join(itertools.chain.from_iterable(cast("list[str]", ds) for ds, _, _ in self.ends))
         digests = bytes.fromhex(hexed)  # (as bytes: crossed at once)
         lines = _packed([line for _, ls, _ in self.ends for line in ls])
