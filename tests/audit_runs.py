@@ -88,6 +88,7 @@ class RealRuns:
     interrupted_sigint: Path
     debug: Path
     steady: Path
+    steady_debug: Path
 
     def events(self, name: str) -> Path:
         path: Path = getattr(self, name) / "events.jsonl"
@@ -142,7 +143,7 @@ def make_real_runs(root: Path) -> RealRuns:
     root.mkdir(parents=True, exist_ok=True)
     runs = RealRuns(root, *(root / n for n in (
         "completed", "early_stopped", "nan", "pruned", "errored", "interrupted_callback", "interrupted_sigint",
-        "debug", "steady")))
+        "debug", "steady", "steady_debug")))
 
     # 4 epochs, periodic checkpoints with keep_last_k=2: two are removed again. Written in the
     # epoch, not behind it: a busy machine's writer thread rightly drops states that wait behind a
@@ -190,6 +191,9 @@ def make_real_runs(root: Path) -> RealRuns:
 
     d = runs.steady  # info level, no checkpoints: after the first epochs, each epoch's lines repeat the last's words
     _trainer(d, [NaNDetectionCallback(), EarlyStoppingCallback(patience=100)], epochs=12).fit()
+
+    d = runs.steady_debug  # the same at debug level: each epoch's lines are its moves, 3 per-batch ones among them
+    _trainer(d, [NaNDetectionCallback(), EarlyStoppingCallback(patience=100)], epochs=12, log_level="debug").fit()
     return runs
 
 

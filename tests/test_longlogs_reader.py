@@ -19,7 +19,7 @@ from audit_runs import RealRuns, read_lines, rechain
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
 from fsmtrain.tools.audit import AuditReport, audit_file
 from fsmtrain.tools.audit.auditor import LogAuditor
-from fsmtrain.tools.audit.cycles import Cycle
+from fsmtrain.tools.audit.cycles import Cycle, EpochRun
 from fsmtrain.tools.report.run import run_sections
 
 Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
@@ -90,14 +90,20 @@ def test_an_intact_debug_log_audits_alike_both_ways(real_runs: RealRuns) -> None
 
 
 class _CountingRuns(LogAuditor):
-    """The audit, counting the lines it took a run of per-batch lines at a time."""
+    """The audit, counting the per-batch lines it took a run at a time, or in whole epochs taken together."""
 
     taken = 0
+    in_epochs = 0  # of those, the lines taken in whole epochs
 
     def _batch_run(self, n: int, lines: list[bytes], recs: list[Any]) -> bool:
         ok = super()._batch_run(n, lines, recs)
         self.taken += len(lines) if ok else 0
         return ok
+
+    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> None:
+        super()._take_epochs(run, cycle, tally=tally)
+        self.taken += cycle.batch_lines * run.count
+        self.in_epochs += cycle.batch_lines * run.count
 
 
 def _fed_in_blocks(path: Path, size: int) -> tuple[AuditReport, int]:
@@ -264,7 +270,7 @@ def test_a_changed_epoch_line_reads_as_json_reads_it(real_runs: RealRuns, tmp_pa
     assert not fast.ok_strict, f"{edit}: the change went unseen"
 
 
-@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped", "steady"])
+@pytest.mark.parametrize("run", ["debug", "completed", "early_stopped", "steady", "steady_debug"])
 def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_runs: RealRuns, run: str) -> None:
     from fsmtrain.tools.report.run_log import RunData, read_run
 
@@ -279,9 +285,9 @@ def test_the_report_takes_move_lines_from_bytes_as_it_takes_parsed_ones(real_run
     assert repr(fast.table.columns) == repr(parsed.table.columns) and fast.x == parsed.x and len(fast.x) >= 2
 
 
-# Whole epochs: at info level an epoch is its moves and its epoch line; once one passed every check, the epochs
-# whose lines repeat its words are checked together (``EpochCycles``), with the state and the findings that
-# checking them a line at a time gives.
+# Whole epochs: an epoch is its moves (at debug level, a per-batch line each batch but the last among them) and its
+# epoch line; once one passed every check, the epochs whose lines repeat its words are checked together
+# (``EpochCycles``), with the state and the findings that checking them a line at a time gives.
 class _CountingEpochs(LogAuditor):
     """The audit, counting the lines it took a group of whole epochs at a time."""
 
@@ -305,10 +311,11 @@ def _both_ways(path: Path, size: int) -> tuple[_CountingEpochs, LogAuditor]:
     return fast, parsed
 
 
+@pytest.mark.parametrize("run", ["steady", "steady_debug"])
 @pytest.mark.parametrize("size", [1, 4, 11, 10**6])
-def test_whole_epochs_are_taken_together_and_audit_alike_however_the_log_is_cut(real_runs: RealRuns,
+def test_whole_epochs_are_taken_together_and_audit_alike_however_the_log_is_cut(real_runs: RealRuns, run: str,
                                                                                  size: int) -> None:
-    path = real_runs.events("steady")
+    path = real_runs.events(run)
     recs = [json.loads(line) for line in read_lines(path)]
     epochs = [i for i, r in enumerate(recs) if r["event"] == "epoch"]
     assert len(epochs) == 12 and recs[epochs[0] + 1]["to"] == "epoch_begin"
@@ -320,8 +327,8 @@ def test_whole_epochs_are_taken_together_and_audit_alike_however_the_log_is_cut(
     cycle = epochs[2] - epochs[1]  # from the third epoch on, each repeats the second's words
     if size == 10**6:
         assert fast.taken == epochs[-1] - epochs[1]  # every epoch after the one it learned from
-    else:  # only whole epochs inside one block are taken together
-        assert fast.taken == 0 if size < 2 * cycle else fast.taken > 0
+    else:  # only whole epochs inside one block, after an epoch line there, are taken together
+        assert fast.taken == 0 if size <= cycle else fast.taken > 0
 
 
 EPOCH_EDITS: dict[str, Edit] = {
@@ -335,6 +342,7 @@ EPOCH_EDITS: dict[str, Edit] = {
     "bool_seconds": lambda recs, i: recs[_next_epoch_line(recs, i)]["payload"].update(seconds=True),
     "epoch_line_step": lambda recs, i: recs[_next_epoch_line(recs, i)].update(global_step=1),
     "max_epochs": lambda recs, i: recs[0]["payload"].update(max_epochs=8),
+    "batch_without_line": lambda recs, i: _batch_without_line(recs, i),
 }
 _QUIET_EDITS = {"level", "int_loss", "no_slots", "bool_seconds"}  # legal, or no check looks there
 
@@ -343,13 +351,25 @@ def _next_epoch_line(recs: list[dict[str, Any]], i: int) -> int:
     return next(j for j in range(i, len(recs)) if recs[j]["event"] == "epoch")
 
 
+def _batch_without_line(recs: list[dict[str, Any]], i: int) -> None:
+    """One batch more in the epoch of line ``i``, without its line: every step from its validation on one later."""
+    val = next(j for j in range(i, len(recs)) if recs[j].get("trigger") == "validate")
+    for rec in recs[val:]:
+        rec["global_step"] += 1
+    recs[_next_epoch_line(recs, val)]["payload"]["batches"] += 1
+
+
 @pytest.mark.parametrize("edit", sorted(EPOCH_EDITS))
+@pytest.mark.parametrize(("run", "where"), [("steady", "validate"), ("steady_debug", "validate"),
+                                            ("steady_debug", "batch")])
 @pytest.mark.parametrize("size", [4, 10**6])
 def test_a_changed_line_among_whole_epochs_gets_the_findings_of_a_parsed_one(real_runs: RealRuns, tmp_path: Path,
-                                                                              edit: str, size: int) -> None:
-    recs = [json.loads(line) for line in read_lines(real_runs.events("steady"))]
+                                                                              edit: str, run: str, where: str,
+                                                                              size: int) -> None:
+    """The 8th epoch's move into validation changed, or (at debug level) its second per-batch line."""
+    recs = [json.loads(line) for line in read_lines(real_runs.events(run))]
     at = [i for i, r in enumerate(recs) if r["event"] == "transition" and r["trigger"] == "validate"][7]
-    EPOCH_EDITS[edit](recs, at)
+    EPOCH_EDITS[edit](recs, at if where == "validate" else _batch_indexes(recs)[7 * 3 + 1])
     path = tmp_path / "events.jsonl"
     path.write_text("".join(rechain([json.dumps(r, separators=(",", ":")) + "\n" for r in recs])), encoding="utf-8")
     fast, parsed = _both_ways(path, size)

@@ -7,6 +7,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fsmtrain.core.run_path import PathCounter
 from fsmtrain.tools.report.run_log import RunData
 
@@ -30,3 +32,22 @@ def test_a_repeated_move_dict_counts_like_every_line() -> None:
     data.run_id = "r"  # a report needs a run to draw
     assert data.finish(len(lines)).path.result().counts == plain.result().counts
     assert data.path.result().counts[("train_step", "train_step", "batch")] == 15
+
+
+@pytest.mark.parametrize("per_batch_lines", [0, 3])
+def test_whole_epochs_count_as_each_line_does(per_batch_lines: int) -> None:
+    """The audit hands whole epochs over at once (:meth:`PathCounter.epochs`): at debug level their per-batch lines
+    among them. Counted as each line is: the moves, and the per-batch moves as logged, not derived from steps."""
+    batches = per_batch_lines + 1
+    keys = [("epoch_end", "epoch_begin", "next_epoch"), ("epoch_begin", "train_step", "batch"),
+            *[("train_step", "train_step", "batch")] * per_batch_lines, ("train_step", "val", "validate"),
+            ("val", "epoch_end", "end_epoch")]
+    begins = [10 * e for e in range(1, 4)]
+    steps = [[b] * 2 + [b + k for k in range(1, batches)] + [b + batches] * 2 for b in begins]
+    whole, each = PathCounter(), PathCounter()
+    whole.epochs(keys, [list(col) for col in zip(*steps, strict=True)], len(begins))
+    for at in steps:
+        for key, step in zip(keys, at, strict=True):
+            each.transition(*key, step, 1, None)
+    assert vars(whole) == vars(each) and vars(whole.result()) == vars(each.result())
+    assert whole.result().counts[("train_step", "train_step", "batch")] == 3 * (batches - 1)

@@ -64,13 +64,15 @@ class PathCounter:
 
     def epochs(self, keys: Sequence[tuple[str, str, str]], steps: Sequence[list[int]], times: int) -> None:
         """Whole epochs' moves at once, as :meth:`transition` of each line would count them: move ``keys[k]``
-        made ``times`` times, at the global steps ``steps[k]``; none internal, none into the end, and
-        ``train_step`` entered in each epoch before it is left."""
+        made ``times`` times, at the global steps ``steps[k]``; none into the end, and ``train_step`` entered in
+        each epoch before it is left."""
         run, entered = self.run, None
         for key, at in zip(keys, steps, strict=True):
             run.counts[key] += times
             src, dst, _ = key
-            if dst == _TRAIN_STEP:
+            if src == dst:
+                self._internal_logged += times
+            elif dst == _TRAIN_STEP:
                 entered = at
             elif src == _TRAIN_STEP and entered is not None:
                 self._derived_internal += sum(max(b - a - 1, 0) for a, b in zip(entered, at, strict=True))

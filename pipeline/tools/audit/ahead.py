@@ -243,8 +243,7 @@ class ReadAhead(EpochCycles):
                     found = _Found(self.path, prev_raw, first)
                     # the state these epochs need, from their first line: the auditor checks that it is its own
                     self.prev_seq, self.last_ts, self._group = first.seq - 1, first.ts, 1
-                    seg.next_epoch, seg.global_step, seg.phase, seg.batch_lines = (first.epoch, first.global_step,
-                                                                                   _RECORD, 0)
+                    seg.next_epoch, seg.global_step, seg.phase = first.epoch, first.global_step, _RECORD
                 starts = list(accumulate(map(len, lines), initial=pos))
                 i = 0
                 while count := cycle.repeats(keys, i, self._group):

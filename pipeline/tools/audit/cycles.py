@@ -1,9 +1,10 @@
-"""Steady epochs checked together, mixed into the auditor. Once an epoch's lines (its moves, then its ``epoch``
-line) have passed every check one line at a time with nothing to say, the epochs after it whose lines repeat
-those words are checked a group at a time: ``seq``, ``ts``, ``epoch``, ``global_step`` and the chain's digests as
-columns, the moves by the table once for the group (the facts their guards read cannot change inside it), and
-each ``epoch`` line's numbers as one line would record them. When any column does not hold, the group's lines go
-through the checks a line at a time, which name what is wrong; both readings find the same."""
+"""Steady epochs checked together, mixed into the auditor. Once an epoch's lines (its moves, a debug log's
+per-batch lines among them, then its ``epoch`` line) have passed every check one line at a time with nothing to
+say, the epochs after it whose lines repeat those words are checked a group at a time: ``seq``, ``ts``,
+``epoch``, ``global_step`` and the chain's digests as columns, the moves by the table once for the group (the
+facts their guards read cannot change inside it), and each ``epoch`` line's numbers as one line would record
+them. When any column does not hold, the group's lines go through the checks a line at a time, which name what
+is wrong; both readings find the same."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
 from fsmtrain.tools.audit.chain import Digests
 from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.moves import MoveChecks, allowed_steadily, record_columns
+from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks, allowed_steadily, record_columns
 
 __all__ = ["SAVING", "WORDS", "Cycler", "EpochCycles", "Reader"]
 
@@ -34,6 +35,7 @@ COLUMNS = tuple(map(attrgetter, ("seq", "ts", "epoch", "global_step", "prev")))
 _KEY = attrgetter("event", "level", "phase", "from_", "to", "trigger", "run_id", "payload")
 _RECORD, _BEGIN, _STEP, _VAL, _FINAL = (p.value for p in (Phase.EPOCH_END, Phase.EPOCH_BEGIN, Phase.TRAIN_STEP,
                                                            Phase.VAL, FINAL))
+_BATCH_WORDS = (PER_BATCH[1], *PER_BATCH)  # a per-batch line's: a debug log's line for each batch but the last
 _GROUP = 64  # epochs checked together at most
 
 
@@ -69,6 +71,8 @@ class Cycle:
     words: tuple[tuple[str, ...], ...]  # each move's (phase, from, to, trigger)
     saving: tuple[bool, ...]  # each line's phase stages a checkpoint
     val_at: int  # the move into validation: the epoch's steps were taken before it
+    batch_lines: int  # the per-batch lines (a debug log's), each a step, right before the move into validation
+    turns: tuple[tuple[str, ...], ...]  # the moves that change the phase (the per-batch lines' do not)
 
     @property
     def size(self) -> int:
@@ -131,7 +135,7 @@ class EpochCycles(MoveChecks):
         """The epoch whose lines are ``recs``, that passed every check, as a cycle the next ones may repeat."""
         seg = self.seg
         if (seg is None or len(recs) < 2 or seg.phase != _RECORD or seg.stop is not None or seg.faulted
-                or seg.val_every is not None or seg.result_line is not None or seg.batch_lines):
+                or seg.val_every is not None or seg.result_line is not None):
             return None
         *moves, last = recs
         if last is None or last.event != "epoch" or last.phase != _RECORD:
@@ -139,20 +143,25 @@ class EpochCycles(MoveChecks):
         words, phase = [], _RECORD
         for rec in moves:
             if (rec is None or rec.event != "transition" or rec.payload != EMPTY_PAYLOAD or rec.from_ != phase
-                    or rec.to in (None, phase, _FINAL) or rec.phase != rec.to or rec.trigger is None
-                    or not allowed_steadily((phase, rec.to, rec.trigger))):
+                    or rec.phase != rec.to or rec.trigger is None):
                 return None
             said = (rec.phase, rec.from_, rec.to, rec.trigger)
+            if said != _BATCH_WORDS and (rec.to in (None, phase, _FINAL) or not allowed_steadily((phase, rec.to,
+                                                                                            rec.trigger))):
+                return None
             words.append(WORDS.get(said, said))
             phase = rec.to
         dsts = [w[2] for w in words]
         if phase != _RECORD or dsts[0] != _BEGIN or dsts.count(_BEGIN) != 1 or dsts.count(_VAL) != 1:
             return None
         val_at = dsts.index(_VAL)
-        if words[val_at][1] != _STEP or _STEP not in dsts[:val_at]:
-            return None  # the epoch's steps are taken in train_step, entered after it began
+        batch_lines = words.count(_BATCH_WORDS)
+        if (words[val_at][1] != _STEP or _STEP not in dsts[:val_at - batch_lines]
+                or words[val_at - batch_lines:val_at] != [_BATCH_WORDS] * batch_lines):
+            return None  # the epoch's steps are taken in train_step, entered after it began (a line a step at its end)
         saving = tuple(rec.phase == SAVING for rec in recs if rec is not None)
-        return Cycle(seg, keys[:-1], keys[-1][:-1], tuple(words), saving, val_at)
+        turns = tuple(w for w in words if w[1] != w[2])
+        return Cycle(seg, keys[:-1], keys[-1][:-1], tuple(words), saving, val_at, batch_lines, turns)
 
     def _epoch_group(self, n: int, lines: list[bytes], recs: list[LogLine | None], count: int, cycle: Cycle) -> bool:
         """Lines ``n``... (``lines``: ``count`` epochs whose words repeat ``cycle``'s) checked together; False, with
@@ -170,14 +179,17 @@ class EpochCycles(MoveChecks):
         if not self._steady(cycle) or seg is None or prev_seq is None:
             return None
         seqs, ts, epochs, steps, prevs = (list(map(column, recs)) for column in COLUMNS)
-        first, total = seg.next_epoch, len(lines)
-        begins, vals = steps[::size], steps[cycle.val_at::size]
-        # every guard of the group's moves holds as it held in ``cycle``: the run does not reach its budget in it
+        first, total, val_at, k = seg.next_epoch, len(lines), cycle.val_at, cycle.batch_lines
+        begins, vals = steps[::size], steps[val_at::size]
+        # every guard of the group's moves holds as it held in ``cycle``: the run does not reach its budget in it;
+        # a per-batch line is a step after the one before, and validation a step after the last
         if (first + count > seg.max_epochs or (seg.max_steps is not None and steps[-1] >= seg.max_steps)
                 or seqs != list(range(prev_seq + 1, prev_seq + 1 + total)) or ts[0] < self.last_ts
                 or ts != sorted(ts) or steps[0] < seg.global_step or steps != sorted(steps)
                 or epochs != list(chain.from_iterable(repeat(e, size) for e in range(first, first + count)))
-                or steps != list(chain.from_iterable((b,) * cycle.val_at + (v,) * (size - cycle.val_at)
+                or (k and vals != [b + k + 1 for b in begins])
+                or steps != list(chain.from_iterable((b,) * (val_at - k) + tuple(range(b + 1, b + 1 + k))
+                                                     + (v,) * (size - val_at)
                                                      for b, v in zip(begins, vals, strict=True)))):
             return None
         payloads = []
@@ -198,7 +210,7 @@ class EpochCycles(MoveChecks):
         stopping it."""
         seg = self.seg
         return (seg is cycle.seg and self.prev_seq is not None and seg.phase == _RECORD and seg.stop is None
-                and not seg.faulted and seg.result_line is None and not seg.batch_lines)
+                and not seg.faulted and seg.result_line is None)
 
     def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> None:
         """Whole epochs that repeat ``cycle`` and passed every check (their links taken): the run is past them.
@@ -208,15 +220,16 @@ class EpochCycles(MoveChecks):
         if tally:
             if self.cycler is not None:
                 self.cycler(run.n, cycle.words, run.steps, range(first, first + count), run.payloads, run.columns)
-            for _, src, dst, trig in cycle.words:
+            for _, src, dst, trig in cycle.turns:
                 self.moves[(src, dst, trig)] += count
+            self.batch_moves += cycle.batch_lines * count  # (counted apart, as one line at a time counts them)
             seg.moves.extend((trig, src, dst, e) for e in range(first, first + count)
-                             for _, src, dst, trig in cycle.words)
+                             for _, src, dst, trig in cycle.turns)
         total = count * size
         self._epoch_records(list(range(run.n + size - 1, run.n + total, size)), run.payloads, run.columns, seg)
         last, begin, val = run.n + total - 1, run.steps[0][-1], run.steps[cycle.val_at][-1]
         self.prev_seq, self.last_ts, self.last_ts_line = run.last_seq, run.last_ts, last
         seg.epoch_starts += count
-        seg.validated_at = seg.step_begin = seg.step_prev = begin
-        seg.step_val = val
+        seg.validated_at = seg.step_begin = begin
+        seg.step_prev, seg.batch_lines, seg.step_val = begin + cycle.batch_lines, cycle.batch_lines, val
         seg.last_line, seg.last_epoch_field, seg.global_step = last, first + count - 1, val
