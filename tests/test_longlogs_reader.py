@@ -93,17 +93,15 @@ class _CountingRuns(LogAuditor):
     """The audit, counting the per-batch lines it took a run at a time, or in whole epochs taken together."""
 
     taken = 0
-    in_epochs = 0  # of those, the lines taken in whole epochs
 
     def _batch_run(self, n: int, lines: list[bytes], recs: list[Any]) -> bool:
         ok = super()._batch_run(n, lines, recs)
         self.taken += len(lines) if ok else 0
         return ok
 
-    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> None:
-        super()._take_epochs(run, cycle, tally=tally)
+    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> list[EpochRun]:
         self.taken += cycle.batch_lines * run.count
-        self.in_epochs += cycle.batch_lines * run.count
+        return super()._take_epochs(run, cycle, tally=tally)
 
 
 def _fed_in_blocks(path: Path, size: int) -> tuple[AuditReport, int]:

@@ -10,13 +10,14 @@ import itertools
 import os
 import pickle
 import signal
+import tempfile
 import threading
 import traceback
 import warnings
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import IO, Any, cast, overload
@@ -26,7 +27,6 @@ from fsmtrain.core.lifecycle import Phase
 from fsmtrain.core.log_file import LogLine, parse_line, typed_lines
 from fsmtrain.tools.audit.chain import Digests
 from fsmtrain.tools.audit.cycles import _GROUP, Cycle, EpochCycles, EpochRun, line_keys
-from fsmtrain.tools.audit.moves import RECORDED, record_columns
 from fsmtrain.tools.audit.verdict import AuditReadError
 
 __all__ = ["AHEAD", "Ahead", "Handover", "LinePayloads", "ReadAhead"]
@@ -105,25 +105,26 @@ class Handover:
 
 
 class _Helper:
-    """The second process: its pid, the pipe its handover comes through, the byte it reads from."""
+    """The second process: its pid, the file it writes its handover to (whole, before this process reads it: a
+    pipe would hand it over 64 kB at a time while this one waits), the byte it reads from."""
 
-    def __init__(self, pid: int, fd: int, cut: int, cycle: Cycle, chain: Chain | None) -> None:
-        self.pid, self.fd, self.cut, self.cycle, self.chain = pid, fd, cut, cycle, chain
+    def __init__(self, pid: int, out: IO[bytes], cut: int, cycle: Cycle, chain: Chain | None) -> None:
+        self.pid, self.out, self.cut, self.cycle, self.chain = pid, out, cut, cycle, chain
 
     def join(self, line: int) -> Handover | None:
-        with os.fdopen(self.fd, "rb") as fh:
-            data = fh.read()
         _, status = os.waitpid(self.pid, 0)
-        if data and status == 0:
-            handover: Handover | None = pickle.loads(data)  # (from this process's own fork)
-            return handover
+        with self.out:
+            if status == 0 and self.out.seek(0, os.SEEK_END):
+                self.out.seek(0)
+                handover: Handover | None = pickle.load(self.out)  # (from this process's own fork)
+                return handover
         warnings.warn(f"the second process reading the log ended without its part ({_ended(status)}): the log was "
                       f"read in one process from line {line} on", RuntimeWarning, stacklevel=2)
         return None
 
     def close(self) -> None:
         """Stop the process, whatever it was doing (the auditor was interrupted, or failed)."""
-        os.close(self.fd)
+        self.out.close()
         os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
 
@@ -199,27 +200,28 @@ class ReadAhead(EpochCycles):
         if i is None:
             return None  # no epoch begins there
         cut = at + sum(map(len, lines[:i]))
+        out = None
         try:
-            r, w = os.pipe()
+            out = tempfile.TemporaryFile()  # noqa: SIM115  (the helper closes it; deleted as it is made)
             pid = os.fork()
         except OSError as exc:
+            if out is not None:
+                out.close()
             warnings.warn(f"no second process could read the log ({exc.strerror or exc}): it is read in one process",
                           RuntimeWarning, stacklevel=3)
             return None
         if pid == 0:  # the second process: it hands over what it found, and ends without touching this one's state
             code = 1
             try:
-                os.close(r)
                 found = self._read_ahead(cycle, lines[i - 1], cut, ahead.block)
-                with os.fdopen(w, "wb") as out:
-                    pickle.dump(found, out, pickle.HIGHEST_PROTOCOL)
+                pickle.dump(found, out, pickle.HIGHEST_PROTOCOL)
+                out.flush()
                 code = 0
             except Exception:
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        os.close(w)
-        return _Helper(pid, r, cut, cycle, self.chain.active)
+        return _Helper(pid, out, cut, cycle, self.chain.active)
 
     def _read_ahead(self, cycle: Cycle, prev_raw: bytes, start: int, block_size: int) -> Handover | None:
         """In the second process: the whole epochs from byte ``start`` (``prev_raw``: the line before it) that
@@ -252,11 +254,10 @@ class ReadAhead(EpochCycles):
                     if got is None and count > 1:
                         self._group = 1  # from the group's start again, an epoch at a time
                         continue
-                    if got is not None:
-                        self._take_epochs(got, cycle, tally=False)
+                    parts = [] if got is None else self._take_epochs(got, cycle, tally=False)
                     if got is None or self._mark() != mark:
                         return found.handover(starts[i])
-                    found.add(got, starts[i + size - 1:j:size], size)
+                    found.add(got, parts, starts[i + size - 1:j:size], size)
                     i, self._group = j, min(2 * self._group, _GROUP)
                 if i + size <= len(lines):  # an epoch that does not repeat the cycle
                     return found.handover(starts[i])
@@ -296,12 +297,14 @@ class _Found:
         self.ends: list[tuple[Digests, Sequence[int], int]] = []
         self.lines = 0
 
-    def add(self, run: EpochRun, offsets: list[int], size: int) -> None:
-        """The epochs of ``run`` (its epoch lines at ``offsets``), checked and taken after those found so far."""
+    def add(self, run: EpochRun, parts: list[EpochRun], offsets: list[int], size: int) -> None:
+        """The epochs of ``run`` (its epoch lines at ``offsets``, ``size`` lines each; ``parts``:
+        :meth:`EpochRun.parts`), checked and taken after those found so far."""
         self.tail, self.last = (self.tail + run.tail)[-2 * size:], (self.last + run.last)[-2:]
         self.ends += run.ends
         self.lines += run.count * size
-        for part, at in _by_names(run, offsets, size):
+        for part in parts:
+            at = offsets[part.first - run.first:part.first - run.first + part.count]
             if not (self.runs and _joined(*self.runs[-1], part, at)):
                 self.runs.append((part, at))
 
@@ -310,7 +313,7 @@ class _Found:
         if not self.runs:
             return None
         for run, offsets in self.runs:  # a run's records, where its columns hold them all, are read when asked for
-            if _whole(run):
+            if run.whole():
                 run.payloads = LinePayloads(self.path, offsets)
                 run.columns = {field: {name: _packed(col) for name, col in cols.items()}
                                for field, cols in run.columns.items()}
@@ -323,33 +326,10 @@ class _Found:
                         self.tail, self.last, digests, lines)
 
 
-def _by_names(run: EpochRun, offsets: list[int], size: int) -> list[tuple[EpochRun, list[int]]]:
-    """``run`` cut where its records' names change (a record that holds one slot more, or one less), each part
-    with its columns."""
-    if _whole(run) or len(run.payloads) < 2:
-        return [(run, offsets)]
-    names = [tuple(tuple(v) if type(v := p.get(field)) is dict else type(v) for field in RECORDED)
-             for p in run.payloads]
-    cuts = [k for k in range(1, run.count) if names[k] != names[k - 1]]
-    parts = []
-    for a, b in zip([0, *cuts], [*cuts, run.count], strict=True):
-        payloads = run.payloads[a:b]
-        parts.append((replace(run, n=run.n + a * size, first=run.first + a, count=b - a,
-                              steps=[steps[a:b] for steps in run.steps], payloads=payloads,
-                              columns=record_columns(payloads)), offsets[a:b]))
-    return parts
-
-
-def _whole(run: EpochRun) -> bool:
-    """Whether ``run``'s columns hold all its records say: every field with the same names in each, no mapping."""
-    return len(run.columns) == len(RECORDED) and not any(
-        dict in set(map(type, col)) for cols in run.columns.values() for col in cols.values())
-
-
 def _joined(run: EpochRun, offsets: list[int], more: EpochRun, more_offsets: list[int]) -> bool:
     """``run`` (its epoch lines at ``offsets``) extended by the epochs after it (``more``), where the columns of
     both hold all their records say, under the same names; False, with nothing changed, else."""
-    if not (_whole(run) and _whole(more)) or any(
+    if not (run.whole() and more.whole()) or any(
             list(cols) != list(more.columns[field]) for field, cols in run.columns.items()):
         return False
     for field, cols in run.columns.items():

@@ -359,8 +359,9 @@ def audit_file(path: str | Path, *, verify_checkpoints: bool = True, key: bytes 
     """Audit ``path`` (an ``events.jsonl``); ``key`` verifies a keyed chain; ``allow_missing``: a
     committed checkpoint file that is gone is a warning; ``ahead`` as :func:`read_log`.
     :class:`AuditReadError` if it is unreadable."""
-    return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
-                    ahead=ahead).finish()
+    with collector_paused():  # (until what was read is let go: a long log's is millions of objects, and no cycles)
+        return read_log(path, verify_checkpoints=verify_checkpoints, key=key, allow_missing=allow_missing,
+                        ahead=ahead).finish()
 
 
 def read_log(path: str | Path, *, verify_checkpoints: bool = True, key: bytes | None = None,

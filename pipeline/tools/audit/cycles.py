@@ -9,7 +9,7 @@ is wrong; both readings find the same."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any
@@ -18,7 +18,7 @@ from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
 from fsmtrain.tools.audit.chain import Digests
 from fsmtrain.tools.audit.ending import Segment
-from fsmtrain.tools.audit.moves import PER_BATCH, MoveChecks, allowed_steadily, record_columns
+from fsmtrain.tools.audit.moves import PER_BATCH, RECORDED, MoveChecks, allowed_steadily, record_columns
 
 __all__ = ["SAVING", "WORDS", "Cycler", "EpochCycles", "Reader"]
 
@@ -60,6 +60,29 @@ class EpochRun:
     last: list[bytes]  # the last two lines
     ends: list[tuple[Digests, Sequence[int], int]]  # the digests carried by the lines that follow a save phase's
 
+    def whole(self) -> bool:
+        """Whether the columns hold all the records say: every field with the same names in each, no mapping."""
+        return len(self.columns) == len(RECORDED) and not any(
+            dict in set(map(type, col)) for cols in self.columns.values() for col in cols.values())
+
+    def parts(self, size: int) -> list[EpochRun]:
+        """These epochs (of ``size`` lines each) cut where their records' names change (a record that holds one slot
+        more, or one less), each part with its columns: taken a column at a time, not a record at a time."""
+        if self.count < 2 or self.whole():
+            return [self]
+        names = [tuple(tuple(v) if type(v := p.get(field)) is dict else type(v) for field in RECORDED)
+                 for p in self.payloads]
+        cuts = [k for k in range(1, self.count) if names[k] != names[k - 1]]
+        if not cuts:
+            return [self]
+        parts = []
+        for a, b in zip([0, *cuts], [*cuts, self.count], strict=True):
+            payloads = self.payloads[a:b]
+            parts.append(replace(self, n=self.n + a * size, first=self.first + a, count=b - a,
+                                 steps=[steps[a:b] for steps in self.steps], payloads=payloads,
+                                 columns=record_columns(payloads)))
+        return parts
+
 
 @dataclass(frozen=True)
 class Cycle:
@@ -72,7 +95,8 @@ class Cycle:
     saving: tuple[bool, ...]  # each line's phase stages a checkpoint
     val_at: int  # the move into validation: the epoch's steps were taken before it
     batch_lines: int  # the per-batch lines (a debug log's), each a step, right before the move into validation
-    turns: tuple[tuple[str, ...], ...]  # the moves that change the phase (the per-batch lines' do not)
+    turns: tuple[tuple[str, str, str], ...]  # the moves that change the phase (the per-batch lines' do not), as a
+    # segment keeps them: trigger, from, to
 
     @property
     def size(self) -> int:
@@ -160,7 +184,7 @@ class EpochCycles(MoveChecks):
                 or words[val_at - batch_lines:val_at] != [_BATCH_WORDS] * batch_lines):
             return None  # the epoch's steps are taken in train_step, entered after it began (a line a step at its end)
         saving = tuple(rec.phase == SAVING for rec in recs if rec is not None)
-        turns = tuple(w for w in words if w[1] != w[2])
+        turns = tuple((trig, src, dst) for _, src, dst, trig in words if src != dst)
         return Cycle(seg, keys[:-1], keys[-1][:-1], tuple(words), saving, val_at, batch_lines, turns)
 
     def _epoch_group(self, n: int, lines: list[bytes], recs: list[LogLine | None], count: int, cycle: Cycle) -> bool:
@@ -212,24 +236,30 @@ class EpochCycles(MoveChecks):
         return (seg is cycle.seg and self.prev_seq is not None and seg.phase == _RECORD and seg.stop is None
                 and not seg.faulted and seg.result_line is None)
 
-    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> None:
+    def _take_epochs(self, run: EpochRun, cycle: Cycle, *, tally: bool = True) -> list[EpochRun]:
         """Whole epochs that repeat ``cycle`` and passed every check (their links taken): the run is past them.
-        ``tally``: their moves are counted and given to a cycler (a second process leaves that to the auditor)."""
+        ``tally``: their moves are counted and given to a cycler (a second process leaves that to the auditor).
+        The epochs' parts whose records have the same names (:meth:`EpochRun.parts`)."""
         seg, size, count, first = self.seg, cycle.size, run.count, run.first
         assert seg is not None
+        parts = run.parts(size)
         if tally:
             if self.cycler is not None:
-                self.cycler(run.n, cycle.words, run.steps, range(first, first + count), run.payloads, run.columns)
-            for _, src, dst, trig in cycle.turns:
+                for part in parts:
+                    self.cycler(part.n, cycle.words, part.steps, range(part.first, part.first + part.count),
+                                part.payloads, part.columns)
+            for trig, src, dst in cycle.turns:
                 self.moves[(src, dst, trig)] += count
             self.batch_moves += cycle.batch_lines * count  # (counted apart, as one line at a time counts them)
-            seg.moves.extend((trig, src, dst, e) for e in range(first, first + count)
-                             for _, src, dst, trig in cycle.turns)
+            seg.moves.add_epochs(cycle.turns, first, count)
         total = count * size
-        self._epoch_records(list(range(run.n + size - 1, run.n + total, size)), run.payloads, run.columns, seg)
+        for part in parts:
+            self._epoch_records(list(range(part.n + size - 1, part.n + part.count * size, size)), part.payloads,
+                                part.columns, seg)
         last, begin, val = run.n + total - 1, run.steps[0][-1], run.steps[cycle.val_at][-1]
         self.prev_seq, self.last_ts, self.last_ts_line = run.last_seq, run.last_ts, last
         seg.epoch_starts += count
         seg.validated_at = seg.step_begin = begin
         seg.step_prev, seg.batch_lines, seg.step_val = begin + cycle.batch_lines, cycle.batch_lines, val
         seg.last_line, seg.last_epoch_field, seg.global_step = last, first + count - 1, val
+        return parts

@@ -116,10 +116,57 @@ class Segment:
     world: int | None = 1  # run_start's world_size (None: not an integer)
     launch: str | None = None  # the launch this segment belongs to, the same on every rank
     sharded: bool = False  # run_start records a sharding (strategy fsdp on several ranks)
-    moves: list[tuple[str, str, str, int]] = field(default_factory=list)  # phase-level: trigger, from, to, epoch
+    moves: Moves = field(default_factory=lambda: Moves())  # phase-level
     failed_rank: int | None = None  # the rank whose failure ended this one (its exception names it)
     resumed: tuple[Any, ...] | None = None  # its resume event's checkpoint, sha256, checkpoint_epoch, next_epoch
     ckpts: SegmentCheckpoints = field(default_factory=SegmentCheckpoints)
+
+
+Move = tuple[str, str, str, int]  # trigger, from, to, epoch
+
+
+class Moves:
+    """A segment's phase-level moves in order, each a :data:`Move`. Whole epochs taken together are kept as one
+    entry (each epoch's moves, the first epoch and how many), made into moves when read: a long run's millions of
+    moves are not kept one by one."""
+
+    __slots__ = ("_len", "_parts")
+
+    def __init__(self) -> None:
+        self._parts: list[list[Move] | tuple[tuple[tuple[str, str, str], ...], int, int]] = []
+        self._len = 0
+
+    def append(self, move: Move) -> None:
+        last = self._parts[-1] if self._parts else None
+        if type(last) is list:
+            last.append(move)
+        else:
+            self._parts.append([move])
+        self._len += 1
+
+    def add_epochs(self, moves: tuple[tuple[str, str, str], ...], first: int, count: int) -> None:
+        """``moves`` (each a trigger, from and to) made in each of ``count`` epochs from ``first`` on."""
+        self._parts.append((moves, first, count))
+        self._len += len(moves) * count
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Move]:
+        for part in self._parts:
+            if isinstance(part, list):
+                yield from part
+            else:
+                moves, first, count = part
+                yield from ((trig, src, dst, e) for e in range(first, first + count) for trig, src, dst in moves)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Moves) and len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 def _same(got: Any, want: Any) -> bool:

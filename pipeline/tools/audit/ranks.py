@@ -100,7 +100,7 @@ def _ended_alike(base: Segment, other: Segment, rank: int) -> str | None:
 
 def _moves_agree(base: Segment, other: Segment) -> int | None:
     """The index of the first move where two ranks' segments part, or None."""
-    a, b = base.moves, other.moves
+    a, b = list(base.moves), list(other.moves)
     cut_short = not (base.end_line is not None and other.end_line is not None) or _failed_rank(base) is not None
     if cut_short:  # each rank aborted where it was when the run broke off
         a, b = ([m for m in moves if m[0] != ABORT] for moves in (a, b))
@@ -164,8 +164,8 @@ def _compare(by_rank: dict[int, list[Segment]]) -> list[Finding]:
                                             f"from {_resumed(a)}"))
             at = _moves_agree(a, b)
             if at is not None:
-                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(b.moves, at)} where rank 0 "
-                                            f"took {_move(a.moves, at)} (move {at + 1})"))
+                out.append(Finding("ranks", f"segment {i + 1}: rank {rank} took {_move(list(b.moves), at)} where "
+                                            f"rank 0 took {_move(list(a.moves), at)} (move {at + 1})"))
             if a.end_line is not None and b.end_line is not None:
                 why = _ended_alike(a, b, rank)
                 if why is not None:

@@ -12,6 +12,7 @@ from typing import Any
 from fsmtrain.app.global_batch import describe_global_batch
 from fsmtrain.core.drawing import DiagramError, Format, path_diagram
 from fsmtrain.core.lifecycle import TRANSITIONS, Phase
+from fsmtrain.core.log_file import collector_paused
 from fsmtrain.core.run_path import RunPath
 from fsmtrain.tools.audit import AuditReport
 from fsmtrain.tools.report.run_log import RunData, as_float, read_run
@@ -231,6 +232,11 @@ def _audit_panel(report: AuditReport) -> str:
 
 def run_sections(events_path: Path) -> tuple[str, str, list[str]]:
     """The page title, a one-line summary and the sections (HTML) of a run report."""
+    with collector_paused():  # (until what was read is let go: a long log's is millions of objects, and no cycles)
+        return _sections(events_path)
+
+
+def _sections(events_path: Path) -> tuple[str, str, list[str]]:
     data, report = read_run(events_path)
     overfit, bands = _overfit(data)
     sections = [_loss_plot(data, bands), *_metric_plots(data), _lr_plot(data), _grad_plot(data), overfit,

@@ -71,8 +71,15 @@ class EpochTable:
         return self.columns.get(kind, {}).get(name) or [None] * len(self.index)
 
     def totals(self, kind: str) -> dict[str, float]:
-        return {name: sum(c if None not in c else (v for v in c if v is not None))  # type: ignore[arg-type,misc]
-                for name, c in self.columns.get(kind, {}).items()}
+        return {name: _sum(c) for name, c in self.columns.get(kind, {}).items()}
+
+
+def _sum(values: list[float | None]) -> float:
+    """The sum of the numbers of ``values`` (None: no number that epoch)."""
+    try:
+        return sum(values)  # type: ignore[arg-type]  # (the common column has no None: one pass)
+    except TypeError:
+        return sum(v for v in values if v is not None)
 
 
 def _take(table: dict[str, list[Any]], cols: Mapping[str, list[Any]] | None, before: int, size: int) -> bool:
@@ -103,13 +110,17 @@ def _slots(payload: Mapping[str, Any]) -> Any:
 
 
 def _numbers(values: list[Any]) -> list[float | None]:
-    """``values`` as numbers (:func:`as_float`); a column of floats, the common one, as it is."""
+    """``values`` as numbers (:func:`as_float`); a column of floats, the common one, as it is, and one that is
+    missing in most epochs (None there: a slot set now and then) as it is too."""
     types = set(map(type, values))
-    if types == {float}:
+    if types <= _FLOATS:
         return values
-    if types <= {int, float}:
-        return list(map(float, values))
+    if types <= _PLAIN:
+        return [v if v is None else float(v) for v in values]
     return [v if v.__class__ is float else as_float(v) for v in values]
+
+
+_FLOATS, _PLAIN = {float, type(None)}, {int, float, type(None)}  # (a bool is its own type: not a number here)
 
 
 class ReportError(ValueError):

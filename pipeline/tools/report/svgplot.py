@@ -326,7 +326,11 @@ def all_drawable(y: Sequence[float | None], log: bool = False) -> TypeGuard[Sequ
     """Whether every value of ``y`` is :func:`drawable`, found by a few calls that each run in C (a long series is a
     million values): no None, a finite sum (an inf or a NaN makes it inf or NaN) and, on a log axis, a positive
     least. False can also mean that it could not tell (a sum that overflows): ask :func:`drawable` then."""
-    return None not in y and math.isfinite(sum(y)) and (not log or not y or min(y) > 0)  # type: ignore[arg-type,type-var,operator]
+    try:
+        total = sum(y)  # type: ignore[arg-type]  # (a None fails it: one pass, not two)
+    except TypeError:
+        return False
+    return math.isfinite(total) and (not log or not y or min(y) > 0)  # type: ignore[type-var,operator]
 
 
 def reduce_curve(x: Sequence[float], y: Sequence[float | None], *, log: bool = False,
