@@ -9,17 +9,22 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ahead_check import auditor_state
 from audit_runs import RealRuns, read_lines, rechain
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
 from fsmtrain.tools.audit import AuditReport, audit_file
 from fsmtrain.tools.audit.auditor import LogAuditor
 from fsmtrain.tools.audit.cycles import Cycle, EpochRun
+from fsmtrain.tools.audit.ending import Moves
+from fsmtrain.tools.audit.moves import record_columns
 from fsmtrain.tools.report.run import run_sections
 
 Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i
@@ -476,3 +481,48 @@ def test_the_reports_epoch_table_is_each_epochs_last_record(real_runs: RealRuns,
     data = read_run(path)[0]
     assert (data.table.index, repr(data.table.columns)) == _table_by_hand(path)
     assert len(data.table.index) == 12 and sum(taken) >= 3, taken  # some epochs were taken as a group
+
+
+# Epochs taken together are taken by part where their records' names change (``EpochRun.parts``): each part a column
+# at a time. A cut in the wrong place would only be slower (a part whose names differ is read a record at a time),
+# so the parts are held to it here.
+_RECORDS = st.lists(st.tuples(st.sets(st.sampled_from(["gap", "wait", "norm"])), st.booleans(),
+                              st.floats(allow_nan=False, allow_infinity=False)), min_size=1, max_size=40)
+
+
+@given(_RECORDS)
+def test_whole_epochs_are_cut_into_parts_where_their_records_names_change(
+        records: list[tuple[set[str], bool, float]]) -> None:
+    size = 3
+    payloads = [{"metrics": {"val_loss": x, **({"acc": x} if extra else {})}, "slots": dict.fromkeys(sorted(names), x),
+                 "phase_seconds": {"val": x}, "callback_seconds": {}, "seconds": x, "batches": 2}
+                for names, extra, x in records]
+    count = len(payloads)
+    steps = [[10 * e + p for e in range(count)] for p in range(size - 1)]
+    run = EpochRun(7, 4, count, steps, payloads, record_columns(payloads), 0, 0.0, [], [], [])
+    parts = run.parts(size)
+    assert [p.payloads[k] for p in parts for k in range(p.count)] == payloads
+    assert [(p.n, p.first) for p in parts] == [(7 + size * a, 4 + a) for a in
+                                               [sum(q.count for q in parts[:i]) for i in range(len(parts))]]
+    assert [s for k in range(size - 1) for s in (x for p in parts for x in p.steps[k])] == [
+        s for col in steps for s in col]
+    names = [[(tuple(r["slots"]), "acc" in r["metrics"]) for r in p.payloads] for p in parts]
+    assert all(len(set(n)) == 1 for n in names)  # each part's records hold the same names
+    assert all(a[-1] != b[0] for a, b in pairwise(names))  # and no cut is made without a change
+    assert all(p.columns == record_columns(p.payloads) and p.whole() for p in parts)
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("one"), st.integers(0, 9)),
+                          st.tuples(st.just("epochs"), st.integers(0, 9), st.integers(0, 5))), max_size=30))
+def test_a_segments_moves_kept_by_whole_epochs_read_as_the_moves_one_at_a_time(
+        ops: list[tuple[Any, ...]]) -> None:
+    turns = (("next_epoch", "epoch_end", "epoch_begin"), ("validate", "train_step", "val"))
+    kept, each = Moves(), []
+    for op in ops:
+        if op[0] == "one":
+            kept.append(("batch", "epoch_begin", "train_step", op[1]))
+            each.append(("batch", "epoch_begin", "train_step", op[1]))
+        else:
+            kept.add_epochs(turns, op[1], op[2])
+            each += [(t, s, d, e) for e in range(op[1], op[1] + op[2]) for t, s, d in turns]
+    assert list(kept) == each and len(kept) == len(each) and repr(kept) == repr(each)
