@@ -23,8 +23,8 @@ from fsmtrain.core.log_file import EMPTY_PAYLOAD, typed_lines
 from fsmtrain.tools.audit import AuditReport, audit_file
 from fsmtrain.tools.audit.auditor import LogAuditor
 from fsmtrain.tools.audit.cycles import Cycle, EpochRun
-from fsmtrain.tools.audit.ending import Moves
 from fsmtrain.tools.audit.moves import record_columns
+from fsmtrain.tools.audit.segment import Moves
 from fsmtrain.tools.report.run import run_sections
 
 Edit = Callable[[list[dict[str, Any]], int], object]  # changes the records around the batch line at index i

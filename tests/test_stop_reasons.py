@@ -20,7 +20,8 @@ from fsmtrain.core.context import StopRequest
 from fsmtrain.core.drawing import stop_reasons_for
 from fsmtrain.core.lifecycle import ABORT, TRANSITIONS, Phase, transition_for
 from fsmtrain.core.stop import FACTS, Evidence, Route, StopFacts, StopReason
-from fsmtrain.tools.audit.ending import EndingChecks, Segment
+from fsmtrain.tools.audit.ending import EndingChecks
+from fsmtrain.tools.audit.segment import Segment
 
 
 def test_every_reason_has_exactly_one_row() -> None:

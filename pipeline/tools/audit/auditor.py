@@ -19,16 +19,10 @@ from fsmtrain.tools.audit.ahead import AHEAD, Ahead, ReadAhead
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, SegmentChecks
 from fsmtrain.tools.audit.cycles import COLUMNS, SAVING, WORDS, Cycler, Reader, line_keys
-from fsmtrain.tools.audit.ending import (
-    Segment,
-    best_epoch,
-    budget_ended,
-    completed_epochs,
-    counted_epochs,
-    ending_segment,
-)
+from fsmtrain.tools.audit.ending import best_epoch, budget_ended, completed_epochs, counted_epochs, ending_segment
 from fsmtrain.tools.audit.files import verify_checkpoints
 from fsmtrain.tools.audit.moves import PER_BATCH
+from fsmtrain.tools.audit.segment import Segment
 from fsmtrain.tools.audit.verdict import (
     BUDGET_REASONS,
     AuditReport,

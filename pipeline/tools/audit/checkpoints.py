@@ -14,7 +14,8 @@ from fsmtrain.core.events import LEVELS
 from fsmtrain.core.lifecycle import INITIAL
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import EndingChecks, Segment, Unfinished, as_int
+from fsmtrain.tools.audit.ending import EndingChecks, as_int
+from fsmtrain.tools.audit.segment import Segment, Unfinished
 from fsmtrain.tools.audit.verdict import Explanation, Verdict, shown_epoch
 
 __all__ = ["CheckpointChecks", "CheckpointLines", "CheckpointWrite", "Damaged", "SegmentChecks"]

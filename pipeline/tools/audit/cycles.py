@@ -17,8 +17,8 @@ from typing import Any
 from fsmtrain.core.lifecycle import FINAL, HOOKS, TRANSITIONS, Phase
 from fsmtrain.core.log_file import EMPTY_PAYLOAD, LogLine, parse_line
 from fsmtrain.tools.audit.chain import Digests
-from fsmtrain.tools.audit.ending import Segment
 from fsmtrain.tools.audit.moves import PER_BATCH, RECORDED, MoveChecks, allowed_steadily, record_columns
+from fsmtrain.tools.audit.segment import Segment
 
 __all__ = ["SAVING", "WORDS", "Cycler", "EpochCycles", "Reader"]
 
@@ -170,8 +170,9 @@ class EpochCycles(MoveChecks):
                     or rec.phase != rec.to or rec.trigger is None):
                 return None
             said = (rec.phase, rec.from_, rec.to, rec.trigger)
-            if said != _BATCH_WORDS and (rec.to in (None, phase, _FINAL) or not allowed_steadily((phase, rec.to,
-                                                                                            rec.trigger))):
+            steady = said == _BATCH_WORDS or (rec.to not in (None, phase, _FINAL)
+                                              and allowed_steadily((phase, rec.to, rec.trigger)))
+            if not steady:
                 return None
             words.append(WORDS.get(said, said))
             phase = rec.to

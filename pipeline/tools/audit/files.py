@@ -12,7 +12,7 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.core.ledger import CHECKPOINT_NAME, folder_files, sha256_of
 from fsmtrain.tools.audit.chain import ChainCheck
 from fsmtrain.tools.audit.checkpoints import CheckpointLines, CheckpointWrite, Damaged
-from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.segment import Segment
 from fsmtrain.tools.audit.verdict import Explanation, Finding, Severity, Verdict
 
 __all__ = ["verify_checkpoints"]

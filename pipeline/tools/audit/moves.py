@@ -29,7 +29,8 @@ from fsmtrain.core.lifecycle import (
 )
 from fsmtrain.core.log_file import by_name
 from fsmtrain.tools.audit.chain import ChainCheck
-from fsmtrain.tools.audit.ending import PHASES, EndingChecks, Segment, as_int, number
+from fsmtrain.tools.audit.ending import PHASES, EndingChecks, as_int, number
+from fsmtrain.tools.audit.segment import Segment
 from fsmtrain.tools.audit.verdict import Explanation, shown_epoch
 
 __all__ = ["PER_BATCH", "RECORDED", "MoveChecks", "allowed_steadily", "record_columns"]

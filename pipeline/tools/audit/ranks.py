@@ -15,7 +15,7 @@ from fsmtrain.core.consensus import log_name_for_rank
 from fsmtrain.core.lifecycle import ABORT
 from fsmtrain.core.stop import StopReason
 from fsmtrain.tools.audit.auditor import read_log
-from fsmtrain.tools.audit.ending import Segment
+from fsmtrain.tools.audit.segment import Segment
 from fsmtrain.tools.audit.verdict import FAULTS, AuditReadError, AuditReport, Finding, Outcome, shown_epoch
 
 __all__ = ["RankedAudit", "audit_run_dir"]
