@@ -240,6 +240,7 @@ class CheckpointManager(CheckpointFolder):
         self.writer = writing.CheckpointWriter(background)
         self.buffers = [writing.BufferSet() for _ in range(writing.SLOTS)]
         self.history_texts: files.HistoryTexts = {}
+        self.serialized_at_most: int | None = writing.SERIALIZED_AT_MOST  # None: every state is staged
 
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
@@ -298,7 +299,8 @@ class CheckpointManager(CheckpointFolder):
         path = self.periodic_path(epoch) if step is None else self.step_path(step)
         run.dispatch("on_save_checkpoint", CheckpointContext(run, state, str(path)))
         # A foreground write is done before training goes on: it saves the live tensors, no copy needed.
-        staged = (writing.stage(state, self.buffers[slot]) if self.background
+        staged = (writing.stage(state, self.buffers[slot], None if self.sharded else self.serialized_at_most)
+                  if self.background
                   else writing.Staged(state, staged_bytes=writing.tensor_bytes(state)))
         plan = WritePlan(epoch, "periodic" in kinds, tuple(r for r in ("latest", "best") if r in kinds), staged,
                          state.get("chain_head"), path, step)
@@ -332,7 +334,7 @@ class CheckpointManager(CheckpointFolder):
             if self.sharded:  # on a rank other than 0 nothing to commit: rank 0 commits every rank's files
                 digest, shards = files.save_folder(epoch_file, plan.staged.state, self.group) or ("", None)
             else:
-                digest = files.save_state(epoch_file, plan.staged.state)
+                digest = files.save_state(epoch_file, plan.staged.state, plan.staged.data)
             files.fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc

@@ -188,8 +188,14 @@ class HashingWriter:
         return self.digest.hexdigest()
 
 
-def save_state(path: Path, state: Any) -> str:
-    """``torch.save`` of ``state`` to ``path``, atomically (the folder's fsync is the caller's); its sha256."""
+def save_state(path: Path, state: Any, data: memoryview | None = None) -> str:
+    """``torch.save`` of ``state`` to ``path`` (or ``data``, its bytes, as saved already), atomically (the
+    folder's fsync is the caller's); its sha256."""
+    if data is not None:
+        digest = hashlib.sha256(data).hexdigest()  # hashlib and the write let go of the GIL for the bytes
+        with atomic_file(path, sync_dir=False) as fh:
+            fh.write(data)
+        return digest
     with atomic_file(path, sync_dir=False) as fh:
         hashing = HashingWriter(fh)
         torch.save(state, hashing)  # type: ignore[arg-type]  # a file object by duck typing

@@ -1,10 +1,12 @@
-"""Checkpoint writes off the training thread: the state staged into reused host buffers (pinned, on a side
-stream, for CUDA tensors), and one writer thread with one write in flight and one state waiting."""
+"""Checkpoint writes off the training thread: a small CPU state serialized there (its bytes are the snapshot),
+any other staged into reused host buffers (pinned, on a side stream, for CUDA tensors), and one writer thread
+with one write in flight and one state waiting."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -17,10 +19,14 @@ from fsmtrain.core.context import epoch_number
 from fsmtrain.training.checkpoint_file import SavedCheckpoint
 from fsmtrain.training.sharding import is_sharded_tensor
 
-__all__ = ["SLOTS", "BufferSet", "CheckpointWriter", "Job", "LeftOut", "Staged", "WritePlan", "Written", "stage",
-           "tensor_bytes"]
+__all__ = ["SERIALIZED_AT_MOST", "SLOTS", "BufferSet", "CheckpointWriter", "Job", "LeftOut", "Staged", "WritePlan",
+           "Written", "stage", "tensor_bytes"]
 
 SLOTS = 2  # one slot being written, one staged and waiting
+# A CPU state with at most this many bytes of tensors is serialized on the training thread: torch.save's pickling
+# holds the GIL, and on the writer thread it made the training thread wait for it (benchmarks/RESULTS.md, issue 45).
+# Above it the bytes cost more than the pickling (0.84 ms a MB against a memcpy's 0.1), so the state is staged.
+SERIALIZED_AT_MOST = 1 << 20
 Key = tuple[Hashable, ...]
 LeftOut = tuple[int, str, int | None]  # a state left out: its epoch, why, and its step (a checkpoint at a step)
 
@@ -32,6 +38,7 @@ class Staged:
     state: Any
     ready: Any = None  # torch.cuda.Event
     staged_bytes: int = 0
+    data: memoryview | None = None  # the file's bytes, when the state was serialized on the training thread
 
     def wait(self) -> None:
         """Block until every copy into the buffers has landed."""
@@ -139,8 +146,34 @@ class _Copier:
         return copy.deepcopy(value)
 
 
-def stage(state: Any, out: BufferSet) -> Staged:
-    """Copy ``state`` into ``out``'s buffers; what it returns shares nothing mutable with the live run."""
+def _plain_cpu_bytes(state: Any, limit: int) -> int | None:
+    """The bytes of ``state``'s tensors when all are plain CPU tensors and come to at most ``limit``, else None."""
+    total = 0
+    pending = [state]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            if type(value) is not torch.Tensor or value.device.type != "cpu" or value.layout is not torch.strided:
+                return None
+            total += value.numel() * value.element_size()
+            if total > limit:
+                return None
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return total
+
+
+def stage(state: Any, out: BufferSet, serialized_at_most: int | None = SERIALIZED_AT_MOST) -> Staged:
+    """A snapshot of ``state`` that shares nothing mutable with the live run: its file's bytes (a CPU state of
+    at most ``serialized_at_most`` bytes of tensors; None: never), or a copy in ``out``'s buffers."""
+    small = None if serialized_at_most is None else _plain_cpu_bytes(state, serialized_at_most)
+    if small is not None:
+        out.release()  # a state that grew past the limit and shrank again is staged afresh
+        data = io.BytesIO()
+        torch.save(state, data)
+        return Staged(None, staged_bytes=small, data=data.getbuffer())
     copier = _Copier(out)
     staged = copier.walk((), state)
     return Staged(staged, copier.finish(), copier.nbytes)

@@ -9,6 +9,7 @@ and the gate's timeout would fail the test: the runs completing is the proof tha
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -23,6 +24,7 @@ from fsmtrain import Trainer, TrainingCallback, read_events
 from fsmtrain.callbacks import CheckpointCallback
 from fsmtrain.tools.audit import audit_file
 from fsmtrain.training.checkpoint import CheckpointManager, WritePlan, Written, load_checkpoint
+from fsmtrain.training.checkpoint_writer import BufferSet, stage, tensor_bytes
 
 GATE_S = 60  # a gate never opened in time fails the test instead of hanging it
 
@@ -135,9 +137,13 @@ def _committed(run_dir: Path) -> dict[str, set[int]]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_staged_state_is_what_was_trained_while_the_next_epochs_train(tmp_path: Path, device: str) -> None:
-    """Each state is written while later epochs train and the other buffer set is staged into, and
-    equals, tensor for tensor and bit for bit, the state a synchronous save wrote."""
+@pytest.mark.parametrize("snapshot", ["serialized", "staged"])
+def test_a_staged_state_is_what_was_trained_while_the_next_epochs_train(tmp_path: Path, device: str,
+                                                                         snapshot: str) -> None:
+    """Each state is written while later epochs train, and equals, tensor for tensor and bit for bit, the
+    state a synchronous save wrote. A small CPU state is serialized on the training thread (its bytes are the
+    snapshot, no buffer is used); any other, or one above the limit, is staged into the buffer set of its slot
+    while the other slot's state is written."""
     epochs = 6
     sync = tmp_path / "sync"
     _fit(sync, [CheckpointCallback(sync / "checkpoints", keep_last_k=0, save_best=False, background=False)], epochs,
@@ -146,6 +152,8 @@ def test_a_staged_state_is_what_was_trained_while_the_next_epochs_train(tmp_path
     late = tmp_path / "late"
     cb = CheckpointCallback(late / "checkpoints", keep_last_k=0, save_best=False)
     disk = _gated(cb)
+    if snapshot == "staged":
+        disk.serialized_at_most = None  # as a state above the limit is
     slots: list[set[int]] = []
     # Before epoch e is staged: the write of e - 2 is done (so nothing is left out), while e - 1 may
     # still be in flight. After it is staged (two states pending, one per buffer set): the write of
@@ -158,7 +166,9 @@ def test_a_staged_state_is_what_was_trained_while_the_next_epochs_train(tmp_path
     assert {0, 1} in slots  # a state waited in one buffer set while the other was being written
     assert _skips(late) == {}
     n_tensors = len(_tensors(load_checkpoint(late / "checkpoints" / "epoch_1.pt")))
-    assert [b.allocations for b in disk.buffers] == [n_tensors, n_tensors]  # once per tensor, then reused
+    serialized = snapshot == "serialized" and device == "cpu"  # a CUDA state is always staged
+    allocations = 0 if serialized else n_tensors  # once per tensor, then reused
+    assert [b.allocations for b in disk.buffers] == [allocations, allocations]
     assert all(not b.buffers for b in disk.buffers)  # released at train_end
     for e in range(1, epochs + 1):
         a = _tensors(load_checkpoint(sync / "checkpoints" / f"epoch_{e}.pt"))
@@ -167,6 +177,32 @@ def test_a_staged_state_is_what_was_trained_while_the_next_epochs_train(tmp_path
         for k in a:
             assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (e, k)
     assert audit_file(late / "events.jsonl").ok
+
+
+def test_a_small_cpu_state_is_snapshot_as_its_bytes_and_any_other_in_reused_buffers() -> None:
+    """At most ``serialized_at_most`` bytes of plain CPU tensors: the file's bytes, made on the training thread,
+    and no buffer; above it, never (None), or with a tensor of another kind: a copy in the slot's buffers."""
+    model = nn.Linear(4, 2)
+    state = {"model": model.state_dict(), "epoch": 3, "names": ["a", "b"]}
+    size = tensor_bytes(state)
+    before = model.weight.detach().clone()
+    buffers = BufferSet()
+
+    small = stage(state, buffers, size)  # at the limit
+    assert small.state is None and small.data is not None and small.staged_bytes == size and not buffers.buffers
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the run goes on
+    kept = torch.load(io.BytesIO(bytes(small.data)), weights_only=True)
+    assert torch.equal(kept["model"]["weight"], before) and kept["epoch"] == 3 and kept["names"] == ["a", "b"]
+
+    for limit in (size - 1, None):
+        copied = stage(state, buffers, limit)
+        assert copied.data is None and torch.equal(copied.state["model"]["weight"], model.weight)
+        assert copied.state["model"]["weight"].data_ptr() != model.weight.data_ptr()
+    assert buffers.allocations == 2  # weight and bias, once: the second staging reused them
+
+    odd = {"model": state["model"], "sparse": torch.eye(2).to_sparse()}
+    assert stage(odd, BufferSet(), size * 10).data is None
 
 
 @pytest.mark.timeout(180)
