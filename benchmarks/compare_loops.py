@@ -438,21 +438,20 @@ def lightning_all(job: Job) -> dict[str, Any]:
 
 
 # name -> (loop, what it is, the modules it needs beyond torch: imported before the clock starts)
+# fsmtrain + nine: the Trainer, the config that builds the nine (nine_builtins), and what they use
+NINE_IMPORTS = ("fsmtrain.app.trainer", "fsmtrain.app.config", "callbacks", "wandb", "optuna")
 LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] = {
     "raw": (raw, "raw PyTorch loop", ()),
     "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
     "raw_all_durable": (raw_all_durable, "raw_all + fsmtrain's durability by hand (sha256, fsync, rename, commit)",
                         ("wandb", "optuna")),
     "fsm": (fsm, "fsmtrain core, no callbacks", ("fsmtrain.app.trainer",)),
-    "fsm_all": (fsm_all, "fsmtrain + nine built-ins", ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
+    "fsm_all": (fsm_all, "fsmtrain + nine built-ins", NINE_IMPORTS),
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
-    "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never",
-                            ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
-    "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every",
-                            ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
+    "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never", NINE_IMPORTS),
+    "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every", NINE_IMPORTS),
     # the nine with checkpoint.every_n_steps (benchmarks/step_checkpoints.py; default 100)
-    "fsm_all_steps": (fsm_all_steps, "fsmtrain + nine, checkpoint.every_n_steps",
-                      ("fsmtrain.app.trainer", "callbacks", "wandb", "optuna")),
+    "fsm_all_steps": (fsm_all_steps, "fsmtrain + nine, checkpoint.every_n_steps", NINE_IMPORTS),
     "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),
     "ignite_all": (ignite_all, "Ignite + equivalents",
                    ("ignite.engine", "ignite.metrics", "ignite.handlers", "ignite.handlers.wandb_logger", "wandb",
