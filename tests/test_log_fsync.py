@@ -7,6 +7,7 @@ descriptor (which no other file can hold while the log is open)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -84,3 +85,64 @@ def test_log_fsync_is_a_config_option_checked_like_any_other() -> None:
     assert "log.fsync" in found and "commits" in found["log.fsync"].expected
     with pytest.raises(ValueError, match="fsync must be one of commits, every, never"):
         make_trainer(None, [], log_fsync="always")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("background", "policy"), [(True, "commits"), (False, "commits"), (True, "every")],
+                         ids=["writer-thread", "foreground", "writer-thread-every-line"])
+def test_no_line_is_durable_before_the_names_it_commits_with_one_folder_fsync_a_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool, policy: str) -> None:
+    """The real calls, in order: each rename into the checkpoint folder, each fsync of that folder, and
+    each fsync of the log with the log's length then. Every ``checkpoint`` line inside a synced length
+    names a file renamed before a folder fsync that came before that log fsync. With roles to link and
+    the log synced at commits, one folder fsync a write makes the epoch file's rename and its links
+    durable at once (the removals ride on the next write's); it was three a write (the file's, the
+    links', the removal's). A log that syncs every line as it is written needs the file's own."""
+    trace: list[tuple[str, Any]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    run = tmp_path / "run"
+    folder = run / "checkpoints"
+    log_fd = -1
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if fd == log_fd:
+            trace.append(("log", os.fstat(fd).st_size))
+        elif folder.exists() and os.path.samestat(os.fstat(fd), os.stat(folder)):
+            trace.append(("folder", None))
+
+    def replace(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        if Path(dst).parent == folder:
+            trace.append(("named", Path(dst).name))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store = CheckpointCallback(folder, keep_last_k=1, background=background)
+    trainer = make_trainer(run, [store], epochs=4, log_fsync=policy)
+    assert trainer.events is not None and trainer.events._file is not None
+    log_fd = trainer.events._file.fileno()
+    trainer.fit()
+    monkeypatch.undo()
+
+    text = (run / "events.jsonl").read_bytes()
+    durable: set[str] = set()  # names made durable by a folder fsync so far
+    named: set[str] = set()
+    checked = 0
+    for op, arg in trace:
+        if op == "named":
+            named.add(arg)
+        elif op == "folder":
+            durable |= named
+        else:  # the log's fsync: every checkpoint line it makes durable names a durable file
+            for line in text[:arg].decode().splitlines():
+                if '"event": "checkpoint"' in line or '"event":"checkpoint"' in line:
+                    checked += 1
+                    name = Path(json.loads(line)["payload"]["path"]).name
+                    assert name in durable, f"{name} committed by a synced line before a folder fsync named it"
+    events = read_events(run / "events.jsonl")
+    commits = {e["payload"]["epoch"] for e in events if e["event"] == "checkpoint"}
+    removals = [e for e in events if e["event"] == "checkpoint_removed"]
+    assert checked and removals and len(commits) >= 2
+    folder_syncs = sum(op == "folder" for op, _ in trace)
+    assert folder_syncs == len(commits) * (2 if policy == "every" else 1) + 1  # + the last removals', once

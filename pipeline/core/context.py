@@ -50,6 +50,8 @@ class Slot(Generic[T]):
 class EventSink(Protocol):
     """Where contexts send structured events (``fsmtrain.core.events.EventLog`` in a real run)."""
 
+    fsync: str  # which lines are made durable as they are written: "commits", "every" or "never"
+
     def emit(self, event: str, *, level: str = "info", **fields: Any) -> bool | None:
         """Write one event; True only for a durable line whose fsync was deferred (``defer_sync``)."""
 

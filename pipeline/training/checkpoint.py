@@ -53,6 +53,10 @@ class CheckpointLog:
     def _emit(self, beside: bool, event: str, level: str = "info", **payload: Any) -> None:
         (self.run.emit_at_log_position if beside else self.run.emit)(event, level=level, **payload)
 
+    def syncs_each_line(self) -> bool:
+        """Whether the log makes each line durable as it is written (``log: {fsync: every}``)."""
+        return self.run.events.fsync == "every"
+
     def committed(self, written: Written) -> None:
         run = self.run
         unsynced = False  # one fsync of the log for the commit's lines, after the last
@@ -241,6 +245,7 @@ class CheckpointManager(CheckpointFolder):
         self.buffers = [writing.BufferSet() for _ in range(writing.SLOTS)]
         self.history_texts: files.HistoryTexts = {}
         self.serialized_at_most: int | None = writing.SERIALIZED_AT_MOST  # None: every state is staged
+        self.removals_unsynced = False  # files removed since the folder's last fsync (see _remove)
 
     def improved(self, value: float | None) -> bool:
         if value is None or not math.isfinite(value):
@@ -322,7 +327,8 @@ class CheckpointManager(CheckpointFolder):
 
     # --- the writer thread ---------------------------------------------------------------------
     def write(self, plan: WritePlan) -> Written:
-        """``plan``'s epoch file, durable, with the roles it is to get (:meth:`link_roles`, once committed)."""
+        """``plan``'s epoch file, its bytes durable (its name once the folder is fsync'd: :meth:`_commit`), with
+        the roles it is to get (:meth:`link_roles`, once committed)."""
         plan.staged.wait()
         epoch_file = plan.path
         try:
@@ -335,7 +341,6 @@ class CheckpointManager(CheckpointFolder):
                 digest, shards = files.save_folder(epoch_file, plan.staged.state, self.group) or ("", None)
             else:
                 digest = files.save_state(epoch_file, plan.staged.state, plan.staged.data)
-            files.fsync_dir(self.directory)
         except OSError as exc:  # named: which epoch, which file, which device and its free space
             raise CheckpointWriteError.of(exc, plan.epoch, epoch_file) from exc
         kind = "step" if plan.step is not None else "periodic" if plan.periodic else "epoch"
@@ -357,7 +362,16 @@ class CheckpointManager(CheckpointFolder):
         return Written(tuple(saved), chain_head)
 
     def _commit(self, plan: WritePlan, log: CheckpointLog) -> None:
+        # No log line may become durable before the name it commits. The epoch file's line is written unsynced
+        # when roles follow, and the folder's fsync after the links comes before the log's: that one fsync makes
+        # the rename durable too. Not so when nothing is linked, on a rank that only writes, or when the log
+        # syncs each line as it is written.
         written = self.write(plan)
+        if not plan.roles or self.rank != 0 or log.syncs_each_line():
+            try:
+                files.fsync_dir(self.directory)
+            except OSError as exc:
+                raise CheckpointWriteError.of(exc, plan.epoch, plan.path) from exc
         if self.rank:  # a sharded run's other ranks: rank 0 commits, links and removes
             return
         log.committed(written)  # first the epoch file, with the roles it is to get
@@ -371,15 +385,21 @@ class CheckpointManager(CheckpointFolder):
         self._remove(self._redundant(keep_newest=True), log, beside=True)
 
     def _remove(self, paths: tuple[Path, ...], log: CheckpointLog, beside: bool) -> None:
-        if not paths or self.rank:
+        if self.rank:
             return
-        log.removed(paths, beside)  # first: a file the log still commits is never missing
-        for path in paths:
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        files.fsync_dir(self.directory)
+        if paths:
+            log.removed(paths, beside)  # first: a file the log still commits is never missing
+            for path in paths:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            self.removals_unsynced = True
+        # A removal need not be durable before the next write: that write's fsync of the folder makes it so, and
+        # the log's removal line is synced after it. The run's last removals are made durable here, once.
+        if not beside and self.removals_unsynced:
+            files.fsync_dir(self.directory)
+            self.removals_unsynced = False
 
     def finish(self, log: CheckpointLog) -> None:
-        """Once every write is committed: remove what the last commit made redundant."""
+        """Once every write is committed: remove what the last commit made redundant, durably."""
         self._remove(self._redundant(keep_newest=False), log, beside=False)
 
     def state_dict(self) -> dict[str, Any]:  # the best so far, for resume
