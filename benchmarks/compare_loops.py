@@ -437,6 +437,20 @@ def lightning_all(job: Job) -> dict[str, Any]:
     return {}
 
 
+def fsm_all_without(prefix: str) -> Callable[[Job], dict[str, Any]]:
+    """The nine less the one whose class name starts with ``prefix`` (its share of an epoch, e.g. in
+    ``instructions.py --frameworks fsm_all,fsm_all_no_checkpoint``)."""
+
+    def loop(job: Job) -> dict[str, Any]:
+        run_dir = job.scratch / "run"
+        kept = [c for c in nine_builtins(job, run_dir) if not type(c).__name__.lower().startswith(prefix)]
+        assert len(kept) == 8, prefix
+        _fsm(job, kept, run_dir)
+        return {}
+
+    return loop
+
+
 # name -> (loop, what it is, the modules it needs beyond torch: imported before the clock starts)
 # fsmtrain + nine: the Trainer, the config that builds the nine (nine_builtins), and what they use
 NINE_IMPORTS = ("fsmtrain.app.trainer", "fsmtrain.app.config", "callbacks", "wandb", "optuna")
@@ -447,6 +461,9 @@ LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] =
                         ("wandb", "optuna")),
     "fsm": (fsm, "fsmtrain core, no callbacks", ("fsmtrain.app.trainer",)),
     "fsm_all": (fsm_all, "fsmtrain + nine built-ins", NINE_IMPORTS),
+    # the nine less one, for its share
+    **{f"fsm_all_no_{p}": (fsm_all_without(p), f"fsmtrain + nine less {p}", NINE_IMPORTS)
+       for p in ("checkpoint", "gradient", "wandb", "pruner", "loss")},
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
     "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never", NINE_IMPORTS),
     "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every", NINE_IMPORTS),

@@ -201,8 +201,9 @@ def test_a_small_cpu_state_is_snapshot_as_its_bytes_and_any_other_in_reused_buff
         assert copied.state["model"]["weight"].data_ptr() != model.weight.data_ptr()
     assert buffers.allocations == 2  # weight and bias, once: the second staging reused them
 
-    odd = {"model": state["model"], "sparse": torch.eye(2).to_sparse()}
-    assert stage(odd, BufferSet(), size * 10).data is None
+    for odd in ({"model": state["model"], "sparse": torch.eye(2).to_sparse()},
+                {"model": state["model"], "extra": [(1, nn.Parameter(torch.zeros(2)))]}):  # a tensor subclass
+        assert stage(odd, BufferSet(), size * 10).data is None
 
 
 @pytest.mark.timeout(180)
