@@ -329,6 +329,18 @@ def _pairs(results: list[dict[str, Any]], workload: str, fw: str, base: str
     return [(mine[r], theirs[r]) for r in sorted(mine) if r in theirs]
 
 
+def _ranges(paired: dict[str, tuple[str, list[tuple[dict[str, Any], dict[str, Any]]]]]
+            ) -> dict[str, tuple[float, float]]:
+    """Each ratio's lowest and highest over the rounds (``name -> (field, pairs)``), where there are two or more:
+    how far apart the rounds of one report are, beside their median."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, (field, pairs) in paired.items():
+        values = [a[field] / b[field] for a, b in pairs]
+        if len(values) > 1:
+            out[name] = (min(values), max(values))
+    return out
+
+
 def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workloads: Sequence[Workload]
               ) -> dict[str, dict[str, Any]]:
     """workload -> {"frameworks": framework -> medians and ratios, "weights_match", "hashes"}."""
@@ -365,6 +377,8 @@ def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workload
                 continue
             entry["ratio"] = statistics.median(a["steady_s"] / b["steady_s"] for a, b in pairs)
             entry["total_ratio"] = statistics.median(a["total_s"] / b["total_s"] for a, b in pairs)
+            entry["ranges"] = _ranges({"ratio": ("steady_s", pairs), "total_ratio": ("total_s", pairs),
+                                       "p10_ratio": ("epoch_p10_ms", pairs)})
             entry["delta_ms_epoch"] = statistics.median(a["epoch_ms"] - b["epoch_ms"] for a, b in pairs)
             entry["rss_ratio"] = statistics.median(a["rss_mb"] / b["rss_mb"] for a, b in pairs)
             entry["p10_ratio"] = statistics.median(a["epoch_p10_ms"] / b["epoch_p10_ms"] for a, b in pairs)
@@ -372,6 +386,8 @@ def summarize(results: list[dict[str, Any]], frameworks: Sequence[str], workload
             durable = _pairs(results, work.name, fw, DURABLE) if BASELINE[fw] == "raw_all" and fw != DURABLE else []
             if durable:
                 entry["durable_ratio"] = statistics.median(a["steady_s"] / b["steady_s"] for a, b in durable)
+                entry["ranges"].update(_ranges({"durable_ratio": ("steady_s", durable),
+                                                "durable_total_ratio": ("total_s", durable)}))
                 entry["durable_total_ratio"] = statistics.median(a["total_s"] / b["total_s"] for a, b in durable)
                 entry["durable_delta_ms"] = statistics.median(a["epoch_ms"] - b["epoch_ms"] for a, b in durable)
                 entry["durable_total_delta_ms"] = statistics.median(
@@ -467,7 +483,9 @@ def _fmt_ratio(entry: dict[str, Any], key: str = "ratio", delta: str = "delta_ms
         return "n/a"
     if key not in entry:
         return "n/a (no baseline)"
-    return f"{entry[key]:.2f} ({entry[delta]:+.2f} ms/epoch)"
+    spread = entry.get("ranges", {}).get(key)
+    shown = "" if spread is None else f" [{spread[0]:.2f}-{spread[1]:.2f}]"
+    return f"{entry[key]:.2f}{shown} ({entry[delta]:+.2f} ms/epoch)"
 
 
 def _stall_lines(work: Workload, s: dict[str, Any]) -> list[str]:
@@ -615,7 +633,10 @@ def render(summary: dict[str, dict[str, Any]], workloads: Sequence[Workload], fr
     lines += ["## How to read it", "",
               "- **ratio**: steady-state time (start of epoch 2 to start of the last epoch) over the same for `raw` "
               "(core rows) or `raw_all` (rows with callbacks), paired within each round, median over rounds; "
-              "`total ratio` compares whole runs, start-up included. The other columns are medians over rounds. "
+              "`total ratio` compares whole runs, start-up included. In the summaries, [low-high] is the lowest and "
+              "the highest of the rounds' paired ratios: runs of the same code here have moved their median by "
+              "more than a bound's margin, and the spread says how far to trust one. "
+              "The other columns are medians over rounds. "
               "**µs/train step** is that steady epoch time (validation included) over its train steps.",
               "- **p10**: the 10th percentile of a run's steady epochs, each timed on its own (the faster one when "
               "there are two), paired and taken to the median like the ratio. Load from other processes only "

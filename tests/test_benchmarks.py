@@ -115,3 +115,26 @@ def test_checkpoint_write_benchmark_runs_on_a_real_checkpoint(capsys: pytest.Cap
     assert set(results) == {"small"}
     assert set(results["small"]) == {"write_us", "bytes"}
     assert results["small"]["bytes"] > 50_000  # model, AdamW moments, RNG states: a real checkpoint
+
+
+def test_the_summary_shows_each_ratio_beside_the_spread_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rounds whose paired ratios are 1.00, 1.10 and 1.30: the cell reads their median and its range, so
+    a report says how far one median can be trusted; one round has no range to show."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import compare
+
+    work = compare.WORKLOADS["epochs"]
+
+    def run(fw: str, rnd: int, steady: float) -> dict[str, object]:
+        return {"workload": work.name, "framework": fw, "round": rnd, "steady_s": steady, "epoch_ms": steady,
+                "epoch_p10_ms": steady, "step_us": 1.0, "total_s": steady + 1.0, "setup_s": 0.0, "import_s": 0.0,
+                "rss_mb": 300.0, "torch_import_s": 1.0, "sha256": "same"}
+
+    results = [r for i, ratio in enumerate((1.00, 1.30, 1.10))
+               for r in (run("raw", i, 10.0), run("fsm", i, 10.0 * ratio))]
+    entry = compare.summarize(results, ["raw", "fsm"], [work])[work.name]["frameworks"]["fsm"]
+    assert compare._fmt_ratio(entry) == "1.10 [1.00-1.30] (+1.00 ms/epoch)"
+    assert compare._fmt_ratio(entry, "p10_ratio", "p10_delta_ms") == "1.10 [1.00-1.30] (+1.00 ms/epoch)"
+    assert compare._fmt_ratio(entry, "total_ratio", "total_delta_ms").startswith("1.09 [1.00-1.27] (")
+    one = compare.summarize(results[:2], ["raw", "fsm"], [work])[work.name]["frameworks"]["fsm"]
+    assert compare._fmt_ratio(one) == "1.00 (+0.00 ms/epoch)"
