@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from core_helpers import DiskKeepsUp
 from torch import nn
 
 from fsmtrain import Trainer, TrainingCallback, read_events
@@ -36,20 +37,6 @@ class WeightsAtEpochEnd(TrainingCallback):
 
     def on_epoch_end(self, epoch):
         self.by_epoch[epoch.index] = {k: v.clone() for k, v in epoch.run.model.state_dict().items()}
-
-
-class DiskKeepsUp(TrainingCallback):
-    """Setup: each epoch ends (before its checkpoint, priority 94) once the previous write is done, as
-    on a disk that keeps up with the epochs. These epochs take milliseconds, less than an fsync: without
-    this the writer leaves waiting states out, by design (tests/callbacks/test_cb_checkpoint_writer.py)."""
-
-    priority = 94
-
-    def __init__(self, checkpoint):
-        self.checkpoint = checkpoint
-
-    def on_epoch_end(self, epoch):
-        self.checkpoint.manager.writer.wait_idle()
 
 
 def _fit(tiny, run_dir, callbacks, epochs=4, n=64):
