@@ -199,10 +199,10 @@ def fsm(job: Job) -> dict[str, Any]:
     return {}
 
 
-def nine_builtins(job: Job, run_dir: Path, every_n_steps: int | None = None) -> list[Any]:
+def nine_builtins(job: Job, run_dir: Path, every_n_steps: int | None = None, background: bool = True) -> list[Any]:
     """The nine built-ins exactly as ``fsmtrain train`` builds them (config defaults, W&B offline,
     a pruner on an Optuna trial), through ``fsmtrain.app.config.build_callbacks``; ``every_n_steps``:
-    ``checkpoint.every_n_steps`` too."""
+    ``checkpoint.every_n_steps`` too; ``background=False``: ``checkpoint.background: false``."""
     from fsmtrain.app.config import build_callbacks, config_from_dict
 
     cfg = config_from_dict({
@@ -211,7 +211,8 @@ def nine_builtins(job: Job, run_dir: Path, every_n_steps: int | None = None) -> 
         "optimizer": "torch.optim.AdamW", "epochs": job.epochs, "batch_size": job.train[0][1].shape[0],
         "early_stopping": {"patience": job.patience},
         "wandb": {"enabled": True, "mode": "offline", "project": "bench"},
-        **({} if every_n_steps is None else {"checkpoint": {"every_n_steps": every_n_steps}}),
+        "checkpoint": {"background": background,
+                       **({} if every_n_steps is None else {"every_n_steps": every_n_steps})},
     })
     # metrics.csv is a tenth, not one of the nine, and no peer writes one
     callbacks = [c for c in build_callbacks(cfg, run_dir=run_dir, trial=_trial())
@@ -220,11 +221,12 @@ def nine_builtins(job: Job, run_dir: Path, every_n_steps: int | None = None) -> 
     return callbacks
 
 
-def fsm_all(job: Job, log_fsync: str = "commits", every_n_steps: int | None = None) -> dict[str, Any]:
+def fsm_all(job: Job, log_fsync: str = "commits", every_n_steps: int | None = None,
+            background: bool = True) -> dict[str, Any]:
     from fsmtrain.core.events import read_events
 
     run_dir = job.scratch / "run"
-    _fsm(job, nine_builtins(job, run_dir, every_n_steps), run_dir, log_fsync)
+    _fsm(job, nine_builtins(job, run_dir, every_n_steps, background), run_dir, log_fsync)
     per_callback: dict[str, list[float]] = {}
     epoch_seconds: list[float] = []
     stepped: set[int] = set()  # the epochs that committed a checkpoint at a step
@@ -249,6 +251,10 @@ def fsm_all(job: Job, log_fsync: str = "commits", every_n_steps: int | None = No
 
 def fsm_all_steps(job: Job) -> dict[str, Any]:
     return fsm_all(job, every_n_steps=int(os.environ.get(EVERY_N_STEPS_ENV, "100")))
+
+
+def fsm_all_foreground(job: Job) -> dict[str, Any]:
+    return fsm_all(job, background=False)
 
 
 def fsm_all_fsync_never(job: Job) -> dict[str, Any]:
@@ -467,6 +473,9 @@ LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] =
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
     "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never", NINE_IMPORTS),
     "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every", NINE_IMPORTS),
+    # the nine with each checkpoint written on the training thread (checkpoint.background: false)
+    "fsm_all_foreground": (fsm_all_foreground, "fsmtrain + nine, checkpoints written on the training thread",
+                           NINE_IMPORTS),
     # the nine with checkpoint.every_n_steps (benchmarks/step_checkpoints.py; default 100)
     "fsm_all_steps": (fsm_all_steps, "fsmtrain + nine, checkpoint.every_n_steps", NINE_IMPORTS),
     "ignite": (ignite, "Ignite", ("ignite.engine", "ignite.metrics")),

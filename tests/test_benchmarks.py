@@ -138,3 +138,34 @@ def test_the_summary_shows_each_ratio_beside_the_spread_of_its_rounds(monkeypatc
     assert compare._fmt_ratio(entry, "total_ratio", "total_delta_ms").startswith("1.09 [1.00-1.27] (")
     one = compare.summarize(results[:2], ["raw", "fsm"], [work])[work.name]["frameworks"]["fsm"]
     assert compare._fmt_ratio(one) == "1.00 (+0.00 ms/epoch)"
+
+
+def test_the_nine_with_one_setting_changed_are_paired_with_the_nine_and_named_by_the_setting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each round's ``fsm_all_foreground`` (``checkpoint.background: false``) against the same round's
+    ``fsm_all``: the median of the paired ratios, under the setting's name, and the loop sets that setting."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import compare
+    import compare_loops
+
+    work = compare.WORKLOADS["epochs"]
+
+    def run(fw: str, rnd: int, steady: float) -> dict[str, object]:
+        return {"workload": work.name, "framework": fw, "round": rnd, "steady_s": steady, "epoch_ms": steady,
+                "epoch_p10_ms": steady, "step_us": 1.0, "total_s": steady + 1.0, "setup_s": 0.0, "import_s": 0.0,
+                "rss_mb": 300.0, "torch_import_s": 1.0, "sha256": "same"}
+
+    results = [r for i, ratio in enumerate((1.05, 1.20, 1.10))
+               for r in (run("fsm_all", i, 10.0), run("fsm_all_foreground", i, 10.0 * ratio))]
+    summary = compare.summarize(results, ["fsm_all"], [work])
+    variant = summary[work.name]["variants"]["fsm_all_foreground"]
+    assert variant["ratio"] == pytest.approx(1.10) and variant["runs"] == 3
+    assert "| checkpoint.background: false | 1.100 | +1.00 | 3 |" in compare._stall_lines(work, summary[work.name])
+    import torch
+
+    model = torch.nn.Linear(1, 1)
+    job = compare_loops.Job(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            [(torch.zeros(4, 1), torch.zeros(4, 1))], [], 1, tmp_path)
+    for background in (False, True):
+        built = {type(c).__name__: c for c in compare_loops.nine_builtins(job, tmp_path / "run", background=background)}
+        assert built["CheckpointCallback"].manager.background is background
