@@ -117,6 +117,13 @@ def test_checkpoint_write_benchmark_runs_on_a_real_checkpoint(capsys: pytest.Cap
     assert results["small"]["bytes"] > 50_000  # model, AdamW moments, RNG states: a real checkpoint
 
 
+def _run(workload: str, fw: str, rnd: int, steady: float) -> dict[str, object]:
+    """One worker's result as ``compare.summarize`` reads it: every time ``steady``."""
+    return {"workload": workload, "framework": fw, "round": rnd, "steady_s": steady, "epoch_ms": steady,
+            "epoch_p10_ms": steady, "step_us": 1.0, "total_s": steady + 1.0, "setup_s": 0.0, "import_s": 0.0,
+            "rss_mb": 300.0, "torch_import_s": 1.0, "sha256": "same"}
+
+
 def test_the_summary_shows_each_ratio_beside_the_spread_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three rounds whose paired ratios are 1.00, 1.10 and 1.30: the cell reads their median and its range, so
     a report says how far one median can be trusted; one round has no range to show."""
@@ -125,13 +132,8 @@ def test_the_summary_shows_each_ratio_beside_the_spread_of_its_rounds(monkeypatc
 
     work = compare.WORKLOADS["epochs"]
 
-    def run(fw: str, rnd: int, steady: float) -> dict[str, object]:
-        return {"workload": work.name, "framework": fw, "round": rnd, "steady_s": steady, "epoch_ms": steady,
-                "epoch_p10_ms": steady, "step_us": 1.0, "total_s": steady + 1.0, "setup_s": 0.0, "import_s": 0.0,
-                "rss_mb": 300.0, "torch_import_s": 1.0, "sha256": "same"}
-
     results = [r for i, ratio in enumerate((1.00, 1.30, 1.10))
-               for r in (run("raw", i, 10.0), run("fsm", i, 10.0 * ratio))]
+               for r in (_run(work.name, "raw", i, 10.0), _run(work.name, "fsm", i, 10.0 * ratio))]
     entry = compare.summarize(results, ["raw", "fsm"], [work])[work.name]["frameworks"]["fsm"]
     assert compare._fmt_ratio(entry) == "1.10 [1.00-1.30] (+1.00 ms/epoch)"
     assert compare._fmt_ratio(entry, "p10_ratio", "p10_delta_ms") == "1.10 [1.00-1.30] (+1.00 ms/epoch)"
@@ -150,13 +152,8 @@ def test_the_nine_with_one_setting_changed_are_paired_with_the_nine_and_named_by
 
     work = compare.WORKLOADS["epochs"]
 
-    def run(fw: str, rnd: int, steady: float) -> dict[str, object]:
-        return {"workload": work.name, "framework": fw, "round": rnd, "steady_s": steady, "epoch_ms": steady,
-                "epoch_p10_ms": steady, "step_us": 1.0, "total_s": steady + 1.0, "setup_s": 0.0, "import_s": 0.0,
-                "rss_mb": 300.0, "torch_import_s": 1.0, "sha256": "same"}
-
     results = [r for i, ratio in enumerate((1.05, 1.20, 1.10))
-               for r in (run("fsm_all", i, 10.0), run("fsm_all_foreground", i, 10.0 * ratio))]
+               for r in (_run(work.name, "fsm_all", i, 10.0), _run(work.name, "fsm_all_foreground", i, 10.0 * ratio))]
     summary = compare.summarize(results, ["fsm_all"], [work])
     variant = summary[work.name]["variants"]["fsm_all_foreground"]
     assert variant["ratio"] == pytest.approx(1.10) and variant["runs"] == 3
