@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from fsmtrain.training.checkpoint_file import HashingWriter, capture_rng_state, save_state
+from fsmtrain.training.checkpoint_file import HashingWriter, atomic_file, atomic_link, capture_rng_state, save_state
 
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="needs a CUDA device; none here (CPU-only machine)"))
@@ -64,6 +66,25 @@ def test_a_saved_state_loads_weights_only_and_its_digest_is_the_files(tmp_path: 
     assert data == expected.getvalue()
     loaded = torch.load(io.BytesIO(data), weights_only=True)
     assert _equal(loaded["model"], state["model"]) and _equal(loaded["big"], state["big"])
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_temp_name_left_by_a_killed_process_of_the_same_pid_is_written_over(tmp_path: Path) -> None:
+    """A temp file or link of this pid and thread, left by a killed process: the file's open truncates it
+    and the link replaces it, without the unlink before every write that this once cost."""
+    def stale(path: Path) -> Path:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(b"left by a killed process, longer than what replaces it")
+        return tmp
+
+    ckpt, latest = tmp_path / "epoch_1.pt", tmp_path / "latest.pt"
+    left = stale(ckpt)
+    with atomic_file(ckpt, sync_dir=False) as fh:
+        fh.write(b"epoch 1")
+    assert ckpt.read_bytes() == b"epoch 1" and not left.exists()
+    left = stale(latest)
+    atomic_link(ckpt, latest)
+    assert latest.read_bytes() == b"epoch 1" and os.path.samefile(latest, ckpt) and not left.exists()
     assert not list(tmp_path.glob("*.tmp"))
 
 

@@ -53,8 +53,9 @@ def fsync_dir(directory: Path) -> None:
 def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
     """A temp name beside ``path`` that replaces it when the block ends, removed when it raises;
     ``sync_dir=False`` leaves the folder's fsync to a caller that makes several renames durable at once."""
+    # One left by a killed process of the same pid is truncated by the open or replaced by the link: no
+    # unlink first, which would cost the writer thread a system call (and the GIL again) on every write.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)  # left by a killed process of the same pid
     try:
         yield tmp
         os.replace(tmp, path)
@@ -98,7 +99,11 @@ def atomic_link(source: Path, path: Path, *, sync_dir: bool = True) -> None:
         return
     try:
         with _replacing(path, sync_dir) as tmp:
-            os.link(source, tmp)
+            try:
+                os.link(source, tmp)
+            except FileExistsError:  # left by a killed process of the same pid
+                tmp.unlink()
+                os.link(source, tmp)
     except OSError:  # a file system without hard links
         with open(source, "rb") as src, atomic_file(path, sync_dir=sync_dir) as fh:
             shutil.copyfileobj(src, fh, 1 << 20)
