@@ -69,22 +69,23 @@ def test_a_saved_state_loads_weights_only_and_its_digest_is_the_files(tmp_path: 
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_temp_name_left_by_a_killed_process_of_the_same_pid_is_written_over(tmp_path: Path) -> None:
-    """A temp file or link of this pid and thread, left by a killed process: the file's open truncates it
-    and the link replaces it, without the unlink before every write that this once cost."""
-    def stale(path: Path) -> Path:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(b"left by a killed process, longer than what replaces it")
-        return tmp
+def test_a_temp_name_left_by_a_killed_process_of_the_same_pid_is_replaced_not_written_through(
+        tmp_path: Path) -> None:
+    """Temp names of this pid and thread, left by a killed process: a file, and a hard link of a committed
+    checkpoint (a link killed before its rename). The write and the link replace them, without an unlink
+    before every write, and never write into the committed file through the old name."""
+    def temp_of(path: Path) -> Path:
+        return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
-    ckpt, latest = tmp_path / "epoch_1.pt", tmp_path / "latest.pt"
-    left = stale(ckpt)
+    committed, ckpt, latest = tmp_path / "epoch_1.pt", tmp_path / "epoch_2.pt", tmp_path / "latest.pt"
+    committed.write_bytes(b"epoch 1, committed")
+    os.link(committed, temp_of(ckpt))
     with atomic_file(ckpt, sync_dir=False) as fh:
-        fh.write(b"epoch 1")
-    assert ckpt.read_bytes() == b"epoch 1" and not left.exists()
-    left = stale(latest)
+        fh.write(b"epoch 2")
+    assert ckpt.read_bytes() == b"epoch 2" and committed.read_bytes() == b"epoch 1, committed"
+    temp_of(latest).write_bytes(b"left by a killed process")
     atomic_link(ckpt, latest)
-    assert latest.read_bytes() == b"epoch 1" and os.path.samefile(latest, ckpt) and not left.exists()
+    assert os.path.samefile(latest, ckpt) and latest.read_bytes() == b"epoch 2"
     assert not list(tmp_path.glob("*.tmp"))
 
 

@@ -53,8 +53,8 @@ def fsync_dir(directory: Path) -> None:
 def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
     """A temp name beside ``path`` that replaces it when the block ends, removed when it raises;
     ``sync_dir=False`` leaves the folder's fsync to a caller that makes several renames durable at once."""
-    # One left by a killed process of the same pid is truncated by the open or replaced by the link: no
-    # unlink first, which would cost the writer thread a system call (and the GIL again) on every write.
+    # One left by a killed process of the same pid is unlinked only when the exclusive open or the link finds
+    # it: not before every write, which cost the writer thread a system call (and the GIL again) each time.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         yield tmp
@@ -70,10 +70,20 @@ def _replacing(path: Path, sync_dir: bool) -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_file(path: Path, *, sync_dir: bool = True) -> Iterator[IO[bytes]]:
     """A new file, readable by its owner only, that replaces ``path`` fsync'd once the block ends."""
-    with _replacing(path, sync_dir) as tmp, open(tmp, "wb", opener=lambda n, f: os.open(n, f, 0o600)) as fh:
+    with _replacing(path, sync_dir) as tmp, open(tmp, "wb", opener=_exclusive) as fh:
         yield fh
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _exclusive(name: str, flags: int) -> int:
+    """A new file, readable by its owner only. Never through an old name: a temp name left as a hard link
+    of a committed file (a killed link) would take the write into that file."""
+    try:
+        return os.open(name, flags | os.O_EXCL, 0o600)
+    except FileExistsError:  # left by a killed process of the same pid
+        os.unlink(name)
+        return os.open(name, flags | os.O_EXCL, 0o600)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
