@@ -132,7 +132,8 @@ def _durable_save(state: dict[str, Any], path: Path, commits: Any) -> None:
     os.fsync(commits.fileno())
 
 
-def raw_all(job: Job, durable: bool = False) -> dict[str, Any]:
+def raw_all(job: Job, durable: bool = False, save: bool = True) -> dict[str, Any]:
+    """``save=False``: everything but the checkpoint (``raw_all_unsaved``, for ``parts.py``)."""
     import wandb
 
     trial = _trial()
@@ -156,6 +157,8 @@ def raw_all(job: Job, durable: bool = False) -> dict[str, Any]:
             bad += 1
         run.log({"train_loss": train_loss, "val_loss": val_loss, "lr": job.optimizer.param_groups[0]["lr"],
                  "max_grad_norm": max_grad_norm}, step=epoch)
+        if not save:
+            return bad >= job.patience
         t0 = time.perf_counter()
         state = {"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict()}
         if durable:
@@ -171,7 +174,11 @@ def raw_all(job: Job, durable: bool = False) -> dict[str, Any]:
     finally:
         run.finish()
         commits.close()
-    return {"stall_ms": 1e3 * statistics.median(saves[1:] or saves)}
+    return {"stall_ms": 1e3 * statistics.median(saves[1:] or saves)} if saves else {}
+
+
+def raw_all_unsaved(job: Job) -> dict[str, Any]:
+    return raw_all(job, save=False)
 
 
 def raw_all_durable(job: Job) -> dict[str, Any]:
@@ -255,6 +262,39 @@ def fsm_all_steps(job: Job) -> dict[str, Any]:
 
 def fsm_all_foreground(job: Job) -> dict[str, Any]:
     return fsm_all(job, background=False)
+
+
+def _nothing(context: Any) -> None:
+    """A hook that does nothing: the runner still dispatches, times and attributes it."""
+
+
+def fsm_all_hollow(job: Job) -> dict[str, Any]:
+    """The nine, each per-epoch and per-step hook dispatched but doing nothing (set up and torn down as
+    usual): what the runner, the slots and the log cost around the nine's own work. A measurement only."""
+    from fsmtrain.core.lifecycle import EPOCH_HOOK_ORDER
+
+    run_dir = job.scratch / "run"
+    nine = nine_builtins(job, run_dir)
+    for cb in nine:
+        for hook in cb.overridden_hooks():
+            if hook in EPOCH_HOOK_ORDER:
+                setattr(cb, hook, _nothing)
+    _fsm(job, nine, run_dir)
+    return {}
+
+
+def fsm_all_unwritten(job: Job) -> dict[str, Any]:
+    """The nine with the writer thread's commit a no-op: each state is decided, collected, serialized and
+    handed over on the training thread as usual, and nothing is written. What the training thread pays
+    for a checkpoint without the writer's work beside it. A measurement only."""
+    from fsmtrain.training.checkpoint import CheckpointManager
+
+    commit = CheckpointManager._commit
+    setattr(CheckpointManager, "_commit", lambda self, plan, log: None)  # noqa: B010 (a method, replaced)
+    try:
+        return fsm_all(job)
+    finally:
+        setattr(CheckpointManager, "_commit", commit)  # noqa: B010
 
 
 def fsm_all_fsync_never(job: Job) -> dict[str, Any]:
@@ -465,11 +505,15 @@ LOOPS: dict[str, tuple[Callable[[Job], dict[str, Any]], str, tuple[str, ...]]] =
     "raw_all": (raw_all, "raw loop + the nine's work by hand", ("wandb", "optuna")),
     "raw_all_durable": (raw_all_durable, "raw_all + fsmtrain's durability by hand (sha256, fsync, rename, commit)",
                         ("wandb", "optuna")),
+    "raw_all_unsaved": (raw_all_unsaved, "raw_all without its checkpoint", ("wandb", "optuna")),
     "fsm": (fsm, "fsmtrain core, no callbacks", ("fsmtrain.app.trainer",)),
     "fsm_all": (fsm_all, "fsmtrain + nine built-ins", NINE_IMPORTS),
     # the nine less one, for its share
     **{f"fsm_all_no_{p}": (fsm_all_without(p), f"fsmtrain + nine less {p}", NINE_IMPORTS)
        for p in ("checkpoint", "gradient", "wandb", "pruner", "loss")},
+    # the nine's hooks doing nothing; the nine with nothing written (benchmarks/parts.py)
+    "fsm_all_hollow": (fsm_all_hollow, "fsmtrain + nine, each epoch and step hook a no-op", NINE_IMPORTS),
+    "fsm_all_unwritten": (fsm_all_unwritten, "fsmtrain + nine, the writer's commit a no-op", NINE_IMPORTS),
     # the nine with the log's fsync at another setting (fsm_all: "commits", the default)
     "fsm_all_fsync_never": (fsm_all_fsync_never, "fsmtrain + nine, log.fsync never", NINE_IMPORTS),
     "fsm_all_fsync_every": (fsm_all_fsync_every, "fsmtrain + nine, log.fsync every", NINE_IMPORTS),

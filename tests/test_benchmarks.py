@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,58 @@ def test_the_nine_with_one_setting_changed_are_paired_with_the_nine_and_named_by
     for background in (False, True):
         built = {type(c).__name__: c for c in compare_loops.nine_builtins(job, tmp_path / "run", background=background)}
         assert built["CheckpointCallback"].manager.background is background
+
+
+def test_parts_are_differences_paired_within_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variant's epoch is the parts it has; every round adds its own load to all its runs. The parts come
+    back exactly: a round's load cancels in its pairs, where medians of unpaired runs would mix the rounds."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import compare_loops
+    import parts
+
+    assert set(parts.VARIANTS) <= set(compare_loops.LOOPS)
+    cost = {"raw": 10.0, "fsm": 10.5, "fsm_all_hollow": 10.6, "raw_all_unsaved": 11.4, "fsm_all_no_checkpoint": 12.0,
+            "raw_all": 12.5, "raw_all_durable": 13.3, "fsm_all_unwritten": 13.4, "fsm_all": 14.8}
+    runs = [{**_run("epochs", fw, n, ms + load), "round": n}
+            for n, load in enumerate((0.0, 3.0, 0.5)) for fw, ms in cost.items()]
+    assert parts.paired(runs, "fsm_all", "fsm_all_unwritten", "epoch_ms", "-") == pytest.approx(1.4)
+    assert parts.paired(runs, "fsm", "raw", "epoch_ms", "/") == pytest.approx(statistics.median(
+        [10.5 / 10.0, 13.5 / 13.0, 11.0 / 10.5]))
+    report = parts.render([*runs, {"framework": "fsm", "round": 3, "error": "exit 1: boom"}], "--rounds 3", 200, 1.0)
+    assert "| the writer thread's commit, as the training thread feels it | +1.40 / +1.40 | - |" in report
+    assert "| the work of the eight that do not checkpoint | +1.40 / +1.40 | +1.40 / +1.40 |" in report
+    assert "| `fsm_all_unwritten` / `raw_all_durable` | 1.007 | 1.007 |" in report
+    assert "Failed runs, left out: fsm (round 4): exit 1: boom" in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_hollow_and_unwritten_nine_dispatch_every_hook_and_write_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``fsm_all_hollow`` dispatches each of the nine's hooks (the log times all nine) while none does its
+    work (no checkpoint file); ``fsm_all_unwritten`` hands every state over (the nine as usual) and writes
+    none, and leaves the real commit in place after it."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import compare_loops
+    import torch
+
+    from fsmtrain.core.events import read_events
+    from fsmtrain.training.checkpoint import CheckpointManager
+
+    commit = CheckpointManager._commit
+    for name in ("fsm_all_hollow", "fsm_all_unwritten"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        scratch = tmp_path / name
+        scratch.mkdir()
+        job = compare_loops.Job(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                [(torch.randn(4, 2), torch.randn(4, 1))] * 3, [(torch.randn(4, 2), torch.randn(4, 1))],
+                                3, scratch)
+        compare_loops.LOOPS[name][0](job)
+        assert len(job.marks) == 3
+        epochs = [e for e in read_events(scratch / "run" / "events.jsonl") if e["event"] == "epoch"]
+        assert len(epochs) == 3 and all(len(e["payload"]["callback_seconds"]) == 10 for e in epochs)  # nine + Mark
+        assert not list((scratch / "run").rglob("*.pt"))
+    assert CheckpointManager._commit is commit
